@@ -1,0 +1,122 @@
+// Package badinput is the catalogue of malformed messages from
+// shared/RELIABILITY.md, each with the reason sas must give when it
+// dead-letters it. Decoder tests, fuzz seeds, end-to-end tests and fault
+// runs all draw on it, so that every one of them covers the same list.
+package badinput
+
+import (
+	"fmt"
+	"strings"
+
+	"sas/internal/messages"
+)
+
+// Case is one malformed message and the verdict it must get.
+type Case struct {
+	Name        string
+	ContentType string // "" means application/json
+	Body        []byte
+	Reason      string // the x-error-reason it must be dead-lettered with
+}
+
+// ValidSubmit returns a valid SubmitOrder body for orderID, as a map so that
+// a case can change one thing about it.
+func ValidSubmit(orderID string) map[string]any {
+	return map[string]any{
+		"schema_version": 1,
+		"order_id":       orderID,
+		"customer":       "ACME Ltd",
+		"items":          []any{map[string]any{"sku": "SKU-1", "qty": 2}},
+		"amount":         1999,
+		"currency":       "EUR",
+	}
+}
+
+// ValidSubmitJSON is ValidSubmit as JSON, keys in a fixed order.
+func ValidSubmitJSON(orderID string) string {
+	return fmt.Sprintf(`{"schema_version":1,"order_id":%q,"customer":"ACME Ltd","items":[{"sku":"SKU-1","qty":2}],"amount":1999,"currency":"EUR"}`, orderID)
+}
+
+// with returns ValidSubmitJSON with the "amount":1999 member replaced by
+// members (which may be empty to drop it) — a cheap way to vary one field
+// while keeping the rest valid.
+func with(orderID, old, new string) []byte {
+	s := ValidSubmitJSON(orderID)
+	if !strings.Contains(s, old) {
+		panic("badinput: " + old + " not in the valid body")
+	}
+	return []byte(strings.Replace(s, old, new, 1))
+}
+
+// SubmitOrders returns the malformed SubmitOrder bodies. newID gives a
+// fresh order id for each case, so cases never collide with each other or
+// with valid traffic.
+func SubmitOrders(newID func() string) []Case {
+	id := newID
+	valid := func() string { return ValidSubmitJSON(id()) }
+	return []Case{
+		{Name: "not json", Body: []byte("hello, I would like to order"), Reason: messages.ReasonNotJSON},
+		{Name: "empty body", Body: []byte(""), Reason: messages.ReasonNotJSON},
+		{Name: "json array", Body: []byte(`[1,2,3]`), Reason: messages.ReasonNotJSON},
+		{Name: "truncated json", Body: []byte(valid()[:60]), Reason: messages.ReasonNotJSON},
+		{Name: "trailing garbage", Body: []byte(valid() + "garbage"), Reason: messages.ReasonTrailingData},
+		{Name: "two objects", Body: []byte(valid() + valid()), Reason: messages.ReasonTrailingData},
+		{Name: "wrong content type", ContentType: "text/plain", Body: []byte(valid()), Reason: messages.ReasonWrongContentType},
+		{Name: "missing schema version", Body: with(id(), `"schema_version":1,`, ``), Reason: messages.ReasonMissingField},
+		{Name: "future schema version", Body: with(id(), `"schema_version":1,`, `"schema_version":2,`), Reason: messages.ReasonUnsupportedVersion},
+		{Name: "unknown schema version", Body: with(id(), `"schema_version":1,`, `"schema_version":0,`), Reason: messages.ReasonUnsupportedVersion},
+		{Name: "schema version as string", Body: with(id(), `"schema_version":1,`, `"schema_version":"1",`), Reason: messages.ReasonInvalidValue},
+		{Name: "unknown field", Body: with(id(), `"amount":1999`, `"amount":1999,"discount":5`), Reason: messages.ReasonUnknownField},
+		{Name: "field in other case", Body: with(id(), `"amount":1999`, `"Amount":1999`), Reason: messages.ReasonUnknownField},
+		{Name: "field with folded letter", Body: with(id(), `"currency":"EUR"`, `"currency":"EUR","\u017fku":"x"`), Reason: messages.ReasonUnknownField},
+		{Name: "unknown item field", Body: with(id(), `"qty":2`, `"qty":2,"colour":"red"`), Reason: messages.ReasonUnknownField},
+		{Name: "duplicate field", Body: with(id(), `"amount":1999`, `"amount":1999,"amount":1`), Reason: messages.ReasonDuplicateField},
+		{Name: "duplicate item field", Body: with(id(), `"qty":2`, `"qty":2,"qty":3`), Reason: messages.ReasonDuplicateField},
+		{Name: "missing order id", Body: []byte(`{"schema_version":1,"customer":"ACME Ltd","items":[{"sku":"SKU-1","qty":2}],"amount":1999,"currency":"EUR"}`), Reason: messages.ReasonMissingField},
+		{Name: "missing amount", Body: with(id(), `"amount":1999,`, ``), Reason: messages.ReasonMissingField},
+		{Name: "null amount", Body: with(id(), `"amount":1999`, `"amount":null`), Reason: messages.ReasonMissingField},
+		{Name: "missing items", Body: with(id(), `"items":[{"sku":"SKU-1","qty":2}],`, ``), Reason: messages.ReasonMissingField},
+		{Name: "empty items", Body: with(id(), `"items":[{"sku":"SKU-1","qty":2}]`, `"items":[]`), Reason: messages.ReasonMissingField},
+		{Name: "empty customer", Body: with(id(), `"customer":"ACME Ltd"`, `"customer":""`), Reason: messages.ReasonMissingField},
+		{Name: "zero quantity", Body: with(id(), `"qty":2`, `"qty":0`), Reason: messages.ReasonInvalidValue},
+		{Name: "negative quantity", Body: with(id(), `"qty":2`, `"qty":-3`), Reason: messages.ReasonInvalidValue},
+		{Name: "huge quantity", Body: with(id(), `"qty":2`, `"qty":99999999999`), Reason: messages.ReasonInvalidValue},
+		{Name: "quantity beyond int64", Body: with(id(), `"qty":2`, `"qty":123456789012345678901234567890`), Reason: messages.ReasonInvalidValue},
+		{Name: "fractional quantity", Body: with(id(), `"qty":2`, `"qty":1.5`), Reason: messages.ReasonInvalidValue},
+		{Name: "fractional money", Body: with(id(), `"amount":1999`, `"amount":19.99`), Reason: messages.ReasonInvalidValue},
+		{Name: "money in exponent form", Body: with(id(), `"amount":1999`, `"amount":2e3`), Reason: messages.ReasonInvalidValue},
+		{Name: "negative money", Body: with(id(), `"amount":1999`, `"amount":-1`), Reason: messages.ReasonInvalidValue},
+		{Name: "money as string", Body: with(id(), `"amount":1999`, `"amount":"1999"`), Reason: messages.ReasonInvalidValue},
+		{Name: "bad currency", Body: with(id(), `"currency":"EUR"`, `"currency":"euro"`), Reason: messages.ReasonInvalidValue},
+		{Name: "bad order id", Body: []byte(strings.Replace(valid(), `"order_id":"`, `"order_id":"x`, 1)), Reason: messages.ReasonInvalidValue},
+		{Name: "priority out of range", Body: with(id(), `"amount":1999`, `"amount":1999,"priority":42`), Reason: messages.ReasonInvalidValue},
+		{Name: "reserved reply queue", Body: with(id(), `"amount":1999`, `"amount":1999,"reply_to":"amq.rabbitmq.reply-to"`), Reason: messages.ReasonInvalidValue},
+		{Name: "absurd past date", Body: with(id(), `"amount":1999`, `"amount":1999,"placed_at":"1900-01-01T00:00:00Z"`), Reason: messages.ReasonInvalidValue},
+		{Name: "absurd future date", Body: with(id(), `"amount":1999`, `"amount":1999,"placed_at":"9999-12-31T23:59:59Z"`), Reason: messages.ReasonInvalidValue},
+		{Name: "not a date", Body: with(id(), `"amount":1999`, `"amount":1999,"placed_at":"yesterday"`), Reason: messages.ReasonInvalidValue},
+		{Name: "oversized body", Body: with(id(), `"customer":"ACME Ltd"`, `"customer":"`+strings.Repeat("A", messages.MaxBodyBytes)+`"`), Reason: messages.ReasonTooLarge},
+		{Name: "invalid utf-8", Body: with(id(), `"customer":"ACME Ltd"`, "\"customer\":\"ACME \xff\xfe Ltd\""), Reason: messages.ReasonInvalidEncoding},
+		{Name: "nul byte", Body: append([]byte(valid()), 0), Reason: messages.ReasonInvalidEncoding},
+		{Name: "escaped nul", Body: with(id(), `"customer":"ACME Ltd"`, `"customer":"ACME\u0000Ltd"`), Reason: messages.ReasonInvalidEncoding},
+		{Name: "control character", Body: with(id(), `"customer":"ACME Ltd"`, `"customer":"ACME\u0007Ltd"`), Reason: messages.ReasonInvalidValue},
+		{Name: "deep nesting", Body: with(id(), `"currency":"EUR"`, `"currency":"EUR","x":`+strings.Repeat("[", 100)+strings.Repeat("]", 100)), Reason: messages.ReasonInvalidValue},
+	}
+}
+
+// StepReplies returns malformed StepReply bodies.
+func StepReplies(newID func() string) []Case {
+	reply := func(members string) []byte {
+		return []byte(fmt.Sprintf(`{"schema_version":1,"order_id":%q,"step":1,"attempt":1%s}`, newID(), members))
+	}
+	return []Case{
+		{Name: "reply not json", Body: []byte("ok"), Reason: messages.ReasonNotJSON},
+		{Name: "reply unknown outcome", Body: reply(`,"outcome":"maybe"`), Reason: messages.ReasonInvalidValue},
+		{Name: "reply missing outcome", Body: reply(``), Reason: messages.ReasonMissingField},
+		{Name: "reply failed without error", Body: reply(`,"outcome":"failed"`), Reason: messages.ReasonMissingField},
+		{Name: "reply ok with error", Body: reply(`,"outcome":"ok","error":"boom"`), Reason: messages.ReasonInvalidValue},
+		{Name: "reply zero attempt", Body: []byte(fmt.Sprintf(`{"schema_version":1,"order_id":%q,"step":1,"attempt":0,"outcome":"ok"}`, newID())), Reason: messages.ReasonInvalidValue},
+		{Name: "reply duplicate key in result", Body: reply(`,"outcome":"ok","result":{"A":1,"A":2}`), Reason: messages.ReasonDuplicateField},
+		{Name: "reply future version", Body: []byte(fmt.Sprintf(`{"schema_version":3,"order_id":%q,"step":1,"attempt":1,"outcome":"ok"}`, newID())), Reason: messages.ReasonUnsupportedVersion},
+		{Name: "reply trailing data", Body: append(reply(`,"outcome":"ok"`), "}"...), Reason: messages.ReasonTrailingData},
+	}
+}

@@ -1,0 +1,225 @@
+// Package broker is sas's layer over RabbitMQ: a connection that recovers
+// by itself after the broker drops it or restarts, the topology declared
+// idempotently on every (re)connect, a publisher that waits for publisher
+// confirms and treats returned (unroutable) messages as failures, consumers
+// with manual acknowledgements and prefetch, and dead-lettering with a
+// reason.
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// ErrClosed is returned once the Conn has been closed.
+var ErrClosed = errors.New("broker connection closed")
+
+// Conn is a RabbitMQ connection that reconnects on its own. Channels are
+// opened from whichever connection is current; when it drops, users of a
+// channel see it close and ask for a new one.
+type Conn struct {
+	url     string
+	name    string
+	topo    Topology
+	logger  *slog.Logger
+	metrics *Metrics
+
+	mu      sync.Mutex
+	conn    *amqp.Connection
+	ready   chan struct{} // closed while conn is usable
+	closed  bool
+	stop    chan struct{}
+	stopped chan struct{}
+}
+
+// Open connects to url, retrying until ctx is done, declares topo, and keeps
+// the connection up until Close: after a drop it reconnects with backoff and
+// declares topo again. name labels the connection in the broker's UI.
+func Open(ctx context.Context, url, name string, topo Topology, logger *slog.Logger, metrics *Metrics) (*Conn, error) {
+	c := &Conn{
+		url:     url,
+		name:    name,
+		topo:    topo,
+		logger:  logger,
+		metrics: metrics,
+		ready:   make(chan struct{}),
+		stop:    make(chan struct{}),
+		stopped: make(chan struct{}),
+	}
+	conn, err := c.dialUntil(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.setConn(conn)
+	go c.watch(conn)
+	return c, nil
+}
+
+// dialUntil dials and declares the topology, retrying with backoff until it
+// succeeds, ctx is done or the Conn is closed.
+func (c *Conn) dialUntil(ctx context.Context) (*amqp.Connection, error) {
+	backoff := 100 * time.Millisecond
+	for {
+		conn, err := c.dial()
+		if err == nil {
+			return conn, nil
+		}
+		c.logger.Warn("broker connect failed", "err", err, "retry_in", backoff)
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("connect to broker: %w (last error: %v)", ctx.Err(), err)
+		case <-c.stop:
+			return nil, ErrClosed
+		case <-time.After(jitter(backoff)):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+func (c *Conn) dial() (*amqp.Connection, error) {
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName(c.name)
+	conn, err := amqp.DialConfig(c.url, amqp.Config{
+		Heartbeat:  10 * time.Second,
+		Locale:     "en_US",
+		Properties: props,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dial: %w", redact(err, c.url))
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("open channel: %w", err)
+	}
+	defer ch.Close()
+	if err := c.topo.Declare(ch); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return conn, nil
+}
+
+// watch waits for conn to drop and replaces it, until Close.
+func (c *Conn) watch(conn *amqp.Connection) {
+	defer close(c.stopped)
+	for {
+		closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+		select {
+		case <-c.stop:
+			return
+		case err := <-closed:
+			c.mu.Lock()
+			c.ready = make(chan struct{})
+			c.conn = nil
+			c.mu.Unlock()
+			c.metrics.connected.Set(0)
+			c.logger.Warn("broker connection lost, reconnecting", "err", err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() {
+			select {
+			case <-c.stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		next, err := c.dialUntil(ctx)
+		cancel()
+		if err != nil {
+			return // closed while reconnecting
+		}
+		c.metrics.reconnects.Inc()
+		c.logger.Info("broker connection restored")
+		c.setConn(next)
+		conn = next
+	}
+}
+
+func (c *Conn) setConn(conn *amqp.Connection) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		conn.Close()
+		return
+	}
+	c.conn = conn
+	close(c.ready)
+	c.metrics.connected.Set(1)
+}
+
+// Channel opens a channel on the current connection, waiting for a
+// reconnect if there is none.
+func (c *Conn) Channel(ctx context.Context) (*amqp.Channel, error) {
+	for {
+		c.mu.Lock()
+		conn, ready, closed := c.conn, c.ready, c.closed
+		c.mu.Unlock()
+		if closed {
+			return nil, ErrClosed
+		}
+		if conn != nil {
+			ch, err := conn.Channel()
+			if err == nil {
+				return ch, nil
+			}
+			if !conn.IsClosed() {
+				return nil, fmt.Errorf("open channel: %w", err)
+			}
+			// The connection dropped under us; wait for watch to notice.
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(50 * time.Millisecond):
+			}
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-ready:
+		}
+	}
+}
+
+// Connected reports whether a connection is up now.
+func (c *Conn) Connected() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.conn != nil && !c.conn.IsClosed()
+}
+
+// Topology is what this Conn declares on every connect.
+func (c *Conn) Topology() Topology { return c.topo }
+
+// Close closes the connection and stops reconnecting. Safe to call twice.
+func (c *Conn) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	conn := c.conn
+	c.conn = nil
+	close(c.stop)
+	c.mu.Unlock()
+	<-c.stopped
+	c.metrics.connected.Set(0)
+	if conn != nil && !conn.IsClosed() {
+		return conn.Close()
+	}
+	return nil
+}
+
+// jitter spreads d over [d/2, d) so that replicas do not retry in step.
+func jitter(d time.Duration) time.Duration {
+	return d/2 + rand.N(d/2+1)
+}

@@ -1,0 +1,192 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Handler handles one delivery. Its result decides what happens to it:
+//
+//   - nil: the delivery is acked.
+//   - an error made by Reject: the delivery is republished to the input's
+//     dead-letter queue with the reason, then acked. If that republish
+//     fails, the delivery is requeued instead, so it is never lost.
+//   - any other error: the delivery is requeued (nack with requeue). The
+//     queue's delivery limit dead-letters a message requeued too often.
+//
+// A handler is called from several goroutines at once.
+type Handler func(ctx context.Context, d amqp.Delivery) error
+
+// Rejection is a handler's verdict that a message can never be processed.
+type Rejection struct {
+	Reason string // short, machine-readable: becomes x-error-reason and a metric label
+	Detail string // a human-readable sentence: becomes x-error-detail
+}
+
+func (r *Rejection) Error() string { return r.Reason + ": " + r.Detail }
+
+// Reject returns the error a Handler returns to dead-letter a message.
+func Reject(reason, detail string) error {
+	return &Rejection{Reason: reason, Detail: detail}
+}
+
+// ConsumerConfig configures a Consumer.
+type ConsumerConfig struct {
+	// Input is the unprefixed name of an input queue of the topology.
+	Input string
+	// Prefetch is how many unacked deliveries the broker may hand over.
+	Prefetch int
+	// Workers is how many deliveries are handled at once.
+	Workers int
+}
+
+// Consumer consumes one input queue with manual acks, and consumes again
+// after its channel or connection drops.
+type Consumer struct {
+	conn    *Conn
+	pub     *Publisher
+	cfg     ConsumerConfig
+	handler Handler
+	logger  *slog.Logger
+	metrics *Metrics
+
+	mu      sync.Mutex
+	running bool
+}
+
+// NewConsumer returns a consumer; pub is used to dead-letter.
+func NewConsumer(conn *Conn, pub *Publisher, cfg ConsumerConfig, handler Handler, logger *slog.Logger, metrics *Metrics) *Consumer {
+	cfg.Prefetch = max(cfg.Prefetch, 1)
+	cfg.Workers = max(cfg.Workers, 1)
+	return &Consumer{conn: conn, pub: pub, cfg: cfg, handler: handler, logger: logger, metrics: metrics}
+}
+
+// Running reports whether the consumer is subscribed now.
+func (c *Consumer) Running() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.running
+}
+
+func (c *Consumer) setRunning(v bool) {
+	c.mu.Lock()
+	c.running = v
+	c.mu.Unlock()
+}
+
+// Run consumes until ctx is done, then stops taking deliveries, lets the
+// handlers in progress finish and returns nil.
+func (c *Consumer) Run(ctx context.Context) error {
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		start := time.Now()
+		err := c.consume(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if errors.Is(err, ErrClosed) {
+			return err
+		}
+		if time.Since(start) > 10*time.Second {
+			backoff = 100 * time.Millisecond
+		}
+		c.logger.Warn("consumer stopped, subscribing again", "queue", c.cfg.Input, "err", err, "retry_in", backoff)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(jitter(backoff)):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+	return nil
+}
+
+// consume subscribes once and handles deliveries until the channel closes
+// or ctx is done.
+func (c *Consumer) consume(ctx context.Context) error {
+	ch, err := c.conn.Channel(ctx)
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
+		return fmt.Errorf("set prefetch: %w", err)
+	}
+	queue := c.conn.Topology().Queue(c.cfg.Input)
+	tag := fmt.Sprintf("%s-%p", queue, ch)
+	deliveries, err := ch.Consume(queue, tag, false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", queue, err)
+	}
+	c.setRunning(true)
+	defer c.setRunning(false)
+
+	// Stop the subscription when ctx is done; the library then closes
+	// deliveries and the workers drain what was already handed over.
+	stopped := make(chan struct{})
+	defer close(stopped)
+	go func() {
+		select {
+		case <-ctx.Done():
+			_ = ch.Cancel(tag, false)
+		case <-stopped:
+		}
+	}()
+
+	var wg sync.WaitGroup
+	for range c.cfg.Workers {
+		wg.Go(func() {
+			for d := range deliveries {
+				c.handle(ctx, queue, d)
+			}
+		})
+	}
+	wg.Wait()
+	if ctx.Err() != nil {
+		return nil
+	}
+	return errors.New("delivery channel closed")
+}
+
+func (c *Consumer) handle(ctx context.Context, queue string, d amqp.Delivery) {
+	if ctx.Err() != nil {
+		// Shutting down: hand it back untouched for another consumer.
+		_ = d.Nack(false, true)
+		c.metrics.consumed.WithLabelValues(queue, "requeue").Inc()
+		return
+	}
+	err := c.handler(ctx, d)
+	var rej *Rejection
+	switch {
+	case err == nil:
+		if aerr := d.Ack(false); aerr != nil {
+			// The channel is gone; the broker will redeliver, and the
+			// handler's work is idempotent.
+			c.logger.Warn("ack failed", "queue", queue, "message_id", d.MessageId, "err", aerr)
+		}
+		c.metrics.consumed.WithLabelValues(queue, "ack").Inc()
+	case errors.As(err, &rej):
+		if derr := c.pub.DeadLetter(ctx, c.conn.Topology(), c.cfg.Input, d, rej.Reason, rej.Detail); derr != nil {
+			c.logger.Error("dead-letter failed, requeueing", "queue", queue, "message_id", d.MessageId, "reason", rej.Reason, "err", derr)
+			_ = d.Nack(false, true)
+			c.metrics.consumed.WithLabelValues(queue, "requeue").Inc()
+			return
+		}
+		c.metrics.deadLettered.WithLabelValues(queue, rej.Reason).Inc()
+		c.logger.Warn("message dead-lettered", "queue", queue, "message_id", d.MessageId, "reason", rej.Reason, "detail", rej.Detail)
+		_ = d.Ack(false)
+		c.metrics.consumed.WithLabelValues(queue, "dead_letter").Inc()
+	default:
+		if ctx.Err() == nil {
+			c.logger.Warn("handler failed, requeueing", "queue", queue, "message_id", d.MessageId, "err", err)
+		}
+		_ = d.Nack(false, true)
+		c.metrics.consumed.WithLabelValues(queue, "requeue").Inc()
+	}
+}

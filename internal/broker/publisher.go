@@ -1,0 +1,170 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Publishing errors callers branch on.
+var (
+	// ErrReturned: the broker could not route the message to any queue
+	// (it was published mandatory and came back).
+	ErrReturned = errors.New("message returned by the broker: no queue bound")
+	// ErrNacked: the broker refused the message.
+	ErrNacked = errors.New("message nacked by the broker")
+	// ErrUnconfirmed: the channel closed before the broker confirmed; the
+	// message may or may not have been stored. Publish again (consumers
+	// are idempotent on message ids).
+	ErrUnconfirmed = errors.New("message not confirmed: channel closed")
+)
+
+// Publisher publishes persistent messages and waits for the broker's
+// confirm. Every message is published mandatory: one the broker cannot
+// route comes back as ErrReturned instead of vanishing. It is safe for
+// concurrent use; concurrent publishes share one channel and wait for their
+// confirms independently.
+type Publisher struct {
+	conn    *Conn
+	metrics *Metrics
+
+	// inflight bounds concurrent publishes below returnBuffer, so the
+	// library's reader can never block on a full returns buffer while the
+	// confirms that would drain it wait behind it.
+	inflight chan struct{}
+
+	mu  sync.Mutex
+	cur *confirmChannel
+}
+
+const (
+	maxInflight  = 1024
+	returnBuffer = 2 * maxInflight
+)
+
+// confirmChannel is a channel in confirm mode and the returns it got.
+type confirmChannel struct {
+	ch      *amqp.Channel
+	returns chan amqp.Return
+
+	mu       sync.Mutex
+	returned map[string]amqp.Return // by message id
+}
+
+// NewPublisher returns a publisher over conn. It opens its channel on first
+// use and again after the channel or connection drops.
+func NewPublisher(conn *Conn, metrics *Metrics) *Publisher {
+	return &Publisher{conn: conn, metrics: metrics, inflight: make(chan struct{}, maxInflight)}
+}
+
+func (p *Publisher) channel(ctx context.Context) (*confirmChannel, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cur != nil && !p.cur.ch.IsClosed() {
+		return p.cur, nil
+	}
+	ch, err := p.conn.Channel(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := ch.Confirm(false); err != nil {
+		ch.Close()
+		return nil, fmt.Errorf("enable publisher confirms: %w", err)
+	}
+	cc := &confirmChannel{
+		ch:       ch,
+		returns:  ch.NotifyReturn(make(chan amqp.Return, returnBuffer)),
+		returned: map[string]amqp.Return{},
+	}
+	p.cur = cc
+	return cc, nil
+}
+
+// takeReturn reports whether the message id came back. It is called after
+// the message's confirm arrived. The library hands a basic.return over (into
+// the returns buffer) before it resolves the basic.ack of the same message,
+// so the return, if any, is in the buffer or already in the map. No other
+// goroutine reads the buffer, so nothing can be in between.
+func (cc *confirmChannel) takeReturn(id string) (amqp.Return, bool) {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+drain:
+	for {
+		select {
+		case r, ok := <-cc.returns:
+			if !ok {
+				break drain
+			}
+			cc.returned[r.MessageId] = r
+		default:
+			break drain
+		}
+	}
+	r, ok := cc.returned[id]
+	if ok {
+		delete(cc.returned, id)
+	}
+	return r, ok
+}
+
+// Publish sends msg to exchange with routing key, persistent and mandatory,
+// and waits until the broker confirms it. msg.MessageId must be set.
+func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
+	if msg.MessageId == "" {
+		return errors.New("publish: message id is required")
+	}
+	msg.DeliveryMode = amqp.Persistent
+	select {
+	case p.inflight <- struct{}{}:
+		defer func() { <-p.inflight }()
+	case <-ctx.Done():
+		return fmt.Errorf("publish: %w", ctx.Err())
+	}
+	cc, err := p.channel(ctx)
+	if err != nil {
+		p.metrics.published.WithLabelValues("failed").Inc()
+		return fmt.Errorf("publish: %w", err)
+	}
+	dc, err := cc.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, msg)
+	if err != nil {
+		p.metrics.published.WithLabelValues("failed").Inc()
+		return fmt.Errorf("publish to %q/%q: %w", exchange, key, err)
+	}
+	acked, err := dc.WaitContext(ctx)
+	if err != nil {
+		p.metrics.published.WithLabelValues("failed").Inc()
+		return fmt.Errorf("publish to %q/%q: wait for confirm: %w", exchange, key, err)
+	}
+	if r, returned := cc.takeReturn(msg.MessageId); returned {
+		p.metrics.published.WithLabelValues("returned").Inc()
+		return fmt.Errorf("publish to %q/%q: %w (%d %s)", exchange, key, ErrReturned, r.ReplyCode, r.ReplyText)
+	}
+	if !acked {
+		if cc.ch.IsClosed() {
+			p.metrics.published.WithLabelValues("failed").Inc()
+			return fmt.Errorf("publish to %q/%q: %w", exchange, key, ErrUnconfirmed)
+		}
+		p.metrics.published.WithLabelValues("nacked").Inc()
+		return fmt.Errorf("publish to %q/%q: %w", exchange, key, ErrNacked)
+	}
+	p.metrics.published.WithLabelValues("confirmed").Inc()
+	return nil
+}
+
+// Close closes the publisher's channel. Safe to call twice.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cur == nil {
+		return nil
+	}
+	cc := p.cur
+	p.cur = nil
+	if cc.ch.IsClosed() {
+		return nil
+	}
+	return cc.ch.Close()
+}

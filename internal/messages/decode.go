@@ -1,0 +1,263 @@
+// Package messages defines sas's wire messages (SubmitOrder, StepRequest,
+// StepReply, StatusEvent, OperatorAlert): their JSON form, their version,
+// and strict decoders that reject anything a sender could get wrong.
+//
+// Every body carries "schema_version". A decoder rejects, with a
+// *DecodeError whose Reason is one of the Reason constants: bodies over
+// MaxBodyBytes, invalid UTF-8 or NUL bytes, anything but exactly one JSON
+// object, duplicate keys (at any depth), unknown keys, an unknown version,
+// missing or null required fields, and out-of-range values.
+package messages
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"unicode/utf8"
+)
+
+// SchemaVersion is the only version this build reads and writes.
+const SchemaVersion = 1
+
+// ContentType is the content type of every sas message.
+const ContentType = "application/json"
+
+// MaxBodyBytes caps a message body.
+const MaxBodyBytes = 64 << 10
+
+// maxDepth caps JSON nesting, so a hostile body cannot exhaust the stack.
+const maxDepth = 32
+
+// Reasons a message is rejected. They become the x-error-reason header of a
+// dead-lettered message and a metric label, so they are few and stable.
+const (
+	ReasonTooLarge           = "too_large"
+	ReasonInvalidEncoding    = "invalid_encoding"
+	ReasonWrongContentType   = "wrong_content_type"
+	ReasonNotJSON            = "not_json"
+	ReasonTrailingData       = "trailing_data"
+	ReasonDuplicateField     = "duplicate_field"
+	ReasonUnknownField       = "unknown_field"
+	ReasonUnsupportedVersion = "unsupported_version"
+	ReasonMissingField       = "missing_field"
+	ReasonInvalidValue       = "invalid_value"
+)
+
+// DecodeError says why a body was rejected.
+type DecodeError struct {
+	Reason string
+	Detail string
+}
+
+func (e *DecodeError) Error() string { return e.Reason + ": " + e.Detail }
+
+func reject(reason, format string, args ...any) *DecodeError {
+	return &DecodeError{Reason: reason, Detail: fmt.Sprintf(format, args...)}
+}
+
+// AsDecodeError returns err's *DecodeError, if it has one.
+func AsDecodeError(err error) (*DecodeError, bool) {
+	var de *DecodeError
+	ok := errors.As(err, &de)
+	return de, ok
+}
+
+// CheckContentType rejects a content type other than application/json
+// (parameters such as charset=utf-8 are allowed).
+func CheckContentType(ct string) error {
+	mt, _, _ := strings.Cut(ct, ";")
+	if !strings.EqualFold(strings.TrimSpace(mt), ContentType) {
+		return reject(ReasonWrongContentType, "content type %q, want %s", ct, ContentType)
+	}
+	return nil
+}
+
+// decode checks body and decodes it into dst, a pointer to a struct whose
+// fields all have lower-case json tags. required lists top-level keys that
+// must be present and not null. It does not check values: each message's
+// validate does.
+//
+// opaque lists top-level keys whose value is free-form JSON (e.g. a remote
+// service's result) and maps to json.RawMessage: inside it keys need not be
+// snake_case, but duplicates, NUL and depth are still checked.
+func decode(body []byte, dst any, required, opaque []string) error {
+	if len(body) > MaxBodyBytes {
+		return reject(ReasonTooLarge, "body is %d bytes, limit %d", len(body), MaxBodyBytes)
+	}
+	if !utf8.Valid(body) {
+		return reject(ReasonInvalidEncoding, "body is not valid UTF-8")
+	}
+	if i := bytes.IndexByte(body, 0); i >= 0 {
+		return reject(ReasonInvalidEncoding, "NUL byte at offset %d", i)
+	}
+	present, err := scan(body, opaque)
+	if err != nil {
+		return err
+	}
+	if !present["schema_version"] {
+		return reject(ReasonMissingField, "schema_version is required")
+	}
+	var v struct {
+		V json.Number `json:"schema_version"`
+	}
+	if err := json.Unmarshal(body, &v); err != nil {
+		return reject(ReasonInvalidValue, "schema_version must be a number")
+	}
+	if v.V.String() != fmt.Sprint(SchemaVersion) {
+		return reject(ReasonUnsupportedVersion, "schema_version %s is not supported (this build reads %d)", v.V, SchemaVersion)
+	}
+	for _, k := range required {
+		if !present[k] {
+			return reject(ReasonMissingField, "%s is required", k)
+		}
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(dst); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return reject(ReasonInvalidValue, "%s: %s is not a valid %s", te.Field, te.Value, typeName(te.Type.Kind().String()))
+		}
+		if strings.HasPrefix(err.Error(), "json: unknown field ") {
+			return reject(ReasonUnknownField, "%s", strings.TrimPrefix(err.Error(), "json: "))
+		}
+		return reject(ReasonInvalidValue, "%v", err)
+	}
+	return nil
+}
+
+func typeName(kind string) string {
+	switch kind {
+	case "int", "int8", "int16", "int32", "int64", "uint", "uint8", "uint16", "uint32", "uint64":
+		return "whole number"
+	}
+	return kind
+}
+
+// scan checks that body is exactly one JSON object with no duplicate keys
+// at any depth, only lower-case ASCII keys, no NUL in any string, and
+// nesting below maxDepth. It returns the top-level keys whose value is not
+// null.
+//
+// Keys are restricted because encoding/json matches field names without
+// regard to case (and folds some non-ASCII letters), which would let
+// "Order_ID" or a second spelling of a key slip past the duplicate check.
+func scan(body []byte, opaque []string) (map[string]bool, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	tok, err := dec.Token()
+	if err != nil {
+		if err == io.EOF {
+			return nil, reject(ReasonNotJSON, "body is empty")
+		}
+		return nil, reject(ReasonNotJSON, "%v", err)
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return nil, reject(ReasonNotJSON, "body must be a JSON object")
+	}
+	present := map[string]bool{}
+	if err := scanObject(dec, 1, true, present, opaque); err != nil {
+		return nil, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, reject(ReasonTrailingData, "data after the JSON object")
+	}
+	return present, nil
+}
+
+// scanObject reads an object's members after its '{' and its '}'. strict
+// asks for snake_case keys. When top is not nil (the top-level object) it
+// records the keys whose value is not null, and the values of opaque keys
+// are scanned without strict keys.
+func scanObject(dec *json.Decoder, depth int, strict bool, top map[string]bool, opaque []string) error {
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return reject(ReasonNotJSON, "%v", err)
+		}
+		key, ok := tok.(string)
+		if !ok {
+			return reject(ReasonNotJSON, "object key expected")
+		}
+		if strict && !validKey(key) {
+			return reject(ReasonUnknownField, "field %q is not known (fields are lower-case snake_case)", truncate(key))
+		}
+		if seen[key] {
+			return reject(ReasonDuplicateField, "field %q appears twice", key)
+		}
+		seen[key] = true
+		childStrict := strict && !(top != nil && slices.Contains(opaque, key))
+		isNull, err := scanValue(dec, depth, childStrict)
+		if err != nil {
+			return err
+		}
+		if top != nil && !isNull {
+			top[key] = true
+		}
+	}
+	if _, err := dec.Token(); err != nil { // '}'
+		return reject(ReasonNotJSON, "%v", err)
+	}
+	return nil
+}
+
+// scanValue reads one value and reports whether it was null.
+func scanValue(dec *json.Decoder, depth int, strict bool) (bool, error) {
+	tok, err := dec.Token()
+	if err != nil {
+		return false, reject(ReasonNotJSON, "%v", err)
+	}
+	switch t := tok.(type) {
+	case json.Delim:
+		if depth+1 > maxDepth {
+			return false, reject(ReasonInvalidValue, "nested deeper than %d levels", maxDepth)
+		}
+		switch t {
+		case '{':
+			return false, scanObject(dec, depth+1, strict, nil, nil)
+		case '[':
+			for dec.More() {
+				if _, err := scanValue(dec, depth+1, strict); err != nil {
+					return false, err
+				}
+			}
+			if _, err := dec.Token(); err != nil { // ']'
+				return false, reject(ReasonNotJSON, "%v", err)
+			}
+			return false, nil
+		}
+		return false, reject(ReasonNotJSON, "unexpected %v", t)
+	case string:
+		if strings.IndexByte(t, 0) >= 0 {
+			return false, reject(ReasonInvalidEncoding, "string contains a NUL character")
+		}
+	case nil:
+		return true, nil
+	}
+	return false, nil
+}
+
+func validKey(k string) bool {
+	if k == "" || len(k) > 64 {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+func truncate(s string) string {
+	if len(s) <= 64 {
+		return s
+	}
+	return s[:64] + "…"
+}

@@ -1,0 +1,275 @@
+package messages_test
+
+import (
+	"encoding/json"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"sas/internal/badinput"
+	"sas/internal/messages"
+)
+
+func TestDecodeSubmitOrderAcceptsValid(t *testing.T) {
+	t.Parallel()
+	id := messages.NewID()
+	body := `{"schema_version":1,"order_id":"` + strings.ToUpper(id) + `","customer":"Zoë & Co","items":[{"sku":"SKU-1","qty":2},{"sku":"b.2","qty":1}],
+		"amount":1999,"currency":"EUR","priority":7,"reply_to":"shop.status-1","workflow":"order","placed_at":"2026-11-21T10:00:00+02:00"}`
+	o, err := messages.DecodeSubmitOrder([]byte(body))
+	if err != nil {
+		t.Fatalf("decode: %v", err)
+	}
+	placed := time.Date(2026, 11, 21, 8, 0, 0, 0, time.UTC)
+	want := messages.SubmitOrder{
+		SchemaVersion: 1, OrderID: id, Customer: "Zoë & Co",
+		Items:  []messages.Item{{SKU: "SKU-1", Qty: 2}, {SKU: "b.2", Qty: 1}},
+		Amount: 1999, Currency: "EUR", Priority: 7, ReplyTo: "shop.status-1", Workflow: "order", PlacedAt: &placed,
+	}
+	if !reflect.DeepEqual(o, want) {
+		t.Fatalf("decoded\n%+v\nwant\n%+v", o, want)
+	}
+}
+
+func TestDecodeSubmitOrderRejectsCatalogue(t *testing.T) {
+	t.Parallel()
+	for _, c := range badinput.SubmitOrders(messages.NewID) {
+		t.Run(c.Name, func(t *testing.T) {
+			t.Parallel()
+			var err error
+			if c.ContentType != "" {
+				err = messages.CheckContentType(c.ContentType)
+			} else {
+				_, err = messages.DecodeSubmitOrder(c.Body)
+			}
+			de, ok := messages.AsDecodeError(err)
+			if !ok {
+				t.Fatalf("got %v, want a DecodeError with reason %s", err, c.Reason)
+			}
+			if de.Reason != c.Reason {
+				t.Fatalf("reason %q (%s), want %q", de.Reason, de.Detail, c.Reason)
+			}
+			if de.Detail == "" {
+				t.Fatal("a rejection must say why")
+			}
+		})
+	}
+}
+
+func TestDecodeStepReplyRejectsCatalogue(t *testing.T) {
+	t.Parallel()
+	for _, c := range badinput.StepReplies(messages.NewID) {
+		t.Run(c.Name, func(t *testing.T) {
+			t.Parallel()
+			_, err := messages.DecodeStepReply(c.Body)
+			de, ok := messages.AsDecodeError(err)
+			if !ok || de.Reason != c.Reason {
+				t.Fatalf("got %v, want reason %s", err, c.Reason)
+			}
+		})
+	}
+}
+
+func TestContentType(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		ct   string
+		want bool
+	}{
+		{"application/json", true},
+		{"application/json; charset=utf-8", true},
+		{"Application/JSON", true},
+		{"", false},
+		{"text/plain", false},
+		{"application/jsonx", false},
+	} {
+		if got := messages.CheckContentType(tc.ct) == nil; got != tc.want {
+			t.Errorf("CheckContentType(%q) ok=%v, want %v", tc.ct, got, tc.want)
+		}
+	}
+}
+
+func TestCanonicalDistinguishesPayloads(t *testing.T) {
+	t.Parallel()
+	id := messages.NewID()
+	a, err := messages.DecodeSubmitOrder([]byte(badinput.ValidSubmitJSON(id)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The same order with keys reordered, white space and an upper-case id.
+	b, err := messages.DecodeSubmitOrder([]byte(`{ "currency":"EUR", "amount":1999, "items":[{"qty":2,"sku":"SKU-1"}],
+		"customer":"ACME Ltd", "order_id":"` + strings.ToUpper(id) + `", "schema_version":1 }`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(a.Canonical()) != string(b.Canonical()) {
+		t.Fatalf("same order, different canonical forms:\n%s\n%s", a.Canonical(), b.Canonical())
+	}
+	c := a
+	c.Amount++
+	if string(a.Canonical()) == string(c.Canonical()) {
+		t.Fatal("different amounts, same canonical form")
+	}
+}
+
+func TestRoundTrips(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 11, 21, 12, 0, 0, 123456000, time.UTC)
+	step := 2
+	id := messages.NewID()
+	payload := messages.OrderPayload{Customer: "c", Items: []messages.Item{{SKU: "a", Qty: 1}}, Amount: 5, Currency: "USD"}
+	cases := []struct {
+		msg    messages.Message
+		decode func([]byte) (messages.Message, error)
+	}{
+		{messages.StepRequest{SchemaVersion: 1, OrderID: id, Step: 1, Name: "reserve", Agent: "inventory", Attempt: 3,
+			IdempotencyKey: id + "/1/reserve", CompleteBy: at, Payload: payload},
+			func(b []byte) (messages.Message, error) { return messages.DecodeStepRequest(b) }},
+		{messages.StepReply{SchemaVersion: 1, OrderID: id, Step: 1, Attempt: 3, Outcome: messages.OutcomeOK, Result: json.RawMessage(`{"Reservation":"r-1"}`)},
+			func(b []byte) (messages.Message, error) { return messages.DecodeStepReply(b) }},
+		{messages.StepReply{SchemaVersion: 1, OrderID: id, Step: 1, Attempt: 3, Outcome: messages.OutcomeFailed, Error: "card declined"},
+			func(b []byte) (messages.Message, error) { return messages.DecodeStepReply(b) }},
+		{messages.StatusEvent{SchemaVersion: 1, OrderID: id, Status: messages.StatusError, Step: &step, At: at},
+			func(b []byte) (messages.Message, error) { return messages.DecodeStatusEvent(b) }},
+		{messages.StatusEvent{SchemaVersion: 1, OrderID: id, Status: messages.StatusCompleted, At: at},
+			func(b []byte) (messages.Message, error) { return messages.DecodeStatusEvent(b) }},
+		{messages.OperatorAlert{SchemaVersion: 1, OrderID: id, Step: 2, Reason: "threshold", FailureCount: 5, At: at},
+			func(b []byte) (messages.Message, error) { return messages.DecodeOperatorAlert(b) }},
+	}
+	for _, tc := range cases {
+		body, err := messages.Encode(tc.msg)
+		if err != nil {
+			t.Fatalf("encode %T: %v", tc.msg, err)
+		}
+		got, err := tc.decode(body)
+		if err != nil {
+			t.Fatalf("decode %T %s: %v", tc.msg, body, err)
+		}
+		if !reflect.DeepEqual(got, tc.msg) {
+			t.Fatalf("round trip of %T:\n got %+v\nwant %+v", tc.msg, got, tc.msg)
+		}
+	}
+}
+
+func TestEncodeRefusesInvalid(t *testing.T) {
+	t.Parallel()
+	_, err := messages.Encode(messages.SubmitOrder{SchemaVersion: 1, OrderID: "nope"})
+	if _, ok := messages.AsDecodeError(err); !ok {
+		t.Fatalf("got %v, want a DecodeError", err)
+	}
+}
+
+// The database builds status events and alerts in SQL (see the migration);
+// this is one as Postgres writes it.
+func TestDecodeDatabaseStatusEvent(t *testing.T) {
+	t.Parallel()
+	id := messages.NewID()
+	e, err := messages.DecodeStatusEvent([]byte(`{"at": "2026-11-21T13:52:00.123456Z", "step": null, "status": "received", "order_id": "` + id + `", "schema_version": 1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Step != nil || e.Status != "received" || e.OrderID != id {
+		t.Fatalf("decoded %+v", e)
+	}
+}
+
+func TestNewIDIsCanonical(t *testing.T) {
+	t.Parallel()
+	seen := map[string]bool{}
+	for range 1000 {
+		id := messages.NewID()
+		c, ok := messages.CanonicalID(id)
+		if !ok || c != id || seen[id] {
+			t.Fatalf("NewID gave %q (canonical %q, ok %v, seen %v)", id, c, ok, seen[id])
+		}
+		seen[id] = true
+	}
+}
+
+// checkDecoded is the fuzz targets' shared property: a decoder never
+// panics; it either rejects with a DecodeError or returns a message that
+// validates and survives a round trip through Encode.
+func checkDecoded[T messages.Message](t *testing.T, body []byte, decode func([]byte) (T, error)) {
+	m, err := decode(body)
+	if err != nil {
+		if _, ok := messages.AsDecodeError(err); !ok {
+			t.Fatalf("rejection is not a DecodeError: %v", err)
+		}
+		return
+	}
+	if !utf8.Valid(body) {
+		t.Fatalf("accepted invalid UTF-8: %q", body)
+	}
+	if err := m.Validate(); err != nil {
+		t.Fatalf("accepted a message that does not validate: %v", err)
+	}
+	again, err := messages.Encode(m)
+	if err != nil {
+		t.Fatalf("accepted message does not encode: %v", err)
+	}
+	m2, err := decode(again)
+	if err != nil {
+		t.Fatalf("re-encoded message %s does not decode: %v", again, err)
+	}
+	b1, _ := json.Marshal(m)
+	b2, _ := json.Marshal(m2)
+	if string(b1) != string(b2) {
+		t.Fatalf("round trip changed the message:\n%s\n%s", b1, b2)
+	}
+}
+
+func addSeeds(f *testing.F, cases []badinput.Case, valid ...string) {
+	for _, c := range cases {
+		f.Add(c.Body)
+	}
+	for _, v := range valid {
+		f.Add([]byte(v))
+	}
+}
+
+const fuzzID = "6f1c2d1e-8a55-4e51-9d87-3b2a1c0e9f10"
+
+func fixedID() string { return fuzzID }
+
+func FuzzDecodeSubmitOrder(f *testing.F) {
+	addSeeds(f, badinput.SubmitOrders(fixedID), badinput.ValidSubmitJSON(fuzzID),
+		`{"schema_version":1,"order_id":"`+fuzzID+`","customer":"c","items":[{"sku":"a","qty":1}],"amount":0,"currency":"USD","priority":9,"reply_to":"q","workflow":"w","placed_at":"2030-01-01T00:00:00Z"}`)
+	f.Fuzz(func(t *testing.T, body []byte) { checkDecoded(t, body, messages.DecodeSubmitOrder) })
+}
+
+func FuzzDecodeStepRequest(f *testing.F) {
+	addSeeds(f, badinput.SubmitOrders(fixedID),
+		`{"schema_version":1,"order_id":"`+fuzzID+`","step":1,"name":"reserve","agent":"inventory","attempt":1,"idempotency_key":"k","complete_by":"2030-01-01T00:00:00Z","payload":{"customer":"c","items":[{"sku":"a","qty":1}],"amount":1,"currency":"EUR"}}`)
+	f.Fuzz(func(t *testing.T, body []byte) { checkDecoded(t, body, messages.DecodeStepRequest) })
+}
+
+func FuzzDecodeStepReply(f *testing.F) {
+	addSeeds(f, badinput.StepReplies(fixedID),
+		`{"schema_version":1,"order_id":"`+fuzzID+`","step":1,"attempt":1,"outcome":"ok","result":{"X":[1,{"y":null}]}}`,
+		`{"schema_version":1,"order_id":"`+fuzzID+`","step":2,"attempt":4,"outcome":"failed","error":"declined"}`)
+	f.Fuzz(func(t *testing.T, body []byte) { checkDecoded(t, body, messages.DecodeStepReply) })
+}
+
+func FuzzDecodeStatusEvent(f *testing.F) {
+	addSeeds(f, badinput.StepReplies(fixedID),
+		`{"schema_version":1,"order_id":"`+fuzzID+`","status":"completed","step":null,"at":"2030-01-01T00:00:00Z"}`,
+		`{"schema_version":1,"order_id":"`+fuzzID+`","status":"error","step":2,"at":"2030-01-01T00:00:00.5Z"}`)
+	f.Fuzz(func(t *testing.T, body []byte) { checkDecoded(t, body, messages.DecodeStatusEvent) })
+}
+
+func FuzzDecodeOperatorAlert(f *testing.F) {
+	addSeeds(f, badinput.StepReplies(fixedID),
+		`{"schema_version":1,"order_id":"`+fuzzID+`","step":1,"reason":"threshold","failure_count":5,"at":"2030-01-01T00:00:00Z"}`)
+	f.Fuzz(func(t *testing.T, body []byte) { checkDecoded(t, body, messages.DecodeOperatorAlert) })
+}
+
+func TestDecodeErrorIsWrapped(t *testing.T) {
+	t.Parallel()
+	_, err := messages.Encode(messages.StatusEvent{SchemaVersion: 1, OrderID: "x"})
+	var de *messages.DecodeError
+	if !errors.As(err, &de) || de.Reason != messages.ReasonInvalidValue {
+		t.Fatalf("got %v", err)
+	}
+}

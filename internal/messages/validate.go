@@ -1,0 +1,67 @@
+package messages
+
+import (
+	"time"
+	"unicode"
+)
+
+// Bounds on values. Dates outside [2000-01-01, 2100-01-01) UTC are absurd
+// for an order system and are rejected rather than stored.
+const (
+	minUnix      = 946684800  // 2000-01-01T00:00:00Z
+	maxUnix      = 4102444800 // 2100-01-01T00:00:00Z
+	maxItems     = 100
+	maxQty       = 1_000_000
+	maxAmount    = 1_000_000_000_000 // minor units
+	maxText      = 200
+	maxReasonLen = 2000
+	maxPriority  = 9
+)
+
+func checkID(field, id string) error {
+	if _, ok := CanonicalID(id); !ok {
+		return reject(ReasonInvalidValue, "%s must be a UUID such as 6f1c2d1e-8a55-4e51-9d87-3b2a1c0e9f10", field)
+	}
+	return nil
+}
+
+func checkTime(field string, t time.Time) error {
+	if u := t.Unix(); u < minUnix || u >= maxUnix {
+		return reject(ReasonInvalidValue, "%s %s is outside [2000-01-01, 2100-01-01)", field, t.Format(time.RFC3339))
+	}
+	return nil
+}
+
+// checkText requires 1..maxLen characters with no control characters.
+func checkText(field, s string, maxLen int) error {
+	if s == "" {
+		return reject(ReasonMissingField, "%s must not be empty", field)
+	}
+	if n := len([]rune(s)); n > maxLen {
+		return reject(ReasonInvalidValue, "%s is %d characters, limit %d", field, n, maxLen)
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return reject(ReasonInvalidValue, "%s contains a control character", field)
+		}
+	}
+	return nil
+}
+
+// checkName requires 1..maxLen characters from [A-Za-z0-9._:-]; used for
+// SKUs, queue names and workflow, step and agent names.
+func checkName(field, s string, maxLen int) error {
+	if s == "" {
+		return reject(ReasonMissingField, "%s must not be empty", field)
+	}
+	if len(s) > maxLen {
+		return reject(ReasonInvalidValue, "%s is %d characters, limit %d", field, len(s), maxLen)
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == ':' || c == '-') {
+			return reject(ReasonInvalidValue, "%s may hold only letters, digits and . _ : -", field)
+		}
+	}
+	return nil
+}

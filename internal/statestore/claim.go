@@ -1,0 +1,107 @@
+package statestore
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ClaimedStep is a step a scheduler now owns for one attempt, with what it
+// needs to build the agent's request.
+type ClaimedStep struct {
+	OrderID        string
+	Step           int
+	Name           string
+	Agent          string
+	Attempt        int
+	FailureCount   int
+	IdempotencyKey string
+	CompleteBy     time.Time
+	// Budget is complete_by minus now() on the database clock at claim
+	// time: what is left to spend, free of any process clock's drift.
+	Budget   time.Duration
+	Priority int
+	ReplyTo  string
+	Customer string
+	Items    []byte
+	Amount   int64
+	Currency string
+}
+
+// claimSQL claims up to $2 due pending steps for $1 in one statement: the
+// rows are picked with FOR UPDATE SKIP LOCKED so concurrent schedulers never
+// pick the same row, their attempt is bumped (the fencing epoch) and their
+// deadline set from the database clock. Orders whose first step this is move
+// from received to processing. Every change is written to the history.
+const claimSQL = `
+WITH picked AS (
+    SELECT order_id, step
+    FROM steps
+    WHERE process_state = 'pending' AND available_at <= now()
+    ORDER BY priority DESC, available_at, order_id, step
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE steps s
+    SET process_state = 'processing',
+        locked_by = $1,
+        attempt = s.attempt + 1,
+        complete_by = now() + s.timeout,
+        updated_at = now()
+    FROM picked
+    WHERE s.order_id = picked.order_id AND s.step = picked.step
+    RETURNING s.order_id, s.step, s.name, s.agent, s.attempt, s.failure_count,
+              s.idempotency_key, s.complete_by, s.priority
+), step_hist AS (
+    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+    SELECT order_id, step, 'pending', 'processing', attempt, $1, 'claimed'
+    FROM claimed
+), started AS (
+    UPDATE orders o
+    SET status = 'processing', updated_at = now()
+    WHERE o.status = 'received' AND o.order_id IN (SELECT order_id FROM claimed)
+    RETURNING o.order_id, o.reply_to
+), order_hist AS (
+    INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
+    SELECT order_id, NULL, 'received', 'processing', $1, 'first step claimed'
+    FROM started
+), order_ev AS (
+    INSERT INTO outbox (message_type, order_id, reply_to, body)
+    SELECT 'status_event', order_id, reply_to, status_event_body(started.order_id, 'processing', NULL)
+    FROM started
+)
+SELECT c.order_id::text, c.step, c.name, c.agent, c.attempt, c.failure_count, c.idempotency_key,
+       c.complete_by, (extract(epoch FROM c.complete_by - now()) * 1000)::bigint, c.priority,
+       coalesce(o.reply_to, ''), o.customer, o.items, o.amount, o.currency
+FROM claimed c
+JOIN orders o ON o.order_id = c.order_id
+ORDER BY c.priority DESC, c.order_id, c.step`
+
+// ClaimPending claims up to limit due pending steps for the scheduler
+// lockedBy and returns them. A step is never handed to two claimers in the
+// same attempt.
+func (s *Store) ClaimPending(ctx context.Context, lockedBy string, limit int) ([]ClaimedStep, error) {
+	if lockedBy == "" || limit <= 0 {
+		return nil, fmt.Errorf("claim pending: need a claimer id and a positive limit")
+	}
+	rows, err := s.pool.Query(ctx, claimSQL, lockedBy, limit)
+	if err != nil {
+		return nil, fmt.Errorf("claim pending: %w", err)
+	}
+	steps, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ClaimedStep, error) {
+		var c ClaimedStep
+		var budgetMS int64
+		var prio int16
+		err := row.Scan(&c.OrderID, &c.Step, &c.Name, &c.Agent, &c.Attempt, &c.FailureCount, &c.IdempotencyKey,
+			&c.CompleteBy, &budgetMS, &prio, &c.ReplyTo, &c.Customer, &c.Items, &c.Amount, &c.Currency)
+		c.Budget = time.Duration(budgetMS) * time.Millisecond
+		c.Priority = int(prio)
+		return c, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("claim pending: %w", err)
+	}
+	return steps, nil
+}

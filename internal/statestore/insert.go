@@ -1,0 +1,150 @@
+package statestore
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// NewOrder is an order as the submitter writes it.
+type NewOrder struct {
+	OrderID  string
+	Workflow string
+	Customer string
+	// Items is the order's items as a JSON array.
+	Items    []byte
+	Amount   int64
+	Currency string
+	Priority int
+	ReplyTo  string
+	PlacedAt *time.Time
+	// PayloadHash identifies the payload: a resubmission of the same
+	// order_id with the same hash is a duplicate, with another a conflict.
+	PayloadHash []byte
+	// Steps in the order they run; the first is created pending, the others
+	// waiting.
+	Steps []NewStep
+	// Actor is who wrote the order (e.g. "submitter:host-123"), recorded in
+	// the history.
+	Actor string
+}
+
+// NewStep is one step of a new order.
+type NewStep struct {
+	Name  string
+	Agent string
+	// Timeout is the budget a claim gives the step (complete_by = now() +
+	// Timeout on the database clock).
+	Timeout time.Duration
+	// MaxFailures is the failure threshold: the supervisor marks the step
+	// error when failure_count reaches it.
+	MaxFailures int
+}
+
+// InsertOutcome says what InsertOrder did.
+type InsertOutcome int
+
+const (
+	// Inserted: the order, its steps and their history were written.
+	Inserted InsertOutcome = iota + 1
+	// Duplicate: the same order with the same payload was already there;
+	// nothing changed.
+	Duplicate
+)
+
+func (o InsertOutcome) String() string {
+	switch o {
+	case Inserted:
+		return "inserted"
+	case Duplicate:
+		return "duplicate"
+	}
+	return "unknown"
+}
+
+// IdempotencyKey is a step's key, stable across all its attempts, that
+// agents send to the remote service.
+func IdempotencyKey(orderID string, step int, name string) string {
+	return fmt.Sprintf("%s/%d/%s", orderID, step, name)
+}
+
+// insertOrderSQL writes the order, its steps, the history of their creation
+// and a "received" status event in one statement, and so in one
+// transaction. ON CONFLICT DO NOTHING makes a resubmission write nothing; the
+// caller then compares payload hashes.
+const insertOrderSQL = `
+WITH ins AS (
+    INSERT INTO orders (order_id, workflow, customer, items, amount, currency, priority, reply_to, placed_at, payload_hash)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, ''), $9, $10)
+    ON CONFLICT (order_id) DO NOTHING
+    RETURNING order_id, reply_to
+), st AS (
+    INSERT INTO steps (order_id, step, name, agent, process_state, priority, timeout, max_failures, idempotency_key)
+    SELECT ins.order_id, s.step, s.name, s.agent,
+           CASE WHEN s.step = 1 THEN 'pending' ELSE 'waiting' END,
+           $7, make_interval(secs => s.timeout_ms / 1000.0), s.max_failures,
+           ins.order_id::text || '/' || s.step || '/' || s.name
+    FROM ins,
+         unnest($11::text[], $12::text[], $13::bigint[], $14::int[]) WITH ORDINALITY
+             AS s(name, agent, timeout_ms, max_failures, step)
+    RETURNING order_id, step, process_state
+), hist AS (
+    INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
+    SELECT order_id, NULL, NULL, 'received', $15, 'submitted' FROM ins
+    UNION ALL
+    SELECT order_id, step, NULL, process_state, $15, 'submitted' FROM st
+), ev AS (
+    INSERT INTO outbox (message_type, order_id, reply_to, body)
+    SELECT 'status_event', order_id, reply_to, status_event_body(ins.order_id, 'received', NULL)
+    FROM ins
+)
+SELECT count(*) FROM ins`
+
+// InsertOrder writes an order with its steps and their history in one
+// transaction. The same order id with the same payload hash is a Duplicate
+// and writes nothing; with another hash it is ErrConflict.
+func (s *Store) InsertOrder(ctx context.Context, o NewOrder) (InsertOutcome, error) {
+	if len(o.Steps) == 0 {
+		return 0, fmt.Errorf("insert order %s: no steps", o.OrderID)
+	}
+	names := make([]string, len(o.Steps))
+	agents := make([]string, len(o.Steps))
+	timeouts := make([]int64, len(o.Steps))
+	maxFailures := make([]int32, len(o.Steps))
+	for i, st := range o.Steps {
+		names[i], agents[i] = st.Name, st.Agent
+		timeouts[i] = st.Timeout.Milliseconds()
+		maxFailures[i] = int32(st.MaxFailures)
+	}
+	var inserted int64
+	err := s.pool.QueryRow(ctx, insertOrderSQL,
+		o.OrderID, o.Workflow, o.Customer, o.Items, o.Amount, o.Currency, o.Priority, o.ReplyTo, o.PlacedAt, o.PayloadHash,
+		names, agents, timeouts, maxFailures, o.Actor,
+	).Scan(&inserted)
+	if err != nil {
+		return 0, fmt.Errorf("insert order %s: %w", o.OrderID, err)
+	}
+	if inserted == 1 {
+		return Inserted, nil
+	}
+	// The statement's snapshot may predate a concurrent insert of the same
+	// id that it waited for, so read the existing row in a new statement.
+	var hash []byte
+	err = s.pool.QueryRow(ctx, `SELECT payload_hash FROM orders WHERE order_id = $1`, o.OrderID).Scan(&hash)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Deleted between the two statements (retention): nothing of ours
+		// was written, so let the caller retry.
+		return 0, fmt.Errorf("insert order %s: existing row vanished, retry", o.OrderID)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read existing order %s: %w", o.OrderID, err)
+	}
+	if !bytes.Equal(hash, o.PayloadHash) {
+		return 0, fmt.Errorf("insert order %s: %w", o.OrderID, ErrConflict)
+	}
+	return Duplicate, nil
+}

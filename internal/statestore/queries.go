@@ -1,0 +1,166 @@
+package statestore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Order is an order row.
+type Order struct {
+	OrderID   string
+	Workflow  string
+	Status    string
+	Priority  int
+	Customer  string
+	Items     []byte
+	Amount    int64
+	Currency  string
+	ReplyTo   string
+	PlacedAt  *time.Time
+	CreatedAt time.Time
+	UpdatedAt time.Time
+}
+
+// Step is a step state row.
+type Step struct {
+	Step           int
+	Name           string
+	Kind           string
+	Agent          string
+	ProcessState   string
+	LockedBy       string
+	CompleteBy     *time.Time
+	FailureCount   int
+	MaxFailures    int
+	Attempt        int
+	IdempotencyKey string
+	AvailableAt    time.Time
+	LastError      string
+	Result         []byte
+	UpdatedAt      time.Time
+}
+
+// Transition is one entry of the history.
+type Transition struct {
+	ID      int64
+	Step    *int
+	From    string
+	To      string
+	Attempt int
+	Actor   string
+	Reason  string
+	At      time.Time
+}
+
+// OrderDetail is an order with its steps and its full history.
+type OrderDetail struct {
+	Order   Order
+	Steps   []Step
+	History []Transition
+}
+
+// ListFilter selects orders for ListOrders.
+type ListFilter struct {
+	Status string // "" for any
+	Limit  int    // <= 0 for 50
+}
+
+const orderColumns = `order_id::text, workflow, status, priority, customer, items, amount, currency,
+	coalesce(reply_to, ''), placed_at, created_at, updated_at`
+
+func scanOrder(row pgx.Row) (Order, error) {
+	var o Order
+	var prio int16
+	err := row.Scan(&o.OrderID, &o.Workflow, &o.Status, &prio, &o.Customer, &o.Items, &o.Amount, &o.Currency,
+		&o.ReplyTo, &o.PlacedAt, &o.CreatedAt, &o.UpdatedAt)
+	o.Priority = int(prio)
+	return o, err
+}
+
+// ListOrders returns the newest orders first.
+func (s *Store) ListOrders(ctx context.Context, f ListFilter) ([]Order, error) {
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 50
+	}
+	rows, err := s.pool.Query(ctx, `SELECT `+orderColumns+` FROM orders
+		WHERE ($1 = '' OR status = $1)
+		ORDER BY created_at DESC, order_id
+		LIMIT $2`, f.Status, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list orders: %w", err)
+	}
+	orders, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Order, error) { return scanOrder(row) })
+	if err != nil {
+		return nil, fmt.Errorf("list orders: %w", err)
+	}
+	return orders, nil
+}
+
+// GetOrder returns an order with its steps and history, or ErrNotFound.
+func (s *Store) GetOrder(ctx context.Context, orderID string) (OrderDetail, error) {
+	var d OrderDetail
+	// One repeatable-read snapshot so steps and history agree with the order.
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		var err error
+		d.Order, err = scanOrder(tx.QueryRow(ctx, `SELECT `+orderColumns+` FROM orders WHERE order_id = $1`, orderID))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("order %s: %w", orderID, ErrNotFound)
+		}
+		if err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `SELECT step, name, kind, agent, process_state, coalesce(locked_by, ''), complete_by,
+			failure_count, max_failures, attempt, idempotency_key, available_at, coalesce(last_error, ''), result, updated_at
+			FROM steps WHERE order_id = $1 ORDER BY step`, orderID)
+		if err != nil {
+			return err
+		}
+		d.Steps, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Step, error) {
+			var st Step
+			err := row.Scan(&st.Step, &st.Name, &st.Kind, &st.Agent, &st.ProcessState, &st.LockedBy, &st.CompleteBy,
+				&st.FailureCount, &st.MaxFailures, &st.Attempt, &st.IdempotencyKey, &st.AvailableAt, &st.LastError,
+				&st.Result, &st.UpdatedAt)
+			return st, err
+		})
+		if err != nil {
+			return err
+		}
+		d.History, err = s.history(ctx, tx, orderID)
+		return err
+	})
+	if err != nil {
+		return d, fmt.Errorf("get order: %w", err)
+	}
+	return d, nil
+}
+
+// History returns an order's transitions in the order they were written.
+func (s *Store) History(ctx context.Context, orderID string) ([]Transition, error) {
+	h, err := s.history(ctx, s.pool, orderID)
+	if err != nil {
+		return nil, fmt.Errorf("history: %w", err)
+	}
+	return h, nil
+}
+
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+func (s *Store) history(ctx context.Context, q querier, orderID string) ([]Transition, error) {
+	rows, err := q.Query(ctx, `SELECT id, step, coalesce(from_state, ''), to_state, attempt, actor, reason, at
+		FROM transitions WHERE order_id = $1 ORDER BY id`, orderID)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Transition, error) {
+		var t Transition
+		err := row.Scan(&t.ID, &t.Step, &t.From, &t.To, &t.Attempt, &t.Actor, &t.Reason, &t.At)
+		return t, err
+	})
+}

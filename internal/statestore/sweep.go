@@ -1,0 +1,110 @@
+package statestore
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// SweepParams configures one sweep of expired steps.
+type SweepParams struct {
+	// Actor is who sweeps (the supervisor's id), recorded in the history.
+	Actor string
+	// Limit caps the steps handled in one statement.
+	Limit int
+	// BackoffBase and BackoffMax shape the delay before a reset step may be
+	// claimed again: BackoffBase * 2^(failure_count-1), at most BackoffMax.
+	BackoffBase time.Duration
+	BackoffMax  time.Duration
+}
+
+// SweptStep is one expired step the sweep handled.
+type SweptStep struct {
+	OrderID      string
+	Step         int
+	Attempt      int
+	FailureCount int
+	// NewState is pending (reset for another attempt) or error (the
+	// failure threshold was reached).
+	NewState string
+}
+
+// sweepSQL finds processing steps whose complete_by has passed on the
+// database clock and, in one statement, increments failure_count and either
+// resets them to pending with a backoff or, at the threshold, marks them
+// error, ends their order in error and raises an operator alert.
+//
+// Two concurrent sweeps never count one expiry twice: rows are picked with
+// FOR UPDATE SKIP LOCKED, and when a row was changed by a sweep that
+// committed after this one's snapshot, the UPDATE re-checks its WHERE clause
+// against the new version, which is no longer processing.
+const sweepSQL = `
+WITH expired AS (
+    SELECT order_id, step
+    FROM steps
+    WHERE process_state = 'processing' AND complete_by < now()
+    ORDER BY complete_by
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), swept AS (
+    UPDATE steps s
+    SET failure_count = s.failure_count + 1,
+        process_state = CASE WHEN s.failure_count + 1 >= s.max_failures THEN 'error' ELSE 'pending' END,
+        locked_by = NULL,
+        complete_by = NULL,
+        available_at = now() + make_interval(secs => least($4::float8, $3::float8 * power(2, s.failure_count))),
+        last_error = 'complete_by passed at attempt ' || s.attempt,
+        updated_at = now()
+    FROM expired
+    WHERE s.order_id = expired.order_id AND s.step = expired.step
+      AND s.process_state = 'processing' AND s.complete_by < now()
+    RETURNING s.order_id, s.step, s.attempt, s.failure_count, s.max_failures, s.process_state
+), swept_hist AS (
+    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+    SELECT order_id, step, 'processing', process_state, attempt, $1,
+           'complete_by passed; failure ' || failure_count || ' of ' || max_failures
+    FROM swept
+), failed AS (
+    UPDATE orders o
+    SET status = 'error', updated_at = now()
+    FROM swept
+    WHERE swept.process_state = 'error' AND o.order_id = swept.order_id
+      AND o.status IN ('received', 'processing')
+    RETURNING o.order_id, o.reply_to, swept.step, swept.failure_count
+), failed_hist AS (
+    INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
+    SELECT order_id, NULL, 'processing', 'error', $1, 'step ' || step || ' reached its failure threshold'
+    FROM failed
+), failed_ev AS (
+    INSERT INTO outbox (message_type, order_id, reply_to, body)
+    SELECT 'status_event', order_id, reply_to, status_event_body(failed.order_id, 'error', failed.step)
+    FROM failed
+), alert AS (
+    INSERT INTO outbox (message_type, order_id, body)
+    SELECT 'operator_alert', order_id,
+           operator_alert_body(failed.order_id, failed.step, 'failure threshold reached: complete_by passed ' || failed.failure_count || ' times', failed.failure_count)
+    FROM failed
+)
+SELECT order_id::text, step, attempt, failure_count, process_state FROM swept ORDER BY order_id, step`
+
+// SweepExpired handles up to p.Limit expired steps and returns them.
+func (s *Store) SweepExpired(ctx context.Context, p SweepParams) ([]SweptStep, error) {
+	if p.Actor == "" || p.Limit <= 0 {
+		return nil, fmt.Errorf("sweep expired: need an actor and a positive limit")
+	}
+	rows, err := s.pool.Query(ctx, sweepSQL, p.Actor, p.Limit, p.BackoffBase.Seconds(), p.BackoffMax.Seconds())
+	if err != nil {
+		return nil, fmt.Errorf("sweep expired: %w", err)
+	}
+	swept, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (SweptStep, error) {
+		var st SweptStep
+		err := row.Scan(&st.OrderID, &st.Step, &st.Attempt, &st.FailureCount, &st.NewState)
+		return st, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("sweep expired: %w", err)
+	}
+	return swept, nil
+}
