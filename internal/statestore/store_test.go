@@ -1,0 +1,702 @@
+package statestore_test
+
+import (
+	"context"
+	"encoding/json"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"sas/internal/messages"
+	"sas/internal/statestore"
+	"sas/internal/testenv"
+	"sas/migrations"
+)
+
+type bundle struct {
+	url   string
+	pool  *pgxpool.Pool
+	store *statestore.Store
+}
+
+func setup(t *testing.T) bundle {
+	t.Helper()
+	url, pool := testenv.Database(t)
+	return bundle{url: url, pool: pool, store: statestore.New(pool)}
+}
+
+func ctxFor(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// order returns a new order of n steps with the given step timeout.
+func order(n int, timeout time.Duration, maxFailures int) statestore.NewOrder {
+	id := messages.NewID()
+	steps := make([]statestore.NewStep, n)
+	for i := range steps {
+		steps[i] = statestore.NewStep{Name: fmt.Sprintf("step%d", i+1), Agent: "agent", Timeout: timeout, MaxFailures: maxFailures}
+	}
+	h := sha256.Sum256([]byte(id))
+	return statestore.NewOrder{
+		OrderID: id, Workflow: "test", Customer: "c", Items: []byte(`[{"sku":"a","qty":1}]`),
+		Amount: 100, Currency: "EUR", PayloadHash: h[:], Steps: steps, Actor: "test",
+	}
+}
+
+func insert(t *testing.T, b bundle, o statestore.NewOrder) {
+	t.Helper()
+	got, err := b.store.InsertOrder(ctxFor(t), o)
+	if err != nil || got != statestore.Inserted {
+		t.Fatalf("insert: %v %v", got, err)
+	}
+}
+
+func count(t *testing.T, b bundle, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := b.pool.QueryRow(ctxFor(t), sql, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
+// waitExpired waits until every processing step's complete_by (of only
+// the given orders, if any) has passed on the database clock.
+func waitExpired(t *testing.T, b bundle, orderIDs ...string) {
+	t.Helper()
+	testenv.Eventually(t, 10*time.Second, "steps to expire", func() bool {
+		return count(t, b, `SELECT count(*) FROM steps WHERE process_state = 'processing' AND complete_by >= now()
+			AND (coalesce(cardinality($1::uuid[]), 0) = 0 OR order_id = ANY($1))`, orderIDs) == 0
+	})
+}
+
+// makeDue moves every pending step's backoff into the past, so a test need
+// not wait it out.
+func makeDue(t *testing.T, b bundle) {
+	t.Helper()
+	if _, err := b.pool.Exec(ctxFor(t), `UPDATE steps SET available_at = now() - interval '1 second' WHERE process_state = 'pending'`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestMigrateTwiceAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t) // already migrated once
+	ms, err := statestore.LoadMigrations(migrations.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	ran := make([][]string, 4)
+	for i := range 4 {
+		wg.Go(func() { ran[i], errs[i] = statestore.Migrate(ctxFor(t), b.pool, ms) })
+	}
+	wg.Wait()
+	for i := range 4 {
+		if errs[i] != nil || len(ran[i]) != 0 {
+			t.Fatalf("migrate %d on a migrated schema: ran %v, err %v", i, ran[i], errs[i])
+		}
+	}
+	if n := count(t, b, `SELECT count(*) FROM schema_migrations`); n != len(ms) {
+		t.Fatalf("%d migrations recorded, want %d", n, len(ms))
+	}
+}
+
+func TestMigrateFreshSchemaConcurrently(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	// A second, empty schema in the same database, migrated by 4 at once.
+	schema := "t_fresh_" + testenv.RandomSuffix(8)
+	if _, err := b.pool.Exec(ctx, `CREATE SCHEMA `+schema); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = b.pool.Exec(context.Background(), `DROP SCHEMA `+schema+` CASCADE`) })
+	cfg, err := pgxpool.ParseConfig(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	ms, err := statestore.LoadMigrations(migrations.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	total := 0
+	for range 4 {
+		wg.Go(func() {
+			ran, err := statestore.Migrate(ctx, pool, ms)
+			if err != nil {
+				t.Errorf("migrate: %v", err)
+			}
+			mu.Lock()
+			total += len(ran)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if total != len(ms) {
+		t.Fatalf("4 concurrent migrations applied %d files in all, want %d (each once)", total, len(ms))
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&n); err != nil {
+		t.Fatalf("orders table missing after migration: %v", err)
+	}
+}
+
+func TestInsertOrderWritesEverythingOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	o := order(3, time.Minute, 3)
+	o.ReplyTo = "shop.status"
+	insert(t, b, o)
+
+	d, err := b.store.GetOrder(ctx, o.OrderID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Order.Status != statestore.OrderReceived || d.Order.ReplyTo != "shop.status" {
+		t.Fatalf("order %+v", d.Order)
+	}
+	wantStates := []string{statestore.StepPending, statestore.StepWaiting, statestore.StepWaiting}
+	for i, st := range d.Steps {
+		if st.ProcessState != wantStates[i] || st.Attempt != 0 || st.IdempotencyKey != statestore.IdempotencyKey(o.OrderID, i+1, st.Name) {
+			t.Fatalf("step %d: %+v", i+1, st)
+		}
+	}
+	if len(d.History) != 4 {
+		t.Fatalf("history has %d entries, want 4 (order + 3 steps): %+v", len(d.History), d.History)
+	}
+	if n := count(t, b, `SELECT count(*) FROM outbox WHERE order_id = $1 AND message_type = 'status_event' AND reply_to = 'shop.status'`, o.OrderID); n != 1 {
+		t.Fatalf("%d received events in the outbox, want 1", n)
+	}
+	// The outbox body must be a StatusEvent the decoder accepts.
+	var body []byte
+	if err := b.pool.QueryRow(ctx, `SELECT body FROM outbox WHERE order_id = $1`, o.OrderID).Scan(&body); err != nil {
+		t.Fatal(err)
+	}
+	if ev, err := messages.DecodeStatusEvent(body); err != nil || ev.Status != messages.StatusReceived {
+		t.Fatalf("outbox body %s: %+v %v", body, ev, err)
+	}
+
+	// Same id, same payload: a duplicate that writes nothing.
+	got, err := b.store.InsertOrder(ctx, o)
+	if err != nil || got != statestore.Duplicate {
+		t.Fatalf("second insert: %v %v", got, err)
+	}
+	// Same id, other payload: a conflict that writes nothing.
+	other := o
+	other.PayloadHash = make([]byte, 32)
+	if _, err := b.store.InsertOrder(ctx, other); !errors.Is(err, statestore.ErrConflict) {
+		t.Fatalf("conflicting insert: %v", err)
+	}
+	if n := count(t, b, `SELECT count(*) FROM transitions`); n != 4 {
+		t.Fatalf("%d history entries after duplicate and conflict, want 4", n)
+	}
+	if n := count(t, b, `SELECT count(*) FROM outbox`); n != 1 {
+		t.Fatalf("%d outbox rows after duplicate and conflict, want 1", n)
+	}
+}
+
+func TestInsertOrderIsOneTransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	o := order(2, time.Minute, 3)
+	o.Steps[1].MaxFailures = 0 // violates a CHECK on the second step row
+	if _, err := b.store.InsertOrder(ctxFor(t), o); err == nil {
+		t.Fatal("insert with an invalid step succeeded")
+	}
+	for _, table := range []string{"orders", "steps", "transitions", "outbox"} {
+		if n := count(t, b, `SELECT count(*) FROM `+table); n != 0 {
+			t.Fatalf("%d rows left in %s after a failed insert", n, table)
+		}
+	}
+}
+
+func TestInsertSameOrderConcurrently(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	o := order(1, time.Minute, 3)
+	var mu sync.Mutex
+	outcomes := map[statestore.InsertOutcome]int{}
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			got, err := b.store.InsertOrder(ctxFor(t), o)
+			if err != nil {
+				t.Errorf("insert: %v", err)
+			}
+			mu.Lock()
+			outcomes[got]++
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if outcomes[statestore.Inserted] != 1 || outcomes[statestore.Duplicate] != 7 {
+		t.Fatalf("outcomes %v, want 1 inserted and 7 duplicates", outcomes)
+	}
+}
+
+// TestClaimConcurrently: claimers on separate connections share 2,000
+// pending steps; no step is claimed twice and none is lost.
+func TestClaimConcurrently(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	const steps, claimers = 2000, 10
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for i := w; i < steps; i += 8 {
+				if _, err := b.store.InsertOrder(ctx, order(1, time.Hour, 3)); err != nil {
+					t.Errorf("insert: %v", err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+
+	type key struct {
+		order   string
+		step    int
+		attempt int
+	}
+	var mu sync.Mutex
+	claimedBy := map[key]string{}
+	dups := 0
+	for c := range claimers {
+		wg.Go(func() {
+			// A pool of one: each claimer is its own database session.
+			pool, err := statestore.Connect(ctx, b.url, 1)
+			if err != nil {
+				t.Errorf("connect: %v", err)
+				return
+			}
+			defer pool.Close()
+			store := statestore.New(pool)
+			me := fmt.Sprintf("scheduler-%d", c)
+			for {
+				got, err := store.ClaimPending(ctx, me, 17)
+				if err != nil {
+					t.Errorf("claim: %v", err)
+					return
+				}
+				if len(got) == 0 {
+					return
+				}
+				mu.Lock()
+				for _, s := range got {
+					k := key{s.OrderID, s.Step, s.Attempt}
+					if _, seen := claimedBy[k]; seen {
+						dups++
+					}
+					claimedBy[k] = me
+					if s.Budget <= 0 || s.Budget > time.Hour || s.Attempt != 1 {
+						t.Errorf("claimed step %+v: want attempt 1 and a budget within the hour", s)
+					}
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if dups != 0 {
+		t.Fatalf("%d steps were claimed twice in the same attempt", dups)
+	}
+	if len(claimedBy) != steps {
+		t.Fatalf("%d steps claimed, want %d", len(claimedBy), steps)
+	}
+	if n := count(t, b, `SELECT count(*) FROM steps WHERE process_state = 'processing' AND attempt = 1 AND locked_by IS NOT NULL`); n != steps {
+		t.Fatalf("%d steps processing in the store, want %d", n, steps)
+	}
+	if n := count(t, b, `SELECT count(*) FROM (SELECT order_id, step FROM transitions WHERE to_state = 'processing' AND step IS NOT NULL
+		GROUP BY order_id, step HAVING count(*) <> 1) x`); n != 0 {
+		t.Fatalf("%d steps have other than one claim in their history", n)
+	}
+	perClaimer := map[string]int{}
+	for _, who := range claimedBy {
+		perClaimer[who]++
+	}
+	t.Logf("steps per claimer: %v", perClaimer)
+}
+
+func TestClaimRespectsPriorityAndBackoff(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	low, high, later := order(1, time.Minute, 3), order(1, time.Minute, 3), order(1, time.Minute, 3)
+	high.Priority = 9
+	for _, o := range []statestore.NewOrder{low, high, later} {
+		insert(t, b, o)
+	}
+	if _, err := b.pool.Exec(ctx, `UPDATE steps SET available_at = now() + interval '1 hour' WHERE order_id = $1`, later.OrderID); err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.store.ClaimPending(ctx, "s", 1)
+	if err != nil || len(got) != 1 || got[0].OrderID != high.OrderID {
+		t.Fatalf("first claim %+v %v, want the priority 9 order", got, err)
+	}
+	got, err = b.store.ClaimPending(ctx, "s", 10)
+	if err != nil || len(got) != 1 || got[0].OrderID != low.OrderID {
+		t.Fatalf("second claim %+v %v, want only the low order (the other is backing off)", got, err)
+	}
+	d, err := b.store.GetOrder(ctx, low.OrderID)
+	if err != nil || d.Order.Status != statestore.OrderProcessing {
+		t.Fatalf("order after its first claim: %+v %v", d.Order, err)
+	}
+}
+
+// snapshot is what a stale reply must not change.
+func snapshot(t *testing.T, b bundle, orderID string) string {
+	t.Helper()
+	d, err := b.store.GetOrder(ctxFor(t), orderID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := json.Marshal(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(j)
+}
+
+func TestApplyReplyIsFenced(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+
+	t.Run("old attempt", func(t *testing.T) {
+		o := order(2, 50*time.Millisecond, 5)
+		insert(t, b, o)
+		first, err := b.store.ClaimPending(ctx, "s1", 1)
+		if err != nil || len(first) != 1 {
+			t.Fatalf("claim: %v %v", first, err)
+		}
+		waitExpired(t, b)
+		if _, err := b.store.SweepExpired(ctx, statestore.SweepParams{Actor: "sup", Limit: 10, BackoffBase: time.Millisecond, BackoffMax: time.Millisecond}); err != nil {
+			t.Fatal(err)
+		}
+		makeDue(t, b)
+		if _, err := b.pool.Exec(ctx, `UPDATE steps SET timeout = interval '1 hour' WHERE order_id = $1`, o.OrderID); err != nil {
+			t.Fatal(err)
+		}
+		second, err := b.store.ClaimPending(ctx, "s2", 1)
+		if err != nil || len(second) != 1 || second[0].Attempt != 2 {
+			t.Fatalf("reclaim: %+v %v", second, err)
+		}
+		before := snapshot(t, b, o.OrderID)
+		_, err = b.store.ApplyReply(ctx, statestore.Reply{OrderID: o.OrderID, Step: 1, Attempt: 1, OK: true, Result: []byte(`{}`), Actor: "s1"})
+		var stale *statestore.StaleReplyError
+		if !errors.As(err, &stale) || !errors.Is(err, statestore.ErrStale) {
+			t.Fatalf("reply of attempt 1 after attempt 2 was claimed: %v", err)
+		}
+		t.Logf("reported: %v", err)
+		if after := snapshot(t, b, o.OrderID); after != before {
+			t.Fatalf("stale reply changed the order:\nbefore %s\nafter  %s", before, after)
+		}
+		// The current attempt's reply is applied and moves the order on.
+		res, err := b.store.ApplyReply(ctx, statestore.Reply{OrderID: o.OrderID, Step: 1, Attempt: 2, OK: true, Result: []byte(`{"r":1}`), Actor: "s2"})
+		if err != nil || res.StepState != statestore.StepProcessed || res.NextStep != 2 || res.OrderStatus != "" {
+			t.Fatalf("current reply: %+v %v", res, err)
+		}
+		// The same reply again (a redelivery) is stale and changes nothing.
+		before = snapshot(t, b, o.OrderID)
+		if _, err := b.store.ApplyReply(ctx, statestore.Reply{OrderID: o.OrderID, Step: 1, Attempt: 2, OK: true, Actor: "s2"}); !errors.Is(err, statestore.ErrStale) {
+			t.Fatalf("duplicate reply: %v", err)
+		}
+		if after := snapshot(t, b, o.OrderID); after != before {
+			t.Fatal("duplicate reply changed the order")
+		}
+	})
+
+	t.Run("after complete_by", func(t *testing.T) {
+		o := order(1, 30*time.Millisecond, 5)
+		insert(t, b, o)
+		claimed, err := b.store.ClaimPending(ctx, "s1", 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var mine *statestore.ClaimedStep
+		for i := range claimed {
+			if claimed[i].OrderID == o.OrderID {
+				mine = &claimed[i]
+			}
+		}
+		if mine == nil {
+			t.Fatalf("order not claimed: %+v", claimed)
+		}
+		waitExpired(t, b, o.OrderID)
+		before := snapshot(t, b, o.OrderID)
+		_, err = b.store.ApplyReply(ctx, statestore.Reply{OrderID: o.OrderID, Step: 1, Attempt: mine.Attempt, OK: true, Actor: "s1"})
+		var stale *statestore.StaleReplyError
+		if !errors.As(err, &stale) || stale.Reason != "complete_by has passed" {
+			t.Fatalf("late reply: %v", err)
+		}
+		if after := snapshot(t, b, o.OrderID); after != before {
+			t.Fatalf("late reply changed the order:\nbefore %s\nafter  %s", before, after)
+		}
+	})
+
+	t.Run("unknown step", func(t *testing.T) {
+		_, err := b.store.ApplyReply(ctx, statestore.Reply{OrderID: messages.NewID(), Step: 1, Attempt: 1, OK: true, Actor: "s"})
+		var stale *statestore.StaleReplyError
+		if !errors.As(err, &stale) || stale.Reason != "no such step" {
+			t.Fatalf("reply for an unknown order: %v", err)
+		}
+	})
+}
+
+func TestApplyReplyCompletesAndFailsOrders(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	ok, bad := order(2, time.Hour, 3), order(2, time.Hour, 3)
+	insert(t, b, ok)
+	insert(t, b, bad)
+	attempts := map[string]int{}
+	claimAll := func() {
+		got, err := b.store.ClaimPending(ctx, "s", 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range got {
+			attempts[fmt.Sprint(c.OrderID, c.Step)] = c.Attempt
+		}
+	}
+	claimAll()
+	if _, err := b.store.ApplyReply(ctx, statestore.Reply{OrderID: ok.OrderID, Step: 1, Attempt: 1, OK: true, Actor: "s"}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := b.store.ApplyReply(ctx, statestore.Reply{OrderID: bad.OrderID, Step: 1, Attempt: 1, OK: false, Error: "card declined", Actor: "s"})
+	if err != nil || res.StepState != statestore.StepError || res.OrderStatus != statestore.OrderError {
+		t.Fatalf("failed reply: %+v %v", res, err)
+	}
+	claimAll()
+	res, err = b.store.ApplyReply(ctx, statestore.Reply{OrderID: ok.OrderID, Step: 2, Attempt: attempts[fmt.Sprint(ok.OrderID, 2)], OK: true, Result: []byte(`{"shipment":"s-1"}`), Actor: "s"})
+	if err != nil || res.OrderStatus != statestore.OrderCompleted {
+		t.Fatalf("last reply: %+v %v", res, err)
+	}
+	d, err := b.store.GetOrder(ctx, bad.OrderID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Order.Status != statestore.OrderError || d.Steps[0].LastError != "card declined" || d.Steps[1].ProcessState != statestore.StepWaiting {
+		t.Fatalf("failed order: %+v", d)
+	}
+	if n := count(t, b, `SELECT count(*) FROM outbox WHERE order_id = $1 AND message_type = 'operator_alert'`, bad.OrderID); n != 1 {
+		t.Fatalf("%d alerts for the failed order, want 1", n)
+	}
+	if n := count(t, b, `SELECT count(*) FROM outbox WHERE order_id = $1 AND body->>'status' = 'completed'`, ok.OrderID); n != 1 {
+		t.Fatalf("%d completed events, want 1", n)
+	}
+}
+
+func TestSweepResetsThenFails(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	o := order(1, 20*time.Millisecond, 3)
+	insert(t, b, o)
+	params := statestore.SweepParams{Actor: "supervisor-1", Limit: 100, BackoffBase: time.Second, BackoffMax: time.Minute}
+	for failure := 1; failure <= 3; failure++ {
+		claimed, err := b.store.ClaimPending(ctx, "s", 10)
+		if err != nil || len(claimed) != 1 || claimed[0].Attempt != failure {
+			t.Fatalf("claim %d: %+v %v", failure, claimed, err)
+		}
+		waitExpired(t, b)
+		swept, err := b.store.SweepExpired(ctx, params)
+		if err != nil || len(swept) != 1 {
+			t.Fatalf("sweep %d: %+v %v", failure, swept, err)
+		}
+		want := statestore.StepPending
+		if failure == 3 {
+			want = statestore.StepError
+		}
+		if swept[0].FailureCount != failure || swept[0].NewState != want {
+			t.Fatalf("sweep %d: %+v, want failure_count %d and %s", failure, swept[0], failure, want)
+		}
+		if failure < 3 {
+			// Backoff: not claimable until available_at, 1s * 2^(failure-1).
+			var wait float64
+			if err := b.pool.QueryRow(ctx, `SELECT extract(epoch FROM available_at - now()) FROM steps WHERE order_id = $1`, o.OrderID).Scan(&wait); err != nil {
+				t.Fatal(err)
+			}
+			if lo, hi := float64(int(1)<<(failure-1))-0.5, float64(int(1)<<(failure-1)); wait < lo || wait > hi {
+				t.Fatalf("backoff after failure %d is %.2fs, want about %.0fs", failure, wait, hi)
+			}
+			if again, err := b.store.ClaimPending(ctx, "s", 10); err != nil || len(again) != 0 {
+				t.Fatalf("claimed during backoff: %+v %v", again, err)
+			}
+			makeDue(t, b)
+		}
+	}
+	d, err := b.store.GetOrder(ctx, o.OrderID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Order.Status != statestore.OrderError || d.Steps[0].ProcessState != statestore.StepError || d.Steps[0].LockedBy != "" {
+		t.Fatalf("after the threshold: %+v", d)
+	}
+	if n := count(t, b, `SELECT count(*) FROM outbox WHERE message_type = 'operator_alert' AND order_id = $1`, o.OrderID); n != 1 {
+		t.Fatalf("%d alerts, want 1", n)
+	}
+	if n := count(t, b, `SELECT count(*) FROM transitions WHERE actor = 'supervisor-1'`); n != 4 {
+		t.Fatalf("%d supervisor transitions, want 4 (2 resets, 1 error, the order's error)", n)
+	}
+	if swept, err := b.store.SweepExpired(ctx, params); err != nil || len(swept) != 0 {
+		t.Fatalf("sweep after error: %+v %v", swept, err)
+	}
+}
+
+// TestSweepConcurrently: sweepers on separate connections never count one
+// expiry twice.
+func TestSweepConcurrently(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	const n = 300
+	for range n {
+		insert(t, b, order(1, 10*time.Millisecond, 5))
+	}
+	if claimed, err := b.store.ClaimPending(ctx, "s", n); err != nil || len(claimed) != n {
+		t.Fatalf("claim: %d %v", len(claimed), err)
+	}
+	waitExpired(t, b)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	total := 0
+	for i := range 6 {
+		wg.Go(func() {
+			pool, err := statestore.Connect(ctx, b.url, 1)
+			if err != nil {
+				t.Errorf("connect: %v", err)
+				return
+			}
+			defer pool.Close()
+			store := statestore.New(pool)
+			for {
+				swept, err := store.SweepExpired(ctx, statestore.SweepParams{Actor: fmt.Sprint("sup-", i), Limit: 7, BackoffBase: time.Second, BackoffMax: time.Second})
+				if err != nil {
+					t.Errorf("sweep: %v", err)
+					return
+				}
+				if len(swept) == 0 {
+					return
+				}
+				mu.Lock()
+				total += len(swept)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if total != n {
+		t.Fatalf("sweepers handled %d steps, want %d", total, n)
+	}
+	if c := count(t, b, `SELECT count(*) FROM steps WHERE failure_count <> 1 OR process_state <> 'pending'`); c != 0 {
+		t.Fatalf("%d steps not at failure_count 1 and pending", c)
+	}
+	if c := count(t, b, `SELECT count(*) FROM (SELECT order_id, step, attempt FROM transitions
+		WHERE from_state = 'processing' AND to_state = 'pending' GROUP BY 1, 2, 3 HAVING count(*) > 1) x`); c != 0 {
+		t.Fatalf("%d expiries recorded twice in the history", c)
+	}
+}
+
+func TestResubmit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	o := order(2, time.Hour, 3)
+	insert(t, b, o)
+	if _, err := b.store.Resubmit(ctx, o.OrderID, 0, "operator:alice"); !errors.Is(err, statestore.ErrInvalidState) {
+		t.Fatalf("resubmit of a received order: %v", err)
+	}
+	if _, err := b.store.Resubmit(ctx, messages.NewID(), 0, "operator:alice"); !errors.Is(err, statestore.ErrNotFound) {
+		t.Fatalf("resubmit of an unknown order: %v", err)
+	}
+	if _, err := b.store.ClaimPending(ctx, "s", 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.ApplyReply(ctx, statestore.Reply{OrderID: o.OrderID, Step: 1, Attempt: 1, OK: false, Error: "down", Actor: "s"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.Resubmit(ctx, o.OrderID, 2, "operator:alice"); !errors.Is(err, statestore.ErrInvalidState) {
+		t.Fatalf("resubmit of a waiting step: %v", err)
+	}
+	if _, err := b.store.Resubmit(ctx, o.OrderID, 7, "operator:alice"); !errors.Is(err, statestore.ErrNotFound) {
+		t.Fatalf("resubmit of an unknown step: %v", err)
+	}
+	reset, err := b.store.Resubmit(ctx, o.OrderID, 0, "operator:alice")
+	if err != nil || len(reset) != 1 || reset[0] != 1 {
+		t.Fatalf("resubmit: %v %v", reset, err)
+	}
+	d, err := b.store.GetOrder(ctx, o.OrderID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Order.Status != statestore.OrderProcessing || d.Steps[0].ProcessState != statestore.StepPending || d.Steps[0].FailureCount != 0 {
+		t.Fatalf("after resubmit: %+v", d)
+	}
+	last := d.History[len(d.History)-1]
+	if last.Actor != "operator:alice" || last.Reason != "operator resubmit" {
+		t.Fatalf("last history entry %+v", last)
+	}
+	claimed, err := b.store.ClaimPending(ctx, "s", 1)
+	if err != nil || len(claimed) != 1 || claimed[0].Attempt != 2 {
+		t.Fatalf("claim after resubmit: %+v %v", claimed, err)
+	}
+}
+
+func TestHistoryIsAppendOnly(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	insert(t, b, order(1, time.Hour, 3))
+	if _, err := b.pool.Exec(ctxFor(t), `UPDATE transitions SET actor = 'someone else'`); err == nil {
+		t.Fatal("history entries could be rewritten")
+	}
+}
+
+func TestListOrders(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	a, c := order(1, time.Hour, 3), order(1, time.Hour, 3)
+	insert(t, b, a)
+	insert(t, b, c)
+	if _, err := b.store.ClaimPending(ctx, "s", 2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.ApplyReply(ctx, statestore.Reply{OrderID: a.OrderID, Step: 1, Attempt: 1, OK: true, Actor: "s"}); err != nil {
+		t.Fatal(err)
+	}
+	all, err := b.store.ListOrders(ctx, statestore.ListFilter{})
+	if err != nil || len(all) != 2 {
+		t.Fatalf("list all: %d %v", len(all), err)
+	}
+	done, err := b.store.ListOrders(ctx, statestore.ListFilter{Status: statestore.OrderCompleted})
+	if err != nil || len(done) != 1 || done[0].OrderID != a.OrderID {
+		t.Fatalf("list completed: %+v %v", done, err)
+	}
+	if _, err := b.store.GetOrder(ctx, messages.NewID()); !errors.Is(err, statestore.ErrNotFound) {
+		t.Fatalf("get unknown: %v", err)
+	}
+}

@@ -1,0 +1,168 @@
+// Package testenv gives tests their own isolated piece of the real
+// PostgreSQL and RabbitMQ: a freshly migrated schema per call, a unique
+// queue-name prefix, and clean-up of both. Nothing here is mocked.
+//
+// When a service cannot be reached the test is skipped with the reason,
+// except under CI=true, where it fails: CI must never pass by skipping.
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"sas/internal/broker"
+	"sas/internal/statestore"
+	"sas/migrations"
+)
+
+// DatabaseURL is the test database (SAS_TEST_DATABASE_URL).
+func DatabaseURL() string {
+	if u := os.Getenv("SAS_TEST_DATABASE_URL"); u != "" {
+		return u
+	}
+	return "postgres://postgres@127.0.0.1:5432/sas_test?sslmode=disable"
+}
+
+// AMQPURL is the test broker (SAS_TEST_AMQP_URL).
+func AMQPURL() string {
+	if u := os.Getenv("SAS_TEST_AMQP_URL"); u != "" {
+		return u
+	}
+	return "amqp://guest:guest@127.0.0.1:5672/"
+}
+
+func unavailable(t testing.TB, what string, err error) {
+	t.Helper()
+	msg := fmt.Sprintf("%s is not reachable: %v (run `make services` or scripts/services.sh to start it)", what, err)
+	if os.Getenv("CI") == "true" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+}
+
+// RandomSuffix returns n random hex characters.
+func RandomSuffix(n int) string {
+	b := make([]byte, (n+1)/2)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)[:n]
+}
+
+func slug(t testing.TB) string {
+	s := regexp.MustCompile(`[^a-z0-9]+`).ReplaceAllString(strings.ToLower(t.Name()), "_")
+	if len(s) > 30 {
+		s = s[:30]
+	}
+	return strings.Trim(s, "_")
+}
+
+// Database creates a schema of its own for the test, applies the
+// migrations to it, and returns a database URL whose search_path points at
+// it, with a pool open on that URL. The schema is dropped after the test.
+func Database(t testing.TB) (string, *pgxpool.Pool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin, err := pgxpool.New(ctx, DatabaseURL())
+	if err == nil {
+		err = admin.Ping(ctx)
+	}
+	if err != nil {
+		unavailable(t, "PostgreSQL at "+DatabaseURL(), err)
+	}
+	schema := "t_" + slug(t) + "_" + RandomSuffix(8)
+	if _, err := admin.Exec(ctx, `CREATE SCHEMA `+schema); err != nil {
+		admin.Close()
+		t.Fatalf("create schema: %v", err)
+	}
+	t.Cleanup(func() {
+		defer admin.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := admin.Exec(ctx, `DROP SCHEMA `+schema+` CASCADE`); err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
+	})
+	u, err := url.Parse(DatabaseURL())
+	if err != nil {
+		t.Fatalf("parse database url: %v", err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	dbURL := u.String()
+
+	pool, err := statestore.Connect(ctx, dbURL, 20)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	ms, err := statestore.LoadMigrations(migrations.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := statestore.Migrate(ctx, pool, ms); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	return dbURL, pool
+}
+
+// Prefix returns a queue-name prefix no other test uses.
+func Prefix(t testing.TB) string {
+	return "test." + slug(t) + "." + RandomSuffix(8) + "."
+}
+
+// Broker checks RabbitMQ answers and deletes topo's queues and exchanges
+// after the test.
+func Broker(t testing.TB, topo broker.Topology) {
+	t.Helper()
+	conn, err := amqp.Dial(AMQPURL())
+	if err != nil {
+		unavailable(t, "RabbitMQ at "+broker.RedactURL(AMQPURL()), err)
+	}
+	conn.Close()
+	t.Cleanup(func() {
+		conn, err := amqp.Dial(AMQPURL())
+		if err != nil {
+			t.Errorf("clean up queues: %v", err)
+			return
+		}
+		defer conn.Close()
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Errorf("clean up queues: %v", err)
+			return
+		}
+		if err := topo.Delete(ch); err != nil {
+			t.Errorf("clean up queues: %v", err)
+		}
+	})
+}
+
+// Eventually polls cond every few milliseconds until it returns true or
+// timeout passes, then fails the test with msg.
+func Eventually(t testing.TB, timeout time.Duration, msg string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	wait := 5 * time.Millisecond
+	for {
+		if cond() {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v: %s", timeout, msg)
+		}
+		time.Sleep(wait)
+		wait = min(wait*2, 200*time.Millisecond)
+	}
+}

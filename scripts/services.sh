@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Makes sure PostgreSQL and RabbitMQ are up on this machine for tests and
+# the local stack: installs them from Debian packages if absent, starts them
+# if stopped, and creates the test database. Idempotent; safe to run often.
+#
+# Environment: SAS_TEST_DB (default sas_test), SAS_PG_ADMIN_URL
+# (default postgres://postgres@127.0.0.1:5432/postgres).
+set -euo pipefail
+
+db="${SAS_TEST_DB:-sas_test}"
+admin_url="${SAS_PG_ADMIN_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+apt_updated=0
+
+log() { printf 'services: %s\n' "$*" >&2; }
+
+need_root() {
+	if [ "$(id -u)" -ne 0 ]; then
+		log "$1 needs root; run this script as root or do it by hand"
+		exit 1
+	fi
+}
+
+apt_install() {
+	need_root "installing $*"
+	if [ "$apt_updated" -eq 0 ]; then
+		log "apt-get update"
+		DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null
+		apt_updated=1
+	fi
+	log "installing $*"
+	# Package scripts may try to start the service through an init system
+	# that is not there; that is not an error here, we start it below.
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null
+}
+
+wait_for() { # what, seconds, command...
+	local what=$1 secs=$2
+	shift 2
+	local end=$((SECONDS + secs))
+	until "$@" >/dev/null 2>&1; do
+		if [ "$SECONDS" -ge "$end" ]; then
+			log "$what did not come up within ${secs}s"
+			return 1
+		fi
+		sleep 0.5
+	done
+}
+
+pg_up() { pg_isready -q -h 127.0.0.1 -p 5432; }
+pg_admin() { psql "$admin_url" -v ON_ERROR_STOP=1 -qAtX "$@"; }
+
+ensure_postgres() {
+	if ! command -v pg_ctlcluster >/dev/null 2>&1; then
+		apt_install postgresql
+	fi
+	if ! pg_up; then
+		local version
+		version=$(ls /etc/postgresql | sort -V | tail -n1)
+		log "starting PostgreSQL $version"
+		pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
+		wait_for PostgreSQL 60 pg_up
+	fi
+	if ! pg_admin -c 'SELECT 1' >/dev/null 2>&1; then
+		# A fresh Debian install asks for a password on TCP. Trust loopback
+		# connections, as on the development machines.
+		need_root "configuring PostgreSQL for local trust auth"
+		local hba
+		hba=$(su postgres -c "psql -qAtX -c 'SHOW hba_file'")
+		log "allowing trusted loopback connections in $hba"
+		sed -i '1i host all all 127.0.0.1/32 trust\nhost all all ::1/128 trust' "$hba"
+		su postgres -c "psql -qAtX -c 'SELECT pg_reload_conf()'" >/dev/null
+		wait_for "PostgreSQL trust auth" 20 pg_admin -c 'SELECT 1'
+	fi
+	if [ "$(pg_admin -c "SELECT 1 FROM pg_database WHERE datname = '$db'")" != 1 ]; then
+		log "creating database $db"
+		pg_admin -c "CREATE DATABASE \"$db\"" || [ "$(pg_admin -c "SELECT 1 FROM pg_database WHERE datname = '$db'")" = 1 ]
+	fi
+}
+
+rabbit_up() { rabbitmq-diagnostics -q check_port_connectivity >/dev/null 2>&1; }
+
+ensure_rabbitmq() {
+	if ! command -v rabbitmq-server >/dev/null 2>&1; then
+		apt_install rabbitmq-server
+	fi
+	if ! rabbit_up; then
+		log "starting RabbitMQ"
+		rabbitmq-server -detached || true
+		wait_for RabbitMQ 120 rabbit_up
+	fi
+}
+
+ensure_postgres
+ensure_rabbitmq
+log "PostgreSQL and RabbitMQ are up; test database $db exists"
