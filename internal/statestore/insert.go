@@ -126,7 +126,7 @@ func (s *Store) InsertOrder(ctx context.Context, o NewOrder) (InsertOutcome, err
 		names, agents, timeouts, maxFailures, o.Actor,
 	).Scan(&inserted)
 	if err != nil {
-		return 0, fmt.Errorf("insert order %s: %w", o.OrderID, err)
+		return 0, fmt.Errorf("insert order %s: %w", o.OrderID, classify(err))
 	}
 	if inserted == 1 {
 		return Inserted, nil

@@ -11,8 +11,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -27,7 +29,21 @@ var (
 	ErrStale = errors.New("stale reply")
 	// ErrInvalidState: the action makes no sense in the current state.
 	ErrInvalidState = errors.New("invalid state for this action")
+	// ErrInvalidData: the database refused the values (a constraint or
+	// data error); retrying the same values cannot succeed.
+	ErrInvalidData = errors.New("values refused by the database")
 )
+
+// classify wraps a database error that retrying cannot fix in
+// ErrInvalidData; other errors (connection loss, timeouts) are returned as
+// they are, for the caller to retry.
+func classify(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23")) {
+		return fmt.Errorf("%w: %s (SQLSTATE %s)", ErrInvalidData, pgErr.Message, pgErr.Code)
+	}
+	return err
+}
 
 // Order statuses. The submitter creates an order as received; a scheduler
 // moves it to processing when it claims its first step and to completed or

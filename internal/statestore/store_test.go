@@ -218,8 +218,8 @@ func TestInsertOrderIsOneTransaction(t *testing.T) {
 	b := setup(t)
 	o := order(2, time.Minute, 3)
 	o.Steps[1].MaxFailures = 0 // violates a CHECK on the second step row
-	if _, err := b.store.InsertOrder(ctxFor(t), o); err == nil {
-		t.Fatal("insert with an invalid step succeeded")
+	if _, err := b.store.InsertOrder(ctxFor(t), o); !errors.Is(err, statestore.ErrInvalidData) {
+		t.Fatalf("insert with an invalid step: %v, want ErrInvalidData", err)
 	}
 	for _, table := range []string{"orders", "steps", "transitions", "outbox"} {
 		if n := count(t, b, `SELECT count(*) FROM `+table); n != 0 {

@@ -71,6 +71,22 @@ func slug(t testing.TB) string {
 // it, with a pool open on that URL. The schema is dropped after the test.
 func Database(t testing.TB) (string, *pgxpool.Pool) {
 	t.Helper()
+	dbURL, pool := EmptyDatabase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ms, err := statestore.LoadMigrations(migrations.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := statestore.Migrate(ctx, pool, ms); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	return dbURL, pool
+}
+
+// EmptyDatabase is Database without the migrations.
+func EmptyDatabase(t testing.TB) (string, *pgxpool.Pool) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	admin, err := pgxpool.New(ctx, DatabaseURL())
@@ -107,13 +123,6 @@ func Database(t testing.TB) (string, *pgxpool.Pool) {
 		t.Fatalf("connect: %v", err)
 	}
 	t.Cleanup(pool.Close)
-	ms, err := statestore.LoadMigrations(migrations.FS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := statestore.Migrate(ctx, pool, ms); err != nil {
-		t.Fatalf("migrate: %v", err)
-	}
 	return dbURL, pool
 }
 

@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"sas/internal/broker"
+	"sas/internal/messages"
+	"sas/internal/submitter"
+)
+
+func (a *app) submit(ctx context.Context, args []string) error {
+	fs := a.flags("submit")
+	file := fs.String("file", "", "publish the order in this JSON file (\"-\" for stdin)")
+	count := fs.Int("count", 0, "publish this many generated sample orders")
+	wf := fs.String("workflow", "", "workflow of generated orders (default: the default workflow)")
+	priority := fs.Int("priority", 0, "priority 0-9 of generated orders")
+	replyTo := fs.String("reply-to", "", "status queue of generated orders")
+	concurrency := fs.Int("concurrency", 32, "publishes awaiting their confirm at once")
+	printIDs := fs.Bool("print-ids", false, "print each published order id on stdout")
+	if err := a.parse(fs, args); err != nil {
+		return err
+	}
+	if (*file == "") == (*count <= 0) {
+		fmt.Fprintln(a.stderr, "sasctl submit: give either --file or --count")
+		return errUsage
+	}
+
+	var bodies func(i int) (string, []byte, error)
+	n := *count
+	if *file != "" {
+		body, err := readFile(*file)
+		if err != nil {
+			return err
+		}
+		o, err := messages.DecodeSubmitOrder(body)
+		if err != nil {
+			return fmt.Errorf("%s is not a valid order: %w", *file, err)
+		}
+		n = 1
+		bodies = func(int) (string, []byte, error) { return o.OrderID, body, nil }
+	} else {
+		bodies = func(int) (string, []byte, error) {
+			o := sampleOrder(*wf, *priority, *replyTo)
+			body, err := messages.Encode(o)
+			return o.OrderID, body, err
+		}
+	}
+
+	conn, pub, topo, err := a.openBroker(ctx, submitter.Input)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	defer pub.Close()
+
+	start := time.Now()
+	var published atomic.Int64
+	var mu sync.Mutex
+	var firstErr error
+	sem := make(chan struct{}, max(*concurrency, 1))
+	var wg sync.WaitGroup
+	for i := range n {
+		id, body, err := bodies(i)
+		if err != nil {
+			return err
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if err := publishOrder(ctx, pub, topo.Queue(submitter.Input), id, body); err != nil {
+				mu.Lock()
+				if firstErr == nil {
+					firstErr = err
+				}
+				mu.Unlock()
+				return
+			}
+			published.Add(1)
+			if *printIDs {
+				mu.Lock()
+				fmt.Fprintln(a.stdout, id)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	took := time.Since(start)
+	fmt.Fprintf(a.stderr, "published %d of %d orders to %s, all confirmed by the broker, in %v (%.0f/s)\n",
+		published.Load(), n, topo.Queue(submitter.Input), took.Round(time.Millisecond), float64(published.Load())/took.Seconds())
+	return firstErr
+}
+
+// publishOrder publishes one submit, again if the broker did not confirm it
+// (the submitter treats a repeat as a duplicate).
+func publishOrder(ctx context.Context, pub *broker.Publisher, queue, id string, body []byte) error {
+	var err error
+	for attempt := range 5 {
+		err = pub.Publish(ctx, "", queue, amqp.Publishing{
+			ContentType: messages.ContentType,
+			Type:        messages.TypeSubmitOrder,
+			MessageId:   id,
+			Timestamp:   time.Now(),
+			Headers:     amqp.Table{"schema_version": int32(messages.SchemaVersion)},
+			Body:        body,
+		})
+		if err == nil || !errors.Is(err, broker.ErrUnconfirmed) || ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(time.Duration(attempt+1) * 100 * time.Millisecond)
+	}
+	return err
+}
+
+func (a *app) openBroker(ctx context.Context, inputs ...string) (*broker.Conn, *broker.Publisher, broker.Topology, error) {
+	topo := broker.Topology{Prefix: a.cfg.QueuePrefix, DeliveryLimit: a.cfg.DeliveryLimit, Inputs: inputs}
+	dialCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	bm := broker.NewMetrics(nil)
+	conn, err := broker.Open(dialCtx, a.cfg.AMQPURL, "sasctl", topo, a.logger, bm)
+	if err != nil {
+		return nil, nil, topo, err
+	}
+	return conn, broker.NewPublisher(conn, bm), topo, nil
+}
+
+func readFile(name string) ([]byte, error) {
+	if name == "-" {
+		return io.ReadAll(io.LimitReader(os.Stdin, messages.MaxBodyBytes+1))
+	}
+	return os.ReadFile(name)
+}
+
+// sampleOrder makes a plausible random order.
+func sampleOrder(workflow string, priority int, replyTo string) messages.SubmitOrder {
+	customers := []string{"ACME Ltd", "Globex", "Initech", "Umbrella", "Hooli", "Stark Industries"}
+	skus := []string{"SKU-RED-1", "SKU-BLUE-2", "SKU-GREEN-3", "SKU-WIDGET-4", "SKU-GADGET-5"}
+	items := make([]messages.Item, 1+rand.IntN(3))
+	var amount int64
+	for i := range items {
+		items[i] = messages.Item{SKU: skus[rand.IntN(len(skus))], Qty: 1 + rand.Int64N(5)}
+		amount += items[i].Qty * (100 + rand.Int64N(9900))
+	}
+	now := time.Now().UTC()
+	return messages.SubmitOrder{
+		SchemaVersion: messages.SchemaVersion,
+		OrderID:       messages.NewID(),
+		Customer:      customers[rand.IntN(len(customers))],
+		Items:         items,
+		Amount:        amount,
+		Currency:      "EUR",
+		Priority:      priority,
+		ReplyTo:       replyTo,
+		Workflow:      workflow,
+		PlacedAt:      &now,
+	}
+}

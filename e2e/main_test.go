@@ -1,0 +1,271 @@
+// Package e2e tests sas end to end: it builds the real binaries, starts
+// them as processes against the real PostgreSQL and RabbitMQ, and drives
+// them from outside, as a user and an operator would.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"sas/internal/testenv"
+)
+
+// binDir holds the binaries TestMain built.
+var binDir string
+
+func TestMain(m *testing.M) {
+	os.Exit(buildAndRun(m))
+}
+
+func buildAndRun(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "sas-e2e-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	// The binaries are built with the race detector, so a data race in a
+	// real process fails the test that drives it.
+	cmd := exec.Command(goBin, "build", "-race", "-o", dir+"/", "./cmd/submitter", "./cmd/sasctl")
+	cmd.Dir = ".."
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: build binaries:", err)
+		return 1
+	}
+	binDir = dir
+	return m.Run()
+}
+
+// env is a process environment: the test's own minus any SAS_ setting,
+// plus kv.
+func env(kv ...string) []string {
+	var out []string
+	for _, e := range os.Environ() {
+		if !strings.HasPrefix(e, "SAS_") {
+			out = append(out, e)
+		}
+	}
+	out = append(out, "GORACE=halt_on_error=1 exitcode=66")
+	return append(out, kv...)
+}
+
+// proc is a running sas binary.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{}
+	err  error
+	ops  string // host:port of its ops server, if any
+}
+
+// freeAddr returns a loopback address with a port free right now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// start runs a service binary with env and an ops server on a free port,
+// waits until it is ready, and stops it (SIGTERM, expecting a clean exit)
+// when the test ends.
+func start(t *testing.T, name string, environ []string) *proc {
+	t.Helper()
+	ops := freeAddr(t)
+	p := &proc{name: name, ops: ops, done: make(chan struct{}), log: filepath.Join(t.TempDir(), name+".log")}
+	logFile, err := os.Create(p.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.cmd = exec.Command(filepath.Join(binDir, name))
+	p.cmd.Env = append(environ, "SAS_METRICS_ADDR="+ops)
+	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		logFile.Close()
+		close(p.done)
+	}()
+	t.Cleanup(func() { p.stop(t) })
+	testenv.Eventually(t, 60*time.Second, name+" to become ready", func() bool {
+		if p.exited() {
+			t.Fatalf("%s exited during start: %v\n%s", name, p.err, p.tail())
+		}
+		resp, err := http.Get("http://" + ops + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	return p
+}
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// stop sends SIGTERM and requires a clean exit within 30 s.
+func (p *proc) stop(t *testing.T) {
+	t.Helper()
+	if p.exited() {
+		if p.err != nil {
+			t.Errorf("%s had exited: %v\n%s", p.name, p.err, p.tail())
+		}
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+		if p.err != nil {
+			t.Errorf("%s did not exit cleanly on SIGTERM: %v\n%s", p.name, p.err, p.tail())
+		}
+	case <-time.After(30 * time.Second):
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+		t.Errorf("%s did not stop within 30s of SIGTERM\n%s", p.name, p.tail())
+	}
+}
+
+// tail is the end of the process's log, for failure messages.
+func (p *proc) tail() string {
+	b, _ := os.ReadFile(p.log)
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return string(b)
+}
+
+// metric scrapes the process and returns the value of the series
+// name+labels (labels as Prometheus prints them, e.g. `{outcome="inserted"}`),
+// or 0 if it is not there yet.
+func (p *proc) metric(t *testing.T, series string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + p.ops + "/metrics")
+	if err != nil {
+		t.Fatalf("scrape %s: %v", p.name, err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("metric %s: %v", series, err)
+			}
+			return f
+		}
+	}
+	return 0
+}
+
+// sasctl runs the tool to completion and returns its stdout, stderr and
+// exit code.
+func sasctl(t *testing.T, environ []string, args ...string) (string, string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "sasctl"), args...)
+	cmd.Env = environ
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	code := 0
+	if err != nil {
+		ee, ok := err.(*exec.ExitError)
+		if !ok {
+			t.Fatalf("sasctl %v: %v", args, err)
+		}
+		code = ee.ExitCode()
+	}
+	return out.String(), errOut.String(), code
+}
+
+// amqpChannel opens a confirm-mode channel straight to the broker, for a
+// test to publish and inspect queues as an outside application would.
+func amqpChannel(t *testing.T) *amqp.Channel {
+	t.Helper()
+	conn, err := amqp.Dial(testenv.AMQPURL())
+	if err != nil {
+		t.Fatalf("dial broker: %v", err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	return ch
+}
+
+// publish publishes body to queue and waits for the broker's confirm.
+func publish(t *testing.T, ch *amqp.Channel, queue, contentType, id string, body []byte) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, amqp.Publishing{
+		ContentType: contentType, MessageId: id, DeliveryMode: amqp.Persistent, Body: body,
+	})
+	if err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	if ok, err := dc.WaitContext(ctx); err != nil || !ok {
+		t.Fatalf("publish not confirmed: %v %v", ok, err)
+	}
+}
+
+// drain takes n messages off queue (acking them), waiting for them to
+// arrive.
+func drain(t *testing.T, ch *amqp.Channel, queue string, n int, timeout time.Duration) []amqp.Delivery {
+	t.Helper()
+	var got []amqp.Delivery
+	testenv.Eventually(t, timeout, fmt.Sprintf("%d messages on %s", n, queue), func() bool {
+		for len(got) < n {
+			d, ok, err := ch.Get(queue, false)
+			if err != nil {
+				t.Fatalf("get from %s: %v", queue, err)
+			}
+			if !ok {
+				return false
+			}
+			if err := d.Ack(false); err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, d)
+		}
+		return true
+	})
+	return got
+}
+

@@ -1,0 +1,221 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"sas/internal/badinput"
+	"sas/internal/broker"
+	"sas/internal/messages"
+	"sas/internal/submitter"
+	"sas/internal/testenv"
+)
+
+// stack is one test's isolated piece of the world.
+type stack struct {
+	dbURL  string
+	pool   *pgxpool.Pool
+	topo   broker.Topology
+	env    []string
+	submit string // the submit queue's name
+	dlq    string // its dead-letter queue
+}
+
+func newStack(t *testing.T) stack {
+	t.Helper()
+	dbURL, pool := testenv.Database(t)
+	topo := broker.Topology{Prefix: testenv.Prefix(t), DeliveryLimit: 10, Inputs: []string{submitter.Input}}
+	testenv.Broker(t, topo)
+	return stack{
+		dbURL: dbURL, pool: pool, topo: topo,
+		env: env("SAS_DATABASE_URL="+dbURL, "SAS_AMQP_URL="+testenv.AMQPURL(),
+			"SAS_QUEUE_PREFIX="+topo.Prefix, "SAS_LOG_LEVEL=debug"),
+		submit: topo.Queue(submitter.Input),
+		dlq:    topo.DeadLetterQueue(submitter.Input),
+	}
+}
+
+func (s stack) count(t *testing.T, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := s.pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
+func TestSubmitterWritesOrdersAndDeadLettersBadInput(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	sub := start(t, "submitter", s.env)
+
+	// Valid orders through sasctl, as an application would post them.
+	out, errOut, code := sasctl(t, s.env, "submit", "--count", "100", "--print-ids")
+	if code != 0 {
+		t.Fatalf("sasctl submit: exit %d: %s", code, errOut)
+	}
+	ids := strings.Fields(out)
+	if len(ids) != 100 {
+		t.Fatalf("sasctl printed %d ids, want 100", len(ids))
+	}
+	testenv.Eventually(t, 60*time.Second, "100 orders written", func() bool {
+		return s.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[])`, ids) == 100
+	})
+	// Each order landed whole: 3 steps, 4 history entries, 1 received event.
+	if n := s.count(t, `SELECT count(*) FROM orders o WHERE
+		(SELECT count(*) FROM steps s WHERE s.order_id = o.order_id) <> 3 OR
+		(SELECT count(*) FROM transitions h WHERE h.order_id = o.order_id) <> 4 OR
+		(SELECT count(*) FROM outbox b WHERE b.order_id = o.order_id) <> 1`); n != 0 {
+		t.Fatalf("%d orders were not written whole", n)
+	}
+
+	ch := amqpChannel(t)
+	// The same order delivered three times (as a publisher's retry or a
+	// redelivery would) is written once; the repeats change nothing.
+	before := s.count(t, `SELECT count(*) FROM transitions`)
+	fresh := messages.NewID()
+	body := []byte(badinput.ValidSubmitJSON(fresh))
+	for range 3 {
+		publish(t, ch, s.submit, messages.ContentType, fresh, body)
+	}
+	testenv.Eventually(t, 30*time.Second, "the order and its two duplicates handled", func() bool {
+		return sub.metric(t, `sas_submitter_orders_total{outcome="duplicate"}`) == 2
+	})
+	if n := s.count(t, `SELECT count(*) FROM orders WHERE order_id = $1`, fresh); n != 1 {
+		t.Fatalf("%d rows for an order sent three times", n)
+	}
+	if n := s.count(t, `SELECT count(*) FROM transitions`); n != before+4 {
+		t.Fatalf("history grew by %d for one order sent three times, want 4", n-before)
+	}
+
+	// Every bad input of the catalogue, plus a conflict (the same order id
+	// with another amount), each followed by a valid order: the bad ones
+	// land in the dead-letter queue with their reason, the good ones in
+	// the store.
+	cases := badinput.SubmitOrders(messages.NewID)
+	cases = append(cases, badinput.Case{
+		Name:   "conflict",
+		Body:   []byte(strings.Replace(badinput.ValidSubmitJSON(fresh), `"amount":1999`, `"amount":2999`, 1)),
+		Reason: submitter.ReasonConflict,
+	}, badinput.Case{
+		Name:   "unknown workflow",
+		Body:   []byte(strings.Replace(badinput.ValidSubmitJSON(messages.NewID()), `"amount":1999`, `"amount":1999,"workflow":"teleport"`, 1)),
+		Reason: submitter.ReasonUnknownWorkflow,
+	})
+	want := map[string]badinput.Case{}
+	var goodIDs []string
+	for i, c := range cases {
+		id := fmt.Sprintf("bad-%d", i)
+		want[id] = c
+		ct := c.ContentType
+		if ct == "" {
+			ct = messages.ContentType
+		}
+		publish(t, ch, s.submit, ct, id, c.Body)
+		good := messages.NewID()
+		goodIDs = append(goodIDs, good)
+		publish(t, ch, s.submit, messages.ContentType, good, []byte(badinput.ValidSubmitJSON(good)))
+	}
+	dead := drain(t, ch, s.dlq, len(cases), 60*time.Second)
+	for _, d := range dead {
+		c, ok := want[d.MessageId]
+		if !ok {
+			t.Errorf("unexpected dead letter %q: %v", d.MessageId, d.Headers)
+			continue
+		}
+		delete(want, d.MessageId)
+		if got := d.Headers[broker.HeaderErrorReason]; got != c.Reason {
+			t.Errorf("%s: dead-lettered with reason %v (%v), want %s", c.Name, got, d.Headers[broker.HeaderErrorDetail], c.Reason)
+		}
+		if d.Headers[broker.HeaderErrorDetail] == "" || d.Headers[broker.HeaderOriginalQueue] != s.submit {
+			t.Errorf("%s: headers %v", c.Name, d.Headers)
+		}
+		if string(d.Body) != string(c.Body) {
+			t.Errorf("%s: dead letter's body was changed", c.Name)
+		}
+	}
+	for id, c := range want {
+		t.Errorf("%s (%s) was not dead-lettered", c.Name, id)
+	}
+	testenv.Eventually(t, 60*time.Second, "the valid orders between the bad ones written", func() bool {
+		return s.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[])`, goodIDs) == len(goodIDs)
+	})
+	// The conflicting resubmission did not change the stored order.
+	if n := s.count(t, `SELECT count(*) FROM orders WHERE order_id = $1 AND amount = 1999`, fresh); n != 1 {
+		t.Fatal("a conflicting submission changed the stored order")
+	}
+	if got := sub.metric(t, `sas_submitter_orders_total{outcome="rejected"}`); got != float64(len(cases)) {
+		t.Errorf("rejected counter %v, want %d", got, len(cases))
+	}
+	if got := sub.metric(t, fmt.Sprintf(`sas_dead_lettered_total{queue=%q,reason="not_json"}`, s.submit)); got < 1 {
+		t.Errorf("dead-letter counter for not_json is %v", got)
+	}
+	if sub.exited() {
+		t.Fatalf("submitter exited: %v\n%s", sub.err, sub.tail())
+	}
+	q, err := ch.QueueDeclarePassive(s.submit, true, false, false, false, nil)
+	if err != nil || q.Messages != 0 {
+		t.Fatalf("submit queue left with %d messages (%v)", q.Messages, err)
+	}
+}
+
+// TestSubmitterSurvivesConnectionLoss cuts the submitter's broker
+// connection several times while orders stream in: every confirmed order
+// lands exactly once.
+func TestSubmitterSurvivesConnectionLoss(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	proxy := testenv.NewProxy(t, "127.0.0.1:5672")
+	viaProxy := strings.Replace(testenv.AMQPURL(), "127.0.0.1:5672", proxy.Addr(), 1)
+	if viaProxy == testenv.AMQPURL() {
+		t.Skip("SAS_TEST_AMQP_URL does not point at 127.0.0.1:5672; cannot put the proxy in front of it")
+	}
+	subEnv := append(append([]string{}, s.env...), "SAS_AMQP_URL="+viaProxy, "SAS_SUBMITTER_PREFETCH=16")
+	sub := start(t, "submitter", subEnv)
+
+	const n = 1500
+	type result struct {
+		ids  []string
+		err  string
+		code int
+	}
+	published := make(chan result, 1)
+	go func() {
+		out, errOut, code := sasctl(t, s.env, "submit", "--count", fmt.Sprint(n), "--print-ids", "--concurrency", "8")
+		published <- result{strings.Fields(out), errOut, code}
+	}()
+
+	cuts := 0
+	for _, at := range []int{n / 5, 2 * n / 5, 3 * n / 5} {
+		testenv.Eventually(t, 60*time.Second, fmt.Sprintf("%d orders before cut %d", at, cuts+1), func() bool {
+			return s.count(t, `SELECT count(*) FROM orders`) >= at
+		})
+		if proxy.Sever() > 0 {
+			cuts++
+		}
+		// Wait for the submitter to consume again before the next cut.
+		testenv.Eventually(t, 30*time.Second, "the submitter to reconnect", func() bool {
+			return sub.metric(t, "sas_broker_reconnects_total") >= float64(cuts)
+		})
+	}
+	res := <-published
+	if res.code != 0 || len(res.ids) != n {
+		t.Fatalf("sasctl submit: exit %d, %d ids: %s", res.code, len(res.ids), res.err)
+	}
+	testenv.Eventually(t, 90*time.Second, fmt.Sprintf("all %d orders written", n), func() bool {
+		return s.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[])`, res.ids) == n
+	})
+	if total := s.count(t, `SELECT count(*) FROM orders`); total != n {
+		t.Fatalf("%d orders in the store, want %d", total, n)
+	}
+	if cuts < 3 {
+		t.Fatalf("only %d connection cuts happened", cuts)
+	}
+	t.Logf("%d connection cuts, %v reconnects, %v duplicates from redelivery", cuts,
+		sub.metric(t, "sas_broker_reconnects_total"), sub.metric(t, `sas_submitter_orders_total{outcome="duplicate"}`))
+}

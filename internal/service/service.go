@@ -1,0 +1,117 @@
+// Package service holds what every sas process shares: the common part of
+// its configuration, JSON logging, and the operations HTTP server
+// (/metrics, /healthz, /readyz).
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Common is the configuration every service reads (prefix SAS_).
+type Common struct {
+	// DatabaseURL is the PostgreSQL URL (SAS_DATABASE_URL). TLS is set
+	// with its sslmode and sslrootcert parameters.
+	DatabaseURL string `envconfig:"DATABASE_URL" default:"postgres://postgres@127.0.0.1:5432/sas?sslmode=disable"`
+	// AMQPURL is the RabbitMQ URL (SAS_AMQP_URL); amqps:// for TLS.
+	AMQPURL string `envconfig:"AMQP_URL" default:"amqp://guest:guest@127.0.0.1:5672/"`
+	// QueuePrefix goes before every queue and exchange name.
+	QueuePrefix string `envconfig:"QUEUE_PREFIX" default:"sas."`
+	// DeliveryLimit is x-delivery-limit of every input queue.
+	DeliveryLimit int `envconfig:"DELIVERY_LIMIT" default:"10"`
+	// LogLevel is debug, info, warn or error.
+	LogLevel string `envconfig:"LOG_LEVEL" default:"info"`
+	// InstanceID names this process in locked_by and the history; empty
+	// means host name and process id.
+	InstanceID string `envconfig:"INSTANCE_ID"`
+	// ShutdownTimeout bounds the wait for in-flight work on SIGTERM.
+	ShutdownTimeout time.Duration `envconfig:"SHUTDOWN_TIMEOUT" default:"20s"`
+}
+
+// Instance returns the configured instance id or host-pid.
+func (c Common) Instance(role string) string {
+	if c.InstanceID != "" {
+		return c.InstanceID
+	}
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s:%s:%d", role, host, os.Getpid())
+}
+
+// NewLogger returns a JSON logger at level writing to w.
+func NewLogger(w io.Writer, level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(strings.ToUpper(level))); err != nil {
+		return nil, fmt.Errorf("log level %q: want debug, info, warn or error", level)
+	}
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l})), nil
+}
+
+// NewRegistry returns a Prometheus registry with the Go and process
+// collectors, for one process.
+func NewRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// OpsServer serves /metrics, /healthz (the process is alive) and /readyz
+// (ready reports nil when the process can do its work).
+type OpsServer struct {
+	srv *http.Server
+	ln  net.Listener
+}
+
+// ListenOps starts the operations server on addr (":0" picks a port).
+func ListenOps(addr string, reg *prometheus.Registry, ready func(context.Context) error, logger *slog.Logger) (*OpsServer, error) {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := ready(ctx); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ready\n")
+	})
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	s := &OpsServer{
+		srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second},
+		ln:  ln,
+	}
+	go func() {
+		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logger.Error("ops server stopped", "err", err)
+		}
+	}()
+	logger.Info("ops server listening", "addr", ln.Addr().String())
+	return s, nil
+}
+
+// Addr is the address the server listens on.
+func (s *OpsServer) Addr() string { return s.ln.Addr().String() }
+
+// Close stops the server, letting requests in progress finish briefly.
+func (s *OpsServer) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	return s.srv.Shutdown(ctx)
+}

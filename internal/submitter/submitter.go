@@ -1,0 +1,226 @@
+// Package submitter is the submitter service: it consumes SubmitOrder
+// messages from the submit queue and writes each order with its step rows
+// and their history in one transaction, acking only after the commit. A
+// duplicate is acked; a message that can never be accepted is dead-lettered
+// with its reason and acked; nothing on the queue can stop it.
+package submitter
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"sas/internal/broker"
+	"sas/internal/messages"
+	"sas/internal/service"
+	"sas/internal/statestore"
+	"sas/internal/workflow"
+)
+
+// Input is the unprefixed name of the submit queue.
+const Input = "submit"
+
+// Config is the submitter's configuration (environment prefix SAS_).
+type Config struct {
+	service.Common
+	// MetricsAddr is where /metrics, /healthz and /readyz are served.
+	MetricsAddr string `envconfig:"METRICS_ADDR" default:":9101"`
+	// Prefetch is how many unacked submits the broker hands over at once.
+	Prefetch int `envconfig:"SUBMITTER_PREFETCH" default:"64"`
+	// Workers is how many submits are written at once.
+	Workers int `envconfig:"SUBMITTER_WORKERS" default:"8"`
+	// DBMaxConns caps the database pool.
+	DBMaxConns int32 `envconfig:"DB_MAX_CONNS" default:"10"`
+}
+
+// Reasons the submitter adds to those of messages.
+const (
+	ReasonConflict        = "conflict"
+	ReasonUnknownWorkflow = "unknown_workflow"
+)
+
+type metrics struct {
+	orders    *prometheus.CounterVec
+	insertDur prometheus.Histogram
+	dbRetries prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		orders: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sas_submitter_orders_total",
+			Help: "Submit messages handled, by outcome (inserted, duplicate, rejected).",
+		}, []string{"outcome"}),
+		insertDur: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "sas_submitter_insert_duration_seconds",
+			Help:    "Time to write one order with its steps.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		dbRetries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sas_submitter_db_retries_total",
+			Help: "Order writes retried after a database error.",
+		}),
+	}
+	reg.MustRegister(m.orders, m.insertDur, m.dbRetries)
+	return m
+}
+
+// Run runs the submitter until ctx is done, then shuts down gracefully: it
+// stops taking messages, finishes the ones in hand (within
+// cfg.ShutdownTimeout) and closes its connections.
+func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
+	me := cfg.Instance("submitter")
+	logger = logger.With("service", "submitter", "instance", me)
+	reg := service.NewRegistry()
+	m := newMetrics(reg)
+	bm := broker.NewMetrics(reg)
+
+	startCtx, cancelStart := context.WithTimeout(ctx, 60*time.Second)
+	defer cancelStart()
+	pool, err := statestore.Connect(startCtx, cfg.DatabaseURL, cfg.DBMaxConns)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	store := statestore.New(pool)
+
+	topo := broker.Topology{Prefix: cfg.QueuePrefix, DeliveryLimit: cfg.DeliveryLimit, Inputs: []string{Input}}
+	conn, err := broker.Open(startCtx, cfg.AMQPURL, me, topo, logger, bm)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	pub := broker.NewPublisher(conn, bm)
+	defer pub.Close()
+
+	// In-flight writes get their own context: on SIGTERM they finish
+	// rather than being cut off, unless the shutdown timeout passes.
+	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	h := &handler{store: store, workflows: workflow.Builtin(), actor: me, metrics: m, logger: logger, workCtx: workCtx}
+	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: Input, Prefetch: cfg.Prefetch, Workers: cfg.Workers}, h.handle, logger, bm)
+
+	ops, err := service.ListenOps(cfg.MetricsAddr, reg, func(ctx context.Context) error {
+		if err := store.Ping(ctx); err != nil {
+			return fmt.Errorf("database: %w", err)
+		}
+		if !conn.Connected() || !consumer.Running() {
+			return errors.New("not consuming from the broker")
+		}
+		return nil
+	}, logger)
+	if err != nil {
+		return err
+	}
+	defer ops.Close()
+
+	logger.Info("submitter started", "queue", topo.Queue(Input), "workers", cfg.Workers, "prefetch", cfg.Prefetch)
+	done := make(chan error, 1)
+	go func() { done <- consumer.Run(ctx) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	logger.Info("shutting down: finishing messages in hand", "timeout", cfg.ShutdownTimeout)
+	select {
+	case err := <-done:
+		if err != nil {
+			return err
+		}
+	case <-time.After(cfg.ShutdownTimeout):
+		cancelWork()
+		<-done
+		logger.Warn("shutdown timeout passed; unfinished messages go back to the queue")
+	}
+	logger.Info("submitter stopped")
+	return nil
+}
+
+type handler struct {
+	store     *statestore.Store
+	workflows *workflow.Registry
+	actor     string
+	metrics   *metrics
+	logger    *slog.Logger
+	workCtx   context.Context
+}
+
+// handle writes one order. See broker.Handler for what its result means.
+func (h *handler) handle(_ context.Context, d amqp.Delivery) error {
+	ctx := h.workCtx
+	if err := messages.CheckContentType(d.ContentType); err != nil {
+		return h.reject(err)
+	}
+	o, err := messages.DecodeSubmitOrder(d.Body)
+	if err != nil {
+		return h.reject(err)
+	}
+	wf, ok := h.workflows.Lookup(o.Workflow)
+	if !ok {
+		h.metrics.orders.WithLabelValues("rejected").Inc()
+		return broker.Reject(ReasonUnknownWorkflow, fmt.Sprintf("workflow %q is not defined (known: %v)", o.Workflow, h.workflows.Names()))
+	}
+	nw := newOrder(o, wf, h.actor)
+	log := h.logger.With("order_id", o.OrderID)
+
+	backoff := 50 * time.Millisecond
+	for {
+		start := time.Now()
+		outcome, err := h.store.InsertOrder(ctx, nw)
+		switch {
+		case err == nil:
+			h.metrics.insertDur.Observe(time.Since(start).Seconds())
+			h.metrics.orders.WithLabelValues(outcome.String()).Inc()
+			log.Debug("order written", "outcome", outcome.String(), "workflow", wf.Name)
+			return nil
+		case errors.Is(err, statestore.ErrConflict):
+			h.metrics.orders.WithLabelValues("rejected").Inc()
+			return broker.Reject(ReasonConflict, fmt.Sprintf("order_id %s was already submitted with a different payload", o.OrderID))
+		case errors.Is(err, statestore.ErrInvalidData):
+			h.metrics.orders.WithLabelValues("rejected").Inc()
+			return broker.Reject(messages.ReasonInvalidValue, err.Error())
+		case ctx.Err() != nil:
+			return err // shutting down: back to the queue
+		}
+		// The database is unreachable or overloaded: keep the message and
+		// retry, rather than requeue it towards its delivery limit.
+		h.metrics.dbRetries.Inc()
+		log.Warn("writing order failed, retrying", "err", err, "retry_in", backoff)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+func (h *handler) reject(err error) error {
+	h.metrics.orders.WithLabelValues("rejected").Inc()
+	if de, ok := messages.AsDecodeError(err); ok {
+		return broker.Reject(de.Reason, de.Detail)
+	}
+	return broker.Reject(messages.ReasonInvalidValue, err.Error())
+}
+
+func newOrder(o messages.SubmitOrder, wf workflow.Workflow, actor string) statestore.NewOrder {
+	hash := sha256.Sum256(o.Canonical())
+	items, _ := json.Marshal(o.Items) // a slice of plain structs always marshals
+	steps := make([]statestore.NewStep, len(wf.Steps))
+	for i, st := range wf.Steps {
+		steps[i] = statestore.NewStep{Name: st.Name, Agent: st.Agent, Timeout: st.Timeout, MaxFailures: st.MaxFailures}
+	}
+	return statestore.NewOrder{
+		OrderID: o.OrderID, Workflow: wf.Name, Customer: o.Customer, Items: items,
+		Amount: o.Amount, Currency: o.Currency, Priority: o.Priority, ReplyTo: o.ReplyTo, PlacedAt: o.PlacedAt,
+		PayloadHash: hash[:], Steps: steps, Actor: actor,
+	}
+}
