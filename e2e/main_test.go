@@ -268,4 +268,3 @@ func drain(t *testing.T, ch *amqp.Channel, queue string, n int, timeout time.Dur
 	})
 	return got
 }
-
