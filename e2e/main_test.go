@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -39,7 +38,12 @@ func buildAndRun(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	// go test puts its own GOROOT/bin first on PATH.
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: find the go command:", err)
+		return 1
+	}
 	// The binaries are built with the race detector, so a data race in a
 	// real process fails the test that drives it.
 	cmd := exec.Command(goBin, "build", "-race", "-o", dir+"/", "./cmd/submitter", "./cmd/sasctl")

@@ -3,11 +3,12 @@
 # the local stack: installs them from Debian packages if absent, starts them
 # if stopped, and creates the test database. Idempotent; safe to run often.
 #
-# Environment: SAS_TEST_DB (default sas_test), SAS_PG_ADMIN_URL
-# (default postgres://postgres@127.0.0.1:5432/postgres).
+# Usage: scripts/services.sh [DATABASE ...]   (default: sas_test)
+# Environment: SAS_PG_ADMIN_URL (default
+# postgres://postgres@127.0.0.1:5432/postgres).
 set -euo pipefail
 
-db="${SAS_TEST_DB:-sas_test}"
+if [ "$#" -eq 0 ]; then set -- sas_test; fi
 admin_url="${SAS_PG_ADMIN_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 apt_updated=0
 
@@ -71,10 +72,15 @@ ensure_postgres() {
 		su postgres -c "psql -qAtX -c 'SELECT pg_reload_conf()'" >/dev/null
 		wait_for "PostgreSQL trust auth" 20 pg_admin -c 'SELECT 1'
 	fi
-	if [ "$(pg_admin -c "SELECT 1 FROM pg_database WHERE datname = '$db'")" != 1 ]; then
-		log "creating database $db"
-		pg_admin -c "CREATE DATABASE \"$db\"" || [ "$(pg_admin -c "SELECT 1 FROM pg_database WHERE datname = '$db'")" = 1 ]
-	fi
+	local db
+	for db in "$@"; do
+		if [ "$(pg_admin -c "SELECT 1 FROM pg_database WHERE datname = '$db'")" != 1 ]; then
+			log "creating database $db"
+			# Another run may create it at the same moment: that is fine.
+			pg_admin -c "CREATE DATABASE \"$db\"" ||
+				[ "$(pg_admin -c "SELECT 1 FROM pg_database WHERE datname = '$db'")" = 1 ]
+		fi
+	done
 }
 
 rabbit_up() { rabbitmq-diagnostics -q check_port_connectivity >/dev/null 2>&1; }
@@ -90,6 +96,6 @@ ensure_rabbitmq() {
 	fi
 }
 
-ensure_postgres
+ensure_postgres "$@"
 ensure_rabbitmq
-log "PostgreSQL and RabbitMQ are up; test database $db exists"
+log "PostgreSQL and RabbitMQ are up; database(s) $* exist"

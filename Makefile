@@ -1,0 +1,46 @@
+# sas — the Scheduler Agent Supervisor pattern over PostgreSQL and RabbitMQ.
+#
+#   make demo    run what exists of the system locally (starts Postgres and RabbitMQ)
+#   make test    vet and race-test everything against real Postgres and RabbitMQ
+
+GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+FUZZTIME ?= 30s
+TEST_TIMEOUT ?= 14m
+
+.PHONY: all build services test lint fmt-check fuzz demo clean
+
+all: build
+
+build:
+	$(GO) build -o bin/ ./cmd/...
+
+# Installs (Debian packages) and starts PostgreSQL and RabbitMQ if needed,
+# and creates the test database.
+services:
+	./scripts/services.sh sas_test
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+test: services fmt-check
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+lint: fmt-check
+	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
+
+# Runs every decoder's fuzz target for FUZZTIME each.
+fuzz:
+	@for f in $$($(GO) test -list '^Fuzz' ./internal/messages/ | grep '^Fuzz'); do \
+		echo "== $$f"; \
+		$(GO) test ./internal/messages/ -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) || exit 1; \
+	done
+
+demo: build
+	./scripts/demo.sh
+
+clean:
+	rm -rf bin

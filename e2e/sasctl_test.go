@@ -1,0 +1,154 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"sas/internal/badinput"
+	"sas/internal/messages"
+	"sas/internal/statestore"
+	"sas/internal/testenv"
+	"sas/migrations"
+)
+
+func TestSasctlMigrateConcurrently(t *testing.T) {
+	t.Parallel()
+	dbURL, pool := testenv.EmptyDatabase(t)
+	environ := env("SAS_DATABASE_URL=" + dbURL)
+	var wg sync.WaitGroup
+	outs := make([]string, 3)
+	codes := make([]int, 3)
+	for i := range 3 {
+		wg.Go(func() {
+			var errOut string
+			outs[i], errOut, codes[i] = sasctl(t, environ, "migrate")
+			if codes[i] != 0 {
+				t.Errorf("migrate %d: exit %d: %s", i, codes[i], errOut)
+			}
+		})
+	}
+	wg.Wait()
+	ms, err := statestore.LoadMigrations(migrations.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applied := strings.Count(strings.Join(outs, ""), "applied ")
+	if applied != len(ms) {
+		t.Fatalf("three concurrent runs applied %d files in all, want %d:\n%s", applied, len(ms), strings.Join(outs, "\n"))
+	}
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM schema_migrations`).Scan(&n); err != nil || n != len(ms) {
+		t.Fatalf("schema_migrations has %d rows (%v), want %d", n, err, len(ms))
+	}
+	out, _, code := sasctl(t, environ, "migrate")
+	if code != 0 || !strings.Contains(out, "up to date") {
+		t.Fatalf("migrate again: exit %d: %s", code, out)
+	}
+}
+
+func TestSasctlSubmitShowListResubmit(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	start(t, "submitter", s.env)
+
+	id := messages.NewID()
+	file := filepath.Join(t.TempDir(), "order.json")
+	if err := os.WriteFile(file, []byte(badinput.ValidSubmitJSON(id)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, errOut, code := sasctl(t, s.env, "submit", "--file", file); code != 0 {
+		t.Fatalf("submit --file: exit %d: %s", code, errOut)
+	}
+	testenv.Eventually(t, 30*time.Second, "the order written", func() bool {
+		return s.count(t, `SELECT count(*) FROM orders WHERE order_id = $1`, id) == 1
+	})
+
+	out, errOut, code := sasctl(t, s.env, "orders", "show", id)
+	if code != 0 {
+		t.Fatalf("orders show: exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{id, "status    received", "reserve_inventory", "charge_payment", "create_shipment", "pending", "waiting", "history", "submitted"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("orders show lacks %q:\n%s", want, out)
+		}
+	}
+	out, _, code = sasctl(t, s.env, "orders", "show", id, "--json")
+	var d statestore.OrderDetail
+	if code != 0 || json.Unmarshal([]byte(out), &d) != nil || len(d.Steps) != 3 || len(d.History) != 4 {
+		t.Fatalf("orders show --json: exit %d: %s", code, out)
+	}
+	out, _, code = sasctl(t, s.env, "orders", "list", "--status", "received")
+	if code != 0 || !strings.Contains(out, id) {
+		t.Fatalf("orders list --status received: exit %d: %s", code, out)
+	}
+	out, _, code = sasctl(t, s.env, "orders", "list", "--status", "completed")
+	if code != 0 || strings.Contains(out, id) {
+		t.Fatalf("orders list --status completed: exit %d: %s", code, out)
+	}
+
+	// Clear errors for what makes no sense.
+	for _, tc := range []struct {
+		desc string
+		args []string
+		code int
+		want string
+	}{
+		{"resubmit an order not in error", []string{"orders", "resubmit", id}, 1, "only an order in error"},
+		{"show an unknown order", []string{"orders", "show", messages.NewID()}, 1, "not found"},
+		{"show a malformed id", []string{"orders", "show", "nope"}, 1, "not an order id"},
+		{"list an unknown status", []string{"orders", "list", "--status", "lost"}, 1, "unknown status"},
+		{"submit an invalid file", []string{"submit", "--file", writeTemp(t, `{"schema_version":1}`)}, 1, "not a valid order"},
+		{"submit with neither file nor count", []string{"submit"}, 2, "either --file or --count"},
+		{"unknown command", []string{"frobnicate"}, 2, "unknown command"},
+		{"no command", nil, 2, "usage"},
+	} {
+		out, errOut, code := sasctl(t, s.env, tc.args...)
+		if code != tc.code || !strings.Contains(out+errOut, tc.want) {
+			t.Errorf("%s: exit %d, output %q; want exit %d mentioning %q", tc.desc, code, out+errOut, tc.code, tc.want)
+		}
+	}
+
+	// Put the order in error as a failed agent reply would, then resubmit
+	// it as an operator.
+	store := statestore.New(s.pool)
+	ctx := context.Background()
+	claimed, err := store.ClaimPending(ctx, "scheduler-test", 10)
+	if err != nil || len(claimed) != 1 {
+		t.Fatalf("claim: %+v %v", claimed, err)
+	}
+	if _, err := store.ApplyReply(ctx, statestore.Reply{OrderID: id, Step: 1, Attempt: claimed[0].Attempt, Error: "out of stock", Actor: "scheduler-test"}); err != nil {
+		t.Fatal(err)
+	}
+	out, _, _ = sasctl(t, s.env, "orders", "show", id)
+	if !strings.Contains(out, "status    error") || !strings.Contains(out, "out of stock") {
+		t.Fatalf("orders show of a failed order lacks status or reason:\n%s", out)
+	}
+	out, errOut, code = sasctl(t, s.env, "orders", "resubmit", id, "--step", "1")
+	if code != 0 || !strings.Contains(out, "[1] back to pending") {
+		t.Fatalf("orders resubmit: exit %d: %s %s", code, out, errOut)
+	}
+	d, err = store.GetOrder(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := d.History[len(d.History)-1]
+	if d.Order.Status != statestore.OrderProcessing || d.Steps[0].ProcessState != statestore.StepPending ||
+		!strings.HasPrefix(last.Actor, "operator:") {
+		t.Fatalf("after resubmit: order %s, step %s, last history %+v", d.Order.Status, d.Steps[0].ProcessState, last)
+	}
+}
+
+func writeTemp(t *testing.T, body string) string {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "bad.json")
+	if err := os.WriteFile(f, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
