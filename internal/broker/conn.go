@@ -53,7 +53,9 @@ func Open(ctx context.Context, url, name string, topo Topology, logger *slog.Log
 		stop:    make(chan struct{}),
 		stopped: make(chan struct{}),
 	}
-	conn, err := c.dialUntil(ctx)
+	// At start a topology that clashes with the broker's (a queue declared
+	// with other arguments) is a configuration error: report it at once.
+	conn, err := c.dialUntil(ctx, true)
 	if err != nil {
 		return nil, err
 	}
@@ -62,14 +64,26 @@ func Open(ctx context.Context, url, name string, topo Topology, logger *slog.Log
 	return c, nil
 }
 
+// topologyError marks a failure to declare the topology on a connection
+// that was otherwise fine.
+type topologyError struct{ err error }
+
+func (e *topologyError) Error() string { return e.err.Error() }
+func (e *topologyError) Unwrap() error { return e.err }
+
 // dialUntil dials and declares the topology, retrying with backoff until it
-// succeeds, ctx is done or the Conn is closed.
-func (c *Conn) dialUntil(ctx context.Context) (*amqp.Connection, error) {
+// succeeds, ctx is done or the Conn is closed. With failOnTopology a
+// topology error ends it at once.
+func (c *Conn) dialUntil(ctx context.Context, failOnTopology bool) (*amqp.Connection, error) {
 	backoff := 100 * time.Millisecond
 	for {
 		conn, err := c.dial()
 		if err == nil {
 			return conn, nil
+		}
+		var te *topologyError
+		if failOnTopology && errors.As(err, &te) {
+			return nil, fmt.Errorf("declare topology: %w", err)
 		}
 		c.logger.Warn("broker connect failed", "err", err, "retry_in", backoff)
 		select {
@@ -102,7 +116,7 @@ func (c *Conn) dial() (*amqp.Connection, error) {
 	defer ch.Close()
 	if err := c.topo.Declare(ch); err != nil {
 		conn.Close()
-		return nil, err
+		return nil, &topologyError{err}
 	}
 	return conn, nil
 }
@@ -131,7 +145,7 @@ func (c *Conn) watch(conn *amqp.Connection) {
 			case <-ctx.Done():
 			}
 		}()
-		next, err := c.dialUntil(ctx)
+		next, err := c.dialUntil(ctx, false)
 		cancel()
 		if err != nil {
 			return // closed while reconnecting

@@ -15,6 +15,7 @@ type Proxy struct {
 
 	mu    sync.Mutex
 	conns map[net.Conn]struct{}
+	down  bool
 	wg    sync.WaitGroup
 }
 
@@ -54,6 +55,24 @@ func (p *Proxy) Sever() int {
 	return n / 2
 }
 
+// SetDown makes the proxy refuse connections (down) or accept them again,
+// as a stopped and restarted service would. Going down also severs every
+// connection.
+func (p *Proxy) SetDown(down bool) {
+	p.mu.Lock()
+	p.down = down
+	p.mu.Unlock()
+	if down {
+		p.Sever()
+	}
+}
+
+func (p *Proxy) isDown() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.down
+}
+
 func (p *Proxy) track(c net.Conn) {
 	p.mu.Lock()
 	p.conns[c] = struct{}{}
@@ -65,6 +84,10 @@ func (p *Proxy) accept() {
 		client, err := p.ln.Accept()
 		if err != nil {
 			return
+		}
+		if p.isDown() {
+			client.Close()
+			continue
 		}
 		server, err := net.Dial("tcp", p.target)
 		if err != nil {

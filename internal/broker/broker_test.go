@@ -1,0 +1,345 @@
+package broker_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"sas/internal/broker"
+	"sas/internal/testenv"
+)
+
+type bundle struct {
+	topo    broker.Topology
+	reg     *prometheus.Registry
+	metrics *broker.Metrics
+	logger  *slog.Logger
+}
+
+func setup(t *testing.T, deliveryLimit int) bundle {
+	t.Helper()
+	topo := broker.Topology{Prefix: testenv.Prefix(t), DeliveryLimit: deliveryLimit, Inputs: []string{"in"}}
+	testenv.Broker(t, topo)
+	reg := prometheus.NewRegistry()
+	return bundle{topo: topo, reg: reg, metrics: broker.NewMetrics(reg), logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+}
+
+func ctxFor(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func (b bundle) open(t *testing.T, url string) *broker.Conn {
+	t.Helper()
+	conn, err := broker.Open(ctxFor(t, 30*time.Second), url, t.Name(), b.topo, b.logger, b.metrics)
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// gauge reads a metric's value from the registry (summing its series).
+func (b bundle) metric(t *testing.T, name string) float64 {
+	t.Helper()
+	mfs, err := b.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return sum
+}
+
+func rawChannel(t *testing.T) *amqp.Channel {
+	t.Helper()
+	conn, err := amqp.Dial(testenv.AMQPURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ch
+}
+
+func msg(id string) amqp.Publishing {
+	return amqp.Publishing{ContentType: "text/plain", MessageId: id, Body: []byte(id)}
+}
+
+// publishRetrying publishes until the broker confirms, as a caller riding
+// out a connection loss would.
+func publishRetrying(t *testing.T, pub *broker.Publisher, queue, id string) {
+	t.Helper()
+	ctx := ctxFor(t, 60*time.Second)
+	for {
+		attempt, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := pub.Publish(attempt, "", queue, msg(id))
+		cancel()
+		if err == nil {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("publish %s: %v", id, err)
+		}
+	}
+}
+
+func TestDeclareIsIdempotentAndRejectsClashes(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 5)
+	b.open(t, testenv.AMQPURL())
+	b.open(t, testenv.AMQPURL()) // declares again: nothing changes
+	ch := rawChannel(t)
+	for _, q := range []string{b.topo.Queue("in"), b.topo.DeadLetterQueue("in")} {
+		if _, err := ch.QueueDeclarePassive(q, true, false, false, false, nil); err != nil {
+			t.Fatalf("queue %s missing: %v", q, err)
+		}
+	}
+	// The queue is a quorum queue with the delivery limit: redeclaring it
+	// as a classic queue or with another limit is refused.
+	other := b.topo
+	other.DeliveryLimit = 7
+	_, err := broker.Open(ctxFor(t, 30*time.Second), testenv.AMQPURL(), "clash", other, b.logger, broker.NewMetrics(nil))
+	if err == nil || !strings.Contains(err.Error(), "x-delivery-limit") {
+		t.Fatalf("open with another delivery limit: %v, want a clear clash error", err)
+	}
+}
+
+func TestPublishReportsReturnsPerMessage(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 5)
+	conn := b.open(t, testenv.AMQPURL())
+	pub := broker.NewPublisher(conn, b.metrics)
+	defer pub.Close()
+	ctx := ctxFor(t, 60*time.Second)
+	missing := b.topo.Prefix + "no-such-queue"
+	var wg sync.WaitGroup
+	var wrong atomic.Int64
+	for i := range 400 {
+		wg.Go(func() {
+			queue := b.topo.Queue("in")
+			if i%2 == 1 {
+				queue = missing
+			}
+			err := pub.Publish(ctx, "", queue, msg(fmt.Sprint("m-", i)))
+			if (i%2 == 1) != errors.Is(err, broker.ErrReturned) || (i%2 == 0 && err != nil) {
+				wrong.Add(1)
+				t.Errorf("message %d to %s: %v", i, queue, err)
+			}
+		})
+	}
+	wg.Wait()
+	if wrong.Load() > 0 {
+		t.Fatalf("%d publishes got the other message's outcome", wrong.Load())
+	}
+	q, err := rawChannel(t).QueueDeclarePassive(b.topo.Queue("in"), true, false, false, false, nil)
+	if err != nil || q.Messages != 200 {
+		t.Fatalf("queue holds %d messages (%v), want 200", q.Messages, err)
+	}
+	if err := pub.Publish(ctx, "", b.topo.Queue("in"), amqp.Publishing{Body: []byte("x")}); err == nil {
+		t.Fatal("a message without an id was published")
+	}
+}
+
+func TestConsumerAcksRequeuesAndDeadLetters(t *testing.T) {
+	t.Parallel()
+	const limit = 2
+	b := setup(t, limit)
+	conn := b.open(t, testenv.AMQPURL())
+	pub := broker.NewPublisher(conn, b.metrics)
+	defer pub.Close()
+	var mu sync.Mutex
+	seen := map[string]int{}
+	handler := func(ctx context.Context, d amqp.Delivery) error {
+		mu.Lock()
+		seen[d.MessageId]++
+		n := seen[d.MessageId]
+		mu.Unlock()
+		switch d.MessageId {
+		case "retry-once":
+			if n == 1 {
+				return errors.New("transient")
+			}
+		case "reject":
+			return broker.Reject("bad_thing", "it was bad")
+		case "poison":
+			return errors.New("always fails")
+		}
+		return nil
+	}
+	ctx, cancel := context.WithCancel(ctxFor(t, 60*time.Second))
+	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: "in", Prefetch: 4, Workers: 2}, handler, b.logger, b.metrics)
+	done := make(chan error, 1)
+	go func() { done <- consumer.Run(ctx) }()
+	for _, id := range []string{"ok", "retry-once", "reject", "poison"} {
+		publishRetrying(t, pub, b.topo.Queue("in"), id)
+	}
+
+	ch := rawChannel(t)
+	dead := map[string]amqp.Delivery{}
+	testenv.Eventually(t, 30*time.Second, "reject and poison in the dead-letter queue", func() bool {
+		d, ok, err := ch.Get(b.topo.DeadLetterQueue("in"), true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			dead[d.MessageId] = d
+		}
+		return len(dead) == 2
+	})
+	if r := dead["reject"]; r.Headers[broker.HeaderErrorReason] != "bad_thing" || r.Headers[broker.HeaderErrorDetail] != "it was bad" ||
+		r.Headers[broker.HeaderOriginalQueue] != b.topo.Queue("in") || string(r.Body) != "reject" {
+		t.Fatalf("rejected message dead-lettered as %+v", r)
+	}
+	// The poison message was requeued until the broker's delivery limit
+	// dead-lettered it.
+	if reason := dead["poison"].Headers["x-first-death-reason"]; reason != "delivery_limit" {
+		t.Fatalf("poison message dead-lettered with %v, want the broker's delivery_limit", dead["poison"].Headers)
+	}
+	mu.Lock()
+	got := fmt.Sprint(seen["ok"], seen["retry-once"], seen["reject"], seen["poison"] > limit)
+	mu.Unlock()
+	if got != "1 2 1 true" {
+		t.Fatalf("deliveries ok, retry-once, reject, poison>limit = %s; want 1 2 1 true", got)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("consumer: %v", err)
+	}
+	q, err := ch.QueueDeclarePassive(b.topo.Queue("in"), true, false, false, false, nil)
+	if err != nil || q.Messages != 0 {
+		t.Fatalf("input left with %d messages (%v)", q.Messages, err)
+	}
+}
+
+func TestConsumerHonoursPrefetch(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 5)
+	conn := b.open(t, testenv.AMQPURL())
+	pub := broker.NewPublisher(conn, b.metrics)
+	defer pub.Close()
+	for i := range 10 {
+		publishRetrying(t, pub, b.topo.Queue("in"), fmt.Sprint(i))
+	}
+	release := make(chan struct{})
+	var inFlight, handled atomic.Int64
+	handler := func(ctx context.Context, d amqp.Delivery) error {
+		inFlight.Add(1)
+		<-release
+		inFlight.Add(-1)
+		handled.Add(1)
+		return nil
+	}
+	ctx, cancel := context.WithCancel(ctxFor(t, 60*time.Second))
+	defer cancel()
+	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: "in", Prefetch: 2, Workers: 8}, handler, b.logger, b.metrics)
+	go func() { _ = consumer.Run(ctx) }()
+	testenv.Eventually(t, 30*time.Second, "two deliveries in hand", func() bool { return inFlight.Load() == 2 })
+	ch := rawChannel(t)
+	testenv.Eventually(t, 10*time.Second, "eight messages still ready on the broker", func() bool {
+		q, err := ch.QueueDeclarePassive(b.topo.Queue("in"), true, false, false, false, nil)
+		return err == nil && q.Messages == 8
+	})
+	if n := inFlight.Load(); n != 2 {
+		t.Fatalf("%d deliveries in hand with prefetch 2", n)
+	}
+	close(release)
+	testenv.Eventually(t, 30*time.Second, "all ten handled", func() bool { return handled.Load() == 10 })
+}
+
+// TestRecoversFromConnectionLossAndOutage cuts the connection, then takes
+// the broker away for a while and brings it back (with a queue deleted in
+// the meantime): publishing and consuming resume on their own, the topology
+// is declared again, and every confirmed message is consumed.
+func TestRecoversFromConnectionLossAndOutage(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 5)
+	proxy := testenv.NewProxy(t, "127.0.0.1:5672")
+	url := strings.Replace(testenv.AMQPURL(), "127.0.0.1:5672", proxy.Addr(), 1)
+	if url == testenv.AMQPURL() {
+		t.Skip("SAS_TEST_AMQP_URL does not point at 127.0.0.1:5672")
+	}
+	conn := b.open(t, url)
+	pub := broker.NewPublisher(conn, b.metrics)
+	defer pub.Close()
+	var mu sync.Mutex
+	consumed := map[string]bool{}
+	handler := func(ctx context.Context, d amqp.Delivery) error {
+		mu.Lock()
+		consumed[d.MessageId] = true
+		mu.Unlock()
+		return nil
+	}
+	ctx, cancel := context.WithCancel(ctxFor(t, 2*time.Minute))
+	defer cancel()
+	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: "in", Prefetch: 10, Workers: 2}, handler, b.logger, b.metrics)
+	go func() { _ = consumer.Run(ctx) }()
+	allConsumed := func(n int) func() bool {
+		return func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			for i := range n {
+				if !consumed[fmt.Sprint(i)] {
+					return false
+				}
+			}
+			return true
+		}
+	}
+
+	for i := range 50 {
+		publishRetrying(t, pub, b.topo.Queue("in"), fmt.Sprint(i))
+	}
+	testenv.Eventually(t, 30*time.Second, "first 50 consumed", allConsumed(50))
+
+	proxy.Sever()
+	for i := 50; i < 100; i++ {
+		publishRetrying(t, pub, b.topo.Queue("in"), fmt.Sprint(i))
+	}
+	testenv.Eventually(t, 30*time.Second, "100 consumed after a cut", allConsumed(100))
+
+	proxy.SetDown(true)
+	testenv.Eventually(t, 10*time.Second, "the connection to be seen as lost", func() bool { return !conn.Connected() })
+	// While the broker is "away", the input queue disappears: the
+	// reconnect must declare it again.
+	if _, err := rawChannel(t).QueueDelete(b.topo.Queue("in"), false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	published := make(chan struct{})
+	go func() {
+		defer close(published)
+		for i := 100; i < 150; i++ {
+			publishRetrying(t, pub, b.topo.Queue("in"), fmt.Sprint(i))
+		}
+	}()
+	proxy.SetDown(false)
+	<-published
+	testenv.Eventually(t, 60*time.Second, "150 consumed after an outage", allConsumed(150))
+	if n := b.metric(t, "sas_broker_reconnects_total"); n < 2 {
+		t.Fatalf("%v reconnects, want at least 2", n)
+	}
+	if !conn.Connected() || b.metric(t, "sas_broker_connected") != 1 {
+		t.Fatal("not connected at the end")
+	}
+}
