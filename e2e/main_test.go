@@ -119,14 +119,19 @@ func start(t *testing.T, name string, environ []string) *proc {
 		if p.exited() {
 			t.Fatalf("%s exited during start: %v\n%s", name, p.err, p.tail())
 		}
-		resp, err := http.Get("http://" + ops + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
+		return ready(p)
 	})
 	return p
+}
+
+// ready reports whether the process answers /readyz with 200.
+func ready(p *proc) bool {
+	resp, err := http.Get("http://" + p.ops + "/readyz")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
 }
 
 func (p *proc) exited() bool {

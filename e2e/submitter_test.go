@@ -219,3 +219,36 @@ func TestSubmitterSurvivesConnectionLoss(t *testing.T) {
 	t.Logf("%d connection cuts, %v reconnects, %v duplicates from redelivery", cuts,
 		sub.metric(t, "sas_broker_reconnects_total"), sub.metric(t, `sas_submitter_orders_total{outcome="duplicate"}`))
 }
+
+// TestSubmitterRidesOutDatabaseOutage takes the database away while orders
+// arrive: the submitter reports not ready, keeps the orders, and writes
+// every one of them once the database is back; none is dead-lettered.
+func TestSubmitterRidesOutDatabaseOutage(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	proxy := testenv.NewProxy(t, "127.0.0.1:5432")
+	viaProxy := strings.Replace(s.dbURL, "127.0.0.1:5432", proxy.Addr(), 1)
+	if viaProxy == s.dbURL {
+		t.Skip("SAS_TEST_DATABASE_URL does not point at 127.0.0.1:5432")
+	}
+	sub := start(t, "submitter", append(append([]string{}, s.env...), "SAS_DATABASE_URL="+viaProxy))
+
+	proxy.SetDown(true)
+	out, errOut, code := sasctl(t, s.env, "submit", "--count", "200", "--print-ids")
+	if code != 0 {
+		t.Fatalf("sasctl submit: exit %d: %s", code, errOut)
+	}
+	ids := strings.Fields(out)
+	testenv.Eventually(t, 30*time.Second, "the submitter to retry and report not ready", func() bool {
+		return sub.metric(t, "sas_submitter_db_retries_total") > 0 && !ready(sub)
+	})
+	proxy.SetDown(false)
+	testenv.Eventually(t, 60*time.Second, "all 200 orders written after the outage", func() bool {
+		return s.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[])`, ids) == 200
+	})
+	testenv.Eventually(t, 30*time.Second, "ready again", func() bool { return ready(sub) })
+	q, err := amqpChannel(t).QueueDeclarePassive(s.dlq, true, false, false, false, nil)
+	if err != nil || q.Messages != 0 {
+		t.Fatalf("%d messages dead-lettered during a database outage (%v)", q.Messages, err)
+	}
+}

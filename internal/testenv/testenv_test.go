@@ -26,7 +26,7 @@ func TestUnreachableServiceFailsUnderCI(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		svc, ci, want string
-		fail         bool
+		fail          bool
 	}{
 		{"postgres", "true", "--- FAIL", true},
 		{"postgres", "", "--- SKIP", false},
