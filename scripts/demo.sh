@@ -17,12 +17,6 @@ bin/submitter 2>"$logs/submitter.log" &
 pid=$!
 trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null || true' EXIT
 
-for _ in $(seq 1 100); do
-	curl -fsS "http://$SAS_METRICS_ADDR/readyz" >/dev/null 2>&1 && break
-	kill -0 $pid 2>/dev/null || { echo "submitter exited; see $logs/submitter.log"; exit 1; }
-	sleep 0.2
-done
-
 before=$(psql "$SAS_DATABASE_URL" -qAtX -c 'SELECT count(*) FROM orders')
 bin/sasctl submit --count "$orders"
 want=$((before + orders))
@@ -30,6 +24,7 @@ for _ in $(seq 1 300); do
 	now=$(psql "$SAS_DATABASE_URL" -qAtX -c 'SELECT count(*) FROM orders')
 	printf '\rorders in the state store: %d/%d' "$now" "$want"
 	[ "$now" -ge "$want" ] && break
+	kill -0 $pid 2>/dev/null || { echo; echo "submitter exited; see $logs/submitter.log"; exit 1; }
 	sleep 0.2
 done
 echo

@@ -343,3 +343,31 @@ func TestRecoversFromConnectionLossAndOutage(t *testing.T) {
 		t.Fatal("not connected at the end")
 	}
 }
+
+// TestConsumerComesBackAfterQueueDeleted deletes the input queue under a
+// live connection: the broker cancels the consumer, which declares the
+// queue again and consumes what is published next.
+func TestConsumerComesBackAfterQueueDeleted(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 5)
+	conn := b.open(t, testenv.AMQPURL())
+	pub := broker.NewPublisher(conn, b.metrics)
+	defer pub.Close()
+	var got atomic.Int64
+	handler := func(ctx context.Context, d amqp.Delivery) error {
+		got.Add(1)
+		return nil
+	}
+	ctx, cancel := context.WithCancel(ctxFor(t, 60*time.Second))
+	defer cancel()
+	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: "in", Prefetch: 4, Workers: 1}, handler, b.logger, b.metrics)
+	go func() { _ = consumer.Run(ctx) }()
+	testenv.Eventually(t, 30*time.Second, "consumer subscribed", consumer.Running)
+	if _, err := rawChannel(t).QueueDelete(b.topo.Queue("in"), false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	// Published mandatory, a message is returned until the queue is back;
+	// publishRetrying keeps trying.
+	publishRetrying(t, pub, b.topo.Queue("in"), "after-delete")
+	testenv.Eventually(t, 30*time.Second, "the message consumed from the declared-again queue", func() bool { return got.Load() == 1 })
+}

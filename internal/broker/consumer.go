@@ -115,6 +115,11 @@ func (c *Consumer) consume(ctx context.Context) error {
 		return err
 	}
 	defer ch.Close()
+	// Declare again on every subscribe, not only on connect: a queue
+	// deleted under a live connection comes back here.
+	if err := c.conn.Topology().Declare(ch); err != nil {
+		return err
+	}
 	if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
 		return fmt.Errorf("set prefetch: %w", err)
 	}

@@ -62,10 +62,13 @@ func NewPublisher(conn *Conn, metrics *Metrics) *Publisher {
 
 func (p *Publisher) channel(ctx context.Context) (*confirmChannel, error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cur != nil && !p.cur.ch.IsClosed() {
-		return p.cur, nil
+	cur := p.cur
+	p.mu.Unlock()
+	if cur != nil && !cur.ch.IsClosed() {
+		return cur, nil
 	}
+	// Open outside the lock: waiting for a reconnect must not hold up
+	// other publishers past their own deadlines.
 	ch, err := p.conn.Channel(ctx)
 	if err != nil {
 		return nil, err
@@ -78,6 +81,12 @@ func (p *Publisher) channel(ctx context.Context) (*confirmChannel, error) {
 		ch:       ch,
 		returns:  ch.NotifyReturn(make(chan amqp.Return, returnBuffer)),
 		returned: map[string]amqp.Return{},
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cur != nil && !p.cur.ch.IsClosed() {
+		ch.Close() // another publisher got there first
+		return p.cur, nil
 	}
 	p.cur = cc
 	return cc, nil

@@ -86,11 +86,10 @@ WITH ins AS (
     INSERT INTO steps (order_id, step, name, agent, process_state, priority, timeout, max_failures, idempotency_key)
     SELECT ins.order_id, s.step, s.name, s.agent,
            CASE WHEN s.step = 1 THEN 'pending' ELSE 'waiting' END,
-           $7, make_interval(secs => s.timeout_ms / 1000.0), s.max_failures,
-           ins.order_id::text || '/' || s.step || '/' || s.name
+           $7, make_interval(secs => s.timeout_ms / 1000.0), s.max_failures, s.idempotency_key
     FROM ins,
-         unnest($11::text[], $12::text[], $13::bigint[], $14::int[]) WITH ORDINALITY
-             AS s(name, agent, timeout_ms, max_failures, step)
+         unnest($11::text[], $12::text[], $13::bigint[], $14::int[], $16::text[]) WITH ORDINALITY
+             AS s(name, agent, timeout_ms, max_failures, idempotency_key, step)
     RETURNING order_id, step, process_state
 ), hist AS (
     INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
@@ -115,15 +114,17 @@ func (s *Store) InsertOrder(ctx context.Context, o NewOrder) (InsertOutcome, err
 	agents := make([]string, len(o.Steps))
 	timeouts := make([]int64, len(o.Steps))
 	maxFailures := make([]int32, len(o.Steps))
+	keys := make([]string, len(o.Steps))
 	for i, st := range o.Steps {
 		names[i], agents[i] = st.Name, st.Agent
 		timeouts[i] = st.Timeout.Milliseconds()
 		maxFailures[i] = int32(st.MaxFailures)
+		keys[i] = IdempotencyKey(o.OrderID, i+1, st.Name)
 	}
 	var inserted int64
 	err := s.pool.QueryRow(ctx, insertOrderSQL,
 		o.OrderID, o.Workflow, o.Customer, o.Items, o.Amount, o.Currency, o.Priority, o.ReplyTo, o.PlacedAt, o.PayloadHash,
-		names, agents, timeouts, maxFailures, o.Actor,
+		names, agents, timeouts, maxFailures, o.Actor, keys,
 	).Scan(&inserted)
 	if err != nil {
 		return 0, fmt.Errorf("insert order %s: %w", o.OrderID, classify(err))

@@ -2,6 +2,7 @@ package statestore
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -11,56 +12,56 @@ import (
 
 // Order is an order row.
 type Order struct {
-	OrderID   string
-	Workflow  string
-	Status    string
-	Priority  int
-	Customer  string
-	Items     []byte
-	Amount    int64
-	Currency  string
-	ReplyTo   string
-	PlacedAt  *time.Time
-	CreatedAt time.Time
-	UpdatedAt time.Time
+	OrderID   string          `json:"order_id"`
+	Workflow  string          `json:"workflow"`
+	Status    string          `json:"status"`
+	Priority  int             `json:"priority"`
+	Customer  string          `json:"customer"`
+	Items     json.RawMessage `json:"items"`
+	Amount    int64           `json:"amount"`
+	Currency  string          `json:"currency"`
+	ReplyTo   string          `json:"reply_to,omitempty"`
+	PlacedAt  *time.Time      `json:"placed_at,omitempty"`
+	CreatedAt time.Time       `json:"created_at"`
+	UpdatedAt time.Time       `json:"updated_at"`
 }
 
 // Step is a step state row.
 type Step struct {
-	Step           int
-	Name           string
-	Kind           string
-	Agent          string
-	ProcessState   string
-	LockedBy       string
-	CompleteBy     *time.Time
-	FailureCount   int
-	MaxFailures    int
-	Attempt        int
-	IdempotencyKey string
-	AvailableAt    time.Time
-	LastError      string
-	Result         []byte
-	UpdatedAt      time.Time
+	Step           int             `json:"step"`
+	Name           string          `json:"name"`
+	Kind           string          `json:"kind"`
+	Agent          string          `json:"agent"`
+	ProcessState   string          `json:"process_state"`
+	LockedBy       string          `json:"locked_by,omitempty"`
+	CompleteBy     *time.Time      `json:"complete_by,omitempty"`
+	FailureCount   int             `json:"failure_count"`
+	MaxFailures    int             `json:"max_failures"`
+	Attempt        int             `json:"attempt"`
+	IdempotencyKey string          `json:"idempotency_key"`
+	AvailableAt    time.Time       `json:"available_at"`
+	LastError      string          `json:"last_error,omitempty"`
+	Result         json.RawMessage `json:"result,omitempty"`
+	UpdatedAt      time.Time       `json:"updated_at"`
 }
 
 // Transition is one entry of the history.
 type Transition struct {
-	ID      int64
-	Step    *int
-	From    string
-	To      string
-	Attempt int
-	Actor   string
-	Reason  string
-	At      time.Time
+	ID      int64     `json:"id"`
+	Step    *int      `json:"step"`
+	From    string    `json:"from"`
+	To      string    `json:"to"`
+	Attempt int       `json:"attempt"`
+	Actor   string    `json:"actor"`
+	Reason  string    `json:"reason"`
+	At      time.Time `json:"at"`
 }
 
 // OrderDetail is an order with its steps and its full history.
 type OrderDetail struct {
-	Order   Order
-	Steps   []Step
-	History []Transition
+	Order   Order        `json:"order"`
+	Steps   []Step       `json:"steps"`
+	History []Transition `json:"history"`
 }
 
 // ListFilter selects orders for ListOrders.
