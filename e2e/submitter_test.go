@@ -221,8 +221,10 @@ func TestSubmitterSurvivesConnectionLoss(t *testing.T) {
 }
 
 // TestSubmitterRidesOutDatabaseOutage takes the database away while orders
-// arrive: the submitter reports not ready, keeps the orders, and writes
-// every one of them once the database is back; none is dead-lettered.
+// arrive: the submitter reports not ready and keeps the orders; on SIGTERM
+// it hands them back at once (not after its shutdown timeout) and exits
+// cleanly; a new submitter writes every one of them once the database is
+// back. None is dead-lettered or lost.
 func TestSubmitterRidesOutDatabaseOutage(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
@@ -231,7 +233,8 @@ func TestSubmitterRidesOutDatabaseOutage(t *testing.T) {
 	if viaProxy == s.dbURL {
 		t.Skip("SAS_TEST_DATABASE_URL does not point at 127.0.0.1:5432")
 	}
-	sub := start(t, "submitter", append(append([]string{}, s.env...), "SAS_DATABASE_URL="+viaProxy))
+	subEnv := append(append([]string{}, s.env...), "SAS_DATABASE_URL="+viaProxy, "SAS_SHUTDOWN_TIMEOUT=60s")
+	sub := start(t, "submitter", subEnv)
 
 	proxy.SetDown(true)
 	out, errOut, code := sasctl(t, s.env, "submit", "--count", "200", "--print-ids")
@@ -242,11 +245,20 @@ func TestSubmitterRidesOutDatabaseOutage(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, "the submitter to retry and report not ready", func() bool {
 		return sub.metric(t, "sas_submitter_db_retries_total") > 0 && !ready(sub)
 	})
+	began := time.Now()
+	sub.stop(t)
+	if took := time.Since(began); took > 10*time.Second {
+		t.Fatalf("SIGTERM during a database outage took %v to stop the submitter", took)
+	}
+	if n := s.count(t, `SELECT count(*) FROM orders`); n != 0 {
+		t.Fatalf("%d orders written while the database was away", n)
+	}
+
 	proxy.SetDown(false)
+	start(t, "submitter", subEnv)
 	testenv.Eventually(t, 60*time.Second, "all 200 orders written after the outage", func() bool {
 		return s.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[])`, ids) == 200
 	})
-	testenv.Eventually(t, 30*time.Second, "ready again", func() bool { return ready(sub) })
 	q, err := amqpChannel(t).QueueDeclarePassive(s.dlq, true, false, false, false, nil)
 	if err != nil || q.Messages != 0 {
 		t.Fatalf("%d messages dead-lettered during a database outage (%v)", q.Messages, err)

@@ -137,16 +137,8 @@ func (c *Conn) watch(conn *amqp.Connection) {
 			c.metrics.connected.Set(0)
 			c.logger.Warn("broker connection lost, reconnecting", "err", err)
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		go func() {
-			select {
-			case <-c.stop:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
-		next, err := c.dialUntil(ctx, false)
-		cancel()
+		// No deadline: keep trying until the broker is back or Close.
+		next, err := c.dialUntil(context.Background(), false)
 		if err != nil {
 			return // closed while reconnecting
 		}

@@ -129,7 +129,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		return err
 	case <-ctx.Done():
 	}
-	logger.Info("shutting down: finishing messages in hand", "timeout", cfg.ShutdownTimeout)
+	logger.Info("shutting down: finishing messages in hand", "timeout", cfg.ShutdownTimeout.String())
 	select {
 	case err := <-done:
 		if err != nil {
@@ -154,8 +154,9 @@ type handler struct {
 }
 
 // handle writes one order. See broker.Handler for what its result means.
-func (h *handler) handle(_ context.Context, d amqp.Delivery) error {
-	ctx := h.workCtx
+// A write in progress runs under workCtx, so SIGTERM lets it finish; ctx
+// (done at SIGTERM) only stops retrying after a database error.
+func (h *handler) handle(ctx context.Context, d amqp.Delivery) error {
 	if err := messages.CheckContentType(d.ContentType); err != nil {
 		return h.reject(err)
 	}
@@ -174,7 +175,7 @@ func (h *handler) handle(_ context.Context, d amqp.Delivery) error {
 	backoff := 50 * time.Millisecond
 	for {
 		start := time.Now()
-		outcome, err := h.store.InsertOrder(ctx, nw)
+		outcome, err := h.store.InsertOrder(h.workCtx, nw)
 		switch {
 		case err == nil:
 			h.metrics.insertDur.Observe(time.Since(start).Seconds())
@@ -187,7 +188,7 @@ func (h *handler) handle(_ context.Context, d amqp.Delivery) error {
 		case errors.Is(err, statestore.ErrInvalidData):
 			h.metrics.orders.WithLabelValues("rejected").Inc()
 			return broker.Reject(messages.ReasonInvalidValue, err.Error())
-		case ctx.Err() != nil:
+		case ctx.Err() != nil || h.workCtx.Err() != nil:
 			return err // shutting down: back to the queue
 		}
 		// The database is unreachable or overloaded: keep the message and
