@@ -21,7 +21,9 @@ need_root() {
 	fi
 }
 
-apt_install() {
+apt_install() { # command-that-must-exist-afterwards package...
+	local cmd=$1
+	shift
 	need_root "installing $*"
 	if [ "$apt_updated" -eq 0 ]; then
 		log "apt-get update"
@@ -29,9 +31,17 @@ apt_install() {
 		apt_updated=1
 	fi
 	log "installing $*"
-	# Package scripts may try to start the service through an init system
-	# that is not there; that is not an error here, we start it below.
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null
+	# A package's post-install script may fail to start its service where
+	# there is no init system; that is not an error here (we start the
+	# service ourselves below), as long as the program is installed.
+	if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null; then
+		log "apt-get reported an error installing $*; checking whether it is usable anyway"
+		DEBIAN_FRONTEND=noninteractive dpkg --configure -a >/dev/null 2>&1 || true
+	fi
+	if ! command -v "$cmd" >/dev/null 2>&1; then
+		log "installing $* did not provide $cmd"
+		exit 1
+	fi
 }
 
 wait_for() { # what, seconds, command...
@@ -52,7 +62,7 @@ pg_admin() { psql "$admin_url" -v ON_ERROR_STOP=1 -qAtX "$@"; }
 
 ensure_postgres() {
 	if ! command -v pg_ctlcluster >/dev/null 2>&1; then
-		apt_install postgresql
+		apt_install pg_ctlcluster postgresql
 	fi
 	if ! pg_up; then
 		local version
@@ -87,7 +97,7 @@ rabbit_up() { rabbitmq-diagnostics -q check_port_connectivity >/dev/null 2>&1; }
 
 ensure_rabbitmq() {
 	if ! command -v rabbitmq-server >/dev/null 2>&1; then
-		apt_install rabbitmq-server
+		apt_install rabbitmq-server rabbitmq-server
 	fi
 	if ! rabbit_up; then
 		log "starting RabbitMQ"
