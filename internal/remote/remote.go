@@ -1,0 +1,354 @@
+// Package remote is the demo remote service that agents call: one HTTP
+// endpoint per action of the order workflow and per undo action, an
+// idempotency-key ledger, and fault injection set at start and changeable
+// while it runs. Tests and fault runs read its ledger to check that every
+// effect happened at most once.
+package remote
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Actions returns the endpoints, POST /v1/{action}: the order workflow's
+// actions and their undo actions.
+func Actions() []string {
+	return []string{
+		"reserve_inventory", "release_inventory",
+		"charge_payment", "refund_payment",
+		"create_shipment", "cancel_shipment",
+	}
+}
+
+// HeaderIdempotencyKey carries the caller's key.
+const HeaderIdempotencyKey = "Idempotency-Key"
+
+// maxBody caps a request body.
+const maxBody = 1 << 20
+
+// Request is a call's body.
+type Request struct {
+	OrderID string          `json:"order_id"`
+	Step    int             `json:"step"`
+	Payload json.RawMessage `json:"payload"`
+}
+
+// Entry is the ledger's record of one idempotency key.
+type Entry struct {
+	Key     string          `json:"key"`
+	Action  string          `json:"action"`
+	OrderID string          `json:"order_id"`
+	Step    int             `json:"step"`
+	Effects int             `json:"effects"`  // times the effect was applied: 1, or it went wrong
+	Calls   int             `json:"requests"` // requests that reached the ledger with this key
+	Payload json.RawMessage `json:"payload"`
+	Result  json.RawMessage `json:"result,omitempty"`
+	At      time.Time       `json:"applied_at,omitzero"`
+
+	hash     string
+	inFlight bool
+}
+
+// Service is the remote service.
+type Service struct {
+	logger  *slog.Logger
+	metrics *prometheus.CounterVec
+
+	mu     sync.Mutex
+	faults FaultConfig
+	rng    *rand.Rand
+	ledger map[string]*Entry
+}
+
+// New returns a service with the given faults. seed 0 picks a random seed.
+func New(faults FaultConfig, seed uint64, reg prometheus.Registerer, logger *slog.Logger) *Service {
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	m := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sas_remote_requests_total",
+		Help: "Requests to the demo remote service, by action and outcome.",
+	}, []string{"action", "outcome"})
+	reg.MustRegister(m)
+	return &Service{
+		logger: logger, metrics: m, faults: faults,
+		rng:    rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		ledger: map[string]*Entry{},
+	}
+}
+
+// Handler serves the API: POST /v1/{action}, GET /ledger, GET and PUT
+// /admin/faults.
+func (s *Service) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/{action}", s.call)
+	mux.HandleFunc("GET /ledger", s.getLedger)
+	mux.HandleFunc("GET /admin/faults", s.getFaults)
+	mux.HandleFunc("PUT /admin/faults", s.putFaults)
+	return mux
+}
+
+// SetFaults replaces the fault configuration.
+func (s *Service) SetFaults(cfg FaultConfig) {
+	s.mu.Lock()
+	s.faults = cfg
+	s.mu.Unlock()
+}
+
+// Ledger returns a copy of every entry.
+func (s *Service) Ledger() []Entry {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Entry, 0, len(s.ledger))
+	for _, e := range s.ledger {
+		out = append(out, *e)
+	}
+	slices.SortFunc(out, func(a, b Entry) int {
+		if a.Key < b.Key {
+			return -1
+		}
+		if a.Key > b.Key {
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// roll draws the faults of one request.
+type roll struct {
+	latency, hang                      time.Duration
+	hung, fail, limited, applyThenFail bool
+	retryAfter                         int
+}
+
+func (s *Service) draw(action string) (Faults, roll) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f := s.faults.For(action)
+	var r roll
+	if f.LatencyMaxMS > 0 {
+		r.latency = time.Duration(f.LatencyMinMS+s.rng.IntN(f.LatencyMaxMS-f.LatencyMinMS+1)) * time.Millisecond
+	}
+	r.limited = s.rng.Float64() < f.RateLimitRate
+	r.fail = s.rng.Float64() < f.ErrorRate
+	r.hung = s.rng.Float64() < f.HangRate
+	r.applyThenFail = s.rng.Float64() < f.ApplyThenFailRate
+	r.hang = time.Duration(f.HangMS) * time.Millisecond
+	if r.hang == 0 {
+		r.hang = time.Minute
+	}
+	r.retryAfter = max(f.RetryAfterS, 1)
+	return f, r
+}
+
+func (s *Service) call(w http.ResponseWriter, r *http.Request) {
+	action := r.PathValue("action")
+	outcome := "ok"
+	defer func() { s.metrics.WithLabelValues(action, outcome).Inc() }()
+	if !slices.Contains(Actions(), action) {
+		outcome = "not_found"
+		httpError(w, http.StatusNotFound, "no action %q", action)
+		return
+	}
+	key := r.Header.Get(HeaderIdempotencyKey)
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	var req Request
+	switch {
+	case key == "":
+		err = errors.New("the Idempotency-Key header is required")
+	case err != nil:
+	case len(body) > maxBody:
+		err = fmt.Errorf("body over %d bytes", maxBody)
+	default:
+		err = json.Unmarshal(body, &req)
+		if err == nil && req.OrderID == "" {
+			err = errors.New("order_id is required")
+		}
+	}
+	if err != nil {
+		outcome = "bad_request"
+		httpError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+
+	faults, roll := s.draw(action)
+	if slices.Contains(faults.FailOrders, req.OrderID) {
+		outcome = "refused"
+		httpError(w, http.StatusBadRequest, "%s refuses order %s", action, req.OrderID)
+		return
+	}
+	if roll.limited {
+		outcome = "rate_limited"
+		w.Header().Set("Retry-After", strconv.Itoa(roll.retryAfter))
+		httpError(w, http.StatusTooManyRequests, "slow down")
+		return
+	}
+	if roll.fail {
+		outcome = "error"
+		httpError(w, http.StatusServiceUnavailable, "injected failure")
+		return
+	}
+
+	sum := sha256.Sum256(append([]byte(action+"\x00"), body...))
+	hash := hex.EncodeToString(sum[:])
+	e, status := s.begin(key, action, hash, req)
+	switch status {
+	case http.StatusConflict:
+		outcome = "in_flight"
+		httpError(w, status, "a request with this key is in progress")
+		return
+	case http.StatusUnprocessableEntity:
+		outcome = "key_reused"
+		httpError(w, status, "this key was used with another payload")
+		return
+	case http.StatusOK:
+		outcome = "replayed"
+		writeJSON(w, http.StatusOK, e.Result)
+		return
+	}
+
+	// The work itself takes time; a caller that gives up meanwhile leaves
+	// nothing done.
+	wait := roll.latency
+	if roll.hung {
+		wait = roll.hang
+	}
+	if !sleep(r.Context(), wait) || roll.hung {
+		s.abandon(key)
+		outcome = "hung"
+		httpError(w, http.StatusServiceUnavailable, "gave up")
+		return
+	}
+	result := s.apply(key)
+	if roll.applyThenFail {
+		outcome = "apply_then_fail"
+		httpError(w, http.StatusInternalServerError, "injected failure after the effect")
+		return
+	}
+	writeJSON(w, http.StatusOK, result)
+}
+
+// begin looks the key up. A new key is recorded as in flight and gets 0; a
+// known one gets the status to answer: 409 in flight, 422 other payload,
+// 200 done (replay e.Result).
+func (s *Service) begin(key, action, hash string, req Request) (Entry, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.ledger[key]
+	if !ok {
+		s.ledger[key] = &Entry{Key: key, Action: action, OrderID: req.OrderID, Step: req.Step, Calls: 1,
+			Payload: req.Payload, hash: hash, inFlight: true}
+		return Entry{}, 0
+	}
+	e.Calls++
+	switch {
+	case e.hash != hash:
+		return *e, http.StatusUnprocessableEntity
+	case e.inFlight:
+		return *e, http.StatusConflict
+	case e.Effects == 0:
+		// Abandoned before: this request does the work.
+		e.inFlight = true
+		return Entry{}, 0
+	}
+	return *e, http.StatusOK
+}
+
+func (s *Service) abandon(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e, ok := s.ledger[key]; ok {
+		e.inFlight = false
+	}
+}
+
+func (s *Service) apply(key string) json.RawMessage {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.ledger[key]
+	e.Effects++
+	e.inFlight = false
+	e.At = time.Now().UTC()
+	sum := sha256.Sum256([]byte(key))
+	e.Result, _ = json.Marshal(map[string]string{
+		"action":       e.Action,
+		"confirmation": e.Action + "-" + hex.EncodeToString(sum[:6]),
+	})
+	return e.Result
+}
+
+func (s *Service) getLedger(w http.ResponseWriter, r *http.Request) {
+	writeJSONValue(w, s.Ledger())
+}
+
+func (s *Service) getFaults(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	cfg := s.faults
+	s.mu.Unlock()
+	writeJSONValue(w, cfg)
+}
+
+func (s *Service) putFaults(w http.ResponseWriter, r *http.Request) {
+	raw, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
+	if err != nil {
+		httpError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	cfg, err := ParseFaultConfig(raw)
+	if err != nil {
+		httpError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	s.SetFaults(cfg)
+	s.logger.Info("fault configuration changed", "faults", string(raw))
+	writeJSONValue(w, cfg)
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+func httpError(w http.ResponseWriter, status int, format string, args ...any) {
+	body, _ := json.Marshal(map[string]string{"error": fmt.Sprintf(format, args...)})
+	writeJSON(w, status, body)
+}
+
+func writeJSON(w http.ResponseWriter, status int, body []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+func writeJSONValue(w http.ResponseWriter, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		httpError(w, http.StatusInternalServerError, "%v", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, body)
+}

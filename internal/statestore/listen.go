@@ -1,0 +1,63 @@
+package statestore
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Notification channels.
+const (
+	// ChannelPending is notified when steps become pending.
+	ChannelPending = "sas_pending"
+	// ChannelOutbox is notified when outbox messages are written.
+	ChannelOutbox = "sas_outbox"
+)
+
+// Listener holds a dedicated connection that LISTENs on channels.
+type Listener struct {
+	conn *pgx.Conn
+}
+
+// Listen opens its own connection to url and listens on channels.
+func Listen(ctx context.Context, url string, channels ...string) (*Listener, error) {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("listen: connect: %w", err)
+	}
+	for _, ch := range channels {
+		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+			conn.Close(ctx)
+			return nil, fmt.Errorf("listen on %s: %w", ch, err)
+		}
+	}
+	return &Listener{conn: conn}, nil
+}
+
+// Wait blocks until a notification arrives and returns its channel. The
+// payload is the schema that sent it: a notification for another schema
+// (another deployment or test in the same database) is skipped.
+func (l *Listener) Wait(ctx context.Context, schema string) (string, error) {
+	for {
+		n, err := l.conn.WaitForNotification(ctx)
+		if err != nil {
+			return "", err
+		}
+		if schema == "" || n.Payload == schema {
+			return n.Channel, nil
+		}
+	}
+}
+
+// Schema returns the connection's current schema, as notifications carry it.
+func (l *Listener) Schema(ctx context.Context) (string, error) {
+	var s string
+	err := l.conn.QueryRow(ctx, `SELECT current_schema()`).Scan(&s)
+	return s, err
+}
+
+// Close closes the connection.
+func (l *Listener) Close(ctx context.Context) error {
+	return l.conn.Close(ctx)
+}

@@ -1,0 +1,98 @@
+package statestore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Outbox message types.
+const (
+	OutboxStatusEvent   = "status_event"
+	OutboxOperatorAlert = "operator_alert"
+)
+
+// OutboxMessage is a message written with a state change, to be published.
+type OutboxMessage struct {
+	ID        int64
+	MessageID string
+	Type      string // OutboxStatusEvent or OutboxOperatorAlert
+	OrderID   string
+	ReplyTo   string // the order's status queue, or ""
+	Body      []byte
+}
+
+// ErrRelayBusy: another process is relaying the outbox right now.
+var ErrRelayBusy = errors.New("another relay holds the outbox")
+
+// RelayOutbox takes up to limit unpublished outbox messages in id order,
+// hands them to publish, and marks as published the first n that publish
+// reports done. It returns n.
+//
+// One relay runs at a time (a transaction-level advisory lock; others get
+// ErrRelayBusy), so messages are published in the order they were
+// committed: events of one order come from transactions that each saw the
+// one before committed, so they are never overtaken. The lock and the rows
+// are held while publish talks to the broker; that is the price of the
+// order, and it touches only the outbox, never a step.
+func (s *Store) RelayOutbox(ctx context.Context, limit int, publish func(context.Context, []OutboxMessage) (int, error)) (int, error) {
+	done := 0
+	var publishErr error
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var locked bool
+		if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtextextended('sas.outbox.' || current_schema(), 0))`).Scan(&locked); err != nil {
+			return err
+		}
+		if !locked {
+			return ErrRelayBusy
+		}
+		rows, err := tx.Query(ctx, `
+			SELECT id, message_id::text, message_type, order_id::text, coalesce(reply_to, ''), body
+			FROM outbox WHERE published_at IS NULL ORDER BY id LIMIT $1`, limit)
+		if err != nil {
+			return err
+		}
+		msgs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (OutboxMessage, error) {
+			var m OutboxMessage
+			err := row.Scan(&m.ID, &m.MessageID, &m.Type, &m.OrderID, &m.ReplyTo, &m.Body)
+			return m, err
+		})
+		if err != nil || len(msgs) == 0 {
+			return err
+		}
+		// What publish got through is marked even when it then failed: the
+		// rest is tried again next time.
+		var n int
+		n, publishErr = publish(ctx, msgs)
+		if n == 0 {
+			return nil
+		}
+		ids := make([]int64, n)
+		for i := range n {
+			ids[i] = msgs[i].ID
+		}
+		if _, err := tx.Exec(ctx, `UPDATE outbox SET published_at = now(), attempts = attempts + 1 WHERE id = ANY($1)`, ids); err != nil {
+			return err
+		}
+		done = n
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("relay outbox: %w", err)
+	}
+	if publishErr != nil {
+		return done, fmt.Errorf("relay outbox: publish: %w", publishErr)
+	}
+	return done, nil
+}
+
+// OutboxBacklog counts unpublished outbox messages.
+func (s *Store) OutboxBacklog(ctx context.Context) (int, error) {
+	var n int
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE published_at IS NULL`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("outbox backlog: %w", err)
+	}
+	return n, nil
+}

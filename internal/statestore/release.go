@@ -1,0 +1,30 @@
+package statestore
+
+import (
+	"context"
+	"fmt"
+)
+
+// ReleaseClaim hands a claimed step back to pending when its scheduler
+// could not send the request (the broker was unreachable), so that it need
+// not wait for its complete_by to pass. Fenced like a reply: it changes
+// nothing unless attempt is still the step's current, processing attempt.
+// failure_count is not incremented: the step never reached an agent. It
+// reports whether the step was released.
+func (s *Store) ReleaseClaim(ctx context.Context, orderID string, step, attempt int, actor, reason string) (bool, error) {
+	tag, err := s.pool.Exec(ctx, `
+		WITH released AS (
+		    UPDATE steps
+		    SET process_state = 'pending', locked_by = NULL, complete_by = NULL,
+		        available_at = now(), updated_at = now()
+		    WHERE order_id = $1 AND step = $2 AND attempt = $3 AND process_state = 'processing'
+		    RETURNING order_id, step, attempt
+		)
+		INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+		SELECT order_id, step, 'processing', 'pending', attempt, $4, 'released: ' || $5
+		FROM released`, orderID, step, attempt, actor, reason)
+	if err != nil {
+		return false, fmt.Errorf("release claim of order %s step %d: %w", orderID, step, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
