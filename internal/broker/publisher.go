@@ -122,42 +122,79 @@ drain:
 // Publish sends msg to exchange with routing key, persistent and mandatory,
 // and waits until the broker confirms it. msg.MessageId must be set.
 func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
+	pending, err := p.Start(ctx, exchange, key, msg)
+	if err != nil {
+		return err
+	}
+	return pending.Wait(ctx)
+}
+
+// Pending is a published message whose confirm has not been awaited yet.
+type Pending struct {
+	p         *Publisher
+	cc        *confirmChannel
+	dc        *amqp.DeferredConfirmation
+	id        string
+	exchange  string
+	key       string
+	release   func()
+	completed bool
+}
+
+// Start publishes msg like Publish but returns without waiting for the
+// confirm, so that a caller can have many messages in flight on one channel
+// while keeping their order. Every Pending must be waited for.
+func (p *Publisher) Start(ctx context.Context, exchange, key string, msg amqp.Publishing) (*Pending, error) {
 	if msg.MessageId == "" {
-		return errors.New("publish: message id is required")
+		return nil, errors.New("publish: message id is required")
 	}
 	msg.DeliveryMode = amqp.Persistent
 	select {
 	case p.inflight <- struct{}{}:
-		defer func() { <-p.inflight }()
 	case <-ctx.Done():
-		return fmt.Errorf("publish: %w", ctx.Err())
+		return nil, fmt.Errorf("publish: %w", ctx.Err())
 	}
+	release := func() { <-p.inflight }
 	cc, err := p.channel(ctx)
 	if err != nil {
+		release()
 		p.metrics.published.WithLabelValues("failed").Inc()
-		return fmt.Errorf("publish: %w", err)
+		return nil, fmt.Errorf("publish: %w", err)
 	}
 	dc, err := cc.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, msg)
 	if err != nil {
+		release()
 		p.metrics.published.WithLabelValues("failed").Inc()
-		return fmt.Errorf("publish to %q/%q: %w", exchange, key, err)
+		return nil, fmt.Errorf("publish to %q/%q: %w", exchange, key, err)
 	}
-	acked, err := dc.WaitContext(ctx)
+	return &Pending{p: p, cc: cc, dc: dc, id: msg.MessageId, exchange: exchange, key: key, release: release}, nil
+}
+
+// Wait waits for the broker's confirm: nil, or ErrReturned, ErrNacked,
+// ErrUnconfirmed or ctx's error.
+func (pm *Pending) Wait(ctx context.Context) error {
+	if pm.completed {
+		return errors.New("publish: confirm already awaited")
+	}
+	pm.completed = true
+	defer pm.release()
+	p, cc := pm.p, pm.cc
+	acked, err := pm.dc.WaitContext(ctx)
 	if err != nil {
 		p.metrics.published.WithLabelValues("failed").Inc()
-		return fmt.Errorf("publish to %q/%q: wait for confirm: %w", exchange, key, err)
+		return fmt.Errorf("publish to %q/%q: wait for confirm: %w", pm.exchange, pm.key, err)
 	}
-	if r, returned := cc.takeReturn(msg.MessageId); returned {
+	if r, returned := cc.takeReturn(pm.id); returned {
 		p.metrics.published.WithLabelValues("returned").Inc()
-		return fmt.Errorf("publish to %q/%q: %w (%d %s)", exchange, key, ErrReturned, r.ReplyCode, r.ReplyText)
+		return fmt.Errorf("publish to %q/%q: %w (%d %s)", pm.exchange, pm.key, ErrReturned, r.ReplyCode, r.ReplyText)
 	}
 	if !acked {
 		if cc.ch.IsClosed() {
 			p.metrics.published.WithLabelValues("failed").Inc()
-			return fmt.Errorf("publish to %q/%q: %w", exchange, key, ErrUnconfirmed)
+			return fmt.Errorf("publish to %q/%q: %w", pm.exchange, pm.key, ErrUnconfirmed)
 		}
 		p.metrics.published.WithLabelValues("nacked").Inc()
-		return fmt.Errorf("publish to %q/%q: %w", exchange, key, ErrNacked)
+		return fmt.Errorf("publish to %q/%q: %w", pm.exchange, pm.key, ErrNacked)
 	}
 	p.metrics.published.WithLabelValues("confirmed").Inc()
 	return nil

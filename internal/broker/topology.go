@@ -31,13 +31,30 @@ func (t Topology) DeadLetterQueue(name string) string { return t.Prefix + name +
 // DeadLetterExchange returns the full name of the dead-letter exchange.
 func (t Topology) DeadLetterExchange() string { return t.Prefix + "dlx" }
 
+// StatusExchange is the topic exchange status events are published to,
+// with the order's new status as routing key.
+func (t Topology) StatusExchange() string { return t.Prefix + "status" }
+
+// AlertsExchange is the fanout exchange operator alerts are published to;
+// the input queue "alerts", when a topology has it, is bound to it.
+func (t Topology) AlertsExchange() string { return t.Prefix + "alerts" }
+
+// AlertsInput is the unprefixed name of the durable alerts queue.
+const AlertsInput = "alerts"
+
 // Declare declares the dead-letter exchange and, for every input, a durable
 // quorum queue with its delivery limit and a durable quorum dead-letter
 // queue bound to the exchange under its own name.
 func (t Topology) Declare(ch *amqp.Channel) error {
 	dlx := t.DeadLetterExchange()
-	if err := ch.ExchangeDeclare(dlx, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
-		return fmt.Errorf("declare exchange %s: %w", dlx, err)
+	for _, ex := range []struct{ name, kind string }{
+		{dlx, amqp.ExchangeDirect},
+		{t.StatusExchange(), amqp.ExchangeTopic},
+		{t.AlertsExchange(), amqp.ExchangeFanout},
+	} {
+		if err := ch.ExchangeDeclare(ex.name, ex.kind, true, false, false, false, nil); err != nil {
+			return fmt.Errorf("declare exchange %s: %w", ex.name, err)
+		}
 	}
 	for _, in := range t.Inputs {
 		dlq := t.DeadLetterQueue(in)
@@ -58,6 +75,11 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 		}); err != nil {
 			return fmt.Errorf("declare queue %s (if it exists with other arguments, delete it or change the prefix): %w", q, err)
 		}
+		if in == AlertsInput {
+			if err := ch.QueueBind(q, "", t.AlertsExchange(), false, nil); err != nil {
+				return fmt.Errorf("bind queue %s: %w", q, err)
+			}
+		}
 	}
 	return nil
 }
@@ -72,8 +94,10 @@ func (t Topology) Delete(ch *amqp.Channel) error {
 			}
 		}
 	}
-	if err := ch.ExchangeDelete(t.DeadLetterExchange(), false, false); err != nil {
-		return fmt.Errorf("delete exchange %s: %w", t.DeadLetterExchange(), err)
+	for _, ex := range []string{t.DeadLetterExchange(), t.StatusExchange(), t.AlertsExchange()} {
+		if err := ch.ExchangeDelete(ex, false, false); err != nil {
+			return fmt.Errorf("delete exchange %s: %w", ex, err)
+		}
 	}
 	return nil
 }

@@ -33,12 +33,22 @@ type ApplyResult struct {
 	OrderStatus string
 }
 
+// Kinds of stale reply, few and fixed (they label a metric).
+const (
+	StaleUnknownStep   = "unknown_step"   // no such order or step
+	StaleSuperseded    = "superseded"     // a later attempt owns the step
+	StaleNotProcessing = "not_processing" // the step already left processing (e.g. a duplicate reply)
+	StaleLate          = "late"           // complete_by had passed
+	StaleRace          = "race"           // the step changed while the reply was applied
+)
+
 // StaleReplyError says why a reply was not applied. It wraps ErrStale.
 type StaleReplyError struct {
 	OrderID string
 	Step    int
 	Attempt int
-	Reason  string
+	Kind    string // one of the Stale constants
+	Reason  string // a sentence for logs
 }
 
 func (e *StaleReplyError) Error() string {
@@ -142,17 +152,17 @@ func (s *Store) staleReason(ctx context.Context, r Reply) error {
 		r.OrderID, r.Step).Scan(&attempt, &state, &inTime)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		stale.Reason = "no such step"
+		stale.Kind, stale.Reason = StaleUnknownStep, "no such step"
 	case err != nil:
-		stale.Reason = "unknown (" + err.Error() + ")"
+		stale.Kind, stale.Reason = StaleRace, "unknown ("+err.Error()+")"
 	case attempt != r.Attempt:
-		stale.Reason = fmt.Sprintf("attempt superseded (current attempt %d)", attempt)
+		stale.Kind, stale.Reason = StaleSuperseded, fmt.Sprintf("attempt superseded (current attempt %d)", attempt)
 	case state != StepProcessing:
-		stale.Reason = "step is " + state
+		stale.Kind, stale.Reason = StaleNotProcessing, "step is "+state
 	case !inTime:
-		stale.Reason = "complete_by has passed"
+		stale.Kind, stale.Reason = StaleLate, "complete_by has passed"
 	default:
-		stale.Reason = "step changed concurrently"
+		stale.Kind, stale.Reason = StaleRace, "step changed concurrently"
 	}
 	return stale
 }

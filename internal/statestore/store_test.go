@@ -406,7 +406,7 @@ func TestApplyReplyIsFenced(t *testing.T) {
 		before := snapshot(t, b, o.OrderID)
 		_, err = b.store.ApplyReply(ctx, statestore.Reply{OrderID: o.OrderID, Step: 1, Attempt: 1, OK: true, Result: []byte(`{}`), Actor: "s1"})
 		var stale *statestore.StaleReplyError
-		if !errors.As(err, &stale) || !errors.Is(err, statestore.ErrStale) {
+		if !errors.As(err, &stale) || !errors.Is(err, statestore.ErrStale) || stale.Kind != statestore.StaleSuperseded {
 			t.Fatalf("reply of attempt 1 after attempt 2 was claimed: %v", err)
 		}
 		t.Logf("reported: %v", err)
@@ -448,7 +448,7 @@ func TestApplyReplyIsFenced(t *testing.T) {
 		before := snapshot(t, b, o.OrderID)
 		_, err = b.store.ApplyReply(ctx, statestore.Reply{OrderID: o.OrderID, Step: 1, Attempt: mine.Attempt, OK: true, Actor: "s1"})
 		var stale *statestore.StaleReplyError
-		if !errors.As(err, &stale) || stale.Reason != "complete_by has passed" {
+		if !errors.As(err, &stale) || stale.Kind != statestore.StaleLate {
 			t.Fatalf("late reply: %v", err)
 		}
 		if after := snapshot(t, b, o.OrderID); after != before {
@@ -459,7 +459,7 @@ func TestApplyReplyIsFenced(t *testing.T) {
 	t.Run("unknown step", func(t *testing.T) {
 		_, err := b.store.ApplyReply(ctx, statestore.Reply{OrderID: messages.NewID(), Step: 1, Attempt: 1, OK: true, Actor: "s"})
 		var stale *statestore.StaleReplyError
-		if !errors.As(err, &stale) || stale.Reason != "no such step" {
+		if !errors.As(err, &stale) || stale.Kind != statestore.StaleUnknownStep {
 			t.Fatalf("reply for an unknown order: %v", err)
 		}
 	})

@@ -122,26 +122,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	defer ops.Close()
 
 	logger.Info("submitter started", "queue", topo.Queue(Input), "workers", cfg.Workers, "prefetch", cfg.Prefetch)
-	done := make(chan error, 1)
-	go func() { done <- consumer.Run(ctx) }()
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-	}
-	logger.Info("shutting down: finishing messages in hand", "timeout", cfg.ShutdownTimeout.String())
-	select {
-	case err := <-done:
-		if err != nil {
-			return err
-		}
-	case <-time.After(cfg.ShutdownTimeout):
-		cancelWork()
-		<-done
-		logger.Warn("shutdown timeout passed; unfinished messages go back to the queue")
-	}
-	logger.Info("submitter stopped")
-	return nil
+	return service.RunAll(ctx, cfg.ShutdownTimeout, cancelWork, logger, consumer.Run)
 }
 
 type handler struct {

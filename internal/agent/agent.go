@@ -1,0 +1,286 @@
+// Package agent is the agent service: it consumes StepRequests for the
+// agent kinds it serves, calls the remote service with the step's stable
+// idempotency key, retries transient faults within the step's complete-by
+// time, and replies ok or failed. When the complete-by time passes it stops
+// and sends nothing: by then the step may belong to another attempt.
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"sas/internal/broker"
+	"sas/internal/messages"
+	"sas/internal/remote"
+	"sas/internal/service"
+)
+
+// RepliesInput is the unprefixed name of the replies queue.
+const RepliesInput = "replies"
+
+// RequestsInput is the unprefixed name of an agent kind's request queue.
+func RequestsInput(kind string) string { return "agent." + kind }
+
+// Config is the agent's configuration (environment prefix SAS_).
+type Config struct {
+	service.Common
+	MetricsAddr string `envconfig:"METRICS_ADDR" default:":9103"`
+	// Kinds are the agent kinds this process serves.
+	Kinds []string `envconfig:"AGENT_KINDS" default:"inventory,payment,shipping"`
+	// Concurrency is how many requests of one kind are worked on at once.
+	Concurrency int `envconfig:"AGENT_CONCURRENCY" default:"32"`
+	// Prefetch is how many unacked requests of one kind the broker hands over.
+	Prefetch int `envconfig:"AGENT_PREFETCH" default:"64"`
+	// RemoteURL is the remote service's base URL.
+	RemoteURL string `envconfig:"REMOTE_URL" default:"http://127.0.0.1:9105"`
+	// CallTimeout bounds one HTTP request.
+	CallTimeout time.Duration `envconfig:"AGENT_CALL_TIMEOUT" default:"5s"`
+	// SafetyMargin is kept free before complete_by: work that could not
+	// end before complete_by minus this margin is not started.
+	SafetyMargin time.Duration `envconfig:"AGENT_SAFETY_MARGIN" default:"100ms"`
+	// RetryBase and RetryMax shape the backoff between retries.
+	RetryBase time.Duration `envconfig:"AGENT_RETRY_BASE" default:"50ms"`
+	RetryMax  time.Duration `envconfig:"AGENT_RETRY_MAX" default:"2s"`
+	// BreakerFailures consecutive failures open an endpoint's circuit for
+	// BreakerOpenFor.
+	BreakerFailures int           `envconfig:"AGENT_BREAKER_FAILURES" default:"5"`
+	BreakerOpenFor  time.Duration `envconfig:"AGENT_BREAKER_OPEN_FOR" default:"1s"`
+	// MaxResponseBytes caps a remote answer.
+	MaxResponseBytes int64 `envconfig:"AGENT_MAX_RESPONSE_BYTES" default:"1048576"`
+}
+
+type metrics struct {
+	requests     *prometheus.CounterVec
+	calls        *prometheus.CounterVec
+	retries      *prometheus.CounterVec
+	abandoned    *prometheus.CounterVec
+	callDuration *prometheus.HistogramVec
+	circuit      *prometheus.GaugeVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sas_agent_requests_total",
+			Help: "Step requests handled, by agent kind and result (ok, failed, abandoned, rejected, requeued).",
+		}, []string{"kind", "result"}),
+		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sas_agent_calls_total",
+			Help: "HTTP calls to the remote service, by endpoint and result (ok, permanent, transient).",
+		}, []string{"endpoint", "result"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sas_agent_retries_total",
+			Help: "Retries of remote calls, by endpoint and the fault that caused them.",
+		}, []string{"endpoint", "reason"}),
+		abandoned: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sas_agent_abandoned_total",
+			Help: "Requests given up silently because complete_by came (expired_on_arrival, deadline).",
+		}, []string{"reason"}),
+		callDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sas_agent_call_duration_seconds",
+			Help:    "Duration of one HTTP call to the remote service.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}, []string{"endpoint"}),
+		circuit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sas_agent_circuit_state",
+			Help: "Circuit breaker state per remote endpoint: 0 closed, 1 half-open, 2 open.",
+		}, []string{"endpoint"}),
+	}
+	reg.MustRegister(m.requests, m.calls, m.retries, m.abandoned, m.callDuration, m.circuit)
+	return m
+}
+
+// Run runs the agent until ctx is done, then stops taking requests, lets
+// those in hand finish (within cfg.ShutdownTimeout) and closes.
+func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
+	if len(cfg.Kinds) == 0 {
+		return errors.New("no agent kinds configured (SAS_AGENT_KINDS)")
+	}
+	me := cfg.Instance("agent")
+	logger = logger.With("service", "agent", "instance", me)
+	reg := service.NewRegistry()
+	m := newMetrics(reg)
+	bm := broker.NewMetrics(reg)
+
+	inputs := []string{RepliesInput}
+	for _, k := range cfg.Kinds {
+		inputs = append(inputs, RequestsInput(k))
+	}
+	topo := broker.Topology{Prefix: cfg.QueuePrefix, DeliveryLimit: cfg.DeliveryLimit, Inputs: inputs}
+	startCtx, cancelStart := context.WithTimeout(ctx, 60*time.Second)
+	defer cancelStart()
+	conn, err := broker.Open(startCtx, cfg.AMQPURL, me, topo, logger, bm)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	pub := broker.NewPublisher(conn, bm)
+	defer pub.Close()
+
+	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	a := &agent{
+		cfg: cfg, topo: topo, pub: pub, logger: logger, metrics: m, workCtx: workCtx, now: time.Now,
+		caller: &caller{
+			client: &http.Client{Transport: &http.Transport{
+				MaxIdleConnsPerHost: cfg.Concurrency * len(cfg.Kinds),
+				IdleConnTimeout:     90 * time.Second,
+			}},
+			baseURL: strings.TrimRight(cfg.RemoteURL, "/"), cfg: cfg, metrics: m, now: time.Now,
+		},
+	}
+	var consumers []*broker.Consumer
+	for _, kind := range cfg.Kinds {
+		consumers = append(consumers, broker.NewConsumer(conn, pub,
+			broker.ConsumerConfig{Input: RequestsInput(kind), Prefetch: cfg.Prefetch, Workers: cfg.Concurrency},
+			func(ctx context.Context, d amqp.Delivery) error { return a.handle(ctx, kind, d) }, logger, bm))
+	}
+	ops, err := service.ListenOps(cfg.MetricsAddr, reg, func(ctx context.Context) error {
+		if !conn.Connected() {
+			return errors.New("not connected to the broker")
+		}
+		for _, c := range consumers {
+			if !c.Running() {
+				return errors.New("not consuming every request queue")
+			}
+		}
+		return nil
+	}, logger)
+	if err != nil {
+		return err
+	}
+	defer ops.Close()
+
+	logger.Info("agent started", "kinds", cfg.Kinds, "remote", cfg.RemoteURL, "concurrency", cfg.Concurrency)
+	return service.RunAll(ctx, cfg.ShutdownTimeout, cancelWork, logger, consumersRun(consumers)...)
+}
+
+func consumersRun(cs []*broker.Consumer) []func(context.Context) error {
+	out := make([]func(context.Context) error, len(cs))
+	for i, c := range cs {
+		out[i] = c.Run
+	}
+	return out
+}
+
+type agent struct {
+	cfg     Config
+	topo    broker.Topology
+	pub     *broker.Publisher
+	caller  *caller
+	logger  *slog.Logger
+	metrics *metrics
+	workCtx context.Context
+	now     func() time.Time
+}
+
+// handle works on one request. See broker.Handler for what its result
+// means: nil acks, a Rejection dead-letters, an error requeues.
+func (a *agent) handle(ctx context.Context, kind string, d amqp.Delivery) error {
+	if err := messages.CheckContentType(d.ContentType); err != nil {
+		return a.reject(kind, err)
+	}
+	req, err := messages.DecodeStepRequest(d.Body)
+	if err != nil {
+		return a.reject(kind, err)
+	}
+	log := a.logger.With("order_id", req.OrderID, "step", req.Step, "attempt", req.Attempt, "name", req.Name)
+	// The agent's clock against the database's complete_by: a skew only
+	// costs wasted or skipped work, because the database's fence decides
+	// whether a reply counts.
+	deadline := req.CompleteBy.Add(-a.cfg.SafetyMargin)
+	if !a.now().Before(deadline) {
+		a.metrics.abandoned.WithLabelValues("expired_on_arrival").Inc()
+		a.metrics.requests.WithLabelValues(kind, "abandoned").Inc()
+		log.Info("request past its complete_by on arrival; dropped without reply")
+		return nil
+	}
+	body, err := json.Marshal(remote.Request{OrderID: req.OrderID, Step: req.Step, Payload: mustJSON(req.Payload)})
+	if err != nil {
+		return a.reject(kind, err)
+	}
+	callCtx, cancel := context.WithDeadline(a.workCtx, deadline)
+	defer cancel()
+	res := a.caller.call(callCtx, req.Name, req.IdempotencyKey, body)
+
+	reply := messages.StepReply{SchemaVersion: messages.SchemaVersion, OrderID: req.OrderID, Step: req.Step, Attempt: req.Attempt}
+	switch res.outcome {
+	case callAbandoned:
+		a.metrics.requests.WithLabelValues(kind, "abandoned").Inc()
+		log.Info("complete_by reached while retrying; giving up without reply", "last_error", res.reason)
+		return nil
+	case callShutdown:
+		a.metrics.requests.WithLabelValues(kind, "requeued").Inc()
+		return errors.New("shutting down before the call ended")
+	case callOK:
+		reply.Outcome, reply.Result = messages.OutcomeOK, res.result
+	case callPermanent:
+		reply.Outcome, reply.Error = messages.OutcomeFailed, res.reason
+	}
+	if err := a.sendReply(callCtx, reply); err != nil {
+		if callCtx.Err() != nil && errors.Is(callCtx.Err(), context.DeadlineExceeded) {
+			a.metrics.abandoned.WithLabelValues("deadline").Inc()
+			a.metrics.requests.WithLabelValues(kind, "abandoned").Inc()
+			log.Info("complete_by reached before the reply was confirmed; giving up", "err", err)
+			return nil
+		}
+		a.metrics.requests.WithLabelValues(kind, "requeued").Inc()
+		return fmt.Errorf("send reply: %w", err)
+	}
+	a.metrics.requests.WithLabelValues(kind, reply.Outcome).Inc()
+	log.Debug("replied", "outcome", reply.Outcome)
+	return nil
+}
+
+// sendReply publishes reply to the replies queue, trying again after a
+// lost connection until ctx (the step's deadline) ends.
+func (a *agent) sendReply(ctx context.Context, reply messages.StepReply) error {
+	body, err := messages.Encode(reply)
+	if err != nil {
+		return err
+	}
+	msg := amqp.Publishing{
+		ContentType: messages.ContentType,
+		Type:        messages.TypeStepReply,
+		MessageId:   fmt.Sprintf("%s/%d/%d/reply", reply.OrderID, reply.Step, reply.Attempt),
+		Timestamp:   a.now(),
+		Body:        body,
+	}
+	backoff := 50 * time.Millisecond
+	for {
+		err = a.pub.Publish(ctx, "", a.topo.Queue(RepliesInput), msg)
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		backoff = min(backoff*2, time.Second)
+	}
+}
+
+func (a *agent) reject(kind string, err error) error {
+	a.metrics.requests.WithLabelValues(kind, "rejected").Inc()
+	if de, ok := messages.AsDecodeError(err); ok {
+		return broker.Reject(de.Reason, de.Detail)
+	}
+	return broker.Reject(messages.ReasonInvalidValue, err.Error())
+}
+
+func mustJSON(v any) json.RawMessage {
+	b, _ := json.Marshal(v) // OrderPayload is plain fields: it always marshals
+	return b
+}

@@ -1,0 +1,155 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"sas/internal/remote"
+	"sas/internal/testenv"
+)
+
+func newCaller(t *testing.T, faults remote.FaultConfig) (*caller, *remote.Service, *metrics) {
+	t.Helper()
+	svc := remote.New(faults, 7, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	srv := httptest.NewServer(svc.Handler())
+	t.Cleanup(srv.Close)
+	m := newMetrics(prometheus.NewRegistry())
+	cfg := Config{CallTimeout: time.Second, RetryBase: 5 * time.Millisecond, RetryMax: 50 * time.Millisecond,
+		BreakerFailures: 3, BreakerOpenFor: 100 * time.Millisecond, MaxResponseBytes: 1 << 20}
+	return &caller{client: srv.Client(), baseURL: srv.URL, cfg: cfg, metrics: m, now: time.Now}, svc, m
+}
+
+func body(orderID string) []byte {
+	b, _ := json.Marshal(remote.Request{OrderID: orderID, Step: 1, Payload: json.RawMessage(`{}`)})
+	return b
+}
+
+func within(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestCallRetriesTransientFaults(t *testing.T) {
+	t.Parallel()
+	c, svc, m := newCaller(t, remote.FaultConfig{"*": {ErrorRate: 0.5, ApplyThenFailRate: 0.3}})
+	for i := range 40 {
+		key := fmt.Sprint("k", i)
+		res := c.call(within(t, 10*time.Second), "charge_payment", key, body(key))
+		if res.outcome != callOK {
+			t.Fatalf("call %d: %+v", i, res)
+		}
+	}
+	for _, e := range svc.Ledger() {
+		if e.Effects != 1 {
+			t.Fatalf("key %s applied %d times", e.Key, e.Effects)
+		}
+	}
+	if got := testutil.ToFloat64(m.retries.WithLabelValues("charge_payment", "5xx")); got == 0 {
+		t.Fatal("no retries counted for 5xx")
+	}
+}
+
+func TestCallHonoursRetryAfter(t *testing.T) {
+	t.Parallel()
+	c, svc, m := newCaller(t, remote.FaultConfig{"*": {RateLimitRate: 1, RetryAfterS: 1}})
+	ctx := within(t, 10*time.Second)
+	done := make(chan callResult, 1)
+	start := time.Now()
+	go func() { done <- c.call(ctx, "create_shipment", "k", body("o")) }()
+	// Lift the limit once the first 429 has been answered.
+	testenv.Eventually(t, 5*time.Second, "a 429 answered", func() bool {
+		return testutil.ToFloat64(m.retries.WithLabelValues("create_shipment", "429")) > 0
+	})
+	svc.SetFaults(nil)
+	res := <-done
+	if res.outcome != callOK {
+		t.Fatalf("%+v", res)
+	}
+	if took := time.Since(start); took < time.Second {
+		t.Fatalf("retried after %v, before the 1s Retry-After", took)
+	}
+}
+
+func TestCallPermanentFault(t *testing.T) {
+	t.Parallel()
+	c, _, m := newCaller(t, remote.FaultConfig{"charge_payment": {FailOrders: []string{"o"}}})
+	res := c.call(within(t, 10*time.Second), "charge_payment", "k", body("o"))
+	if res.outcome != callPermanent || res.reason != "charge_payment answered 400: charge_payment refuses order o" {
+		t.Fatalf("%+v", res)
+	}
+	if got := testutil.ToFloat64(m.calls.WithLabelValues("charge_payment", "permanent")); got != 1 {
+		t.Fatalf("%v permanent calls counted, want exactly one (no retry)", got)
+	}
+}
+
+func TestCallGivesUpAtDeadline(t *testing.T) {
+	t.Parallel()
+	c, svc, m := newCaller(t, remote.FaultConfig{"*": {ErrorRate: 1}})
+	start := time.Now()
+	res := c.call(within(t, 300*time.Millisecond), "reserve_inventory", "k", body("o"))
+	if res.outcome != callAbandoned {
+		t.Fatalf("%+v", res)
+	}
+	if took := time.Since(start); took > 400*time.Millisecond {
+		t.Fatalf("gave up after %v, past the 300ms deadline", took)
+	}
+	if len(svc.Ledger()) != 0 || testutil.ToFloat64(m.abandoned.WithLabelValues("deadline")) != 1 {
+		t.Fatal("an abandoned call left an effect or was not counted")
+	}
+	// A hang is cut by the deadline too.
+	svc.SetFaults(remote.FaultConfig{"*": {HangRate: 1}})
+	start = time.Now()
+	if res := c.call(within(t, 300*time.Millisecond), "reserve_inventory", "k2", body("o")); res.outcome != callAbandoned {
+		t.Fatalf("hang: %+v", res)
+	}
+	if took := time.Since(start); took > 400*time.Millisecond {
+		t.Fatalf("a hanging remote held the call for %v", took)
+	}
+}
+
+func TestCircuitOpensAndCloses(t *testing.T) {
+	t.Parallel()
+	c, svc, m := newCaller(t, remote.FaultConfig{"*": {ErrorRate: 1}})
+	c.call(within(t, 200*time.Millisecond), "refund_payment", "k", body("o"))
+	if state := testutil.ToFloat64(m.circuit.WithLabelValues("refund_payment")); state != circuitOpen && state != circuitHalfOpen {
+		t.Fatalf("circuit state %v after repeated 503s, want open", state)
+	}
+	if testutil.ToFloat64(m.retries.WithLabelValues("refund_payment", "circuit_open")) == 0 {
+		t.Fatal("no call was refused by the open circuit")
+	}
+	svc.SetFaults(nil)
+	if res := c.call(within(t, 5*time.Second), "refund_payment", "k", body("o")); res.outcome != callOK {
+		t.Fatalf("after the remote recovered: %+v", res)
+	}
+	if state := testutil.ToFloat64(m.circuit.WithLabelValues("refund_payment")); state != circuitClosed {
+		t.Fatalf("circuit state %v after a good probe, want closed", state)
+	}
+}
+
+func TestRetryAfterParsing(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		h    string
+		want time.Duration
+	}{
+		{"", 0}, {"3", 3 * time.Second}, {"-1", 0}, {"soon", 0},
+		{now.Add(5 * time.Second).Format(http.TimeFormat), 5 * time.Second},
+		{now.Add(-5 * time.Second).Format(http.TimeFormat), 0},
+	} {
+		if got := retryAfter(tc.h, now); got != tc.want {
+			t.Errorf("retryAfter(%q) = %v, want %v", tc.h, got, tc.want)
+		}
+	}
+}
