@@ -6,6 +6,9 @@ import (
 	"strings"
 	"testing"
 
+	"sas/internal/agent"
+	"sas/internal/remote"
+	"sas/internal/scheduler"
 	"sas/internal/submitter"
 )
 
@@ -38,7 +41,7 @@ func TestReadmeDocumentsEveryVariable(t *testing.T) {
 		t.Fatal(err)
 	}
 	readme := string(raw)
-	for _, cfg := range []any{submitter.Config{}} {
+	for _, cfg := range []any{submitter.Config{}, scheduler.Config{}, agent.Config{}, remote.Config{}} {
 		for _, v := range envVars(reflect.TypeOf(cfg)) {
 			at := strings.Index(readme, "| `"+v.name+"` |")
 			if at < 0 {

@@ -46,7 +46,8 @@ func buildAndRun(m *testing.M) int {
 	}
 	// The binaries are built with the race detector, so a data race in a
 	// real process fails the test that drives it.
-	cmd := exec.Command(goBin, "build", "-race", "-o", dir+"/", "./cmd/submitter", "./cmd/sasctl")
+	cmd := exec.Command(goBin, "build", "-race", "-o", dir+"/", "./cmd/submitter", "./cmd/sasctl",
+		"./cmd/scheduler", "./cmd/agent", "./cmd/remote")
 	cmd.Dir = ".."
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {
@@ -96,14 +97,24 @@ func freeAddr(t *testing.T) string {
 // when the test ends.
 func start(t *testing.T, name string, environ []string) *proc {
 	t.Helper()
+	return startOn(t, name, environ, "SAS_METRICS_ADDR")
+}
+
+// startOn is start for a binary that reads its listening address from
+// addrVar.
+func startOn(t *testing.T, name string, environ []string, addrVar string) *proc {
+	t.Helper()
 	ops := freeAddr(t)
-	p := &proc{name: name, ops: ops, done: make(chan struct{}), log: filepath.Join(t.TempDir(), name+".log")}
-	logFile, err := os.Create(p.log)
+	p := &proc{name: name, ops: ops, done: make(chan struct{})}
+	logFile, err := os.CreateTemp(t.TempDir(), name+"-*.log")
+	if err == nil {
+		p.log = logFile.Name()
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
 	p.cmd = exec.Command(filepath.Join(binDir, name))
-	p.cmd.Env = append(environ, "SAS_METRICS_ADDR="+ops)
+	p.cmd.Env = append(append([]string{}, environ...), addrVar+"="+ops)
 	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := p.cmd.Start(); err != nil {

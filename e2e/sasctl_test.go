@@ -118,7 +118,7 @@ func TestSasctlSubmitShowListResubmit(t *testing.T) {
 	// it as an operator.
 	store := statestore.New(s.pool)
 	ctx := context.Background()
-	claimed, err := store.ClaimPending(ctx, "scheduler-test", 10)
+	claimed, err := store.ClaimPending(ctx, "scheduler-test", 10, nil)
 	if err != nil || len(claimed) != 1 {
 		t.Fatalf("claim: %+v %v", claimed, err)
 	}

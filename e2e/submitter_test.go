@@ -12,8 +12,10 @@ import (
 	"sas/internal/badinput"
 	"sas/internal/broker"
 	"sas/internal/messages"
+	"sas/internal/scheduler"
 	"sas/internal/submitter"
 	"sas/internal/testenv"
+	"sas/internal/workflow"
 )
 
 // stack is one test's isolated piece of the world.
@@ -29,7 +31,8 @@ type stack struct {
 func newStack(t *testing.T) stack {
 	t.Helper()
 	dbURL, pool := testenv.Database(t)
-	topo := broker.Topology{Prefix: testenv.Prefix(t), DeliveryLimit: 10, Inputs: []string{submitter.Input}}
+	topo := scheduler.Topology(testenv.Prefix(t), 10, workflow.Builtin())
+	topo.Inputs = append(topo.Inputs, submitter.Input)
 	testenv.Broker(t, topo)
 	return stack{
 		dbURL: dbURL, pool: pool, topo: topo,

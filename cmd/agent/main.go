@@ -12,8 +12,8 @@ import (
 
 	"github.com/kelseyhightower/envconfig"
 
-	"sas/internal/service"
 	"sas/internal/agent"
+	"sas/internal/service"
 )
 
 func main() {

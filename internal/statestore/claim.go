@@ -40,6 +40,7 @@ WITH picked AS (
     SELECT order_id, step
     FROM steps
     WHERE process_state = 'pending' AND available_at <= now()
+      AND ($3::text[] IS NULL OR agent = ANY($3))
     ORDER BY priority DESC, available_at, order_id, step
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -80,13 +81,14 @@ JOIN orders o ON o.order_id = c.order_id
 ORDER BY c.priority DESC, c.order_id, c.step`
 
 // ClaimPending claims up to limit due pending steps for the scheduler
-// lockedBy and returns them. A step is never handed to two claimers in the
-// same attempt.
-func (s *Store) ClaimPending(ctx context.Context, lockedBy string, limit int) ([]ClaimedStep, error) {
+// lockedBy and returns them; agents, when not nil, limits the claim to
+// steps of those agent kinds. A step is never handed to two claimers in
+// the same attempt.
+func (s *Store) ClaimPending(ctx context.Context, lockedBy string, limit int, agents []string) ([]ClaimedStep, error) {
 	if lockedBy == "" || limit <= 0 {
 		return nil, fmt.Errorf("claim pending: need a claimer id and a positive limit")
 	}
-	rows, err := s.pool.Query(ctx, claimSQL, lockedBy, limit)
+	rows, err := s.pool.Query(ctx, claimSQL, lockedBy, limit, agents)
 	if err != nil {
 		return nil, fmt.Errorf("claim pending: %w", err)
 	}

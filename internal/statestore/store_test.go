@@ -295,7 +295,7 @@ func TestClaimConcurrently(t *testing.T) {
 			store := statestore.New(pool)
 			me := fmt.Sprintf("scheduler-%d", c)
 			for {
-				got, err := store.ClaimPending(ctx, me, 17)
+				got, err := store.ClaimPending(ctx, me, 17, nil)
 				if err != nil {
 					t.Errorf("claim: %v", err)
 					return
@@ -351,11 +351,11 @@ func TestClaimRespectsPriorityAndBackoff(t *testing.T) {
 	if _, err := b.pool.Exec(ctx, `UPDATE steps SET available_at = now() + interval '1 hour' WHERE order_id = $1`, later.OrderID); err != nil {
 		t.Fatal(err)
 	}
-	got, err := b.store.ClaimPending(ctx, "s", 1)
+	got, err := b.store.ClaimPending(ctx, "s", 1, nil)
 	if err != nil || len(got) != 1 || got[0].OrderID != high.OrderID {
 		t.Fatalf("first claim %+v %v, want the priority 9 order", got, err)
 	}
-	got, err = b.store.ClaimPending(ctx, "s", 10)
+	got, err = b.store.ClaimPending(ctx, "s", 10, nil)
 	if err != nil || len(got) != 1 || got[0].OrderID != low.OrderID {
 		t.Fatalf("second claim %+v %v, want only the low order (the other is backing off)", got, err)
 	}
@@ -387,7 +387,7 @@ func TestApplyReplyIsFenced(t *testing.T) {
 	t.Run("old attempt", func(t *testing.T) {
 		o := order(2, 50*time.Millisecond, 5)
 		insert(t, b, o)
-		first, err := b.store.ClaimPending(ctx, "s1", 1)
+		first, err := b.store.ClaimPending(ctx, "s1", 1, nil)
 		if err != nil || len(first) != 1 {
 			t.Fatalf("claim: %v %v", first, err)
 		}
@@ -399,7 +399,7 @@ func TestApplyReplyIsFenced(t *testing.T) {
 		if _, err := b.pool.Exec(ctx, `UPDATE steps SET timeout = interval '1 hour' WHERE order_id = $1`, o.OrderID); err != nil {
 			t.Fatal(err)
 		}
-		second, err := b.store.ClaimPending(ctx, "s2", 1)
+		second, err := b.store.ClaimPending(ctx, "s2", 1, nil)
 		if err != nil || len(second) != 1 || second[0].Attempt != 2 {
 			t.Fatalf("reclaim: %+v %v", second, err)
 		}
@@ -431,7 +431,7 @@ func TestApplyReplyIsFenced(t *testing.T) {
 	t.Run("after complete_by", func(t *testing.T) {
 		o := order(1, 30*time.Millisecond, 5)
 		insert(t, b, o)
-		claimed, err := b.store.ClaimPending(ctx, "s1", 10)
+		claimed, err := b.store.ClaimPending(ctx, "s1", 10, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -474,7 +474,7 @@ func TestApplyReplyCompletesAndFailsOrders(t *testing.T) {
 	insert(t, b, bad)
 	attempts := map[string]int{}
 	claimAll := func() {
-		got, err := b.store.ClaimPending(ctx, "s", 10)
+		got, err := b.store.ClaimPending(ctx, "s", 10, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -518,7 +518,7 @@ func TestSweepResetsThenFails(t *testing.T) {
 	insert(t, b, o)
 	params := statestore.SweepParams{Actor: "supervisor-1", Limit: 100, BackoffBase: time.Second, BackoffMax: time.Minute}
 	for failure := 1; failure <= 3; failure++ {
-		claimed, err := b.store.ClaimPending(ctx, "s", 10)
+		claimed, err := b.store.ClaimPending(ctx, "s", 10, nil)
 		if err != nil || len(claimed) != 1 || claimed[0].Attempt != failure {
 			t.Fatalf("claim %d: %+v %v", failure, claimed, err)
 		}
@@ -543,7 +543,7 @@ func TestSweepResetsThenFails(t *testing.T) {
 			if lo, hi := float64(int(1)<<(failure-1))-0.5, float64(int(1)<<(failure-1)); wait < lo || wait > hi {
 				t.Fatalf("backoff after failure %d is %.2fs, want about %.0fs", failure, wait, hi)
 			}
-			if again, err := b.store.ClaimPending(ctx, "s", 10); err != nil || len(again) != 0 {
+			if again, err := b.store.ClaimPending(ctx, "s", 10, nil); err != nil || len(again) != 0 {
 				t.Fatalf("claimed during backoff: %+v %v", again, err)
 			}
 			makeDue(t, b)
@@ -577,7 +577,7 @@ func TestSweepConcurrently(t *testing.T) {
 	for range n {
 		insert(t, b, order(1, 10*time.Millisecond, 5))
 	}
-	if claimed, err := b.store.ClaimPending(ctx, "s", n); err != nil || len(claimed) != n {
+	if claimed, err := b.store.ClaimPending(ctx, "s", n, nil); err != nil || len(claimed) != n {
 		t.Fatalf("claim: %d %v", len(claimed), err)
 	}
 	waitExpired(t, b)
@@ -633,7 +633,7 @@ func TestResubmit(t *testing.T) {
 	if _, err := b.store.Resubmit(ctx, messages.NewID(), 0, "operator:alice"); !errors.Is(err, statestore.ErrNotFound) {
 		t.Fatalf("resubmit of an unknown order: %v", err)
 	}
-	if _, err := b.store.ClaimPending(ctx, "s", 1); err != nil {
+	if _, err := b.store.ClaimPending(ctx, "s", 1, nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.store.ApplyReply(ctx, statestore.Reply{OrderID: o.OrderID, Step: 1, Attempt: 1, OK: false, Error: "down", Actor: "s"}); err != nil {
@@ -660,7 +660,7 @@ func TestResubmit(t *testing.T) {
 	if last.Actor != "operator:alice" || last.Reason != "operator resubmit" {
 		t.Fatalf("last history entry %+v", last)
 	}
-	claimed, err := b.store.ClaimPending(ctx, "s", 1)
+	claimed, err := b.store.ClaimPending(ctx, "s", 1, nil)
 	if err != nil || len(claimed) != 1 || claimed[0].Attempt != 2 {
 		t.Fatalf("claim after resubmit: %+v %v", claimed, err)
 	}
@@ -682,7 +682,7 @@ func TestListOrders(t *testing.T) {
 	a, c := order(1, time.Hour, 3), order(1, time.Hour, 3)
 	insert(t, b, a)
 	insert(t, b, c)
-	if _, err := b.store.ClaimPending(ctx, "s", 2); err != nil {
+	if _, err := b.store.ClaimPending(ctx, "s", 2, nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.store.ApplyReply(ctx, statestore.Reply{OrderID: a.OrderID, Step: 1, Attempt: 1, OK: true, Actor: "s"}); err != nil {
@@ -698,5 +698,27 @@ func TestListOrders(t *testing.T) {
 	}
 	if _, err := b.store.GetOrder(ctx, messages.NewID()); !errors.Is(err, statestore.ErrNotFound) {
 		t.Fatalf("get unknown: %v", err)
+	}
+}
+
+func TestClaimByAgent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	inv, pay := order(1, time.Minute, 3), order(1, time.Minute, 3)
+	pay.Steps[0].Agent = "payment"
+	insert(t, b, inv)
+	insert(t, b, pay)
+	got, err := b.store.ClaimPending(ctx, "s", 10, []string{"payment"})
+	if err != nil || len(got) != 1 || got[0].OrderID != pay.OrderID {
+		t.Fatalf("claim for payment: %+v %v", got, err)
+	}
+	got, err = b.store.ClaimPending(ctx, "s", 10, []string{"payment"})
+	if err != nil || len(got) != 0 {
+		t.Fatalf("second claim for payment: %+v %v", got, err)
+	}
+	got, err = b.store.ClaimPending(ctx, "s", 10, nil)
+	if err != nil || len(got) != 1 || got[0].OrderID != inv.OrderID {
+		t.Fatalf("claim for any agent: %+v %v", got, err)
 	}
 }

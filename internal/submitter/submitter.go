@@ -6,6 +6,7 @@
 package submitter
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -38,6 +39,9 @@ type Config struct {
 	Workers int `envconfig:"SUBMITTER_WORKERS" default:"8"`
 	// DBMaxConns caps the database pool.
 	DBMaxConns int32 `envconfig:"DB_MAX_CONNS" default:"10"`
+	// StepTimeout, when set, replaces every step's complete-by budget from
+	// the workflow definition.
+	StepTimeout time.Duration `envconfig:"STEP_TIMEOUT" default:"0s"`
 }
 
 // Reasons the submitter adds to those of messages.
@@ -104,7 +108,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	// rather than being cut off, unless the shutdown timeout passes.
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
-	h := &handler{store: store, workflows: workflow.Builtin(), actor: me, metrics: m, logger: logger, workCtx: workCtx}
+	h := &handler{store: store, workflows: workflow.Builtin(), stepTimeout: cfg.StepTimeout, actor: me, metrics: m, logger: logger, workCtx: workCtx}
 	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: Input, Prefetch: cfg.Prefetch, Workers: cfg.Workers}, h.handle, logger, bm)
 
 	ops, err := service.ListenOps(cfg.MetricsAddr, reg, func(ctx context.Context) error {
@@ -126,12 +130,13 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 }
 
 type handler struct {
-	store     *statestore.Store
-	workflows *workflow.Registry
-	actor     string
-	metrics   *metrics
-	logger    *slog.Logger
-	workCtx   context.Context
+	store       *statestore.Store
+	workflows   *workflow.Registry
+	stepTimeout time.Duration
+	actor       string
+	metrics     *metrics
+	logger      *slog.Logger
+	workCtx     context.Context
 }
 
 // handle writes one order. See broker.Handler for what its result means.
@@ -150,39 +155,40 @@ func (h *handler) handle(ctx context.Context, d amqp.Delivery) error {
 		h.metrics.orders.WithLabelValues("rejected").Inc()
 		return broker.Reject(ReasonUnknownWorkflow, fmt.Sprintf("workflow %q is not defined (known: %v)", o.Workflow, h.workflows.Names()))
 	}
-	nw := newOrder(o, wf, h.actor)
+	nw := newOrder(o, wf, h.stepTimeout, h.actor)
 	log := h.logger.With("order_id", o.OrderID)
 
-	backoff := 50 * time.Millisecond
-	for {
+	// A database error that retrying cannot fix ends in the dead-letter
+	// queue; any other (unreachable, overloaded) keeps the message and is
+	// retried in place rather than requeued towards its delivery limit.
+	var outcome statestore.InsertOutcome
+	err = service.Retry(ctx, func() error {
 		start := time.Now()
-		outcome, err := h.store.InsertOrder(h.workCtx, nw)
-		switch {
-		case err == nil:
+		var err error
+		outcome, err = h.store.InsertOrder(h.workCtx, nw)
+		if err == nil {
 			h.metrics.insertDur.Observe(time.Since(start).Seconds())
-			h.metrics.orders.WithLabelValues(outcome.String()).Inc()
-			log.Debug("order written", "outcome", outcome.String(), "workflow", wf.Name)
-			return nil
-		case errors.Is(err, statestore.ErrConflict):
-			h.metrics.orders.WithLabelValues("rejected").Inc()
-			return broker.Reject(ReasonConflict, fmt.Sprintf("order_id %s was already submitted with a different payload", o.OrderID))
-		case errors.Is(err, statestore.ErrInvalidData):
-			h.metrics.orders.WithLabelValues("rejected").Inc()
-			return broker.Reject(messages.ReasonInvalidValue, err.Error())
-		case ctx.Err() != nil || h.workCtx.Err() != nil:
-			return err // shutting down: back to the queue
 		}
-		// The database is unreachable or overloaded: keep the message and
-		// retry, rather than requeue it towards its delivery limit.
+		return err
+	}, func(err error) bool {
+		return errors.Is(err, statestore.ErrConflict) || errors.Is(err, statestore.ErrInvalidData) || h.workCtx.Err() != nil
+	}, func(err error, wait time.Duration) {
 		h.metrics.dbRetries.Inc()
-		log.Warn("writing order failed, retrying", "err", err, "retry_in", backoff)
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, 5*time.Second)
+		log.Warn("writing order failed, retrying", "err", err, "retry_in", wait)
+	})
+	switch {
+	case err == nil:
+		h.metrics.orders.WithLabelValues(outcome.String()).Inc()
+		log.Debug("order written", "outcome", outcome.String(), "workflow", wf.Name)
+		return nil
+	case errors.Is(err, statestore.ErrConflict):
+		h.metrics.orders.WithLabelValues("rejected").Inc()
+		return broker.Reject(ReasonConflict, fmt.Sprintf("order_id %s was already submitted with a different payload", o.OrderID))
+	case errors.Is(err, statestore.ErrInvalidData):
+		h.metrics.orders.WithLabelValues("rejected").Inc()
+		return broker.Reject(messages.ReasonInvalidValue, err.Error())
 	}
+	return err // shutting down: back to the queue
 }
 
 func (h *handler) reject(err error) error {
@@ -193,12 +199,12 @@ func (h *handler) reject(err error) error {
 	return broker.Reject(messages.ReasonInvalidValue, err.Error())
 }
 
-func newOrder(o messages.SubmitOrder, wf workflow.Workflow, actor string) statestore.NewOrder {
+func newOrder(o messages.SubmitOrder, wf workflow.Workflow, stepTimeout time.Duration, actor string) statestore.NewOrder {
 	hash := sha256.Sum256(o.Canonical())
 	items, _ := json.Marshal(o.Items) // a slice of plain structs always marshals
 	steps := make([]statestore.NewStep, len(wf.Steps))
 	for i, st := range wf.Steps {
-		steps[i] = statestore.NewStep{Name: st.Name, Agent: st.Agent, Timeout: st.Timeout, MaxFailures: st.MaxFailures}
+		steps[i] = statestore.NewStep{Name: st.Name, Agent: st.Agent, Timeout: cmp.Or(stepTimeout, st.Timeout), MaxFailures: st.MaxFailures}
 	}
 	return statestore.NewOrder{
 		OrderID: o.OrderID, Workflow: wf.Name, Customer: o.Customer, Items: items,

@@ -1,0 +1,404 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"sas/internal/agent"
+	"sas/internal/badinput"
+	"sas/internal/messages"
+	"sas/internal/remote"
+	"sas/internal/statestore"
+	"sas/internal/testenv"
+)
+
+// pipeline is a running system: the remote service, a submitter, and the
+// given numbers of schedulers and agents.
+type pipeline struct {
+	stack
+	remote     *proc
+	submitter  *proc
+	schedulers []*proc
+	agents     []*proc
+}
+
+type pipelineOpts struct {
+	schedulers, agents int
+	withoutAgents      bool     // start no agent (a test starts them later)
+	faults             string   // the remote's SAS_REMOTE_FAULTS
+	submitterEnv       []string // extra settings for the submitter
+	schedulerEnv       []string // extra settings for schedulers
+	agentEnv           []string // extra settings for agents
+}
+
+func newPipeline(t *testing.T, o pipelineOpts) *pipeline {
+	t.Helper()
+	p := &pipeline{stack: newStack(t)}
+	faults := o.faults
+	if faults == "" {
+		faults = "{}"
+	}
+	p.remote = startOn(t, "remote", append(append([]string{}, p.env...), "SAS_REMOTE_FAULTS="+faults, "SAS_REMOTE_SEED=42"), "SAS_REMOTE_ADDR")
+	// Without a supervisor (yet) nothing recovers a step whose attempt ran
+	// out of time, so on a loaded test machine give attempts room; a test
+	// about deadlines sets its own.
+	subEnv := append(append([]string{}, p.env...), "SAS_STEP_TIMEOUT=60s")
+	p.submitter = start(t, "submitter", append(subEnv, o.submitterEnv...))
+	schedulerEnv := append(append(append([]string{}, p.env...), "SAS_SCHEDULER_POLL_INTERVAL=200ms"), o.schedulerEnv...)
+	for range max(o.schedulers, 1) {
+		p.schedulers = append(p.schedulers, start(t, "scheduler", schedulerEnv))
+	}
+	if !o.withoutAgents {
+		for range max(o.agents, 1) {
+			p.startAgent(t, o.agentEnv...)
+		}
+	}
+	return p
+}
+
+func (p *pipeline) startAgent(t *testing.T, env ...string) *proc {
+	t.Helper()
+	a := start(t, "agent", append(append(append([]string{}, p.env...), "SAS_REMOTE_URL=http://"+p.remote.ops), env...))
+	p.agents = append(p.agents, a)
+	return a
+}
+
+// submitOrders posts n generated orders through sasctl and returns their ids.
+func (p pipeline) submitOrders(t *testing.T, n int, args ...string) []string {
+	t.Helper()
+	out, errOut, code := sasctl(t, p.env, append([]string{"submit", "--count", fmt.Sprint(n), "--print-ids"}, args...)...)
+	ids := strings.Fields(out)
+	if code != 0 || len(ids) != n {
+		t.Fatalf("sasctl submit: exit %d, %d ids: %s", code, len(ids), errOut)
+	}
+	return ids
+}
+
+// waitTerminal waits until every order is completed, failed or error, and
+// on timeout says where the others are stuck.
+func (p pipeline) waitTerminal(t *testing.T, ids []string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND status IN ('completed', 'failed', 'error')`, ids) != len(ids) {
+		if time.Now().After(deadline) {
+			t.Fatalf("orders not ended after %v; unfinished steps:\n%s", timeout, p.stuck(t, ids))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// stuck describes the unfinished steps of unfinished orders, with their
+// last history entry.
+func (p pipeline) stuck(t *testing.T, ids []string) string {
+	t.Helper()
+	rows, err := p.pool.Query(context.Background(), `
+		SELECT s.order_id::text, s.step, s.process_state, s.attempt, coalesce(s.last_error, ''),
+		       s.complete_by < now(), h.actor, h.reason
+		FROM steps s JOIN orders o USING (order_id)
+		LEFT JOIN LATERAL (SELECT actor, reason FROM transitions t WHERE t.order_id = s.order_id AND t.step = s.step ORDER BY id DESC LIMIT 1) h ON true
+		WHERE o.order_id = ANY($1::uuid[]) AND o.status NOT IN ('completed', 'failed', 'error')
+		  AND s.process_state NOT IN ('processed', 'waiting')
+		ORDER BY 1, 2 LIMIT 20`, ids)
+	if err != nil {
+		return err.Error()
+	}
+	defer rows.Close()
+	var b strings.Builder
+	for rows.Next() {
+		var order, state, lastErr, actor, reason string
+		var step, attempt int
+		var expired *bool
+		if err := rows.Scan(&order, &step, &state, &attempt, &lastErr, &expired, &actor, &reason); err != nil {
+			return err.Error()
+		}
+		fmt.Fprintf(&b, "  %s step %d %s attempt %d expired=%v last_error=%q last=%s: %s\n", order, step, state, attempt, expired != nil && *expired, lastErr, actor, reason)
+	}
+	return b.String()
+}
+
+func (p pipeline) ledger(t *testing.T) []remote.Entry {
+	t.Helper()
+	resp, err := http.Get("http://" + p.remote.ops + "/ledger")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var l []remote.Entry
+	if err := json.NewDecoder(resp.Body).Decode(&l); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// sum adds a metric over processes.
+func sum(t *testing.T, procs []*proc, series string) float64 {
+	t.Helper()
+	total := 0.0
+	for _, p := range procs {
+		total += p.metric(t, series)
+	}
+	return total
+}
+
+// checkOneEffectPerStep checks the remote ledger against the store: every
+// processed step of the orders has exactly one ledger entry, under its own
+// idempotency key, applied exactly once, and nothing else was applied.
+func (p pipeline) checkOneEffectPerStep(t *testing.T, ids []string) (keys, requests int) {
+	t.Helper()
+	rows, err := p.pool.Query(context.Background(),
+		`SELECT idempotency_key, order_id::text, step, name FROM steps WHERE process_state = 'processed' AND order_id = ANY($1::uuid[])`, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{}
+	for rows.Next() {
+		var key, order, name string
+		var step int
+		if err := rows.Scan(&key, &order, &step, &name); err != nil {
+			t.Fatal(err)
+		}
+		want[key] = fmt.Sprintf("%s/%d/%s", order, step, name)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, e := range p.ledger(t) {
+		if e.Effects == 0 {
+			continue
+		}
+		requests += e.Calls
+		if e.Effects != 1 {
+			t.Errorf("key %s: %d effects", e.Key, e.Effects)
+		}
+		if _, ok := want[e.Key]; !ok {
+			t.Errorf("effect under key %s that no processed step has", e.Key)
+		}
+		if seen[e.OrderID+"/"+fmt.Sprint(e.Step)] {
+			t.Errorf("order %s step %d has two keys with effects", e.OrderID, e.Step)
+		}
+		seen[e.OrderID+"/"+fmt.Sprint(e.Step)] = true
+		seen[e.Key] = true
+	}
+	for key := range want {
+		if !seen[key] {
+			t.Errorf("processed step %s has no effect in the ledger", key)
+		}
+	}
+	return len(want), requests
+}
+
+func TestThousandOrdersComplete(t *testing.T) {
+	t.Parallel()
+	p := newPipeline(t, pipelineOpts{})
+	began := time.Now()
+	ids := p.submitOrders(t, 1000)
+	p.waitTerminal(t, ids, 3*time.Minute)
+	took := time.Since(began)
+	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND status = 'completed'`, ids); n != 1000 {
+		t.Fatalf("%d of 1000 orders completed", n)
+	}
+	keys, requests := p.checkOneEffectPerStep(t, ids)
+	if keys != 3000 {
+		t.Fatalf("%d processed steps, want 3000", keys)
+	}
+	t.Logf("1000 orders (3000 steps) completed in %v; %d remote requests for %d effects", took.Round(time.Millisecond), requests, keys)
+}
+
+func TestTransientFaultsStillCompleteOnce(t *testing.T) {
+	t.Parallel()
+	// 30% transient faults (5xx, 429, hangs) and 5% apply-then-fail.
+	p := newPipeline(t, pipelineOpts{
+		faults: `{"*":{"error_rate":0.2,"rate_limit_rate":0.05,"retry_after_s":1,"hang_rate":0.05,"hang_ms":300,"apply_then_fail_rate":0.05,"latency_max_ms":3}}`,
+	})
+	began := time.Now()
+	ids := p.submitOrders(t, 300)
+	p.waitTerminal(t, ids, 3*time.Minute)
+	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND status = 'completed'`, ids); n != 300 {
+		t.Fatalf("%d of 300 orders completed", n)
+	}
+	keys, requests := p.checkOneEffectPerStep(t, ids)
+	retries5xx := sum(t, p.agents, `sas_agent_retries_total{endpoint="charge_payment",reason="5xx"}`)
+	retries429 := sum(t, p.agents, `sas_agent_retries_total{endpoint="charge_payment",reason="429"}`)
+	applyThenFail := p.remote.metric(t, `sas_remote_requests_total{action="charge_payment",outcome="apply_then_fail"}`)
+	replayed := p.remote.metric(t, `sas_remote_requests_total{action="charge_payment",outcome="replayed"}`)
+	if retries5xx == 0 || retries429 == 0 || applyThenFail == 0 || replayed == 0 {
+		t.Fatalf("faults did not happen: charge_payment retries 5xx %v, 429 %v; apply-then-fail %v, replayed %v",
+			retries5xx, retries429, applyThenFail, replayed)
+	}
+	t.Logf("300 orders completed in %v under faults; %d effects from %d remote requests (%.1f%% repeated); charge_payment: %v 5xx retries, %v 429 retries, %v apply-then-fail, %v replays",
+		time.Since(began).Round(time.Millisecond), keys, requests, 100*float64(requests-keys)/float64(keys), retries5xx, retries429, applyThenFail, replayed)
+}
+
+func TestPermanentFaultEndsOrderInError(t *testing.T) {
+	t.Parallel()
+	var ids, refused []string
+	for i := range 20 {
+		id := messages.NewID()
+		ids = append(ids, id)
+		if i%4 == 0 {
+			refused = append(refused, id)
+		}
+	}
+	quoted, _ := json.Marshal(refused)
+	p := newPipeline(t, pipelineOpts{faults: `{"charge_payment":{"fail_orders":` + string(quoted) + `}}`})
+	ch := amqpChannel(t)
+	for _, id := range ids {
+		publish(t, ch, p.submit, messages.ContentType, id, []byte(badinput.ValidSubmitJSON(id)))
+	}
+	p.waitTerminal(t, ids, 2*time.Minute)
+	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND status = 'error'`, refused); n != len(refused) {
+		t.Fatalf("%d of %d refused orders in error", n, len(refused))
+	}
+	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND status = 'completed'`, ids); n != len(ids)-len(refused) {
+		t.Fatalf("%d orders completed, want %d", n, len(ids)-len(refused))
+	}
+	out, errOut, code := sasctl(t, p.env, "orders", "show", refused[0])
+	if code != 0 {
+		t.Fatalf("orders show: %s", errOut)
+	}
+	for _, want := range []string{"status    error", "charge_payment answered 400: charge_payment refuses order " + refused[0], "agent replied failed"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("orders show of a refused order lacks %q:\n%s", want, out)
+		}
+	}
+	// The refused orders' shipment never ran; nothing was charged.
+	for _, e := range p.ledger(t) {
+		for _, id := range refused {
+			if e.OrderID == id && e.Effects > 0 && e.Action != "reserve_inventory" {
+				t.Errorf("refused order %s has an effect for %s", id, e.Action)
+			}
+		}
+	}
+	if n := p.count(t, `SELECT count(*) FROM outbox WHERE message_type = 'operator_alert' AND order_id = ANY($1::uuid[])`, refused); n != len(refused) {
+		t.Errorf("%d operator alerts for %d orders in error", n, len(refused))
+	}
+}
+
+func TestLateReplyDoesNotCompleteStep(t *testing.T) {
+	t.Parallel()
+	// The remote takes 3 s to reserve; a step has 1 s.
+	p := newPipeline(t, pipelineOpts{
+		faults:       `{"reserve_inventory":{"latency_min_ms":3000,"latency_max_ms":3000}}`,
+		submitterEnv: []string{"SAS_STEP_TIMEOUT=1s"},
+	})
+	ids := p.submitOrders(t, 3)
+	testenv.Eventually(t, 30*time.Second, "the agent to give up at complete_by", func() bool {
+		return sum(t, p.agents, `sas_agent_abandoned_total{reason="deadline"}`) >= 3
+	})
+	// The agent stops a safety margin before complete_by; then complete_by
+	// passes and the steps must still be processing: nothing completed them.
+	testenv.Eventually(t, 10*time.Second, "complete_by to pass with the steps still processing", func() bool {
+		return p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND step = 1
+			AND process_state = 'processing' AND complete_by < now()`, ids) == 3
+	})
+	if n := sum(t, p.agents, `sas_agent_requests_total{kind="inventory",result="ok"}`); n != 0 {
+		t.Fatalf("the agent replied %v times after complete_by", n)
+	}
+	for _, e := range p.ledger(t) {
+		if e.Effects > 0 {
+			t.Fatalf("the remote applied %s although its caller gave up", e.Key)
+		}
+	}
+
+	// A reply that arrives now, for the current attempt, is late: the
+	// scheduler acks it and counts it, and the step stays as it was.
+	var attempt int
+	if err := p.pool.QueryRow(context.Background(), `SELECT attempt FROM steps WHERE order_id = $1 AND step = 1`, ids[0]).Scan(&attempt); err != nil {
+		t.Fatal(err)
+	}
+	body, err := messages.Encode(messages.StepReply{SchemaVersion: 1, OrderID: ids[0], Step: 1, Attempt: attempt, Outcome: messages.OutcomeOK, Result: json.RawMessage(`{}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := p.count(t, `SELECT count(*) FROM transitions WHERE order_id = $1`, ids[0])
+	publish(t, amqpChannel(t), p.topo.Queue(agent.RepliesInput), messages.ContentType, "late-reply", body)
+	testenv.Eventually(t, 30*time.Second, "the late reply counted", func() bool {
+		return sum(t, p.schedulers, `sas_stale_replies_total{kind="late"}`) == 1
+	})
+	d, err := statestore.New(p.pool).GetOrder(context.Background(), ids[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Steps[0].ProcessState != statestore.StepProcessing || d.Order.Status != statestore.OrderProcessing || len(d.History) != before {
+		t.Fatalf("a late reply changed the order: %+v", d)
+	}
+}
+
+func TestSchedulersAndAgentsShareWorkAndEventsArriveInOrder(t *testing.T) {
+	t.Parallel()
+	p := newPipeline(t, pipelineOpts{schedulers: 2, agents: 3, faults: `{"*":{"latency_min_ms":1,"latency_max_ms":3}}`})
+	ch := amqpChannel(t)
+	statusQueue := p.topo.Prefix + "shop-status"
+	if _, err := ch.QueueDeclare(statusQueue, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = amqpChannel(t).QueueDelete(statusQueue, false, false, false) })
+
+	ids := p.submitOrders(t, 300, "--reply-to", statusQueue)
+	p.waitTerminal(t, ids, 3*time.Minute)
+	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND status = 'completed'`, ids); n != 300 {
+		t.Fatalf("%d of 300 orders completed", n)
+	}
+	p.checkOneEffectPerStep(t, ids)
+	for i, s := range p.schedulers {
+		if s.metric(t, "sas_scheduler_claimed_total") == 0 {
+			t.Errorf("scheduler %d claimed nothing", i)
+		}
+	}
+	for i, a := range p.agents {
+		if a.metric(t, `sas_agent_requests_total{kind="payment",result="ok"}`) == 0 {
+			t.Errorf("agent %d handled no payment", i)
+		}
+	}
+	events := drain(t, ch, statusQueue, 900, 60*time.Second)
+	byOrder := map[string][]string{}
+	for _, d := range events {
+		ev, err := messages.DecodeStatusEvent(d.Body)
+		if err != nil {
+			t.Fatalf("status event %s: %v", d.Body, err)
+		}
+		byOrder[ev.OrderID] = append(byOrder[ev.OrderID], ev.Status)
+	}
+	for _, id := range ids {
+		if got := strings.Join(byOrder[id], ","); got != "received,processing,completed" {
+			t.Errorf("order %s: status events %s", id, got)
+		}
+	}
+	t.Logf("claims per scheduler %v / %v; payments per agent %v / %v / %v",
+		p.schedulers[0].metric(t, "sas_scheduler_claimed_total"), p.schedulers[1].metric(t, "sas_scheduler_claimed_total"),
+		p.agents[0].metric(t, `sas_agent_requests_total{kind="payment",result="ok"}`),
+		p.agents[1].metric(t, `sas_agent_requests_total{kind="payment",result="ok"}`),
+		p.agents[2].metric(t, `sas_agent_requests_total{kind="payment",result="ok"}`))
+}
+
+// TestSchedulerHoldsBackWhileAgentsAreAway: with no agent consuming, the
+// scheduler claims only as many steps as the request queue may hold; the
+// rest stay pending with their whole budget and run once agents come.
+func TestSchedulerHoldsBackWhileAgentsAreAway(t *testing.T) {
+	t.Parallel()
+	p := newPipeline(t, pipelineOpts{withoutAgents: true, schedulerEnv: []string{"SAS_SCHEDULER_MAX_QUEUED=10"}})
+	ids := p.submitOrders(t, 60, "--workflow", "single")
+	queue := p.topo.Queue(agent.RequestsInput("inventory"))
+	ch := amqpChannel(t)
+	testenv.Eventually(t, 30*time.Second, "the scheduler to hold back at 10 queued requests", func() bool {
+		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+		return err == nil && q.Messages == 10 && p.schedulers[0].metric(t, `sas_scheduler_throttled_total{kind="inventory"}`) > 0
+	})
+	if n := p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND process_state = 'processing'`, ids); n != 10 {
+		t.Fatalf("%d steps claimed with room for 10 requests", n)
+	}
+	if n := p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND process_state = 'pending'`, ids); n != 50 {
+		t.Fatalf("%d steps left pending, want 50", n)
+	}
+	p.startAgent(t)
+	p.waitTerminal(t, ids, time.Minute)
+	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND status = 'completed'`, ids); n != 60 {
+		t.Fatalf("%d of 60 orders completed", n)
+	}
+}

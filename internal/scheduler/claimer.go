@@ -1,0 +1,184 @@
+package scheduler
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"sas/internal/agent"
+	"sas/internal/broker"
+	"sas/internal/messages"
+	"sas/internal/statestore"
+)
+
+// claimer claims pending steps in batches and sends each its StepRequest.
+//
+// It claims for an agent kind only while that kind's request queue holds
+// fewer than maxQueued ready requests, and never more than the room left:
+// steps claimed faster than agents take them would wait in the queue until
+// their complete_by passed, and every such expiry would count as a failure
+// of the step. Left pending, they keep their budget until an agent is free.
+type claimer struct {
+	store     *statestore.Store
+	pub       *broker.Publisher
+	depths    *broker.QueueInspector
+	topo      broker.Topology
+	kinds     []string
+	me        string
+	batch     int
+	maxQueued int
+	poll      time.Duration
+	wake      <-chan struct{}
+	workCtx   context.Context // claimed steps are sent even during shutdown
+	logger    *slog.Logger
+	metrics   *metrics
+}
+
+// throttledRecheck is how soon a claimer whose queues were full looks
+// again: agents drain a queue without notifying anyone.
+const throttledRecheck = 50 * time.Millisecond
+
+func (c *claimer) run(ctx context.Context) error {
+	ticker := time.NewTicker(c.poll)
+	defer ticker.Stop()
+	for {
+		throttled := c.drain(ctx)
+		var recheck <-chan time.Time
+		if throttled {
+			recheck = time.After(throttledRecheck)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-c.wake:
+			c.metrics.wakeups.WithLabelValues("claimer", "notify").Inc()
+		case <-ticker.C:
+			c.metrics.wakeups.WithLabelValues("claimer", "poll").Inc()
+		case <-recheck:
+			c.metrics.wakeups.WithLabelValues("claimer", "throttled").Inc()
+		}
+	}
+}
+
+// drain claims and dispatches, kind by kind, until no kind has both room
+// and pending steps. It reports whether a full queue held a kind back.
+func (c *claimer) drain(ctx context.Context) (throttled bool) {
+	for ctx.Err() == nil {
+		more := false
+		for _, kind := range c.kinds {
+			queue := c.topo.Queue(agent.RequestsInput(kind))
+			ready, err := c.depths.Ready(ctx, queue)
+			if err != nil {
+				if ctx.Err() == nil {
+					c.logger.Warn("cannot read queue depth; not claiming for it now", "queue", queue, "err", err)
+				}
+				throttled = true
+				continue
+			}
+			room := min(c.batch, c.maxQueued-ready)
+			if room <= 0 {
+				c.metrics.throttled.WithLabelValues(kind).Inc()
+				throttled = true
+				continue
+			}
+			start := time.Now()
+			steps, err := c.store.ClaimPending(ctx, c.me, room, []string{kind})
+			c.metrics.claimDuration.Observe(time.Since(start).Seconds())
+			if err != nil {
+				if ctx.Err() == nil {
+					c.logger.Warn("claim failed", "err", err)
+				}
+				return throttled
+			}
+			if len(steps) == 0 {
+				continue
+			}
+			c.metrics.claimed.Add(float64(len(steps)))
+			c.dispatch(steps)
+			if len(steps) == room {
+				more = true
+			}
+		}
+		if !more {
+			return throttled
+		}
+	}
+	return throttled
+}
+
+// dispatch sends every claimed step's request, all in flight at once, and
+// hands back to pending those the broker did not confirm.
+func (c *claimer) dispatch(steps []statestore.ClaimedStep) {
+	ctx := c.workCtx
+	pending := make([]*broker.Pending, len(steps))
+	errs := make([]error, len(steps))
+	for i, s := range steps {
+		msg, err := request(s)
+		if err != nil {
+			// Data the submitter accepted always encodes; if not, the
+			// step waits for its complete_by and the supervisor.
+			c.logger.Error("cannot build step request", "order_id", s.OrderID, "step", s.Step, "err", err)
+			continue
+		}
+		pending[i], errs[i] = c.pub.Start(ctx, "", c.topo.Queue(agent.RequestsInput(s.Agent)), msg)
+	}
+	for i, s := range steps {
+		if pending[i] != nil {
+			errs[i] = pending[i].Wait(ctx)
+		}
+		if pending[i] == nil && errs[i] == nil {
+			continue // could not be built; logged above
+		}
+		if errs[i] == nil {
+			c.metrics.published.Inc()
+			continue
+		}
+		c.metrics.publishFailed.Inc()
+		released, err := c.store.ReleaseClaim(ctx, s.OrderID, s.Step, s.Attempt, c.me, "request not sent: "+errs[i].Error())
+		log := c.logger.With("order_id", s.OrderID, "step", s.Step, "attempt", s.Attempt)
+		switch {
+		case err != nil:
+			log.Warn("request not sent and claim not released; the supervisor will find it", "send_err", errs[i], "err", err)
+		case released:
+			c.metrics.released.Inc()
+			log.Warn("request not sent; claim released", "err", errs[i])
+		}
+	}
+}
+
+// request builds a claimed step's StepRequest, with the AMQP expiration
+// set to the budget left, so a request nobody took in time dies in the
+// queue instead of reaching an agent too late.
+func request(s statestore.ClaimedStep) (amqp.Publishing, error) {
+	var items []messages.Item
+	if err := json.Unmarshal(s.Items, &items); err != nil {
+		return amqp.Publishing{}, fmt.Errorf("items: %w", err)
+	}
+	body, err := messages.Encode(messages.StepRequest{
+		SchemaVersion:  messages.SchemaVersion,
+		OrderID:        s.OrderID,
+		Step:           s.Step,
+		Name:           s.Name,
+		Agent:          s.Agent,
+		Attempt:        s.Attempt,
+		IdempotencyKey: s.IdempotencyKey,
+		CompleteBy:     s.CompleteBy.UTC(),
+		Payload:        messages.OrderPayload{Customer: s.Customer, Items: items, Amount: s.Amount, Currency: s.Currency},
+	})
+	if err != nil {
+		return amqp.Publishing{}, err
+	}
+	return amqp.Publishing{
+		ContentType: messages.ContentType,
+		Type:        messages.TypeStepRequest,
+		MessageId:   fmt.Sprintf("%s/%d/%d", s.OrderID, s.Step, s.Attempt),
+		Priority:    uint8(s.Priority),
+		Expiration:  strconv.FormatInt(max(s.Budget.Milliseconds(), 1), 10),
+		Body:        body,
+	}, nil
+}

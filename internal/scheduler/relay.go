@@ -1,0 +1,151 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"sas/internal/broker"
+	"sas/internal/messages"
+	"sas/internal/statestore"
+)
+
+// relay publishes the outbox: status events to the status exchange (routing
+// key: the new status) and to the order's reply_to queue, operator alerts
+// to the alerts exchange. A message is marked published only after the
+// broker confirmed it, so every one is published at least once; its
+// message_id stays the same on a second try, for consumers to spot repeats.
+type relay struct {
+	store   *statestore.Store
+	pub     *broker.Publisher
+	topo    broker.Topology
+	batch   int
+	poll    time.Duration
+	wake    <-chan struct{}
+	logger  *slog.Logger
+	metrics *metrics
+}
+
+func (r *relay) run(ctx context.Context) error {
+	ticker := time.NewTicker(r.poll)
+	defer ticker.Stop()
+	for {
+		r.drain(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-r.wake:
+			r.metrics.wakeups.WithLabelValues("relay", "notify").Inc()
+		case <-ticker.C:
+			r.metrics.wakeups.WithLabelValues("relay", "poll").Inc()
+		}
+	}
+}
+
+func (r *relay) drain(ctx context.Context) {
+	for ctx.Err() == nil {
+		n, err := r.store.RelayOutbox(ctx, r.batch, r.publish)
+		switch {
+		case errors.Is(err, statestore.ErrRelayBusy):
+			return // another scheduler is relaying
+		case err != nil:
+			if ctx.Err() == nil {
+				r.metrics.relayErrors.Inc()
+				r.logger.Warn("relaying the outbox failed; will try again", "err", err, "published", n)
+			}
+			return
+		case n < r.batch:
+			return
+		}
+	}
+}
+
+// sent is one publish of an outbox message.
+type sent struct {
+	index   int
+	target  string
+	pending *broker.Pending
+}
+
+// publish starts every message's publishes in order, then waits for their
+// confirms, and returns how many messages from the start were all
+// confirmed. A publish no queue was bound for counts as done: nobody was
+// listening.
+func (r *relay) publish(ctx context.Context, msgs []statestore.OutboxMessage) (int, error) {
+	var all []sent
+	done := len(msgs)
+	var firstErr error
+	fail := func(i int, err error) {
+		if i < done {
+			done = i
+		}
+		if firstErr == nil {
+			firstErr = err
+		}
+	}
+start:
+	for i, m := range msgs {
+		targets, err := r.targets(m)
+		if err != nil {
+			// A body the database built should always decode; skip it
+			// rather than block every later message behind it.
+			r.logger.Error("outbox message is invalid; skipped", "outbox_id", m.ID, "err", err)
+			continue
+		}
+		for _, t := range targets {
+			p, err := r.pub.Start(ctx, t.exchange, t.key, amqp.Publishing{
+				ContentType: messages.ContentType,
+				Type:        t.msgType,
+				MessageId:   m.MessageID,
+				Body:        m.Body,
+			})
+			if err != nil {
+				fail(i, err)
+				break start
+			}
+			all = append(all, sent{index: i, target: t.name, pending: p})
+		}
+	}
+	for _, s := range all {
+		err := s.pending.Wait(ctx)
+		switch {
+		case err == nil:
+		case errors.Is(err, broker.ErrReturned):
+			r.metrics.unroutable.WithLabelValues(s.target).Inc()
+		default:
+			fail(s.index, err)
+		}
+	}
+	for _, m := range msgs[:done] {
+		r.metrics.outbox.WithLabelValues(m.Type).Inc()
+	}
+	return done, firstErr
+}
+
+type target struct {
+	name, exchange, key, msgType string
+}
+
+func (r *relay) targets(m statestore.OutboxMessage) ([]target, error) {
+	switch m.Type {
+	case statestore.OutboxStatusEvent:
+		ev, err := messages.DecodeStatusEvent(m.Body)
+		if err != nil {
+			return nil, err
+		}
+		ts := []target{{"status_exchange", r.topo.StatusExchange(), ev.Status, messages.TypeStatusEvent}}
+		if m.ReplyTo != "" {
+			ts = append(ts, target{"reply_to", "", m.ReplyTo, messages.TypeStatusEvent})
+		}
+		return ts, nil
+	case statestore.OutboxOperatorAlert:
+		if _, err := messages.DecodeOperatorAlert(m.Body); err != nil {
+			return nil, err
+		}
+		return []target{{"alerts", r.topo.AlertsExchange(), "", messages.TypeOperatorAlert}}, nil
+	}
+	return nil, errors.New("unknown outbox message type " + m.Type)
+}

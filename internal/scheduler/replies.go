@@ -1,0 +1,75 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"sas/internal/broker"
+	"sas/internal/messages"
+	"sas/internal/service"
+	"sas/internal/statestore"
+)
+
+// replier applies StepReplies from the shared replies queue.
+type replier struct {
+	store   *statestore.Store
+	me      string
+	workCtx context.Context
+	logger  *slog.Logger
+	metrics *metrics
+}
+
+// handle applies one reply. A stale or late reply is acked and counted:
+// the fence in the state store already made sure it changed nothing.
+func (r *replier) handle(ctx context.Context, d amqp.Delivery) error {
+	if err := messages.CheckContentType(d.ContentType); err != nil {
+		return r.reject(err)
+	}
+	rep, err := messages.DecodeStepReply(d.Body)
+	if err != nil {
+		return r.reject(err)
+	}
+	log := r.logger.With("order_id", rep.OrderID, "step", rep.Step, "attempt", rep.Attempt)
+	var res statestore.ApplyResult
+	err = service.Retry(ctx, func() error {
+		var err error
+		res, err = r.store.ApplyReply(r.workCtx, statestore.Reply{
+			OrderID: rep.OrderID, Step: rep.Step, Attempt: rep.Attempt,
+			OK: rep.Outcome == messages.OutcomeOK, Result: rep.Result, Error: rep.Error, Actor: r.me,
+		})
+		return err
+	}, func(err error) bool {
+		return errors.Is(err, statestore.ErrStale) || r.workCtx.Err() != nil
+	}, func(err error, wait time.Duration) {
+		r.metrics.dbRetries.Inc()
+		log.Warn("applying reply failed, retrying", "err", err, "retry_in", wait)
+	})
+	var stale *statestore.StaleReplyError
+	switch {
+	case errors.As(err, &stale):
+		r.metrics.replies.WithLabelValues("stale").Inc()
+		r.metrics.stale.WithLabelValues(stale.Kind).Inc()
+		log.Info("stale reply ignored", "kind", stale.Kind, "reason", stale.Reason)
+		return nil
+	case err != nil:
+		return err // shutting down: back to the queue
+	}
+	r.metrics.replies.WithLabelValues(res.StepState).Inc()
+	if res.OrderStatus != "" {
+		r.metrics.ordersFinished.WithLabelValues(res.OrderStatus).Inc()
+	}
+	log.Debug("reply applied", "step_state", res.StepState, "next_step", res.NextStep, "order_status", res.OrderStatus)
+	return nil
+}
+
+func (r *replier) reject(err error) error {
+	r.metrics.replies.WithLabelValues("rejected").Inc()
+	if de, ok := messages.AsDecodeError(err); ok {
+		return broker.Reject(de.Reason, de.Detail)
+	}
+	return broker.Reject(messages.ReasonInvalidValue, err.Error())
+}

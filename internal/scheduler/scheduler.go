@@ -1,0 +1,185 @@
+// Package scheduler is the scheduler service. It claims pending steps and
+// sends their requests to agents (claimer.go), applies the agents' replies
+// fenced by attempt and deadline (replies.go), publishes the status events
+// and operator alerts the state store's outbox holds (relay.go), and wakes
+// on PostgreSQL notifications with a polling fallback (wake.go). Any number
+// of replicas may run: claims never overlap, any replica applies any reply,
+// and one relay at a time keeps each order's events in order.
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"sas/internal/agent"
+	"sas/internal/broker"
+	"sas/internal/service"
+	"sas/internal/statestore"
+	"sas/internal/workflow"
+)
+
+// Config is the scheduler's configuration (environment prefix SAS_).
+type Config struct {
+	service.Common
+	MetricsAddr string `envconfig:"METRICS_ADDR" default:":9102"`
+	// BatchSize is how many steps one claim takes at most.
+	BatchSize int `envconfig:"SCHEDULER_BATCH" default:"100"`
+	// MaxQueued is how many requests may wait in an agent kind's queue
+	// before the scheduler stops claiming steps for that kind.
+	MaxQueued int `envconfig:"SCHEDULER_MAX_QUEUED" default:"1000"`
+	// PollInterval is how often the claimer and the relay look for work
+	// when no notification woke them.
+	PollInterval time.Duration `envconfig:"SCHEDULER_POLL_INTERVAL" default:"500ms"`
+	// ReplyPrefetch and ReplyWorkers shape the replies consumer.
+	ReplyPrefetch int `envconfig:"SCHEDULER_REPLY_PREFETCH" default:"128"`
+	ReplyWorkers  int `envconfig:"SCHEDULER_REPLY_WORKERS" default:"8"`
+	// RelayBatch is how many outbox messages one relay round publishes.
+	RelayBatch int `envconfig:"SCHEDULER_RELAY_BATCH" default:"500"`
+	// DBMaxConns caps the database pool.
+	DBMaxConns int32 `envconfig:"DB_MAX_CONNS" default:"10"`
+}
+
+type metrics struct {
+	claimed        prometheus.Counter
+	throttled      *prometheus.CounterVec
+	claimDuration  prometheus.Histogram
+	published      prometheus.Counter
+	publishFailed  prometheus.Counter
+	released       prometheus.Counter
+	wakeups        *prometheus.CounterVec
+	replies        *prometheus.CounterVec
+	stale          *prometheus.CounterVec
+	ordersFinished *prometheus.CounterVec
+	dbRetries      prometheus.Counter
+	outbox         *prometheus.CounterVec
+	unroutable     *prometheus.CounterVec
+	relayErrors    prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		claimed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sas_scheduler_claimed_total", Help: "Steps claimed.",
+		}),
+		throttled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sas_scheduler_throttled_total", Help: "Claims skipped because the agent kind's request queue was full, by kind.",
+		}, []string{"kind"}),
+		claimDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "sas_scheduler_claim_duration_seconds", Help: "Time of one claim statement.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		published: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sas_scheduler_requests_published_total", Help: "Step requests confirmed by the broker.",
+		}),
+		publishFailed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sas_scheduler_request_publish_failures_total", Help: "Step requests the broker did not confirm.",
+		}),
+		released: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sas_scheduler_claims_released_total", Help: "Claimed steps handed back to pending because their request could not be sent.",
+		}),
+		wakeups: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sas_scheduler_wakeups_total", Help: "Times a loop woke, by loop and source (notify, poll, reconnect).",
+		}, []string{"loop", "source"}),
+		replies: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sas_scheduler_replies_total", Help: "Agent replies handled, by result (processed, error, stale, rejected).",
+		}, []string{"result"}),
+		stale: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sas_stale_replies_total", Help: "Replies that changed nothing, by kind (superseded, late, not_processing, unknown_step, race).",
+		}, []string{"kind"}),
+		ordersFinished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sas_orders_finished_total", Help: "Orders that reached a terminal status through a reply, by status.",
+		}, []string{"status"}),
+		dbRetries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sas_scheduler_db_retries_total", Help: "Reply applications retried after a database error.",
+		}),
+		outbox: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sas_outbox_published_total", Help: "Outbox messages published, by type.",
+		}, []string{"type"}),
+		unroutable: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sas_outbox_unroutable_total", Help: "Outbox publishes no queue was bound for, by target (status_exchange, reply_to, alerts).",
+		}, []string{"target"}),
+		relayErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sas_outbox_relay_errors_total", Help: "Relay rounds that failed and will be retried.",
+		}),
+	}
+	reg.MustRegister(m.claimed, m.throttled, m.claimDuration, m.published, m.publishFailed, m.released, m.wakeups, m.replies,
+		m.stale, m.ordersFinished, m.dbRetries, m.outbox, m.unroutable, m.relayErrors)
+	return m
+}
+
+// Topology is the queues and exchanges the scheduler uses: the replies
+// queue, the alerts queue, and a request queue per agent kind of the
+// workflows.
+func Topology(prefix string, deliveryLimit int, workflows *workflow.Registry) broker.Topology {
+	inputs := []string{agent.RepliesInput, broker.AlertsInput}
+	for _, kind := range workflows.Agents() {
+		inputs = append(inputs, agent.RequestsInput(kind))
+	}
+	return broker.Topology{Prefix: prefix, DeliveryLimit: deliveryLimit, Inputs: inputs}
+}
+
+// Run runs the scheduler until ctx is done, then stops claiming, finishes
+// the requests and replies in hand and closes.
+func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
+	me := cfg.Instance("scheduler")
+	logger = logger.With("service", "scheduler", "instance", me)
+	reg := service.NewRegistry()
+	m := newMetrics(reg)
+	bm := broker.NewMetrics(reg)
+
+	startCtx, cancelStart := context.WithTimeout(ctx, 60*time.Second)
+	defer cancelStart()
+	pool, err := statestore.Connect(startCtx, cfg.DatabaseURL, cfg.DBMaxConns)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	store := statestore.New(pool)
+	workflows := workflow.Builtin()
+	topo := Topology(cfg.QueuePrefix, cfg.DeliveryLimit, workflows)
+	conn, err := broker.Open(startCtx, cfg.AMQPURL, me, topo, logger, bm)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	pub := broker.NewPublisher(conn, bm)
+	defer pub.Close()
+
+	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	w := &waker{url: cfg.DatabaseURL, logger: logger, pending: make(chan struct{}, 1), outbox: make(chan struct{}, 1)}
+	depths := broker.NewQueueInspector(conn)
+	defer depths.Close()
+	c := &claimer{store: store, pub: pub, depths: depths, topo: topo, kinds: workflows.Agents(), me: me,
+		batch: cfg.BatchSize, maxQueued: cfg.MaxQueued, poll: cfg.PollInterval,
+		wake: w.pending, workCtx: workCtx, logger: logger, metrics: m}
+	r := &replier{store: store, me: me, workCtx: workCtx, logger: logger, metrics: m}
+	replies := broker.NewConsumer(conn, pub,
+		broker.ConsumerConfig{Input: agent.RepliesInput, Prefetch: cfg.ReplyPrefetch, Workers: cfg.ReplyWorkers},
+		r.handle, logger, bm)
+	rl := &relay{store: store, pub: pub, topo: topo, batch: cfg.RelayBatch, poll: cfg.PollInterval,
+		wake: w.outbox, logger: logger, metrics: m}
+
+	ops, err := service.ListenOps(cfg.MetricsAddr, reg, func(ctx context.Context) error {
+		if err := store.Ping(ctx); err != nil {
+			return fmt.Errorf("database: %w", err)
+		}
+		if !conn.Connected() || !replies.Running() {
+			return errors.New("not consuming replies from the broker")
+		}
+		return nil
+	}, logger)
+	if err != nil {
+		return err
+	}
+	defer ops.Close()
+
+	logger.Info("scheduler started", "batch", cfg.BatchSize, "poll_interval", cfg.PollInterval.String())
+	return service.RunAll(ctx, cfg.ShutdownTimeout, cancelWork, logger,
+		w.run, c.run, replies.Run, rl.run)
+}

@@ -1,0 +1,32 @@
+package service
+
+import (
+	"context"
+	"time"
+)
+
+// Retry calls fn until it returns nil or an error isPermanent accepts,
+// waiting between tries with exponential backoff from 50 ms to 5 s. It
+// stops early, returning fn's last error, when stop is done: a service
+// shutting down hands the message back instead of waiting for the
+// database. onRetry (optional) is told about every retry.
+func Retry(stop context.Context, fn func() error, isPermanent func(error) bool, onRetry func(err error, wait time.Duration)) error {
+	wait := 50 * time.Millisecond
+	for {
+		err := fn()
+		if err == nil || isPermanent(err) || stop.Err() != nil {
+			return err
+		}
+		if onRetry != nil {
+			onRetry(err, wait)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-stop.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		wait = min(wait*2, 5*time.Second)
+	}
+}
