@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -117,6 +118,9 @@ func (p pipeline) stuck(t *testing.T, ids []string) string {
 			return err.Error()
 		}
 		fmt.Fprintf(&b, "  %s step %d %s attempt %d expired=%v last_error=%q last=%s: %s\n", order, step, state, attempt, expired != nil && *expired, lastErr, actor, reason)
+	}
+	if err := rows.Err(); err != nil {
+		fmt.Fprintf(&b, "  (listing stopped: %v)\n", err)
 	}
 	return b.String()
 }
@@ -328,6 +332,65 @@ func TestLateReplyDoesNotCompleteStep(t *testing.T) {
 	if d.Steps[0].ProcessState != statestore.StepProcessing || d.Order.Status != statestore.OrderProcessing || len(d.History) != before {
 		t.Fatalf("a late reply changed the order: %+v", d)
 	}
+
+	// A request that reaches an agent after its complete_by is dropped
+	// without a call and without a reply.
+	expired, err := messages.Encode(messages.StepRequest{SchemaVersion: 1, OrderID: ids[1], Step: 1, Name: "reserve_inventory",
+		Agent: "inventory", Attempt: 1, IdempotencyKey: "late-key", CompleteBy: time.Now().Add(-time.Second).UTC(),
+		Payload: messages.OrderPayload{Customer: "c", Items: []messages.Item{{SKU: "a", Qty: 1}}, Amount: 1, Currency: "EUR"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	replies := sum(t, p.schedulers, `sas_scheduler_replies_total{result="stale"}`)
+	publish(t, amqpChannel(t), p.topo.Queue(agent.RequestsInput("inventory")), messages.ContentType, "expired-request", expired)
+	testenv.Eventually(t, 30*time.Second, "the expired request dropped", func() bool {
+		return sum(t, p.agents, `sas_agent_abandoned_total{reason="expired_on_arrival"}`) == 1
+	})
+	for _, e := range p.ledger(t) {
+		if e.Key == "late-key" {
+			t.Fatal("the agent called the remote for a request past its complete_by")
+		}
+	}
+	if got := sum(t, p.schedulers, `sas_scheduler_replies_total{result="stale"}`); got != replies {
+		t.Fatal("the agent replied to a request past its complete_by")
+	}
+}
+
+// TestSchedulerWakesOnNotifications runs the scheduler with a one-hour
+// poll: orders still flow, so notifications woke it. Then its database
+// connections are cut while orders arrive (their notifications are lost to
+// it): when the connection is back it looks for work at once.
+func TestSchedulerWakesOnNotifications(t *testing.T) {
+	t.Parallel()
+	p := newPipeline(t, pipelineOpts{withoutAgents: true})
+	proxy := testenv.NewProxy(t, "127.0.0.1:5432")
+	viaProxy := strings.Replace(p.dbURL, "127.0.0.1:5432", proxy.Addr(), 1)
+	if viaProxy == p.dbURL {
+		t.Skip("SAS_TEST_DATABASE_URL does not point at 127.0.0.1:5432")
+	}
+	// Replace the pipeline's scheduler with one that never polls in time.
+	p.schedulers[0].stop(t)
+	sched := start(t, "scheduler", append(append([]string{}, p.env...), "SAS_DATABASE_URL="+viaProxy, "SAS_SCHEDULER_POLL_INTERVAL=1h"))
+	p.schedulers = []*proc{sched}
+	p.startAgent(t)
+
+	first := p.submitOrders(t, 20)
+	p.waitTerminal(t, first, time.Minute)
+	if n := sched.metric(t, `sas_scheduler_wakeups_total{loop="claimer",source="notify"}`); n == 0 {
+		t.Fatal("no wake-up by notification")
+	}
+
+	proxy.SetDown(true)
+	testenv.Eventually(t, 30*time.Second, "the scheduler to notice the database is gone", func() bool { return !ready(sched) })
+	second := p.submitOrders(t, 20)
+	testenv.Eventually(t, 30*time.Second, "the orders written while the scheduler is cut off", func() bool {
+		return p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[])`, second) == 20
+	})
+	proxy.SetDown(false)
+	p.waitTerminal(t, second, time.Minute)
+	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND status = 'completed'`, append(first, second...)); n != 40 {
+		t.Fatalf("%d of 40 orders completed", n)
+	}
 }
 
 func TestSchedulersAndAgentsShareWorkAndEventsArriveInOrder(t *testing.T) {
@@ -338,7 +401,18 @@ func TestSchedulersAndAgentsShareWorkAndEventsArriveInOrder(t *testing.T) {
 	if _, err := ch.QueueDeclare(statusQueue, true, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = amqpChannel(t).QueueDelete(statusQueue, false, false, false) })
+	completedQueue := p.topo.Prefix + "completed-events"
+	if _, err := ch.QueueDeclare(completedQueue, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(completedQueue, "completed", p.topo.StatusExchange(), false, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c := amqpChannel(t)
+		_, _ = c.QueueDelete(statusQueue, false, false, false)
+		_, _ = c.QueueDelete(completedQueue, false, false, false)
+	})
 
 	ids := p.submitOrders(t, 300, "--reply-to", statusQueue)
 	p.waitTerminal(t, ids, 3*time.Minute)
@@ -370,6 +444,13 @@ func TestSchedulersAndAgentsShareWorkAndEventsArriveInOrder(t *testing.T) {
 			t.Errorf("order %s: status events %s", id, got)
 		}
 	}
+	// The status exchange routes by status: the queue bound to
+	// "completed" got one event per order.
+	for _, d := range drain(t, ch, completedQueue, 300, 30*time.Second) {
+		if ev, err := messages.DecodeStatusEvent(d.Body); err != nil || ev.Status != messages.StatusCompleted {
+			t.Fatalf("event on the completed binding: %s %v", d.Body, err)
+		}
+	}
 	t.Logf("claims per scheduler %v / %v; payments per agent %v / %v / %v",
 		p.schedulers[0].metric(t, "sas_scheduler_claimed_total"), p.schedulers[1].metric(t, "sas_scheduler_claimed_total"),
 		p.agents[0].metric(t, `sas_agent_requests_total{kind="payment",result="ok"}`),
@@ -392,6 +473,18 @@ func TestSchedulerHoldsBackWhileAgentsAreAway(t *testing.T) {
 	})
 	if n := p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND process_state = 'processing'`, ids); n != 10 {
 		t.Fatalf("%d steps claimed with room for 10 requests", n)
+	}
+	// A queued request carries the budget left as its AMQP expiration.
+	d, ok, err := ch.Get(queue, false)
+	if err != nil || !ok {
+		t.Fatalf("get a request: %v %v", ok, err)
+	}
+	expiration, err := strconv.Atoi(d.Expiration)
+	if err != nil || expiration <= 0 || expiration > 60_000 {
+		t.Fatalf("request expiration %q, want the milliseconds left of a 60 s budget", d.Expiration)
+	}
+	if err := d.Nack(false, true); err != nil {
+		t.Fatal(err)
 	}
 	if n := p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND process_state = 'pending'`, ids); n != 50 {
 		t.Fatalf("%d steps left pending, want 50", n)

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -151,5 +152,20 @@ func TestRetryAfterParsing(t *testing.T) {
 		if got := retryAfter(tc.h, now); got != tc.want {
 			t.Errorf("retryAfter(%q) = %v, want %v", tc.h, got, tc.want)
 		}
+	}
+}
+
+func TestCallCapsResponseSize(t *testing.T) {
+	t.Parallel()
+	big := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte(`{"x":"` + strings.Repeat("a", 2000) + `"}`))
+	}))
+	t.Cleanup(big.Close)
+	c, _, _ := newCaller(t, nil)
+	c.baseURL = big.URL
+	c.cfg.MaxResponseBytes = 1000
+	res := c.call(within(t, 5*time.Second), "charge_payment", "k", body("o"))
+	if res.outcome != callPermanent || !strings.Contains(res.reason, "more than 1000 bytes") {
+		t.Fatalf("%+v", res)
 	}
 }
