@@ -1,7 +1,10 @@
 package e2e
 
 import (
+	"errors"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -51,6 +54,26 @@ func TestReadmeDocumentsEveryVariable(t *testing.T) {
 			row, _, _ := strings.Cut(readme[at:], "\n")
 			if v.def != "" && !strings.Contains(row, "`"+v.def+"`") {
 				t.Errorf("README row for %s does not show the default %q: %s", v.name, v.def, row)
+			}
+		}
+	}
+}
+
+// TestServicesRejectBadConfiguration: a setting that cannot be read stops
+// a service at once with exit status 2 and says which.
+func TestServicesRejectBadConfiguration(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"submitter", "scheduler", "agent", "remote"} {
+		for _, bad := range []string{"SAS_LOG_LEVEL=shout", "SAS_SHUTDOWN_TIMEOUT=soon"} {
+			if name == "remote" && bad == "SAS_SHUTDOWN_TIMEOUT=soon" {
+				bad = "SAS_REMOTE_SEED=minus-one"
+			}
+			cmd := exec.Command(filepath.Join(binDir, name))
+			cmd.Env = env(bad)
+			out, err := cmd.CombinedOutput()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), "configuration") {
+				t.Errorf("%s with %s: %v, output %q; want exit 2 naming the configuration", name, bad, err, out)
 			}
 		}
 	}

@@ -4,33 +4,12 @@
 package main
 
 import (
-	"context"
-	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
-
-	"github.com/kelseyhightower/envconfig"
 
 	"sas/internal/service"
 	"sas/internal/submitter"
 )
 
 func main() {
-	var cfg submitter.Config
-	if err := envconfig.Process("sas", &cfg); err != nil {
-		fmt.Fprintln(os.Stderr, "submitter: configuration:", err)
-		os.Exit(2)
-	}
-	logger, err := service.NewLogger(os.Stderr, cfg.LogLevel)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "submitter: configuration:", err)
-		os.Exit(2)
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	if err := submitter.Run(ctx, cfg, logger); err != nil {
-		logger.Error("submitter failed", "err", err)
-		os.Exit(1)
-	}
+	os.Exit(service.Main("submitter", submitter.Run))
 }

@@ -109,22 +109,18 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	logger = logger.With("service", "agent", "instance", me)
 	reg := service.NewRegistry()
 	m := newMetrics(reg)
-	bm := broker.NewMetrics(reg)
 
 	inputs := []string{RepliesInput}
 	for _, k := range cfg.Kinds {
 		inputs = append(inputs, RequestsInput(k))
 	}
 	topo := broker.Topology{Prefix: cfg.QueuePrefix, DeliveryLimit: cfg.DeliveryLimit, Inputs: inputs}
-	startCtx, cancelStart := context.WithTimeout(ctx, 60*time.Second)
-	defer cancelStart()
-	conn, err := broker.Open(startCtx, cfg.AMQPURL, me, topo, logger, bm)
+	deps, err := service.Open(ctx, cfg.Common, me, 0, topo, reg, logger)
+	defer deps.Close()
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	pub := broker.NewPublisher(conn, bm)
-	defer pub.Close()
+	conn, pub, bm := deps.Conn, deps.Pub, deps.Metrics
 
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()

@@ -26,6 +26,9 @@ type Config struct {
 	LogLevel string `envconfig:"LOG_LEVEL" default:"info"`
 }
 
+// Level implements service.Leveled.
+func (c Config) Level() string { return c.LogLevel }
+
 // Run serves until ctx is done.
 func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	logger = logger.With("service", "remote")

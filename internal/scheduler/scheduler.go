@@ -19,7 +19,6 @@ import (
 	"sas/internal/agent"
 	"sas/internal/broker"
 	"sas/internal/service"
-	"sas/internal/statestore"
 	"sas/internal/workflow"
 )
 
@@ -130,25 +129,14 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	logger = logger.With("service", "scheduler", "instance", me)
 	reg := service.NewRegistry()
 	m := newMetrics(reg)
-	bm := broker.NewMetrics(reg)
-
-	startCtx, cancelStart := context.WithTimeout(ctx, 60*time.Second)
-	defer cancelStart()
-	pool, err := statestore.Connect(startCtx, cfg.DatabaseURL, cfg.DBMaxConns)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	store := statestore.New(pool)
 	workflows := workflow.Builtin()
 	topo := Topology(cfg.QueuePrefix, cfg.DeliveryLimit, workflows)
-	conn, err := broker.Open(startCtx, cfg.AMQPURL, me, topo, logger, bm)
+	deps, err := service.Open(ctx, cfg.Common, me, cfg.DBMaxConns, topo, reg, logger)
+	defer deps.Close()
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	pub := broker.NewPublisher(conn, bm)
-	defer pub.Close()
+	store, conn, pub, bm := deps.Store, deps.Conn, deps.Pub, deps.Metrics
 
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()

@@ -84,25 +84,13 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	logger = logger.With("service", "submitter", "instance", me)
 	reg := service.NewRegistry()
 	m := newMetrics(reg)
-	bm := broker.NewMetrics(reg)
-
-	startCtx, cancelStart := context.WithTimeout(ctx, 60*time.Second)
-	defer cancelStart()
-	pool, err := statestore.Connect(startCtx, cfg.DatabaseURL, cfg.DBMaxConns)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	store := statestore.New(pool)
-
 	topo := broker.Topology{Prefix: cfg.QueuePrefix, DeliveryLimit: cfg.DeliveryLimit, Inputs: []string{Input}}
-	conn, err := broker.Open(startCtx, cfg.AMQPURL, me, topo, logger, bm)
+	deps, err := service.Open(ctx, cfg.Common, me, cfg.DBMaxConns, topo, reg, logger)
+	defer deps.Close()
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	pub := broker.NewPublisher(conn, bm)
-	defer pub.Close()
+	store, conn, pub, bm := deps.Store, deps.Conn, deps.Pub, deps.Metrics
 
 	// In-flight writes get their own context: on SIGTERM they finish
 	// rather than being cut off, unless the shutdown timeout passes.

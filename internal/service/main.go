@@ -1,0 +1,42 @@
+package service
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/kelseyhightower/envconfig"
+)
+
+// Leveled is a configuration that names its log level.
+type Leveled interface{ Level() string }
+
+// Level implements Leveled.
+func (c Common) Level() string { return c.LogLevel }
+
+// Main is the body of a service's main: it reads the configuration from
+// SAS_ variables, makes a JSON logger, runs run until SIGTERM or Ctrl-C,
+// and returns the process's exit status (2: bad configuration, 1: run
+// failed).
+func Main[C Leveled](name string, run func(context.Context, C, *slog.Logger) error) int {
+	var cfg C
+	if err := envconfig.Process("sas", &cfg); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: configuration: %v\n", name, err)
+		return 2
+	}
+	logger, err := NewLogger(os.Stderr, cfg.Level())
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: configuration: %v\n", name, err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := run(ctx, cfg, logger); err != nil {
+		logger.Error(name+" failed", "err", err)
+		return 1
+	}
+	return 0
+}

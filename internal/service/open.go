@@ -1,0 +1,53 @@
+package service
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"sas/internal/broker"
+	"sas/internal/statestore"
+)
+
+// Deps is what a service opens at start and closes at the end.
+type Deps struct {
+	Store   *statestore.Store // nil when the service has no database
+	Conn    *broker.Conn
+	Pub     *broker.Publisher
+	Metrics *broker.Metrics
+	close   []func()
+}
+
+// Open connects, within a minute, to the database (when dbMaxConns > 0)
+// and the broker (declaring topo), registering the broker's metrics on
+// reg. The caller closes what it got with Close, also after an error.
+func Open(ctx context.Context, c Common, me string, dbMaxConns int32, topo broker.Topology, reg prometheus.Registerer, logger *slog.Logger) (*Deps, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	d := &Deps{Metrics: broker.NewMetrics(reg)}
+	if dbMaxConns > 0 {
+		pool, err := statestore.Connect(ctx, c.DatabaseURL, dbMaxConns)
+		if err != nil {
+			return d, err
+		}
+		d.close = append(d.close, pool.Close)
+		d.Store = statestore.New(pool)
+	}
+	conn, err := broker.Open(ctx, c.AMQPURL, me, topo, logger, d.Metrics)
+	if err != nil {
+		return d, err
+	}
+	d.Conn = conn
+	d.Pub = broker.NewPublisher(conn, d.Metrics)
+	d.close = append(d.close, func() { conn.Close() }, func() { d.Pub.Close() })
+	return d, nil
+}
+
+// Close closes everything Open opened, last opened first.
+func (d *Deps) Close() {
+	for i := len(d.close) - 1; i >= 0; i-- {
+		d.close[i]()
+	}
+}
