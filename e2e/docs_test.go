@@ -13,6 +13,7 @@ import (
 	"sas/internal/remote"
 	"sas/internal/scheduler"
 	"sas/internal/submitter"
+	"sas/internal/supervisor"
 )
 
 // envVar is one SAS_ variable a configuration struct reads.
@@ -44,7 +45,7 @@ func TestReadmeDocumentsEveryVariable(t *testing.T) {
 		t.Fatal(err)
 	}
 	readme := string(raw)
-	for _, cfg := range []any{submitter.Config{}, scheduler.Config{}, agent.Config{}, remote.Config{}} {
+	for _, cfg := range []any{submitter.Config{}, scheduler.Config{}, agent.Config{}, remote.Config{}, supervisor.Config{}} {
 		for _, v := range envVars(reflect.TypeOf(cfg)) {
 			at := strings.Index(readme, "| `"+v.name+"` |")
 			if at < 0 {
@@ -63,7 +64,7 @@ func TestReadmeDocumentsEveryVariable(t *testing.T) {
 // a service at once with exit status 2 and says which.
 func TestServicesRejectBadConfiguration(t *testing.T) {
 	t.Parallel()
-	for _, name := range []string{"submitter", "scheduler", "agent", "remote"} {
+	for _, name := range []string{"submitter", "scheduler", "agent", "remote", "supervisor"} {
 		for _, bad := range []string{"SAS_LOG_LEVEL=shout", "SAS_SHUTDOWN_TIMEOUT=soon"} {
 			if name == "remote" && bad == "SAS_SHUTDOWN_TIMEOUT=soon" {
 				bad = "SAS_REMOTE_SEED=minus-one"

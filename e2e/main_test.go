@@ -45,9 +45,10 @@ func buildAndRun(m *testing.M) int {
 		return 1
 	}
 	// The binaries are built with the race detector, so a data race in a
-	// real process fails the test that drives it.
-	cmd := exec.Command(goBin, "build", "-race", "-o", dir+"/", "./cmd/submitter", "./cmd/sasctl",
-		"./cmd/scheduler", "./cmd/agent", "./cmd/remote")
+	// real process fails the test that drives it, and with failpoints, so
+	// a test can kill a process at a chosen point (SAS_FAILPOINTS).
+	cmd := exec.Command(goBin, "build", "-race", "-tags", "failpoints", "-o", dir+"/", "./cmd/submitter", "./cmd/sasctl",
+		"./cmd/scheduler", "./cmd/agent", "./cmd/remote", "./cmd/supervisor")
 	cmd.Dir = ".."
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {
@@ -73,12 +74,48 @@ func env(kv ...string) []string {
 
 // proc is a running sas binary.
 type proc struct {
-	name string
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{}
-	err  error
-	ops  string // host:port of its ops server, if any
+	name   string
+	cmd    *exec.Cmd
+	log    string
+	done   chan struct{}
+	err    error
+	ops    string // host:port of its ops server, if any
+	killed bool   // killed on purpose: stop expects no clean exit
+}
+
+// kill sends SIGKILL, as a crash would, and waits for the process to go.
+func (p *proc) kill(t *testing.T) {
+	t.Helper()
+	p.killed = true
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s did not die on SIGKILL", p.name)
+	}
+}
+
+// waitKilled waits for the process to die by SIGKILL (a failpoint).
+func (p *proc) waitKilled(t *testing.T, timeout time.Duration) {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		t.Fatalf("%s still running after %v", p.name, timeout)
+	}
+	p.killed = true
+	ee, ok := p.err.(*exec.ExitError)
+	if !ok || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("%s ended with %v, want death by SIGKILL\n%s", p.name, p.err, p.tail())
+	}
+}
+
+// signal sends sig (e.g. SIGSTOP, SIGCONT) to the process.
+func (p *proc) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("signal %s: %v", p.name, err)
+	}
 }
 
 // freeAddr returns a loopback address with a port free right now.
@@ -158,7 +195,7 @@ func (p *proc) exited() bool {
 func (p *proc) stop(t *testing.T) {
 	t.Helper()
 	if p.exited() {
-		if p.err != nil {
+		if p.err != nil && !p.killed {
 			t.Errorf("%s had exited: %v\n%s", p.name, p.err, p.tail())
 		}
 		return

@@ -22,19 +22,22 @@ import (
 // given numbers of schedulers and agents.
 type pipeline struct {
 	stack
-	remote     *proc
-	submitter  *proc
-	schedulers []*proc
-	agents     []*proc
+	remote      *proc
+	submitter   *proc
+	schedulers  []*proc
+	agents      []*proc
+	supervisors []*proc
 }
 
 type pipelineOpts struct {
 	schedulers, agents int
+	supervisors        int      // 0: none
 	withoutAgents      bool     // start no agent (a test starts them later)
 	faults             string   // the remote's SAS_REMOTE_FAULTS
 	submitterEnv       []string // extra settings for the submitter
 	schedulerEnv       []string // extra settings for schedulers
 	agentEnv           []string // extra settings for agents
+	supervisorEnv      []string // extra settings for supervisors
 }
 
 func newPipeline(t *testing.T, o pipelineOpts) *pipeline {
@@ -59,7 +62,35 @@ func newPipeline(t *testing.T, o pipelineOpts) *pipeline {
 			p.startAgent(t, o.agentEnv...)
 		}
 	}
+	for range o.supervisors {
+		p.startSupervisor(t, o.supervisorEnv...)
+	}
 	return p
+}
+
+// startSupervisor starts a supervisor tuned for tests: a sweep every
+// 200 ms, a 1 s lease, short backoffs.
+func (p *pipeline) startSupervisor(t *testing.T, env ...string) *proc {
+	t.Helper()
+	s := start(t, "supervisor", append(append(append([]string{}, p.env...),
+		"SAS_SUPERVISOR_INTERVAL=200ms", "SAS_SUPERVISOR_LEASE_TTL=1s",
+		"SAS_SUPERVISOR_BACKOFF_BASE=100ms", "SAS_SUPERVISOR_BACKOFF_MAX=1s"), env...))
+	p.supervisors = append(p.supervisors, s)
+	return s
+}
+
+// setFaults replaces the remote service's fault injection.
+func (p pipeline) setFaults(t *testing.T, faults string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPut, "http://"+p.remote.ops+"/admin/faults", strings.NewReader(faults))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("set faults %s: %s", faults, resp.Status)
+	}
 }
 
 func (p *pipeline) startAgent(t *testing.T, env ...string) *proc {

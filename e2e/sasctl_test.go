@@ -142,6 +142,33 @@ func TestSasctlSubmitShowListResubmit(t *testing.T) {
 		!strings.HasPrefix(last.Actor, "operator:") {
 		t.Fatalf("after resubmit: order %s, step %s, last history %+v", d.Order.Status, d.Steps[0].ProcessState, last)
 	}
+
+	// Filters.
+	out, _, code = sasctl(t, s.env, "orders", "list", "--workflow", "order", "--since", "1h")
+	if code != 0 || !strings.Contains(out, id) {
+		t.Fatalf("orders list --workflow order --since 1h: exit %d: %s", code, out)
+	}
+	out, _, _ = sasctl(t, s.env, "orders", "list", "--workflow", "single")
+	if strings.Contains(out, id) {
+		t.Fatalf("orders list --workflow single lists an order of workflow order:\n%s", out)
+	}
+
+	// An operator ends the order; a second cancel makes no sense.
+	out, errOut, code = sasctl(t, s.env, "orders", "cancel", id)
+	if code != 0 || !strings.Contains(out, "cancelled") {
+		t.Fatalf("orders cancel: exit %d: %s %s", code, out, errOut)
+	}
+	if d, err = store.GetOrder(ctx, id); err != nil || d.Order.Status != statestore.OrderFailed {
+		t.Fatalf("after cancel: %+v %v", d.Order, err)
+	}
+	_, errOut, code = sasctl(t, s.env, "orders", "cancel", id)
+	if code != 1 || !strings.Contains(errOut, "only an order that has not ended can be cancelled") {
+		t.Fatalf("second cancel: exit %d: %s", code, errOut)
+	}
+	_, errOut, code = sasctl(t, s.env, "orders", "cancel", messages.NewID())
+	if code != 1 || !strings.Contains(errOut, "not found") {
+		t.Fatalf("cancel of an unknown order: exit %d: %s", code, errOut)
+	}
 }
 
 func writeTemp(t *testing.T, body string) string {

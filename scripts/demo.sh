@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # sas on this machine: starts PostgreSQL and RabbitMQ if needed, migrates
 # the "sas" database, runs the demo remote service (with mild faults), a
-# submitter, two schedulers and two agents, posts sample orders through the
-# submit queue and follows them to the end. Ctrl-C stops everything.
+# submitter, two schedulers, two agents and a supervisor, posts sample orders through the
+# submit queue and follows them to the end. A supervisor recovers steps
+# whose attempt ran out of time. Ctrl-C stops everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +32,7 @@ run scheduler-1 SAS_METRICS_ADDR=127.0.0.1:9102
 run scheduler-2 SAS_METRICS_ADDR=127.0.0.1:9112
 run agent-1 SAS_METRICS_ADDR=127.0.0.1:9103 SAS_REMOTE_URL=http://127.0.0.1:9105
 run agent-2 SAS_METRICS_ADDR=127.0.0.1:9113 SAS_REMOTE_URL=http://127.0.0.1:9105
+run supervisor SAS_METRICS_ADDR=127.0.0.1:9104
 
 q() { psql "$SAS_DATABASE_URL" -qAtX -c "$1"; }
 since=$(q "SELECT now()")
@@ -57,6 +59,6 @@ took=$(echo "$(date +%s.%N) - $started" | bc)
 echo
 psql "$SAS_DATABASE_URL" -qX -c "SELECT status, count(*) AS orders FROM orders WHERE $mine GROUP BY status ORDER BY status"
 printf '%d orders ended in %.1f s\n' "$orders" "$took"
-echo "metrics: submitter :9101, schedulers :9102 :9112, agents :9103 :9113, remote :9105/metrics and /ledger"
+echo "metrics: submitter :9101, schedulers :9102 :9112, agents :9103 :9113, supervisor :9104, remote :9105/metrics and /ledger"
 echo "logs:    $logs/"
 echo "inspect: bin/sasctl orders list --status error; bin/sasctl orders show ID"

@@ -29,6 +29,8 @@ commands:
   orders list [--status S]         list orders, newest first
   orders show ID [--json]          an order with its steps and full history
   orders resubmit ID [--step N]    put an order's failed step back to pending
+  orders cancel ID                 end an order that has not ended (it becomes failed)
+  alerts tail [--count N]          print operator alerts as they arrive on the alerts queue
 
 Run "sasctl <command> -h" for a command's flags.
 `
@@ -79,6 +81,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return a.submit(ctx, rest)
 	case "orders":
 		return a.orders(ctx, rest)
+	case "alerts":
+		return a.alerts(ctx, rest)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil

@@ -29,6 +29,8 @@ func (a *app) orders(ctx context.Context, args []string) error {
 		return a.ordersShow(ctx, rest)
 	case "resubmit":
 		return a.ordersResubmit(ctx, rest)
+	case "cancel":
+		return a.ordersCancel(ctx, rest)
 	default:
 		fmt.Fprintf(a.stderr, "sasctl orders: unknown command %q\n\n%s", sub, usage)
 		return errUsage
@@ -76,6 +78,8 @@ func (a *app) parseWithID(fs *flag.FlagSet, name string, args []string) (string,
 func (a *app) ordersList(ctx context.Context, args []string) error {
 	fs := a.flags("orders list")
 	status := fs.String("status", "", "only orders with this status (received, processing, completed, compensating, failed, error)")
+	wf := fs.String("workflow", "", "only orders of this workflow")
+	since := fs.Duration("since", 0, "only orders created within this long, e.g. 1h")
 	limit := fs.Int("limit", 50, "at most this many orders")
 	if err := a.parse(fs, args); err != nil {
 		return err
@@ -91,7 +95,7 @@ func (a *app) ordersList(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeStore()
-	orders, err := store.ListOrders(ctx, statestore.ListFilter{Status: *status, Limit: *limit})
+	orders, err := store.ListOrders(ctx, statestore.ListFilter{Status: *status, Workflow: *wf, Since: *since, Limit: *limit})
 	if err != nil {
 		return err
 	}
@@ -174,10 +178,35 @@ func (a *app) ordersResubmit(ctx context.Context, args []string) error {
 	}
 	defer closeStore()
 	reset, err := store.Resubmit(ctx, id, *step, "operator:"+operator())
+	if errors.Is(err, statestore.ErrNotFound) {
+		return fmt.Errorf("order %s not found", id)
+	}
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(a.stdout, "order %s: step(s) %v back to pending\n", id, reset)
+	return nil
+}
+
+func (a *app) ordersCancel(ctx context.Context, args []string) error {
+	fs := a.flags("orders cancel")
+	id, err := a.parseWithID(fs, "cancel", args)
+	if err != nil {
+		return err
+	}
+	store, closeStore, err := a.store(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	cancelled, err := store.CancelOrder(ctx, id, "operator:"+operator())
+	if errors.Is(err, statestore.ErrNotFound) {
+		return fmt.Errorf("order %s not found", id)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(a.stdout, "order %s: cancelled (steps %v), now failed\n", id, cancelled)
 	return nil
 }
 

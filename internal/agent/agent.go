@@ -19,6 +19,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"sas/internal/broker"
+	"sas/internal/failpoint"
 	"sas/internal/messages"
 	"sas/internal/remote"
 	"sas/internal/service"
@@ -207,6 +208,7 @@ func (a *agent) handle(ctx context.Context, kind string, d amqp.Delivery) error 
 	callCtx, cancel := context.WithDeadline(a.workCtx, deadline)
 	defer cancel()
 	res := a.caller.call(callCtx, req.Name, req.IdempotencyKey, body)
+	failpoint.Inject("agent-after-call")
 
 	reply := messages.StepReply{SchemaVersion: messages.SchemaVersion, OrderID: req.OrderID, Step: req.Step, Attempt: req.Attempt}
 	switch res.outcome {

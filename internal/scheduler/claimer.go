@@ -12,6 +12,7 @@ import (
 
 	"sas/internal/agent"
 	"sas/internal/broker"
+	"sas/internal/failpoint"
 	"sas/internal/messages"
 	"sas/internal/statestore"
 )
@@ -99,6 +100,7 @@ func (c *claimer) drain(ctx context.Context) (throttled bool) {
 				continue
 			}
 			c.metrics.claimed.Add(float64(len(steps)))
+			failpoint.Inject("scheduler-after-claim")
 			c.dispatch(steps)
 			if len(steps) == room {
 				more = true

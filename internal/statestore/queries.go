@@ -66,8 +66,10 @@ type OrderDetail struct {
 
 // ListFilter selects orders for ListOrders.
 type ListFilter struct {
-	Status string // "" for any
-	Limit  int    // <= 0 for 50
+	Status   string        // "" for any
+	Workflow string        // "" for any
+	Since    time.Duration // created within this long (database clock); 0 for any
+	Limit    int           // <= 0 for 50
 }
 
 const orderColumns = `order_id::text, workflow, status, priority, customer, items, amount, currency,
@@ -90,8 +92,10 @@ func (s *Store) ListOrders(ctx context.Context, f ListFilter) ([]Order, error) {
 	}
 	rows, err := s.pool.Query(ctx, `SELECT `+orderColumns+` FROM orders
 		WHERE ($1 = '' OR status = $1)
+		  AND ($3 = '' OR workflow = $3)
+		  AND ($4::float8 = 0 OR created_at >= now() - make_interval(secs => $4::float8))
 		ORDER BY created_at DESC, order_id
-		LIMIT $2`, f.Status, limit)
+		LIMIT $2`, f.Status, limit, f.Workflow, f.Since.Seconds())
 	if err != nil {
 		return nil, fmt.Errorf("list orders: %w", err)
 	}

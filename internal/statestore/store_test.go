@@ -722,3 +722,115 @@ func TestClaimByAgent(t *testing.T) {
 		t.Fatalf("claim for any agent: %+v %v", got, err)
 	}
 }
+
+func TestLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	a, err := b.store.AcquireLease(ctx, "supervisor", "a", 300*time.Millisecond)
+	if err != nil || !a.Held || a.Holder != "a" {
+		t.Fatalf("first acquire: %+v %v", a, err)
+	}
+	other, err := b.store.AcquireLease(ctx, "supervisor", "b", time.Second)
+	if err != nil || other.Held || other.Holder != "a" || other.Remaining <= 0 {
+		t.Fatalf("acquire while held: %+v %v", other, err)
+	}
+	renewed, err := b.store.AcquireLease(ctx, "supervisor", "a", 300*time.Millisecond)
+	if err != nil || !renewed.Held || renewed.Epoch != a.Epoch {
+		t.Fatalf("renew: %+v %v", renewed, err)
+	}
+	// a stops renewing: once the lease expires on the database clock, b
+	// takes it, with a new epoch.
+	var took statestore.Lease
+	testenv.Eventually(t, 5*time.Second, "b to take the expired lease", func() bool {
+		took, err = b.store.AcquireLease(ctx, "supervisor", "b", time.Second)
+		return err == nil && took.Held
+	})
+	if took.Epoch != a.Epoch+1 {
+		t.Fatalf("epoch after takeover %d, want %d", took.Epoch, a.Epoch+1)
+	}
+	if err := b.store.ReleaseLease(ctx, "supervisor", "b"); err != nil {
+		t.Fatal(err)
+	}
+	if back, err := b.store.AcquireLease(ctx, "supervisor", "a", time.Second); err != nil || !back.Held {
+		t.Fatalf("acquire after release: %+v %v", back, err)
+	}
+}
+
+func TestSweepIsFencedByLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	insert(t, b, order(1, 10*time.Millisecond, 3))
+	if _, err := b.store.ClaimPending(ctx, "s", 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitExpired(t, b)
+	if _, err := b.store.AcquireLease(ctx, "supervisor", "leader", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	params := statestore.SweepParams{Actor: "old-leader", Limit: 10, BackoffBase: time.Second, BackoffMax: time.Second, Lease: "supervisor"}
+	if swept, err := b.store.SweepExpired(ctx, params); err != nil || len(swept) != 0 {
+		t.Fatalf("a sweeper without the lease swept %+v (%v)", swept, err)
+	}
+	params.Actor = "leader"
+	if swept, err := b.store.SweepExpired(ctx, params); err != nil || len(swept) != 1 {
+		t.Fatalf("the lease holder's sweep: %+v %v", swept, err)
+	}
+}
+
+func TestStats(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	insert(t, b, order(2, time.Hour, 3))
+	insert(t, b, order(1, time.Hour, 3))
+	if _, err := b.store.ClaimPending(ctx, "s", 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	st, err := b.store.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.ByState[statestore.StepPending] != 1 || st.ByState[statestore.StepProcessing] != 1 || st.ByState[statestore.StepWaiting] != 1 {
+		t.Fatalf("by state %v", st.ByState)
+	}
+	if st.OldestPending < 0 || st.OldestPending > time.Minute || st.OldestProcessing < 0 || st.OldestProcessing > time.Minute {
+		t.Fatalf("ages %v %v", st.OldestPending, st.OldestProcessing)
+	}
+}
+
+func TestCancelOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	o := order(3, time.Hour, 3)
+	insert(t, b, o)
+	claimed, err := b.store.ClaimPending(ctx, "s", 1, nil)
+	if err != nil || len(claimed) != 1 {
+		t.Fatal(claimed, err)
+	}
+	cancelled, err := b.store.CancelOrder(ctx, o.OrderID, "operator:bob")
+	if err != nil || len(cancelled) != 3 {
+		t.Fatalf("cancel: %v %v", cancelled, err)
+	}
+	// The agent's reply for the step that was processing now changes nothing.
+	if _, err := b.store.ApplyReply(ctx, statestore.Reply{OrderID: o.OrderID, Step: 1, Attempt: 1, OK: true, Actor: "s"}); !errors.Is(err, statestore.ErrStale) {
+		t.Fatalf("reply after cancel: %v", err)
+	}
+	d, err := b.store.GetOrder(ctx, o.OrderID)
+	if err != nil || d.Order.Status != statestore.OrderFailed {
+		t.Fatalf("after cancel: %+v %v", d.Order, err)
+	}
+	for _, st := range d.Steps {
+		if st.ProcessState != statestore.StepCancelled {
+			t.Fatalf("step %d is %s", st.Step, st.ProcessState)
+		}
+	}
+	if _, err := b.store.CancelOrder(ctx, o.OrderID, "operator:bob"); !errors.Is(err, statestore.ErrInvalidState) {
+		t.Fatalf("second cancel: %v", err)
+	}
+	if _, err := b.store.CancelOrder(ctx, messages.NewID(), "operator:bob"); !errors.Is(err, statestore.ErrNotFound) {
+		t.Fatalf("cancel of an unknown order: %v", err)
+	}
+}

@@ -18,6 +18,10 @@ type SweepParams struct {
 	// claimed again: BackoffBase * 2^(failure_count-1), at most BackoffMax.
 	BackoffBase time.Duration
 	BackoffMax  time.Duration
+	// Lease, when set, fences the sweep: it changes nothing unless Actor
+	// holds this lease unexpired on the database clock, so a leader that
+	// was paused past its lease cannot sweep when it resumes.
+	Lease string
 }
 
 // SweptStep is one expired step the sweep handled.
@@ -45,6 +49,8 @@ WITH expired AS (
     SELECT order_id, step
     FROM steps
     WHERE process_state = 'processing' AND complete_by < now()
+      AND ($5::text = '' OR EXISTS (SELECT 1 FROM leases
+                                  WHERE name = $5 AND holder = $1 AND expires_at > now()))
     ORDER BY complete_by
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -94,7 +100,7 @@ func (s *Store) SweepExpired(ctx context.Context, p SweepParams) ([]SweptStep, e
 	if p.Actor == "" || p.Limit <= 0 {
 		return nil, fmt.Errorf("sweep expired: need an actor and a positive limit")
 	}
-	rows, err := s.pool.Query(ctx, sweepSQL, p.Actor, p.Limit, p.BackoffBase.Seconds(), p.BackoffMax.Seconds())
+	rows, err := s.pool.Query(ctx, sweepSQL, p.Actor, p.Limit, p.BackoffBase.Seconds(), p.BackoffMax.Seconds(), p.Lease)
 	if err != nil {
 		return nil, fmt.Errorf("sweep expired: %w", err)
 	}

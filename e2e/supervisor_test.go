@@ -1,0 +1,266 @@
+package e2e
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"sas/internal/messages"
+	"sas/internal/remote"
+	"sas/internal/statestore"
+	"sas/internal/testenv"
+)
+
+// callInFlight returns a ledger entry whose call has reached the remote
+// and not been applied yet, if there is one.
+func (p pipeline) callInFlight(t *testing.T) (remote.Entry, bool) {
+	t.Helper()
+	for _, e := range p.ledger(t) {
+		if e.Effects == 0 && e.Calls > 0 {
+			return e, true
+		}
+	}
+	return remote.Entry{}, false
+}
+
+func (p pipeline) stepOf(t *testing.T, orderID string, step int) statestore.Step {
+	t.Helper()
+	d, err := statestore.New(p.pool).GetOrder(context.Background(), orderID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.Steps[step-1]
+}
+
+func supervisorResets(t *testing.T, p *pipeline, orderID string, step int) int {
+	return p.count(t, `SELECT count(*) FROM transitions WHERE order_id = $1 AND step = $2
+		AND from_state = 'processing' AND to_state = 'pending' AND actor LIKE 'supervisor:%'`, orderID, step)
+}
+
+// TestAgentKilledMidCallIsRecovered: an agent dies (kill -9) while its
+// remote call is in progress; the supervisor resets the step after its
+// complete_by; another agent completes it; the remote applied it once.
+func TestAgentKilledMidCallIsRecovered(t *testing.T) {
+	t.Parallel()
+	p := newPipeline(t, pipelineOpts{withoutAgents: true, supervisors: 1,
+		faults:       `{"reserve_inventory":{"latency_min_ms":5000,"latency_max_ms":5000}}`,
+		submitterEnv: []string{"SAS_STEP_TIMEOUT=2s"}})
+	first := p.startAgent(t)
+	ids := p.submitOrders(t, 1, "--workflow", "single")
+	testenv.Eventually(t, 30*time.Second, "the agent's call in progress", func() bool {
+		_, ok := p.callInFlight(t)
+		return ok
+	})
+	first.kill(t)
+	testenv.Eventually(t, 30*time.Second, "the supervisor to reset the step", func() bool {
+		return supervisorResets(t, p, ids[0], 1) == 1
+	})
+	p.setFaults(t, `{}`)
+	p.startAgent(t)
+	p.waitTerminal(t, ids, time.Minute)
+	st := p.stepOf(t, ids[0], 1)
+	if st.ProcessState != statestore.StepProcessed || st.Attempt != 2 || st.FailureCount != 1 {
+		t.Fatalf("step after recovery: %+v", st)
+	}
+	for _, e := range p.ledger(t) {
+		if e.Key == st.IdempotencyKey && e.Effects != 1 {
+			t.Fatalf("key %s applied %d times", e.Key, e.Effects)
+		}
+	}
+}
+
+// TestSchedulerKilledAfterClaimIsRecovered: a scheduler dies (SIGKILL at a
+// failpoint) right after claiming steps, before sending any request; the
+// supervisor resets them and another scheduler sees them through.
+func TestSchedulerKilledAfterClaimIsRecovered(t *testing.T) {
+	t.Parallel()
+	p := newPipeline(t, pipelineOpts{supervisors: 1,
+		schedulerEnv: []string{"SAS_FAILPOINTS=scheduler-after-claim"},
+		submitterEnv: []string{"SAS_STEP_TIMEOUT=2s"}})
+	doomed := p.schedulers[0]
+	ids := p.submitOrders(t, 5, "--workflow", "single")
+	doomed.waitKilled(t, 30*time.Second)
+	if n := p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND process_state = 'processing'`, ids); n == 0 {
+		t.Fatal("the scheduler died without having claimed anything")
+	}
+	p.schedulers = append(p.schedulers, start(t, "scheduler", append(append([]string{}, p.env...), "SAS_SCHEDULER_POLL_INTERVAL=200ms")))
+	p.waitTerminal(t, ids, time.Minute)
+	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND status = 'completed'`, ids); n != 5 {
+		t.Fatalf("%d of 5 orders completed", n)
+	}
+	if n := p.count(t, `SELECT count(*) FROM transitions WHERE order_id = ANY($1::uuid[])
+		AND from_state = 'processing' AND to_state = 'pending' AND actor LIKE 'supervisor:%'`, ids); n == 0 {
+		t.Fatal("no step was recovered by the supervisor")
+	}
+	p.checkOneEffectPerStep(t, ids)
+}
+
+// TestStoppedAgentsLateReplyChangesNothing: an agent is frozen (SIGSTOP)
+// with its call in progress until well past complete_by; the step is reset
+// and completed by another agent; when the frozen agent resumes, whatever
+// it does changes nothing.
+func TestStoppedAgentsLateReplyChangesNothing(t *testing.T) {
+	t.Parallel()
+	p := newPipeline(t, pipelineOpts{withoutAgents: true, supervisors: 1,
+		faults:       `{"reserve_inventory":{"latency_min_ms":1000,"latency_max_ms":1000}}`,
+		submitterEnv: []string{"SAS_STEP_TIMEOUT=2s"}})
+	frozen := p.startAgent(t)
+	ids := p.submitOrders(t, 1, "--workflow", "single")
+	testenv.Eventually(t, 30*time.Second, "the agent's call in progress", func() bool {
+		_, ok := p.callInFlight(t)
+		return ok
+	})
+	frozen.signal(t, syscall.SIGSTOP)
+	resumed := false
+	t.Cleanup(func() {
+		if !resumed {
+			frozen.signal(t, syscall.SIGCONT)
+		}
+	})
+	testenv.Eventually(t, 30*time.Second, "the supervisor to reset the step", func() bool {
+		return supervisorResets(t, p, ids[0], 1) == 1
+	})
+	p.setFaults(t, `{}`)
+	p.startAgent(t)
+	p.waitTerminal(t, ids, time.Minute)
+	snapshot := func() string {
+		d, err := statestore.New(p.pool).GetOrder(context.Background(), ids[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := json.Marshal(d)
+		return string(b)
+	}
+	before := snapshot()
+
+	frozen.signal(t, syscall.SIGCONT)
+	resumed = true
+	testenv.Eventually(t, 30*time.Second, "the resumed agent to give up or its reply to be refused", func() bool {
+		return frozen.metric(t, `sas_agent_abandoned_total{reason="deadline"}`) >= 1 ||
+			sum(t, p.schedulers, `sas_scheduler_replies_total{result="stale"}`) >= 1
+	})
+	if after := snapshot(); after != before {
+		t.Fatalf("the resumed agent changed the order:\nbefore %s\nafter  %s", before, after)
+	}
+	st := p.stepOf(t, ids[0], 1)
+	for _, e := range p.ledger(t) {
+		if e.Key == st.IdempotencyKey && e.Effects != 1 {
+			t.Fatalf("key applied %d times", e.Effects)
+		}
+	}
+}
+
+// TestRemoteDownReachesThresholdThenResubmit: with the payment endpoint
+// down, the step is attempted exactly its threshold number of times, the
+// order is held in error and an alert reaches the alerts queue; after the
+// fault is removed an operator's resubmit completes the order.
+func TestRemoteDownReachesThresholdThenResubmit(t *testing.T) {
+	t.Parallel()
+	p := newPipeline(t, pipelineOpts{supervisors: 1,
+		faults:       `{"charge_payment":{"error_rate":1}}`,
+		submitterEnv: []string{"SAS_STEP_TIMEOUT=1s"}})
+	ids := p.submitOrders(t, 1)
+	id := ids[0]
+	p.waitTerminal(t, ids, 2*time.Minute)
+	st := p.stepOf(t, id, 2)
+	if st.ProcessState != statestore.StepError || st.FailureCount != st.MaxFailures || st.Attempt != st.MaxFailures {
+		t.Fatalf("payment step: %s, failures %d, attempts %d; want error after exactly %d attempts", st.ProcessState, st.FailureCount, st.Attempt, st.MaxFailures)
+	}
+	if n := p.count(t, `SELECT count(*) FROM transitions WHERE order_id = $1 AND step = 2 AND to_state = 'processing'`, id); n != st.MaxFailures {
+		t.Fatalf("%d claims of the payment step, want %d", n, st.MaxFailures)
+	}
+	out, errOut, code := sasctl(t, p.env, "alerts", "tail", "--count", "1", "--timeout", "60s")
+	if code != 0 || !strings.Contains(out, id) || !strings.Contains(out, fmt.Sprintf("failures %d", st.MaxFailures)) {
+		t.Fatalf("alerts tail: exit %d: %s %s", code, out, errOut)
+	}
+	out, _, _ = sasctl(t, p.env, "orders", "show", id)
+	if !strings.Contains(out, "status    error") || !strings.Contains(out, "failure threshold") {
+		t.Fatalf("orders show lacks the error:\n%s", out)
+	}
+
+	p.setFaults(t, `{}`)
+	if out, errOut, code := sasctl(t, p.env, "orders", "resubmit", id); code != 0 {
+		t.Fatalf("resubmit: %s %s", out, errOut)
+	}
+	p.waitTerminal(t, ids, time.Minute)
+	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = $1 AND status = 'completed'`, id); n != 1 {
+		t.Fatal("the resubmitted order did not complete")
+	}
+	p.checkOneEffectPerStep(t, ids)
+	t.Logf("payment step: %d attempts before error; agent retries %v", st.MaxFailures,
+		sum(t, p.agents, `sas_agent_retries_total{endpoint="charge_payment",reason="5xx"}`))
+}
+
+// TestSupervisorFailover: with two supervisors and expiries happening all
+// the time, the leader is killed; the standby leads within LeaseTTL +
+// Interval (1.2 s here, plus scheduling slack), and the history never
+// counts one expiry twice.
+func TestSupervisorFailover(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	p := &pipeline{stack: s}
+	env := []string{"SAS_SUPERVISOR_BACKOFF_BASE=20ms", "SAS_SUPERVISOR_BACKOFF_MAX=50ms"}
+	leader := p.startSupervisor(t, env...)
+	testenv.Eventually(t, 10*time.Second, "the first supervisor to lead", func() bool {
+		return leader.metric(t, "sas_supervisor_leader") == 1
+	})
+	standby := p.startSupervisor(t, env...)
+
+	// Steps that expire over and over: a claimer that never replies.
+	store := statestore.New(s.pool)
+	ctx, stopChurn := context.WithCancel(context.Background())
+	var churn sync.WaitGroup
+	defer func() { stopChurn(); churn.Wait() }()
+	for range 20 {
+		id := messages.NewID()
+		hash := sha256.Sum256([]byte(id))
+		if _, err := store.InsertOrder(ctx, statestore.NewOrder{OrderID: id, Workflow: "test", Customer: "c",
+			Items: []byte(`[{"sku":"a","qty":1}]`), Amount: 1, Currency: "EUR", PayloadHash: hash[:], Actor: "test",
+			Steps: []statestore.NewStep{{Name: "s", Agent: "nobody", Timeout: 100 * time.Millisecond, MaxFailures: 1000}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	churn.Go(func() {
+		for ctx.Err() == nil {
+			_, _ = store.ClaimPending(ctx, "ghost-scheduler", 100, nil)
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+	testenv.Eventually(t, 30*time.Second, "the leader to sweep", func() bool {
+		return leader.metric(t, "sas_supervisor_resets_total") >= 20
+	})
+	if standby.metric(t, "sas_supervisor_leader") != 0 || standby.metric(t, "sas_supervisor_sweeps_total") != 0 {
+		t.Fatal("the standby swept while the leader was alive")
+	}
+
+	leader.kill(t)
+	killedAt := time.Now()
+	testenv.Eventually(t, 10*time.Second, "the standby to take over", func() bool {
+		return standby.metric(t, "sas_supervisor_leader") == 1
+	})
+	takeover := time.Since(killedAt)
+	if takeover > 1200*time.Millisecond+time.Second {
+		t.Fatalf("takeover took %v, bound is 1.2 s (lease TTL + interval) plus 1 s slack", takeover)
+	}
+	base := standby.metric(t, "sas_supervisor_resets_total")
+	testenv.Eventually(t, 30*time.Second, "the new leader to sweep", func() bool {
+		return standby.metric(t, "sas_supervisor_resets_total") >= base+20
+	})
+	stopChurn()
+	churn.Wait()
+	if n := s.count(t, `SELECT count(*) FROM (SELECT order_id, step, attempt FROM transitions
+		WHERE from_state = 'processing' AND actor LIKE 'supervisor:%' GROUP BY 1, 2, 3 HAVING count(*) > 1) x`); n != 0 {
+		t.Fatalf("%d expiries counted twice", n)
+	}
+	if n := s.count(t, `SELECT count(*) FROM steps WHERE failure_count <> (SELECT count(*) FROM transitions t
+		WHERE t.order_id = steps.order_id AND t.step = steps.step AND t.from_state = 'processing' AND t.actor LIKE 'supervisor:%')`); n != 0 {
+		t.Fatalf("%d steps whose failure_count disagrees with their history", n)
+	}
+	t.Logf("standby took over %v after the leader was killed", takeover.Round(time.Millisecond))
+}

@@ -1,0 +1,11 @@
+//go:build !failpoints
+
+// Package failpoint marks the points where fault tests kill a process on
+// purpose (for example a scheduler after it claimed steps and before it
+// sent their requests). In a normal build Inject does nothing; binaries
+// built with -tags failpoints kill themselves with SIGKILL at a point named
+// in SAS_FAILPOINTS (comma-separated).
+package failpoint
+
+// Inject is a no-op in normal builds.
+func Inject(name string) {}

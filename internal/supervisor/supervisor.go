@@ -1,0 +1,115 @@
+// Package supervisor is the supervisor service: the pattern's safety net.
+// Every interval its leader finds processing steps whose complete_by has
+// passed on the database clock and, below their failure threshold, puts
+// them back to pending after a backoff, or at it marks them error, holds
+// their order and raises an operator alert (through the outbox, published
+// by the schedulers' relay). It also reports the store's work as metrics.
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"sas/internal/service"
+	"sas/internal/statestore"
+)
+
+// LeaseName is the supervisor leader's lease.
+const LeaseName = "supervisor"
+
+// Config is the supervisor's configuration (environment prefix SAS_).
+type Config struct {
+	service.Common
+	MetricsAddr string `envconfig:"METRICS_ADDR" default:":9104"`
+	// Interval is how often the leader sweeps and a standby tries to lead.
+	Interval time.Duration `envconfig:"SUPERVISOR_INTERVAL" default:"1s"`
+	// Batch caps the steps one sweep statement handles.
+	Batch int `envconfig:"SUPERVISOR_BATCH" default:"500"`
+	// BackoffBase and BackoffMax: a reset step waits BackoffBase *
+	// 2^(failure_count-1), at most BackoffMax, before it may be claimed.
+	BackoffBase time.Duration `envconfig:"SUPERVISOR_BACKOFF_BASE" default:"1s"`
+	BackoffMax  time.Duration `envconfig:"SUPERVISOR_BACKOFF_MAX" default:"1m"`
+	// LeaseTTL is how long leadership lasts without renewal: a standby
+	// takes over at most LeaseTTL + Interval after the leader stops.
+	LeaseTTL   time.Duration `envconfig:"SUPERVISOR_LEASE_TTL" default:"5s"`
+	DBMaxConns int32         `envconfig:"DB_MAX_CONNS" default:"4"`
+}
+
+type metrics struct {
+	leader           prometheus.Gauge
+	sweeps           prometheus.Counter
+	resets           prometheus.Counter
+	failures         prometheus.Counter
+	errors           prometheus.Counter
+	sweepDuration    prometheus.Histogram
+	steps            *prometheus.GaugeVec
+	oldestPending    prometheus.Gauge
+	oldestProcessing prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sas_supervisor_leader", Help: "1 while this supervisor holds the leader lease and sweeps.",
+		}),
+		sweeps: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sas_supervisor_sweeps_total", Help: "Sweeps run by this supervisor as leader.",
+		}),
+		resets: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sas_supervisor_resets_total", Help: "Expired steps put back to pending.",
+		}),
+		failures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sas_supervisor_failures_total", Help: "Expired steps that reached their failure threshold and were marked error (each raises an operator alert).",
+		}),
+		errors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sas_supervisor_errors_total", Help: "Sweeps or lease renewals that failed and will be tried again.",
+		}),
+		sweepDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "sas_supervisor_sweep_duration_seconds", Help: "Duration of one sweep (all its statements).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+		steps: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sas_steps", Help: "Steps in the state store by process_state.",
+		}, []string{"state"}),
+		oldestPending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sas_oldest_pending_step_age_seconds", Help: "How long the longest-waiting due pending step has waited.",
+		}),
+		oldestProcessing: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sas_oldest_processing_step_age_seconds", Help: "How long ago the oldest processing step was claimed.",
+		}),
+	}
+	reg.MustRegister(m.leader, m.sweeps, m.resets, m.failures, m.errors, m.sweepDuration, m.steps, m.oldestPending, m.oldestProcessing)
+	return m
+}
+
+// Run runs the supervisor until ctx is done, then gives its lease up so a
+// standby takes over at once.
+func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
+	if cfg.LeaseTTL < 2*cfg.Interval {
+		return fmt.Errorf("SAS_SUPERVISOR_LEASE_TTL (%v) must be at least twice SAS_SUPERVISOR_INTERVAL (%v), or the leader loses its lease between renewals", cfg.LeaseTTL, cfg.Interval)
+	}
+	me := cfg.Instance("supervisor")
+	logger = logger.With("service", "supervisor", "instance", me)
+	reg := service.NewRegistry()
+	m := newMetrics(reg)
+	startCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	pool, err := statestore.Connect(startCtx, cfg.DatabaseURL, cfg.DBMaxConns)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	store := statestore.New(pool)
+	ops, err := service.ListenOps(cfg.MetricsAddr, reg, store.Ping, logger)
+	if err != nil {
+		return err
+	}
+	defer ops.Close()
+	s := &sweeper{store: store, cfg: cfg, me: me, logger: logger, metrics: m}
+	logger.Info("supervisor started", "interval", cfg.Interval.String(), "lease_ttl", cfg.LeaseTTL.String())
+	return service.RunAll(ctx, cfg.ShutdownTimeout, func() {}, logger, s.run)
+}

@@ -1,0 +1,129 @@
+package supervisor
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"sas/internal/statestore"
+)
+
+// sweeper is the supervisor's loop: contend for the lease, sweep while
+// holding it, report the store's work.
+//
+// Leadership is a lease row renewed on the database clock, not a session
+// advisory lock: an advisory lock is freed when a dead leader's connection
+// closes, but a leader that hangs (stopped, stuck in GC, partitioned with
+// its TCP connection alive) would keep it forever and nobody would sweep.
+// A lease that is not renewed expires after LeaseTTL whatever the reason,
+// so a standby takes over within LeaseTTL + Interval. The sweep statement
+// itself checks the lease, so a leader that resumes after losing it
+// cannot sweep; and even two sweeps at once never count an expiry twice.
+type sweeper struct {
+	store   *statestore.Store
+	cfg     Config
+	me      string
+	logger  *slog.Logger
+	metrics *metrics
+	leading bool
+}
+
+func (s *sweeper) run(ctx context.Context) error {
+	ticker := time.NewTicker(s.cfg.Interval)
+	defer ticker.Stop()
+	for {
+		s.tick(ctx)
+		select {
+		case <-ctx.Done():
+			if s.leading {
+				// Hand over now rather than after the lease runs out.
+				release, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+				if err := s.store.ReleaseLease(release, LeaseName, s.me); err != nil {
+					s.logger.Warn("could not give the lease up", "err", err)
+				}
+				cancel()
+				s.metrics.leader.Set(0)
+			}
+			return nil
+		case <-ticker.C:
+		}
+	}
+}
+
+func (s *sweeper) tick(ctx context.Context) {
+	lease, err := s.store.AcquireLease(ctx, LeaseName, s.me, s.cfg.LeaseTTL)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.metrics.errors.Inc()
+			s.logger.Warn("lease renewal failed", "err", err)
+		}
+		// Without a renewal we may have lost it; the fenced sweep would
+		// refuse anyway.
+		lease.Held = false
+	}
+	if lease.Held != s.leading {
+		if lease.Held {
+			s.logger.Info("became the leader", "epoch", lease.Epoch)
+		} else {
+			s.logger.Warn("no longer the leader", "holder", lease.Holder)
+		}
+		s.leading = lease.Held
+	}
+	if lease.Held {
+		s.metrics.leader.Set(1)
+		s.sweep(ctx)
+	} else {
+		s.metrics.leader.Set(0)
+	}
+	s.report(ctx)
+}
+
+// sweep handles expired steps in batches until none is left.
+func (s *sweeper) sweep(ctx context.Context) {
+	start := time.Now()
+	defer func() { s.metrics.sweepDuration.Observe(time.Since(start).Seconds()) }()
+	s.metrics.sweeps.Inc()
+	params := statestore.SweepParams{
+		Actor: s.me, Limit: s.cfg.Batch, Lease: LeaseName,
+		BackoffBase: s.cfg.BackoffBase, BackoffMax: s.cfg.BackoffMax,
+	}
+	for ctx.Err() == nil {
+		swept, err := s.store.SweepExpired(ctx, params)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.metrics.errors.Inc()
+				s.logger.Warn("sweep failed", "err", err)
+			}
+			return
+		}
+		for _, st := range swept {
+			log := s.logger.With("order_id", st.OrderID, "step", st.Step, "attempt", st.Attempt, "failure_count", st.FailureCount)
+			if st.NewState == statestore.StepError {
+				s.metrics.failures.Inc()
+				log.Error("operator alert: step reached its failure threshold; order held in error")
+			} else {
+				s.metrics.resets.Inc()
+				log.Info("expired step put back to pending")
+			}
+		}
+		if len(swept) < s.cfg.Batch {
+			return
+		}
+	}
+}
+
+func (s *sweeper) report(ctx context.Context) {
+	st, err := s.store.Stats(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.logger.Warn("reading step stats failed", "err", err)
+		}
+		return
+	}
+	for _, state := range []string{statestore.StepWaiting, statestore.StepPending, statestore.StepProcessing,
+		statestore.StepProcessed, statestore.StepError, statestore.StepCancelled} {
+		s.metrics.steps.WithLabelValues(state).Set(float64(st.ByState[state]))
+	}
+	s.metrics.oldestPending.Set(st.OldestPending.Seconds())
+	s.metrics.oldestProcessing.Set(st.OldestProcessing.Seconds())
+}
