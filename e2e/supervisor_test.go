@@ -175,6 +175,14 @@ func TestRemoteDownReachesThresholdThenResubmit(t *testing.T) {
 	if n := p.count(t, `SELECT count(*) FROM transitions WHERE order_id = $1 AND step = 2 AND to_state = 'processing'`, id); n != st.MaxFailures {
 		t.Fatalf("%d claims of the payment step, want %d", n, st.MaxFailures)
 	}
+	sup := p.supervisors[0]
+	testenv.Eventually(t, 10*time.Second, "the supervisor's metrics to show the held step", func() bool {
+		return sup.metric(t, "sas_supervisor_failures_total") == 1 && sup.metric(t, `sas_steps{state="error"}`) == 1 &&
+			sup.metric(t, `sas_steps{state="processed"}`) == 1 && sup.metric(t, `sas_steps{state="waiting"}`) == 1
+	})
+	if resets := sup.metric(t, "sas_supervisor_resets_total"); resets != float64(st.MaxFailures-1) {
+		t.Fatalf("%v resets counted, want %d", resets, st.MaxFailures-1)
+	}
 	out, errOut, code := sasctl(t, p.env, "alerts", "tail", "--count", "1", "--timeout", "60s")
 	if code != 0 || !strings.Contains(out, id) || !strings.Contains(out, fmt.Sprintf("failures %d", st.MaxFailures)) {
 		t.Fatalf("alerts tail: exit %d: %s %s", code, out, errOut)
@@ -234,6 +242,10 @@ func TestSupervisorFailover(t *testing.T) {
 	})
 	testenv.Eventually(t, 30*time.Second, "the leader to sweep", func() bool {
 		return leader.metric(t, "sas_supervisor_resets_total") >= 20
+	})
+	testenv.Eventually(t, 10*time.Second, "the age of the oldest processing step reported", func() bool {
+		age := leader.metric(t, "sas_oldest_processing_step_age_seconds")
+		return age > 0 && age < 60
 	})
 	if standby.metric(t, "sas_supervisor_leader") != 0 || standby.metric(t, "sas_supervisor_sweeps_total") != 0 {
 		t.Fatal("the standby swept while the leader was alive")
