@@ -225,12 +225,18 @@ func TestSupervisorFailover(t *testing.T) {
 	ctx, stopChurn := context.WithCancel(context.Background())
 	var churn sync.WaitGroup
 	defer func() { stopChurn(); churn.Wait() }()
-	for range 20 {
+	// 20 steps that expire every 100 ms, and one that stays processing
+	// for the whole test (for the age metric).
+	for i := range 21 {
 		id := messages.NewID()
 		hash := sha256.Sum256([]byte(id))
+		timeout := 100 * time.Millisecond
+		if i == 20 {
+			timeout = time.Hour
+		}
 		if _, err := store.InsertOrder(ctx, statestore.NewOrder{OrderID: id, Workflow: "test", Customer: "c",
 			Items: []byte(`[{"sku":"a","qty":1}]`), Amount: 1, Currency: "EUR", PayloadHash: hash[:], Actor: "test",
-			Steps: []statestore.NewStep{{Name: "s", Agent: "nobody", Timeout: 100 * time.Millisecond, MaxFailures: 1000}}}); err != nil {
+			Steps: []statestore.NewStep{{Name: "s", Agent: "nobody", Timeout: timeout, MaxFailures: 1000}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
