@@ -181,12 +181,13 @@ func sum(t *testing.T, procs []*proc, series string) float64 {
 }
 
 // checkOneEffectPerStep checks the remote ledger against the store: every
-// processed step of the orders has exactly one ledger entry, under its own
-// idempotency key, applied exactly once, and nothing else was applied.
+// processed action of the orders has exactly one ledger entry, under its
+// own idempotency key, applied exactly once, and no other action was
+// applied. (Undo effects are checked by checkSaga.)
 func (p pipeline) checkOneEffectPerStep(t *testing.T, ids []string) (keys, requests int) {
 	t.Helper()
 	rows, err := p.pool.Query(context.Background(),
-		`SELECT idempotency_key, order_id::text, step, name FROM steps WHERE process_state = 'processed' AND order_id = ANY($1::uuid[])`, ids)
+		`SELECT idempotency_key, order_id::text, step, name FROM steps WHERE process_state = 'processed' AND kind = 'action' AND order_id = ANY($1::uuid[])`, ids)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +205,7 @@ func (p pipeline) checkOneEffectPerStep(t *testing.T, ids []string) (keys, reque
 	}
 	seen := map[string]bool{}
 	for _, e := range p.ledger(t) {
-		if e.Effects == 0 {
+		if e.Effects == 0 || e.Undoes != "" {
 			continue
 		}
 		requests += e.Calls
@@ -270,7 +271,7 @@ func TestTransientFaultsStillCompleteOnce(t *testing.T) {
 		time.Since(began).Round(time.Millisecond), keys, requests, 100*float64(requests-keys)/float64(keys), retries5xx, retries429, applyThenFail, replayed)
 }
 
-func TestPermanentFaultEndsOrderInError(t *testing.T) {
+func TestPermanentFaultEndsOrderFailedAndUndone(t *testing.T) {
 	t.Parallel()
 	var ids, refused []string
 	for i := range 20 {
@@ -287,8 +288,8 @@ func TestPermanentFaultEndsOrderInError(t *testing.T) {
 		publish(t, ch, p.submit, messages.ContentType, id, []byte(badinput.ValidSubmitJSON(id)))
 	}
 	p.waitTerminal(t, ids, 2*time.Minute)
-	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND status = 'error'`, refused); n != len(refused) {
-		t.Fatalf("%d of %d refused orders in error", n, len(refused))
+	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND status = 'failed'`, refused); n != len(refused) {
+		t.Fatalf("%d of %d refused orders failed", n, len(refused))
 	}
 	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND status = 'completed'`, ids); n != len(ids)-len(refused) {
 		t.Fatalf("%d orders completed, want %d", n, len(ids)-len(refused))
@@ -297,22 +298,13 @@ func TestPermanentFaultEndsOrderInError(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("orders show: %s", errOut)
 	}
-	for _, want := range []string{"status    error", "charge_payment answered 400: charge_payment refuses order " + refused[0], "agent replied failed"} {
+	for _, want := range []string{"status    failed", "charge_payment answered 400: charge_payment refuses order " + refused[0],
+		"agent replied failed", "compensating", "every compensation processed"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("orders show of a refused order lacks %q:\n%s", want, out)
 		}
 	}
-	// The refused orders' shipment never ran; nothing was charged.
-	for _, e := range p.ledger(t) {
-		for _, id := range refused {
-			if e.OrderID == id && e.Effects > 0 && e.Action != "reserve_inventory" {
-				t.Errorf("refused order %s has an effect for %s", id, e.Action)
-			}
-		}
-	}
-	if n := p.count(t, `SELECT count(*) FROM outbox WHERE message_type = 'operator_alert' AND order_id = ANY($1::uuid[])`, refused); n != len(refused) {
-		t.Errorf("%d operator alerts for %d orders in error", n, len(refused))
-	}
+	p.checkSaga(t, ids)
 }
 
 func TestLateReplyDoesNotCompleteStep(t *testing.T) {

@@ -57,9 +57,11 @@ func TestSasctlSubmitShowListResubmit(t *testing.T) {
 	s := newStack(t)
 	start(t, "submitter", s.env)
 
+	// The hold policy: a failed step waits for an operator.
 	id := messages.NewID()
 	file := filepath.Join(t.TempDir(), "order.json")
-	if err := os.WriteFile(file, []byte(badinput.ValidSubmitJSON(id)), 0o600); err != nil {
+	body := strings.Replace(badinput.ValidSubmitJSON(id), `"amount":1999`, `"amount":1999,"workflow":"order_hold"`, 1)
+	if err := os.WriteFile(file, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if _, errOut, code := sasctl(t, s.env, "submit", "--file", file); code != 0 {
@@ -73,14 +75,14 @@ func TestSasctlSubmitShowListResubmit(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("orders show: exit %d: %s", code, errOut)
 	}
-	for _, want := range []string{id, "status    received", "reserve_inventory", "charge_payment", "create_shipment", "pending", "waiting", "history", "submitted"} {
+	for _, want := range []string{id, "status    received", "reserve_inventory", "charge_payment", "create_shipment", "release_inventory", "compensation", "pending", "waiting", "history", "submitted"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("orders show lacks %q:\n%s", want, out)
 		}
 	}
 	out, _, code = sasctl(t, s.env, "orders", "show", id, "--json")
 	var d statestore.OrderDetail
-	if code != 0 || json.Unmarshal([]byte(out), &d) != nil || len(d.Steps) != 3 || len(d.History) != 4 {
+	if code != 0 || json.Unmarshal([]byte(out), &d) != nil || len(d.Steps) != 6 || len(d.History) != 7 {
 		t.Fatalf("orders show --json: exit %d: %s", code, out)
 	}
 	out, _, code = sasctl(t, s.env, "orders", "list", "--status", "received")
@@ -144,22 +146,24 @@ func TestSasctlSubmitShowListResubmit(t *testing.T) {
 	}
 
 	// Filters.
-	out, _, code = sasctl(t, s.env, "orders", "list", "--workflow", "order", "--since", "1h")
+	out, _, code = sasctl(t, s.env, "orders", "list", "--workflow", "order_hold", "--since", "1h")
 	if code != 0 || !strings.Contains(out, id) {
-		t.Fatalf("orders list --workflow order --since 1h: exit %d: %s", code, out)
+		t.Fatalf("orders list --workflow order_hold --since 1h: exit %d: %s", code, out)
 	}
 	out, _, _ = sasctl(t, s.env, "orders", "list", "--workflow", "single")
 	if strings.Contains(out, id) {
 		t.Fatalf("orders list --workflow single lists an order of workflow order:\n%s", out)
 	}
 
-	// An operator ends the order; a second cancel makes no sense.
+	// An operator ends the order: the reservation attempted is undone
+	// (no scheduler runs here, so it stays compensating); a second cancel
+	// makes no sense.
 	out, errOut, code = sasctl(t, s.env, "orders", "cancel", id)
-	if code != 0 || !strings.Contains(out, "cancelled") {
+	if code != 0 || !strings.Contains(out, "undoing what was done") {
 		t.Fatalf("orders cancel: exit %d: %s %s", code, out, errOut)
 	}
-	if d, err = store.GetOrder(ctx, id); err != nil || d.Order.Status != statestore.OrderFailed {
-		t.Fatalf("after cancel: %+v %v", d.Order, err)
+	if d, err = store.GetOrder(ctx, id); err != nil || d.Order.Status != statestore.OrderCompensating || d.Steps[5].ProcessState != statestore.StepPending {
+		t.Fatalf("after cancel: %+v %v", d, err)
 	}
 	_, errOut, code = sasctl(t, s.env, "orders", "cancel", id)
 	if code != 1 || !strings.Contains(errOut, "only an order that has not ended can be cancelled") {

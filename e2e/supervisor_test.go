@@ -165,7 +165,7 @@ func TestRemoteDownReachesThresholdThenResubmit(t *testing.T) {
 	p := newPipeline(t, pipelineOpts{supervisors: 1,
 		faults:       `{"charge_payment":{"error_rate":1}}`,
 		submitterEnv: []string{"SAS_STEP_TIMEOUT=1s"}})
-	ids := p.submitOrders(t, 1)
+	ids := p.submitOrders(t, 1, "--workflow", "order_hold")
 	id := ids[0]
 	p.waitTerminal(t, ids, 2*time.Minute)
 	st := p.stepOf(t, id, 2)
@@ -178,7 +178,7 @@ func TestRemoteDownReachesThresholdThenResubmit(t *testing.T) {
 	sup := p.supervisors[0]
 	testenv.Eventually(t, 10*time.Second, "the supervisor's metrics to show the held step", func() bool {
 		return sup.metric(t, "sas_supervisor_failures_total") == 1 && sup.metric(t, `sas_steps{state="error"}`) == 1 &&
-			sup.metric(t, `sas_steps{state="processed"}`) == 1 && sup.metric(t, `sas_steps{state="waiting"}`) == 1
+			sup.metric(t, `sas_steps{state="processed"}`) == 1 && sup.metric(t, `sas_steps{state="waiting"}`) == 4
 	})
 	if resets := sup.metric(t, "sas_supervisor_resets_total"); resets != float64(st.MaxFailures-1) {
 		t.Fatalf("%v resets counted, want %d", resets, st.MaxFailures-1)

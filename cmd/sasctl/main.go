@@ -29,7 +29,7 @@ commands:
   orders list [--status S]         list orders, newest first
   orders show ID [--json]          an order with its steps and full history
   orders resubmit ID [--step N]    put an order's failed step back to pending
-  orders cancel ID                 end an order that has not ended (it becomes failed)
+  orders cancel ID                 end an order that has not ended: undo what was done, then failed
   alerts tail [--count N]          print operator alerts as they arrive on the alerts queue
 
 Run "sasctl <command> -h" for a command's flags.

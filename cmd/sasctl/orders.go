@@ -199,14 +199,18 @@ func (a *app) ordersCancel(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeStore()
-	cancelled, err := store.CancelOrder(ctx, id, "operator:"+operator())
+	status, err := store.CancelOrder(ctx, id, "operator:"+operator())
 	if errors.Is(err, statestore.ErrNotFound) {
 		return fmt.Errorf("order %s not found", id)
 	}
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(a.stdout, "order %s: cancelled (steps %v), now failed\n", id, cancelled)
+	if status == statestore.OrderFailed {
+		fmt.Fprintf(a.stdout, "order %s: cancelled; nothing had been done, so it is failed\n", id)
+	} else {
+		fmt.Fprintf(a.stdout, "order %s: cancelled; undoing what was done (%s), it ends failed\n", id, status)
+	}
 	return nil
 }
 

@@ -201,7 +201,7 @@ func (a *agent) handle(ctx context.Context, kind string, d amqp.Delivery) error 
 		log.Info("request past its complete_by on arrival; dropped without reply")
 		return nil
 	}
-	body, err := json.Marshal(remote.Request{OrderID: req.OrderID, Step: req.Step, Payload: mustJSON(req.Payload)})
+	body, err := json.Marshal(remote.Request{OrderID: req.OrderID, Step: req.Step, Payload: mustJSON(req.Payload), Undoes: req.Undoes})
 	if err != nil {
 		return a.reject(kind, err)
 	}

@@ -122,18 +122,18 @@ func TestCallGivesUpAtDeadline(t *testing.T) {
 func TestCircuitOpensAndCloses(t *testing.T) {
 	t.Parallel()
 	c, svc, m := newCaller(t, remote.FaultConfig{"*": {ErrorRate: 1}})
-	c.call(within(t, 200*time.Millisecond), "refund_payment", "k", body("o"))
-	if state := testutil.ToFloat64(m.circuit.WithLabelValues("refund_payment")); state != circuitOpen && state != circuitHalfOpen {
+	c.call(within(t, 200*time.Millisecond), "charge_payment", "k", body("o"))
+	if state := testutil.ToFloat64(m.circuit.WithLabelValues("charge_payment")); state != circuitOpen && state != circuitHalfOpen {
 		t.Fatalf("circuit state %v after repeated 503s, want open", state)
 	}
-	if testutil.ToFloat64(m.retries.WithLabelValues("refund_payment", "circuit_open")) == 0 {
+	if testutil.ToFloat64(m.retries.WithLabelValues("charge_payment", "circuit_open")) == 0 {
 		t.Fatal("no call was refused by the open circuit")
 	}
 	svc.SetFaults(nil)
-	if res := c.call(within(t, 5*time.Second), "refund_payment", "k", body("o")); res.outcome != callOK {
+	if res := c.call(within(t, 5*time.Second), "charge_payment", "k", body("o")); res.outcome != callOK {
 		t.Fatalf("after the remote recovered: %+v", res)
 	}
-	if state := testutil.ToFloat64(m.circuit.WithLabelValues("refund_payment")); state != circuitClosed {
+	if state := testutil.ToFloat64(m.circuit.WithLabelValues("charge_payment")); state != circuitClosed {
 		t.Fatalf("circuit state %v after a good probe, want closed", state)
 	}
 }

@@ -205,6 +205,9 @@ type StepRequest struct {
 	// sends nothing.
 	CompleteBy time.Time    `json:"complete_by"`
 	Payload    OrderPayload `json:"payload"`
+	// Undoes is, for a compensating step, the idempotency key of the
+	// action it undoes.
+	Undoes string `json:"undoes,omitempty"`
 }
 
 // Type implements Message.
@@ -229,6 +232,11 @@ func (r StepRequest) Validate() error {
 	}
 	if err := checkTime("complete_by", r.CompleteBy); err != nil {
 		return err
+	}
+	if r.Undoes != "" {
+		if err := checkText("undoes", r.Undoes, 300); err != nil {
+			return err
+		}
 	}
 	if err := checkText("payload.customer", r.Payload.Customer, maxText); err != nil {
 		return err

@@ -45,6 +45,22 @@ type Request struct {
 	OrderID string          `json:"order_id"`
 	Step    int             `json:"step"`
 	Payload json.RawMessage `json:"payload"`
+	// Undoes is required by the undo actions: the idempotency key of the
+	// action to undo.
+	Undoes string `json:"undoes,omitempty"`
+}
+
+// undoes maps each undo action to the action it undoes.
+func undoes(action string) (string, bool) {
+	switch action {
+	case "release_inventory":
+		return "reserve_inventory", true
+	case "refund_payment":
+		return "charge_payment", true
+	case "cancel_shipment":
+		return "create_shipment", true
+	}
+	return "", false
 }
 
 // Entry is the ledger's record of one idempotency key.
@@ -58,9 +74,16 @@ type Entry struct {
 	Payload json.RawMessage `json:"payload"`
 	Result  json.RawMessage `json:"result,omitempty"`
 	At      time.Time       `json:"applied_at,omitzero"`
+	// Undoes is, for an undo, the key of the action it undid (or found
+	// nothing to undo for).
+	Undoes string `json:"undoes,omitempty"`
+	// Voided: an undo came before this action was applied; the action is
+	// refused from then on (410), so it can never happen after its undo.
+	Voided bool `json:"voided,omitempty"`
 
 	hash     string
 	inFlight bool
+	done     bool // answered for good: replays give Result
 }
 
 // Service is the remote service.
@@ -179,6 +202,9 @@ func (s *Service) call(w http.ResponseWriter, r *http.Request) {
 		if err == nil && req.OrderID == "" {
 			err = errors.New("order_id is required")
 		}
+		if _, isUndo := undoes(action); err == nil && isUndo && req.Undoes == "" {
+			err = errors.New("undoes (the key of the action to undo) is required")
+		}
 	}
 	if err != nil {
 		outcome = "bad_request"
@@ -220,6 +246,10 @@ func (s *Service) call(w http.ResponseWriter, r *http.Request) {
 		outcome = "replayed"
 		writeJSON(w, http.StatusOK, e.Result)
 		return
+	case http.StatusGone:
+		outcome = "voided"
+		httpError(w, status, "this key was voided by its undo: the action must not happen")
+		return
 	}
 
 	// The work itself takes time; a caller that gives up meanwhile leaves
@@ -234,7 +264,12 @@ func (s *Service) call(w http.ResponseWriter, r *http.Request) {
 		httpError(w, http.StatusServiceUnavailable, "gave up")
 		return
 	}
-	result := s.apply(key)
+	result, status := s.apply(key, action, req.Undoes)
+	if status == http.StatusConflict {
+		outcome = "undo_waits"
+		httpError(w, status, "the action to undo is in progress")
+		return
+	}
 	if roll.applyThenFail {
 		outcome = "apply_then_fail"
 		httpError(w, http.StatusInternalServerError, "injected failure after the effect")
@@ -257,11 +292,13 @@ func (s *Service) begin(key, action, hash string, req Request) (Entry, int) {
 	}
 	e.Calls++
 	switch {
+	case e.Voided:
+		return *e, http.StatusGone
 	case e.hash != hash:
 		return *e, http.StatusUnprocessableEntity
 	case e.inFlight:
 		return *e, http.StatusConflict
-	case e.Effects == 0:
+	case !e.done:
 		// Abandoned before: this request does the work.
 		e.inFlight = true
 		return Entry{}, 0
@@ -277,19 +314,44 @@ func (s *Service) abandon(key string) {
 	}
 }
 
-func (s *Service) apply(key string) json.RawMessage {
+// apply does the work of key. An undo undoes the action whose key it names
+// if that was applied; if that action is in progress it answers 409 and
+// the caller retries; if it never happened, the undo does nothing and
+// voids the action's key, so that the action can never come after its
+// undo.
+func (s *Service) apply(key, action, undoKey string) (json.RawMessage, int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e := s.ledger[key]
-	e.Effects++
 	e.inFlight = false
+	result := map[string]any{"action": e.Action}
+	if _, isUndo := undoes(action); isUndo {
+		e.Undoes = undoKey
+		original, ok := s.ledger[undoKey]
+		switch {
+		case ok && original.inFlight:
+			return nil, http.StatusConflict
+		case ok && original.Effects > 0:
+			e.Effects++
+			result["undone"] = true
+		default:
+			if !ok {
+				original = &Entry{Key: undoKey, OrderID: e.OrderID}
+				s.ledger[undoKey] = original
+			}
+			original.Voided = true
+			result["undone"] = false
+			result["note"] = "nothing to undo"
+		}
+	} else {
+		e.Effects++
+	}
+	e.done = true
 	e.At = time.Now().UTC()
 	sum := sha256.Sum256([]byte(key))
-	e.Result, _ = json.Marshal(map[string]string{
-		"action":       e.Action,
-		"confirmation": e.Action + "-" + hex.EncodeToString(sum[:6]),
-	})
-	return e.Result
+	result["confirmation"] = e.Action + "-" + hex.EncodeToString(sum[:6])
+	e.Result, _ = json.Marshal(result)
+	return e.Result, http.StatusOK
 }
 
 func (s *Service) getLedger(w http.ResponseWriter, r *http.Request) {

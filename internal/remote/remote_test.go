@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -71,7 +72,7 @@ func TestIdempotencyKeys(t *testing.T) {
 	if r := call(t, ctx, srv, "charge_payment", "k1", "o2"); r.status != http.StatusUnprocessableEntity {
 		t.Fatalf("key reused with another payload: %+v", r)
 	}
-	if r := call(t, ctx, srv, "refund_payment", "k1", "o1"); r.status != http.StatusUnprocessableEntity {
+	if r := call(t, ctx, srv, "reserve_inventory", "k1", "o1"); r.status != http.StatusUnprocessableEntity {
 		t.Fatalf("key reused for another action: %+v", r)
 	}
 	if r := call(t, ctx, srv, "charge_payment", "", "o1"); r.status != http.StatusBadRequest {
@@ -184,5 +185,76 @@ func TestAdminFaults(t *testing.T) {
 	var cfg remote.FaultConfig
 	if err := json.NewDecoder(resp.Body).Decode(&cfg); err != nil || cfg["charge_payment"].ErrorRate != 1 {
 		t.Fatalf("GET /admin/faults: %+v %v", cfg, err)
+	}
+}
+
+func undo(t *testing.T, srv *httptest.Server, action, key, undoes string) reply {
+	t.Helper()
+	body, _ := json.Marshal(remote.Request{OrderID: "o", Step: 4, Payload: json.RawMessage(`{}`), Undoes: undoes})
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/"+action, bytes.NewReader(body))
+	req.Header.Set(remote.HeaderIdempotencyKey, key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return reply{status: resp.StatusCode, body: string(b)}
+}
+
+func TestUndo(t *testing.T) {
+	t.Parallel()
+	svc, srv := setup(t, nil)
+	ctx := context.Background()
+
+	// An applied action is undone once, however often the undo is sent.
+	call(t, ctx, srv, "charge_payment", "charge", "o")
+	for range 2 {
+		if r := undo(t, srv, "refund_payment", "refund", "charge"); r.status != 200 || !strings.Contains(r.body, `"undone":true`) {
+			t.Fatalf("undo of an applied action: %+v", r)
+		}
+	}
+	if e, _ := entry(svc, "refund"); e.Effects != 1 || e.Undoes != "charge" {
+		t.Fatalf("undo entry %+v", e)
+	}
+
+	// An action never applied: the undo does nothing, and the action can
+	// no longer happen.
+	if r := undo(t, srv, "cancel_shipment", "cancel", "ship"); r.status != 200 || !strings.Contains(r.body, `"undone":false`) {
+		t.Fatalf("undo of an action never applied: %+v", r)
+	}
+	if e, _ := entry(svc, "cancel"); e.Effects != 0 {
+		t.Fatalf("a no-op undo counted %d effects", e.Effects)
+	}
+	if r := call(t, ctx, srv, "create_shipment", "ship", "o"); r.status != http.StatusGone {
+		t.Fatalf("action after its undo: %+v", r)
+	}
+	if e, _ := entry(svc, "ship"); e.Effects != 0 || !e.Voided {
+		t.Fatalf("voided action entry %+v", e)
+	}
+
+	// An undo without the key it undoes is refused.
+	if r := undo(t, srv, "release_inventory", "release", ""); r.status != http.StatusBadRequest {
+		t.Fatalf("undo without undoes: %+v", r)
+	}
+}
+
+func TestUndoWaitsForActionInFlight(t *testing.T) {
+	t.Parallel()
+	svc, srv := setup(t, remote.FaultConfig{"reserve_inventory": {LatencyMinMS: 300, LatencyMaxMS: 300}})
+	done := make(chan reply, 1)
+	go func() { done <- call(t, context.Background(), srv, "reserve_inventory", "reserve", "o") }()
+	testenv.Eventually(t, 5*time.Second, "the action in flight", func() bool {
+		_, ok := entry(svc, "reserve")
+		return ok
+	})
+	if r := undo(t, srv, "release_inventory", "release", "reserve"); r.status != http.StatusConflict {
+		t.Fatalf("undo while the action is in flight: %+v", r)
+	}
+	if r := <-done; r.status != 200 {
+		t.Fatalf("action: %+v", r)
+	}
+	if r := undo(t, srv, "release_inventory", "release", "reserve"); r.status != 200 || !strings.Contains(r.body, `"undone":true`) {
+		t.Fatalf("undo after the action: %+v", r)
 	}
 }

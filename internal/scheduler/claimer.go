@@ -171,6 +171,7 @@ func request(s statestore.ClaimedStep) (amqp.Publishing, error) {
 		IdempotencyKey: s.IdempotencyKey,
 		CompleteBy:     s.CompleteBy.UTC(),
 		Payload:        messages.OrderPayload{Customer: s.Customer, Items: items, Amount: s.Amount, Currency: s.Currency},
+		Undoes:         s.Undoes,
 	})
 	if err != nil {
 		return amqp.Publishing{}, err

@@ -9,18 +9,17 @@ import (
 )
 
 // CancelOrder is an operator ending an order that has not ended on its own
-// (received, processing, or held in error): every step not yet processed
-// is cancelled, so a reply still on its way finds it no longer processing
-// and changes nothing, and the order becomes failed. It returns the steps
-// it cancelled. Unknown ids give ErrNotFound; an order already completed
-// or failed gives ErrInvalidState.
-//
-// Steps already processed are not undone here: undoing them is the
-// compensation the workflow defines.
-func (s *Store) CancelOrder(ctx context.Context, orderID, actor string) ([]int, error) {
-	var cancelled []int
+// (received, processing, or held in error), whatever its failure policy:
+// its unfinished actions are cancelled (a reply still on its way then
+// changes nothing) and the compensations of every action that was
+// attempted run, last first; the order becomes compensating, or failed at
+// once when nothing was attempted. It returns the order's new status.
+// Unknown ids give ErrNotFound; an order that has ended, is already being
+// compensated, or whose compensation failed (resubmit that instead) gives
+// ErrInvalidState.
+func (s *Store) CancelOrder(ctx context.Context, orderID, actor string) (string, error) {
+	var status string
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var status string
 		err := tx.QueryRow(ctx, `SELECT status FROM orders WHERE order_id = $1 FOR UPDATE`, orderID).Scan(&status)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("order %s: %w", orderID, ErrNotFound)
@@ -29,46 +28,23 @@ func (s *Store) CancelOrder(ctx context.Context, orderID, actor string) ([]int, 
 			return err
 		}
 		switch status {
-		case OrderReceived, OrderProcessing, OrderError:
+		case OrderReceived, OrderProcessing:
+		case OrderError:
+			var failedCompensation bool
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM steps WHERE order_id = $1 AND kind = 'compensation' AND process_state = 'error')`,
+				orderID).Scan(&failedCompensation); err != nil {
+				return err
+			}
+			if failedCompensation {
+				return fmt.Errorf("order %s: a compensation failed; fix the cause and resubmit it: %w", orderID, ErrInvalidState)
+			}
 		default:
 			return fmt.Errorf("order %s is %s already; only an order that has not ended can be cancelled: %w", orderID, status, ErrInvalidState)
 		}
-		rows, err := tx.Query(ctx, `
-			WITH old AS (
-			    SELECT order_id, step, process_state, attempt FROM steps
-			    WHERE order_id = $1 AND process_state IN ('waiting', 'pending', 'processing', 'error')
-			    FOR UPDATE
-			), upd AS (
-			    UPDATE steps s SET process_state = 'cancelled', locked_by = NULL, complete_by = NULL, updated_at = now()
-			    FROM old WHERE s.order_id = old.order_id AND s.step = old.step
-			    RETURNING s.step
-			), hist AS (
-			    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-			    SELECT order_id, step, process_state, 'cancelled', attempt, $2, 'operator cancel' FROM old
-			)
-			SELECT step FROM upd ORDER BY step`, orderID, actor)
-		if err != nil {
-			return err
-		}
-		cancelled, err = pgx.CollectRows(rows, pgx.RowTo[int])
-		if err != nil {
-			return err
-		}
-		_, err = tx.Exec(ctx, `
-			WITH upd AS (
-			    UPDATE orders SET status = 'failed', updated_at = now() WHERE order_id = $1
-			    RETURNING order_id, reply_to
-			), hist AS (
-			    INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
-			    SELECT order_id, NULL, $3, 'failed', $2, 'operator cancel' FROM upd
-			)
-			INSERT INTO outbox (message_type, order_id, reply_to, body)
-			SELECT 'status_event', order_id, reply_to, status_event_body(order_id, 'failed', NULL) FROM upd`,
-			orderID, actor, status)
-		return err
+		return tx.QueryRow(ctx, `SELECT begin_compensation($1, NULL, $2, 'operator cancel')`, orderID, actor).Scan(&status)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("cancel: %w", err)
+		return "", fmt.Errorf("cancel: %w", err)
 	}
-	return cancelled, nil
+	return status, nil
 }

@@ -24,6 +24,10 @@ type ClaimedStep struct {
 	Budget   time.Duration
 	Priority int
 	ReplyTo  string
+	// Kind is KindAction or KindCompensation; for a compensation, Undoes
+	// is the idempotency key of the action it undoes.
+	Kind     string
+	Undoes   string
 	Customer string
 	Items    []byte
 	Amount   int64
@@ -54,7 +58,7 @@ WITH picked AS (
     FROM picked
     WHERE s.order_id = picked.order_id AND s.step = picked.step
     RETURNING s.order_id, s.step, s.name, s.agent, s.attempt, s.failure_count,
-              s.idempotency_key, s.complete_by, s.priority
+              s.idempotency_key, s.complete_by, s.priority, s.kind, s.compensates
 ), step_hist AS (
     INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
     SELECT order_id, step, 'pending', 'processing', attempt, $1, 'claimed'
@@ -75,9 +79,10 @@ WITH picked AS (
 )
 SELECT c.order_id::text, c.step, c.name, c.agent, c.attempt, c.failure_count, c.idempotency_key,
        c.complete_by, (extract(epoch FROM c.complete_by - now()) * 1000)::bigint, c.priority,
-       coalesce(o.reply_to, ''), o.customer, o.items, o.amount, o.currency
+       coalesce(o.reply_to, ''), o.customer, o.items, o.amount, o.currency, c.kind, coalesce(a.idempotency_key, '')
 FROM claimed c
 JOIN orders o ON o.order_id = c.order_id
+LEFT JOIN steps a ON a.order_id = c.order_id AND a.step = c.compensates
 ORDER BY c.priority DESC, c.order_id, c.step`
 
 // ClaimPending claims up to limit due pending steps for the scheduler
@@ -97,7 +102,7 @@ func (s *Store) ClaimPending(ctx context.Context, lockedBy string, limit int, ag
 		var budgetMS int64
 		var prio int16
 		err := row.Scan(&c.OrderID, &c.Step, &c.Name, &c.Agent, &c.Attempt, &c.FailureCount, &c.IdempotencyKey,
-			&c.CompleteBy, &budgetMS, &prio, &c.ReplyTo, &c.Customer, &c.Items, &c.Amount, &c.Currency)
+			&c.CompleteBy, &budgetMS, &prio, &c.ReplyTo, &c.Customer, &c.Items, &c.Amount, &c.Currency, &c.Kind, &c.Undoes)
 		c.Budget = time.Duration(budgetMS) * time.Millisecond
 		c.Priority = int(prio)
 		return c, err

@@ -2,6 +2,7 @@ package statestore
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -25,18 +26,38 @@ type NewOrder struct {
 	// PayloadHash identifies the payload: a resubmission of the same
 	// order_id with the same hash is a duplicate, with another a conflict.
 	PayloadHash []byte
-	// Steps in the order they run; the first is created pending, the others
-	// waiting.
+	// FailurePolicy is PolicyCompensate or PolicyHold.
+	FailurePolicy string
+	// Steps in step order: the actions first (the first is created
+	// pending, the others waiting), then the compensations (waiting), the
+	// one undoing the last action first.
 	Steps []NewStep
 	// Actor is who wrote the order (e.g. "submitter:host-123"), recorded in
 	// the history.
 	Actor string
 }
 
+// Failure policies.
+const (
+	PolicyCompensate = "compensate" // a failed action starts the compensations
+	PolicyHold       = "hold"       // a failed action holds the order in error for an operator
+)
+
+// Step kinds.
+const (
+	KindAction       = "action"
+	KindCompensation = "compensation"
+)
+
 // NewStep is one step of a new order.
 type NewStep struct {
 	Name  string
 	Agent string
+	// Kind is KindAction (the default) or KindCompensation.
+	Kind string
+	// Compensates is, for a compensation, the step number of the action
+	// it undoes.
+	Compensates int
 	// Timeout is the budget a claim gives the step (complete_by = now() +
 	// Timeout on the database clock).
 	Timeout time.Duration
@@ -78,18 +99,18 @@ func IdempotencyKey(orderID string, step int, name string) string {
 // caller then compares payload hashes.
 const insertOrderSQL = `
 WITH ins AS (
-    INSERT INTO orders (order_id, workflow, customer, items, amount, currency, priority, reply_to, placed_at, payload_hash)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, ''), $9, $10)
+    INSERT INTO orders (order_id, workflow, customer, items, amount, currency, priority, reply_to, placed_at, payload_hash, failure_policy)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, ''), $9, $10, $17)
     ON CONFLICT (order_id) DO NOTHING
     RETURNING order_id, reply_to
 ), st AS (
-    INSERT INTO steps (order_id, step, name, agent, process_state, priority, timeout, max_failures, idempotency_key)
-    SELECT ins.order_id, s.step, s.name, s.agent,
+    INSERT INTO steps (order_id, step, name, kind, compensates, agent, process_state, priority, timeout, max_failures, idempotency_key)
+    SELECT ins.order_id, s.step, s.name, s.kind, NULLIF(s.compensates, 0), s.agent,
            CASE WHEN s.step = 1 THEN 'pending' ELSE 'waiting' END,
            $7, make_interval(secs => s.timeout_ms / 1000.0), s.max_failures, s.idempotency_key
     FROM ins,
-         unnest($11::text[], $12::text[], $13::bigint[], $14::int[], $16::text[]) WITH ORDINALITY
-             AS s(name, agent, timeout_ms, max_failures, idempotency_key, step)
+         unnest($11::text[], $12::text[], $13::bigint[], $14::int[], $16::text[], $18::text[], $19::int[]) WITH ORDINALITY
+             AS s(name, agent, timeout_ms, max_failures, idempotency_key, kind, compensates, step)
     RETURNING order_id, step, process_state
 ), hist AS (
     INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
@@ -115,16 +136,21 @@ func (s *Store) InsertOrder(ctx context.Context, o NewOrder) (InsertOutcome, err
 	timeouts := make([]int64, len(o.Steps))
 	maxFailures := make([]int32, len(o.Steps))
 	keys := make([]string, len(o.Steps))
+	kinds := make([]string, len(o.Steps))
+	compensates := make([]int32, len(o.Steps))
 	for i, st := range o.Steps {
 		names[i], agents[i] = st.Name, st.Agent
 		timeouts[i] = st.Timeout.Milliseconds()
 		maxFailures[i] = int32(st.MaxFailures)
 		keys[i] = IdempotencyKey(o.OrderID, i+1, st.Name)
+		kinds[i] = cmp.Or(st.Kind, KindAction)
+		compensates[i] = int32(st.Compensates)
 	}
+	policy := cmp.Or(o.FailurePolicy, PolicyCompensate)
 	var inserted int64
 	err := s.pool.QueryRow(ctx, insertOrderSQL,
 		o.OrderID, o.Workflow, o.Customer, o.Items, o.Amount, o.Currency, o.Priority, o.ReplyTo, o.PlacedAt, o.PayloadHash,
-		names, agents, timeouts, maxFailures, o.Actor, keys,
+		names, agents, timeouts, maxFailures, o.Actor, keys, policy, kinds, compensates,
 	).Scan(&inserted)
 	if err != nil {
 		return 0, fmt.Errorf("insert order %s: %w", o.OrderID, classify(err))

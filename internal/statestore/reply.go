@@ -28,8 +28,9 @@ type ApplyResult struct {
 	StepState string
 	// NextStep is the step made pending by this reply, or 0.
 	NextStep int
-	// OrderStatus is the order's new status if the reply ended it
-	// (completed or error), or "".
+	// OrderStatus is the order's status after the reply if it changed it
+	// (completed, compensating, failed, error), or "" (for a failed reply,
+	// the status it has after the policy was applied).
 	OrderStatus string
 }
 
@@ -57,12 +58,9 @@ func (e *StaleReplyError) Error() string {
 
 func (e *StaleReplyError) Unwrap() error { return ErrStale }
 
-// applyReplySQL applies a reply only if it is for the current attempt, the
-// step is still processing and its complete_by has not passed on the
-// database clock. In the same statement it makes the next step pending, or
-// ends the order (completed after its last step, error on a failed reply),
-// and writes the history, the status event and, on error, an operator
-// alert.
+// applyReplySQL records a reply on its step, only if it is for the current
+// attempt, the step is still processing and its complete_by has not passed
+// on the database clock.
 const applyReplySQL = `
 WITH cur AS (
     UPDATE steps
@@ -78,66 +76,44 @@ WITH cur AS (
     SELECT order_id, step, 'processing', process_state, attempt, $7,
            CASE WHEN process_state = 'processed' THEN 'agent replied ok' ELSE 'agent replied failed: ' || $6 END
     FROM cur
-), nxt AS (
-    UPDATE steps s
-    SET process_state = 'pending', available_at = now(), updated_at = now()
-    FROM cur
-    WHERE cur.process_state = 'processed'
-      AND s.order_id = cur.order_id AND s.step = cur.step + 1
-      AND s.kind = 'action' AND s.process_state = 'waiting'
-    RETURNING s.order_id, s.step
-), nxt_hist AS (
-    INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
-    SELECT order_id, step, 'waiting', 'pending', $7, 'previous step processed'
-    FROM nxt
-), ended AS (
-    UPDATE orders o
-    SET status = CASE WHEN cur.process_state = 'error' THEN 'error' ELSE 'completed' END,
-        updated_at = now()
-    FROM cur
-    WHERE o.order_id = cur.order_id
-      AND o.status IN ('received', 'processing')
-      AND (cur.process_state = 'error'
-           OR NOT EXISTS (SELECT 1 FROM steps w
-                          WHERE w.order_id = cur.order_id AND w.kind = 'action' AND w.step > cur.step))
-    RETURNING o.order_id, o.status, o.reply_to, cur.step, cur.failure_count
-), ended_hist AS (
-    INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
-    SELECT order_id, NULL, 'processing', status, $7,
-           CASE WHEN status = 'completed' THEN 'last step processed' ELSE 'step ' || step || ' failed' END
-    FROM ended
-), ended_ev AS (
-    INSERT INTO outbox (message_type, order_id, reply_to, body)
-    SELECT 'status_event', order_id, reply_to,
-           status_event_body(ended.order_id, ended.status, CASE WHEN ended.status = 'error' THEN ended.step END)
-    FROM ended
-), alert AS (
-    INSERT INTO outbox (message_type, order_id, body)
-    SELECT 'operator_alert', order_id,
-           operator_alert_body(ended.order_id, ended.step, 'agent replied failed: ' || $6, ended.failure_count)
-    FROM ended
-    WHERE status = 'error'
 )
-SELECT cur.process_state,
-       coalesce((SELECT step FROM nxt), 0),
-       coalesce((SELECT status FROM ended), '')
-FROM cur`
+SELECT process_state, failure_count FROM cur`
 
 // ApplyReply applies an agent's reply, fenced by attempt, state and
-// complete_by. A reply that is not for the current attempt, or that comes
-// after the step left processing or after complete_by, changes nothing and
-// returns a *StaleReplyError (errors.Is(err, ErrStale)).
+// complete_by, and in the same transaction moves the order on (the next
+// step, or the order's end) or reacts to the failure (the order's failure
+// policy; see the step_failed function). A reply that is not for the
+// current attempt, or comes after the step left processing or after
+// complete_by, changes nothing and returns a *StaleReplyError
+// (errors.Is(err, ErrStale)).
 func (s *Store) ApplyReply(ctx context.Context, r Reply) (ApplyResult, error) {
 	var res ApplyResult
-	err := s.pool.QueryRow(ctx, applyReplySQL, r.OrderID, r.Step, r.Attempt, r.OK, r.Result, r.Error, r.Actor).
-		Scan(&res.StepState, &res.NextStep, &res.OrderStatus)
-	if err == nil {
-		return res, nil
-	}
-	if !errors.Is(err, pgx.ErrNoRows) {
+	applied := false
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var failures int
+		err := tx.QueryRow(ctx, applyReplySQL, r.OrderID, r.Step, r.Attempt, r.OK, r.Result, r.Error, r.Actor).
+			Scan(&res.StepState, &failures)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		applied = true
+		if r.OK {
+			return tx.QueryRow(ctx, `SELECT next_step, order_status FROM step_processed($1, $2, $3)`, r.OrderID, r.Step, r.Actor).
+				Scan(&res.NextStep, &res.OrderStatus)
+		}
+		return tx.QueryRow(ctx, `SELECT step_failed($1, $2, $3, $4, $5)`, r.OrderID, r.Step, r.Actor, "agent replied failed: "+r.Error, failures).
+			Scan(&res.OrderStatus)
+	})
+	if err != nil {
 		return res, fmt.Errorf("apply reply for order %s step %d: %w", r.OrderID, r.Step, err)
 	}
-	return res, s.staleReason(ctx, r)
+	if !applied {
+		return res, s.staleReason(ctx, r)
+	}
+	return res, nil
 }
 
 // staleReason explains a reply that matched no row. It only informs: the

@@ -10,8 +10,8 @@ import (
 
 // Resubmit is an operator's action on an order held in error: the step in
 // error (or the given step, which must be in error) goes back to pending
-// with failure_count 0, and the order back to processing. It returns the
-// steps it reset. Unknown ids give ErrNotFound; an order or step not in
+// with failure_count 0, and the order back to processing (or, when the
+// step is a compensation, compensating). It returns the steps it reset. Unknown ids give ErrNotFound; an order or step not in
 // error gives ErrInvalidState.
 func (s *Store) Resubmit(ctx context.Context, orderID string, step int, actor string) ([]int, error) {
 	var reset []int
@@ -46,35 +46,33 @@ func (s *Store) Resubmit(ctx context.Context, orderID string, step int, actor st
 			    SET process_state = 'pending', failure_count = 0, locked_by = NULL, complete_by = NULL,
 			        available_at = now(), updated_at = now()
 			    WHERE order_id = $1 AND process_state = 'error' AND ($2 = 0 OR step = $2)
-			    RETURNING order_id, step, attempt
+			    RETURNING order_id, step, attempt, kind
 			), hist AS (
 			    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
 			    SELECT order_id, step, 'error', 'pending', attempt, $3, 'operator resubmit'
 			    FROM reset
 			)
-			SELECT step FROM reset ORDER BY step`, orderID, step, actor)
+			SELECT step, kind FROM reset ORDER BY step`, orderID, step, actor)
 		if err != nil {
 			return err
 		}
-		reset, err = pgx.CollectRows(rows, pgx.RowTo[int])
+		to := OrderProcessing
+		reset, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (int, error) {
+			var n int
+			var kind string
+			err := row.Scan(&n, &kind)
+			if kind == KindCompensation {
+				to = OrderCompensating
+			}
+			return n, err
+		})
 		if err != nil {
 			return err
 		}
 		if len(reset) == 0 {
 			return fmt.Errorf("order %s has no step in error: %w", orderID, ErrInvalidState)
 		}
-		_, err = tx.Exec(ctx, `
-			WITH upd AS (
-			    UPDATE orders SET status = 'processing', updated_at = now()
-			    WHERE order_id = $1
-			    RETURNING order_id, reply_to
-			), hist AS (
-			    INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
-			    SELECT order_id, NULL, 'error', 'processing', $2, 'operator resubmit' FROM upd
-			)
-			INSERT INTO outbox (message_type, order_id, reply_to, body)
-			SELECT 'status_event', order_id, reply_to, status_event_body(upd.order_id, 'processing', NULL)
-			FROM upd`, orderID, actor)
+		_, err = tx.Exec(ctx, `SELECT order_transition($1, $2, NULL, $3, 'operator resubmit')`, orderID, to, actor)
 		return err
 	})
 	if err != nil {

@@ -33,12 +33,16 @@ type SweptStep struct {
 	// NewState is pending (reset for another attempt) or error (the
 	// failure threshold was reached).
 	NewState string
+	// OrderStatus is, for a step now in error, its order's status after
+	// the failure policy: error (held, alert raised), compensating or
+	// failed.
+	OrderStatus string
 }
 
 // sweepSQL finds processing steps whose complete_by has passed on the
 // database clock and, in one statement, increments failure_count and either
 // resets them to pending with a backoff or, at the threshold, marks them
-// error, ends their order in error and raises an operator alert.
+// error (SweepExpired then applies the order's failure policy).
 //
 // Two concurrent sweeps never count one expiry twice: rows are picked with
 // FOR UPDATE SKIP LOCKED, and when a row was changed by a sweep that
@@ -72,42 +76,41 @@ WITH expired AS (
     SELECT order_id, step, 'processing', process_state, attempt, $1,
            'complete_by passed; failure ' || failure_count || ' of ' || max_failures
     FROM swept
-), failed AS (
-    UPDATE orders o
-    SET status = 'error', updated_at = now()
-    FROM swept
-    WHERE swept.process_state = 'error' AND o.order_id = swept.order_id
-      AND o.status IN ('received', 'processing')
-    RETURNING o.order_id, o.reply_to, swept.step, swept.failure_count
-), failed_hist AS (
-    INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
-    SELECT order_id, NULL, 'processing', 'error', $1, 'step ' || step || ' reached its failure threshold'
-    FROM failed
-), failed_ev AS (
-    INSERT INTO outbox (message_type, order_id, reply_to, body)
-    SELECT 'status_event', order_id, reply_to, status_event_body(failed.order_id, 'error', failed.step)
-    FROM failed
-), alert AS (
-    INSERT INTO outbox (message_type, order_id, body)
-    SELECT 'operator_alert', order_id,
-           operator_alert_body(failed.order_id, failed.step, 'failure threshold reached: complete_by passed ' || failed.failure_count || ' times', failed.failure_count)
-    FROM failed
 )
 SELECT order_id::text, step, attempt, failure_count, process_state FROM swept ORDER BY order_id, step`
 
-// SweepExpired handles up to p.Limit expired steps and returns them.
+// SweepExpired handles up to p.Limit expired steps and returns them. In
+// the same transaction, a step that reached its threshold gets its order's
+// failure policy applied (see the step_failed function).
 func (s *Store) SweepExpired(ctx context.Context, p SweepParams) ([]SweptStep, error) {
 	if p.Actor == "" || p.Limit <= 0 {
 		return nil, fmt.Errorf("sweep expired: need an actor and a positive limit")
 	}
-	rows, err := s.pool.Query(ctx, sweepSQL, p.Actor, p.Limit, p.BackoffBase.Seconds(), p.BackoffMax.Seconds(), p.Lease)
-	if err != nil {
-		return nil, fmt.Errorf("sweep expired: %w", err)
-	}
-	swept, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (SweptStep, error) {
-		var st SweptStep
-		err := row.Scan(&st.OrderID, &st.Step, &st.Attempt, &st.FailureCount, &st.NewState)
-		return st, err
+	var swept []SweptStep
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, sweepSQL, p.Actor, p.Limit, p.BackoffBase.Seconds(), p.BackoffMax.Seconds(), p.Lease)
+		if err != nil {
+			return err
+		}
+		swept, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (SweptStep, error) {
+			var st SweptStep
+			err := row.Scan(&st.OrderID, &st.Step, &st.Attempt, &st.FailureCount, &st.NewState)
+			return st, err
+		})
+		if err != nil {
+			return err
+		}
+		for i, st := range swept {
+			if st.NewState != StepError {
+				continue
+			}
+			reason := fmt.Sprintf("failure threshold reached: complete_by passed %d times", st.FailureCount)
+			if err := tx.QueryRow(ctx, `SELECT step_failed($1, $2, $3, $4, $5)`, st.OrderID, st.Step, p.Actor, reason, st.FailureCount).
+				Scan(&swept[i].OrderStatus); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("sweep expired: %w", err)

@@ -190,13 +190,19 @@ func (h *handler) reject(err error) error {
 func newOrder(o messages.SubmitOrder, wf workflow.Workflow, stepTimeout time.Duration, actor string) statestore.NewOrder {
 	hash := sha256.Sum256(o.Canonical())
 	items, _ := json.Marshal(o.Items) // a slice of plain structs always marshals
-	steps := make([]statestore.NewStep, len(wf.Steps))
-	for i, st := range wf.Steps {
-		steps[i] = statestore.NewStep{Name: st.Name, Agent: st.Agent, Timeout: cmp.Or(stepTimeout, st.Timeout), MaxFailures: st.MaxFailures}
+	rows := wf.Rows()
+	steps := make([]statestore.NewStep, len(rows))
+	for i, r := range rows {
+		kind := statestore.KindAction
+		if r.Compensates > 0 {
+			kind = statestore.KindCompensation
+		}
+		steps[i] = statestore.NewStep{Name: r.Name, Agent: r.Agent, Kind: kind, Compensates: r.Compensates,
+			Timeout: cmp.Or(stepTimeout, r.Timeout), MaxFailures: r.MaxFailures}
 	}
 	return statestore.NewOrder{
 		OrderID: o.OrderID, Workflow: wf.Name, Customer: o.Customer, Items: items,
 		Amount: o.Amount, Currency: o.Currency, Priority: o.Priority, ReplyTo: o.ReplyTo, PlacedAt: o.PlacedAt,
-		PayloadHash: hash[:], Steps: steps, Actor: actor,
+		PayloadHash: hash[:], Steps: steps, Actor: actor, FailurePolicy: wf.Policy,
 	}
 }

@@ -1,6 +1,7 @@
 // Package workflow defines the steps an order runs: which agent performs
-// each, how long a claim may take (the complete-by budget) and how many
-// expiries a step may have before it is held in error. Adding a step or a
+// each, how long a claim may take (the complete-by budget), how many
+// expiries a step may have before it fails, the step that undoes it, and
+// what a failure leads to (the workflow's policy). Adding a step or a
 // workflow is a change here, not in the services.
 package workflow
 
@@ -22,12 +23,27 @@ type Step struct {
 	Timeout time.Duration
 	// MaxFailures is the failure threshold.
 	MaxFailures int
+	// Compensation undoes the step (nil: nothing to undo). It runs, with
+	// its own idempotency key, budget and threshold, when the order is
+	// compensated after the step was attempted.
+	Compensation *Step
 }
 
-// Workflow is a named, ordered list of steps.
+// Failure policies.
+const (
+	// Compensate: when an action fails for good, undo the actions already
+	// attempted, last first; the order ends failed.
+	Compensate = "compensate"
+	// Hold: when an action fails for good, hold the order in error for an
+	// operator to resubmit or cancel (cancel compensates).
+	Hold = "hold"
+)
+
+// Workflow is a named, ordered list of steps and its failure policy.
 type Workflow struct {
-	Name  string
-	Steps []Step
+	Name   string
+	Policy string // Compensate (default when empty) or Hold
+	Steps  []Step
 }
 
 // DefaultName is the workflow of an order that names none.
@@ -48,9 +64,23 @@ func NewRegistry(wfs ...Workflow) (*Registry, error) {
 		if _, dup := r.byName[wf.Name]; dup {
 			return nil, fmt.Errorf("workflow %q defined twice", wf.Name)
 		}
+		if wf.Policy == "" {
+			wf.Policy = Compensate
+		}
+		if wf.Policy != Compensate && wf.Policy != Hold {
+			return nil, fmt.Errorf("workflow %q: policy %q is not %q or %q", wf.Name, wf.Policy, Compensate, Hold)
+		}
 		for i, st := range wf.Steps {
-			if st.Name == "" || st.Agent == "" || st.Timeout <= 0 || st.MaxFailures < 1 {
-				return nil, fmt.Errorf("workflow %q step %d: needs a name, an agent, a positive timeout and a threshold of at least 1", wf.Name, i+1)
+			if err := checkStep(st); err != nil {
+				return nil, fmt.Errorf("workflow %q step %d: %w", wf.Name, i+1, err)
+			}
+			if st.Compensation != nil {
+				if err := checkStep(*st.Compensation); err != nil {
+					return nil, fmt.Errorf("workflow %q step %d's compensation: %w", wf.Name, i+1, err)
+				}
+				if st.Compensation.Compensation != nil {
+					return nil, fmt.Errorf("workflow %q step %d: a compensation cannot have a compensation", wf.Name, i+1)
+				}
 			}
 		}
 		r.byName[wf.Name] = wf
@@ -58,19 +88,32 @@ func NewRegistry(wfs ...Workflow) (*Registry, error) {
 	return r, nil
 }
 
-// Builtin returns the workflows sas ships with: "order" (reserve inventory,
-// charge payment, create shipment) and "single" (one step, for load tests
-// and simple integrations).
+func checkStep(st Step) error {
+	if st.Name == "" || st.Agent == "" || st.Timeout <= 0 || st.MaxFailures < 1 {
+		return fmt.Errorf("needs a name, an agent, a positive timeout and a threshold of at least 1")
+	}
+	return nil
+}
+
+// Builtin returns the workflows sas ships with:
+//   - "order": reserve inventory, charge payment, create shipment; on a
+//     failure, the attempted ones are undone (release inventory, refund
+//     payment, cancel shipment).
+//   - "order_hold": the same steps, but a failure holds the order for an
+//     operator.
+//   - "single": reserve inventory only, for load tests and simple
+//     integrations.
 func Builtin() *Registry {
+	reserve := Step{Name: "reserve_inventory", Agent: "inventory", Timeout: 10 * time.Second, MaxFailures: 5,
+		Compensation: &Step{Name: "release_inventory", Agent: "inventory", Timeout: 10 * time.Second, MaxFailures: 5}}
+	charge := Step{Name: "charge_payment", Agent: "payment", Timeout: 10 * time.Second, MaxFailures: 5,
+		Compensation: &Step{Name: "refund_payment", Agent: "payment", Timeout: 10 * time.Second, MaxFailures: 5}}
+	ship := Step{Name: "create_shipment", Agent: "shipping", Timeout: 10 * time.Second, MaxFailures: 5,
+		Compensation: &Step{Name: "cancel_shipment", Agent: "shipping", Timeout: 10 * time.Second, MaxFailures: 5}}
 	r, err := NewRegistry(
-		Workflow{Name: DefaultName, Steps: []Step{
-			{Name: "reserve_inventory", Agent: "inventory", Timeout: 10 * time.Second, MaxFailures: 5},
-			{Name: "charge_payment", Agent: "payment", Timeout: 10 * time.Second, MaxFailures: 5},
-			{Name: "create_shipment", Agent: "shipping", Timeout: 10 * time.Second, MaxFailures: 5},
-		}},
-		Workflow{Name: "single", Steps: []Step{
-			{Name: "reserve_inventory", Agent: "inventory", Timeout: 10 * time.Second, MaxFailures: 5},
-		}},
+		Workflow{Name: DefaultName, Policy: Compensate, Steps: []Step{reserve, charge, ship}},
+		Workflow{Name: "order_hold", Policy: Hold, Steps: []Step{reserve, charge, ship}},
+		Workflow{Name: "single", Policy: Compensate, Steps: []Step{reserve}},
 	)
 	if err != nil {
 		panic("workflow: builtin definitions are invalid: " + err.Error())
@@ -97,18 +140,51 @@ func (r *Registry) Names() []string {
 	return names
 }
 
-// Agents lists every agent kind the workflows use, in alphabetical order.
+// Agents lists every agent kind the workflows use, compensations included,
+// in alphabetical order.
 func (r *Registry) Agents() []string {
 	seen := map[string]bool{}
 	var out []string
+	add := func(agent string) {
+		if !seen[agent] {
+			seen[agent] = true
+			out = append(out, agent)
+		}
+	}
 	for _, wf := range r.byName {
 		for _, st := range wf.Steps {
-			if !seen[st.Agent] {
-				seen[st.Agent] = true
-				out = append(out, st.Agent)
+			add(st.Agent)
+			if st.Compensation != nil {
+				add(st.Compensation.Agent)
 			}
 		}
 	}
 	sort.Strings(out)
 	return out
+}
+
+// Row is one step row an order of the workflow gets.
+type Row struct {
+	Step
+	// Compensates is, for a compensation, the number of the action step it
+	// undoes (0 for an action).
+	Compensates int
+}
+
+// Rows lays the workflow out as an order's step rows, numbered from 1:
+// the actions in order, then their compensations in reverse, so that the
+// compensation undoing the last action comes first. Running "the next
+// step" after each processed compensation then undoes the actions last to
+// first.
+func (wf Workflow) Rows() []Row {
+	rows := make([]Row, 0, 2*len(wf.Steps))
+	for _, st := range wf.Steps {
+		rows = append(rows, Row{Step: st})
+	}
+	for i := len(wf.Steps) - 1; i >= 0; i-- {
+		if c := wf.Steps[i].Compensation; c != nil {
+			rows = append(rows, Row{Step: *c, Compensates: i + 1})
+		}
+	}
+	return rows
 }

@@ -1,6 +1,8 @@
 package workflow_test
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -38,5 +40,21 @@ func TestNewRegistryRejectsBadDefinitions(t *testing.T) {
 		if _, err := workflow.NewRegistry(tc.wfs...); err == nil {
 			t.Errorf("%s: accepted", tc.desc)
 		}
+	}
+}
+
+func TestRowsPutCompensationsInReverse(t *testing.T) {
+	t.Parallel()
+	wf, _ := workflow.Builtin().Lookup("order")
+	var got []string
+	for _, r := range wf.Rows() {
+		got = append(got, fmt.Sprintf("%s/%d", r.Name, r.Compensates))
+	}
+	want := "reserve_inventory/0 charge_payment/0 create_shipment/0 cancel_shipment/3 refund_payment/2 release_inventory/1"
+	if strings.Join(got, " ") != want {
+		t.Fatalf("rows %v, want %s", got, want)
+	}
+	if hold, _ := workflow.Builtin().Lookup("order_hold"); hold.Policy != workflow.Hold {
+		t.Fatalf("order_hold policy %q", hold.Policy)
 	}
 }

@@ -1,0 +1,222 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"sas/internal/badinput"
+	"sas/internal/messages"
+	"sas/internal/statestore"
+	"sas/internal/testenv"
+)
+
+// checkSaga checks the remote ledger against every order's outcome
+// (invariant 5): a completed order had each action applied once and none
+// undone; a failed order has exactly one undo effect for each action that
+// was applied and none for actions that were not. It returns how many
+// orders completed and failed.
+func (p pipeline) checkSaga(t *testing.T, ids []string) (completed, failed int) {
+	t.Helper()
+	status := map[string]string{}
+	rows, err := p.pool.Query(context.Background(), `SELECT order_id::text, status FROM orders WHERE order_id = ANY($1::uuid[])`, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id, st string
+		if err := rows.Scan(&id, &st); err != nil {
+			t.Fatal(err)
+		}
+		status[id] = st
+	}
+	applied, undone := map[string]bool{}, map[string]int{}
+	for _, e := range p.ledger(t) {
+		switch {
+		case e.Effects > 1:
+			t.Errorf("key %s applied %d times", e.Key, e.Effects)
+		case e.Voided && e.Effects > 0:
+			t.Errorf("key %s applied although its undo voided it", e.Key)
+		case e.Effects == 1 && e.Undoes != "":
+			undone[e.Undoes]++
+		case e.Effects == 1:
+			applied[e.Key] = true
+		}
+		if _, ours := status[e.OrderID]; e.Effects > 0 && !ours {
+			t.Errorf("effect %s for order %s that was never submitted here", e.Key, e.OrderID)
+		}
+	}
+	rows, err = p.pool.Query(context.Background(), `SELECT order_id::text, idempotency_key FROM steps WHERE kind = 'action' AND order_id = ANY($1::uuid[])`, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id, key string
+		if err := rows.Scan(&id, &key); err != nil {
+			t.Fatal(err)
+		}
+		switch status[id] {
+		case statestore.OrderCompleted:
+			if !applied[key] || undone[key] != 0 {
+				t.Errorf("completed order %s: action %s applied %v, undone %d times", id, key, applied[key], undone[key])
+			}
+		case statestore.OrderFailed:
+			want := 0
+			if applied[key] {
+				want = 1
+			}
+			if undone[key] != want {
+				t.Errorf("failed order %s: action %s applied %v, undone %d times", id, key, applied[key], undone[key])
+			}
+		default:
+			t.Errorf("order %s is %s, not completed or failed", id, status[id])
+		}
+	}
+	for _, st := range status {
+		switch st {
+		case statestore.OrderCompleted:
+			completed++
+		case statestore.OrderFailed:
+			failed++
+		}
+	}
+	return completed, failed
+}
+
+// TestFiveHundredOrdersSucceedOrFailAsAWhole: the payment is refused for
+// good for some orders, the shipment for others, and transient faults hit
+// every endpoint, undo endpoints included. Every order ends completed or
+// failed, and the ledger shows exactly the undo effects it should.
+func TestFiveHundredOrdersSucceedOrFailAsAWhole(t *testing.T) {
+	t.Parallel()
+	var ids, refuseCharge, refuseShip []string
+	for i := range 500 {
+		id := messages.NewID()
+		ids = append(ids, id)
+		switch i % 5 {
+		case 1:
+			refuseCharge = append(refuseCharge, id)
+		case 2:
+			refuseShip = append(refuseShip, id)
+		}
+	}
+	charge, _ := json.Marshal(refuseCharge)
+	ship, _ := json.Marshal(refuseShip)
+	transient := `"error_rate":0.1,"rate_limit_rate":0.03,"apply_then_fail_rate":0.03,"latency_max_ms":3`
+	p := newPipeline(t, pipelineOpts{supervisors: 1, faults: `{"*":{` + transient + `},` +
+		`"charge_payment":{` + transient + `,"fail_orders":` + string(charge) + `},` +
+		`"create_shipment":{` + transient + `,"fail_orders":` + string(ship) + `}}`})
+	ch := amqpChannel(t)
+	began := time.Now()
+	for _, id := range ids {
+		publish(t, ch, p.submit, messages.ContentType, id, []byte(badinput.ValidSubmitJSON(id)))
+	}
+	p.waitTerminal(t, ids, 4*time.Minute)
+	took := time.Since(began)
+	completed, failed := p.checkSaga(t, ids)
+	if completed != 300 || failed != 200 {
+		t.Fatalf("%d completed and %d failed, want 300 and 200", completed, failed)
+	}
+	undos := 0
+	for _, e := range p.ledger(t) {
+		if e.Undoes != "" && e.Effects == 1 {
+			undos++
+		}
+	}
+	// Refused payments undo one reservation each; refused shipments a
+	// reservation and a payment each.
+	if undos != len(refuseCharge)+2*len(refuseShip) {
+		t.Fatalf("%d undo effects, want %d", undos, len(refuseCharge)+2*len(refuseShip))
+	}
+	retries := sum(t, p.agents, `sas_agent_retries_total{endpoint="refund_payment",reason="5xx"}`) +
+		sum(t, p.agents, `sas_agent_retries_total{endpoint="release_inventory",reason="5xx"}`)
+	if retries == 0 {
+		t.Fatal("no transient fault hit an undo endpoint")
+	}
+	t.Logf("500 orders ended in %v: %d completed, %d failed, %d undo effects; undo endpoints retried %v times after 5xx",
+		took.Round(time.Millisecond), completed, failed, undos, retries)
+}
+
+// TestCancelInFlightOrder: an operator cancels an order while its payment
+// call is in progress. The payment lands after the cancel; its reply is
+// refused; the refund waits for it and then undoes it; the order fails
+// with every applied action undone once.
+func TestCancelInFlightOrder(t *testing.T) {
+	t.Parallel()
+	p := newPipeline(t, pipelineOpts{supervisors: 1, faults: `{"charge_payment":{"latency_min_ms":3000,"latency_max_ms":3000}}`})
+	ids := p.submitOrders(t, 1)
+	testenv.Eventually(t, 30*time.Second, "the payment in progress", func() bool {
+		e, ok := p.callInFlight(t)
+		return ok && e.Action == "charge_payment"
+	})
+	out, errOut, code := sasctl(t, p.env, "orders", "cancel", ids[0])
+	if code != 0 || !strings.Contains(out, "undoing") {
+		t.Fatalf("cancel: exit %d: %s %s", code, out, errOut)
+	}
+	p.waitTerminal(t, ids, time.Minute)
+	if _, failed := p.checkSaga(t, ids); failed != 1 {
+		t.Fatal("the cancelled order did not fail")
+	}
+	refund := p.stepOf(t, ids[0], 5)
+	if refund.Name != "refund_payment" || refund.ProcessState != statestore.StepProcessed {
+		t.Fatalf("refund step %+v", refund)
+	}
+	t.Logf("undo waited %v times for the payment in flight", p.remote.metric(t, `sas_remote_requests_total{action="refund_payment",outcome="undo_waits"}`))
+}
+
+// TestHoldPolicyThenResubmit: under the hold policy a refused payment holds
+// the order in error, with an alert; once the cause is fixed, an
+// operator's resubmit completes it, and nothing is undone.
+func TestHoldPolicyThenResubmit(t *testing.T) {
+	t.Parallel()
+	id := messages.NewID()
+	p := newPipeline(t, pipelineOpts{supervisors: 1, faults: `{"charge_payment":{"fail_orders":["` + id + `"]}}`})
+	body := strings.Replace(badinput.ValidSubmitJSON(id), `"amount":1999`, `"amount":1999,"workflow":"order_hold"`, 1)
+	publish(t, amqpChannel(t), p.submit, messages.ContentType, id, []byte(body))
+	p.waitTerminal(t, []string{id}, time.Minute)
+	if status := p.count(t, `SELECT count(*) FROM orders WHERE order_id = $1 AND status = 'error'`, id); status != 1 {
+		t.Fatal("the refused order is not held in error")
+	}
+	out, errOut, code := sasctl(t, p.env, "alerts", "tail", "--count", "1", "--timeout", "60s")
+	if code != 0 || !strings.Contains(out, id) {
+		t.Fatalf("alerts tail: exit %d: %s %s", code, out, errOut)
+	}
+	p.setFaults(t, `{}`)
+	if out, errOut, code := sasctl(t, p.env, "orders", "resubmit", id); code != 0 {
+		t.Fatalf("resubmit: %s %s", out, errOut)
+	}
+	p.waitTerminal(t, []string{id}, time.Minute)
+	if completed, _ := p.checkSaga(t, []string{id}); completed != 1 {
+		t.Fatal("the resubmitted order did not complete")
+	}
+}
+
+// TestCompensationThatKeepsFailingNeedsAPerson: the shipment is refused, so
+// the order is compensated; but the refund endpoint is down, so the
+// refund's attempts run out: the order is held in error with an alert.
+func TestCompensationThatKeepsFailingNeedsAPerson(t *testing.T) {
+	t.Parallel()
+	id := messages.NewID()
+	p := newPipeline(t, pipelineOpts{supervisors: 1,
+		faults:       `{"create_shipment":{"fail_orders":["` + id + `"]},"refund_payment":{"error_rate":1}}`,
+		submitterEnv: []string{"SAS_STEP_TIMEOUT=1s"}})
+	publish(t, amqpChannel(t), p.submit, messages.ContentType, id, []byte(badinput.ValidSubmitJSON(id)))
+	testenv.Eventually(t, 2*time.Minute, "the order held in error", func() bool {
+		return p.count(t, `SELECT count(*) FROM orders WHERE order_id = $1 AND status = 'error'`, id) == 1
+	})
+	refund := p.stepOf(t, id, 5)
+	if refund.Name != "refund_payment" || refund.ProcessState != statestore.StepError || refund.FailureCount != refund.MaxFailures {
+		t.Fatalf("refund step %+v", refund)
+	}
+	out, errOut, code := sasctl(t, p.env, "alerts", "tail", "--count", "1", "--timeout", "60s")
+	if code != 0 || !strings.Contains(out, id) || !strings.Contains(out, "compensation failed") {
+		t.Fatalf("alerts tail: exit %d: %s %s", code, out, errOut)
+	}
+	out, _, _ = sasctl(t, p.env, "orders", "show", id)
+	if !strings.Contains(out, "status    error") || !strings.Contains(out, fmt.Sprintf("compensation step %d failed", 5)) {
+		t.Fatalf("orders show:\n%s", out)
+	}
+}

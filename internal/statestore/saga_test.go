@@ -1,0 +1,217 @@
+package statestore_test
+
+import (
+	"crypto/sha256"
+	"errors"
+	"testing"
+	"time"
+
+	"sas/internal/messages"
+	"sas/internal/statestore"
+	"sas/internal/workflow"
+)
+
+// sagaOrder is an order of the built-in "order" workflow (3 actions, 3
+// compensations) with the given policy.
+func sagaOrder(policy string) statestore.NewOrder {
+	wf, _ := workflow.Builtin().Lookup("order")
+	id := messages.NewID()
+	h := sha256.Sum256([]byte(id))
+	var steps []statestore.NewStep
+	for _, r := range wf.Rows() {
+		kind := statestore.KindAction
+		if r.Compensates > 0 {
+			kind = statestore.KindCompensation
+		}
+		steps = append(steps, statestore.NewStep{Name: r.Name, Agent: r.Agent, Kind: kind, Compensates: r.Compensates,
+			Timeout: time.Hour, MaxFailures: 3})
+	}
+	return statestore.NewOrder{OrderID: id, Workflow: "order", Customer: "c", Items: []byte(`[{"sku":"a","qty":1}]`),
+		Amount: 100, Currency: "EUR", PayloadHash: h[:], Steps: steps, Actor: "test", FailurePolicy: policy}
+}
+
+// run claims the order's pending step and replies to it.
+func run(t *testing.T, b bundle, orderID string, ok bool) (statestore.ClaimedStep, statestore.ApplyResult) {
+	t.Helper()
+	ctx := ctxFor(t)
+	claimed, err := b.store.ClaimPending(ctx, "s", 10, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mine *statestore.ClaimedStep
+	for i := range claimed {
+		if claimed[i].OrderID == orderID {
+			mine = &claimed[i]
+		}
+	}
+	if mine == nil {
+		t.Fatalf("nothing of order %s to claim (claimed %+v)", orderID, claimed)
+	}
+	r := statestore.Reply{OrderID: orderID, Step: mine.Step, Attempt: mine.Attempt, OK: ok, Actor: "s"}
+	if !ok {
+		r.Error = "refused"
+	}
+	res, err := b.store.ApplyReply(ctx, r)
+	if err != nil {
+		t.Fatalf("reply to step %d: %v", mine.Step, err)
+	}
+	return *mine, res
+}
+
+func states(t *testing.T, b bundle, orderID string) (string, string) {
+	t.Helper()
+	d, err := b.store.GetOrder(ctxFor(t), orderID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := ""
+	for _, st := range d.Steps {
+		s += st.ProcessState[:4] + " "
+	}
+	return d.Order.Status, s
+}
+
+func TestCompensationUndoesAttemptedActionsLastFirst(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	o := sagaOrder(statestore.PolicyCompensate)
+	insert(t, b, o)
+	run(t, b, o.OrderID, true) // reserve
+	_, res := run(t, b, o.OrderID, false)
+	if res.OrderStatus != statestore.OrderCompensating {
+		t.Fatalf("after the payment failed: %+v", res)
+	}
+	// Shipping never ran: its compensation is cancelled. The failed
+	// payment may have been applied by an earlier attempt: it is undone
+	// first, then the reservation.
+	if status, steps := states(t, b, o.OrderID); status != statestore.OrderCompensating || steps != "proc erro canc canc pend wait " {
+		t.Fatalf("order %s, steps %s", status, steps)
+	}
+	c, res := run(t, b, o.OrderID, true)
+	if c.Kind != statestore.KindCompensation || c.Name != "refund_payment" || c.Undoes != statestore.IdempotencyKey(o.OrderID, 2, "charge_payment") {
+		t.Fatalf("first compensation claimed: %+v", c)
+	}
+	if res.NextStep != 6 {
+		t.Fatalf("after the refund: %+v", res)
+	}
+	c, res = run(t, b, o.OrderID, true)
+	if c.Name != "release_inventory" || c.Undoes != statestore.IdempotencyKey(o.OrderID, 1, "reserve_inventory") || res.OrderStatus != statestore.OrderFailed {
+		t.Fatalf("second compensation %+v -> %+v", c, res)
+	}
+	if n := count(t, b, `SELECT count(*) FROM outbox WHERE order_id = $1 AND body->>'status' IN ('compensating', 'failed')`, o.OrderID); n != 2 {
+		t.Fatalf("%d compensating/failed events, want 2", n)
+	}
+	if n := count(t, b, `SELECT count(*) FROM outbox WHERE order_id = $1 AND message_type = 'operator_alert'`, o.OrderID); n != 0 {
+		t.Fatalf("%d alerts for an order compensated as planned", n)
+	}
+}
+
+func TestFailingFirstStepLeavesNothingToUndo(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	o := sagaOrder(statestore.PolicyCompensate)
+	insert(t, b, o)
+	// The failed first step was attempted: its release runs (the remote
+	// makes it a no-op if the reservation never happened).
+	_, res := run(t, b, o.OrderID, false)
+	if res.OrderStatus != statestore.OrderCompensating {
+		t.Fatalf("%+v", res)
+	}
+	_, res = run(t, b, o.OrderID, true)
+	if res.OrderStatus != statestore.OrderFailed {
+		t.Fatalf("%+v", res)
+	}
+}
+
+func TestFailedCompensationNeedsAPerson(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	o := sagaOrder(statestore.PolicyCompensate)
+	insert(t, b, o)
+	run(t, b, o.OrderID, true)
+	run(t, b, o.OrderID, true)
+	run(t, b, o.OrderID, false) // shipping refused
+	_, res := run(t, b, o.OrderID, false)
+	if res.OrderStatus != statestore.OrderError {
+		t.Fatalf("after a compensation failed: %+v", res)
+	}
+	if n := count(t, b, `SELECT count(*) FROM outbox WHERE order_id = $1 AND message_type = 'operator_alert'`, o.OrderID); n != 1 {
+		t.Fatalf("%d alerts, want 1", n)
+	}
+	if _, err := b.store.CancelOrder(ctx, o.OrderID, "operator"); !errors.Is(err, statestore.ErrInvalidState) {
+		t.Fatalf("cancel of an order whose compensation failed: %v", err)
+	}
+	if _, err := b.store.Resubmit(ctx, o.OrderID, 0, "operator"); err != nil {
+		t.Fatal(err)
+	}
+	if status, _ := states(t, b, o.OrderID); status != statestore.OrderCompensating {
+		t.Fatalf("after resubmitting the compensation: %s", status)
+	}
+	run(t, b, o.OrderID, true)
+	run(t, b, o.OrderID, true)
+	_, res = run(t, b, o.OrderID, true)
+	if res.OrderStatus != statestore.OrderFailed {
+		t.Fatalf("%+v", res)
+	}
+}
+
+func TestHoldPolicyWaitsForOperator(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	o := sagaOrder(statestore.PolicyHold)
+	insert(t, b, o)
+	run(t, b, o.OrderID, true)
+	_, res := run(t, b, o.OrderID, false)
+	if res.OrderStatus != statestore.OrderError {
+		t.Fatalf("hold: %+v", res)
+	}
+	if status, steps := states(t, b, o.OrderID); status != statestore.OrderError || steps != "proc erro wait wait wait wait " {
+		t.Fatalf("held order %s, steps %s", status, steps)
+	}
+	// cancel runs the compensations even under hold.
+	status, err := b.store.CancelOrder(ctx, o.OrderID, "operator")
+	if err != nil || status != statestore.OrderCompensating {
+		t.Fatalf("cancel: %s %v", status, err)
+	}
+	run(t, b, o.OrderID, true)
+	_, res = run(t, b, o.OrderID, true)
+	if res.OrderStatus != statestore.OrderFailed {
+		t.Fatalf("%+v", res)
+	}
+}
+
+func TestCancelInFlightOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	o := sagaOrder(statestore.PolicyCompensate)
+	insert(t, b, o)
+	run(t, b, o.OrderID, true)
+	claimed, err := b.store.ClaimPending(ctx, "s", 10, nil) // payment in flight
+	if err != nil || len(claimed) != 1 {
+		t.Fatal(claimed, err)
+	}
+	status, err := b.store.CancelOrder(ctx, o.OrderID, "operator")
+	if err != nil || status != statestore.OrderCompensating {
+		t.Fatalf("cancel: %s %v", status, err)
+	}
+	if _, err := b.store.ApplyReply(ctx, statestore.Reply{OrderID: o.OrderID, Step: 2, Attempt: claimed[0].Attempt, OK: true, Actor: "s"}); !errors.Is(err, statestore.ErrStale) {
+		t.Fatalf("the in-flight payment's reply after cancel: %v", err)
+	}
+	if _, steps := states(t, b, o.OrderID); steps != "proc canc canc canc pend wait " {
+		t.Fatalf("steps after cancel %s", steps)
+	}
+	run(t, b, o.OrderID, true)
+	if _, res := run(t, b, o.OrderID, true); res.OrderStatus != statestore.OrderFailed {
+		t.Fatalf("%+v", res)
+	}
+
+	// An order nothing was attempted for fails at once.
+	fresh := sagaOrder(statestore.PolicyCompensate)
+	insert(t, b, fresh)
+	if status, err := b.store.CancelOrder(ctx, fresh.OrderID, "operator"); err != nil || status != statestore.OrderFailed {
+		t.Fatalf("cancel of an untouched order: %s %v", status, err)
+	}
+}
