@@ -147,7 +147,13 @@ func TestFiveHundredOrdersSucceedOrFailAsAWhole(t *testing.T) {
 func TestCancelInFlightOrder(t *testing.T) {
 	t.Parallel()
 	p := newPipeline(t, pipelineOpts{supervisors: 1, faults: `{"charge_payment":{"latency_min_ms":3000,"latency_max_ms":3000}}`})
-	ids := p.submitOrders(t, 1)
+	ch := amqpChannel(t)
+	statusQueue := p.topo.Prefix + "cancel-status"
+	if _, err := ch.QueueDeclare(statusQueue, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = amqpChannel(t).QueueDelete(statusQueue, false, false, false) })
+	ids := p.submitOrders(t, 1, "--reply-to", statusQueue)
 	testenv.Eventually(t, 30*time.Second, "the payment in progress", func() bool {
 		e, ok := p.callInFlight(t)
 		return ok && e.Action == "charge_payment"
@@ -163,6 +169,18 @@ func TestCancelInFlightOrder(t *testing.T) {
 	refund := p.stepOf(t, ids[0], 5)
 	if refund.Name != "refund_payment" || refund.ProcessState != statestore.StepProcessed {
 		t.Fatalf("refund step %+v", refund)
+	}
+	// The order's status events tell the whole story, in order.
+	var got []string
+	for _, d := range drain(t, ch, statusQueue, 4, 30*time.Second) {
+		ev, err := messages.DecodeStatusEvent(d.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, ev.Status)
+	}
+	if strings.Join(got, ",") != "received,processing,compensating,failed" {
+		t.Fatalf("status events %v", got)
 	}
 	t.Logf("undo waited %v times for the payment in flight", p.remote.metric(t, `sas_remote_requests_total{action="refund_payment",outcome="undo_waits"}`))
 }
