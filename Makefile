@@ -1,6 +1,6 @@
 # sas — the Scheduler Agent Supervisor pattern over PostgreSQL and RabbitMQ.
 #
-#   make demo    run what exists of the system locally (starts Postgres and RabbitMQ)
+#   make demo    run the whole system locally and push orders through it (sasctl dev)
 #   make test    vet and race-test everything against real Postgres and RabbitMQ
 
 GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
@@ -39,8 +39,12 @@ fuzz:
 		$(GO) test ./internal/messages/ -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) || exit 1; \
 	done
 
+# Starts (or installs) PostgreSQL, RabbitMQ and Prometheus, then runs every
+# service and pushes DEMO_ORDERS orders through; Ctrl-C stops everything.
+DEMO_ORDERS ?= 3000
 demo: build
-	./scripts/demo.sh
+	./scripts/services.sh --prometheus sas
+	bin/sasctl dev --orders $(DEMO_ORDERS) $(DEMO_FLAGS)
 
 clean:
 	rm -rf bin

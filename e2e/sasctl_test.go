@@ -3,8 +3,11 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -182,4 +185,34 @@ func writeTemp(t *testing.T, body string) string {
 		t.Fatal(err)
 	}
 	return f
+}
+
+// TestSasctlDev runs the local stack the way make demo does (without
+// Prometheus) and checks its summary and that it leaves nothing running.
+func TestSasctlDev(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	base := 20000 + 10*int(time.Now().UnixNano()%4000)
+	out, errOut, code := sasctl(t, s.env, "dev", "--orders", "60", "--bin", binDir, "--prometheus-port", "0",
+		"--port-base", strconv.Itoa(base), "--faults", `{"*":{"error_rate":0.1}}`)
+	if code != 0 {
+		t.Fatalf("sasctl dev: exit %d\n%s\n%s", code, out, errOut)
+	}
+	for _, want := range []string{"SUMMARY", "orders completed         60", "throughput", "latency submit->end p99", "agent retries", "logs: "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("summary lacks %q:\n%s", want, out)
+		}
+	}
+	if !strings.Contains(errOut, "60/60 ended") {
+		t.Errorf("no progress line reached 60/60:\n%s", errOut)
+	}
+	if n := s.count(t, `SELECT count(*) FROM orders WHERE status = 'completed'`); n != 60 {
+		t.Fatalf("%d orders completed in the store", n)
+	}
+	for port := base + 1; port <= base+5; port++ {
+		if conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), 200*time.Millisecond); err == nil {
+			conn.Close()
+			t.Errorf("something still listens on %d after sasctl dev ended", port)
+		}
+	}
 }

@@ -3,11 +3,17 @@
 # the local stack: installs them from Debian packages if absent, starts them
 # if stopped, and creates the test database. Idempotent; safe to run often.
 #
-# Usage: scripts/services.sh [DATABASE ...]   (default: sas_test)
+# Usage: scripts/services.sh [--prometheus] [DATABASE ...]   (default: sas_test)
+#   --prometheus  also install Prometheus (Debian package) if absent
 # Environment: SAS_PG_ADMIN_URL (default
 # postgres://postgres@127.0.0.1:5432/postgres).
 set -euo pipefail
 
+with_prometheus=0
+if [ "${1:-}" = "--prometheus" ]; then
+	with_prometheus=1
+	shift
+fi
 if [ "$#" -eq 0 ]; then set -- sas_test; fi
 admin_url="${SAS_PG_ADMIN_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 apt_updated=0
@@ -108,4 +114,7 @@ ensure_rabbitmq() {
 
 ensure_postgres "$@"
 ensure_rabbitmq
+if [ "$with_prometheus" -eq 1 ] && ! command -v prometheus >/dev/null 2>&1; then
+	apt_install prometheus prometheus
+fi
 log "PostgreSQL and RabbitMQ are up; database(s) $* exist"

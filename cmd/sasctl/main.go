@@ -31,6 +31,7 @@ commands:
   orders resubmit ID [--step N]    put an order's failed step back to pending
   orders cancel ID                 end an order that has not ended: undo what was done, then failed
   alerts tail [--count N]          print operator alerts as they arrive on the alerts queue
+  dev [--orders N]                 run every service locally, push orders through, show progress and a summary
 
 Run "sasctl <command> -h" for a command's flags.
 `
@@ -83,6 +84,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return a.orders(ctx, rest)
 	case "alerts":
 		return a.alerts(ctx, rest)
+	case "dev":
+		return a.dev(ctx, rest)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil

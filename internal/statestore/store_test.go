@@ -836,3 +836,38 @@ func TestCancelOrder(t *testing.T) {
 		t.Fatalf("cancel of an unknown order: %v", err)
 	}
 }
+
+func TestProgressSince(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	insert(t, b, order(1, time.Hour, 3)) // before: not counted
+	since, err := b.store.Now(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	insert(t, b, order(1, time.Hour, 3))
+	done := order(1, time.Hour, 3)
+	insert(t, b, done)
+	claimed, err := b.store.ClaimPending(ctx, "s", 10, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range claimed {
+		if c.OrderID == done.OrderID {
+			if _, err := b.store.ApplyReply(ctx, statestore.Reply{OrderID: c.OrderID, Step: 1, Attempt: c.Attempt, OK: true, Actor: "s"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	p, err := b.store.ProgressSince(ctx, since)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.ByStatus[statestore.OrderCompleted] != 1 || p.ByStatus[statestore.OrderProcessing] != 1 || len(p.ByStatus) != 2 {
+		t.Fatalf("by status %v", p.ByStatus)
+	}
+	if p.P50 <= 0 || p.P99 < p.P50 || p.P99 > time.Minute {
+		t.Fatalf("latencies %v %v", p.P50, p.P99)
+	}
+}

@@ -1,0 +1,414 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"sas/internal/messages"
+	"sas/internal/statestore"
+	"sas/internal/submitter"
+	"sas/migrations"
+)
+
+// mildFaults is the demo's default fault injection: enough to see
+// retries, replays and the odd compensation, not enough to slow it down.
+const mildFaults = `{"*":{"error_rate":0.03,"rate_limit_rate":0.01,"apply_then_fail_rate":0.01,"latency_min_ms":1,"latency_max_ms":5}}`
+
+// devProc is a service started by sasctl dev.
+type devProc struct {
+	name string
+	addr string // its ops (or API) address
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+// dev runs the whole system on this machine, pushes orders through it with
+// live progress, and prints a summary. PostgreSQL and RabbitMQ must be up
+// (make demo starts them).
+func (a *app) dev(ctx context.Context, args []string) error {
+	fs := a.flags("dev")
+	orders := fs.Int("orders", 3000, "orders to submit")
+	wf := fs.String("workflow", "", "workflow of the orders (default: the default workflow)")
+	schedulers := fs.Int("schedulers", 2, "scheduler replicas")
+	agents := fs.Int("agents", 3, "agent replicas")
+	faults := fs.String("faults", mildFaults, "the remote service's fault injection (JSON)")
+	binDir := fs.String("bin", "", "directory of the sas binaries (default: sasctl's own)")
+	promPort := fs.Int("prometheus-port", 9090, "port of a local Prometheus scraping every service, if prometheus is installed (0: none)")
+	rules := fs.String("rules", "deploy/prometheus/alerts.yml", "alert rules for the local Prometheus (skipped if the file is missing)")
+	keep := fs.Bool("keep", false, "keep the services running after the orders end, until Ctrl-C")
+	portBase := fs.Int("port-base", 9100, "services listen on 127.0.0.1 from this port up: submitter +1, schedulers +2, +12, …, agents +3, +13, …, supervisor +4, remote +5")
+	if err := a.parse(fs, args); err != nil {
+		return err
+	}
+	if *binDir == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		*binDir = filepath.Dir(self)
+	}
+	logs, err := os.MkdirTemp("", "sas-dev-")
+	if err != nil {
+		return err
+	}
+
+	migrateCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	pool, err := statestore.Connect(migrateCtx, a.cfg.DatabaseURL, 4)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	store := statestore.New(pool)
+	ms, err := statestore.LoadMigrations(migrations.FS)
+	if err != nil {
+		return err
+	}
+	if _, err := statestore.Migrate(migrateCtx, pool, ms); err != nil {
+		return err
+	}
+
+	var procs []*devProc
+	defer func() { stopAll(procs, a.stderr) }()
+	start := func(name, binary, addrVar, addr string, env ...string) (*devProc, error) {
+		p, err := startDev(name, filepath.Join(*binDir, binary), logs, addrVar, addr, env)
+		if p != nil {
+			procs = append(procs, p)
+		}
+		return p, err
+	}
+	remote, err := start("remote", "remote", "SAS_REMOTE_ADDR", fmt.Sprintf("127.0.0.1:%d", *portBase+5), "SAS_REMOTE_FAULTS="+*faults)
+	if err != nil {
+		return err
+	}
+	services := []struct {
+		name, binary string
+		n, port      int
+		env          []string
+	}{
+		{"submitter", "submitter", 1, *portBase + 1, nil},
+		{"scheduler", "scheduler", *schedulers, *portBase + 2, nil},
+		{"agent", "agent", *agents, *portBase + 3, []string{"SAS_REMOTE_URL=http://" + remote.addr}},
+		{"supervisor", "supervisor", 1, *portBase + 4, nil},
+	}
+	byName := map[string][]*devProc{}
+	for _, s := range services {
+		for i := range s.n {
+			name := s.name
+			if s.n > 1 {
+				name = fmt.Sprintf("%s-%d", s.name, i+1)
+			}
+			p, err := start(name, s.binary, "SAS_METRICS_ADDR", fmt.Sprintf("127.0.0.1:%d", s.port+10*i), s.env...)
+			if err != nil {
+				return err
+			}
+			byName[s.name] = append(byName[s.name], p)
+		}
+	}
+	for _, p := range procs {
+		if err := p.waitReady(ctx, 60*time.Second); err != nil {
+			return fmt.Errorf("%w (log: %s)", err, filepath.Join(logs, p.name+".log"))
+		}
+	}
+	promURL := ""
+	if *promPort > 0 {
+		if path, err := exec.LookPath("prometheus"); err == nil {
+			p, err := startPrometheus(path, logs, *promPort, *rules, procs)
+			if err != nil {
+				return err
+			}
+			procs = append(procs, p)
+			promURL = "http://" + p.addr
+		}
+	}
+	fmt.Fprintf(a.stderr, "services up (%d processes); logs in %s\n", len(procs), logs)
+
+	since, err := store.Now(ctx)
+	if err != nil {
+		return err
+	}
+	began := time.Now()
+	var published atomic.Int64
+	submitErr := make(chan error, 1)
+	go func() { submitErr <- a.publishSample(ctx, *orders, *wf, &published) }()
+
+	ended, stalledSince, last := 0, time.Now(), -1
+	ticker := time.NewTicker(500 * time.Millisecond)
+	defer ticker.Stop()
+	for ended < *orders {
+		select {
+		case <-ctx.Done():
+			fmt.Fprintln(a.stderr, "\ninterrupted; stopping the services")
+			return nil
+		case err := <-submitErr:
+			if err != nil {
+				return fmt.Errorf("submit: %w", err)
+			}
+			submitErr = nil
+		case <-ticker.C:
+		}
+		for _, p := range procs {
+			if p.exited() {
+				return fmt.Errorf("%s exited: %v (log: %s)", p.name, p.err, filepath.Join(logs, p.name+".log"))
+			}
+		}
+		pr, err := store.ProgressSince(ctx, since)
+		if err != nil {
+			return err
+		}
+		ended = pr.ByStatus[statestore.OrderCompleted] + pr.ByStatus[statestore.OrderFailed] + pr.ByStatus[statestore.OrderError]
+		if ended != last {
+			last, stalledSince = ended, time.Now()
+		} else if time.Since(stalledSince) > time.Minute {
+			fmt.Fprintln(a.stderr, "\nno order ended for a minute; see `sasctl orders list --status processing` and the logs")
+			break
+		}
+		elapsed := time.Since(began).Seconds()
+		fmt.Fprintf(a.stderr, "\r%s %d/%d ended | submitted %d | completed %d | failed %d | error %d | in flight %d | %.0f/s   ",
+			bar(ended, *orders, 30), ended, *orders, published.Load(), pr.ByStatus[statestore.OrderCompleted],
+			pr.ByStatus[statestore.OrderFailed], pr.ByStatus[statestore.OrderError], int(published.Load())-ended, float64(ended)/elapsed)
+	}
+	took := time.Since(began)
+	fmt.Fprintln(a.stderr)
+
+	pr, err := store.ProgressSince(ctx, since)
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "\nSUMMARY\t")
+	for _, st := range []string{statestore.OrderCompleted, statestore.OrderFailed, statestore.OrderError, statestore.OrderCompensating, statestore.OrderProcessing, statestore.OrderReceived} {
+		if n := pr.ByStatus[st]; n > 0 {
+			fmt.Fprintf(tw, "orders %s\t%d\n", st, n)
+		}
+	}
+	fmt.Fprintf(tw, "time\t%v\n", took.Round(time.Millisecond))
+	fmt.Fprintf(tw, "throughput\t%.0f orders/s\n", float64(ended)/took.Seconds())
+	fmt.Fprintf(tw, "latency submit->end p50\t%v\n", pr.P50.Round(time.Millisecond))
+	fmt.Fprintf(tw, "latency submit->end p99\t%v\n", pr.P99.Round(time.Millisecond))
+	fmt.Fprintf(tw, "agent retries\t%.0f\n", scrapeSum(byName["agent"], "sas_agent_retries_total"))
+	fmt.Fprintf(tw, "supervisor resets\t%.0f\n", scrapeSum(byName["supervisor"], "sas_supervisor_resets_total"))
+	fmt.Fprintf(tw, "operator alerts\t%d\n", pr.Alerts)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(a.stdout, "\nmetrics: ")
+	for _, p := range procs {
+		fmt.Fprintf(a.stdout, "%s http://%s/metrics  ", p.name, p.addr)
+	}
+	if promURL != "" {
+		fmt.Fprintf(a.stdout, "\nPrometheus: %s", promURL)
+	}
+	fmt.Fprintf(a.stdout, "\nlogs: %s\ninspect: sasctl orders list --status failed; sasctl orders show ID\n", logs)
+	if *keep {
+		fmt.Fprintln(a.stderr, "services keep running; Ctrl-C stops them")
+		<-ctx.Done()
+	}
+	return nil
+}
+
+// publishSample publishes n generated orders with confirms.
+func (a *app) publishSample(ctx context.Context, n int, wf string, published *atomic.Int64) error {
+	conn, pub, topo, err := a.openBroker(ctx, submitter.Input)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	defer pub.Close()
+	sem := make(chan struct{}, 64)
+	var wg sync.WaitGroup
+	var once sync.Once
+	var firstErr error
+	for range n {
+		o := sampleOrder(wf, 0, "")
+		body, err := messages.Encode(o)
+		if err != nil {
+			return err
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			wg.Wait()
+			return nil
+		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if err := publishOrder(ctx, pub, topo.Queue(submitter.Input), o.OrderID, body); err != nil {
+				once.Do(func() { firstErr = err })
+				return
+			}
+			published.Add(1)
+		})
+	}
+	wg.Wait()
+	return firstErr
+}
+
+func bar(done, total, width int) string {
+	if total <= 0 {
+		return ""
+	}
+	n := min(width, done*width/total)
+	return "[" + strings.Repeat("#", n) + strings.Repeat(".", width-n) + "]"
+}
+
+func startDev(name, path, logs, addrVar, addr string, env []string) (*devProc, error) {
+	logFile, err := os.Create(filepath.Join(logs, name+".log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(path)
+	cmd.Env = append(append(os.Environ(), addrVar+"="+addr, "SAS_INSTANCE_ID="+name), env...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	// Its own process group: Ctrl-C reaches sasctl, which stops the
+	// services in order, rather than every process at once.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("start %s (%s): %w; run `make build` first", name, path, err)
+	}
+	p := &devProc{name: name, addr: addr, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		logFile.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+func (p *devProc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (p *devProc) waitReady(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if p.exited() {
+			return fmt.Errorf("%s exited during start: %v", p.name, p.err)
+		}
+		resp, err := http.Get("http://" + p.addr + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("%s not ready after %v", p.name, timeout)
+}
+
+// stopAll stops the services, last started first, each with SIGTERM and,
+// after 30 s, SIGKILL.
+func stopAll(procs []*devProc, log io.Writer) {
+	for i := len(procs) - 1; i >= 0; i-- {
+		p := procs[i]
+		if p.exited() {
+			continue
+		}
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(30 * time.Second):
+			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+			<-p.done
+			fmt.Fprintf(log, "%s did not stop in 30 s and was killed\n", p.name)
+		}
+	}
+}
+
+// scrapeSum adds up every series of a metric over processes.
+func scrapeSum(procs []*devProc, name string) float64 {
+	total := 0.0
+	for _, p := range procs {
+		resp, err := http.Get("http://" + p.addr + "/metrics")
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			line := sc.Text()
+			if !strings.HasPrefix(line, name+" ") && !strings.HasPrefix(line, name+"{") {
+				continue
+			}
+			if i := strings.LastIndexByte(line, ' '); i > 0 {
+				if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+					total += v
+				}
+			}
+		}
+		resp.Body.Close()
+	}
+	return total
+}
+
+// startPrometheus runs a local Prometheus scraping every service.
+func startPrometheus(path, logs string, port int, rules string, procs []*devProc) (*devProc, error) {
+	var b strings.Builder
+	b.WriteString("global:\n  scrape_interval: 2s\n  evaluation_interval: 2s\n")
+	if abs, err := filepath.Abs(rules); err == nil {
+		if _, err := os.Stat(abs); err == nil {
+			fmt.Fprintf(&b, "rule_files:\n  - %q\n", abs)
+		}
+	}
+	b.WriteString("scrape_configs:\n")
+	jobs := map[string][]string{}
+	var order []string
+	for _, p := range procs {
+		job := "sas-" + strings.TrimRight(strings.TrimRight(p.name, "0123456789"), "-")
+		if _, seen := jobs[job]; !seen {
+			order = append(order, job)
+		}
+		jobs[job] = append(jobs[job], p.addr)
+	}
+	for _, job := range order {
+		fmt.Fprintf(&b, "  - job_name: %s\n    static_configs:\n      - targets: [%s]\n", job, `"`+strings.Join(jobs[job], `", "`)+`"`)
+	}
+	cfg := filepath.Join(logs, "prometheus.yml")
+	if err := os.WriteFile(cfg, []byte(b.String()), 0o644); err != nil {
+		return nil, err
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	logFile, err := os.Create(filepath.Join(logs, "prometheus.log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(path, "--config.file="+cfg, "--web.listen-address="+addr,
+		"--storage.tsdb.path="+filepath.Join(logs, "prometheus-data"))
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("start prometheus: %w", err)
+	}
+	p := &devProc{name: "prometheus", addr: addr, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		logFile.Close()
+		close(p.done)
+	}()
+	return p, nil
+}

@@ -1,0 +1,60 @@
+package statestore
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Progress is how the orders created since a moment are doing.
+type Progress struct {
+	ByStatus map[string]int
+	// P50 and P99 of the time from an order's creation to its last change,
+	// over the orders that ended (completed, failed, error).
+	P50, P99 time.Duration
+	// Alerts raised for these orders.
+	Alerts int
+}
+
+// Now returns the database clock.
+func (s *Store) Now(ctx context.Context) (time.Time, error) {
+	var t time.Time
+	if err := s.pool.QueryRow(ctx, `SELECT now()`).Scan(&t); err != nil {
+		return t, fmt.Errorf("read the database clock: %w", err)
+	}
+	return t, nil
+}
+
+// ProgressSince reports on the orders created at or after since (a time
+// read with Now).
+func (s *Store) ProgressSince(ctx context.Context, since time.Time) (Progress, error) {
+	p := Progress{ByStatus: map[string]int{}}
+	rows, err := s.pool.Query(ctx, `SELECT status, count(*) FROM orders WHERE created_at >= $1 GROUP BY status`, since)
+	if err != nil {
+		return p, fmt.Errorf("progress: %w", err)
+	}
+	for rows.Next() {
+		var st string
+		var n int
+		if err := rows.Scan(&st, &n); err != nil {
+			rows.Close()
+			return p, fmt.Errorf("progress: %w", err)
+		}
+		p.ByStatus[st] = n
+	}
+	if err := rows.Err(); err != nil {
+		return p, fmt.Errorf("progress: %w", err)
+	}
+	var p50, p99 float64
+	err = s.pool.QueryRow(ctx, `
+		SELECT coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at)), 0),
+		       coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at)), 0),
+		       (SELECT count(*) FROM outbox WHERE message_type = 'operator_alert' AND created_at >= $1)
+		FROM orders WHERE created_at >= $1 AND status IN ('completed', 'failed', 'error')`, since).Scan(&p50, &p99, &p.Alerts)
+	if err != nil {
+		return p, fmt.Errorf("progress latencies: %w", err)
+	}
+	p.P50 = time.Duration(p50 * float64(time.Second))
+	p.P99 = time.Duration(p99 * float64(time.Second))
+	return p, nil
+}
