@@ -16,9 +16,10 @@ build:
 	$(GO) build -o bin/ ./cmd/...
 
 # Installs (Debian packages) and starts PostgreSQL and RabbitMQ if needed,
-# and creates the test database.
+# creates the test database, and installs the tools the deployment checks
+# use (promtool, docker-compose).
 services:
-	./scripts/services.sh sas_test
+	./scripts/services.sh --prometheus --compose sas_test
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -3,17 +3,23 @@
 # the local stack: installs them from Debian packages if absent, starts them
 # if stopped, and creates the test database. Idempotent; safe to run often.
 #
-# Usage: scripts/services.sh [--prometheus] [DATABASE ...]   (default: sas_test)
-#   --prometheus  also install Prometheus (Debian package) if absent
+# Usage: scripts/services.sh [--prometheus] [--compose] [DATABASE ...]   (default: sas_test)
+#   --prometheus  also install Prometheus and promtool (Debian package) if absent
+#   --compose     also install docker-compose (Debian package), to validate deploy/
 # Environment: SAS_PG_ADMIN_URL (default
 # postgres://postgres@127.0.0.1:5432/postgres).
 set -euo pipefail
 
 with_prometheus=0
-if [ "${1:-}" = "--prometheus" ]; then
-	with_prometheus=1
+with_compose=0
+while [ "$#" -gt 0 ]; do
+	case "$1" in
+	--prometheus) with_prometheus=1 ;;
+	--compose) with_compose=1 ;;
+	*) break ;;
+	esac
 	shift
-fi
+done
 if [ "$#" -eq 0 ]; then set -- sas_test; fi
 admin_url="${SAS_PG_ADMIN_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 apt_updated=0
@@ -116,5 +122,8 @@ ensure_postgres "$@"
 ensure_rabbitmq
 if [ "$with_prometheus" -eq 1 ] && ! command -v prometheus >/dev/null 2>&1; then
 	apt_install prometheus prometheus
+fi
+if [ "$with_compose" -eq 1 ] && ! command -v docker-compose >/dev/null 2>&1; then
+	apt_install docker-compose docker-compose
 fi
 log "PostgreSQL and RabbitMQ are up; database(s) $* exist"

@@ -32,6 +32,7 @@ commands:
   orders cancel ID                 end an order that has not ended: undo what was done, then failed
   alerts tail [--count N]          print operator alerts as they arrive on the alerts queue
   dev [--orders N]                 run every service locally, push orders through, show progress and a summary
+  probe URL                        exit 0 if URL answers 200 (container healthchecks)
 
 Run "sasctl <command> -h" for a command's flags.
 `
@@ -86,6 +87,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return a.alerts(ctx, rest)
 	case "dev":
 		return a.dev(ctx, rest)
+	case "probe":
+		return a.probe(ctx, rest)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil
