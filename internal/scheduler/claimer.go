@@ -81,6 +81,7 @@ func (c *claimer) drain(ctx context.Context) (throttled bool) {
 				throttled = true
 				continue
 			}
+			c.metrics.queueReady.WithLabelValues(kind).Set(float64(ready))
 			room := min(c.batch, c.maxQueued-ready)
 			if room <= 0 {
 				c.metrics.throttled.WithLabelValues(kind).Inc()

@@ -59,8 +59,10 @@ func (r *replier) handle(ctx context.Context, d amqp.Delivery) error {
 		return err // shutting down: back to the queue
 	}
 	r.metrics.replies.WithLabelValues(res.StepState).Inc()
-	if res.OrderStatus != "" {
+	r.metrics.stepDuration.WithLabelValues(res.StepName, rep.Outcome).Observe(res.StepTook.Seconds())
+	if res.OrderTook > 0 {
 		r.metrics.ordersFinished.WithLabelValues(res.OrderStatus).Inc()
+		r.metrics.orderDuration.WithLabelValues(res.OrderStatus).Observe(res.OrderTook.Seconds())
 	}
 	log.Debug("reply applied", "step_state", res.StepState, "next_step", res.NextStep, "order_status", res.OrderStatus)
 	return nil

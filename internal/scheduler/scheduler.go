@@ -54,6 +54,9 @@ type metrics struct {
 	replies        *prometheus.CounterVec
 	stale          *prometheus.CounterVec
 	ordersFinished *prometheus.CounterVec
+	orderDuration  *prometheus.HistogramVec
+	stepDuration   *prometheus.HistogramVec
+	queueReady     *prometheus.GaugeVec
 	dbRetries      prometheus.Counter
 	outbox         *prometheus.CounterVec
 	unroutable     *prometheus.CounterVec
@@ -93,6 +96,17 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		ordersFinished: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sas_orders_finished_total", Help: "Orders that reached a terminal status through a reply, by status.",
 		}, []string{"status"}),
+		orderDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "sas_order_duration_seconds", Help: "Time from submission to the reply that ended the order, by final status.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 16),
+		}, []string{"status"}),
+		stepDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "sas_step_duration_seconds", Help: "Time from a step's claim to its reply, by step name and outcome.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}, []string{"name", "outcome"}),
+		queueReady: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sas_agent_queue_ready", Help: "Requests waiting in an agent kind's queue, as last read by this scheduler.",
+		}, []string{"kind"}),
 		dbRetries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sas_scheduler_db_retries_total", Help: "Reply applications retried after a database error.",
 		}),
@@ -107,7 +121,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	reg.MustRegister(m.claimed, m.throttled, m.claimDuration, m.published, m.publishFailed, m.released, m.wakeups, m.replies,
-		m.stale, m.ordersFinished, m.dbRetries, m.outbox, m.unroutable, m.relayErrors)
+		m.stale, m.ordersFinished, m.orderDuration, m.stepDuration, m.queueReady, m.dbRetries, m.outbox, m.unroutable, m.relayErrors)
 	return m
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -26,12 +27,24 @@ type Reply struct {
 type ApplyResult struct {
 	// StepState is the step's new state: processed or error.
 	StepState string
+	// StepName is the step's name (e.g. charge_payment).
+	StepName string
 	// NextStep is the step made pending by this reply, or 0.
 	NextStep int
 	// OrderStatus is the order's status after the reply if it changed it
 	// (completed, compensating, failed, error), or "" (for a failed reply,
 	// the status it has after the policy was applied).
 	OrderStatus string
+	// StepTook is the time from the step's claim to this reply, and
+	// OrderTook, when the reply ended the order, the time from its
+	// submission (both on the database clock).
+	StepTook  time.Duration
+	OrderTook time.Duration
+}
+
+// orderEnded reports whether status is one an order ends in.
+func orderEnded(status string) bool {
+	return status == OrderCompleted || status == OrderFailed || status == OrderError
 }
 
 // Kinds of stale reply, few and fixed (they label a metric).
@@ -70,14 +83,15 @@ WITH cur AS (
         updated_at = now()
     WHERE order_id = $1 AND step = $2 AND attempt = $3
       AND process_state = 'processing' AND complete_by >= now()
-    RETURNING order_id, step, attempt, process_state, failure_count
+    RETURNING order_id, step, attempt, process_state, failure_count, name,
+              extract(epoch FROM now() - (complete_by - timeout)) AS took
 ), cur_hist AS (
     INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
     SELECT order_id, step, 'processing', process_state, attempt, $7,
            CASE WHEN process_state = 'processed' THEN 'agent replied ok' ELSE 'agent replied failed: ' || $6 END
     FROM cur
 )
-SELECT process_state, failure_count FROM cur`
+SELECT process_state, failure_count, name, took FROM cur`
 
 // ApplyReply applies an agent's reply, fenced by attempt, state and
 // complete_by, and in the same transaction moves the order on (the next
@@ -91,8 +105,9 @@ func (s *Store) ApplyReply(ctx context.Context, r Reply) (ApplyResult, error) {
 	applied := false
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var failures int
+		var took float64
 		err := tx.QueryRow(ctx, applyReplySQL, r.OrderID, r.Step, r.Attempt, r.OK, r.Result, r.Error, r.Actor).
-			Scan(&res.StepState, &failures)
+			Scan(&res.StepState, &failures, &res.StepName, &took)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -100,12 +115,21 @@ func (s *Store) ApplyReply(ctx context.Context, r Reply) (ApplyResult, error) {
 			return err
 		}
 		applied = true
+		res.StepTook = time.Duration(took * float64(time.Second))
 		if r.OK {
-			return tx.QueryRow(ctx, `SELECT next_step, order_status FROM step_processed($1, $2, $3)`, r.OrderID, r.Step, r.Actor).
+			err = tx.QueryRow(ctx, `SELECT next_step, order_status FROM step_processed($1, $2, $3)`, r.OrderID, r.Step, r.Actor).
 				Scan(&res.NextStep, &res.OrderStatus)
+		} else {
+			err = tx.QueryRow(ctx, `SELECT step_failed($1, $2, $3, $4, $5)`, r.OrderID, r.Step, r.Actor, "agent replied failed: "+r.Error, failures).
+				Scan(&res.OrderStatus)
 		}
-		return tx.QueryRow(ctx, `SELECT step_failed($1, $2, $3, $4, $5)`, r.OrderID, r.Step, r.Actor, "agent replied failed: "+r.Error, failures).
-			Scan(&res.OrderStatus)
+		if err != nil || !orderEnded(res.OrderStatus) {
+			return err
+		}
+		var age float64
+		err = tx.QueryRow(ctx, `SELECT extract(epoch FROM now() - created_at) FROM orders WHERE order_id = $1`, r.OrderID).Scan(&age)
+		res.OrderTook = time.Duration(age * float64(time.Second))
+		return err
 	})
 	if err != nil {
 		return res, fmt.Errorf("apply reply for order %s step %d: %w", r.OrderID, r.Step, err)

@@ -1,0 +1,180 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"sas/internal/testenv"
+)
+
+// startPrometheus runs a real Prometheus scraping procs every second, with
+// the alert rules loaded, and returns its address.
+func startPrometheus(t *testing.T, procs []*proc) string {
+	t.Helper()
+	bin := tool(t, "prometheus")
+	dir := t.TempDir()
+	rules, _ := filepath.Abs("../deploy/prometheus/alerts.yml")
+	var b strings.Builder
+	fmt.Fprintf(&b, "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: [%q]\nscrape_configs:\n", rules)
+	for i, p := range procs {
+		fmt.Fprintf(&b, "  - job_name: sas-%s-%d\n    static_configs: [{targets: [%q]}]\n", p.name, i, p.ops)
+	}
+	cfg := filepath.Join(dir, "prometheus.yml")
+	if err := os.WriteFile(cfg, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addr := freeAddr(t)
+	logFile, err := os.Create(filepath.Join(dir, "prometheus.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "--config.file="+cfg, "--web.listen-address="+addr, "--storage.tsdb.path="+filepath.Join(dir, "data"))
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+		logFile.Close()
+	})
+	testenv.Eventually(t, 60*time.Second, "prometheus to be ready", func() bool {
+		resp, err := http.Get("http://" + addr + "/-/ready")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	return addr
+}
+
+type promResult struct {
+	Status string `json:"status"`
+	Error  string `json:"error"`
+	Data   struct {
+		Result []json.RawMessage `json:"result"`
+	} `json:"data"`
+}
+
+func promQuery(t *testing.T, addr, expr string) promResult {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/api/v1/query?query=" + url.QueryEscape(expr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var r promResult
+	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
+		t.Fatalf("query %s: %v", expr, err)
+	}
+	return r
+}
+
+// TestDashboardAndAlertQueries runs every expression of the Grafana
+// dashboard and of the alert rules against a real Prometheus scraping a
+// running stack: none may fail, and the core panels must show data.
+func TestDashboardAndAlertQueries(t *testing.T) {
+	t.Parallel()
+	p := newPipeline(t, pipelineOpts{supervisors: 1, faults: `{"*":{"error_rate":0.1,"latency_max_ms":3}}`})
+	procs := append([]*proc{p.remote, p.submitter}, p.schedulers...)
+	procs = append(append(procs, p.agents...), p.supervisors...)
+	prom := startPrometheus(t, procs)
+
+	var dash struct {
+		Panels []struct {
+			Title       string `json:"title"`
+			Description string `json:"description"`
+			Targets     []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	raw, err := os.ReadFile("../deploy/grafana/dashboards/sas.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &dash); err != nil {
+		t.Fatalf("dashboard is not JSON: %v", err)
+	}
+	rulesRaw, err := os.ReadFile("../deploy/prometheus/alerts.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ruleExprs []string
+	for _, line := range strings.Split(string(rulesRaw), "\n") {
+		if e, ok := strings.CutPrefix(strings.TrimSpace(line), "expr: "); ok {
+			ruleExprs = append(ruleExprs, e)
+		}
+	}
+	if len(ruleExprs) == 0 || len(dash.Panels) == 0 {
+		t.Fatal("no expressions found")
+	}
+
+	// Traffic for the panels: orders, retries, a step or two of latency.
+	ids := p.submitOrders(t, 200)
+	p.waitTerminal(t, ids, 2*time.Minute)
+
+	for _, e := range ruleExprs {
+		if r := promQuery(t, prom, e); r.Status != "success" {
+			t.Errorf("alert rule expression %s: %s", e, r.Error)
+		}
+	}
+	for _, panel := range dash.Panels {
+		core := strings.HasPrefix(panel.Description, "Core:")
+		for _, target := range panel.Targets {
+			if r := promQuery(t, prom, target.Expr); r.Status != "success" {
+				t.Errorf("panel %q: %s: %s", panel.Title, target.Expr, r.Error)
+				continue
+			}
+			if !core {
+				continue
+			}
+			testenv.Eventually(t, 60*time.Second, fmt.Sprintf("panel %q (%s) to show data", panel.Title, target.Expr), func() bool {
+				return len(promQuery(t, prom, target.Expr).Data.Result) > 0
+			})
+		}
+	}
+	// The rules are loaded and evaluate cleanly.
+	resp, err := http.Get("http://" + prom + "/api/v1/rules")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var rules struct {
+		Data struct {
+			Groups []struct {
+				Rules []struct {
+					Name      string `json:"name"`
+					Health    string `json:"health"`
+					LastError string `json:"lastError"`
+				} `json:"rules"`
+			} `json:"groups"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&rules); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, g := range rules.Data.Groups {
+		for _, r := range g.Rules {
+			n++
+			if r.Health == "err" {
+				t.Errorf("rule %s: %s", r.Name, r.LastError)
+			}
+		}
+	}
+	if n != len(ruleExprs) {
+		t.Errorf("prometheus loaded %d rules, the file has %d", n, len(ruleExprs))
+	}
+}
