@@ -5,6 +5,7 @@
 
 GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+GOVULNCHECK := golang.org/x/vuln/cmd/govulncheck@v1.8.0
 FUZZTIME ?= 30s
 TEST_TIMEOUT ?= 14m
 
@@ -29,9 +30,11 @@ test: services fmt-check
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 
+# govulncheck needs https://vuln.go.dev for its database.
 lint: fmt-check
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
+	$(GO) run $(GOVULNCHECK) ./...
 
 # Runs every decoder's fuzz target for FUZZTIME each.
 fuzz:

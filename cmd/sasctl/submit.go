@@ -130,7 +130,7 @@ func (a *app) openBroker(ctx context.Context, inputs ...string) (*broker.Conn, *
 	dialCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	bm := broker.NewMetrics(nil)
-	conn, err := broker.Open(dialCtx, a.cfg.AMQPURL, "sasctl", topo, a.logger, bm)
+	conn, err := broker.Open(dialCtx, a.cfg.AMQPURL, "sasctl", topo, a.logger, bm, broker.WithCAFile(a.cfg.AMQPCAFile))
 	if err != nil {
 		return nil, nil, topo, err
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -370,4 +371,25 @@ func TestConsumerComesBackAfterQueueDeleted(t *testing.T) {
 	// publishRetrying keeps trying.
 	publishRetrying(t, pub, b.topo.Queue("in"), "after-delete")
 	testenv.Eventually(t, 30*time.Second, "the message consumed from the declared-again queue", func() bool { return got.Load() == 1 })
+}
+
+func TestWithCAFile(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 5)
+	dir := t.TempDir()
+	bad := dir + "/bad.pem"
+	if err := os.WriteFile(bad, []byte("not a certificate"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{dir + "/missing.pem", bad} {
+		if _, err := broker.Open(ctxFor(t, 5*time.Second), testenv.AMQPURL(), "ca", b.topo, b.logger, broker.NewMetrics(nil), broker.WithCAFile(path)); err == nil {
+			t.Errorf("Open accepted CA file %s", path)
+		}
+	}
+	// An empty path changes nothing.
+	conn, err := broker.Open(ctxFor(t, 30*time.Second), testenv.AMQPURL(), "ca", b.topo, b.logger, broker.NewMetrics(nil), broker.WithCAFile(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
 }

@@ -35,7 +35,7 @@ func Open(ctx context.Context, c Common, me string, dbMaxConns int32, topo broke
 		d.close = append(d.close, pool.Close)
 		d.Store = statestore.New(pool)
 	}
-	conn, err := broker.Open(ctx, c.AMQPURL, me, topo, logger, d.Metrics)
+	conn, err := broker.Open(ctx, c.AMQPURL, me, topo, logger, d.Metrics, broker.WithCAFile(c.AMQPCAFile))
 	if err != nil {
 		return d, err
 	}

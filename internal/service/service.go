@@ -27,6 +27,9 @@ type Common struct {
 	DatabaseURL string `envconfig:"DATABASE_URL" default:"postgres://postgres@127.0.0.1:5432/sas?sslmode=disable"`
 	// AMQPURL is the RabbitMQ URL (SAS_AMQP_URL); amqps:// for TLS.
 	AMQPURL string `envconfig:"AMQP_URL" default:"amqp://guest:guest@127.0.0.1:5672/"`
+	// AMQPCAFile is a PEM file of CA certificates to trust for amqps://
+	// besides the system's.
+	AMQPCAFile string `envconfig:"AMQP_CA_FILE"`
 	// QueuePrefix goes before every queue and exchange name.
 	QueuePrefix string `envconfig:"QUEUE_PREFIX" default:"sas."`
 	// DeliveryLimit is x-delivery-limit of every input queue.

@@ -1,0 +1,118 @@
+package statestore_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"sas/internal/statestore"
+)
+
+// storeAs returns a store whose connections act as role (SET ROLE), as a
+// service logging in as a member of it would.
+func storeAs(t *testing.T, b bundle, role string) *statestore.Store {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 2
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, "SET ROLE "+pgx.Identifier{role}.Sanitize())
+		return err
+	}
+	pool, err := pgxpool.NewWithConfig(ctxFor(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return statestore.New(pool)
+}
+
+func denied(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42501"
+}
+
+// TestRolesHaveOnlyWhatTheyNeed: each service's role can do its own work
+// and is refused the rest.
+func TestRolesHaveOnlyWhatTheyNeed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	submitter := storeAs(t, b, "sas_submitter")
+	scheduler := storeAs(t, b, "sas_scheduler")
+	supervisor := storeAs(t, b, "sas_supervisor")
+	operator := storeAs(t, b, "sas_operator")
+
+	// The submitter writes orders, and cannot move a step.
+	o := order(2, 10*time.Millisecond, 1)
+	if got, err := submitter.InsertOrder(ctx, o); err != nil || got != statestore.Inserted {
+		t.Fatalf("submitter insert: %v %v", got, err)
+	}
+	if _, err := submitter.ClaimPending(ctx, "s", 1, nil); !denied(err) {
+		t.Fatalf("submitter claim: %v, want permission denied", err)
+	}
+	// The scheduler claims and applies replies, and cannot write orders
+	// or take the supervisor's lease.
+	claimed, err := scheduler.ClaimPending(ctx, "s", 1, nil)
+	if err != nil || len(claimed) != 1 {
+		t.Fatalf("scheduler claim: %v %v", claimed, err)
+	}
+	if _, err := scheduler.InsertOrder(ctx, order(1, time.Minute, 1)); !denied(err) {
+		t.Fatalf("scheduler insert: %v, want permission denied", err)
+	}
+	if _, err := scheduler.AcquireLease(ctx, "supervisor", "s", time.Second); !denied(err) {
+		t.Fatalf("scheduler lease: %v, want permission denied", err)
+	}
+	if _, err := scheduler.RelayOutbox(ctx, 10, func(context.Context, []statestore.OutboxMessage) (int, error) { return 0, nil }); err != nil {
+		t.Fatalf("scheduler relay: %v", err)
+	}
+	// The supervisor sweeps under its lease, and cannot publish the outbox.
+	if _, err := supervisor.AcquireLease(ctx, "supervisor", "sup", time.Minute); err != nil {
+		t.Fatalf("supervisor lease: %v", err)
+	}
+	waitExpired(t, b)
+	if swept, err := supervisor.SweepExpired(ctx, statestore.SweepParams{Actor: "sup", Limit: 10, Lease: "supervisor"}); err != nil || len(swept) != 1 {
+		t.Fatalf("supervisor sweep: %v %v", swept, err)
+	}
+	if _, err := supervisor.RelayOutbox(ctx, 10, func(context.Context, []statestore.OutboxMessage) (int, error) { return 1, nil }); !denied(err) {
+		t.Fatalf("supervisor relay: %v, want permission denied", err)
+	}
+	// The operator reads and acts on orders, and cannot write new ones.
+	if _, err := operator.GetOrder(ctx, o.OrderID); err != nil {
+		t.Fatalf("operator show: %v", err)
+	}
+	if _, err := operator.Resubmit(ctx, o.OrderID, 0, "operator:x"); err != nil {
+		t.Fatalf("operator resubmit: %v", err)
+	}
+	if _, err := operator.InsertOrder(ctx, order(1, time.Minute, 1)); !denied(err) {
+		t.Fatalf("operator insert: %v, want permission denied", err)
+	}
+	// Nobody but the owner deletes, or rewrites history.
+	if _, err := submitter.CancelOrder(ctx, o.OrderID, "x"); !denied(err) {
+		t.Fatalf("submitter cancel: %v, want permission denied", err)
+	}
+	for _, role := range []string{"sas_submitter", "sas_scheduler", "sas_supervisor", "sas_operator"} {
+		for _, stmt := range []string{`DELETE FROM orders`, `UPDATE transitions SET actor = 'x'`, `DROP TABLE outbox`} {
+			tx, err := b.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = tx.Exec(ctx, "SET LOCAL ROLE "+role)
+			if err == nil {
+				_, err = tx.Exec(ctx, stmt)
+			}
+			_ = tx.Rollback(ctx)
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || (pgErr.Code != "42501" && pgErr.Code != "42P01") {
+				t.Errorf("%s may %s: %v", role, stmt, err)
+			}
+		}
+	}
+}
