@@ -117,10 +117,10 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	}
 	topo := broker.Topology{Prefix: cfg.QueuePrefix, DeliveryLimit: cfg.DeliveryLimit, Inputs: inputs}
 	deps, err := service.Open(ctx, cfg.Common, me, 0, topo, reg, logger)
-	defer deps.Close()
 	if err != nil {
 		return err
 	}
+	defer deps.Close()
 	conn, pub, bm := deps.Conn, deps.Pub, deps.Metrics
 
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
@@ -272,10 +272,7 @@ func (a *agent) sendReply(ctx context.Context, reply messages.StepReply) error {
 
 func (a *agent) reject(kind string, err error) error {
 	a.metrics.requests.WithLabelValues(kind, "rejected").Inc()
-	if de, ok := messages.AsDecodeError(err); ok {
-		return broker.Reject(de.Reason, de.Detail)
-	}
-	return broker.Reject(messages.ReasonInvalidValue, err.Error())
+	return broker.RejectFor(err, messages.ReasonInvalidValue)
 }
 
 func mustJSON(v any) json.RawMessage {

@@ -50,8 +50,10 @@ func TestBreaker(t *testing.T) {
 		t.Fatal("no second probe")
 	}
 	b.record(true)
-	if !b.allow() || !b.allow() {
-		t.Fatal("breaker not closed after a good probe")
+	for i := range 2 {
+		if !b.allow() {
+			t.Fatalf("call %d refused after a good probe closed the breaker", i+1)
+		}
 	}
 	want := []int{circuitClosed, circuitOpen, circuitHalfOpen, circuitOpen, circuitHalfOpen, circuitClosed}
 	if len(states) != len(want) {

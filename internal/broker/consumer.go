@@ -36,6 +36,24 @@ func Reject(reason, detail string) error {
 	return &Rejection{Reason: reason, Detail: detail}
 }
 
+// Reasoned is an error that knows its dead-letter reason (the messages
+// package's DecodeError is one).
+type Reasoned interface {
+	error
+	DeadLetterReason() (reason, detail string)
+}
+
+// RejectFor dead-letters for err: with its own reason if it has one
+// (errors.As finds a Reasoned), otherwise with fallback.
+func RejectFor(err error, fallback string) error {
+	var r Reasoned
+	if errors.As(err, &r) {
+		reason, detail := r.DeadLetterReason()
+		return Reject(reason, detail)
+	}
+	return Reject(fallback, err.Error())
+}
+
 // ConsumerConfig configures a Consumer.
 type ConsumerConfig struct {
 	// Input is the unprefixed name of an input queue of the topology.

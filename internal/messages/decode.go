@@ -55,6 +55,10 @@ type DecodeError struct {
 
 func (e *DecodeError) Error() string { return e.Reason + ": " + e.Detail }
 
+// DeadLetterReason gives the reason and detail a dead-lettered message
+// carries (it makes a DecodeError a broker.Reasoned).
+func (e *DecodeError) DeadLetterReason() (string, string) { return e.Reason, e.Detail }
+
 func reject(reason, format string, args ...any) *DecodeError {
 	return &DecodeError{Reason: reason, Detail: fmt.Sprintf(format, args...)}
 }

@@ -70,8 +70,5 @@ func (r *replier) handle(ctx context.Context, d amqp.Delivery) error {
 
 func (r *replier) reject(err error) error {
 	r.metrics.replies.WithLabelValues("rejected").Inc()
-	if de, ok := messages.AsDecodeError(err); ok {
-		return broker.Reject(de.Reason, de.Detail)
-	}
-	return broker.Reject(messages.ReasonInvalidValue, err.Error())
+	return broker.RejectFor(err, messages.ReasonInvalidValue)
 }

@@ -146,10 +146,10 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	workflows := workflow.Builtin()
 	topo := Topology(cfg.QueuePrefix, cfg.DeliveryLimit, workflows)
 	deps, err := service.Open(ctx, cfg.Common, me, cfg.DBMaxConns, topo, reg, logger)
-	defer deps.Close()
 	if err != nil {
 		return err
 	}
+	defer deps.Close()
 	store, conn, pub, bm := deps.Store, deps.Conn, deps.Pub, deps.Metrics
 
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))

@@ -22,7 +22,8 @@ type Deps struct {
 
 // Open connects, within a minute, to the database (when dbMaxConns > 0)
 // and the broker (declaring topo), registering the broker's metrics on
-// reg. The caller closes what it got with Close, also after an error.
+// reg. On error it closes what it had opened; otherwise the caller closes
+// it all with Close.
 func Open(ctx context.Context, c Common, me string, dbMaxConns int32, topo broker.Topology, reg prometheus.Registerer, logger *slog.Logger) (*Deps, error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -30,14 +31,15 @@ func Open(ctx context.Context, c Common, me string, dbMaxConns int32, topo broke
 	if dbMaxConns > 0 {
 		pool, err := statestore.Connect(ctx, c.DatabaseURL, dbMaxConns)
 		if err != nil {
-			return d, err
+			return nil, err
 		}
 		d.close = append(d.close, pool.Close)
 		d.Store = statestore.New(pool)
 	}
 	conn, err := broker.Open(ctx, c.AMQPURL, me, topo, logger, d.Metrics, broker.WithCAFile(c.AMQPCAFile))
 	if err != nil {
-		return d, err
+		d.Close()
+		return nil, err
 	}
 	d.Conn = conn
 	d.Pub = broker.NewPublisher(conn, d.Metrics)

@@ -86,10 +86,10 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	m := newMetrics(reg)
 	topo := broker.Topology{Prefix: cfg.QueuePrefix, DeliveryLimit: cfg.DeliveryLimit, Inputs: []string{Input}}
 	deps, err := service.Open(ctx, cfg.Common, me, cfg.DBMaxConns, topo, reg, logger)
-	defer deps.Close()
 	if err != nil {
 		return err
 	}
+	defer deps.Close()
 	store, conn, pub, bm := deps.Store, deps.Conn, deps.Pub, deps.Metrics
 
 	// In-flight writes get their own context: on SIGTERM they finish
@@ -181,10 +181,7 @@ func (h *handler) handle(ctx context.Context, d amqp.Delivery) error {
 
 func (h *handler) reject(err error) error {
 	h.metrics.orders.WithLabelValues("rejected").Inc()
-	if de, ok := messages.AsDecodeError(err); ok {
-		return broker.Reject(de.Reason, de.Detail)
-	}
-	return broker.Reject(messages.ReasonInvalidValue, err.Error())
+	return broker.RejectFor(err, messages.ReasonInvalidValue)
 }
 
 func newOrder(o messages.SubmitOrder, wf workflow.Workflow, stepTimeout time.Duration, actor string) statestore.NewOrder {
