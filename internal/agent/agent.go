@@ -141,17 +141,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 			broker.ConsumerConfig{Input: RequestsInput(kind), Prefetch: cfg.Prefetch, Workers: cfg.Concurrency},
 			func(ctx context.Context, d amqp.Delivery) error { return a.handle(ctx, kind, d) }, logger, bm))
 	}
-	ops, err := service.ListenOps(cfg.MetricsAddr, reg, func(ctx context.Context) error {
-		if !conn.Connected() {
-			return errors.New("not connected to the broker")
-		}
-		for _, c := range consumers {
-			if !c.Running() {
-				return errors.New("not consuming every request queue")
-			}
-		}
-		return nil
-	}, logger)
+	ops, err := service.ListenOps(cfg.MetricsAddr, reg, deps.Ready(consumers...), logger)
 	if err != nil {
 		return err
 	}

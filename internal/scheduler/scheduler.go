@@ -9,8 +9,6 @@ package scheduler
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"time"
 
@@ -167,15 +165,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	rl := &relay{store: store, pub: pub, topo: topo, batch: cfg.RelayBatch, poll: cfg.PollInterval,
 		wake: w.outbox, logger: logger, metrics: m}
 
-	ops, err := service.ListenOps(cfg.MetricsAddr, reg, func(ctx context.Context) error {
-		if err := store.Ping(ctx); err != nil {
-			return fmt.Errorf("database: %w", err)
-		}
-		if !conn.Connected() || !replies.Running() {
-			return errors.New("not consuming replies from the broker")
-		}
-		return nil
-	}, logger)
+	ops, err := service.ListenOps(cfg.MetricsAddr, reg, deps.Ready(replies), logger)
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,8 @@ package service
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -45,6 +47,28 @@ func Open(ctx context.Context, c Common, me string, dbMaxConns int32, topo broke
 	d.Pub = broker.NewPublisher(conn, d.Metrics)
 	d.close = append(d.close, func() { conn.Close() }, func() { d.Pub.Close() })
 	return d, nil
+}
+
+// Ready is a service's readiness check (/readyz): its database answers
+// (when it has one), its broker connection is up, and every consumer is
+// subscribed.
+func (d *Deps) Ready(consumers ...*broker.Consumer) func(context.Context) error {
+	return func(ctx context.Context) error {
+		if d.Store != nil {
+			if err := d.Store.Ping(ctx); err != nil {
+				return fmt.Errorf("database: %w", err)
+			}
+		}
+		if !d.Conn.Connected() {
+			return errors.New("not connected to the broker")
+		}
+		for _, c := range consumers {
+			if !c.Running() {
+				return errors.New("not consuming every input queue")
+			}
+		}
+		return nil
+	}
 }
 
 // Close closes everything Open opened, last opened first.

@@ -99,15 +99,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	h := &handler{store: store, workflows: workflow.Builtin(), stepTimeout: cfg.StepTimeout, actor: me, metrics: m, logger: logger, workCtx: workCtx}
 	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: Input, Prefetch: cfg.Prefetch, Workers: cfg.Workers}, h.handle, logger, bm)
 
-	ops, err := service.ListenOps(cfg.MetricsAddr, reg, func(ctx context.Context) error {
-		if err := store.Ping(ctx); err != nil {
-			return fmt.Errorf("database: %w", err)
-		}
-		if !conn.Connected() || !consumer.Running() {
-			return errors.New("not consuming from the broker")
-		}
-		return nil
-	}, logger)
+	ops, err := service.ListenOps(cfg.MetricsAddr, reg, deps.Ready(consumer), logger)
 	if err != nil {
 		return err
 	}
