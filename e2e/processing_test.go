@@ -30,6 +30,7 @@ type pipeline struct {
 }
 
 type pipelineOpts struct {
+	on                 *stack // run on this stack instead of a new one
 	schedulers, agents int
 	supervisors        int      // 0: none
 	withoutAgents      bool     // start no agent (a test starts them later)
@@ -42,7 +43,13 @@ type pipelineOpts struct {
 
 func newPipeline(t *testing.T, o pipelineOpts) *pipeline {
 	t.Helper()
-	p := &pipeline{stack: newStack(t)}
+	var st stack
+	if o.on != nil {
+		st = *o.on
+	} else {
+		st = newStack(t)
+	}
+	p := &pipeline{stack: st}
 	faults := o.faults
 	if faults == "" {
 		faults = "{}"

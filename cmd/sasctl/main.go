@@ -33,6 +33,7 @@ commands:
   alerts tail [--count N]          print operator alerts as they arrive on the alerts queue
   dev [--orders N]                 run every service locally, push orders through, show progress and a summary
   probe URL                        exit 0 if URL answers 200 (container healthchecks)
+  broker users                     print the rabbitmqctl commands for one least-privilege user per service
 
 Run "sasctl <command> -h" for a command's flags.
 `
@@ -89,6 +90,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return a.dev(ctx, rest)
 	case "probe":
 		return a.probe(ctx, rest)
+	case "broker":
+		return a.brokerUsers(ctx, rest)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil

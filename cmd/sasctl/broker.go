@@ -1,0 +1,38 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"sas/internal/broker"
+)
+
+// brokerUsers prints the rabbitmqctl commands that create one user per
+// service with only the permissions it needs. Passwords are read by the
+// shell from variables, never printed.
+func (a *app) brokerUsers(_ context.Context, args []string) error {
+	if len(args) == 0 || args[0] != "users" {
+		fmt.Fprintf(a.stderr, "sasctl broker: the command is \"broker users\"\n\n%s", usage)
+		return errUsage
+	}
+	fs := a.flags("broker users")
+	userPrefix := fs.String("user-prefix", "sas-", "user names are this prefix and the service's name")
+	vhost := fs.String("vhost", "/", "RabbitMQ virtual host")
+	if err := a.parse(fs, args[1:]); err != nil {
+		return err
+	}
+	fmt.Fprintf(a.stdout, "# RabbitMQ users for sas (queue prefix %q). Set the password variables, then run these lines.\n", a.cfg.QueuePrefix)
+	for _, p := range broker.Permissions(a.cfg.QueuePrefix) {
+		user := *userPrefix + p.Service
+		pw := "SAS_AMQP_PASSWORD_" + strings.ToUpper(p.Service)
+		fmt.Fprintf(a.stdout, "rabbitmqctl add_user %s \"$%s\" || rabbitmqctl change_password %s \"$%s\"\n", shellQuote(user), pw, shellQuote(user), pw)
+		fmt.Fprintf(a.stdout, "rabbitmqctl set_permissions -p %s %s %s %s %s\n", shellQuote(*vhost), shellQuote(user),
+			shellQuote(p.Configure), shellQuote(p.Write), shellQuote(p.Read))
+	}
+	return nil
+}
+
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}

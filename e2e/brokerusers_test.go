@@ -1,0 +1,117 @@
+package e2e
+
+import (
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"sas/internal/agent"
+	"sas/internal/badinput"
+	"sas/internal/broker"
+	"sas/internal/messages"
+	"sas/internal/submitter"
+	"sas/internal/testenv"
+)
+
+// TestServicesRunAsLeastPrivilegeBrokerUsers creates one RabbitMQ user per
+// service with `sasctl broker users`, runs the whole pipeline with each
+// service connected as its own user (bad input dead-lettered, a held order
+// alerting, orders completing), and checks a user is refused what is
+// another's.
+func TestServicesRunAsLeastPrivilegeBrokerUsers(t *testing.T) {
+	t.Parallel()
+	rabbitmqctl := tool(t, "rabbitmqctl")
+	s := newStack(t)
+	userPrefix := "t-" + testenv.RandomSuffix(8) + "-"
+	services := []string{"submitter", "scheduler", "agent", "sasctl"}
+	env := append([]string{}, s.env...)
+	for _, svc := range services {
+		env = append(env, "SAS_AMQP_PASSWORD_"+strings.ToUpper(svc)+"=pw-"+svc)
+	}
+	script, errOut, code := sasctl(t, s.env, "broker", "users", "--user-prefix", userPrefix)
+	if code != 0 {
+		t.Fatalf("sasctl broker users: %s", errOut)
+	}
+	t.Cleanup(func() {
+		for _, svc := range services {
+			_ = exec.Command(rabbitmqctl, "delete_user", userPrefix+svc).Run()
+		}
+	})
+	cmd := exec.Command("bash", "-e", "-c", script)
+	cmd.Env = env
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("running the printed commands: %v\n%s", err, out)
+	}
+	url := func(svc string) string {
+		return fmt.Sprintf("amqp://%s%s:pw-%s@127.0.0.1:5672/", userPrefix, svc, svc)
+	}
+	if !strings.Contains(testenv.AMQPURL(), "127.0.0.1:5672") {
+		t.Skip("SAS_TEST_AMQP_URL is not the local broker")
+	}
+	s.env = append(s.env, "SAS_AMQP_URL="+url("sasctl"))
+	p := newPipeline(t, pipelineOpts{on: &s, supervisors: 1,
+		faults:       `{"charge_payment":{"error_rate":0.1}}`,
+		submitterEnv: []string{"SAS_AMQP_URL=" + url("submitter")},
+		schedulerEnv: []string{"SAS_AMQP_URL=" + url("scheduler")},
+		agentEnv:     []string{"SAS_AMQP_URL=" + url("agent")}})
+
+	// Orders through: sasctl publishes, every service does its part.
+	ids := p.submitOrders(t, 30)
+	// A held order: the scheduler publishes its alert; sasctl reads it.
+	held := messages.NewID()
+	p.setFaults(t, `{"charge_payment":{"fail_orders":["`+held+`"]}}`)
+	ch := amqpChannel(t)
+	body := strings.Replace(badinput.ValidSubmitJSON(held), `"amount":1999`, `"amount":1999,"workflow":"order_hold"`, 1)
+	publish(t, ch, p.submit, messages.ContentType, held, []byte(body))
+	// Bad input: the submitter dead-letters it.
+	publish(t, ch, p.submit, messages.ContentType, "bad-1", []byte("not json"))
+
+	p.waitTerminal(t, append(ids, held), 2*time.Minute)
+	p.checkSaga(t, ids)
+	if out, errOut, code := sasctl(t, p.env, "alerts", "tail", "--count", "1", "--timeout", "60s"); code != 0 || !strings.Contains(out, held) {
+		t.Fatalf("alerts tail as the sasctl user: %s %s", out, errOut)
+	}
+	if dead := drain(t, ch, p.dlq, 1, 30*time.Second); dead[0].Headers[broker.HeaderErrorReason] != messages.ReasonNotJSON {
+		t.Fatalf("dead letter %v", dead[0].Headers)
+	}
+
+	// What is another's is refused.
+	refused := func(svc string, do func(*amqp.Channel) error) {
+		t.Helper()
+		conn, err := amqp.Dial(url(svc))
+		if err != nil {
+			t.Fatalf("dial as %s: %v", svc, err)
+		}
+		defer conn.Close()
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = do(ch)
+		var ae *amqp.Error
+		if !errors.As(err, &ae) || ae.Code != amqp.AccessRefused {
+			t.Errorf("%s was not refused: %v", svc, err)
+		}
+	}
+	refused("agent", func(ch *amqp.Channel) error { // agents do not read orders
+		_, err := ch.Consume(p.submit, "", false, false, false, false, nil)
+		return err
+	})
+	refused("submitter", func(ch *amqp.Channel) error { // the submitter does not send step requests
+		if err := ch.Confirm(false); err != nil {
+			return err
+		}
+		_ = ch.Publish("", p.topo.Queue(agent.RequestsInput("payment")), false, false, amqp.Publishing{Body: []byte("x")})
+		_, err := ch.QueueDeclarePassive(p.topo.Queue(submitter.Input), true, false, false, false, nil)
+		return err
+	})
+	refused("sasctl", func(ch *amqp.Channel) error { // the operator tool does not consume replies
+		_, err := ch.Consume(p.topo.Queue(agent.RepliesInput), "", false, false, false, false, nil)
+		return err
+	})
+}

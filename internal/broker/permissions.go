@@ -1,0 +1,52 @@
+package broker
+
+import "regexp"
+
+// Permission is what one service's RabbitMQ user may do, as the three
+// regular expressions of `rabbitmqctl set_permissions` (configure, write,
+// read) over resource names.
+type Permission struct {
+	Service   string
+	Configure string
+	Write     string
+	Read      string
+}
+
+// Permissions lists, for a deployment whose names start with prefix, the
+// least each service needs: to declare its topology (configure the
+// exchanges and its queues; write to the dead-letter queues it binds; read
+// the exchanges it binds to; and read every queue it declares, because
+// RabbitMQ asks for read on a queue declared with a dead-letter exchange),
+// to consume its inputs (read) and to publish where it publishes (write;
+// "amq.default" is the default exchange). So a scheduler may read the agent
+// queues it declares: the price of every service declaring what it uses.
+func Permissions(prefix string) []Permission {
+	p := regexp.QuoteMeta(prefix)
+	exchanges := p + `(dlx|status|alerts)`
+	return []Permission{
+		{
+			Service:   "submitter",
+			Configure: `^(` + exchanges + `|` + p + `submit(\.dlq)?)$`,
+			Write:     `^` + p + `(dlx|submit\.dlq)$`,
+			Read:      `^` + p + `(dlx|submit)$`,
+		},
+		{
+			Service:   "scheduler",
+			Configure: `^(` + exchanges + `|` + p + `(replies|alerts)(\.dlq)?|` + p + `agent\.[^.]+(\.dlq)?)$`,
+			Write:     `^(amq\.default|` + p + `(dlx|status|alerts|replies\.dlq|alerts\.dlq)|` + p + `agent\.[^.]+\.dlq)$`,
+			Read:      `^(` + p + `(dlx|alerts|replies)|` + p + `agent\.[^.]+)$`,
+		},
+		{
+			Service:   "agent",
+			Configure: `^(` + exchanges + `|` + p + `replies(\.dlq)?|` + p + `agent\.[^.]+(\.dlq)?)$`,
+			Write:     `^(amq\.default|` + p + `(dlx|replies\.dlq)|` + p + `agent\.[^.]+\.dlq)$`,
+			Read:      `^(` + p + `(dlx|replies)|` + p + `agent\.[^.]+)$`,
+		},
+		{
+			Service:   "sasctl",
+			Configure: `^(` + exchanges + `|` + p + `(submit|alerts)(\.dlq)?)$`,
+			Write:     `^(amq\.default|` + p + `(submit\.dlq|alerts|alerts\.dlq))$`,
+			Read:      `^` + p + `(dlx|alerts|submit)$`,
+		},
+	}
+}
