@@ -56,6 +56,23 @@ func TestComposeFileIsValid(t *testing.T) {
 			t.Errorf("service %s cannot be scaled:\n%s", scaled, svc)
 		}
 	}
+	// Long-running services connect as their own users, never as an owner.
+	for svc, want := range map[string][]string{
+		"submitter":  {"sas_submitter_login:", "amqp://sas-submitter:"},
+		"scheduler":  {"sas_scheduler_login:", "amqp://sas-scheduler:"},
+		"agent":      {"amqp://sas-agent:"},
+		"supervisor": {"sas_supervisor_login:"},
+	} {
+		sec := section(string(out), "  "+svc+":")
+		for _, w := range want {
+			if !strings.Contains(sec, w) {
+				t.Errorf("service %s does not connect as %s:\n%s", svc, w, sec)
+			}
+		}
+		if strings.Contains(sec, "postgres://sas:") || strings.Contains(sec, "amqp://sas:") {
+			t.Errorf("service %s connects as an owner:\n%s", svc, sec)
+		}
+	}
 	out, err = exec.Command(compose, "-f", "../deploy/docker-compose.yml", "--env-file", "../deploy/.env.example", "config").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "set POSTGRES_PASSWORD") {
 		t.Fatalf("compose accepted empty passwords: %v\n%s", err, out)
@@ -100,5 +117,22 @@ func TestPrometheusConfigAndRules(t *testing.T) {
 	}
 	if out, err := exec.Command(promtool, "check", "config", cfg).CombinedOutput(); err != nil {
 		t.Fatalf("promtool check config: %v\n%s", err, out)
+	}
+}
+
+// TestBrokerUsersScriptIsCurrent: the script compose runs to create the
+// broker users is what sasctl broker users prints for the sas. prefix.
+func TestBrokerUsersScriptIsCurrent(t *testing.T) {
+	t.Parallel()
+	committed, err := os.ReadFile("../deploy/rabbitmq/users.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := sasctl(t, env("SAS_QUEUE_PREFIX=sas."), "broker", "users")
+	if code != 0 {
+		t.Fatalf("sasctl broker users: %s", errOut)
+	}
+	if out != string(committed) {
+		t.Fatalf("deploy/rabbitmq/users.sh is out of date; regenerate it with\n  SAS_QUEUE_PREFIX=sas. bin/sasctl broker users > deploy/rabbitmq/users.sh")
 	}
 }

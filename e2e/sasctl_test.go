@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -12,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"sas/internal/badinput"
 	"sas/internal/messages"
@@ -214,5 +217,45 @@ func TestSasctlDev(t *testing.T) {
 			conn.Close()
 			t.Errorf("something still listens on %d after sasctl dev ended", port)
 		}
+	}
+}
+
+// TestSasctlDBUsers: logins made by sasctl db users act with their role's
+// rights only.
+func TestSasctlDBUsers(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	suffix := "_t" + testenv.RandomSuffix(8)
+	t.Cleanup(func() {
+		for _, r := range []string{"sas_submitter", "sas_scheduler"} {
+			_, _ = s.pool.Exec(context.Background(), `DROP ROLE IF EXISTS `+r+suffix)
+		}
+	})
+	env := append(append([]string{}, s.env...), "SAS_DB_PASSWORD_SUBMITTER=pw-one", "SAS_DB_PASSWORD_SCHEDULER=pw-two")
+	for range 2 { // the second run updates the passwords
+		out, errOut, code := sasctl(t, env, "db", "users", "--login-suffix", suffix)
+		if code != 0 || strings.Count(out, "login ") != 2 {
+			t.Fatalf("db users: exit %d: %s %s", code, out, errOut)
+		}
+	}
+	if _, errOut, code := sasctl(t, s.env, "db", "users"); code != 1 || !strings.Contains(errOut, "SAS_DB_PASSWORD_") {
+		t.Fatalf("db users with no password set: exit %d: %s", code, errOut)
+	}
+	u, err := url.Parse(s.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword("sas_submitter"+suffix, "pw-one")
+	as, err := pgxpool.New(context.Background(), u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer as.Close()
+	var user string
+	if err := as.QueryRow(context.Background(), `SELECT current_user`).Scan(&user); err != nil || user != "sas_submitter"+suffix {
+		t.Fatalf("logged in as %q (%v)", user, err)
+	}
+	if _, err := statestore.New(as).ClaimPending(context.Background(), "x", 1, nil); err == nil || !strings.Contains(err.Error(), "permission denied") {
+		t.Fatalf("the submitter's login claimed steps: %v", err)
 	}
 }

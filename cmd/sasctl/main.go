@@ -34,6 +34,7 @@ commands:
   dev [--orders N]                 run every service locally, push orders through, show progress and a summary
   probe URL                        exit 0 if URL answers 200 (container healthchecks)
   broker users                     print the rabbitmqctl commands for one least-privilege user per service
+  db users                         create or update a login per service role from SAS_DB_PASSWORD_<SERVICE>
 
 Run "sasctl <command> -h" for a command's flags.
 `
@@ -92,6 +93,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return a.probe(ctx, rest)
 	case "broker":
 		return a.brokerUsers(ctx, rest)
+	case "db":
+		return a.dbUsers(ctx, rest)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil
