@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"sas/internal/badinput"
+	"sas/internal/chaos"
 	"sas/internal/messages"
 	"sas/internal/statestore"
 	"sas/internal/testenv"
@@ -129,6 +130,7 @@ func TestFiveHundredOrdersSucceedOrFailAsAWhole(t *testing.T) {
 	p.waitTerminal(t, ids, 4*time.Minute)
 	took := time.Since(began)
 	completed, failed := p.checkSaga(t, ids)
+	p.checkInvariants(t, ids)
 	if completed != 300 || failed != 200 {
 		t.Fatalf("%d completed and %d failed, want 300 and 200", completed, failed)
 	}
@@ -178,6 +180,7 @@ func TestCancelInFlightOrder(t *testing.T) {
 	if _, failed := p.checkSaga(t, ids); failed != 1 {
 		t.Fatal("the cancelled order did not fail")
 	}
+	p.checkInvariants(t, ids)
 	refund := p.stepOf(t, ids[0], 5)
 	if refund.Name != "refund_payment" || refund.ProcessState != statestore.StepProcessed {
 		t.Fatalf("refund step %+v", refund)
@@ -249,4 +252,23 @@ func TestCompensationThatKeepsFailingNeedsAPerson(t *testing.T) {
 	if !strings.Contains(out, "status    error") || !strings.Contains(out, fmt.Sprintf("compensation step %d failed", 5)) {
 		t.Fatalf("orders show:\n%s", out)
 	}
+}
+
+// checkInvariants runs the fault-run checker over this pipeline's whole
+// history: the orders the test confirmed, the store, the remote ledger.
+func (p pipeline) checkInvariants(t *testing.T, confirmed []string) chaos.Result {
+	t.Helper()
+	h := chaos.History{Confirmed: map[string]bool{}}
+	for _, id := range confirmed {
+		h.Confirmed[id] = true
+	}
+	audit, err := statestore.New(p.pool).ReadAudit(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := chaos.Check(h, audit, p.ledger(t))
+	for _, v := range r.Violations {
+		t.Errorf("%v", v)
+	}
+	return r
 }

@@ -68,6 +68,7 @@ func TestAgentKilledMidCallIsRecovered(t *testing.T) {
 	if st.ProcessState != statestore.StepProcessed || st.Attempt != 2 || st.FailureCount != 1 {
 		t.Fatalf("step after recovery: %+v", st)
 	}
+	p.checkInvariants(t, ids)
 	for _, e := range p.ledger(t) {
 		if e.Key == st.IdempotencyKey && e.Effects != 1 {
 			t.Fatalf("key %s applied %d times", e.Key, e.Effects)
@@ -99,6 +100,7 @@ func TestSchedulerKilledAfterClaimIsRecovered(t *testing.T) {
 		t.Fatal("no step was recovered by the supervisor")
 	}
 	p.checkOneEffectPerStep(t, ids)
+	p.checkInvariants(t, ids)
 }
 
 // TestStoppedAgentsLateReplyChangesNothing: an agent is frozen (SIGSTOP)
@@ -148,6 +150,7 @@ func TestStoppedAgentsLateReplyChangesNothing(t *testing.T) {
 	if after := snapshot(); after != before {
 		t.Fatalf("the resumed agent changed the order:\nbefore %s\nafter  %s", before, after)
 	}
+	p.checkInvariants(t, ids)
 	st := p.stepOf(t, ids[0], 1)
 	for _, e := range p.ledger(t) {
 		if e.Key == st.IdempotencyKey && e.Effects != 1 {

@@ -1,0 +1,229 @@
+// Package chaos is sas's fault-run harness: it records a history of what
+// was submitted and what happened, and checks the invariants of
+// shared/RELIABILITY.md over the whole of it (check.go).
+package chaos
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"sas/internal/remote"
+	"sas/internal/statestore"
+)
+
+// History is what the harness itself saw.
+type History struct {
+	// Confirmed are the ids of valid orders the broker confirmed.
+	Confirmed map[string]bool
+	// Malformed maps the message id of every malformed message published
+	// to the dead-letter reason it must get.
+	Malformed map[string]string
+	// DeadLettered maps message ids found in dead-letter queues to their
+	// x-error-reason.
+	DeadLettered map[string]string
+}
+
+// Violation is one broken invariant.
+type Violation struct {
+	Invariant int // numbered as in shared/RELIABILITY.md
+	Detail    string
+}
+
+func (v Violation) String() string { return fmt.Sprintf("invariant %d: %s", v.Invariant, v.Detail) }
+
+// Result is what Check found.
+type Result struct {
+	Confirmed                    int
+	Completed, Failed, HeldError int
+	Keys, Effects, Requests      int // remote ledger: action keys applied, all effects, requests for those keys
+	UndoEffects                  int
+	Violations                   []Violation
+}
+
+// OK reports whether no invariant was broken.
+func (r Result) OK() bool { return len(r.Violations) == 0 }
+
+// DuplicateAttemptRate is the share of remote requests beyond the first
+// per applied key (retries, replays): allowed, and worth watching.
+func (r Result) DuplicateAttemptRate() float64 {
+	if r.Keys == 0 {
+		return 0
+	}
+	return float64(r.Requests-r.Keys) / float64(r.Keys)
+}
+
+// Check checks the invariants over the harness's history, the state
+// store's audit and the remote service's ledger, after the run healed and
+// went quiet.
+func Check(h History, a statestore.Audit, ledger []remote.Entry) Result {
+	var r Result
+	add := func(inv int, format string, args ...any) {
+		r.Violations = append(r.Violations, Violation{inv, fmt.Sprintf(format, args...)})
+	}
+	r.Confirmed = len(h.Confirmed)
+	orders := map[string]*statestore.AuditOrder{}
+	for i := range a.Orders {
+		orders[a.Orders[i].OrderID] = &a.Orders[i]
+	}
+
+	// 1. No lost order.
+	for id := range h.Confirmed {
+		if orders[id] == nil {
+			add(1, "order %s was confirmed by the broker but is not in the store", id)
+		}
+	}
+	// 7. No phantom orders.
+	for id := range orders {
+		if !h.Confirmed[id] {
+			add(7, "order %s is in the store but was never submitted", id)
+		}
+	}
+
+	applied := map[string]remote.Entry{}
+	undone := map[string]int{}
+	for _, e := range ledger {
+		// 3. At most one effect per key.
+		if e.Effects > 1 {
+			add(3, "key %s applied %d times", e.Key, e.Effects)
+		}
+		if e.Voided && e.Effects > 0 {
+			add(3, "key %s applied although its undo voided it", e.Key)
+		}
+		if e.Effects == 0 {
+			continue
+		}
+		r.Effects += e.Effects
+		if orders[e.OrderID] == nil {
+			add(7, "effect %s for order %s that is not in the store", e.Key, e.OrderID)
+		}
+		if e.Undoes != "" {
+			undone[e.Undoes]++
+			r.UndoEffects++
+			continue
+		}
+		r.Keys++
+		r.Requests += e.Calls
+		applied[e.Key] = e
+	}
+
+	for id := range h.Confirmed {
+		o := orders[id]
+		if o == nil {
+			continue
+		}
+		checkOrder(o, applied, undone, add)
+		switch o.Status {
+		case statestore.OrderCompleted:
+			r.Completed++
+		case statestore.OrderFailed:
+			r.Failed++
+		case statestore.OrderError:
+			r.HeldError++
+		}
+	}
+
+	// 8. Poison is contained.
+	for id, reason := range h.Malformed {
+		got, ok := h.DeadLettered[id]
+		switch {
+		case !ok:
+			add(8, "malformed message %s is in no dead-letter queue", id)
+		case got != reason:
+			add(8, "malformed message %s dead-lettered as %s, want %s", id, got, reason)
+		}
+	}
+	// 9. Every outbox message published.
+	if a.Unpublished > 0 {
+		add(9, "%d outbox messages were never published", a.Unpublished)
+	}
+	sort.Slice(r.Violations, func(i, j int) bool {
+		if r.Violations[i].Invariant != r.Violations[j].Invariant {
+			return r.Violations[i].Invariant < r.Violations[j].Invariant
+		}
+		return r.Violations[i].Detail < r.Violations[j].Detail
+	})
+	return r
+}
+
+// checkOrder checks invariants 2, 4, 5, 6 and the forward-call part of 7
+// for one confirmed order.
+func checkOrder(o *statestore.AuditOrder, applied map[string]remote.Entry, undone map[string]int, add func(int, string, ...any)) {
+	// 2. One terminal outcome; a held order raised an alert.
+	switch o.Status {
+	case statestore.OrderCompleted, statestore.OrderFailed:
+	case statestore.OrderError:
+		if o.Alerts == 0 {
+			add(2, "order %s is held in error without an operator alert", o.OrderID)
+		}
+	default:
+		add(2, "order %s ended %s, not completed, failed or error", o.OrderID, o.Status)
+	}
+	// 2. Terminal states never change (without an operator).
+	ended := false
+	for _, t := range o.History {
+		if t.Step != nil {
+			continue
+		}
+		if ended && !strings.HasPrefix(t.Actor, "operator:") {
+			add(2, "order %s left a terminal state: %s -> %s by %s", o.OrderID, t.From, t.To, t.Actor)
+		}
+		ended = t.To == statestore.OrderCompleted || t.To == statestore.OrderFailed || t.To == statestore.OrderError
+	}
+
+	for _, st := range o.Steps {
+		checkFencing(o, st, add)
+		// 6. Bounded attempts.
+		if st.FailureCount > st.MaxFailures {
+			add(6, "order %s step %d failed %d times, threshold %d", o.OrderID, st.Step, st.FailureCount, st.MaxFailures)
+		}
+		if st.Kind != statestore.KindAction {
+			continue
+		}
+		e, isApplied := applied[st.IdempotencyKey]
+		// 5. Saga atomicity.
+		switch o.Status {
+		case statestore.OrderCompleted:
+			if !isApplied || undone[st.IdempotencyKey] != 0 {
+				add(5, "completed order %s: action %s applied %v, undone %d times", o.OrderID, st.Name, isApplied, undone[st.IdempotencyKey])
+			}
+		case statestore.OrderFailed:
+			want := 0
+			if isApplied {
+				want = 1
+			}
+			if undone[st.IdempotencyKey] != want {
+				add(5, "failed order %s: action %s applied %v, undone %d times", o.OrderID, st.Name, isApplied, undone[st.IdempotencyKey])
+			}
+		}
+		// 7. No forward call after the order ended.
+		if isApplied && (o.Status == statestore.OrderCompleted || o.Status == statestore.OrderFailed) && e.At.After(o.UpdatedAt.Add(time.Second)) {
+			add(7, "order %s: action %s applied at %s, after the order ended at %s", o.OrderID, st.Name, e.At.Format(time.RFC3339Nano), o.UpdatedAt.Format(time.RFC3339Nano))
+		}
+	}
+}
+
+// checkFencing checks invariant 4 for a step: every change out of
+// processing was made for the attempt that held the step then (the latest
+// claim), so no stale reply or sweep changed anything.
+func checkFencing(o *statestore.AuditOrder, st statestore.AuditStep, add func(int, string, ...any)) {
+	current := 0
+	for _, t := range o.History {
+		if t.Step == nil || *t.Step != st.Step {
+			continue
+		}
+		switch {
+		case t.To == statestore.StepProcessing:
+			if t.Attempt <= current {
+				add(4, "order %s step %d claimed for attempt %d after attempt %d", o.OrderID, st.Step, t.Attempt, current)
+			}
+			current = t.Attempt
+		case t.From == statestore.StepProcessing && t.Attempt != current:
+			add(4, "order %s step %d: %s -> %s written for attempt %d while attempt %d held it", o.OrderID, st.Step, t.From, t.To, t.Attempt, current)
+		}
+	}
+	if st.Attempt != current {
+		add(4, "order %s step %d is at attempt %d but its last claim was attempt %d", o.OrderID, st.Step, st.Attempt, current)
+	}
+}

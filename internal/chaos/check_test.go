@@ -1,0 +1,145 @@
+package chaos
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"sas/internal/remote"
+	"sas/internal/statestore"
+)
+
+var t0 = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+
+func ip(i int) *int { return &i }
+
+// world is a small, correct history: order "c" completed its three
+// actions; order "f" failed at the payment and had its reservation undone.
+func world() (History, statestore.Audit, []remote.Entry) {
+	key := func(o string, s int) string { return fmt.Sprintf("%s/%d", o, s) }
+	steps := func(o string, states ...string) []statestore.AuditStep {
+		names := []string{"reserve", "charge", "ship", "cancel_ship", "refund", "release"}
+		var out []statestore.AuditStep
+		for i, s := range states {
+			st := statestore.AuditStep{Step: i + 1, Name: names[i], Kind: statestore.KindAction, ProcessState: s,
+				MaxFailures: 5, IdempotencyKey: key(o, i+1)}
+			if i >= 3 {
+				st.Kind, st.Compensates = statestore.KindCompensation, 6-i
+			}
+			if s != statestore.StepWaiting && s != statestore.StepCancelled {
+				st.Attempt = 1
+			}
+			out = append(out, st)
+		}
+		return out
+	}
+	claimAnd := func(step int, to string) []statestore.Transition {
+		return []statestore.Transition{
+			{Step: ip(step), From: "pending", To: "processing", Attempt: 1, Actor: "scheduler:a"},
+			{Step: ip(step), From: "processing", To: to, Attempt: 1, Actor: "scheduler:a"},
+		}
+	}
+	var ch []statestore.Transition
+	ch = append(ch, statestore.Transition{To: "received", Actor: "submitter"})
+	for s := 1; s <= 3; s++ {
+		ch = append(ch, claimAnd(s, "processed")...)
+	}
+	ch = append(ch, statestore.Transition{From: "processing", To: "completed", Actor: "scheduler:a"})
+	var fh []statestore.Transition
+	fh = append(fh, statestore.Transition{To: "received", Actor: "submitter"})
+	fh = append(fh, claimAnd(1, "processed")...)
+	fh = append(fh, claimAnd(2, "error")...)
+	fh = append(fh, statestore.Transition{From: "processing", To: "compensating", Actor: "scheduler:a"})
+	fh = append(fh, claimAnd(5, "processed")...)
+	fh = append(fh, claimAnd(6, "processed")...)
+	fh = append(fh, statestore.Transition{From: "compensating", To: "failed", Actor: "scheduler:a"})
+
+	h := History{Confirmed: map[string]bool{"c": true, "f": true},
+		Malformed: map[string]string{"bad-1": "not_json"}, DeadLettered: map[string]string{"bad-1": "not_json"}}
+	a := statestore.Audit{Orders: []statestore.AuditOrder{
+		{OrderID: "c", Status: "completed", UpdatedAt: t0, Steps: steps("c", "processed", "processed", "processed", "waiting", "waiting", "waiting"), History: ch},
+		{OrderID: "f", Status: "failed", UpdatedAt: t0, Steps: steps("f", "processed", "error", "cancelled", "cancelled", "processed", "processed"), History: fh},
+	}}
+	l := []remote.Entry{
+		{Key: key("c", 1), OrderID: "c", Effects: 1, Calls: 1, At: t0.Add(-time.Second)},
+		{Key: key("c", 2), OrderID: "c", Effects: 1, Calls: 2, At: t0.Add(-time.Second)},
+		{Key: key("c", 3), OrderID: "c", Effects: 1, Calls: 1, At: t0.Add(-time.Second)},
+		{Key: key("f", 1), OrderID: "f", Effects: 1, Calls: 1, At: t0.Add(-time.Second)},
+		{Key: key("f", 5), OrderID: "f", Calls: 1, Undoes: key("f", 2)},
+		{Key: key("f", 2), OrderID: "f", Voided: true},
+		{Key: key("f", 6), OrderID: "f", Effects: 1, Calls: 1, Undoes: key("f", 1), At: t0.Add(-time.Second)},
+	}
+	return h, a, l
+}
+
+func TestCheckPassesACorrectHistory(t *testing.T) {
+	t.Parallel()
+	h, a, l := world()
+	r := Check(h, a, l)
+	if !r.OK() {
+		t.Fatalf("violations in a correct history: %v", r.Violations)
+	}
+	if r.Completed != 1 || r.Failed != 1 || r.Keys != 4 || r.UndoEffects != 1 || r.Requests != 5 {
+		t.Fatalf("result %+v", r)
+	}
+	if rate := r.DuplicateAttemptRate(); rate != 0.25 {
+		t.Fatalf("duplicate attempt rate %v", rate)
+	}
+}
+
+func TestCheckCatchesEachViolation(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		desc      string
+		invariant int
+		breakIt   func(h *History, a *statestore.Audit, l *[]remote.Entry)
+	}{
+		{"lost order", 1, func(h *History, a *statestore.Audit, l *[]remote.Entry) { h.Confirmed["gone"] = true }},
+		{"phantom order", 7, func(h *History, a *statestore.Audit, l *[]remote.Entry) { delete(h.Confirmed, "c") }},
+		{"effect twice", 3, func(h *History, a *statestore.Audit, l *[]remote.Entry) { (*l)[0].Effects = 2 }},
+		{"held without alert", 2, func(h *History, a *statestore.Audit, l *[]remote.Entry) { a.Orders[1].Status = "error" }},
+		{"not terminal", 2, func(h *History, a *statestore.Audit, l *[]remote.Entry) { a.Orders[0].Status = "processing" }},
+		{"stale reply applied", 4, func(h *History, a *statestore.Audit, l *[]remote.Entry) {
+			o := &a.Orders[0]
+			// A second claim, then the first attempt's reply wins.
+			o.History = append(o.History[:2], append([]statestore.Transition{
+				{Step: ip(1), From: "processing", To: "pending", Attempt: 1, Actor: "supervisor:s"},
+				{Step: ip(1), From: "pending", To: "processing", Attempt: 2, Actor: "scheduler:b"},
+				{Step: ip(1), From: "processing", To: "processed", Attempt: 1, Actor: "scheduler:a"},
+			}, o.History[3:]...)...)
+			o.Steps[0].Attempt = 2
+		}},
+		{"failed order not undone", 5, func(h *History, a *statestore.Audit, l *[]remote.Entry) { (*l)[6].Effects = 0 }},
+		{"completed order undone", 5, func(h *History, a *statestore.Audit, l *[]remote.Entry) {
+			*l = append(*l, remote.Entry{Key: "x", OrderID: "c", Effects: 1, Undoes: "c/1"})
+		}},
+		{"completed order missing an effect", 5, func(h *History, a *statestore.Audit, l *[]remote.Entry) { (*l)[2].Effects = 0 }},
+		{"too many failures", 6, func(h *History, a *statestore.Audit, l *[]remote.Entry) { a.Orders[0].Steps[0].FailureCount = 6 }},
+		{"forward call after the end", 7, func(h *History, a *statestore.Audit, l *[]remote.Entry) { (*l)[1].At = t0.Add(time.Minute) }},
+		{"effect for an unknown order", 7, func(h *History, a *statestore.Audit, l *[]remote.Entry) {
+			*l = append(*l, remote.Entry{Key: "z", OrderID: "z", Effects: 1})
+		}},
+		{"poison not dead-lettered", 8, func(h *History, a *statestore.Audit, l *[]remote.Entry) { delete(h.DeadLettered, "bad-1") }},
+		{"poison with the wrong reason", 8, func(h *History, a *statestore.Audit, l *[]remote.Entry) { h.DeadLettered["bad-1"] = "too_large" }},
+		{"unpublished outbox", 9, func(h *History, a *statestore.Audit, l *[]remote.Entry) { a.Unpublished = 3 }},
+		{"terminal order moved again", 2, func(h *History, a *statestore.Audit, l *[]remote.Entry) {
+			a.Orders[0].History = append(a.Orders[0].History, statestore.Transition{From: "completed", To: "processing", Actor: "scheduler:a"})
+		}},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			t.Parallel()
+			h, a, l := world()
+			tc.breakIt(&h, &a, &l)
+			r := Check(h, a, l)
+			found := false
+			for _, v := range r.Violations {
+				if v.Invariant == tc.invariant {
+					found = true
+				}
+			}
+			if !found {
+				t.Fatalf("no violation of invariant %d; got %v", tc.invariant, r.Violations)
+			}
+		})
+	}
+}

@@ -1,0 +1,110 @@
+package statestore
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// AuditOrder is everything the store knows of one order, for invariant
+// checks after a fault run.
+type AuditOrder struct {
+	OrderID   string
+	Status    string
+	UpdatedAt time.Time
+	Alerts    int
+	Steps     []AuditStep
+	History   []Transition
+}
+
+// AuditStep is one step row.
+type AuditStep struct {
+	Step           int
+	Name           string
+	Kind           string
+	Compensates    int
+	ProcessState   string
+	Attempt        int
+	FailureCount   int
+	MaxFailures    int
+	IdempotencyKey string
+}
+
+// Audit is the whole store, read in one snapshot.
+type Audit struct {
+	Orders      []AuditOrder
+	Unpublished int // outbox messages never published
+}
+
+// ReadAudit reads every order with its steps, history and alert count, in
+// one repeatable-read snapshot. Meant for test and fault-run sizes.
+func (s *Store) ReadAudit(ctx context.Context) (Audit, error) {
+	var a Audit
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		byID := map[string]int{}
+		rows, err := tx.Query(ctx, `SELECT o.order_id::text, o.status, o.updated_at,
+			(SELECT count(*) FROM outbox b WHERE b.order_id = o.order_id AND b.message_type = 'operator_alert')
+			FROM orders o ORDER BY o.order_id`)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var o AuditOrder
+			if err := rows.Scan(&o.OrderID, &o.Status, &o.UpdatedAt, &o.Alerts); err != nil {
+				rows.Close()
+				return err
+			}
+			byID[o.OrderID] = len(a.Orders)
+			a.Orders = append(a.Orders, o)
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		rows, err = tx.Query(ctx, `SELECT order_id::text, step, name, kind, coalesce(compensates, 0), process_state, attempt,
+			failure_count, max_failures, idempotency_key FROM steps ORDER BY order_id, step`)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var id string
+			var st AuditStep
+			if err := rows.Scan(&id, &st.Step, &st.Name, &st.Kind, &st.Compensates, &st.ProcessState, &st.Attempt,
+				&st.FailureCount, &st.MaxFailures, &st.IdempotencyKey); err != nil {
+				rows.Close()
+				return err
+			}
+			if i, ok := byID[id]; ok {
+				a.Orders[i].Steps = append(a.Orders[i].Steps, st)
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		rows, err = tx.Query(ctx, `SELECT order_id::text, id, step, coalesce(from_state, ''), to_state, attempt, actor, reason, at
+			FROM transitions ORDER BY order_id, id`)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var id string
+			var t Transition
+			if err := rows.Scan(&id, &t.ID, &t.Step, &t.From, &t.To, &t.Attempt, &t.Actor, &t.Reason, &t.At); err != nil {
+				rows.Close()
+				return err
+			}
+			if i, ok := byID[id]; ok {
+				a.Orders[i].History = append(a.Orders[i].History, t)
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE published_at IS NULL`).Scan(&a.Unpublished)
+	})
+	if err != nil {
+		return a, fmt.Errorf("read audit: %w", err)
+	}
+	return a, nil
+}
