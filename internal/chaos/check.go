@@ -204,15 +204,21 @@ func checkOrder(o *statestore.AuditOrder, applied map[string]remote.Entry, undon
 	}
 }
 
-// checkFencing checks invariant 4 for a step: every change out of
-// processing was made for the attempt that held the step then (the latest
-// claim), so no stale reply or sweep changed anything.
+// checkFencing checks invariant 4 for a step: its history is continuous
+// (each change starts from the state the one before ended in), and every
+// change out of processing was made for the attempt that held the step
+// then (the latest claim), so no stale reply or sweep changed anything.
 func checkFencing(o *statestore.AuditOrder, st statestore.AuditStep, add func(int, string, ...any)) {
 	current := 0
+	state := ""
 	for _, t := range o.History {
 		if t.Step == nil || *t.Step != st.Step {
 			continue
 		}
+		if t.From != state {
+			add(4, "order %s step %d: %s -> %s (attempt %d, by %s) although the step was %s", o.OrderID, st.Step, t.From, t.To, t.Attempt, t.Actor, state)
+		}
+		state = t.To
 		switch {
 		case t.To == statestore.StepProcessing:
 			if t.Attempt <= current {
@@ -225,5 +231,8 @@ func checkFencing(o *statestore.AuditOrder, st statestore.AuditStep, add func(in
 	}
 	if st.Attempt != current {
 		add(4, "order %s step %d is at attempt %d but its last claim was attempt %d", o.OrderID, st.Step, st.Attempt, current)
+	}
+	if state != st.ProcessState {
+		add(4, "order %s step %d is %s but its history ends in %s", o.OrderID, st.Step, st.ProcessState, state)
 	}
 }

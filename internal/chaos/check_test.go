@@ -33,24 +33,45 @@ func world() (History, statestore.Audit, []remote.Entry) {
 		}
 		return out
 	}
+	created := func(o string, states ...string) []statestore.Transition {
+		var out []statestore.Transition
+		for i, s := range states {
+			out = append(out, statestore.Transition{Step: ip(i + 1), To: s, Actor: "submitter"})
+		}
+		return out
+	}
 	claimAnd := func(step int, to string) []statestore.Transition {
 		return []statestore.Transition{
 			{Step: ip(step), From: "pending", To: "processing", Attempt: 1, Actor: "scheduler:a"},
 			{Step: ip(step), From: "processing", To: to, Attempt: 1, Actor: "scheduler:a"},
 		}
 	}
+	next := func(step int) statestore.Transition {
+		return statestore.Transition{Step: ip(step), From: "waiting", To: "pending", Actor: "scheduler:a"}
+	}
+	cancel := func(step int) statestore.Transition {
+		return statestore.Transition{Step: ip(step), From: "waiting", To: "cancelled", Actor: "scheduler:a"}
+	}
 	var ch []statestore.Transition
 	ch = append(ch, statestore.Transition{To: "received", Actor: "submitter"})
+	ch = append(ch, created("c", "pending", "waiting", "waiting", "waiting", "waiting", "waiting")...)
 	for s := 1; s <= 3; s++ {
+		if s > 1 {
+			ch = append(ch, next(s))
+		}
 		ch = append(ch, claimAnd(s, "processed")...)
 	}
 	ch = append(ch, statestore.Transition{From: "processing", To: "completed", Actor: "scheduler:a"})
 	var fh []statestore.Transition
 	fh = append(fh, statestore.Transition{To: "received", Actor: "submitter"})
+	fh = append(fh, created("f", "pending", "waiting", "waiting", "waiting", "waiting", "waiting")...)
 	fh = append(fh, claimAnd(1, "processed")...)
+	fh = append(fh, next(2))
 	fh = append(fh, claimAnd(2, "error")...)
+	fh = append(fh, cancel(3), cancel(4), next(5))
 	fh = append(fh, statestore.Transition{From: "processing", To: "compensating", Actor: "scheduler:a"})
 	fh = append(fh, claimAnd(5, "processed")...)
+	fh = append(fh, next(6))
 	fh = append(fh, claimAnd(6, "processed")...)
 	fh = append(fh, statestore.Transition{From: "compensating", To: "failed", Actor: "scheduler:a"})
 
@@ -102,12 +123,20 @@ func TestCheckCatchesEachViolation(t *testing.T) {
 		{"stale reply applied", 4, func(h *History, a *statestore.Audit, l *[]remote.Entry) {
 			o := &a.Orders[0]
 			// A second claim, then the first attempt's reply wins.
-			o.History = append(o.History[:2], append([]statestore.Transition{
+			o.History = append(o.History[:8], append([]statestore.Transition{
 				{Step: ip(1), From: "processing", To: "pending", Attempt: 1, Actor: "supervisor:s"},
 				{Step: ip(1), From: "pending", To: "processing", Attempt: 2, Actor: "scheduler:b"},
 				{Step: ip(1), From: "processing", To: "processed", Attempt: 1, Actor: "scheduler:a"},
-			}, o.History[3:]...)...)
+			}, o.History[9:]...)...)
 			o.Steps[0].Attempt = 2
+		}},
+		{"late reply on a step no longer processing", 4, func(h *History, a *statestore.Audit, l *[]remote.Entry) {
+			o := &a.Orders[0]
+			// Reset by the supervisor, then the old reply lands anyway.
+			o.History = append(o.History[:8], append([]statestore.Transition{
+				{Step: ip(1), From: "processing", To: "pending", Attempt: 1, Actor: "supervisor:s"},
+				{Step: ip(1), From: "processing", To: "processed", Attempt: 1, Actor: "scheduler:a"},
+			}, o.History[9:]...)...)
 		}},
 		{"failed order not undone", 5, func(h *History, a *statestore.Audit, l *[]remote.Entry) { (*l)[6].Effects = 0 }},
 		{"completed order undone", 5, func(h *History, a *statestore.Audit, l *[]remote.Entry) {

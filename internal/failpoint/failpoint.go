@@ -4,8 +4,13 @@
 // purpose (for example a scheduler after it claimed steps and before it
 // sent their requests). In a normal build Inject does nothing; binaries
 // built with -tags failpoints kill themselves with SIGKILL at a point named
-// in SAS_FAILPOINTS (comma-separated).
+// in SAS_FAILPOINTS (comma-separated), and break on purpose where
+// SAS_BROKEN names a switch (to prove the fault checker catches it).
 package failpoint
 
 // Inject is a no-op in normal builds.
 func Inject(name string) {}
+
+// Broken reports whether a deliberately broken behaviour is switched on,
+// for the fault suite's negative controls; always false in normal builds.
+func Broken(name string) bool { return false }

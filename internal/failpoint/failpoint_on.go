@@ -18,3 +18,8 @@ func Inject(name string) {
 		select {} // the signal is on its way
 	}
 }
+
+// Broken reports whether name is listed in SAS_BROKEN.
+func Broken(name string) bool {
+	return slices.Contains(strings.Split(os.Getenv("SAS_BROKEN"), ","), name)
+}

@@ -58,3 +58,15 @@ func (s *Store) ProgressSince(ctx context.Context, since time.Time) (Progress, e
 	p.P99 = time.Duration(p99 * float64(time.Second))
 	return p, nil
 }
+
+// Unfinished counts orders that have not ended (received, processing,
+// compensating) and outbox messages not yet published.
+func (s *Store) Unfinished(ctx context.Context) (orders, outbox int, err error) {
+	err = s.pool.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM orders WHERE status NOT IN ('completed', 'failed', 'error')),
+		(SELECT count(*) FROM outbox WHERE published_at IS NULL)`).Scan(&orders, &outbox)
+	if err != nil {
+		return 0, 0, fmt.Errorf("unfinished: %w", err)
+	}
+	return orders, outbox, nil
+}

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"sas/internal/failpoint"
 )
 
 // Reply is an agent's answer for one attempt of a step.
@@ -106,7 +109,14 @@ func (s *Store) ApplyReply(ctx context.Context, r Reply) (ApplyResult, error) {
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var failures int
 		var took float64
-		err := tx.QueryRow(ctx, applyReplySQL, r.OrderID, r.Step, r.Attempt, r.OK, r.Result, r.Error, r.Actor).
+		sql := applyReplySQL
+		if failpoint.Broken("unfenced-replies") {
+			// Negative control for the fault suite: no fence at all
+			// (attempt, state, deadline).
+			sql = strings.Replace(sql, "AND attempt = $3\n      AND process_state = 'processing' AND complete_by >= now()",
+				"AND $3::int > 0", 1)
+		}
+		err := tx.QueryRow(ctx, sql, r.OrderID, r.Step, r.Attempt, r.OK, r.Result, r.Error, r.Actor).
 			Scan(&res.StepState, &failures, &res.StepName, &took)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil

@@ -19,6 +19,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"sas/internal/broker"
+	"sas/internal/failpoint"
 	"sas/internal/messages"
 	"sas/internal/service"
 	"sas/internal/statestore"
@@ -137,6 +138,15 @@ func (h *handler) handle(ctx context.Context, d amqp.Delivery) error {
 	}
 	nw := newOrder(o, wf, h.stepTimeout, h.actor)
 	log := h.logger.With("order_id", o.OrderID)
+	if failpoint.Broken("ack-before-commit") {
+		// Negative control for the fault suite: ack now, write a little
+		// later; a crash in between loses the order.
+		go func() {
+			time.Sleep(300 * time.Millisecond)
+			_, _ = h.store.InsertOrder(h.workCtx, nw)
+		}()
+		return nil
+	}
 
 	// A database error that retrying cannot fix ends in the dead-letter
 	// queue; any other (unreachable, overloaded) keeps the message and is

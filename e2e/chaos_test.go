@@ -1,0 +1,88 @@
+package e2e
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"sas/internal/chaos"
+	"sas/internal/testenv"
+)
+
+func chaosConfig(t *testing.T, seed uint64, orders int) chaos.Config {
+	t.Helper()
+	testenv.Database(t) // skips or fails, as for every test, when the services are away
+	return chaos.Config{
+		BinDir: binDir, DatabaseURL: testenv.DatabaseURL(), AMQPURL: testenv.AMQPURL(),
+		Orders: orders, Rate: 40, Seed: seed, Faults: chaos.AllFaults(),
+		StepTimeout: 2 * time.Second,
+		HealTimeout: 2 * time.Minute, LogDir: t.TempDir(),
+	}
+}
+
+func runChaos(t *testing.T, cfg chaos.Config) chaos.Report {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	rep, err := chaos.Run(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatalf("fault run: %v", err)
+	}
+	var b strings.Builder
+	rep.Print(&b)
+	t.Log("\n" + b.String())
+	return rep
+}
+
+// TestChaosShortRun is the short fault run of make test: every fault kind
+// but broker and database restarts, on a fixed seed, and every invariant
+// must hold.
+func TestChaosShortRun(t *testing.T) {
+	t.Parallel()
+	rep := runChaos(t, chaosConfig(t, 42, 400))
+	if !rep.OK() {
+		t.Fatal("invariants broken under faults (report above)")
+	}
+	if rep.Confirmed != 400 || rep.Malformed == 0 || len(rep.Faults) < 4 {
+		t.Fatalf("the run did not do what it should: %+v", rep)
+	}
+}
+
+// TestChaosCatchesBrokenBuilds: the checker fails runs of deliberately
+// broken builds (negative controls).
+func TestChaosCatchesBrokenBuilds(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		broken    string
+		faults    []string
+		roles     []string
+		invariant int
+	}{
+		// Without the fence, replies a frozen scheduler held are applied
+		// after the step was reset and claimed again.
+		{"unfenced-replies", []string{chaos.FaultStop}, []string{"scheduler"}, 4},
+		// A submitter that acks before it commits loses orders when killed.
+		{"ack-before-commit", []string{chaos.FaultKill}, []string{"submitter"}, 1},
+	} {
+		t.Run(tc.broken, func(t *testing.T) {
+			t.Parallel()
+			cfg := chaosConfig(t, 7, 300)
+			cfg.Faults, cfg.KillRoles, cfg.StopRoles = tc.faults, tc.roles, tc.roles
+			cfg.Env = []string{"SAS_BROKEN=" + tc.broken}
+			cfg.HealTimeout = 30 * time.Second
+			rep := runChaos(t, cfg)
+			if rep.OK() {
+				t.Fatalf("the checker passed a build with %s", tc.broken)
+			}
+			for _, v := range rep.Result.Violations {
+				if v.Invariant == tc.invariant {
+					return
+				}
+			}
+			t.Fatalf("no violation of invariant %d with %s: %v", tc.invariant, tc.broken, rep.Result.Violations)
+		})
+	}
+}

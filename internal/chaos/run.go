@@ -1,0 +1,667 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"sas/internal/badinput"
+	"sas/internal/broker"
+	"sas/internal/messages"
+	"sas/internal/proc"
+	"sas/internal/remote"
+	"sas/internal/scheduler"
+	"sas/internal/statestore"
+	"sas/internal/submitter"
+	"sas/internal/workflow"
+	"sas/migrations"
+)
+
+// Fault kinds.
+const (
+	FaultKill      = "kill"      // kill -9 a submitter, scheduler, agent or supervisor, restart it
+	FaultFailpoint = "failpoint" // restart a scheduler or agent to die at a step boundary
+	FaultStop      = "stop"      // SIGSTOP a scheduler or agent past its lease, then SIGCONT
+	FaultRemote    = "remote"    // a burst of 5xx, 429, hangs and apply-then-fail at the remote
+	FaultPoison    = "poison"    // malformed messages on the submit queue
+	FaultDuplicate = "duplicate" // submits delivered again
+)
+
+// AllFaults lists every fault kind.
+func AllFaults() []string {
+	return []string{FaultKill, FaultFailpoint, FaultStop, FaultRemote, FaultPoison, FaultDuplicate}
+}
+
+// Config configures a run.
+type Config struct {
+	BinDir      string // binaries built with -tags failpoints
+	DatabaseURL string // the run makes its own schema in this database
+	AMQPURL     string
+	Orders      int
+	Rate        float64 // orders published per second
+	Seed        uint64
+	Faults      []string
+	PortBase    int           // services listen from PortBase+1; 0 picks free ports
+	StepTimeout time.Duration // the budget of one attempt
+	HealTimeout time.Duration // how long the orders may take to end after the faults stop
+	LogDir      string
+	Keep        bool // keep the schema and queues afterwards
+	// Env is added to every service's environment (e.g. SAS_BROKEN for
+	// the negative controls).
+	Env []string
+	// KillRoles are the services the kill fault picks from (default:
+	// submitter, scheduler, agent, supervisor); StopRoles those the stop
+	// fault freezes (default: scheduler, agent).
+	KillRoles []string
+	StopRoles []string
+}
+
+// Report is a run's outcome.
+type Report struct {
+	Seed                                     uint64
+	Published, Confirmed, Malformed, Repeats int
+	Refused                                  int // orders the remote refuses for good (they must be compensated)
+	Faults                                   map[string]int
+	Crashes                                  []string // processes that died without being killed
+	HealedToQuiet                            time.Duration
+	DeadLettered                             map[string]int // by reason
+	StaleReplies                             float64        // counted by the schedulers alive at the end
+	Result                                   Result
+	LogDir                                   string
+}
+
+// OK reports whether every invariant held and no process crashed.
+func (r Report) OK() bool { return r.Result.OK() && len(r.Crashes) == 0 }
+
+// Print writes the report.
+func (r Report) Print(w io.Writer) {
+	fmt.Fprintf(w, "fault run, seed %d\n", r.Seed)
+	fmt.Fprintf(w, "  orders published %d, confirmed %d (of them %d refused for good by the remote); malformed %d; repeated submits %d\n",
+		r.Published, r.Confirmed, r.Refused, r.Malformed, r.Repeats)
+	fmt.Fprintf(w, "  outcomes: completed %d, failed (compensated) %d, held in error %d\n", r.Result.Completed, r.Result.Failed, r.Result.HeldError)
+	var kinds []string
+	for k := range r.Faults {
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+	fmt.Fprint(w, "  faults injected:")
+	for _, k := range kinds {
+		fmt.Fprintf(w, " %s %d", k, r.Faults[k])
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "  remote: %d actions applied, %d undone, %d effects in all; duplicate attempt rate %.1f%%\n",
+		r.Result.Keys, r.Result.UndoEffects, r.Result.Effects, 100*r.Result.DuplicateAttemptRate())
+	fmt.Fprintf(w, "  stale replies refused (schedulers alive at the end): %.0f\n", r.StaleReplies)
+	fmt.Fprintf(w, "  from faults healed to every order ended: %v\n", r.HealedToQuiet.Round(time.Millisecond))
+	fmt.Fprintf(w, "  dead-lettered: %v\n", r.DeadLettered)
+	fmt.Fprintf(w, "  unexpected crashes: %d %v\n", len(r.Crashes), r.Crashes)
+	lost := 0
+	dup := 0
+	for _, v := range r.Result.Violations {
+		switch v.Invariant {
+		case 1:
+			lost++
+		case 3:
+			dup++
+		}
+	}
+	fmt.Fprintf(w, "  lost orders: %d; duplicated effects: %d\n", lost, dup)
+	if r.OK() {
+		fmt.Fprintln(w, "  every invariant held")
+	} else {
+		fmt.Fprintf(w, "  %d invariant violations:\n", len(r.Result.Violations))
+		for i, v := range r.Result.Violations {
+			if i == 50 {
+				fmt.Fprintf(w, "    … and %d more\n", len(r.Result.Violations)-50)
+				break
+			}
+			fmt.Fprintf(w, "    %v\n", v)
+		}
+	}
+	fmt.Fprintf(w, "  logs: %s\n", r.LogDir)
+}
+
+// slot is one replica of a service; its process is replaced on restart.
+type slot struct {
+	role, name, binary, addrVar, addr string
+	env                               []string
+
+	mu        sync.Mutex
+	p         *proc.Proc
+	failpoint string // the failpoint the current process runs with
+}
+
+func (s *slot) current() *proc.Proc {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.p
+}
+
+// run is one fault run in progress.
+type run struct {
+	cfg        Config
+	rng        *rand.Rand
+	rngMu      sync.Mutex
+	logger     *slog.Logger
+	slots      []*slot
+	remote     *slot
+	baseFaults string
+
+	mu      sync.Mutex
+	faults  map[string]int
+	crashes []string
+	healing sync.WaitGroup
+}
+
+func (r *run) intn(n int) int {
+	r.rngMu.Lock()
+	defer r.rngMu.Unlock()
+	return r.rng.IntN(n)
+}
+
+func (r *run) count(kind string) {
+	r.mu.Lock()
+	r.faults[kind]++
+	r.mu.Unlock()
+}
+
+// start starts s's process (with a failpoint, or none) and watches it: a
+// process that dies without being killed is a crash, unless it died at its
+// failpoint; either way it is started again.
+func (r *run) start(s *slot, failpoint string) error {
+	env := s.env
+	if failpoint != "" {
+		env = append(append([]string{}, env...), "SAS_FAILPOINTS="+failpoint)
+	}
+	p, err := proc.Start(s.name, filepath.Join(r.cfg.BinDir, s.binary), r.cfg.LogDir, s.addrVar, s.addr, env)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.p, s.failpoint = p, failpoint
+	s.mu.Unlock()
+	go func() {
+		<-p.Done()
+		if p.Intended() {
+			return
+		}
+		if failpoint != "" {
+			r.count("failpoint:" + failpoint)
+		} else {
+			r.mu.Lock()
+			r.crashes = append(r.crashes, fmt.Sprintf("%s: %v", s.name, p.Err()))
+			r.mu.Unlock()
+			r.logger.Error("process crashed", "name", s.name, "err", p.Err())
+		}
+		if s.current() == p {
+			if err := r.start(s, ""); err != nil {
+				r.logger.Error("restart failed", "name", s.name, "err", err)
+			}
+		}
+	}()
+	return nil
+}
+
+// Run performs a fault run and checks it.
+func Run(ctx context.Context, cfg Config, logger *slog.Logger) (Report, error) {
+	rep := Report{Seed: cfg.Seed, LogDir: cfg.LogDir, DeadLettered: map[string]int{}}
+	r := &run{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5eed)), logger: logger, faults: map[string]int{}}
+	enabled := map[string]bool{}
+	for _, f := range cfg.Faults {
+		enabled[f] = true
+	}
+
+	// A schema and a queue prefix of the run's own.
+	tag := fmt.Sprintf("chaos_%d_%s", cfg.Seed, strings.ReplaceAll(messages.NewID()[:8], "-", ""))
+	admin, err := pgxpool.New(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return rep, err
+	}
+	defer admin.Close()
+	if _, err := admin.Exec(ctx, `CREATE SCHEMA `+tag); err != nil {
+		return rep, fmt.Errorf("create schema: %w", err)
+	}
+	u, err := url.Parse(cfg.DatabaseURL)
+	if err != nil {
+		return rep, err
+	}
+	q := u.Query()
+	q.Set("search_path", tag)
+	u.RawQuery = q.Encode()
+	dbURL := u.String()
+	prefix := strings.ReplaceAll(tag, "_", ".") + "."
+	topo := scheduler.Topology(prefix, 10, workflow.Builtin())
+	topo.Inputs = append(topo.Inputs, submitter.Input)
+	pool, err := statestore.Connect(ctx, dbURL, 4)
+	if err != nil {
+		return rep, err
+	}
+	defer pool.Close()
+	store := statestore.New(pool)
+	ms, err := statestore.LoadMigrations(migrations.FS)
+	if err != nil {
+		return rep, err
+	}
+	if _, err := statestore.Migrate(ctx, pool, ms); err != nil {
+		return rep, err
+	}
+	bm := broker.NewMetrics(nil)
+	conn, err := broker.Open(ctx, cfg.AMQPURL, "chaos", topo, logger, bm)
+	if err != nil {
+		return rep, err
+	}
+	defer conn.Close()
+	pub := broker.NewPublisher(conn, bm)
+	defer pub.Close()
+	defer func() {
+		if cfg.Keep {
+			logger.Info("kept for inspection", "schema", tag, "queue_prefix", prefix)
+			return
+		}
+		cleanup := context.WithoutCancel(ctx)
+		if ch, err := conn.Channel(cleanup); err == nil {
+			_ = topo.Delete(ch)
+			ch.Close()
+		}
+		_, _ = admin.Exec(cleanup, `DROP SCHEMA `+tag+` CASCADE`)
+	}()
+
+	// Orders: ids chosen up front, so the remote can refuse some for good.
+	ids := make([]string, cfg.Orders)
+	var refused []string
+	for i := range ids {
+		ids[i] = messages.NewID()
+		if r.intn(20) == 0 {
+			refused = append(refused, ids[i])
+		}
+	}
+	rep.Refused = len(refused)
+	refusedJSON, _ := json.Marshal(refused)
+	r.baseFaults = `{"*":{"latency_max_ms":3},"charge_payment":{"latency_max_ms":3,"fail_orders":` + string(refusedJSON) + `}}`
+
+	// The services.
+	common := append([]string{"SAS_DATABASE_URL=" + dbURL, "SAS_AMQP_URL=" + cfg.AMQPURL, "SAS_QUEUE_PREFIX=" + prefix, "SAS_LOG_LEVEL=info"}, cfg.Env...)
+	port := cfg.PortBase
+	nextAddr := func() (string, error) {
+		if cfg.PortBase == 0 {
+			return freeAddr()
+		}
+		port++
+		return fmt.Sprintf("127.0.0.1:%d", port), nil
+	}
+	var addErr error
+	add := func(role, binary, addrVar string, n int, env ...string) {
+		for i := range n {
+			addr, err := nextAddr()
+			if err != nil {
+				addErr = err
+				return
+			}
+			r.slots = append(r.slots, &slot{role: role, name: fmt.Sprintf("%s-%d", role, i+1), binary: binary, addrVar: addrVar,
+				addr: addr, env: append(append(append([]string{}, common...), "SAS_INSTANCE_ID="+fmt.Sprintf("%s-%d", role, i+1)), env...)})
+		}
+	}
+	add("remote", "remote", "SAS_REMOTE_ADDR", 1, "SAS_REMOTE_FAULTS="+r.baseFaults, fmt.Sprintf("SAS_REMOTE_SEED=%d", cfg.Seed))
+	r.remote = r.slots[0]
+	add("submitter", "submitter", "SAS_METRICS_ADDR", 2, "SAS_STEP_TIMEOUT="+cfg.StepTimeout.String())
+	add("scheduler", "scheduler", "SAS_METRICS_ADDR", 2, "SAS_SCHEDULER_POLL_INTERVAL=200ms")
+	add("agent", "agent", "SAS_METRICS_ADDR", 2, "SAS_REMOTE_URL=http://"+r.remote.addr)
+	add("supervisor", "supervisor", "SAS_METRICS_ADDR", 2, "SAS_SUPERVISOR_INTERVAL=200ms", "SAS_SUPERVISOR_LEASE_TTL=1s",
+		"SAS_SUPERVISOR_BACKOFF_BASE=100ms", "SAS_SUPERVISOR_BACKOFF_MAX=1s")
+	if addErr != nil {
+		return rep, addErr
+	}
+	defer func() {
+		for i := len(r.slots) - 1; i >= 0; i-- {
+			if p := r.slots[i].current(); p != nil {
+				p.Stop(20 * time.Second)
+			}
+		}
+	}()
+	for _, s := range r.slots {
+		if err := r.start(s, ""); err != nil {
+			return rep, err
+		}
+	}
+	for _, s := range r.slots {
+		if err := s.current().WaitReady(ctx, time.Minute); err != nil {
+			return rep, err
+		}
+	}
+	logger.Info("services up", "processes", len(r.slots), "schema", tag)
+
+	// Publish while the faults run.
+	confirmed := map[string]bool{}
+	malformed := map[string]string{}
+	published := make(chan struct{})
+	var pubErr error
+	go func() {
+		defer close(published)
+		pubErr = r.publish(ctx, pub, topo, ids, enabled, confirmed, malformed, &rep)
+	}()
+	r.injectFaults(ctx, enabled, published)
+	<-published
+	if pubErr != nil {
+		return rep, pubErr
+	}
+
+	// Heal: faults off, frozen processes thawed, everything running.
+	r.healing.Wait()
+	r.setFaults(ctx, r.baseFaults)
+	for _, s := range r.slots {
+		p := s.current()
+		_ = p.Signal(syscall.SIGCONT)
+		if err := p.WaitReady(ctx, time.Minute); err != nil {
+			logger.Warn("not ready after healing", "name", s.name, "err", err)
+		}
+	}
+	healed := time.Now()
+	logger.Info("faults healed; waiting for every order to end")
+	deadline := healed.Add(cfg.HealTimeout)
+	for {
+		orders, outbox, err := store.Unfinished(ctx)
+		if err != nil {
+			return rep, err
+		}
+		if orders == 0 && outbox == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			logger.Error("orders did not all end in time", "unfinished", orders, "outbox", outbox)
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	rep.HealedToQuiet = time.Since(healed)
+
+	// Gather the history.
+	dead, err := drainDeadLetters(ctx, conn, topo.DeadLetterQueue(submitter.Input))
+	if err != nil {
+		return rep, err
+	}
+	for _, reason := range dead {
+		rep.DeadLettered[reason]++
+	}
+	audit, err := store.ReadAudit(ctx)
+	if err != nil {
+		return rep, err
+	}
+	ledger, err := fetchLedger(ctx, r.remote.addr)
+	if err != nil {
+		return rep, err
+	}
+	for _, s := range r.slots {
+		if s.role == "scheduler" {
+			rep.StaleReplies += scrape(s.current().Addr, "sas_stale_replies_total")
+		}
+	}
+	rep.Confirmed = len(confirmed)
+	rep.Malformed = len(malformed)
+	rep.Result = Check(History{Confirmed: confirmed, Malformed: malformed, DeadLettered: dead}, audit, ledger)
+	r.mu.Lock()
+	rep.Faults, rep.Crashes = r.faults, r.crashes
+	r.mu.Unlock()
+	return rep, nil
+}
+
+// publish sends the orders at cfg.Rate with publisher confirms, with
+// malformed messages and repeated submits mixed in.
+func (r *run) publish(ctx context.Context, pub *broker.Publisher, topo broker.Topology, ids []string, enabled map[string]bool,
+	confirmed map[string]bool, malformed map[string]string, rep *Report) error {
+	queue := topo.Queue(submitter.Input)
+	tick := time.NewTicker(time.Duration(float64(time.Second) / r.cfg.Rate))
+	defer tick.Stop()
+	catalogue := badinput.SubmitOrders(messages.NewID)
+	send := func(id, contentType string, body []byte) error {
+		for {
+			err := pub.Publish(ctx, "", queue, amqp.Publishing{ContentType: contentType, MessageId: id, Body: body})
+			if err == nil || ctx.Err() != nil {
+				return err
+			}
+			r.logger.Warn("publish failed; again", "id", id, "err", err)
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	bodies := map[string][]byte{}
+	for i, id := range ids {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+		wf := ""
+		if r.intn(4) == 0 {
+			wf = "single"
+		}
+		o := messages.SubmitOrder{SchemaVersion: 1, OrderID: id, Customer: "chaos", Items: []messages.Item{{SKU: "SKU-1", Qty: 1}},
+			Amount: 100, Currency: "EUR", Workflow: wf}
+		body, err := messages.Encode(o)
+		if err != nil {
+			return err
+		}
+		if err := send(id, messages.ContentType, body); err != nil {
+			return err
+		}
+		rep.Published++
+		confirmed[id] = true
+		bodies[id] = body
+		if enabled[FaultPoison] && i%25 == 0 {
+			c := catalogue[(i/25)%len(catalogue)]
+			mid := fmt.Sprintf("bad-%d", i)
+			ct := c.ContentType
+			if ct == "" {
+				ct = messages.ContentType
+			}
+			if err := send(mid, ct, c.Body); err != nil {
+				return err
+			}
+			malformed[mid] = c.Reason
+			r.count(FaultPoison)
+		}
+		if enabled[FaultDuplicate] && i%20 == 10 {
+			again := ids[r.intn(i+1)]
+			if err := send(again, messages.ContentType, bodies[again]); err != nil {
+				return err
+			}
+			rep.Repeats++
+			r.count(FaultDuplicate)
+		}
+	}
+	return nil
+}
+
+// injectFaults injects a fault every 0.3 to 1.5 s until published closes.
+func (r *run) injectFaults(ctx context.Context, enabled map[string]bool, published <-chan struct{}) {
+	var kinds []string
+	for _, k := range []string{FaultKill, FaultFailpoint, FaultStop, FaultRemote} {
+		if enabled[k] {
+			kinds = append(kinds, k)
+		}
+	}
+	if len(kinds) == 0 {
+		<-published
+		return
+	}
+	// pick chooses a replica of one of roles whose process is running (one
+	// waiting to be restarted is left alone).
+	pick := func(roles ...string) *slot {
+		var c []*slot
+		for _, s := range r.slots {
+			for _, role := range roles {
+				if s.role == role && !s.current().Exited() {
+					c = append(c, s)
+				}
+			}
+		}
+		if len(c) == 0 {
+			return nil
+		}
+		return c[r.intn(len(c))]
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-published:
+			return
+		case <-time.After(time.Duration(300+r.intn(1200)) * time.Millisecond):
+		}
+		switch kind := kinds[r.intn(len(kinds))]; kind {
+		case FaultKill:
+			roles := r.cfg.KillRoles
+			if len(roles) == 0 {
+				roles = []string{"submitter", "scheduler", "agent", "supervisor"}
+			}
+			s := pick(roles...)
+			if s == nil {
+				continue
+			}
+			s.current().Kill()
+			r.count(FaultKill + ":" + s.role)
+			r.healing.Add(1)
+			go func() {
+				defer r.healing.Done()
+				time.Sleep(time.Duration(100+r.intn(900)) * time.Millisecond)
+				if err := r.start(s, ""); err != nil {
+					r.logger.Error("restart failed", "name", s.name, "err", err)
+				}
+			}()
+		case FaultFailpoint:
+			s, fp := pick("scheduler"), "scheduler-after-claim"
+			if r.intn(2) == 0 {
+				s, fp = pick("agent"), "agent-after-call"
+			}
+			if s == nil {
+				continue
+			}
+			s.current().Kill()
+			if err := r.start(s, fp); err != nil {
+				r.logger.Error("restart with failpoint failed", "name", s.name, "err", err)
+			}
+		case FaultStop:
+			roles := r.cfg.StopRoles
+			if len(roles) == 0 {
+				roles = []string{"scheduler", "agent"}
+			}
+			s := pick(roles...)
+			if s == nil {
+				continue
+			}
+			p := s.current()
+			if err := p.Signal(syscall.SIGSTOP); err != nil {
+				continue
+			}
+			r.count(FaultStop + ":" + s.role)
+			r.healing.Add(1)
+			go func() {
+				defer r.healing.Done()
+				time.Sleep(r.cfg.StepTimeout + 500*time.Millisecond)
+				_ = p.Signal(syscall.SIGCONT)
+			}()
+		case FaultRemote:
+			r.count(FaultRemote)
+			r.setFaults(ctx, strings.Replace(r.baseFaults, `"*":{"latency_max_ms":3}`,
+				`"*":{"latency_max_ms":3,"error_rate":0.3,"rate_limit_rate":0.05,"retry_after_s":1,"hang_rate":0.05,"hang_ms":500,"apply_then_fail_rate":0.1}`, 1))
+			r.healing.Add(1)
+			go func() {
+				defer r.healing.Done()
+				time.Sleep(time.Duration(1000+r.intn(2000)) * time.Millisecond)
+				r.setFaults(ctx, r.baseFaults)
+			}()
+		}
+	}
+}
+
+// freeAddr returns a loopback address whose port is free now.
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+func (r *run) setFaults(ctx context.Context, faults string) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, "http://"+r.remote.addr+"/admin/faults", strings.NewReader(faults))
+	if err != nil {
+		return
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		r.logger.Warn("set remote faults", "err", err)
+		return
+	}
+	resp.Body.Close()
+}
+
+func drainDeadLetters(ctx context.Context, conn *broker.Conn, queue string) (map[string]string, error) {
+	ch, err := conn.Channel(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer ch.Close()
+	out := map[string]string{}
+	for {
+		d, ok, err := ch.Get(queue, true)
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", queue, err)
+		}
+		if !ok {
+			return out, nil
+		}
+		reason, _ := d.Headers[broker.HeaderErrorReason].(string)
+		out[d.MessageId] = reason
+	}
+}
+
+func fetchLedger(ctx context.Context, addr string) ([]remote.Entry, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/ledger", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("read the remote ledger: %w", err)
+	}
+	defer resp.Body.Close()
+	var l []remote.Entry
+	if err := json.NewDecoder(resp.Body).Decode(&l); err != nil {
+		return nil, fmt.Errorf("read the remote ledger: %w", err)
+	}
+	return l, nil
+}
+
+func scrape(addr, name string) float64 {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	total := 0.0
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ") {
+			var v float64
+			if _, err := fmt.Sscanf(line[strings.LastIndexByte(line, ' ')+1:], "%g", &v); err == nil {
+				total += v
+			}
+		}
+	}
+	return total
+}
