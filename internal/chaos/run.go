@@ -35,7 +35,7 @@ import (
 // Fault kinds.
 const (
 	FaultKill      = "kill"      // kill -9 a submitter, scheduler, agent or supervisor, restart it
-	FaultFailpoint = "failpoint" // restart a scheduler or agent to die at a step boundary
+	FaultFailpoint = "failpoint" // restart a scheduler, agent or submitter to die at a step boundary
 	FaultStop      = "stop"      // SIGSTOP a scheduler or agent past its lease, then SIGCONT
 	FaultRemote    = "remote"    // a burst of 5xx, 429, hangs and apply-then-fail at the remote
 	FaultPoison    = "poison"    // malformed messages on the submit queue
@@ -542,9 +542,15 @@ func (r *run) injectFaults(ctx context.Context, enabled map[string]bool, publish
 				}
 			}()
 		case FaultFailpoint:
-			s, fp := pick("scheduler"), "scheduler-after-claim"
-			if r.intn(2) == 0 {
+			var s *slot
+			var fp string
+			switch r.intn(3) {
+			case 0:
+				s, fp = pick("scheduler"), "scheduler-after-claim"
+			case 1:
 				s, fp = pick("agent"), "agent-after-call"
+			default:
+				s, fp = pick("submitter"), "submitter-after-commit"
 			}
 			if s == nil {
 				continue

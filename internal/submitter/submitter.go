@@ -168,6 +168,7 @@ func (h *handler) handle(ctx context.Context, d amqp.Delivery) error {
 	})
 	switch {
 	case err == nil:
+		failpoint.Inject("submitter-after-commit")
 		h.metrics.orders.WithLabelValues(outcome.String()).Inc()
 		log.Debug("order written", "outcome", outcome.String(), "workflow", wf.Name)
 		return nil
