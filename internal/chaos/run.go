@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -23,6 +24,7 @@ import (
 	"sas/internal/badinput"
 	"sas/internal/broker"
 	"sas/internal/messages"
+	"sas/internal/netproxy"
 	"sas/internal/proc"
 	"sas/internal/remote"
 	"sas/internal/scheduler"
@@ -40,11 +42,22 @@ const (
 	FaultRemote    = "remote"    // a burst of 5xx, 429, hangs and apply-then-fail at the remote
 	FaultPoison    = "poison"    // malformed messages on the submit queue
 	FaultDuplicate = "duplicate" // submits delivered again
+	FaultNetwork   = "network"   // cut, or refuse for a while, the services' connections to Postgres, RabbitMQ or the remote
+	// Restarts disturb everything else using the broker or the database
+	// on this machine: for dedicated runs (make chaos), not make test.
+	FaultBrokerRestart = "broker-restart" // rabbitmqctl stop_app, then start_app
+	FaultDBRestart     = "db-restart"     // PostgreSQL stopped with -m immediate (a crash), then started
 )
 
 // AllFaults lists every fault kind.
 func AllFaults() []string {
-	return []string{FaultKill, FaultFailpoint, FaultStop, FaultRemote, FaultPoison, FaultDuplicate}
+	return append(ShortFaults(), FaultBrokerRestart, FaultDBRestart)
+}
+
+// ShortFaults lists the fault kinds that leave the rest of the machine
+// alone (no broker or database restart).
+func ShortFaults() []string {
+	return []string{FaultKill, FaultFailpoint, FaultStop, FaultRemote, FaultPoison, FaultDuplicate, FaultNetwork}
 }
 
 // Config configures a run.
@@ -155,6 +168,7 @@ func (s *slot) current() *proc.Proc {
 // run is one fault run in progress.
 type run struct {
 	cfg        Config
+	proxies    map[string]*netproxy.Proxy // between the services and postgres, rabbitmq, remote
 	rng        *rand.Rand
 	rngMu      sync.Mutex
 	logger     *slog.Logger
@@ -294,8 +308,39 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) (Report, error) {
 	refusedJSON, _ := json.Marshal(refused)
 	r.baseFaults = `{"*":{"latency_max_ms":3},"charge_payment":{"latency_max_ms":3,"fail_orders":` + string(refusedJSON) + `}}`
 
+	// The services reach Postgres, RabbitMQ and the remote through loopback
+	// proxies the network fault cuts; the harness itself connects
+	// directly.
+	r.proxies = map[string]*netproxy.Proxy{}
+	defer func() {
+		for _, p := range r.proxies {
+			p.Close()
+		}
+	}()
+	viaProxy := func(name, rawURL string) (string, error) {
+		u, err := url.Parse(rawURL)
+		if err != nil {
+			return "", err
+		}
+		p, err := netproxy.New(u.Host)
+		if err != nil {
+			return "", err
+		}
+		r.proxies[name] = p
+		u.Host = p.Addr()
+		return u.String(), nil
+	}
+	svcDB, err := viaProxy("postgres", dbURL)
+	if err != nil {
+		return rep, err
+	}
+	svcAMQP, err := viaProxy("rabbitmq", cfg.AMQPURL)
+	if err != nil {
+		return rep, err
+	}
+
 	// The services.
-	common := append([]string{"SAS_DATABASE_URL=" + dbURL, "SAS_AMQP_URL=" + cfg.AMQPURL, "SAS_QUEUE_PREFIX=" + prefix, "SAS_LOG_LEVEL=info"}, cfg.Env...)
+	common := append([]string{"SAS_DATABASE_URL=" + svcDB, "SAS_AMQP_URL=" + svcAMQP, "SAS_QUEUE_PREFIX=" + prefix, "SAS_LOG_LEVEL=info"}, cfg.Env...)
 	port := cfg.PortBase
 	nextAddr := func() (string, error) {
 		if cfg.PortBase == 0 {
@@ -317,10 +362,17 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) (Report, error) {
 		}
 	}
 	add("remote", "remote", "SAS_REMOTE_ADDR", 1, "SAS_REMOTE_FAULTS="+r.baseFaults, fmt.Sprintf("SAS_REMOTE_SEED=%d", cfg.Seed))
+	if addErr != nil {
+		return rep, addErr
+	}
 	r.remote = r.slots[0]
+	remoteURL, err := viaProxy("remote", "http://"+r.remote.addr)
+	if err != nil {
+		return rep, err
+	}
 	add("submitter", "submitter", "SAS_METRICS_ADDR", 2, "SAS_STEP_TIMEOUT="+cfg.StepTimeout.String())
 	add("scheduler", "scheduler", "SAS_METRICS_ADDR", 2, "SAS_SCHEDULER_POLL_INTERVAL=200ms")
-	add("agent", "agent", "SAS_METRICS_ADDR", 2, "SAS_REMOTE_URL=http://"+r.remote.addr)
+	add("agent", "agent", "SAS_METRICS_ADDR", 2, "SAS_REMOTE_URL="+remoteURL)
 	add("supervisor", "supervisor", "SAS_METRICS_ADDR", 2, "SAS_SUPERVISOR_INTERVAL=200ms", "SAS_SUPERVISOR_LEASE_TTL=1s",
 		"SAS_SUPERVISOR_BACKOFF_BASE=100ms", "SAS_SUPERVISOR_BACKOFF_MAX=1s")
 	if addErr != nil {
@@ -362,6 +414,9 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) (Report, error) {
 
 	// Heal: faults off, frozen processes thawed, everything running.
 	r.healing.Wait()
+	for _, p := range r.proxies {
+		p.SetDown(false)
+	}
 	r.setFaults(ctx, r.baseFaults)
 	for _, s := range r.slots {
 		p := s.current()
@@ -376,9 +431,11 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) (Report, error) {
 	for {
 		orders, outbox, err := store.Unfinished(ctx)
 		if err != nil {
-			return rep, err
-		}
-		if orders == 0 && outbox == 0 {
+			if ctx.Err() != nil {
+				return rep, err
+			}
+			logger.Warn("reading progress failed; again", "err", err)
+		} else if orders == 0 && outbox == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -488,7 +545,7 @@ func (r *run) publish(ctx context.Context, pub *broker.Publisher, topo broker.To
 // injectFaults injects a fault every 0.3 to 1.5 s until published closes.
 func (r *run) injectFaults(ctx context.Context, enabled map[string]bool, published <-chan struct{}) {
 	var kinds []string
-	for _, k := range []string{FaultKill, FaultFailpoint, FaultStop, FaultRemote} {
+	for _, k := range []string{FaultKill, FaultFailpoint, FaultStop, FaultRemote, FaultNetwork, FaultBrokerRestart, FaultDBRestart} {
 		if enabled[k] {
 			kinds = append(kinds, k)
 		}
@@ -579,6 +636,33 @@ func (r *run) injectFaults(ctx context.Context, enabled map[string]bool, publish
 				time.Sleep(r.cfg.StepTimeout + 500*time.Millisecond)
 				_ = p.Signal(syscall.SIGCONT)
 			}()
+		case FaultNetwork:
+			names := []string{"postgres", "rabbitmq", "remote"}
+			name := names[r.intn(len(names))]
+			p := r.proxies[name]
+			if r.intn(2) == 0 {
+				p.Sever()
+				r.count(FaultNetwork + ":" + name + ":cut")
+				continue
+			}
+			p.SetDown(true)
+			r.count(FaultNetwork + ":" + name + ":down")
+			r.healing.Add(1)
+			go func() {
+				defer r.healing.Done()
+				time.Sleep(time.Duration(500+r.intn(1500)) * time.Millisecond)
+				p.SetDown(false)
+			}()
+		case FaultBrokerRestart, FaultDBRestart:
+			// One restart at a time, and not too often: each takes seconds.
+			r.count(kind)
+			r.healing.Add(1)
+			func() {
+				defer r.healing.Done()
+				if err := restart(ctx, kind); err != nil {
+					r.logger.Error("restart failed", "kind", kind, "err", err)
+				}
+			}()
 		case FaultRemote:
 			r.count(FaultRemote)
 			r.setFaults(ctx, strings.Replace(r.baseFaults, `"*":{"latency_max_ms":3}`,
@@ -591,6 +675,53 @@ func (r *run) injectFaults(ctx context.Context, enabled map[string]bool, publish
 			}()
 		}
 	}
+}
+
+// restart restarts the local RabbitMQ or PostgreSQL and waits until it
+// answers again.
+func restart(ctx context.Context, kind string) error {
+	run := func(name string, args ...string) error {
+		out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%s %v: %v: %s", name, args, err, out)
+		}
+		return nil
+	}
+	waitFor := func(name string, args ...string) error {
+		for range 120 {
+			if exec.CommandContext(ctx, name, args...).Run() == nil {
+				return nil
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		return fmt.Errorf("%s did not come back", name)
+	}
+	switch kind {
+	case FaultBrokerRestart:
+		if err := run("rabbitmqctl", "stop_app"); err != nil {
+			return err
+		}
+		time.Sleep(time.Second)
+		if err := run("rabbitmqctl", "start_app"); err != nil {
+			return err
+		}
+		return waitFor("rabbitmq-diagnostics", "-q", "check_port_connectivity")
+	case FaultDBRestart:
+		versions, err := filepath.Glob("/etc/postgresql/*")
+		if err != nil || len(versions) == 0 {
+			return fmt.Errorf("no PostgreSQL cluster found under /etc/postgresql")
+		}
+		version := filepath.Base(versions[len(versions)-1])
+		if err := run("pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "stop", "-m", "immediate"); err != nil {
+			return err
+		}
+		time.Sleep(time.Second)
+		if err := run("pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "start"); err != nil {
+			return err
+		}
+		return waitFor("pg_isready", "-q", "-h", "127.0.0.1")
+	}
+	return nil
 }
 
 // freeAddr returns a loopback address whose port is free now.

@@ -1,109 +1,19 @@
 package testenv
 
 import (
-	"io"
-	"net"
-	"sync"
 	"testing"
+
+	"sas/internal/netproxy"
 )
 
-// Proxy is a loopback TCP proxy a test puts between a process and a
-// service, so that it can cut the process's connections at will.
-type Proxy struct {
-	ln     net.Listener
-	target string
-
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
-	down  bool
-	wg    sync.WaitGroup
-}
-
-// NewProxy listens on a free loopback port and forwards to target until
-// the test ends.
-func NewProxy(t testing.TB, target string) *Proxy {
+// NewProxy puts a loopback proxy in front of target for the test's
+// duration (see netproxy).
+func NewProxy(t testing.TB, target string) *netproxy.Proxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := netproxy.New(target)
 	if err != nil {
-		t.Fatalf("proxy listen: %v", err)
+		t.Fatalf("proxy: %v", err)
 	}
-	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
-	p.wg.Go(p.accept)
-	t.Cleanup(func() {
-		ln.Close()
-		p.Sever()
-		p.wg.Wait()
-	})
+	t.Cleanup(p.Close)
 	return p
-}
-
-// Addr is the proxy's host:port.
-func (p *Proxy) Addr() string { return p.ln.Addr().String() }
-
-// Sever closes every connection going through the proxy now, as a broker
-// crash or a network fault would. New connections are still accepted. It
-// returns how many connections it cut.
-func (p *Proxy) Sever() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	n := 0
-	for c := range p.conns {
-		c.Close()
-		delete(p.conns, c)
-		n++
-	}
-	return n / 2
-}
-
-// SetDown makes the proxy refuse connections (down) or accept them again,
-// as a stopped and restarted service would. Going down also severs every
-// connection.
-func (p *Proxy) SetDown(down bool) {
-	p.mu.Lock()
-	p.down = down
-	p.mu.Unlock()
-	if down {
-		p.Sever()
-	}
-}
-
-func (p *Proxy) isDown() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.down
-}
-
-func (p *Proxy) track(c net.Conn) {
-	p.mu.Lock()
-	p.conns[c] = struct{}{}
-	p.mu.Unlock()
-}
-
-func (p *Proxy) accept() {
-	for {
-		client, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		if p.isDown() {
-			client.Close()
-			continue
-		}
-		server, err := net.Dial("tcp", p.target)
-		if err != nil {
-			client.Close()
-			continue
-		}
-		p.track(client)
-		p.track(server)
-		p.wg.Go(func() { pipe(server, client) })
-		p.wg.Go(func() { pipe(client, server) })
-	}
-}
-
-// pipe copies until either side closes (or is cut), then closes both.
-func pipe(dst, src net.Conn) {
-	_, _ = io.Copy(dst, src)
-	dst.Close()
-	src.Close()
 }

@@ -1,0 +1,110 @@
+// Package netproxy is a loopback TCP proxy to put between a process and a
+// service, so that a test or a fault run can cut its connections, or
+// refuse new ones for a while, as a network fault or a restart would.
+package netproxy
+
+import (
+	"io"
+	"net"
+	"sync"
+)
+
+// Proxy forwards a loopback port to a target.
+type Proxy struct {
+	ln     net.Listener
+	target string
+
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+	down  bool
+	wg    sync.WaitGroup
+}
+
+// New listens on a free loopback port and forwards to target until Close.
+func New(target string) (*Proxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p.wg.Go(p.accept)
+	return p, nil
+}
+
+// Close stops listening and cuts every connection.
+func (p *Proxy) Close() {
+	p.ln.Close()
+	p.Sever()
+	p.wg.Wait()
+}
+
+// Addr is the proxy's host:port.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// Sever closes every connection going through the proxy now, as a broker
+// crash or a network fault would. New connections are still accepted. It
+// returns how many connections it cut.
+func (p *Proxy) Sever() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for c := range p.conns {
+		c.Close()
+		delete(p.conns, c)
+		n++
+	}
+	return n / 2
+}
+
+// SetDown makes the proxy refuse connections (down) or accept them again,
+// as a stopped and restarted service would. Going down also severs every
+// connection.
+func (p *Proxy) SetDown(down bool) {
+	p.mu.Lock()
+	p.down = down
+	p.mu.Unlock()
+	if down {
+		p.Sever()
+	}
+}
+
+func (p *Proxy) isDown() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.down
+}
+
+func (p *Proxy) track(c net.Conn) {
+	p.mu.Lock()
+	p.conns[c] = struct{}{}
+	p.mu.Unlock()
+}
+
+func (p *Proxy) accept() {
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		if p.isDown() {
+			client.Close()
+			continue
+		}
+		server, err := net.Dial("tcp", p.target)
+		if err != nil {
+			client.Close()
+			continue
+		}
+		p.track(client)
+		p.track(server)
+		p.wg.Go(func() { pipe(server, client) })
+		p.wg.Go(func() { pipe(client, server) })
+	}
+}
+
+// pipe copies until either side closes (or is cut), then closes both.
+func pipe(dst, src net.Conn) {
+	_, _ = io.Copy(dst, src)
+	dst.Close()
+	src.Close()
+}
