@@ -393,3 +393,24 @@ func TestWithCAFile(t *testing.T) {
 	}
 	conn.Close()
 }
+
+// TestPublishThroughASlowNetwork: with 100 ms added each way, confirmed
+// publishing still works (it just takes longer).
+func TestPublishThroughASlowNetwork(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 5)
+	proxy := testenv.NewProxy(t, "127.0.0.1:5672")
+	url := strings.Replace(testenv.AMQPURL(), "127.0.0.1:5672", proxy.Addr(), 1)
+	if url == testenv.AMQPURL() {
+		t.Skip("SAS_TEST_AMQP_URL does not point at 127.0.0.1:5672")
+	}
+	conn := b.open(t, url)
+	pub := broker.NewPublisher(conn, b.metrics)
+	defer pub.Close()
+	proxy.SetLatency(100 * time.Millisecond)
+	start := time.Now()
+	publishRetrying(t, pub, b.topo.Queue("in"), "slow")
+	if took := time.Since(start); took < 200*time.Millisecond {
+		t.Fatalf("publish through 100 ms each way took only %v: the latency is not applied", took)
+	}
+}

@@ -42,7 +42,7 @@ const (
 	FaultRemote    = "remote"    // a burst of 5xx, 429, hangs and apply-then-fail at the remote
 	FaultPoison    = "poison"    // malformed messages on the submit queue
 	FaultDuplicate = "duplicate" // submits delivered again
-	FaultNetwork   = "network"   // cut, or refuse for a while, the services' connections to Postgres, RabbitMQ or the remote
+	FaultNetwork   = "network"   // cut, slow down or refuse for a while the services' connections to Postgres, RabbitMQ or the remote
 	// Restarts disturb everything else using the broker or the database
 	// on this machine: for dedicated runs (make chaos), not make test.
 	FaultBrokerRestart = "broker-restart" // rabbitmqctl stop_app, then start_app
@@ -416,6 +416,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) (Report, error) {
 	r.healing.Wait()
 	for _, p := range r.proxies {
 		p.SetDown(false)
+		p.SetLatency(0)
 	}
 	r.setFaults(ctx, r.baseFaults)
 	for _, s := range r.slots {
@@ -640,18 +641,24 @@ func (r *run) injectFaults(ctx context.Context, enabled map[string]bool, publish
 			names := []string{"postgres", "rabbitmq", "remote"}
 			name := names[r.intn(len(names))]
 			p := r.proxies[name]
-			if r.intn(2) == 0 {
+			switch r.intn(3) {
+			case 0:
 				p.Sever()
 				r.count(FaultNetwork + ":" + name + ":cut")
 				continue
+			case 1:
+				p.SetDown(true)
+				r.count(FaultNetwork + ":" + name + ":down")
+			default:
+				p.SetLatency(time.Duration(100+r.intn(400)) * time.Millisecond)
+				r.count(FaultNetwork + ":" + name + ":slow")
 			}
-			p.SetDown(true)
-			r.count(FaultNetwork + ":" + name + ":down")
 			r.healing.Add(1)
 			go func() {
 				defer r.healing.Done()
 				time.Sleep(time.Duration(500+r.intn(1500)) * time.Millisecond)
 				p.SetDown(false)
+				p.SetLatency(0)
 			}()
 		case FaultBrokerRestart, FaultDBRestart:
 			// One restart at a time, and not too often: each takes seconds.

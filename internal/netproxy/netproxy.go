@@ -4,9 +4,9 @@
 package netproxy
 
 import (
-	"io"
 	"net"
 	"sync"
+	"time"
 )
 
 // Proxy forwards a loopback port to a target.
@@ -14,10 +14,11 @@ type Proxy struct {
 	ln     net.Listener
 	target string
 
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
-	down  bool
-	wg    sync.WaitGroup
+	mu      sync.Mutex
+	conns   map[net.Conn]struct{}
+	down    bool
+	latency time.Duration
+	wg      sync.WaitGroup
 }
 
 // New listens on a free loopback port and forwards to target until Close.
@@ -68,6 +69,20 @@ func (p *Proxy) SetDown(down bool) {
 	}
 }
 
+// SetLatency delays every chunk of data forwarded, each way, by d (0: no
+// delay), as a slow or congested network would.
+func (p *Proxy) SetLatency(d time.Duration) {
+	p.mu.Lock()
+	p.latency = d
+	p.mu.Unlock()
+}
+
+func (p *Proxy) delay() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.latency
+}
+
 func (p *Proxy) isDown() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -97,14 +112,28 @@ func (p *Proxy) accept() {
 		}
 		p.track(client)
 		p.track(server)
-		p.wg.Go(func() { pipe(server, client) })
-		p.wg.Go(func() { pipe(client, server) })
+		p.wg.Go(func() { p.pipe(server, client) })
+		p.wg.Go(func() { p.pipe(client, server) })
 	}
 }
 
 // pipe copies until either side closes (or is cut), then closes both.
-func pipe(dst, src net.Conn) {
-	_, _ = io.Copy(dst, src)
-	dst.Close()
-	src.Close()
+func (p *Proxy) pipe(dst, src net.Conn) {
+	defer dst.Close()
+	defer src.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if d := p.delay(); d > 0 {
+				time.Sleep(d)
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
 }
