@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -13,11 +12,11 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"sas/internal/messages"
+	"sas/internal/proc"
 	"sas/internal/statestore"
 	"sas/internal/submitter"
 	"sas/migrations"
@@ -26,15 +25,6 @@ import (
 // mildFaults is the demo's default fault injection: enough to see
 // retries, replays and the odd compensation, not enough to slow it down.
 const mildFaults = `{"*":{"error_rate":0.03,"rate_limit_rate":0.01,"apply_then_fail_rate":0.01,"latency_min_ms":1,"latency_max_ms":5}}`
-
-// devProc is a service started by sasctl dev.
-type devProc struct {
-	name string
-	addr string // its ops (or API) address
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error
-}
 
 // dev runs the whole system on this machine, pushes orders through it with
 // live progress, and prints a summary. PostgreSQL and RabbitMQ must be up
@@ -82,14 +72,20 @@ func (a *app) dev(ctx context.Context, args []string) error {
 		return err
 	}
 
-	var procs []*devProc
-	defer func() { stopAll(procs, a.stderr) }()
-	start := func(name, binary, addrVar, addr string, env ...string) (*devProc, error) {
-		p, err := startDev(name, filepath.Join(*binDir, binary), logs, addrVar, addr, env)
-		if p != nil {
-			procs = append(procs, p)
+	var procs []*proc.Proc
+	defer func() {
+		// Last started first, each with SIGTERM and, after 30 s, SIGKILL.
+		for i := len(procs) - 1; i >= 0; i-- {
+			procs[i].Stop(30 * time.Second)
 		}
-		return p, err
+	}()
+	start := func(name, binary, addrVar, addr string, env ...string) (*proc.Proc, error) {
+		p, err := proc.Start(name, filepath.Join(*binDir, binary), logs, addrVar, addr, append(env, "SAS_INSTANCE_ID="+name))
+		if err != nil {
+			return nil, fmt.Errorf("%w; run `make build` first", err)
+		}
+		procs = append(procs, p)
+		return p, nil
 	}
 	remote, err := start("remote", "remote", "SAS_REMOTE_ADDR", fmt.Sprintf("127.0.0.1:%d", *portBase+5), "SAS_REMOTE_FAULTS="+*faults)
 	if err != nil {
@@ -102,10 +98,10 @@ func (a *app) dev(ctx context.Context, args []string) error {
 	}{
 		{"submitter", "submitter", 1, *portBase + 1, nil},
 		{"scheduler", "scheduler", *schedulers, *portBase + 2, nil},
-		{"agent", "agent", *agents, *portBase + 3, []string{"SAS_REMOTE_URL=http://" + remote.addr}},
+		{"agent", "agent", *agents, *portBase + 3, []string{"SAS_REMOTE_URL=http://" + remote.Addr}},
 		{"supervisor", "supervisor", 1, *portBase + 4, nil},
 	}
-	byName := map[string][]*devProc{}
+	byName := map[string][]*proc.Proc{}
 	for _, s := range services {
 		for i := range s.n {
 			name := s.name
@@ -120,8 +116,8 @@ func (a *app) dev(ctx context.Context, args []string) error {
 		}
 	}
 	for _, p := range procs {
-		if err := p.waitReady(ctx, 60*time.Second); err != nil {
-			return fmt.Errorf("%w (log: %s)", err, filepath.Join(logs, p.name+".log"))
+		if err := p.WaitReady(ctx, 60*time.Second); err != nil {
+			return err
 		}
 	}
 	promURL := ""
@@ -132,7 +128,7 @@ func (a *app) dev(ctx context.Context, args []string) error {
 				return err
 			}
 			procs = append(procs, p)
-			promURL = "http://" + p.addr
+			promURL = "http://" + p.Addr
 		}
 	}
 	fmt.Fprintf(a.stderr, "services up (%d processes); logs in %s\n", len(procs), logs)
@@ -162,8 +158,8 @@ func (a *app) dev(ctx context.Context, args []string) error {
 		case <-ticker.C:
 		}
 		for _, p := range procs {
-			if p.exited() {
-				return fmt.Errorf("%s exited: %v (log: %s)", p.name, p.err, filepath.Join(logs, p.name+".log"))
+			if p.Exited() {
+				return fmt.Errorf("%s exited: %v (log: %s)", p.Name, p.Err(), p.Log)
 			}
 		}
 		pr, err := store.ProgressSince(ctx, since)
@@ -208,7 +204,7 @@ func (a *app) dev(ctx context.Context, args []string) error {
 	}
 	fmt.Fprintf(a.stdout, "\nmetrics: ")
 	for _, p := range procs {
-		fmt.Fprintf(a.stdout, "%s http://%s/metrics  ", p.name, p.addr)
+		fmt.Fprintf(a.stdout, "%s http://%s/metrics  ", p.Name, p.Addr)
 	}
 	if promURL != "" {
 		fmt.Fprintf(a.stdout, "\nPrometheus: %s", promURL)
@@ -266,85 +262,11 @@ func bar(done, total, width int) string {
 	return "[" + strings.Repeat("#", n) + strings.Repeat(".", width-n) + "]"
 }
 
-func startDev(name, path, logs, addrVar, addr string, env []string) (*devProc, error) {
-	logFile, err := os.Create(filepath.Join(logs, name+".log"))
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(path)
-	cmd.Env = append(append(os.Environ(), addrVar+"="+addr, "SAS_INSTANCE_ID="+name), env...)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	// Its own process group: Ctrl-C reaches sasctl, which stops the
-	// services in order, rather than every process at once.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		logFile.Close()
-		return nil, fmt.Errorf("start %s (%s): %w; run `make build` first", name, path, err)
-	}
-	p := &devProc{name: name, addr: addr, cmd: cmd, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		logFile.Close()
-		close(p.done)
-	}()
-	return p, nil
-}
-
-func (p *devProc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-func (p *devProc) waitReady(ctx context.Context, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		if p.exited() {
-			return fmt.Errorf("%s exited during start: %v", p.name, p.err)
-		}
-		resp, err := http.Get("http://" + p.addr + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-	return fmt.Errorf("%s not ready after %v", p.name, timeout)
-}
-
-// stopAll stops the services, last started first, each with SIGTERM and,
-// after 30 s, SIGKILL.
-func stopAll(procs []*devProc, log io.Writer) {
-	for i := len(procs) - 1; i >= 0; i-- {
-		p := procs[i]
-		if p.exited() {
-			continue
-		}
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(30 * time.Second):
-			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-			<-p.done
-			fmt.Fprintf(log, "%s did not stop in 30 s and was killed\n", p.name)
-		}
-	}
-}
-
 // scrapeSum adds up every series of a metric over processes.
-func scrapeSum(procs []*devProc, name string) float64 {
+func scrapeSum(procs []*proc.Proc, name string) float64 {
 	total := 0.0
 	for _, p := range procs {
-		resp, err := http.Get("http://" + p.addr + "/metrics")
+		resp, err := http.Get("http://" + p.Addr + "/metrics")
 		if err != nil {
 			continue
 		}
@@ -366,7 +288,7 @@ func scrapeSum(procs []*devProc, name string) float64 {
 }
 
 // startPrometheus runs a local Prometheus scraping every service.
-func startPrometheus(path, logs string, port int, rules string, procs []*devProc) (*devProc, error) {
+func startPrometheus(path, logs string, port int, rules string, procs []*proc.Proc) (*proc.Proc, error) {
 	var b strings.Builder
 	b.WriteString("global:\n  scrape_interval: 2s\n  evaluation_interval: 2s\n")
 	if abs, err := filepath.Abs(rules); err == nil {
@@ -378,11 +300,11 @@ func startPrometheus(path, logs string, port int, rules string, procs []*devProc
 	jobs := map[string][]string{}
 	var order []string
 	for _, p := range procs {
-		job := "sas-" + strings.TrimRight(strings.TrimRight(p.name, "0123456789"), "-")
+		job := "sas-" + strings.TrimRight(strings.TrimRight(p.Name, "0123456789"), "-")
 		if _, seen := jobs[job]; !seen {
 			order = append(order, job)
 		}
-		jobs[job] = append(jobs[job], p.addr)
+		jobs[job] = append(jobs[job], p.Addr)
 	}
 	for _, job := range order {
 		fmt.Fprintf(&b, "  - job_name: %s\n    static_configs:\n      - targets: [%s]\n", job, `"`+strings.Join(jobs[job], `", "`)+`"`)
@@ -392,23 +314,6 @@ func startPrometheus(path, logs string, port int, rules string, procs []*devProc
 		return nil, err
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	logFile, err := os.Create(filepath.Join(logs, "prometheus.log"))
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(path, "--config.file="+cfg, "--web.listen-address="+addr,
-		"--storage.tsdb.path="+filepath.Join(logs, "prometheus-data"))
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		logFile.Close()
-		return nil, fmt.Errorf("start prometheus: %w", err)
-	}
-	p := &devProc{name: "prometheus", addr: addr, cmd: cmd, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		logFile.Close()
-		close(p.done)
-	}()
-	return p, nil
+	return proc.StartCommand("prometheus", []string{path, "--config.file=" + cfg, "--web.listen-address=" + addr,
+		"--storage.tsdb.path=" + filepath.Join(logs, "prometheus-data")}, logs, addr, nil)
 }

@@ -32,13 +32,21 @@ type Proc struct {
 // Start runs binary with the environment env (added to this process's) and
 // addrVar=addr, logging to dir/name.log (appended, across restarts).
 func Start(name, binary, dir, addrVar, addr string, env []string) (*Proc, error) {
+	return StartCommand(name, []string{binary}, dir, addr, append([]string{addrVar + "=" + addr}, env...))
+}
+
+// StartCommand runs args (the program, then its arguments) as name, with
+// env added to this process's environment, logging to dir/name.log. addr
+// is where it serves, for callers that probe it.
+func StartCommand(name string, args []string, dir, addr string, env []string) (*Proc, error) {
+	binary := args[0]
 	logPath := filepath.Join(dir, name+".log")
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(binary)
-	cmd.Env = append(append(os.Environ(), addrVar+"="+addr), env...)
+	cmd := exec.Command(binary, args[1:]...)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
