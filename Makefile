@@ -9,7 +9,7 @@ GOVULNCHECK := golang.org/x/vuln/cmd/govulncheck@v1.8.0
 FUZZTIME ?= 30s
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all build services test lint fmt-check fuzz demo chaos clean
+.PHONY: all build services test lint fmt-check fuzz demo chaos bench clean
 
 all: build
 
@@ -61,6 +61,13 @@ chaos: services
 	$(GO) build -tags failpoints -o bin/failpoints/ ./cmd/...
 	$(GO) build -o bin/ ./cmd/chaos
 	bin/chaos --bin bin/failpoints --orders $(CHAOS_ORDERS) --rate $(CHAOS_RATE) $(CHAOS_FLAGS)
+
+# Benchmarks of the state store's hot operations against the real
+# PostgreSQL, a fixed count each, benchstat-comparable
+# (benchstat old.txt bench.txt). See docs/BENCHMARKS.md.
+BENCH_COUNT ?= 5
+bench: services
+	$(GO) test -run '^$$' -bench . -benchtime 2000x -count $(BENCH_COUNT) ./internal/statestore | tee bench.txt
 
 clean:
 	rm -rf bin
