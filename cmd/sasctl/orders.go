@@ -108,10 +108,11 @@ func (a *app) ordersList(ctx context.Context, args []string) error {
 	return tw.Flush()
 }
 
-func (a *app) ordersShow(ctx context.Context, args []string) error {
-	fs := a.flags("orders show")
-	asJSON := fs.Bool("json", false, "print JSON")
-	id, err := a.parseWithID(fs, "show", args)
+// onOrder is the frame of a command on one order: parse the flags and the
+// order id, open the store, run do, and say plainly when the order does
+// not exist.
+func (a *app) onOrder(ctx context.Context, fs *flag.FlagSet, name string, args []string, do func(*statestore.Store, string) error) error {
+	id, err := a.parseWithID(fs, name, args)
 	if err != nil {
 		return err
 	}
@@ -120,14 +121,28 @@ func (a *app) ordersShow(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeStore()
-	d, err := store.GetOrder(ctx, id)
+	err = do(store, id)
 	if errors.Is(err, statestore.ErrNotFound) {
 		return fmt.Errorf("order %s not found", id)
 	}
-	if err != nil {
-		return err
-	}
-	if *asJSON {
+	return err
+}
+
+func (a *app) ordersShow(ctx context.Context, args []string) error {
+	fs := a.flags("orders show")
+	asJSON := fs.Bool("json", false, "print JSON")
+	return a.onOrder(ctx, fs, "show", args, func(store *statestore.Store, id string) error {
+		d, err := store.GetOrder(ctx, id)
+		if err != nil {
+			return err
+		}
+		return a.printOrder(d, *asJSON)
+	})
+}
+
+// printOrder prints an order with its steps and history, or its JSON.
+func (a *app) printOrder(d statestore.OrderDetail, asJSON bool) error {
+	if asJSON {
 		enc := json.NewEncoder(a.stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(d)
@@ -168,50 +183,30 @@ func (a *app) ordersShow(ctx context.Context, args []string) error {
 func (a *app) ordersResubmit(ctx context.Context, args []string) error {
 	fs := a.flags("orders resubmit")
 	step := fs.Int("step", 0, "the step to resubmit (default: the step in error)")
-	id, err := a.parseWithID(fs, "resubmit", args)
-	if err != nil {
-		return err
-	}
-	store, closeStore, err := a.store(ctx)
-	if err != nil {
-		return err
-	}
-	defer closeStore()
-	reset, err := store.Resubmit(ctx, id, *step, "operator:"+operator())
-	if errors.Is(err, statestore.ErrNotFound) {
-		return fmt.Errorf("order %s not found", id)
-	}
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(a.stdout, "order %s: step(s) %v back to pending\n", id, reset)
-	return nil
+	return a.onOrder(ctx, fs, "resubmit", args, func(store *statestore.Store, id string) error {
+		reset, err := store.Resubmit(ctx, id, *step, "operator:"+operator())
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(a.stdout, "order %s: step(s) %v back to pending\n", id, reset)
+		return nil
+	})
 }
 
 func (a *app) ordersCancel(ctx context.Context, args []string) error {
 	fs := a.flags("orders cancel")
-	id, err := a.parseWithID(fs, "cancel", args)
-	if err != nil {
-		return err
-	}
-	store, closeStore, err := a.store(ctx)
-	if err != nil {
-		return err
-	}
-	defer closeStore()
-	status, err := store.CancelOrder(ctx, id, "operator:"+operator())
-	if errors.Is(err, statestore.ErrNotFound) {
-		return fmt.Errorf("order %s not found", id)
-	}
-	if err != nil {
-		return err
-	}
-	if status == statestore.OrderFailed {
-		fmt.Fprintf(a.stdout, "order %s: cancelled; nothing had been done, so it is failed\n", id)
-	} else {
-		fmt.Fprintf(a.stdout, "order %s: cancelled; undoing what was done (%s), it ends failed\n", id, status)
-	}
-	return nil
+	return a.onOrder(ctx, fs, "cancel", args, func(store *statestore.Store, id string) error {
+		status, err := store.CancelOrder(ctx, id, "operator:"+operator())
+		if err != nil {
+			return err
+		}
+		if status == statestore.OrderFailed {
+			fmt.Fprintf(a.stdout, "order %s: cancelled; nothing had been done, so it is failed\n", id)
+		} else {
+			fmt.Fprintf(a.stdout, "order %s: cancelled; undoing what was done (%s), it ends failed\n", id, status)
+		}
+		return nil
+	})
 }
 
 func operator() string {
