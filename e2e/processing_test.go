@@ -393,11 +393,7 @@ func TestLateReplyDoesNotCompleteStep(t *testing.T) {
 func TestSchedulerWakesOnNotifications(t *testing.T) {
 	t.Parallel()
 	p := newPipeline(t, pipelineOpts{withoutAgents: true})
-	proxy := testenv.NewProxy(t, "127.0.0.1:5432")
-	viaProxy := strings.Replace(p.dbURL, "127.0.0.1:5432", proxy.Addr(), 1)
-	if viaProxy == p.dbURL {
-		t.Skip("SAS_TEST_DATABASE_URL does not point at 127.0.0.1:5432")
-	}
+	viaProxy, proxy := testenv.Proxied(t, p.dbURL)
 	// Replace the pipeline's scheduler with one that never polls in time.
 	p.schedulers[0].stop(t)
 	sched := start(t, "scheduler", append(append([]string{}, p.env...), "SAS_DATABASE_URL="+viaProxy, "SAS_SCHEDULER_POLL_INTERVAL=1h"))

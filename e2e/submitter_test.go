@@ -174,11 +174,7 @@ func TestSubmitterWritesOrdersAndDeadLettersBadInput(t *testing.T) {
 func TestSubmitterSurvivesConnectionLoss(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	proxy := testenv.NewProxy(t, "127.0.0.1:5672")
-	viaProxy := strings.Replace(testenv.AMQPURL(), "127.0.0.1:5672", proxy.Addr(), 1)
-	if viaProxy == testenv.AMQPURL() {
-		t.Skip("SAS_TEST_AMQP_URL does not point at 127.0.0.1:5672; cannot put the proxy in front of it")
-	}
+	viaProxy, proxy := testenv.Proxied(t, testenv.AMQPURL())
 	subEnv := append(append([]string{}, s.env...), "SAS_AMQP_URL="+viaProxy, "SAS_SUBMITTER_PREFETCH=16")
 	sub := start(t, "submitter", subEnv)
 
@@ -232,11 +228,7 @@ func TestSubmitterSurvivesConnectionLoss(t *testing.T) {
 func TestSubmitterRidesOutDatabaseOutage(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	proxy := testenv.NewProxy(t, "127.0.0.1:5432")
-	viaProxy := strings.Replace(s.dbURL, "127.0.0.1:5432", proxy.Addr(), 1)
-	if viaProxy == s.dbURL {
-		t.Skip("SAS_TEST_DATABASE_URL does not point at 127.0.0.1:5432")
-	}
+	viaProxy, proxy := testenv.Proxied(t, s.dbURL)
 	subEnv := append(append([]string{}, s.env...), "SAS_DATABASE_URL="+viaProxy, "SAS_SHUTDOWN_TIMEOUT=60s")
 	sub := start(t, "submitter", subEnv)
 

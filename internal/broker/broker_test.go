@@ -276,11 +276,7 @@ func TestConsumerHonoursPrefetch(t *testing.T) {
 func TestRecoversFromConnectionLossAndOutage(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 5)
-	proxy := testenv.NewProxy(t, "127.0.0.1:5672")
-	url := strings.Replace(testenv.AMQPURL(), "127.0.0.1:5672", proxy.Addr(), 1)
-	if url == testenv.AMQPURL() {
-		t.Skip("SAS_TEST_AMQP_URL does not point at 127.0.0.1:5672")
-	}
+	url, proxy := testenv.Proxied(t, testenv.AMQPURL())
 	conn := b.open(t, url)
 	pub := broker.NewPublisher(conn, b.metrics)
 	defer pub.Close()
@@ -399,11 +395,7 @@ func TestWithCAFile(t *testing.T) {
 func TestPublishThroughASlowNetwork(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 5)
-	proxy := testenv.NewProxy(t, "127.0.0.1:5672")
-	url := strings.Replace(testenv.AMQPURL(), "127.0.0.1:5672", proxy.Addr(), 1)
-	if url == testenv.AMQPURL() {
-		t.Skip("SAS_TEST_AMQP_URL does not point at 127.0.0.1:5672")
-	}
+	url, proxy := testenv.Proxied(t, testenv.AMQPURL())
 	conn := b.open(t, url)
 	pub := broker.NewPublisher(conn, b.metrics)
 	defer pub.Close()

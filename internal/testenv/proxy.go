@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"net/url"
 	"testing"
 
 	"sas/internal/netproxy"
@@ -16,4 +17,17 @@ func NewProxy(t testing.TB, target string) *netproxy.Proxy {
 	}
 	t.Cleanup(p.Close)
 	return p
+}
+
+// Proxied puts a proxy in front of the host rawURL names and returns the
+// URL that goes through it, with the proxy.
+func Proxied(t testing.TB, rawURL string) (string, *netproxy.Proxy) {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatalf("parse %s: %v", rawURL, err)
+	}
+	p := NewProxy(t, u.Host)
+	u.Host = p.Addr()
+	return u.String(), p
 }
