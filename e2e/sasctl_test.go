@@ -195,7 +195,9 @@ func writeTemp(t *testing.T, body string) string {
 func TestSasctlDev(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	base := 20000 + 10*int(time.Now().UnixNano()%4000)
+	// Below Linux's ephemeral range (32768 and up), where outgoing
+	// connections and the other tests' free ports come from.
+	base := 20000 + 10*int(time.Now().UnixNano()%1200)
 	out, errOut, code := sasctl(t, s.env, "dev", "--orders", "60", "--bin", binDir, "--prometheus-port", "0",
 		"--port-base", strconv.Itoa(base), "--faults", `{"*":{"error_rate":0.1}}`)
 	if code != 0 {
