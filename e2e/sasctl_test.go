@@ -126,7 +126,7 @@ func TestSasctlSubmitShowListResubmit(t *testing.T) {
 	// it as an operator.
 	store := statestore.New(s.pool)
 	ctx := context.Background()
-	claimed, err := store.ClaimPending(ctx, "scheduler-test", 10, nil)
+	claimed, err := store.ClaimPending(ctx, "scheduler-test", 10, "")
 	if err != nil || len(claimed) != 1 {
 		t.Fatalf("claim: %+v %v", claimed, err)
 	}
@@ -257,7 +257,7 @@ func TestSasctlDBUsers(t *testing.T) {
 	if err := as.QueryRow(context.Background(), `SELECT current_user`).Scan(&user); err != nil || user != "sas_submitter"+suffix {
 		t.Fatalf("logged in as %q (%v)", user, err)
 	}
-	if _, err := statestore.New(as).ClaimPending(context.Background(), "x", 1, nil); err == nil || !strings.Contains(err.Error(), "permission denied") {
+	if _, err := statestore.New(as).ClaimPending(context.Background(), "x", 1, ""); err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Fatalf("the submitter's login claimed steps: %v", err)
 	}
 }

@@ -181,7 +181,7 @@ func TestRemoteDownReachesThresholdThenResubmit(t *testing.T) {
 	sup := p.supervisors[0]
 	testenv.Eventually(t, 10*time.Second, "the supervisor's metrics to show the held step", func() bool {
 		return sup.metric(t, "sas_supervisor_failures_total") == 1 && sup.metric(t, `sas_steps{state="error"}`) == 1 &&
-			sup.metric(t, `sas_steps{state="processed"}`) == 1 && sup.metric(t, `sas_steps{state="waiting"}`) == 4
+			sup.metric(t, `sas_steps{state="processing"}`) == 0 && sup.metric(t, `sas_steps{state="pending"}`) == 0
 	})
 	if resets := sup.metric(t, "sas_supervisor_resets_total"); resets != float64(st.MaxFailures-1) {
 		t.Fatalf("%v resets counted, want %d", resets, st.MaxFailures-1)
@@ -245,7 +245,7 @@ func TestSupervisorFailover(t *testing.T) {
 	}
 	churn.Go(func() {
 		for ctx.Err() == nil {
-			_, _ = store.ClaimPending(ctx, "ghost-scheduler", 100, nil)
+			_, _ = store.ClaimPending(ctx, "ghost-scheduler", 100, "")
 			time.Sleep(20 * time.Millisecond)
 		}
 	})

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -19,7 +18,6 @@ import (
 	"sas/internal/proc"
 	"sas/internal/statestore"
 	"sas/internal/submitter"
-	"sas/migrations"
 )
 
 // mildFaults is the demo's default fault injection: enough to see
@@ -44,93 +42,18 @@ func (a *app) dev(ctx context.Context, args []string) error {
 	if err := a.parse(fs, args); err != nil {
 		return err
 	}
-	if *binDir == "" {
-		self, err := os.Executable()
-		if err != nil {
-			return err
-		}
-		*binDir = filepath.Dir(self)
-	}
-	logs, err := os.MkdirTemp("", "sas-dev-")
+	store, closeStore, err := a.migrateAndOpen(ctx)
 	if err != nil {
 		return err
 	}
-
-	migrateCtx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	pool, err := statestore.Connect(migrateCtx, a.cfg.DatabaseURL, 4)
+	defer closeStore()
+	st, err := startStack(ctx, stackOptions{binDir: *binDir, schedulers: *schedulers, agents: *agents, faults: *faults,
+		portBase: *portBase, promPort: *promPort, rules: *rules})
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	store := statestore.New(pool)
-	ms, err := statestore.LoadMigrations(migrations.FS)
-	if err != nil {
-		return err
-	}
-	if _, err := statestore.Migrate(migrateCtx, pool, ms); err != nil {
-		return err
-	}
-
-	var procs []*proc.Proc
-	defer func() {
-		// Last started first, each with SIGTERM and, after 30 s, SIGKILL.
-		for i := len(procs) - 1; i >= 0; i-- {
-			procs[i].Stop(30 * time.Second)
-		}
-	}()
-	start := func(name, binary, addrVar, addr string, env ...string) (*proc.Proc, error) {
-		p, err := proc.Start(name, filepath.Join(*binDir, binary), logs, addrVar, addr, append(env, "SAS_INSTANCE_ID="+name))
-		if err != nil {
-			return nil, fmt.Errorf("%w; run `make build` first", err)
-		}
-		procs = append(procs, p)
-		return p, nil
-	}
-	remote, err := start("remote", "remote", "SAS_REMOTE_ADDR", fmt.Sprintf("127.0.0.1:%d", *portBase+5), "SAS_REMOTE_FAULTS="+*faults)
-	if err != nil {
-		return err
-	}
-	services := []struct {
-		name, binary string
-		n, port      int
-		env          []string
-	}{
-		{"submitter", "submitter", 1, *portBase + 1, nil},
-		{"scheduler", "scheduler", *schedulers, *portBase + 2, nil},
-		{"agent", "agent", *agents, *portBase + 3, []string{"SAS_REMOTE_URL=http://" + remote.Addr}},
-		{"supervisor", "supervisor", 1, *portBase + 4, nil},
-	}
-	byName := map[string][]*proc.Proc{}
-	for _, s := range services {
-		for i := range s.n {
-			name := s.name
-			if s.n > 1 {
-				name = fmt.Sprintf("%s-%d", s.name, i+1)
-			}
-			p, err := start(name, s.binary, "SAS_METRICS_ADDR", fmt.Sprintf("127.0.0.1:%d", s.port+10*i), s.env...)
-			if err != nil {
-				return err
-			}
-			byName[s.name] = append(byName[s.name], p)
-		}
-	}
-	for _, p := range procs {
-		if err := p.WaitReady(ctx, 60*time.Second); err != nil {
-			return err
-		}
-	}
-	promURL := ""
-	if *promPort > 0 {
-		if path, err := exec.LookPath("prometheus"); err == nil {
-			p, err := startPrometheus(path, logs, *promPort, *rules, procs)
-			if err != nil {
-				return err
-			}
-			procs = append(procs, p)
-			promURL = "http://" + p.Addr
-		}
-	}
+	defer st.stop()
+	procs, byName, logs, promURL := st.procs, st.byName, st.logs, st.promURL
 	fmt.Fprintf(a.stderr, "services up (%d processes); logs in %s\n", len(procs), logs)
 
 	since, err := store.Now(ctx)
@@ -157,10 +80,8 @@ func (a *app) dev(ctx context.Context, args []string) error {
 			submitErr = nil
 		case <-ticker.C:
 		}
-		for _, p := range procs {
-			if p.Exited() {
-				return fmt.Errorf("%s exited: %v (log: %s)", p.Name, p.Err(), p.Log)
-			}
+		if err := st.exited(); err != nil {
+			return err
 		}
 		pr, err := store.ProgressSince(ctx, since)
 		if err != nil {

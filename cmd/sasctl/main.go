@@ -32,6 +32,7 @@ commands:
   orders cancel ID                 end an order that has not ended: undo what was done, then failed
   alerts tail [--count N]          print operator alerts as they arrive on the alerts queue
   dev [--orders N]                 run every service locally, push orders through, show progress and a summary
+  bench [--rate R] [--workflow W]  run every service locally under load and report throughput, latency, CPU, memory, queues
   probe URL                        exit 0 if URL answers 200 (container healthchecks)
   broker users                     print the rabbitmqctl commands for one least-privilege user per service
   db users                         create or update a login per service role from SAS_DB_PASSWORD_<SERVICE>
@@ -89,6 +90,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return a.alerts(ctx, rest)
 	case "dev":
 		return a.dev(ctx, rest)
+	case "bench":
+		return a.bench(ctx, rest)
 	case "probe":
 		return a.probe(ctx, rest)
 	case "broker":

@@ -180,6 +180,7 @@ func (a *agent) handle(ctx context.Context, kind string, d amqp.Delivery) error 
 	if err != nil {
 		return a.reject(kind, err)
 	}
+	started := a.now()
 	log := a.logger.With("order_id", req.OrderID, "step", req.Step, "attempt", req.Attempt, "name", req.Name)
 	// The agent's clock against the database's complete_by: a skew only
 	// costs wasted or skipped work, because the database's fence decides
@@ -197,10 +198,13 @@ func (a *agent) handle(ctx context.Context, kind string, d amqp.Delivery) error 
 	}
 	callCtx, cancel := context.WithDeadline(a.workCtx, deadline)
 	defer cancel()
+	callStart := a.now()
 	res := a.caller.call(callCtx, req.Name, req.IdempotencyKey, body)
+	callTook := a.now().Sub(callStart)
 	failpoint.Inject("agent-after-call")
 
-	reply := messages.StepReply{SchemaVersion: messages.SchemaVersion, OrderID: req.OrderID, Step: req.Step, Attempt: req.Attempt}
+	reply := messages.StepReply{SchemaVersion: messages.SchemaVersion, OrderID: req.OrderID, Step: req.Step, Attempt: req.Attempt,
+		StartedAt: &started, CallMicros: max(callTook.Microseconds(), 0)}
 	switch res.outcome {
 	case callAbandoned:
 		a.metrics.requests.WithLabelValues(kind, "abandoned").Inc()
@@ -232,6 +236,8 @@ func (a *agent) handle(ctx context.Context, kind string, d amqp.Delivery) error 
 // sendReply publishes reply to the replies queue, trying again after a
 // lost connection until ctx (the step's deadline) ends.
 func (a *agent) sendReply(ctx context.Context, reply messages.StepReply) error {
+	sent := a.now()
+	reply.SentAt = &sent
 	body, err := messages.Encode(reply)
 	if err != nil {
 		return err

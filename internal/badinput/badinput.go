@@ -118,5 +118,7 @@ func StepReplies(newID func() string) []Case {
 		{Name: "reply duplicate key in result", Body: reply(`,"outcome":"ok","result":{"A":1,"A":2}`), Reason: messages.ReasonDuplicateField},
 		{Name: "reply future version", Body: []byte(fmt.Sprintf(`{"schema_version":3,"order_id":%q,"step":1,"attempt":1,"outcome":"ok"}`, newID())), Reason: messages.ReasonUnsupportedVersion},
 		{Name: "reply trailing data", Body: append(reply(`,"outcome":"ok"`), "}"...), Reason: messages.ReasonTrailingData},
+		{Name: "reply negative call time", Body: reply(`,"outcome":"ok","call_us":-5`), Reason: messages.ReasonInvalidValue},
+		{Name: "reply absurd sent_at", Body: reply(`,"outcome":"ok","sent_at":"1970-01-01T00:00:00Z"`), Reason: messages.ReasonInvalidValue},
 	}
 }

@@ -283,6 +283,13 @@ type StepReply struct {
 	Result json.RawMessage `json:"result,omitempty"`
 	// Error is why the step failed, for failed.
 	Error string `json:"error,omitempty"`
+	// StartedAt (when the agent took the request), CallMicros (the remote
+	// call, retries included) and SentAt (when the reply left) are the
+	// agent's own clock readings, optional, kept with the step for the
+	// latency breakdown (sasctl bench). Nothing decides on them.
+	StartedAt  *time.Time `json:"started_at,omitempty"`
+	CallMicros int64      `json:"call_us,omitempty"`
+	SentAt     *time.Time `json:"sent_at,omitempty"`
 }
 
 // Type implements Message.
@@ -313,6 +320,19 @@ func (r StepReply) Validate() error {
 		}
 	default:
 		return reject(ReasonInvalidValue, "outcome %q is not ok or failed", truncate(r.Outcome))
+	}
+	for _, t := range []struct {
+		field string
+		at    *time.Time
+	}{{"started_at", r.StartedAt}, {"sent_at", r.SentAt}} {
+		if t.at != nil {
+			if err := checkTime(t.field, *t.at); err != nil {
+				return err
+			}
+		}
+	}
+	if r.CallMicros < 0 || r.CallMicros > maxCallMicros {
+		return reject(ReasonInvalidValue, "call_us %d is outside [0, %d]", r.CallMicros, int64(maxCallMicros))
 	}
 	return nil
 }

@@ -16,6 +16,8 @@ const (
 	maxText      = 200
 	maxReasonLen = 2000
 	maxPriority  = 9
+	// maxCallMicros bounds a reply's call_us: a day.
+	maxCallMicros = 24 * 3600 * 1_000_000
 )
 
 func checkID(field, id string) error {

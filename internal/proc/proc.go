@@ -65,6 +65,9 @@ func StartCommand(name string, args []string, dir, addr string, env []string) (*
 	return p, nil
 }
 
+// PID is the process id.
+func (p *Proc) PID() int { return p.cmd.Process.Pid }
+
 // Done is closed when the process has ended.
 func (p *Proc) Done() <-chan struct{} { return p.done }
 

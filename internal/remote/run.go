@@ -24,10 +24,15 @@ type Config struct {
 	// Seed makes fault injection repeatable; 0 picks one at random.
 	Seed     uint64 `envconfig:"REMOTE_SEED" default:"0"`
 	LogLevel string `envconfig:"LOG_LEVEL" default:"info"`
+	// DebugAddr, when set, serves Go's profiler there.
+	DebugAddr string `envconfig:"DEBUG_ADDR"`
 }
 
 // Level implements service.Leveled.
 func (c Config) Level() string { return c.LogLevel }
+
+// DebugAddress implements service.Debugged.
+func (c Config) DebugAddress() string { return c.DebugAddr }
 
 // Run serves until ctx is done.
 func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {

@@ -35,6 +35,7 @@ type claimer struct {
 	maxQueued int
 	poll      time.Duration
 	wake      <-chan struct{}
+	wakeRelay func()          // a claim may have written status events
 	workCtx   context.Context // claimed steps are sent even during shutdown
 	logger    *slog.Logger
 	metrics   *metrics
@@ -89,7 +90,7 @@ func (c *claimer) drain(ctx context.Context) (throttled bool) {
 				continue
 			}
 			start := time.Now()
-			steps, err := c.store.ClaimPending(ctx, c.me, room, []string{kind})
+			steps, err := c.store.ClaimPending(ctx, c.me, room, kind)
 			c.metrics.claimDuration.Observe(time.Since(start).Seconds())
 			if err != nil {
 				if ctx.Err() == nil {
@@ -101,6 +102,7 @@ func (c *claimer) drain(ctx context.Context) (throttled bool) {
 				continue
 			}
 			c.metrics.claimed.Add(float64(len(steps)))
+			c.wakeRelay()
 			failpoint.Inject("scheduler-after-claim")
 			c.dispatch(steps)
 			if len(steps) == room {

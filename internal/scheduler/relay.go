@@ -29,11 +29,18 @@ type relay struct {
 	metrics *metrics
 }
 
+// busyRecheck is how soon a relay that found another one at work looks
+// again: that one may have read the outbox before this one's nudge.
+const busyRecheck = 25 * time.Millisecond
+
 func (r *relay) run(ctx context.Context) error {
 	ticker := time.NewTicker(r.poll)
 	defer ticker.Stop()
 	for {
-		r.drain(ctx)
+		var recheck <-chan time.Time
+		if busy := r.drain(ctx); busy {
+			recheck = time.After(busyRecheck)
+		}
 		select {
 		case <-ctx.Done():
 			return nil
@@ -41,26 +48,31 @@ func (r *relay) run(ctx context.Context) error {
 			r.metrics.wakeups.WithLabelValues("relay", "notify").Inc()
 		case <-ticker.C:
 			r.metrics.wakeups.WithLabelValues("relay", "poll").Inc()
+		case <-recheck:
+			r.metrics.wakeups.WithLabelValues("relay", "busy").Inc()
 		}
 	}
 }
 
-func (r *relay) drain(ctx context.Context) {
+// drain relays until the outbox is empty; it reports whether another
+// scheduler's relay held the outbox.
+func (r *relay) drain(ctx context.Context) (busy bool) {
 	for ctx.Err() == nil {
 		n, err := r.store.RelayOutbox(ctx, r.batch, r.publish)
 		switch {
 		case errors.Is(err, statestore.ErrRelayBusy):
-			return // another scheduler is relaying
+			return true // another scheduler is relaying
 		case err != nil:
 			if ctx.Err() == nil {
 				r.metrics.relayErrors.Inc()
 				r.logger.Warn("relaying the outbox failed; will try again", "err", err, "published", n)
 			}
-			return
+			return false
 		case n < r.batch:
-			return
+			return false
 		}
 	}
+	return false
 }
 
 // sent is one publish of an outbox message.

@@ -8,6 +8,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"sas/internal/batch"
 	"sas/internal/broker"
 	"sas/internal/messages"
 	"sas/internal/service"
@@ -16,11 +17,17 @@ import (
 
 // replier applies StepReplies from the shared replies queue.
 type replier struct {
-	store   *statestore.Store
+	store *statestore.Store
+	// applies gathers the replies handled at the same time into one
+	// transaction (statestore.ApplyReplies).
+	applies *batch.Batcher[statestore.Reply, statestore.ApplyResult]
 	me      string
 	workCtx context.Context
 	logger  *slog.Logger
 	metrics *metrics
+	// wakeClaimer and wakeRelay nudge this scheduler's claimer (a step
+	// became pending) and relay (status events were written).
+	wakeClaimer, wakeRelay func()
 }
 
 // handle applies one reply. A stale or late reply is acked and counted:
@@ -37,9 +44,10 @@ func (r *replier) handle(ctx context.Context, d amqp.Delivery) error {
 	var res statestore.ApplyResult
 	err = service.Retry(ctx, func() error {
 		var err error
-		res, err = r.store.ApplyReply(r.workCtx, statestore.Reply{
+		res, err = r.applies.Do(r.workCtx, statestore.Reply{
 			OrderID: rep.OrderID, Step: rep.Step, Attempt: rep.Attempt,
 			OK: rep.Outcome == messages.OutcomeOK, Result: rep.Result, Error: rep.Error, Actor: r.me,
+			AgentStartedAt: rep.StartedAt, AgentSentAt: rep.SentAt, AgentCallMicros: rep.CallMicros,
 		})
 		return err
 	}, func(err error) bool {
@@ -57,6 +65,12 @@ func (r *replier) handle(ctx context.Context, d amqp.Delivery) error {
 		return nil
 	case err != nil:
 		return err // shutting down: back to the queue
+	}
+	if res.NextStep > 0 || res.OrderStatus == statestore.OrderCompensating {
+		r.wakeClaimer()
+	}
+	if res.OrderStatus != "" {
+		r.wakeRelay()
 	}
 	r.metrics.replies.WithLabelValues(res.StepState).Inc()
 	r.metrics.stepDuration.WithLabelValues(res.StepName, rep.Outcome).Observe(res.StepTook.Seconds())

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"sas/internal/agent"
+	"sas/internal/batch"
 	"sas/internal/broker"
 	"sas/internal/service"
 	"sas/internal/workflow"
@@ -33,8 +34,11 @@ type Config struct {
 	// when no notification woke them.
 	PollInterval time.Duration `envconfig:"SCHEDULER_POLL_INTERVAL" default:"500ms"`
 	// ReplyPrefetch and ReplyWorkers shape the replies consumer.
-	ReplyPrefetch int `envconfig:"SCHEDULER_REPLY_PREFETCH" default:"128"`
-	ReplyWorkers  int `envconfig:"SCHEDULER_REPLY_WORKERS" default:"8"`
+	ReplyPrefetch int `envconfig:"SCHEDULER_REPLY_PREFETCH" default:"256"`
+	ReplyWorkers  int `envconfig:"SCHEDULER_REPLY_WORKERS" default:"64"`
+	// ReplyBatch is how many replies handled at once are applied in one
+	// transaction, at most.
+	ReplyBatch int `envconfig:"SCHEDULER_REPLY_BATCH" default:"64"`
 	// RelayBatch is how many outbox messages one relay round publishes.
 	RelayBatch int `envconfig:"SCHEDULER_RELAY_BATCH" default:"500"`
 	// DBMaxConns caps the database pool.
@@ -157,8 +161,14 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	defer depths.Close()
 	c := &claimer{store: store, pub: pub, depths: depths, topo: topo, kinds: workflows.Agents(), me: me,
 		batch: cfg.BatchSize, maxQueued: cfg.MaxQueued, poll: cfg.PollInterval,
-		wake: w.pending, workCtx: workCtx, logger: logger, metrics: m}
-	r := &replier{store: store, me: me, workCtx: workCtx, logger: logger, metrics: m}
+		wake: w.pending, wakeRelay: func() { nudge(w.outbox) }, workCtx: workCtx, logger: logger, metrics: m}
+	// Claims and replies do not notify through the database (migration
+	// 0007): what they make pending or write to the outbox, this
+	// scheduler's own claimer and relay are nudged for.
+	applies := batch.New(cfg.ReplyBatch, store.ApplyReplies)
+	go applies.Run(workCtx)
+	r := &replier{store: store, applies: applies, me: me, workCtx: workCtx, logger: logger, metrics: m,
+		wakeClaimer: func() { nudge(w.pending) }, wakeRelay: func() { nudge(w.outbox) }}
 	replies := broker.NewConsumer(conn, pub,
 		broker.ConsumerConfig{Input: agent.RepliesInput, Prefetch: cfg.ReplyPrefetch, Workers: cfg.ReplyWorkers},
 		r.handle, logger, bm)

@@ -18,7 +18,8 @@ type Leveled interface{ Level() string }
 func (c Common) Level() string { return c.LogLevel }
 
 // Main is the body of a service's main: it reads the configuration from
-// SAS_ variables, makes a JSON logger, runs run until SIGTERM or Ctrl-C,
+// SAS_ variables, makes a JSON logger, serves the profiler if the
+// configuration asks (Debugged), runs run until SIGTERM or Ctrl-C,
 // and returns the process's exit status (2: bad configuration, 1: run
 // failed).
 func Main[C Leveled](name string, run func(context.Context, C, *slog.Logger) error) int {
@@ -34,6 +35,12 @@ func Main[C Leveled](name string, run func(context.Context, C, *slog.Logger) err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
+	if d, ok := any(cfg).(Debugged); ok && d.DebugAddress() != "" {
+		if err := ListenDebug(ctx, d.DebugAddress(), logger); err != nil {
+			logger.Error(name+" failed", "err", err)
+			return 1
+		}
+	}
 	if err := run(ctx, cfg, logger); err != nil {
 		logger.Error(name+" failed", "err", err)
 		return 1

@@ -41,6 +41,9 @@ type Common struct {
 	InstanceID string `envconfig:"INSTANCE_ID"`
 	// ShutdownTimeout bounds the wait for in-flight work on SIGTERM.
 	ShutdownTimeout time.Duration `envconfig:"SHUTDOWN_TIMEOUT" default:"20s"`
+	// DebugAddr, when set, serves Go's profiler (/debug/pprof/) there;
+	// empty (the default) serves nothing.
+	DebugAddr string `envconfig:"DEBUG_ADDR"`
 }
 
 // Instance returns the configured instance id or host-pid.

@@ -53,7 +53,7 @@ func BenchmarkClaimPending(b *testing.B) {
 	fill(b, bd, b.N, time.Hour)
 	b.ResetTimer()
 	for claimed := 0; claimed < b.N; {
-		got, err := bd.store.ClaimPending(ctx, "bench", 100, nil)
+		got, err := bd.store.ClaimPending(ctx, "bench", 100, "agent")
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -70,7 +70,7 @@ func BenchmarkApplyReply(b *testing.B) {
 	fill(b, bd, b.N, time.Hour)
 	var steps []statestore.ClaimedStep
 	for len(steps) < b.N {
-		got, err := bd.store.ClaimPending(ctx, "bench", 500, nil)
+		got, err := bd.store.ClaimPending(ctx, "bench", 500, "")
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -90,7 +90,7 @@ func BenchmarkSweepExpired(b *testing.B) {
 	bd, ctx := benchStore(b)
 	fill(b, bd, b.N, time.Millisecond)
 	for claimed := 0; claimed < b.N; {
-		got, err := bd.store.ClaimPending(ctx, "bench", 500, nil)
+		got, err := bd.store.ClaimPending(ctx, "bench", 500, "")
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -41,7 +41,10 @@ func (s *Store) CancelOrder(ctx context.Context, orderID, actor string) (string,
 		default:
 			return fmt.Errorf("order %s is %s already; only an order that has not ended can be cancelled: %w", orderID, status, ErrInvalidState)
 		}
-		return tx.QueryRow(ctx, `SELECT begin_compensation($1, NULL, $2, 'operator cancel')`, orderID, actor).Scan(&status)
+		if err := tx.QueryRow(ctx, `SELECT begin_compensation($1, NULL, $2, 'operator cancel')`, orderID, actor).Scan(&status); err != nil {
+			return err
+		}
+		return wake(ctx, tx)
 	})
 	if err != nil {
 		return "", fmt.Errorf("cancel: %w", err)

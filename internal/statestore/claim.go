@@ -39,16 +39,31 @@ type ClaimedStep struct {
 // pick the same row, their attempt is bumped (the fencing epoch) and their
 // deadline set from the database clock. Orders whose first step this is move
 // from received to processing. Every change is written to the history.
-const claimSQL = `
+//
+// claimKindSQL claims steps of one agent kind ($3) and reads only that
+// kind's part of the pending index; claimAnySQL claims steps of any kind.
+const (
+	claimKindSQL = `
 WITH picked AS (
     SELECT order_id, step
     FROM steps
-    WHERE process_state = 'pending' AND available_at <= now()
-      AND ($3::text[] IS NULL OR agent = ANY($3))
+    WHERE process_state = 'pending' AND agent = $3 AND available_at <= now()
+    ORDER BY agent, priority DESC, available_at, order_id, step
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)` + claimRestSQL
+	claimAnySQL = `
+WITH picked AS (
+    SELECT order_id, step
+    FROM steps
+    WHERE process_state = 'pending' AND available_at <= now() AND $3::text = ''
     ORDER BY priority DESC, available_at, order_id, step
     LIMIT $2
     FOR UPDATE SKIP LOCKED
-), claimed AS (
+)` + claimRestSQL
+)
+
+const claimRestSQL = `, claimed AS (
     UPDATE steps s
     SET process_state = 'processing',
         locked_by = $1,
@@ -86,14 +101,18 @@ LEFT JOIN steps a ON a.order_id = c.order_id AND a.step = c.compensates
 ORDER BY c.priority DESC, c.order_id, c.step`
 
 // ClaimPending claims up to limit due pending steps for the scheduler
-// lockedBy and returns them; agents, when not nil, limits the claim to
-// steps of those agent kinds. A step is never handed to two claimers in
-// the same attempt.
-func (s *Store) ClaimPending(ctx context.Context, lockedBy string, limit int, agents []string) ([]ClaimedStep, error) {
+// lockedBy and returns them; agent, when not "", limits the claim to steps
+// of that agent kind. A step is never handed to two claimers in the same
+// attempt.
+func (s *Store) ClaimPending(ctx context.Context, lockedBy string, limit int, agent string) ([]ClaimedStep, error) {
 	if lockedBy == "" || limit <= 0 {
 		return nil, fmt.Errorf("claim pending: need a claimer id and a positive limit")
 	}
-	rows, err := s.pool.Query(ctx, claimSQL, lockedBy, limit, agents)
+	sql := claimKindSQL
+	if agent == "" {
+		sql = claimAnySQL
+	}
+	rows, err := s.pool.Query(ctx, sql, lockedBy, limit, agent)
 	if err != nil {
 		return nil, fmt.Errorf("claim pending: %w", err)
 	}

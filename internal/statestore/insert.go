@@ -124,12 +124,10 @@ WITH ins AS (
 )
 SELECT count(*) FROM ins`
 
-// InsertOrder writes an order with its steps and their history in one
-// transaction. The same order id with the same payload hash is a Duplicate
-// and writes nothing; with another hash it is ErrConflict.
-func (s *Store) InsertOrder(ctx context.Context, o NewOrder) (InsertOutcome, error) {
+// insertArgs are insertOrderSQL's arguments for o.
+func insertArgs(o NewOrder) ([]any, error) {
 	if len(o.Steps) == 0 {
-		return 0, fmt.Errorf("insert order %s: no steps", o.OrderID)
+		return nil, fmt.Errorf("insert order %s: no steps", o.OrderID)
 	}
 	names := make([]string, len(o.Steps))
 	agents := make([]string, len(o.Steps))
@@ -147,21 +145,86 @@ func (s *Store) InsertOrder(ctx context.Context, o NewOrder) (InsertOutcome, err
 		compensates[i] = int32(st.Compensates)
 	}
 	policy := cmp.Or(o.FailurePolicy, PolicyCompensate)
-	var inserted int64
-	err := s.pool.QueryRow(ctx, insertOrderSQL,
-		o.OrderID, o.Workflow, o.Customer, o.Items, o.Amount, o.Currency, o.Priority, o.ReplyTo, o.PlacedAt, o.PayloadHash,
-		names, agents, timeouts, maxFailures, o.Actor, keys, policy, kinds, compensates,
-	).Scan(&inserted)
+	return []any{o.OrderID, o.Workflow, o.Customer, o.Items, o.Amount, o.Currency, o.Priority, o.ReplyTo, o.PlacedAt, o.PayloadHash,
+		names, agents, timeouts, maxFailures, o.Actor, keys, policy, kinds, compensates}, nil
+}
+
+// InsertOrder writes an order with its steps and their history in one
+// transaction. The same order id with the same payload hash is a Duplicate
+// and writes nothing; with another hash it is ErrConflict.
+func (s *Store) InsertOrder(ctx context.Context, o NewOrder) (InsertOutcome, error) {
+	args, err := insertArgs(o)
 	if err != nil {
+		return 0, err
+	}
+	var inserted int64
+	if err := s.pool.QueryRow(ctx, insertOrderSQL, args...).Scan(&inserted); err != nil {
 		return 0, fmt.Errorf("insert order %s: %w", o.OrderID, classify(err))
 	}
 	if inserted == 1 {
 		return Inserted, nil
 	}
+	return s.existing(ctx, o)
+}
+
+// InsertOrders writes many orders in one transaction and one round trip,
+// each as InsertOrder would; outcomes and errors are by index. If the
+// transaction fails as a whole (one order's data refused, a database
+// error), every order is written again on its own, so one bad order never
+// holds up the others.
+func (s *Store) InsertOrders(ctx context.Context, os []NewOrder) ([]InsertOutcome, []error) {
+	outcomes := make([]InsertOutcome, len(os))
+	errs := make([]error, len(os))
+	inserted := make([]int64, len(os))
+	batch := &pgx.Batch{}
+	for i, o := range os {
+		args, err := insertArgs(o)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		batch.Queue(insertOrderSQL, args...)
+	}
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		br := tx.SendBatch(ctx, batch)
+		for i := range os {
+			if errs[i] != nil {
+				continue
+			}
+			if err := br.QueryRow().Scan(&inserted[i]); err != nil {
+				br.Close()
+				return err
+			}
+		}
+		return br.Close()
+	})
+	if err != nil {
+		for i, o := range os {
+			if errs[i] == nil {
+				outcomes[i], errs[i] = s.InsertOrder(ctx, o)
+			}
+		}
+		return outcomes, errs
+	}
+	for i, o := range os {
+		switch {
+		case errs[i] != nil:
+		case inserted[i] == 1:
+			outcomes[i] = Inserted
+		default:
+			outcomes[i], errs[i] = s.existing(ctx, o)
+		}
+	}
+	return outcomes, errs
+}
+
+// existing tells a duplicate from a conflict for an order whose insert
+// wrote nothing.
+func (s *Store) existing(ctx context.Context, o NewOrder) (InsertOutcome, error) {
 	// The statement's snapshot may predate a concurrent insert of the same
 	// id that it waited for, so read the existing row in a new statement.
 	var hash []byte
-	err = s.pool.QueryRow(ctx, `SELECT payload_hash FROM orders WHERE order_id = $1`, o.OrderID).Scan(&hash)
+	err := s.pool.QueryRow(ctx, `SELECT payload_hash FROM orders WHERE order_id = $1`, o.OrderID).Scan(&hash)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// Deleted between the two statements (retention): nothing of ours
 		// was written, so let the caller retry.

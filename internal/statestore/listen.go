@@ -9,11 +9,22 @@ import (
 
 // Notification channels.
 const (
-	// ChannelPending is notified when steps become pending.
+	// ChannelPending is notified when new orders' steps are written and
+	// when the supervisor or an operator makes steps pending. A scheduler's
+	// own claims and replies do not notify (see migration 0007): it wakes
+	// its own loops.
 	ChannelPending = "sas_pending"
-	// ChannelOutbox is notified when outbox messages are written.
+	// ChannelOutbox is notified when the supervisor or an operator writes
+	// outbox messages.
 	ChannelOutbox = "sas_outbox"
 )
+
+// wake notifies both channels at the commit of tx, for changes made
+// outside a scheduler (sweeps, operator actions).
+func wake(ctx context.Context, tx pgx.Tx) error {
+	_, err := tx.Exec(ctx, `SELECT pg_notify($1, current_schema()), pg_notify($2, current_schema())`, ChannelPending, ChannelOutbox)
+	return err
+}
 
 // Listener holds a dedicated connection that LISTENs on channels.
 type Listener struct {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -24,6 +23,10 @@ type Reply struct {
 	Error  string // the reason, for failed replies
 	// Actor is who applies the reply (the scheduler's id).
 	Actor string
+	// The agent's clock readings, if it sent them (see migration 0006):
+	// they are stored with the step for the latency breakdown only.
+	AgentStartedAt, AgentSentAt *time.Time
+	AgentCallMicros             int64
 }
 
 // ApplyResult says what an applied reply changed.
@@ -74,27 +77,28 @@ func (e *StaleReplyError) Error() string {
 
 func (e *StaleReplyError) Unwrap() error { return ErrStale }
 
-// applyReplySQL records a reply on its step, only if it is for the current
-// attempt, the step is still processing and its complete_by has not passed
-// on the database clock.
-const applyReplySQL = `
-WITH cur AS (
-    UPDATE steps
-    SET process_state = CASE WHEN $4 THEN 'processed' ELSE 'error' END,
-        result = $5,
-        last_error = NULLIF($6, ''),
-        updated_at = now()
-    WHERE order_id = $1 AND step = $2 AND attempt = $3
-      AND process_state = 'processing' AND complete_by >= now()
-    RETURNING order_id, step, attempt, process_state, failure_count, name,
-              extract(epoch FROM now() - (complete_by - timeout)) AS took
-), cur_hist AS (
-    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-    SELECT order_id, step, 'processing', process_state, attempt, $7,
-           CASE WHEN process_state = 'processed' THEN 'agent replied ok' ELSE 'agent replied failed: ' || $6 END
-    FROM cur
-)
-SELECT process_state, failure_count, name, took FROM cur`
+// applyReplySQL applies one reply in one round trip (the apply_reply
+// function of migration 0008): the fenced update, its history, and the
+// order moving on or reacting to a failure.
+const applyReplySQL = `SELECT applied, step_state, step_name, took_s, next_step, order_status, order_took_s
+FROM apply_reply($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`
+
+func (r Reply) args() []any {
+	// The fault suite's negative control turns the fence off.
+	fenced := !failpoint.Broken("unfenced-replies")
+	return []any{r.OrderID, r.Step, r.Attempt, r.OK, r.Result, r.Error, r.Actor,
+		r.AgentStartedAt, r.AgentSentAt, r.AgentCallMicros, fenced}
+}
+
+func scanApplied(row pgx.Row) (ApplyResult, bool, error) {
+	var res ApplyResult
+	var applied bool
+	var took, orderTook float64
+	err := row.Scan(&applied, &res.StepState, &res.StepName, &took, &res.NextStep, &res.OrderStatus, &orderTook)
+	res.StepTook = time.Duration(took * float64(time.Second))
+	res.OrderTook = time.Duration(orderTook * float64(time.Second))
+	return res, applied, err
+}
 
 // ApplyReply applies an agent's reply, fenced by attempt, state and
 // complete_by, and in the same transaction moves the order on (the next
@@ -104,50 +108,59 @@ SELECT process_state, failure_count, name, took FROM cur`
 // complete_by, changes nothing and returns a *StaleReplyError
 // (errors.Is(err, ErrStale)).
 func (s *Store) ApplyReply(ctx context.Context, r Reply) (ApplyResult, error) {
-	var res ApplyResult
-	applied := false
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var failures int
-		var took float64
-		sql := applyReplySQL
-		if failpoint.Broken("unfenced-replies") {
-			// Negative control for the fault suite: no fence at all
-			// (attempt, state, deadline).
-			sql = strings.Replace(sql, "AND attempt = $3\n      AND process_state = 'processing' AND complete_by >= now()",
-				"AND $3::int > 0", 1)
-		}
-		err := tx.QueryRow(ctx, sql, r.OrderID, r.Step, r.Attempt, r.OK, r.Result, r.Error, r.Actor).
-			Scan(&res.StepState, &failures, &res.StepName, &took)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		applied = true
-		res.StepTook = time.Duration(took * float64(time.Second))
-		if r.OK {
-			err = tx.QueryRow(ctx, `SELECT next_step, order_status FROM step_processed($1, $2, $3)`, r.OrderID, r.Step, r.Actor).
-				Scan(&res.NextStep, &res.OrderStatus)
-		} else {
-			err = tx.QueryRow(ctx, `SELECT step_failed($1, $2, $3, $4, $5)`, r.OrderID, r.Step, r.Actor, "agent replied failed: "+r.Error, failures).
-				Scan(&res.OrderStatus)
-		}
-		if err != nil || !orderEnded(res.OrderStatus) {
-			return err
-		}
-		var age float64
-		err = tx.QueryRow(ctx, `SELECT extract(epoch FROM now() - created_at) FROM orders WHERE order_id = $1`, r.OrderID).Scan(&age)
-		res.OrderTook = time.Duration(age * float64(time.Second))
-		return err
-	})
+	res, applied, err := scanApplied(s.pool.QueryRow(ctx, applyReplySQL, r.args()...))
 	if err != nil {
-		return res, fmt.Errorf("apply reply for order %s step %d: %w", r.OrderID, r.Step, err)
+		return ApplyResult{}, fmt.Errorf("apply reply for order %s step %d: %w", r.OrderID, r.Step, err)
 	}
 	if !applied {
-		return res, s.staleReason(ctx, r)
+		return ApplyResult{}, s.staleReason(ctx, r)
 	}
 	return res, nil
+}
+
+// ApplyReplies applies many replies in one transaction and one round trip,
+// each as ApplyReply would; results and errors are by index. If the
+// transaction fails as a whole (a database error, a deadlock between
+// concurrent batches), every reply is applied again on its own, so one
+// reply's trouble never holds up the others.
+func (s *Store) ApplyReplies(ctx context.Context, rs []Reply) ([]ApplyResult, []error) {
+	results := make([]ApplyResult, len(rs))
+	errs := make([]error, len(rs))
+	applied := make([]bool, len(rs))
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		batch := &pgx.Batch{}
+		for _, r := range rs {
+			batch.Queue(applyReplySQL, r.args()...)
+		}
+		br := tx.SendBatch(ctx, batch)
+		for i := range rs {
+			var err error
+			results[i], applied[i], err = scanApplied(br.QueryRow())
+			if err != nil {
+				br.Close()
+				return err
+			}
+		}
+		return br.Close()
+	})
+	if err != nil {
+		if len(rs) == 1 || ctx.Err() != nil {
+			for i, r := range rs {
+				results[i], errs[i] = ApplyResult{}, fmt.Errorf("apply reply for order %s step %d: %w", r.OrderID, r.Step, err)
+			}
+			return results, errs
+		}
+		for i, r := range rs {
+			results[i], errs[i] = s.ApplyReply(ctx, r)
+		}
+		return results, errs
+	}
+	for i, r := range rs {
+		if !applied[i] {
+			results[i], errs[i] = ApplyResult{}, s.staleReason(ctx, r)
+		}
+	}
+	return results, errs
 }
 
 // staleReason explains a reply that matched no row. It only informs: the

@@ -72,8 +72,10 @@ func (s *Store) Resubmit(ctx context.Context, orderID string, step int, actor st
 		if len(reset) == 0 {
 			return fmt.Errorf("order %s has no step in error: %w", orderID, ErrInvalidState)
 		}
-		_, err = tx.Exec(ctx, `SELECT order_transition($1, $2, NULL, $3, 'operator resubmit')`, orderID, to, actor)
-		return err
+		if _, err = tx.Exec(ctx, `SELECT order_transition($1, $2, NULL, $3, 'operator resubmit')`, orderID, to, actor); err != nil {
+			return err
+		}
+		return wake(ctx, tx)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("resubmit: %w", err)

@@ -55,12 +55,12 @@ func TestRolesHaveOnlyWhatTheyNeed(t *testing.T) {
 	if got, err := submitter.InsertOrder(ctx, o); err != nil || got != statestore.Inserted {
 		t.Fatalf("submitter insert: %v %v", got, err)
 	}
-	if _, err := submitter.ClaimPending(ctx, "s", 1, nil); !denied(err) {
+	if _, err := submitter.ClaimPending(ctx, "s", 1, ""); !denied(err) {
 		t.Fatalf("submitter claim: %v, want permission denied", err)
 	}
 	// The scheduler claims and applies replies, and cannot write orders
 	// or take the supervisor's lease.
-	claimed, err := scheduler.ClaimPending(ctx, "s", 1, nil)
+	claimed, err := scheduler.ClaimPending(ctx, "s", 1, "")
 	if err != nil || len(claimed) != 1 {
 		t.Fatalf("scheduler claim: %v %v", claimed, err)
 	}

@@ -34,7 +34,7 @@ func sagaOrder(policy string) statestore.NewOrder {
 func run(t *testing.T, b bundle, orderID string, ok bool) (statestore.ClaimedStep, statestore.ApplyResult) {
 	t.Helper()
 	ctx := ctxFor(t)
-	claimed, err := b.store.ClaimPending(ctx, "s", 10, nil)
+	claimed, err := b.store.ClaimPending(ctx, "s", 10, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +189,7 @@ func TestCancelInFlightOrder(t *testing.T) {
 	o := sagaOrder(statestore.PolicyCompensate)
 	insert(t, b, o)
 	run(t, b, o.OrderID, true)
-	claimed, err := b.store.ClaimPending(ctx, "s", 10, nil) // payment in flight
+	claimed, err := b.store.ClaimPending(ctx, "s", 10, "") // payment in flight
 	if err != nil || len(claimed) != 1 {
 		t.Fatal(claimed, err)
 	}

@@ -296,7 +296,7 @@ func TestClaimConcurrently(t *testing.T) {
 			store := statestore.New(pool)
 			me := fmt.Sprintf("scheduler-%d", c)
 			for {
-				got, err := store.ClaimPending(ctx, me, 17, nil)
+				got, err := store.ClaimPending(ctx, me, 17, "")
 				if err != nil {
 					t.Errorf("claim: %v", err)
 					return
@@ -352,11 +352,11 @@ func TestClaimRespectsPriorityAndBackoff(t *testing.T) {
 	if _, err := b.pool.Exec(ctx, `UPDATE steps SET available_at = now() + interval '1 hour' WHERE order_id = $1`, later.OrderID); err != nil {
 		t.Fatal(err)
 	}
-	got, err := b.store.ClaimPending(ctx, "s", 1, nil)
+	got, err := b.store.ClaimPending(ctx, "s", 1, "")
 	if err != nil || len(got) != 1 || got[0].OrderID != high.OrderID {
 		t.Fatalf("first claim %+v %v, want the priority 9 order", got, err)
 	}
-	got, err = b.store.ClaimPending(ctx, "s", 10, nil)
+	got, err = b.store.ClaimPending(ctx, "s", 10, "")
 	if err != nil || len(got) != 1 || got[0].OrderID != low.OrderID {
 		t.Fatalf("second claim %+v %v, want only the low order (the other is backing off)", got, err)
 	}
@@ -388,7 +388,7 @@ func TestApplyReplyIsFenced(t *testing.T) {
 	t.Run("old attempt", func(t *testing.T) {
 		o := order(2, 50*time.Millisecond, 5)
 		insert(t, b, o)
-		first, err := b.store.ClaimPending(ctx, "s1", 1, nil)
+		first, err := b.store.ClaimPending(ctx, "s1", 1, "")
 		if err != nil || len(first) != 1 {
 			t.Fatalf("claim: %v %v", first, err)
 		}
@@ -400,7 +400,7 @@ func TestApplyReplyIsFenced(t *testing.T) {
 		if _, err := b.pool.Exec(ctx, `UPDATE steps SET timeout = interval '1 hour' WHERE order_id = $1`, o.OrderID); err != nil {
 			t.Fatal(err)
 		}
-		second, err := b.store.ClaimPending(ctx, "s2", 1, nil)
+		second, err := b.store.ClaimPending(ctx, "s2", 1, "")
 		if err != nil || len(second) != 1 || second[0].Attempt != 2 {
 			t.Fatalf("reclaim: %+v %v", second, err)
 		}
@@ -432,7 +432,7 @@ func TestApplyReplyIsFenced(t *testing.T) {
 	t.Run("after complete_by", func(t *testing.T) {
 		o := order(1, 30*time.Millisecond, 5)
 		insert(t, b, o)
-		claimed, err := b.store.ClaimPending(ctx, "s1", 10, nil)
+		claimed, err := b.store.ClaimPending(ctx, "s1", 10, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -475,7 +475,7 @@ func TestApplyReplyCompletesAndFailsOrders(t *testing.T) {
 	insert(t, b, bad)
 	attempts := map[string]int{}
 	claimAll := func() {
-		got, err := b.store.ClaimPending(ctx, "s", 10, nil)
+		got, err := b.store.ClaimPending(ctx, "s", 10, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -519,7 +519,7 @@ func TestSweepResetsThenFails(t *testing.T) {
 	insert(t, b, o)
 	params := statestore.SweepParams{Actor: "supervisor-1", Limit: 100, BackoffBase: time.Second, BackoffMax: time.Minute}
 	for failure := 1; failure <= 3; failure++ {
-		claimed, err := b.store.ClaimPending(ctx, "s", 10, nil)
+		claimed, err := b.store.ClaimPending(ctx, "s", 10, "")
 		if err != nil || len(claimed) != 1 || claimed[0].Attempt != failure {
 			t.Fatalf("claim %d: %+v %v", failure, claimed, err)
 		}
@@ -544,7 +544,7 @@ func TestSweepResetsThenFails(t *testing.T) {
 			if lo, hi := float64(int(1)<<(failure-1))-0.5, float64(int(1)<<(failure-1)); wait < lo || wait > hi {
 				t.Fatalf("backoff after failure %d is %.2fs, want about %.0fs", failure, wait, hi)
 			}
-			if again, err := b.store.ClaimPending(ctx, "s", 10, nil); err != nil || len(again) != 0 {
+			if again, err := b.store.ClaimPending(ctx, "s", 10, ""); err != nil || len(again) != 0 {
 				t.Fatalf("claimed during backoff: %+v %v", again, err)
 			}
 			makeDue(t, b)
@@ -578,7 +578,7 @@ func TestSweepConcurrently(t *testing.T) {
 	for range n {
 		insert(t, b, order(1, 10*time.Millisecond, 5))
 	}
-	if claimed, err := b.store.ClaimPending(ctx, "s", n, nil); err != nil || len(claimed) != n {
+	if claimed, err := b.store.ClaimPending(ctx, "s", n, ""); err != nil || len(claimed) != n {
 		t.Fatalf("claim: %d %v", len(claimed), err)
 	}
 	waitExpired(t, b)
@@ -634,7 +634,7 @@ func TestResubmit(t *testing.T) {
 	if _, err := b.store.Resubmit(ctx, messages.NewID(), 0, "operator:alice"); !errors.Is(err, statestore.ErrNotFound) {
 		t.Fatalf("resubmit of an unknown order: %v", err)
 	}
-	if _, err := b.store.ClaimPending(ctx, "s", 1, nil); err != nil {
+	if _, err := b.store.ClaimPending(ctx, "s", 1, ""); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.store.ApplyReply(ctx, statestore.Reply{OrderID: o.OrderID, Step: 1, Attempt: 1, OK: false, Error: "down", Actor: "s"}); err != nil {
@@ -661,7 +661,7 @@ func TestResubmit(t *testing.T) {
 	if last.Actor != "operator:alice" || last.Reason != "operator resubmit" {
 		t.Fatalf("last history entry %+v", last)
 	}
-	claimed, err := b.store.ClaimPending(ctx, "s", 1, nil)
+	claimed, err := b.store.ClaimPending(ctx, "s", 1, "")
 	if err != nil || len(claimed) != 1 || claimed[0].Attempt != 2 {
 		t.Fatalf("claim after resubmit: %+v %v", claimed, err)
 	}
@@ -683,7 +683,7 @@ func TestListOrders(t *testing.T) {
 	a, c := order(1, time.Hour, 3), order(1, time.Hour, 3)
 	insert(t, b, a)
 	insert(t, b, c)
-	if _, err := b.store.ClaimPending(ctx, "s", 2, nil); err != nil {
+	if _, err := b.store.ClaimPending(ctx, "s", 2, ""); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.store.ApplyReply(ctx, statestore.Reply{OrderID: a.OrderID, Step: 1, Attempt: 1, OK: true, Actor: "s"}); err != nil {
@@ -710,15 +710,15 @@ func TestClaimByAgent(t *testing.T) {
 	pay.Steps[0].Agent = "payment"
 	insert(t, b, inv)
 	insert(t, b, pay)
-	got, err := b.store.ClaimPending(ctx, "s", 10, []string{"payment"})
+	got, err := b.store.ClaimPending(ctx, "s", 10, "payment")
 	if err != nil || len(got) != 1 || got[0].OrderID != pay.OrderID {
 		t.Fatalf("claim for payment: %+v %v", got, err)
 	}
-	got, err = b.store.ClaimPending(ctx, "s", 10, []string{"payment"})
+	got, err = b.store.ClaimPending(ctx, "s", 10, "payment")
 	if err != nil || len(got) != 0 {
 		t.Fatalf("second claim for payment: %+v %v", got, err)
 	}
-	got, err = b.store.ClaimPending(ctx, "s", 10, nil)
+	got, err = b.store.ClaimPending(ctx, "s", 10, "")
 	if err != nil || len(got) != 1 || got[0].OrderID != inv.OrderID {
 		t.Fatalf("claim for any agent: %+v %v", got, err)
 	}
@@ -763,7 +763,7 @@ func TestSweepIsFencedByLease(t *testing.T) {
 	b := setup(t)
 	ctx := ctxFor(t)
 	insert(t, b, order(1, 10*time.Millisecond, 3))
-	if _, err := b.store.ClaimPending(ctx, "s", 1, nil); err != nil {
+	if _, err := b.store.ClaimPending(ctx, "s", 1, ""); err != nil {
 		t.Fatal(err)
 	}
 	waitExpired(t, b)
@@ -786,14 +786,14 @@ func TestStats(t *testing.T) {
 	ctx := ctxFor(t)
 	insert(t, b, order(2, time.Hour, 3))
 	insert(t, b, order(1, time.Hour, 3))
-	if _, err := b.store.ClaimPending(ctx, "s", 1, nil); err != nil {
+	if _, err := b.store.ClaimPending(ctx, "s", 1, ""); err != nil {
 		t.Fatal(err)
 	}
 	st, err := b.store.Stats(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.ByState[statestore.StepPending] != 1 || st.ByState[statestore.StepProcessing] != 1 || st.ByState[statestore.StepWaiting] != 1 {
+	if st.ByState[statestore.StepPending] != 1 || st.ByState[statestore.StepProcessing] != 1 || st.ByState[statestore.StepError] != 0 || len(st.ByState) != 3 {
 		t.Fatalf("by state %v", st.ByState)
 	}
 	if st.OldestPending < 0 || st.OldestPending > time.Minute || st.OldestProcessing < 0 || st.OldestProcessing > time.Minute {
@@ -807,7 +807,7 @@ func TestCancelOrder(t *testing.T) {
 	ctx := ctxFor(t)
 	o := order(3, time.Hour, 3)
 	insert(t, b, o)
-	claimed, err := b.store.ClaimPending(ctx, "s", 1, nil)
+	claimed, err := b.store.ClaimPending(ctx, "s", 1, "")
 	if err != nil || len(claimed) != 1 {
 		t.Fatal(claimed, err)
 	}
@@ -849,7 +849,7 @@ func TestProgressSince(t *testing.T) {
 	insert(t, b, order(1, time.Hour, 3))
 	done := order(1, time.Hour, 3)
 	insert(t, b, done)
-	claimed, err := b.store.ClaimPending(ctx, "s", 10, nil)
+	claimed, err := b.store.ClaimPending(ctx, "s", 10, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -869,5 +869,64 @@ func TestProgressSince(t *testing.T) {
 	}
 	if p.P50 <= 0 || p.P99 < p.P50 || p.P99 > time.Minute {
 		t.Fatalf("latencies %v %v", p.P50, p.P99)
+	}
+}
+
+// TestApplyRepliesBatch: replies applied together get each its own result
+// (applied or stale, with the reason); a reply that breaks the batch's
+// transaction sends every reply through on its own, so the good ones still
+// apply.
+func TestApplyRepliesBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	for range 4 {
+		insert(t, b, order(1, time.Hour, 3))
+	}
+	claimed, err := b.store.ClaimPending(ctx, "s", 10, "agent")
+	if err != nil || len(claimed) != 4 {
+		t.Fatalf("claimed %d: %v", len(claimed), err)
+	}
+	started := time.Now().Add(-time.Second).UTC().Truncate(time.Microsecond)
+	reply := func(c statestore.ClaimedStep) statestore.Reply {
+		return statestore.Reply{OrderID: c.OrderID, Step: c.Step, Attempt: c.Attempt, OK: true, Result: []byte(`{"ok":1}`), Actor: "s",
+			AgentStartedAt: &started, AgentSentAt: &started, AgentCallMicros: 1500}
+	}
+	superseded := reply(claimed[1])
+	superseded.Attempt++
+	unknown := reply(claimed[0])
+	unknown.OrderID = messages.NewID()
+	res, errs := b.store.ApplyReplies(ctx, []statestore.Reply{reply(claimed[0]), superseded, unknown, reply(claimed[2])})
+	var stale *statestore.StaleReplyError
+	if errs[0] != nil || res[0].OrderStatus != statestore.OrderCompleted || errs[3] != nil || res[3].OrderStatus != statestore.OrderCompleted {
+		t.Fatalf("good replies: %+v %v / %+v %v", res[0], errs[0], res[3], errs[3])
+	}
+	if !errors.As(errs[1], &stale) || stale.Kind != statestore.StaleSuperseded {
+		t.Fatalf("superseded reply: %v", errs[1])
+	}
+	if !errors.As(errs[2], &stale) || stale.Kind != statestore.StaleUnknownStep {
+		t.Fatalf("unknown reply: %v", errs[2])
+	}
+	var callUS int64
+	var gotStarted time.Time
+	if err := b.pool.QueryRow(ctx, `SELECT agent_call_us, agent_started_at FROM steps WHERE order_id = $1`, claimed[0].OrderID).Scan(&callUS, &gotStarted); err != nil ||
+		callUS != 1500 || !gotStarted.Equal(started) {
+		t.Fatalf("agent timings stored: %d %v (%v)", callUS, gotStarted, err)
+	}
+
+	// Result is not JSON: the batch's transaction fails; each reply is
+	// then applied alone.
+	broken := reply(claimed[1])
+	broken.Result = []byte(`{`)
+	res, errs = b.store.ApplyReplies(ctx, []statestore.Reply{broken, reply(claimed[3])})
+	if errs[0] == nil || errors.Is(errs[0], statestore.ErrStale) {
+		t.Fatalf("broken reply: %v, want a database error", errs[0])
+	}
+	if errs[1] != nil || res[1].OrderStatus != statestore.OrderCompleted {
+		t.Fatalf("the good reply beside a broken one: %+v %v", res[1], errs[1])
+	}
+	var state string
+	if err := b.pool.QueryRow(ctx, `SELECT process_state FROM steps WHERE order_id = $1`, claimed[1].OrderID).Scan(&state); err != nil || state != statestore.StepProcessing {
+		t.Fatalf("the broken reply's step is %s (%v), want processing", state, err)
 	}
 }

@@ -110,7 +110,10 @@ func (s *Store) SweepExpired(ctx context.Context, p SweepParams) ([]SweptStep, e
 				return err
 			}
 		}
-		return nil
+		if len(swept) == 0 {
+			return nil
+		}
+		return wake(ctx, tx)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("sweep expired: %w", err)

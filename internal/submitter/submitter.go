@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"sas/internal/batch"
 	"sas/internal/broker"
 	"sas/internal/failpoint"
 	"sas/internal/messages"
@@ -35,9 +36,12 @@ type Config struct {
 	// MetricsAddr is where /metrics, /healthz and /readyz are served.
 	MetricsAddr string `envconfig:"METRICS_ADDR" default:":9101"`
 	// Prefetch is how many unacked submits the broker hands over at once.
-	Prefetch int `envconfig:"SUBMITTER_PREFETCH" default:"64"`
-	// Workers is how many submits are written at once.
-	Workers int `envconfig:"SUBMITTER_WORKERS" default:"8"`
+	Prefetch int `envconfig:"SUBMITTER_PREFETCH" default:"256"`
+	// Workers is how many submits are handled at once.
+	Workers int `envconfig:"SUBMITTER_WORKERS" default:"64"`
+	// Batch is how many orders handled at the same moment are written in
+	// one transaction, at most.
+	Batch int `envconfig:"SUBMITTER_BATCH" default:"64"`
 	// DBMaxConns caps the database pool.
 	DBMaxConns int32 `envconfig:"DB_MAX_CONNS" default:"10"`
 	// StepTimeout, when set, replaces every step's complete-by budget from
@@ -97,7 +101,9 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	// rather than being cut off, unless the shutdown timeout passes.
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
-	h := &handler{store: store, workflows: workflow.Builtin(), stepTimeout: cfg.StepTimeout, actor: me, metrics: m, logger: logger, workCtx: workCtx}
+	inserts := batch.New(cfg.Batch, store.InsertOrders)
+	go inserts.Run(workCtx)
+	h := &handler{store: store, inserts: inserts, workflows: workflow.Builtin(), stepTimeout: cfg.StepTimeout, actor: me, metrics: m, logger: logger, workCtx: workCtx}
 	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: Input, Prefetch: cfg.Prefetch, Workers: cfg.Workers}, h.handle, logger, bm)
 
 	ops, err := service.ListenOps(cfg.MetricsAddr, reg, deps.Ready(consumer), logger)
@@ -112,6 +118,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 
 type handler struct {
 	store       *statestore.Store
+	inserts     *batch.Batcher[statestore.NewOrder, statestore.InsertOutcome]
 	workflows   *workflow.Registry
 	stepTimeout time.Duration
 	actor       string
@@ -155,7 +162,7 @@ func (h *handler) handle(ctx context.Context, d amqp.Delivery) error {
 	err = service.Retry(ctx, func() error {
 		start := time.Now()
 		var err error
-		outcome, err = h.store.InsertOrder(h.workCtx, nw)
+		outcome, err = h.inserts.Do(h.workCtx, nw)
 		if err == nil {
 			h.metrics.insertDur.Observe(time.Since(start).Seconds())
 		}

@@ -73,7 +73,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
 		steps: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "sas_steps", Help: "Steps in the state store by process_state.",
+			Name: "sas_steps", Help: "Live steps in the state store by process_state (pending, processing, error).",
 		}, []string{"state"}),
 		oldestPending: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "sas_oldest_pending_step_age_seconds", Help: "How long the longest-waiting due pending step has waited.",

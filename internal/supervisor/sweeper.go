@@ -120,8 +120,7 @@ func (s *sweeper) report(ctx context.Context) {
 		}
 		return
 	}
-	for _, state := range []string{statestore.StepWaiting, statestore.StepPending, statestore.StepProcessing,
-		statestore.StepProcessed, statestore.StepError, statestore.StepCancelled} {
+	for _, state := range statestore.LiveStates {
 		s.metrics.steps.WithLabelValues(state).Set(float64(st.ByState[state]))
 	}
 	s.metrics.oldestPending.Set(st.OldestPending.Seconds())

@@ -1,0 +1,585 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"sas/internal/agent"
+	"sas/internal/broker"
+	"sas/internal/messages"
+	"sas/internal/statestore"
+	"sas/internal/submitter"
+	"sas/internal/workflow"
+)
+
+// bench runs every service locally, offers orders to the submit queue at a
+// fixed rate or as fast as the system takes them, and reports what it
+// measured over a window after a warm-up: throughput, latency from the
+// state store's timestamps with a per-stage breakdown, CPU and peak memory
+// per process, and queue depths over time.
+func (a *app) bench(ctx context.Context, args []string) error {
+	fs := a.flags("bench")
+	wf := fs.String("workflow", workflow.DefaultName, "workflow of the orders (single: one step; order: three)")
+	rate := fs.Float64("rate", 0, "orders offered per second; 0 offers as fast as the system absorbs them (see --inflight)")
+	inflight := fs.Int("inflight", 2000, "with --rate 0: orders published and not yet ended, at most")
+	warmup := fs.Duration("warmup", 10*time.Second, "load before the measured window")
+	duration := fs.Duration("duration", 60*time.Second, "the measured window")
+	drain := fs.Duration("drain", 60*time.Second, "after the window, how long to wait for its orders to end")
+	schedulers := fs.Int("schedulers", 2, "scheduler replicas")
+	agents := fs.Int("agents", 2, "agent replicas")
+	latency := fs.Int("remote-latency-ms", 1, "the remote service's latency per call")
+	binDir := fs.String("bin", "", "directory of the sas binaries (default: sasctl's own)")
+	portBase := fs.Int("port-base", 9300, "services listen on 127.0.0.1 from this port up (as sasctl dev)")
+	jsonOut := fs.String("json", "", "also write the report as JSON to this file")
+	label := fs.String("label", "", "a name for this run in the report")
+	var env multiFlag
+	fs.Var(&env, "env", "NAME=VALUE added to every service's environment (repeatable), e.g. SAS_SCHEDULER_BATCH=200")
+	if err := a.parse(fs, args); err != nil {
+		return err
+	}
+	if *rate < 0 || *inflight < 1 || *duration <= 0 || *warmup < 0 {
+		fmt.Fprintln(a.stderr, "sasctl bench: --rate must be >= 0, --inflight >= 1, --duration > 0, --warmup >= 0")
+		return errUsage
+	}
+	if _, ok := workflow.Builtin().Lookup(*wf); !ok {
+		fmt.Fprintf(a.stderr, "sasctl bench: unknown workflow %q (have %s)\n", *wf, strings.Join(workflow.Builtin().Names(), ", "))
+		return errUsage
+	}
+	for _, e := range env {
+		if !strings.HasPrefix(e, "SAS_") || !strings.Contains(e, "=") {
+			fmt.Fprintf(a.stderr, "sasctl bench: --env %q: want SAS_NAME=VALUE\n", e)
+			return errUsage
+		}
+	}
+
+	store, closeStore, err := a.migrateAndOpen(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	faults := fmt.Sprintf(`{"*":{"latency_min_ms":%d,"latency_max_ms":%d}}`, *latency, *latency)
+	st, err := startStack(ctx, stackOptions{binDir: *binDir, schedulers: *schedulers, agents: *agents,
+		faults: faults, portBase: *portBase, env: env})
+	if err != nil {
+		return err
+	}
+	defer st.stop()
+	fmt.Fprintf(a.stderr, "services up (%d processes); logs in %s\n", len(st.procs), st.logs)
+
+	kinds := workflow.Builtin().Agents()
+	inputs := []string{submitter.Input, agent.RepliesInput}
+	for _, k := range kinds {
+		inputs = append(inputs, agent.RequestsInput(k))
+	}
+	conn, pub, topo, err := a.openBroker(ctx, inputs...)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	defer pub.Close()
+
+	// Ended orders, counted from the status events the system publishes.
+	var ended atomic.Int64
+	endedWake := make(chan struct{}, 1)
+	stopListen, err := listenEnded(ctx, conn, topo, func() {
+		ended.Add(1)
+		select {
+		case endedWake <- struct{}{}:
+		default:
+		}
+	})
+	if err != nil {
+		return err
+	}
+	defer stopListen()
+
+	loadCtx, stopLoad := context.WithCancel(ctx)
+	defer stopLoad()
+	gen := &generator{pub: pub, queue: topo.Queue(submitter.Input), workflow: *wf}
+	loadDone := make(chan error, 1)
+	go func() {
+		if *rate > 0 {
+			loadDone <- gen.fixedRate(loadCtx, *rate)
+		} else {
+			loadDone <- gen.closedLoop(loadCtx, *inflight, &ended, endedWake)
+		}
+	}()
+
+	depths := broker.NewQueueInspector(conn)
+	defer depths.Close()
+	queueNames := make([]string, len(inputs))
+	for i, in := range inputs {
+		queueNames[i] = topo.Queue(in)
+	}
+	samples := &sampler{queues: queueNames, depths: depths}
+	began := time.Now()
+	window := struct {
+		from, to   time.Time
+		cpu0, cpu1 cpuSnapshot
+	}{}
+	phase := "warm-up"
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	measureAt := began.Add(*warmup)
+	endAt := measureAt.Add(*duration)
+	if *warmup == 0 {
+		window.from, err = store.Now(ctx)
+		if err != nil {
+			return err
+		}
+		window.cpu0 = takeCPU(st)
+		phase = "measuring"
+	}
+	for phase != "done" {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-loadDone:
+			if err != nil {
+				return fmt.Errorf("load: %w", err)
+			}
+			return errors.New("load generator stopped early")
+		case now := <-tick.C:
+			if err := st.exited(); err != nil {
+				return err
+			}
+			if phase == "measuring" {
+				samples.take(ctx, now.Sub(measureAt))
+			}
+			switch {
+			case phase == "warm-up" && !now.Before(measureAt):
+				if window.from, err = store.Now(ctx); err != nil {
+					return err
+				}
+				window.cpu0 = takeCPU(st)
+				phase = "measuring"
+			case phase == "measuring" && !now.Before(endAt):
+				if window.to, err = store.Now(ctx); err != nil {
+					return err
+				}
+				window.cpu1 = takeCPU(st)
+				phase = "done"
+			}
+			fmt.Fprintf(a.stderr, "\r%-9s %5.0fs | published %d | ended %d | in flight %d   ",
+				phase, time.Since(began).Seconds(), gen.published.Load(), ended.Load(), gen.published.Load()-ended.Load())
+		}
+	}
+	stopLoad()
+	if err := <-loadDone; err != nil && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("load: %w", err)
+	}
+	fmt.Fprintln(a.stderr)
+
+	// Wait for the window's orders to end, within --drain.
+	drainUntil := time.Now().Add(*drain)
+	for ended.Load() < gen.published.Load() && time.Now().Before(drainUntil) && ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	timings, err := store.Timings(ctx, window.from, window.to)
+	if err != nil {
+		return err
+	}
+	rep := newBenchReport(*label, *wf, *rate, *inflight, *warmup, window.to.Sub(window.from), *schedulers, *agents, *latency, env)
+	rep.Published, rep.PublishFailures = gen.published.Load(), gen.failed.Load()
+	rep.fill(timings, window.cpu0, window.cpu1, st, samples)
+	rep.print(a.stdout)
+	if *jsonOut != "" {
+		b, err := json.MarshalIndent(rep, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// multiFlag is a repeatable string flag.
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+// listenEnded counts the orders that end (status events completed, failed,
+// error) on a private queue bound to the status exchange.
+func listenEnded(ctx context.Context, conn *broker.Conn, topo broker.Topology, onEnded func()) (func(), error) {
+	ch, err := conn.Channel(ctx)
+	if err != nil {
+		return nil, err
+	}
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err == nil {
+		for _, key := range []string{messages.StatusCompleted, messages.StatusFailed, messages.StatusError} {
+			if err = ch.QueueBind(q.Name, key, topo.StatusExchange(), false, nil); err != nil {
+				break
+			}
+		}
+	}
+	var deliveries <-chan amqp.Delivery
+	if err == nil {
+		deliveries, err = ch.ConsumeWithContext(ctx, q.Name, "sasctl-bench", true, true, false, false, nil)
+	}
+	if err != nil {
+		ch.Close()
+		return nil, fmt.Errorf("listen for status events: %w", err)
+	}
+	go func() {
+		for range deliveries {
+			onEnded()
+		}
+	}()
+	return func() { ch.Close() }, nil
+}
+
+// generator publishes sample orders to the submit queue, keeping many
+// confirms in flight on one channel.
+type generator struct {
+	pub       *broker.Publisher
+	queue     string
+	workflow  string
+	published atomic.Int64 // confirmed by the broker
+	failed    atomic.Int64
+}
+
+// confirmWindow is how many publishes may await their confirm at once.
+const confirmWindow = 512
+
+// run publishes one order each time next says so, until ctx ends.
+func (g *generator) run(ctx context.Context, next func(ctx context.Context, started int64) bool) error {
+	pending := make(chan *broker.Pending, confirmWindow)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for p := range pending {
+			if err := p.Wait(context.WithoutCancel(ctx)); err != nil {
+				g.failed.Add(1)
+				continue
+			}
+			g.published.Add(1)
+		}
+	})
+	defer func() {
+		close(pending)
+		wg.Wait()
+	}()
+	var started int64
+	for next(ctx, started) {
+		o := sampleOrder(g.workflow, 0, "")
+		body, err := messages.Encode(o)
+		if err != nil {
+			return err
+		}
+		p, err := g.pub.Start(ctx, "", g.queue, amqp.Publishing{
+			ContentType: messages.ContentType,
+			Type:        messages.TypeSubmitOrder,
+			MessageId:   o.OrderID,
+			Headers:     amqp.Table{"schema_version": int32(messages.SchemaVersion)},
+			Body:        body,
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			g.failed.Add(1)
+			continue
+		}
+		started++
+		pending <- p
+	}
+	return nil
+}
+
+// fixedRate offers rate orders per second, whatever the system does with
+// them (an open loop).
+func (g *generator) fixedRate(ctx context.Context, rate float64) error {
+	start := time.Now()
+	return g.run(ctx, func(ctx context.Context, started int64) bool {
+		for ctx.Err() == nil {
+			due := int64(time.Since(start).Seconds() * rate)
+			if started < due {
+				return true
+			}
+			wait := time.Until(start.Add(time.Duration(float64(started+1) / rate * float64(time.Second))))
+			select {
+			case <-ctx.Done():
+			case <-time.After(max(wait, 100*time.Microsecond)):
+			}
+		}
+		return false
+	})
+}
+
+// closedLoop keeps at most window orders published and not yet ended.
+func (g *generator) closedLoop(ctx context.Context, window int, ended *atomic.Int64, wake <-chan struct{}) error {
+	return g.run(ctx, func(ctx context.Context, started int64) bool {
+		for ctx.Err() == nil {
+			if started-ended.Load() < int64(window) {
+				return true
+			}
+			select {
+			case <-ctx.Done():
+			case <-wake:
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		return false
+	})
+}
+
+// sampler reads the queues' ready messages once a second.
+type sampler struct {
+	queues []string
+	depths *broker.QueueInspector
+	at     []time.Duration
+	ready  [][]int // per queue, per sample
+}
+
+func (s *sampler) take(ctx context.Context, at time.Duration) {
+	if s.ready == nil {
+		s.ready = make([][]int, len(s.queues))
+	}
+	s.at = append(s.at, at)
+	for i, q := range s.queues {
+		n, err := s.depths.Ready(ctx, q)
+		if err != nil {
+			n = -1
+		}
+		s.ready[i] = append(s.ready[i], n)
+	}
+}
+
+// cpuSnapshot is CPU time per process (the services by name, and the
+// PostgreSQL and RabbitMQ servers' processes together) and the machine's.
+type cpuSnapshot struct {
+	at       time.Time
+	services map[string]time.Duration
+	servers  map[string]map[int]time.Duration // postgres / rabbitmq: by pid
+	self     time.Duration
+	machine  machineCPU
+}
+
+func takeCPU(st *stack) cpuSnapshot {
+	s := cpuSnapshot{at: time.Now(), services: map[string]time.Duration{}, servers: map[string]map[int]time.Duration{}}
+	for _, p := range st.procs {
+		s.services[p.Name], _ = processCPU(p.PID())
+	}
+	s.self, _ = processCPU(os.Getpid())
+	for name, pids := range serverPIDs() {
+		s.servers[name] = map[int]time.Duration{}
+		for _, pid := range pids {
+			if d, err := processCPU(pid); err == nil {
+				s.servers[name][pid] = d
+			}
+		}
+	}
+	s.machine, _ = readMachineCPU()
+	return s
+}
+
+// benchReport is what sasctl bench prints and writes as JSON.
+type benchReport struct {
+	Label    string `json:"label,omitempty"`
+	Workflow string `json:"workflow"`
+	// Mode is "rate" (OfferedRate orders/s) or "max" (at most Inflight
+	// orders published and not ended).
+	Mode            string   `json:"mode"`
+	OfferedRate     float64  `json:"offered_rate,omitempty"`
+	Inflight        int      `json:"inflight,omitempty"`
+	WarmupSeconds   float64  `json:"warmup_s"`
+	WindowSeconds   float64  `json:"window_s"`
+	Schedulers      int      `json:"schedulers"`
+	Agents          int      `json:"agents"`
+	RemoteLatencyMS int      `json:"remote_latency_ms"`
+	Env             []string `json:"env,omitempty"`
+	Machine         struct {
+		CPUs      int    `json:"cpus"`
+		GoVersion string `json:"go_version"`
+		MemTotal  string `json:"mem_total"`
+	} `json:"machine"`
+
+	Published       int64 `json:"published"`
+	PublishFailures int64 `json:"publish_failures"`
+	// CompletedPerSecond: orders that reached completed inside the window,
+	// per second. PlacedPerSecond: orders placed inside it, per second.
+	CompletedPerSecond float64        `json:"completed_per_s"`
+	PlacedPerSecond    float64        `json:"placed_per_s"`
+	Placed             int            `json:"placed"`
+	Ended              map[string]int `json:"ended"`
+	Unended            int            `json:"unended"`
+	Latency            latencyMS      `json:"latency_ms"`
+	Stages             []stageMS      `json:"stages_ms"`
+	Processes          []processUse   `json:"processes"`
+	MachineBusy        float64        `json:"machine_cpu_busy_percent"`
+	Queues             []queueDepths  `json:"queues"`
+}
+
+type latencyMS struct {
+	N    int     `json:"n"`
+	P50  float64 `json:"p50"`
+	P95  float64 `json:"p95"`
+	P99  float64 `json:"p99"`
+	Max  float64 `json:"max"`
+	Mean float64 `json:"mean"`
+}
+
+type stageMS struct {
+	Stage string `json:"stage"`
+	latencyMS
+}
+
+type processUse struct {
+	Name       string  `json:"name"`
+	CPUSeconds float64 `json:"cpu_s"`
+	// CPUPercent is of one core, over the window.
+	CPUPercent float64 `json:"cpu_percent"`
+	PeakRSSMiB float64 `json:"peak_rss_mib,omitempty"`
+}
+
+type queueDepths struct {
+	Queue   string  `json:"queue"`
+	Max     int     `json:"max"`
+	Last    int     `json:"last"`
+	Verdict string  `json:"verdict"` // bounded or growing
+	Seconds []int   `json:"at_s"`
+	Ready   []int   `json:"ready"`
+	Slope   float64 `json:"slope_per_s"`
+}
+
+func newBenchReport(label, wf string, rate float64, inflight int, warmup, window time.Duration, schedulers, agents, latency int, env []string) *benchReport {
+	r := &benchReport{Label: label, Workflow: wf, Mode: "max", Inflight: inflight, WarmupSeconds: warmup.Seconds(),
+		WindowSeconds: window.Seconds(), Schedulers: schedulers, Agents: agents, RemoteLatencyMS: latency, Env: env}
+	if rate > 0 {
+		r.Mode, r.OfferedRate, r.Inflight = "rate", rate, 0
+	}
+	r.Machine.CPUs = runtime.NumCPU()
+	r.Machine.GoVersion = runtime.Version()
+	r.Machine.MemTotal = memTotal()
+	return r
+}
+
+func toMS(l statestore.Latency) latencyMS {
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	return latencyMS{N: l.N, P50: ms(l.P50), P95: ms(l.P95), P99: ms(l.P99), Max: ms(l.Max), Mean: ms(l.Mean)}
+}
+
+func (r *benchReport) fill(t statestore.Timings, cpu0, cpu1 cpuSnapshot, st *stack, s *sampler) {
+	secs := r.WindowSeconds
+	r.CompletedPerSecond = float64(t.Completions) / secs
+	r.PlacedPerSecond = float64(t.Placed) / secs
+	r.Placed, r.Ended = t.Placed, t.Ended
+	r.Unended = t.Placed
+	for _, n := range t.Ended {
+		r.Unended -= n
+	}
+	for _, sl := range t.Stages {
+		if sl.Stage == statestore.StageOrder {
+			r.Latency = toMS(sl.Latency)
+			continue
+		}
+		r.Stages = append(r.Stages, stageMS{Stage: sl.Stage, latencyMS: toMS(sl.Latency)})
+	}
+	wall := cpu1.at.Sub(cpu0.at).Seconds()
+	use := func(name string, d time.Duration, rss float64) {
+		r.Processes = append(r.Processes, processUse{Name: name, CPUSeconds: d.Seconds(), CPUPercent: 100 * d.Seconds() / wall, PeakRSSMiB: rss})
+	}
+	for _, p := range st.procs {
+		rss, _ := peakRSS(p.PID())
+		use(p.Name, cpu1.services[p.Name]-cpu0.services[p.Name], rss)
+	}
+	self, _ := peakRSS(os.Getpid())
+	use("sasctl bench (load and listener)", cpu1.self-cpu0.self, self)
+	for _, name := range []string{"postgres", "rabbitmq"} {
+		var d time.Duration
+		for pid, end := range cpu1.servers[name] {
+			d += end - cpu0.servers[name][pid]
+		}
+		use(name+" (all processes)", d, 0)
+	}
+	r.MachineBusy = cpu1.machine.busySince(cpu0.machine)
+	for i, q := range s.queues {
+		qd := queueDepths{Queue: q, Ready: s.ready[i]}
+		for j, at := range s.at {
+			qd.Seconds = append(qd.Seconds, int(at.Round(time.Second).Seconds()))
+			qd.Max = max(qd.Max, s.ready[i][j])
+		}
+		if n := len(qd.Ready); n > 0 {
+			qd.Last = qd.Ready[n-1]
+		}
+		qd.Slope, qd.Verdict = trend(s.at, qd.Ready)
+		r.Queues = append(r.Queues, qd)
+	}
+}
+
+// trend fits a line to the depths and calls the queue growing when, over
+// the window, the line rises by more than 500 messages and by more than
+// half of the largest depth: a queue that fills and stays under a bound
+// (prefetch, the scheduler's SAS_SCHEDULER_MAX_QUEUED) is bounded.
+func trend(at []time.Duration, ready []int) (float64, string) {
+	n := float64(len(ready))
+	if len(ready) < 3 {
+		return 0, "bounded"
+	}
+	var sx, sy, sxx, sxy float64
+	peak := 0
+	for i, y := range ready {
+		x := at[i].Seconds()
+		sx, sy, sxx, sxy = sx+x, sy+float64(y), sxx+x*x, sxy+x*float64(y)
+		peak = max(peak, y)
+	}
+	slope := (n*sxy - sx*sy) / (n*sxx - sx*sx)
+	span := at[len(at)-1].Seconds() - at[0].Seconds()
+	if rise := slope * span; rise > 500 && rise > float64(peak)/2 {
+		return slope, "growing"
+	}
+	return slope, "bounded"
+}
+
+func (r *benchReport) print(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	mode := fmt.Sprintf("as fast as absorbed (at most %d in flight)", r.Inflight)
+	if r.Mode == "rate" {
+		mode = fmt.Sprintf("%.0f orders/s offered", r.OfferedRate)
+	}
+	fmt.Fprintf(tw, "\nBENCH\t%s workflow, %s, %d schedulers, %d agents, remote %d ms, window %.0fs after %.0fs warm-up\n",
+		r.Workflow, mode, r.Schedulers, r.Agents, r.RemoteLatencyMS, r.WindowSeconds, r.WarmupSeconds)
+	fmt.Fprintf(tw, "completed\t%.0f orders/s sustained (placed %.0f/s; %d placed in the window, %d not ended)\n",
+		r.CompletedPerSecond, r.PlacedPerSecond, r.Placed, r.Unended)
+	fmt.Fprintf(tw, "publish failures\t%d\n", r.PublishFailures)
+	fmt.Fprintln(tw, "\nLATENCY (ms)\tn\tp50\tp95\tp99\tmax\tmean")
+	row := func(name string, l latencyMS) {
+		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\n", name, l.N, l.P50, l.P95, l.P99, l.Max, l.Mean)
+	}
+	row("submit -> order ended", r.Latency)
+	for _, s := range r.Stages {
+		row("  "+s.Stage, s.latencyMS)
+	}
+	fmt.Fprintln(tw, "\nPROCESS\tCPU s\tCPU % of a core\tpeak RSS MiB")
+	for _, p := range r.Processes {
+		rss := "-"
+		if p.PeakRSSMiB > 0 {
+			rss = fmt.Sprintf("%.0f", p.PeakRSSMiB)
+		}
+		fmt.Fprintf(tw, "%s\t%.1f\t%.0f\t%s\n", p.Name, p.CPUSeconds, p.CPUPercent, rss)
+	}
+	fmt.Fprintf(tw, "machine (%d CPUs)\t\t%.0f%% busy\t\n", r.Machine.CPUs, r.MachineBusy)
+	fmt.Fprintln(tw, "\nQUEUE (ready)\tmax\tlast\tslope/s\tverdict")
+	for _, q := range r.Queues {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%s\n", q.Queue, q.Max, q.Last, q.Slope, q.Verdict)
+	}
+	_ = tw.Flush()
+}

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"sas/internal/proc"
+	"sas/internal/statestore"
+	"sas/migrations"
+)
+
+// stackOptions shapes a local run of every service (sasctl dev and bench).
+type stackOptions struct {
+	binDir     string // the sas binaries; "" means sasctl's own directory
+	schedulers int
+	agents     int
+	faults     string // the remote service's fault injection (JSON)
+	portBase   int    // submitter +1, schedulers +2, +12, …, agents +3, +13, …, supervisor +4, remote +5
+	promPort   int    // a local Prometheus, if installed (0: none)
+	rules      string // its alert rules, if the file exists
+	// env is added to every service's environment (e.g. tuning variables).
+	env []string
+}
+
+// stack is the running services, in start order.
+type stack struct {
+	procs   []*proc.Proc
+	byName  map[string][]*proc.Proc // by service: submitter, scheduler, agent, supervisor, remote
+	logs    string
+	promURL string
+}
+
+// stop ends every process, last started first, each with SIGTERM and,
+// after 30 s, SIGKILL.
+func (s *stack) stop() {
+	for i := len(s.procs) - 1; i >= 0; i-- {
+		s.procs[i].Stop(30 * time.Second)
+	}
+}
+
+// exited returns an error naming a process that ended, if one did.
+func (s *stack) exited() error {
+	for _, p := range s.procs {
+		if p.Exited() {
+			return fmt.Errorf("%s exited: %v (log: %s)", p.Name, p.Err(), p.Log)
+		}
+	}
+	return nil
+}
+
+// migrate applies the migrations and returns a store on a small pool the
+// caller closes.
+func (a *app) migrateAndOpen(ctx context.Context) (*statestore.Store, func(), error) {
+	migrateCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	pool, err := statestore.Connect(migrateCtx, a.cfg.DatabaseURL, 4)
+	if err != nil {
+		return nil, nil, err
+	}
+	ms, err := statestore.LoadMigrations(migrations.FS)
+	if err == nil {
+		_, err = statestore.Migrate(migrateCtx, pool, ms)
+	}
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return statestore.New(pool), pool.Close, nil
+}
+
+// startStack runs the remote service, a submitter, the schedulers, the
+// agents and a supervisor, waits until each is ready, and starts a local
+// Prometheus when asked and installed. On error what was started is
+// stopped.
+func startStack(ctx context.Context, o stackOptions) (_ *stack, err error) {
+	if o.binDir == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		o.binDir = filepath.Dir(self)
+	}
+	logs, err := os.MkdirTemp("", "sas-dev-")
+	if err != nil {
+		return nil, err
+	}
+	s := &stack{byName: map[string][]*proc.Proc{}, logs: logs}
+	defer func() {
+		if err != nil {
+			s.stop()
+		}
+	}()
+	start := func(service, name, addrVar, addr string, env ...string) (*proc.Proc, error) {
+		env = append(append(env, o.env...), "SAS_INSTANCE_ID="+name)
+		p, err := proc.Start(name, filepath.Join(o.binDir, service), logs, addrVar, addr, env)
+		if err != nil {
+			return nil, fmt.Errorf("%w; run `make build` first", err)
+		}
+		s.procs = append(s.procs, p)
+		s.byName[service] = append(s.byName[service], p)
+		return p, nil
+	}
+	remote, err := start("remote", "remote", "SAS_REMOTE_ADDR", fmt.Sprintf("127.0.0.1:%d", o.portBase+5), "SAS_REMOTE_FAULTS="+o.faults)
+	if err != nil {
+		return nil, err
+	}
+	services := []struct {
+		name    string
+		n, port int
+		env     []string
+	}{
+		{"submitter", 1, o.portBase + 1, nil},
+		{"scheduler", o.schedulers, o.portBase + 2, nil},
+		{"agent", o.agents, o.portBase + 3, []string{"SAS_REMOTE_URL=http://" + remote.Addr}},
+		{"supervisor", 1, o.portBase + 4, nil},
+	}
+	for _, svc := range services {
+		for i := range svc.n {
+			name := svc.name
+			if svc.n > 1 {
+				name = fmt.Sprintf("%s-%d", svc.name, i+1)
+			}
+			if _, err := start(svc.name, name, "SAS_METRICS_ADDR", fmt.Sprintf("127.0.0.1:%d", svc.port+10*i), svc.env...); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for _, p := range s.procs {
+		if err := p.WaitReady(ctx, 60*time.Second); err != nil {
+			return nil, err
+		}
+	}
+	if o.promPort > 0 {
+		if path, err := exec.LookPath("prometheus"); err == nil {
+			p, err := startPrometheus(path, logs, o.promPort, o.rules, s.procs)
+			if err != nil {
+				return nil, err
+			}
+			s.procs = append(s.procs, p)
+			s.promURL = "http://" + p.Addr
+		}
+	}
+	return s, nil
+}

@@ -1,0 +1,147 @@
+package e2e
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// benchJSON is the part of sasctl bench's JSON report the test reads.
+type benchJSON struct {
+	Workflow           string         `json:"workflow"`
+	Mode               string         `json:"mode"`
+	CompletedPerSecond float64        `json:"completed_per_s"`
+	Placed             int            `json:"placed"`
+	Ended              map[string]int `json:"ended"`
+	Unended            int            `json:"unended"`
+	Latency            benchLatency   `json:"latency_ms"`
+	Stages             []struct {
+		Stage string `json:"stage"`
+		benchLatency
+	} `json:"stages_ms"`
+	Processes []struct {
+		Name       string  `json:"name"`
+		CPUSeconds float64 `json:"cpu_s"`
+		PeakRSSMiB float64 `json:"peak_rss_mib"`
+	} `json:"processes"`
+	MachineBusy float64 `json:"machine_cpu_busy_percent"`
+	Queues      []struct {
+		Queue   string `json:"queue"`
+		Ready   []int  `json:"ready"`
+		Verdict string `json:"verdict"`
+	} `json:"queues"`
+}
+
+type benchLatency struct {
+	N                  int
+	P50, P95, P99, Max float64
+}
+
+func (l benchLatency) ordered() bool {
+	return l.N > 0 && 0 <= l.P50 && l.P50 <= l.P95 && l.P95 <= l.P99 && l.P99 <= l.Max
+}
+
+// TestSasctlBench: a short benchmark run at a fixed rate reports every
+// order of its window ended, the latency of the whole and of each stage
+// from the store's and the agents' timestamps, every process's CPU and
+// peak memory, and the queues' depths over the window.
+func TestSasctlBench(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	base := 20000 + 10*int((time.Now().UnixNano()+600)%1200)
+	report := filepath.Join(t.TempDir(), "bench.json")
+	out, errOut, code := sasctl(t, s.env, "bench", "--bin", binDir, "--port-base", strconv.Itoa(base),
+		"--workflow", "order", "--rate", "30", "--warmup", "1s", "--duration", "4s", "--remote-latency-ms", "2", "--json", report)
+	if code != 0 {
+		t.Fatalf("sasctl bench: exit %d\n%s\n%s", code, out, errOut)
+	}
+	for _, want := range []string{"BENCH", "orders/s sustained", "LATENCY (ms)", "remote call", "PROCESS", "QUEUE (ready)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	b, err := os.ReadFile(report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r benchJSON
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatalf("report is not JSON: %v\n%s", err, b)
+	}
+	// 30/s over a 4 s window: about 120 orders, each ended completed.
+	if r.Mode != "rate" || r.Workflow != "order" || r.Placed < 60 || r.Placed > 180 || r.Unended != 0 || r.Ended["completed"] != r.Placed {
+		t.Fatalf("placed %d, ended %v, unended %d (mode %s)", r.Placed, r.Ended, r.Unended, r.Mode)
+	}
+	if r.CompletedPerSecond < 10 || r.Latency.N != r.Placed || !r.Latency.ordered() {
+		t.Fatalf("completed %.1f/s, latency %+v", r.CompletedPerSecond, r.Latency)
+	}
+	want := []string{"submit -> row", "row -> claim", "claim -> agent start", "remote call", "reply -> applied"}
+	if len(r.Stages) != len(want) {
+		t.Fatalf("stages %+v", r.Stages)
+	}
+	for i, st := range r.Stages {
+		if st.Stage != want[i] || !st.ordered() || st.Max > r.Latency.Max {
+			t.Errorf("stage %d: %+v", i, st)
+		}
+		if st.Stage == "remote call" && (st.N != 3*r.Placed || st.P50 < 2) {
+			t.Errorf("remote call with 2 ms latency: %+v, want %d calls of at least 2 ms", st, 3*r.Placed)
+		}
+	}
+	var names []string
+	for _, p := range r.Processes {
+		names = append(names, p.Name)
+		if strings.HasPrefix(p.Name, "scheduler") && (p.CPUSeconds <= 0 || p.PeakRSSMiB <= 0) {
+			t.Errorf("process %+v: no CPU or memory measured", p)
+		}
+	}
+	for _, n := range []string{"remote", "submitter", "scheduler-1", "scheduler-2", "agent-1", "agent-2", "supervisor", "postgres (all processes)", "rabbitmq (all processes)"} {
+		if !slices.Contains(names, n) {
+			t.Errorf("no figures for %s in %v", n, names)
+		}
+	}
+	if r.MachineBusy <= 0 || r.MachineBusy > 100 {
+		t.Errorf("machine busy %.1f%%", r.MachineBusy)
+	}
+	if len(r.Queues) != 5 {
+		t.Fatalf("queues %+v", r.Queues)
+	}
+	for _, q := range r.Queues {
+		if !strings.HasPrefix(q.Queue, s.topo.Prefix) || len(q.Ready) < 3 || q.Verdict != "bounded" {
+			t.Errorf("queue %+v", q)
+		}
+	}
+}
+
+// TestDebugAddrServesProfiler: SAS_DEBUG_ADDR serves Go's profiler on its
+// own address; the ops server never does.
+func TestDebugAddrServesProfiler(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	debug := freeAddr(t)
+	a := start(t, "agent", append(append([]string{}, s.env...), "SAS_DEBUG_ADDR="+debug))
+	get := func(url string) (int, string) {
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	if code, body := get("http://" + debug + "/debug/pprof/"); code != http.StatusOK || !strings.Contains(body, "goroutine") {
+		t.Fatalf("profiler index: %d %.200s", code, body)
+	}
+	if code, body := get("http://" + debug + "/debug/pprof/heap?debug=1"); code != http.StatusOK || !strings.Contains(body, "heap profile") {
+		t.Fatalf("heap profile: %d %.200s", code, body)
+	}
+	if code, _ := get("http://" + a.ops + "/debug/pprof/"); code != http.StatusNotFound {
+		t.Fatalf("the ops server answers /debug/pprof/ with %d, want 404", code)
+	}
+}

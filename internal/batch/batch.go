@@ -1,0 +1,91 @@
+// Package batch gathers concurrent calls into batches. Callers hand in one
+// item each and wait for its result; one loop takes whatever has gathered
+// (up to a maximum) and handles it as one batch, for instance one database
+// transaction and one round trip instead of one per item. It never waits
+// for a batch to fill: under light load a batch is one item and adds no
+// delay; under heavy load items gather while the previous batch runs.
+package batch
+
+import (
+	"context"
+	"errors"
+)
+
+// ErrStopped is returned to callers once the loop has ended.
+var ErrStopped = errors.New("batch: stopped")
+
+// Func handles a batch; it returns one result and one error per item, by
+// index.
+type Func[In, Out any] func(ctx context.Context, items []In) ([]Out, []error)
+
+// Batcher gathers calls of Do into batches run by Run.
+type Batcher[In, Out any] struct {
+	max   int
+	run   Func[In, Out]
+	calls chan call[In, Out]
+	done  chan struct{}
+}
+
+type call[In, Out any] struct {
+	in    In
+	reply chan result[Out]
+}
+
+type result[Out any] struct {
+	out Out
+	err error
+}
+
+// New returns a Batcher running batches of at most maxItems items with run.
+func New[In, Out any](maxItems int, run Func[In, Out]) *Batcher[In, Out] {
+	return &Batcher[In, Out]{max: max(maxItems, 1), run: run, calls: make(chan call[In, Out]), done: make(chan struct{})}
+}
+
+// Do hands in one item and waits for its result. It returns ctx's error if
+// ctx ends before the loop took the item, and ErrStopped if the loop has
+// ended; once taken, an item is always answered.
+func (b *Batcher[In, Out]) Do(ctx context.Context, in In) (Out, error) {
+	c := call[In, Out]{in: in, reply: make(chan result[Out], 1)}
+	var zero Out
+	select {
+	case b.calls <- c:
+	case <-ctx.Done():
+		return zero, ctx.Err()
+	case <-b.done:
+		return zero, ErrStopped
+	}
+	r := <-c.reply
+	return r.out, r.err
+}
+
+// Run takes and runs batches until ctx ends; each batch runs under ctx.
+func (b *Batcher[In, Out]) Run(ctx context.Context) {
+	defer close(b.done)
+	calls := make([]call[In, Out], 0, b.max)
+	items := make([]In, 0, b.max)
+	for {
+		calls, items = calls[:0], items[:0]
+		select {
+		case <-ctx.Done():
+			return
+		case c := <-b.calls:
+			calls = append(calls, c)
+		}
+	gather:
+		for len(calls) < b.max {
+			select {
+			case c := <-b.calls:
+				calls = append(calls, c)
+			default:
+				break gather
+			}
+		}
+		for _, c := range calls {
+			items = append(items, c.in)
+		}
+		outs, errs := b.run(ctx, items)
+		for i, c := range calls {
+			c.reply <- result[Out]{out: outs[i], err: errs[i]}
+		}
+	}
+}

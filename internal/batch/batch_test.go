@@ -1,0 +1,88 @@
+package batch_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"sas/internal/batch"
+)
+
+func TestBatcherGathersAndAnswersByIndex(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var sizes []int
+	b := batch.New(8, func(_ context.Context, items []int) ([]string, []error) {
+		<-release
+		mu.Lock()
+		sizes = append(sizes, len(items))
+		mu.Unlock()
+		outs := make([]string, len(items))
+		errs := make([]error, len(items))
+		for i, n := range items {
+			if n%5 == 0 {
+				errs[i] = fmt.Errorf("no %d", n)
+				continue
+			}
+			outs[i] = fmt.Sprint(n * 10)
+		}
+		return outs, errs
+	})
+	go b.Run(ctx)
+	const n = 40
+	var wg sync.WaitGroup
+	errc := make(chan error, n)
+	for i := 1; i <= n; i++ {
+		wg.Go(func() {
+			out, err := b.Do(ctx, i)
+			switch {
+			case i%5 == 0 && (err == nil || err.Error() != fmt.Sprintf("no %d", i)):
+				errc <- fmt.Errorf("item %d: err %v, want its own error", i, err)
+			case i%5 != 0 && (err != nil || out != fmt.Sprint(i*10)):
+				errc <- fmt.Errorf("item %d: %q %v, want %d", i, out, err, i*10)
+			}
+		})
+	}
+	close(release)
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Error(err)
+	}
+	total, most := 0, 0
+	for _, s := range sizes {
+		total += s
+		most = max(most, s)
+	}
+	if total != n || most > 8 {
+		t.Fatalf("batch sizes %v: want %d items in all, none over 8", sizes, n)
+	}
+}
+
+func TestBatcherStopped(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	b := batch.New(4, func(_ context.Context, items []int) ([]int, []error) {
+		return items, make([]error, len(items))
+	})
+	done := make(chan struct{})
+	go func() { b.Run(ctx); close(done) }()
+	if out, err := b.Do(context.Background(), 7); err != nil || out != 7 {
+		t.Fatalf("Do: %d %v", out, err)
+	}
+	cancel()
+	<-done
+	if _, err := b.Do(context.Background(), 1); !errors.Is(err, batch.ErrStopped) {
+		t.Fatalf("Do after Run ended: %v, want ErrStopped", err)
+	}
+	callerCtx, stop := context.WithCancel(context.Background())
+	stop()
+	if _, err := batch.New(1, func(context.Context, []int) ([]int, []error) { return nil, nil }).Do(callerCtx, 1); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Do with an ended context and no loop: %v", err)
+	}
+}
