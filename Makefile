@@ -62,12 +62,24 @@ chaos: services
 	$(GO) build -o bin/ ./cmd/chaos
 	bin/chaos --bin bin/failpoints --orders $(CHAOS_ORDERS) --rate $(CHAOS_RATE) $(CHAOS_FLAGS)
 
-# Benchmarks of the state store's hot operations against the real
-# PostgreSQL, a fixed count each, benchstat-comparable
-# (benchstat old.txt bench.txt). See docs/BENCHMARKS.md.
+# The benchmark (docs/BENCHMARKS.md): first Go benchmarks of the state
+# store's hot operations against the real PostgreSQL, a fixed count each,
+# benchstat-comparable (benchstat old.txt bench.txt); then sasctl bench
+# runs the whole system on this machine (database sas_bench, queues
+# bench.*) in four scenarios, each BENCH_WARMUP then BENCH_DURATION, and
+# writes a table to the terminal and JSON to bench-*.json.
 BENCH_COUNT ?= 5
-bench: services
+BENCH_WARMUP ?= 10s
+BENCH_DURATION ?= 60s
+BENCH_ENV = SAS_DATABASE_URL=postgres://postgres@127.0.0.1:5432/sas_bench?sslmode=disable SAS_QUEUE_PREFIX=bench.
+BENCH_RUN = $(BENCH_ENV) bin/sasctl bench --purge --warmup $(BENCH_WARMUP) --duration $(BENCH_DURATION)
+bench: build
+	./scripts/services.sh sas_test sas_bench
 	$(GO) test -run '^$$' -bench . -benchtime 2000x -count $(BENCH_COUNT) ./internal/statestore | tee bench.txt
+	$(BENCH_RUN) --workflow single --label single-max --json bench-single-max.json
+	$(BENCH_RUN) --workflow order --label order-max --json bench-order-max.json
+	$(BENCH_RUN) --workflow order --rate 150 --label order-150 --json bench-order-150.json
+	$(BENCH_RUN) --workflow order --rate 500 --drain 30s --label order-500 --json bench-order-500.json
 
 clean:
 	rm -rf bin

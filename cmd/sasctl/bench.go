@@ -44,6 +44,8 @@ func (a *app) bench(ctx context.Context, args []string) error {
 	portBase := fs.Int("port-base", 9300, "services listen on 127.0.0.1 from this port up (as sasctl dev)")
 	jsonOut := fs.String("json", "", "also write the report as JSON to this file")
 	label := fs.String("label", "", "a name for this run in the report")
+	purge := fs.Bool("purge", false, "empty the submit, replies and agent queues first (a previous run's leftovers); without it, leftovers stop the run")
+	pprofOffset := fs.Int("pprof-offset", 0, "when not 0, every service serves Go's profiler on its port plus this offset (e.g. 1000: the submitter's on port-base+1001)")
 	var env multiFlag
 	fs.Var(&env, "env", "NAME=VALUE added to every service's environment (repeatable), e.g. SAS_SCHEDULER_BATCH=200")
 	if err := a.parse(fs, args); err != nil {
@@ -69,15 +71,6 @@ func (a *app) bench(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeStore()
-	faults := fmt.Sprintf(`{"*":{"latency_min_ms":%d,"latency_max_ms":%d}}`, *latency, *latency)
-	st, err := startStack(ctx, stackOptions{binDir: *binDir, schedulers: *schedulers, agents: *agents,
-		faults: faults, portBase: *portBase, env: env})
-	if err != nil {
-		return err
-	}
-	defer st.stop()
-	fmt.Fprintf(a.stderr, "services up (%d processes); logs in %s\n", len(st.procs), st.logs)
-
 	kinds := workflow.Builtin().Agents()
 	inputs := []string{submitter.Input, agent.RepliesInput}
 	for _, k := range kinds {
@@ -89,6 +82,25 @@ func (a *app) bench(ctx context.Context, args []string) error {
 	}
 	defer conn.Close()
 	defer pub.Close()
+	depths := broker.NewQueueInspector(conn)
+	defer depths.Close()
+	queueNames := make([]string, len(inputs))
+	for i, in := range inputs {
+		queueNames[i] = topo.Queue(in)
+	}
+	// A run's figures are only its own if no earlier run left work behind.
+	if err := emptyQueues(ctx, conn, depths, queueNames, *purge); err != nil {
+		return err
+	}
+
+	faults := fmt.Sprintf(`{"*":{"latency_min_ms":%d,"latency_max_ms":%d}}`, *latency, *latency)
+	st, err := startStack(ctx, stackOptions{binDir: *binDir, schedulers: *schedulers, agents: *agents,
+		faults: faults, portBase: *portBase, env: env, debugOffset: *pprofOffset})
+	if err != nil {
+		return err
+	}
+	defer st.stop()
+	fmt.Fprintf(a.stderr, "services up (%d processes); logs in %s\n", len(st.procs), st.logs)
 
 	// Ended orders, counted from the status events the system publishes.
 	var ended atomic.Int64
@@ -117,12 +129,6 @@ func (a *app) bench(ctx context.Context, args []string) error {
 		}
 	}()
 
-	depths := broker.NewQueueInspector(conn)
-	defer depths.Close()
-	queueNames := make([]string, len(inputs))
-	for i, in := range inputs {
-		queueNames[i] = topo.Queue(in)
-	}
 	samples := &sampler{queues: queueNames, depths: depths}
 	began := time.Now()
 	window := struct {
@@ -205,6 +211,38 @@ func (a *app) bench(ctx context.Context, args []string) error {
 		}
 		if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// emptyQueues checks that queues hold no ready messages, or with purge
+// empties them.
+func emptyQueues(ctx context.Context, conn *broker.Conn, depths *broker.QueueInspector, queues []string, purge bool) error {
+	var ch *amqp.Channel
+	defer func() {
+		if ch != nil {
+			ch.Close()
+		}
+	}()
+	for _, q := range queues {
+		n, err := depths.Ready(ctx, q)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			continue
+		}
+		if !purge {
+			return fmt.Errorf("queue %s holds %d messages (left by an earlier run?); empty it or run with --purge", q, n)
+		}
+		if ch == nil {
+			if ch, err = conn.Channel(ctx); err != nil {
+				return err
+			}
+		}
+		if _, err := ch.QueuePurge(q, false); err != nil {
+			return fmt.Errorf("purge %s: %w", q, err)
 		}
 	}
 	return nil

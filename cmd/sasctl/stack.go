@@ -24,6 +24,9 @@ type stackOptions struct {
 	rules      string // its alert rules, if the file exists
 	// env is added to every service's environment (e.g. tuning variables).
 	env []string
+	// debugOffset, when not 0, serves each service's profiler on its own
+	// port plus this offset (SAS_DEBUG_ADDR).
+	debugOffset int
 }
 
 // stack is the running services, in start order.
@@ -94,8 +97,12 @@ func startStack(ctx context.Context, o stackOptions) (_ *stack, err error) {
 			s.stop()
 		}
 	}()
-	start := func(service, name, addrVar, addr string, env ...string) (*proc.Proc, error) {
+	start := func(service, name, addrVar string, port int, env ...string) (*proc.Proc, error) {
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
 		env = append(append(env, o.env...), "SAS_INSTANCE_ID="+name)
+		if o.debugOffset != 0 {
+			env = append(env, fmt.Sprintf("SAS_DEBUG_ADDR=127.0.0.1:%d", port+o.debugOffset))
+		}
 		p, err := proc.Start(name, filepath.Join(o.binDir, service), logs, addrVar, addr, env)
 		if err != nil {
 			return nil, fmt.Errorf("%w; run `make build` first", err)
@@ -104,7 +111,7 @@ func startStack(ctx context.Context, o stackOptions) (_ *stack, err error) {
 		s.byName[service] = append(s.byName[service], p)
 		return p, nil
 	}
-	remote, err := start("remote", "remote", "SAS_REMOTE_ADDR", fmt.Sprintf("127.0.0.1:%d", o.portBase+5), "SAS_REMOTE_FAULTS="+o.faults)
+	remote, err := start("remote", "remote", "SAS_REMOTE_ADDR", o.portBase+5, "SAS_REMOTE_FAULTS="+o.faults)
 	if err != nil {
 		return nil, err
 	}
@@ -124,7 +131,7 @@ func startStack(ctx context.Context, o stackOptions) (_ *stack, err error) {
 			if svc.n > 1 {
 				name = fmt.Sprintf("%s-%d", svc.name, i+1)
 			}
-			if _, err := start(svc.name, name, "SAS_METRICS_ADDR", fmt.Sprintf("127.0.0.1:%d", svc.port+10*i), svc.env...); err != nil {
+			if _, err := start(svc.name, name, "SAS_METRICS_ADDR", svc.port+10*i, svc.env...); err != nil {
 				return nil, err
 			}
 		}

@@ -9,6 +9,7 @@ package batch
 import (
 	"context"
 	"errors"
+	"sync"
 )
 
 // ErrStopped is returned to callers once the loop has ended.
@@ -58,9 +59,19 @@ func (b *Batcher[In, Out]) Do(ctx context.Context, in In) (Out, error) {
 	return r.out, r.err
 }
 
-// Run takes and runs batches until ctx ends; each batch runs under ctx.
-func (b *Batcher[In, Out]) Run(ctx context.Context) {
+// Run runs loops loops that each take and run batches, so that up to loops
+// batches run at once, until ctx ends; each batch runs under ctx. Run
+// returns when every loop has ended. Call it once.
+func (b *Batcher[In, Out]) Run(ctx context.Context, loops int) {
 	defer close(b.done)
+	var wg sync.WaitGroup
+	for range max(loops, 1) {
+		wg.Go(func() { b.loop(ctx) })
+	}
+	wg.Wait()
+}
+
+func (b *Batcher[In, Out]) loop(ctx context.Context) {
 	calls := make([]call[In, Out], 0, b.max)
 	items := make([]In, 0, b.max)
 	for {

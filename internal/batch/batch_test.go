@@ -33,7 +33,7 @@ func TestBatcherGathersAndAnswersByIndex(t *testing.T) {
 		}
 		return outs, errs
 	})
-	go b.Run(ctx)
+	go b.Run(ctx, 2)
 	const n = 40
 	var wg sync.WaitGroup
 	errc := make(chan error, n)
@@ -71,7 +71,7 @@ func TestBatcherStopped(t *testing.T) {
 		return items, make([]error, len(items))
 	})
 	done := make(chan struct{})
-	go func() { b.Run(ctx); close(done) }()
+	go func() { b.Run(ctx, 3); close(done) }()
 	if out, err := b.Do(context.Background(), 7); err != nil || out != 7 {
 		t.Fatalf("Do: %d %v", out, err)
 	}

@@ -39,6 +39,8 @@ type Config struct {
 	// ReplyBatch is how many replies handled at once are applied in one
 	// transaction, at most.
 	ReplyBatch int `envconfig:"SCHEDULER_REPLY_BATCH" default:"64"`
+	// ReplyWriters is how many such transactions run at once.
+	ReplyWriters int `envconfig:"SCHEDULER_REPLY_WRITERS" default:"1"`
 	// RelayBatch is how many outbox messages one relay round publishes.
 	RelayBatch int `envconfig:"SCHEDULER_RELAY_BATCH" default:"500"`
 	// DBMaxConns caps the database pool.
@@ -166,7 +168,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	// 0007): what they make pending or write to the outbox, this
 	// scheduler's own claimer and relay are nudged for.
 	applies := batch.New(cfg.ReplyBatch, store.ApplyReplies)
-	go applies.Run(workCtx)
+	go applies.Run(workCtx, cfg.ReplyWriters)
 	r := &replier{store: store, applies: applies, me: me, workCtx: workCtx, logger: logger, metrics: m,
 		wakeClaimer: func() { nudge(w.pending) }, wakeRelay: func() { nudge(w.outbox) }}
 	replies := broker.NewConsumer(conn, pub,

@@ -42,6 +42,8 @@ type Config struct {
 	// Batch is how many orders handled at the same moment are written in
 	// one transaction, at most.
 	Batch int `envconfig:"SUBMITTER_BATCH" default:"64"`
+	// Writers is how many such transactions run at once.
+	Writers int `envconfig:"SUBMITTER_WRITERS" default:"1"`
 	// DBMaxConns caps the database pool.
 	DBMaxConns int32 `envconfig:"DB_MAX_CONNS" default:"10"`
 	// StepTimeout, when set, replaces every step's complete-by budget from
@@ -102,7 +104,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
 	inserts := batch.New(cfg.Batch, store.InsertOrders)
-	go inserts.Run(workCtx)
+	go inserts.Run(workCtx, cfg.Writers)
 	h := &handler{store: store, inserts: inserts, workflows: workflow.Builtin(), stepTimeout: cfg.StepTimeout, actor: me, metrics: m, logger: logger, workCtx: workCtx}
 	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: Input, Prefetch: cfg.Prefetch, Workers: cfg.Workers}, h.handle, logger, bm)
 
