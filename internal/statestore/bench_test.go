@@ -2,6 +2,7 @@ package statestore_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -70,7 +71,7 @@ func BenchmarkApplyReply(b *testing.B) {
 	fill(b, bd, b.N, time.Hour)
 	var steps []statestore.ClaimedStep
 	for len(steps) < b.N {
-		got, err := bd.store.ClaimPending(ctx, "bench", 500, "")
+		got, err := bd.store.ClaimPending(ctx, "bench", 500, "agent")
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -84,13 +85,56 @@ func BenchmarkApplyReply(b *testing.B) {
 	}
 }
 
+// BenchmarkApplyReplies: as BenchmarkApplyReply, the replies applied 64 to
+// a transaction (as a busy scheduler does); per op, one reply.
+func BenchmarkApplyReplies(b *testing.B) {
+	bd, ctx := benchStore(b)
+	fill(b, bd, b.N, time.Hour)
+	var replies []statestore.Reply
+	for len(replies) < b.N {
+		got, err := bd.store.ClaimPending(ctx, "bench", 500, "agent")
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, s := range got {
+			replies = append(replies, statestore.Reply{OrderID: s.OrderID, Step: s.Step, Attempt: s.Attempt, OK: true, Result: []byte(`{}`), Actor: "bench"})
+		}
+	}
+	b.ResetTimer()
+	for len(replies) > 0 {
+		n := min(64, len(replies))
+		if _, errs := bd.store.ApplyReplies(ctx, replies[:n]); errors.Join(errs...) != nil {
+			b.Fatal(errors.Join(errs...))
+		}
+		replies = replies[n:]
+	}
+}
+
+// BenchmarkInsertOrders: as BenchmarkInsertOrder, 64 orders to a
+// transaction (as a busy submitter does); per op, one order.
+func BenchmarkInsertOrders(b *testing.B) {
+	bd, ctx := benchStore(b)
+	orders := make([]statestore.NewOrder, b.N)
+	for i := range orders {
+		orders[i] = order(3, time.Minute, 5)
+	}
+	b.ResetTimer()
+	for len(orders) > 0 {
+		n := min(64, len(orders))
+		if _, errs := bd.store.InsertOrders(ctx, orders[:n]); errors.Join(errs...) != nil {
+			b.Fatal(errors.Join(errs...))
+		}
+		orders = orders[n:]
+	}
+}
+
 // BenchmarkSweepExpired: expired steps reset in batches of 500; per op,
 // one step.
 func BenchmarkSweepExpired(b *testing.B) {
 	bd, ctx := benchStore(b)
 	fill(b, bd, b.N, time.Millisecond)
 	for claimed := 0; claimed < b.N; {
-		got, err := bd.store.ClaimPending(ctx, "bench", 500, "")
+		got, err := bd.store.ClaimPending(ctx, "bench", 500, "agent")
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -124,6 +124,47 @@ WITH ins AS (
 )
 SELECT count(*) FROM ins`
 
+// insertOrdersSQL is insertOrderSQL for many orders in one statement, so
+// that the statement's fixed costs (planning its parts, preparing every
+// table's checks and triggers) are paid once per batch instead of once per
+// order. Orders come as parallel arrays ($1..$12, one element per order),
+// steps as parallel arrays ($13..$21, one element per step, $13 the
+// 1-based index of its order). Order ids must be distinct. It returns the
+// index of every order it wrote.
+const insertOrdersSQL = `
+WITH o AS (
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::bigint[], $6::text[], $7::int[],
+                         $8::text[], $9::timestamptz[], $10::bytea[], $11::text[], $12::text[]) WITH ORDINALITY
+        AS o(order_id, workflow, customer, items, amount, currency, priority, reply_to, placed_at, payload_hash, failure_policy, actor, idx)
+), ins AS (
+    INSERT INTO orders (order_id, workflow, customer, items, amount, currency, priority, reply_to, placed_at, payload_hash, failure_policy)
+    SELECT order_id, workflow, customer, items, amount, currency, priority, NULLIF(reply_to, ''), placed_at, payload_hash, failure_policy
+    FROM o ORDER BY idx
+    ON CONFLICT (order_id) DO NOTHING
+    RETURNING order_id, reply_to
+), insd AS (
+    SELECT o.* FROM o JOIN ins ON ins.order_id = o.order_id
+), st AS (
+    INSERT INTO steps (order_id, step, name, kind, compensates, agent, process_state, priority, timeout, max_failures, idempotency_key)
+    SELECT insd.order_id, s.step, s.name, s.kind, NULLIF(s.compensates, 0), s.agent,
+           CASE WHEN s.step = 1 THEN 'pending' ELSE 'waiting' END,
+           insd.priority, make_interval(secs => s.timeout_ms / 1000.0), s.max_failures, s.idempotency_key
+    FROM unnest($13::int[], $14::text[], $15::text[], $16::bigint[], $17::int[], $18::text[], $19::text[], $20::int[], $21::int[])
+             AS s(order_idx, name, agent, timeout_ms, max_failures, idempotency_key, kind, compensates, step)
+    JOIN insd ON insd.idx = s.order_idx
+    RETURNING order_id, step, process_state
+), hist AS (
+    INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
+    SELECT order_id, NULL, NULL, 'received', actor, 'submitted' FROM insd
+    UNION ALL
+    SELECT st.order_id, st.step, NULL, st.process_state, insd.actor, 'submitted' FROM st JOIN insd ON insd.order_id = st.order_id
+), ev AS (
+    INSERT INTO outbox (message_type, order_id, reply_to, body)
+    SELECT 'status_event', order_id, NULLIF(reply_to, ''), status_event_body(order_id, 'received', NULL)
+    FROM insd
+)
+SELECT idx::int FROM insd`
+
 // insertArgs are insertOrderSQL's arguments for o.
 func insertArgs(o NewOrder) ([]any, error) {
 	if len(o.Steps) == 0 {
@@ -167,55 +208,104 @@ func (s *Store) InsertOrder(ctx context.Context, o NewOrder) (InsertOutcome, err
 	return s.existing(ctx, o)
 }
 
-// InsertOrders writes many orders in one transaction and one round trip,
-// each as InsertOrder would; outcomes and errors are by index. If the
-// transaction fails as a whole (one order's data refused, a database
-// error), every order is written again on its own, so one bad order never
-// holds up the others.
+// InsertOrders writes many orders in one statement, each as InsertOrder
+// would; outcomes and errors are by index. If the statement fails as a
+// whole (one order's data refused, a database error), every order is
+// written again on its own, so one bad order never holds up the others.
 func (s *Store) InsertOrders(ctx context.Context, os []NewOrder) ([]InsertOutcome, []error) {
 	outcomes := make([]InsertOutcome, len(os))
 	errs := make([]error, len(os))
-	inserted := make([]int64, len(os))
-	batch := &pgx.Batch{}
+	var a insertArrays
+	seen := make(map[string]bool, len(os))
+	var sent []int // indexes of the orders in the statement
 	for i, o := range os {
-		args, err := insertArgs(o)
-		if err != nil {
-			errs[i] = err
+		if len(o.Steps) == 0 {
+			errs[i] = fmt.Errorf("insert order %s: no steps", o.OrderID)
 			continue
 		}
-		batch.Queue(insertOrderSQL, args...)
+		if seen[o.OrderID] {
+			continue // a repeat within the batch: settled after the write
+		}
+		seen[o.OrderID] = true
+		sent = append(sent, i)
+		a.add(o, len(sent))
 	}
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		br := tx.SendBatch(ctx, batch)
-		for i := range os {
-			if errs[i] != nil {
-				continue
-			}
-			if err := br.QueryRow().Scan(&inserted[i]); err != nil {
-				br.Close()
-				return err
-			}
-		}
-		return br.Close()
-	})
-	if err != nil {
-		for i, o := range os {
-			if errs[i] == nil {
-				outcomes[i], errs[i] = s.InsertOrder(ctx, o)
+	written := make(map[int]bool, len(sent))
+	if len(sent) > 0 {
+		rows, err := s.pool.Query(ctx, insertOrdersSQL, a.args()...)
+		if err == nil {
+			var idxs []int
+			idxs, err = pgx.CollectRows(rows, pgx.RowTo[int])
+			for _, idx := range idxs {
+				written[sent[idx-1]] = true
 			}
 		}
-		return outcomes, errs
+		if err != nil {
+			for i, o := range os {
+				if errs[i] == nil {
+					outcomes[i], errs[i] = s.InsertOrder(ctx, o)
+				}
+			}
+			return outcomes, errs
+		}
 	}
 	for i, o := range os {
 		switch {
 		case errs[i] != nil:
-		case inserted[i] == 1:
+		case written[i]:
 			outcomes[i] = Inserted
 		default:
 			outcomes[i], errs[i] = s.existing(ctx, o)
 		}
 	}
 	return outcomes, errs
+}
+
+// insertArrays are insertOrdersSQL's parallel arrays.
+type insertArrays struct {
+	ids, workflows, customers, currencies, replyTos, policies, actors []string
+	items                                                             []string // JSON
+	amounts                                                           []int64
+	priorities                                                        []int32
+	placedAt                                                          []*time.Time
+	hashes                                                            [][]byte
+
+	stepOrder, stepNo, maxFailures, compensates []int32
+	names, agents, keys, kinds                  []string
+	timeouts                                    []int64
+}
+
+// add appends o as the idx-th (1-based) order of the statement.
+func (a *insertArrays) add(o NewOrder, idx int) {
+	a.ids = append(a.ids, o.OrderID)
+	a.workflows = append(a.workflows, o.Workflow)
+	a.customers = append(a.customers, o.Customer)
+	a.items = append(a.items, string(o.Items))
+	a.amounts = append(a.amounts, o.Amount)
+	a.currencies = append(a.currencies, o.Currency)
+	a.priorities = append(a.priorities, int32(o.Priority))
+	a.replyTos = append(a.replyTos, o.ReplyTo)
+	a.placedAt = append(a.placedAt, o.PlacedAt)
+	a.hashes = append(a.hashes, o.PayloadHash)
+	a.policies = append(a.policies, cmp.Or(o.FailurePolicy, PolicyCompensate))
+	a.actors = append(a.actors, o.Actor)
+	for i, st := range o.Steps {
+		a.stepOrder = append(a.stepOrder, int32(idx))
+		a.names = append(a.names, st.Name)
+		a.agents = append(a.agents, st.Agent)
+		a.timeouts = append(a.timeouts, st.Timeout.Milliseconds())
+		a.maxFailures = append(a.maxFailures, int32(st.MaxFailures))
+		a.keys = append(a.keys, IdempotencyKey(o.OrderID, i+1, st.Name))
+		a.kinds = append(a.kinds, cmp.Or(st.Kind, KindAction))
+		a.compensates = append(a.compensates, int32(st.Compensates))
+		a.stepNo = append(a.stepNo, int32(i+1))
+	}
+}
+
+func (a *insertArrays) args() []any {
+	return []any{a.ids, a.workflows, a.customers, a.items, a.amounts, a.currencies, a.priorities, a.replyTos, a.placedAt,
+		a.hashes, a.policies, a.actors,
+		a.stepOrder, a.names, a.agents, a.timeouts, a.maxFailures, a.keys, a.kinds, a.compensates, a.stepNo}
 }
 
 // existing tells a duplicate from a conflict for an order whose insert

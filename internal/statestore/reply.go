@@ -118,47 +118,162 @@ func (s *Store) ApplyReply(ctx context.Context, r Reply) (ApplyResult, error) {
 	return res, nil
 }
 
-// ApplyReplies applies many replies in one transaction and one round trip,
-// each as ApplyReply would; results and errors are by index. If the
-// transaction fails as a whole (a database error, a deadlock between
-// concurrent batches), every reply is applied again on its own, so one
-// reply's trouble never holds up the others.
+// applyOKRepliesSQL applies many ok replies in one statement, as
+// apply_reply does one by one: the fenced update of each step with its
+// history and timings; then, with each order's row locked, the next step
+// of the same kind made pending, or, after the last, the order ended
+// (completed after its actions, failed after its compensations) with its
+// history and status event. An order that moved on meanwhile (cancelled,
+// compensating) is left as it is, as step_processed does. Replies come as
+// parallel arrays, at most one per order; $8 is the actor, $9 the fence
+// (always true but in the fault suite's negative control). It returns a
+// row for each reply applied, by 1-based index.
+const applyOKRepliesSQL = `
+WITH r AS (
+    SELECT * FROM unnest($1::uuid[], $2::int[], $3::int[], $4::jsonb[], $5::timestamptz[], $6::timestamptz[], $7::bigint[])
+        WITH ORDINALITY AS r(order_id, step, attempt, result, started, sent, call_us, idx)
+), cur AS (
+    UPDATE steps s
+    SET process_state = 'processed', result = r.result, last_error = NULL,
+        agent_started_at = r.started, agent_sent_at = r.sent, agent_call_us = NULLIF(r.call_us, 0),
+        updated_at = now()
+    FROM r
+    WHERE s.order_id = r.order_id AND s.step = r.step
+      AND (NOT $9 OR (s.attempt = r.attempt AND s.process_state = 'processing' AND s.complete_by >= now()))
+    RETURNING s.order_id, s.step, s.attempt, s.kind, s.name, r.idx,
+              coalesce(extract(epoch FROM now() - (s.complete_by - s.timeout)), 0) AS took
+), ord AS (
+    SELECT o.order_id, o.status, o.reply_to, o.created_at FROM orders o
+    WHERE o.order_id IN (SELECT order_id FROM cur)
+    FOR UPDATE
+), go_on AS (
+    SELECT cur.order_id, cur.step, cur.kind, ord.status, ord.reply_to, ord.created_at
+    FROM cur JOIN ord ON ord.order_id = cur.order_id
+    WHERE (cur.kind = 'action' AND ord.status IN ('received', 'processing'))
+       OR (cur.kind = 'compensation' AND ord.status = 'compensating')
+), nxt AS (
+    UPDATE steps s SET process_state = 'pending', available_at = now(), updated_at = now()
+    FROM go_on g
+    WHERE s.order_id = g.order_id AND s.step = g.step + 1 AND s.kind = g.kind AND s.process_state = 'waiting'
+    RETURNING s.order_id, s.step
+), ended AS (
+    SELECT g.order_id, g.reply_to, g.status AS from_status, g.created_at,
+           CASE WHEN g.kind = 'action' THEN 'completed' ELSE 'failed' END AS to_status
+    FROM go_on g
+    WHERE NOT EXISTS (SELECT 1 FROM steps s
+                      WHERE s.order_id = g.order_id AND s.step = g.step + 1 AND s.kind = g.kind AND s.process_state = 'waiting')
+), ord_upd AS (
+    UPDATE orders o SET status = e.to_status, updated_at = now() FROM ended e WHERE o.order_id = e.order_id
+), hist AS (
+    -- One insert, in the order the changes happen one by one, so the
+    -- history reads as apply_reply would have written it.
+    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+    SELECT order_id, step, from_state, to_state, attempt, $8, reason FROM (
+        SELECT cur.order_id, cur.step, 'processing' AS from_state, 'processed' AS to_state, cur.attempt,
+               'agent replied ok' AS reason, cur.idx, 1 AS seq
+        FROM cur
+        UNION ALL
+        SELECT nxt.order_id, nxt.step, 'waiting', 'pending', 0, 'previous step processed', cur.idx, 2
+        FROM nxt JOIN cur ON cur.order_id = nxt.order_id
+        UNION ALL
+        SELECT e.order_id, NULL, e.from_status, e.to_status, 0,
+               CASE WHEN e.to_status = 'completed' THEN 'last step processed' ELSE 'every compensation processed' END,
+               cur.idx, 3
+        FROM ended e JOIN cur ON cur.order_id = e.order_id
+    ) h ORDER BY idx, seq
+), ord_ev AS (
+    INSERT INTO outbox (message_type, order_id, reply_to, body)
+    SELECT 'status_event', order_id, reply_to, status_event_body(order_id, to_status, NULL) FROM ended
+)
+SELECT cur.idx::int, cur.name, cur.took::float8, coalesce(nxt.step, 0), coalesce(e.to_status, ''),
+       coalesce(extract(epoch FROM now() - e.created_at), 0)::float8
+FROM cur LEFT JOIN nxt ON nxt.order_id = cur.order_id LEFT JOIN ended e ON e.order_id = cur.order_id`
+
+// ApplyReplies applies many replies, each as ApplyReply would; results and
+// errors are by index. The ok replies (at most one per order) are applied
+// by one statement, so its fixed costs are paid once per batch; failed
+// replies, and any second reply for the same order, go one by one. If the
+// statement fails (a database error, a deadlock with a concurrent change),
+// every reply is applied on its own, so one reply's trouble never holds up
+// the others.
 func (s *Store) ApplyReplies(ctx context.Context, rs []Reply) ([]ApplyResult, []error) {
 	results := make([]ApplyResult, len(rs))
 	errs := make([]error, len(rs))
-	applied := make([]bool, len(rs))
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		batch := &pgx.Batch{}
-		for _, r := range rs {
-			batch.Queue(applyReplySQL, r.args()...)
-		}
-		br := tx.SendBatch(ctx, batch)
-		for i := range rs {
-			var err error
-			results[i], applied[i], err = scanApplied(br.QueryRow())
-			if err != nil {
-				br.Close()
-				return err
-			}
-		}
-		return br.Close()
-	})
-	if err != nil {
-		if len(rs) == 1 || ctx.Err() != nil {
-			for i, r := range rs {
-				results[i], errs[i] = ApplyResult{}, fmt.Errorf("apply reply for order %s step %d: %w", r.OrderID, r.Step, err)
-			}
-			return results, errs
-		}
-		for i, r := range rs {
-			results[i], errs[i] = s.ApplyReply(ctx, r)
-		}
-		return results, errs
-	}
+	var ids []string
+	var steps, attempts []int32
+	var resultsJSON []*string
+	var started, sent []*time.Time
+	var calls []int64
+	var batched []int // indexes of the replies in the statement
+	var alone []int
+	actor := ""
+	seen := make(map[string]bool, len(rs))
 	for i, r := range rs {
-		if !applied[i] {
-			results[i], errs[i] = ApplyResult{}, s.staleReason(ctx, r)
+		if !r.OK || seen[r.OrderID] || (actor != "" && r.Actor != actor) {
+			alone = append(alone, i)
+			continue
 		}
+		seen[r.OrderID], actor = true, r.Actor
+		batched = append(batched, i)
+		ids = append(ids, r.OrderID)
+		steps = append(steps, int32(r.Step))
+		attempts = append(attempts, int32(r.Attempt))
+		var res *string
+		if r.Result != nil {
+			v := string(r.Result)
+			res = &v
+		}
+		resultsJSON = append(resultsJSON, res)
+		started = append(started, r.AgentStartedAt)
+		sent = append(sent, r.AgentSentAt)
+		calls = append(calls, r.AgentCallMicros)
+	}
+	if len(batched) > 0 {
+		applied := make(map[int]bool, len(batched))
+		rows, err := s.pool.Query(ctx, applyOKRepliesSQL, ids, steps, attempts, resultsJSON, started, sent, calls, actor,
+			!failpoint.Broken("unfenced-replies"))
+		if err == nil {
+			for rows.Next() {
+				var idx int
+				var res ApplyResult
+				var took, orderTook float64
+				if err = rows.Scan(&idx, &res.StepName, &took, &res.NextStep, &res.OrderStatus, &orderTook); err != nil {
+					break
+				}
+				if idx < 1 || idx > len(batched) {
+					err = fmt.Errorf("apply replies: row for reply %d of %d", idx, len(batched))
+					break
+				}
+				res.StepState = StepProcessed
+				res.StepTook = time.Duration(took * float64(time.Second))
+				res.OrderTook = time.Duration(orderTook * float64(time.Second))
+				results[batched[idx-1]] = res
+				applied[idx-1] = true
+			}
+			rows.Close()
+			if err == nil {
+				err = rows.Err()
+			}
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				for i, r := range rs {
+					results[i], errs[i] = ApplyResult{}, fmt.Errorf("apply reply for order %s step %d: %w", r.OrderID, r.Step, err)
+				}
+				return results, errs
+			}
+			alone = append(alone, batched...)
+			clear(results)
+		} else {
+			for j, i := range batched {
+				if !applied[j] {
+					errs[i] = s.staleReason(ctx, rs[i])
+				}
+			}
+		}
+	}
+	for _, i := range alone {
+		results[i], errs[i] = s.ApplyReply(ctx, rs[i])
 	}
 	return results, errs
 }

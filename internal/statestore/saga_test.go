@@ -3,8 +3,12 @@ package statestore_test
 import (
 	"crypto/sha256"
 	"errors"
+	"fmt"
+	"reflect"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"sas/internal/messages"
 	"sas/internal/statestore"
@@ -213,5 +217,100 @@ func TestCancelInFlightOrder(t *testing.T) {
 	insert(t, b, fresh)
 	if status, err := b.store.CancelOrder(ctx, fresh.OrderID, "operator"); err != nil || status != statestore.OrderFailed {
 		t.Fatalf("cancel of an untouched order: %s %v", status, err)
+	}
+}
+
+// TestApplyRepliesMatchesApplyReply: the same orders driven to their end
+// once reply by reply (ApplyReply) and once in batches (ApplyReplies, one
+// statement for the ok replies) end in the same states with the same
+// history: steps made pending one after the other, orders completed, and
+// failed orders compensated last action first until failed.
+func TestApplyRepliesMatchesApplyReply(t *testing.T) {
+	t.Parallel()
+	ctx := ctxFor(t)
+	type entry struct {
+		step                 int
+		from, to, actor, why string
+		attempt              int
+	}
+	drive := func(batch bool) [][]entry {
+		b := setup(t)
+		var ids []string
+		for i := range 12 {
+			o := sagaOrder(statestore.PolicyCompensate)
+			o.OrderID = fmt.Sprintf("00000000-0000-4000-8000-%012d", i)
+			insert(t, b, o)
+			ids = append(ids, o.OrderID)
+		}
+		// Orders 0, 3, 6, 9 are refused at their second action (payment).
+		fails := func(c statestore.ClaimedStep) bool {
+			return c.Kind == statestore.KindAction && c.Step == 2 && c.OrderID[len(c.OrderID)-1]%3 == 0
+		}
+		for round := 0; ; round++ {
+			if round > 20 {
+				t.Fatal("orders did not end in 20 rounds")
+			}
+			claimed, err := b.store.ClaimPending(ctx, "s", 100, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(claimed) == 0 {
+				break
+			}
+			var rs []statestore.Reply
+			for _, c := range claimed {
+				r := statestore.Reply{OrderID: c.OrderID, Step: c.Step, Attempt: c.Attempt, OK: true, Result: []byte(`{"done":true}`), Actor: "s"}
+				if fails(c) {
+					r.OK, r.Result, r.Error = false, nil, "refused"
+				}
+				rs = append(rs, r)
+			}
+			if batch {
+				if _, errs := b.store.ApplyReplies(ctx, rs); errors.Join(errs...) != nil {
+					t.Fatal(errors.Join(errs...))
+				}
+				continue
+			}
+			for _, r := range rs {
+				if _, err := b.store.ApplyReply(ctx, r); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		var all [][]entry
+		for _, id := range ids {
+			rows, err := b.pool.Query(ctx, `SELECT coalesce(step, 0), coalesce(from_state, ''), to_state, actor, reason, attempt
+				FROM transitions WHERE order_id = $1 ORDER BY id`, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			es, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (entry, error) {
+				var e entry
+				err := row.Scan(&e.step, &e.from, &e.to, &e.actor, &e.why, &e.attempt)
+				return e, err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var status string
+			if err := b.pool.QueryRow(ctx, `SELECT status FROM orders WHERE order_id = $1`, id).Scan(&status); err != nil {
+				t.Fatal(err)
+			}
+			want := statestore.OrderCompleted
+			if id[len(id)-1]%3 == 0 {
+				want = statestore.OrderFailed
+			}
+			if status != want {
+				t.Fatalf("order %s (batch %v) ended %s, want %s", id, batch, status, want)
+			}
+			all = append(all, es)
+		}
+		return all
+	}
+	one, batched := drive(false), drive(true)
+	for i := range one {
+		if !reflect.DeepEqual(one[i], batched[i]) {
+			t.Fatalf("order %d's history differs:\none by one %+v\nbatched    %+v", i, one[i], batched[i])
+		}
 	}
 }

@@ -930,3 +930,72 @@ func TestApplyRepliesBatch(t *testing.T) {
 		t.Fatalf("the broken reply's step is %s (%v), want processing", state, err)
 	}
 }
+
+// TestInsertOrdersBatch: orders written in one statement each get their
+// own outcome: inserted with every row InsertOrder writes, a repeat within
+// the batch or of an earlier order a duplicate, another payload a
+// conflict; an order the database refuses sends the batch through one by
+// one, so the others are still written.
+func TestInsertOrdersBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	earlier := order(1, time.Minute, 3)
+	insert(t, b, earlier)
+	a := order(3, time.Minute, 3)
+	a.ReplyTo = "shop.status"
+	bo := order(2, time.Minute, 3)
+	bo.Priority = 5
+	conflict := earlier
+	conflict.PayloadHash = make([]byte, 32)
+	empty := order(1, time.Minute, 3)
+	empty.Steps = nil
+	outcomes, errs := b.store.InsertOrders(ctx, []statestore.NewOrder{a, a, earlier, conflict, bo, empty})
+	want := []statestore.InsertOutcome{statestore.Inserted, statestore.Duplicate, statestore.Duplicate, 0, statestore.Inserted, 0}
+	for i := range want {
+		if outcomes[i] != want[i] {
+			t.Errorf("order %d: %v (%v), want %v", i, outcomes[i], errs[i], want[i])
+		}
+	}
+	if !errors.Is(errs[3], statestore.ErrConflict) || errs[5] == nil {
+		t.Fatalf("conflict: %v; no steps: %v", errs[3], errs[5])
+	}
+	for _, o := range []statestore.NewOrder{a, bo} {
+		d, err := b.store.GetOrder(ctx, o.OrderID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Order.Status != statestore.OrderReceived || d.Order.ReplyTo != o.ReplyTo || len(d.Steps) != len(o.Steps) || len(d.History) != len(o.Steps)+1 {
+			t.Fatalf("order %s: %+v, %d steps, %d history entries", o.OrderID, d.Order, len(d.Steps), len(d.History))
+		}
+		for i, st := range d.Steps {
+			wantState := statestore.StepWaiting
+			if i == 0 {
+				wantState = statestore.StepPending
+			}
+			if st.ProcessState != wantState || st.IdempotencyKey != statestore.IdempotencyKey(o.OrderID, i+1, st.Name) {
+				t.Fatalf("order %s step %d: %+v", o.OrderID, i+1, st)
+			}
+		}
+		if n := count(t, b, `SELECT count(*) FROM outbox WHERE order_id = $1 AND coalesce(reply_to, '') = $2`, o.OrderID, o.ReplyTo); n != 1 {
+			t.Fatalf("order %s: %d received events", o.OrderID, n)
+		}
+	}
+	if n := count(t, b, `SELECT count(*) FROM orders`); n != 3 {
+		t.Fatalf("%d orders, want 3", n)
+	}
+	if n := count(t, b, `SELECT count(*) FROM steps WHERE order_id = $1 AND priority = 5`, bo.OrderID); n != 2 {
+		t.Fatalf("%d steps carry their order's priority, want 2", n)
+	}
+
+	bad := order(2, time.Minute, 3)
+	bad.Steps[1].MaxFailures = 0 // violates a CHECK
+	good := order(1, time.Minute, 3)
+	outcomes, errs = b.store.InsertOrders(ctx, []statestore.NewOrder{bad, good})
+	if !errors.Is(errs[0], statestore.ErrInvalidData) || errs[1] != nil || outcomes[1] != statestore.Inserted {
+		t.Fatalf("a refused order beside a good one: %v / %v %v", errs[0], outcomes[1], errs[1])
+	}
+	if n := count(t, b, `SELECT count(*) FROM orders WHERE order_id = $1`, bad.OrderID); n != 0 {
+		t.Fatalf("the refused order was written")
+	}
+}
