@@ -98,21 +98,30 @@ func decode(body []byte, dst any, required, opaque []string) error {
 	if i := bytes.IndexByte(body, 0); i >= 0 {
 		return reject(ReasonInvalidEncoding, "NUL byte at offset %d", i)
 	}
-	present, err := scan(body, opaque)
+	var present map[string]bool
+	var version []byte
+	var err error
+	if json.Valid(body) {
+		present, version, err = walk(body, opaque)
+	} else {
+		// Only a body that is not JSON takes the slow path, which says
+		// what is wrong with it.
+		present, err = scan(body, opaque)
+		if err == nil {
+			err = reject(ReasonNotJSON, "body is not valid JSON")
+		}
+	}
 	if err != nil {
 		return err
 	}
 	if !present["schema_version"] {
 		return reject(ReasonMissingField, "schema_version is required")
 	}
-	var v struct {
-		V json.Number `json:"schema_version"`
-	}
-	if err := json.Unmarshal(body, &v); err != nil {
+	if len(version) == 0 || !(version[0] == '-' || version[0] >= '0' && version[0] <= '9') {
 		return reject(ReasonInvalidValue, "schema_version must be a number")
 	}
-	if v.V.String() != fmt.Sprint(SchemaVersion) {
-		return reject(ReasonUnsupportedVersion, "schema_version %s is not supported (this build reads %d)", v.V, SchemaVersion)
+	if string(version) != fmt.Sprint(SchemaVersion) {
+		return reject(ReasonUnsupportedVersion, "schema_version %s is not supported (this build reads %d)", version, SchemaVersion)
 	}
 	for _, k := range required {
 		if !present[k] {
@@ -140,6 +149,166 @@ func typeName(kind string) string {
 		return "whole number"
 	}
 	return kind
+}
+
+// walk makes scan's checks on a body that json.Valid accepted, without
+// encoding/json's token API (the cost of decoding was mostly there). It
+// also returns the raw text of the top-level schema_version value.
+func walk(body []byte, opaque []string) (map[string]bool, []byte, error) {
+	w := walker{b: body}
+	w.space()
+	if w.i >= len(w.b) || w.b[w.i] != '{' {
+		return nil, nil, reject(ReasonNotJSON, "body must be a JSON object")
+	}
+	w.i++
+	present := map[string]bool{}
+	if err := w.object(1, true, present, opaque); err != nil {
+		return nil, nil, err
+	}
+	return present, w.version, nil
+}
+
+// walker reads JSON that is known to be valid.
+type walker struct {
+	b       []byte
+	i       int
+	version []byte // the top-level schema_version's raw value
+}
+
+func (w *walker) space() {
+	for w.i < len(w.b) {
+		switch w.b[w.i] {
+		case ' ', '\t', '\n', '\r':
+			w.i++
+		default:
+			return
+		}
+	}
+}
+
+// str reads a string at w.i (its opening quote) and returns its value.
+func (w *walker) str() (string, error) {
+	start := w.i
+	escaped := false
+	w.i++
+	for w.b[w.i] != '"' {
+		if w.b[w.i] == '\\' {
+			escaped = true
+			w.i++ // the escaped character; \uXXXX holds no quote
+		}
+		w.i++
+	}
+	w.i++
+	if !escaped {
+		return string(w.b[start+1 : w.i-1]), nil
+	}
+	var v string
+	if err := json.Unmarshal(w.b[start:w.i], &v); err != nil {
+		return "", reject(ReasonNotJSON, "%v", err)
+	}
+	return v, nil
+}
+
+// object reads an object's members after its '{' and its '}', as
+// scanObject does.
+func (w *walker) object(depth int, strict bool, top map[string]bool, opaque []string) error {
+	var seen []string
+	w.space()
+	if w.b[w.i] == '}' {
+		w.i++
+		return nil
+	}
+	for {
+		w.space()
+		key, err := w.str()
+		if err != nil {
+			return err
+		}
+		if strict && !validKey(key) {
+			return reject(ReasonUnknownField, "field %q is not known (fields are lower-case snake_case)", truncate(key))
+		}
+		if slices.Contains(seen, key) {
+			return reject(ReasonDuplicateField, "field %q appears twice", key)
+		}
+		seen = append(seen, key)
+		w.space()
+		w.i++ // ':'
+		w.space()
+		childStrict := strict && !(top != nil && slices.Contains(opaque, key))
+		start := w.i
+		isNull, err := w.value(depth, childStrict)
+		if err != nil {
+			return err
+		}
+		if top != nil {
+			if !isNull {
+				top[key] = true
+			}
+			if key == "schema_version" {
+				w.version = w.b[start:w.i]
+			}
+		}
+		w.space()
+		if w.b[w.i] == '}' {
+			w.i++
+			return nil
+		}
+		w.i++ // ','
+	}
+}
+
+// value reads one value, as scanValue does, and reports whether it was
+// null.
+func (w *walker) value(depth int, strict bool) (bool, error) {
+	switch c := w.b[w.i]; c {
+	case '{', '[':
+		if depth+1 > maxDepth {
+			return false, reject(ReasonInvalidValue, "nested deeper than %d levels", maxDepth)
+		}
+		w.i++
+		if c == '{' {
+			return false, w.object(depth+1, strict, nil, nil)
+		}
+		w.space()
+		if w.b[w.i] == ']' {
+			w.i++
+			return false, nil
+		}
+		for {
+			w.space()
+			if _, err := w.value(depth+1, strict); err != nil {
+				return false, err
+			}
+			w.space()
+			if w.b[w.i] == ']' {
+				w.i++
+				return false, nil
+			}
+			w.i++ // ','
+		}
+	case '"':
+		v, err := w.str()
+		if err != nil {
+			return false, err
+		}
+		if strings.IndexByte(v, 0) >= 0 {
+			return false, reject(ReasonInvalidEncoding, "string contains a NUL character")
+		}
+		return false, nil
+	case 'n':
+		w.i += len("null")
+		return true, nil
+	case 't':
+		w.i += len("true")
+		return false, nil
+	case 'f':
+		w.i += len("false")
+		return false, nil
+	}
+	for w.i < len(w.b) && strings.IndexByte("+-0123456789.eE", w.b[w.i]) >= 0 {
+		w.i++ // a number
+	}
+	return false, nil
 }
 
 // scan checks that body is exactly one JSON object with no duplicate keys
