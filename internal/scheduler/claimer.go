@@ -67,11 +67,12 @@ func (c *claimer) run(ctx context.Context) error {
 	}
 }
 
-// drain claims and dispatches, kind by kind, until no kind has both room
-// and pending steps. It reports whether a full queue held a kind back.
+// drain claims and dispatches, every kind with room in one claim, until
+// no kind has both room and pending steps. It reports whether a full queue
+// held a kind back.
 func (c *claimer) drain(ctx context.Context) (throttled bool) {
 	for ctx.Err() == nil {
-		more := false
+		rooms := make(map[string]int, len(c.kinds))
 		for _, kind := range c.kinds {
 			queue := c.topo.Queue(agent.RequestsInput(kind))
 			ready, err := c.depths.Ready(ctx, queue)
@@ -89,24 +90,35 @@ func (c *claimer) drain(ctx context.Context) (throttled bool) {
 				throttled = true
 				continue
 			}
-			start := time.Now()
-			steps, err := c.store.ClaimPending(ctx, c.me, room, kind)
-			c.metrics.claimDuration.Observe(time.Since(start).Seconds())
-			if err != nil {
-				if ctx.Err() == nil {
-					c.logger.Warn("claim failed", "err", err)
-				}
-				return throttled
+			rooms[kind] = room
+		}
+		if len(rooms) == 0 {
+			return throttled
+		}
+		start := time.Now()
+		steps, err := c.store.ClaimKinds(ctx, c.me, rooms)
+		c.metrics.claimDuration.Observe(time.Since(start).Seconds())
+		if err != nil {
+			if ctx.Err() == nil {
+				c.logger.Warn("claim failed", "err", err)
 			}
-			if len(steps) == 0 {
-				continue
-			}
-			c.metrics.claimed.Add(float64(len(steps)))
-			c.wakeRelay()
-			failpoint.Inject("scheduler-after-claim")
-			c.dispatch(steps)
-			if len(steps) == room {
-				more = true
+			return throttled
+		}
+		if len(steps) == 0 {
+			return throttled
+		}
+		c.metrics.claimed.Add(float64(len(steps)))
+		c.wakeRelay()
+		failpoint.Inject("scheduler-after-claim")
+		c.dispatch(steps)
+		more := false
+		claimed := make(map[string]int, len(rooms))
+		for _, st := range steps {
+			claimed[st.Agent]++
+		}
+		for kind, room := range rooms {
+			if claimed[kind] == room {
+				more = true // that kind may have more waiting
 			}
 		}
 		if !more {

@@ -52,6 +52,22 @@ WITH picked AS (
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 )` + claimRestSQL
+	// claimKindsSQL claims, in one statement, up to $4[i] steps of each
+	// agent kind $3[i], each kind read from its own part of the index.
+	claimKindsSQL = `
+WITH picked AS (
+    SELECT p.order_id, p.step
+    FROM unnest($3::text[], $4::int[]) AS k(agent, room)
+    CROSS JOIN LATERAL (
+        SELECT order_id, step
+        FROM steps
+        WHERE process_state = 'pending' AND agent = k.agent AND available_at <= now()
+        ORDER BY agent, priority DESC, available_at, order_id, step
+        LIMIT k.room
+        FOR UPDATE SKIP LOCKED
+    ) p
+    LIMIT $2
+)` + claimRestSQL
 	claimAnySQL = `
 WITH picked AS (
     SELECT order_id, step
@@ -112,7 +128,30 @@ func (s *Store) ClaimPending(ctx context.Context, lockedBy string, limit int, ag
 	if agent == "" {
 		sql = claimAnySQL
 	}
-	rows, err := s.pool.Query(ctx, sql, lockedBy, limit, agent)
+	return s.claim(ctx, sql, lockedBy, limit, agent)
+}
+
+// ClaimKinds claims, in one statement, up to rooms[kind] due pending steps
+// of each agent kind for the scheduler lockedBy, as ClaimPending would
+// kind by kind.
+func (s *Store) ClaimKinds(ctx context.Context, lockedBy string, rooms map[string]int) ([]ClaimedStep, error) {
+	var kinds []string
+	var limits []int32
+	total := 0
+	for k, n := range rooms {
+		if n > 0 {
+			kinds, limits = append(kinds, k), append(limits, int32(n))
+			total += n
+		}
+	}
+	if lockedBy == "" || total == 0 {
+		return nil, fmt.Errorf("claim pending: need a claimer id and room for some kind")
+	}
+	return s.claim(ctx, claimKindsSQL, lockedBy, total, kinds, limits)
+}
+
+func (s *Store) claim(ctx context.Context, sql string, args ...any) ([]ClaimedStep, error) {
+	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("claim pending: %w", err)
 	}

@@ -999,3 +999,38 @@ func TestInsertOrdersBatch(t *testing.T) {
 		t.Fatalf("the refused order was written")
 	}
 }
+
+// TestClaimKinds: one claim takes up to each kind's room and nothing of a
+// kind without room.
+func TestClaimKinds(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	for _, kind := range []string{"inventory", "payment", "shipping"} {
+		for range 5 {
+			o := order(1, time.Hour, 3)
+			o.Steps[0].Agent = kind
+			insert(t, b, o)
+		}
+	}
+	got, err := b.store.ClaimKinds(ctx, "s", map[string]int{"inventory": 2, "payment": 10, "shipping": 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byKind := map[string]int{}
+	for _, c := range got {
+		byKind[c.Agent]++
+		if c.Attempt != 1 || c.IdempotencyKey == "" || c.Budget <= 0 {
+			t.Fatalf("claimed %+v", c)
+		}
+	}
+	if byKind["inventory"] != 2 || byKind["payment"] != 5 || byKind["shipping"] != 0 {
+		t.Fatalf("claimed by kind %v, want 2 inventory, 5 payment, no shipping", byKind)
+	}
+	if n := count(t, b, `SELECT count(*) FROM transitions WHERE to_state = 'processing' AND step = 1`); n != 7 {
+		t.Fatalf("%d claims in the history, want 7", n)
+	}
+	if _, err := b.store.ClaimKinds(ctx, "s", map[string]int{"payment": 0}); err == nil {
+		t.Fatal("a claim with no room anywhere was accepted")
+	}
+}
