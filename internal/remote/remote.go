@@ -71,7 +71,6 @@ type Entry struct {
 	Step    int             `json:"step"`
 	Effects int             `json:"effects"`  // times the effect was applied: 1, or it went wrong
 	Calls   int             `json:"requests"` // requests that reached the ledger with this key
-	Payload json.RawMessage `json:"payload"`
 	Result  json.RawMessage `json:"result,omitempty"`
 	At      time.Time       `json:"applied_at,omitzero"`
 	// Undoes is, for an undo, the key of the action it undid (or found
@@ -81,7 +80,10 @@ type Entry struct {
 	// refused from then on (410), so it can never happen after its undo.
 	Voided bool `json:"voided,omitempty"`
 
-	hash     string
+	// hash identifies the payload (with the action): a key reused with
+	// another answers 422. The payload itself is not kept, so the ledger
+	// stays small over long runs.
+	hash     [sha256.Size]byte
 	inFlight bool
 	done     bool // answered for good: replays give Result
 }
@@ -230,8 +232,7 @@ func (s *Service) call(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	sum := sha256.Sum256(append([]byte(action+"\x00"), body...))
-	hash := hex.EncodeToString(sum[:])
+	hash := sha256.Sum256(append([]byte(action+"\x00"), body...))
 	e, status := s.begin(key, action, hash, req)
 	switch status {
 	case http.StatusConflict:
@@ -281,13 +282,13 @@ func (s *Service) call(w http.ResponseWriter, r *http.Request) {
 // begin looks the key up. A new key is recorded as in flight and gets 0; a
 // known one gets the status to answer: 409 in flight, 422 other payload,
 // 200 done (replay e.Result).
-func (s *Service) begin(key, action, hash string, req Request) (Entry, int) {
+func (s *Service) begin(key, action string, hash [sha256.Size]byte, req Request) (Entry, int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.ledger[key]
 	if !ok {
 		s.ledger[key] = &Entry{Key: key, Action: action, OrderID: req.OrderID, Step: req.Step, Calls: 1,
-			Payload: req.Payload, hash: hash, inFlight: true}
+			hash: hash, inFlight: true}
 		return Entry{}, 0
 	}
 	e.Calls++
