@@ -31,8 +31,9 @@ type benchJSON struct {
 		CPUSeconds float64 `json:"cpu_s"`
 		PeakRSSMiB float64 `json:"peak_rss_mib"`
 	} `json:"processes"`
-	MachineBusy float64 `json:"machine_cpu_busy_percent"`
-	Queues      []struct {
+	MachineBusy  float64 `json:"machine_cpu_busy_percent"`
+	MachineSteal float64 `json:"machine_cpu_steal_percent"`
+	Queues       []struct {
 		Queue   string `json:"queue"`
 		Ready   []int  `json:"ready"`
 		Verdict string `json:"verdict"`
@@ -106,8 +107,8 @@ func TestSasctlBench(t *testing.T) {
 			t.Errorf("no figures for %s in %v", n, names)
 		}
 	}
-	if r.MachineBusy <= 0 || r.MachineBusy > 100 {
-		t.Errorf("machine busy %.1f%%", r.MachineBusy)
+	if r.MachineBusy <= 0 || r.MachineBusy > 100 || r.MachineSteal < 0 || r.MachineBusy+r.MachineSteal > 100 {
+		t.Errorf("machine busy %.1f%%, stolen %.1f%%", r.MachineBusy, r.MachineSteal)
 	}
 	if len(r.Queues) != 5 {
 		t.Fatalf("queues %+v", r.Queues)

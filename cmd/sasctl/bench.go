@@ -463,7 +463,10 @@ type benchReport struct {
 	Stages             []stageMS      `json:"stages_ms"`
 	Processes          []processUse   `json:"processes"`
 	MachineBusy        float64        `json:"machine_cpu_busy_percent"`
-	Queues             []queueDepths  `json:"queues"`
+	// MachineSteal is CPU time the hypervisor gave to other guests: where
+	// it is high, the machine was slower than its CPU count says.
+	MachineSteal float64       `json:"machine_cpu_steal_percent"`
+	Queues       []queueDepths `json:"queues"`
 }
 
 type latencyMS struct {
@@ -548,7 +551,7 @@ func (r *benchReport) fill(t statestore.Timings, cpu0, cpu1 cpuSnapshot, st *sta
 		}
 		use(name+" (all processes)", d, 0)
 	}
-	r.MachineBusy = cpu1.machine.busySince(cpu0.machine)
+	r.MachineBusy, r.MachineSteal = cpu1.machine.busySince(cpu0.machine)
 	for i, q := range s.queues {
 		qd := queueDepths{Queue: q, Ready: s.ready[i]}
 		for j, at := range s.at {
@@ -614,7 +617,7 @@ func (r *benchReport) print(w io.Writer) {
 		}
 		fmt.Fprintf(tw, "%s\t%.1f\t%.0f\t%s\n", p.Name, p.CPUSeconds, p.CPUPercent, rss)
 	}
-	fmt.Fprintf(tw, "machine (%d CPUs)\t\t%.0f%% busy\t\n", r.Machine.CPUs, r.MachineBusy)
+	fmt.Fprintf(tw, "machine (%d CPUs)\t\t%.0f%% busy, %.0f%% stolen by the hypervisor\t\n", r.Machine.CPUs, r.MachineBusy, r.MachineSteal)
 	fmt.Fprintln(tw, "\nQUEUE (ready)\tmax\tlast\tslope/s\tverdict")
 	for _, q := range r.Queues {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%s\n", q.Queue, q.Max, q.Last, q.Slope, q.Verdict)

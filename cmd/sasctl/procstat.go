@@ -95,8 +95,9 @@ func serverPIDs() map[string][]int {
 	return out
 }
 
-// machineCPU is the first line of /proc/stat: busy and total jiffies.
-type machineCPU struct{ busy, total int64 }
+// machineCPU is the first line of /proc/stat: busy, stolen (taken by the
+// hypervisor for other guests) and total jiffies.
+type machineCPU struct{ busy, steal, total int64 }
 
 func readMachineCPU() (machineCPU, error) {
 	f, err := os.Open("/proc/stat")
@@ -122,19 +123,25 @@ func readMachineCPU() (machineCPU, error) {
 			break
 		}
 		m.total += v
-		if i != 3 && i != 4 { // idle, iowait
+		switch i {
+		case 3, 4: // idle, iowait
+		case 7:
+			m.steal += v
+		default:
 			m.busy += v
 		}
 	}
 	return m, nil
 }
 
-// busySince is the percentage of all CPUs' time spent busy since then.
-func (m machineCPU) busySince(then machineCPU) float64 {
+// busySince is the percentage of all CPUs' time spent busy since then,
+// and the percentage stolen by the hypervisor.
+func (m machineCPU) busySince(then machineCPU) (busy, steal float64) {
 	if m.total <= then.total {
-		return 0
+		return 0, 0
 	}
-	return 100 * float64(m.busy-then.busy) / float64(m.total-then.total)
+	d := float64(m.total - then.total)
+	return 100 * float64(m.busy-then.busy) / d, 100 * float64(m.steal-then.steal) / d
 }
 
 // memTotal is the machine's memory as /proc/meminfo says.
