@@ -89,7 +89,7 @@ func (a *app) bench(ctx context.Context, args []string) error {
 		queueNames[i] = topo.Queue(in)
 	}
 	// A run's figures are only its own if no earlier run left work behind.
-	if err := emptyQueues(ctx, conn, depths, queueNames, *purge); err != nil {
+	if err := emptyQueues(ctx, conn, depths, queueNames, *purge, a.stderr); err != nil {
 		return err
 	}
 
@@ -218,7 +218,7 @@ func (a *app) bench(ctx context.Context, args []string) error {
 
 // emptyQueues checks that queues hold no ready messages, or with purge
 // empties them.
-func emptyQueues(ctx context.Context, conn *broker.Conn, depths *broker.QueueInspector, queues []string, purge bool) error {
+func emptyQueues(ctx context.Context, conn *broker.Conn, depths *broker.QueueInspector, queues []string, purge bool, w io.Writer) error {
 	var ch *amqp.Channel
 	defer func() {
 		if ch != nil {
@@ -241,9 +241,11 @@ func emptyQueues(ctx context.Context, conn *broker.Conn, depths *broker.QueueIns
 				return err
 			}
 		}
-		if _, err := ch.QueuePurge(q, false); err != nil {
+		purged, err := ch.QueuePurge(q, false)
+		if err != nil {
 			return fmt.Errorf("purge %s: %w", q, err)
 		}
+		fmt.Fprintf(w, "purged %d messages an earlier run left in %s\n", purged, q)
 	}
 	return nil
 }
