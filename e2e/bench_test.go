@@ -11,6 +11,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"sas/internal/messages"
+	"sas/internal/testenv"
 )
 
 // benchJSON is the part of sasctl bench's JSON report the test reads.
@@ -144,5 +147,35 @@ func TestDebugAddrServesProfiler(t *testing.T) {
 	}
 	if code, _ := get("http://" + a.ops + "/debug/pprof/"); code != http.StatusNotFound {
 		t.Fatalf("the ops server answers /debug/pprof/ with %d, want 404", code)
+	}
+}
+
+// TestSasctlBenchRefusesLeftovers: messages an earlier run left in the
+// queues would be counted as this run's work; sasctl bench stops before
+// starting anything unless told to purge them, and --purge empties them.
+func TestSasctlBenchRefusesLeftovers(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	ch := amqpChannel(t)
+	if err := s.topo.Declare(ch); err != nil {
+		t.Fatal(err)
+	}
+	publish(t, ch, s.submit, messages.ContentType, "leftover", []byte(`{}`))
+	testenv.Eventually(t, 10*time.Second, "the broker to count the leftover", func() bool {
+		q, err := ch.QueueDeclarePassive(s.submit, true, false, false, false, nil)
+		return err == nil && q.Messages == 1
+	})
+	base := 20000 + 10*int((time.Now().UnixNano()+300)%1200)
+	args := []string{"bench", "--bin", binDir, "--port-base", strconv.Itoa(base), "--rate", "10", "--warmup", "0s", "--duration", "1s"}
+	_, errOut, code := sasctl(t, s.env, args...)
+	if code != 1 || !strings.Contains(errOut, s.submit+" holds 1 messages") || !strings.Contains(errOut, "--purge") {
+		t.Fatalf("bench with a leftover message: exit %d\n%s", code, errOut)
+	}
+	if n := s.count(t, `SELECT count(*) FROM orders`); n != 0 {
+		t.Fatalf("%d orders written by a refused run", n)
+	}
+	out, errOut, code := sasctl(t, s.env, append(args, "--purge")...)
+	if code != 0 || !strings.Contains(errOut, "purged 1 messages") || !strings.Contains(out, "BENCH") {
+		t.Fatalf("bench --purge: exit %d\n%s\n%s", code, out, errOut)
 	}
 }
