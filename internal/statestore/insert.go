@@ -212,13 +212,13 @@ func (s *Store) InsertOrder(ctx context.Context, o NewOrder) (InsertOutcome, err
 // would; outcomes and errors are by index. If the statement fails as a
 // whole (one order's data refused, a database error), every order is
 // written again on its own, so one bad order never holds up the others.
-func (s *Store) InsertOrders(ctx context.Context, os []NewOrder) ([]InsertOutcome, []error) {
-	outcomes := make([]InsertOutcome, len(os))
-	errs := make([]error, len(os))
+func (s *Store) InsertOrders(ctx context.Context, orders []NewOrder) ([]InsertOutcome, []error) {
+	outcomes := make([]InsertOutcome, len(orders))
+	errs := make([]error, len(orders))
 	var a insertArrays
-	seen := make(map[string]bool, len(os))
+	seen := make(map[string]bool, len(orders))
 	var sent []int // indexes of the orders in the statement
-	for i, o := range os {
+	for i, o := range orders {
 		if len(o.Steps) == 0 {
 			errs[i] = fmt.Errorf("insert order %s: no steps", o.OrderID)
 			continue
@@ -241,7 +241,7 @@ func (s *Store) InsertOrders(ctx context.Context, os []NewOrder) ([]InsertOutcom
 			}
 		}
 		if err != nil {
-			for i, o := range os {
+			for i, o := range orders {
 				if errs[i] == nil {
 					outcomes[i], errs[i] = s.InsertOrder(ctx, o)
 				}
@@ -249,7 +249,7 @@ func (s *Store) InsertOrders(ctx context.Context, os []NewOrder) ([]InsertOutcom
 			return outcomes, errs
 		}
 	}
-	for i, o := range os {
+	for i, o := range orders {
 		switch {
 		case errs[i] != nil:
 		case written[i]:
