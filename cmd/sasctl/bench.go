@@ -345,9 +345,13 @@ func (g *generator) run(ctx context.Context, next func(ctx context.Context, star
 }
 
 // fixedRate offers rate orders per second, whatever the system does with
-// them (an open loop).
+// them (an open loop). It sleeps at least a millisecond at a time and then
+// publishes what fell due meanwhile, so that pacing costs little CPU.
 func (g *generator) fixedRate(ctx context.Context, rate float64) error {
 	start := time.Now()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	<-timer.C
 	return g.run(ctx, func(ctx context.Context, started int64) bool {
 		for ctx.Err() == nil {
 			due := int64(time.Since(start).Seconds() * rate)
@@ -355,9 +359,11 @@ func (g *generator) fixedRate(ctx context.Context, rate float64) error {
 				return true
 			}
 			wait := time.Until(start.Add(time.Duration(float64(started+1) / rate * float64(time.Second))))
+			timer.Reset(max(wait, time.Millisecond))
 			select {
 			case <-ctx.Done():
-			case <-time.After(max(wait, 100*time.Microsecond)):
+				timer.Stop()
+			case <-timer.C:
 			}
 		}
 		return false
