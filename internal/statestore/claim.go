@@ -34,24 +34,12 @@ type ClaimedStep struct {
 	Currency string
 }
 
-// claimSQL claims up to $2 due pending steps for $1 in one statement: the
+// A claim statement claims up to $2 due pending steps for $1: the
 // rows are picked with FOR UPDATE SKIP LOCKED so concurrent schedulers never
 // pick the same row, their attempt is bumped (the fencing epoch) and their
 // deadline set from the database clock. Orders whose first step this is move
 // from received to processing. Every change is written to the history.
-//
-// claimKindSQL claims steps of one agent kind ($3) and reads only that
-// kind's part of the pending index; claimAnySQL claims steps of any kind.
 const (
-	claimKindSQL = `
-WITH picked AS (
-    SELECT order_id, step
-    FROM steps
-    WHERE process_state = 'pending' AND agent = $3 AND available_at <= now()
-    ORDER BY agent, priority DESC, available_at, order_id, step
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-)` + claimRestSQL
 	// claimKindsSQL claims, in one statement, up to $4[i] steps of each
 	// agent kind $3[i], each kind read from its own part of the index.
 	claimKindsSQL = `
@@ -68,6 +56,7 @@ WITH picked AS (
     ) p
     LIMIT $2
 )` + claimRestSQL
+	// claimAnySQL claims steps of any kind ($3 is '').
 	claimAnySQL = `
 WITH picked AS (
     SELECT order_id, step
@@ -124,11 +113,10 @@ func (s *Store) ClaimPending(ctx context.Context, lockedBy string, limit int, ag
 	if lockedBy == "" || limit <= 0 {
 		return nil, fmt.Errorf("claim pending: need a claimer id and a positive limit")
 	}
-	sql := claimKindSQL
-	if agent == "" {
-		sql = claimAnySQL
+	if agent != "" {
+		return s.ClaimKinds(ctx, lockedBy, map[string]int{agent: limit})
 	}
-	return s.claim(ctx, sql, lockedBy, limit, agent)
+	return s.claim(ctx, claimAnySQL, lockedBy, limit, agent)
 }
 
 // ClaimKinds claims, in one statement, up to rooms[kind] due pending steps

@@ -93,41 +93,12 @@ func IdempotencyKey(orderID string, step int, name string) string {
 	return fmt.Sprintf("%s/%d/%s", orderID, step, name)
 }
 
-// insertOrderSQL writes the order, its steps, the history of their creation
-// and a "received" status event in one statement, and so in one
-// transaction. ON CONFLICT DO NOTHING makes a resubmission write nothing; the
-// caller then compares payload hashes.
-const insertOrderSQL = `
-WITH ins AS (
-    INSERT INTO orders (order_id, workflow, customer, items, amount, currency, priority, reply_to, placed_at, payload_hash, failure_policy)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, ''), $9, $10, $17)
-    ON CONFLICT (order_id) DO NOTHING
-    RETURNING order_id, reply_to
-), st AS (
-    INSERT INTO steps (order_id, step, name, kind, compensates, agent, process_state, priority, timeout, max_failures, idempotency_key)
-    SELECT ins.order_id, s.step, s.name, s.kind, NULLIF(s.compensates, 0), s.agent,
-           CASE WHEN s.step = 1 THEN 'pending' ELSE 'waiting' END,
-           $7, make_interval(secs => s.timeout_ms / 1000.0), s.max_failures, s.idempotency_key
-    FROM ins,
-         unnest($11::text[], $12::text[], $13::bigint[], $14::int[], $16::text[], $18::text[], $19::int[]) WITH ORDINALITY
-             AS s(name, agent, timeout_ms, max_failures, idempotency_key, kind, compensates, step)
-    RETURNING order_id, step, process_state
-), hist AS (
-    INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
-    SELECT order_id, NULL, NULL, 'received', $15, 'submitted' FROM ins
-    UNION ALL
-    SELECT order_id, step, NULL, process_state, $15, 'submitted' FROM st
-), ev AS (
-    INSERT INTO outbox (message_type, order_id, reply_to, body)
-    SELECT 'status_event', order_id, reply_to, status_event_body(ins.order_id, 'received', NULL)
-    FROM ins
-)
-SELECT count(*) FROM ins`
-
-// insertOrdersSQL is insertOrderSQL for many orders in one statement, so
-// that the statement's fixed costs (planning its parts, preparing every
-// table's checks and triggers) are paid once per batch instead of once per
-// order. Orders come as parallel arrays ($1..$12, one element per order),
+// insertOrdersSQL writes orders, their steps, the history of their
+// creation and a "received" status event each in one statement, and so in
+// one transaction; the statement's fixed costs (planning its parts,
+// preparing every table's checks and triggers) are paid once per batch
+// instead of once per order. ON CONFLICT DO NOTHING makes a resubmission
+// write nothing; the caller then compares payload hashes. Orders come as parallel arrays ($1..$12, one element per order),
 // steps as parallel arrays ($13..$21, one element per step, $13 the
 // 1-based index of its order). Order ids must be distinct. It returns the
 // index of every order it wrote.
@@ -165,44 +136,25 @@ WITH o AS (
 )
 SELECT idx::int FROM insd`
 
-// insertArgs are insertOrderSQL's arguments for o.
-func insertArgs(o NewOrder) ([]any, error) {
-	if len(o.Steps) == 0 {
-		return nil, fmt.Errorf("insert order %s: no steps", o.OrderID)
-	}
-	names := make([]string, len(o.Steps))
-	agents := make([]string, len(o.Steps))
-	timeouts := make([]int64, len(o.Steps))
-	maxFailures := make([]int32, len(o.Steps))
-	keys := make([]string, len(o.Steps))
-	kinds := make([]string, len(o.Steps))
-	compensates := make([]int32, len(o.Steps))
-	for i, st := range o.Steps {
-		names[i], agents[i] = st.Name, st.Agent
-		timeouts[i] = st.Timeout.Milliseconds()
-		maxFailures[i] = int32(st.MaxFailures)
-		keys[i] = IdempotencyKey(o.OrderID, i+1, st.Name)
-		kinds[i] = cmp.Or(st.Kind, KindAction)
-		compensates[i] = int32(st.Compensates)
-	}
-	policy := cmp.Or(o.FailurePolicy, PolicyCompensate)
-	return []any{o.OrderID, o.Workflow, o.Customer, o.Items, o.Amount, o.Currency, o.Priority, o.ReplyTo, o.PlacedAt, o.PayloadHash,
-		names, agents, timeouts, maxFailures, o.Actor, keys, policy, kinds, compensates}, nil
-}
-
 // InsertOrder writes an order with its steps and their history in one
-// transaction. The same order id with the same payload hash is a Duplicate
-// and writes nothing; with another hash it is ErrConflict.
+// transaction (insertOrdersSQL with one order). The same order id with the
+// same payload hash is a Duplicate and writes nothing; with another hash it
+// is ErrConflict.
 func (s *Store) InsertOrder(ctx context.Context, o NewOrder) (InsertOutcome, error) {
-	args, err := insertArgs(o)
-	if err != nil {
-		return 0, err
+	if len(o.Steps) == 0 {
+		return 0, fmt.Errorf("insert order %s: no steps", o.OrderID)
 	}
-	var inserted int64
-	if err := s.pool.QueryRow(ctx, insertOrderSQL, args...).Scan(&inserted); err != nil {
+	var a insertArrays
+	a.add(o, 1)
+	rows, err := s.pool.Query(ctx, insertOrdersSQL, a.args()...)
+	var written []int
+	if err == nil {
+		written, err = pgx.CollectRows(rows, pgx.RowTo[int])
+	}
+	if err != nil {
 		return 0, fmt.Errorf("insert order %s: %w", o.OrderID, classify(err))
 	}
-	if inserted == 1 {
+	if len(written) == 1 {
 		return Inserted, nil
 	}
 	return s.existing(ctx, o)
