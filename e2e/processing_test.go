@@ -238,7 +238,7 @@ func (p pipeline) checkOneEffectPerStep(t *testing.T, ids []string) (keys, reque
 
 func TestThousandOrdersComplete(t *testing.T) {
 	t.Parallel()
-	p := newPipeline(t, pipelineOpts{})
+	p := newPipeline(t, pipelineOpts{supervisors: 1, supervisorEnv: []string{"SAS_SUPERVISOR_ANALYZE_INTERVAL=200ms"}})
 	began := time.Now()
 	ids := p.submitOrders(t, 1000)
 	p.waitTerminal(t, ids, 3*time.Minute)
@@ -251,6 +251,16 @@ func TestThousandOrdersComplete(t *testing.T) {
 		t.Fatalf("%d processed steps, want 3000", keys)
 	}
 	t.Logf("1000 orders (3000 steps) completed in %v; %d remote requests for %d effects", took.Round(time.Millisecond), requests, keys)
+	// The supervisor analyzed the state tables once they had grown (the
+	// machine's autovacuum may be off, and is too slow for this run).
+	deadline := time.Now().Add(30 * time.Second)
+	for p.count(t, `SELECT count(*) FROM pg_stat_user_tables WHERE schemaname = current_schema()
+		AND relname IN ('orders', 'steps', 'transitions', 'outbox') AND last_analyze IS NOT NULL`) != 4 {
+		if time.Now().After(deadline) {
+			t.Fatal("the supervisor did not analyze the four state tables")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 func TestTransientFaultsStillCompleteOnce(t *testing.T) {

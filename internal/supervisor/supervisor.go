@@ -35,8 +35,15 @@ type Config struct {
 	BackoffMax  time.Duration `envconfig:"SUPERVISOR_BACKOFF_MAX" default:"1m"`
 	// LeaseTTL is how long leadership lasts without renewal: a standby
 	// takes over at most LeaseTTL + Interval after the leader stops.
-	LeaseTTL   time.Duration `envconfig:"SUPERVISOR_LEASE_TTL" default:"5s"`
-	DBMaxConns int32         `envconfig:"DB_MAX_CONNS" default:"4"`
+	LeaseTTL time.Duration `envconfig:"SUPERVISOR_LEASE_TTL" default:"5s"`
+	// AnalyzeInterval is how often the leader looks for state tables whose
+	// planner statistics are stale (never analyzed, or grown tenfold
+	// since) and analyzes them (0: never).
+	AnalyzeInterval time.Duration `envconfig:"SUPERVISOR_ANALYZE_INTERVAL" default:"10s"`
+	// AnalyzeMinRows is how many live rows a table needs before it is
+	// worth analyzing.
+	AnalyzeMinRows int64 `envconfig:"SUPERVISOR_ANALYZE_MIN_ROWS" default:"1000"`
+	DBMaxConns     int32 `envconfig:"DB_MAX_CONNS" default:"4"`
 }
 
 type metrics struct {
@@ -49,6 +56,7 @@ type metrics struct {
 	steps            *prometheus.GaugeVec
 	oldestPending    prometheus.Gauge
 	oldestProcessing prometheus.Gauge
+	analyzed         *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -81,8 +89,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		oldestProcessing: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "sas_oldest_processing_step_age_seconds", Help: "How long ago the oldest processing step was claimed.",
 		}),
+		analyzed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sas_supervisor_tables_analyzed_total", Help: "State tables whose stale planner statistics the leader refreshed, by table.",
+		}, []string{"table"}),
 	}
-	reg.MustRegister(m.leader, m.sweeps, m.resets, m.failures, m.errors, m.sweepDuration, m.steps, m.oldestPending, m.oldestProcessing)
+	reg.MustRegister(m.leader, m.sweeps, m.resets, m.failures, m.errors, m.sweepDuration, m.steps, m.oldestPending, m.oldestProcessing, m.analyzed)
 	return m
 }
 
@@ -109,6 +120,10 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		return err
 	}
 	defer ops.Close()
+	if on, err := store.Autovacuum(startCtx); err == nil && !on {
+		logger.Warn("autovacuum is off on this database: dead rows of the state tables are never vacuumed; the leader still refreshes their planner statistics",
+			"analyze_interval", cfg.AnalyzeInterval.String())
+	}
 	s := &sweeper{store: store, cfg: cfg, me: me, logger: logger, metrics: m}
 	logger.Info("supervisor started", "interval", cfg.Interval.String(), "lease_ttl", cfg.LeaseTTL.String())
 	return service.RunAll(ctx, cfg.ShutdownTimeout, func() {}, logger, s.run)

@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	"sas/internal/statestore"
@@ -26,11 +27,19 @@ type sweeper struct {
 	logger  *slog.Logger
 	metrics *metrics
 	leading bool
+
+	// The statistics refresh runs beside the sweeps (an ANALYZE of a large
+	// table must not delay them past the lease), one at a time.
+	analyzing   sync.WaitGroup
+	analyzeBusy chan struct{} // holds a token while a refresh runs
+	lastAnalyze time.Time
 }
 
 func (s *sweeper) run(ctx context.Context) error {
 	ticker := time.NewTicker(s.cfg.Interval)
 	defer ticker.Stop()
+	s.analyzeBusy = make(chan struct{}, 1)
+	defer s.analyzing.Wait()
 	for {
 		s.tick(ctx)
 		select {
@@ -72,6 +81,7 @@ func (s *sweeper) tick(ctx context.Context) {
 	if lease.Held {
 		s.metrics.leader.Set(1)
 		s.sweep(ctx)
+		s.maybeAnalyze(ctx)
 	} else {
 		s.metrics.leader.Set(0)
 	}
@@ -110,6 +120,35 @@ func (s *sweeper) sweep(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// maybeAnalyze starts a refresh of stale planner statistics when one is
+// due and none is running.
+func (s *sweeper) maybeAnalyze(ctx context.Context) {
+	if s.cfg.AnalyzeInterval <= 0 || time.Since(s.lastAnalyze) < s.cfg.AnalyzeInterval {
+		return
+	}
+	select {
+	case s.analyzeBusy <- struct{}{}:
+	default:
+		return // the last one is still running
+	}
+	s.lastAnalyze = time.Now()
+	s.analyzing.Go(func() {
+		defer func() { <-s.analyzeBusy }()
+		start := time.Now()
+		tables, err := s.store.RefreshStats(ctx, s.cfg.AnalyzeMinRows, s.cfg.AnalyzeInterval)
+		for _, t := range tables {
+			s.metrics.analyzed.WithLabelValues(t).Inc()
+		}
+		switch {
+		case err != nil && ctx.Err() == nil:
+			s.metrics.errors.Inc()
+			s.logger.Warn("refreshing planner statistics failed", "err", err, "analyzed", tables)
+		case len(tables) > 0:
+			s.logger.Info("refreshed stale planner statistics", "tables", tables, "took", time.Since(start).String())
+		}
+	})
 }
 
 func (s *sweeper) report(ctx context.Context) {
