@@ -3,13 +3,17 @@
 // (up to a maximum) and handles it as one batch, for instance one database
 // transaction and one round trip instead of one per item. It never waits
 // for a batch to fill: under light load a batch is one item and adds no
-// delay; under heavy load items gather while the previous batch runs.
+// delay; under heavy load items gather while the previous batch runs. A
+// linger, when set, trades that much delay for larger batches under
+// moderate load: a batch that is not full waits up to the linger, from its
+// first item, for more.
 package batch
 
 import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 )
 
 // ErrStopped is returned to callers once the loop has ended.
@@ -21,10 +25,11 @@ type Func[In, Out any] func(ctx context.Context, items []In) ([]Out, []error)
 
 // Batcher gathers calls of Do into batches run by Run.
 type Batcher[In, Out any] struct {
-	max   int
-	run   Func[In, Out]
-	calls chan call[In, Out]
-	done  chan struct{}
+	max    int
+	linger time.Duration
+	run    Func[In, Out]
+	calls  chan call[In, Out]
+	done   chan struct{}
 }
 
 type call[In, Out any] struct {
@@ -37,9 +42,11 @@ type result[Out any] struct {
 	err error
 }
 
-// New returns a Batcher running batches of at most maxItems items with run.
-func New[In, Out any](maxItems int, run Func[In, Out]) *Batcher[In, Out] {
-	return &Batcher[In, Out]{max: max(maxItems, 1), run: run, calls: make(chan call[In, Out]), done: make(chan struct{})}
+// New returns a Batcher running batches of at most maxItems items with run;
+// a batch that is not full waits up to linger (0: not at all) for more.
+func New[In, Out any](maxItems int, linger time.Duration, run Func[In, Out]) *Batcher[In, Out] {
+	return &Batcher[In, Out]{max: max(maxItems, 1), linger: max(linger, 0), run: run,
+		calls: make(chan call[In, Out]), done: make(chan struct{})}
 }
 
 // Do hands in one item and waits for its result. It returns ctx's error if
@@ -91,6 +98,7 @@ func (b *Batcher[In, Out]) loop(ctx context.Context) {
 				break gather
 			}
 		}
+		calls = b.wait(ctx, calls)
 		for _, c := range calls {
 			items = append(items, c.in)
 		}
@@ -99,4 +107,25 @@ func (b *Batcher[In, Out]) loop(ctx context.Context) {
 			c.reply <- result[Out]{out: outs[i], err: errs[i]}
 		}
 	}
+}
+
+// wait adds to a batch that is not full what arrives within the linger
+// after its first item.
+func (b *Batcher[In, Out]) wait(ctx context.Context, calls []call[In, Out]) []call[In, Out] {
+	if b.linger == 0 || len(calls) >= b.max {
+		return calls
+	}
+	timer := time.NewTimer(b.linger)
+	defer timer.Stop()
+	for len(calls) < b.max {
+		select {
+		case c := <-b.calls:
+			calls = append(calls, c)
+		case <-timer.C:
+			return calls
+		case <-ctx.Done():
+			return calls
+		}
+	}
+	return calls
 }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"sas/internal/batch"
 )
@@ -17,7 +19,7 @@ func TestBatcherGathersAndAnswersByIndex(t *testing.T) {
 	release := make(chan struct{})
 	var mu sync.Mutex
 	var sizes []int
-	b := batch.New(8, func(_ context.Context, items []int) ([]string, []error) {
+	b := batch.New(8, 0, func(_ context.Context, items []int) ([]string, []error) {
 		<-release
 		mu.Lock()
 		sizes = append(sizes, len(items))
@@ -67,7 +69,7 @@ func TestBatcherGathersAndAnswersByIndex(t *testing.T) {
 func TestBatcherStopped(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
-	b := batch.New(4, func(_ context.Context, items []int) ([]int, []error) {
+	b := batch.New(4, 0, func(_ context.Context, items []int) ([]int, []error) {
 		return items, make([]error, len(items))
 	})
 	done := make(chan struct{})
@@ -82,7 +84,84 @@ func TestBatcherStopped(t *testing.T) {
 	}
 	callerCtx, stop := context.WithCancel(context.Background())
 	stop()
-	if _, err := batch.New(1, func(context.Context, []int) ([]int, []error) { return nil, nil }).Do(callerCtx, 1); !errors.Is(err, context.Canceled) {
+	if _, err := batch.New(1, 0, func(context.Context, []int) ([]int, []error) { return nil, nil }).Do(callerCtx, 1); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Do with an ended context and no loop: %v", err)
+	}
+}
+
+// sizesOf runs a Batcher whose batches report their sizes.
+func sizesOf(t *testing.T, maxItems int, linger time.Duration) (*batch.Batcher[int, int], func() []int) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	var mu sync.Mutex
+	var sizes []int
+	b := batch.New(maxItems, linger, func(_ context.Context, items []int) ([]int, []error) {
+		mu.Lock()
+		sizes = append(sizes, len(items))
+		mu.Unlock()
+		return items, make([]error, len(items))
+	})
+	go b.Run(ctx, 1)
+	return b, func() []int {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(sizes)
+	}
+}
+
+func TestBatcherLingersForMore(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// Without a linger, a lone item is its own batch: the second item
+	// comes once the first was run.
+	b, sizes := sizesOf(t, 2, 0)
+	if _, err := b.Do(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Do(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if got := sizes(); !slices.Equal(got, []int{1, 1}) {
+		t.Errorf("no linger: batches %v, want [1 1]", got)
+	}
+	// With a 10 s linger, an item 50 ms behind the first joins its batch,
+	// and the full batch runs at once.
+	b, sizes = sizesOf(t, 2, 10*time.Second)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if _, err := b.Do(ctx, 1); err != nil {
+			t.Error(err)
+		}
+	})
+	time.Sleep(50 * time.Millisecond) // the gap between the two items
+	start := time.Now()
+	if _, err := b.Do(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if got := sizes(); !slices.Equal(got, []int{2}) {
+		t.Errorf("10 s linger: batches %v, want [2]", got)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("a full batch waited %v", took)
+	}
+}
+
+func TestBatcherLingerEnds(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, sizes := sizesOf(t, 8, 20*time.Millisecond)
+	start := time.Now()
+	if out, err := b.Do(ctx, 7); err != nil || out != 7 {
+		t.Fatalf("Do: %d %v", out, err)
+	}
+	if took := time.Since(start); took < 20*time.Millisecond {
+		t.Errorf("a lone item was answered after %v, before the linger", took)
+	}
+	if got := sizes(); !slices.Equal(got, []int{1}) {
+		t.Errorf("batches %v, want [1]", got)
 	}
 }

@@ -108,6 +108,7 @@ func (c *claimer) drain(ctx context.Context) (throttled bool) {
 			return throttled
 		}
 		c.metrics.claimed.Add(float64(len(steps)))
+		c.metrics.claimSize.Observe(float64(len(steps)))
 		c.wakeRelay()
 		failpoint.Inject("scheduler-after-claim")
 		c.dispatch(steps)

@@ -18,6 +18,7 @@ import (
 	"sas/internal/batch"
 	"sas/internal/broker"
 	"sas/internal/service"
+	"sas/internal/statestore"
 	"sas/internal/workflow"
 )
 
@@ -39,6 +40,8 @@ type Config struct {
 	// ReplyBatch is how many replies handled at once are applied in one
 	// transaction, at most.
 	ReplyBatch int `envconfig:"SCHEDULER_REPLY_BATCH" default:"64"`
+	// ReplyBatchLinger is how long a batch that is not full waits for more.
+	ReplyBatchLinger time.Duration `envconfig:"SCHEDULER_REPLY_BATCH_LINGER" default:"3ms"`
 	// ReplyWriters is how many such transactions run at once.
 	ReplyWriters int `envconfig:"SCHEDULER_REPLY_WRITERS" default:"1"`
 	// RelayBatch is how many outbox messages one relay round publishes.
@@ -51,6 +54,8 @@ type metrics struct {
 	claimed        prometheus.Counter
 	throttled      *prometheus.CounterVec
 	claimDuration  prometheus.Histogram
+	claimSize      prometheus.Histogram
+	replyBatchSize prometheus.Histogram
 	published      prometheus.Counter
 	publishFailed  prometheus.Counter
 	released       prometheus.Counter
@@ -78,6 +83,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		claimDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "sas_scheduler_claim_duration_seconds", Help: "Time of one claim statement.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		claimSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "sas_scheduler_claim_size", Help: "Steps taken by one claim statement that took any.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 9),
+		}),
+		replyBatchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "sas_scheduler_reply_batch_size", Help: "Replies applied by one transaction.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 9),
 		}),
 		published: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sas_scheduler_requests_published_total", Help: "Step requests confirmed by the broker.",
@@ -124,7 +137,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "sas_outbox_relay_errors_total", Help: "Relay rounds that failed and will be retried.",
 		}),
 	}
-	reg.MustRegister(m.claimed, m.throttled, m.claimDuration, m.published, m.publishFailed, m.released, m.wakeups, m.replies,
+	reg.MustRegister(m.claimed, m.throttled, m.claimDuration, m.claimSize, m.replyBatchSize, m.published, m.publishFailed, m.released, m.wakeups, m.replies,
 		m.stale, m.ordersFinished, m.orderDuration, m.stepDuration, m.queueReady, m.dbRetries, m.outbox, m.unroutable, m.relayErrors)
 	return m
 }
@@ -167,7 +180,10 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	// Claims and replies do not notify through the database (migration
 	// 0007): what they make pending or write to the outbox, this
 	// scheduler's own claimer and relay are nudged for.
-	applies := batch.New(cfg.ReplyBatch, store.ApplyReplies)
+	applies := batch.New(cfg.ReplyBatch, cfg.ReplyBatchLinger, func(ctx context.Context, rs []statestore.Reply) ([]statestore.ApplyResult, []error) {
+		m.replyBatchSize.Observe(float64(len(rs)))
+		return store.ApplyReplies(ctx, rs)
+	})
 	go applies.Run(workCtx, cfg.ReplyWriters)
 	r := &replier{store: store, applies: applies, me: me, workCtx: workCtx, logger: logger, metrics: m,
 		wakeClaimer: func() { nudge(w.pending) }, wakeRelay: func() { nudge(w.outbox) }}

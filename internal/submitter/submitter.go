@@ -42,6 +42,8 @@ type Config struct {
 	// Batch is how many orders handled at the same moment are written in
 	// one transaction, at most.
 	Batch int `envconfig:"SUBMITTER_BATCH" default:"64"`
+	// BatchLinger is how long a batch that is not full waits for more.
+	BatchLinger time.Duration `envconfig:"SUBMITTER_BATCH_LINGER" default:"3ms"`
 	// Writers is how many such transactions run at once.
 	Writers int `envconfig:"SUBMITTER_WRITERS" default:"1"`
 	// DBMaxConns caps the database pool.
@@ -60,6 +62,7 @@ const (
 type metrics struct {
 	orders    *prometheus.CounterVec
 	insertDur prometheus.Histogram
+	batchSize prometheus.Histogram
 	dbRetries prometheus.Counter
 }
 
@@ -74,12 +77,17 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "Time to write one order with its steps.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "sas_submitter_insert_batch_size",
+			Help:    "Orders written by one insert transaction.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 9),
+		}),
 		dbRetries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sas_submitter_db_retries_total",
 			Help: "Order writes retried after a database error.",
 		}),
 	}
-	reg.MustRegister(m.orders, m.insertDur, m.dbRetries)
+	reg.MustRegister(m.orders, m.insertDur, m.batchSize, m.dbRetries)
 	return m
 }
 
@@ -103,7 +111,10 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	// rather than being cut off, unless the shutdown timeout passes.
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
-	inserts := batch.New(cfg.Batch, store.InsertOrders)
+	inserts := batch.New(cfg.Batch, cfg.BatchLinger, func(ctx context.Context, orders []statestore.NewOrder) ([]statestore.InsertOutcome, []error) {
+		m.batchSize.Observe(float64(len(orders)))
+		return store.InsertOrders(ctx, orders)
+	})
 	go inserts.Run(workCtx, cfg.Writers)
 	h := &handler{store: store, inserts: inserts, workflows: workflow.Builtin(), stepTimeout: cfg.StepTimeout, actor: me, metrics: m, logger: logger, workCtx: workCtx}
 	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: Input, Prefetch: cfg.Prefetch, Workers: cfg.Workers}, h.handle, logger, bm)
