@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -47,7 +48,7 @@ func (a *app) bench(ctx context.Context, args []string) error {
 	purge := fs.Bool("purge", false, "empty the submit, replies and agent queues first (a previous run's leftovers); without it, leftovers stop the run")
 	pprofOffset := fs.Int("pprof-offset", 0, "when not 0, every service serves Go's profiler on its port plus this offset (e.g. 1000: the submitter's on port-base+1001)")
 	var env multiFlag
-	fs.Var(&env, "env", "NAME=VALUE added to every service's environment (repeatable), e.g. SAS_SCHEDULER_BATCH=200")
+	fs.Var(&env, "env", "NAME=VALUE added to every service's environment (repeatable), e.g. SAS_SCHEDULER_BATCH=200 or GOGC=400")
 	if err := a.parse(fs, args); err != nil {
 		return err
 	}
@@ -60,8 +61,9 @@ func (a *app) bench(ctx context.Context, args []string) error {
 		return errUsage
 	}
 	for _, e := range env {
-		if !strings.HasPrefix(e, "SAS_") || !strings.Contains(e, "=") {
-			fmt.Fprintf(a.stderr, "sasctl bench: --env %q: want SAS_NAME=VALUE\n", e)
+		name, _, ok := strings.Cut(e, "=")
+		if !ok || !strings.HasPrefix(name, "SAS_") && !slices.Contains(goRuntimeVars(), name) {
+			fmt.Fprintf(a.stderr, "sasctl bench: --env %q: want SAS_NAME=VALUE or one of %s\n", e, strings.Join(goRuntimeVars(), ", "))
 			return errUsage
 		}
 	}
@@ -508,6 +510,10 @@ type queueDepths struct {
 	Ready   []int   `json:"ready"`
 	Slope   float64 `json:"slope_per_s"`
 }
+
+// goRuntimeVars are the Go runtime's settings --env may pass besides
+// sas's own.
+func goRuntimeVars() []string { return []string{"GOGC", "GOMEMLIMIT", "GOMAXPROCS", "GODEBUG"} }
 
 func newBenchReport(label, wf string, rate float64, inflight int, warmup, window time.Duration, schedulers, agents, latency int, env []string) *benchReport {
 	r := &benchReport{Label: label, Workflow: wf, Mode: "max", Inflight: inflight, WarmupSeconds: warmup.Seconds(),
