@@ -74,7 +74,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "sas_supervisor_failures_total", Help: "Expired steps that reached their failure threshold and were marked error (each raises an operator alert).",
 		}),
 		errors: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sas_supervisor_errors_total", Help: "Sweeps or lease renewals that failed and will be tried again.",
+			Name: "sas_supervisor_errors_total", Help: "Sweeps, lease renewals or statistics refreshes that failed and will be tried again.",
 		}),
 		sweepDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "sas_supervisor_sweep_duration_seconds", Help: "Duration of one sweep (all its statements).",
