@@ -1034,3 +1034,41 @@ func TestClaimKinds(t *testing.T) {
 		t.Fatal("a claim with no room anywhere was accepted")
 	}
 }
+
+// The history has no foreign key to orders (migration 0009, a cost on
+// every history row); what the key did is done otherwise: deleting orders
+// deletes their history, and order_transition refuses an unknown order.
+func TestHistoryGoesWithItsOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	gone, kept := order(3, time.Minute, 3), order(2, time.Minute, 3)
+	insert(t, b, gone)
+	insert(t, b, kept)
+	if _, err := b.store.ClaimPending(ctx, "test", 10, ""); err != nil {
+		t.Fatal(err)
+	}
+	keptHistory := count(t, b, `SELECT count(*) FROM transitions WHERE order_id = $1`, kept.OrderID)
+	if n := count(t, b, `SELECT count(*) FROM transitions WHERE order_id = $1`, gone.OrderID); n == 0 || keptHistory == 0 {
+		t.Fatalf("history before the delete: %d and %d rows", n, keptHistory)
+	}
+	if _, err := b.pool.Exec(ctx, `DELETE FROM orders WHERE order_id = $1`, gone.OrderID); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, b, `SELECT count(*) FROM transitions WHERE order_id = $1`, gone.OrderID); n != 0 {
+		t.Fatalf("%d history rows left of a deleted order", n)
+	}
+	if n := count(t, b, `SELECT count(*) FROM steps WHERE order_id = $1`, gone.OrderID); n != 0 {
+		t.Fatalf("%d step rows left of a deleted order", n)
+	}
+	if n := count(t, b, `SELECT count(*) FROM transitions WHERE order_id = $1`, kept.OrderID); n != keptHistory {
+		t.Fatalf("the other order's history has %d rows, had %d", n, keptHistory)
+	}
+	_, err := b.pool.Exec(ctx, `SELECT order_transition($1, 'failed', NULL, 'test', 'no such order')`, messages.NewID())
+	if err == nil {
+		t.Fatal("order_transition accepted an order that does not exist")
+	}
+	if n := count(t, b, `SELECT count(*) FROM transitions WHERE order_id NOT IN (SELECT order_id FROM orders)`); n != 0 {
+		t.Fatalf("%d history rows without an order", n)
+	}
+}
