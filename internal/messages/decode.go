@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 )
@@ -89,6 +90,13 @@ func CheckContentType(ct string) error {
 // service's result) and maps to json.RawMessage: inside it keys need not be
 // snake_case, but duplicates, NUL and depth are still checked.
 func decode(body []byte, dst any, required, opaque []string) error {
+	return decodeBody(body, dst, required, opaque, true)
+}
+
+// decodeBody is decode; with fast, a dst that is a fastDecoder fills
+// itself from the walked members when it can, and encoding/json decodes
+// it only when it cannot (the tests compare the two).
+func decodeBody(body []byte, dst any, required, opaque []string, fast bool) error {
 	if len(body) > MaxBodyBytes {
 		return reject(ReasonTooLarge, "body is %d bytes, limit %d", len(body), MaxBodyBytes)
 	}
@@ -98,15 +106,15 @@ func decode(body []byte, dst any, required, opaque []string) error {
 	if i := bytes.IndexByte(body, 0); i >= 0 {
 		return reject(ReasonInvalidEncoding, "NUL byte at offset %d", i)
 	}
-	var present map[string]bool
 	var version []byte
+	var members []member
 	var err error
 	if json.Valid(body) {
-		present, version, err = walk(body, opaque)
+		version, members, err = walk(body, opaque)
 	} else {
 		// Only a body that is not JSON takes the slow path, which says
 		// what is wrong with it.
-		present, err = scan(body, opaque)
+		_, err = scan(body, opaque)
 		if err == nil {
 			err = reject(ReasonNotJSON, "body is not valid JSON")
 		}
@@ -114,19 +122,30 @@ func decode(body []byte, dst any, required, opaque []string) error {
 	if err != nil {
 		return err
 	}
-	if !present["schema_version"] {
+	present := func(key string) bool {
+		for _, m := range members {
+			if string(m.key) == key {
+				return !isNull(m.raw)
+			}
+		}
+		return false
+	}
+	if !present("schema_version") {
 		return reject(ReasonMissingField, "schema_version is required")
 	}
 	if len(version) == 0 || !(version[0] == '-' || version[0] >= '0' && version[0] <= '9') {
 		return reject(ReasonInvalidValue, "schema_version must be a number")
 	}
-	if string(version) != fmt.Sprint(SchemaVersion) {
+	if string(version) != strconv.Itoa(SchemaVersion) {
 		return reject(ReasonUnsupportedVersion, "schema_version %s is not supported (this build reads %d)", version, SchemaVersion)
 	}
 	for _, k := range required {
-		if !present[k] {
+		if !present(k) {
 			return reject(ReasonMissingField, "%s is required", k)
 		}
+	}
+	if fd, ok := dst.(fastDecoder); ok && fast && fd.decodeMembers(members) {
+		return nil
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
@@ -153,26 +172,34 @@ func typeName(kind string) string {
 
 // walk makes scan's checks on a body that json.Valid accepted, without
 // encoding/json's token API (the cost of decoding was mostly there). It
-// also returns the raw text of the top-level schema_version value.
-func walk(body []byte, opaque []string) (map[string]bool, []byte, error) {
-	w := walker{b: body}
+// returns the raw text of the top-level schema_version value and the
+// top-level members in body order.
+func walk(body []byte, opaque []string) ([]byte, []member, error) {
+	w := walker{b: body, members: make([]member, 0, 16)}
 	w.space()
 	if w.i >= len(w.b) || w.b[w.i] != '{' {
 		return nil, nil, reject(ReasonNotJSON, "body must be a JSON object")
 	}
 	w.i++
-	present := map[string]bool{}
-	if err := w.object(1, true, present, opaque); err != nil {
+	if err := w.object(1, true, true, opaque); err != nil {
 		return nil, nil, err
 	}
-	return present, w.version, nil
+	return w.version, w.members, nil
 }
 
 // walker reads JSON that is known to be valid.
 type walker struct {
 	b       []byte
 	i       int
-	version []byte // the top-level schema_version's raw value
+	version []byte   // the top-level schema_version's raw value
+	members []member // the top-level members
+}
+
+// member is one member of an object: its key (unescaped) and the raw text
+// of its value.
+type member struct {
+	key []byte
+	raw []byte
 }
 
 func (w *walker) space() {
@@ -186,8 +213,10 @@ func (w *walker) space() {
 	}
 }
 
-// str reads a string at w.i (its opening quote) and returns its value.
-func (w *walker) str() (string, error) {
+// str reads a string at w.i (its opening quote) and returns its value:
+// the bytes between the quotes when it holds no escape (no copy), else
+// the unescaped value.
+func (w *walker) str() ([]byte, error) {
 	start := w.i
 	escaped := false
 	w.i++
@@ -200,19 +229,20 @@ func (w *walker) str() (string, error) {
 	}
 	w.i++
 	if !escaped {
-		return string(w.b[start+1 : w.i-1]), nil
+		return w.b[start+1 : w.i-1], nil
 	}
 	var v string
 	if err := json.Unmarshal(w.b[start:w.i], &v); err != nil {
-		return "", reject(ReasonNotJSON, "%v", err)
+		return nil, reject(ReasonNotJSON, "%v", err)
 	}
-	return v, nil
+	return []byte(v), nil
 }
 
 // object reads an object's members after its '{' and its '}', as
 // scanObject does.
-func (w *walker) object(depth int, strict bool, top map[string]bool, opaque []string) error {
-	var seen []string
+func (w *walker) object(depth int, strict, top bool, opaque []string) error {
+	var seenBuf [16][]byte
+	seen := seenBuf[:0]
 	w.space()
 	if w.b[w.i] == '}' {
 		w.i++
@@ -224,29 +254,28 @@ func (w *walker) object(depth int, strict bool, top map[string]bool, opaque []st
 		if err != nil {
 			return err
 		}
-		if strict && !validKey(key) {
-			return reject(ReasonUnknownField, "field %q is not known (fields are lower-case snake_case)", truncate(key))
+		if strict && !validKey(string(key)) {
+			return reject(ReasonUnknownField, "field %q is not known (fields are lower-case snake_case)", truncate(string(key)))
 		}
-		if slices.Contains(seen, key) {
-			return reject(ReasonDuplicateField, "field %q appears twice", key)
+		for _, k := range seen {
+			if bytes.Equal(k, key) {
+				return reject(ReasonDuplicateField, "field %q appears twice", key)
+			}
 		}
 		seen = append(seen, key)
 		w.space()
 		w.i++ // ':'
 		w.space()
-		childStrict := strict && !(top != nil && slices.Contains(opaque, key))
+		childStrict := strict && !(top && slices.Contains(opaque, string(key)))
 		start := w.i
-		isNull, err := w.value(depth, childStrict)
-		if err != nil {
+		if _, err := w.value(depth, childStrict); err != nil {
 			return err
 		}
-		if top != nil {
-			if !isNull {
-				top[key] = true
-			}
-			if key == "schema_version" {
+		if top {
+			if string(key) == "schema_version" {
 				w.version = w.b[start:w.i]
 			}
+			w.members = append(w.members, member{key: key, raw: w.b[start:w.i]})
 		}
 		w.space()
 		if w.b[w.i] == '}' {
@@ -267,7 +296,7 @@ func (w *walker) value(depth int, strict bool) (bool, error) {
 		}
 		w.i++
 		if c == '{' {
-			return false, w.object(depth+1, strict, nil, nil)
+			return false, w.object(depth+1, strict, false, nil)
 		}
 		w.space()
 		if w.b[w.i] == ']' {
@@ -291,7 +320,7 @@ func (w *walker) value(depth int, strict bool) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		if strings.IndexByte(v, 0) >= 0 {
+		if bytes.IndexByte(v, 0) >= 0 {
 			return false, reject(ReasonInvalidEncoding, "string contains a NUL character")
 		}
 		return false, nil

@@ -35,10 +35,10 @@ func Encode(m Message) ([]byte, error) {
 	return b, nil
 }
 
-// decodeValid decodes body into a T and validates it.
-func decodeValid[T Message](body []byte, required, opaque []string) (T, error) {
+// decodeValid decodes body into a T and validates it; fast as decodeBody.
+func decodeValid[T Message](body []byte, required, opaque []string, fast bool) (T, error) {
 	var m T
-	if err := decode(body, &m, required, opaque); err != nil {
+	if err := decodeBody(body, &m, required, opaque, fast); err != nil {
 		return m, err
 	}
 	if err := m.Validate(); err != nil {
@@ -176,8 +176,10 @@ func (o SubmitOrder) Canonical() []byte {
 }
 
 // DecodeSubmitOrder decodes and validates a SubmitOrder body.
-func DecodeSubmitOrder(body []byte) (SubmitOrder, error) {
-	o, err := decodeValid[SubmitOrder](body, []string{"order_id", "customer", "items", "amount", "currency"}, nil)
+func DecodeSubmitOrder(body []byte) (SubmitOrder, error) { return decodeSubmitOrder(body, true) }
+
+func decodeSubmitOrder(body []byte, fast bool) (SubmitOrder, error) {
+	o, err := decodeValid[SubmitOrder](body, []string{"order_id", "customer", "items", "amount", "currency"}, nil, fast)
 	if err != nil {
 		return o, err
 	}
@@ -261,9 +263,11 @@ func checkStepRef(orderID string, step, attempt int) error {
 }
 
 // DecodeStepRequest decodes and validates a StepRequest body.
-func DecodeStepRequest(body []byte) (StepRequest, error) {
+func DecodeStepRequest(body []byte) (StepRequest, error) { return decodeStepRequest(body, true) }
+
+func decodeStepRequest(body []byte, fast bool) (StepRequest, error) {
 	return decodeValid[StepRequest](body,
-		[]string{"order_id", "step", "name", "agent", "attempt", "idempotency_key", "complete_by", "payload"}, nil)
+		[]string{"order_id", "step", "name", "agent", "attempt", "idempotency_key", "complete_by", "payload"}, nil, fast)
 }
 
 // Step reply outcomes.
@@ -338,8 +342,10 @@ func (r StepReply) Validate() error {
 }
 
 // DecodeStepReply decodes and validates a StepReply body.
-func DecodeStepReply(body []byte) (StepReply, error) {
-	r, err := decodeValid[StepReply](body, []string{"order_id", "step", "attempt", "outcome"}, []string{"result"})
+func DecodeStepReply(body []byte) (StepReply, error) { return decodeStepReply(body, true) }
+
+func decodeStepReply(body []byte, fast bool) (StepReply, error) {
+	r, err := decodeValid[StepReply](body, []string{"order_id", "step", "attempt", "outcome"}, []string{"result"}, fast)
 	if err != nil {
 		return r, err
 	}
@@ -393,8 +399,10 @@ func (e StatusEvent) Validate() error {
 }
 
 // DecodeStatusEvent decodes and validates a StatusEvent body.
-func DecodeStatusEvent(body []byte) (StatusEvent, error) {
-	return decodeValid[StatusEvent](body, []string{"order_id", "status", "at"}, nil)
+func DecodeStatusEvent(body []byte) (StatusEvent, error) { return decodeStatusEvent(body, true) }
+
+func decodeStatusEvent(body []byte, fast bool) (StatusEvent, error) {
+	return decodeValid[StatusEvent](body, []string{"order_id", "status", "at"}, nil, fast)
 }
 
 // OperatorAlert tells a person that an order needs them.
@@ -432,5 +440,5 @@ func (a OperatorAlert) Validate() error {
 
 // DecodeOperatorAlert decodes and validates an OperatorAlert body.
 func DecodeOperatorAlert(body []byte) (OperatorAlert, error) {
-	return decodeValid[OperatorAlert](body, []string{"order_id", "step", "reason", "failure_count", "at"}, nil)
+	return decodeValid[OperatorAlert](body, []string{"order_id", "step", "reason", "failure_count", "at"}, nil, true)
 }

@@ -291,3 +291,21 @@ func BenchmarkDecodeStepReply(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkDecodeStepRequest: the strict decoding of one request, as an
+// agent does for each.
+func BenchmarkDecodeStepRequest(b *testing.B) {
+	id := messages.NewID()
+	body, err := messages.Encode(messages.StepRequest{SchemaVersion: 1, OrderID: id, Step: 2, Name: "charge_payment", Agent: "payment",
+		Attempt: 1, IdempotencyKey: id + "/2/charge_payment", CompleteBy: time.Now().Add(time.Minute).UTC(),
+		Payload: messages.OrderPayload{Customer: "ACME Ltd", Items: []messages.Item{{SKU: "SKU-1", Qty: 2}, {SKU: "SKU-2", Qty: 1}}, Amount: 1999, Currency: "EUR"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := messages.DecodeStepRequest(body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
