@@ -269,6 +269,68 @@ func TestConsumerHonoursPrefetch(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, "all ten handled", func() bool { return handled.Load() == 10 })
 }
 
+// TestConsumerGroupsAcks: deliveries handled together are acknowledged
+// by few frames, and a handler that takes long holds back no other
+// delivery's ack (with the prefetch window full of held acks the
+// consumer would stop).
+func TestConsumerGroupsAcks(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 5)
+	conn := b.open(t, testenv.AMQPURL())
+	pub := broker.NewPublisher(conn, b.metrics)
+	defer pub.Close()
+	release := make(chan struct{})
+	var handled atomic.Int64
+	handler := func(ctx context.Context, d amqp.Delivery) error {
+		if d.MessageId == "slow" {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		handled.Add(1)
+		return nil
+	}
+	// A backlog, as under load.
+	const n = 400
+	for i := range n {
+		publishRetrying(t, pub, b.topo.Queue("in"), fmt.Sprint(i))
+	}
+	ctx, cancel := context.WithCancel(ctxFor(t, 60*time.Second))
+	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: "in", Prefetch: 16, Workers: 8}, handler, b.logger, b.metrics)
+	done := make(chan error, 1)
+	go func() { done <- consumer.Run(ctx) }()
+	testenv.Eventually(t, 30*time.Second, "every delivery handled", func() bool { return handled.Load() == n })
+	testenv.Eventually(t, 10*time.Second, "every delivery acknowledged", func() bool {
+		return b.metric(t, "sas_broker_consumed_total") == n
+	})
+	frames := b.metric(t, "sas_broker_ack_frames_total")
+	if frames < 1 || frames > n/2 {
+		t.Fatalf("%v ack frames for %d deliveries, want them grouped", frames, n)
+	}
+	t.Logf("%v ack frames for %d deliveries", frames, n)
+
+	// One slow delivery, then more than the prefetch window of others.
+	publishRetrying(t, pub, b.topo.Queue("in"), "slow")
+	for i := range 50 {
+		publishRetrying(t, pub, b.topo.Queue("in"), fmt.Sprint("after-", i))
+	}
+	testenv.Eventually(t, 30*time.Second, "the others handled while the slow one is in hand", func() bool {
+		return handled.Load() == n+50
+	})
+	close(release)
+	ch := rawChannel(t)
+	testenv.Eventually(t, 30*time.Second, "the queue empty, nothing unacknowledged", func() bool {
+		q, err := ch.QueueDeclarePassive(b.topo.Queue("in"), true, false, false, false, nil)
+		return err == nil && q.Messages == 0 && handled.Load() == n+51
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("consumer: %v", err)
+	}
+}
+
 // TestRecoversFromConnectionLossAndOutage cuts the connection, then takes
 // the broker away for a while and brings it back (with a queue deleted in
 // the meantime): publishing and consuming resume on their own, the topology

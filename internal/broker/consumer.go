@@ -162,54 +162,65 @@ func (c *Consumer) consume(ctx context.Context) error {
 		}
 	}()
 
+	// The acks go through one acker, grouped; it sends what it holds
+	// once the workers are done, before the channel closes.
+	settled := make(chan settlement, c.cfg.Prefetch)
+	ack := newAcker(ch, c.cfg.Prefetch, func() { c.metrics.ackFrames.WithLabelValues(queue).Inc() }, func(err error) {
+		// The channel is gone; the broker will redeliver, and the
+		// handlers' work is idempotent.
+		c.logger.Warn("ack failed", "queue", queue, "err", err)
+	})
+	ackerDone := make(chan struct{})
+	go func() {
+		defer close(ackerDone)
+		ack.run(settled)
+	}()
 	var wg sync.WaitGroup
 	for range c.cfg.Workers {
 		wg.Go(func() {
 			for d := range deliveries {
-				c.handle(ctx, queue, d)
+				settled <- c.handle(ctx, queue, d)
 			}
 		})
 	}
 	wg.Wait()
+	close(settled)
+	<-ackerDone
 	if ctx.Err() != nil {
 		return nil
 	}
 	return errors.New("delivery channel closed")
 }
 
-func (c *Consumer) handle(ctx context.Context, queue string, d amqp.Delivery) {
+// handle handles one delivery and returns what to tell the broker.
+func (c *Consumer) handle(ctx context.Context, queue string, d amqp.Delivery) settlement {
+	ack, requeue := settlement{tag: d.DeliveryTag}, settlement{tag: d.DeliveryTag, requeue: true}
 	if ctx.Err() != nil {
 		// Shutting down: hand it back untouched for another consumer.
-		_ = d.Nack(false, true)
 		c.metrics.consumed.WithLabelValues(queue, "requeue").Inc()
-		return
+		return requeue
 	}
 	err := c.handler(ctx, d)
 	var rej *Rejection
 	switch {
 	case err == nil:
-		if aerr := d.Ack(false); aerr != nil {
-			// The channel is gone; the broker will redeliver, and the
-			// handler's work is idempotent.
-			c.logger.Warn("ack failed", "queue", queue, "message_id", d.MessageId, "err", aerr)
-		}
 		c.metrics.consumed.WithLabelValues(queue, "ack").Inc()
+		return ack
 	case errors.As(err, &rej):
 		if derr := c.pub.DeadLetter(ctx, c.conn.Topology(), c.cfg.Input, d, rej.Reason, rej.Detail); derr != nil {
 			c.logger.Error("dead-letter failed, requeueing", "queue", queue, "message_id", d.MessageId, "reason", rej.Reason, "err", derr)
-			_ = d.Nack(false, true)
 			c.metrics.consumed.WithLabelValues(queue, "requeue").Inc()
-			return
+			return requeue
 		}
 		c.metrics.deadLettered.WithLabelValues(queue, rej.Reason).Inc()
 		c.logger.Warn("message dead-lettered", "queue", queue, "message_id", d.MessageId, "reason", rej.Reason, "detail", rej.Detail)
-		_ = d.Ack(false)
 		c.metrics.consumed.WithLabelValues(queue, "dead_letter").Inc()
+		return ack
 	default:
 		if ctx.Err() == nil {
 			c.logger.Warn("handler failed, requeueing", "queue", queue, "message_id", d.MessageId, "err", err)
 		}
-		_ = d.Nack(false, true)
 		c.metrics.consumed.WithLabelValues(queue, "requeue").Inc()
+		return requeue
 	}
 }

@@ -9,6 +9,7 @@ type Metrics struct {
 	published    *prometheus.CounterVec
 	deadLettered *prometheus.CounterVec
 	consumed     *prometheus.CounterVec
+	ackFrames    *prometheus.CounterVec
 }
 
 // NewMetrics creates the collectors and registers them on reg (nil: not
@@ -35,9 +36,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sas_broker_consumed_total",
 			Help: "Deliveries handled, by queue and result (ack, requeue, dead_letter).",
 		}, []string{"queue", "result"}),
+		ackFrames: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sas_broker_ack_frames_total",
+			Help: "Acks and nacks sent to RabbitMQ, by queue; one ack may settle many deliveries (compare sas_broker_consumed_total).",
+		}, []string{"queue"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.connected, m.reconnects, m.published, m.deadLettered, m.consumed)
+		reg.MustRegister(m.connected, m.reconnects, m.published, m.deadLettered, m.consumed, m.ackFrames)
 	}
 	return m
 }
