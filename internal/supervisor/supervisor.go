@@ -36,6 +36,10 @@ type Config struct {
 	// LeaseTTL is how long leadership lasts without renewal: a standby
 	// takes over at most LeaseTTL + Interval after the leader stops.
 	LeaseTTL time.Duration `envconfig:"SUPERVISOR_LEASE_TTL" default:"5s"`
+	// StatsInterval is how often the live-work gauges (sas_steps, the
+	// oldest pending and processing ages) are read from the store; each
+	// reading counts the pending and processing steps.
+	StatsInterval time.Duration `envconfig:"SUPERVISOR_STATS_INTERVAL" default:"5s"`
 	// AnalyzeInterval is how often the leader looks for state tables whose
 	// planner statistics are stale (never analyzed, or grown tenfold
 	// since) and analyzes them (0: never).

@@ -33,6 +33,7 @@ type sweeper struct {
 	analyzing   sync.WaitGroup
 	analyzeBusy chan struct{} // holds a token while a refresh runs
 	lastAnalyze time.Time
+	lastReport  time.Time
 }
 
 func (s *sweeper) run(ctx context.Context) error {
@@ -151,7 +152,14 @@ func (s *sweeper) maybeAnalyze(ctx context.Context) {
 	})
 }
 
+// report refreshes the live-work gauges every StatsInterval: under load
+// the counts read thousands of index entries, too many to read every
+// sweep.
 func (s *sweeper) report(ctx context.Context) {
+	if time.Since(s.lastReport) < s.cfg.StatsInterval {
+		return
+	}
+	s.lastReport = time.Now()
 	st, err := s.store.Stats(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
