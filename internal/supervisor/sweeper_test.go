@@ -34,7 +34,9 @@ func TestReportEveryStatsInterval(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	pending := func(s *sweeper) float64 { return testutil.ToFloat64(s.metrics.steps.WithLabelValues(statestore.StepPending)) }
+	pending := func(s *sweeper) float64 {
+		return testutil.ToFloat64(s.metrics.steps.WithLabelValues(statestore.StepPending))
+	}
 	newSweeper := func(every time.Duration) *sweeper {
 		return &sweeper{store: store, cfg: Config{StatsInterval: every}, me: "test",
 			logger: slog.New(slog.NewTextHandler(io.Discard, nil)), metrics: newMetrics(prometheus.NewRegistry())}
