@@ -1035,9 +1035,10 @@ func TestClaimKinds(t *testing.T) {
 	}
 }
 
-// The history has no foreign key to orders (migration 0009, a cost on
-// every history row); what the key did is done otherwise: deleting orders
-// deletes their history, and order_transition refuses an unknown order.
+// The history and the steps have no foreign key to orders (migrations
+// 0009 and 0010, a cost on every row); what the keys did is done
+// otherwise: deleting orders deletes their steps and history, and
+// order_transition refuses an unknown order.
 func TestHistoryGoesWithItsOrder(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -1070,5 +1071,11 @@ func TestHistoryGoesWithItsOrder(t *testing.T) {
 	}
 	if n := count(t, b, `SELECT count(*) FROM transitions WHERE order_id NOT IN (SELECT order_id FROM orders)`); n != 0 {
 		t.Fatalf("%d history rows without an order", n)
+	}
+	if n := count(t, b, `SELECT count(*) FROM steps WHERE order_id NOT IN (SELECT order_id FROM orders)`); n != 0 {
+		t.Fatalf("%d step rows without an order", n)
+	}
+	if n := count(t, b, `SELECT count(*) FROM steps WHERE order_id = $1`, kept.OrderID); n != len(kept.Steps) {
+		t.Fatalf("the other order has %d step rows, want %d", n, len(kept.Steps))
 	}
 }
