@@ -28,6 +28,11 @@ func Encode(m Message) ([]byte, error) {
 	if err := m.Validate(); err != nil {
 		return nil, fmt.Errorf("encode %s: %w", m.Type(), err)
 	}
+	if f, ok := m.(fastEncoder); ok {
+		if b, ok := f.appendJSON(make([]byte, 0, 512)); ok {
+			return b, nil
+		}
+	}
 	b, err := json.Marshal(m)
 	if err != nil {
 		return nil, fmt.Errorf("encode %s: %w", m.Type(), err)

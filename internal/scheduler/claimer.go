@@ -2,7 +2,6 @@ package scheduler
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -173,8 +172,8 @@ func (c *claimer) dispatch(steps []statestore.ClaimedStep) {
 // set to the budget left, so a request nobody took in time dies in the
 // queue instead of reaching an agent too late.
 func request(s statestore.ClaimedStep) (amqp.Publishing, error) {
-	var items []messages.Item
-	if err := json.Unmarshal(s.Items, &items); err != nil {
+	items, err := messages.ParseItems(s.Items)
+	if err != nil {
 		return amqp.Publishing{}, fmt.Errorf("items: %w", err)
 	}
 	body, err := messages.Encode(messages.StepRequest{

@@ -1,0 +1,217 @@
+package messages
+
+import (
+	"encoding/json"
+	"strconv"
+	"time"
+)
+
+// Encoding without encoding/json's reflection, for the messages sent on
+// the hot path (a scheduler's requests, an agent's replies). The output is
+// byte for byte what json.Marshal writes; where that needs escaping (a
+// string with a quote, a control or non-ASCII character, <, > or &) or
+// compacting (a result with spaces), the fast path gives up and
+// json.Marshal writes the body. FuzzFastEncodeMatchesJSON holds the two
+// to the same bytes.
+
+// fastEncoder is a message that can append its JSON form; false means
+// json.Marshal must.
+type fastEncoder interface {
+	appendJSON(b []byte) ([]byte, bool)
+}
+
+// plain reports whether json.Marshal writes s between quotes unchanged.
+func plain(s []byte) bool {
+	for _, c := range s {
+		if c < 0x20 || c >= 0x80 || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			return false
+		}
+	}
+	return true
+}
+
+// encoder appends JSON members and remembers whether all were plain.
+type encoder struct {
+	b  []byte
+	ok bool
+}
+
+func (e *encoder) key(k string) {
+	e.b = append(e.b, '"')
+	e.b = append(e.b, k...)
+	e.b = append(e.b, '"', ':')
+}
+
+func (e *encoder) str(s string) {
+	if !plain([]byte(s)) {
+		e.ok = false
+		return
+	}
+	e.b = append(e.b, '"')
+	e.b = append(e.b, s...)
+	e.b = append(e.b, '"')
+}
+
+func (e *encoder) int(n int64) { e.b = strconv.AppendInt(e.b, n, 10) }
+
+func (e *encoder) time(t time.Time) {
+	// time.Time's MarshalJSON: RFC 3339 with nanoseconds, years 0..9999
+	// only (checkTime keeps them far inside).
+	if y := t.Year(); y < 0 || y > 9999 {
+		e.ok = false
+		return
+	}
+	e.b = append(e.b, '"')
+	e.b = t.AppendFormat(e.b, time.RFC3339Nano)
+	e.b = append(e.b, '"')
+}
+
+func (e *encoder) items(items []Item) {
+	if items == nil {
+		e.b = append(e.b, "null"...)
+		return
+	}
+	e.b = append(e.b, '[')
+	for i, it := range items {
+		if i > 0 {
+			e.b = append(e.b, ',')
+		}
+		e.b = append(e.b, '{')
+		e.key("sku")
+		e.str(it.SKU)
+		e.b = append(e.b, ',')
+		e.key("qty")
+		e.int(it.Qty)
+		e.b = append(e.b, '}')
+	}
+	e.b = append(e.b, ']')
+}
+
+func (r StepRequest) appendJSON(b []byte) ([]byte, bool) {
+	e := encoder{b: b, ok: true}
+	e.b = append(e.b, '{')
+	e.key("schema_version")
+	e.int(int64(r.SchemaVersion))
+	e.b = append(e.b, ',')
+	e.key("order_id")
+	e.str(r.OrderID)
+	e.b = append(e.b, ',')
+	e.key("step")
+	e.int(int64(r.Step))
+	e.b = append(e.b, ',')
+	e.key("name")
+	e.str(r.Name)
+	e.b = append(e.b, ',')
+	e.key("agent")
+	e.str(r.Agent)
+	e.b = append(e.b, ',')
+	e.key("attempt")
+	e.int(int64(r.Attempt))
+	e.b = append(e.b, ',')
+	e.key("idempotency_key")
+	e.str(r.IdempotencyKey)
+	e.b = append(e.b, ',')
+	e.key("complete_by")
+	e.time(r.CompleteBy)
+	e.b = append(e.b, ',')
+	e.key("payload")
+	e.b = append(e.b, '{')
+	e.key("customer")
+	e.str(r.Payload.Customer)
+	e.b = append(e.b, ',')
+	e.key("items")
+	e.items(r.Payload.Items)
+	e.b = append(e.b, ',')
+	e.key("amount")
+	e.int(r.Payload.Amount)
+	e.b = append(e.b, ',')
+	e.key("currency")
+	e.str(r.Payload.Currency)
+	e.b = append(e.b, '}')
+	if r.Undoes != "" {
+		e.b = append(e.b, ',')
+		e.key("undoes")
+		e.str(r.Undoes)
+	}
+	e.b = append(e.b, '}')
+	return e.b, e.ok
+}
+
+func (r StepReply) appendJSON(b []byte) ([]byte, bool) {
+	e := encoder{b: b, ok: true}
+	e.b = append(e.b, '{')
+	e.key("schema_version")
+	e.int(int64(r.SchemaVersion))
+	e.b = append(e.b, ',')
+	e.key("order_id")
+	e.str(r.OrderID)
+	e.b = append(e.b, ',')
+	e.key("step")
+	e.int(int64(r.Step))
+	e.b = append(e.b, ',')
+	e.key("attempt")
+	e.int(int64(r.Attempt))
+	e.b = append(e.b, ',')
+	e.key("outcome")
+	e.str(r.Outcome)
+	if len(r.Result) > 0 {
+		// json.Marshal compacts a RawMessage and escapes <, > and &:
+		// a result with none of those bytes, nor any space, is written
+		// as it is.
+		for _, c := range r.Result {
+			if c <= ' ' || c >= 0x80 || c == '<' || c == '>' || c == '&' {
+				e.ok = false
+			}
+		}
+		e.b = append(e.b, ',')
+		e.key("result")
+		e.b = append(e.b, r.Result...)
+	}
+	if r.Error != "" {
+		e.b = append(e.b, ',')
+		e.key("error")
+		e.str(r.Error)
+	}
+	if r.StartedAt != nil {
+		e.b = append(e.b, ',')
+		e.key("started_at")
+		e.time(*r.StartedAt)
+	}
+	if r.CallMicros != 0 {
+		e.b = append(e.b, ',')
+		e.key("call_us")
+		e.int(r.CallMicros)
+	}
+	if r.SentAt != nil {
+		e.b = append(e.b, ',')
+		e.key("sent_at")
+		e.time(*r.SentAt)
+	}
+	e.b = append(e.b, '}')
+	return e.b, e.ok
+}
+
+// ParseItems reads an order's items from their JSON (as the state store
+// keeps them), the common forms without encoding/json's reflection.
+func ParseItems(raw []byte) ([]Item, error) { return parseItems(raw, true) }
+
+func parseItems(raw []byte, fast bool) ([]Item, error) {
+	if fast && json.Valid(raw) {
+		w := walker{b: raw}
+		w.space()
+		start := w.i
+		if _, err := w.value(0, false); err == nil {
+			end := w.i
+			w.space()
+			var items []Item
+			if w.i == len(raw) && rawItems(raw[start:end], &items) {
+				return items, nil
+			}
+		}
+	}
+	var items []Item
+	if err := json.Unmarshal(raw, &items); err != nil {
+		return nil, err
+	}
+	return items, nil
+}

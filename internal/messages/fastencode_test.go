@@ -1,0 +1,95 @@
+package messages_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"sas/internal/messages"
+)
+
+// sameAsMarshal encodes m and fails unless the bytes are json.Marshal's
+// (for a message that validates) or both refuse it.
+func sameAsMarshal(t *testing.T, m messages.Message) {
+	t.Helper()
+	got, err := messages.Encode(m)
+	if m.Validate() != nil {
+		if err == nil {
+			t.Fatalf("encoded an invalid message: %#v", m)
+		}
+		return
+	}
+	want, werr := json.Marshal(m)
+	if err != nil || werr != nil || !bytes.Equal(got, want) {
+		t.Fatalf("fast path:\n%s (%v)\njson.Marshal:\n%s (%v)", got, err, want, werr)
+	}
+}
+
+func encodeSamples(s1, s2 string, n int64, result []byte, at time.Time) []messages.Message {
+	id := fuzzID
+	t := at
+	return []messages.Message{
+		messages.StepRequest{SchemaVersion: 1, OrderID: id, Step: 2, Name: "charge_payment", Agent: "payment", Attempt: 3,
+			IdempotencyKey: id + "/2/" + s1, CompleteBy: at,
+			Payload: messages.OrderPayload{Customer: s2, Items: []messages.Item{{SKU: s1, Qty: n}, {SKU: "b", Qty: 1}}, Amount: n, Currency: "EUR"},
+			Undoes: s1},
+		messages.StepRequest{SchemaVersion: 1, OrderID: id, Step: 1, Name: s1, Agent: "inventory", Attempt: 1,
+			IdempotencyKey: "k", CompleteBy: at, Payload: messages.OrderPayload{Customer: "c", Items: []messages.Item{{SKU: "a", Qty: 1}}, Amount: 0, Currency: "USD"}},
+		messages.StepReply{SchemaVersion: 1, OrderID: id, Step: 1, Attempt: 2, Outcome: messages.OutcomeOK, Result: result,
+			StartedAt: &t, CallMicros: n, SentAt: &t},
+		messages.StepReply{SchemaVersion: 1, OrderID: id, Step: 3, Attempt: 1, Outcome: messages.OutcomeFailed, Error: s2},
+		messages.StepReply{SchemaVersion: 1, OrderID: id, Step: 3, Attempt: 1, Outcome: messages.OutcomeOK},
+	}
+}
+
+func TestFastEncodeMatchesJSON(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2030, 1, 2, 3, 4, 5, 123456789, time.UTC)
+	for _, c := range []struct {
+		s1, s2 string
+		n      int64
+		result string
+		at     time.Time
+	}{
+		{"reserve", "ACME Ltd", 1999, `{"reservation":"r-1","effects":1}`, at},
+		{"a<b", "Zoë & Co", 7, `{"a": 1}`, at.Truncate(time.Second)},
+		{`quote"d`, "tab\there", 0, `[1,"x<y"]`, at.In(time.FixedZone("x", 3600))},
+		{"back\\slash", "line\u2028sep", 42, `"é"`, at.Add(time.Millisecond)},
+		{"plain", "plain", 1, `null`, at},
+	} {
+		for _, m := range encodeSamples(c.s1, c.s2, c.n, []byte(c.result), c.at) {
+			sameAsMarshal(t, m)
+		}
+	}
+}
+
+func FuzzFastEncodeMatchesJSON(f *testing.F) {
+	f.Add("reserve", "ACME Ltd", int64(1999), []byte(`{"reservation":"r-1"}`), int64(1893553445123456789))
+	f.Add("a<b", "Zoë", int64(-1), []byte(`{"a": 1}`), int64(1893553445000000000))
+	f.Fuzz(func(t *testing.T, s1, s2 string, n int64, result []byte, unixNano int64) {
+		for _, m := range encodeSamples(s1, s2, n, result, time.Unix(0, unixNano).UTC()) {
+			sameAsMarshal(t, m)
+		}
+	})
+}
+
+// ParseItems reads what encoding/json reads, through either path.
+func TestParseItemsMatchesJSON(t *testing.T) {
+	t.Parallel()
+	for _, raw := range []string{
+		`[{"qty": 2, "sku": "SKU-1"}]`,
+		`[{"sku":"a","qty":1},{"sku":"b","qty":2}]`,
+		` [ ] `, `null`, `[null]`, `[{"SKU":"a","qty":1}]`, `[{"sku":"a","qty":1,"colour":"red"}]`,
+		`[{"sku":"\u0061","qty":1}]`, `[{"sku":"a","qty":1.5}]`, `[{"sku":"a","sku":"b"}]`, `{}`, `[`, `[1]`,
+		strings.Repeat(`[`, 40) + strings.Repeat(`]`, 40),
+	} {
+		fast, ferr := messages.ParseItemsWith([]byte(raw), true)
+		slow, serr := messages.ParseItemsWith([]byte(raw), false)
+		if (ferr == nil) != (serr == nil) || !reflect.DeepEqual(fast, slow) {
+			t.Fatalf("%s: fast path %#v %v, encoding/json %#v %v", raw, fast, ferr, slow, serr)
+		}
+	}
+}
