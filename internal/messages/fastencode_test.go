@@ -35,7 +35,7 @@ func encodeSamples(s1, s2 string, n int64, result []byte, at time.Time) []messag
 		messages.StepRequest{SchemaVersion: 1, OrderID: id, Step: 2, Name: "charge_payment", Agent: "payment", Attempt: 3,
 			IdempotencyKey: id + "/2/" + s1, CompleteBy: at,
 			Payload: messages.OrderPayload{Customer: s2, Items: []messages.Item{{SKU: s1, Qty: n}, {SKU: "b", Qty: 1}}, Amount: n, Currency: "EUR"},
-			Undoes: s1},
+			Undoes:  s1},
 		messages.StepRequest{SchemaVersion: 1, OrderID: id, Step: 1, Name: s1, Agent: "inventory", Attempt: 1,
 			IdempotencyKey: "k", CompleteBy: at, Payload: messages.OrderPayload{Customer: "c", Items: []messages.Item{{SKU: "a", Qty: 1}}, Amount: 0, Currency: "USD"}},
 		messages.StepReply{SchemaVersion: 1, OrderID: id, Step: 1, Attempt: 2, Outcome: messages.OutcomeOK, Result: result,
