@@ -1037,8 +1037,8 @@ func TestClaimKinds(t *testing.T) {
 
 // The history and the steps have no foreign key to orders (migrations
 // 0009 and 0010, a cost on every row); what the keys did is done
-// otherwise: deleting orders deletes their steps and history, and
-// order_transition refuses an unknown order.
+// otherwise: deleting (or truncating) orders deletes their steps and
+// history, and order_transition refuses an unknown order.
 func TestHistoryGoesWithItsOrder(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -1077,5 +1077,11 @@ func TestHistoryGoesWithItsOrder(t *testing.T) {
 	}
 	if n := count(t, b, `SELECT count(*) FROM steps WHERE order_id = $1`, kept.OrderID); n != len(kept.Steps) {
 		t.Fatalf("the other order has %d step rows, want %d", n, len(kept.Steps))
+	}
+	if _, err := b.pool.Exec(ctx, `TRUNCATE orders`); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, b, `SELECT (SELECT count(*) FROM steps) + (SELECT count(*) FROM transitions)`); n != 0 {
+		t.Fatalf("%d step and history rows left after TRUNCATE orders", n)
 	}
 }
