@@ -70,28 +70,31 @@ func (a *acker) run(in <-chan settlement) {
 	for {
 		select {
 		case s, ok := <-in:
-			if !ok {
+			// Take whatever else is ready too, so that one frame covers it.
+			if !ok || !a.takeReady(s, in) {
 				a.flush(true)
 				return
-			}
-			a.add(s)
-			// Take whatever else is ready, so that one frame covers it.
-		more:
-			for {
-				select {
-				case s, ok := <-in:
-					if !ok {
-						a.flush(true)
-						return
-					}
-					a.add(s)
-				default:
-					break more
-				}
 			}
 		case <-a.wake:
 		}
 		a.flush(false)
+	}
+}
+
+// takeReady adds s and every settlement already waiting on in; false
+// when in is closed.
+func (a *acker) takeReady(s settlement, in <-chan settlement) bool {
+	a.add(s)
+	for {
+		select {
+		case s, ok := <-in:
+			if !ok {
+				return false
+			}
+			a.add(s)
+		default:
+			return true
+		}
 	}
 }
 
