@@ -7,7 +7,7 @@ import (
 )
 
 // Encoding without encoding/json's reflection, for the messages sent on
-// the hot path (a scheduler's requests, an agent's replies). The output is
+// the hot path (orders, a scheduler's requests, an agent's replies). The output is
 // byte for byte what json.Marshal writes; where that needs escaping (a
 // string with a quote, a control or non-ASCII character, <, > or &) or
 // compacting (a result with spaces), the fast path gives up and
@@ -85,6 +85,50 @@ func (e *encoder) items(items []Item) {
 		e.b = append(e.b, '}')
 	}
 	e.b = append(e.b, ']')
+}
+
+func (o SubmitOrder) appendJSON(b []byte) ([]byte, bool) {
+	e := encoder{b: b, ok: true}
+	e.b = append(e.b, '{')
+	e.key("schema_version")
+	e.int(int64(o.SchemaVersion))
+	e.b = append(e.b, ',')
+	e.key("order_id")
+	e.str(o.OrderID)
+	e.b = append(e.b, ',')
+	e.key("customer")
+	e.str(o.Customer)
+	e.b = append(e.b, ',')
+	e.key("items")
+	e.items(o.Items)
+	e.b = append(e.b, ',')
+	e.key("amount")
+	e.int(o.Amount)
+	e.b = append(e.b, ',')
+	e.key("currency")
+	e.str(o.Currency)
+	if o.Priority != 0 {
+		e.b = append(e.b, ',')
+		e.key("priority")
+		e.int(int64(o.Priority))
+	}
+	if o.ReplyTo != "" {
+		e.b = append(e.b, ',')
+		e.key("reply_to")
+		e.str(o.ReplyTo)
+	}
+	if o.Workflow != "" {
+		e.b = append(e.b, ',')
+		e.key("workflow")
+		e.str(o.Workflow)
+	}
+	if o.PlacedAt != nil {
+		e.b = append(e.b, ',')
+		e.key("placed_at")
+		e.time(*o.PlacedAt)
+	}
+	e.b = append(e.b, '}')
+	return e.b, e.ok
 }
 
 func (r StepRequest) appendJSON(b []byte) ([]byte, bool) {
