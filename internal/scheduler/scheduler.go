@@ -176,7 +176,8 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	defer depths.Close()
 	c := &claimer{store: store, pub: pub, depths: depths, topo: topo, kinds: workflows.Agents(), me: me,
 		batch: cfg.BatchSize, maxQueued: cfg.MaxQueued, poll: cfg.PollInterval,
-		wake: w.pending, wakeRelay: func() { nudge(w.outbox) }, workCtx: workCtx, logger: logger, metrics: m}
+		wake: w.pending, wakeRelay: func() { nudge(w.outbox) }, workCtx: workCtx, logger: logger, metrics: m,
+		known: map[string]queueDepth{}}
 	// Claims and replies do not notify through the database (migration
 	// 0007): what they make pending or write to the outbox, this
 	// scheduler's own claimer and relay are nudged for.

@@ -1,0 +1,69 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// countingReader is a depthReader that counts its reads.
+type countingReader struct {
+	ready int
+	err   error
+	reads int
+}
+
+func (r *countingReader) Ready(context.Context, string) (int, error) {
+	r.reads++
+	return r.ready, r.err
+}
+
+// A queue's depth is read from the broker at most every depthTTL; in
+// between, what was sent since counts as still waiting.
+func TestClaimerReadsQueueDepthsSparingly(t *testing.T) {
+	t.Parallel()
+	r := &countingReader{ready: 7}
+	c := &claimer{depths: r, known: map[string]queueDepth{}, metrics: newMetrics(prometheus.NewRegistry())}
+	ctx := context.Background()
+	for range 5 {
+		if n, err := c.ready(ctx, "inventory", "q"); err != nil || n != 7 {
+			t.Fatalf("ready %d, %v; want 7", n, err)
+		}
+	}
+	if r.reads != 1 {
+		t.Fatalf("%d reads of the broker within %v, want 1", r.reads, depthTTL)
+	}
+	d := c.known["inventory"]
+	d.sent += 3
+	c.known["inventory"] = d
+	if n, _ := c.ready(ctx, "inventory", "q"); n != 10 {
+		t.Fatalf("ready %d after 3 sent, want 10", n)
+	}
+	// Another kind has its own reading.
+	if n, _ := c.ready(ctx, "payment", "q2"); n != 7 || r.reads != 2 {
+		t.Fatalf("another kind: ready %d after %d reads", n, r.reads)
+	}
+	// An old reading is read again.
+	d = c.known["inventory"]
+	d.at = d.at.Add(-depthTTL)
+	c.known["inventory"] = d
+	r.ready = 2
+	if n, _ := c.ready(ctx, "inventory", "q"); n != 2 || r.reads != 3 {
+		t.Fatalf("after %v: ready %d after %d reads, want 2 after 3", depthTTL, n, r.reads)
+	}
+	// A failed read is not remembered.
+	r.err = errors.New("channel closed")
+	d = c.known["inventory"]
+	d.at = time.Now().Add(-depthTTL)
+	c.known["inventory"] = d
+	if _, err := c.ready(ctx, "inventory", "q"); err == nil {
+		t.Fatal("a failed read gave a depth")
+	}
+	r.err = nil
+	if n, _ := c.ready(ctx, "inventory", "q"); n != 2 || r.reads != 5 {
+		t.Fatalf("after a failed read: ready %d after %d reads", n, r.reads)
+	}
+}
