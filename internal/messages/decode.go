@@ -81,21 +81,18 @@ func CheckContentType(ct string) error {
 	return nil
 }
 
-// decode checks body and decodes it into dst, a pointer to a struct whose
-// fields all have lower-case json tags. required lists top-level keys that
-// must be present and not null. It does not check values: each message's
-// validate does.
+// decodeBody checks body and decodes it into dst, a pointer to a struct
+// whose fields all have lower-case json tags. required lists top-level
+// keys that must be present and not null. It does not check values: each
+// message's validate does.
 //
 // opaque lists top-level keys whose value is free-form JSON (e.g. a remote
 // service's result) and maps to json.RawMessage: inside it keys need not be
 // snake_case, but duplicates, NUL and depth are still checked.
-func decode(body []byte, dst any, required, opaque []string) error {
-	return decodeBody(body, dst, required, opaque, true)
-}
-
-// decodeBody is decode; with fast, a dst that is a fastDecoder fills
-// itself from the walked members when it can, and encoding/json decodes
-// it only when it cannot (the tests compare the two).
+//
+// With fast, a dst that is a fastDecoder fills itself from the walked
+// members when it can, and encoding/json decodes it only when it cannot
+// (the tests compare the two; production always asks for fast).
 func decodeBody(body []byte, dst any, required, opaque []string, fast bool) error {
 	if len(body) > MaxBodyBytes {
 		return reject(ReasonTooLarge, "body is %d bytes, limit %d", len(body), MaxBodyBytes)
