@@ -103,11 +103,10 @@ func decodeBody(body []byte, dst any, required, opaque []string, fast bool) erro
 	if i := bytes.IndexByte(body, 0); i >= 0 {
 		return reject(ReasonInvalidEncoding, "NUL byte at offset %d", i)
 	}
-	var version []byte
 	var members []member
 	var err error
 	if json.Valid(body) {
-		version, members, err = walk(body, opaque)
+		members, err = walk(body, opaque)
 	} else {
 		// Only a body that is not JSON takes the slow path, which says
 		// what is wrong with it.
@@ -120,16 +119,13 @@ func decodeBody(body []byte, dst any, required, opaque []string, fast bool) erro
 		return err
 	}
 	present := func(key string) bool {
-		for _, m := range members {
-			if string(m.key) == key {
-				return !isNull(m.raw)
-			}
-		}
-		return false
+		raw, ok := memberRaw(members, key)
+		return ok && !isNull(raw)
 	}
 	if !present("schema_version") {
 		return reject(ReasonMissingField, "schema_version is required")
 	}
+	version, _ := memberRaw(members, "schema_version")
 	if len(version) == 0 || !(version[0] == '-' || version[0] >= '0' && version[0] <= '9') {
 		return reject(ReasonInvalidValue, "schema_version must be a number")
 	}
@@ -169,27 +165,25 @@ func typeName(kind string) string {
 
 // walk makes scan's checks on a body that json.Valid accepted, without
 // encoding/json's token API (the cost of decoding was mostly there). It
-// returns the raw text of the top-level schema_version value and the
-// top-level members in body order.
-func walk(body []byte, opaque []string) ([]byte, []member, error) {
+// returns the top-level members in body order.
+func walk(body []byte, opaque []string) ([]member, error) {
 	w := walker{b: body, members: make([]member, 0, 16)}
 	w.space()
 	if w.i >= len(w.b) || w.b[w.i] != '{' {
-		return nil, nil, reject(ReasonNotJSON, "body must be a JSON object")
+		return nil, reject(ReasonNotJSON, "body must be a JSON object")
 	}
 	w.i++
 	if err := w.object(1, true, true, opaque); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	return w.version, w.members, nil
+	return w.members, nil
 }
 
 // walker reads JSON that is known to be valid.
 type walker struct {
 	b       []byte
 	i       int
-	version []byte   // the top-level schema_version's raw value
-	members []member // the top-level members
+	members []member // the members of the object walked with top set
 }
 
 // member is one member of an object: its key (unescaped) and the raw text
@@ -197,6 +191,16 @@ type walker struct {
 type member struct {
 	key []byte
 	raw []byte
+}
+
+// memberRaw finds key among ms.
+func memberRaw(ms []member, key string) ([]byte, bool) {
+	for _, m := range ms {
+		if string(m.key) == key {
+			return m.raw, true
+		}
+	}
+	return nil, false
 }
 
 func (w *walker) space() {
@@ -269,9 +273,6 @@ func (w *walker) object(depth int, strict, top bool, opaque []string) error {
 			return err
 		}
 		if top {
-			if string(key) == "schema_version" {
-				w.version = w.b[start:w.i]
-			}
 			w.members = append(w.members, member{key: key, raw: w.b[start:w.i]})
 		}
 		w.space()

@@ -21,8 +21,9 @@ type fastEncoder interface {
 }
 
 // plain reports whether json.Marshal writes s between quotes unchanged.
-func plain(s []byte) bool {
-	for _, c := range s {
+func plain(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
 		if c < 0x20 || c >= 0x80 || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
 			return false
 		}
@@ -36,14 +37,19 @@ type encoder struct {
 	ok bool
 }
 
-func (e *encoder) key(k string) {
+// field starts a member named k, after a comma unless it is the first of
+// its object.
+func (e *encoder) field(k string) {
+	if n := len(e.b); n > 0 && e.b[n-1] != '{' {
+		e.b = append(e.b, ',')
+	}
 	e.b = append(e.b, '"')
 	e.b = append(e.b, k...)
 	e.b = append(e.b, '"', ':')
 }
 
 func (e *encoder) str(s string) {
-	if !plain([]byte(s)) {
+	if !plain(s) {
 		e.ok = false
 		return
 	}
@@ -77,10 +83,9 @@ func (e *encoder) items(items []Item) {
 			e.b = append(e.b, ',')
 		}
 		e.b = append(e.b, '{')
-		e.key("sku")
+		e.field("sku")
 		e.str(it.SKU)
-		e.b = append(e.b, ',')
-		e.key("qty")
+		e.field("qty")
 		e.int(it.Qty)
 		e.b = append(e.b, '}')
 	}
@@ -90,41 +95,32 @@ func (e *encoder) items(items []Item) {
 func (o SubmitOrder) appendJSON(b []byte) ([]byte, bool) {
 	e := encoder{b: b, ok: true}
 	e.b = append(e.b, '{')
-	e.key("schema_version")
+	e.field("schema_version")
 	e.int(int64(o.SchemaVersion))
-	e.b = append(e.b, ',')
-	e.key("order_id")
+	e.field("order_id")
 	e.str(o.OrderID)
-	e.b = append(e.b, ',')
-	e.key("customer")
+	e.field("customer")
 	e.str(o.Customer)
-	e.b = append(e.b, ',')
-	e.key("items")
+	e.field("items")
 	e.items(o.Items)
-	e.b = append(e.b, ',')
-	e.key("amount")
+	e.field("amount")
 	e.int(o.Amount)
-	e.b = append(e.b, ',')
-	e.key("currency")
+	e.field("currency")
 	e.str(o.Currency)
 	if o.Priority != 0 {
-		e.b = append(e.b, ',')
-		e.key("priority")
+		e.field("priority")
 		e.int(int64(o.Priority))
 	}
 	if o.ReplyTo != "" {
-		e.b = append(e.b, ',')
-		e.key("reply_to")
+		e.field("reply_to")
 		e.str(o.ReplyTo)
 	}
 	if o.Workflow != "" {
-		e.b = append(e.b, ',')
-		e.key("workflow")
+		e.field("workflow")
 		e.str(o.Workflow)
 	}
 	if o.PlacedAt != nil {
-		e.b = append(e.b, ',')
-		e.key("placed_at")
+		e.field("placed_at")
 		e.time(*o.PlacedAt)
 	}
 	e.b = append(e.b, '}')
@@ -134,47 +130,35 @@ func (o SubmitOrder) appendJSON(b []byte) ([]byte, bool) {
 func (r StepRequest) appendJSON(b []byte) ([]byte, bool) {
 	e := encoder{b: b, ok: true}
 	e.b = append(e.b, '{')
-	e.key("schema_version")
+	e.field("schema_version")
 	e.int(int64(r.SchemaVersion))
-	e.b = append(e.b, ',')
-	e.key("order_id")
+	e.field("order_id")
 	e.str(r.OrderID)
-	e.b = append(e.b, ',')
-	e.key("step")
+	e.field("step")
 	e.int(int64(r.Step))
-	e.b = append(e.b, ',')
-	e.key("name")
+	e.field("name")
 	e.str(r.Name)
-	e.b = append(e.b, ',')
-	e.key("agent")
+	e.field("agent")
 	e.str(r.Agent)
-	e.b = append(e.b, ',')
-	e.key("attempt")
+	e.field("attempt")
 	e.int(int64(r.Attempt))
-	e.b = append(e.b, ',')
-	e.key("idempotency_key")
+	e.field("idempotency_key")
 	e.str(r.IdempotencyKey)
-	e.b = append(e.b, ',')
-	e.key("complete_by")
+	e.field("complete_by")
 	e.time(r.CompleteBy)
-	e.b = append(e.b, ',')
-	e.key("payload")
+	e.field("payload")
 	e.b = append(e.b, '{')
-	e.key("customer")
+	e.field("customer")
 	e.str(r.Payload.Customer)
-	e.b = append(e.b, ',')
-	e.key("items")
+	e.field("items")
 	e.items(r.Payload.Items)
-	e.b = append(e.b, ',')
-	e.key("amount")
+	e.field("amount")
 	e.int(r.Payload.Amount)
-	e.b = append(e.b, ',')
-	e.key("currency")
+	e.field("currency")
 	e.str(r.Payload.Currency)
 	e.b = append(e.b, '}')
 	if r.Undoes != "" {
-		e.b = append(e.b, ',')
-		e.key("undoes")
+		e.field("undoes")
 		e.str(r.Undoes)
 	}
 	e.b = append(e.b, '}')
@@ -184,19 +168,15 @@ func (r StepRequest) appendJSON(b []byte) ([]byte, bool) {
 func (r StepReply) appendJSON(b []byte) ([]byte, bool) {
 	e := encoder{b: b, ok: true}
 	e.b = append(e.b, '{')
-	e.key("schema_version")
+	e.field("schema_version")
 	e.int(int64(r.SchemaVersion))
-	e.b = append(e.b, ',')
-	e.key("order_id")
+	e.field("order_id")
 	e.str(r.OrderID)
-	e.b = append(e.b, ',')
-	e.key("step")
+	e.field("step")
 	e.int(int64(r.Step))
-	e.b = append(e.b, ',')
-	e.key("attempt")
+	e.field("attempt")
 	e.int(int64(r.Attempt))
-	e.b = append(e.b, ',')
-	e.key("outcome")
+	e.field("outcome")
 	e.str(r.Outcome)
 	if len(r.Result) > 0 {
 		// json.Marshal compacts a RawMessage and escapes <, > and &:
@@ -207,28 +187,23 @@ func (r StepReply) appendJSON(b []byte) ([]byte, bool) {
 				e.ok = false
 			}
 		}
-		e.b = append(e.b, ',')
-		e.key("result")
+		e.field("result")
 		e.b = append(e.b, r.Result...)
 	}
 	if r.Error != "" {
-		e.b = append(e.b, ',')
-		e.key("error")
+		e.field("error")
 		e.str(r.Error)
 	}
 	if r.StartedAt != nil {
-		e.b = append(e.b, ',')
-		e.key("started_at")
+		e.field("started_at")
 		e.time(*r.StartedAt)
 	}
 	if r.CallMicros != 0 {
-		e.b = append(e.b, ',')
-		e.key("call_us")
+		e.field("call_us")
 		e.int(r.CallMicros)
 	}
 	if r.SentAt != nil {
-		e.b = append(e.b, ',')
-		e.key("sent_at")
+		e.field("sent_at")
 		e.time(*r.SentAt)
 	}
 	e.b = append(e.b, '}')

@@ -27,7 +27,7 @@ func FuzzWalkMatchesScan(f *testing.F) {
 		}
 		opaque := []string{"result"}
 		slow, slowErr := scan(body, opaque)
-		_, members, fastErr := walk(body, opaque)
+		members, fastErr := walk(body, opaque)
 		fast := map[string]bool{}
 		for _, m := range members {
 			if !isNull(m.raw) {
