@@ -35,18 +35,17 @@ const (
 //
 // Acks are sent when the oldest has waited ackLinger or half the prefetch
 // window waits. An ack behind a delivery that is still being handled
-// waits at most ackHold, then goes alone: a slow handler never holds back the others'
-// acks, which would fill the prefetch window and stop the deliveries. A
-// nack goes at once, alone. A multiple ack never covers a delivery that
+// waits at most ackHold, then goes alone: a slow handler never holds back
+// the others' acks, which would fill the prefetch window and stop the
+// deliveries. A nack goes at once, alone. A multiple ack never covers a delivery that
 // is not yet settled, and its tag is always one not yet acknowledged.
 type acker struct {
 	ch    acknowledger
 	group int    // this many waiting acks are sent without lingering
 	next  uint64 // the lowest tag not yet passed by the grouped acks
-	// Settled tags at or above next: true for an ack not yet sent,
-	// false for a delivery already settled alone.
-	held  map[uint64]bool
-	since map[uint64]time.Time // when each unsent ack arrived
+	// Settled tags at or above next: when the ack arrived for an ack not
+	// yet sent, the zero time for a delivery already settled alone.
+	held  map[uint64]time.Time
 	now   func() time.Time
 	frame func()      // counts every frame sent
 	fail  func(error) // reports a failed send (the channel is gone)
@@ -55,7 +54,7 @@ type acker struct {
 }
 
 func newAcker(ch acknowledger, prefetch int, frame func(), fail func(error)) *acker {
-	return &acker{ch: ch, group: max(prefetch/2, 1), next: 1, held: map[uint64]bool{}, since: map[uint64]time.Time{},
+	return &acker{ch: ch, group: max(prefetch/2, 1), next: 1, held: map[uint64]time.Time{},
 		now: time.Now, frame: frame, fail: fail}
 }
 
@@ -101,11 +100,10 @@ func (a *acker) takeReady(s settlement, in <-chan settlement) bool {
 func (a *acker) add(s settlement) {
 	if s.requeue {
 		a.send(func() error { return a.ch.Nack(s.tag, false, true) })
-		a.held[s.tag] = false
+		a.held[s.tag] = time.Time{}
 		return
 	}
-	a.held[s.tag] = true
-	a.since[s.tag] = a.now()
+	a.held[s.tag] = a.now()
 }
 
 // flush, once the oldest waiting ack has waited ackLinger or enough are
@@ -114,25 +112,29 @@ func (a *acker) add(s settlement) {
 // them when final); then it arms the timer for the next one due.
 func (a *acker) flush(final bool) {
 	now := a.now()
-	oldest := time.Time{}
-	for _, at := range a.since {
+	var oldest time.Time
+	waiting := 0
+	for _, at := range a.held {
+		if at.IsZero() {
+			continue
+		}
+		waiting++
 		if oldest.IsZero() || at.Before(oldest) {
 			oldest = at
 		}
 	}
-	if !final && !oldest.IsZero() && len(a.since) < a.group && now.Sub(oldest) < ackLinger {
+	if !final && waiting > 0 && waiting < a.group && now.Sub(oldest) < ackLinger {
 		a.arm(ackLinger - now.Sub(oldest))
 		return
 	}
 	var last uint64
 	for {
-		unsent, ok := a.held[a.next]
+		at, ok := a.held[a.next]
 		if !ok {
 			break
 		}
-		if unsent {
+		if !at.IsZero() {
 			last = a.next
-			delete(a.since, a.next)
 		}
 		delete(a.held, a.next)
 		a.next++
@@ -141,11 +143,13 @@ func (a *acker) flush(final bool) {
 		a.send(func() error { return a.ch.Ack(last, true) })
 	}
 	var due time.Time
-	for tag, at := range a.since {
+	for tag, at := range a.held {
+		if at.IsZero() {
+			continue
+		}
 		if final || now.Sub(at) >= ackHold {
 			a.send(func() error { return a.ch.Ack(tag, false) })
-			a.held[tag] = false
-			delete(a.since, tag)
+			a.held[tag] = time.Time{}
 			continue
 		}
 		if due.IsZero() || at.Before(due) {
