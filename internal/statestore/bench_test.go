@@ -21,9 +21,10 @@ import (
 //	benchstat old.txt new.txt
 //
 // Besides the wall time, each reports pg-cpu-ns/op: the CPU time every
-// local PostgreSQL process spent per op. The wall time of one client waits
-// on the disk's flushes at each commit, which vary a lot on a shared
-// machine; the CPU time says what the database did.
+// local PostgreSQL process spent per op (each is single-threaded, so its
+// schedstat is all of it). The wall time also holds the client's work and
+// the commits' disk flushes; the CPU time says what the database did, and
+// varied less from run to run on a shared machine.
 
 func benchStore(b *testing.B) (bundle, context.Context) {
 	b.Helper()
