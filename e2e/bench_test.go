@@ -30,13 +30,21 @@ type benchJSON struct {
 		benchLatency
 	} `json:"stages_ms"`
 	Processes []struct {
-		Name       string  `json:"name"`
-		CPUSeconds float64 `json:"cpu_s"`
-		PeakRSSMiB float64 `json:"peak_rss_mib"`
+		Name          string  `json:"name"`
+		CPUSeconds    float64 `json:"cpu_s"`
+		CPUMSPerOrder float64 `json:"cpu_ms_per_order"`
+		PeakRSSMiB    float64 `json:"peak_rss_mib"`
 	} `json:"processes"`
-	MachineBusy  float64 `json:"machine_cpu_busy_percent"`
-	MachineSteal float64 `json:"machine_cpu_steal_percent"`
-	Queues       []struct {
+	MachineBusy   float64 `json:"machine_cpu_busy_percent"`
+	MachineSteal  float64 `json:"machine_cpu_steal_percent"`
+	CPUMSPerOrder float64 `json:"cpu_ms_per_completed_order"`
+	Window        float64 `json:"window_s"`
+	Database      *struct {
+		WALBytes         int64   `json:"wal_bytes"`
+		WALBytesPerOrder float64 `json:"wal_bytes_per_completed_order"`
+		Checkpoints      int64   `json:"checkpoints"`
+	} `json:"database"`
+	Queues []struct {
 		Queue   string `json:"queue"`
 		Ready   []int  `json:"ready"`
 		Verdict string `json:"verdict"`
@@ -66,7 +74,7 @@ func TestSasctlBench(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("sasctl bench: exit %d\n%s\n%s", code, out, errOut)
 	}
-	for _, want := range []string{"BENCH", "orders/s sustained", "LATENCY (ms)", "remote call", "PROCESS", "QUEUE (ready)"} {
+	for _, want := range []string{"BENCH", "orders/s sustained", "LATENCY (ms)", "remote call", "PROCESS", "CPU ms per order", "DATABASE (whole cluster)", "QUEUE (ready)"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
@@ -99,11 +107,25 @@ func TestSasctlBench(t *testing.T) {
 		}
 	}
 	var names []string
+	sum := 0.0
+	completions := r.CompletedPerSecond * r.Window
 	for _, p := range r.Processes {
 		names = append(names, p.Name)
+		sum += p.CPUMSPerOrder
 		if strings.HasPrefix(p.Name, "scheduler") && (p.CPUSeconds <= 0 || p.PeakRSSMiB <= 0) {
 			t.Errorf("process %+v: no CPU or memory measured", p)
 		}
+		if want := p.CPUSeconds * 1000 / completions; p.CPUMSPerOrder < want*0.99 || p.CPUMSPerOrder > want*1.01 {
+			t.Errorf("process %s: %.3f CPU ms per order, want %.3f (%.2f s over %.0f orders)", p.Name, p.CPUMSPerOrder, want, p.CPUSeconds, completions)
+		}
+	}
+	if r.CPUMSPerOrder <= 0 || r.CPUMSPerOrder < sum*0.99 || r.CPUMSPerOrder > sum*1.01 {
+		t.Errorf("%.3f CPU ms per order in all, the processes' sum to %.3f", r.CPUMSPerOrder, sum)
+	}
+	// Every completed three-step order wrote its rows and history through
+	// the log: some kilobytes each, not bytes, and not megabytes.
+	if d := r.Database; d == nil || d.WALBytes <= 0 || d.WALBytesPerOrder < 1024 || d.WALBytesPerOrder > 1<<20 || d.Checkpoints < 0 {
+		t.Errorf("database figures %+v", d)
 	}
 	for _, n := range []string{"remote", "submitter", "scheduler-1", "scheduler-2", "agent-1", "agent-2", "supervisor", "postgres (all processes)", "rabbitmq (all processes)"} {
 		if !slices.Contains(names, n) {

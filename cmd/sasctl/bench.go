@@ -136,7 +136,16 @@ func (a *app) bench(ctx context.Context, args []string) error {
 	window := struct {
 		from, to   time.Time
 		cpu0, cpu1 cpuSnapshot
+		wal0, wal1 *statestore.WALReading
 	}{}
+	readWAL := func() *statestore.WALReading {
+		r, err := store.ReadWAL(ctx)
+		if err != nil {
+			fmt.Fprintf(a.stderr, "the report will lack the database's WAL figures: %v\n", err)
+			return nil
+		}
+		return &r
+	}
 	phase := "warm-up"
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -148,6 +157,7 @@ func (a *app) bench(ctx context.Context, args []string) error {
 			return err
 		}
 		window.cpu0 = takeCPU(st)
+		window.wal0 = readWAL()
 		phase = "measuring"
 	}
 	for phase != "done" {
@@ -172,12 +182,16 @@ func (a *app) bench(ctx context.Context, args []string) error {
 					return err
 				}
 				window.cpu0 = takeCPU(st)
+				window.wal0 = readWAL()
 				phase = "measuring"
 			case phase == "measuring" && !now.Before(endAt):
 				if window.to, err = store.Now(ctx); err != nil {
 					return err
 				}
 				window.cpu1 = takeCPU(st)
+				if window.wal0 != nil {
+					window.wal1 = readWAL()
+				}
 				phase = "done"
 			}
 			fmt.Fprintf(a.stderr, "\r%-9s %5.0fs | published %d | ended %d | in flight %d   ",
@@ -205,6 +219,7 @@ func (a *app) bench(ctx context.Context, args []string) error {
 	rep := newBenchReport(*label, *wf, *rate, *inflight, *warmup, window.to.Sub(window.from), *schedulers, *agents, *latency, env)
 	rep.Published, rep.PublishFailures = gen.published.Load(), gen.failed.Load()
 	rep.fill(timings, window.cpu0, window.cpu1, st, samples)
+	rep.fillDatabase(window.wal0, window.wal1, timings.Completions)
 	rep.print(a.stdout)
 	if *jsonOut != "" {
 		b, err := json.MarshalIndent(rep, "", "  ")
@@ -475,8 +490,24 @@ type benchReport struct {
 	MachineBusy        float64        `json:"machine_cpu_busy_percent"`
 	// MachineSteal is CPU time the hypervisor gave to other guests: where
 	// it is high, the machine was slower than its CPU count says.
-	MachineSteal float64       `json:"machine_cpu_steal_percent"`
-	Queues       []queueDepths `json:"queues"`
+	MachineSteal float64 `json:"machine_cpu_steal_percent"`
+	// CPUMSPerOrder is the CPU time of every process above (services,
+	// load generator, PostgreSQL, RabbitMQ) per order completed in the
+	// window: what an order costs the machine, comparable between runs
+	// at different rates.
+	CPUMSPerOrder float64       `json:"cpu_ms_per_completed_order,omitempty"`
+	Database      *databaseUse  `json:"database,omitempty"`
+	Queues        []queueDepths `json:"queues"`
+}
+
+// databaseUse is what the database cluster wrote over the window.
+type databaseUse struct {
+	WALBytes         int64   `json:"wal_bytes"`
+	WALBytesPerOrder float64 `json:"wal_bytes_per_completed_order,omitempty"`
+	// Checkpoints completed in the window: after each, the first change
+	// to a page logs the whole page, so the WAL per order, and the
+	// database's CPU, rise for a while.
+	Checkpoints int64 `json:"checkpoints"`
 }
 
 type latencyMS struct {
@@ -497,8 +528,9 @@ type processUse struct {
 	Name       string  `json:"name"`
 	CPUSeconds float64 `json:"cpu_s"`
 	// CPUPercent is of one core, over the window.
-	CPUPercent float64 `json:"cpu_percent"`
-	PeakRSSMiB float64 `json:"peak_rss_mib,omitempty"`
+	CPUPercent    float64 `json:"cpu_percent"`
+	CPUMSPerOrder float64 `json:"cpu_ms_per_order,omitempty"` // per order completed in the window
+	PeakRSSMiB    float64 `json:"peak_rss_mib,omitempty"`
 }
 
 type queueDepths struct {
@@ -549,8 +581,17 @@ func (r *benchReport) fill(t statestore.Timings, cpu0, cpu1 cpuSnapshot, st *sta
 		r.Stages = append(r.Stages, stageMS{Stage: sl.Stage, latencyMS: toMS(sl.Latency)})
 	}
 	wall := cpu1.at.Sub(cpu0.at).Seconds()
+	var total time.Duration
+	perOrder := func(d time.Duration) float64 {
+		if t.Completions == 0 {
+			return 0
+		}
+		return float64(d.Microseconds()) / 1000 / float64(t.Completions)
+	}
 	use := func(name string, d time.Duration, rss float64) {
-		r.Processes = append(r.Processes, processUse{Name: name, CPUSeconds: d.Seconds(), CPUPercent: 100 * d.Seconds() / wall, PeakRSSMiB: rss})
+		total += d
+		r.Processes = append(r.Processes, processUse{Name: name, CPUSeconds: d.Seconds(), CPUPercent: 100 * d.Seconds() / wall,
+			CPUMSPerOrder: perOrder(d), PeakRSSMiB: rss})
 	}
 	for _, p := range st.procs {
 		rss, _ := peakRSS(p.PID())
@@ -565,6 +606,7 @@ func (r *benchReport) fill(t statestore.Timings, cpu0, cpu1 cpuSnapshot, st *sta
 		}
 		use(name+" (all processes)", d, 0)
 	}
+	r.CPUMSPerOrder = perOrder(total)
 	r.MachineBusy, r.MachineSteal = cpu1.machine.busySince(cpu0.machine)
 	for i, q := range s.queues {
 		qd := queueDepths{Queue: q, Ready: s.ready[i]}
@@ -577,6 +619,18 @@ func (r *benchReport) fill(t statestore.Timings, cpu0, cpu1 cpuSnapshot, st *sta
 		}
 		qd.Slope, qd.Verdict = trend(s.at, qd.Ready)
 		r.Queues = append(r.Queues, qd)
+	}
+}
+
+// fillDatabase adds the WAL figures between two readings, if both were
+// taken.
+func (r *benchReport) fillDatabase(w0, w1 *statestore.WALReading, completions int) {
+	if w0 == nil || w1 == nil {
+		return
+	}
+	r.Database = &databaseUse{WALBytes: w1.Bytes - w0.Bytes, Checkpoints: w1.Checkpoints - w0.Checkpoints}
+	if completions > 0 {
+		r.Database.WALBytesPerOrder = float64(r.Database.WALBytes) / float64(completions)
 	}
 }
 
@@ -623,15 +677,20 @@ func (r *benchReport) print(w io.Writer) {
 	for _, s := range r.Stages {
 		row("  "+s.Stage, s.latencyMS)
 	}
-	fmt.Fprintln(tw, "\nPROCESS\tCPU s\tCPU % of a core\tpeak RSS MiB")
+	fmt.Fprintln(tw, "\nPROCESS\tCPU s\tCPU % of a core\tCPU ms per order\tpeak RSS MiB")
 	for _, p := range r.Processes {
 		rss := "-"
 		if p.PeakRSSMiB > 0 {
 			rss = fmt.Sprintf("%.0f", p.PeakRSSMiB)
 		}
-		fmt.Fprintf(tw, "%s\t%.1f\t%.0f\t%s\n", p.Name, p.CPUSeconds, p.CPUPercent, rss)
+		fmt.Fprintf(tw, "%s\t%.1f\t%.0f\t%.2f\t%s\n", p.Name, p.CPUSeconds, p.CPUPercent, p.CPUMSPerOrder, rss)
 	}
-	fmt.Fprintf(tw, "machine (%d CPUs)\t\t%.0f%% busy, %.0f%% stolen by the hypervisor\t\n", r.Machine.CPUs, r.MachineBusy, r.MachineSteal)
+	fmt.Fprintf(tw, "all of the above\t\t\t%.2f\t\n", r.CPUMSPerOrder)
+	fmt.Fprintf(tw, "machine (%d CPUs): %.0f%% busy, %.0f%% stolen by the hypervisor\n", r.Machine.CPUs, r.MachineBusy, r.MachineSteal)
+	if d := r.Database; d != nil {
+		fmt.Fprintf(tw, "\nDATABASE (whole cluster)\tWAL %.1f MiB, %.1f KiB per completed order; %d checkpoints in the window\n",
+			float64(d.WALBytes)/(1<<20), d.WALBytesPerOrder/1024, d.Checkpoints)
+	}
 	fmt.Fprintln(tw, "\nQUEUE (ready)\tmax\tlast\tslope/s\tverdict")
 	for _, q := range r.Queues {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%s\n", q.Queue, q.Max, q.Last, q.Slope, q.Verdict)
