@@ -24,7 +24,9 @@ import (
 // local PostgreSQL process spent per op (each is single-threaded, so its
 // schedstat is all of it). The wall time also holds the client's work and
 // the commits' disk flushes; the CPU time says what the database did, and
-// varied less from run to run on a shared machine.
+// varied less from run to run on a shared machine. And wal-B/op: the
+// write-ahead log the cluster wrote per op, which varies least (it counts
+// whatever else writes to the cluster meanwhile, usually nothing).
 
 func benchStore(b *testing.B) (bundle, context.Context) {
 	b.Helper()
@@ -62,16 +64,25 @@ func pgCPU() (time.Duration, bool) {
 	return total, found
 }
 
-// measurePG resets the timer and starts measuring PostgreSQL's CPU time;
-// the returned func reports it per op.
-func measurePG(b *testing.B) func() {
+// measurePG resets the timer and starts measuring PostgreSQL's CPU time
+// and the WAL the cluster writes; the returned func reports both per op.
+func measurePG(b *testing.B, bd bundle) func() {
 	b.Helper()
+	ctx := context.Background()
+	wal0, err := bd.store.ReadWAL(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
 	b.ResetTimer()
 	start, ok := pgCPU()
 	return func() {
 		end, ok2 := pgCPU()
+		b.StopTimer()
 		if ok && ok2 && b.N > 0 {
 			b.ReportMetric(float64(end-start)/float64(b.N), "pg-cpu-ns/op")
+		}
+		if wal1, err := bd.store.ReadWAL(ctx); err == nil && b.N > 0 {
+			b.ReportMetric(float64(wal1.Bytes-wal0.Bytes)/float64(b.N), "wal-B/op")
 		}
 	}
 }
@@ -94,7 +105,7 @@ func BenchmarkInsertOrder(b *testing.B) {
 	for i := range orders {
 		orders[i] = order(3, time.Minute, 5)
 	}
-	defer measurePG(b)()
+	defer measurePG(b, bd)()
 	for i := range b.N {
 		if _, err := bd.store.InsertOrder(ctx, orders[i]); err != nil {
 			b.Fatal(err)
@@ -106,7 +117,7 @@ func BenchmarkInsertOrder(b *testing.B) {
 func BenchmarkClaimPending(b *testing.B) {
 	bd, ctx := benchStore(b)
 	fill(b, bd, b.N, time.Hour)
-	defer measurePG(b)()
+	defer measurePG(b, bd)()
 	for claimed := 0; claimed < b.N; {
 		got, err := bd.store.ClaimPending(ctx, "bench", 100, "agent")
 		if err != nil {
@@ -131,7 +142,7 @@ func BenchmarkApplyReply(b *testing.B) {
 		}
 		steps = append(steps, got...)
 	}
-	defer measurePG(b)()
+	defer measurePG(b, bd)()
 	for _, s := range steps {
 		if _, err := bd.store.ApplyReply(ctx, statestore.Reply{OrderID: s.OrderID, Step: s.Step, Attempt: s.Attempt, OK: true, Result: []byte(`{}`), Actor: "bench"}); err != nil {
 			b.Fatal(err)
@@ -154,7 +165,7 @@ func BenchmarkApplyReplies(b *testing.B) {
 			replies = append(replies, statestore.Reply{OrderID: s.OrderID, Step: s.Step, Attempt: s.Attempt, OK: true, Result: []byte(`{}`), Actor: "bench"})
 		}
 	}
-	defer measurePG(b)()
+	defer measurePG(b, bd)()
 	for len(replies) > 0 {
 		n := min(64, len(replies))
 		if _, errs := bd.store.ApplyReplies(ctx, replies[:n]); errors.Join(errs...) != nil {
@@ -172,7 +183,7 @@ func BenchmarkInsertOrders(b *testing.B) {
 	for i := range orders {
 		orders[i] = order(3, time.Minute, 5)
 	}
-	defer measurePG(b)()
+	defer measurePG(b, bd)()
 	for len(orders) > 0 {
 		n := min(64, len(orders))
 		if _, errs := bd.store.InsertOrders(ctx, orders[:n]); errors.Join(errs...) != nil {
@@ -199,7 +210,7 @@ func BenchmarkSweepExpired(b *testing.B) {
 		_ = bd.pool.QueryRow(ctx, `SELECT count(*) FROM steps WHERE process_state = 'processing' AND complete_by >= now()`).Scan(&n)
 		return n == 0
 	})
-	defer measurePG(b)()
+	defer measurePG(b, bd)()
 	for swept := 0; swept < b.N; {
 		got, err := bd.store.SweepExpired(ctx, statestore.SweepParams{Actor: "bench", Limit: 500, BackoffBase: time.Second, BackoffMax: time.Minute})
 		if err != nil {

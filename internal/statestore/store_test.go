@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"sas/internal/messages"
@@ -1083,5 +1085,49 @@ func TestHistoryGoesWithItsOrder(t *testing.T) {
 	}
 	if n := count(t, b, `SELECT (SELECT count(*) FROM steps) + (SELECT count(*) FROM transitions)`); n != 0 {
 		t.Fatalf("%d step and history rows left after TRUNCATE orders", n)
+	}
+}
+
+// TestHistoryHasOneIndex: every history row goes into one index only
+// (migration 0011), the primary key (order_id, id), and an order's history
+// is still read through it, in order, without a sort.
+func TestHistoryHasOneIndex(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for range 3 {
+		insert(t, b, order(3, time.Minute, 3))
+	}
+	if n := count(t, b, `SELECT count(*) FROM pg_index WHERE indrelid = 'transitions'::regclass`); n != 1 {
+		t.Fatalf("the history has %d indexes, want 1", n)
+	}
+	var def string
+	if err := b.pool.QueryRow(ctxFor(t), `SELECT pg_get_indexdef(indexrelid) FROM pg_index
+		WHERE indrelid = 'transitions'::regclass AND indisprimary`).Scan(&def); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasSuffix(def, "(order_id, id)") {
+		t.Fatalf("the history's primary key is %q, want it on (order_id, id)", def)
+	}
+	ctx := ctxFor(t)
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	// With the table this small the planner would rather scan it whole.
+	if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off`); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := tx.Query(ctx, `EXPLAIN SELECT id FROM transitions WHERE order_id = $1 ORDER BY id`, messages.NewID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Join(plan, "\n")
+	if !strings.Contains(text, "transitions_pkey") || strings.Contains(text, "Sort") {
+		t.Fatalf("an order's history is not read in order through the primary key:\n%s", text)
 	}
 }
