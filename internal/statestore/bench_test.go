@@ -193,6 +193,26 @@ func BenchmarkInsertOrders(b *testing.B) {
 	}
 }
 
+// BenchmarkRelayOutbox: status events taken from the outbox and marked
+// published, 100 to a round (as a scheduler's relay does, the broker left
+// out); per op, one event.
+func BenchmarkRelayOutbox(b *testing.B) {
+	bd, ctx := benchStore(b)
+	fill(b, bd, b.N, time.Hour) // each order writes one status event
+	publish := func(_ context.Context, msgs []statestore.OutboxMessage) (int, error) { return len(msgs), nil }
+	defer measurePG(b, bd)()
+	for relayed := 0; relayed < b.N; {
+		n, err := bd.store.RelayOutbox(ctx, 100, publish)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if n == 0 {
+			b.Fatalf("the outbox ran dry after %d of %d events", relayed, b.N)
+		}
+		relayed += n
+	}
+}
+
 // BenchmarkSweepExpired: expired steps reset in batches of 500; per op,
 // one step.
 func BenchmarkSweepExpired(b *testing.B) {

@@ -69,11 +69,13 @@ func (s *Store) RelayOutbox(ctx context.Context, limit int, publish func(context
 		if n == 0 {
 			return nil
 		}
+		// The ids are found through the unpublished messages' index.
 		ids := make([]int64, n)
 		for i := range n {
 			ids[i] = msgs[i].ID
 		}
-		if _, err := tx.Exec(ctx, `UPDATE outbox SET published_at = now(), attempts = attempts + 1 WHERE id = ANY($1)`, ids); err != nil {
+		if _, err := tx.Exec(ctx, `UPDATE outbox SET published_at = now(), attempts = attempts + 1
+			WHERE id = ANY($1) AND published_at IS NULL`, ids); err != nil {
 			return err
 		}
 		done = n

@@ -1131,3 +1131,48 @@ func TestHistoryHasOneIndex(t *testing.T) {
 		t.Fatalf("an order's history is not read in order through the primary key:\n%s", text)
 	}
 }
+
+// TestOutboxKeyedByMessageID: an outbox message goes into two indexes
+// (migration 0012): its primary key, message_id, and the unpublished
+// messages' index, through which the relay finds and marks them.
+func TestOutboxKeyedByMessageID(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for range 3 {
+		insert(t, b, order(1, time.Minute, 3))
+	}
+	ctx := ctxFor(t)
+	rows, err := b.pool.Query(ctx, `SELECT pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = 'outbox'::regclass ORDER BY indisprimary DESC`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(defs) != 2 || !strings.Contains(defs[0], "outbox_pkey ON") || !strings.HasSuffix(defs[0], "(message_id)") ||
+		!strings.HasSuffix(defs[1], "(id) WHERE (published_at IS NULL)") {
+		t.Fatalf("the outbox's indexes: %q", defs)
+	}
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off`); err != nil {
+		t.Fatal(err)
+	}
+	// The relay's statement that marks what it published.
+	rows, err = tx.Query(ctx, `EXPLAIN UPDATE outbox SET published_at = now(), attempts = attempts + 1
+		WHERE id = ANY($1) AND published_at IS NULL`, []int64{1, 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if text := strings.Join(plan, "\n"); !strings.Contains(text, "outbox_unpublished_idx") {
+		t.Fatalf("the relay's update does not find its messages through the unpublished index:\n%s", text)
+	}
+}
