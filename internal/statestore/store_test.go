@@ -1176,3 +1176,26 @@ func TestOutboxKeyedByMessageID(t *testing.T) {
 		t.Fatalf("the relay's update does not find its messages through the unpublished index:\n%s", text)
 	}
 }
+
+// TestStepKeysNeedNoIndex: the steps' idempotency keys have no unique
+// index of their own (migration 0013); each is made of its step's primary
+// key and name, so the primary key keeps them unique.
+func TestStepKeysNeedNoIndex(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	orders := []statestore.NewOrder{order(3, time.Minute, 3), order(2, time.Minute, 3)}
+	if _, errs := b.store.InsertOrders(ctxFor(t), orders); errors.Join(errs...) != nil {
+		t.Fatal(errors.Join(errs...))
+	}
+	insert(t, b, order(1, time.Minute, 3))
+	if n := count(t, b, `SELECT count(*) FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+		WHERE i.indrelid = 'steps'::regclass AND a.attname = 'idempotency_key'`); n != 0 {
+		t.Fatalf("%d indexes on steps.idempotency_key, want none", n)
+	}
+	if n := count(t, b, `SELECT count(*) FROM steps WHERE idempotency_key <> order_id::text || '/' || step || '/' || name`); n != 0 {
+		t.Fatalf("%d steps with a key not made of their order, number and name", n)
+	}
+	if n := count(t, b, `SELECT count(*) FROM steps`); n < 6 {
+		t.Fatalf("%d steps written", n)
+	}
+}

@@ -1,0 +1,11 @@
+-- The steps' idempotency keys lose their unique index.
+--
+-- A step's key is its order's id, its number and its name
+-- (statestore.IdempotencyKey), written once with the step: two steps can
+-- share a key only if they share (order_id, step), which the primary key
+-- forbids. The unique index checked nothing the primary key did not, and
+-- every step row version went into it: about twelve entries of some 60
+-- bytes per three-step order (pg_walinspect under load). WAL per op
+-- without it: InsertOrders -12.9 %, ApplyReplies -6.3 %, ClaimPending
+-- -5.8 % (docs/BENCHMARKS.md). Nothing looks a step up by its key.
+ALTER TABLE steps DROP CONSTRAINT steps_idempotency_key_key;
