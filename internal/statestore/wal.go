@@ -10,8 +10,10 @@ import (
 // whether a checkpoint came (after one, the first change to every page
 // writes the whole page to the log again).
 type WALReading struct {
-	Bytes       int64 // the log's insert position, in bytes from its start
-	Checkpoints int64 // checkpoints completed, timed and requested
+	Bytes int64 // the log's insert position, in bytes from its start
+	// Checkpoints the checkpointer has counted, timed and requested (a
+	// timed one on an idle cluster is counted though it writes nothing).
+	Checkpoints int64
 }
 
 // ReadWAL reads the cluster's WAL position and checkpoint count. Both are
