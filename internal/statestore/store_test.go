@@ -1108,25 +1108,7 @@ func TestHistoryHasOneIndex(t *testing.T) {
 	if !strings.HasSuffix(def, "(order_id, id)") {
 		t.Fatalf("the history's primary key is %q, want it on (order_id, id)", def)
 	}
-	ctx := ctxFor(t)
-	tx, err := b.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	// With the table this small the planner would rather scan it whole.
-	if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off`); err != nil {
-		t.Fatal(err)
-	}
-	rows, err := tx.Query(ctx, `EXPLAIN SELECT id FROM transitions WHERE order_id = $1 ORDER BY id`, messages.NewID())
-	if err != nil {
-		t.Fatal(err)
-	}
-	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	text := strings.Join(plan, "\n")
+	text := indexPlan(t, b, `SELECT id FROM transitions WHERE order_id = $1 ORDER BY id`, messages.NewID())
 	if !strings.Contains(text, "transitions_pkey") || strings.Contains(text, "Sort") {
 		t.Fatalf("an order's history is not read in order through the primary key:\n%s", text)
 	}
@@ -1154,25 +1136,10 @@ func TestOutboxKeyedByMessageID(t *testing.T) {
 		!strings.HasSuffix(defs[1], "(id) WHERE (published_at IS NULL)") {
 		t.Fatalf("the outbox's indexes: %q", defs)
 	}
-	tx, err := b.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off`); err != nil {
-		t.Fatal(err)
-	}
 	// The relay's statement that marks what it published.
-	rows, err = tx.Query(ctx, `EXPLAIN UPDATE outbox SET published_at = now(), attempts = attempts + 1
+	text := indexPlan(t, b, `UPDATE outbox SET published_at = now(), attempts = attempts + 1
 		WHERE id = ANY($1) AND published_at IS NULL`, []int64{1, 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if text := strings.Join(plan, "\n"); !strings.Contains(text, "outbox_unpublished_idx") {
+	if !strings.Contains(text, "outbox_unpublished_idx") {
 		t.Fatalf("the relay's update does not find its messages through the unpublished index:\n%s", text)
 	}
 }
@@ -1198,4 +1165,29 @@ func TestStepKeysNeedNoIndex(t *testing.T) {
 	if n := count(t, b, `SELECT count(*) FROM steps`); n < 6 {
 		t.Fatalf("%d steps written", n)
 	}
+}
+
+// indexPlan is the plan PostgreSQL makes for sql when it may neither scan
+// a table whole nor build a bitmap (with tables this small it would
+// rather): the plan it would make on a large table.
+func indexPlan(t *testing.T, b bundle, sql string, args ...any) string {
+	t.Helper()
+	ctx := ctxFor(t)
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off`); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := tx.Query(ctx, "EXPLAIN "+sql, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(plan, "\n")
 }
