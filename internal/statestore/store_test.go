@@ -1116,7 +1116,7 @@ func TestHistoryHasOneIndex(t *testing.T) {
 
 // TestOutboxKeyedByMessageID: an outbox message goes into two indexes
 // (migration 0012): its primary key, message_id, and the unpublished
-// messages' index, through which the relay finds and marks them.
+// messages' index, through which the relay finds them to delete or mark.
 func TestOutboxKeyedByMessageID(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -1141,6 +1141,67 @@ func TestOutboxKeyedByMessageID(t *testing.T) {
 		WHERE id = ANY($1) AND published_at IS NULL`, []int64{1, 2})
 	if !strings.Contains(text, "outbox_unpublished_idx") {
 		t.Fatalf("the relay's update does not find its messages through the unpublished index:\n%s", text)
+	}
+	text = indexPlan(t, b, `DELETE FROM outbox WHERE id = ANY($1) AND published_at IS NULL`, []int64{1, 2})
+	if !strings.Contains(text, "outbox_unpublished_idx") {
+		t.Fatalf("the relay's delete does not find its events through the unpublished index:\n%s", text)
+	}
+}
+
+// TestRelayDeletesPublishedEvents: the relay deletes the status events the
+// broker confirmed (migration 0014) and marks operator alerts published,
+// keeping them; what publish did not get through stays for the next round.
+func TestRelayDeletesPublishedEvents(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	bad := order(1, 10*time.Millisecond, 1)
+	insert(t, b, bad)
+	if got, err := b.store.ClaimPending(ctx, "s", 1, ""); err != nil || len(got) != 1 {
+		t.Fatalf("claim: %v %v", got, err)
+	}
+	waitExpired(t, b)
+	if swept, err := b.store.SweepExpired(ctx, statestore.SweepParams{Actor: "sup", Limit: 10}); err != nil || len(swept) != 1 {
+		t.Fatalf("sweep: %v %v", swept, err)
+	}
+	good := order(1, time.Minute, 1)
+	insert(t, b, good)
+
+	var handed []statestore.OutboxMessage
+	n, err := b.store.RelayOutbox(ctx, 100, func(_ context.Context, msgs []statestore.OutboxMessage) (int, error) {
+		handed = msgs
+		return len(msgs) - 1, nil // the last one (good's event) not confirmed
+	})
+	if err != nil || n != len(handed)-1 {
+		t.Fatalf("relay: %d of %d, %v", n, len(handed), err)
+	}
+	alerts := 0
+	for _, m := range handed {
+		if m.Type == statestore.OutboxOperatorAlert {
+			alerts++
+		}
+	}
+	if alerts != 1 || len(handed) < 3 || handed[len(handed)-1].OrderID != good.OrderID {
+		t.Fatalf("the relay was handed %+v, want bad's events and alert, then good's event", handed)
+	}
+	if n := count(t, b, `SELECT count(*) FROM outbox WHERE order_id = $1 AND message_type = 'status_event'`, bad.OrderID); n != 0 {
+		t.Fatalf("%d published status events left in the outbox, want none", n)
+	}
+	if n := count(t, b, `SELECT count(*) FROM outbox WHERE order_id = $1 AND message_type = 'operator_alert'
+		AND published_at IS NOT NULL AND attempts = 1`, bad.OrderID); n != 1 {
+		t.Fatalf("%d published alerts kept, want 1", n)
+	}
+	if n := count(t, b, `SELECT count(*) FROM outbox WHERE order_id = $1 AND published_at IS NULL`, good.OrderID); n != 1 {
+		t.Fatalf("the unconfirmed event: %d unpublished rows, want 1", n)
+	}
+	if backlog, err := b.store.OutboxBacklog(ctx); err != nil || backlog != 1 {
+		t.Fatalf("backlog %d, %v; want 1", backlog, err)
+	}
+	if n, err := b.store.RelayOutbox(ctx, 100, func(_ context.Context, msgs []statestore.OutboxMessage) (int, error) { return len(msgs), nil }); err != nil || n != 1 {
+		t.Fatalf("second relay: %d, %v; want the one left", n, err)
+	}
+	if n := count(t, b, `SELECT count(*) FROM outbox`); n != 1 {
+		t.Fatalf("%d outbox rows after relaying everything, want only the alert", n)
 	}
 }
 
