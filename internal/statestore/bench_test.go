@@ -194,8 +194,8 @@ func BenchmarkInsertOrders(b *testing.B) {
 }
 
 // BenchmarkRelayOutbox: status events taken from the outbox and, once
-// published, deleted, 100 to a round (as a scheduler's relay does, the broker left
-// out); per op, one event.
+// published, deleted, 100 to a round (as a scheduler's relay does, the
+// broker left out); per op, one event.
 func BenchmarkRelayOutbox(b *testing.B) {
 	bd, ctx := benchStore(b)
 	fill(b, bd, b.N, time.Hour) // each order writes one status event
