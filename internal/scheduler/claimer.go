@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -38,7 +39,9 @@ type claimer struct {
 	workCtx   context.Context // claimed steps are sent even during shutdown
 	logger    *slog.Logger
 	metrics   *metrics
-	known     map[string]queueDepth // the last reading of each kind's queue
+
+	mu    sync.Mutex            // guards known: the replier reads it too
+	known map[string]queueDepth // the last reading of each kind's queue
 }
 
 // depthReader reads a queue's ready messages (a *broker.QueueInspector).
@@ -128,10 +131,7 @@ func (c *claimer) drain(ctx context.Context) (throttled bool) {
 		c.metrics.claimed.Add(float64(len(steps)))
 		c.metrics.claimSize.Observe(float64(len(steps)))
 		for _, st := range steps {
-			if d, ok := c.known[st.Agent]; ok {
-				d.sent++
-				c.known[st.Agent] = d
-			}
+			c.countSent(st.Agent)
 		}
 		c.wakeRelay()
 		failpoint.Inject("scheduler-after-claim")
@@ -157,10 +157,15 @@ func (c *claimer) drain(ctx context.Context) (throttled bool) {
 // at most every depthTTL, and in between the last reading plus what was
 // sent since.
 func (c *claimer) ready(ctx context.Context, kind, queue string) (int, error) {
-	if d, ok := c.known[kind]; ok && time.Since(d.at) < depthTTL {
+	c.mu.Lock()
+	d, ok := c.known[kind]
+	c.mu.Unlock()
+	if ok && time.Since(d.at) < depthTTL {
 		return d.ready + d.sent, nil
 	}
 	ready, err := c.depths.Ready(ctx, queue)
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if err != nil {
 		delete(c.known, kind)
 		return 0, err
@@ -168,6 +173,38 @@ func (c *claimer) ready(ctx context.Context, kind, queue string) (int, error) {
 	c.known[kind] = queueDepth{ready: ready, at: time.Now()}
 	c.metrics.queueReady.WithLabelValues(kind).Set(float64(ready))
 	return ready, nil
+}
+
+// countSent counts a request sent to kind's queue since its last reading.
+func (c *claimer) countSent(kind string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if d, ok := c.known[kind]; ok {
+		d.sent++
+		c.known[kind] = d
+	}
+}
+
+// handOffTTL is how old a reading of a queue may be for the replier to
+// claim next steps of its kind: older than depthTTL is fine, since every
+// request sent since counts as still waiting.
+const handOffTTL = time.Second
+
+// openKinds lists the agent kinds whose queues have room for at least
+// margin more requests by their last reading (no older than handOffTTL):
+// the kinds whose next steps the replier may claim along with the replies
+// before them (statestore.ApplyRepliesClaiming). A kind without a recent
+// reading is left to the claimer, which reads it.
+func (c *claimer) openKinds(margin int) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var open []string
+	for _, kind := range c.kinds {
+		if d, ok := c.known[kind]; ok && time.Since(d.at) < handOffTTL && c.maxQueued-(d.ready+d.sent) >= margin {
+			open = append(open, kind)
+		}
+	}
+	return open
 }
 
 // dispatch sends every claimed step's request, all in flight at once, and

@@ -67,3 +67,27 @@ func TestClaimerReadsQueueDepthsSparingly(t *testing.T) {
 		t.Fatalf("after a failed read: ready %d after %d reads", n, r.reads)
 	}
 }
+
+// The replier claims next steps only of the kinds whose queue, by a
+// recent reading and what was sent since, has room for a batch more.
+func TestClaimerOpenKinds(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	c := &claimer{kinds: []string{"inventory", "payment", "shipping", "unread"}, maxQueued: 100, known: map[string]queueDepth{
+		"inventory": {ready: 10, at: now},
+		"payment":   {ready: 80, sent: 5, at: now},            // room 15
+		"shipping":  {ready: 0, at: now.Add(-2 * handOffTTL)}, // too old
+	}}
+	if got := c.openKinds(20); len(got) != 1 || got[0] != "inventory" {
+		t.Fatalf("open kinds %v, want [inventory]", got)
+	}
+	if got := c.openKinds(15); len(got) != 2 || got[1] != "payment" {
+		t.Fatalf("open kinds for a margin of 15: %v, want [inventory payment]", got)
+	}
+	for range 71 {
+		c.countSent("inventory")
+	}
+	if got := c.openKinds(20); len(got) != 0 {
+		t.Fatalf("open kinds after 71 more sent to inventory: %v, want none", got)
+	}
+}

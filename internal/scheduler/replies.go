@@ -10,6 +10,7 @@ import (
 
 	"sas/internal/batch"
 	"sas/internal/broker"
+	"sas/internal/failpoint"
 	"sas/internal/messages"
 	"sas/internal/service"
 	"sas/internal/statestore"
@@ -28,6 +29,9 @@ type replier struct {
 	// wakeClaimer and wakeRelay nudge this scheduler's claimer (a step
 	// became pending) and relay (status events were written).
 	wakeClaimer, wakeRelay func()
+	// dispatch sends the requests of steps claimed with a reply, as the
+	// claimer sends those it claims.
+	dispatch func([]statestore.ClaimedStep)
 }
 
 // handle applies one reply. A stale or late reply is acked and counted:
@@ -66,11 +70,17 @@ func (r *replier) handle(ctx context.Context, d amqp.Delivery) error {
 	case err != nil:
 		return err // shutting down: back to the queue
 	}
-	if res.NextStep > 0 || res.OrderStatus == statestore.OrderCompensating {
+	if (res.NextStep > 0 && res.Claimed == nil) || res.OrderStatus == statestore.OrderCompensating {
 		r.wakeClaimer()
 	}
 	if res.OrderStatus != "" {
 		r.wakeRelay()
+	}
+	if res.Claimed != nil {
+		r.metrics.claimed.Inc()
+		r.metrics.claimedByReply.Inc()
+		failpoint.Inject("scheduler-after-claim")
+		r.dispatch([]statestore.ClaimedStep{*res.Claimed})
 	}
 	r.metrics.replies.WithLabelValues(res.StepState).Inc()
 	r.metrics.stepDuration.WithLabelValues(res.StepName, rep.Outcome).Observe(res.StepTook.Seconds())

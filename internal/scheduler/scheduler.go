@@ -52,6 +52,7 @@ type Config struct {
 
 type metrics struct {
 	claimed        prometheus.Counter
+	claimedByReply prometheus.Counter
 	throttled      *prometheus.CounterVec
 	claimDuration  prometheus.Histogram
 	claimSize      prometheus.Histogram
@@ -76,6 +77,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		claimed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sas_scheduler_claimed_total", Help: "Steps claimed.",
+		}),
+		claimedByReply: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sas_scheduler_claimed_with_reply_total",
+			Help: "Steps claimed by the statement that applied the reply to the step before them (also in sas_scheduler_claimed_total).",
 		}),
 		throttled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sas_scheduler_throttled_total", Help: "Claims skipped because the agent kind's request queue was full, by kind.",
@@ -137,7 +142,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "sas_outbox_relay_errors_total", Help: "Relay rounds that failed and will be retried.",
 		}),
 	}
-	reg.MustRegister(m.claimed, m.throttled, m.claimDuration, m.claimSize, m.replyBatchSize, m.published, m.publishFailed, m.released, m.wakeups, m.replies,
+	reg.MustRegister(m.claimed, m.claimedByReply, m.throttled, m.claimDuration, m.claimSize, m.replyBatchSize, m.published, m.publishFailed, m.released, m.wakeups, m.replies,
 		m.stale, m.ordersFinished, m.orderDuration, m.stepDuration, m.queueReady, m.dbRetries, m.outbox, m.unroutable, m.relayErrors)
 	return m
 }
@@ -181,13 +186,21 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	// Claims and replies do not notify through the database (migration
 	// 0007): what they make pending or write to the outbox, this
 	// scheduler's own claimer and relay are nudged for.
+	// A reply's next step is claimed with it when its kind's queue has
+	// room for a whole batch more; the replier sends its request.
 	applies := batch.New(cfg.ReplyBatch, cfg.ReplyBatchLinger, func(ctx context.Context, rs []statestore.Reply) ([]statestore.ApplyResult, []error) {
 		m.replyBatchSize.Observe(float64(len(rs)))
-		return store.ApplyReplies(ctx, rs)
+		results, errs := store.ApplyRepliesClaiming(ctx, rs, c.openKinds(cfg.ReplyBatch))
+		for _, res := range results {
+			if res.Claimed != nil {
+				c.countSent(res.Claimed.Agent)
+			}
+		}
+		return results, errs
 	})
 	go applies.Run(workCtx, cfg.ReplyWriters)
 	r := &replier{store: store, applies: applies, me: me, workCtx: workCtx, logger: logger, metrics: m,
-		wakeClaimer: func() { nudge(w.pending) }, wakeRelay: func() { nudge(w.outbox) }}
+		wakeClaimer: func() { nudge(w.pending) }, wakeRelay: func() { nudge(w.outbox) }, dispatch: c.dispatch}
 	replies := broker.NewConsumer(conn, pub,
 		broker.ConsumerConfig{Input: agent.RepliesInput, Prefetch: cfg.ReplyPrefetch, Workers: cfg.ReplyWorkers},
 		r.handle, logger, bm)

@@ -46,6 +46,10 @@ type ApplyResult struct {
 	// submission (both on the database clock).
 	StepTook  time.Duration
 	OrderTook time.Duration
+	// Claimed is the next step when the same statement claimed it for the
+	// reply's actor (ApplyRepliesClaiming): its request is the caller's to
+	// send, as after a claim. NextStep is then its number too.
+	Claimed *ClaimedStep
 }
 
 // orderEnded reports whether status is one an order ends in.
@@ -126,8 +130,10 @@ func (s *Store) ApplyReply(ctx context.Context, r Reply) (ApplyResult, error) {
 // history and status event. An order that moved on meanwhile (cancelled,
 // compensating) is left as it is, as step_processed does. Replies come as
 // parallel arrays, at most one per order; $8 is the actor, $9 the fence
-// (always true but in the fault suite's negative control). It returns a
-// row for each reply applied, by 1-based index.
+// (always true but in the fault suite's negative control), $10 the agent
+// kinds whose next steps are claimed for $8 in the same statement. It
+// returns a row for each reply applied, by 1-based index, with the step
+// it claimed, if any.
 const applyOKRepliesSQL = `
 WITH r AS (
     SELECT * FROM unnest($1::uuid[], $2::int[], $3::int[], $4::jsonb[], $5::timestamptz[], $6::timestamptz[], $7::bigint[])
@@ -152,10 +158,18 @@ WITH r AS (
     WHERE (cur.kind = 'action' AND ord.status IN ('received', 'processing'))
        OR (cur.kind = 'compensation' AND ord.status = 'compensating')
 ), nxt AS (
-    UPDATE steps s SET process_state = 'pending', available_at = now(), updated_at = now()
+    -- The next step becomes pending; if its agent kind is in $10, it is
+    -- claimed for $8 at once instead, as a claim would.
+    UPDATE steps s SET
+        process_state = CASE WHEN s.agent = ANY($10::text[]) THEN 'processing' ELSE 'pending' END,
+        locked_by = CASE WHEN s.agent = ANY($10::text[]) THEN $8 ELSE s.locked_by END,
+        attempt = CASE WHEN s.agent = ANY($10::text[]) THEN s.attempt + 1 ELSE s.attempt END,
+        complete_by = CASE WHEN s.agent = ANY($10::text[]) THEN now() + s.timeout ELSE s.complete_by END,
+        available_at = now(), updated_at = now()
     FROM go_on g
     WHERE s.order_id = g.order_id AND s.step = g.step + 1 AND s.kind = g.kind AND s.process_state = 'waiting'
-    RETURNING s.order_id, s.step
+    RETURNING s.order_id, s.step, s.process_state, s.name, s.agent, s.attempt, s.failure_count,
+              s.idempotency_key, s.complete_by, s.priority, s.kind, s.compensates
 ), ended AS (
     SELECT g.order_id, g.reply_to, g.status AS from_status, g.created_at,
            CASE WHEN g.kind = 'action' THEN 'completed' ELSE 'failed' END AS to_status
@@ -176,9 +190,13 @@ WITH r AS (
         SELECT nxt.order_id, nxt.step, 'waiting', 'pending', 0, 'previous step processed', cur.idx, 2
         FROM nxt JOIN cur ON cur.order_id = nxt.order_id
         UNION ALL
+        SELECT nxt.order_id, nxt.step, 'pending', 'processing', nxt.attempt, 'claimed', cur.idx, 3
+        FROM nxt JOIN cur ON cur.order_id = nxt.order_id
+        WHERE nxt.process_state = 'processing'
+        UNION ALL
         SELECT e.order_id, NULL, e.from_status, e.to_status, 0,
                CASE WHEN e.to_status = 'completed' THEN 'last step processed' ELSE 'every compensation processed' END,
-               cur.idx, 3
+               cur.idx, 4
         FROM ended e JOIN cur ON cur.order_id = e.order_id
     ) h ORDER BY idx, seq
 ), ord_ev AS (
@@ -186,8 +204,16 @@ WITH r AS (
     SELECT 'status_event', order_id, reply_to, status_event_body(order_id, to_status, NULL) FROM ended
 )
 SELECT cur.idx::int, cur.name, cur.took::float8, coalesce(nxt.step, 0), coalesce(e.to_status, ''),
-       coalesce(extract(epoch FROM now() - e.created_at), 0)::float8
-FROM cur LEFT JOIN nxt ON nxt.order_id = cur.order_id LEFT JOIN ended e ON e.order_id = cur.order_id`
+       coalesce(extract(epoch FROM now() - e.created_at), 0)::float8,
+       -- the next step, when claimed here: what its request needs
+       coalesce(nxt.process_state = 'processing', false), coalesce(nxt.name, ''), coalesce(nxt.agent, ''),
+       coalesce(nxt.attempt, 0), coalesce(nxt.failure_count, 0), coalesce(nxt.idempotency_key, ''), nxt.complete_by,
+       coalesce((extract(epoch FROM nxt.complete_by - now()) * 1000)::bigint, 0), coalesce(nxt.priority, 0::smallint),
+       coalesce(o.reply_to, ''), coalesce(o.customer, ''), o.items, coalesce(o.amount, 0), coalesce(o.currency, ''),
+       coalesce(nxt.kind, ''), coalesce(a.idempotency_key, '')
+FROM cur LEFT JOIN nxt ON nxt.order_id = cur.order_id LEFT JOIN ended e ON e.order_id = cur.order_id
+LEFT JOIN orders o ON o.order_id = nxt.order_id AND nxt.process_state = 'processing'
+LEFT JOIN steps a ON a.order_id = nxt.order_id AND a.step = nxt.compensates AND nxt.process_state = 'processing'`
 
 // ApplyReplies applies many replies, each as ApplyReply would; results and
 // errors are by index. The ok replies (at most one per order) are applied
@@ -197,6 +223,19 @@ FROM cur LEFT JOIN nxt ON nxt.order_id = cur.order_id LEFT JOIN ended e ON e.ord
 // every reply is applied on its own, so one reply's trouble never holds up
 // the others.
 func (s *Store) ApplyReplies(ctx context.Context, rs []Reply) ([]ApplyResult, []error) {
+	return s.ApplyRepliesClaiming(ctx, rs, nil)
+}
+
+// ApplyRepliesClaiming applies replies as ApplyReplies does and, for each
+// ok reply applied in the batch whose next step is of one of the agent
+// kinds claimFor, claims that step for the replies' actor in the same
+// statement, as ClaimKinds would (attempt, complete_by, history), and
+// returns it in the result's Claimed: one statement and one row version
+// fewer than the step becoming pending and then claimed.
+func (s *Store) ApplyRepliesClaiming(ctx context.Context, rs []Reply, claimFor []string) ([]ApplyResult, []error) {
+	if claimFor == nil {
+		claimFor = []string{}
+	}
 	results := make([]ApplyResult, len(rs))
 	errs := make([]error, len(rs))
 	var ids []string
@@ -231,18 +270,31 @@ func (s *Store) ApplyReplies(ctx context.Context, rs []Reply) ([]ApplyResult, []
 	if len(batched) > 0 {
 		applied := make(map[int]bool, len(batched))
 		rows, err := s.pool.Query(ctx, applyOKRepliesSQL, ids, steps, attempts, resultsJSON, started, sent, calls, actor,
-			!failpoint.Broken("unfenced-replies"))
+			!failpoint.Broken("unfenced-replies"), claimFor)
 		if err == nil {
 			for rows.Next() {
 				var idx int
 				var res ApplyResult
 				var took, orderTook float64
-				if err = rows.Scan(&idx, &res.StepName, &took, &res.NextStep, &res.OrderStatus, &orderTook); err != nil {
+				var claimed bool
+				var c ClaimedStep
+				var completeBy *time.Time
+				var budgetMS int64
+				var prio int16
+				if err = rows.Scan(&idx, &res.StepName, &took, &res.NextStep, &res.OrderStatus, &orderTook,
+					&claimed, &c.Name, &c.Agent, &c.Attempt, &c.FailureCount, &c.IdempotencyKey, &completeBy,
+					&budgetMS, &prio, &c.ReplyTo, &c.Customer, &c.Items, &c.Amount, &c.Currency, &c.Kind, &c.Undoes); err != nil {
 					break
 				}
 				if idx < 1 || idx > len(batched) {
 					err = fmt.Errorf("apply replies: row for reply %d of %d", idx, len(batched))
 					break
+				}
+				if claimed && completeBy != nil {
+					c.OrderID, c.Step, c.CompleteBy = ids[idx-1], res.NextStep, *completeBy
+					c.Budget = time.Duration(budgetMS) * time.Millisecond
+					c.Priority = int(prio)
+					res.Claimed = &c
 				}
 				res.StepState = StepProcessed
 				res.StepTook = time.Duration(took * float64(time.Second))

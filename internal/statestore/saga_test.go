@@ -314,3 +314,102 @@ func TestApplyRepliesMatchesApplyReply(t *testing.T) {
 		}
 	}
 }
+
+// TestRepliesClaimNextSteps: a batch of ok replies claims, in the same
+// statement, each next step whose agent kind it is asked to (as a claim
+// would: attempt, deadline, history, what the request needs, for a
+// compensation the key it undoes), and leaves the others pending for the
+// claimer.
+func TestRepliesClaimNextSteps(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	o := sagaOrder(statestore.PolicyCompensate)
+	insert(t, b, o)
+	okReply := func(c statestore.ClaimedStep) statestore.Reply {
+		return statestore.Reply{OrderID: c.OrderID, Step: c.Step, Attempt: c.Attempt, OK: true, Result: []byte(`{"ok":1}`), Actor: "s"}
+	}
+	claimOne := func(want int) statestore.ClaimedStep {
+		t.Helper()
+		claimed, err := b.store.ClaimPending(ctx, "s", 10, "")
+		if err != nil || len(claimed) != 1 || claimed[0].Step != want {
+			t.Fatalf("claimed %+v (%v), want step %d", claimed, err, want)
+		}
+		return claimed[0]
+	}
+	stepState := func(step int) (state, lockedBy string, attempt int) {
+		t.Helper()
+		if err := b.pool.QueryRow(ctx, `SELECT process_state, coalesce(locked_by, ''), attempt FROM steps WHERE order_id = $1 AND step = $2`,
+			o.OrderID, step).Scan(&state, &lockedBy, &attempt); err != nil {
+			t.Fatal(err)
+		}
+		return state, lockedBy, attempt
+	}
+
+	// Step 2 (payment) is not of a kind asked for: it becomes pending.
+	res, errs := b.store.ApplyRepliesClaiming(ctx, []statestore.Reply{okReply(claimOne(1))}, []string{"shipping"})
+	if errs[0] != nil || res[0].NextStep != 2 || res[0].Claimed != nil {
+		t.Fatalf("reply to step 1: %+v %v", res[0], errs[0])
+	}
+	if state, _, _ := stepState(2); state != statestore.StepPending {
+		t.Fatalf("step 2 is %s, want pending", state)
+	}
+	// Step 3 (shipping) is: claimed with the reply to step 2.
+	res, errs = b.store.ApplyRepliesClaiming(ctx, []statestore.Reply{okReply(claimOne(2))}, []string{"shipping"})
+	c := res[0].Claimed
+	if errs[0] != nil || res[0].NextStep != 3 || c == nil {
+		t.Fatalf("reply to step 2: %+v %v", res[0], errs[0])
+	}
+	if c.OrderID != o.OrderID || c.Step != 3 || c.Name != "create_shipment" || c.Agent != "shipping" || c.Attempt != 1 ||
+		c.Kind != statestore.KindAction || c.Undoes != "" || c.IdempotencyKey != statestore.IdempotencyKey(o.OrderID, 3, "create_shipment") ||
+		c.Customer != "c" || c.Amount != 100 || c.Currency != "EUR" || string(c.Items) != `[{"qty": 1, "sku": "a"}]` ||
+		c.Budget <= 0 || c.Budget > time.Hour || time.Until(c.CompleteBy) > time.Hour+time.Minute || time.Until(c.CompleteBy) < 50*time.Minute {
+		t.Fatalf("the claimed step: %+v", c)
+	}
+	if state, lockedBy, attempt := stepState(3); state != statestore.StepProcessing || lockedBy != "s" || attempt != 1 {
+		t.Fatalf("step 3 is %s by %q, attempt %d; want processing by s, attempt 1", state, lockedBy, attempt)
+	}
+	d, err := b.store.GetOrder(ctx, o.OrderID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hist []string
+	for _, h := range d.History {
+		if h.Step != nil && *h.Step == 3 {
+			hist = append(hist, fmt.Sprintf("%s>%s/%d/%s/%s", h.From, h.To, h.Attempt, h.Actor, h.Reason))
+		}
+	}
+	if want := []string{">waiting/0/test/submitted", "waiting>pending/0/s/previous step processed", "pending>processing/1/s/claimed"}; !reflect.DeepEqual(hist, want) {
+		t.Fatalf("step 3's history %q, want %q", hist, want)
+	}
+	// Nothing else is pending: the claimer has nothing to take.
+	if claimed, err := b.store.ClaimPending(ctx, "other", 10, ""); err != nil || len(claimed) != 0 {
+		t.Fatalf("a claim after the hand-off took %+v (%v)", claimed, err)
+	}
+	// The step is fenced like any claimed step: a reply for another
+	// attempt is stale; the failure of attempt 1 starts compensating.
+	stale := statestore.Reply{OrderID: o.OrderID, Step: 3, Attempt: 2, OK: false, Error: "x", Actor: "s"}
+	if _, err := b.store.ApplyReply(ctx, stale); !errors.Is(err, statestore.ErrStale) {
+		t.Fatalf("a reply for attempt 2: %v, want stale", err)
+	}
+	failed := statestore.Reply{OrderID: o.OrderID, Step: 3, Attempt: 1, OK: false, Error: "refused", Actor: "s"}
+	if r, err := b.store.ApplyReply(ctx, failed); err != nil || r.OrderStatus != statestore.OrderCompensating {
+		t.Fatalf("the failure: %+v %v", r, err)
+	}
+	// A compensation's next compensation is claimed with the key it undoes.
+	res, errs = b.store.ApplyRepliesClaiming(ctx, []statestore.Reply{okReply(claimOne(4))}, []string{"payment", "shipping", "inventory"})
+	c = res[0].Claimed
+	if errs[0] != nil || c == nil || c.Step != 5 || c.Name != "refund_payment" || c.Kind != statestore.KindCompensation ||
+		c.Undoes != statestore.IdempotencyKey(o.OrderID, 2, "charge_payment") {
+		t.Fatalf("reply to compensation 4: %+v %+v %v", res[0], c, errs[0])
+	}
+	// The last one ends the order and claims nothing.
+	res, errs = b.store.ApplyRepliesClaiming(ctx, []statestore.Reply{okReply(*c)}, []string{"inventory"})
+	if errs[0] != nil || res[0].Claimed == nil || res[0].Claimed.Step != 6 {
+		t.Fatalf("reply to compensation 5: %+v %v", res[0], errs[0])
+	}
+	res, errs = b.store.ApplyRepliesClaiming(ctx, []statestore.Reply{okReply(*res[0].Claimed)}, []string{"inventory"})
+	if errs[0] != nil || res[0].Claimed != nil || res[0].NextStep != 0 || res[0].OrderStatus != statestore.OrderFailed {
+		t.Fatalf("reply to the last compensation: %+v %v", res[0], errs[0])
+	}
+}
