@@ -149,12 +149,18 @@ func (s *Store) claim(ctx context.Context, sql string, args ...any) ([]ClaimedSt
 		var prio int16
 		err := row.Scan(&c.OrderID, &c.Step, &c.Name, &c.Agent, &c.Attempt, &c.FailureCount, &c.IdempotencyKey,
 			&c.CompleteBy, &budgetMS, &prio, &c.ReplyTo, &c.Customer, &c.Items, &c.Amount, &c.Currency, &c.Kind, &c.Undoes)
-		c.Budget = time.Duration(budgetMS) * time.Millisecond
-		c.Priority = int(prio)
+		c.setBudgetPriority(budgetMS, prio)
 		return c, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("claim pending: %w", err)
 	}
 	return steps, nil
+}
+
+// setBudgetPriority sets the budget and priority read as a claim statement
+// returns them (milliseconds, smallint).
+func (c *ClaimedStep) setBudgetPriority(budgetMS int64, prio int16) {
+	c.Budget = time.Duration(budgetMS) * time.Millisecond
+	c.Priority = int(prio)
 }

@@ -292,8 +292,7 @@ func (s *Store) ApplyRepliesClaiming(ctx context.Context, rs []Reply, claimFor [
 				}
 				if claimed && completeBy != nil {
 					c.OrderID, c.Step, c.CompleteBy = ids[idx-1], res.NextStep, *completeBy
-					c.Budget = time.Duration(budgetMS) * time.Millisecond
-					c.Priority = int(prio)
+					c.setBudgetPriority(budgetMS, prio)
 					res.Claimed = &c
 				}
 				res.StepState = StepProcessed
