@@ -19,7 +19,7 @@ import (
 	"sas/internal/testenv"
 )
 
-func newCaller(t *testing.T, faults remote.FaultConfig) (*caller, *remote.Service, *metrics) {
+func newCaller(t testing.TB, faults remote.FaultConfig) (*caller, *remote.Service, *metrics) {
 	t.Helper()
 	svc := remote.New(faults, 7, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	srv := httptest.NewServer(svc.Handler())

@@ -27,7 +27,7 @@ type bundle struct {
 	logger  *slog.Logger
 }
 
-func setup(t *testing.T, deliveryLimit int) bundle {
+func setup(t testing.TB, deliveryLimit int) bundle {
 	t.Helper()
 	topo := broker.Topology{Prefix: testenv.Prefix(t), DeliveryLimit: deliveryLimit, Inputs: []string{"in"}}
 	testenv.Broker(t, topo)
@@ -35,13 +35,13 @@ func setup(t *testing.T, deliveryLimit int) bundle {
 	return bundle{topo: topo, reg: reg, metrics: broker.NewMetrics(reg), logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 }
 
-func ctxFor(t *testing.T, d time.Duration) context.Context {
+func ctxFor(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
 }
 
-func (b bundle) open(t *testing.T, url string) *broker.Conn {
+func (b bundle) open(t testing.TB, url string) *broker.Conn {
 	t.Helper()
 	conn, err := broker.Open(ctxFor(t, 30*time.Second), url, t.Name(), b.topo, b.logger, b.metrics)
 	if err != nil {
@@ -70,7 +70,7 @@ func (b bundle) metric(t *testing.T, name string) float64 {
 	return sum
 }
 
-func rawChannel(t *testing.T) *amqp.Channel {
+func rawChannel(t testing.TB) *amqp.Channel {
 	t.Helper()
 	conn, err := amqp.Dial(testenv.AMQPURL())
 	if err != nil {

@@ -3,10 +3,6 @@ package statestore_test
 import (
 	"context"
 	"errors"
-	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -21,12 +17,13 @@ import (
 //	benchstat old.txt new.txt
 //
 // Besides the wall time, each reports pg-cpu-ns/op: the CPU time every
-// local PostgreSQL process spent per op (each is single-threaded, so its
-// schedstat is all of it). The wall time also holds the client's work and
-// the commits' disk flushes; the CPU time says what the database did, and
-// varied less from run to run on a shared machine. And wal-B/op: the
-// write-ahead log the cluster wrote per op, which varies least (it counts
-// whatever else writes to the cluster meanwhile, usually nothing).
+// local PostgreSQL process spent per op; client-cpu-ns/op, this process's
+// (the statements' client side: pgx, encoding the arguments, reading the
+// rows); and wal-B/op, the write-ahead log the cluster wrote per op. The
+// wall time also holds the commits' disk flushes; the CPU time says what
+// the database did, and varied less from run to run on a shared machine;
+// the WAL varies least (it counts whatever else writes to the cluster
+// meanwhile, usually nothing).
 
 func benchStore(b *testing.B) (bundle, context.Context) {
 	b.Helper()
@@ -34,38 +31,9 @@ func benchStore(b *testing.B) (bundle, context.Context) {
 	return bundle{url: url, pool: pool, store: statestore.New(pool)}, context.Background()
 }
 
-// pgCPU is the CPU time used so far by every process named postgres on
-// this machine (from /proc/PID/schedstat, in nanoseconds), and whether
-// there was any.
-func pgCPU() (time.Duration, bool) {
-	stats, _ := filepath.Glob("/proc/[0-9]*/schedstat")
-	var total time.Duration
-	found := false
-	for _, path := range stats {
-		comm, err := os.ReadFile(filepath.Join(filepath.Dir(path), "comm"))
-		if err != nil || strings.TrimSpace(string(comm)) != "postgres" {
-			continue
-		}
-		b, err := os.ReadFile(path)
-		if err != nil {
-			continue
-		}
-		f := strings.Fields(string(b))
-		if len(f) == 0 {
-			continue
-		}
-		ns, err := strconv.ParseInt(f[0], 10, 64)
-		if err != nil {
-			continue
-		}
-		total += time.Duration(ns)
-		found = true
-	}
-	return total, found
-}
-
-// measurePG resets the timer and starts measuring PostgreSQL's CPU time
-// and the WAL the cluster writes; the returned func reports both per op.
+// measurePG resets the timer and starts measuring PostgreSQL's CPU time,
+// this process's and the WAL the cluster writes; the returned func reports
+// them per op.
 func measurePG(b *testing.B, bd bundle) func() {
 	b.Helper()
 	ctx := context.Background()
@@ -74,14 +42,20 @@ func measurePG(b *testing.B, bd bundle) func() {
 		b.Fatal(err)
 	}
 	b.ResetTimer()
-	start, ok := pgCPU()
+	start, ok := testenv.ServerCPU("postgres")
+	self0 := testenv.SelfCPU(b)
 	return func() {
-		end, ok2 := pgCPU()
+		end, ok2 := testenv.ServerCPU("postgres")
+		self1 := testenv.SelfCPU(b)
 		b.StopTimer()
-		if ok && ok2 && b.N > 0 {
+		if b.N == 0 {
+			return
+		}
+		if ok && ok2 {
 			b.ReportMetric(float64(end-start)/float64(b.N), "pg-cpu-ns/op")
 		}
-		if wal1, err := bd.store.ReadWAL(ctx); err == nil && b.N > 0 {
+		b.ReportMetric(float64(self1-self0)/float64(b.N), "client-cpu-ns/op")
+		if wal1, err := bd.store.ReadWAL(ctx); err == nil {
 			b.ReportMetric(float64(wal1.Bytes-wal0.Bytes)/float64(b.N), "wal-B/op")
 		}
 	}
@@ -178,10 +152,26 @@ func BenchmarkApplyReplies(b *testing.B) {
 // BenchmarkInsertOrders: as BenchmarkInsertOrder, 64 orders to a
 // transaction (as a busy submitter does); per op, one order.
 func BenchmarkInsertOrders(b *testing.B) {
+	insertOrders(b, func() statestore.NewOrder { return order(3, time.Minute, 5) })
+}
+
+// BenchmarkInsertOrdersSingle: as BenchmarkInsertOrders, orders of the
+// single workflow's shape: one action and its compensation (2 step rows,
+// 3 history rows, a status event).
+func BenchmarkInsertOrdersSingle(b *testing.B) {
+	insertOrders(b, func() statestore.NewOrder {
+		o := order(1, time.Minute, 5)
+		o.Steps = append(o.Steps, statestore.NewStep{Name: "undo1", Agent: "agent", Kind: statestore.KindCompensation,
+			Compensates: 1, Timeout: time.Minute, MaxFailures: 5})
+		return o
+	})
+}
+
+func insertOrders(b *testing.B, next func() statestore.NewOrder) {
 	bd, ctx := benchStore(b)
 	orders := make([]statestore.NewOrder, b.N)
 	for i := range orders {
-		orders[i] = order(3, time.Minute, 5)
+		orders[i] = next()
 	}
 	defer measurePG(b, bd)()
 	for len(orders) > 0 {

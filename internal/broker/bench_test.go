@@ -1,0 +1,169 @@
+package broker_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"sas/internal/broker"
+	"sas/internal/testenv"
+)
+
+// The broker's share of an order, one message per op, against the real
+// RabbitMQ. An order's every hop (its submission, each step's request and
+// reply) is one message through a quorum queue; its status events are
+// publishes to the status exchange, where nobody may be listening. Run
+// with a fixed count for comparable figures:
+//
+//	go test -run '^$' -bench . -benchtime 20000x -count 5 ./internal/broker
+//
+// Besides the wall time, each reports rabbitmq-cpu-ns/op, the CPU time of
+// every RabbitMQ process per op, and client-cpu-ns/op, this process's (the
+// publisher's and the consumer's together).
+
+// confirmWindow is how many publishes await their confirms at once, as in
+// a claim's requests or a relay round.
+const confirmWindow = 256
+
+// measureCPU resets the timer and starts measuring RabbitMQ's CPU time and
+// this process's; the returned func reports both per op.
+func measureCPU(b *testing.B) func() {
+	b.Helper()
+	b.ResetTimer()
+	rmq0, ok0 := testenv.ServerCPU("beam.smp")
+	self0 := testenv.SelfCPU(b)
+	return func() {
+		rmq1, ok1 := testenv.ServerCPU("beam.smp")
+		self1 := testenv.SelfCPU(b)
+		b.StopTimer()
+		if b.N == 0 {
+			return
+		}
+		if ok0 && ok1 {
+			b.ReportMetric(float64(rmq1-rmq0)/float64(b.N), "rabbitmq-cpu-ns/op")
+		}
+		b.ReportMetric(float64(self1-self0)/float64(b.N), "client-cpu-ns/op")
+	}
+}
+
+// publishAll publishes n messages to exchange/key with at most
+// confirmWindow awaiting their confirms, and returns how many were
+// confirmed, and how many returned as unroutable.
+func publishAll(ctx context.Context, b *testing.B, pub *broker.Publisher, exchange, key string, n int) (confirmed, returned int) {
+	b.Helper()
+	window := make(chan *broker.Pending, confirmWindow)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for p := range window {
+			switch err := p.Wait(ctx); {
+			case err == nil:
+				confirmed++
+			case errors.Is(err, broker.ErrReturned):
+				returned++
+			default:
+				b.Error(err)
+			}
+		}
+	}()
+	for i := range n {
+		p, err := pub.Start(ctx, exchange, key, amqp.Publishing{
+			ContentType: "application/json",
+			MessageId:   "bench-" + strconv.Itoa(i),
+			Body:        []byte(benchBody),
+		})
+		if err != nil {
+			b.Error(err)
+			break
+		}
+		window <- p
+	}
+	close(window)
+	<-done
+	return confirmed, returned
+}
+
+// benchBody is about the size of a step request.
+const benchBody = `{"schema_version":1,"order_id":"0b0e4a4e-3d4b-4f51-9d7e-5b8e0c2f6a11","step":1,"name":"reserve","agent":"inventory","attempt":1,"idempotency_key":"0b0e4a4e-3d4b-4f51-9d7e-5b8e0c2f6a11/1/reserve","complete_by":"2026-11-22T10:00:00.123456Z","payload":{"customer":"c-1","items":[{"sku":"sku-1","qty":2}],"amount":1999,"currency":"EUR","priority":0}}`
+
+// BenchmarkMessage: one message published (persistent, mandatory,
+// confirmed) to a queue and consumed by a Consumer with prefetch 64 that
+// acknowledges in groups, as the services do. quorum: a durable quorum
+// queue, as every queue of the topology is; classic: a durable classic
+// queue, for comparison only.
+func BenchmarkMessage(b *testing.B) {
+	for _, kind := range []string{amqp.QueueTypeQuorum, amqp.QueueTypeClassic} {
+		b.Run(kind, func(b *testing.B) { benchMessage(b, kind) })
+	}
+}
+
+func benchMessage(b *testing.B, kind string) {
+	bd := setup(b, 5)
+	input := "in"
+	if kind != amqp.QueueTypeQuorum {
+		input = kind
+		ch := rawChannel(b)
+		if _, err := ch.QueueDeclare(bd.topo.Queue(input), true, false, false, false, amqp.Table{amqp.QueueTypeArg: kind}); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _, _ = rawChannel(b).QueueDelete(bd.topo.Queue(input), false, false, false) })
+	}
+	conn := bd.open(b, testenv.AMQPURL())
+	pub := broker.NewPublisher(conn, bd.metrics)
+	defer pub.Close()
+	ctx, cancel := context.WithCancel(ctxFor(b, 10*time.Minute))
+	defer cancel()
+	var got atomic.Int64
+	all := make(chan struct{})
+	target := int64(b.N)
+	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: input, Prefetch: 64, Workers: 16},
+		func(context.Context, amqp.Delivery) error {
+			if got.Add(1) == target {
+				close(all)
+			}
+			return nil
+		}, bd.logger, bd.metrics)
+	stopped := make(chan error, 1)
+	go func() { stopped <- consumer.Run(ctx) }()
+	testenv.Eventually(b, 30*time.Second, "consumer subscribed", consumer.Running)
+
+	stop := measureCPU(b)
+	confirmed, _ := publishAll(ctx, b, pub, "", bd.topo.Queue(input), b.N)
+	select {
+	case <-all:
+	case <-ctx.Done():
+		b.Fatalf("consumed %d of %d", got.Load(), b.N)
+	}
+	stop()
+	if confirmed != b.N {
+		b.Fatalf("%d of %d publishes confirmed", confirmed, b.N)
+	}
+	cancel()
+	if err := <-stopped; err != nil {
+		b.Fatal(err)
+	}
+}
+
+// BenchmarkUnroutedPublish: one status event published (persistent,
+// mandatory, confirmed) to the status exchange with no queue bound for its
+// routing key, as most status events are when only terminal ones are
+// listened for: the broker returns it before confirming it.
+func BenchmarkUnroutedPublish(b *testing.B) {
+	bd := setup(b, 5)
+	conn := bd.open(b, testenv.AMQPURL())
+	pub := broker.NewPublisher(conn, bd.metrics)
+	defer pub.Close()
+	ctx := ctxFor(b, 10*time.Minute)
+
+	stop := measureCPU(b)
+	_, returned := publishAll(ctx, b, pub, bd.topo.StatusExchange(), "processing", b.N)
+	stop()
+	if returned != b.N {
+		b.Fatalf("%d of %d publishes returned", returned, b.N)
+	}
+}

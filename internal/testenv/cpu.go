@@ -1,0 +1,66 @@
+package testenv
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// ServerCPU is the CPU time used so far by every process on this machine
+// whose command name is one of names (from /proc/PID/task/TID/schedstat,
+// whose first field counts a thread's time on a CPU in nanoseconds,
+// summed over the process's threads), and
+// whether there was any such process. Benchmarks read it before and after
+// to say what the local PostgreSQL ("postgres") or RabbitMQ ("beam.smp")
+// spent per op.
+func ServerCPU(names ...string) (time.Duration, bool) {
+	procs, _ := filepath.Glob("/proc/[0-9]*")
+	var total time.Duration
+	found := false
+	for _, dir := range procs {
+		comm, err := os.ReadFile(filepath.Join(dir, "comm"))
+		if err != nil || !slices.Contains(names, strings.TrimSpace(string(comm))) {
+			continue
+		}
+		threads, _ := filepath.Glob(filepath.Join(dir, "task", "[0-9]*", "schedstat"))
+		for _, path := range threads {
+			if ns, ok := onCPU(path); ok {
+				total += ns
+				found = true
+			}
+		}
+	}
+	return total, found
+}
+
+// onCPU reads the first field of a schedstat file.
+func onCPU(path string) (time.Duration, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0, false
+	}
+	ns, err := strconv.ParseInt(f[0], 10, 64)
+	if err != nil {
+		return 0, false
+	}
+	return time.Duration(ns), true
+}
+
+// SelfCPU is the user and system CPU time this process has used.
+func SelfCPU(t testing.TB) time.Duration {
+	t.Helper()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
