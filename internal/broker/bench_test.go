@@ -133,16 +133,15 @@ func benchMessage(b *testing.B, kind string) {
 	testenv.Eventually(b, 30*time.Second, "consumer subscribed", consumer.Running)
 
 	stop := measureCPU(b)
-	confirmed, _ := publishAll(ctx, b, pub, "", bd.topo.Queue(input), b.N)
+	if confirmed, _ := publishAll(ctx, b, pub, "", bd.topo.Queue(input), b.N); confirmed != b.N {
+		b.Fatalf("%d of %d publishes confirmed", confirmed, b.N)
+	}
 	select {
 	case <-all:
 	case <-ctx.Done():
 		b.Fatalf("consumed %d of %d", got.Load(), b.N)
 	}
 	stop()
-	if confirmed != b.N {
-		b.Fatalf("%d of %d publishes confirmed", confirmed, b.N)
-	}
 	cancel()
 	if err := <-stopped; err != nil {
 		b.Fatal(err)
