@@ -24,25 +24,36 @@ import (
 // steps claimed faster than agents take them would wait in the queue until
 // their complete_by passed, and every such expiry would count as a failure
 // of the step. Left pending, they keep their budget until an agent is free.
+//
+// For the same reason it claims nothing while the shared replies queue
+// holds maxReplies or more: when the schedulers apply replies more slowly
+// than agents make them, every step claimed then would wait there, past
+// its complete_by, and be done again. Only claims by the claimer stop: a
+// next step claimed with its reply replaces the step that reply ended.
 type claimer struct {
-	store     *statestore.Store
-	pub       *broker.Publisher
-	depths    depthReader
-	topo      broker.Topology
-	kinds     []string
-	me        string
-	batch     int
-	maxQueued int
-	poll      time.Duration
-	wake      <-chan struct{}
-	wakeRelay func()          // a claim may have written status events
-	workCtx   context.Context // claimed steps are sent even during shutdown
-	logger    *slog.Logger
-	metrics   *metrics
+	store      *statestore.Store
+	pub        *broker.Publisher
+	depths     depthReader
+	topo       broker.Topology
+	kinds      []string
+	me         string
+	batch      int
+	maxQueued  int
+	maxReplies int // the replies queue's limit (0: none)
+	poll       time.Duration
+	wake       <-chan struct{}
+	wakeRelay  func()          // a claim may have written status events
+	workCtx    context.Context // claimed steps are sent even during shutdown
+	logger     *slog.Logger
+	metrics    *metrics
 
 	mu    sync.Mutex            // guards known: the replier reads it too
-	known map[string]queueDepth // the last reading of each kind's queue
+	known map[string]queueDepth // the last reading of each kind's queue, and of the replies queue (repliesKey)
 }
+
+// repliesKey is the replies queue's entry in claimer.known: no agent kind
+// is named "" (workflow definitions are checked).
+const repliesKey = ""
 
 // depthReader reads a queue's ready messages (a *broker.QueueInspector).
 type depthReader interface {
@@ -94,6 +105,9 @@ func (c *claimer) run(ctx context.Context) error {
 // held a kind back.
 func (c *claimer) drain(ctx context.Context) (throttled bool) {
 	for ctx.Err() == nil {
+		if c.repliesFull(ctx) {
+			return true
+		}
 		rooms := make(map[string]int, len(c.kinds))
 		for _, kind := range c.kinds {
 			queue := c.topo.Queue(agent.RequestsInput(kind))
@@ -153,6 +167,27 @@ func (c *claimer) drain(ctx context.Context) (throttled bool) {
 	return throttled
 }
 
+// repliesFull reports whether the replies queue holds maxReplies or more,
+// or cannot be read.
+func (c *claimer) repliesFull(ctx context.Context) bool {
+	if c.maxReplies <= 0 {
+		return false
+	}
+	queue := c.topo.Queue(agent.RepliesInput)
+	waiting, err := c.ready(ctx, repliesKey, queue)
+	if err != nil {
+		if ctx.Err() == nil {
+			c.logger.Warn("cannot read queue depth; not claiming now", "queue", queue, "err", err)
+		}
+		return true
+	}
+	if waiting >= c.maxReplies {
+		c.metrics.repliesFull.Inc()
+		return true
+	}
+	return false
+}
+
 // ready is how many requests wait in kind's queue: read from the broker
 // at most every depthTTL, and in between the last reading plus what was
 // sent since.
@@ -171,7 +206,9 @@ func (c *claimer) ready(ctx context.Context, kind, queue string) (int, error) {
 		return 0, err
 	}
 	c.known[kind] = queueDepth{ready: ready, at: time.Now()}
-	c.metrics.queueReady.WithLabelValues(kind).Set(float64(ready))
+	if kind != repliesKey {
+		c.metrics.queueReady.WithLabelValues(kind).Set(float64(ready))
+	}
 	return ready, nil
 }
 

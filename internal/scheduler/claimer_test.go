@@ -3,10 +3,16 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"sas/internal/agent"
+	"sas/internal/broker"
 )
 
 // countingReader is a depthReader that counts its reads.
@@ -89,5 +95,62 @@ func TestClaimerOpenKinds(t *testing.T) {
 	}
 	if got := c.openKinds(20); len(got) != 0 {
 		t.Fatalf("open kinds after 71 more sent to inventory: %v, want none", got)
+	}
+}
+
+// queueReader is a depthReader with a depth per queue.
+type queueReader map[string]int
+
+func (r queueReader) Ready(_ context.Context, queue string) (int, error) {
+	n, ok := r[queue]
+	if !ok {
+		return 0, errors.New("no such queue")
+	}
+	return n, nil
+}
+
+// While the replies queue holds maxReplies or more, the claimer claims
+// nothing (its store is nil here: a claim would panic) and says it was
+// held back; below the limit, or with no limit, it goes on to the agent
+// queues.
+func TestClaimerStopsWhileRepliesWait(t *testing.T) {
+	t.Parallel()
+	topo := broker.Topology{Prefix: "p."}
+	replies := topo.Queue(agent.RepliesInput)
+	inventory := topo.Queue(agent.RequestsInput("inventory"))
+	newClaimer := func(depths queueReader, maxReplies int) *claimer {
+		return &claimer{depths: depths, topo: topo, kinds: []string{"inventory"}, batch: 10, maxQueued: 100, maxReplies: maxReplies,
+			known: map[string]queueDepth{}, logger: slog.New(slog.NewTextHandler(io.Discard, nil)), metrics: newMetrics(prometheus.NewRegistry())}
+	}
+
+	c := newClaimer(queueReader{replies: 500, inventory: 0}, 500)
+	if !c.drain(context.Background()) {
+		t.Fatal("drain with 500 replies waiting (limit 500) was not held back")
+	}
+	if got := testutil.ToFloat64(c.metrics.repliesFull); got != 1 {
+		t.Fatalf("sas_scheduler_throttled_by_replies_total = %v, want 1", got)
+	}
+	if _, ok := c.known[repliesKey]; !ok {
+		t.Fatal("the replies queue's reading was not kept")
+	}
+	// An unreadable replies queue holds claims back too.
+	c = newClaimer(queueReader{inventory: 0}, 500)
+	if !c.drain(context.Background()) {
+		t.Fatal("drain with the replies queue unreadable was not held back")
+	}
+
+	// Below the limit, or with none, the agent queues decide: here every
+	// one is full, so no claim is made either, but for that reason.
+	for _, limit := range []int{501, 0} {
+		c = newClaimer(queueReader{replies: 500, inventory: 100}, limit)
+		if !c.drain(context.Background()) {
+			t.Fatalf("limit %d: drain with a full agent queue was not held back", limit)
+		}
+		if got := testutil.ToFloat64(c.metrics.repliesFull); got != 0 {
+			t.Fatalf("limit %d: held back by the replies %v times, want 0", limit, got)
+		}
+		if got := testutil.ToFloat64(c.metrics.throttled.WithLabelValues("inventory")); got != 1 {
+			t.Fatalf("limit %d: held back by the inventory queue %v times, want 1", limit, got)
+		}
 	}
 }

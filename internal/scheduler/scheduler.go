@@ -31,6 +31,9 @@ type Config struct {
 	// MaxQueued is how many requests may wait in an agent kind's queue
 	// before the scheduler stops claiming steps for that kind.
 	MaxQueued int `envconfig:"SCHEDULER_MAX_QUEUED" default:"1000"`
+	// MaxRepliesQueued is how many replies may wait in the replies queue
+	// before the claimer stops claiming (0: no limit).
+	MaxRepliesQueued int `envconfig:"SCHEDULER_MAX_REPLIES_QUEUED" default:"2000"`
 	// PollInterval is how often the claimer and the relay look for work
 	// when no notification woke them.
 	PollInterval time.Duration `envconfig:"SCHEDULER_POLL_INTERVAL" default:"500ms"`
@@ -54,6 +57,7 @@ type metrics struct {
 	claimed        prometheus.Counter
 	claimedByReply prometheus.Counter
 	throttled      *prometheus.CounterVec
+	repliesFull    prometheus.Counter
 	claimDuration  prometheus.Histogram
 	claimSize      prometheus.Histogram
 	replyBatchSize prometheus.Histogram
@@ -85,6 +89,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		throttled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sas_scheduler_throttled_total", Help: "Claims skipped because the agent kind's request queue was full, by kind.",
 		}, []string{"kind"}),
+		repliesFull: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sas_scheduler_throttled_by_replies_total", Help: "Claims skipped because the replies queue held SAS_SCHEDULER_MAX_REPLIES_QUEUED replies or more.",
+		}),
 		claimDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "sas_scheduler_claim_duration_seconds", Help: "Time of one claim statement.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
@@ -142,7 +149,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "sas_outbox_relay_errors_total", Help: "Relay rounds that failed and will be retried.",
 		}),
 	}
-	reg.MustRegister(m.claimed, m.claimedByReply, m.throttled, m.claimDuration, m.claimSize, m.replyBatchSize, m.published, m.publishFailed, m.released, m.wakeups, m.replies,
+	reg.MustRegister(m.claimed, m.claimedByReply, m.throttled, m.repliesFull, m.claimDuration, m.claimSize, m.replyBatchSize, m.published, m.publishFailed, m.released, m.wakeups, m.replies,
 		m.stale, m.ordersFinished, m.orderDuration, m.stepDuration, m.queueReady, m.dbRetries, m.outbox, m.unroutable, m.relayErrors)
 	return m
 }
@@ -180,7 +187,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	depths := broker.NewQueueInspector(conn)
 	defer depths.Close()
 	c := &claimer{store: store, pub: pub, depths: depths, topo: topo, kinds: workflows.Agents(), me: me,
-		batch: cfg.BatchSize, maxQueued: cfg.MaxQueued, poll: cfg.PollInterval,
+		batch: cfg.BatchSize, maxQueued: cfg.MaxQueued, maxReplies: cfg.MaxRepliesQueued, poll: cfg.PollInterval,
 		wake: w.pending, wakeRelay: func() { nudge(w.outbox) }, workCtx: workCtx, logger: logger, metrics: m,
 		known: map[string]queueDepth{}}
 	// Claims and replies do not notify through the database (migration
