@@ -30,27 +30,6 @@ import (
 // a claim's requests or a relay round.
 const confirmWindow = 256
 
-// measureCPU resets the timer and starts measuring RabbitMQ's CPU time and
-// this process's; the returned func reports both per op.
-func measureCPU(b *testing.B) func() {
-	b.Helper()
-	b.ResetTimer()
-	rmq0, ok0 := testenv.ServerCPU("beam.smp")
-	self0 := testenv.SelfCPU(b)
-	return func() {
-		rmq1, ok1 := testenv.ServerCPU("beam.smp")
-		self1 := testenv.SelfCPU(b)
-		b.StopTimer()
-		if b.N == 0 {
-			return
-		}
-		if ok0 && ok1 {
-			b.ReportMetric(float64(rmq1-rmq0)/float64(b.N), "rabbitmq-cpu-ns/op")
-		}
-		b.ReportMetric(float64(self1-self0)/float64(b.N), "client-cpu-ns/op")
-	}
-}
-
 // publishAll publishes n messages to exchange/key with at most
 // confirmWindow awaiting their confirms, and returns how many were
 // confirmed, and how many returned as unroutable.
@@ -132,7 +111,7 @@ func benchMessage(b *testing.B, kind string) {
 	go func() { stopped <- consumer.Run(ctx) }()
 	testenv.Eventually(b, 30*time.Second, "consumer subscribed", consumer.Running)
 
-	stop := measureCPU(b)
+	stop := testenv.MeasureCPU(b, "rabbitmq", "beam.smp")
 	if confirmed, _ := publishAll(ctx, b, pub, "", bd.topo.Queue(input), b.N); confirmed != b.N {
 		b.Fatalf("%d of %d publishes confirmed", confirmed, b.N)
 	}
@@ -159,7 +138,7 @@ func BenchmarkUnroutedPublish(b *testing.B) {
 	defer pub.Close()
 	ctx := ctxFor(b, 10*time.Minute)
 
-	stop := measureCPU(b)
+	stop := testenv.MeasureCPU(b, "rabbitmq", "beam.smp")
 	_, returned := publishAll(ctx, b, pub, bd.topo.StatusExchange(), "processing", b.N)
 	stop()
 	if returned != b.N {

@@ -41,20 +41,12 @@ func measurePG(b *testing.B, bd bundle) func() {
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.ResetTimer()
-	start, ok := testenv.ServerCPU("postgres")
-	self0 := testenv.SelfCPU(b)
+	stop := testenv.MeasureCPU(b, "pg", "postgres")
 	return func() {
-		end, ok2 := testenv.ServerCPU("postgres")
-		self1 := testenv.SelfCPU(b)
-		b.StopTimer()
+		stop()
 		if b.N == 0 {
 			return
 		}
-		if ok && ok2 {
-			b.ReportMetric(float64(end-start)/float64(b.N), "pg-cpu-ns/op")
-		}
-		b.ReportMetric(float64(self1-self0)/float64(b.N), "client-cpu-ns/op")
 		if wal1, err := bd.store.ReadWAL(ctx); err == nil {
 			b.ReportMetric(float64(wal1.Bytes-wal0.Bytes)/float64(b.N), "wal-B/op")
 		}

@@ -64,3 +64,27 @@ func SelfCPU(t testing.TB) time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// MeasureCPU resets b's timer and starts measuring the CPU time of the
+// server processes named (see ServerCPU) and of this process. The
+// returned func stops the timer and reports both per op: as
+// <metric>-cpu-ns/op (when there was such a process) and
+// client-cpu-ns/op.
+func MeasureCPU(b *testing.B, metric string, names ...string) func() {
+	b.Helper()
+	b.ResetTimer()
+	server0, ok0 := ServerCPU(names...)
+	self0 := SelfCPU(b)
+	return func() {
+		server1, ok1 := ServerCPU(names...)
+		self1 := SelfCPU(b)
+		b.StopTimer()
+		if b.N == 0 {
+			return
+		}
+		if ok0 && ok1 {
+			b.ReportMetric(float64(server1-server0)/float64(b.N), metric+"-cpu-ns/op")
+		}
+		b.ReportMetric(float64(self1-self0)/float64(b.N), "client-cpu-ns/op")
+	}
+}
