@@ -12,12 +12,11 @@ import (
 )
 
 // ServerCPU is the CPU time used so far by every process on this machine
-// whose command name is one of names (from /proc/PID/task/TID/schedstat,
-// whose first field counts a thread's time on a CPU in nanoseconds,
-// summed over the process's threads), and
-// whether there was any such process. Benchmarks read it before and after
-// to say what the local PostgreSQL ("postgres") or RabbitMQ ("beam.smp")
-// spent per op.
+// whose command name is one of names, and whether there was any such
+// process: the first field of /proc/PID/task/TID/schedstat (a thread's
+// time on a CPU, in nanoseconds) summed over the process's threads.
+// Benchmarks read it before and after to say what the local PostgreSQL
+// ("postgres") or RabbitMQ ("beam.smp") spent per op.
 func ServerCPU(names ...string) (time.Duration, bool) {
 	procs, _ := filepath.Glob("/proc/[0-9]*")
 	var total time.Duration
