@@ -512,6 +512,49 @@ func TestSchedulersAndAgentsShareWorkAndEventsArriveInOrder(t *testing.T) {
 		p.agents[2].metric(t, `sas_agent_requests_total{kind="payment",result="ok"}`))
 }
 
+// TestServerNamedReplyQueueGetsEvents: a client that declares its status
+// queue the usual AMQP way (an empty name, exclusive: RabbitMQ names it
+// amq.gen-…) gets every order's events there.
+func TestServerNamedReplyQueueGetsEvents(t *testing.T) {
+	t.Parallel()
+	p := newPipeline(t, pipelineOpts{})
+	ch := amqpChannel(t)
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(q.Name, "amq.gen-") {
+		t.Fatalf("the broker named the queue %q", q.Name)
+	}
+	var ids []string
+	for range 20 {
+		id := messages.NewID()
+		ids = append(ids, id)
+		body := strings.Replace(badinput.ValidSubmitJSON(id), `"amount":1999`, `"amount":1999,"reply_to":"`+q.Name+`"`, 1)
+		publish(t, ch, p.topo.Queue("submit"), messages.ContentType, id, []byte(body))
+	}
+	p.waitTerminal(t, ids, 2*time.Minute)
+	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND status = 'completed' AND reply_to = $2`, ids, q.Name); n != 20 {
+		t.Fatalf("%d of 20 orders completed with reply_to %s", n, q.Name)
+	}
+	byOrder := map[string][]string{}
+	for _, d := range drain(t, ch, q.Name, 60, time.Minute) {
+		ev, err := messages.DecodeStatusEvent(d.Body)
+		if err != nil {
+			t.Fatalf("status event %s: %v", d.Body, err)
+		}
+		byOrder[ev.OrderID] = append(byOrder[ev.OrderID], ev.Status)
+	}
+	for _, id := range ids {
+		if got := strings.Join(byOrder[id], ","); got != "received,processing,completed" {
+			t.Errorf("order %s: status events %s", id, got)
+		}
+	}
+	if n := p.submitter.metric(t, `sas_submitter_orders_total{outcome="rejected"}`); n != 0 {
+		t.Errorf("%v submits rejected", n)
+	}
+}
+
 // TestSchedulerHoldsBackWhileAgentsAreAway: with no agent consuming, the
 // scheduler claims only as many steps as the request queue may hold; the
 // rest stay pending with their whole budget and run once agents come.

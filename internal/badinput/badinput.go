@@ -98,6 +98,10 @@ func SubmitOrders(newID func() string) []Case {
 		{Name: "invalid utf-8", Body: with(id(), `"customer":"ACME Ltd"`, "\"customer\":\"ACME \xff\xfe Ltd\""), Reason: messages.ReasonInvalidEncoding},
 		{Name: "nul byte", Body: append([]byte(valid()), 0), Reason: messages.ReasonInvalidEncoding},
 		{Name: "escaped nul", Body: with(id(), `"customer":"ACME Ltd"`, `"customer":"ACME\u0000Ltd"`), Reason: messages.ReasonInvalidEncoding},
+		{Name: "lone high surrogate", Body: with(id(), `"customer":"ACME Ltd"`, `"customer":"Probe \ud800 Ltd"`), Reason: messages.ReasonInvalidEncoding},
+		{Name: "lone low surrogate", Body: with(id(), `"customer":"ACME Ltd"`, `"customer":"Probe \uDC00 Ltd"`), Reason: messages.ReasonInvalidEncoding},
+		{Name: "surrogates reversed", Body: with(id(), `"customer":"ACME Ltd"`, `"customer":"\udc00\ud800"`), Reason: messages.ReasonInvalidEncoding},
+		{Name: "high surrogate at the end", Body: with(id(), `"customer":"ACME Ltd"`, `"customer":"ACME\ud83d"`), Reason: messages.ReasonInvalidEncoding},
 		{Name: "control character", Body: with(id(), `"customer":"ACME Ltd"`, `"customer":"ACME\u0007Ltd"`), Reason: messages.ReasonInvalidValue},
 		{Name: "deep nesting", Body: with(id(), `"currency":"EUR"`, `"currency":"EUR","x":`+strings.Repeat("[", 100)+strings.Repeat("]", 100)), Reason: messages.ReasonInvalidValue},
 	}
@@ -118,6 +122,8 @@ func StepReplies(newID func() string) []Case {
 		{Name: "reply duplicate key in result", Body: reply(`,"outcome":"ok","result":{"A":1,"A":2}`), Reason: messages.ReasonDuplicateField},
 		{Name: "reply future version", Body: []byte(fmt.Sprintf(`{"schema_version":3,"order_id":%q,"step":1,"attempt":1,"outcome":"ok"}`, newID())), Reason: messages.ReasonUnsupportedVersion},
 		{Name: "reply trailing data", Body: append(reply(`,"outcome":"ok"`), "}"...), Reason: messages.ReasonTrailingData},
+		{Name: "reply lone surrogate in result", Body: reply(`,"outcome":"ok","result":{"note":"\ud800"}`), Reason: messages.ReasonInvalidEncoding},
+		{Name: "reply lone surrogate in error", Body: reply(`,"outcome":"failed","error":"bad \udfff"`), Reason: messages.ReasonInvalidEncoding},
 		{Name: "reply negative call time", Body: reply(`,"outcome":"ok","call_us":-5`), Reason: messages.ReasonInvalidValue},
 		{Name: "reply absurd sent_at", Body: reply(`,"outcome":"ok","sent_at":"1970-01-01T00:00:00Z"`), Reason: messages.ReasonInvalidValue},
 	}

@@ -103,6 +103,9 @@ func decodeBody(body []byte, dst any, required, opaque []string, fast bool) erro
 	if i := bytes.IndexByte(body, 0); i >= 0 {
 		return reject(ReasonInvalidEncoding, "NUL byte at offset %d", i)
 	}
+	if i, ok := loneSurrogate(body); ok {
+		return reject(ReasonInvalidEncoding, "\\u escape at offset %d is half of a UTF-16 surrogate pair: it names no character (decoders would store U+FFFD instead)", i)
+	}
 	var members []member
 	var err error
 	if json.Valid(body) {
@@ -153,6 +156,73 @@ func decodeBody(body []byte, dst any, required, opaque []string, fast bool) erro
 		return reject(ReasonInvalidValue, "%v", err)
 	}
 	return nil
+}
+
+// loneSurrogate finds a \uXXXX escape that is half of a UTF-16 surrogate
+// pair without its other half: a high surrogate not followed at once by a
+// low one, or a low one on its own. JSON decoders replace it with U+FFFD,
+// so accepting it would store something other than what was sent. It
+// returns the escape's offset.
+//
+// Outside strings a backslash is not valid JSON, and inside one it always
+// starts a two-character escape, so reading the body's backslashes in
+// pairs from the first one never mistakes an escaped backslash followed by
+// "u" for an escape.
+func loneSurrogate(body []byte) (int, bool) {
+	i := bytes.IndexByte(body, '\\')
+	if i < 0 {
+		return 0, false
+	}
+	for i < len(body)-1 {
+		if body[i] != '\\' {
+			i++
+			continue
+		}
+		if body[i+1] != 'u' {
+			i += 2
+			continue
+		}
+		r, ok := hex4(body, i+2)
+		if !ok {
+			return 0, false // not valid JSON: reported as such
+		}
+		switch {
+		case r >= 0xD800 && r < 0xDC00:
+			if i+7 < len(body) && body[i+6] == '\\' && body[i+7] == 'u' {
+				if lo, ok := hex4(body, i+8); ok && lo >= 0xDC00 && lo < 0xE000 {
+					i += 12
+					continue
+				}
+			}
+			return i, true
+		case r >= 0xDC00 && r < 0xE000:
+			return i, true
+		}
+		i += 6
+	}
+	return 0, false
+}
+
+// hex4 reads four hex digits at b[i:].
+func hex4(b []byte, i int) (rune, bool) {
+	if i+4 > len(b) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range b[i : i+4] {
+		r <<= 4
+		switch {
+		case c >= '0' && c <= '9':
+			r |= rune(c - '0')
+		case c >= 'a' && c <= 'f':
+			r |= rune(c-'a') + 10
+		case c >= 'A' && c <= 'F':
+			r |= rune(c-'A') + 10
+		default:
+			return 0, false
+		}
+	}
+	return r, true
 }
 
 func typeName(kind string) string {

@@ -3,6 +3,7 @@ package messages
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -106,8 +107,8 @@ func (o SubmitOrder) Validate() error {
 		if err := checkName("reply_to", o.ReplyTo, 255); err != nil {
 			return err
 		}
-		if len(o.ReplyTo) >= 4 && o.ReplyTo[:4] == "amq." {
-			return reject(ReasonInvalidValue, "reply_to may not name a reserved amq. queue")
+		if err := checkReplyTo(o.ReplyTo); err != nil {
+			return err
 		}
 	}
 	if o.Workflow != "" {
@@ -119,6 +120,21 @@ func (o SubmitOrder) Validate() error {
 		if err := checkTime("placed_at", *o.PlacedAt); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// checkReplyTo refuses a reply_to that can never receive. RabbitMQ keeps
+// queue names starting with "amq." for itself: the only such queues that
+// exist are the ones it names when a client declares a queue without a
+// name ("amq.gen-…", the usual exclusive reply queue of RPC clients), which
+// are accepted. Any other "amq." name, such as the direct reply-to
+// pseudo-queue amq.rabbitmq.reply-to (it answers only the channel that
+// published, and status events come later from a scheduler), can never be
+// declared, so events sent there would be lost.
+func checkReplyTo(q string) error {
+	if strings.HasPrefix(q, "amq.") && !strings.HasPrefix(q, "amq.gen-") {
+		return reject(ReasonInvalidValue, "reply_to %q can never receive: only RabbitMQ names amq. queues, and of those only server-named amq.gen-… queues hold messages", q)
 	}
 	return nil
 }

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -154,6 +156,43 @@ func TestRoundTrips(t *testing.T) {
 	}
 }
 
+// A surrogate pair written as two escapes is one character, and is kept;
+// half of one is refused (the badinput catalogue), never stored as U+FFFD.
+func TestDecodeKeepsEscapedSurrogatePairs(t *testing.T) {
+	t.Parallel()
+	body := strings.Replace(badinput.ValidSubmitJSON(messages.NewID()), `"customer":"ACME Ltd"`, `"customer":"Smile \ud83d\ude00 Ltd \\ud800"`, 1)
+	o, err := messages.DecodeSubmitOrder([]byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Customer != "Smile \U0001F600 Ltd \\ud800" {
+		t.Fatalf("customer %q", o.Customer)
+	}
+}
+
+// RabbitMQ's server-named queues are a client's usual private reply
+// queue; only amq. names that can never receive are refused.
+func TestReplyToRule(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		replyTo string
+		ok      bool
+	}{
+		{"shop.status-1", true},
+		{"amq.gen-JzTY20BRgKO-HjmUJj0wLg", true},
+		{"amq.rabbitmq.reply-to", false},
+		{"amq.rabbitmq.reply-to.g1h2AA==", false},
+		{"amq.direct", false},
+		{"amq.", false},
+	} {
+		body := strings.Replace(badinput.ValidSubmitJSON(messages.NewID()), `"amount":1999`, `"amount":1999,"reply_to":"`+tc.replyTo+`"`, 1)
+		_, err := messages.DecodeSubmitOrder([]byte(body))
+		if (err == nil) != tc.ok {
+			t.Errorf("reply_to %q: got %v, want accepted=%v", tc.replyTo, err, tc.ok)
+		}
+	}
+}
+
 func TestEncodeRefusesInvalid(t *testing.T) {
 	t.Parallel()
 	_, err := messages.Encode(messages.SubmitOrder{SchemaVersion: 1, OrderID: "nope"})
@@ -203,6 +242,9 @@ func checkDecoded[T messages.Message](t *testing.T, body []byte, decode func([]b
 	if !utf8.Valid(body) {
 		t.Fatalf("accepted invalid UTF-8: %q", body)
 	}
+	if unpairedSurrogate(body) {
+		t.Fatalf("accepted a \\u escape that is half a surrogate pair: %q", body)
+	}
 	if err := m.Validate(); err != nil {
 		t.Fatalf("accepted a message that does not validate: %v", err)
 	}
@@ -219,6 +261,38 @@ func checkDecoded[T messages.Message](t *testing.T, body []byte, decode func([]b
 	if string(b1) != string(b2) {
 		t.Fatalf("round trip changed the message:\n%s\n%s", b1, b2)
 	}
+}
+
+// escapeRE finds \uXXXX escapes with the backslashes before them: an
+// escape is one only after an odd number of backslashes.
+var escapeRE = regexp.MustCompile(`(\\+)u([0-9A-Fa-f]{4})`)
+
+// unpairedSurrogate reports whether body holds a \u escape of a UTF-16
+// surrogate that is not part of a high-then-low pair (written apart from
+// the decoders' own check, which it tests).
+func unpairedSurrogate(body []byte) bool {
+	ms := escapeRE.FindAllSubmatchIndex(body, -1)
+	for i := 0; i < len(ms); i++ {
+		m := ms[i]
+		if (m[3]-m[2])%2 == 0 {
+			continue // an escaped backslash, then a plain u
+		}
+		r, _ := strconv.ParseUint(string(body[m[4]:m[5]]), 16, 32)
+		switch {
+		case r >= 0xD800 && r < 0xDC00:
+			if i+1 >= len(ms) || ms[i+1][0] != m[1] || ms[i+1][3]-ms[i+1][2] != 1 {
+				return true
+			}
+			lo, _ := strconv.ParseUint(string(body[ms[i+1][4]:ms[i+1][5]]), 16, 32)
+			if lo < 0xDC00 || lo >= 0xE000 {
+				return true
+			}
+			i++
+		case r >= 0xDC00 && r < 0xE000:
+			return true
+		}
+	}
+	return false
 }
 
 func addSeeds(f *testing.F, cases []badinput.Case, valid ...string) {
