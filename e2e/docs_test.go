@@ -79,3 +79,39 @@ func TestServicesRejectBadConfiguration(t *testing.T) {
 		}
 	}
 }
+
+// TestServicesRefuseURLsThatHideTheirPassword: a URL whose password holds
+// a character that ends a URL's user info would be read as another host
+// (and printed by every parser's error): every service and sasctl refuse
+// it at once, naming the setting, quoting no part of the password.
+func TestServicesRefuseURLsThatHideTheirPassword(t *testing.T) {
+	t.Parallel()
+	for _, bad := range []string{
+		"SAS_AMQP_URL=amqp://sas:Top/Secret@127.0.0.1:5672/",
+		"SAS_AMQP_URL=amqp://sas:Top#Secret@127.0.0.1:5672/",
+		"SAS_DATABASE_URL=postgres://sas:Top?Secret@127.0.0.1:5432/sas",
+		"SAS_DATABASE_URL=postgres://sas:Top@Secret@127.0.0.1:5432/sas",
+	} {
+		setting, _, _ := strings.Cut(bad, "=")
+		for _, name := range []string{"submitter", "scheduler", "agent", "supervisor", "sasctl"} {
+			args := []string{}
+			if name == "sasctl" {
+				args = []string{"orders", "list"}
+			}
+			cmd := exec.Command(filepath.Join(binDir, name), args...)
+			cmd.Env = env(bad)
+			out, err := cmd.CombinedOutput()
+			var ee *exec.ExitError
+			want := 2
+			if name == "sasctl" {
+				want = 1
+			}
+			if !errors.As(err, &ee) || ee.ExitCode() != want || !strings.Contains(string(out), setting) {
+				t.Errorf("%s with %s: %v, output %q; want exit %d naming %s", name, bad, err, out, want, setting)
+			}
+			if strings.Contains(string(out), "Secret") {
+				t.Errorf("%s with %s printed a part of the password: %s", name, bad, out)
+			}
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -141,6 +142,20 @@ func start(t *testing.T, name string, environ []string) *proc {
 // addrVar.
 func startOn(t *testing.T, name string, environ []string, addrVar string) *proc {
 	t.Helper()
+	p := launch(t, name, environ, addrVar)
+	testenv.Eventually(t, 60*time.Second, name+" to become ready", func() bool {
+		if p.exited() {
+			t.Fatalf("%s exited during start: %v\n%s", name, p.err, p.tail())
+		}
+		return ready(p)
+	})
+	return p
+}
+
+// launch runs a service binary as startOn does, without waiting for it to
+// become ready.
+func launch(t *testing.T, name string, environ []string, addrVar string) *proc {
+	t.Helper()
 	ops := freeAddr(t)
 	p := &proc{name: name, ops: ops, done: make(chan struct{})}
 	logFile, err := os.CreateTemp(t.TempDir(), name+"-*.log")
@@ -163,13 +178,18 @@ func startOn(t *testing.T, name string, environ []string, addrVar string) *proc 
 		close(p.done)
 	}()
 	t.Cleanup(func() { p.stop(t) })
-	testenv.Eventually(t, 60*time.Second, name+" to become ready", func() bool {
-		if p.exited() {
-			t.Fatalf("%s exited during start: %v\n%s", name, p.err, p.tail())
-		}
-		return ready(p)
-	})
 	return p
+}
+
+// get returns the status and body of a GET of the process's ops server.
+func (p *proc) get(path string) (int, string) {
+	resp, err := http.Get("http://" + p.ops + path)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }
 
 // ready reports whether the process answers /readyz with 200.

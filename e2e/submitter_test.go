@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -259,4 +260,64 @@ func TestSubmitterRidesOutDatabaseOutage(t *testing.T) {
 	if err != nil || q.Messages != 0 {
 		t.Fatalf("%d messages dead-lettered during a database outage (%v)", q.Messages, err)
 	}
+}
+
+// TestServicesStartWhileTheDatabaseIsDown: every service with a database
+// starts while it cannot be reached: alive (/healthz), not ready
+// (/readyz says what it waits for), trying again with backoff, one log
+// line per try, and never exiting; once the database answers, they work.
+func TestServicesStartWhileTheDatabaseIsDown(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	viaProxy, proxy := testenv.Proxied(t, s.dbURL)
+	proxy.SetDown(true)
+	p := &pipeline{stack: s}
+	p.remote = startOn(t, "remote", append(append([]string{}, s.env...), "SAS_REMOTE_FAULTS={}"), "SAS_REMOTE_ADDR")
+	env := append(append([]string{}, s.env...), "SAS_DATABASE_URL="+viaProxy)
+	var waiting []*proc
+	for _, name := range []string{"submitter", "scheduler", "supervisor"} {
+		extra := []string{}
+		if name == "supervisor" {
+			extra = []string{"SAS_SUPERVISOR_INTERVAL=200ms", "SAS_SUPERVISOR_LEASE_TTL=1s"}
+		}
+		waiting = append(waiting, launch(t, name, append(append([]string{}, env...), extra...), "SAS_METRICS_ADDR"))
+	}
+	for _, w := range waiting {
+		testenv.Eventually(t, 30*time.Second, w.name+" to wait for the database, alive and not ready", func() bool {
+			if w.exited() {
+				t.Fatalf("%s exited while the database was down: %v\n%s", w.name, w.err, w.tail())
+			}
+			health, _ := w.get("/healthz")
+			status, body := w.get("/readyz")
+			return health == http.StatusOK && status == http.StatusServiceUnavailable && strings.Contains(body, "waiting for the database") &&
+				strings.Count(w.tail(), "database not reachable; waiting for it") >= 3
+		})
+	}
+	// One line per try, the tries spaced by a growing backoff: a few
+	// lines a second at first, not hundreds.
+	for _, w := range waiting {
+		if n := strings.Count(w.tail(), "database not reachable"); n > 20 {
+			t.Errorf("%s logged %d tries within seconds", w.name, n)
+		}
+		if !strings.Contains(w.tail(), `"retry_in":"`) {
+			t.Errorf("%s does not say when it tries again:\n%s", w.name, w.tail())
+		}
+	}
+
+	proxy.SetDown(false)
+	for _, w := range waiting {
+		testenv.Eventually(t, 30*time.Second, w.name+" to become ready once the database answers", func() bool {
+			return ready(w)
+		})
+	}
+	p.submitter, p.schedulers, p.supervisors = waiting[0], waiting[1:2], waiting[2:]
+	p.startAgent(t)
+	ids := p.submitOrders(t, 20)
+	p.waitTerminal(t, ids, time.Minute)
+	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND status = 'completed'`, ids); n != 20 {
+		t.Fatalf("%d of 20 orders completed", n)
+	}
+	testenv.Eventually(t, 30*time.Second, "the supervisor to lead", func() bool {
+		return waiting[2].metric(t, "sas_supervisor_leader") == 1
+	})
 }

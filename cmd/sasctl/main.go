@@ -17,6 +17,7 @@ import (
 
 	"github.com/kelseyhightower/envconfig"
 
+	"sas/internal/secrets"
 	"sas/internal/service"
 )
 
@@ -46,13 +47,14 @@ var errUsage = errors.New("usage")
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	red := secrets.FromEnviron(os.Environ())
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr, red)
 	switch {
 	case err == nil:
 	case errors.Is(err, errUsage), errors.Is(err, flag.ErrHelp):
 		os.Exit(2)
 	default:
-		fmt.Fprintln(os.Stderr, "sasctl:", err)
+		fmt.Fprintln(os.Stderr, "sasctl:", red.String(err.Error()))
 		os.Exit(1)
 	}
 }
@@ -65,12 +67,15 @@ type app struct {
 	logger *slog.Logger
 }
 
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, red *secrets.Redactor) error {
 	var cfg service.Common
 	if err := envconfig.Process("sas", &cfg); err != nil {
 		return fmt.Errorf("configuration: %w", err)
 	}
-	logger, err := service.NewLogger(stderr, cfg.LogLevel)
+	if err := cfg.Check(); err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
+	logger, err := service.NewLogger(stderr, cfg.LogLevel, red)
 	if err != nil {
 		return err
 	}

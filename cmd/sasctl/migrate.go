@@ -20,7 +20,11 @@ func (a *app) migrate(ctx context.Context, args []string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	pool, err := statestore.Connect(ctx, a.cfg.DatabaseURL, 2)
+	// A migration waits for the locks it needs as long as it takes: it
+	// may have to wait for another migrate, or for long transactions.
+	o := a.cfg.Database(2)
+	o.LockTimeout = 0
+	pool, err := a.poolWith(ctx, o)
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"sas/internal/messages"
 	"sas/internal/statestore"
 )
@@ -37,12 +39,49 @@ func (a *app) orders(ctx context.Context, args []string) error {
 	}
 }
 
+// store opens the state store for a command: it fails at once with one
+// line naming the setting to fix when the database cannot be reached
+// within databaseWait, refuses the login, or has no sas schema.
 func (a *app) store(ctx context.Context) (*statestore.Store, func(), error) {
-	pool, err := statestore.Connect(ctx, a.cfg.DatabaseURL, 2)
+	pool, err := a.pool(ctx, 2)
 	if err != nil {
 		return nil, nil, err
 	}
-	return statestore.New(pool), pool.Close, nil
+	store := statestore.New(pool)
+	checkCtx, cancel := context.WithTimeout(ctx, databaseWait)
+	defer cancel()
+	if err := store.CheckSchema(checkCtx); err != nil {
+		pool.Close()
+		if statestore.IsMissingSchema(err) {
+			return nil, nil, fmt.Errorf("the database has no sas tables in its search_path (SAS_DATABASE_URL): run `sasctl migrate` first (%w)", err)
+		}
+		return nil, nil, err
+	}
+	return store, pool.Close, nil
+}
+
+// pool opens a pool of n connections and checks the database answers.
+// Its statements wait at most SAS_DB_LOCK_TIMEOUT for a row lock.
+func (a *app) pool(ctx context.Context, n int32) (*pgxpool.Pool, error) {
+	return a.poolWith(ctx, a.cfg.Database(n))
+}
+
+// poolWith is pool with options of the caller's.
+func (a *app) poolWith(ctx context.Context, o statestore.Options) (*pgxpool.Pool, error) {
+	pool, err := statestore.Open(o)
+	if err != nil {
+		return nil, fmt.Errorf("SAS_DATABASE_URL: %w", err)
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, databaseWait)
+	defer cancel()
+	if err := pool.Ping(pingCtx); err != nil {
+		pool.Close()
+		if statestore.IsAuthFailure(err) {
+			return nil, fmt.Errorf("the database refused the login (check the user and password in SAS_DATABASE_URL, SAS_DATABASE_PASSWORD): %w", err)
+		}
+		return nil, fmt.Errorf("cannot reach the database within %v (SAS_DATABASE_URL): %w", databaseWait, err)
+	}
+	return pool, nil
 }
 
 // orderID takes the one positional argument, an order id.

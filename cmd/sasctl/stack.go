@@ -60,7 +60,9 @@ func (s *stack) exited() error {
 func (a *app) migrateAndOpen(ctx context.Context) (*statestore.Store, func(), error) {
 	migrateCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	pool, err := statestore.Connect(migrateCtx, a.cfg.DatabaseURL, 4)
+	o := a.cfg.Database(4)
+	o.LockTimeout = 0
+	pool, err := a.poolWith(migrateCtx, o)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -116,7 +116,12 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		inputs = append(inputs, RequestsInput(k))
 	}
 	topo := broker.Topology{Prefix: cfg.QueuePrefix, DeliveryLimit: cfg.DeliveryLimit, Inputs: inputs}
-	deps, err := service.Open(ctx, cfg.Common, me, 0, topo, reg, logger)
+	ops, err := service.ListenOps(cfg.MetricsAddr, reg, service.NotReady("starting"), logger)
+	if err != nil {
+		return err
+	}
+	defer ops.Close()
+	deps, err := service.Open(ctx, cfg.Common, me, 0, topo, reg, ops, logger)
 	if err != nil {
 		return err
 	}
@@ -141,11 +146,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 			broker.ConsumerConfig{Input: RequestsInput(kind), Prefetch: cfg.Prefetch, Workers: cfg.Concurrency},
 			func(ctx context.Context, d amqp.Delivery) error { return a.handle(ctx, kind, d) }, logger, bm))
 	}
-	ops, err := service.ListenOps(cfg.MetricsAddr, reg, deps.Ready(consumers...), logger)
-	if err != nil {
-		return err
-	}
-	defer ops.Close()
+	ops.SetReady(deps.Ready(consumers...))
 
 	logger.Info("agent started", "kinds", cfg.Kinds, "remote", cfg.RemoteURL, "concurrency", cfg.Concurrency)
 	return service.RunAll(ctx, cfg.ShutdownTimeout, cancelWork, logger, consumersRun(consumers)...)

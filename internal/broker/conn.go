@@ -19,6 +19,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"sas/internal/secrets"
 )
 
 // ErrClosed is returned once the Conn has been closed.
@@ -34,6 +36,11 @@ type Conn struct {
 	topo    Topology
 	logger  *slog.Logger
 	metrics *Metrics
+
+	// failFast: at Open, a refused login ends it at once and retries are
+	// not logged (a command-line tool's behaviour; services keep trying).
+	failFast bool
+	redact   *secrets.Redactor // removes url's password from errors
 
 	mu      sync.Mutex
 	conn    *amqp.Connection
@@ -69,6 +76,23 @@ func WithCAFile(path string) Option {
 	}
 }
 
+// FailFast makes Open give up at once when the broker refuses the login
+// (it cannot succeed by trying again) and keep its retries out of the log:
+// for a command-line tool, which should fail with one clear line; the
+// caller bounds the wait with ctx.
+func FailFast() Option {
+	return func(c *Conn) error {
+		c.failFast = true
+		return nil
+	}
+}
+
+// IsAuthFailure reports whether err is the broker refusing the login.
+func IsAuthFailure(err error) bool {
+	var ae *amqp.Error
+	return errors.Is(err, amqp.ErrCredentials) || errors.As(err, &ae) && ae.Code == amqp.AccessRefused
+}
+
 // Open connects to url, retrying until ctx is done, declares topo, and keeps
 // the connection up until Close: after a drop it reconnects with backoff and
 // declares topo again. name labels the connection in the broker's UI.
@@ -88,6 +112,10 @@ func Open(ctx context.Context, url, name string, topo Topology, logger *slog.Log
 			return nil, err
 		}
 	}
+	if err := secrets.CheckURL("the broker URL", url); err != nil {
+		return nil, err
+	}
+	c.redact = secrets.New(url)
 	// At start a topology that clashes with the broker's (a queue declared
 	// with other arguments) is a configuration error: report it at once.
 	conn, err := c.dialUntil(ctx, true)
@@ -120,10 +148,15 @@ func (c *Conn) dialUntil(ctx context.Context, failOnTopology bool) (*amqp.Connec
 		if failOnTopology && errors.As(err, &te) {
 			return nil, fmt.Errorf("declare topology: %w", err)
 		}
-		c.logger.Warn("broker connect failed", "err", err, "retry_in", backoff)
+		if failOnTopology && c.failFast && IsAuthFailure(err) {
+			return nil, fmt.Errorf("the broker refused the login (check the user and password in SAS_AMQP_URL, SAS_AMQP_PASSWORD): %w", err)
+		}
+		if !(failOnTopology && c.failFast) {
+			c.logger.Warn("broker connect failed", "err", err, "retry_in", backoff)
+		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("connect to broker: %w (last error: %v)", ctx.Err(), err)
+			return nil, fmt.Errorf("connect to broker %s: %w (last error: %v)", c.redact.String(c.url), ctx.Err(), err)
 		case <-c.stop:
 			return nil, ErrClosed
 		case <-time.After(jitter(backoff)):
@@ -142,7 +175,7 @@ func (c *Conn) dial() (*amqp.Connection, error) {
 		TLSClientConfig: c.tls,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("dial: %w", redact(err, c.url))
+		return nil, fmt.Errorf("dial: %w", c.redact.Err(err))
 	}
 	ch, err := conn.Channel()
 	if err != nil {

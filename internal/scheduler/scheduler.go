@@ -174,7 +174,12 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	m := newMetrics(reg)
 	workflows := workflow.Builtin()
 	topo := Topology(cfg.QueuePrefix, cfg.DeliveryLimit, workflows)
-	deps, err := service.Open(ctx, cfg.Common, me, cfg.DBMaxConns, topo, reg, logger)
+	ops, err := service.ListenOps(cfg.MetricsAddr, reg, service.NotReady("starting"), logger)
+	if err != nil {
+		return err
+	}
+	defer ops.Close()
+	deps, err := service.Open(ctx, cfg.Common, me, cfg.DBMaxConns, topo, reg, ops, logger)
 	if err != nil {
 		return err
 	}
@@ -183,7 +188,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
-	w := &waker{url: cfg.DatabaseURL, logger: logger, pending: make(chan struct{}, 1), outbox: make(chan struct{}, 1)}
+	w := &waker{store: store, logger: logger, pending: make(chan struct{}, 1), outbox: make(chan struct{}, 1)}
 	depths := broker.NewQueueInspector(conn)
 	defer depths.Close()
 	c := &claimer{store: store, pub: pub, depths: depths, topo: topo, kinds: workflows.Agents(), me: me,
@@ -214,11 +219,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	rl := &relay{store: store, pub: pub, topo: topo, batch: cfg.RelayBatch, poll: cfg.PollInterval,
 		wake: w.outbox, logger: logger, metrics: m}
 
-	ops, err := service.ListenOps(cfg.MetricsAddr, reg, deps.Ready(replies), logger)
-	if err != nil {
-		return err
-	}
-	defer ops.Close()
+	ops.SetReady(deps.Ready(replies))
 
 	logger.Info("scheduler started", "batch", cfg.BatchSize, "poll_interval", cfg.PollInterval.String())
 	return service.RunAll(ctx, cfg.ShutdownTimeout, cancelWork, logger,

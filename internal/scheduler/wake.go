@@ -13,7 +13,7 @@ import (
 // and regaining the connection it nudges both, since notifications sent
 // meanwhile are gone.
 type waker struct {
-	url     string
+	store   *statestore.Store
 	logger  *slog.Logger
 	pending chan struct{}
 	outbox  chan struct{}
@@ -47,7 +47,7 @@ func (w *waker) run(ctx context.Context) error {
 }
 
 func (w *waker) listen(ctx context.Context) error {
-	l, err := statestore.Listen(ctx, w.url, statestore.ChannelPending, statestore.ChannelOutbox)
+	l, err := w.store.Listen(ctx, statestore.ChannelPending, statestore.ChannelOutbox)
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -10,6 +11,8 @@ import (
 	"syscall"
 
 	"github.com/kelseyhightower/envconfig"
+
+	"sas/internal/secrets"
 )
 
 // Leveled is a configuration that names its log level.
@@ -38,19 +41,32 @@ func tuneGC() {
 	}
 }
 
+// Checked is a configuration that can report settings that cannot work.
+type Checked interface{ Check() error }
+
 // Main is the body of a service's main: it tunes the garbage collector
-// (tuneGC), reads the configuration from SAS_ variables, makes a JSON
-// logger, serves the profiler if the configuration asks (Debugged), runs
-// run until SIGTERM or Ctrl-C, and returns the process's exit status (2:
-// bad configuration, 1: run failed).
+// (tuneGC), reads the configuration from SAS_ variables and checks it
+// (Checked), makes a JSON logger that keeps every secret of the
+// environment out of the log, serves the profiler if the configuration
+// asks (Debugged), runs run until SIGTERM or Ctrl-C, and returns the
+// process's exit status (2: bad configuration, 1: run failed). A SIGTERM
+// while the service still waits for its database or broker is a clean
+// stop.
 func Main[C Leveled](name string, run func(context.Context, C, *slog.Logger) error) int {
 	tuneGC()
+	red := secrets.FromEnviron(os.Environ())
 	var cfg C
 	if err := envconfig.Process("sas", &cfg); err != nil {
-		fmt.Fprintf(os.Stderr, "%s: configuration: %v\n", name, err)
+		fmt.Fprintf(os.Stderr, "%s: configuration: %s\n", name, red.String(err.Error()))
 		return 2
 	}
-	logger, err := NewLogger(os.Stderr, cfg.Level())
+	if c, ok := any(cfg).(Checked); ok {
+		if err := c.Check(); err != nil {
+			fmt.Fprintf(os.Stderr, "%s: configuration: %s\n", name, red.String(err.Error()))
+			return 2
+		}
+	}
+	logger, err := NewLogger(os.Stderr, cfg.Level(), red)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: configuration: %v\n", name, err)
 		return 2
@@ -64,6 +80,10 @@ func Main[C Leveled](name string, run func(context.Context, C, *slog.Logger) err
 		}
 	}
 	if err := run(ctx, cfg, logger); err != nil {
+		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			logger.Info(name+" stopped before it was ready", "err", err)
+			return 0
+		}
 		logger.Error(name+" failed", "err", err)
 		return 1
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,23 +23,30 @@ type Deps struct {
 	close   []func()
 }
 
-// Open connects, within a minute, to the database (when dbMaxConns > 0)
-// and the broker (declaring topo), registering the broker's metrics on
-// reg. On error it closes what it had opened; otherwise the caller closes
-// it all with Close.
-func Open(ctx context.Context, c Common, me string, dbMaxConns int32, topo broker.Topology, reg prometheus.Registerer, logger *slog.Logger) (*Deps, error) {
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
+// Open connects to the database (when dbMaxConns > 0) and the broker
+// (declaring topo), registering the broker's metrics on reg. Neither has
+// to be up when the service starts: each is tried again with backoff,
+// one log line per try, until it answers or ctx ends (SIGTERM), while ops
+// serves /healthz and answers /readyz with what is awaited. On error it
+// closes what it had opened; otherwise the caller closes it all with
+// Close.
+func Open(ctx context.Context, c Common, me string, dbMaxConns int32, topo broker.Topology, reg prometheus.Registerer, ops *OpsServer, logger *slog.Logger) (*Deps, error) {
 	d := &Deps{Metrics: broker.NewMetrics(reg)}
 	if dbMaxConns > 0 {
-		pool, err := statestore.Connect(ctx, c.DatabaseURL, dbMaxConns)
+		store, closeStore, err := OpenDatabase(ctx, c, dbMaxConns, ops, logger)
 		if err != nil {
 			return nil, err
 		}
-		d.close = append(d.close, pool.Close)
-		d.Store = statestore.New(pool)
+		d.Store = store
+		d.close = append(d.close, closeStore)
 	}
-	conn, err := broker.Open(ctx, c.AMQPURL, me, topo, logger, d.Metrics, broker.WithCAFile(c.AMQPCAFile))
+	url, err := c.BrokerURL()
+	if err != nil {
+		d.Close()
+		return nil, err
+	}
+	ops.SetReady(NotReady("waiting for the broker"))
+	conn, err := broker.Open(ctx, url, me, topo, logger, d.Metrics, broker.WithCAFile(c.AMQPCAFile))
 	if err != nil {
 		d.Close()
 		return nil, err
@@ -47,6 +55,48 @@ func Open(ctx context.Context, c Common, me string, dbMaxConns int32, topo broke
 	d.Pub = broker.NewPublisher(conn, d.Metrics)
 	d.close = append(d.close, func() { conn.Close() }, func() { d.Pub.Close() })
 	return d, nil
+}
+
+// OpenDatabase opens the database pool and waits until the database
+// answers, trying again with backoff (100 ms doubling to 5 s, one log line
+// per try) until ctx ends; meanwhile ops answers /readyz with the last
+// error. It returns the store and the function that closes its pool.
+func OpenDatabase(ctx context.Context, c Common, maxConns int32, ops *OpsServer, logger *slog.Logger) (*statestore.Store, func(), error) {
+	pool, err := statestore.Open(c.Database(maxConns))
+	if err != nil {
+		return nil, nil, fmt.Errorf("SAS_DATABASE_URL: %w", err)
+	}
+	ops.SetReady(NotReady("waiting for the database"))
+	backoff := 100 * time.Millisecond
+	for {
+		pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := pool.Ping(pingCtx)
+		cancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			pool.Close()
+			return nil, nil, fmt.Errorf("waiting for the database: %w", ctx.Err())
+		}
+		ops.SetReady(NotReady("waiting for the database: " + err.Error()))
+		args := []any{"err", err, "retry_in", backoff}
+		if statestore.IsAuthFailure(err) {
+			args = append(args, "hint", "the database refuses the login: check SAS_DATABASE_URL and SAS_DATABASE_PASSWORD")
+		}
+		logger.Warn("database not reachable; waiting for it", args...)
+		t := time.NewTimer(backoff/2 + rand.N(backoff/2+1))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			pool.Close()
+			return nil, nil, fmt.Errorf("waiting for the database: %w", ctx.Err())
+		case <-t.C:
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+	logger.Info("database reachable")
+	return statestore.New(pool), pool.Close, nil
 }
 
 // Ready is a service's readiness check (/readyz): its database answers

@@ -13,11 +13,15 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"sas/internal/secrets"
+	"sas/internal/statestore"
 )
 
 // Common is the configuration every service reads (prefix SAS_).
@@ -25,8 +29,18 @@ type Common struct {
 	// DatabaseURL is the PostgreSQL URL (SAS_DATABASE_URL). TLS is set
 	// with its sslmode and sslrootcert parameters.
 	DatabaseURL string `envconfig:"DATABASE_URL" default:"postgres://postgres@127.0.0.1:5432/sas?sslmode=disable"`
+	// DatabasePassword, when set, is the database password, replacing
+	// the URL's: it may hold any character, unencoded.
+	DatabasePassword string `envconfig:"DATABASE_PASSWORD"`
+	// DBLockTimeout bounds how long a statement waits for a row another
+	// transaction holds before it gives up and the work is retried (0:
+	// the server's lock_timeout, by default no limit).
+	DBLockTimeout time.Duration `envconfig:"DB_LOCK_TIMEOUT" default:"2s"`
 	// AMQPURL is the RabbitMQ URL (SAS_AMQP_URL); amqps:// for TLS.
 	AMQPURL string `envconfig:"AMQP_URL" default:"amqp://guest:guest@127.0.0.1:5672/"`
+	// AMQPPassword, when set, is the broker password, replacing the
+	// URL's: it may hold any character, unencoded.
+	AMQPPassword string `envconfig:"AMQP_PASSWORD"`
 	// AMQPCAFile is a PEM file of CA certificates to trust for amqps://
 	// besides the system's.
 	AMQPCAFile string `envconfig:"AMQP_CA_FILE"`
@@ -46,6 +60,43 @@ type Common struct {
 	DebugAddr string `envconfig:"DEBUG_ADDR"`
 }
 
+// Check reports settings that cannot work, naming them: a database or
+// broker URL whose password would be misread (see secrets.CheckURL).
+func (c Common) Check() error {
+	if err := secrets.CheckURL("SAS_DATABASE_URL", c.DatabaseURL); err != nil {
+		return err
+	}
+	if err := secrets.CheckURL("SAS_AMQP_URL", c.AMQPURL); err != nil {
+		return err
+	}
+	if _, err := c.BrokerURL(); err != nil {
+		return err
+	}
+	if c.DBLockTimeout < 0 {
+		return fmt.Errorf("SAS_DB_LOCK_TIMEOUT %v is negative", c.DBLockTimeout)
+	}
+	return nil
+}
+
+// BrokerURL is SAS_AMQP_URL with SAS_AMQP_PASSWORD set in it, encoded.
+func (c Common) BrokerURL() (string, error) {
+	u, err := secrets.WithPassword(c.AMQPURL, c.AMQPPassword)
+	if err != nil {
+		return "", fmt.Errorf("SAS_AMQP_PASSWORD: %w", err)
+	}
+	return u, nil
+}
+
+// Database returns the pool options for a pool of maxConns connections.
+func (c Common) Database(maxConns int32) statestore.Options {
+	return statestore.Options{URL: c.DatabaseURL, Password: c.DatabasePassword, MaxConns: maxConns, LockTimeout: c.DBLockTimeout}
+}
+
+// Redactor removes the configuration's secrets from text.
+func (c Common) Redactor() *secrets.Redactor {
+	return secrets.New(c.DatabaseURL, c.DatabasePassword, c.AMQPURL, c.AMQPPassword)
+}
+
 // Instance returns the configured instance id or host-pid.
 func (c Common) Instance(role string) string {
 	if c.InstanceID != "" {
@@ -55,13 +106,22 @@ func (c Common) Instance(role string) string {
 	return fmt.Sprintf("%s:%s:%d", role, host, os.Getpid())
 }
 
-// NewLogger returns a JSON logger at level writing to w.
-func NewLogger(w io.Writer, level string) (*slog.Logger, error) {
+// NewLogger returns a JSON logger at level writing to w. Every line goes
+// through red (nil: through secrets.Scrub only), so no password reaches a
+// log whatever the text around it; durations are written as text
+// ("retry_in":"100ms"), not as nanoseconds.
+func NewLogger(w io.Writer, level string, red *secrets.Redactor) (*slog.Logger, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(strings.ToUpper(level))); err != nil {
 		return nil, fmt.Errorf("log level %q: want debug, info, warn or error", level)
 	}
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l})), nil
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l, ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+		if a.Value.Kind() == slog.KindDuration {
+			a.Value = slog.StringValue(a.Value.Duration().String())
+			return a
+		}
+		return red.Attr(a)
+	}})), nil
 }
 
 // NewRegistry returns a Prometheus registry with the Go and process
@@ -73,14 +133,25 @@ func NewRegistry() *prometheus.Registry {
 }
 
 // OpsServer serves /metrics, /healthz (the process is alive) and /readyz
-// (ready reports nil when the process can do its work).
+// (the readiness check reports nil when the process can do its work).
 type OpsServer struct {
 	srv *http.Server
 	ln  net.Listener
+
+	mu    sync.Mutex
+	ready func(context.Context) error
 }
 
-// ListenOps starts the operations server on addr (":0" picks a port).
+// NotReady is a readiness check that always says why not.
+func NotReady(why string) func(context.Context) error {
+	return func(context.Context) error { return errors.New(why) }
+}
+
+// ListenOps starts the operations server on addr (":0" picks a port) with
+// the readiness check ready; SetReady replaces it, so that a process can
+// serve /healthz while it waits for its dependencies.
 func ListenOps(addr string, reg *prometheus.Registry, ready func(context.Context) error, logger *slog.Logger) (*OpsServer, error) {
+	s := &OpsServer{ready: ready}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -89,8 +160,11 @@ func ListenOps(addr string, reg *prometheus.Registry, ready func(context.Context
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
+		s.mu.Lock()
+		ready := s.ready
+		s.mu.Unlock()
 		if err := ready(ctx); err != nil {
-			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			http.Error(w, "not ready: "+secrets.Scrub(err.Error()), http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = io.WriteString(w, "ready\n")
@@ -99,10 +173,8 @@ func ListenOps(addr string, reg *prometheus.Registry, ready func(context.Context
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}
-	s := &OpsServer{
-		srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second},
-		ln:  ln,
-	}
+	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	s.ln = ln
 	go func() {
 		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			logger.Error("ops server stopped", "err", err)
@@ -110,6 +182,13 @@ func ListenOps(addr string, reg *prometheus.Registry, ready func(context.Context
 	}()
 	logger.Info("ops server listening", "addr", ln.Addr().String())
 	return s, nil
+}
+
+// SetReady replaces the readiness check.
+func (s *OpsServer) SetReady(ready func(context.Context) error) {
+	s.mu.Lock()
+	s.ready = ready
+	s.mu.Unlock()
 }
 
 // Addr is the address the server listens on.

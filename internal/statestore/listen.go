@@ -31,9 +31,10 @@ type Listener struct {
 	conn *pgx.Conn
 }
 
-// Listen opens its own connection to url and listens on channels.
-func Listen(ctx context.Context, url string, channels ...string) (*Listener, error) {
-	conn, err := pgx.Connect(ctx, url)
+// Listen opens a connection of its own, with the pool's settings, and
+// listens on channels.
+func (s *Store) Listen(ctx context.Context, channels ...string) (*Listener, error) {
+	conn, err := pgx.ConnectConfig(ctx, s.pool.Config().ConnConfig.Copy())
 	if err != nil {
 		return nil, fmt.Errorf("listen: connect: %w", err)
 	}

@@ -11,11 +11,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"sas/internal/secrets"
 )
 
 // Errors callers branch on. Wrapped errors keep these as their cause.
@@ -91,26 +94,93 @@ func New(pool *pgxpool.Pool) *Store {
 	return &Store{pool: pool}
 }
 
+// Options shape a connection pool.
+type Options struct {
+	// URL is a PostgreSQL URL or keyword/value connection string.
+	URL string
+	// Password, when set, replaces the URL's password, so that it may hold
+	// any character without being percent-encoded.
+	Password string
+	// MaxConns caps the pool; <= 0 keeps pgx's default.
+	MaxConns int32
+	// LockTimeout, when set, is PostgreSQL's lock_timeout on every
+	// connection: a statement that would wait longer for a row another
+	// transaction holds fails instead (SQLSTATE 55P03; IsLockTimeout), so
+	// no transaction of the pool stays open behind a stuck one, and its
+	// now() stays close to the time of its writes.
+	LockTimeout time.Duration
+}
+
+// Open returns a pool as o says without connecting: the first statement
+// (or Ping) connects. It fails only on a malformed connection string, and
+// then never quotes it (it may hold a password).
+func Open(o Options) (*pgxpool.Pool, error) {
+	if err := secrets.CheckURL("the database URL", o.URL); err != nil {
+		return nil, err
+	}
+	cfg, err := pgxpool.ParseConfig(o.URL)
+	if err != nil {
+		return nil, fmt.Errorf("parse database url: %w", secrets.New(o.URL, o.Password).Err(err))
+	}
+	if o.Password != "" {
+		cfg.ConnConfig.Password = o.Password
+	}
+	if o.MaxConns > 0 {
+		cfg.MaxConns = o.MaxConns
+	}
+	if o.LockTimeout > 0 {
+		cfg.ConnConfig.RuntimeParams["lock_timeout"] = strconv.FormatInt(o.LockTimeout.Milliseconds(), 10)
+	}
+	cfg.MaxConnIdleTime = time.Minute
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open database pool: %w", secrets.New(o.URL, o.Password).Err(err))
+	}
+	return pool, nil
+}
+
 // Connect opens a connection pool to url and checks it answers.
 // maxConns <= 0 keeps pgx's default.
 func Connect(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(url)
+	pool, err := Open(Options{URL: url, MaxConns: maxConns})
 	if err != nil {
-		return nil, fmt.Errorf("parse database url: %w", err)
-	}
-	if maxConns > 0 {
-		cfg.MaxConns = maxConns
-	}
-	cfg.MaxConnIdleTime = time.Minute
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("open database pool: %w", err)
+		return nil, err
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("ping database: %w", err)
+		return nil, fmt.Errorf("ping database: %w", secrets.New(url).Err(err))
 	}
 	return pool, nil
+}
+
+// IsAuthFailure reports whether err is the server refusing the login
+// (wrong password, unknown role, no pg_hba entry): trying again with the
+// same settings cannot succeed.
+func IsAuthFailure(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "28P01" || pgErr.Code == "28000")
+}
+
+// IsLockTimeout reports whether err is a statement giving up on a row
+// lock after Options.LockTimeout.
+func IsLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
+// IsMissingSchema reports whether err is a statement naming a table or
+// function that does not exist: the database has not been migrated.
+func IsMissingSchema(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42883")
+}
+
+// CheckSchema reports whether the state store's tables are in the
+// connection's search_path; IsMissingSchema(err) when they are not (the
+// database was never migrated).
+func (s *Store) CheckSchema(ctx context.Context) error {
+	_, err := s.pool.Exec(ctx, `SELECT 1 FROM orders LIMIT 0`)
+	return err
 }
 
 // Ping reports whether the database answers.

@@ -100,7 +100,12 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	reg := service.NewRegistry()
 	m := newMetrics(reg)
 	topo := broker.Topology{Prefix: cfg.QueuePrefix, DeliveryLimit: cfg.DeliveryLimit, Inputs: []string{Input}}
-	deps, err := service.Open(ctx, cfg.Common, me, cfg.DBMaxConns, topo, reg, logger)
+	ops, err := service.ListenOps(cfg.MetricsAddr, reg, service.NotReady("starting"), logger)
+	if err != nil {
+		return err
+	}
+	defer ops.Close()
+	deps, err := service.Open(ctx, cfg.Common, me, cfg.DBMaxConns, topo, reg, ops, logger)
 	if err != nil {
 		return err
 	}
@@ -119,11 +124,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	h := &handler{store: store, inserts: inserts, workflows: workflow.Builtin(), stepTimeout: cfg.StepTimeout, actor: me, metrics: m, logger: logger, workCtx: workCtx}
 	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: Input, Prefetch: cfg.Prefetch, Workers: cfg.Workers}, h.handle, logger, bm)
 
-	ops, err := service.ListenOps(cfg.MetricsAddr, reg, deps.Ready(consumer), logger)
-	if err != nil {
-		return err
-	}
-	defer ops.Close()
+	ops.SetReady(deps.Ready(consumer))
 
 	logger.Info("submitter started", "queue", topo.Queue(Input), "workers", cfg.Workers, "prefetch", cfg.Prefetch)
 	return service.RunAll(ctx, cfg.ShutdownTimeout, cancelWork, logger, consumer.Run)

@@ -15,7 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"sas/internal/service"
-	"sas/internal/statestore"
 )
 
 // LeaseName is the supervisor leader's lease.
@@ -111,19 +110,19 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	logger = logger.With("service", "supervisor", "instance", me)
 	reg := service.NewRegistry()
 	m := newMetrics(reg)
-	startCtx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	pool, err := statestore.Connect(startCtx, cfg.DatabaseURL, cfg.DBMaxConns)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	store := statestore.New(pool)
-	ops, err := service.ListenOps(cfg.MetricsAddr, reg, store.Ping, logger)
+	ops, err := service.ListenOps(cfg.MetricsAddr, reg, service.NotReady("starting"), logger)
 	if err != nil {
 		return err
 	}
 	defer ops.Close()
+	store, closeStore, err := service.OpenDatabase(ctx, cfg.Common, cfg.DBMaxConns, ops, logger)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	ops.SetReady(store.Ping)
+	startCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
 	if on, err := store.Autovacuum(startCtx); err == nil && !on {
 		logger.Warn("autovacuum is off on this database: dead rows of the state tables are never vacuumed; the leader still refreshes their planner statistics",
 			"analyze_interval", cfg.AnalyzeInterval.String())

@@ -22,6 +22,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"sas/internal/broker"
+	"sas/internal/secrets"
 	"sas/internal/statestore"
 	"sas/migrations"
 )
@@ -126,6 +127,28 @@ func EmptyDatabase(t testing.TB) (string, *pgxpool.Pool) {
 	return dbURL, pool
 }
 
+// Reachable checks that the test database and broker answer (skipping the
+// test, or under CI failing it, when not), for tests that connect to them
+// without a schema or queues of their own.
+func Reachable(t testing.TB) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, DatabaseURL())
+	if err == nil {
+		err = pool.Ping(ctx)
+		pool.Close()
+	}
+	if err != nil {
+		unavailable(t, "PostgreSQL at "+secrets.Scrub(DatabaseURL()), err)
+	}
+	conn, err := amqp.Dial(AMQPURL())
+	if err != nil {
+		unavailable(t, "RabbitMQ at "+secrets.Scrub(AMQPURL()), err)
+	}
+	conn.Close()
+}
+
 // Prefix returns a queue-name prefix no other test uses.
 func Prefix(t testing.TB) string {
 	return "test." + slug(t) + "." + RandomSuffix(8) + "."
@@ -137,7 +160,7 @@ func Broker(t testing.TB, topo broker.Topology) {
 	t.Helper()
 	conn, err := amqp.Dial(AMQPURL())
 	if err != nil {
-		unavailable(t, "RabbitMQ at "+broker.RedactURL(AMQPURL()), err)
+		unavailable(t, "RabbitMQ at "+secrets.Scrub(AMQPURL()), err)
 	}
 	conn.Close()
 	t.Cleanup(func() {

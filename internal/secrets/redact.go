@@ -1,0 +1,282 @@
+package secrets
+
+import (
+	"fmt"
+	"log/slog"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// minSecret is the shortest secret looked for as plain text: a shorter one
+// would blank out every occurrence of its letters in a log. Shorter
+// passwords are still removed where they stand in a URL or a connection
+// string (Scrub).
+const minSecret = 4
+
+// Redactor removes known secrets from text, in every form they are
+// likely to be written in (as given, percent-encoded or decoded, quoted),
+// and then, as Scrub does, the password of anything that looks like a URL
+// with user info or a PostgreSQL connection string. It never changes
+// after New and is safe for concurrent use.
+type Redactor struct {
+	secrets []string // longest first, so a secret inside another goes whole
+}
+
+// New returns a redactor for values: a value that looks like a URL or a
+// connection string contributes the passwords it may hold (every reading
+// of it, parseable or not); any other value is a secret itself.
+func New(values ...string) *Redactor {
+	set := map[string]bool{}
+	add := func(s string) {
+		if len(s) >= minSecret {
+			set[s] = true
+		}
+	}
+	for _, v := range values {
+		switch {
+		case v == "":
+		case strings.Contains(v, "://") || strings.Contains(v, "password="):
+			for _, pw := range passwordsIn(v) {
+				variants(pw, add)
+			}
+		default:
+			variants(v, add)
+		}
+	}
+	r := &Redactor{}
+	for s := range set {
+		r.secrets = append(r.secrets, s)
+	}
+	sort.Slice(r.secrets, func(i, j int) bool {
+		if len(r.secrets[i]) != len(r.secrets[j]) {
+			return len(r.secrets[i]) > len(r.secrets[j])
+		}
+		return r.secrets[i] < r.secrets[j]
+	})
+	return r
+}
+
+// FromEnviron returns a redactor for the secrets in an environment
+// (os.Environ's form): the values of SAS_ variables named …_URL or holding
+// PASSWORD or SECRET in their name, and PGPASSWORD, which the PostgreSQL
+// driver reads.
+func FromEnviron(environ []string) *Redactor {
+	var values []string
+	for _, kv := range environ {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || v == "" {
+			continue
+		}
+		secret := k == "PGPASSWORD" || strings.HasPrefix(k, "SAS_") &&
+			(strings.HasSuffix(k, "_URL") || strings.Contains(k, "PASSWORD") || strings.Contains(k, "SECRET"))
+		if secret {
+			values = append(values, v)
+		}
+	}
+	return New(values...)
+}
+
+// variants adds s as written, percent-encoded the ways a URL encodes it,
+// percent-decoded, and quoted as Go's %q writes it (url.Error does).
+func variants(s string, add func(string)) {
+	add(s)
+	add(url.QueryEscape(s))
+	add(url.PathEscape(s))
+	add(strings.TrimPrefix(url.UserPassword("", s).String(), ":"))
+	if d, err := url.PathUnescape(s); err == nil {
+		add(d)
+	}
+	if d, err := url.QueryUnescape(s); err == nil {
+		add(d)
+	}
+	q := strconv.Quote(s)
+	add(q[1 : len(q)-1])
+}
+
+// passwordsIn returns every text a URL or connection string v may hold
+// as its password: for a URL, the text from the first colon after "://"
+// to each @ after it (the password of a URL whose password holds an @, /
+// or # is read differently by different parsers), and the password
+// net/url reads; for a connection string, the value of password=.
+func passwordsIn(v string) []string {
+	var out []string
+	if i := strings.Index(v, "://"); i >= 0 {
+		rest := v[i+3:]
+		if colon := strings.IndexByte(rest, ':'); colon >= 0 {
+			for j := colon + 1; j < len(rest); j++ {
+				if rest[j] == '@' {
+					out = append(out, rest[colon+1:j])
+				}
+			}
+		}
+		if u, err := url.Parse(v); err == nil && u.User != nil {
+			if pw, ok := u.User.Password(); ok {
+				out = append(out, pw)
+			}
+		}
+	}
+	for rest := v; ; {
+		i := strings.Index(rest, "password=")
+		if i < 0 {
+			break
+		}
+		val, end := dsnValue(rest[i+len("password="):])
+		out = append(out, val)
+		rest = rest[i+len("password=")+end:]
+	}
+	return out
+}
+
+// dsnValue reads a keyword/value connection string's value at the start
+// of s: quoted ('…', with \' and \\ escapes) or up to the next space. It
+// returns the value and how many bytes it took.
+func dsnValue(s string) (string, int) {
+	if !strings.HasPrefix(s, "'") {
+		end := strings.IndexAny(s, " \t\n")
+		if end < 0 {
+			end = len(s)
+		}
+		return s[:end], end
+	}
+	var b strings.Builder
+	for i := 1; i < len(s); i++ {
+		switch s[i] {
+		case '\\':
+			if i+1 < len(s) {
+				i++
+				b.WriteByte(s[i])
+			}
+		case '\'':
+			return b.String(), i + 1
+		default:
+			b.WriteByte(s[i])
+		}
+	}
+	return b.String(), len(s)
+}
+
+// String returns s with every known secret and every password in a URL
+// or connection string replaced by Mask.
+func (r *Redactor) String(s string) string {
+	if r != nil {
+		for _, sec := range r.secrets {
+			if strings.Contains(s, sec) {
+				s = strings.ReplaceAll(s, sec, Mask)
+			}
+		}
+	}
+	return Scrub(s)
+}
+
+// Err returns err with its text redacted (errors.Is and errors.As still
+// see err), or err itself when its text holds nothing to hide.
+func (r *Redactor) Err(err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	if red := r.String(msg); red != msg {
+		return &redacted{msg: red, err: err}
+	}
+	return err
+}
+
+type redacted struct {
+	msg string
+	err error
+}
+
+func (e *redacted) Error() string { return e.msg }
+func (e *redacted) Unwrap() error { return e.err }
+
+// Attr redacts a log attribute's value: strings, errors, and anything
+// else whose printed form holds a secret (slog.HandlerOptions.ReplaceAttr
+// calls it for every attribute and for the message).
+func (r *Redactor) Attr(a slog.Attr) slog.Attr {
+	switch a.Value.Kind() {
+	case slog.KindString:
+		if s := a.Value.String(); r.String(s) != s {
+			a.Value = slog.StringValue(r.String(s))
+		}
+	case slog.KindAny:
+		switch v := a.Value.Any().(type) {
+		case nil:
+		case error:
+			a.Value = slog.StringValue(r.String(v.Error()))
+		default:
+			if s := fmt.Sprint(v); r.String(s) != s {
+				a.Value = slog.StringValue(r.String(s))
+			}
+		}
+	}
+	return a
+}
+
+// Scrub replaces the password of anything in s that looks like a URL
+// with user info (scheme://user:password@…) or a PostgreSQL connection
+// string (password=…) with Mask. It does not need the URL to parse: the
+// password is taken to run from the colon after the user name to the last
+// @ before the line or the next URL ends, so a password holding / @ : # %
+// ? or spaces goes whole. At worst it hides more than the password.
+func Scrub(s string) string {
+	if strings.Contains(s, "://") {
+		s = scrubURLs(s)
+	}
+	if strings.Contains(s, "password=") {
+		s = scrubDSN(s)
+	}
+	return s
+}
+
+func scrubURLs(s string) string {
+	var b strings.Builder
+	rest := s
+	for {
+		i := strings.Index(rest, "://")
+		if i < 0 {
+			b.WriteString(rest)
+			return b.String()
+		}
+		b.WriteString(rest[:i+3])
+		rest = rest[i+3:]
+		end := len(rest)
+		if j := strings.Index(rest, "://"); j >= 0 {
+			end = j
+		}
+		if j := strings.IndexByte(rest[:end], '\n'); j >= 0 {
+			end = j
+		}
+		seg := rest[:end]
+		at := strings.LastIndexByte(seg, '@')
+		if at < 0 {
+			continue
+		}
+		colon := strings.IndexByte(seg[:at], ':')
+		if colon < 0 || strings.ContainsAny(seg[:colon], " \t\"'`<>") {
+			continue // a user without a password, or no user-info at all
+		}
+		b.WriteString(seg[:colon+1])
+		b.WriteString(Mask)
+		b.WriteByte('@')
+		rest = rest[at+1:]
+	}
+}
+
+func scrubDSN(s string) string {
+	var b strings.Builder
+	rest := s
+	for {
+		i := strings.Index(rest, "password=")
+		if i < 0 {
+			b.WriteString(rest)
+			return b.String()
+		}
+		b.WriteString(rest[:i+len("password=")])
+		rest = rest[i+len("password="):]
+		_, n := dsnValue(rest)
+		b.WriteString(Mask)
+		rest = rest[n:]
+	}
+}

@@ -1,0 +1,142 @@
+package secrets_test
+
+import (
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"sas/internal/secrets"
+)
+
+// nasty are passwords whose characters break URLs written by hand.
+var nasty = []string{
+	"Top/Secret", "a@b@c", "p:a:s:s", "hash#tag", "per%cent", "per%41cent", "what?now",
+	"with space", "Zoë€😀", `quo"te'back\slash`, "%2F%23", "#/?@:% ", "tab\there",
+}
+
+func TestCheckURL(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		url string
+		ok  bool
+	}{
+		{"amqp://guest:guest@127.0.0.1:5672/", true},
+		{"amqps://sas:" + url.PathEscape("Top/Secret") + "@rabbit:5671/vhost", true},
+		{"postgres://postgres@127.0.0.1:5432/sas?sslmode=disable", true},
+		{"postgresql:///sas?host=/var/run/postgresql", true},
+		{"host=db user=sas password='a b' dbname=sas", true}, // not a URL: pgx reads it
+		{"amqp://sas:a@b@host/", false},                      // libraries disagree on which @ ends the user-info
+		{"amqp://sas:Top/Secret@host/", false},
+		{"amqp://sas:123/Secret@host/", false}, // parses, as host "sas:123" with no user
+		{"amqp://sas:Top?Secret@host/", false},
+		{"amqp://sas:Top#Secret@host/", false},
+		{"amqp://sas:12#Secret@host/", false},
+		{"amqp://sas:with space@host/", false},
+		{"amqp://sas:Zoë@host/", false},
+		{"amqp://sas:per%zzcent@host/", false},
+		{"postgres://u:Top/Secret@db/sas", false},
+	} {
+		err := secrets.CheckURL("SAS_AMQP_URL", tc.url)
+		if (err == nil) != tc.ok {
+			t.Errorf("%s: got %v, want ok=%v", tc.url, err, tc.ok)
+		}
+		if err != nil {
+			msg := err.Error()
+			if !strings.Contains(msg, "SAS_AMQP_URL") || strings.Contains(msg, "Secret") || strings.Contains(msg, "with space") || strings.Contains(msg, "Zoë") || strings.Contains(msg, "zzcent") {
+				t.Errorf("%s: error %q should name the setting and never quote the URL", tc.url, msg)
+			}
+		}
+	}
+}
+
+// WithPassword puts any password in a URL so that every library sas uses
+// reads it back unchanged.
+func TestWithPasswordAnyCharacter(t *testing.T) {
+	t.Parallel()
+	for _, pw := range nasty {
+		a, err := secrets.WithPassword("amqp://sas@127.0.0.1:5672/", pw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := secrets.CheckURL("SAS_AMQP_URL", a); err != nil {
+			t.Errorf("%q: the URL made is refused: %v", pw, err)
+		}
+		uri, err := amqp.ParseURI(a)
+		if err != nil || uri.Password != pw || uri.Username != "sas" || uri.Host != "127.0.0.1" {
+			t.Errorf("%q: amqp reads %+v, %v", pw, uri, err)
+		}
+		p, err := secrets.WithPassword("postgres://sas_operator_login@127.0.0.1:5432/sas?sslmode=disable", pw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := pgxpool.ParseConfig(p)
+		if err != nil || cfg.ConnConfig.Password != pw || cfg.ConnConfig.User != "sas_operator_login" || cfg.ConnConfig.Database != "sas" {
+			t.Errorf("%q: pgx reads %v", pw, err)
+		}
+	}
+	if _, err := secrets.WithPassword("host=db user=sas", "x"); err == nil {
+		t.Error("a password was added to a keyword/value string")
+	}
+	if got, _ := secrets.WithPassword("amqp://a:b@h/", ""); got != "amqp://a:b@h/" {
+		t.Errorf("an empty password changed the URL: %s", got)
+	}
+}
+
+func TestRedactorRemovesEveryForm(t *testing.T) {
+	t.Parallel()
+	for _, pw := range nasty {
+		raw := "amqp://sas:" + pw + "@127.0.0.1:5672/"
+		enc, _ := secrets.WithPassword("amqp://sas@127.0.0.1:5672/", pw)
+		for name, r := range map[string]*secrets.Redactor{
+			"raw url":     secrets.New(raw),
+			"encoded url": secrets.New(enc),
+			"password":    secrets.New(pw),
+			"environ":     secrets.FromEnviron([]string{"SAS_AMQP_URL=amqp://sas@127.0.0.1:5672/", "SAS_AMQP_PASSWORD=" + pw}),
+		} {
+			for _, text := range []string{
+				"dial " + raw + ": refused",
+				"dial " + enc + ": refused",
+				`parse "` + raw + `": invalid`,
+				"the password is " + pw + ", or " + url.QueryEscape(pw) + ", or " + url.PathEscape(pw),
+				"quoted: " + strings.Trim(strings.ReplaceAll(strings.ReplaceAll(pw, `\`, `\\`), `"`, `\"`), ""),
+			} {
+				if got := r.String(text); strings.Contains(got, "Secret") || strings.Contains(got, pw) {
+					t.Errorf("%s redactor of %q left it in %q", name, pw, got)
+				}
+			}
+		}
+	}
+}
+
+// Scrub needs no known secret and no parseable URL.
+func TestScrub(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ in, want string }{
+		{`parse "amqp://sas:Top/Secret@host/": invalid port ":Top" after host`, `parse "amqp://sas:xxxxx@host/": invalid port ":Top" after host`},
+		{"dial amqp://sas:p a s s@h:5672/ failed", "dial amqp://sas:xxxxx@h:5672/ failed"},
+		{"x postgres://u:a#b?c@db/sas y and amqp://v:w@h/", "x postgres://u:xxxxx@db/sas y and amqp://v:xxxxx@h/"},
+		{"host=db password='it\\'s a secret' user=x", "host=db password=xxxxx user=x"},
+		{"host=db password=plain user=x", "host=db password=xxxxx user=x"},
+		{"http://127.0.0.1:9105/v1/charge_payment: 503", "http://127.0.0.1:9105/v1/charge_payment: 503"},
+		{"amqp://guest@127.0.0.1:5672/", "amqp://guest@127.0.0.1:5672/"},
+		{"no url here", "no url here"},
+	} {
+		if got := secrets.Scrub(tc.in); got != tc.want {
+			t.Errorf("Scrub(%q)\n got %q\nwant %q", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestShortSecretsAreNotSearchedAsText(t *testing.T) {
+	t.Parallel()
+	r := secrets.New("ab")
+	if got := r.String("a table about abc"); got != "a table about abc" {
+		t.Errorf("a two-letter secret blanked text: %q", got)
+	}
+	if got := r.String("amqp://u:ab@h/"); got != "amqp://u:xxxxx@h/" {
+		t.Errorf("a short password in a URL stayed: %q", got)
+	}
+}
