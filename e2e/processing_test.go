@@ -592,3 +592,67 @@ func TestSchedulerHoldsBackWhileAgentsAreAway(t *testing.T) {
 		t.Fatalf("%d of 60 orders completed", n)
 	}
 }
+
+// TestStuckOrderHoldsUpNoOtherOrder: one in-flight order's rows held by
+// another session (a person in psql, a stuck job) while its reply is
+// applied cost that order its time, not the others': orders flowing
+// meanwhile complete in their usual time, none of their steps runs out of
+// time and is reset, and the held order's reply is applied, or judged
+// late, once the rows are free.
+func TestStuckOrderHoldsUpNoOtherOrder(t *testing.T) {
+	t.Parallel()
+	p := newPipeline(t, pipelineOpts{supervisors: 1,
+		faults:       `{"charge_payment":{"latency_min_ms":1000,"latency_max_ms":1000}}`,
+		submitterEnv: []string{"SAS_STEP_TIMEOUT=5s"}})
+	victim := p.submitOrders(t, 1)[0]
+	testenv.Eventually(t, 30*time.Second, "the order's payment to be in flight", func() bool {
+		return p.count(t, `SELECT count(*) FROM steps WHERE order_id = $1 AND step = 2 AND process_state = 'processing'`, victim) == 1
+	})
+	ctx := context.Background()
+	conn, err := p.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM orders WHERE order_id = $1 FOR UPDATE`, victim); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM steps WHERE order_id = $1 FOR UPDATE`, victim); err != nil {
+		t.Fatal(err)
+	}
+	// Orders flow while the rows are held, longer than a step's budget.
+	began := time.Now()
+	var others []string
+	for range 8 {
+		others = append(others, p.submitOrders(t, 25)...)
+	}
+	p.waitTerminal(t, others, time.Minute)
+	testenv.Eventually(t, 20*time.Second, "the rows to have been held past a step's budget", func() bool {
+		return time.Since(began) >= 6*time.Second
+	})
+	_ = tx.Rollback(ctx)
+	p.waitTerminal(t, []string{victim}, time.Minute)
+
+	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND status = 'completed'`, others); n != len(others) {
+		t.Fatalf("%d of %d orders completed", n, len(others))
+	}
+	if n := p.count(t, `SELECT count(*) FROM transitions WHERE order_id = ANY($1::uuid[]) AND reason LIKE 'complete_by passed%'`, others); n != 0 {
+		t.Errorf("%d steps of orders beside the held one ran out of time and were reset", n)
+	}
+	var slowest float64
+	if err := p.pool.QueryRow(ctx, `SELECT max(extract(epoch FROM updated_at - created_at)) FROM orders WHERE order_id = ANY($1::uuid[])`, others).Scan(&slowest); err != nil {
+		t.Fatal(err)
+	}
+	if slowest > 4 {
+		t.Errorf("the slowest order beside the held one took %.1f s", slowest)
+	}
+	if got := sum(t, p.schedulers, "sas_scheduler_db_retries_total"); got == 0 {
+		t.Errorf("the held order's reply was never retried on its own")
+	}
+	t.Logf("slowest other order %.2f s; the held order's reply retried %v times", slowest, sum(t, p.schedulers, "sas_scheduler_db_retries_total"))
+}

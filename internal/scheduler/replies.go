@@ -46,13 +46,23 @@ func (r *replier) handle(ctx context.Context, d amqp.Delivery) error {
 	}
 	log := r.logger.With("order_id", rep.OrderID, "step", rep.Step, "attempt", rep.Attempt)
 	var res statestore.ApplyResult
+	reply := statestore.Reply{
+		OrderID: rep.OrderID, Step: rep.Step, Attempt: rep.Attempt,
+		OK: rep.Outcome == messages.OutcomeOK, Result: rep.Result, Error: rep.Error, Actor: r.me,
+		AgentStartedAt: rep.StartedAt, AgentSentAt: rep.SentAt, AgentCallMicros: rep.CallMicros,
+	}
+	// A reply whose rows another transaction holds is tried again on its
+	// own, off the batch writer, so that waiting for it holds up no other
+	// reply.
+	alone := false
 	err = service.Retry(ctx, func() error {
 		var err error
-		res, err = r.applies.Do(r.workCtx, statestore.Reply{
-			OrderID: rep.OrderID, Step: rep.Step, Attempt: rep.Attempt,
-			OK: rep.Outcome == messages.OutcomeOK, Result: rep.Result, Error: rep.Error, Actor: r.me,
-			AgentStartedAt: rep.StartedAt, AgentSentAt: rep.SentAt, AgentCallMicros: rep.CallMicros,
-		})
+		if alone {
+			res, err = r.store.ApplyReply(r.workCtx, reply)
+		} else {
+			res, err = r.applies.Do(r.workCtx, reply)
+		}
+		alone = alone || statestore.IsLockTimeout(err)
 		return err
 	}, func(err error) bool {
 		return errors.Is(err, statestore.ErrStale) || r.workCtx.Err() != nil

@@ -35,7 +35,7 @@ type Common struct {
 	// DBLockTimeout bounds how long a statement waits for a row another
 	// transaction holds before it gives up and the work is retried (0:
 	// the server's lock_timeout, by default no limit).
-	DBLockTimeout time.Duration `envconfig:"DB_LOCK_TIMEOUT" default:"2s"`
+	DBLockTimeout time.Duration `envconfig:"DB_LOCK_TIMEOUT" default:"1s"`
 	// AMQPURL is the RabbitMQ URL (SAS_AMQP_URL); amqps:// for TLS.
 	AMQPURL string `envconfig:"AMQP_URL" default:"amqp://guest:guest@127.0.0.1:5672/"`
 	// AMQPPassword, when set, is the broker password, replacing the

@@ -39,6 +39,11 @@ type ClaimedStep struct {
 // pick the same row, their attempt is bumped (the fencing epoch) and their
 // deadline set from the database clock. Orders whose first step this is move
 // from received to processing. Every change is written to the history.
+//
+// An order's first step (step 1, never attempted: its order is received)
+// is picked only if its order's row can be locked at once too, since the
+// claim moves that order on: an order row held by a stuck transaction
+// would otherwise hold up the whole claim, and every claim after it.
 const (
 	// claimKindsSQL claims, in one statement, up to $4[i] steps of each
 	// agent kind $3[i], each kind read from its own part of the index.
@@ -50,6 +55,7 @@ WITH picked AS (
         SELECT order_id, step
         FROM steps
         WHERE process_state = 'pending' AND agent = k.agent AND available_at <= now()
+          AND (attempt > 0 OR step > 1 OR EXISTS (SELECT 1 FROM orders o WHERE o.order_id = steps.order_id FOR UPDATE SKIP LOCKED))
         ORDER BY agent, priority DESC, available_at, order_id, step
         LIMIT k.room
         FOR UPDATE SKIP LOCKED
@@ -62,6 +68,7 @@ WITH picked AS (
     SELECT order_id, step
     FROM steps
     WHERE process_state = 'pending' AND available_at <= now() AND $3::text = ''
+      AND (attempt > 0 OR step > 1 OR EXISTS (SELECT 1 FROM orders o WHERE o.order_id = steps.order_id FOR UPDATE SKIP LOCKED))
     ORDER BY priority DESC, available_at, order_id, step
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -73,7 +80,7 @@ const claimRestSQL = `, claimed AS (
     SET process_state = 'processing',
         locked_by = $1,
         attempt = s.attempt + 1,
-        complete_by = now() + s.timeout,
+        complete_by = clock_timestamp() + s.timeout,
         updated_at = now()
     FROM picked
     WHERE s.order_id = picked.order_id AND s.step = picked.step
@@ -98,7 +105,7 @@ const claimRestSQL = `, claimed AS (
     FROM started
 )
 SELECT c.order_id::text, c.step, c.name, c.agent, c.attempt, c.failure_count, c.idempotency_key,
-       c.complete_by, (extract(epoch FROM c.complete_by - now()) * 1000)::bigint, c.priority,
+       c.complete_by, (extract(epoch FROM c.complete_by - clock_timestamp()) * 1000)::bigint, c.priority,
        coalesce(o.reply_to, ''), o.customer, o.items, o.amount, o.currency, c.kind, coalesce(a.idempotency_key, '')
 FROM claimed c
 JOIN orders o ON o.order_id = c.order_id

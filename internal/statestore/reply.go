@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -142,12 +144,19 @@ WITH r AS (
     UPDATE steps s
     SET process_state = 'processed', result = r.result, last_error = NULL,
         agent_started_at = r.started, agent_sent_at = r.sent, agent_call_us = NULLIF(r.call_us, 0),
-        updated_at = now()
+        updated_at = clock_timestamp()
     FROM r
     WHERE s.order_id = r.order_id AND s.step = r.step
-      AND (NOT $9 OR (s.attempt = r.attempt AND s.process_state = 'processing' AND s.complete_by >= now()))
+      AND (NOT $9 OR (s.attempt = r.attempt AND s.process_state = 'processing' AND s.complete_by >= clock_timestamp()))
     RETURNING s.order_id, s.step, s.attempt, s.kind, s.name, r.idx,
-              coalesce(extract(epoch FROM now() - (s.complete_by - s.timeout)), 0) AS took
+              coalesce(extract(epoch FROM clock_timestamp() - (s.complete_by - s.timeout)), 0) AS took,
+              $9 AND s.complete_by < clock_timestamp() AS late
+), in_time AS (
+    -- The fence read each row before waiting for its lock: a row only
+    -- locked meanwhile is not read again. A step that is late by the
+    -- time it is written fails the statement (and the batch goes reply by
+    -- reply through apply_reply, which locks first).
+    SELECT sas_refuse_late_apply(coalesce(bool_or(late), false)) AS ok FROM cur
 ), ord AS (
     SELECT o.order_id, o.status, o.reply_to, o.created_at FROM orders o
     WHERE o.order_id IN (SELECT order_id FROM cur)
@@ -164,8 +173,8 @@ WITH r AS (
         process_state = CASE WHEN s.agent = ANY($10::text[]) THEN 'processing' ELSE 'pending' END,
         locked_by = CASE WHEN s.agent = ANY($10::text[]) THEN $8 ELSE s.locked_by END,
         attempt = CASE WHEN s.agent = ANY($10::text[]) THEN s.attempt + 1 ELSE s.attempt END,
-        complete_by = CASE WHEN s.agent = ANY($10::text[]) THEN now() + s.timeout ELSE s.complete_by END,
-        available_at = now(), updated_at = now()
+        complete_by = CASE WHEN s.agent = ANY($10::text[]) THEN clock_timestamp() + s.timeout ELSE s.complete_by END,
+        available_at = now(), updated_at = clock_timestamp()
     FROM go_on g
     WHERE s.order_id = g.order_id AND s.step = g.step + 1 AND s.kind = g.kind AND s.process_state = 'waiting'
     RETURNING s.order_id, s.step, s.process_state, s.name, s.agent, s.attempt, s.failure_count,
@@ -177,7 +186,7 @@ WITH r AS (
     WHERE NOT EXISTS (SELECT 1 FROM steps s
                       WHERE s.order_id = g.order_id AND s.step = g.step + 1 AND s.kind = g.kind AND s.process_state = 'waiting')
 ), ord_upd AS (
-    UPDATE orders o SET status = e.to_status, updated_at = now() FROM ended e WHERE o.order_id = e.order_id
+    UPDATE orders o SET status = e.to_status, updated_at = clock_timestamp() FROM ended e WHERE o.order_id = e.order_id
 ), hist AS (
     -- One insert, in the order the changes happen one by one, so the
     -- history reads as apply_reply would have written it.
@@ -204,14 +213,14 @@ WITH r AS (
     SELECT 'status_event', order_id, reply_to, status_event_body(order_id, to_status, NULL) FROM ended
 )
 SELECT cur.idx::int, cur.name, cur.took::float8, coalesce(nxt.step, 0), coalesce(e.to_status, ''),
-       coalesce(extract(epoch FROM now() - e.created_at), 0)::float8,
+       coalesce(extract(epoch FROM clock_timestamp() - e.created_at), 0)::float8,
        -- the next step, when claimed here: what its request needs
        coalesce(nxt.process_state = 'processing', false), coalesce(nxt.name, ''), coalesce(nxt.agent, ''),
        coalesce(nxt.attempt, 0), coalesce(nxt.failure_count, 0), coalesce(nxt.idempotency_key, ''), nxt.complete_by,
-       coalesce((extract(epoch FROM nxt.complete_by - now()) * 1000)::bigint, 0), coalesce(nxt.priority, 0::smallint),
+       coalesce((extract(epoch FROM nxt.complete_by - clock_timestamp()) * 1000)::bigint, 0), coalesce(nxt.priority, 0::smallint),
        coalesce(o.reply_to, ''), coalesce(o.customer, ''), o.items, coalesce(o.amount, 0), coalesce(o.currency, ''),
        coalesce(nxt.kind, ''), coalesce(a.idempotency_key, '')
-FROM cur LEFT JOIN nxt ON nxt.order_id = cur.order_id LEFT JOIN ended e ON e.order_id = cur.order_id
+FROM cur CROSS JOIN in_time LEFT JOIN nxt ON nxt.order_id = cur.order_id LEFT JOIN ended e ON e.order_id = cur.order_id
 LEFT JOIN orders o ON o.order_id = nxt.order_id AND nxt.process_state = 'processing'
 LEFT JOIN steps a ON a.order_id = nxt.order_id AND a.step = nxt.compensates AND nxt.process_state = 'processing'`
 
@@ -313,8 +322,13 @@ func (s *Store) ApplyRepliesClaiming(ctx context.Context, rs []Reply, claimFor [
 				}
 				return results, errs
 			}
-			alone = append(alone, batched...)
+			// One reply's trouble (most often a row another transaction
+			// holds: the statement gave up after the lock timeout) must not
+			// hold up the others: each is applied on its own, at once, and
+			// one that finds its rows still held gives up quickly; the
+			// caller tries it again, on its own (IsLockTimeout).
 			clear(results)
+			s.applyEach(ctx, rs, batched, results, errs, fallbackLockTimeout)
 		} else {
 			for j, i := range batched {
 				if !applied[j] {
@@ -323,10 +337,55 @@ func (s *Store) ApplyRepliesClaiming(ctx context.Context, rs []Reply, claimFor [
 			}
 		}
 	}
-	for _, i := range alone {
-		results[i], errs[i] = s.ApplyReply(ctx, rs[i])
-	}
+	s.applyEach(ctx, rs, alone, results, errs, 0)
 	return results, errs
+}
+
+// fallbackLockTimeout is how long a reply applied on its own after its
+// batch failed waits for a row lock: the batch already waited the pool's
+// lock timeout, so a row still held is held by something stuck.
+const fallbackLockTimeout = 100 * time.Millisecond
+
+// applyEach applies the replies rs[idx] one by one, a few at a time, each
+// waiting at most lockTimeout for a row lock when it is set (0: the
+// pool's), and sets their results and errors.
+func (s *Store) applyEach(ctx context.Context, rs []Reply, idx []int, results []ApplyResult, errs []error, lockTimeout time.Duration) {
+	sem := make(chan struct{}, 4)
+	var wg sync.WaitGroup
+	for _, i := range idx {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if lockTimeout > 0 {
+				results[i], errs[i] = s.applyReplyWithin(ctx, rs[i], lockTimeout)
+			} else {
+				results[i], errs[i] = s.ApplyReply(ctx, rs[i])
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// applyReplyWithin is ApplyReply in a transaction whose statements wait at
+// most lockTimeout for a row lock.
+func (s *Store) applyReplyWithin(ctx context.Context, r Reply, lockTimeout time.Duration) (ApplyResult, error) {
+	var res ApplyResult
+	var applied bool
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, strconv.FormatInt(lockTimeout.Milliseconds(), 10)); err != nil {
+			return err
+		}
+		var err error
+		res, applied, err = scanApplied(tx.QueryRow(ctx, applyReplySQL, r.args()...))
+		return err
+	})
+	if err != nil {
+		return ApplyResult{}, fmt.Errorf("apply reply for order %s step %d: %w", r.OrderID, r.Step, err)
+	}
+	if !applied {
+		return ApplyResult{}, s.staleReason(ctx, r)
+	}
+	return res, nil
 }
 
 // staleReason explains a reply that matched no row. It only informs: the
@@ -337,7 +396,7 @@ func (s *Store) staleReason(ctx context.Context, r Reply) error {
 	var state string
 	var inTime bool
 	err := s.pool.QueryRow(ctx,
-		`SELECT attempt, process_state, coalesce(complete_by >= now(), false) FROM steps WHERE order_id = $1 AND step = $2`,
+		`SELECT attempt, process_state, coalesce(complete_by >= clock_timestamp(), false) FROM steps WHERE order_id = $1 AND step = $2`,
 		r.OrderID, r.Step).Scan(&attempt, &state, &inTime)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):

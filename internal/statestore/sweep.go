@@ -48,16 +48,20 @@ type SweptStep struct {
 // FOR UPDATE SKIP LOCKED, and when a row was changed by a sweep that
 // committed after this one's snapshot, the UPDATE re-checks its WHERE clause
 // against the new version, which is no longer processing.
+//
+// A step's order row is locked with it (a step at its threshold moves its
+// order), also skipping what is locked: an order held by a stuck
+// transaction is left for a later sweep instead of holding this one up.
 const sweepSQL = `
 WITH expired AS (
-    SELECT order_id, step
-    FROM steps
-    WHERE process_state = 'processing' AND complete_by < now()
+    SELECT s.order_id, s.step
+    FROM steps s JOIN orders o ON o.order_id = s.order_id
+    WHERE s.process_state = 'processing' AND s.complete_by < now()
       AND ($5::text = '' OR EXISTS (SELECT 1 FROM leases
                                   WHERE name = $5 AND holder = $1 AND expires_at > now()))
-    ORDER BY complete_by
+    ORDER BY s.complete_by
     LIMIT $2
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF s, o SKIP LOCKED
 ), swept AS (
     UPDATE steps s
     SET failure_count = s.failure_count + 1,

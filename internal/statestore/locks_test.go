@@ -1,0 +1,237 @@
+package statestore_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"sas/internal/statestore"
+	"sas/internal/testenv"
+)
+
+// held is an order's rows held by another connection.
+type held struct {
+	// release releases them and returns the database clock just before.
+	release func() time.Time
+	pid     uint32 // the holding connection's backend
+}
+
+// holdOrder locks an order's row and all its step rows from another
+// connection, as a stuck transaction would, until released.
+func holdOrder(t *testing.T, b bundle, orderID string) held {
+	t.Helper()
+	ctx := ctxFor(t)
+	conn, err := pgx.Connect(ctx, b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM orders WHERE order_id = $1 FOR UPDATE`, orderID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM steps WHERE order_id = $1 FOR UPDATE`, orderID); err != nil {
+		t.Fatal(err)
+	}
+	var pid uint32
+	if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	released := false
+	release := func() time.Time {
+		var at time.Time
+		if !released {
+			released = true
+			_ = tx.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&at)
+			_ = tx.Rollback(ctx)
+			conn.Close(ctx)
+		}
+		return at
+	}
+	t.Cleanup(func() { release() })
+	return held{release: release, pid: pid}
+}
+
+// storeWith opens a store on the test's schema whose statements wait at
+// most lockTimeout for a row lock (0: no limit).
+func storeWith(t *testing.T, b bundle, lockTimeout time.Duration) *statestore.Store {
+	t.Helper()
+	pool, err := statestore.Open(statestore.Options{URL: b.url, MaxConns: 10, LockTimeout: lockTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return statestore.New(pool)
+}
+
+func okReply(c statestore.ClaimedStep) statestore.Reply {
+	return statestore.Reply{OrderID: c.OrderID, Step: c.Step, Attempt: c.Attempt, OK: true, Result: []byte(`{}`), Actor: "s"}
+}
+
+// TestStuckRowDoesNotStallABatch: one order's rows held by another
+// transaction cost the batch its reply, not the batch: the others are
+// applied after the lock timeout, the held one is given back as a lock
+// timeout to be tried again, and alone it gives up as quickly.
+func TestStuckRowDoesNotStallABatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	store := storeWith(t, b, 300*time.Millisecond)
+	for range 8 {
+		insert(t, b, order(2, time.Hour, 3))
+	}
+	claimed, err := store.ClaimPending(ctx, "s", 10, "agent")
+	if err != nil || len(claimed) != 8 {
+		t.Fatalf("claimed %d: %v", len(claimed), err)
+	}
+	h := holdOrder(t, b, claimed[3].OrderID)
+	var replies []statestore.Reply
+	for _, c := range claimed {
+		replies = append(replies, okReply(c))
+	}
+	began := time.Now()
+	res, errs := store.ApplyRepliesClaiming(ctx, replies, []string{"agent"})
+	took := time.Since(began)
+	if took > 3*time.Second {
+		t.Errorf("the batch took %v with one order held", took)
+	}
+	for i := range replies {
+		if i == 3 {
+			if !statestore.IsLockTimeout(errs[i]) {
+				t.Errorf("the held order's reply: %v, want a lock timeout", errs[i])
+			}
+			continue
+		}
+		if errs[i] != nil || res[i].StepState != statestore.StepProcessed || res[i].NextStep != 2 {
+			t.Errorf("reply %d beside the held order: %+v %v", i, res[i], errs[i])
+		}
+	}
+	began = time.Now()
+	if _, err := store.ApplyReply(ctx, replies[3]); !statestore.IsLockTimeout(err) || time.Since(began) > 2*time.Second {
+		t.Errorf("alone, the held reply: %v after %v", err, time.Since(began))
+	}
+	// The claim and the sweep pass a held order by too.
+	insert(t, b, order(1, time.Hour, 3))
+	heldOrder := order(1, time.Hour, 3)
+	insert(t, b, heldOrder)
+	hNew := holdOrder(t, b, heldOrder.OrderID)
+	began = time.Now()
+	got, err := store.ClaimPending(ctx, "s", 10, "agent")
+	if err != nil || time.Since(began) > 2*time.Second {
+		t.Fatalf("claim beside a held new order: %v after %v", err, time.Since(began))
+	}
+	for _, c := range got {
+		if c.OrderID == heldOrder.OrderID {
+			t.Errorf("the held order's first step was claimed")
+		}
+	}
+	hNew.release()
+	h.release()
+	if _, err := store.ApplyReply(ctx, replies[3]); err != nil {
+		t.Errorf("the reply once the rows are free: %v", err)
+	}
+}
+
+// TestHistoryAndFenceReadTheClockWhenTheyWrite: a reply that waited for a
+// held row is judged and recorded at the time it is written: in time, its
+// history entry comes after the release and the next step claimed with it
+// gets its whole budget from then; late by then, it changes nothing.
+func TestHistoryAndFenceReadTheClockWhenTheyWrite(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	store := storeWith(t, b, 0) // waits as long as the row is held
+	inTime := order(2, 30*time.Second, 3)
+	// Each late one is still in time when its reply starts to wait.
+	lateAlone, lateBatched := order(2, 2*time.Second, 3), order(2, 5*time.Second, 3)
+	for _, o := range []statestore.NewOrder{inTime, lateAlone, lateBatched} {
+		insert(t, b, o)
+	}
+	claimed, err := store.ClaimPending(ctx, "s", 10, "agent")
+	if err != nil || len(claimed) != 3 {
+		t.Fatalf("claimed %d: %v", len(claimed), err)
+	}
+	byOrder := map[string]statestore.ClaimedStep{}
+	for _, c := range claimed {
+		byOrder[c.OrderID] = c
+	}
+
+	h := holdOrder(t, b, inTime.OrderID)
+	type outcome struct {
+		res statestore.ApplyResult
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, errs := store.ApplyRepliesClaiming(ctx, []statestore.Reply{okReply(byOrder[inTime.OrderID])}, []string{"agent"})
+		done <- outcome{res[0], errs[0]}
+	}()
+	// The rows stay held for a while after the reply began to wait.
+	waitBlocked(t, b, h, 1500*time.Millisecond)
+	releasedAt := h.release()
+	o := <-done
+	if o.err != nil || o.res.Claimed == nil {
+		t.Fatalf("the reply after the release: %+v %v", o.res, o.err)
+	}
+	var appliedAt, claimedAt time.Time
+	if err := b.pool.QueryRow(ctx, `SELECT
+		(SELECT at FROM transitions WHERE order_id = $1 AND step = 1 AND to_state = 'processed'),
+		(SELECT at FROM transitions WHERE order_id = $1 AND step = 2 AND to_state = 'processing')`, inTime.OrderID).Scan(&appliedAt, &claimedAt); err != nil {
+		t.Fatal(err)
+	}
+	if appliedAt.Before(releasedAt) || claimedAt.Before(releasedAt) {
+		t.Errorf("history says the reply was applied at %v and the next step claimed at %v, before the rows were released at %v",
+			appliedAt, claimedAt, releasedAt)
+	}
+	if budget := o.res.Claimed.CompleteBy.Sub(releasedAt); budget < 30*time.Second-200*time.Millisecond {
+		t.Errorf("the next step was claimed with %v of its 30 s budget left after the release", budget)
+	}
+
+	// Late by the time of the write, alone and in a batch: nothing
+	// changes.
+	for _, late := range []statestore.NewOrder{lateAlone, lateBatched} {
+		batched := late.OrderID == lateBatched.OrderID
+		h = holdOrder(t, b, late.OrderID)
+		go func() {
+			if batched {
+				res, errs := store.ApplyRepliesClaiming(ctx, []statestore.Reply{okReply(byOrder[late.OrderID])}, []string{"agent"})
+				done <- outcome{res[0], errs[0]}
+				return
+			}
+			res, err := store.ApplyReply(ctx, okReply(byOrder[late.OrderID]))
+			done <- outcome{res, err}
+		}()
+		waitBlocked(t, b, h, 0)
+		testenv.Eventually(t, 10*time.Second, "the late order's complete_by to pass", func() bool {
+			return count(t, b, `SELECT count(*) FROM steps WHERE order_id = $1 AND step = 1 AND complete_by < clock_timestamp()`, late.OrderID) == 1
+		})
+		h.release()
+		o = <-done
+		var stale *statestore.StaleReplyError
+		if !errors.As(o.err, &stale) || stale.Kind != statestore.StaleLate {
+			t.Fatalf("a reply written after its complete_by (batched %v): %+v %v, want stale (late)", batched, o.res, o.err)
+		}
+	}
+	if n := count(t, b, `SELECT count(*) FROM transitions WHERE order_id = ANY($1::uuid[]) AND to_state = 'processed'`,
+		[]string{lateAlone.OrderID, lateBatched.OrderID}); n != 0 {
+		t.Fatalf("the late orders have %d steps processed", n)
+	}
+}
+
+// waitBlocked waits until a statement has waited at least for for the
+// rows h holds (on the database clock).
+func waitBlocked(t *testing.T, b bundle, h held, waited time.Duration) {
+	t.Helper()
+	testenv.Eventually(t, 10*time.Second, "a statement to wait for the held rows", func() bool {
+		var n int
+		_ = b.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE $1::int = ANY(pg_blocking_pids(pid)) AND clock_timestamp() - query_start >= make_interval(secs => $2::float8)`,
+			h.pid, waited.Seconds()).Scan(&n)
+		return n > 0
+	})
+}
