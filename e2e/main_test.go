@@ -233,6 +233,12 @@ func (p *proc) stop(t *testing.T) {
 	}
 }
 
+// logText is the process's whole log.
+func (p *proc) logText() string {
+	b, _ := os.ReadFile(p.log)
+	return string(b)
+}
+
 // tail is the end of the process's log, for failure messages.
 func (p *proc) tail() string {
 	b, _ := os.ReadFile(p.log)

@@ -12,6 +12,7 @@ import (
 
 	"sas/internal/agent"
 	"sas/internal/badinput"
+	"sas/internal/broker"
 	"sas/internal/messages"
 	"sas/internal/remote"
 	"sas/internal/statestore"
@@ -655,4 +656,56 @@ func TestStuckOrderHoldsUpNoOtherOrder(t *testing.T) {
 		t.Errorf("the held order's reply was never retried on its own")
 	}
 	t.Logf("slowest other order %.2f s; the held order's reply retried %v times", slowest, sum(t, p.schedulers, "sas_scheduler_db_retries_total"))
+}
+
+// TestHandlerPanicIsDeadLettered: a handler that panics on one message
+// (a failpoint stands for the bug) dead-letters that message with reason
+// handler_panic and goes on serving, in the submitter, an agent and a
+// scheduler; the orders whose request or reply was lost that way are
+// recovered by the supervisor like any lost message.
+func TestHandlerPanicIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	poisonSubmit, poisonRequest, poisonReply := messages.NewID(), messages.NewID(), messages.NewID()
+	p := newPipeline(t, pipelineOpts{supervisors: 1,
+		submitterEnv: []string{"SAS_FAILPOINTS=panic-on-message=" + poisonSubmit, "SAS_STEP_TIMEOUT=2s"},
+		agentEnv:     []string{"SAS_FAILPOINTS=panic-on-message=" + poisonRequest + "/1/1"},
+		schedulerEnv: []string{"SAS_FAILPOINTS=panic-on-message=" + poisonReply + "/1/1/reply"}})
+	ch := amqpChannel(t)
+	for _, id := range []string{poisonSubmit, poisonRequest, poisonReply} {
+		publish(t, ch, p.submit, messages.ContentType, id, []byte(badinput.ValidSubmitJSON(id)))
+	}
+	ids := p.submitOrders(t, 30)
+	p.waitTerminal(t, append(ids, poisonRequest, poisonReply), 2*time.Minute)
+	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND status = 'completed'`, append(ids, poisonRequest, poisonReply)); n != 32 {
+		t.Fatalf("%d of 32 orders completed", n)
+	}
+	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = $1`, poisonSubmit); n != 0 {
+		t.Fatalf("the submit whose handler panicked was written")
+	}
+	for _, c := range []struct {
+		proc  *proc
+		queue string
+		id    string
+	}{
+		{p.submitter, p.topo.Queue("submit"), poisonSubmit},
+		{p.agents[0], p.topo.Queue(agent.RequestsInput("inventory")), poisonRequest + "/1/1"},
+		{p.schedulers[0], p.topo.Queue(agent.RepliesInput), poisonReply + "/1/1/reply"},
+	} {
+		if c.proc.exited() {
+			t.Fatalf("%s exited: %v", c.proc.name, c.proc.err)
+		}
+		if n := c.proc.metric(t, `sas_handler_panics_total{queue="`+c.queue+`"}`); n != 1 {
+			t.Errorf("%s counted %v panics", c.proc.name, n)
+		}
+		if n := c.proc.metric(t, `sas_dead_lettered_total{queue="`+c.queue+`",reason="handler_panic"}`); n != 1 {
+			t.Errorf("%s dead-lettered %v messages for a panic", c.proc.name, n)
+		}
+		if n := strings.Count(c.proc.logText(), "handler panicked;"); n != 1 || !strings.Contains(c.proc.logText(), "goroutine ") {
+			t.Errorf("%s logged the panic %d times", c.proc.name, n)
+		}
+		dead := drain(t, ch, c.queue+".dlq", 1, 30*time.Second)
+		if dead[0].MessageId != c.id || dead[0].Headers[broker.HeaderErrorReason] != broker.ReasonHandlerPanic {
+			t.Errorf("%s dead letter: id %s headers %v", c.proc.name, dead[0].MessageId, dead[0].Headers)
+		}
+	}
 }

@@ -290,16 +290,16 @@ func TestServicesStartWhileTheDatabaseIsDown(t *testing.T) {
 			health, _ := w.get("/healthz")
 			status, body := w.get("/readyz")
 			return health == http.StatusOK && status == http.StatusServiceUnavailable && strings.Contains(body, "waiting for the database") &&
-				strings.Count(w.tail(), "database not reachable; waiting for it") >= 3
+				strings.Count(w.logText(), "database not reachable; waiting for it") >= 3
 		})
 	}
 	// One line per try, the tries spaced by a growing backoff: a few
 	// lines a second at first, not hundreds.
 	for _, w := range waiting {
-		if n := strings.Count(w.tail(), "database not reachable"); n > 20 {
+		if n := strings.Count(w.logText(), "database not reachable"); n > 20 {
 			t.Errorf("%s logged %d tries within seconds", w.name, n)
 		}
-		if !strings.Contains(w.tail(), `"retry_in":"`) {
+		if !strings.Contains(w.logText(), `"retry_in":"`) {
 			t.Errorf("%s does not say when it tries again:\n%s", w.name, w.tail())
 		}
 	}

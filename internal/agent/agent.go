@@ -143,7 +143,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	var consumers []*broker.Consumer
 	for _, kind := range cfg.Kinds {
 		consumers = append(consumers, broker.NewConsumer(conn, pub,
-			broker.ConsumerConfig{Input: RequestsInput(kind), Prefetch: cfg.Prefetch, Workers: cfg.Concurrency},
+			broker.ConsumerConfig{Input: RequestsInput(kind), Prefetch: cfg.Prefetch, Workers: cfg.Concurrency, Reasons: messages.Reasons()},
 			func(ctx context.Context, d amqp.Delivery) error { return a.handle(ctx, kind, d) }, logger, bm))
 	}
 	ops.SetReady(deps.Ready(consumers...))
@@ -174,6 +174,7 @@ type agent struct {
 // handle works on one request. See broker.Handler for what its result
 // means: nil acks, a Rejection dead-letters, an error requeues.
 func (a *agent) handle(ctx context.Context, kind string, d amqp.Delivery) error {
+	failpoint.Panic("panic-on-message", d.MessageId)
 	if err := messages.CheckContentType(d.ContentType); err != nil {
 		return a.reject(kind, err)
 	}

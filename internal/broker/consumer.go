@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -14,6 +15,9 @@ import (
 // Handler handles one delivery. Its result decides what happens to it:
 //
 //   - nil: the delivery is acked.
+//   - a panic: recovered; the delivery is dead-lettered with reason
+//     handler_panic (ReasonHandlerPanic), the stack logged once, and the
+//     consumer goes on with the next one.
 //   - an error made by Reject: the delivery is republished to the input's
 //     dead-letter queue with the reason, then acked. If that republish
 //     fails, the delivery is requeued instead, so it is never lost.
@@ -54,10 +58,18 @@ func RejectFor(err error, fallback string) error {
 	return Reject(fallback, err.Error())
 }
 
+// ReasonHandlerPanic is the dead-letter reason of a message whose handler
+// panicked.
+const ReasonHandlerPanic = "handler_panic"
+
 // ConsumerConfig configures a Consumer.
 type ConsumerConfig struct {
 	// Input is the unprefixed name of an input queue of the topology.
 	Input string
+	// Reasons are the dead-letter reasons the handler may give: their
+	// series of sas_dead_lettered_total exist from the start, at zero, so
+	// that a rule sees the first one (ReasonHandlerPanic is added).
+	Reasons []string
 	// Prefetch is how many unacked deliveries the broker may hand over.
 	Prefetch int
 	// Workers is how many deliveries are handled at once.
@@ -82,6 +94,15 @@ type Consumer struct {
 func NewConsumer(conn *Conn, pub *Publisher, cfg ConsumerConfig, handler Handler, logger *slog.Logger, metrics *Metrics) *Consumer {
 	cfg.Prefetch = max(cfg.Prefetch, 1)
 	cfg.Workers = max(cfg.Workers, 1)
+	queue := conn.Topology().Queue(cfg.Input)
+	for _, reason := range append([]string{ReasonHandlerPanic}, cfg.Reasons...) {
+		metrics.deadLettered.WithLabelValues(queue, reason)
+	}
+	for _, result := range []string{"ack", "requeue", "dead_letter"} {
+		metrics.consumed.WithLabelValues(queue, result)
+	}
+	metrics.panics.WithLabelValues(queue)
+	metrics.ackFrames.WithLabelValues(queue)
 	return &Consumer{conn: conn, pub: pub, cfg: cfg, handler: handler, logger: logger, metrics: metrics}
 }
 
@@ -192,6 +213,21 @@ func (c *Consumer) consume(ctx context.Context) error {
 	return errors.New("delivery channel closed")
 }
 
+// call runs the handler, turning a panic into a dead-letter verdict: one
+// poison message must not take the process, and everything in flight
+// with it, down (and again at every redelivery).
+func (c *Consumer) call(ctx context.Context, queue string, d amqp.Delivery) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			c.metrics.panics.WithLabelValues(queue).Inc()
+			c.logger.Error("handler panicked; dead-lettering the message and going on", "queue", queue,
+				"message_id", d.MessageId, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			err = Reject(ReasonHandlerPanic, fmt.Sprintf("the handler panicked: %v", v))
+		}
+	}()
+	return c.handler(ctx, d)
+}
+
 // handle handles one delivery and returns what to tell the broker.
 func (c *Consumer) handle(ctx context.Context, queue string, d amqp.Delivery) settlement {
 	ack, requeue := settlement{tag: d.DeliveryTag}, settlement{tag: d.DeliveryTag, requeue: true}
@@ -200,7 +236,7 @@ func (c *Consumer) handle(ctx context.Context, queue string, d amqp.Delivery) se
 		c.metrics.consumed.WithLabelValues(queue, "requeue").Inc()
 		return requeue
 	}
-	err := c.handler(ctx, d)
+	err := c.call(ctx, queue, d)
 	var rej *Rejection
 	switch {
 	case err == nil:

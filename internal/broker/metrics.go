@@ -10,6 +10,7 @@ type Metrics struct {
 	deadLettered *prometheus.CounterVec
 	consumed     *prometheus.CounterVec
 	ackFrames    *prometheus.CounterVec
+	panics       *prometheus.CounterVec
 }
 
 // NewMetrics creates the collectors and registers them on reg (nil: not
@@ -40,9 +41,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sas_broker_ack_frames_total",
 			Help: "Acks and nacks sent to RabbitMQ, by queue; one ack may settle many deliveries (compare sas_broker_consumed_total).",
 		}, []string{"queue"}),
+		panics: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sas_handler_panics_total",
+			Help: "Message handlers that panicked, by queue: each message was dead-lettered (reason handler_panic) and the process went on.",
+		}, []string{"queue"}),
+	}
+	for _, outcome := range []string{"confirmed", "returned", "nacked", "failed"} {
+		m.published.WithLabelValues(outcome)
 	}
 	if reg != nil {
-		reg.MustRegister(m.connected, m.reconnects, m.published, m.deadLettered, m.consumed, m.ackFrames)
+		reg.MustRegister(m.connected, m.reconnects, m.published, m.deadLettered, m.consumed, m.ackFrames, m.panics)
 	}
 	return m
 }

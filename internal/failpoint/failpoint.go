@@ -11,6 +11,9 @@ package failpoint
 // Inject is a no-op in normal builds.
 func Inject(name string) {}
 
+// Panic is a no-op in normal builds.
+func Panic(name, key string) {}
+
 // Broken reports whether a deliberately broken behaviour is switched on,
 // for the fault suite's negative controls; always false in normal builds.
 func Broken(name string) bool { return false }

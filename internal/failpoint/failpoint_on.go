@@ -19,6 +19,15 @@ func Inject(name string) {
 	}
 }
 
+// Panic panics if SAS_FAILPOINTS lists name=key, e.g.
+// panic-on-message=<message id>: a handler that meets that one message
+// panics, as a bug would.
+func Panic(name, key string) {
+	if key != "" && slices.Contains(strings.Split(os.Getenv("SAS_FAILPOINTS"), ","), name+"="+key) {
+		panic("failpoint " + name + " for " + key)
+	}
+}
+
 // Broken reports whether name is listed in SAS_BROKEN.
 func Broken(name string) bool {
 	return slices.Contains(strings.Split(os.Getenv("SAS_BROKEN"), ","), name)

@@ -48,6 +48,13 @@ const (
 	ReasonInvalidValue       = "invalid_value"
 )
 
+// Reasons lists every Reason constant: the dead-letter reasons a decoder
+// gives.
+func Reasons() []string {
+	return []string{ReasonTooLarge, ReasonInvalidEncoding, ReasonWrongContentType, ReasonNotJSON, ReasonTrailingData,
+		ReasonDuplicateField, ReasonUnknownField, ReasonUnsupportedVersion, ReasonMissingField, ReasonInvalidValue}
+}
+
 // DecodeError says why a body was rejected.
 type DecodeError struct {
 	Reason string

@@ -37,6 +37,7 @@ type replier struct {
 // handle applies one reply. A stale or late reply is acked and counted:
 // the fence in the state store already made sure it changed nothing.
 func (r *replier) handle(ctx context.Context, d amqp.Delivery) error {
+	failpoint.Panic("panic-on-message", d.MessageId)
 	if err := messages.CheckContentType(d.ContentType); err != nil {
 		return r.reject(err)
 	}

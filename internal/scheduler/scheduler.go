@@ -17,6 +17,7 @@ import (
 	"sas/internal/agent"
 	"sas/internal/batch"
 	"sas/internal/broker"
+	"sas/internal/messages"
 	"sas/internal/service"
 	"sas/internal/statestore"
 	"sas/internal/workflow"
@@ -214,7 +215,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	r := &replier{store: store, applies: applies, me: me, workCtx: workCtx, logger: logger, metrics: m,
 		wakeClaimer: func() { nudge(w.pending) }, wakeRelay: func() { nudge(w.outbox) }, dispatch: c.dispatch}
 	replies := broker.NewConsumer(conn, pub,
-		broker.ConsumerConfig{Input: agent.RepliesInput, Prefetch: cfg.ReplyPrefetch, Workers: cfg.ReplyWorkers},
+		broker.ConsumerConfig{Input: agent.RepliesInput, Prefetch: cfg.ReplyPrefetch, Workers: cfg.ReplyWorkers, Reasons: messages.Reasons()},
 		r.handle, logger, bm)
 	rl := &relay{store: store, pub: pub, topo: topo, batch: cfg.RelayBatch, poll: cfg.PollInterval,
 		wake: w.outbox, logger: logger, metrics: m}

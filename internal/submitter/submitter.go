@@ -122,7 +122,8 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	})
 	go inserts.Run(workCtx, cfg.Writers)
 	h := &handler{store: store, inserts: inserts, workflows: workflow.Builtin(), stepTimeout: cfg.StepTimeout, actor: me, metrics: m, logger: logger, workCtx: workCtx}
-	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: Input, Prefetch: cfg.Prefetch, Workers: cfg.Workers}, h.handle, logger, bm)
+	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: Input, Prefetch: cfg.Prefetch, Workers: cfg.Workers,
+		Reasons: append(messages.Reasons(), ReasonConflict, ReasonUnknownWorkflow)}, h.handle, logger, bm)
 
 	ops.SetReady(deps.Ready(consumer))
 
@@ -145,6 +146,7 @@ type handler struct {
 // A write in progress runs under workCtx, so SIGTERM lets it finish; ctx
 // (done at SIGTERM) only stops retrying after a database error.
 func (h *handler) handle(ctx context.Context, d amqp.Delivery) error {
+	failpoint.Panic("panic-on-message", d.MessageId)
 	if err := messages.CheckContentType(d.ContentType); err != nil {
 		return h.reject(err)
 	}
