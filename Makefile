@@ -14,7 +14,7 @@ TEST_TIMEOUT ?= 14m
 all: build
 
 build:
-	$(GO) build -o bin/ ./cmd/...
+	$(GO) build -buildvcs=auto -o bin/ ./cmd/...
 
 # Installs (Debian packages) and starts PostgreSQL and RabbitMQ if needed,
 # creates the test database, and installs the tools the deployment checks

@@ -293,6 +293,10 @@ func sasctl(t *testing.T, environ []string, args ...string) (string, string, int
 	return out.String(), errOut.String(), code
 }
 
+// flat is text with every run of white space made one space: what sasctl
+// prints wraps long lines.
+func flat(text string) string { return strings.Join(strings.Fields(text), " ") }
+
 // amqpChannel opens a confirm-mode channel straight to the broker, for a
 // test to publish and inspect queues as an outside application would.
 func amqpChannel(t *testing.T) *amqp.Channel {

@@ -334,9 +334,9 @@ func TestPermanentFaultEndsOrderFailedAndUndone(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("orders show: %s", errOut)
 	}
-	for _, want := range []string{"status    failed", "charge_payment answered 400: charge_payment refuses order " + refused[0],
+	for _, want := range []string{"status failed", "charge_payment answered 400: charge_payment refuses order " + refused[0],
 		"agent replied failed", "compensating", "every compensation processed"} {
-		if !strings.Contains(out, want) {
+		if !strings.Contains(flat(out), want) {
 			t.Errorf("orders show of a refused order lacks %q:\n%s", want, out)
 		}
 	}

@@ -112,8 +112,15 @@ func TestSasctlSubmitShowListResubmit(t *testing.T) {
 		{"show a malformed id", []string{"orders", "show", "nope"}, 1, "not an order id"},
 		{"list an unknown status", []string{"orders", "list", "--status", "lost"}, 1, "unknown status"},
 		{"submit an invalid file", []string{"submit", "--file", writeTemp(t, `{"schema_version":1}`)}, 1, "not a valid order"},
-		{"submit with neither file nor count", []string{"submit"}, 2, "either --file or --count"},
+		{"submit with neither file nor count", []string{"submit"}, 2, "either --file or"},
+		{"submit an unknown workflow", []string{"submit", "--count", "3", "--workflow", "nope"}, 1, `unknown workflow "nope" (the workflows are order, order_hold, single): nothing published`},
+		{"list an unknown workflow", []string{"orders", "list", "--workflow", "nope"}, 1, `unknown workflow "nope"`},
+		{"list no orders", []string{"orders", "list", "--limit", "0"}, 2, "--limit must be at least 1"},
+		{"list a negative number", []string{"orders", "list", "--limit", "-3"}, 2, "--limit must be at least 1"},
+		{"resubmit a step that does not exist", []string{"orders", "resubmit", id, "--step", "99"}, 1, "has no step 99 (its steps are 1 to 6)"},
 		{"unknown command", []string{"frobnicate"}, 2, "unknown command"},
+		{"unknown command of a group", []string{"orders", "frobnicate"}, 2, "unknown command"},
+		{"a group alone", []string{"orders"}, 2, "orders list"},
 		{"no command", nil, 2, "usage"},
 	} {
 		out, errOut, code := sasctl(t, s.env, tc.args...)
@@ -130,12 +137,18 @@ func TestSasctlSubmitShowListResubmit(t *testing.T) {
 	if err != nil || len(claimed) != 1 {
 		t.Fatalf("claim: %+v %v", claimed, err)
 	}
-	if _, err := store.ApplyReply(ctx, statestore.Reply{OrderID: id, Step: 1, Attempt: claimed[0].Attempt, Error: "out of stock", Actor: "scheduler-test"}); err != nil {
+	longError := "out of stock: " + strings.Repeat("the warehouse answered 409 with a very long explanation of why ", 4) + strings.Repeat("x", 150)
+	if _, err := store.ApplyReply(ctx, statestore.Reply{OrderID: id, Step: 1, Attempt: claimed[0].Attempt, Error: longError, Actor: "scheduler-test"}); err != nil {
 		t.Fatal(err)
 	}
 	out, _, _ = sasctl(t, s.env, "orders", "show", id)
 	if !strings.Contains(out, "status    error") || !strings.Contains(out, "out of stock") {
 		t.Fatalf("orders show of a failed order lacks status or reason:\n%s", out)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if n := len([]rune(line)); n > 100 {
+			t.Errorf("orders show writes a line of %d columns:\n%s", n, line)
+		}
 	}
 	out, errOut, code = sasctl(t, s.env, "orders", "resubmit", id, "--step", "1")
 	if code != 0 || !strings.Contains(out, "[1] back to pending") {
@@ -259,5 +272,109 @@ func TestSasctlDBUsers(t *testing.T) {
 	}
 	if _, err := statestore.New(as).ClaimPending(context.Background(), "x", 1, ""); err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Fatalf("the submitter's login claimed steps: %v", err)
+	}
+}
+
+// TestSasctlHelpOnEveryCommand: -h and --help on every command and group
+// exit 0 and say what it does, its arguments, its flags and the
+// environment it reads, even with a configuration that does not parse;
+// --version says what was built.
+func TestSasctlHelpOnEveryCommand(t *testing.T) {
+	t.Parallel()
+	broken := env("SAS_SHUTDOWN_TIMEOUT=soon", "SAS_AMQP_URL=amqp://sas:Top/Secret@h/")
+	out, _, code := sasctl(t, broken, "--help")
+	if code != 0 || !strings.Contains(out, "commands:") {
+		t.Fatalf("sasctl --help: exit %d: %s", code, out)
+	}
+	var commands []string
+	groups := map[string]bool{}
+	for _, line := range strings.Split(out, "\n") {
+		if !strings.HasPrefix(line, "  ") {
+			continue
+		}
+		path, _, _ := strings.Cut(strings.TrimSpace(line), "  ")
+		commands = append(commands, path)
+		if g, _, ok := strings.Cut(path, " "); ok {
+			groups[g] = true
+		}
+	}
+	if len(commands) < 20 {
+		t.Fatalf("the help lists %d commands:\n%s", len(commands), out)
+	}
+	for _, c := range commands {
+		for _, h := range []string{"-h", "--help"} {
+			out, errOut, code := sasctl(t, broken, append(strings.Fields(c), h)...)
+			if code != 0 || !strings.Contains(out, "usage: sasctl "+c) || !strings.Contains(out, "environment:") || !strings.Contains(out, "SAS_LOG_LEVEL") {
+				t.Errorf("sasctl %s %s: exit %d: %s %s", c, h, code, out, errOut)
+			}
+		}
+	}
+	for g := range groups {
+		out, _, code := sasctl(t, broken, g, "-h")
+		if code != 0 || !strings.Contains(out, "usage: sasctl "+g+" <command>") || !strings.Contains(out, g+" ") {
+			t.Errorf("sasctl %s -h: exit %d: %s", g, code, out)
+		}
+	}
+	// Flags, arguments and environment of a few.
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"orders", "list", "-h"}, []string{"-status", "-workflow", "-since", "-limit", "SAS_DATABASE_URL", "SAS_DATABASE_PASSWORD"}},
+		{[]string{"probe", "-h"}, []string{"usage: sasctl probe URL"}},
+		{[]string{"submit", "--help"}, []string{"-file", "-count", "SAS_AMQP_URL", "SAS_AMQP_PASSWORD", "SAS_QUEUE_PREFIX"}},
+		{[]string{"dlq", "requeue", "-h"}, []string{"ID | --reason R | --all", "before it is removed from the dead-letter queue"}},
+		{[]string{"help", "alerts", "ack"}, []string{"usage: sasctl alerts ack ID"}},
+	} {
+		out, _, code := sasctl(t, broken, tc.args...)
+		for _, w := range tc.want {
+			if code != 0 || !strings.Contains(out, w) {
+				t.Errorf("sasctl %v: exit %d, lacks %q:\n%s", tc.args, code, w, out)
+			}
+		}
+	}
+	out, _, code = sasctl(t, nil, "--version")
+	if code != 0 || !strings.HasPrefix(out, "sasctl ") || !strings.Contains(out, "go1.") {
+		t.Errorf("sasctl --version: exit %d: %s", code, out)
+	}
+}
+
+// TestSasctlErrorsNameTheSettingToFix: what stops a command is said in
+// one line that names the setting, without waiting for what cannot
+// succeed.
+func TestSasctlErrorsNameTheSettingToFix(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	empty, _ := testenv.EmptyDatabase(t)
+	u, err := url.Parse(s.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User("no_such_login_" + testenv.RandomSuffix(6))
+	for _, tc := range []struct {
+		desc    string
+		environ []string
+		args    []string
+		want    string
+		within  time.Duration
+	}{
+		{"no database", []string{"SAS_DATABASE_URL=postgres://postgres@127.0.0.1:1/sas"}, []string{"orders", "list"}, "cannot reach the database within 5s (SAS_DATABASE_URL)", 10 * time.Second},
+		{"no schema", []string{"SAS_DATABASE_URL=" + empty}, []string{"orders", "list"}, "run `sasctl migrate` first", 10 * time.Second},
+		{"a login the database refuses", []string{"SAS_DATABASE_URL=" + u.String()}, []string{"alerts", "list"}, "the database refused the login (check the user and password in SAS_DATABASE_URL, SAS_DATABASE_PASSWORD)", 5 * time.Second},
+		{"no broker", []string{"SAS_AMQP_URL=amqp://guest:guest@127.0.0.1:1/"}, []string{"submit", "--count", "1"}, "cannot use the broker (SAS_AMQP_URL)", 10 * time.Second},
+		{"a password the broker refuses", []string{"SAS_AMQP_URL=amqp://guest:wrong-" + testenv.RandomSuffix(6) + "@127.0.0.1:5672/"}, []string{"dlq", "list"}, "the broker refused the login", 8 * time.Second},
+	} {
+		began := time.Now()
+		out, errOut, code := sasctl(t, append(append([]string{}, s.env...), tc.environ...), tc.args...)
+		took := time.Since(began)
+		if code != 1 || !strings.Contains(errOut, tc.want) || took > tc.within {
+			t.Errorf("%s: exit %d after %v: %s%s; want exit 1 within %v saying %q", tc.desc, code, took, out, errOut, tc.within, tc.want)
+		}
+		if lines := strings.Count(strings.TrimSpace(errOut), "\n") + 1; lines > 1 {
+			t.Errorf("%s: %d lines on stderr, want one:\n%s", tc.desc, lines, errOut)
+		}
+		if strings.Contains(errOut, "wrong-") {
+			t.Errorf("%s: the password is in the error: %s", tc.desc, errOut)
+		}
 	}
 }

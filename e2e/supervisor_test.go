@@ -4,13 +4,13 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
-	"fmt"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"sas/internal/badinput"
 	"sas/internal/messages"
 	"sas/internal/remote"
 	"sas/internal/statestore"
@@ -186,12 +186,11 @@ func TestRemoteDownReachesThresholdThenResubmit(t *testing.T) {
 	if resets := sup.metric(t, "sas_supervisor_resets_total"); resets != float64(st.MaxFailures-1) {
 		t.Fatalf("%v resets counted, want %d", resets, st.MaxFailures-1)
 	}
-	out, errOut, code := sasctl(t, p.env, "alerts", "tail", "--count", "1", "--timeout", "60s")
-	if code != 0 || !strings.Contains(out, id) || !strings.Contains(out, fmt.Sprintf("failures %d", st.MaxFailures)) {
-		t.Fatalf("alerts tail: exit %d: %s %s", code, out, errOut)
+	if al := openAlerts(t, p.env, id); len(al) != 1 || al[0].FailureCount != st.MaxFailures {
+		t.Fatalf("open alerts of the order: %+v", al)
 	}
-	out, _, _ = sasctl(t, p.env, "orders", "show", id)
-	if !strings.Contains(out, "status    error") || !strings.Contains(out, "failure threshold") {
+	out, _, _ := sasctl(t, p.env, "orders", "show", id)
+	if !strings.Contains(out, "status    error") || !strings.Contains(flat(out), "failure threshold") {
 		t.Fatalf("orders show lacks the error:\n%s", out)
 	}
 
@@ -284,4 +283,73 @@ func TestSupervisorFailover(t *testing.T) {
 		t.Fatalf("%d steps whose failure_count disagrees with their history", n)
 	}
 	t.Logf("standby took over %v after the leader was killed", takeover.Round(time.Millisecond))
+}
+
+// TestRetentionDeletesOnlyEndedOldOrders runs the supervisor with a
+// retention of two seconds while orders flow: every order it deletes had
+// ended (completed or failed) at least that long before, no step in
+// flight goes with it, and nothing else goes.
+func TestRetentionDeletesOnlyEndedOldOrders(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	ctx := context.Background()
+	// The test's own record of what is deleted, written by triggers in
+	// the deleting transaction.
+	if _, err := s.pool.Exec(ctx, `
+		CREATE TABLE purged_orders (order_id uuid, status text, created_at timestamptz, updated_at timestamptz,
+		                            deleted_at timestamptz DEFAULT clock_timestamp());
+		CREATE TABLE purged_steps (order_id uuid, step integer, process_state text);
+		CREATE FUNCTION log_purged_orders() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+			INSERT INTO purged_orders (order_id, status, created_at, updated_at) SELECT order_id, status, created_at, updated_at FROM gone;
+			RETURN NULL; END $$;
+		CREATE FUNCTION log_purged_steps() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+			INSERT INTO purged_steps SELECT order_id, step, process_state FROM gone;
+			RETURN NULL; END $$;
+		CREATE TRIGGER log_purged_orders AFTER DELETE ON orders REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION log_purged_orders();
+		CREATE TRIGGER log_purged_steps AFTER DELETE ON steps REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION log_purged_steps();`); err != nil {
+		t.Fatal(err)
+	}
+	p := newPipeline(t, pipelineOpts{on: &s, supervisors: 1, agents: 2,
+		faults:        `{"*":{"latency_min_ms":5,"latency_max_ms":40},"charge_payment":{"error_rate":0.1}}`,
+		supervisorEnv: []string{"SAS_RETENTION=2s", "SAS_RETENTION_INTERVAL=200ms", "SAS_RETENTION_BATCH=25"}})
+	failing := messages.NewID()
+	p.setFaults(t, `{"*":{"latency_min_ms":5,"latency_max_ms":40},"charge_payment":{"fail_orders":["`+failing+`"]}}`)
+	publish(t, amqpChannel(t), p.submit, messages.ContentType, failing, []byte(badinput.ValidSubmitJSON(failing)))
+
+	var ids []string
+	began := time.Now()
+	for time.Since(began) < 8*time.Second {
+		ids = append(ids, p.submitOrders(t, 20)...)
+		if n := s.count(t, `SELECT count(*) FROM purged_orders`); n > 0 && len(ids) >= 200 {
+			break
+		}
+	}
+	ids = append(ids, failing)
+	testenv.Eventually(t, 2*time.Minute, "every order to end and be deleted once past its retention", func() bool {
+		return s.count(t, `SELECT count(*) FROM purged_orders WHERE order_id = ANY($1::uuid[])`, ids) == len(ids)
+	})
+	if n := s.count(t, `SELECT count(*) FROM purged_orders WHERE status NOT IN ('completed', 'failed')`); n != 0 {
+		t.Errorf("%d orders deleted that had not ended", n)
+	}
+	if n := s.count(t, `SELECT count(*) FROM purged_orders WHERE updated_at > deleted_at - interval '2 seconds' OR created_at > deleted_at - interval '2 seconds'`); n != 0 {
+		t.Errorf("%d orders deleted less than the retention after they ended", n)
+	}
+	if n := s.count(t, `SELECT count(*) FROM purged_steps WHERE process_state IN ('pending', 'processing')`); n != 0 {
+		t.Errorf("%d steps in flight deleted", n)
+	}
+	if n := s.count(t, `SELECT count(*) FROM purged_orders WHERE order_id = $1 AND status = 'failed'`, failing); n != 1 {
+		t.Errorf("the failed order was not deleted as failed")
+	}
+	if n := s.count(t, `SELECT count(DISTINCT order_id) FROM purged_orders`); n != s.count(t, `SELECT count(*) FROM purged_orders`) {
+		t.Errorf("an order was deleted twice")
+	}
+	if left := s.count(t, `SELECT (SELECT count(*) FROM steps) + (SELECT count(*) FROM transitions) + (SELECT count(*) FROM alerts)`); left != 0 {
+		t.Errorf("%d rows of deleted orders left behind", left)
+	}
+	deleted := p.supervisors[0].metric(t, `sas_retention_deleted_total{table="orders"}`)
+	if int(deleted) != s.count(t, `SELECT count(*) FROM purged_orders`) {
+		t.Errorf("the metric counts %v orders deleted, the database %d", deleted, s.count(t, `SELECT count(*) FROM purged_orders`))
+	}
+	t.Logf("%d orders, all deleted after they ended; %v transitions deleted", len(ids),
+		p.supervisors[0].metric(t, `sas_retention_deleted_total{table="transitions"}`))
 }

@@ -94,6 +94,7 @@ ensure_postgres() {
 		su postgres -c "psql -qAtX -c 'SELECT pg_reload_conf()'" >/dev/null
 		wait_for "PostgreSQL trust auth" 20 pg_admin -c 'SELECT 1'
 	fi
+	ensure_password_auth
 	local db
 	for db in "$@"; do
 		if [ "$(pg_admin -c "SELECT 1 FROM pg_database WHERE datname = '$db'")" != 1 ]; then
@@ -103,6 +104,25 @@ ensure_postgres() {
 				[ "$(pg_admin -c "SELECT 1 FROM pg_database WHERE datname = '$db'")" = 1 ]
 		fi
 	done
+}
+
+# Members of the role sas_password_auth must give their password even on
+# loopback, where everyone else is trusted: the tests of logins whose
+# passwords hold any character use it to prove the password is checked.
+ensure_password_auth() {
+	pg_admin -c "DO \$\$ BEGIN CREATE ROLE sas_password_auth NOLOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END \$\$" >/dev/null
+	local hba
+	hba=$(pg_admin -c 'SHOW hba_file')
+	if [ -r "$hba" ] && grep -q '+sas_password_auth' "$hba"; then
+		return
+	fi
+	if [ "$(id -u)" -ne 0 ]; then
+		log "not root: members of sas_password_auth stay trusted on loopback (the password tests will say so)"
+		return
+	fi
+	log "requiring passwords of members of sas_password_auth in $hba"
+	sed -i '1i host all +sas_password_auth 127.0.0.1/32 scram-sha-256' "$hba"
+	pg_admin -c 'SELECT pg_reload_conf()' >/dev/null
 }
 
 rabbit_up() { rabbitmq-diagnostics -q check_port_connectivity >/dev/null 2>&1; }

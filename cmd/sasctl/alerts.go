@@ -3,74 +3,193 @@ package main
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"text/tabwriter"
 	"time"
 
-	"sas/internal/broker"
 	"sas/internal/messages"
+	"sas/internal/statestore"
 )
 
-// alerts tail consumes the durable alerts queue and prints each operator
-// alert, acking it once printed.
-func (a *app) alerts(ctx context.Context, args []string) error {
-	if len(args) == 0 || args[0] != "tail" {
-		fmt.Fprintf(a.stderr, "sasctl alerts: the command is \"alerts tail\"\n\n%s", usage)
-		return errUsage
-	}
-	fs := a.flags("alerts tail")
-	count := fs.Int("count", 0, "stop after this many alerts (0: follow until interrupted)")
-	timeout := fs.Duration("timeout", 0, "stop after this long (0: no limit)")
-	if err := a.parse(fs, args[1:]); err != nil {
+// Alerts are read from the state store, where they stay until an
+// operator acknowledges them (and after): reading them takes nobody's
+// copy.
+
+func (a *app) alertsList(ctx context.Context, args []string) error {
+	fs := a.flags()
+	open := fs.Bool("open", false, "only alerts nobody has acknowledged")
+	since := fs.Duration("since", 0, "only alerts raised within this long, e.g. 24h")
+	order := fs.String("order", "", "only this order's alerts")
+	limit := fs.Int("limit", 50, "at most this many alerts")
+	asJSON := fs.Bool("json", false, "print JSON")
+	rest, err := a.parse(fs, args)
+	if err != nil {
 		return err
 	}
+	if len(rest) > 0 {
+		return a.usageError(fs, "unexpected argument %q", rest[0])
+	}
+	if err := a.positive(fs, "limit", *limit); err != nil {
+		return err
+	}
+	if *since < 0 {
+		return a.usageError(fs, "--since must not be negative")
+	}
+	if *order != "" {
+		id, ok := messages.CanonicalID(*order)
+		if !ok {
+			return fmt.Errorf("--order %q is not an order id (a UUID)", *order)
+		}
+		*order = id
+	}
+	store, closeStore, err := a.store(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	alerts, err := store.ListAlerts(ctx, statestore.AlertFilter{OpenOnly: *open, Since: *since, OrderID: *order, Limit: *limit})
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return a.printJSON(alerts)
+	}
+	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tRAISED\tORDER_ID\tSTEP\tFAILURES\tACKNOWLEDGED")
+	for _, al := range alerts {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\n", al.ID, clock(al.RaisedAt), al.OrderID, stepOf(al.Step), al.FailureCount, acked(al))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	// Reasons are long: one line each under the table, by id.
+	for _, al := range alerts {
+		fmt.Fprintf(a.stdout, "%s\n", wrap(fmt.Sprintf("%d: %s", al.ID, al.Reason), showWidth, "    "))
+	}
+	return nil
+}
+
+func stepOf(step *int) string {
+	if step == nil {
+		return "-"
+	}
+	return strconv.Itoa(*step)
+}
+
+func acked(al statestore.Alert) string {
+	if al.AckedAt == nil {
+		return "open"
+	}
+	s := "by " + al.AckedBy
+	if al.AckedAs != "" && al.AckedAs != al.AckedBy {
+		s += " (as " + strconv.Quote(al.AckedAs) + ")"
+	}
+	return s + " " + clock(*al.AckedAt)
+}
+
+func (a *app) alertsAck(ctx context.Context, args []string) error {
+	fs := a.flags()
+	as := fs.String("as", "", "the name to record beside your database login (default: $USER)")
+	rest, err := a.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) == 0 {
+		return a.usageError(fs, "give the id of the alert(s) to acknowledge")
+	}
+	var ids []int64
+	for _, r := range rest {
+		id, err := strconv.ParseInt(r, 10, 64)
+		if err != nil || id <= 0 {
+			return a.usageError(fs, "%q is not an alert id (a number, see sasctl alerts list)", r)
+		}
+		ids = append(ids, id)
+	}
+	store, closeStore, err := a.store(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	for _, id := range ids {
+		al, already, err := store.AckAlert(ctx, id, claimedName(*as))
+		if err != nil {
+			return err
+		}
+		if already {
+			fmt.Fprintf(a.stdout, "alert %d was already acknowledged %s\n", id, acked(al))
+			continue
+		}
+		fmt.Fprintf(a.stdout, "alert %d (order %s) acknowledged %s\n", id, al.OrderID, acked(al))
+	}
+	return nil
+}
+
+// alertsTail prints alerts as they are committed, polling the state store.
+func (a *app) alertsTail(ctx context.Context, args []string) error {
+	fs := a.flags()
+	count := fs.Int("count", 0, "stop after this many alerts (0: follow until interrupted)")
+	timeout := fs.Duration("timeout", 0, "stop after this long (0: no limit)")
+	since := fs.Duration("since", 0, "first print the alerts raised within this long")
+	poll := fs.Duration("poll", time.Second, "how often to look for new alerts")
+	rest, err := a.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) > 0 {
+		return a.usageError(fs, "unexpected argument %q", rest[0])
+	}
+	if *count < 0 || *timeout < 0 || *since < 0 || *poll <= 0 {
+		return a.usageError(fs, "--count, --timeout and --since must not be negative, --poll must be positive")
+	}
+	store, closeStore, err := a.store(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
 	if *timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, *timeout)
 		defer cancel()
 	}
-	conn, pub, topo, err := a.openBroker(ctx, broker.AlertsInput)
-	if err != nil {
+	var after int64
+	if *since > 0 {
+		past, err := store.ListAlerts(ctx, statestore.AlertFilter{Since: *since, Limit: 1000})
+		if err != nil {
+			return err
+		}
+		if len(past) > 0 {
+			after = past[len(past)-1].ID - 1
+		} else if after, err = store.LastAlertID(ctx); err != nil {
+			return err
+		}
+	} else if after, err = store.LastAlertID(ctx); err != nil {
 		return err
 	}
-	defer conn.Close()
-	defer pub.Close()
-	ch, err := conn.Channel(ctx)
-	if err != nil {
-		return err
-	}
-	defer ch.Close()
-	if err := ch.Qos(1, 0, false); err != nil {
-		return err
-	}
-	deliveries, err := ch.ConsumeWithContext(ctx, topo.Queue(broker.AlertsInput), "sasctl-alerts-tail", false, false, false, false, nil)
-	if err != nil {
-		return fmt.Errorf("consume alerts: %w", err)
-	}
-	fmt.Fprintf(a.stderr, "following %s (Ctrl-C to stop)\n", topo.Queue(broker.AlertsInput))
+	fmt.Fprintln(a.stderr, "following operator alerts (Ctrl-C to stop)")
 	seen := 0
+	ticker := time.NewTicker(*poll)
+	defer ticker.Stop()
 	for {
+		alerts, err := store.ListAlerts(ctx, statestore.AlertFilter{AfterID: after, Oldest: true, Limit: 1000})
+		if err != nil && ctx.Err() == nil {
+			return err
+		}
+		for _, al := range alerts {
+			after = al.ID
+			fmt.Fprintf(a.stdout, "%s  alert %d  order %s  step %s  failures %d  %s\n",
+				stamp(al.RaisedAt), al.ID, al.OrderID, stepOf(al.Step), al.FailureCount, al.Reason)
+			seen++
+			if *count > 0 && seen >= *count {
+				return nil
+			}
+		}
 		select {
 		case <-ctx.Done():
 			if *count > 0 {
 				return fmt.Errorf("stopped after %d of %d alerts", seen, *count)
 			}
 			return nil
-		case d, ok := <-deliveries:
-			if !ok {
-				return fmt.Errorf("the alerts queue went away")
-			}
-			if al, err := messages.DecodeOperatorAlert(d.Body); err == nil {
-				fmt.Fprintf(a.stdout, "%s  order %s  step %d  failures %d  %s\n",
-					al.At.UTC().Format(time.RFC3339), al.OrderID, al.Step, al.FailureCount, al.Reason)
-			} else {
-				fmt.Fprintf(a.stdout, "unreadable alert (%v): %s\n", err, d.Body)
-			}
-			if err := d.Ack(false); err != nil {
-				return fmt.Errorf("ack alert: %w", err)
-			}
-			seen++
-			if *count > 0 && seen >= *count {
-				return nil
-			}
+		case <-ticker.C:
 		}
 	}
 }

@@ -31,7 +31,7 @@ import (
 // state store's timestamps with a per-stage breakdown, CPU and peak memory
 // per process, and queue depths over time.
 func (a *app) bench(ctx context.Context, args []string) error {
-	fs := a.flags("bench")
+	fs := a.flags()
 	wf := fs.String("workflow", workflow.DefaultName, "workflow of the orders (single: one step; order: three)")
 	rate := fs.Float64("rate", 0, "orders offered per second; 0 offers as fast as the system absorbs them (see --inflight)")
 	inflight := fs.Int("inflight", 2000, "with --rate 0: orders published and not yet ended, at most")
@@ -49,8 +49,10 @@ func (a *app) bench(ctx context.Context, args []string) error {
 	pprofOffset := fs.Int("pprof-offset", 0, "when not 0, every service serves Go's profiler on its port plus this offset (e.g. 1000: the submitter's on port-base+1001)")
 	var env multiFlag
 	fs.Var(&env, "env", "NAME=VALUE added to every service's environment (repeatable), e.g. SAS_SCHEDULER_BATCH=200 or GOGC=400")
-	if err := a.parse(fs, args); err != nil {
+	if rest, err := a.parse(fs, args); err != nil {
 		return err
+	} else if len(rest) > 0 {
+		return a.usageError(fs, "unexpected argument %q", rest[0])
 	}
 	if *rate < 0 || *inflight < 1 || *duration <= 0 || *warmup < 0 {
 		fmt.Fprintln(a.stderr, "sasctl bench: --rate must be >= 0, --inflight >= 1, --duration > 0, --warmup >= 0")

@@ -12,15 +12,13 @@ import (
 // service with only the permissions it needs. Passwords are read by the
 // shell from variables, never printed.
 func (a *app) brokerUsers(_ context.Context, args []string) error {
-	if len(args) == 0 || args[0] != "users" {
-		fmt.Fprintf(a.stderr, "sasctl broker: the command is \"broker users\"\n\n%s", usage)
-		return errUsage
-	}
-	fs := a.flags("broker users")
+	fs := a.flags()
 	userPrefix := fs.String("user-prefix", "sas-", "user names are this prefix and the service's name")
 	vhost := fs.String("vhost", "/", "RabbitMQ virtual host")
-	if err := a.parse(fs, args[1:]); err != nil {
+	if rest, err := a.parse(fs, args); err != nil {
 		return err
+	} else if len(rest) > 0 {
+		return a.usageError(fs, "unexpected argument %q", rest[0])
 	}
 	fmt.Fprintf(a.stdout, "# RabbitMQ users for sas (queue prefix %q). Set the password variables, then run these lines.\n", a.cfg.QueuePrefix)
 	for _, p := range broker.Permissions(a.cfg.QueuePrefix) {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"os"
@@ -11,19 +12,44 @@ import (
 )
 
 // dbUsers creates (or updates) a login user per service, as a member of its
-// role, for every SAS_DB_PASSWORD_<SERVICE> variable set.
+// role, for every SAS_DB_PASSWORD_<SERVICE> variable set; or, with
+// --operator, the login of one person in the operator role.
 func (a *app) dbUsers(ctx context.Context, args []string) error {
-	if len(args) == 0 || args[0] != "users" {
-		fmt.Fprintf(a.stderr, "sasctl db: the command is \"db users\"\n\n%s", usage)
-		return errUsage
-	}
-	fs := a.flags("db users")
-	suffix := fs.String("login-suffix", "_login", "a login is named after its role plus this suffix")
-	if err := a.parse(fs, args[1:]); err != nil {
+	fs := a.flags()
+	suffix := fs.String("login-suffix", "_login", "a service's login is named after its role plus this suffix")
+	operatorLogin := fs.String("operator", "", "create or update this person's login in role sas_operator, the password read from the first line of standard input")
+	rest, err := a.parse(fs, args)
+	if err != nil {
 		return err
+	}
+	if len(rest) > 0 {
+		return a.usageError(fs, "unexpected argument %q", rest[0])
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
+	if *operatorLogin != "" {
+		fmt.Fprintf(a.stderr, "password for %s (one line): ", *operatorLogin)
+		line, err := bufio.NewReader(a.stdin).ReadString('\n')
+		if err != nil && line == "" {
+			return fmt.Errorf("read the password from standard input: %w", err)
+		}
+		fmt.Fprintln(a.stderr)
+		pw := strings.TrimRight(line, "\r\n")
+		if pw == "" {
+			return fmt.Errorf("an empty password: give it on the first line of standard input")
+		}
+		store, closeStore, err := a.store(ctx)
+		if err != nil {
+			return err
+		}
+		defer closeStore()
+		if err := store.EnsureLogin(ctx, *operatorLogin, statestore.RoleOperator, pw); err != nil {
+			return err
+		}
+		fmt.Fprintf(a.stdout, "login %s in role %s: connect with SAS_DATABASE_URL naming user %s and the password in SAS_DATABASE_PASSWORD\n",
+			*operatorLogin, statestore.RoleOperator, *operatorLogin)
+		return nil
+	}
 	store, closeStore, err := a.store(ctx)
 	if err != nil {
 		return err

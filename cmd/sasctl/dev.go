@@ -28,7 +28,7 @@ const mildFaults = `{"*":{"error_rate":0.03,"rate_limit_rate":0.01,"apply_then_f
 // live progress, and prints a summary. PostgreSQL and RabbitMQ must be up
 // (make demo starts them).
 func (a *app) dev(ctx context.Context, args []string) error {
-	fs := a.flags("dev")
+	fs := a.flags()
 	orders := fs.Int("orders", 3000, "orders to submit")
 	wf := fs.String("workflow", "", "workflow of the orders (default: the default workflow)")
 	schedulers := fs.Int("schedulers", 2, "scheduler replicas")
@@ -39,8 +39,10 @@ func (a *app) dev(ctx context.Context, args []string) error {
 	rules := fs.String("rules", "deploy/prometheus/alerts.yml", "alert rules for the local Prometheus (skipped if the file is missing)")
 	keep := fs.Bool("keep", false, "keep the services running after the orders end, until Ctrl-C")
 	portBase := fs.Int("port-base", 9100, "services listen on 127.0.0.1 from this port up: submitter +1, schedulers +2, +12, …, agents +3, +13, …, supervisor +4, remote +5")
-	if err := a.parse(fs, args); err != nil {
+	if rest, err := a.parse(fs, args); err != nil {
 		return err
+	} else if len(rest) > 0 {
+		return a.usageError(fs, "unexpected argument %q", rest[0])
 	}
 	store, closeStore, err := a.migrateAndOpen(ctx)
 	if err != nil {
@@ -52,7 +54,15 @@ func (a *app) dev(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer st.stop()
+	defer func() {
+		fmt.Fprintln(a.stderr, "stopping every service…")
+		st.stop()
+		if *keep {
+			fmt.Fprintln(a.stderr, "the stack was stopped")
+		} else {
+			fmt.Fprintf(a.stderr, "the stack was stopped. To keep it running after the orders end, run %s dev --keep (make demo DEMO_FLAGS=--keep)\n", self())
+		}
+	}()
 	procs, byName, logs, promURL := st.procs, st.byName, st.logs, st.promURL
 	fmt.Fprintf(a.stderr, "services up (%d processes); logs in %s\n", len(procs), logs)
 
@@ -130,7 +140,7 @@ func (a *app) dev(ctx context.Context, args []string) error {
 	if promURL != "" {
 		fmt.Fprintf(a.stdout, "\nPrometheus: %s", promURL)
 	}
-	fmt.Fprintf(a.stdout, "\nlogs: %s\ninspect: sasctl orders list --status failed; sasctl orders show ID\n", logs)
+	fmt.Fprintf(a.stdout, "\nlogs: %s\ninspect: %s orders list --status failed; %s orders show ID; %s alerts list --open\n", logs, self(), self(), self())
 	if *keep {
 		fmt.Fprintln(a.stderr, "services keep running; Ctrl-C stops them")
 		<-ctx.Done()
@@ -173,6 +183,15 @@ func (a *app) publishSample(ctx context.Context, n int, wf string, published *at
 	}
 	wg.Wait()
 	return firstErr
+}
+
+// self is how sasctl was called ("bin/sasctl" under make demo), for
+// hints that run it again.
+func self() string {
+	if strings.Contains(os.Args[0], "/") {
+		return os.Args[0]
+	}
+	return "sasctl"
 }
 
 func bar(done, total, width int) string {

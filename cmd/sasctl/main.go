@@ -5,6 +5,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -13,48 +14,36 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/kelseyhightower/envconfig"
 
+	"sas/internal/broker"
 	"sas/internal/secrets"
 	"sas/internal/service"
 )
 
-const usage = `usage: sasctl <command> [flags]
-
-commands:
-  migrate                          apply the state store's migrations
-  submit --file FILE               publish one order (JSON; "-" for stdin) to the submit queue
-  submit --count N [flags]         publish N generated sample orders
-  orders list [--status S]         list orders, newest first
-  orders show ID [--json]          an order with its steps and full history
-  orders resubmit ID [--step N]    put an order's failed step back to pending
-  orders cancel ID                 end an order that has not ended: undo what was done, then failed
-  alerts tail [--count N]          print operator alerts as they arrive on the alerts queue
-  dev [--orders N]                 run every service locally, push orders through, show progress and a summary
-  bench [--rate R] [--workflow W]  run every service locally under load and report throughput, latency, CPU, memory, queues
-  probe URL                        exit 0 if URL answers 200 (container healthchecks)
-  broker users                     print the rabbitmqctl commands for one least-privilege user per service
-  db users                         create or update a login per service role from SAS_DB_PASSWORD_<SERVICE>
-
-Run "sasctl <command> -h" for a command's flags.
-`
-
-// errUsage marks a mistake in the command line (exit status 2).
-var errUsage = errors.New("usage")
+// errUsage marks a mistake in the command line (exit status 2); errHelp
+// a help that was asked for and printed (exit status 0).
+var (
+	errUsage = errors.New("usage")
+	errHelp  = errors.New("help printed")
+)
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	red := secrets.FromEnviron(os.Environ())
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr, red)
+	err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, red)
 	switch {
-	case err == nil:
-	case errors.Is(err, errUsage), errors.Is(err, flag.ErrHelp):
+	case err == nil, errors.Is(err, errHelp):
+	case errors.Is(err, errUsage):
 		os.Exit(2)
 	default:
-		fmt.Fprintln(os.Stderr, "sasctl:", red.String(err.Error()))
+		// One line: some drivers' errors span several.
+		msg := strings.NewReplacer("\n\t", "; ", "\n", "; ").Replace(red.String(err.Error()))
+		fmt.Fprintln(os.Stderr, "sasctl:", msg)
 		os.Exit(1)
 	}
 }
@@ -62,69 +51,176 @@ func main() {
 // app is what every command gets.
 type app struct {
 	cfg    service.Common
+	stdin  io.Reader
 	stdout io.Writer
 	stderr io.Writer
 	logger *slog.Logger
+	// cmd is the command running ("orders list"), for its help.
+	cmd string
 }
 
-func run(ctx context.Context, args []string, stdout, stderr io.Writer, red *secrets.Redactor) error {
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, red *secrets.Redactor) error {
+	if len(args) == 0 {
+		printUsage(stderr)
+		return errUsage
+	}
+	switch args[0] {
+	case "help", "-h", "-help", "--help":
+		if len(args) > 1 {
+			return run(ctx, append(args[1:], "-h"), stdin, stdout, stderr, red)
+		}
+		printUsage(stdout)
+		return errHelp
+	case "--version", "-version":
+		fmt.Fprintln(stdout, version())
+		return nil
+	}
+	// The command: one word, or a group and one of its commands.
+	path, rest := args[0], args[1:]
+	if isGroup(path) {
+		if len(rest) == 0 {
+			printGroup(stderr, path)
+			return errUsage
+		}
+		if wantsHelp(rest[:1]) {
+			printGroup(stdout, path)
+			return errHelp
+		}
+		path, rest = path+" "+rest[0], rest[1:]
+	}
+	if _, ok := docFor(path); !ok {
+		fmt.Fprintf(stderr, "sasctl: unknown command %q\n\n", path)
+		if group, _, ok := strings.Cut(path, " "); ok && isGroup(group) {
+			printGroup(stderr, group)
+		} else {
+			printUsage(stderr)
+		}
+		return errUsage
+	}
+
+	// A command asked for its help prints it before it reads anything
+	// (its flag set says its flags): the configuration need not be right.
 	var cfg service.Common
-	if err := envconfig.Process("sas", &cfg); err != nil {
-		return fmt.Errorf("configuration: %w", err)
+	if !wantsHelp(rest) {
+		if err := envconfig.Process("sas", &cfg); err != nil {
+			return fmt.Errorf("configuration: %w", err)
+		}
+		if err := cfg.Check(); err != nil {
+			return fmt.Errorf("configuration: %w", err)
+		}
 	}
-	if err := cfg.Check(); err != nil {
-		return fmt.Errorf("configuration: %w", err)
-	}
-	logger, err := service.NewLogger(stderr, cfg.LogLevel, red)
+	logger, err := service.NewLogger(stderr, cmp.Or(cfg.LogLevel, "info"), red)
 	if err != nil {
 		return err
 	}
-	a := &app{cfg: cfg, stdout: stdout, stderr: stderr, logger: logger}
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return errUsage
-	}
-	switch cmd, rest := args[0], args[1:]; cmd {
+	a := &app{cfg: cfg, stdin: stdin, stdout: stdout, stderr: stderr, logger: logger, cmd: path}
+	switch path {
 	case "migrate":
 		return a.migrate(ctx, rest)
 	case "submit":
 		return a.submit(ctx, rest)
-	case "orders":
-		return a.orders(ctx, rest)
-	case "alerts":
-		return a.alerts(ctx, rest)
+	case "orders list":
+		return a.ordersList(ctx, rest)
+	case "orders show":
+		return a.ordersShow(ctx, rest)
+	case "orders resubmit":
+		return a.ordersResubmit(ctx, rest)
+	case "orders cancel":
+		return a.ordersCancel(ctx, rest)
+	case "orders purge":
+		return a.ordersPurge(ctx, rest)
+	case "alerts list":
+		return a.alertsList(ctx, rest)
+	case "alerts ack":
+		return a.alertsAck(ctx, rest)
+	case "alerts tail":
+		return a.alertsTail(ctx, rest)
+	case "dlq list":
+		return a.dlqList(ctx, rest)
+	case "dlq show":
+		return a.dlqShow(ctx, rest)
+	case "dlq requeue":
+		return a.dlqMove(ctx, rest, broker.Requeue)
+	case "dlq discard":
+		return a.dlqMove(ctx, rest, broker.Drop)
 	case "dev":
 		return a.dev(ctx, rest)
 	case "bench":
 		return a.bench(ctx, rest)
 	case "probe":
 		return a.probe(ctx, rest)
-	case "broker":
+	case "broker users":
 		return a.brokerUsers(ctx, rest)
-	case "db":
+	case "db users":
 		return a.dbUsers(ctx, rest)
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
+	case "version":
+		fs := a.flags()
+		if rest, err := a.parse(fs, rest); err != nil {
+			return err
+		} else if len(rest) > 0 {
+			return a.usageError(fs, "unexpected argument %q", rest[0])
+		}
+		fmt.Fprintln(stdout, version())
 		return nil
-	default:
-		fmt.Fprintf(stderr, "sasctl: unknown command %q\n\n%s", cmd, usage)
-		return errUsage
 	}
+	return fmt.Errorf("command %q has no implementation", path)
 }
 
-// flags returns a flag set that reports errors on stderr.
-func (a *app) flags(name string) *flag.FlagSet {
-	fs := flag.NewFlagSet("sasctl "+name, flag.ContinueOnError)
+// wantsHelp reports whether args ask for help (before any "--").
+func wantsHelp(args []string) bool {
+	for _, arg := range args {
+		switch arg {
+		case "--":
+			return false
+		case "-h", "-help", "--help", "help":
+			return true
+		}
+	}
+	return false
+}
+
+// flags returns the running command's flag set; a mistake in its flags
+// prints the command's usage line on stderr.
+func (a *app) flags() *flag.FlagSet {
+	fs := flag.NewFlagSet("sasctl "+a.cmd, flag.ContinueOnError)
 	fs.SetOutput(a.stderr)
+	fs.Usage = func() {
+		d, _ := docFor(a.cmd)
+		fmt.Fprintf(a.stderr, "usage: sasctl %s %s\n(sasctl %s -h for help)\n", d.path, d.args, d.path)
+	}
 	return fs
 }
 
-func (a *app) parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return errUsage
+// parse parses args with fs, flags before or after the positional
+// arguments ("show ID --json" as well as "show --json ID"), and returns
+// the positional ones. -h, -help or --help anywhere prints the command's
+// full help on stdout (errHelp).
+func (a *app) parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	if wantsHelp(args) {
+		d, _ := docFor(a.cmd)
+		printHelp(a.stdout, d, fs)
+		return nil, errHelp
 	}
-	return nil
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, errUsage
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		if args[0] == "--" {
+			return append(pos, args[1:]...), nil
+		}
+		pos, args = append(pos, args[0]), args[1:]
+	}
+}
+
+// usageError prints msg and the command's usage line on stderr and
+// returns errUsage.
+func (a *app) usageError(fs *flag.FlagSet, format string, args ...any) error {
+	fmt.Fprintf(a.stderr, "sasctl %s: %s\n", a.cmd, fmt.Sprintf(format, args...))
+	fs.Usage()
+	return errUsage
 }

@@ -3,11 +3,11 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -15,29 +15,8 @@ import (
 
 	"sas/internal/messages"
 	"sas/internal/statestore"
+	"sas/internal/workflow"
 )
-
-func (a *app) orders(ctx context.Context, args []string) error {
-	if len(args) == 0 {
-		fmt.Fprint(a.stderr, usage)
-		return errUsage
-	}
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	switch sub, rest := args[0], args[1:]; sub {
-	case "list":
-		return a.ordersList(ctx, rest)
-	case "show":
-		return a.ordersShow(ctx, rest)
-	case "resubmit":
-		return a.ordersResubmit(ctx, rest)
-	case "cancel":
-		return a.ordersCancel(ctx, rest)
-	default:
-		fmt.Fprintf(a.stderr, "sasctl orders: unknown command %q\n\n%s", sub, usage)
-		return errUsage
-	}
-}
 
 // store opens the state store for a command: it fails at once with one
 // line naming the setting to fix when the database cannot be reached
@@ -85,49 +64,64 @@ func (a *app) poolWith(ctx context.Context, o statestore.Options) (*pgxpool.Pool
 }
 
 // orderID takes the one positional argument, an order id.
-func (a *app) orderID(name string, fsArgs []string) (string, error) {
-	if len(fsArgs) != 1 {
-		fmt.Fprintf(a.stderr, "sasctl orders %s: give one order id\n", name)
-		return "", errUsage
+func (a *app) orderID(fs *flag.FlagSet, rest []string) (string, error) {
+	if len(rest) != 1 {
+		return "", a.usageError(fs, "give one order id")
 	}
-	id, ok := messages.CanonicalID(fsArgs[0])
+	id, ok := messages.CanonicalID(rest[0])
 	if !ok {
-		return "", fmt.Errorf("%q is not an order id (a UUID)", fsArgs[0])
+		return "", fmt.Errorf("%q is not an order id (a UUID)", rest[0])
 	}
 	return id, nil
 }
 
-// parseWithID parses flags that may stand before or after the one order
-// id ("show ID --json" as well as "show --json ID") and returns the id.
-func (a *app) parseWithID(fs *flag.FlagSet, name string, args []string) (string, error) {
-	if err := a.parse(fs, args); err != nil {
-		return "", err
+// positive checks a count flag.
+func (a *app) positive(fs *flag.FlagSet, name string, n int) error {
+	if n <= 0 {
+		return a.usageError(fs, "--%s must be at least 1, not %d", name, n)
 	}
-	rest := fs.Args()
-	if len(rest) > 1 {
-		id := rest[0]
-		if err := a.parse(fs, rest[1:]); err != nil {
-			return "", err
-		}
-		rest = append([]string{id}, fs.Args()...)
+	return nil
+}
+
+// knownWorkflow refuses a workflow name that is not defined.
+func knownWorkflow(name string) error {
+	reg := workflow.Builtin()
+	if _, ok := reg.Lookup(name); !ok {
+		return fmt.Errorf("unknown workflow %q (the workflows are %s)", name, strings.Join(reg.Names(), ", "))
 	}
-	return a.orderID(name, rest)
+	return nil
 }
 
 func (a *app) ordersList(ctx context.Context, args []string) error {
-	fs := a.flags("orders list")
+	fs := a.flags()
 	status := fs.String("status", "", "only orders with this status (received, processing, completed, compensating, failed, error)")
 	wf := fs.String("workflow", "", "only orders of this workflow")
 	since := fs.Duration("since", 0, "only orders created within this long, e.g. 1h")
 	limit := fs.Int("limit", 50, "at most this many orders")
-	if err := a.parse(fs, args); err != nil {
+	asJSON := fs.Bool("json", false, "print JSON")
+	rest, err := a.parse(fs, args)
+	if err != nil {
 		return err
+	}
+	if len(rest) > 0 {
+		return a.usageError(fs, "unexpected argument %q", rest[0])
+	}
+	if err := a.positive(fs, "limit", *limit); err != nil {
+		return err
+	}
+	if *since < 0 {
+		return a.usageError(fs, "--since must not be negative")
 	}
 	switch *status {
 	case "", statestore.OrderReceived, statestore.OrderProcessing, statestore.OrderCompleted,
 		statestore.OrderCompensating, statestore.OrderFailed, statestore.OrderError:
 	default:
-		return fmt.Errorf("unknown status %q", *status)
+		return fmt.Errorf("unknown status %q (received, processing, completed, compensating, failed, error)", *status)
+	}
+	if *wf != "" {
+		if err := knownWorkflow(*wf); err != nil {
+			return err
+		}
 	}
 	store, closeStore, err := a.store(ctx)
 	if err != nil {
@@ -138,20 +132,26 @@ func (a *app) ordersList(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if *asJSON {
+		return a.printJSON(orders)
+	}
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ORDER_ID\tSTATUS\tWORKFLOW\tPRIO\tCUSTOMER\tAMOUNT\tCREATED\tUPDATED")
+	fmt.Fprintln(tw, "ORDER_ID\tSTATUS\tWORKFLOW\tPRIO\tAMOUNT\tCREATED\tUPDATED")
 	for _, o := range orders {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", o.OrderID, o.Status, o.Workflow, o.Priority, o.Customer,
-			money(o.Amount, o.Currency), stamp(o.CreatedAt), stamp(o.UpdatedAt))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", o.OrderID, o.Status, o.Workflow, o.Priority,
+			money(o.Amount, o.Currency), clock(o.CreatedAt), clock(o.UpdatedAt))
 	}
 	return tw.Flush()
 }
 
 // onOrder is the frame of a command on one order: parse the flags and the
-// order id, open the store, run do, and say plainly when the order does
-// not exist.
-func (a *app) onOrder(ctx context.Context, fs *flag.FlagSet, name string, args []string, do func(*statestore.Store, string) error) error {
-	id, err := a.parseWithID(fs, name, args)
+// order id, open the store, run do.
+func (a *app) onOrder(ctx context.Context, fs *flag.FlagSet, args []string, do func(*statestore.Store, string) error) error {
+	rest, err := a.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	id, err := a.orderID(fs, rest)
 	if err != nil {
 		return err
 	}
@@ -160,70 +160,141 @@ func (a *app) onOrder(ctx context.Context, fs *flag.FlagSet, name string, args [
 		return err
 	}
 	defer closeStore()
-	err = do(store, id)
-	if errors.Is(err, statestore.ErrNotFound) {
-		return fmt.Errorf("order %s not found", id)
-	}
-	return err
+	return do(store, id)
 }
 
 func (a *app) ordersShow(ctx context.Context, args []string) error {
-	fs := a.flags("orders show")
-	asJSON := fs.Bool("json", false, "print JSON")
-	return a.onOrder(ctx, fs, "show", args, func(store *statestore.Store, id string) error {
+	fs := a.flags()
+	asJSON := fs.Bool("json", false, "print everything as JSON")
+	return a.onOrder(ctx, fs, args, func(store *statestore.Store, id string) error {
 		d, err := store.GetOrder(ctx, id)
 		if err != nil {
 			return err
 		}
-		return a.printOrder(d, *asJSON)
+		if *asJSON {
+			return a.printJSON(d)
+		}
+		return a.printOrder(d)
 	})
 }
 
-// printOrder prints an order with its steps and history, or its JSON.
-func (a *app) printOrder(d statestore.OrderDetail, asJSON bool) error {
-	if asJSON {
-		enc := json.NewEncoder(a.stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(d)
-	}
+func (a *app) printJSON(v any) error {
+	enc := json.NewEncoder(a.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// showWidth is the width orders show keeps within; longer text wraps.
+const showWidth = 100
+
+// printOrder prints an order with its steps and history in showWidth
+// columns: each step and each history entry has a line of short fields,
+// and its long ones (deadlines, errors, actor and reason) on lines of
+// their own below it, wrapped.
+func (a *app) printOrder(d statestore.OrderDetail) error {
 	o := d.Order
-	fmt.Fprintf(a.stdout, "order     %s\nstatus    %s\nworkflow  %s\npriority  %d\ncustomer  %s\namount    %s\nitems     %s\n",
-		o.OrderID, o.Status, o.Workflow, o.Priority, o.Customer, money(o.Amount, o.Currency), o.Items)
-	if o.ReplyTo != "" {
-		fmt.Fprintf(a.stdout, "reply_to  %s\n", o.ReplyTo)
+	w := a.stdout
+	field := func(name, value string) {
+		fmt.Fprintf(w, "%-10s%s\n", name, wrap(value, showWidth, strings.Repeat(" ", 10)))
 	}
-	fmt.Fprintf(a.stdout, "created   %s\nupdated   %s\n\nsteps\n", stamp(o.CreatedAt), stamp(o.UpdatedAt))
-	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "STEP\tNAME\tKIND\tAGENT\tSTATE\tATTEMPT\tFAILURES\tLOCKED_BY\tCOMPLETE_BY\tAVAILABLE_AT\tLAST_ERROR")
+	field("order", o.OrderID)
+	field("status", o.Status)
+	field("workflow", fmt.Sprintf("%s (priority %d)", o.Workflow, o.Priority))
+	field("customer", o.Customer)
+	field("amount", money(o.Amount, o.Currency))
+	field("items", string(o.Items))
+	if o.ReplyTo != "" {
+		field("reply_to", o.ReplyTo)
+	}
+	field("created", stamp(o.CreatedAt))
+	field("updated", stamp(o.UpdatedAt))
+
+	fmt.Fprint(w, "\nsteps\n")
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "STEP\tNAME\tKIND\tAGENT\tSTATE\tATTEMPT\tFAILURES")
 	for _, s := range d.Steps {
-		completeBy := "-"
-		if s.CompleteBy != nil {
-			completeBy = stamp(*s.CompleteBy)
-		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d/%d\t%s\t%s\t%s\t%s\n", s.Step, s.Name, s.Kind, s.Agent, s.ProcessState,
-			s.Attempt, s.FailureCount, s.MaxFailures, dash(s.LockedBy), completeBy, stamp(s.AvailableAt), dash(s.LastError))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d/%d\n", s.Step, clip(s.Name, 24), s.Kind, clip(s.Agent, 16), s.ProcessState,
+			s.Attempt, s.FailureCount, s.MaxFailures)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintln(a.stdout, "\nhistory")
-	tw = tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "AT\tSTEP\tFROM\tTO\tATTEMPT\tACTOR\tREASON")
+	const indent = "      "
+	for _, s := range d.Steps {
+		var notes []string
+		if s.LockedBy != "" {
+			notes = append(notes, "locked by "+s.LockedBy)
+		}
+		if s.CompleteBy != nil {
+			notes = append(notes, "complete by "+stamp(*s.CompleteBy))
+		}
+		if s.ProcessState == statestore.StepPending {
+			notes = append(notes, "available at "+stamp(s.AvailableAt))
+		}
+		if s.LastError != "" {
+			notes = append(notes, "last error: "+s.LastError)
+		}
+		if len(s.Result) > 0 && string(s.Result) != "null" {
+			notes = append(notes, "result: "+string(s.Result))
+		}
+		for i, n := range notes {
+			prefix := indent
+			if i == 0 {
+				prefix = fmt.Sprintf("%-6s", fmt.Sprintf("%d:", s.Step))
+			}
+			fmt.Fprintf(w, "%s%s\n", prefix, wrap(n, showWidth, indent))
+		}
+	}
+
+	fmt.Fprint(w, "\nhistory\n")
 	for _, h := range d.History {
 		step := "order"
 		if h.Step != nil {
-			step = strconv.Itoa(*h.Step)
+			step = "step " + strconv.Itoa(*h.Step)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", stamp(h.At), step, dash(h.From), h.To, h.Attempt, h.Actor, h.Reason)
+		line := fmt.Sprintf("%s  %-8s %s -> %s", stamp(h.At), step, dash(h.From), h.To)
+		if h.Attempt > 0 {
+			line += fmt.Sprintf("  attempt %d", h.Attempt)
+		}
+		fmt.Fprintln(w, clip(line, showWidth))
+		by := "by " + h.Actor
+		if h.DBUser != "" {
+			by += " (database login " + h.DBUser
+			if h.ClaimedBy != "" {
+				by += ", who gave the name " + strconv.Quote(h.ClaimedBy)
+			}
+			by += ")"
+		}
+		if h.Reason != "" {
+			by += ": " + h.Reason
+		}
+		fmt.Fprintf(w, "%s%s\n", indent, wrap(by, showWidth, indent))
 	}
-	return tw.Flush()
+	return nil
+}
+
+// claimedName is who the operator says they are: --as, else $USER.
+func claimedName(as string) string {
+	if as != "" {
+		return as
+	}
+	for _, k := range []string{"SUDO_USER", "USER", "LOGNAME"} {
+		if v := os.Getenv(k); v != "" {
+			return v
+		}
+	}
+	return ""
 }
 
 func (a *app) ordersResubmit(ctx context.Context, args []string) error {
-	fs := a.flags("orders resubmit")
+	fs := a.flags()
 	step := fs.Int("step", 0, "the step to resubmit (default: the step in error)")
-	return a.onOrder(ctx, fs, "resubmit", args, func(store *statestore.Store, id string) error {
-		reset, err := store.Resubmit(ctx, id, *step, "operator:"+operator())
+	as := fs.String("as", "", "the name to record beside your database login (default: $USER)")
+	return a.onOrder(ctx, fs, args, func(store *statestore.Store, id string) error {
+		if *step < 0 {
+			return a.usageError(fs, "--step must be a step number")
+		}
+		reset, err := store.Resubmit(ctx, id, *step, claimedName(*as))
 		if err != nil {
 			return err
 		}
@@ -233,9 +304,10 @@ func (a *app) ordersResubmit(ctx context.Context, args []string) error {
 }
 
 func (a *app) ordersCancel(ctx context.Context, args []string) error {
-	fs := a.flags("orders cancel")
-	return a.onOrder(ctx, fs, "cancel", args, func(store *statestore.Store, id string) error {
-		status, err := store.CancelOrder(ctx, id, "operator:"+operator())
+	fs := a.flags()
+	as := fs.String("as", "", "the name to record beside your database login (default: $USER)")
+	return a.onOrder(ctx, fs, args, func(store *statestore.Store, id string) error {
+		status, err := store.CancelOrder(ctx, id, claimedName(*as))
 		if err != nil {
 			return err
 		}
@@ -248,13 +320,51 @@ func (a *app) ordersCancel(ctx context.Context, args []string) error {
 	})
 }
 
-func operator() string {
-	for _, k := range []string{"SUDO_USER", "USER", "LOGNAME"} {
-		if v := os.Getenv(k); v != "" {
-			return v
+func (a *app) ordersPurge(ctx context.Context, args []string) error {
+	fs := a.flags()
+	olderThan := fs.Duration("older-than", 0, "delete orders that ended more than this long ago, e.g. 720h (required)")
+	status := fs.String("status", "", "only orders with this status: completed or failed (default: both)")
+	batch := fs.Int("batch", 500, "orders deleted per transaction")
+	rest, err := a.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) > 0 {
+		return a.usageError(fs, "unexpected argument %q", rest[0])
+	}
+	if *olderThan <= 0 {
+		return a.usageError(fs, "--older-than is required and must be positive")
+	}
+	if err := a.positive(fs, "batch", *batch); err != nil {
+		return err
+	}
+	var statuses []string
+	switch *status {
+	case "":
+	case statestore.OrderCompleted, statestore.OrderFailed:
+		statuses = []string{*status}
+	default:
+		return fmt.Errorf("--status %q: only orders that ended, completed or failed, are purged (an order in error waits for an operator)", *status)
+	}
+	store, closeStore, err := a.store(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	var total statestore.Purged
+	for {
+		p, err := store.PurgeEnded(ctx, *olderThan, statuses, *batch)
+		total.Add(p)
+		if err != nil {
+			return fmt.Errorf("%w (deleted so far: %d orders)", err, total.Orders)
+		}
+		if p.Orders < int64(*batch) {
+			break
 		}
 	}
-	return "unknown"
+	fmt.Fprintf(a.stdout, "deleted %d orders that ended more than %v ago, with %d steps, %d history entries and %d alerts\n",
+		total.Orders, *olderThan, total.Steps, total.Transitions, total.Alerts)
+	return nil
 }
 
 func money(minor int64, currency string) string {
@@ -263,9 +373,21 @@ func money(minor int64, currency string) string {
 
 func stamp(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
 
+// clock is a shorter stamp, for tables.
+func clock(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05") }
+
 func dash(s string) string {
 	if s == "" {
 		return "-"
 	}
 	return s
+}
+
+// clip shortens s to n runes, marking the cut.
+func clip(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n-1]) + "…"
 }

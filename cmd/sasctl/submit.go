@@ -19,7 +19,7 @@ import (
 )
 
 func (a *app) submit(ctx context.Context, args []string) error {
-	fs := a.flags("submit")
+	fs := a.flags()
 	file := fs.String("file", "", "publish the order in this JSON file (\"-\" for stdin)")
 	count := fs.Int("count", 0, "publish this many generated sample orders")
 	wf := fs.String("workflow", "", "workflow of generated orders (default: the default workflow)")
@@ -27,18 +27,24 @@ func (a *app) submit(ctx context.Context, args []string) error {
 	replyTo := fs.String("reply-to", "", "status queue of generated orders")
 	concurrency := fs.Int("concurrency", 32, "publishes awaiting their confirm at once")
 	printIDs := fs.Bool("print-ids", false, "print each published order id on stdout")
-	if err := a.parse(fs, args); err != nil {
+	rest, err := a.parse(fs, args)
+	if err != nil {
 		return err
 	}
-	if (*file == "") == (*count <= 0) {
-		fmt.Fprintln(a.stderr, "sasctl submit: give either --file or --count")
-		return errUsage
+	if len(rest) > 0 {
+		return a.usageError(fs, "unexpected argument %q", rest[0])
+	}
+	if (*file == "") == (*count == 0) || *count < 0 {
+		return a.usageError(fs, "give either --file or a positive --count")
+	}
+	if *priority < 0 || *priority > 9 || *concurrency < 1 {
+		return a.usageError(fs, "--priority must be 0 to 9 and --concurrency at least 1")
 	}
 
 	var bodies func(i int) (string, []byte, error)
 	n := *count
 	if *file != "" {
-		body, err := readFile(*file)
+		body, err := a.readFile(*file)
 		if err != nil {
 			return err
 		}
@@ -46,9 +52,15 @@ func (a *app) submit(ctx context.Context, args []string) error {
 		if err != nil {
 			return fmt.Errorf("%s is not a valid order: %w", *file, err)
 		}
+		if err := knownWorkflow(o.Workflow); err != nil {
+			return fmt.Errorf("%s: %w: nothing published", *file, err)
+		}
 		n = 1
 		bodies = func(int) (string, []byte, error) { return o.OrderID, body, nil }
 	} else {
+		if err := knownWorkflow(*wf); err != nil {
+			return fmt.Errorf("--workflow: %w: nothing published", err)
+		}
 		bodies = func(int) (string, []byte, error) {
 			o := sampleOrder(*wf, *priority, *replyTo)
 			body, err := messages.Encode(o)
@@ -149,9 +161,9 @@ func (a *app) openBroker(ctx context.Context, inputs ...string) (*broker.Conn, *
 	return conn, broker.NewPublisher(conn, bm), topo, nil
 }
 
-func readFile(name string) ([]byte, error) {
+func (a *app) readFile(name string) ([]byte, error) {
 	if name == "-" {
-		return io.ReadAll(io.LimitReader(os.Stdin, messages.MaxBodyBytes+1))
+		return io.ReadAll(io.LimitReader(a.stdin, messages.MaxBodyBytes+1))
 	}
 	return os.ReadFile(name)
 }

@@ -34,6 +34,7 @@ func (p *Publisher) DeadLetter(ctx context.Context, topo Topology, input string,
 	headers[HeaderErrorReason] = reason
 	headers[HeaderErrorDetail] = detail
 	headers[HeaderOriginalQueue] = topo.Queue(input)
+	headers[HeaderDeadLetteredAt] = time.Now().UTC()
 	msgID := d.MessageId
 	if msgID == "" {
 		// The publisher tracks returns by message id.

@@ -32,9 +32,9 @@ func Permissions(prefix string) []Permission {
 		},
 		{
 			Service:   "scheduler",
-			Configure: `^(` + exchanges + `|` + p + `(replies|alerts)(\.dlq)?|` + p + `agent\.[^.]+(\.dlq)?)$`,
-			Write:     `^(amq\.default|` + p + `(dlx|status|alerts|replies\.dlq|alerts\.dlq)|` + p + `agent\.[^.]+\.dlq)$`,
-			Read:      `^(` + p + `(dlx|alerts|replies)|` + p + `agent\.[^.]+)$`,
+			Configure: `^(` + exchanges + `|` + p + `replies(\.dlq)?|` + p + `agent\.[^.]+(\.dlq)?)$`,
+			Write:     `^(amq\.default|` + p + `(dlx|status|alerts|replies\.dlq)|` + p + `agent\.[^.]+\.dlq)$`,
+			Read:      `^(` + p + `(dlx|replies)|` + p + `agent\.[^.]+)$`,
 		},
 		{
 			Service:   "agent",
@@ -43,10 +43,13 @@ func Permissions(prefix string) []Permission {
 			Read:      `^(` + p + `(dlx|replies)|` + p + `agent\.[^.]+)$`,
 		},
 		{
+			// sasctl publishes orders, and reads dead-letter queues and
+			// publishes their messages back (dlq requeue) through the
+			// default exchange.
 			Service:   "sasctl",
-			Configure: `^(` + exchanges + `|` + p + `(submit|alerts)(\.dlq)?)$`,
-			Write:     `^(amq\.default|` + p + `(submit\.dlq|alerts|alerts\.dlq))$`,
-			Read:      `^` + p + `(dlx|alerts|submit)$`,
+			Configure: `^(` + exchanges + `|` + p + `submit(\.dlq)?)$`,
+			Write:     `^(amq\.default|` + p + `submit\.dlq)$`,
+			Read:      `^(` + p + `(dlx|submit)|` + p + `[^.]+(\.[^.]+)?\.dlq)$`,
 		},
 	}
 }

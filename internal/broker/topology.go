@@ -35,12 +35,10 @@ func (t Topology) DeadLetterExchange() string { return t.Prefix + "dlx" }
 // with the order's new status as routing key.
 func (t Topology) StatusExchange() string { return t.Prefix + "status" }
 
-// AlertsExchange is the fanout exchange operator alerts are published to;
-// the input queue "alerts", when a topology has it, is bound to it.
+// AlertsExchange is the fanout exchange operator alerts are published to,
+// for whoever binds a queue to it (a paging integration); the state
+// store keeps every alert (sasctl alerts).
 func (t Topology) AlertsExchange() string { return t.Prefix + "alerts" }
-
-// AlertsInput is the unprefixed name of the durable alerts queue.
-const AlertsInput = "alerts"
 
 // Declare declares the dead-letter exchange and, for every input, a durable
 // quorum queue with its delivery limit and a durable quorum dead-letter
@@ -74,11 +72,6 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 			"x-dead-letter-routing-key": dlq,
 		}); err != nil {
 			return fmt.Errorf("declare queue %s (if it exists with other arguments, delete it or change the prefix): %w", q, err)
-		}
-		if in == AlertsInput {
-			if err := ch.QueueBind(q, "", t.AlertsExchange(), false, nil); err != nil {
-				return fmt.Errorf("bind queue %s: %w", q, err)
-			}
 		}
 	}
 	return nil

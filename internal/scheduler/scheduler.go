@@ -156,10 +156,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 }
 
 // Topology is the queues and exchanges the scheduler uses: the replies
-// queue, the alerts queue, and a request queue per agent kind of the
-// workflows.
+// queue and a request queue per agent kind of the workflows.
 func Topology(prefix string, deliveryLimit int, workflows *workflow.Registry) broker.Topology {
-	inputs := []string{agent.RepliesInput, broker.AlertsInput}
+	inputs := []string{agent.RepliesInput}
 	for _, kind := range workflows.Agents() {
 		inputs = append(inputs, agent.RequestsInput(kind))
 	}

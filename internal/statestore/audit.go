@@ -45,7 +45,7 @@ func (s *Store) ReadAudit(ctx context.Context) (Audit, error) {
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		byID := map[string]int{}
 		rows, err := tx.Query(ctx, `SELECT o.order_id::text, o.status, o.updated_at,
-			(SELECT count(*) FROM outbox b WHERE b.order_id = o.order_id AND b.message_type = 'operator_alert')
+			(SELECT count(*) FROM alerts a WHERE a.order_id = o.order_id)
 			FROM orders o ORDER BY o.order_id`)
 		if err != nil {
 			return err

@@ -28,9 +28,8 @@ type OutboxMessage struct {
 var ErrRelayBusy = errors.New("another relay holds the outbox")
 
 // RelayOutbox takes up to limit unpublished outbox messages in id order,
-// hands them to publish, and of the first n that publish reports done
-// deletes the status events and marks the rest (operator alerts) as
-// published. It returns n.
+// hands them to publish, and deletes the first n that publish reports
+// done (an operator alert's record is its row in alerts). It returns n.
 //
 // One relay runs at a time (a transaction-level advisory lock; others get
 // ErrRelayBusy), so messages are published in the order they were
@@ -70,27 +69,14 @@ func (s *Store) RelayOutbox(ctx context.Context, limit int, publish func(context
 		if n == 0 {
 			return nil
 		}
-		// Published status events are deleted, other messages (operator
-		// alerts) marked and kept; both found through the unpublished
+		// Published messages are deleted, found through the unpublished
 		// messages' index.
-		var events, kept []int64
-		for _, m := range msgs[:n] {
-			if m.Type == OutboxStatusEvent {
-				events = append(events, m.ID)
-			} else {
-				kept = append(kept, m.ID)
-			}
+		ids := make([]int64, n)
+		for i, m := range msgs[:n] {
+			ids[i] = m.ID
 		}
-		if len(events) > 0 {
-			if _, err := tx.Exec(ctx, `DELETE FROM outbox WHERE id = ANY($1) AND published_at IS NULL`, events); err != nil {
-				return err
-			}
-		}
-		if len(kept) > 0 {
-			if _, err := tx.Exec(ctx, `UPDATE outbox SET published_at = now(), attempts = attempts + 1
-				WHERE id = ANY($1) AND published_at IS NULL`, kept); err != nil {
-				return err
-			}
+		if _, err := tx.Exec(ctx, `DELETE FROM outbox WHERE id = ANY($1) AND published_at IS NULL`, ids); err != nil {
+			return err
 		}
 		done = n
 		return nil

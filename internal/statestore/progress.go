@@ -49,7 +49,7 @@ func (s *Store) ProgressSince(ctx context.Context, since time.Time) (Progress, e
 	err = s.pool.QueryRow(ctx, `
 		SELECT coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at)), 0),
 		       coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at)), 0),
-		       (SELECT count(*) FROM outbox WHERE message_type = 'operator_alert' AND created_at >= $1)
+		       (SELECT count(*) FROM alerts WHERE raised_at >= $1)
 		FROM orders WHERE created_at >= $1 AND status IN ('completed', 'failed', 'error')`, since).Scan(&p50, &p99, &p.Alerts)
 	if err != nil {
 		return p, fmt.Errorf("progress latencies: %w", err)

@@ -55,6 +55,10 @@ type Transition struct {
 	Actor   string    `json:"actor"`
 	Reason  string    `json:"reason"`
 	At      time.Time `json:"at"`
+	// DBUser is, for an operator's action, the database login that did
+	// it; ClaimedBy the name the operator gave (a label, not a proof).
+	DBUser    string `json:"db_user,omitempty"`
+	ClaimedBy string `json:"claimed_by,omitempty"`
 }
 
 // OrderDetail is an order with its steps and its full history.
@@ -158,14 +162,15 @@ type querier interface {
 }
 
 func (s *Store) history(ctx context.Context, q querier, orderID string) ([]Transition, error) {
-	rows, err := q.Query(ctx, `SELECT id, step, coalesce(from_state, ''), to_state, attempt, actor, reason, at
+	rows, err := q.Query(ctx, `SELECT id, step, coalesce(from_state, ''), to_state, attempt, actor, reason, at,
+		coalesce(db_user, ''), coalesce(claimed_by, '')
 		FROM transitions WHERE order_id = $1 ORDER BY id`, orderID)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Transition, error) {
 		var t Transition
-		err := row.Scan(&t.ID, &t.Step, &t.From, &t.To, &t.Attempt, &t.Actor, &t.Reason, &t.At)
+		err := row.Scan(&t.ID, &t.Step, &t.From, &t.To, &t.Attempt, &t.Actor, &t.Reason, &t.At, &t.DBUser, &t.ClaimedBy)
 		return t, err
 	})
 }

@@ -6,79 +6,59 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Resubmit is an operator's action on an order held in error: the step in
 // error (or the given step, which must be in error) goes back to pending
 // with failure_count 0, and the order back to processing (or, when the
-// step is a compensation, compensating). It returns the steps it reset. Unknown ids give ErrNotFound; an order or step not in
-// error gives ErrInvalidState.
-func (s *Store) Resubmit(ctx context.Context, orderID string, step int, actor string) ([]int, error) {
-	var reset []int
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var status string
-		err := tx.QueryRow(ctx, `SELECT status FROM orders WHERE order_id = $1 FOR UPDATE`, orderID).Scan(&status)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("order %s: %w", orderID, ErrNotFound)
-		}
-		if err != nil {
-			return err
-		}
-		if status != OrderError {
-			return fmt.Errorf("order %s is %s, only an order in error can be resubmitted: %w", orderID, status, ErrInvalidState)
-		}
-		if step > 0 {
-			var state string
-			err := tx.QueryRow(ctx, `SELECT process_state FROM steps WHERE order_id = $1 AND step = $2`, orderID, step).Scan(&state)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return fmt.Errorf("order %s step %d: %w", orderID, step, ErrNotFound)
-			}
-			if err != nil {
-				return err
-			}
-			if state != StepError {
-				return fmt.Errorf("order %s step %d is %s, only a step in error can be resubmitted: %w", orderID, step, state, ErrInvalidState)
-			}
-		}
-		rows, err := tx.Query(ctx, `
-			WITH reset AS (
-			    UPDATE steps
-			    SET process_state = 'pending', failure_count = 0, locked_by = NULL, complete_by = NULL,
-			        available_at = now(), updated_at = now()
-			    WHERE order_id = $1 AND process_state = 'error' AND ($2 = 0 OR step = $2)
-			    RETURNING order_id, step, attempt, kind
-			), hist AS (
-			    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-			    SELECT order_id, step, 'error', 'pending', attempt, $3, 'operator resubmit'
-			    FROM reset
-			)
-			SELECT step, kind FROM reset ORDER BY step`, orderID, step, actor)
-		if err != nil {
-			return err
-		}
-		to := OrderProcessing
-		reset, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (int, error) {
-			var n int
-			var kind string
-			err := row.Scan(&n, &kind)
-			if kind == KindCompensation {
-				to = OrderCompensating
-			}
-			return n, err
-		})
-		if err != nil {
-			return err
-		}
-		if len(reset) == 0 {
-			return fmt.Errorf("order %s has no step in error: %w", orderID, ErrInvalidState)
-		}
-		if _, err = tx.Exec(ctx, `SELECT order_transition($1, $2, NULL, $3, 'operator resubmit')`, orderID, to, actor); err != nil {
-			return err
-		}
-		return wake(ctx, tx)
-	})
+// step is a compensation, compensating). It returns the steps it reset.
+// An unknown order or step gives ErrNotFound; an order or step not in
+// error gives ErrInvalidState; the error's text says which.
+//
+// The history records the database login that did it (the session's:
+// see operator_resubmit in migration 0016) and claimed, the name the
+// operator gave, as a separate label.
+func (s *Store) Resubmit(ctx context.Context, orderID string, step int, claimed string) ([]int, error) {
+	rows, err := s.pool.Query(ctx, `SELECT operator_resubmit($1, $2, $3)`, orderID, step, claimed)
 	if err != nil {
-		return nil, fmt.Errorf("resubmit: %w", err)
+		return nil, fmt.Errorf("resubmit: %w", operatorError(err))
 	}
-	return reset, nil
+	reset, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return nil, fmt.Errorf("resubmit: %w", operatorError(err))
+	}
+	out := make([]int, len(reset))
+	for i, n := range reset {
+		out[i] = int(n)
+	}
+	return out, nil
+}
+
+// refusal is the database refusing an operator's action, in its words.
+type refusal struct {
+	msg  string
+	kind error // ErrNotFound, ErrInvalidState or ErrInvalidData
+}
+
+func (e *refusal) Error() string { return e.msg }
+func (e *refusal) Unwrap() error { return e.kind }
+
+// operatorError turns an operator function's refusal into an error that
+// says what the function said and is ErrNotFound, ErrInvalidState or
+// ErrInvalidData.
+func operatorError(err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return err
+	}
+	switch pgErr.Code {
+	case "P0002": // no_data_found
+		return &refusal{pgErr.Message, ErrNotFound}
+	case "55000": // object_not_in_prerequisite_state
+		return &refusal{pgErr.Message, ErrInvalidState}
+	case "22023": // invalid_parameter_value
+		return &refusal{pgErr.Message, ErrInvalidData}
+	}
+	return err
 }

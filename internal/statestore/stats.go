@@ -17,6 +17,8 @@ type StepStats struct {
 	// been claimed. Zero when there is none.
 	OldestPending    time.Duration
 	OldestProcessing time.Duration
+	// OpenAlerts counts the operator alerts nobody has acknowledged.
+	OpenAlerts int
 }
 
 // LiveStates are the states Stats counts.
@@ -36,7 +38,8 @@ func (s *Store) Stats(ctx context.Context) (StepStats, error) {
 		coalesce((SELECT (extract(epoch FROM now() - min(available_at)) * 1000)::bigint
 		          FROM steps WHERE process_state = 'pending' AND available_at <= now()), 0),
 		coalesce((SELECT (extract(epoch FROM now() - min(complete_by - timeout)) * 1000)::bigint
-		          FROM steps WHERE process_state = 'processing'), 0)`).Scan(&pending, &processing, &errored, &pendingMS, &processingMS)
+		          FROM steps WHERE process_state = 'processing'), 0),
+		(SELECT count(*) FROM alerts WHERE acked_at IS NULL)`).Scan(&pending, &processing, &errored, &pendingMS, &processingMS, &st.OpenAlerts)
 	if err != nil {
 		return st, fmt.Errorf("step stats: %w", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"sas/internal/service"
+	"sas/internal/statestore"
 )
 
 // LeaseName is the supervisor leader's lease.
@@ -46,7 +47,15 @@ type Config struct {
 	// AnalyzeMinRows is how many live rows a table needs before it is
 	// worth analyzing.
 	AnalyzeMinRows int64 `envconfig:"SUPERVISOR_ANALYZE_MIN_ROWS" default:"1000"`
-	DBMaxConns     int32 `envconfig:"DB_MAX_CONNS" default:"4"`
+	// Retention is how long ended orders (completed, failed) are kept,
+	// from their last change, before the leader deletes them with their
+	// steps, history and alerts (0: for ever).
+	Retention time.Duration `envconfig:"RETENTION" default:"720h"`
+	// RetentionInterval is how often the leader looks for orders past
+	// Retention; RetentionBatch how many it deletes per transaction.
+	RetentionInterval time.Duration `envconfig:"RETENTION_INTERVAL" default:"1m"`
+	RetentionBatch    int           `envconfig:"RETENTION_BATCH" default:"500"`
+	DBMaxConns        int32         `envconfig:"DB_MAX_CONNS" default:"4"`
 }
 
 type metrics struct {
@@ -59,7 +68,9 @@ type metrics struct {
 	steps            *prometheus.GaugeVec
 	oldestPending    prometheus.Gauge
 	oldestProcessing prometheus.Gauge
+	openAlerts       prometheus.Gauge
 	analyzed         *prometheus.CounterVec
+	purged           *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -92,17 +103,37 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		oldestProcessing: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "sas_oldest_processing_step_age_seconds", Help: "How long ago the oldest processing step was claimed.",
 		}),
+		openAlerts: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sas_alerts_open", Help: "Operator alerts nobody has acknowledged (sasctl alerts list --open).",
+		}),
 		analyzed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sas_supervisor_tables_analyzed_total", Help: "State tables whose stale planner statistics the leader refreshed, by table.",
 		}, []string{"table"}),
+		purged: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sas_retention_deleted_total", Help: "Rows of ended orders deleted after SAS_RETENTION, by table (orders, steps, transitions, alerts).",
+		}, []string{"table"}),
 	}
-	reg.MustRegister(m.leader, m.sweeps, m.resets, m.failures, m.errors, m.sweepDuration, m.steps, m.oldestPending, m.oldestProcessing, m.analyzed)
+	for _, table := range []string{"orders", "steps", "transitions", "alerts"} {
+		m.purged.WithLabelValues(table)
+	}
+	for _, table := range []string{"orders", "steps", "transitions", "outbox"} {
+		m.analyzed.WithLabelValues(table)
+	}
+	for _, state := range statestore.LiveStates {
+		m.steps.WithLabelValues(state)
+	}
+	reg.MustRegister(m.leader, m.sweeps, m.resets, m.failures, m.errors, m.sweepDuration, m.steps, m.oldestPending, m.oldestProcessing,
+		m.openAlerts, m.analyzed, m.purged)
 	return m
 }
 
 // Run runs the supervisor until ctx is done, then gives its lease up so a
 // standby takes over at once.
 func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
+	if cfg.Retention < 0 || cfg.RetentionBatch < 1 || cfg.RetentionInterval <= 0 {
+		return fmt.Errorf("SAS_RETENTION (%v) must not be negative, SAS_RETENTION_BATCH (%d) must be at least 1 and SAS_RETENTION_INTERVAL (%v) positive",
+			cfg.Retention, cfg.RetentionBatch, cfg.RetentionInterval)
+	}
 	if cfg.LeaseTTL < 2*cfg.Interval {
 		return fmt.Errorf("SAS_SUPERVISOR_LEASE_TTL (%v) must be at least twice SAS_SUPERVISOR_INTERVAL (%v), or the leader loses its lease between renewals", cfg.LeaseTTL, cfg.Interval)
 	}
@@ -128,6 +159,6 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 			"analyze_interval", cfg.AnalyzeInterval.String())
 	}
 	s := &sweeper{store: store, cfg: cfg, me: me, logger: logger, metrics: m}
-	logger.Info("supervisor started", "interval", cfg.Interval.String(), "lease_ttl", cfg.LeaseTTL.String())
+	logger.Info("supervisor started", "interval", cfg.Interval, "lease_ttl", cfg.LeaseTTL, "retention", cfg.Retention)
 	return service.RunAll(ctx, cfg.ShutdownTimeout, func() {}, logger, s.run)
 }

@@ -28,19 +28,24 @@ type sweeper struct {
 	metrics *metrics
 	leading bool
 
-	// The statistics refresh runs beside the sweeps (an ANALYZE of a large
-	// table must not delay them past the lease), one at a time.
-	analyzing   sync.WaitGroup
+	// The statistics refresh and retention run beside the sweeps (an
+	// ANALYZE of a large table, or a long purge, must not delay them past
+	// the lease), each one at a time; background joins them.
+	background  sync.WaitGroup
 	analyzeBusy chan struct{} // holds a token while a refresh runs
 	lastAnalyze time.Time
 	lastReport  time.Time
+	// Retention too runs beside the sweeps, one at a time.
+	purgeBusy chan struct{}
+	lastPurge time.Time
 }
 
 func (s *sweeper) run(ctx context.Context) error {
 	ticker := time.NewTicker(s.cfg.Interval)
 	defer ticker.Stop()
 	s.analyzeBusy = make(chan struct{}, 1)
-	defer s.analyzing.Wait()
+	s.purgeBusy = make(chan struct{}, 1)
+	defer s.background.Wait()
 	for {
 		s.tick(ctx)
 		select {
@@ -83,6 +88,7 @@ func (s *sweeper) tick(ctx context.Context) {
 		s.metrics.leader.Set(1)
 		s.sweep(ctx)
 		s.maybeAnalyze(ctx)
+		s.maybePurge(ctx)
 	} else {
 		s.metrics.leader.Set(0)
 	}
@@ -135,7 +141,7 @@ func (s *sweeper) maybeAnalyze(ctx context.Context) {
 		return // the last one is still running
 	}
 	s.lastAnalyze = time.Now()
-	s.analyzing.Go(func() {
+	s.background.Go(func() {
 		defer func() { <-s.analyzeBusy }()
 		start := time.Now()
 		tables, err := s.store.RefreshStats(ctx, s.cfg.AnalyzeMinRows, s.cfg.AnalyzeInterval)
@@ -148,6 +154,48 @@ func (s *sweeper) maybeAnalyze(ctx context.Context) {
 			s.logger.Warn("refreshing planner statistics failed", "err", err, "analyzed", tables)
 		case len(tables) > 0:
 			s.logger.Info("refreshed stale planner statistics", "tables", tables, "took", time.Since(start).String())
+		}
+	})
+}
+
+// maybePurge starts a retention run when one is due and none is running:
+// it deletes ended orders older than Retention, RetentionBatch at a time,
+// until fewer than a batch are left.
+func (s *sweeper) maybePurge(ctx context.Context) {
+	if s.cfg.Retention <= 0 || time.Since(s.lastPurge) < s.cfg.RetentionInterval {
+		return
+	}
+	select {
+	case s.purgeBusy <- struct{}{}:
+	default:
+		return
+	}
+	s.lastPurge = time.Now()
+	s.background.Go(func() {
+		defer func() { <-s.purgeBusy }()
+		start := time.Now()
+		var total statestore.Purged
+		for ctx.Err() == nil {
+			p, err := s.store.PurgeEnded(ctx, s.cfg.Retention, nil, s.cfg.RetentionBatch)
+			if err != nil {
+				if ctx.Err() == nil {
+					s.metrics.errors.Inc()
+					s.logger.Warn("deleting ended orders past their retention failed; will try again", "err", err)
+				}
+				break
+			}
+			total.Add(p)
+			s.metrics.purged.WithLabelValues("orders").Add(float64(p.Orders))
+			s.metrics.purged.WithLabelValues("steps").Add(float64(p.Steps))
+			s.metrics.purged.WithLabelValues("transitions").Add(float64(p.Transitions))
+			s.metrics.purged.WithLabelValues("alerts").Add(float64(p.Alerts))
+			if p.Orders < int64(s.cfg.RetentionBatch) {
+				break
+			}
+		}
+		if total.Orders > 0 {
+			s.logger.Info("deleted ended orders past their retention", "orders", total.Orders, "steps", total.Steps,
+				"transitions", total.Transitions, "alerts", total.Alerts, "retention", s.cfg.Retention, "took", time.Since(start))
 		}
 	})
 }
@@ -172,4 +220,5 @@ func (s *sweeper) report(ctx context.Context) {
 	}
 	s.metrics.oldestPending.Set(st.OldestPending.Seconds())
 	s.metrics.oldestProcessing.Set(st.OldestProcessing.Seconds())
+	s.metrics.openAlerts.Set(float64(st.OpenAlerts))
 }

@@ -43,6 +43,13 @@ func AMQPURL() string {
 	return "amqp://guest:guest@127.0.0.1:5672/"
 }
 
+// Unavailable skips the test because what it needs is missing, or under
+// CI=true fails it: CI must never pass by skipping.
+func Unavailable(t testing.TB, what string, err error) {
+	t.Helper()
+	unavailable(t, what, err)
+}
+
 func unavailable(t testing.TB, what string, err error) {
 	t.Helper()
 	msg := fmt.Sprintf("%s is not reachable: %v (run `make services` or scripts/services.sh to start it)", what, err)

@@ -1,0 +1,271 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+
+	"sas/internal/agent"
+	"sas/internal/broker"
+	"sas/internal/submitter"
+	"sas/internal/workflow"
+)
+
+// inputs are the unprefixed names of the queues sas consumes, each with
+// its dead-letter queue: the submit queue, the replies queue and the
+// request queue of every agent kind of the workflows.
+func inputs() []string {
+	out := []string{submitter.Input, agent.RepliesInput}
+	for _, kind := range workflow.Builtin().Agents() {
+		out = append(out, agent.RequestsInput(kind))
+	}
+	return out
+}
+
+// deadLetterQueues names the dead-letter queues a command looks at: the
+// one of queue (an input's name, with or without the prefix and .dlq), or
+// every input's.
+func (a *app) deadLetterQueues(queue string) ([]string, error) {
+	topo := broker.Topology{Prefix: a.cfg.QueuePrefix}
+	all := inputs()
+	if queue == "" {
+		out := make([]string, len(all))
+		for i, in := range all {
+			out[i] = topo.DeadLetterQueue(in)
+		}
+		return out, nil
+	}
+	name := strings.TrimSuffix(strings.TrimPrefix(queue, a.cfg.QueuePrefix), ".dlq")
+	for _, in := range all {
+		if in == name {
+			return []string{topo.DeadLetterQueue(in)}, nil
+		}
+	}
+	return nil, fmt.Errorf("no input queue %q: the queues are %s (with or without the prefix %q and .dlq)", queue, strings.Join(all, ", "), a.cfg.QueuePrefix)
+}
+
+// scan runs ScanDLQ over each queue with decide and returns what it saw.
+func (a *app) scan(ctx context.Context, queues []string, limit int, decide func(broker.DeadLetter) broker.DLQAction) ([]broker.DeadLetter, []broker.DLQAction, error) {
+	conn, pub, _, err := a.openBroker(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer conn.Close()
+	defer pub.Close()
+	var seen []broker.DeadLetter
+	var done []broker.DLQAction
+	for _, q := range queues {
+		s, d, err := conn.ScanDLQ(ctx, pub, q, limit, decide)
+		seen, done = append(seen, s...), append(done, d...)
+		if err != nil {
+			return seen, done, err
+		}
+	}
+	return seen, done, nil
+}
+
+func (a *app) dlqList(ctx context.Context, args []string) error {
+	fs := a.flags()
+	reason := fs.String("reason", "", "only dead letters with this reason (e.g. not_json, expired)")
+	limit := fs.Int("limit", 1000, "look at most at this many messages per queue")
+	asJSON := fs.Bool("json", false, "print JSON, bodies included")
+	rest, err := a.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) > 1 {
+		return a.usageError(fs, "give at most one queue")
+	}
+	if err := a.positive(fs, "limit", *limit); err != nil {
+		return err
+	}
+	queues, err := a.deadLetterQueues(strings.Join(rest, ""))
+	if err != nil {
+		return err
+	}
+	seen, _, err := a.scan(ctx, queues, *limit, func(broker.DeadLetter) broker.DLQAction { return broker.Keep })
+	if err != nil {
+		return err
+	}
+	var shown []broker.DeadLetter
+	for _, d := range seen {
+		if *reason == "" || d.Reason == *reason {
+			shown = append(shown, d)
+		}
+	}
+	if *asJSON {
+		return a.printJSON(deadLettersJSON(shown))
+	}
+	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MESSAGE_ID\tREASON\tFROM\tAGE\tBODY")
+	for _, d := range shown {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", clip(d.MessageID, 40), d.Reason, strings.TrimPrefix(d.OriginalQueue, a.cfg.QueuePrefix),
+			age(d.At), preview(d.Body, 24))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(a.stderr, "%d dead letters in %s\n", len(shown), strings.Join(queues, ", "))
+	return nil
+}
+
+func (a *app) dlqShow(ctx context.Context, args []string) error {
+	fs := a.flags()
+	queue := fs.String("queue", "", "look only in this queue's dead letters")
+	rest, err := a.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) != 1 {
+		return a.usageError(fs, "give one message id")
+	}
+	queues, err := a.deadLetterQueues(*queue)
+	if err != nil {
+		return err
+	}
+	seen, _, err := a.scan(ctx, queues, 0, func(broker.DeadLetter) broker.DLQAction { return broker.Keep })
+	if err != nil {
+		return err
+	}
+	found := 0
+	for _, d := range seen {
+		if d.MessageID != rest[0] {
+			continue
+		}
+		found++
+		fmt.Fprintf(a.stdout, "message   %s\nqueue     %s\nfrom      %s\nreason    %s\ndetail    %s\nat        %s (%s ago)\ntype      %s\ncontent   %s\n\n%s\n\n",
+			d.MessageID, d.DLQ, dash(d.OriginalQueue), d.Reason, wrap(d.Detail, showWidth, strings.Repeat(" ", 10)),
+			stamp(d.At), age(d.At), dash(d.Type), dash(d.ContentType), d.Body)
+	}
+	if found == 0 {
+		return fmt.Errorf("no dead letter with message id %q in %s", rest[0], strings.Join(queues, ", "))
+	}
+	return nil
+}
+
+// dlqMove requeues or discards dead letters: one by id, those with a
+// reason, or all.
+func (a *app) dlqMove(ctx context.Context, args []string, action broker.DLQAction) error {
+	fs := a.flags()
+	queue := fs.String("queue", "", "only this queue's dead letters")
+	reason := fs.String("reason", "", "every dead letter with this reason")
+	all := fs.Bool("all", false, "every dead letter")
+	var yes *bool
+	if action == broker.Drop {
+		yes = fs.Bool("yes", false, "do not ask for confirmation")
+	}
+	rest, err := a.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	chosen := 0
+	for _, b := range []bool{len(rest) > 0, *reason != "", *all} {
+		if b {
+			chosen++
+		}
+	}
+	if chosen != 1 || len(rest) > 1 {
+		return a.usageError(fs, "give one message id, --reason R or --all")
+	}
+	id := strings.Join(rest, "")
+	match := func(d broker.DeadLetter) bool {
+		return *all || (id != "" && d.MessageID == id) || (*reason != "" && d.Reason == *reason)
+	}
+	queues, err := a.deadLetterQueues(*queue)
+	if err != nil {
+		return err
+	}
+	if action == broker.Drop && !*yes {
+		if err := a.confirmDiscard(ctx, queues, match); err != nil {
+			return err
+		}
+	}
+	seen, done, err := a.scan(ctx, queues, 0, func(d broker.DeadLetter) broker.DLQAction {
+		if match(d) {
+			return action
+		}
+		return broker.Keep
+	})
+	moved, skipped := 0, 0
+	for i, d := range seen {
+		switch {
+		case done[i] == broker.Drop:
+			moved++
+			fmt.Fprintf(a.stdout, "discarded %s from %s (reason %s): %s\n", d.MessageID, d.DLQ, d.Reason, preview(d.Body, 60))
+		case done[i] == broker.Requeue:
+			moved++
+			fmt.Fprintf(a.stdout, "requeued %s to %s\n", d.MessageID, d.OriginalQueue)
+		case match(d):
+			skipped++
+			fmt.Fprintf(a.stderr, "kept %s: it does not say which queue it came from\n", d.MessageID)
+		}
+	}
+	verb := "requeued"
+	if action == broker.Drop {
+		verb = "discarded"
+	}
+	fmt.Fprintf(a.stderr, "%s %d dead letters\n", verb, moved)
+	if err != nil {
+		return fmt.Errorf("stopped after %d: %w (what was not confirmed is still in its dead-letter queue)", moved, err)
+	}
+	if moved == 0 && skipped == 0 {
+		return fmt.Errorf("no dead letter matched in %s", strings.Join(queues, ", "))
+	}
+	return nil
+}
+
+// confirmDiscard lists what a discard would drop and asks.
+func (a *app) confirmDiscard(ctx context.Context, queues []string, match func(broker.DeadLetter) bool) error {
+	seen, _, err := a.scan(ctx, queues, 0, func(broker.DeadLetter) broker.DLQAction { return broker.Keep })
+	if err != nil {
+		return err
+	}
+	n := 0
+	for _, d := range seen {
+		if match(d) {
+			n++
+		}
+	}
+	if n == 0 {
+		return fmt.Errorf("no dead letter matched in %s", strings.Join(queues, ", "))
+	}
+	fmt.Fprintf(a.stderr, "discard %d dead letters for good? [y/N] ", n)
+	answer, _ := bufio.NewReader(a.stdin).ReadString('\n')
+	if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" {
+		return fmt.Errorf("nothing discarded")
+	}
+	return nil
+}
+
+func age(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return time.Since(t).Round(time.Second).String()
+}
+
+// preview is the start of a body on one line.
+func preview(body []byte, n int) string {
+	s := string(body)
+	if !utf8.ValidString(s) {
+		return fmt.Sprintf("(%d bytes, not UTF-8)", len(body))
+	}
+	return clip(strings.Join(strings.Fields(s), " "), n)
+}
+
+type deadLetterJSON struct {
+	broker.DeadLetter
+	Body string `json:"body"`
+}
+
+func deadLettersJSON(ds []broker.DeadLetter) []deadLetterJSON {
+	out := make([]deadLetterJSON, len(ds))
+	for i, d := range ds {
+		out[i] = deadLetterJSON{d, string(d.Body)}
+	}
+	return out
+}

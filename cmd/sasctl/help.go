@@ -1,0 +1,186 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"runtime/debug"
+	"slices"
+	"strings"
+)
+
+// doc describes one command for its help.
+type doc struct {
+	path    string // "orders list"
+	args    string // what follows the path on the command line
+	summary string // one line, for the list of commands
+	detail  string // what it does, in full
+	env     []string
+}
+
+// docs lists every command sasctl has, in the order its help shows them.
+func docs() []doc {
+	dbEnv := []string{"SAS_DATABASE_URL", "SAS_DATABASE_PASSWORD", "SAS_DB_LOCK_TIMEOUT"}
+	brokerEnv := []string{"SAS_AMQP_URL", "SAS_AMQP_PASSWORD", "SAS_AMQP_CA_FILE", "SAS_QUEUE_PREFIX", "SAS_DELIVERY_LIMIT"}
+	both := append(slices.Clone(dbEnv), brokerEnv...)
+	return []doc{
+		{"migrate", "", "apply the state store's migrations",
+			"Applies the state store's migrations not yet applied to the schema SAS_DATABASE_URL points at (its search_path), each in its own transaction, and creates the service roles. Safe to run twice, or twice at once. Run it as the tables' owner.", dbEnv},
+		{"submit", "--file FILE | --count N [flags]", "publish orders to the submit queue",
+			"Publishes one order from a JSON file (\"-\" for stdin), or N generated sample orders, to the submit queue, persistent, mandatory and confirmed by the broker; a publish not confirmed is repeated (a repeat is the same order). An order naming an unknown workflow is refused before anything is published.", brokerEnv},
+		{"orders list", "[flags]", "list orders, newest first",
+			"Lists orders, newest first, with their status, workflow, priority, amount and times.", dbEnv},
+		{"orders show", "ID [--json]", "an order with its steps and full history",
+			"Shows an order: its payload, each step's state, attempt, failures, lock, deadline and last error, and its full history (who moved what, when and why). Fits 100 columns; --json prints everything as JSON.", dbEnv},
+		{"orders resubmit", "ID [--step N] [--as NAME]", "put an order's failed step back to pending",
+			"Puts the step in error of an order held in error (or step N, which must be in error) back to pending with failure_count 0, and the order back to processing. The history records the database login that did it and, apart, the name given with --as (default: $USER).", dbEnv},
+		{"orders cancel", "ID [--as NAME]", "end an order: undo what was done, then failed",
+			"Ends an order that has not ended (received, processing or held in error): its unfinished actions are cancelled and those that were attempted are compensated, last first; it ends failed. Recorded as resubmit is.", dbEnv},
+		{"orders purge", "--older-than D [--status S] [--batch N]", "delete ended orders older than D",
+			"Deletes orders that ended (completed or failed; --status narrows it) more than D ago, with their steps, history and alerts, N at a time, and says how many rows went. Orders held in error and orders in flight are never deleted. The supervisor does the same every SAS_RETENTION_INTERVAL for orders older than SAS_RETENTION.", dbEnv},
+		{"alerts list", "[--open] [--since D] [--order ID] [--limit N] [--json]", "operator alerts, newest first",
+			"Lists operator alerts (a step that reached its failure threshold or failed for good; a compensation that failed) from the state store, newest first, with who acknowledged them and when. Reading them changes nothing: every operator sees every alert.", dbEnv},
+		{"alerts ack", "ID... [--as NAME]", "acknowledge alerts",
+			"Acknowledges open alerts as the database login running sasctl (recorded by the database, it cannot be chosen) with the name given with --as (default: $USER) as a label.", dbEnv},
+		{"alerts tail", "[--count N] [--timeout D] [--since D]", "print alerts as they are raised",
+			"Prints alerts as they are raised (and, with --since, those raised within D before), read from the state store: it consumes nobody's copy. Stops after N alerts or D, or at Ctrl-C.", dbEnv},
+		{"dlq list", "[QUEUE] [--reason R] [--limit N] [--json]", "dead letters: id, reason, origin, age, body",
+			"Lists the messages in the dead-letter queues (QUEUE: submit, replies, agent.KIND, with or without the prefix and .dlq; default every one) with their message id, reason, detail, original queue, age and the start of their body. Reading them leaves them where they are.", brokerEnv},
+		{"dlq show", "ID [--queue Q]", "one dead letter in full",
+			"Shows dead letters with message id ID in full: headers read as reason, detail, origin and age, and the whole body.", brokerEnv},
+		{"dlq requeue", "ID | --reason R | --all [--queue Q]", "publish dead letters back to their queue",
+			"Publishes the chosen dead letters to the queue they came from, each confirmed by the broker before it is removed from the dead-letter queue: a kill at any moment loses nothing (at worst a message is in both queues, and consumers take a repeat as one message). A message that is still bad is dead-lettered again.", brokerEnv},
+		{"dlq discard", "ID | --reason R | --all [--queue Q] [--yes]", "delete dead letters",
+			"Deletes the chosen dead letters for good, after asking (--yes for scripts), and prints each one it dropped.", brokerEnv},
+		{"dev", "[--orders N] [--keep] [flags]", "run every service locally and push orders through",
+			"Runs every service on this machine (and a local Prometheus with the alert rules, if installed), submits N sample orders with live progress, prints a summary, and stops everything (--keep: keeps running until Ctrl-C). PostgreSQL and RabbitMQ must be up (make demo starts them).", both},
+		{"bench", "[--rate R] [--workflow W] [flags]", "load-test every service locally",
+			"Runs every service on this machine under load and reports throughput, latency with a per-stage breakdown, CPU and memory per process, and the queues' depths.", both},
+		{"probe", "URL", "exit 0 if URL answers 200",
+			"Gets URL and exits 0 when it answers 200 within 3 s (a container healthcheck: the images have no shell).", nil},
+		{"broker users", "[--user-prefix P] [--vhost V]", "print rabbitmqctl commands for least-privilege users",
+			"Prints the rabbitmqctl commands that create one RabbitMQ user per service (submitter, scheduler, agent, sasctl) with only the permissions it needs on SAS_QUEUE_PREFIX; passwords are read by the shell from SAS_AMQP_PASSWORD_<SERVICE>, never printed.", []string{"SAS_QUEUE_PREFIX", "SAS_AMQP_PASSWORD_<SERVICE> (by the printed commands)"}},
+		{"db users", "[--login-suffix S] | --operator NAME", "create database logins per service, or for one operator",
+			"Creates or updates a login per service role (sas_<service><suffix>) from each SAS_DB_PASSWORD_<SERVICE> that is set. With --operator NAME, creates or updates the login NAME of a person in role sas_operator, with the password read from the first line of standard input: each operator then acts under a login of their own, which the history records. Any character works in a password.", append(slices.Clone(dbEnv), "SAS_DB_PASSWORD_SUBMITTER", "SAS_DB_PASSWORD_SCHEDULER", "SAS_DB_PASSWORD_SUPERVISOR", "SAS_DB_PASSWORD_OPERATOR")},
+		{"version", "", "print sasctl's version", "Prints the version and the source revision sasctl was built from.", nil},
+	}
+}
+
+// docFor returns the doc of the command at path.
+func docFor(path string) (doc, bool) {
+	for _, d := range docs() {
+		if d.path == path {
+			return d, true
+		}
+	}
+	return doc{}, false
+}
+
+// groups are the first words of commands that have subcommands.
+func isGroup(name string) bool {
+	for _, d := range docs() {
+		if strings.HasPrefix(d.path, name+" ") {
+			return true
+		}
+	}
+	return false
+}
+
+// printUsage prints the list of commands.
+func printUsage(w io.Writer) {
+	fmt.Fprint(w, "usage: sasctl <command> [flags]\n\nsasctl is sas's operator and developer tool.\n\ncommands:\n")
+	for _, d := range docs() {
+		fmt.Fprintf(w, "  %-20s %s\n", d.path, d.summary)
+	}
+	fmt.Fprint(w, "\nRun \"sasctl <command> -h\" for a command's arguments, flags and environment.\n"+
+		"Every command reads SAS_LOG_LEVEL; see the README for every variable.\n")
+}
+
+// printGroup prints the commands of a group.
+func printGroup(w io.Writer, group string) {
+	fmt.Fprintf(w, "usage: sasctl %s <command> [flags]\n\ncommands:\n", group)
+	for _, d := range docs() {
+		if strings.HasPrefix(d.path, group+" ") {
+			fmt.Fprintf(w, "  %-20s %s\n", d.path, d.summary)
+		}
+	}
+	fmt.Fprintf(w, "\nRun \"sasctl %s <command> -h\" for a command's arguments, flags and environment.\n", group)
+}
+
+// printHelp prints a command's full help with its flags.
+func printHelp(w io.Writer, d doc, fs *flag.FlagSet) {
+	fmt.Fprintf(w, "usage: sasctl %s %s\n\n%s\n", d.path, d.args, wrap(d.detail, 78, ""))
+	if fs != nil {
+		n := 0
+		fs.VisitAll(func(*flag.Flag) { n++ })
+		if n > 0 {
+			fmt.Fprint(w, "\nflags:\n")
+			out := fs.Output()
+			fs.SetOutput(w)
+			fs.PrintDefaults()
+			fs.SetOutput(out)
+		}
+	}
+	fmt.Fprint(w, "\nenvironment:\n")
+	for _, e := range append(slices.Clone(d.env), "SAS_LOG_LEVEL") {
+		fmt.Fprintf(w, "  %s\n", e)
+	}
+}
+
+// wrap breaks text into lines of at most width runes, each after the
+// first starting with indent (counted in width); a word longer than a line
+// is cut.
+func wrap(text string, width int, indent string) string {
+	room := width - len([]rune(indent))
+	var b strings.Builder
+	line := 0 // runes on the current line, after the indent
+	for _, word := range strings.Fields(text) {
+		r := []rune(word)
+		for len(r) > 0 {
+			switch {
+			case line > 0 && line+1+len(r) <= room:
+				b.WriteByte(' ')
+				line++
+			case line > 0:
+				b.WriteString("\n" + indent)
+				line = 0
+			}
+			n := min(len(r), room)
+			b.WriteString(string(r[:n]))
+			line += n
+			r = r[n:]
+		}
+	}
+	return b.String()
+}
+
+// version describes the build, from the binary's build information.
+func version() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "sasctl (no build information)"
+	}
+	v := "sasctl " + info.Main.Version
+	var rev, at string
+	modified := false
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.time":
+			at = s.Value
+		case "vcs.modified":
+			modified = s.Value == "true"
+		}
+	}
+	if rev != "" {
+		v += " commit " + rev
+		if modified {
+			v += " (with local changes)"
+		}
+	}
+	if at != "" {
+		v += " of " + at
+	}
+	return v + ", " + info.GoVersion
+}

@@ -1,0 +1,150 @@
+package statestore_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"sas/internal/statestore"
+)
+
+// TestAlertsAreKeptAndAcknowledged: an alert is a row that every reader
+// sees until an operator acknowledges it, as the database login that did,
+// and after; a failed reply's alert counts that failure.
+func TestAlertsAreKeptAndAcknowledged(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	o := order(2, time.Hour, 3)
+	insert(t, b, o)
+	claimed, err := b.store.ClaimPending(ctx, "s", 1, "")
+	if err != nil || len(claimed) != 1 {
+		t.Fatalf("claim: %v %v", claimed, err)
+	}
+	if _, err := b.store.ApplyReply(ctx, statestore.Reply{OrderID: o.OrderID, Step: 1, Attempt: 1, OK: false, Error: "400 card declined", Actor: "s"}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // reading consumes nothing
+		open, err := b.store.ListAlerts(ctx, statestore.AlertFilter{OpenOnly: true})
+		if err != nil || len(open) != 1 {
+			t.Fatalf("open alerts: %+v %v", open, err)
+		}
+		a := open[0]
+		if a.OrderID != o.OrderID || a.Step == nil || *a.Step != 1 || a.FailureCount != 1 || a.RaisedBy != "s" || a.AckedAt != nil {
+			t.Fatalf("alert %+v", a)
+		}
+	}
+	if n, err := b.store.OpenAlerts(ctx); err != nil || n != 1 {
+		t.Fatalf("open alerts count %d %v", n, err)
+	}
+	if got := count(t, b, `SELECT count(*) FROM outbox WHERE message_type = 'operator_alert' AND order_id = $1
+		AND message_id = (SELECT message_id FROM alerts WHERE order_id = $1)`, o.OrderID); got != 1 {
+		t.Fatalf("the alert's outbox message: %d", got)
+	}
+	all, err := b.store.ListAlerts(ctx, statestore.AlertFilter{})
+	if err != nil || len(all) != 1 {
+		t.Fatal(all, err)
+	}
+	var login string
+	if err := b.pool.QueryRow(ctx, `SELECT session_user`).Scan(&login); err != nil {
+		t.Fatal(err)
+	}
+	a, already, err := b.store.AckAlert(ctx, all[0].ID, "alice")
+	if err != nil || already || a.AckedAt == nil || a.AckedBy != login || a.AckedAs != "alice" {
+		t.Fatalf("ack: %+v %v %v", a, already, err)
+	}
+	again, already, err := b.store.AckAlert(ctx, all[0].ID, "mallory")
+	if err != nil || !already || again.AckedAs != "alice" || !again.AckedAt.Equal(*a.AckedAt) {
+		t.Fatalf("second ack: %+v %v %v", again, already, err)
+	}
+	if open, err := b.store.ListAlerts(ctx, statestore.AlertFilter{OpenOnly: true}); err != nil || len(open) != 0 {
+		t.Fatalf("open alerts after the ack: %+v %v", open, err)
+	}
+	if all, err := b.store.ListAlerts(ctx, statestore.AlertFilter{Since: time.Hour}); err != nil || len(all) != 1 || all[0].AckedBy != login {
+		t.Fatalf("alerts of the last hour: %+v %v", all, err)
+	}
+	if _, _, err := b.store.AckAlert(ctx, all[0].ID+1000, "alice"); !errors.Is(err, statestore.ErrNotFound) {
+		t.Fatalf("ack of an unknown alert: %v", err)
+	}
+
+	// The supervisor's alert says how many times the step ran out of time.
+	o2 := order(1, 10*time.Millisecond, 1)
+	insert(t, b, o2)
+	if _, err := b.store.ClaimPending(ctx, "s", 1, ""); err != nil {
+		t.Fatal(err)
+	}
+	waitExpired(t, b, o2.OrderID)
+	if _, err := b.store.SweepExpired(ctx, statestore.SweepParams{Actor: "sup", Limit: 10}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.store.ListAlerts(ctx, statestore.AlertFilter{OrderID: o2.OrderID})
+	if err != nil || len(got) != 1 || got[0].FailureCount != 1 || got[0].RaisedBy != "sup" {
+		t.Fatalf("the sweep's alert: %+v %v", got, err)
+	}
+	after, err := b.store.ListAlerts(ctx, statestore.AlertFilter{AfterID: all[0].ID, Oldest: true})
+	if err != nil || len(after) != 1 || after[0].ID != got[0].ID {
+		t.Fatalf("alerts after %d: %+v %v", all[0].ID, after, err)
+	}
+}
+
+// TestPurgeEnded: only orders that ended (completed, failed) before the
+// cut-off go, with every row they own; nothing held in error, nothing in
+// flight, nothing recent, nothing another transaction holds.
+func TestPurgeEnded(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	mk := func(status string, ago time.Duration) statestore.NewOrder {
+		o := order(2, time.Hour, 3)
+		insert(t, b, o)
+		if _, err := b.pool.Exec(ctx, `UPDATE orders SET status = $2, created_at = now() - make_interval(secs => $3::float8),
+			updated_at = now() - make_interval(secs => $3::float8) WHERE order_id = $1`, o.OrderID, status, ago.Seconds()); err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	oldDone, oldFailed := mk(statestore.OrderCompleted, 2*time.Hour), mk(statestore.OrderFailed, 2*time.Hour)
+	oldError, oldBusy := mk(statestore.OrderError, 2*time.Hour), mk(statestore.OrderProcessing, 2*time.Hour)
+	newDone := mk(statestore.OrderCompleted, time.Minute)
+	heldDone := mk(statestore.OrderCompleted, 2*time.Hour)
+	if _, err := b.pool.Exec(ctx, `INSERT INTO alerts (message_id, order_id, step, reason, failure_count, raised_by)
+		VALUES (gen_random_uuid(), $1, 1, 'test', 1, 'test')`, oldFailed.OrderID); err != nil {
+		t.Fatal(err)
+	}
+	h := holdOrder(t, b, heldDone.OrderID)
+	history := count(t, b, `SELECT count(*) FROM transitions WHERE order_id = ANY($1::uuid[])`, []string{oldDone.OrderID, oldFailed.OrderID})
+
+	if _, err := b.store.PurgeEnded(ctx, time.Hour, []string{statestore.OrderError}, 10); !errors.Is(err, statestore.ErrInvalidData) {
+		t.Fatalf("purge of orders in error: %v, want refused", err)
+	}
+	if _, err := b.store.PurgeEnded(ctx, -time.Hour, nil, 10); !errors.Is(err, statestore.ErrInvalidData) {
+		t.Fatalf("purge with a negative age: %v, want refused", err)
+	}
+	p, err := b.store.PurgeEnded(ctx, time.Hour, []string{statestore.OrderFailed}, 10)
+	if err != nil || p.Orders != 1 {
+		t.Fatalf("purge of failed orders: %+v %v", p, err)
+	}
+	p2, err := b.store.PurgeEnded(ctx, time.Hour, nil, 10)
+	if err != nil || p2.Orders != 1 {
+		t.Fatalf("purge of ended orders: %+v %v", p2, err)
+	}
+	p.Add(p2)
+	if p.Steps != 4 || p.Transitions != int64(history) || p.Alerts != 1 {
+		t.Fatalf("purged %+v, want 2 orders' 4 steps, %d history rows, 1 alert", p, history)
+	}
+	for _, o := range []statestore.NewOrder{oldDone, oldFailed} {
+		if n := count(t, b, `SELECT (SELECT count(*) FROM orders WHERE order_id = $1) + (SELECT count(*) FROM steps WHERE order_id = $1)
+			+ (SELECT count(*) FROM transitions WHERE order_id = $1) + (SELECT count(*) FROM alerts WHERE order_id = $1)`, o.OrderID); n != 0 {
+			t.Errorf("order %s left %d rows", o.OrderID, n)
+		}
+	}
+	for _, o := range []statestore.NewOrder{oldError, oldBusy, newDone, heldDone} {
+		if n := count(t, b, `SELECT count(*) FROM steps WHERE order_id = $1`, o.OrderID); n != 2 {
+			t.Errorf("order %s lost rows: %d steps left", o.OrderID, n)
+		}
+	}
+	h.release()
+	if p, err := b.store.PurgeEnded(ctx, time.Hour, nil, 10); err != nil || p.Orders != 1 {
+		t.Fatalf("purge once the held order is free: %+v %v", p, err)
+	}
+}
