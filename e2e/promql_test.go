@@ -16,28 +16,44 @@ import (
 	"sas/internal/testenv"
 )
 
-// startPrometheus runs a real Prometheus scraping procs every second, with
-// the alert rules loaded, and returns its address.
+// prometheus is a real Prometheus scraping sas processes, one job per
+// service (sas-submitter, sas-scheduler, …, as the deployment names
+// them), its targets read from files it watches so that a test can add
+// and remove processes while it runs.
+type prometheus struct {
+	addr string
+	dir  string
+}
+
+// startPrometheus runs a Prometheus scraping procs every second, with the
+// alert rules loaded, and returns its address.
 func startPrometheus(t *testing.T, procs []*proc) string {
 	t.Helper()
-	bin := tool(t, "prometheus")
-	dir := t.TempDir()
 	rules, _ := filepath.Abs("../deploy/prometheus/alerts.yml")
+	return startPrometheusWith(t, procs, rules).addr
+}
+
+// startPrometheusWith is startPrometheus with a rules file of the test's.
+func startPrometheusWith(t *testing.T, procs []*proc, rules string) *prometheus {
+	t.Helper()
+	bin := tool(t, "prometheus")
+	pr := &prometheus{dir: t.TempDir()}
 	var b strings.Builder
 	fmt.Fprintf(&b, "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: [%q]\nscrape_configs:\n", rules)
-	for i, p := range procs {
-		fmt.Fprintf(&b, "  - job_name: sas-%s-%d\n    static_configs: [{targets: [%q]}]\n", p.name, i, p.ops)
+	for _, job := range []string{"submitter", "scheduler", "agent", "supervisor", "remote"} {
+		fmt.Fprintf(&b, "  - job_name: sas-%s\n    file_sd_configs: [{files: [%q], refresh_interval: 1s}]\n", job, filepath.Join(pr.dir, job+".json"))
 	}
-	cfg := filepath.Join(dir, "prometheus.yml")
+	cfg := filepath.Join(pr.dir, "prometheus.yml")
 	if err := os.WriteFile(cfg, []byte(b.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	addr := freeAddr(t)
-	logFile, err := os.Create(filepath.Join(dir, "prometheus.log"))
+	pr.setTargets(t, procs)
+	pr.addr = freeAddr(t)
+	logFile, err := os.Create(filepath.Join(pr.dir, "prometheus.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "--config.file="+cfg, "--web.listen-address="+addr, "--storage.tsdb.path="+filepath.Join(dir, "data"))
+	cmd := exec.Command(bin, "--config.file="+cfg, "--web.listen-address="+pr.addr, "--storage.tsdb.path="+filepath.Join(pr.dir, "data"))
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -49,14 +65,34 @@ func startPrometheus(t *testing.T, procs []*proc) string {
 		logFile.Close()
 	})
 	testenv.Eventually(t, 60*time.Second, "prometheus to be ready", func() bool {
-		resp, err := http.Get("http://" + addr + "/-/ready")
+		resp, err := http.Get("http://" + pr.addr + "/-/ready")
 		if err != nil {
 			return false
 		}
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	})
-	return addr
+	return pr
+}
+
+// setTargets makes procs, by the service each runs, what Prometheus
+// scrapes.
+func (pr *prometheus) setTargets(t *testing.T, procs []*proc) {
+	t.Helper()
+	byJob := map[string][]string{"submitter": {}, "scheduler": {}, "agent": {}, "supervisor": {}, "remote": {}}
+	for _, p := range procs {
+		byJob[p.name] = append(byJob[p.name], p.ops)
+	}
+	for job, targets := range byJob {
+		body, _ := json.Marshal([]map[string]any{{"targets": targets}})
+		tmp := filepath.Join(pr.dir, job+".json.tmp")
+		if err := os.WriteFile(tmp, body, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, filepath.Join(pr.dir, job+".json")); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 type promResult struct {

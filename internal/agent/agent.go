@@ -23,6 +23,7 @@ import (
 	"sas/internal/messages"
 	"sas/internal/remote"
 	"sas/internal/service"
+	"sas/internal/workflow"
 )
 
 // RepliesInput is the unprefixed name of the replies queue.
@@ -100,6 +101,30 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	return m
 }
 
+// initSeries makes every labelled series a rule or a dashboard panel reads
+// exist from the start, at zero, for the kinds served and the endpoints
+// (step names) they call.
+func (m *metrics) initSeries(kinds, endpoints []string) {
+	for _, kind := range kinds {
+		for _, result := range []string{"ok", "failed", "abandoned", "rejected", "requeued"} {
+			m.requests.WithLabelValues(kind, result)
+		}
+	}
+	for _, e := range endpoints {
+		for _, result := range []string{"ok", "permanent", "transient"} {
+			m.calls.WithLabelValues(e, result)
+		}
+		for _, reason := range []string{"5xx", "429", "network", "timeout", "circuit_open"} {
+			m.retries.WithLabelValues(e, reason)
+		}
+		m.callDuration.WithLabelValues(e)
+		m.circuit.WithLabelValues(e)
+	}
+	for _, reason := range []string{"expired_on_arrival", "deadline"} {
+		m.abandoned.WithLabelValues(reason)
+	}
+}
+
 // Run runs the agent until ctx is done, then stops taking requests, lets
 // those in hand finish (within cfg.ShutdownTimeout) and closes.
 func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
@@ -110,6 +135,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	logger = logger.With("service", "agent", "instance", me)
 	reg := service.NewRegistry()
 	m := newMetrics(reg)
+	m.initSeries(cfg.Kinds, workflow.Builtin().StepNames(cfg.Kinds...))
 
 	inputs := []string{RepliesInput}
 	for _, k := range cfg.Kinds {

@@ -155,6 +155,43 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	return m
 }
 
+// initSeries makes every labelled series a rule or a dashboard panel reads
+// exist from the start, at zero, for the label values known now: a series
+// that appears only at its first increment hides that increment from
+// increase() and rate().
+func (m *metrics) initSeries(workflows *workflow.Registry) {
+	for _, kind := range workflows.Agents() {
+		m.throttled.WithLabelValues(kind)
+		m.queueReady.WithLabelValues(kind)
+	}
+	for _, name := range workflows.StepNames() {
+		for _, outcome := range []string{messages.OutcomeOK, messages.OutcomeFailed} {
+			m.stepDuration.WithLabelValues(name, outcome)
+		}
+	}
+	for _, status := range []string{statestore.OrderCompleted, statestore.OrderFailed, statestore.OrderError} {
+		m.ordersFinished.WithLabelValues(status)
+		m.orderDuration.WithLabelValues(status)
+	}
+	for _, result := range []string{statestore.StepProcessed, statestore.StepError, "stale", "rejected"} {
+		m.replies.WithLabelValues(result)
+	}
+	for _, kind := range []string{statestore.StaleUnknownStep, statestore.StaleSuperseded, statestore.StaleNotProcessing, statestore.StaleLate, statestore.StaleRace} {
+		m.stale.WithLabelValues(kind)
+	}
+	for _, typ := range []string{statestore.OutboxStatusEvent, statestore.OutboxOperatorAlert} {
+		m.outbox.WithLabelValues(typ)
+	}
+	for _, target := range []string{"status_exchange", "reply_to", "alerts"} {
+		m.unroutable.WithLabelValues(target)
+	}
+	for loop, sources := range map[string][]string{"claimer": {"notify", "poll", "throttled"}, "relay": {"notify", "poll", "busy"}} {
+		for _, source := range sources {
+			m.wakeups.WithLabelValues(loop, source)
+		}
+	}
+}
+
 // Topology is the queues and exchanges the scheduler uses: the replies
 // queue and a request queue per agent kind of the workflows.
 func Topology(prefix string, deliveryLimit int, workflows *workflow.Registry) broker.Topology {
@@ -173,6 +210,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	reg := service.NewRegistry()
 	m := newMetrics(reg)
 	workflows := workflow.Builtin()
+	m.initSeries(workflows)
 	topo := Topology(cfg.QueuePrefix, cfg.DeliveryLimit, workflows)
 	ops, err := service.ListenOps(cfg.MetricsAddr, reg, service.NotReady("starting"), logger)
 	if err != nil {

@@ -149,9 +149,21 @@ func NotReady(why string) func(context.Context) error {
 
 // ListenOps starts the operations server on addr (":0" picks a port) with
 // the readiness check ready; SetReady replaces it, so that a process can
-// serve /healthz while it waits for its dependencies.
+// serve /healthz while it waits for its dependencies. It registers
+// sas_ready on reg: the readiness check's answer at each scrape.
 func ListenOps(addr string, reg *prometheus.Registry, ready func(context.Context) error, logger *slog.Logger) (*OpsServer, error) {
 	s := &OpsServer{ready: ready}
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sas_ready",
+		Help: "1 when the process can do its work (what /readyz answers: database and broker reachable, consuming), 0 when not.",
+	}, func() float64 {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if s.check(ctx) != nil {
+			return 0
+		}
+		return 1
+	}))
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -160,10 +172,7 @@ func ListenOps(addr string, reg *prometheus.Registry, ready func(context.Context
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		s.mu.Lock()
-		ready := s.ready
-		s.mu.Unlock()
-		if err := ready(ctx); err != nil {
+		if err := s.check(ctx); err != nil {
 			http.Error(w, "not ready: "+secrets.Scrub(err.Error()), http.StatusServiceUnavailable)
 			return
 		}
@@ -182,6 +191,14 @@ func ListenOps(addr string, reg *prometheus.Registry, ready func(context.Context
 	}()
 	logger.Info("ops server listening", "addr", ln.Addr().String())
 	return s, nil
+}
+
+// check runs the current readiness check.
+func (s *OpsServer) check(ctx context.Context) error {
+	s.mu.Lock()
+	ready := s.ready
+	s.mu.Unlock()
+	return ready(ctx)
 }
 
 // SetReady replaces the readiness check.

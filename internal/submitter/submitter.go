@@ -87,6 +87,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Order writes retried after a database error.",
 		}),
 	}
+	for _, outcome := range []string{"inserted", "duplicate", "rejected"} {
+		m.orders.WithLabelValues(outcome)
+	}
 	reg.MustRegister(m.orders, m.insertDur, m.batchSize, m.dbRetries)
 	return m
 }

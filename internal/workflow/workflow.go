@@ -7,6 +7,7 @@ package workflow
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 )
@@ -156,6 +157,30 @@ func (r *Registry) Agents() []string {
 			add(st.Agent)
 			if st.Compensation != nil {
 				add(st.Compensation.Agent)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// StepNames lists the name of every step of the workflows, compensations
+// included, in alphabetical order; with kinds, only those some of the
+// agent kinds perform.
+func (r *Registry) StepNames(kinds ...string) []string {
+	seen := map[string]bool{}
+	var out []string
+	add := func(st Step) {
+		if (len(kinds) == 0 || slices.Contains(kinds, st.Agent)) && !seen[st.Name] {
+			seen[st.Name] = true
+			out = append(out, st.Name)
+		}
+	}
+	for _, wf := range r.byName {
+		for _, st := range wf.Steps {
+			add(st)
+			if st.Compensation != nil {
+				add(*st.Compensation)
 			}
 		}
 	}

@@ -1,0 +1,361 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"sas/internal/badinput"
+	"sas/internal/messages"
+	"sas/internal/statestore"
+	"sas/internal/testenv"
+)
+
+// ruleNames lists the alert rules of deploy/prometheus/alerts.yml.
+func ruleNames(t *testing.T) []string {
+	t.Helper()
+	raw, err := os.ReadFile("../deploy/prometheus/alerts.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, line := range strings.Split(string(raw), "\n") {
+		if name, ok := strings.CutPrefix(strings.TrimSpace(line), "- alert: "); ok {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+// alertStates returns, by rule, the states Prometheus has its alerts in.
+func alertStates(t *testing.T, prom string) map[string]string {
+	t.Helper()
+	resp, err := http.Get("http://" + prom + "/api/v1/alerts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var r struct {
+		Data struct {
+			Alerts []struct {
+				Labels map[string]string `json:"labels"`
+				State  string            `json:"state"`
+			} `json:"alerts"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, a := range r.Data.Alerts {
+		out[a.Labels["alertname"]] = a.State
+	}
+	return out
+}
+
+// lastEvaluation is when Prometheus last evaluated the rules.
+func lastEvaluation(t *testing.T, prom string) time.Time {
+	t.Helper()
+	resp, err := http.Get("http://" + prom + "/api/v1/rules")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var r struct {
+		Data struct {
+			Groups []struct {
+				LastEvaluation time.Time `json:"lastEvaluation"`
+			} `json:"groups"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil || len(r.Data.Groups) == 0 {
+		t.Fatalf("rules: %v", err)
+	}
+	return r.Data.Groups[0].LastEvaluation
+}
+
+// TestEveryAlertRuleFires runs the alert rules, with every for: made 0s
+// (the only change; thresholds, expressions and labels as shipped), in a
+// real Prometheus scraping a running stack. Healthy, no rule fires; then
+// each rule's condition is caused once, as it would happen, and every
+// rule must reach firing.
+func TestEveryAlertRuleFires(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile("../deploy/prometheus/alerts.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	short := regexp.MustCompile(`(?m)^(\s+)for: .*$`).ReplaceAllString(string(raw), "${1}for: 0s")
+	rulesFile := filepath.Join(t.TempDir(), "alerts.yml")
+	if err := os.WriteFile(rulesFile, []byte(short), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	s := newStack(t)
+	viaProxy, dbProxy := testenv.Proxied(t, s.dbURL)
+	p := newPipeline(t, pipelineOpts{on: &s, supervisors: 2,
+		schedulerEnv:  []string{"SAS_DATABASE_URL=" + viaProxy},
+		supervisorEnv: []string{"SAS_SUPERVISOR_STATS_INTERVAL=200ms"}})
+	testenv.Eventually(t, 30*time.Second, "a supervisor to lead", func() bool {
+		return sum(t, p.supervisors, "sas_supervisor_leader") == 1
+	})
+	procs := []*proc{p.remote, p.submitter, p.schedulers[0], p.agents[0], p.supervisors[0], p.supervisors[1]}
+	pr := startPrometheusWith(t, procs, rulesFile)
+	prom := pr.addr
+
+	// Healthy, with orders flowing: nothing fires.
+	ids := p.submitOrders(t, 30)
+	p.waitTerminal(t, ids, time.Minute)
+	testenv.Eventually(t, 60*time.Second, "every target scraped", func() bool {
+		r := promQuery(t, prom, `count(up{job=~"sas-.*"} == 1)`)
+		return len(r.Data.Result) == 1 && strings.Contains(string(r.Data.Result[0]), `"6"`)
+	})
+	healthySince := time.Now()
+	testenv.Eventually(t, 30*time.Second, "the rules evaluated a few times", func() bool {
+		return lastEvaluation(t, prom).After(healthySince.Add(3 * time.Second))
+	})
+	if states := alertStates(t, prom); len(states) != 0 {
+		t.Fatalf("alerts on a healthy stack: %v", states)
+	}
+
+	// From here, every alert seen firing is noted.
+	var mu sync.Mutex
+	fired := map[string]bool{}
+	ctx, stopWatching := context.WithCancel(context.Background())
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for ctx.Err() == nil {
+			states := alertStates(t, prom)
+			mu.Lock()
+			for name, state := range states {
+				if state == "firing" {
+					fired[name] = true
+				}
+			}
+			mu.Unlock()
+			select {
+			case <-ctx.Done():
+			case <-time.After(300 * time.Millisecond):
+			}
+		}
+	}()
+	defer func() {
+		stopWatching()
+		<-watched
+	}()
+	waitFiring := func(names ...string) {
+		t.Helper()
+		testenv.Eventually(t, 90*time.Second, strings.Join(names, ", ")+" to fire", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, n := range names {
+				if !fired[n] {
+					return false
+				}
+			}
+			return true
+		})
+	}
+
+	// An order refused for good under the hold policy: held in error,
+	// with an open alert. A message that is not an order: dead-lettered.
+	held := messages.NewID()
+	p.setFaults(t, `{"charge_payment":{"fail_orders":["`+held+`"]}}`)
+	ch := amqpChannel(t)
+	publish(t, ch, p.submit, messages.ContentType, held,
+		[]byte(strings.Replace(badinput.ValidSubmitJSON(held), `"amount":1999`, `"amount":1999,"workflow":"order_hold"`, 1)))
+	publish(t, ch, p.submit, messages.ContentType, "junk", []byte("not an order"))
+	// A step no scheduler serves, due two minutes ago; and a step
+	// claimed ten minutes ago whose attempt has an hour left.
+	store := statestore.New(p.pool)
+	waiting, stuck := orphanOrder(), orphanOrder()
+	for _, o := range []statestore.NewOrder{waiting, stuck} {
+		if got, err := store.InsertOrder(t.Context(), o); err != nil || got != statestore.Inserted {
+			t.Fatalf("insert: %v %v", got, err)
+		}
+	}
+	if _, err := p.pool.Exec(t.Context(), `UPDATE steps SET available_at = now() - interval '2 minutes' WHERE order_id = $1`, waiting.OrderID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.pool.Exec(t.Context(), `UPDATE steps SET process_state = 'processing', locked_by = 'scheduler:gone', attempt = 1,
+		timeout = interval '70 minutes', complete_by = now() + interval '1 hour' WHERE order_id = $1`, stuck.OrderID); err != nil {
+		t.Fatal(err)
+	}
+	waitFiring("SasOrderHeldInError", "SasOperatorAlertsOpen", "SasDeadLetters", "SasPendingBacklog", "SasStepsStuckProcessing")
+
+	// Two supervisors sharing an instance id both lead.
+	var leaderID string
+	if err := p.pool.QueryRow(t.Context(), `SELECT holder FROM leases WHERE name = 'supervisor'`).Scan(&leaderID); err != nil {
+		t.Fatal(err)
+	}
+	twin := p.startSupervisor(t, "SAS_INSTANCE_ID="+leaderID, "SAS_SUPERVISOR_STATS_INTERVAL=200ms")
+	pr.setTargets(t, append(slices.Clone(procs), twin))
+	waitFiring("SasTwoSupervisorLeaders")
+	twin.stop(t)
+	pr.setTargets(t, procs)
+
+	// The scheduler loses its database: running, not ready.
+	dbProxy.SetDown(true)
+	dbProxy.Sever()
+	waitFiring("SasServiceNotReady")
+	dbProxy.SetDown(false)
+
+	// The status exchange disappears from the broker: the relay cannot
+	// publish the new order's events.
+	if err := ch.ExchangeDelete(s.topo.StatusExchange(), false, false); err != nil {
+		t.Fatal(err)
+	}
+	p.submitOrders(t, 1)
+	waitFiring("SasOutboxBehind")
+	if err := s.topo.Declare(amqpChannel(t)); err != nil {
+		t.Fatal(err)
+	}
+
+	// Every service stops.
+	for _, sup := range p.supervisors {
+		sup.stop(t)
+	}
+	waitFiring("SasNoSupervisorLeader", "SasServiceDown")
+	p.schedulers[0].stop(t)
+	p.submitter.stop(t)
+	p.agents[0].stop(t)
+	waitFiring("SasNoScheduler", "SasNoSubmitter", "SasNoAgent")
+
+	mu.Lock()
+	defer mu.Unlock()
+	var missing []string
+	for _, name := range ruleNames(t) {
+		if !fired[name] {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		t.Fatalf("rules never fired: %v", missing)
+	}
+}
+
+// orphanOrder is a one-step order for an agent kind that no scheduler
+// serves: nothing ever claims its step.
+func orphanOrder() statestore.NewOrder {
+	id := messages.NewID()
+	h := sha256.Sum256([]byte(id))
+	return statestore.NewOrder{OrderID: id, Workflow: "orphan", Customer: "c", Items: []byte(`[{"sku":"a","qty":1}]`),
+		Amount: 1, Currency: "EUR", PayloadHash: h[:], Actor: "test", FailurePolicy: statestore.PolicyHold,
+		Steps: []statestore.NewStep{{Name: "orphan_step", Agent: "nobody", Timeout: time.Minute, MaxFailures: 3}}}
+}
+
+// metricNames are the sas_ metric names an expression reads.
+func metricNames(expr string) []string {
+	var out []string
+	for _, n := range regexp.MustCompile(`\bsas_[a-z_]+`).FindAllString(expr, -1) {
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			n = strings.TrimSuffix(n, suffix)
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+// TestSeriesExistFromStart: every series a rule or a dashboard panel
+// reads is there at a process's first scrape, before anything happened,
+// at zero for the label values known at start; a rule over increase()
+// then sees the first event.
+func TestSeriesExistFromStart(t *testing.T) {
+	t.Parallel()
+	p := newPipeline(t, pipelineOpts{supervisors: 1})
+	scraped := map[string]bool{}
+	series := map[string]bool{}
+	for _, pr := range []*proc{p.submitter, p.schedulers[0], p.agents[0], p.supervisors[0]} {
+		resp, err := http.Get("http://" + pr.ops + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			line := sc.Text()
+			if strings.HasPrefix(line, "#") || line == "" {
+				continue
+			}
+			name, _, _ := strings.Cut(line, " ")
+			series[name] = true
+			base, _, _ := strings.Cut(name, "{")
+			for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+				base = strings.TrimSuffix(base, suffix)
+			}
+			scraped[base] = true
+		}
+		resp.Body.Close()
+	}
+	var exprs []string
+	raw, err := os.ReadFile("../deploy/prometheus/alerts.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if e, ok := strings.CutPrefix(strings.TrimSpace(line), "expr: "); ok {
+			exprs = append(exprs, e)
+		}
+	}
+	var dash struct {
+		Panels []struct {
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	raw, err = os.ReadFile("../deploy/grafana/dashboards/sas.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &dash); err != nil {
+		t.Fatal(err)
+	}
+	for _, panel := range dash.Panels {
+		for _, target := range panel.Targets {
+			exprs = append(exprs, target.Expr)
+		}
+	}
+	var missing []string
+	for _, e := range exprs {
+		for _, name := range metricNames(e) {
+			if !scraped[name] && !slices.Contains(missing, name) {
+				missing = append(missing, name)
+			}
+		}
+	}
+	sort.Strings(missing)
+	if len(missing) > 0 {
+		t.Errorf("read by a rule or panel, absent at start: %v", missing)
+	}
+	for _, want := range []string{
+		`sas_orders_finished_total{status="error"}`,
+		`sas_dead_lettered_total{queue="` + p.submit + `",reason="not_json"}`,
+		`sas_dead_lettered_total{queue="` + p.submit + `",reason="handler_panic"}`,
+		`sas_dead_lettered_total{queue="` + p.topo.Queue("replies") + `",reason="invalid_value"}`,
+		`sas_supervisor_failures_total`,
+		`sas_supervisor_leader`,
+		`sas_alerts_open`,
+		`sas_ready`,
+		`sas_outbox_relay_errors_total`,
+		`sas_step_duration_seconds_count{name="charge_payment",outcome="ok"}`,
+		`sas_agent_retries_total{endpoint="charge_payment",reason="5xx"}`,
+		`sas_submitter_orders_total{outcome="inserted"}`,
+		`sas_retention_deleted_total{table="orders"}`,
+	} {
+		if !series[want] {
+			t.Errorf("no series %s at start", want)
+		}
+	}
+}
