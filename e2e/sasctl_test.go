@@ -224,6 +224,16 @@ func TestSasctlDev(t *testing.T) {
 	if !strings.Contains(errOut, "60/60 ended") {
 		t.Errorf("no progress line reached 60/60:\n%s", errOut)
 	}
+	// It says it stopped everything and how to keep it, and its hints
+	// name the sasctl that ran.
+	sasctlPath := filepath.Join(binDir, "sasctl")
+	if !strings.Contains(errOut, "the stack was stopped") || !strings.Contains(errOut, "make demo DEMO_FLAGS=--keep") ||
+		!strings.Contains(errOut, sasctlPath+" dev --keep") {
+		t.Errorf("sasctl dev does not say it stopped the stack and how to keep it:\n%s", errOut)
+	}
+	if !strings.Contains(out, "inspect: "+sasctlPath+" orders list") {
+		t.Errorf("the hints do not name the sasctl that ran (%s):\n%s", sasctlPath, out)
+	}
 	if n := s.count(t, `SELECT count(*) FROM orders WHERE status = 'completed'`); n != 60 {
 		t.Fatalf("%d orders completed in the store", n)
 	}
