@@ -105,13 +105,36 @@ func (c *Conn) ScanDLQ(ctx context.Context, pub *Publisher, dlq string, limit in
 		return nil, nil, err
 	}
 	defer ch.Close() // what is not acknowledged goes back to the queue
-	q, err := ch.QueueDeclarePassive(dlq, true, false, false, false, nil)
-	var ae *amqp.Error
-	if errors.As(err, &ae) && ae.Code == amqp.NotFound {
-		return nil, nil, nil // never declared: nothing was ever dead-lettered there
-	}
-	if err != nil {
-		return nil, nil, fmt.Errorf("dead-letter queue %s: %w", dlq, err)
+	// Another reader (a scan that just ended, one killed) holds messages
+	// unacknowledged until the broker drops its consumer and puts them
+	// back, a little after: count once nobody reads and the count has
+	// stopped moving, or they would be missed.
+	var q amqp.Queue
+	last, stable := -1, 0
+	settle := time.Now().Add(10 * time.Second)
+	for {
+		q, err = ch.QueueDeclarePassive(dlq, true, false, false, false, nil)
+		var ae *amqp.Error
+		if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+			return nil, nil, nil // never declared: nothing was ever dead-lettered there
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("dead-letter queue %s: %w", dlq, err)
+		}
+		if q.Consumers == 0 && q.Messages == last {
+			stable++
+		} else {
+			stable = 0
+		}
+		last = q.Messages
+		if stable >= 3 || time.Now().After(settle) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 	n := min(q.Messages, limit)
 	if n == 0 {
@@ -120,10 +143,17 @@ func (c *Conn) ScanDLQ(ctx context.Context, pub *Publisher, dlq string, limit in
 	if err := ch.Qos(n, 0, false); err != nil {
 		return nil, nil, fmt.Errorf("set prefetch: %w", err)
 	}
-	deliveries, err := ch.ConsumeWithContext(ctx, dlq, "", false, false, false, false, nil)
+	tag := fmt.Sprintf("sasctl-scan-%d", time.Now().UnixNano())
+	deliveries, err := ch.ConsumeWithContext(ctx, dlq, tag, false, false, false, false, nil)
 	if err != nil {
 		return nil, nil, fmt.Errorf("read %s: %w", dlq, err)
 	}
+	// The acks of a quorum queue reach it apart from the channel's close:
+	// closed at once after its last acks, the channel's consumer can be
+	// dropped (and those messages put back) before the acks are applied.
+	// A cancel goes the same way as the acks and is answered once applied,
+	// so the scan cancels before it closes.
+	defer func() { _ = ch.Cancel(tag, false) }()
 	var seen []DeadLetter
 	var done []DLQAction
 	type move struct {
