@@ -22,20 +22,21 @@ import (
 	"sas/internal/testenv"
 )
 
-// ruleNames lists the alert rules of deploy/prometheus/alerts.yml.
-func ruleNames(t *testing.T) []string {
+// ruleFields returns, in order, the values of every "key: value" line of
+// deploy/prometheus/alerts.yml whose key is key ("- alert", "expr").
+func ruleFields(t *testing.T, key string) []string {
 	t.Helper()
 	raw, err := os.ReadFile("../deploy/prometheus/alerts.yml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var names []string
+	var out []string
 	for _, line := range strings.Split(string(raw), "\n") {
-		if name, ok := strings.CutPrefix(strings.TrimSpace(line), "- alert: "); ok {
-			names = append(names, name)
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), key+": "); ok {
+			out = append(out, v)
 		}
 	}
-	return names
+	return out
 }
 
 // alertStates returns, by rule, the states Prometheus has its alerts in.
@@ -236,7 +237,7 @@ func TestEveryAlertRuleFires(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	var missing []string
-	for _, name := range ruleNames(t) {
+	for _, name := range ruleFields(t, "- alert") {
 		if !fired[name] {
 			missing = append(missing, name)
 		}
@@ -298,16 +299,7 @@ func TestSeriesExistFromStart(t *testing.T) {
 		}
 		resp.Body.Close()
 	}
-	var exprs []string
-	raw, err := os.ReadFile("../deploy/prometheus/alerts.yml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(raw), "\n") {
-		if e, ok := strings.CutPrefix(strings.TrimSpace(line), "expr: "); ok {
-			exprs = append(exprs, e)
-		}
-	}
+	exprs := ruleFields(t, "expr")
 	var dash struct {
 		Panels []struct {
 			Targets []struct {
@@ -315,7 +307,7 @@ func TestSeriesExistFromStart(t *testing.T) {
 			} `json:"targets"`
 		} `json:"panels"`
 	}
-	raw, err = os.ReadFile("../deploy/grafana/dashboards/sas.json")
+	raw, err := os.ReadFile("../deploy/grafana/dashboards/sas.json")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -143,16 +143,7 @@ func TestDashboardAndAlertQueries(t *testing.T) {
 	if err := json.Unmarshal(raw, &dash); err != nil {
 		t.Fatalf("dashboard is not JSON: %v", err)
 	}
-	rulesRaw, err := os.ReadFile("../deploy/prometheus/alerts.yml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ruleExprs []string
-	for _, line := range strings.Split(string(rulesRaw), "\n") {
-		if e, ok := strings.CutPrefix(strings.TrimSpace(line), "expr: "); ok {
-			ruleExprs = append(ruleExprs, e)
-		}
-	}
+	ruleExprs := ruleFields(t, "expr")
 	if len(ruleExprs) == 0 || len(dash.Panels) == 0 {
 		t.Fatal("no expressions found")
 	}

@@ -22,12 +22,8 @@ func (a *app) alertsList(ctx context.Context, args []string) error {
 	order := fs.String("order", "", "only this order's alerts")
 	limit := fs.Int("limit", 50, "at most this many alerts")
 	asJSON := fs.Bool("json", false, "print JSON")
-	rest, err := a.parse(fs, args)
-	if err != nil {
+	if err := a.parseNoArgs(fs, args); err != nil {
 		return err
-	}
-	if len(rest) > 0 {
-		return a.usageError(fs, "unexpected argument %q", rest[0])
 	}
 	if err := a.positive(fs, "limit", *limit); err != nil {
 		return err
@@ -131,12 +127,8 @@ func (a *app) alertsTail(ctx context.Context, args []string) error {
 	timeout := fs.Duration("timeout", 0, "stop after this long (0: no limit)")
 	since := fs.Duration("since", 0, "first print the alerts raised within this long")
 	poll := fs.Duration("poll", time.Second, "how often to look for new alerts")
-	rest, err := a.parse(fs, args)
-	if err != nil {
+	if err := a.parseNoArgs(fs, args); err != nil {
 		return err
-	}
-	if len(rest) > 0 {
-		return a.usageError(fs, "unexpected argument %q", rest[0])
 	}
 	if *count < 0 || *timeout < 0 || *since < 0 || *poll <= 0 {
 		return a.usageError(fs, "--count, --timeout and --since must not be negative, --poll must be positive")

@@ -49,10 +49,8 @@ func (a *app) bench(ctx context.Context, args []string) error {
 	pprofOffset := fs.Int("pprof-offset", 0, "when not 0, every service serves Go's profiler on its port plus this offset (e.g. 1000: the submitter's on port-base+1001)")
 	var env multiFlag
 	fs.Var(&env, "env", "NAME=VALUE added to every service's environment (repeatable), e.g. SAS_SCHEDULER_BATCH=200 or GOGC=400")
-	if rest, err := a.parse(fs, args); err != nil {
+	if err := a.parseNoArgs(fs, args); err != nil {
 		return err
-	} else if len(rest) > 0 {
-		return a.usageError(fs, "unexpected argument %q", rest[0])
 	}
 	if *rate < 0 || *inflight < 1 || *duration <= 0 || *warmup < 0 {
 		fmt.Fprintln(a.stderr, "sasctl bench: --rate must be >= 0, --inflight >= 1, --duration > 0, --warmup >= 0")

@@ -15,10 +15,8 @@ func (a *app) brokerUsers(_ context.Context, args []string) error {
 	fs := a.flags()
 	userPrefix := fs.String("user-prefix", "sas-", "user names are this prefix and the service's name")
 	vhost := fs.String("vhost", "/", "RabbitMQ virtual host")
-	if rest, err := a.parse(fs, args); err != nil {
+	if err := a.parseNoArgs(fs, args); err != nil {
 		return err
-	} else if len(rest) > 0 {
-		return a.usageError(fs, "unexpected argument %q", rest[0])
 	}
 	fmt.Fprintf(a.stdout, "# RabbitMQ users for sas (queue prefix %q). Set the password variables, then run these lines.\n", a.cfg.QueuePrefix)
 	for _, p := range broker.Permissions(a.cfg.QueuePrefix) {

@@ -18,12 +18,8 @@ func (a *app) dbUsers(ctx context.Context, args []string) error {
 	fs := a.flags()
 	suffix := fs.String("login-suffix", "_login", "a service's login is named after its role plus this suffix")
 	operatorLogin := fs.String("operator", "", "create or update this person's login in role sas_operator, the password read from the first line of standard input")
-	rest, err := a.parse(fs, args)
-	if err != nil {
+	if err := a.parseNoArgs(fs, args); err != nil {
 		return err
-	}
-	if len(rest) > 0 {
-		return a.usageError(fs, "unexpected argument %q", rest[0])
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()

@@ -39,10 +39,8 @@ func (a *app) dev(ctx context.Context, args []string) error {
 	rules := fs.String("rules", "deploy/prometheus/alerts.yml", "alert rules for the local Prometheus (skipped if the file is missing)")
 	keep := fs.Bool("keep", false, "keep the services running after the orders end, until Ctrl-C")
 	portBase := fs.Int("port-base", 9100, "services listen on 127.0.0.1 from this port up: submitter +1, schedulers +2, +12, …, agents +3, +13, …, supervisor +4, remote +5")
-	if rest, err := a.parse(fs, args); err != nil {
+	if err := a.parseNoArgs(fs, args); err != nil {
 		return err
-	} else if len(rest) > 0 {
-		return a.usageError(fs, "unexpected argument %q", rest[0])
 	}
 	store, closeStore, err := a.migrateAndOpen(ctx)
 	if err != nil {

@@ -154,11 +154,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	case "db users":
 		return a.dbUsers(ctx, rest)
 	case "version":
-		fs := a.flags()
-		if rest, err := a.parse(fs, rest); err != nil {
+		if err := a.parseNoArgs(a.flags(), rest); err != nil {
 			return err
-		} else if len(rest) > 0 {
-			return a.usageError(fs, "unexpected argument %q", rest[0])
 		}
 		fmt.Fprintln(stdout, version())
 		return nil
@@ -215,6 +212,18 @@ func (a *app) parse(fs *flag.FlagSet, args []string) ([]string, error) {
 		}
 		pos, args = append(pos, args[0]), args[1:]
 	}
+}
+
+// parseNoArgs is parse for a command that takes flags only.
+func (a *app) parseNoArgs(fs *flag.FlagSet, args []string) error {
+	rest, err := a.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) > 0 {
+		return a.usageError(fs, "unexpected argument %q", rest[0])
+	}
+	return nil
 }
 
 // usageError prints msg and the command's usage line on stderr and

@@ -11,10 +11,8 @@ import (
 
 func (a *app) migrate(ctx context.Context, args []string) error {
 	fs := a.flags()
-	if rest, err := a.parse(fs, args); err != nil {
+	if err := a.parseNoArgs(fs, args); err != nil {
 		return err
-	} else if len(rest) > 0 {
-		return a.usageError(fs, "unexpected argument %q", rest[0])
 	}
 	ms, err := statestore.LoadMigrations(migrations.FS)
 	if err != nil {

@@ -99,12 +99,8 @@ func (a *app) ordersList(ctx context.Context, args []string) error {
 	since := fs.Duration("since", 0, "only orders created within this long, e.g. 1h")
 	limit := fs.Int("limit", 50, "at most this many orders")
 	asJSON := fs.Bool("json", false, "print JSON")
-	rest, err := a.parse(fs, args)
-	if err != nil {
+	if err := a.parseNoArgs(fs, args); err != nil {
 		return err
-	}
-	if len(rest) > 0 {
-		return a.usageError(fs, "unexpected argument %q", rest[0])
 	}
 	if err := a.positive(fs, "limit", *limit); err != nil {
 		return err
@@ -325,12 +321,8 @@ func (a *app) ordersPurge(ctx context.Context, args []string) error {
 	olderThan := fs.Duration("older-than", 0, "delete orders that ended more than this long ago, e.g. 720h (required)")
 	status := fs.String("status", "", "only orders with this status: completed or failed (default: both)")
 	batch := fs.Int("batch", 500, "orders deleted per transaction")
-	rest, err := a.parse(fs, args)
-	if err != nil {
+	if err := a.parseNoArgs(fs, args); err != nil {
 		return err
-	}
-	if len(rest) > 0 {
-		return a.usageError(fs, "unexpected argument %q", rest[0])
 	}
 	if *olderThan <= 0 {
 		return a.usageError(fs, "--older-than is required and must be positive")

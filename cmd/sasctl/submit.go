@@ -27,12 +27,8 @@ func (a *app) submit(ctx context.Context, args []string) error {
 	replyTo := fs.String("reply-to", "", "status queue of generated orders")
 	concurrency := fs.Int("concurrency", 32, "publishes awaiting their confirm at once")
 	printIDs := fs.Bool("print-ids", false, "print each published order id on stdout")
-	rest, err := a.parse(fs, args)
-	if err != nil {
+	if err := a.parseNoArgs(fs, args); err != nil {
 		return err
-	}
-	if len(rest) > 0 {
-		return a.usageError(fs, "unexpected argument %q", rest[0])
 	}
 	if (*file == "") == (*count == 0) || *count < 0 {
 		return a.usageError(fs, "give either --file or a positive --count")

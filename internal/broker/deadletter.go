@@ -40,7 +40,18 @@ func (p *Publisher) DeadLetter(ctx context.Context, topo Topology, input string,
 		// The publisher tracks returns by message id.
 		msgID = fmt.Sprintf("dead-letter-%d-%d", time.Now().UnixNano(), d.DeliveryTag)
 	}
-	err := p.Publish(ctx, topo.DeadLetterExchange(), topo.DeadLetterQueue(input), amqp.Publishing{
+	err := p.Publish(ctx, topo.DeadLetterExchange(), topo.DeadLetterQueue(input), republished(d, headers, msgID))
+	if err != nil {
+		return fmt.Errorf("dead-letter to %s: %w", topo.DeadLetterQueue(input), err)
+	}
+	return nil
+}
+
+// republished is d to publish again elsewhere: its body and properties
+// as they were, with headers and a message id (the publisher tracks
+// returns by it).
+func republished(d amqp.Delivery, headers amqp.Table, msgID string) amqp.Publishing {
+	return amqp.Publishing{
 		Headers:         headers,
 		ContentType:     d.ContentType,
 		ContentEncoding: d.ContentEncoding,
@@ -50,10 +61,7 @@ func (p *Publisher) DeadLetter(ctx context.Context, topo Topology, input string,
 		Timestamp:       d.Timestamp,
 		Type:            d.Type,
 		AppId:           d.AppId,
+		Priority:        d.Priority,
 		Body:            d.Body,
-	})
-	if err != nil {
-		return fmt.Errorf("dead-letter to %s: %w", topo.DeadLetterQueue(input), err)
 	}
-	return nil
 }

@@ -248,17 +248,5 @@ func requeued(d amqp.Delivery) amqp.Publishing {
 	if msgID == "" {
 		msgID = fmt.Sprintf("requeued-%d-%d", time.Now().UnixNano(), d.DeliveryTag)
 	}
-	return amqp.Publishing{
-		Headers:         headers,
-		ContentType:     d.ContentType,
-		ContentEncoding: d.ContentEncoding,
-		CorrelationId:   d.CorrelationId,
-		ReplyTo:         d.ReplyTo,
-		MessageId:       msgID,
-		Timestamp:       d.Timestamp,
-		Type:            d.Type,
-		AppId:           d.AppId,
-		Priority:        d.Priority,
-		Body:            d.Body,
-	}
+	return republished(d, headers, msgID)
 }
