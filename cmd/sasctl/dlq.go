@@ -101,10 +101,10 @@ func (a *app) dlqList(ctx context.Context, args []string) error {
 		return a.printJSON(deadLettersJSON(shown))
 	}
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "MESSAGE_ID\tREASON\tFROM\tAGE\tBODY")
+	fmt.Fprintln(tw, "MESSAGE_ID\tREASON\tFROM\tAGE\tDETAIL\tBODY")
 	for _, d := range shown {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", clip(d.MessageID, 40), d.Reason, strings.TrimPrefix(d.OriginalQueue, a.cfg.QueuePrefix),
-			age(d.At), preview(d.Body, 24))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", clip(d.MessageID, 36), d.Reason, strings.TrimPrefix(d.OriginalQueue, a.cfg.QueuePrefix),
+			age(d.At), preview([]byte(d.Detail), 28), preview(d.Body, 20))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
