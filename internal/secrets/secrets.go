@@ -18,7 +18,7 @@ const Mask = "xxxxx"
 // urlSchemes are the schemes CheckURL checks; other settings (a
 // PostgreSQL keyword/value string such as "host=db user=sas") are left to
 // their library.
-var urlSchemes = []string{"amqp://", "amqps://", "postgres://", "postgresql://"}
+func urlSchemes() []string { return []string{"amqp://", "amqps://", "postgres://", "postgresql://"} }
 
 // CheckURL reports whether raw, the value of the setting named setting,
 // is a URL whose user, password and host are read as written. A password
@@ -30,7 +30,7 @@ var urlSchemes = []string{"amqp://", "amqps://", "postgres://", "postgresql://"}
 // schemes sas uses are accepted as they are.
 func CheckURL(setting, raw string) error {
 	scheme := ""
-	for _, s := range urlSchemes {
+	for _, s := range urlSchemes() {
 		if len(raw) >= len(s) && strings.EqualFold(raw[:len(s)], s) {
 			scheme = s
 		}
