@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode"
 )
 
 // minSecret is the shortest secret looked for as plain text: a shorter one
@@ -38,8 +39,19 @@ func New(values ...string) *Redactor {
 		switch {
 		case v == "":
 		case strings.Contains(v, "://") || strings.Contains(v, "password="):
+			// A parser that misreads a malformed URL quotes pieces of
+			// its password (`invalid port ":Top"` for "Top/Secret"):
+			// there, every run of letters and digits of the password is
+			// a secret too.
+			malformed := CheckURL("", v) != nil
 			for _, pw := range passwordsIn(v) {
 				variants(pw, add)
+				if !malformed {
+					continue
+				}
+				for _, piece := range strings.FieldsFunc(pw, func(r rune) bool { return !unicode.IsLetter(r) && !unicode.IsDigit(r) }) {
+					variants(piece, add)
+				}
 			}
 		default:
 			variants(v, add)

@@ -140,3 +140,46 @@ func TestShortSecretsAreNotSearchedAsText(t *testing.T) {
 		t.Errorf("a short password in a URL stayed: %q", got)
 	}
 }
+
+// FuzzParsersErrorsRedacted feeds URLs whose password holds any bytes,
+// written raw or encoded, to the parsers sas hands them to (net/url, the
+// AMQP and PostgreSQL drivers) and to CheckURL, and requires that what
+// they say, once through the redactor built from the same setting, holds
+// no part of the password. It needs no server, so it fuzzes fast; the
+// service package's fuzz target runs the network paths.
+func FuzzParsersErrorsRedacted(f *testing.F) {
+	for _, sep := range []string{"", "/", "@", ":", "#", "%", "?", " ", "ü", "%2F", "#/?@:%", "%41", "\t", `"`, `\`, "'", "%zz", "@@", "\n", "://"} {
+		f.Add(sep)
+	}
+	markers := []string{"Hq7Head", "Mq7Mid", "Tq7Tail"}
+	f.Fuzz(func(t *testing.T, sep string) {
+		pw := markers[0] + sep + markers[1] + sep + markers[2]
+		enc := url.UserPassword("x", pw).String()[2:]
+		for _, raw := range []string{
+			"amqp://sas:" + pw + "@rabbit:5672/", "amqp://sas:" + enc + "@rabbit:5672/",
+			"postgres://sas:" + pw + "@db:5432/sas", "postgres://sas:" + enc + "@db:5432/sas",
+		} {
+			red := secrets.New(raw)
+			var said []string
+			if err := secrets.CheckURL("SAS_AMQP_URL", raw); err != nil {
+				said = append(said, err.Error())
+			}
+			if _, err := url.Parse(raw); err != nil {
+				said = append(said, red.String(err.Error()))
+			}
+			if _, err := amqp.ParseURI(raw); err != nil {
+				said = append(said, red.String(err.Error()))
+			}
+			if _, err := pgxpool.ParseConfig(raw); err != nil {
+				said = append(said, red.String(err.Error()))
+			}
+			for _, s := range said {
+				for _, m := range markers {
+					if strings.Contains(s, m) {
+						t.Fatalf("%q: %q holds a part of the password", raw, s)
+					}
+				}
+			}
+		}
+	})
+}
