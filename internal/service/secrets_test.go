@@ -77,14 +77,16 @@ func FuzzSecretsStayOutOfLogs(f *testing.F) {
 
 // startWith starts a service's dependencies as Main and a service's Run
 // would, with c's connection settings, for a moment, and returns any text
-// that left it (log, error, /readyz) holding a secret marker, or "".
+// that left it (log, error, /readyz) holding a secret marker, or "". It
+// runs on a goroutine of its own: it reports failures with t.Error.
 func startWith(t *testing.T, c service.Common) string {
 	environ := []string{"SAS_DATABASE_URL=" + c.DatabaseURL, "SAS_AMQP_URL=" + c.AMQPURL,
 		"SAS_DATABASE_PASSWORD=" + c.DatabasePassword, "SAS_AMQP_PASSWORD=" + c.AMQPPassword}
 	var out bytes.Buffer
 	logger, err := service.NewLogger(&out, "debug", secrets.FromEnviron(environ))
 	if err != nil {
-		t.Fatal(err)
+		t.Error(err)
+		return ""
 	}
 	withDB := int32(0)
 	if c.DatabaseURL == "" {
@@ -102,7 +104,8 @@ func startWith(t *testing.T, c service.Common) string {
 	reg := service.NewRegistry()
 	ops, err := service.ListenOps("127.0.0.1:0", reg, service.NotReady("starting"), logger)
 	if err != nil {
-		t.Fatal(err)
+		t.Error(err)
+		return ""
 	}
 	defer ops.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond)
@@ -126,7 +129,9 @@ func startWith(t *testing.T, c service.Common) string {
 		}
 		resp, err := http.Get("http://" + ops.Addr() + "/readyz")
 		if err != nil {
-			t.Fatal(err)
+			t.Error(err)
+			<-done
+			return ""
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
