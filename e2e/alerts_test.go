@@ -300,21 +300,7 @@ func TestSeriesExistFromStart(t *testing.T) {
 		resp.Body.Close()
 	}
 	exprs := ruleFields(t, "expr")
-	var dash struct {
-		Panels []struct {
-			Targets []struct {
-				Expr string `json:"expr"`
-			} `json:"targets"`
-		} `json:"panels"`
-	}
-	raw, err := os.ReadFile("../deploy/grafana/dashboards/sas.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(raw, &dash); err != nil {
-		t.Fatal(err)
-	}
-	for _, panel := range dash.Panels {
+	for _, panel := range readDashboard(t).Panels {
 		for _, target := range panel.Targets {
 			exprs = append(exprs, target.Expr)
 		}

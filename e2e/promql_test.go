@@ -117,6 +117,31 @@ func promQuery(t *testing.T, addr, expr string) promResult {
 	return r
 }
 
+// dashboard is what the tests read of the Grafana dashboard.
+type dashboard struct {
+	Panels []struct {
+		Title       string `json:"title"`
+		Description string `json:"description"`
+		Targets     []struct {
+			Expr string `json:"expr"`
+		} `json:"targets"`
+	} `json:"panels"`
+}
+
+// readDashboard reads deploy/grafana/dashboards/sas.json.
+func readDashboard(t *testing.T) dashboard {
+	t.Helper()
+	var dash dashboard
+	raw, err := os.ReadFile("../deploy/grafana/dashboards/sas.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &dash); err != nil {
+		t.Fatalf("dashboard is not JSON: %v", err)
+	}
+	return dash
+}
+
 // TestDashboardAndAlertQueries runs every expression of the Grafana
 // dashboard and of the alert rules against a real Prometheus scraping a
 // running stack: none may fail, and the core panels must show data.
@@ -127,22 +152,7 @@ func TestDashboardAndAlertQueries(t *testing.T) {
 	procs = append(append(procs, p.agents...), p.supervisors...)
 	prom := startPrometheus(t, procs)
 
-	var dash struct {
-		Panels []struct {
-			Title       string `json:"title"`
-			Description string `json:"description"`
-			Targets     []struct {
-				Expr string `json:"expr"`
-			} `json:"targets"`
-		} `json:"panels"`
-	}
-	raw, err := os.ReadFile("../deploy/grafana/dashboards/sas.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(raw, &dash); err != nil {
-		t.Fatalf("dashboard is not JSON: %v", err)
-	}
+	dash := readDashboard(t)
 	ruleExprs := ruleFields(t, "expr")
 	if len(ruleExprs) == 0 || len(dash.Panels) == 0 {
 		t.Fatal("no expressions found")
