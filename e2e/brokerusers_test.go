@@ -11,7 +11,6 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"sas/internal/agent"
 	"sas/internal/badinput"
 	"sas/internal/broker"
 	"sas/internal/messages"
@@ -134,12 +133,12 @@ func TestServicesRunAsLeastPrivilegeBrokerUsers(t *testing.T) {
 		if err := ch.Confirm(false); err != nil {
 			return err
 		}
-		_ = ch.Publish("", p.topo.Queue(agent.RequestsInput("payment")), false, false, amqp.Publishing{Body: []byte("x")})
+		_ = ch.Publish("", p.topo.Queue(messages.RequestsQueue("payment")), false, false, amqp.Publishing{Body: []byte("x")})
 		_, err := ch.QueueDeclarePassive(p.topo.Queue(submitter.Input), true, false, false, false, nil)
 		return err
 	})
 	refused("sasctl", func(ch *amqp.Channel) error { // the operator tool does not consume replies
-		_, err := ch.Consume(p.topo.Queue(agent.RepliesInput), "", false, false, false, false, nil)
+		_, err := ch.Consume(p.topo.Queue(messages.RepliesQueue), "", false, false, false, false, nil)
 		return err
 	})
 }

@@ -12,7 +12,6 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"sas/internal/agent"
 	"sas/internal/badinput"
 	"sas/internal/broker"
 	"sas/internal/messages"
@@ -382,7 +381,7 @@ func TestLateReplyDoesNotCompleteStep(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := p.count(t, `SELECT count(*) FROM transitions WHERE order_id = $1`, ids[0])
-	publish(t, amqpChannel(t), p.topo.Queue(agent.RepliesInput), messages.ContentType, "late-reply", body)
+	publish(t, amqpChannel(t), p.topo.Queue(messages.RepliesQueue), messages.ContentType, "late-reply", body)
 	testenv.Eventually(t, 30*time.Second, "the late reply counted", func() bool {
 		return sum(t, p.schedulers, `sas_stale_replies_total{kind="late"}`) == 1
 	})
@@ -403,7 +402,7 @@ func TestLateReplyDoesNotCompleteStep(t *testing.T) {
 		t.Fatal(err)
 	}
 	replies := sum(t, p.schedulers, `sas_scheduler_replies_total{result="stale"}`)
-	publish(t, amqpChannel(t), p.topo.Queue(agent.RequestsInput("inventory")), messages.ContentType, "expired-request", expired)
+	publish(t, amqpChannel(t), p.topo.Queue(messages.RequestsQueue("inventory")), messages.ContentType, "expired-request", expired)
 	testenv.Eventually(t, 30*time.Second, "the expired request dropped", func() bool {
 		return sum(t, p.agents, `sas_agent_abandoned_total{reason="expired_on_arrival"}`) == 1
 	})
@@ -559,7 +558,7 @@ func TestSchedulerHoldsBackWhileAgentsAreAway(t *testing.T) {
 	t.Parallel()
 	p := newPipeline(t, pipelineOpts{withoutAgents: true, schedulerEnv: []string{"SAS_SCHEDULER_MAX_QUEUED=10"}})
 	ids := p.submitOrders(t, 60, "--workflow", "single")
-	queue := p.topo.Queue(agent.RequestsInput("inventory"))
+	queue := p.topo.Queue(messages.RequestsQueue("inventory"))
 	ch := amqpChannel(t)
 	testenv.Eventually(t, 30*time.Second, "the scheduler to hold back at 10 queued requests", func() bool {
 		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
@@ -684,8 +683,8 @@ func TestHandlerPanicIsDeadLettered(t *testing.T) {
 		id    string
 	}{
 		{p.submitter, p.topo.Queue("submit"), poisonSubmit},
-		{p.agents[0], p.topo.Queue(agent.RequestsInput("inventory")), poisonRequest + "/1/1"},
-		{p.schedulers[0], p.topo.Queue(agent.RepliesInput), poisonReply + "/1/1/reply"},
+		{p.agents[0], p.topo.Queue(messages.RequestsQueue("inventory")), poisonRequest + "/1/1"},
+		{p.schedulers[0], p.topo.Queue(messages.RepliesQueue), poisonReply + "/1/1/reply"},
 	} {
 		if c.proc.exited() {
 			t.Fatalf("%s exited: %v", c.proc.name, c.proc.err)

@@ -17,7 +17,6 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"sas/internal/agent"
 	"sas/internal/broker"
 	"sas/internal/messages"
 	"sas/internal/statestore"
@@ -74,9 +73,9 @@ func (a *app) bench(ctx context.Context, args []string) error {
 	}
 	defer closeStore()
 	kinds := workflow.Builtin().Agents()
-	inputs := []string{submitter.Input, agent.RepliesInput}
+	inputs := []string{submitter.Input, messages.RepliesQueue}
 	for _, k := range kinds {
-		inputs = append(inputs, agent.RequestsInput(k))
+		inputs = append(inputs, messages.RequestsQueue(k))
 	}
 	conn, pub, topo, err := a.openBroker(ctx, inputs...)
 	if err != nil {

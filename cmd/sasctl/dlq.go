@@ -9,8 +9,8 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"sas/internal/agent"
 	"sas/internal/broker"
+	"sas/internal/messages"
 	"sas/internal/submitter"
 	"sas/internal/workflow"
 )
@@ -19,9 +19,9 @@ import (
 // its dead-letter queue: the submit queue, the replies queue and the
 // request queue of every agent kind of the workflows.
 func inputs() []string {
-	out := []string{submitter.Input, agent.RepliesInput}
+	out := []string{submitter.Input, messages.RepliesQueue}
 	for _, kind := range workflow.Builtin().Agents() {
-		out = append(out, agent.RequestsInput(kind))
+		out = append(out, messages.RequestsQueue(kind))
 	}
 	return out
 }

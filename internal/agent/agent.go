@@ -26,12 +26,6 @@ import (
 	"sas/internal/workflow"
 )
 
-// RepliesInput is the unprefixed name of the replies queue.
-const RepliesInput = "replies"
-
-// RequestsInput is the unprefixed name of an agent kind's request queue.
-func RequestsInput(kind string) string { return "agent." + kind }
-
 // Config is the agent's configuration (environment prefix SAS_).
 type Config struct {
 	service.Common
@@ -137,9 +131,9 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	m := newMetrics(reg)
 	m.initSeries(cfg.Kinds, workflow.Builtin().StepNames(cfg.Kinds...))
 
-	inputs := []string{RepliesInput}
+	inputs := []string{messages.RepliesQueue}
 	for _, k := range cfg.Kinds {
-		inputs = append(inputs, RequestsInput(k))
+		inputs = append(inputs, messages.RequestsQueue(k))
 	}
 	topo := broker.Topology{Prefix: cfg.QueuePrefix, DeliveryLimit: cfg.DeliveryLimit, Inputs: inputs}
 	ops, err := service.ListenOps(cfg.MetricsAddr, reg, service.NotReady("starting"), logger)
@@ -169,7 +163,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	var consumers []*broker.Consumer
 	for _, kind := range cfg.Kinds {
 		consumers = append(consumers, broker.NewConsumer(conn, pub,
-			broker.ConsumerConfig{Input: RequestsInput(kind), Prefetch: cfg.Prefetch, Workers: cfg.Concurrency, Reasons: messages.Reasons()},
+			broker.ConsumerConfig{Input: messages.RequestsQueue(kind), Prefetch: cfg.Prefetch, Workers: cfg.Concurrency, Reasons: messages.Reasons()},
 			func(ctx context.Context, d amqp.Delivery) error { return a.handle(ctx, kind, d) }, logger, bm))
 	}
 	ops.SetReady(deps.Ready(consumers...))
@@ -279,7 +273,7 @@ func (a *agent) sendReply(ctx context.Context, reply messages.StepReply) error {
 	}
 	backoff := 50 * time.Millisecond
 	for {
-		err = a.pub.Publish(ctx, "", a.topo.Queue(RepliesInput), msg)
+		err = a.pub.Publish(ctx, "", a.topo.Queue(messages.RepliesQueue), msg)
 		if err == nil || ctx.Err() != nil {
 			return err
 		}

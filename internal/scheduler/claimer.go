@@ -10,7 +10,6 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"sas/internal/agent"
 	"sas/internal/broker"
 	"sas/internal/failpoint"
 	"sas/internal/messages"
@@ -110,7 +109,7 @@ func (c *claimer) drain(ctx context.Context) (throttled bool) {
 		}
 		rooms := make(map[string]int, len(c.kinds))
 		for _, kind := range c.kinds {
-			queue := c.topo.Queue(agent.RequestsInput(kind))
+			queue := c.topo.Queue(messages.RequestsQueue(kind))
 			ready, err := c.ready(ctx, kind, queue)
 			if err != nil {
 				if ctx.Err() == nil {
@@ -173,7 +172,7 @@ func (c *claimer) repliesFull(ctx context.Context) bool {
 	if c.maxReplies <= 0 {
 		return false
 	}
-	queue := c.topo.Queue(agent.RepliesInput)
+	queue := c.topo.Queue(messages.RepliesQueue)
 	waiting, err := c.ready(ctx, repliesKey, queue)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -258,7 +257,7 @@ func (c *claimer) dispatch(steps []statestore.ClaimedStep) {
 			c.logger.Error("cannot build step request", "order_id", s.OrderID, "step", s.Step, "err", err)
 			continue
 		}
-		pending[i], errs[i] = c.pub.Start(ctx, "", c.topo.Queue(agent.RequestsInput(s.Agent)), msg)
+		pending[i], errs[i] = c.pub.Start(ctx, "", c.topo.Queue(messages.RequestsQueue(s.Agent)), msg)
 	}
 	for i, s := range steps {
 		if pending[i] != nil {

@@ -11,8 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"sas/internal/agent"
 	"sas/internal/broker"
+	"sas/internal/messages"
 )
 
 // countingReader is a depthReader that counts its reads.
@@ -116,8 +116,8 @@ func (r queueReader) Ready(_ context.Context, queue string) (int, error) {
 func TestClaimerStopsWhileRepliesWait(t *testing.T) {
 	t.Parallel()
 	topo := broker.Topology{Prefix: "p."}
-	replies := topo.Queue(agent.RepliesInput)
-	inventory := topo.Queue(agent.RequestsInput("inventory"))
+	replies := topo.Queue(messages.RepliesQueue)
+	inventory := topo.Queue(messages.RequestsQueue("inventory"))
 	newClaimer := func(depths queueReader, maxReplies int) *claimer {
 		return &claimer{depths: depths, topo: topo, kinds: []string{"inventory"}, batch: 10, maxQueued: 100, maxReplies: maxReplies,
 			known: map[string]queueDepth{}, logger: slog.New(slog.NewTextHandler(io.Discard, nil)), metrics: newMetrics(prometheus.NewRegistry())}

@@ -14,7 +14,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"sas/internal/agent"
 	"sas/internal/batch"
 	"sas/internal/broker"
 	"sas/internal/messages"
@@ -195,9 +194,9 @@ func (m *metrics) initSeries(workflows *workflow.Registry) {
 // Topology is the queues and exchanges the scheduler uses: the replies
 // queue and a request queue per agent kind of the workflows.
 func Topology(prefix string, deliveryLimit int, workflows *workflow.Registry) broker.Topology {
-	inputs := []string{agent.RepliesInput}
+	inputs := []string{messages.RepliesQueue}
 	for _, kind := range workflows.Agents() {
-		inputs = append(inputs, agent.RequestsInput(kind))
+		inputs = append(inputs, messages.RequestsQueue(kind))
 	}
 	return broker.Topology{Prefix: prefix, DeliveryLimit: deliveryLimit, Inputs: inputs}
 }
@@ -252,7 +251,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	r := &replier{store: store, applies: applies, me: me, workCtx: workCtx, logger: logger, metrics: m,
 		wakeClaimer: func() { nudge(w.pending) }, wakeRelay: func() { nudge(w.outbox) }, dispatch: c.dispatch}
 	replies := broker.NewConsumer(conn, pub,
-		broker.ConsumerConfig{Input: agent.RepliesInput, Prefetch: cfg.ReplyPrefetch, Workers: cfg.ReplyWorkers, Reasons: messages.Reasons()},
+		broker.ConsumerConfig{Input: messages.RepliesQueue, Prefetch: cfg.ReplyPrefetch, Workers: cfg.ReplyWorkers, Reasons: messages.Reasons()},
 		r.handle, logger, bm)
 	rl := &relay{store: store, pub: pub, topo: topo, batch: cfg.RelayBatch, poll: cfg.PollInterval,
 		wake: w.outbox, logger: logger, metrics: m}

@@ -1,33 +1,44 @@
-// Package workflow defines the steps an order runs: which agent performs
-// each, how long a claim may take (the complete-by budget), how many
-// expiries a step may have before it fails, the step that undoes it, and
-// what a failure leads to (the workflow's policy). Adding a step or a
-// workflow is a change here, not in the services.
+// Package workflow holds the processes sas runs, declared as data: which
+// agent performs each step, how long a claim may take (the complete-by
+// budget), how many expiries a step may have before it fails, how long a
+// reset step waits, the step that undoes it, what a failure leads to (the
+// workflow's policy) and the JSON Schema its payload must match. They are
+// read from a YAML file (Parse, Load); Builtin is the file sas ships with.
 package workflow
 
 import (
-	"fmt"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/hex"
+	"encoding/json"
 	"slices"
 	"sort"
 	"time"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
 )
 
 // Step is one step of a workflow.
 type Step struct {
 	// Name is the step's action (e.g. "reserve_inventory").
-	Name string
+	Name string `json:"action"`
 	// Agent is the agent kind that performs it; requests go to the queue
 	// agent.<Agent>.
-	Agent string
+	Agent string `json:"agent"`
 	// Timeout is the budget of one attempt: complete_by = claim time +
 	// Timeout on the database clock.
-	Timeout time.Duration
+	Timeout time.Duration `json:"timeout"`
 	// MaxFailures is the failure threshold.
-	MaxFailures int
+	MaxFailures int `json:"max_failures"`
+	// BackoffBase and BackoffMax, when set, shape the wait of a step the
+	// supervisor resets: BackoffBase * 2^(failure_count-1), at most
+	// BackoffMax. Zero: the supervisor's own.
+	BackoffBase time.Duration `json:"backoff_base,omitempty"`
+	BackoffMax  time.Duration `json:"backoff_max,omitempty"`
 	// Compensation undoes the step (nil: nothing to undo). It runs, with
 	// its own idempotency key, budget and threshold, when the order is
 	// compensated after the step was attempted.
-	Compensation *Step
+	Compensation *Step `json:"compensation,omitempty"`
 }
 
 // Failure policies.
@@ -40,11 +51,32 @@ const (
 	Hold = "hold"
 )
 
-// Workflow is a named, ordered list of steps and its failure policy.
+// Workflow is a named, ordered list of steps, its failure policy and the
+// schema of its payload.
 type Workflow struct {
-	Name   string
-	Policy string // Compensate (default when empty) or Hold
-	Steps  []Step
+	Name   string `json:"name"`
+	Policy string `json:"policy"`
+	// PayloadSchema is the JSON Schema payloads must match, as JSON; nil
+	// when the workflow declares none.
+	PayloadSchema json.RawMessage `json:"payload_schema,omitempty"`
+	Steps         []Step          `json:"steps"`
+
+	schema *jsonschema.Schema
+}
+
+// Definition is the workflow's canonical JSON: what its version hashes
+// and what the state store keeps.
+func (wf Workflow) Definition() []byte {
+	b, _ := json.Marshal(wf) // plain fields and valid raw JSON always marshal
+	return b
+}
+
+// Version identifies the workflow's definition: the first 16 hex digits
+// of the SHA-256 of Definition. Comments, layout and key order in the file
+// do not change it; any change to what runs does.
+func (wf Workflow) Version() string {
+	sum := sha256.Sum256(wf.Definition())
+	return hex.EncodeToString(sum[:8])
 }
 
 // DefaultName is the workflow of an order that names none.
@@ -53,48 +85,19 @@ const DefaultName = "order"
 // Registry holds the workflows a deployment knows.
 type Registry struct {
 	byName map[string]Workflow
+	// Source is the file the workflows came from ("built-in" for Builtin).
+	Source string
 }
 
-// NewRegistry checks the workflows and indexes them by name.
-func NewRegistry(wfs ...Workflow) (*Registry, error) {
-	r := &Registry{byName: map[string]Workflow{}}
-	for _, wf := range wfs {
-		if wf.Name == "" || len(wf.Steps) == 0 {
-			return nil, fmt.Errorf("workflow %q: needs a name and at least one step", wf.Name)
-		}
-		if _, dup := r.byName[wf.Name]; dup {
-			return nil, fmt.Errorf("workflow %q defined twice", wf.Name)
-		}
-		if wf.Policy == "" {
-			wf.Policy = Compensate
-		}
-		if wf.Policy != Compensate && wf.Policy != Hold {
-			return nil, fmt.Errorf("workflow %q: policy %q is not %q or %q", wf.Name, wf.Policy, Compensate, Hold)
-		}
-		for i, st := range wf.Steps {
-			if err := checkStep(st); err != nil {
-				return nil, fmt.Errorf("workflow %q step %d: %w", wf.Name, i+1, err)
-			}
-			if st.Compensation != nil {
-				if err := checkStep(*st.Compensation); err != nil {
-					return nil, fmt.Errorf("workflow %q step %d's compensation: %w", wf.Name, i+1, err)
-				}
-				if st.Compensation.Compensation != nil {
-					return nil, fmt.Errorf("workflow %q step %d: a compensation cannot have a compensation", wf.Name, i+1)
-				}
-			}
-		}
-		r.byName[wf.Name] = wf
-	}
-	return r, nil
-}
+//go:embed builtin.yaml
+var builtinYAML []byte
 
-func checkStep(st Step) error {
-	if st.Name == "" || st.Agent == "" || st.Timeout <= 0 || st.MaxFailures < 1 {
-		return fmt.Errorf("needs a name, an agent, a positive timeout and a threshold of at least 1")
-	}
-	return nil
-}
+// BuiltinYAML returns the text of the built-in workflows file (also
+// shipped as deploy/workflows.yaml, the example to copy).
+func BuiltinYAML() []byte { return slices.Clone(builtinYAML) }
+
+// BuiltinSource names the built-in file in messages.
+const BuiltinSource = "built-in"
 
 // Builtin returns the workflows sas ships with:
 //   - "order": reserve inventory, charge payment, create shipment; on a
@@ -105,19 +108,9 @@ func checkStep(st Step) error {
 //   - "single": reserve inventory only, for load tests and simple
 //     integrations.
 func Builtin() *Registry {
-	reserve := Step{Name: "reserve_inventory", Agent: "inventory", Timeout: 10 * time.Second, MaxFailures: 5,
-		Compensation: &Step{Name: "release_inventory", Agent: "inventory", Timeout: 10 * time.Second, MaxFailures: 5}}
-	charge := Step{Name: "charge_payment", Agent: "payment", Timeout: 10 * time.Second, MaxFailures: 5,
-		Compensation: &Step{Name: "refund_payment", Agent: "payment", Timeout: 10 * time.Second, MaxFailures: 5}}
-	ship := Step{Name: "create_shipment", Agent: "shipping", Timeout: 10 * time.Second, MaxFailures: 5,
-		Compensation: &Step{Name: "cancel_shipment", Agent: "shipping", Timeout: 10 * time.Second, MaxFailures: 5}}
-	r, err := NewRegistry(
-		Workflow{Name: DefaultName, Policy: Compensate, Steps: []Step{reserve, charge, ship}},
-		Workflow{Name: "order_hold", Policy: Hold, Steps: []Step{reserve, charge, ship}},
-		Workflow{Name: "single", Policy: Compensate, Steps: []Step{reserve}},
-	)
+	r, err := Parse(BuiltinSource, builtinYAML)
 	if err != nil {
-		panic("workflow: builtin definitions are invalid: " + err.Error())
+		panic("workflow: the built-in file is invalid: " + err.Error())
 	}
 	return r
 }
@@ -141,25 +134,26 @@ func (r *Registry) Names() []string {
 	return names
 }
 
+// All lists the workflows by name.
+func (r *Registry) All() []Workflow {
+	out := make([]Workflow, 0, len(r.byName))
+	for _, n := range r.Names() {
+		out = append(out, r.byName[n])
+	}
+	return out
+}
+
 // Agents lists every agent kind the workflows use, compensations included,
 // in alphabetical order.
 func (r *Registry) Agents() []string {
 	seen := map[string]bool{}
 	var out []string
-	add := func(agent string) {
-		if !seen[agent] {
-			seen[agent] = true
-			out = append(out, agent)
+	r.each(func(st Step) {
+		if !seen[st.Agent] {
+			seen[st.Agent] = true
+			out = append(out, st.Agent)
 		}
-	}
-	for _, wf := range r.byName {
-		for _, st := range wf.Steps {
-			add(st.Agent)
-			if st.Compensation != nil {
-				add(st.Compensation.Agent)
-			}
-		}
-	}
+	})
 	sort.Strings(out)
 	return out
 }
@@ -170,22 +164,25 @@ func (r *Registry) Agents() []string {
 func (r *Registry) StepNames(kinds ...string) []string {
 	seen := map[string]bool{}
 	var out []string
-	add := func(st Step) {
+	r.each(func(st Step) {
 		if (len(kinds) == 0 || slices.Contains(kinds, st.Agent)) && !seen[st.Name] {
 			seen[st.Name] = true
 			out = append(out, st.Name)
 		}
-	}
+	})
+	sort.Strings(out)
+	return out
+}
+
+func (r *Registry) each(fn func(Step)) {
 	for _, wf := range r.byName {
 		for _, st := range wf.Steps {
-			add(st)
+			fn(st)
 			if st.Compensation != nil {
-				add(*st.Compensation)
+				fn(*st.Compensation)
 			}
 		}
 	}
-	sort.Strings(out)
-	return out
 }
 
 // Row is one step row an order of the workflow gets.

@@ -1,0 +1,137 @@
+// Package contract is the HTTP contract between an agent and the remote
+// service it calls for a step: the request body, the headers, and what
+// each answer means to sas. docs/remote-service.openapi.yaml describes the
+// same contract for services written in any language; tests keep the two
+// in step.
+//
+// A call is POST {base URL}{path} with a JSON Request body, where the path
+// is /v1/{action} unless the agent's endpoint configuration names another.
+// Every attempt of one step sends the same body and the same
+// Idempotency-Key; the attempt and the deadline travel in headers so that
+// they never change the body. A service must apply a key's effect at most
+// once and answer a repeated key with the answer of the first.
+package contract
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Headers of a call.
+const (
+	// HeaderIdempotencyKey carries the step's key: the same on every
+	// attempt of the step, different for every other step.
+	HeaderIdempotencyKey = "Idempotency-Key"
+	// HeaderCompleteBy is the step's deadline (RFC 3339, UTC): an effect
+	// applied after it may be ignored by sas, so a service should refuse
+	// (408) work it cannot finish by then.
+	HeaderCompleteBy = "Sas-Complete-By"
+	// HeaderAttempt is the step's attempt number, from 1, for the
+	// service's logs: it never changes what the service should do.
+	HeaderAttempt = "Sas-Attempt"
+	// HeaderRetryAfter is read from a 429 or 503 answer: seconds or an
+	// HTTP date, the least time before the next attempt.
+	HeaderRetryAfter = "Retry-After"
+)
+
+// ContentType is the content type of a request and of a 2xx answer.
+const ContentType = "application/json"
+
+// DefaultPath is the path of an action when the endpoint names none.
+func DefaultPath(action string) string { return "/v1/" + action }
+
+// Request is the body of a call.
+type Request struct {
+	OrderID string `json:"order_id"`
+	// Step is the step's number in its order (compensations come after
+	// the actions).
+	Step int `json:"step"`
+	// Action is the step's name in the workflow.
+	Action string `json:"action"`
+	// Payload is the order's payload as submitted: any JSON object.
+	Payload json.RawMessage `json:"payload"`
+	// Results holds the result of every earlier action of the order that
+	// returned one, by action name.
+	Results map[string]json.RawMessage `json:"results,omitempty"`
+	// Undoes is set on a compensation only: the idempotency key of the
+	// action it undoes. A service that finds no effect for that key must
+	// answer 2xx (nothing to undo) and make sure the action cannot happen
+	// later.
+	Undoes string `json:"undoes,omitempty"`
+	// UndoneResult is, for a compensation, the result of the action it
+	// undoes, if that action returned one (a refund gets the charge id).
+	UndoneResult json.RawMessage `json:"undone_result,omitempty"`
+}
+
+// Class is what an answer means to the agent.
+type Class int
+
+const (
+	// OK: done; the body (a JSON object) is the step's result.
+	OK Class = iota + 1
+	// Permanent: refused for good; the step fails without retrying.
+	Permanent
+	// Transient: not done this time; the agent retries with backoff
+	// (honouring Retry-After) until the step's deadline.
+	Transient
+)
+
+func (c Class) String() string {
+	switch c {
+	case OK:
+		return "ok"
+	case Permanent:
+		return "permanent"
+	case Transient:
+		return "transient"
+	}
+	return "unknown"
+}
+
+// Classify says what an HTTP status means: 2xx is OK; 408 (timeout), 409
+// (the key is in flight), 425 and 429 (slow down) and every 5xx are
+// Transient; any other 4xx is Permanent (422 included: the key was used
+// with another body). Anything else (1xx, 3xx left after redirects) is
+// Transient.
+func Classify(status int) Class {
+	switch {
+	case status >= 200 && status < 300:
+		return OK
+	case status == http.StatusRequestTimeout, status == http.StatusConflict,
+		status == http.StatusTooEarly, status == http.StatusTooManyRequests:
+		return Transient
+	case status >= 400 && status < 500:
+		return Permanent
+	}
+	return Transient
+}
+
+// RetryAfter reads a Retry-After header (seconds or an HTTP date) as the
+// wait from now; 0 when absent or unreadable.
+func RetryAfter(h string, now time.Time) time.Duration {
+	if h == "" {
+		return 0
+	}
+	if s, err := strconv.Atoi(strings.TrimSpace(h)); err == nil && s >= 0 {
+		return time.Duration(s) * time.Second
+	}
+	if t, err := http.ParseTime(h); err == nil {
+		return max(t.Sub(now), 0)
+	}
+	return 0
+}
+
+// FormatCompleteBy writes a deadline for HeaderCompleteBy.
+func FormatCompleteBy(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+// ParseCompleteBy reads HeaderCompleteBy.
+func ParseCompleteBy(h string) (time.Time, error) { return time.Parse(time.RFC3339Nano, strings.TrimSpace(h)) }
+
+// ErrorBody is the body of a non-2xx answer, by convention: sas quotes
+// Error in the step's last error.
+type ErrorBody struct {
+	Error string `json:"error"`
+}

@@ -1,0 +1,9 @@
+package messages
+
+// RepliesQueue is the unprefixed name of the queue agents send StepReplies
+// to and schedulers consume.
+const RepliesQueue = "replies"
+
+// RequestsQueue is the unprefixed name of an agent kind's request queue:
+// schedulers send it the StepRequests of the kind's steps.
+func RequestsQueue(kind string) string { return "agent." + kind }

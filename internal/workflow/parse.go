@@ -1,0 +1,408 @@
+package workflow
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	"go.yaml.in/yaml/v3"
+)
+
+// Limits of a workflow file.
+const (
+	MaxSteps       = 20                  // actions per workflow
+	MaxFailuresCap = 1000                // highest failure threshold
+	MinTimeout     = 100 * time.Millisecond
+	MaxTimeout     = 24 * time.Hour
+	maxNameLen     = 64  // workflow names
+	maxStepNameLen = 100 // actions and agent kinds
+)
+
+// Defaults of a step that leaves them out.
+const (
+	DefaultTimeout     = 10 * time.Second
+	DefaultMaxFailures = 5
+)
+
+// Problem is one thing wrong in a workflow file, at a line.
+type Problem struct {
+	File string
+	Line int
+	// Msg says what is wrong and what to write instead.
+	Msg string
+}
+
+func (p Problem) String() string {
+	if p.Line > 0 {
+		return fmt.Sprintf("%s:%d: %s", p.File, p.Line, p.Msg)
+	}
+	return fmt.Sprintf("%s: %s", p.File, p.Msg)
+}
+
+// Problems is every problem found in a file, in line order.
+type Problems []Problem
+
+func (ps Problems) Error() string {
+	lines := make([]string, len(ps))
+	for i, p := range ps {
+		lines[i] = p.String()
+	}
+	return strings.Join(lines, "\n")
+}
+
+// AsProblems returns err's problems, if it is a Problems.
+func AsProblems(err error) (Problems, bool) {
+	var ps Problems
+	ok := errors.As(err, &ps)
+	return ps, ok
+}
+
+// Load reads and checks the workflows file at path.
+func Load(path string) (*Registry, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("workflows file: %w", err)
+	}
+	return Parse(path, data)
+}
+
+// LoadOrBuiltin is Load(path), or Builtin() when path is "".
+func LoadOrBuiltin(path string) (*Registry, error) {
+	if path == "" {
+		return Builtin(), nil
+	}
+	return Load(path)
+}
+
+// Parse reads and checks a workflows file; file names it in problems. On
+// any problem it returns them all as Problems, and no registry.
+func Parse(file string, data []byte) (*Registry, error) {
+	p := &parser{file: file}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		p.problem(yamlErrorLine(err), "%s; fix the YAML syntax there", yamlErrorText(err))
+		return nil, p.problems
+	}
+	r := &Registry{byName: map[string]Workflow{}, Source: file}
+	if len(doc.Content) == 0 {
+		p.problem(0, "the file is empty; write a top-level \"workflows:\" list")
+		return nil, p.problems
+	}
+	root := deref(doc.Content[0])
+	p.mapping(root, "the file", map[string]func(*yaml.Node){
+		"workflows": func(n *yaml.Node) {
+			if n.Kind != yaml.SequenceNode || len(n.Content) == 0 {
+				p.problem(n.Line, "workflows must be a list of at least one workflow; write \"workflows:\" then \"  - name: ...\" items")
+				return
+			}
+			lines := map[string]int{}
+			for _, item := range n.Content {
+				wf, ok := p.workflow(deref(item))
+				if !ok {
+					continue
+				}
+				if first, dup := lines[wf.Name]; dup {
+					p.problem(item.Line, "workflow %q is defined twice (first at line %d); rename or remove one", wf.Name, first)
+					continue
+				}
+				lines[wf.Name] = item.Line
+				r.byName[wf.Name] = wf
+			}
+		},
+	}, "workflows")
+	if len(p.problems) > 0 {
+		slices.SortStableFunc(p.problems, func(a, b Problem) int { return a.Line - b.Line })
+		return nil, p.problems
+	}
+	return r, nil
+}
+
+type parser struct {
+	file     string
+	problems Problems
+}
+
+func (p *parser) problem(line int, format string, args ...any) {
+	p.problems = append(p.problems, Problem{File: p.file, Line: line, Msg: fmt.Sprintf(format, args...)})
+}
+
+func deref(n *yaml.Node) *yaml.Node {
+	for n != nil && n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	return n
+}
+
+// mapping reads n as a mapping whose keys must be among fields, each
+// handled by its function; required keys must be present.
+func (p *parser) mapping(n *yaml.Node, what string, fields map[string]func(*yaml.Node), required ...string) bool {
+	if n.Kind != yaml.MappingNode {
+		p.problem(n.Line, "%s must be a mapping of key: value lines; write one with the keys %s", what, strings.Join(sortedKeys(fields), ", "))
+		return false
+	}
+	seen := map[string]int{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], deref(n.Content[i+1])
+		if first, dup := seen[k.Value]; dup {
+			p.problem(k.Line, "%q is given twice in %s (first at line %d); keep one", k.Value, what, first)
+			continue
+		}
+		seen[k.Value] = k.Line
+		fn, ok := fields[k.Value]
+		if !ok {
+			hint := "the keys are " + strings.Join(sortedKeys(fields), ", ")
+			if near := nearest(k.Value, sortedKeys(fields)); near != "" {
+				hint = fmt.Sprintf("did you mean %q? (%s)", near, hint)
+			}
+			p.problem(k.Line, "unknown field %q in %s; %s", k.Value, what, hint)
+			continue
+		}
+		fn(v)
+	}
+	for _, req := range required {
+		if _, ok := seen[req]; !ok {
+			p.problem(n.Line, "%s has no %q; add \"%s: ...\"", what, req, req)
+		}
+	}
+	return true
+}
+
+func sortedKeys(m map[string]func(*yaml.Node)) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// nearest returns the candidate within two edits of s, if any.
+func nearest(s string, candidates []string) string {
+	best, bestD := "", 3
+	for _, c := range candidates {
+		if d := editDistance(s, c); d < bestD {
+			best, bestD = c, d
+		}
+	}
+	return best
+}
+
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
+}
+
+var namePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]*$`)
+
+func (p *parser) name(n *yaml.Node, what string, maxLen int, dst *string) {
+	if n.Kind != yaml.ScalarNode || !namePattern.MatchString(n.Value) || len(n.Value) > maxLen {
+		p.problem(n.Line, "%s %q is not a name; write lower-case letters, digits, _ . or - (at most %d, starting with a letter or digit)",
+			what, n.Value, maxLen)
+		return
+	}
+	*dst = n.Value
+}
+
+func (p *parser) workflow(n *yaml.Node) (Workflow, bool) {
+	wf := Workflow{Policy: Compensate}
+	before := len(p.problems)
+	var stepsNode *yaml.Node
+	p.mapping(n, "a workflow", map[string]func(*yaml.Node){
+		"name": func(v *yaml.Node) { p.name(v, "workflow name", maxNameLen, &wf.Name) },
+		"policy": func(v *yaml.Node) {
+			if v.Value != Compensate && v.Value != Hold {
+				p.problem(v.Line, "policy %q is not known; write %s (undo the steps before, the order fails) or %s (hold the order for an operator)",
+					v.Value, Compensate, Hold)
+				return
+			}
+			wf.Policy = v.Value
+		},
+		"payload_schema": func(v *yaml.Node) { wf.PayloadSchema, wf.schema = p.schema(v) },
+		"steps":          func(v *yaml.Node) { stepsNode = v },
+	}, "name", "steps")
+	if stepsNode != nil {
+		p.steps(stepsNode, &wf)
+	}
+	return wf, len(p.problems) == before
+}
+
+func (p *parser) steps(n *yaml.Node, wf *Workflow) {
+	if n.Kind != yaml.SequenceNode || len(n.Content) == 0 {
+		p.problem(n.Line, "steps must be a list of at least one step; write \"steps:\" then \"  - action: ...\" items")
+		return
+	}
+	if len(n.Content) > MaxSteps {
+		p.problem(n.Line, "%d steps, at most %d; split the process into workflows", len(n.Content), MaxSteps)
+		return
+	}
+	names := map[string]int{}
+	unique := func(st Step, line int) {
+		if st.Name == "" {
+			return
+		}
+		if first, dup := names[st.Name]; dup {
+			p.problem(line, "step %q appears twice in workflow %q (first at line %d); give each step and compensation its own action name",
+				st.Name, wf.Name, first)
+			return
+		}
+		names[st.Name] = line
+	}
+	for _, item := range n.Content {
+		item = deref(item)
+		st, compLine := p.step(item, nil)
+		unique(st, item.Line)
+		if st.Compensation != nil {
+			unique(*st.Compensation, compLine)
+		}
+		wf.Steps = append(wf.Steps, st)
+	}
+}
+
+// step reads a step, or with parent the compensation of parent (whose
+// agent, timeout, threshold and backoff it takes by default). It returns
+// the compensation's line.
+func (p *parser) step(n *yaml.Node, parent *Step) (Step, int) {
+	st := Step{Timeout: DefaultTimeout, MaxFailures: DefaultMaxFailures}
+	what := "a step"
+	var required []string
+	if parent != nil {
+		st = *parent
+		st.Name, st.Compensation = "", nil
+		what = "a compensation"
+	} else {
+		required = []string{"agent"}
+	}
+	required = append(required, "action")
+	compLine := 0
+	p.mapping(n, what, map[string]func(*yaml.Node){
+		"action": func(v *yaml.Node) { p.name(v, "action", maxStepNameLen, &st.Name) },
+		"agent":  func(v *yaml.Node) { p.name(v, "agent kind", maxStepNameLen, &st.Agent) },
+		"timeout": func(v *yaml.Node) {
+			p.duration(v, "timeout", MinTimeout, MaxTimeout, &st.Timeout)
+		},
+		"max_failures": func(v *yaml.Node) {
+			n, err := strconv.Atoi(v.Value)
+			if v.Kind != yaml.ScalarNode || err != nil || n < 1 || n > MaxFailuresCap {
+				p.problem(v.Line, "max_failures %q is not a whole number from 1 to %d; write for example \"max_failures: 5\"", v.Value, MaxFailuresCap)
+				return
+			}
+			st.MaxFailures = n
+		},
+		"backoff": func(v *yaml.Node) {
+			p.mapping(v, "backoff", map[string]func(*yaml.Node){
+				"base": func(v *yaml.Node) { p.duration(v, "backoff base", time.Millisecond, MaxTimeout, &st.BackoffBase) },
+				"max":  func(v *yaml.Node) { p.duration(v, "backoff max", time.Millisecond, MaxTimeout, &st.BackoffMax) },
+			}, "base", "max")
+			if st.BackoffBase > 0 && st.BackoffMax > 0 && st.BackoffMax < st.BackoffBase {
+				p.problem(v.Line, "backoff max %s is below its base %s; write a max at least the base", st.BackoffMax, st.BackoffBase)
+			}
+		},
+		"compensation": func(v *yaml.Node) {
+			compLine = v.Line
+			if parent != nil {
+				p.problem(v.Line, "a compensation cannot have a compensation of its own; remove this one (undo work in the compensation itself)")
+				return
+			}
+			c, _ := p.step(v, &st)
+			st.Compensation = &c
+		},
+	}, required...)
+	return st, compLine
+}
+
+func (p *parser) duration(n *yaml.Node, what string, lo, hi time.Duration, dst *time.Duration) {
+	d, err := time.ParseDuration(n.Value)
+	if n.Kind != yaml.ScalarNode || err != nil || d < lo || d > hi {
+		p.problem(n.Line, "%s %q is not a duration from %s to %s; write a number with a unit, such as 500ms, 10s or 2m", what, n.Value, lo, hi)
+		return
+	}
+	*dst = d
+}
+
+// schema reads a payload schema: any YAML mapping, as JSON, compiled as
+// JSON Schema (2020-12 unless its $schema says otherwise).
+func (p *parser) schema(n *yaml.Node) (json.RawMessage, *jsonschema.Schema) {
+	var v any
+	if err := n.Decode(&v); err != nil {
+		p.problem(n.Line, "payload_schema cannot be read: %v; write a JSON Schema as YAML", err)
+		return nil, nil
+	}
+	if _, ok := v.(map[string]any); !ok {
+		p.problem(n.Line, "payload_schema must be a mapping (a JSON Schema object); write for example \"payload_schema: {type: object}\"")
+		return nil, nil
+	}
+	raw, err := json.Marshal(v)
+	if err != nil {
+		p.problem(n.Line, "payload_schema cannot be written as JSON: %v; use only strings, numbers, lists and mappings", err)
+		return nil, nil
+	}
+	sch, err := compileSchema(raw)
+	if err != nil {
+		p.problem(n.Line, "payload_schema is not a valid JSON Schema: %s; fix it by the JSON Schema 2020-12 rules", oneLine(err.Error()))
+		return nil, nil
+	}
+	return raw, sch
+}
+
+func compileSchema(raw []byte) (*jsonschema.Schema, error) {
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
+	if err != nil {
+		return nil, err
+	}
+	c := jsonschema.NewCompiler()
+	c.UseLoader(noLoader{})
+	const url = "sas:payload-schema.json"
+	if err := c.AddResource(url, doc); err != nil {
+		return nil, err
+	}
+	return c.Compile(url)
+}
+
+// noLoader refuses every external $ref: a workflow's schema is one
+// self-contained document.
+type noLoader struct{}
+
+func (noLoader) Load(url string) (any, error) {
+	return nil, fmt.Errorf("$ref to %s: only references within the schema are allowed", url)
+}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+var yamlLine = regexp.MustCompile(`line (\d+)`)
+
+var yamlPrefix = regexp.MustCompile(`^yaml: (line \d+: )?`)
+
+func yamlErrorLine(err error) int {
+	if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
+		n, _ := strconv.Atoi(m[1])
+		return n
+	}
+	return 1 // the parser names no line for a problem on the first
+}
+
+func yamlErrorText(err error) string {
+	return oneLine(yamlPrefix.ReplaceAllString(err.Error(), ""))
+}
