@@ -252,8 +252,7 @@ func TestEveryAlertRuleFires(t *testing.T) {
 func orphanOrder() statestore.NewOrder {
 	id := messages.NewID()
 	h := sha256.Sum256([]byte(id))
-	return statestore.NewOrder{OrderID: id, Workflow: "orphan", Customer: "c", Items: []byte(`[{"sku":"a","qty":1}]`),
-		Amount: 1, Currency: "EUR", PayloadHash: h[:], Actor: "test", FailurePolicy: statestore.PolicyHold,
+	return statestore.NewOrder{OrderID: id, Workflow: "orphan", Payload: []byte(`{"customer":"c"}`), PayloadHash: h[:], Actor: "test", FailurePolicy: statestore.PolicyHold,
 		Steps: []statestore.NewStep{{Name: "orphan_step", Agent: "nobody", Timeout: time.Minute, MaxFailures: 3}}}
 }
 

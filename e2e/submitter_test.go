@@ -32,7 +32,7 @@ type stack struct {
 func newStack(t *testing.T) stack {
 	t.Helper()
 	dbURL, pool := testenv.Database(t)
-	topo := scheduler.Topology(testenv.Prefix(t), 10, workflow.Builtin())
+	topo := scheduler.Topology(testenv.Prefix(t), 10, workflow.Builtin().Agents())
 	topo.Inputs = append(topo.Inputs, submitter.Input)
 	testenv.Broker(t, topo)
 	return stack{

@@ -236,8 +236,7 @@ func TestSupervisorFailover(t *testing.T) {
 		if i == 20 {
 			timeout = time.Hour
 		}
-		if _, err := store.InsertOrder(ctx, statestore.NewOrder{OrderID: id, Workflow: "test", Customer: "c",
-			Items: []byte(`[{"sku":"a","qty":1}]`), Amount: 1, Currency: "EUR", PayloadHash: hash[:], Actor: "test",
+		if _, err := store.InsertOrder(ctx, statestore.NewOrder{OrderID: id, Workflow: "test", Payload: []byte(`{"customer":"c"}`), PayloadHash: hash[:], Actor: "test",
 			Steps: []statestore.NewStep{{Name: "s", Agent: "nobody", Timeout: timeout, MaxFailures: 1000}}}); err != nil {
 			t.Fatal(err)
 		}

@@ -132,10 +132,10 @@ func (a *app) ordersList(ctx context.Context, args []string) error {
 		return a.printJSON(orders)
 	}
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ORDER_ID\tSTATUS\tWORKFLOW\tPRIO\tAMOUNT\tCREATED\tUPDATED")
+	fmt.Fprintln(tw, "ORDER_ID\tSTATUS\tWORKFLOW\tPRIO\tCREATED\tUPDATED")
 	for _, o := range orders {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", o.OrderID, o.Status, o.Workflow, o.Priority,
-			money(o.Amount, o.Currency), clock(o.CreatedAt), clock(o.UpdatedAt))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", o.OrderID, o.Status, o.Workflow, o.Priority,
+			clock(o.CreatedAt), clock(o.UpdatedAt))
 	}
 	return tw.Flush()
 }
@@ -195,10 +195,12 @@ func (a *app) printOrder(d statestore.OrderDetail) error {
 	}
 	field("order", o.OrderID)
 	field("status", o.Status)
-	field("workflow", fmt.Sprintf("%s (priority %d)", o.Workflow, o.Priority))
-	field("customer", o.Customer)
-	field("amount", money(o.Amount, o.Currency))
-	field("items", string(o.Items))
+	version := o.WorkflowVersion
+	if version == "" {
+		version = "from before versions were kept"
+	}
+	field("workflow", fmt.Sprintf("%s version %s (priority %d)", o.Workflow, version, o.Priority))
+	field("payload", string(o.Payload))
 	if o.ReplyTo != "" {
 		field("reply_to", o.ReplyTo)
 	}

@@ -11,24 +11,23 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"sas/internal/broker"
+	"sas/internal/contract"
 	"sas/internal/failpoint"
 	"sas/internal/messages"
-	"sas/internal/remote"
+	"sas/internal/secrets"
 	"sas/internal/service"
-	"sas/internal/workflow"
 )
 
 // Config is the agent's configuration (environment prefix SAS_).
 type Config struct {
 	service.Common
+	service.WorkflowsFile
 	MetricsAddr string `envconfig:"METRICS_ADDR" default:":9103"`
 	// Kinds are the agent kinds this process serves.
 	Kinds []string `envconfig:"AGENT_KINDS" default:"inventory,payment,shipping"`
@@ -36,9 +35,14 @@ type Config struct {
 	Concurrency int `envconfig:"AGENT_CONCURRENCY" default:"32"`
 	// Prefetch is how many unacked requests of one kind the broker hands over.
 	Prefetch int `envconfig:"AGENT_PREFETCH" default:"64"`
-	// RemoteURL is the remote service's base URL.
+	// RemoteURL is the base URL of the remote service of every kind the
+	// endpoints file does not name.
 	RemoteURL string `envconfig:"REMOTE_URL" default:"http://127.0.0.1:9105"`
-	// CallTimeout bounds one HTTP request.
+	// EndpointsFile is a YAML file giving each agent kind its own service:
+	// base URL, paths per action, headers from a file or a variable, CA
+	// file and call timeout (see docs/YOUR-PROCESS.md).
+	EndpointsFile string `envconfig:"AGENT_ENDPOINTS_FILE"`
+	// CallTimeout bounds one HTTP request (an endpoint may set its own).
 	CallTimeout time.Duration `envconfig:"AGENT_CALL_TIMEOUT" default:"5s"`
 	// SafetyMargin is kept free before complete_by: work that could not
 	// end before complete_by minus this margin is not started.
@@ -50,8 +54,10 @@ type Config struct {
 	// BreakerOpenFor.
 	BreakerFailures int           `envconfig:"AGENT_BREAKER_FAILURES" default:"5"`
 	BreakerOpenFor  time.Duration `envconfig:"AGENT_BREAKER_OPEN_FOR" default:"1s"`
-	// MaxResponseBytes caps a remote answer.
-	MaxResponseBytes int64 `envconfig:"AGENT_MAX_RESPONSE_BYTES" default:"1048576"`
+	// MaxResponseBytes caps a remote answer, which becomes the step's
+	// result and goes with every later step's request: a larger answer
+	// fails the step for good.
+	MaxResponseBytes int64 `envconfig:"AGENT_MAX_RESPONSE_BYTES" default:"16384"`
 }
 
 type metrics struct {
@@ -129,7 +135,16 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	logger = logger.With("service", "agent", "instance", me)
 	reg := service.NewRegistry()
 	m := newMetrics(reg)
-	m.initSeries(cfg.Kinds, workflow.Builtin().StepNames(cfg.Kinds...))
+	workflows, err := cfg.Workflows()
+	if err != nil {
+		return err
+	}
+	m.initSeries(cfg.Kinds, workflows.StepNames(cfg.Kinds...))
+	endpoints, hidden, err := loadEndpoints(cfg)
+	if err != nil {
+		return err
+	}
+	logger = service.WithSecrets(logger, secrets.New(hidden...))
 
 	inputs := []string{messages.RepliesQueue}
 	for _, k := range cfg.Kinds {
@@ -152,13 +167,8 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	defer cancelWork()
 	a := &agent{
 		cfg: cfg, topo: topo, pub: pub, logger: logger, metrics: m, workCtx: workCtx, now: time.Now,
-		caller: &caller{
-			client: &http.Client{Transport: &http.Transport{
-				MaxIdleConnsPerHost: cfg.Concurrency * len(cfg.Kinds),
-				IdleConnTimeout:     90 * time.Second,
-			}},
-			baseURL: strings.TrimRight(cfg.RemoteURL, "/"), cfg: cfg, metrics: m, now: time.Now,
-		},
+		endpoints: endpoints,
+		caller:    &caller{cfg: cfg, metrics: m, now: time.Now},
 	}
 	var consumers []*broker.Consumer
 	for _, kind := range cfg.Kinds {
@@ -168,7 +178,10 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	}
 	ops.SetReady(deps.Ready(consumers...))
 
-	logger.Info("agent started", "kinds", cfg.Kinds, "remote", cfg.RemoteURL, "concurrency", cfg.Concurrency)
+	for _, kind := range cfg.Kinds {
+		logger.Info("agent kind served", "kind", kind, "url", endpoints[kind].base, "workflows", workflows.Source)
+	}
+	logger.Info("agent started", "kinds", cfg.Kinds, "concurrency", cfg.Concurrency)
 	return service.RunAll(ctx, cfg.ShutdownTimeout, cancelWork, logger, consumersRun(consumers)...)
 }
 
@@ -181,14 +194,15 @@ func consumersRun(cs []*broker.Consumer) []func(context.Context) error {
 }
 
 type agent struct {
-	cfg     Config
-	topo    broker.Topology
-	pub     *broker.Publisher
-	caller  *caller
-	logger  *slog.Logger
-	metrics *metrics
-	workCtx context.Context
-	now     func() time.Time
+	cfg       Config
+	endpoints map[string]*endpoint
+	topo      broker.Topology
+	pub       *broker.Publisher
+	caller    *caller
+	logger    *slog.Logger
+	metrics   *metrics
+	workCtx   context.Context
+	now       func() time.Time
 }
 
 // handle works on one request. See broker.Handler for what its result
@@ -214,14 +228,19 @@ func (a *agent) handle(ctx context.Context, kind string, d amqp.Delivery) error 
 		log.Info("request past its complete_by on arrival; dropped without reply")
 		return nil
 	}
-	body, err := json.Marshal(remote.Request{OrderID: req.OrderID, Step: req.Step, Payload: mustJSON(req.Payload), Undoes: req.Undoes})
+	body, err := json.Marshal(contract.Request{OrderID: req.OrderID, Step: req.Step, Action: req.Name, Payload: req.Payload,
+		Results: req.Results, Undoes: req.Undoes, UndoneResult: req.UndoneResult})
 	if err != nil {
 		return a.reject(kind, err)
+	}
+	ep, ok := a.endpoints[req.Agent]
+	if !ok || req.Agent != kind {
+		return a.reject(kind, fmt.Errorf("request for agent kind %q on the queue of %q", req.Agent, kind))
 	}
 	callCtx, cancel := context.WithDeadline(a.workCtx, deadline)
 	defer cancel()
 	callStart := a.now()
-	res := a.caller.call(callCtx, req.Name, req.IdempotencyKey, body)
+	res := a.caller.call(callCtx, ep, call{action: req.Name, key: req.IdempotencyKey, attempt: req.Attempt, completeBy: req.CompleteBy, body: body})
 	callTook := a.now().Sub(callStart)
 	failpoint.Inject("agent-after-call")
 
@@ -291,9 +310,4 @@ func (a *agent) sendReply(ctx context.Context, reply messages.StepReply) error {
 func (a *agent) reject(kind string, err error) error {
 	a.metrics.requests.WithLabelValues(kind, "rejected").Inc()
 	return broker.RejectFor(err, messages.ReasonInvalidValue)
-}
-
-func mustJSON(v any) json.RawMessage {
-	b, _ := json.Marshal(v) // OrderPayload is plain fields: it always marshals
-	return b
 }

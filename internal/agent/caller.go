@@ -14,7 +14,7 @@ import (
 	"sync"
 	"time"
 
-	"sas/internal/remote"
+	"sas/internal/contract"
 )
 
 // callOutcome is how a call with all its retries ended.
@@ -33,11 +33,17 @@ type callResult struct {
 	reason  string
 }
 
-// caller calls the remote service with retries, per-endpoint circuit
+// call is one step's call: the same on every retry.
+type call struct {
+	action, key string
+	attempt     int
+	completeBy  time.Time
+	body        []byte
+}
+
+// caller calls the remote services with retries, per-action circuit
 // breakers, timeouts and a response-size cap.
 type caller struct {
-	client   *http.Client
-	baseURL  string
 	cfg      Config
 	metrics  *metrics
 	breakers sync.Map // endpoint -> *breaker
@@ -64,17 +70,18 @@ type attempt struct {
 	body       []byte
 }
 
-// call performs endpoint for key until it succeeds, fails for good, or
+// call performs cl at ep until it succeeds, fails for good, or the
 // deadline (carried by ctx) comes. Transient faults are retried with
 // exponential backoff and full jitter, waiting at least Retry-After, never
 // past the deadline.
-func (c *caller) call(ctx context.Context, endpoint, key string, body []byte) callResult {
+func (c *caller) call(ctx context.Context, ep *endpoint, cl call) callResult {
+	endpoint := cl.action
 	deadline, _ := ctx.Deadline()
 	br := c.breaker(endpoint)
 	for n := 0; ; n++ {
 		var a attempt
 		if br.allow() {
-			a = c.once(ctx, endpoint, key, body)
+			a = c.once(ctx, ep, cl)
 			br.record(a.ok || a.permanent)
 		} else {
 			a = attempt{reason: "circuit_open", detail: "circuit breaker open"}
@@ -116,11 +123,12 @@ func (c *caller) stopped(ctx context.Context) callResult {
 }
 
 // once makes one request, bounded by the call timeout and the deadline.
-func (c *caller) once(ctx context.Context, endpoint, key string, body []byte) attempt {
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+func (c *caller) once(ctx context.Context, ep *endpoint, cl call) attempt {
+	endpoint := cl.action
+	ctx, cancel := context.WithTimeout(ctx, ep.timeout)
 	defer cancel()
 	start := c.now()
-	a := c.exchange(ctx, endpoint, key, body)
+	a := c.exchange(ctx, ep, cl)
 	c.metrics.callDuration.WithLabelValues(endpoint).Observe(c.now().Sub(start).Seconds())
 	result := "transient"
 	switch {
@@ -133,14 +141,20 @@ func (c *caller) once(ctx context.Context, endpoint, key string, body []byte) at
 	return a
 }
 
-func (c *caller) exchange(ctx context.Context, endpoint, key string, body []byte) attempt {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.baseURL+"/v1/"+endpoint, bytes.NewReader(body))
+func (c *caller) exchange(ctx context.Context, ep *endpoint, cl call) attempt {
+	endpoint := cl.action
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.url(cl.action), bytes.NewReader(cl.body))
 	if err != nil {
 		return attempt{permanent: true, detail: "build request: " + err.Error()}
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(remote.HeaderIdempotencyKey, key)
-	resp, err := c.client.Do(req)
+	for name, vs := range ep.headers {
+		req.Header[name] = vs
+	}
+	req.Header.Set("Content-Type", contract.ContentType)
+	req.Header.Set(contract.HeaderIdempotencyKey, cl.key)
+	req.Header.Set(contract.HeaderCompleteBy, contract.FormatCompleteBy(cl.completeBy))
+	req.Header.Set(contract.HeaderAttempt, strconv.Itoa(cl.attempt))
+	resp, err := ep.client.Do(req)
 	if err != nil {
 		reason := "network"
 		if errors.Is(err, context.DeadlineExceeded) {
@@ -154,38 +168,32 @@ func (c *caller) exchange(ctx context.Context, endpoint, key string, body []byte
 		return attempt{reason: "network", detail: "read response: " + err.Error()}
 	}
 	status := resp.StatusCode
-	switch {
-	case status >= 200 && status < 300:
+	switch contract.Classify(status) {
+	case contract.OK:
 		if int64(len(respBody)) > c.cfg.MaxResponseBytes {
-			return attempt{permanent: true, detail: fmt.Sprintf("%s answered more than %d bytes", endpoint, c.cfg.MaxResponseBytes)}
+			return attempt{permanent: true, detail: fmt.Sprintf("%s answered more than %d bytes (SAS_AGENT_MAX_RESPONSE_BYTES)", endpoint, c.cfg.MaxResponseBytes)}
 		}
-		if !json.Valid(respBody) {
-			return attempt{permanent: true, detail: endpoint + " answered something that is not JSON"}
+		if len(bytes.TrimSpace(respBody)) == 0 {
+			return attempt{ok: true} // done, with no result to pass on
+		}
+		if !json.Valid(respBody) || bytes.TrimSpace(respBody)[0] != '{' {
+			return attempt{permanent: true, detail: endpoint + " answered something that is not a JSON object"}
 		}
 		return attempt{ok: true, body: respBody}
-	case status == http.StatusTooManyRequests:
-		return attempt{reason: "429", detail: "rate limited", retryAfter: retryAfter(resp.Header.Get("Retry-After"), c.now())}
-	case status == http.StatusRequestTimeout, status == http.StatusConflict:
-		return attempt{reason: strconv.Itoa(status), detail: fmt.Sprintf("%s answered %d", endpoint, status)}
-	case status >= 400 && status < 500:
+	case contract.Permanent:
 		return attempt{permanent: true, detail: fmt.Sprintf("%s answered %d: %s", endpoint, status, snippet(respBody))}
-	default:
-		return attempt{reason: "5xx", detail: fmt.Sprintf("%s answered %d: %s", endpoint, status, snippet(respBody))}
 	}
-}
-
-// retryAfter reads a Retry-After header: seconds or an HTTP date.
-func retryAfter(h string, now time.Time) time.Duration {
-	if h == "" {
-		return 0
+	a := attempt{reason: "5xx", detail: fmt.Sprintf("%s answered %d: %s", endpoint, status, snippet(respBody))}
+	switch status {
+	case http.StatusTooManyRequests:
+		a.reason, a.detail = "429", "rate limited"
+	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly:
+		a.reason = strconv.Itoa(status)
 	}
-	if s, err := strconv.Atoi(strings.TrimSpace(h)); err == nil && s >= 0 {
-		return time.Duration(s) * time.Second
+	if status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable {
+		a.retryAfter = contract.RetryAfter(resp.Header.Get(contract.HeaderRetryAfter), c.now())
 	}
-	if t, err := http.ParseTime(h); err == nil {
-		return max(t.Sub(now), 0)
-	}
-	return 0
+	return a
 }
 
 // snippet is the start of a response body, for a failure's reason: the

@@ -15,11 +15,26 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"sas/internal/contract"
 	"sas/internal/remote"
 	"sas/internal/testenv"
 )
 
-func newCaller(t testing.TB, faults remote.FaultConfig) (*caller, *remote.Service, *metrics) {
+// testCaller calls one endpoint, as the agent calls a kind's.
+type testCaller struct {
+	*caller
+	ep *endpoint
+}
+
+func (c testCaller) call(ctx context.Context, action, key string, body []byte) callResult {
+	completeBy, ok := ctx.Deadline()
+	if !ok {
+		completeBy = time.Now().Add(time.Hour)
+	}
+	return c.caller.call(ctx, c.ep, call{action: action, key: key, attempt: 1, completeBy: completeBy, body: body})
+}
+
+func newCaller(t testing.TB, faults remote.FaultConfig) (testCaller, *remote.Service, *metrics) {
 	t.Helper()
 	svc := remote.New(faults, 7, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	srv := httptest.NewServer(svc.Handler())
@@ -27,11 +42,12 @@ func newCaller(t testing.TB, faults remote.FaultConfig) (*caller, *remote.Servic
 	m := newMetrics(prometheus.NewRegistry())
 	cfg := Config{CallTimeout: time.Second, RetryBase: 5 * time.Millisecond, RetryMax: 50 * time.Millisecond,
 		BreakerFailures: 3, BreakerOpenFor: 100 * time.Millisecond, MaxResponseBytes: 1 << 20}
-	return &caller{client: srv.Client(), baseURL: srv.URL, cfg: cfg, metrics: m, now: time.Now}, svc, m
+	ep := &endpoint{kind: "test", base: srv.URL, client: srv.Client(), timeout: cfg.CallTimeout, headers: http.Header{}}
+	return testCaller{caller: &caller{cfg: cfg, metrics: m, now: time.Now}, ep: ep}, svc, m
 }
 
 func body(orderID string) []byte {
-	b, _ := json.Marshal(remote.Request{OrderID: orderID, Step: 1, Payload: json.RawMessage(`{}`)})
+	b, _ := json.Marshal(contract.Request{OrderID: orderID, Step: 1, Action: "a", Payload: json.RawMessage(`{}`)})
 	return b
 }
 
@@ -149,7 +165,7 @@ func TestRetryAfterParsing(t *testing.T) {
 		{now.Add(5 * time.Second).Format(http.TimeFormat), 5 * time.Second},
 		{now.Add(-5 * time.Second).Format(http.TimeFormat), 0},
 	} {
-		if got := retryAfter(tc.h, now); got != tc.want {
+		if got := contract.RetryAfter(tc.h, now); got != tc.want {
 			t.Errorf("retryAfter(%q) = %v, want %v", tc.h, got, tc.want)
 		}
 	}
@@ -162,7 +178,7 @@ func TestCallCapsResponseSize(t *testing.T) {
 	}))
 	t.Cleanup(big.Close)
 	c, _, _ := newCaller(t, nil)
-	c.baseURL = big.URL
+	c.ep.base = big.URL
 	c.cfg.MaxResponseBytes = 1000
 	res := c.call(within(t, 5*time.Second), "charge_payment", "k", body("o"))
 	if res.outcome != callPermanent || !strings.Contains(res.reason, "more than 1000 bytes") {

@@ -17,6 +17,9 @@ type Case struct {
 	ContentType string // "" means application/json
 	Body        []byte
 	Reason      string // the x-error-reason it must be dead-lettered with
+	// DetailPrefix, when set, is how the x-error-detail must start (the
+	// JSON Pointer of a payload's first error).
+	DetailPrefix string
 }
 
 // ValidSubmit returns a valid SubmitOrder body for orderID, as a map so that
@@ -63,7 +66,7 @@ func SubmitOrders(newID func() string) []Case {
 		{Name: "two objects", Body: []byte(valid() + valid()), Reason: messages.ReasonTrailingData},
 		{Name: "wrong content type", ContentType: "text/plain", Body: []byte(valid()), Reason: messages.ReasonWrongContentType},
 		{Name: "missing schema version", Body: with(id(), `"schema_version":1,`, ``), Reason: messages.ReasonMissingField},
-		{Name: "future schema version", Body: with(id(), `"schema_version":1,`, `"schema_version":2,`), Reason: messages.ReasonUnsupportedVersion},
+		{Name: "future schema version", Body: with(id(), `"schema_version":1,`, `"schema_version":3,`), Reason: messages.ReasonUnsupportedVersion},
 		{Name: "unknown schema version", Body: with(id(), `"schema_version":1,`, `"schema_version":0,`), Reason: messages.ReasonUnsupportedVersion},
 		{Name: "schema version as string", Body: with(id(), `"schema_version":1,`, `"schema_version":"1",`), Reason: messages.ReasonInvalidValue},
 		{Name: "unknown field", Body: with(id(), `"amount":1999`, `"amount":1999,"discount":5`), Reason: messages.ReasonUnknownField},
@@ -104,6 +107,37 @@ func SubmitOrders(newID func() string) []Case {
 		{Name: "high surrogate at the end", Body: with(id(), `"customer":"ACME Ltd"`, `"customer":"ACME\ud83d"`), Reason: messages.ReasonInvalidEncoding},
 		{Name: "control character", Body: with(id(), `"customer":"ACME Ltd"`, `"customer":"ACME\u0007Ltd"`), Reason: messages.ReasonInvalidValue},
 		{Name: "deep nesting", Body: with(id(), `"currency":"EUR"`, `"currency":"EUR","x":`+strings.Repeat("[", 100)+strings.Repeat("]", 100)), Reason: messages.ReasonInvalidValue},
+	}
+}
+
+// ValidSubmitV2JSON is a valid version 2 SubmitOrder body of the
+// built-in order workflow whose payload is payload.
+func ValidSubmitV2JSON(orderID, workflow, payload string) string {
+	return fmt.Sprintf(`{"schema_version":2,"order_id":%q,"workflow":%q,"payload":%s}`, orderID, workflow, payload)
+}
+
+// GoodOrderPayload is a payload the built-in order workflow's schema
+// accepts.
+const GoodOrderPayload = `{"customer":"ACME Ltd","items":[{"sku":"SKU-1","qty":2}],"amount":1999,"currency":"EUR"}`
+
+// SubmitPayloads returns version 2 SubmitOrders whose payload is bad: not
+// an object, too large, or (for the built-in order workflow, whose schema
+// only the submitter knows) breaking its schema.
+func SubmitPayloads(newID func() string) []Case {
+	v2 := func(payload string) []byte { return []byte(ValidSubmitV2JSON(newID(), "order", payload)) }
+	big := `{"note":"` + strings.Repeat("x", messages.MaxPayloadBytes) + `"}`
+	return []Case{
+		{Name: "payload not an object", Body: v2(`[1,2]`), Reason: messages.ReasonInvalidPayload, DetailPrefix: "at /:"},
+		{Name: "payload a string", Body: v2(`"hello"`), Reason: messages.ReasonInvalidPayload, DetailPrefix: "at /:"},
+		{Name: "payload too large", Body: v2(big), Reason: messages.ReasonInvalidPayload, DetailPrefix: "at /:"},
+		{Name: "payload missing", Body: []byte(fmt.Sprintf(`{"schema_version":2,"order_id":%q,"workflow":"order"}`, newID())), Reason: messages.ReasonMissingField},
+		{Name: "version 1 field in version 2", Body: []byte(fmt.Sprintf(`{"schema_version":2,"order_id":%q,"workflow":"order","payload":{},"customer":"c"}`, newID())), Reason: messages.ReasonUnknownField},
+		{Name: "payload breaks the schema deep down", Body: v2(strings.Replace(GoodOrderPayload, `"qty":2`, `"qty":0`, 1)),
+			Reason: messages.ReasonInvalidPayload, DetailPrefix: "at /items/0/qty:"},
+		{Name: "payload lacks a required key", Body: v2(`{"customer":"c","items":[{"sku":"a","qty":1}],"amount":5}`),
+			Reason: messages.ReasonInvalidPayload, DetailPrefix: "at /:"},
+		{Name: "payload of the wrong type", Body: v2(strings.Replace(GoodOrderPayload, `"amount":1999`, `"amount":"lots"`, 1)),
+			Reason: messages.ReasonInvalidPayload, DetailPrefix: "at /amount:"},
 	}
 }
 

@@ -259,7 +259,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) (Report, error) {
 	u.RawQuery = q.Encode()
 	dbURL := u.String()
 	prefix := strings.ReplaceAll(tag, "_", ".") + "."
-	topo := scheduler.Topology(prefix, 10, workflow.Builtin())
+	topo := scheduler.Topology(prefix, 10, workflow.Builtin().Agents())
 	topo.Inputs = append(topo.Inputs, submitter.Input)
 	pool, err := statestore.Connect(ctx, dbURL, 4)
 	if err != nil {

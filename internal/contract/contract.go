@@ -54,8 +54,8 @@ type Request struct {
 	// Payload is the order's payload as submitted: any JSON object.
 	Payload json.RawMessage `json:"payload"`
 	// Results holds the result of every earlier action of the order that
-	// returned one, by action name.
-	Results map[string]json.RawMessage `json:"results,omitempty"`
+	// returned one, by action name: a JSON object.
+	Results json.RawMessage `json:"results,omitempty"`
 	// Undoes is set on a compensation only: the idempotency key of the
 	// action it undoes. A service that finds no effect for that key must
 	// answer 2xx (nothing to undo) and make sure the action cannot happen

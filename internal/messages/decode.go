@@ -21,14 +21,25 @@ import (
 	"unicode/utf8"
 )
 
-// SchemaVersion is the only version this build reads and writes.
+// SchemaVersion is the version of the messages whose form never changed
+// (StepReply, StatusEvent, OperatorAlert). SubmitOrder (SubmitOrderVersion,
+// and 1) and StepRequest (StepRequestVersion) have their own.
 const SchemaVersion = 1
+
+// versioned is a message whose versions, and whose required fields by
+// version, differ from the others'.
+type versioned interface {
+	// required returns the top-level keys the version needs, and false if
+	// the version is not read.
+	required(version string) ([]string, bool)
+}
 
 // ContentType is the content type of every sas message.
 const ContentType = "application/json"
 
-// MaxBodyBytes caps a message body.
-const MaxBodyBytes = 64 << 10
+// MaxBodyBytes caps a message body: room for a step request's payload
+// (MaxPayloadBytes) and the results of a workflow's earlier steps.
+const MaxBodyBytes = 512 << 10
 
 // maxDepth caps JSON nesting, so a hostile body cannot exhaust the stack.
 const maxDepth = 32
@@ -139,7 +150,13 @@ func decodeBody(body []byte, dst any, required, opaque []string, fast bool) erro
 	if len(version) == 0 || !(version[0] == '-' || version[0] >= '0' && version[0] <= '9') {
 		return reject(ReasonInvalidValue, "schema_version must be a number")
 	}
-	if string(version) != strconv.Itoa(SchemaVersion) {
+	if v, ok := dst.(versioned); ok {
+		more, known := v.required(string(version))
+		if !known {
+			return reject(ReasonUnsupportedVersion, "schema_version %s is not supported", version)
+		}
+		required = append(slices.Clip(required), more...)
+	} else if string(version) != strconv.Itoa(SchemaVersion) {
 		return reject(ReasonUnsupportedVersion, "schema_version %s is not supported (this build reads %d)", version, SchemaVersion)
 	}
 	for _, k := range required {

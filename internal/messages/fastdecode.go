@@ -108,6 +108,18 @@ func rawTimePtr(raw []byte, dst **time.Time) bool {
 	return true
 }
 
+func rawBool(raw []byte, dst *bool) bool {
+	switch string(raw) {
+	case "true":
+		*dst = true
+	case "false":
+		*dst = false
+	default:
+		return false
+	}
+	return true
+}
+
 func isNull(raw []byte) bool { return string(raw) == "null" }
 
 // eachMember calls fn with each member of the object raw, a value the
@@ -217,6 +229,8 @@ func (o *SubmitOrder) decodeMembers(ms []member) bool {
 			ok = rawString(m.raw, &v.ReplyTo)
 		case "workflow":
 			ok = rawString(m.raw, &v.Workflow)
+		case "payload":
+			v.Payload, ok = m.raw, true
 		case "placed_at":
 			ok = rawTimePtr(m.raw, &v.PlacedAt)
 		}
@@ -252,19 +266,11 @@ func (r *StepRequest) decodeMembers(ms []member) bool {
 		case "undoes":
 			ok = rawString(m.raw, &v.Undoes)
 		case "payload":
-			ok = eachMember(m.raw, func(m member) bool {
-				switch string(m.key) {
-				case "customer":
-					return rawString(m.raw, &v.Payload.Customer)
-				case "items":
-					return rawItems(m.raw, &v.Payload.Items)
-				case "amount":
-					return rawInt64(m.raw, &v.Payload.Amount)
-				case "currency":
-					return rawString(m.raw, &v.Payload.Currency)
-				}
-				return false
-			})
+			v.Payload, ok = m.raw, true
+		case "results":
+			v.Results, ok = m.raw, true
+		case "undone_result":
+			v.UndoneResult, ok = m.raw, true
 		}
 		if !ok {
 			return false
@@ -324,6 +330,10 @@ func (e *StatusEvent) decodeMembers(ms []member) bool {
 			ok = rawIntPtr(m.raw, &v.Step)
 		case "at":
 			ok = rawTime(m.raw, &v.At)
+		case "results":
+			v.Results, ok = m.raw, true
+		case "results_truncated":
+			ok = rawBool(m.raw, &v.ResultsTruncated)
 		}
 		if !ok {
 			return false

@@ -1,6 +1,7 @@
 package messages
 
 import (
+	"bytes"
 	"encoding/json"
 	"strconv"
 	"time"
@@ -99,14 +100,21 @@ func (o SubmitOrder) appendJSON(b []byte) ([]byte, bool) {
 	e.int(int64(o.SchemaVersion))
 	e.field("order_id")
 	e.str(o.OrderID)
-	e.field("customer")
-	e.str(o.Customer)
-	e.field("items")
-	e.items(o.Items)
-	e.field("amount")
-	e.int(o.Amount)
-	e.field("currency")
-	e.str(o.Currency)
+	if o.SchemaVersion == 1 {
+		e.field("customer")
+		e.str(o.Customer)
+		e.field("items")
+		e.items(o.Items)
+		e.field("amount")
+		e.int(o.Amount)
+		e.field("currency")
+		e.str(o.Currency)
+	} else {
+		e.field("workflow")
+		e.str(o.Workflow)
+		e.field("payload")
+		e.raw(o.Payload)
+	}
 	if o.Priority != 0 {
 		e.field("priority")
 		e.int(int64(o.Priority))
@@ -115,7 +123,7 @@ func (o SubmitOrder) appendJSON(b []byte) ([]byte, bool) {
 		e.field("reply_to")
 		e.str(o.ReplyTo)
 	}
-	if o.Workflow != "" {
+	if o.Workflow != "" && o.SchemaVersion == 1 {
 		e.field("workflow")
 		e.str(o.Workflow)
 	}
@@ -147,22 +155,43 @@ func (r StepRequest) appendJSON(b []byte) ([]byte, bool) {
 	e.field("complete_by")
 	e.time(r.CompleteBy)
 	e.field("payload")
-	e.b = append(e.b, '{')
-	e.field("customer")
-	e.str(r.Payload.Customer)
-	e.field("items")
-	e.items(r.Payload.Items)
-	e.field("amount")
-	e.int(r.Payload.Amount)
-	e.field("currency")
-	e.str(r.Payload.Currency)
-	e.b = append(e.b, '}')
+	e.raw(r.Payload)
+	if len(r.Results) > 0 {
+		e.field("results")
+		e.raw(r.Results)
+	}
 	if r.Undoes != "" {
 		e.field("undoes")
 		e.str(r.Undoes)
 	}
+	if len(r.UndoneResult) > 0 {
+		e.field("undone_result")
+		e.raw(r.UndoneResult)
+	}
 	e.b = append(e.b, '}')
 	return e.b, e.ok
+}
+
+// raw appends a raw JSON value compacted, as json.Marshal writes a
+// json.RawMessage; a value json.Marshal would also escape (<, >, &, U+2028,
+// U+2029) or that is not valid JSON is left to json.Marshal.
+func (e *encoder) raw(v json.RawMessage) {
+	if len(v) == 0 {
+		e.b = append(e.b, "null"...)
+		return
+	}
+	for i, c := range v {
+		if c == '<' || c == '>' || c == '&' || (c == 0xE2 && i+2 < len(v) && v[i+1] == 0x80 && (v[i+2] == 0xA8 || v[i+2] == 0xA9)) {
+			e.ok = false
+			return
+		}
+	}
+	buf := bytes.NewBuffer(e.b)
+	if err := json.Compact(buf, v); err != nil {
+		e.ok = false
+		return
+	}
+	e.b = buf.Bytes()
 }
 
 func (r StepReply) appendJSON(b []byte) ([]byte, bool) {

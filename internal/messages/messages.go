@@ -1,6 +1,7 @@
 package messages
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -56,23 +57,73 @@ func decodeValid[T Message](body []byte, required, opaque []string, fast bool) (
 
 // SubmitOrder is what an application posts to the submit queue. See
 // docs/submit-order.schema.json for the document given to its authors.
+//
+// Version 2 (SubmitOrderVersion) carries any process's order: the
+// workflow to run and its payload, any JSON object. Version 1, the demo
+// order's fixed fields (customer, items, amount, currency), is still read
+// as the payload of the workflow it names ("order" by default).
 type SubmitOrder struct {
 	SchemaVersion int    `json:"schema_version"`
 	OrderID       string `json:"order_id"`
-	Customer      string `json:"customer"`
-	Items         []Item `json:"items"`
+	// Workflow names the steps to run; required in version 2, in version 1
+	// empty means the default workflow.
+	Workflow string `json:"workflow,omitempty"`
+	// Payload is the order's data (version 2): a JSON object of at most
+	// MaxPayloadBytes, checked against the workflow's schema if it has one.
+	Payload json.RawMessage `json:"payload,omitempty"`
+	// Version 1's payload fields.
+	Customer string `json:"customer,omitempty"`
+	Items    []Item `json:"items,omitempty"`
 	// Amount in the currency's minor units (cents): never fractional.
-	Amount   int64  `json:"amount"`
-	Currency string `json:"currency"`
+	Amount   int64  `json:"amount,omitempty"`
+	Currency string `json:"currency,omitempty"`
 	// Priority 0 (default) to 9; higher is claimed first.
 	Priority int `json:"priority,omitempty"`
 	// ReplyTo names the queue that receives this order's status events.
 	ReplyTo string `json:"reply_to,omitempty"`
-	// Workflow names the steps to run; empty means the default workflow.
-	Workflow string `json:"workflow,omitempty"`
-	// PlacedAt is when the customer placed the order, for the record.
+	// PlacedAt is when the order was placed, for the record.
 	PlacedAt *time.Time `json:"placed_at,omitempty"`
 }
+
+// MarshalJSON writes a version 1 order in its own layout (every payload
+// field, even a zero amount) and a version 2 order without them.
+func (o SubmitOrder) MarshalJSON() ([]byte, error) {
+	if o.SchemaVersion == 1 {
+		return json.Marshal(submitOrderV1{o.SchemaVersion, o.OrderID, o.Customer, o.Items, o.Amount, o.Currency,
+			o.Priority, o.ReplyTo, o.Workflow, o.PlacedAt})
+	}
+	return json.Marshal(submitOrderV2{o.SchemaVersion, o.OrderID, o.Workflow, o.Payload, o.Priority, o.ReplyTo, o.PlacedAt})
+}
+
+type submitOrderV1 struct {
+	SchemaVersion int        `json:"schema_version"`
+	OrderID       string     `json:"order_id"`
+	Customer      string     `json:"customer"`
+	Items         []Item     `json:"items"`
+	Amount        int64      `json:"amount"`
+	Currency      string     `json:"currency"`
+	Priority      int        `json:"priority,omitempty"`
+	ReplyTo       string     `json:"reply_to,omitempty"`
+	Workflow      string     `json:"workflow,omitempty"`
+	PlacedAt      *time.Time `json:"placed_at,omitempty"`
+}
+
+type submitOrderV2 struct {
+	SchemaVersion int             `json:"schema_version"`
+	OrderID       string          `json:"order_id"`
+	Workflow      string          `json:"workflow"`
+	Payload       json.RawMessage `json:"payload"`
+	Priority      int             `json:"priority,omitempty"`
+	ReplyTo       string          `json:"reply_to,omitempty"`
+	PlacedAt      *time.Time      `json:"placed_at,omitempty"`
+}
+
+// SubmitOrderVersion is the current SubmitOrder version; 1 is still read.
+const SubmitOrderVersion = 2
+
+// MaxPayloadBytes caps an order's payload (and so what a step request
+// carries besides the results).
+const MaxPayloadBytes = 32 << 10
 
 // Item is one line of an order.
 type Item struct {
@@ -85,19 +136,19 @@ func (SubmitOrder) Type() string { return TypeSubmitOrder }
 
 // Validate implements Message.
 func (o SubmitOrder) Validate() error {
-	if o.SchemaVersion != SchemaVersion {
-		return reject(ReasonUnsupportedVersion, "schema_version %d is not supported", o.SchemaVersion)
+	switch o.SchemaVersion {
+	case 1:
+		if err := o.validateV1(); err != nil {
+			return err
+		}
+	case SubmitOrderVersion:
+		if err := o.validateV2(); err != nil {
+			return err
+		}
+	default:
+		return reject(ReasonUnsupportedVersion, "schema_version %d is not supported (write %d)", o.SchemaVersion, SubmitOrderVersion)
 	}
 	if err := checkID("order_id", o.OrderID); err != nil {
-		return err
-	}
-	if err := checkText("customer", o.Customer, maxText); err != nil {
-		return err
-	}
-	if err := checkItems(o.Items); err != nil {
-		return err
-	}
-	if err := checkAmount(o.Amount, o.Currency); err != nil {
 		return err
 	}
 	if o.Priority < 0 || o.Priority > maxPriority {
@@ -122,6 +173,75 @@ func (o SubmitOrder) Validate() error {
 		}
 	}
 	return nil
+}
+
+func (o SubmitOrder) validateV1() error {
+	if len(o.Payload) > 0 {
+		return reject(ReasonUnknownField, "payload is a version 2 field; send schema_version 2, or the order's customer, items, amount and currency")
+	}
+	if o.Customer == "" {
+		return reject(ReasonMissingField, "customer is required")
+	}
+	if err := checkText("customer", o.Customer, maxText); err != nil {
+		return err
+	}
+	if err := checkItems(o.Items); err != nil {
+		return err
+	}
+	return checkAmount(o.Amount, o.Currency)
+}
+
+func (o SubmitOrder) validateV2() error {
+	if o.Customer != "" || o.Items != nil || o.Amount != 0 || o.Currency != "" {
+		return reject(ReasonUnknownField, "customer, items, amount and currency are version 1 fields; in version 2 put them in payload")
+	}
+	if o.Workflow == "" {
+		return reject(ReasonMissingField, "workflow is required")
+	}
+	return CheckPayload(o.Payload)
+}
+
+// ReasonInvalidPayload is the dead-letter reason of a payload that is not
+// a JSON object, is too large or breaks its workflow's schema; the detail
+// starts with the JSON Pointer of the first error.
+const ReasonInvalidPayload = "invalid_payload"
+
+// CheckPayload checks that payload is a JSON object of at most
+// MaxPayloadBytes.
+func CheckPayload(payload []byte) error {
+	if len(payload) == 0 || string(payload) == "null" {
+		return reject(ReasonMissingField, "payload is required")
+	}
+	if len(payload) > MaxPayloadBytes {
+		return reject(ReasonInvalidPayload, "at /: payload is %d bytes, limit %d", len(payload), MaxPayloadBytes)
+	}
+	if !isObject(payload) {
+		return reject(ReasonInvalidPayload, "at /: payload must be a JSON object, not %s", jsonKind(payload))
+	}
+	return nil
+}
+
+func isObject(raw []byte) bool {
+	raw = bytes.TrimLeft(raw, " \t\r\n")
+	return len(raw) > 0 && raw[0] == '{'
+}
+
+func jsonKind(raw []byte) string {
+	raw = bytes.TrimLeft(raw, " \t\r\n")
+	if len(raw) == 0 {
+		return "nothing"
+	}
+	switch raw[0] {
+	case '[':
+		return "an array"
+	case '"':
+		return "a string"
+	case 't', 'f':
+		return "a boolean"
+	case 'n':
+		return "null"
+	}
+	return "a number"
 }
 
 // checkReplyTo refuses a reply_to that can never receive. RabbitMQ keeps
@@ -177,7 +297,7 @@ func isUpper(s string) bool {
 }
 
 // Normalized returns o with its id in lower case and its time in UTC, the
-// form that is stored and hashed.
+// form that is stored and hashed; a version 2 payload is compacted.
 func (o SubmitOrder) Normalized() SubmitOrder {
 	if id, ok := CanonicalID(o.OrderID); ok {
 		o.OrderID = id
@@ -190,34 +310,82 @@ func (o SubmitOrder) Normalized() SubmitOrder {
 }
 
 // Canonical returns the normalized order's JSON: two submissions are the
-// same order exactly when their canonical forms are equal.
+// same order exactly when their canonical forms are equal. For version 2
+// the payload's keys are sorted and its spaces removed, so only its
+// content counts; version 1 keeps the form it always had, so that
+// resubmitting an order accepted before version 2 is still a duplicate.
 func (o SubmitOrder) Canonical() []byte {
 	n := o.Normalized()
+	if n.SchemaVersion == SubmitOrderVersion {
+		n.Payload = canonicalJSON(n.Payload)
+	}
 	if b, ok := n.appendJSON(make([]byte, 0, 256)); ok {
 		return b // the bytes json.Marshal writes (FuzzFastEncodeMatchesJSON)
 	}
-	b, _ := json.Marshal(n) // a struct of plain fields always marshals
+	b, _ := json.Marshal(n) // plain fields and valid raw JSON always marshal
 	return b
 }
+
+// canonicalJSON rewrites a JSON value with sorted keys and no spaces,
+// numbers as written.
+func canonicalJSON(raw []byte) []byte {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if dec.Decode(&v) != nil {
+		return raw
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return raw
+	}
+	return b
+}
+
+// PayloadJSON is the order's payload as a JSON object: version 2's as
+// sent, version 1's fields gathered into one.
+func (o SubmitOrder) PayloadJSON() []byte {
+	if o.SchemaVersion == SubmitOrderVersion {
+		return o.Payload
+	}
+	b, _ := json.Marshal(OrderPayload{Customer: o.Customer, Items: o.Items, Amount: o.Amount, Currency: o.Currency})
+	return b
+}
+
+func (*SubmitOrder) required(version string) ([]string, bool) {
+	switch version {
+	case "1":
+		return []string{"customer", "items", "amount", "currency"}, true
+	case "2":
+		return []string{"workflow", "payload"}, true
+	}
+	return nil, false
+}
+
+func (*StepRequest) required(version string) ([]string, bool) { return nil, version == "2" }
 
 // DecodeSubmitOrder decodes and validates a SubmitOrder body.
 func DecodeSubmitOrder(body []byte) (SubmitOrder, error) { return decodeSubmitOrder(body, true) }
 
 func decodeSubmitOrder(body []byte, fast bool) (SubmitOrder, error) {
-	o, err := decodeValid[SubmitOrder](body, []string{"order_id", "customer", "items", "amount", "currency"}, nil, fast)
+	o, err := decodeValid[SubmitOrder](body, []string{"order_id"}, []string{"payload"}, fast)
 	if err != nil {
 		return o, err
 	}
 	return o.Normalized(), nil
 }
 
-// OrderPayload is the part of an order an agent needs.
+// OrderPayload is the payload of the demo order (version 1's fields).
 type OrderPayload struct {
 	Customer string `json:"customer"`
 	Items    []Item `json:"items"`
 	Amount   int64  `json:"amount"`
 	Currency string `json:"currency"`
 }
+
+// StepRequestVersion is the StepRequest version: 2 since payloads are
+// opaque.
+const StepRequestVersion = 2
 
 // StepRequest asks an agent to perform one attempt of one step.
 type StepRequest struct {
@@ -230,11 +398,16 @@ type StepRequest struct {
 	IdempotencyKey string `json:"idempotency_key"`
 	// CompleteBy is the absolute deadline; after it the agent stops and
 	// sends nothing.
-	CompleteBy time.Time    `json:"complete_by"`
-	Payload    OrderPayload `json:"payload"`
+	CompleteBy time.Time `json:"complete_by"`
+	// Payload is the order's payload, a JSON object.
+	Payload json.RawMessage `json:"payload"`
+	// Results are the results of the order's earlier actions by action
+	// name, a JSON object; absent when there are none.
+	Results json.RawMessage `json:"results,omitempty"`
 	// Undoes is, for a compensating step, the idempotency key of the
-	// action it undoes.
-	Undoes string `json:"undoes,omitempty"`
+	// action it undoes; UndoneResult that action's result, if it had one.
+	Undoes       string          `json:"undoes,omitempty"`
+	UndoneResult json.RawMessage `json:"undone_result,omitempty"`
 }
 
 // Type implements Message.
@@ -242,8 +415,8 @@ func (StepRequest) Type() string { return TypeStepRequest }
 
 // Validate implements Message.
 func (r StepRequest) Validate() error {
-	if r.SchemaVersion != SchemaVersion {
-		return reject(ReasonUnsupportedVersion, "schema_version %d is not supported", r.SchemaVersion)
+	if r.SchemaVersion != StepRequestVersion {
+		return reject(ReasonUnsupportedVersion, "schema_version %d is not supported (write %d)", r.SchemaVersion, StepRequestVersion)
 	}
 	if err := checkStepRef(r.OrderID, r.Step, r.Attempt); err != nil {
 		return err
@@ -265,13 +438,18 @@ func (r StepRequest) Validate() error {
 			return err
 		}
 	}
-	if err := checkText("payload.customer", r.Payload.Customer, maxText); err != nil {
-		return err
+	if !isObject(r.Payload) {
+		return reject(ReasonInvalidValue, "payload must be a JSON object, not %s", jsonKind(r.Payload))
 	}
-	if err := checkItems(r.Payload.Items); err != nil {
-		return err
+	if len(r.Results) > 0 && !isObject(r.Results) {
+		return reject(ReasonInvalidValue, "results must be a JSON object, not %s", jsonKind(r.Results))
 	}
-	return checkAmount(r.Payload.Amount, r.Payload.Currency)
+	for _, raw := range []json.RawMessage{r.Payload, r.Results, r.UndoneResult} {
+		if len(raw) > 0 && !json.Valid(raw) {
+			return reject(ReasonInvalidValue, "payload, results or undone_result is not valid JSON")
+		}
+	}
+	return nil
 }
 
 func checkStepRef(orderID string, step, attempt int) error {
@@ -291,8 +469,13 @@ func checkStepRef(orderID string, step, attempt int) error {
 func DecodeStepRequest(body []byte) (StepRequest, error) { return decodeStepRequest(body, true) }
 
 func decodeStepRequest(body []byte, fast bool) (StepRequest, error) {
-	return decodeValid[StepRequest](body,
-		[]string{"order_id", "step", "name", "agent", "attempt", "idempotency_key", "complete_by", "payload"}, nil, fast)
+	r, err := decodeValid[StepRequest](body,
+		[]string{"order_id", "step", "name", "agent", "attempt", "idempotency_key", "complete_by", "payload"},
+		[]string{"payload", "results", "undone_result"}, fast)
+	if string(r.UndoneResult) == "null" {
+		r.UndoneResult = nil
+	}
+	return r, err
 }
 
 // Step reply outcomes.
@@ -399,6 +582,11 @@ type StatusEvent struct {
 	// Step is the step concerned, if any.
 	Step *int      `json:"step"`
 	At   time.Time `json:"at"`
+	// Results, on the event that ends an order (completed, failed,
+	// error), are the results of its actions by action name; when they
+	// would take more than 32 KiB, ResultsTruncated is set instead.
+	Results          json.RawMessage `json:"results,omitempty"`
+	ResultsTruncated bool            `json:"results_truncated,omitempty"`
 }
 
 // Type implements Message.
@@ -417,6 +605,9 @@ func (e StatusEvent) Validate() error {
 	default:
 		return reject(ReasonInvalidValue, "status %q is not an order status", truncate(e.Status))
 	}
+	if len(e.Results) > 0 && !isObject(e.Results) {
+		return reject(ReasonInvalidValue, "results must be a JSON object, not %s", jsonKind(e.Results))
+	}
 	if e.Step != nil && (*e.Step < 1 || *e.Step > 1000) {
 		return reject(ReasonInvalidValue, "step %d is outside 1..1000", *e.Step)
 	}
@@ -427,7 +618,7 @@ func (e StatusEvent) Validate() error {
 func DecodeStatusEvent(body []byte) (StatusEvent, error) { return decodeStatusEvent(body, true) }
 
 func decodeStatusEvent(body []byte, fast bool) (StatusEvent, error) {
-	return decodeValid[StatusEvent](body, []string{"order_id", "status", "at"}, nil, fast)
+	return decodeValid[StatusEvent](body, []string{"order_id", "status", "at"}, []string{"results"}, fast)
 }
 
 // OperatorAlert tells a person that an order needs them.

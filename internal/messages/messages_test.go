@@ -121,14 +121,25 @@ func TestRoundTrips(t *testing.T) {
 	at := time.Date(2026, 11, 21, 12, 0, 0, 123456000, time.UTC)
 	step := 2
 	id := messages.NewID()
-	payload := messages.OrderPayload{Customer: "c", Items: []messages.Item{{SKU: "a", Qty: 1}}, Amount: 5, Currency: "USD"}
+	payload := json.RawMessage(`{"customer":"c","items":[{"sku":"a","qty":1}],"amount":5,"currency":"USD"}`)
 	cases := []struct {
 		msg    messages.Message
 		decode func([]byte) (messages.Message, error)
 	}{
-		{messages.StepRequest{SchemaVersion: 1, OrderID: id, Step: 1, Name: "reserve", Agent: "inventory", Attempt: 3,
+		{messages.StepRequest{SchemaVersion: messages.StepRequestVersion, OrderID: id, Step: 1, Name: "reserve", Agent: "inventory", Attempt: 3,
 			IdempotencyKey: id + "/1/reserve", CompleteBy: at, Payload: payload},
 			func(b []byte) (messages.Message, error) { return messages.DecodeStepRequest(b) }},
+		{messages.StepRequest{SchemaVersion: messages.StepRequestVersion, OrderID: id, Step: 5, Name: "refund", Agent: "payment", Attempt: 1,
+			IdempotencyKey: id + "/5/refund", CompleteBy: at, Payload: payload, Results: json.RawMessage(`{"charge":{"ID":"c-1"}}`),
+			Undoes: id + "/2/charge", UndoneResult: json.RawMessage(`{"ID":"c-1"}`)},
+			func(b []byte) (messages.Message, error) { return messages.DecodeStepRequest(b) }},
+		{messages.SubmitOrder{SchemaVersion: messages.SubmitOrderVersion, OrderID: id, Workflow: "onboard", Payload: json.RawMessage(`{"Tenant":"acme","n":[1,2.5]}`),
+			Priority: 3, ReplyTo: "amq.gen-x", PlacedAt: &at},
+			func(b []byte) (messages.Message, error) { return messages.DecodeSubmitOrder(b) }},
+		{messages.StatusEvent{SchemaVersion: 1, OrderID: id, Status: messages.StatusCompleted, At: at, Results: json.RawMessage(`{"a":{"X":1}}`)},
+			func(b []byte) (messages.Message, error) { return messages.DecodeStatusEvent(b) }},
+		{messages.StatusEvent{SchemaVersion: 1, OrderID: id, Status: messages.StatusFailed, At: at, ResultsTruncated: true},
+			func(b []byte) (messages.Message, error) { return messages.DecodeStatusEvent(b) }},
 		{messages.StepReply{SchemaVersion: 1, OrderID: id, Step: 1, Attempt: 3, Outcome: messages.OutcomeOK, Result: json.RawMessage(`{"Reservation":"r-1"}`),
 			StartedAt: &at, CallMicros: 1234, SentAt: &at},
 			func(b []byte) (messages.Message, error) { return messages.DecodeStepReply(b) }},
@@ -370,9 +381,10 @@ func BenchmarkDecodeStepReply(b *testing.B) {
 // agent does for each.
 func BenchmarkDecodeStepRequest(b *testing.B) {
 	id := messages.NewID()
-	body, err := messages.Encode(messages.StepRequest{SchemaVersion: 1, OrderID: id, Step: 2, Name: "charge_payment", Agent: "payment",
+	body, err := messages.Encode(messages.StepRequest{SchemaVersion: messages.StepRequestVersion, OrderID: id, Step: 2, Name: "charge_payment", Agent: "payment",
 		Attempt: 1, IdempotencyKey: id + "/2/charge_payment", CompleteBy: time.Now().Add(time.Minute).UTC(),
-		Payload: messages.OrderPayload{Customer: "ACME Ltd", Items: []messages.Item{{SKU: "SKU-1", Qty: 2}, {SKU: "SKU-2", Qty: 1}}, Amount: 1999, Currency: "EUR"}})
+		Payload: json.RawMessage(`{"customer":"ACME Ltd","items":[{"sku":"SKU-1","qty":2},{"sku":"SKU-2","qty":1}],"amount":1999,"currency":"EUR"}`),
+		Results: json.RawMessage(`{"reserve_inventory":{"action":"reserve_inventory","confirmation":"reserve_inventory-0a1b2c3d4e5f"}}`)})
 	if err != nil {
 		b.Fatal(err)
 	}

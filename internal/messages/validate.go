@@ -67,3 +67,8 @@ func checkName(field, s string, maxLen int) error {
 	}
 	return nil
 }
+
+// CheckName reports a name (an agent kind, a workflow, a queue) that a
+// message could not carry: empty, over 100 characters, or with characters
+// other than letters, digits and . _ : -.
+func CheckName(field, s string) error { return checkName(field, s, 100) }

@@ -1,8 +1,9 @@
-// Package remote is the demo remote service that agents call: one HTTP
-// endpoint per action of the order workflow and per undo action, an
-// idempotency-key ledger, and fault injection set at start and changeable
-// while it runs. Tests and fault runs read its ledger to check that every
-// effect happened at most once.
+// Package remote is the demo remote service that agents call. It speaks
+// the contract of package contract for any action name (POST /v1/{action}):
+// a request naming the key it undoes is an undo, anything else an action.
+// It keeps an idempotency-key ledger and injects faults set at start and
+// changeable while it runs. Tests and fault runs read its ledger to check
+// that every effect happened at most once.
 package remote
 
 import (
@@ -16,6 +17,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"sas/internal/contract"
 	"slices"
 	"strconv"
 	"sync"
@@ -24,8 +26,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Actions returns the endpoints, POST /v1/{action}: the order workflow's
-// actions and their undo actions.
+// Actions returns the order workflow's actions and their undo actions,
+// the demo's usual traffic (any other name is served as well).
 func Actions() []string {
 	return []string{
 		"reserve_inventory", "release_inventory",
@@ -34,42 +36,20 @@ func Actions() []string {
 	}
 }
 
-// HeaderIdempotencyKey carries the caller's key.
-const HeaderIdempotencyKey = "Idempotency-Key"
-
 // maxBody caps a request body.
 const maxBody = 1 << 20
 
-// Request is a call's body.
-type Request struct {
-	OrderID string          `json:"order_id"`
-	Step    int             `json:"step"`
-	Payload json.RawMessage `json:"payload"`
-	// Undoes is required by the undo actions: the idempotency key of the
-	// action to undo.
-	Undoes string `json:"undoes,omitempty"`
-}
-
-// undoes maps each undo action to the action it undoes.
-func undoes(action string) (string, bool) {
-	switch action {
-	case "release_inventory":
-		return "reserve_inventory", true
-	case "refund_payment":
-		return "charge_payment", true
-	case "cancel_shipment":
-		return "create_shipment", true
-	}
-	return "", false
-}
-
 // Entry is the ledger's record of one idempotency key.
 type Entry struct {
-	Key     string          `json:"key"`
-	Action  string          `json:"action"`
-	OrderID string          `json:"order_id"`
-	Step    int             `json:"step"`
-	Effects int             `json:"effects"`  // times the effect was applied: 1, or it went wrong
+	Key     string `json:"key"`
+	Action  string `json:"action"`
+	OrderID string `json:"order_id"`
+	Step    int    `json:"step"`
+	Effects int    `json:"effects"` // times the effect was applied: 1, or it went wrong
+	// Request is the body of the call that applied the effect, as sent
+	// (payload, results, undone_result), for tests to read what a step
+	// was given.
+	Request json.RawMessage `json:"request,omitempty"`
 	Calls   int             `json:"requests"` // requests that reached the ledger with this key
 	Result  json.RawMessage `json:"result,omitempty"`
 	At      time.Time       `json:"applied_at,omitzero"`
@@ -90,6 +70,9 @@ type Entry struct {
 
 // Service is the remote service.
 type Service struct {
+	// KeepRequests keeps each entry's Request (set before serving).
+	KeepRequests bool
+
 	logger  *slog.Logger
 	metrics *prometheus.CounterVec
 
@@ -185,15 +168,12 @@ func (s *Service) call(w http.ResponseWriter, r *http.Request) {
 	action := r.PathValue("action")
 	outcome := "ok"
 	defer func() { s.metrics.WithLabelValues(action, outcome).Inc() }()
-	if !slices.Contains(Actions(), action) {
-		outcome = "not_found"
-		httpError(w, http.StatusNotFound, "no action %q", action)
-		return
-	}
-	key := r.Header.Get(HeaderIdempotencyKey)
+	key := r.Header.Get(contract.HeaderIdempotencyKey)
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
-	var req Request
+	var req contract.Request
 	switch {
+	case !validAction(action):
+		err = fmt.Errorf("action %q is not a name (letters, digits, _ . -)", action)
 	case key == "":
 		err = errors.New("the Idempotency-Key header is required")
 	case err != nil:
@@ -204,14 +184,20 @@ func (s *Service) call(w http.ResponseWriter, r *http.Request) {
 		if err == nil && req.OrderID == "" {
 			err = errors.New("order_id is required")
 		}
-		if _, isUndo := undoes(action); err == nil && isUndo && req.Undoes == "" {
-			err = errors.New("undoes (the key of the action to undo) is required")
-		}
 	}
 	if err != nil {
 		outcome = "bad_request"
 		httpError(w, http.StatusBadRequest, "%v", err)
 		return
+	}
+	if h := r.Header.Get(contract.HeaderCompleteBy); h != "" {
+		// Work that could only end after the caller's deadline is refused:
+		// its effect would come when nobody counts it.
+		if by, err := contract.ParseCompleteBy(h); err == nil && !time.Now().Before(by) {
+			outcome = "past_deadline"
+			httpError(w, http.StatusRequestTimeout, "the deadline %s has passed", h)
+			return
+		}
 	}
 
 	faults, roll := s.draw(action)
@@ -233,7 +219,7 @@ func (s *Service) call(w http.ResponseWriter, r *http.Request) {
 	}
 
 	hash := sha256.Sum256(append([]byte(action+"\x00"), body...))
-	e, status := s.begin(key, action, hash, req)
+	e, status := s.begin(key, action, hash, req, body)
 	switch status {
 	case http.StatusConflict:
 		outcome = "in_flight"
@@ -282,13 +268,16 @@ func (s *Service) call(w http.ResponseWriter, r *http.Request) {
 // begin looks the key up. A new key is recorded as in flight and gets 0; a
 // known one gets the status to answer: 409 in flight, 422 other payload,
 // 200 done (replay e.Result).
-func (s *Service) begin(key, action string, hash [sha256.Size]byte, req Request) (Entry, int) {
+func (s *Service) begin(key, action string, hash [sha256.Size]byte, req contract.Request, body []byte) (Entry, int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.ledger[key]
 	if !ok {
 		s.ledger[key] = &Entry{Key: key, Action: action, OrderID: req.OrderID, Step: req.Step, Calls: 1,
 			hash: hash, inFlight: true}
+		if s.KeepRequests {
+			s.ledger[key].Request = body
+		}
 		return Entry{}, 0
 	}
 	e.Calls++
@@ -326,7 +315,7 @@ func (s *Service) apply(key, action, undoKey string) (json.RawMessage, int) {
 	e := s.ledger[key]
 	e.inFlight = false
 	result := map[string]any{"action": e.Action}
-	if _, isUndo := undoes(action); isUndo {
+	if undoKey != "" {
 		e.Undoes = undoKey
 		original, ok := s.ledger[undoKey]
 		switch {
@@ -380,6 +369,18 @@ func (s *Service) putFaults(w http.ResponseWriter, r *http.Request) {
 	s.SetFaults(cfg)
 	s.logger.Info("fault configuration changed", "faults", string(raw))
 	writeJSONValue(w, cfg)
+}
+
+func validAction(a string) bool {
+	if a == "" || len(a) > 100 {
+		return false
+	}
+	for _, c := range a {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {

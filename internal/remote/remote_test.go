@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"sas/internal/contract"
 	"sas/internal/remote"
 	"sas/internal/testenv"
 )
@@ -34,10 +35,10 @@ type reply struct {
 
 func call(t *testing.T, ctx context.Context, srv *httptest.Server, action, key, orderID string) reply {
 	t.Helper()
-	body, _ := json.Marshal(remote.Request{OrderID: orderID, Step: 1, Payload: json.RawMessage(`{"amount":1}`)})
+	body, _ := json.Marshal(contract.Request{OrderID: orderID, Step: 1, Payload: json.RawMessage(`{"amount":1}`)})
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/"+action, bytes.NewReader(body))
 	if key != "" {
-		req.Header.Set(remote.HeaderIdempotencyKey, key)
+		req.Header.Set(contract.HeaderIdempotencyKey, key)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -78,8 +79,12 @@ func TestIdempotencyKeys(t *testing.T) {
 	if r := call(t, ctx, srv, "charge_payment", "", "o1"); r.status != http.StatusBadRequest {
 		t.Fatalf("no key: %+v", r)
 	}
-	if r := call(t, ctx, srv, "teleport", "k9", "o1"); r.status != http.StatusNotFound {
-		t.Fatalf("unknown action: %+v", r)
+	// Any action name is served: a new workflow needs no change here.
+	if r := call(t, ctx, srv, "teleport", "k9", "o1"); r.status != http.StatusOK {
+		t.Fatalf("new action: %+v", r)
+	}
+	if r := call(t, ctx, srv, "no%20spaces", "k10", "o1"); r.status != http.StatusBadRequest {
+		t.Fatalf("action that is not a name: %+v", r)
 	}
 }
 
@@ -190,9 +195,9 @@ func TestAdminFaults(t *testing.T) {
 
 func undo(t *testing.T, srv *httptest.Server, action, key, undoes string) reply {
 	t.Helper()
-	body, _ := json.Marshal(remote.Request{OrderID: "o", Step: 4, Payload: json.RawMessage(`{}`), Undoes: undoes})
+	body, _ := json.Marshal(contract.Request{OrderID: "o", Step: 4, Payload: json.RawMessage(`{}`), Undoes: undoes})
 	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/"+action, bytes.NewReader(body))
-	req.Header.Set(remote.HeaderIdempotencyKey, key)
+	req.Header.Set(contract.HeaderIdempotencyKey, key)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -233,9 +238,13 @@ func TestUndo(t *testing.T) {
 		t.Fatalf("voided action entry %+v", e)
 	}
 
-	// An undo without the key it undoes is refused.
-	if r := undo(t, srv, "release_inventory", "release", ""); r.status != http.StatusBadRequest {
-		t.Fatalf("undo without undoes: %+v", r)
+	// What makes an undo is the key it names, not the action's name: a
+	// call without one is an action of its own, whatever it is called.
+	if r := undo(t, srv, "release_inventory", "release-as-action", ""); r.status != http.StatusOK {
+		t.Fatalf("call without undoes: %+v", r)
+	}
+	if e, _ := entry(svc, "release-as-action"); e.Effects != 1 || e.Undoes != "" {
+		t.Fatalf("call without undoes: %+v", e)
 	}
 }
 

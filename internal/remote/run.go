@@ -22,8 +22,12 @@ type Config struct {
 	// {"*":{"error_rate":0.1},"charge_payment":{"latency_min_ms":5,"latency_max_ms":50}}.
 	Faults string `envconfig:"REMOTE_FAULTS" default:"{}"`
 	// Seed makes fault injection repeatable; 0 picks one at random.
-	Seed     uint64 `envconfig:"REMOTE_SEED" default:"0"`
-	LogLevel string `envconfig:"LOG_LEVEL" default:"info"`
+	Seed uint64 `envconfig:"REMOTE_SEED" default:"0"`
+	// KeepRequests keeps the body of each key's applying call in the
+	// ledger (GET /ledger), for tests to read what every step was given;
+	// off, the ledger stays small over long runs.
+	KeepRequests bool   `envconfig:"REMOTE_KEEP_REQUESTS" default:"false"`
+	LogLevel     string `envconfig:"LOG_LEVEL" default:"info"`
 	// DebugAddr, when set, serves Go's profiler there.
 	DebugAddr string `envconfig:"DEBUG_ADDR"`
 }
@@ -43,6 +47,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	}
 	reg := service.NewRegistry()
 	svc := New(faults, cfg.Seed, reg, logger)
+	svc.KeepRequests = cfg.KeepRequests
 	mux := http.NewServeMux()
 	mux.Handle("/", svc.Handler())
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))

@@ -287,12 +287,8 @@ func (c *claimer) dispatch(steps []statestore.ClaimedStep) {
 // set to the budget left, so a request nobody took in time dies in the
 // queue instead of reaching an agent too late.
 func request(s statestore.ClaimedStep) (amqp.Publishing, error) {
-	items, err := messages.ParseItems(s.Items)
-	if err != nil {
-		return amqp.Publishing{}, fmt.Errorf("items: %w", err)
-	}
 	body, err := messages.Encode(messages.StepRequest{
-		SchemaVersion:  messages.SchemaVersion,
+		SchemaVersion:  messages.StepRequestVersion,
 		OrderID:        s.OrderID,
 		Step:           s.Step,
 		Name:           s.Name,
@@ -300,8 +296,10 @@ func request(s statestore.ClaimedStep) (amqp.Publishing, error) {
 		Attempt:        s.Attempt,
 		IdempotencyKey: s.IdempotencyKey,
 		CompleteBy:     s.CompleteBy.UTC(),
-		Payload:        messages.OrderPayload{Customer: s.Customer, Items: items, Amount: s.Amount, Currency: s.Currency},
+		Payload:        s.Payload,
+		Results:        s.Results,
 		Undoes:         s.Undoes,
+		UndoneResult:   s.UndoneResult,
 	})
 	if err != nil {
 		return amqp.Publishing{}, err

@@ -25,7 +25,15 @@ import (
 // Config is the scheduler's configuration (environment prefix SAS_).
 type Config struct {
 	service.Common
+	service.WorkflowsFile
 	MetricsAddr string `envconfig:"METRICS_ADDR" default:":9102"`
+	// Kinds are the agent kinds whose steps this scheduler claims and
+	// whose request queues it declares; empty means every kind the
+	// workflows file names. Steps carry their kind from submission, so a
+	// scheduler claims what it is configured for, whatever its own file
+	// says: list a kind here before a submitter with a newer file sends
+	// orders that use it.
+	Kinds []string `envconfig:"SCHEDULER_KINDS"`
 	// BatchSize is how many steps one claim takes at most.
 	BatchSize int `envconfig:"SCHEDULER_BATCH" default:"100"`
 	// MaxQueued is how many requests may wait in an agent kind's queue
@@ -158,8 +166,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 // exist from the start, at zero, for the label values known now: a series
 // that appears only at its first increment hides that increment from
 // increase() and rate().
-func (m *metrics) initSeries(workflows *workflow.Registry) {
-	for _, kind := range workflows.Agents() {
+func (m *metrics) initSeries(workflows *workflow.Registry, kinds []string) {
+	for _, kind := range kinds {
 		m.throttled.WithLabelValues(kind)
 		m.queueReady.WithLabelValues(kind)
 	}
@@ -192,10 +200,10 @@ func (m *metrics) initSeries(workflows *workflow.Registry) {
 }
 
 // Topology is the queues and exchanges the scheduler uses: the replies
-// queue and a request queue per agent kind of the workflows.
-func Topology(prefix string, deliveryLimit int, workflows *workflow.Registry) broker.Topology {
+// queue and a request queue per agent kind it claims for.
+func Topology(prefix string, deliveryLimit int, kinds []string) broker.Topology {
 	inputs := []string{messages.RepliesQueue}
-	for _, kind := range workflows.Agents() {
+	for _, kind := range kinds {
 		inputs = append(inputs, messages.RequestsQueue(kind))
 	}
 	return broker.Topology{Prefix: prefix, DeliveryLimit: deliveryLimit, Inputs: inputs}
@@ -208,9 +216,21 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	logger = logger.With("service", "scheduler", "instance", me)
 	reg := service.NewRegistry()
 	m := newMetrics(reg)
-	workflows := workflow.Builtin()
-	m.initSeries(workflows)
-	topo := Topology(cfg.QueuePrefix, cfg.DeliveryLimit, workflows)
+	workflows, err := cfg.Workflows()
+	if err != nil {
+		return err
+	}
+	kinds := cfg.Kinds
+	if len(kinds) == 0 {
+		kinds = workflows.Agents()
+	}
+	for _, k := range kinds {
+		if err := messages.CheckName("SAS_SCHEDULER_KINDS", k); err != nil {
+			return err
+		}
+	}
+	m.initSeries(workflows, kinds)
+	topo := Topology(cfg.QueuePrefix, cfg.DeliveryLimit, kinds)
 	ops, err := service.ListenOps(cfg.MetricsAddr, reg, service.NotReady("starting"), logger)
 	if err != nil {
 		return err
@@ -228,7 +248,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	w := &waker{store: store, logger: logger, pending: make(chan struct{}, 1), outbox: make(chan struct{}, 1)}
 	depths := broker.NewQueueInspector(conn)
 	defer depths.Close()
-	c := &claimer{store: store, pub: pub, depths: depths, topo: topo, kinds: workflows.Agents(), me: me,
+	c := &claimer{store: store, pub: pub, depths: depths, topo: topo, kinds: kinds, me: me,
 		batch: cfg.BatchSize, maxQueued: cfg.MaxQueued, maxReplies: cfg.MaxRepliesQueued, poll: cfg.PollInterval,
 		wake: w.pending, wakeRelay: func() { nudge(w.outbox) }, workCtx: workCtx, logger: logger, metrics: m,
 		known: map[string]queueDepth{}}
@@ -258,7 +278,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 
 	ops.SetReady(deps.Ready(replies))
 
-	logger.Info("scheduler started", "batch", cfg.BatchSize, "poll_interval", cfg.PollInterval.String())
+	logger.Info("scheduler started", "kinds", kinds, "workflows", workflows.Source, "batch", cfg.BatchSize, "poll_interval", cfg.PollInterval.String())
 	return service.RunAll(ctx, cfg.ShutdownTimeout, cancelWork, logger,
 		w.run, c.run, replies.Run, rl.run)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/kelseyhightower/envconfig"
 
 	"sas/internal/secrets"
+	"sas/internal/workflow"
 )
 
 // Leveled is a configuration that names its log level.
@@ -63,6 +64,15 @@ func Main[C Leveled](name string, run func(context.Context, C, *slog.Logger) err
 	if c, ok := any(cfg).(Checked); ok {
 		if err := c.Check(); err != nil {
 			fmt.Fprintf(os.Stderr, "%s: configuration: %s\n", name, red.String(err.Error()))
+			return 2
+		}
+	}
+	if w, ok := any(cfg).(interface {
+		Workflows() (*workflow.Registry, error)
+	}); ok {
+		// Every problem of the file, one per line, before anything starts.
+		if _, err := w.Workflows(); err != nil {
+			fmt.Fprintf(os.Stderr, "%s: workflows file is invalid:\n%s\n", name, red.String(err.Error()))
 			return 2
 		}
 	}

@@ -22,6 +22,7 @@ import (
 
 	"sas/internal/secrets"
 	"sas/internal/statestore"
+	"sas/internal/workflow"
 )
 
 // Common is the configuration every service reads (prefix SAS_).
@@ -216,4 +217,17 @@ func (s *OpsServer) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	return s.srv.Shutdown(ctx)
+}
+
+// WorkflowsFile is the setting of the services that read the workflows
+// file; embed it in their configuration.
+type WorkflowsFile struct {
+	// WorkflowsFile is the YAML file of workflows (SAS_WORKFLOWS_FILE);
+	// empty means the built-in one (deploy/workflows.yaml).
+	WorkflowsFile string `envconfig:"WORKFLOWS_FILE"`
+}
+
+// Workflows loads and checks the workflows file.
+func (w WorkflowsFile) Workflows() (*workflow.Registry, error) {
+	return workflow.LoadOrBuiltin(w.WorkflowsFile)
 }

@@ -26,12 +26,15 @@ type ClaimedStep struct {
 	ReplyTo  string
 	// Kind is KindAction or KindCompensation; for a compensation, Undoes
 	// is the idempotency key of the action it undoes.
-	Kind     string
-	Undoes   string
-	Customer string
-	Items    []byte
-	Amount   int64
-	Currency string
+	Kind   string
+	Undoes string
+	// Payload is the order's payload (a JSON object); Results the results
+	// of the order's earlier actions by action name (a JSON object, nil
+	// when none); UndoneResult, for a compensation, the result of the
+	// action it undoes (nil when none).
+	Payload      []byte
+	Results      []byte
+	UndoneResult []byte
 }
 
 // A claim statement claims up to $2 due pending steps for $1: the
@@ -106,11 +109,17 @@ const claimRestSQL = `, claimed AS (
 )
 SELECT c.order_id::text, c.step, c.name, c.agent, c.attempt, c.failure_count, c.idempotency_key,
        c.complete_by, (extract(epoch FROM c.complete_by - clock_timestamp()) * 1000)::bigint, c.priority,
-       coalesce(o.reply_to, ''), o.customer, o.items, o.amount, o.currency, c.kind, coalesce(a.idempotency_key, '')
+       coalesce(o.reply_to, ''), o.payload, ` + resultsSQL + `, a.result, c.kind, coalesce(a.idempotency_key, '')
 FROM claimed c
 JOIN orders o ON o.order_id = c.order_id
 LEFT JOIN steps a ON a.order_id = c.order_id AND a.step = c.compensates
 ORDER BY c.priority DESC, c.order_id, c.step`
+
+// resultsSQL reads the results of the actions before step c of its
+// order, by action name (NULL when none); compensations come after every
+// action, so they get all of them.
+const resultsSQL = `(SELECT jsonb_object_agg(p.name, p.result) FROM steps p
+        WHERE p.order_id = c.order_id AND p.step < c.step AND p.kind = 'action' AND p.result IS NOT NULL)`
 
 // ClaimPending claims up to limit due pending steps for the scheduler
 // lockedBy and returns them; agent, when not "", limits the claim to steps
@@ -155,7 +164,7 @@ func (s *Store) claim(ctx context.Context, sql string, args ...any) ([]ClaimedSt
 		var budgetMS int64
 		var prio int16
 		err := row.Scan(&c.OrderID, &c.Step, &c.Name, &c.Agent, &c.Attempt, &c.FailureCount, &c.IdempotencyKey,
-			&c.CompleteBy, &budgetMS, &prio, &c.ReplyTo, &c.Customer, &c.Items, &c.Amount, &c.Currency, &c.Kind, &c.Undoes)
+			&c.CompleteBy, &budgetMS, &prio, &c.ReplyTo, &c.Payload, &c.Results, &c.UndoneResult, &c.Kind, &c.Undoes)
 		c.setBudgetPriority(budgetMS, prio)
 		return c, err
 	})

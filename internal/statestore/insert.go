@@ -15,11 +15,12 @@ import (
 type NewOrder struct {
 	OrderID  string
 	Workflow string
-	Customer string
-	// Items is the order's items as a JSON array.
-	Items    []byte
-	Amount   int64
-	Currency string
+	// WorkflowVersion is the version (content hash) of the workflow's
+	// definition the order runs, stored by StoreWorkflowVersions first;
+	// "" for none.
+	WorkflowVersion string
+	// Payload is the order's payload: a JSON object.
+	Payload  []byte
 	Priority int
 	ReplyTo  string
 	PlacedAt *time.Time
@@ -64,6 +65,9 @@ type NewStep struct {
 	// MaxFailures is the failure threshold: the supervisor marks the step
 	// error when failure_count reaches it.
 	MaxFailures int
+	// BackoffBase and BackoffMax, when set, replace the supervisor's
+	// backoff for this step.
+	BackoffBase, BackoffMax time.Duration
 }
 
 // InsertOutcome says what InsertOrder did.
@@ -98,30 +102,33 @@ func IdempotencyKey(orderID string, step int, name string) string {
 // one transaction; the statement's fixed costs (planning its parts,
 // preparing every table's checks and triggers) are paid once per batch
 // instead of once per order. ON CONFLICT DO NOTHING makes a resubmission
-// write nothing; the caller then compares payload hashes. Orders come as parallel arrays ($1..$12, one element per order),
-// steps as parallel arrays ($13..$21, one element per step, $13 the
+// write nothing; the caller then compares payload hashes. Orders come as parallel arrays ($1..$10, one element per order),
+// steps as parallel arrays ($11..$21, one element per step, $11 the
 // 1-based index of its order). Order ids must be distinct. It returns the
 // index of every order it wrote.
 const insertOrdersSQL = `
 WITH o AS (
-    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::bigint[], $6::text[], $7::int[],
-                         $8::text[], $9::timestamptz[], $10::bytea[], $11::text[], $12::text[]) WITH ORDINALITY
-        AS o(order_id, workflow, customer, items, amount, currency, priority, reply_to, placed_at, payload_hash, failure_policy, actor, idx)
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int[],
+                         $6::text[], $7::timestamptz[], $8::bytea[], $9::text[], $10::text[]) WITH ORDINALITY
+        AS o(order_id, workflow, workflow_version, payload, priority, reply_to, placed_at, payload_hash, failure_policy, actor, idx)
 ), ins AS (
-    INSERT INTO orders (order_id, workflow, customer, items, amount, currency, priority, reply_to, placed_at, payload_hash, failure_policy)
-    SELECT order_id, workflow, customer, items, amount, currency, priority, NULLIF(reply_to, ''), placed_at, payload_hash, failure_policy
+    INSERT INTO orders (order_id, workflow, workflow_version, payload, priority, reply_to, placed_at, payload_hash, failure_policy)
+    SELECT order_id, workflow, NULLIF(workflow_version, ''), payload, priority, NULLIF(reply_to, ''), placed_at, payload_hash, failure_policy
     FROM o ORDER BY idx
     ON CONFLICT (order_id) DO NOTHING
     RETURNING order_id, reply_to
 ), insd AS (
     SELECT o.* FROM o JOIN ins ON ins.order_id = o.order_id
 ), st AS (
-    INSERT INTO steps (order_id, step, name, kind, compensates, agent, process_state, priority, timeout, max_failures, idempotency_key)
+    INSERT INTO steps (order_id, step, name, kind, compensates, agent, process_state, priority, timeout, max_failures, idempotency_key,
+                       backoff_base, backoff_max)
     SELECT insd.order_id, s.step, s.name, s.kind, NULLIF(s.compensates, 0), s.agent,
            CASE WHEN s.step = 1 THEN 'pending' ELSE 'waiting' END,
-           insd.priority, make_interval(secs => s.timeout_ms / 1000.0), s.max_failures, s.idempotency_key
-    FROM unnest($13::int[], $14::text[], $15::text[], $16::bigint[], $17::int[], $18::text[], $19::text[], $20::int[], $21::int[])
-             AS s(order_idx, name, agent, timeout_ms, max_failures, idempotency_key, kind, compensates, step)
+           insd.priority, make_interval(secs => s.timeout_ms / 1000.0), s.max_failures, s.idempotency_key,
+           make_interval(secs => NULLIF(s.backoff_base_ms, 0) / 1000.0), make_interval(secs => NULLIF(s.backoff_max_ms, 0) / 1000.0)
+    FROM unnest($11::int[], $12::text[], $13::text[], $14::bigint[], $15::int[], $16::text[], $17::text[], $18::int[], $19::int[],
+                $20::bigint[], $21::bigint[])
+             AS s(order_idx, name, agent, timeout_ms, max_failures, idempotency_key, kind, compensates, step, backoff_base_ms, backoff_max_ms)
     JOIN insd ON insd.idx = s.order_idx
     RETURNING order_id, step, process_state
 ), hist AS (
@@ -215,26 +222,23 @@ func (s *Store) InsertOrders(ctx context.Context, orders []NewOrder) ([]InsertOu
 
 // insertArrays are insertOrdersSQL's parallel arrays.
 type insertArrays struct {
-	ids, workflows, customers, currencies, replyTos, policies, actors []string
-	items                                                             []string // JSON
-	amounts                                                           []int64
-	priorities                                                        []int32
-	placedAt                                                          []*time.Time
-	hashes                                                            [][]byte
+	ids, workflows, versions, replyTos, policies, actors []string
+	payloads                                             []string // JSON
+	priorities                                           []int32
+	placedAt                                             []*time.Time
+	hashes                                               [][]byte
 
 	stepOrder, stepNo, maxFailures, compensates []int32
 	names, agents, keys, kinds                  []string
-	timeouts                                    []int64
+	timeouts, backoffBases, backoffMaxes        []int64
 }
 
 // add appends o as the idx-th (1-based) order of the statement.
 func (a *insertArrays) add(o NewOrder, idx int) {
 	a.ids = append(a.ids, o.OrderID)
 	a.workflows = append(a.workflows, o.Workflow)
-	a.customers = append(a.customers, o.Customer)
-	a.items = append(a.items, string(o.Items))
-	a.amounts = append(a.amounts, o.Amount)
-	a.currencies = append(a.currencies, o.Currency)
+	a.versions = append(a.versions, o.WorkflowVersion)
+	a.payloads = append(a.payloads, string(o.Payload))
 	a.priorities = append(a.priorities, int32(o.Priority))
 	a.replyTos = append(a.replyTos, o.ReplyTo)
 	a.placedAt = append(a.placedAt, o.PlacedAt)
@@ -251,13 +255,16 @@ func (a *insertArrays) add(o NewOrder, idx int) {
 		a.kinds = append(a.kinds, cmp.Or(st.Kind, KindAction))
 		a.compensates = append(a.compensates, int32(st.Compensates))
 		a.stepNo = append(a.stepNo, int32(i+1))
+		a.backoffBases = append(a.backoffBases, st.BackoffBase.Milliseconds())
+		a.backoffMaxes = append(a.backoffMaxes, st.BackoffMax.Milliseconds())
 	}
 }
 
 func (a *insertArrays) args() []any {
-	return []any{a.ids, a.workflows, a.customers, a.items, a.amounts, a.currencies, a.priorities, a.replyTos, a.placedAt,
+	return []any{a.ids, a.workflows, a.versions, a.payloads, a.priorities, a.replyTos, a.placedAt,
 		a.hashes, a.policies, a.actors,
-		a.stepOrder, a.names, a.agents, a.timeouts, a.maxFailures, a.keys, a.kinds, a.compensates, a.stepNo}
+		a.stepOrder, a.names, a.agents, a.timeouts, a.maxFailures, a.keys, a.kinds, a.compensates, a.stepNo,
+		a.backoffBases, a.backoffMaxes}
 }
 
 // existing tells a duplicate from a conflict for an order whose insert
@@ -279,4 +286,58 @@ func (s *Store) existing(ctx context.Context, o NewOrder) (InsertOutcome, error)
 		return 0, fmt.Errorf("insert order %s: %w", o.OrderID, ErrConflict)
 	}
 	return Duplicate, nil
+}
+
+// WorkflowVersion is one version of a workflow's definition.
+type WorkflowVersion struct {
+	Name    string
+	Version string
+	// Definition is the workflow as JSON (workflow.Workflow.Definition).
+	Definition []byte
+	CreatedBy  string
+	CreatedAt  time.Time
+	// Active is how many orders of this version have not ended.
+	Active int64
+}
+
+// StoreWorkflowVersions records the definitions orders may name; a
+// version already stored is left as it is (the same name and version is
+// the same definition).
+func (s *Store) StoreWorkflowVersions(ctx context.Context, vs []WorkflowVersion) error {
+	names, versions, defs, bys := make([]string, len(vs)), make([]string, len(vs)), make([]string, len(vs)), make([]string, len(vs))
+	for i, v := range vs {
+		names[i], versions[i], defs[i], bys[i] = v.Name, v.Version, string(v.Definition), v.CreatedBy
+	}
+	_, err := s.pool.Exec(ctx, `
+INSERT INTO workflow_versions (name, version, definition, created_by)
+SELECT * FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::text[])
+ON CONFLICT (name, version) DO NOTHING`, names, versions, defs, bys)
+	if err != nil {
+		return fmt.Errorf("store workflow versions: %w", classify(err))
+	}
+	return nil
+}
+
+// WorkflowVersions lists every stored version, newest first per name, with
+// how many orders of each have not ended.
+func (s *Store) WorkflowVersions(ctx context.Context) ([]WorkflowVersion, error) {
+	rows, err := s.pool.Query(ctx, `
+SELECT v.name, v.version, v.definition, v.created_by, v.created_at, coalesce(a.n, 0)
+FROM workflow_versions v
+LEFT JOIN (SELECT workflow, workflow_version, count(*) AS n FROM orders
+           WHERE status IN ('received', 'processing', 'compensating') GROUP BY 1, 2) a
+       ON a.workflow = v.name AND a.workflow_version = v.version
+ORDER BY v.name, v.created_at DESC`)
+	if err != nil {
+		return nil, fmt.Errorf("workflow versions: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (WorkflowVersion, error) {
+		var v WorkflowVersion
+		err := row.Scan(&v.Name, &v.Version, &v.Definition, &v.CreatedBy, &v.CreatedAt, &v.Active)
+		return v, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("workflow versions: %w", err)
+	}
+	return out, nil
 }

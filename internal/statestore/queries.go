@@ -12,18 +12,18 @@ import (
 
 // Order is an order row.
 type Order struct {
-	OrderID   string          `json:"order_id"`
-	Workflow  string          `json:"workflow"`
-	Status    string          `json:"status"`
-	Priority  int             `json:"priority"`
-	Customer  string          `json:"customer"`
-	Items     json.RawMessage `json:"items"`
-	Amount    int64           `json:"amount"`
-	Currency  string          `json:"currency"`
-	ReplyTo   string          `json:"reply_to,omitempty"`
-	PlacedAt  *time.Time      `json:"placed_at,omitempty"`
-	CreatedAt time.Time       `json:"created_at"`
-	UpdatedAt time.Time       `json:"updated_at"`
+	OrderID  string `json:"order_id"`
+	Workflow string `json:"workflow"`
+	Status   string `json:"status"`
+	Priority int    `json:"priority"`
+	// WorkflowVersion is "" for an order written before versions were
+	// kept.
+	WorkflowVersion string          `json:"workflow_version,omitempty"`
+	Payload         json.RawMessage `json:"payload"`
+	ReplyTo         string          `json:"reply_to,omitempty"`
+	PlacedAt        *time.Time      `json:"placed_at,omitempty"`
+	CreatedAt       time.Time       `json:"created_at"`
+	UpdatedAt       time.Time       `json:"updated_at"`
 }
 
 // Step is a step state row.
@@ -76,13 +76,13 @@ type ListFilter struct {
 	Limit    int           // <= 0 for 50
 }
 
-const orderColumns = `order_id::text, workflow, status, priority, customer, items, amount, currency,
+const orderColumns = `order_id::text, workflow, coalesce(workflow_version, ''), status, priority, payload,
 	coalesce(reply_to, ''), placed_at, created_at, updated_at`
 
 func scanOrder(row pgx.Row) (Order, error) {
 	var o Order
 	var prio int16
-	err := row.Scan(&o.OrderID, &o.Workflow, &o.Status, &prio, &o.Customer, &o.Items, &o.Amount, &o.Currency,
+	err := row.Scan(&o.OrderID, &o.Workflow, &o.WorkflowVersion, &o.Status, &prio, &o.Payload,
 		&o.ReplyTo, &o.PlacedAt, &o.CreatedAt, &o.UpdatedAt)
 	o.Priority = int(prio)
 	return o, err

@@ -148,7 +148,7 @@ WITH r AS (
     FROM r
     WHERE s.order_id = r.order_id AND s.step = r.step
       AND (NOT $9 OR (s.attempt = r.attempt AND s.process_state = 'processing' AND s.complete_by >= clock_timestamp()))
-    RETURNING s.order_id, s.step, s.attempt, s.kind, s.name, r.idx,
+    RETURNING s.order_id, s.step, s.attempt, s.kind, s.name, r.idx, r.result,
               coalesce(extract(epoch FROM clock_timestamp() - (s.complete_by - s.timeout)), 0) AS took,
               $9 AND s.complete_by < clock_timestamp() AS late
 ), in_time AS (
@@ -162,7 +162,10 @@ WITH r AS (
     WHERE o.order_id IN (SELECT order_id FROM cur)
     FOR UPDATE
 ), go_on AS (
-    SELECT cur.order_id, cur.step, cur.kind, ord.status, ord.reply_to, ord.created_at
+    SELECT cur.order_id, cur.step, cur.kind, ord.status, ord.reply_to, ord.created_at,
+           -- this reply's result, which the statement's snapshot cannot read back
+           CASE WHEN cur.kind = 'action' AND cur.result IS NOT NULL
+                THEN jsonb_build_object(cur.name, cur.result) ELSE '{}'::jsonb END AS new_result
     FROM cur JOIN ord ON ord.order_id = cur.order_id
     WHERE (cur.kind = 'action' AND ord.status IN ('received', 'processing'))
        OR (cur.kind = 'compensation' AND ord.status = 'compensating')
@@ -180,7 +183,7 @@ WITH r AS (
     RETURNING s.order_id, s.step, s.process_state, s.name, s.agent, s.attempt, s.failure_count,
               s.idempotency_key, s.complete_by, s.priority, s.kind, s.compensates
 ), ended AS (
-    SELECT g.order_id, g.reply_to, g.status AS from_status, g.created_at,
+    SELECT g.order_id, g.reply_to, g.status AS from_status, g.created_at, g.new_result,
            CASE WHEN g.kind = 'action' THEN 'completed' ELSE 'failed' END AS to_status
     FROM go_on g
     WHERE NOT EXISTS (SELECT 1 FROM steps s
@@ -210,7 +213,7 @@ WITH r AS (
     ) h ORDER BY idx, seq
 ), ord_ev AS (
     INSERT INTO outbox (message_type, order_id, reply_to, body)
-    SELECT 'status_event', order_id, reply_to, status_event_body(order_id, to_status, NULL) FROM ended
+    SELECT 'status_event', order_id, reply_to, status_event_body(order_id, to_status, NULL, new_result) FROM ended
 )
 SELECT cur.idx::int, cur.name, cur.took::float8, coalesce(nxt.step, 0), coalesce(e.to_status, ''),
        coalesce(extract(epoch FROM clock_timestamp() - e.created_at), 0)::float8,
@@ -218,9 +221,15 @@ SELECT cur.idx::int, cur.name, cur.took::float8, coalesce(nxt.step, 0), coalesce
        coalesce(nxt.process_state = 'processing', false), coalesce(nxt.name, ''), coalesce(nxt.agent, ''),
        coalesce(nxt.attempt, 0), coalesce(nxt.failure_count, 0), coalesce(nxt.idempotency_key, ''), nxt.complete_by,
        coalesce((extract(epoch FROM nxt.complete_by - clock_timestamp()) * 1000)::bigint, 0), coalesce(nxt.priority, 0::smallint),
-       coalesce(o.reply_to, ''), coalesce(o.customer, ''), o.items, coalesce(o.amount, 0), coalesce(o.currency, ''),
-       coalesce(nxt.kind, ''), coalesce(a.idempotency_key, '')
+       coalesce(o.reply_to, ''), o.payload,
+       CASE WHEN nxt.process_state = 'processing' THEN
+           nullif(coalesce((SELECT jsonb_object_agg(p.name, p.result) FROM steps p
+                            WHERE p.order_id = nxt.order_id AND p.step < nxt.step AND p.kind = 'action' AND p.result IS NOT NULL),
+                           '{}'::jsonb) || g.new_result, '{}'::jsonb)
+       END,
+       a.result, coalesce(nxt.kind, ''), coalesce(a.idempotency_key, '')
 FROM cur CROSS JOIN in_time LEFT JOIN nxt ON nxt.order_id = cur.order_id LEFT JOIN ended e ON e.order_id = cur.order_id
+LEFT JOIN go_on g ON g.order_id = cur.order_id
 LEFT JOIN orders o ON o.order_id = nxt.order_id AND nxt.process_state = 'processing'
 LEFT JOIN steps a ON a.order_id = nxt.order_id AND a.step = nxt.compensates AND nxt.process_state = 'processing'`
 
@@ -292,7 +301,7 @@ func (s *Store) ApplyRepliesClaiming(ctx context.Context, rs []Reply, claimFor [
 				var prio int16
 				if err = rows.Scan(&idx, &res.StepName, &took, &res.NextStep, &res.OrderStatus, &orderTook,
 					&claimed, &c.Name, &c.Agent, &c.Attempt, &c.FailureCount, &c.IdempotencyKey, &completeBy,
-					&budgetMS, &prio, &c.ReplyTo, &c.Customer, &c.Items, &c.Amount, &c.Currency, &c.Kind, &c.Undoes); err != nil {
+					&budgetMS, &prio, &c.ReplyTo, &c.Payload, &c.Results, &c.UndoneResult, &c.Kind, &c.Undoes); err != nil {
 					break
 				}
 				if idx < 1 || idx > len(batched) {

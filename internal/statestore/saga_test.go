@@ -30,8 +30,7 @@ func sagaOrder(policy string) statestore.NewOrder {
 		steps = append(steps, statestore.NewStep{Name: r.Name, Agent: r.Agent, Kind: kind, Compensates: r.Compensates,
 			Timeout: time.Hour, MaxFailures: 3})
 	}
-	return statestore.NewOrder{OrderID: id, Workflow: "order", Customer: "c", Items: []byte(`[{"sku":"a","qty":1}]`),
-		Amount: 100, Currency: "EUR", PayloadHash: h[:], Steps: steps, Actor: "test", FailurePolicy: policy}
+	return statestore.NewOrder{OrderID: id, Workflow: "order", Payload: []byte(`{"customer":"c","amount":100}`), PayloadHash: h[:], Steps: steps, Actor: "test", FailurePolicy: policy}
 }
 
 // run claims the order's pending step and replies to it.
@@ -327,7 +326,8 @@ func TestRepliesClaimNextSteps(t *testing.T) {
 	o := sagaOrder(statestore.PolicyCompensate)
 	insert(t, b, o)
 	okReply := func(c statestore.ClaimedStep) statestore.Reply {
-		return statestore.Reply{OrderID: c.OrderID, Step: c.Step, Attempt: c.Attempt, OK: true, Result: []byte(`{"ok":1}`), Actor: "s"}
+		return statestore.Reply{OrderID: c.OrderID, Step: c.Step, Attempt: c.Attempt, OK: true,
+			Result: fmt.Appendf(nil, `{"from":%d}`, c.Step), Actor: "s"}
 	}
 	claimOne := func(want int) statestore.ClaimedStep {
 		t.Helper()
@@ -362,7 +362,9 @@ func TestRepliesClaimNextSteps(t *testing.T) {
 	}
 	if c.OrderID != o.OrderID || c.Step != 3 || c.Name != "create_shipment" || c.Agent != "shipping" || c.Attempt != 1 ||
 		c.Kind != statestore.KindAction || c.Undoes != "" || c.IdempotencyKey != statestore.IdempotencyKey(o.OrderID, 3, "create_shipment") ||
-		c.Customer != "c" || c.Amount != 100 || c.Currency != "EUR" || string(c.Items) != `[{"qty": 1, "sku": "a"}]` ||
+		string(c.Payload) != `{"amount": 100, "customer": "c"}` || c.UndoneResult != nil ||
+		// step 1's result was written before; step 2's by this very statement
+		string(c.Results) != `{"charge_payment": {"from": 2}, "reserve_inventory": {"from": 1}}` ||
 		c.Budget <= 0 || c.Budget > time.Hour || time.Until(c.CompleteBy) > time.Hour+time.Minute || time.Until(c.CompleteBy) < 50*time.Minute {
 		t.Fatalf("the claimed step: %+v", c)
 	}

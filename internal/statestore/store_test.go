@@ -47,8 +47,7 @@ func order(n int, timeout time.Duration, maxFailures int) statestore.NewOrder {
 	}
 	h := sha256.Sum256([]byte(id))
 	return statestore.NewOrder{
-		OrderID: id, Workflow: "test", Customer: "c", Items: []byte(`[{"sku":"a","qty":1}]`),
-		Amount: 100, Currency: "EUR", PayloadHash: h[:], Steps: steps, Actor: "test",
+		OrderID: id, Workflow: "test", Payload: []byte(`{"customer":"c"}`), PayloadHash: h[:], Steps: steps, Actor: "test",
 		FailurePolicy: statestore.PolicyHold,
 	}
 }

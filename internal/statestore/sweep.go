@@ -68,7 +68,9 @@ WITH expired AS (
         process_state = CASE WHEN s.failure_count + 1 >= s.max_failures THEN 'error' ELSE 'pending' END,
         locked_by = NULL,
         complete_by = NULL,
-        available_at = now() + make_interval(secs => least($4::float8, $3::float8 * power(2, s.failure_count))),
+        available_at = now() + make_interval(secs => least(
+            coalesce(extract(epoch FROM s.backoff_max)::float8, $4::float8),
+            coalesce(extract(epoch FROM s.backoff_base)::float8, $3::float8) * power(2, s.failure_count))),
         last_error = 'complete_by passed at attempt ' || s.attempt,
         updated_at = now()
     FROM expired

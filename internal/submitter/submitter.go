@@ -9,7 +9,6 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -33,6 +32,7 @@ const Input = "submit"
 // Config is the submitter's configuration (environment prefix SAS_).
 type Config struct {
 	service.Common
+	service.WorkflowsFile
 	// MetricsAddr is where /metrics, /healthz and /readyz are served.
 	MetricsAddr string `envconfig:"METRICS_ADDR" default:":9101"`
 	// Prefetch is how many unacked submits the broker hands over at once.
@@ -100,6 +100,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	me := cfg.Instance("submitter")
 	logger = logger.With("service", "submitter", "instance", me)
+	workflows, err := cfg.Workflows()
+	if err != nil {
+		return err
+	}
 	reg := service.NewRegistry()
 	m := newMetrics(reg)
 	topo := broker.Topology{Prefix: cfg.QueuePrefix, DeliveryLimit: cfg.DeliveryLimit, Inputs: []string{Input}}
@@ -114,6 +118,9 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	}
 	defer deps.Close()
 	store, conn, pub, bm := deps.Store, deps.Conn, deps.Pub, deps.Metrics
+	if err := storeVersions(ctx, store, workflows, me, logger); err != nil {
+		return err
+	}
 
 	// In-flight writes get their own context: on SIGTERM they finish
 	// rather than being cut off, unless the shutdown timeout passes.
@@ -124,13 +131,14 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		return store.InsertOrders(ctx, orders)
 	})
 	go inserts.Run(workCtx, cfg.Writers)
-	h := &handler{store: store, inserts: inserts, workflows: workflow.Builtin(), stepTimeout: cfg.StepTimeout, actor: me, metrics: m, logger: logger, workCtx: workCtx}
+	h := &handler{store: store, inserts: inserts, workflows: workflows, stepTimeout: cfg.StepTimeout, actor: me, metrics: m, logger: logger, workCtx: workCtx}
 	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: Input, Prefetch: cfg.Prefetch, Workers: cfg.Workers,
-		Reasons: append(messages.Reasons(), ReasonConflict, ReasonUnknownWorkflow)}, h.handle, logger, bm)
+		Reasons: append(messages.Reasons(), messages.ReasonInvalidPayload, ReasonConflict, ReasonUnknownWorkflow)}, h.handle, logger, bm)
 
 	ops.SetReady(deps.Ready(consumer))
 
-	logger.Info("submitter started", "queue", topo.Queue(Input), "workers", cfg.Workers, "prefetch", cfg.Prefetch)
+	logger.Info("submitter started", "queue", topo.Queue(Input), "workers", cfg.Workers, "prefetch", cfg.Prefetch,
+		"workflows", workflows.Source)
 	return service.RunAll(ctx, cfg.ShutdownTimeout, cancelWork, logger, consumer.Run)
 }
 
@@ -162,7 +170,16 @@ func (h *handler) handle(ctx context.Context, d amqp.Delivery) error {
 		h.metrics.orders.WithLabelValues("rejected").Inc()
 		return broker.Reject(ReasonUnknownWorkflow, fmt.Sprintf("workflow %q is not defined (known: %v)", o.Workflow, h.workflows.Names()))
 	}
-	nw := newOrder(o, wf, h.stepTimeout, h.actor)
+	payload := o.PayloadJSON()
+	if err := wf.CheckPayload(payload); err != nil {
+		h.metrics.orders.WithLabelValues("rejected").Inc()
+		var pe *workflow.PayloadError
+		if errors.As(err, &pe) {
+			return broker.Reject(messages.ReasonInvalidPayload, fmt.Sprintf("at %s: %s", cmp.Or(pe.Pointer, "/"), pe.Detail))
+		}
+		return broker.Reject(messages.ReasonInvalidPayload, err.Error())
+	}
+	nw := newOrder(o, payload, wf, h.stepTimeout, h.actor)
 	log := h.logger.With("order_id", o.OrderID)
 	if failpoint.Broken("ack-before-commit") {
 		// Negative control for the fault suite: ack now, write a little
@@ -213,9 +230,8 @@ func (h *handler) reject(err error) error {
 	return broker.RejectFor(err, messages.ReasonInvalidValue)
 }
 
-func newOrder(o messages.SubmitOrder, wf workflow.Workflow, stepTimeout time.Duration, actor string) statestore.NewOrder {
+func newOrder(o messages.SubmitOrder, payload []byte, wf workflow.Workflow, stepTimeout time.Duration, actor string) statestore.NewOrder {
 	hash := sha256.Sum256(o.Canonical())
-	items, _ := json.Marshal(o.Items) // a slice of plain structs always marshals
 	rows := wf.Rows()
 	steps := make([]statestore.NewStep, len(rows))
 	for i, r := range rows {
@@ -224,11 +240,24 @@ func newOrder(o messages.SubmitOrder, wf workflow.Workflow, stepTimeout time.Dur
 			kind = statestore.KindCompensation
 		}
 		steps[i] = statestore.NewStep{Name: r.Name, Agent: r.Agent, Kind: kind, Compensates: r.Compensates,
-			Timeout: cmp.Or(stepTimeout, r.Timeout), MaxFailures: r.MaxFailures}
+			Timeout: cmp.Or(stepTimeout, r.Timeout), MaxFailures: r.MaxFailures, BackoffBase: r.BackoffBase, BackoffMax: r.BackoffMax}
 	}
 	return statestore.NewOrder{
-		OrderID: o.OrderID, Workflow: wf.Name, Customer: o.Customer, Items: items,
-		Amount: o.Amount, Currency: o.Currency, Priority: o.Priority, ReplyTo: o.ReplyTo, PlacedAt: o.PlacedAt,
+		OrderID: o.OrderID, Workflow: wf.Name, WorkflowVersion: wf.Version(), Payload: payload, Priority: o.Priority, ReplyTo: o.ReplyTo, PlacedAt: o.PlacedAt,
 		PayloadHash: hash[:], Steps: steps, Actor: actor, FailurePolicy: wf.Policy,
 	}
+}
+
+// storeVersions records the version of every workflow in the file before
+// any order names one, retrying while the database is unreachable.
+func storeVersions(ctx context.Context, store *statestore.Store, workflows *workflow.Registry, me string, logger *slog.Logger) error {
+	var vs []statestore.WorkflowVersion
+	for _, wf := range workflows.All() {
+		vs = append(vs, statestore.WorkflowVersion{Name: wf.Name, Version: wf.Version(), Definition: wf.Definition(), CreatedBy: me})
+	}
+	return service.Retry(ctx, func() error { return store.StoreWorkflowVersions(ctx, vs) },
+		func(err error) bool { return errors.Is(err, statestore.ErrInvalidData) },
+		func(err error, wait time.Duration) {
+			logger.Warn("storing the workflow versions failed, retrying", "err", err, "retry_in", wait)
+		})
 }

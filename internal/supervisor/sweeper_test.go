@@ -27,8 +27,7 @@ func TestReportEveryStatsInterval(t *testing.T) {
 		t.Helper()
 		id := messages.NewID()
 		h := sha256.Sum256([]byte(id))
-		o := statestore.NewOrder{OrderID: id, Workflow: "test", Customer: "c", Items: []byte(`[{"sku":"a","qty":1}]`),
-			Amount: 1, Currency: "EUR", PayloadHash: h[:], Actor: "test", FailurePolicy: statestore.PolicyHold,
+		o := statestore.NewOrder{OrderID: id, Workflow: "test", Payload: []byte(`{"customer":"c"}`), PayloadHash: h[:], Actor: "test", FailurePolicy: statestore.PolicyHold,
 			Steps: []statestore.NewStep{{Name: "s", Agent: "a", Timeout: time.Minute, MaxFailures: 3}}}
 		if _, err := store.InsertOrder(ctx, o); err != nil {
 			t.Fatal(err)

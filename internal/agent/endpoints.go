@@ -1,0 +1,182 @@
+package agent
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"sas/internal/contract"
+)
+
+// endpoint is the remote service of one agent kind.
+type endpoint struct {
+	kind string
+	base string            // scheme://host[:port][/prefix], no trailing slash
+	path map[string]string // per action; contract.DefaultPath otherwise
+	// headers are sent on every call; their values are secrets.
+	headers http.Header
+	client  *http.Client
+	timeout time.Duration
+}
+
+func (e *endpoint) url(action string) string {
+	if p, ok := e.path[action]; ok {
+		return e.base + p
+	}
+	return e.base + contract.DefaultPath(action)
+}
+
+// endpointFile is SAS_AGENT_ENDPOINTS_FILE.
+type endpointFile struct {
+	Endpoints map[string]endpointSpec `yaml:"endpoints"`
+}
+
+type endpointSpec struct {
+	// URL is the service's base URL.
+	URL string `yaml:"url"`
+	// Paths maps an action to its path (default /v1/{action}).
+	Paths map[string]string `yaml:"paths"`
+	// HeadersFile and HeadersEnv hold "Name: value" lines sent with every
+	// call (credentials): a file, or an environment variable's name.
+	HeadersFile string `yaml:"headers_file"`
+	HeadersEnv  string `yaml:"headers_env"`
+	// CAFile is a PEM file of CA certificates to trust besides the
+	// system's.
+	CAFile string `yaml:"ca_file"`
+	// Timeout bounds one call (default SAS_AGENT_CALL_TIMEOUT).
+	Timeout string `yaml:"timeout"`
+}
+
+// loadEndpoints builds the endpoint of every kind served: from the
+// endpoints file when it names the kind, else cfg.RemoteURL. It returns
+// the header values too: secrets that no log line may show.
+func loadEndpoints(cfg Config) (map[string]*endpoint, []string, error) {
+	var file endpointFile
+	if cfg.EndpointsFile != "" {
+		raw, err := os.ReadFile(cfg.EndpointsFile)
+		if err != nil {
+			return nil, nil, fmt.Errorf("SAS_AGENT_ENDPOINTS_FILE: %w", err)
+		}
+		dec := yaml.NewDecoder(bytes.NewReader(raw))
+		dec.KnownFields(true)
+		if err := dec.Decode(&file); err != nil && !errors.Is(err, io.EOF) {
+			return nil, nil, fmt.Errorf("%s: %v (fields: endpoints.<kind>.url, paths, headers_file, headers_env, ca_file, timeout)", cfg.EndpointsFile, err)
+		}
+	}
+	out := map[string]*endpoint{}
+	var hidden []string
+	for _, kind := range cfg.Kinds {
+		spec, ok := file.Endpoints[kind]
+		if !ok {
+			spec = endpointSpec{URL: cfg.RemoteURL}
+		}
+		ep, err := newEndpoint(kind, spec, cfg)
+		if err != nil {
+			where := "SAS_REMOTE_URL"
+			if ok {
+				where = cfg.EndpointsFile + ": endpoints." + kind
+			}
+			return nil, nil, fmt.Errorf("%s: %w", where, err)
+		}
+		out[kind] = ep
+		for _, vs := range ep.headers {
+			hidden = append(hidden, vs...)
+		}
+	}
+	for kind := range file.Endpoints {
+		if _, served := out[kind]; !served {
+			return nil, nil, fmt.Errorf("%s: endpoints.%s: this agent does not serve kind %q (SAS_AGENT_KINDS is %s)",
+				cfg.EndpointsFile, kind, kind, strings.Join(cfg.Kinds, ","))
+		}
+	}
+	return out, hidden, nil
+}
+
+func newEndpoint(kind string, spec endpointSpec, cfg Config) (*endpoint, error) {
+	u, err := url.Parse(spec.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.RawQuery != "" {
+		return nil, errors.New("url must be http:// or https://host[:port][/path], with no credentials or query (send credentials as headers)")
+	}
+	ep := &endpoint{kind: kind, base: strings.TrimRight(spec.URL, "/"), path: map[string]string{}, headers: http.Header{},
+		timeout: cfg.CallTimeout}
+	for action, p := range spec.Paths {
+		if !strings.HasPrefix(p, "/") {
+			return nil, fmt.Errorf("paths.%s: %q must start with /", action, p)
+		}
+		ep.path[action] = p
+	}
+	if spec.Timeout != "" {
+		d, err := time.ParseDuration(spec.Timeout)
+		if err != nil || d <= 0 {
+			return nil, fmt.Errorf("timeout %q is not a positive duration such as 5s", spec.Timeout)
+		}
+		ep.timeout = d
+	}
+	var lines []byte
+	if spec.HeadersFile != "" {
+		if lines, err = os.ReadFile(spec.HeadersFile); err != nil {
+			return nil, fmt.Errorf("headers_file: %w", err)
+		}
+	}
+	if spec.HeadersEnv != "" {
+		v, ok := os.LookupEnv(spec.HeadersEnv)
+		if !ok {
+			return nil, fmt.Errorf("headers_env: %s is not set", spec.HeadersEnv)
+		}
+		lines = append(append(lines, '\n'), v...)
+	}
+	if err := parseHeaders(lines, ep.headers); err != nil {
+		return nil, err
+	}
+	tr := &http.Transport{MaxIdleConnsPerHost: cfg.Concurrency, IdleConnTimeout: 90 * time.Second}
+	if spec.CAFile != "" {
+		pem, err := os.ReadFile(spec.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("ca_file: %w", err)
+		}
+		pool, err := x509.SystemCertPool()
+		if err != nil {
+			pool = x509.NewCertPool()
+		}
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("ca_file %s holds no PEM certificate", spec.CAFile)
+		}
+		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	}
+	ep.client = &http.Client{Transport: tr}
+	return ep, nil
+}
+
+// parseHeaders reads "Name: value" lines (blank lines and # comments
+// skipped) into h.
+func parseHeaders(lines []byte, h http.Header) error {
+	sc := bufio.NewScanner(bytes.NewReader(lines))
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		name, value, ok := strings.Cut(line, ":")
+		name, value = strings.TrimSpace(name), strings.TrimSpace(value)
+		if !ok || name == "" || strings.ContainsAny(name, " \t") {
+			return fmt.Errorf("header line %d is not \"Name: value\"", n)
+		}
+		switch http.CanonicalHeaderKey(name) {
+		case contract.HeaderIdempotencyKey, contract.HeaderCompleteBy, contract.HeaderAttempt, "Content-Type", "Content-Length", "Host":
+			return fmt.Errorf("header line %d: %s is set by the agent", n, name)
+		}
+		h.Add(name, value)
+	}
+	return sc.Err()
+}
