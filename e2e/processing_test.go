@@ -41,6 +41,7 @@ type pipelineOpts struct {
 	schedulerEnv       []string // extra settings for schedulers
 	agentEnv           []string // extra settings for agents
 	supervisorEnv      []string // extra settings for supervisors
+	remoteEnv          []string // extra settings for the remote service
 }
 
 func newPipeline(t *testing.T, o pipelineOpts) *pipeline {
@@ -56,7 +57,7 @@ func newPipeline(t *testing.T, o pipelineOpts) *pipeline {
 	if faults == "" {
 		faults = "{}"
 	}
-	p.remote = startOn(t, "remote", append(append([]string{}, p.env...), "SAS_REMOTE_FAULTS="+faults, "SAS_REMOTE_SEED=42"), "SAS_REMOTE_ADDR")
+	p.remote = startOn(t, "remote", append(append([]string{}, p.env...), append([]string{"SAS_REMOTE_FAULTS=" + faults, "SAS_REMOTE_SEED=42"}, o.remoteEnv...)...), "SAS_REMOTE_ADDR")
 	// Without a supervisor (yet) nothing recovers a step whose attempt ran
 	// out of time, so on a loaded test machine give attempts room; a test
 	// about deadlines sets its own.

@@ -31,8 +31,14 @@ type stack struct {
 
 func newStack(t *testing.T) stack {
 	t.Helper()
+	return newStackFor(t, workflow.Builtin().Agents())
+}
+
+// newStackFor is newStack for the agent kinds of another workflows file.
+func newStackFor(t *testing.T, kinds []string) stack {
+	t.Helper()
 	dbURL, pool := testenv.Database(t)
-	topo := scheduler.Topology(testenv.Prefix(t), 10, workflow.Builtin().Agents())
+	topo := scheduler.Topology(testenv.Prefix(t), 10, kinds)
 	topo.Inputs = append(topo.Inputs, submitter.Input)
 	testenv.Broker(t, topo)
 	return stack{
@@ -103,6 +109,7 @@ func TestSubmitterWritesOrdersAndDeadLettersBadInput(t *testing.T) {
 	// land in the dead-letter queue with their reason, the good ones in
 	// the store.
 	cases := badinput.SubmitOrders(messages.NewID)
+	cases = append(cases, badinput.SubmitPayloads(messages.NewID)...)
 	cases = append(cases, badinput.Case{
 		Name:   "conflict",
 		Body:   []byte(strings.Replace(badinput.ValidSubmitJSON(fresh), `"amount":1999`, `"amount":2999`, 1)),
@@ -140,6 +147,9 @@ func TestSubmitterWritesOrdersAndDeadLettersBadInput(t *testing.T) {
 		if d.Headers[broker.HeaderErrorDetail] == "" || d.Headers[broker.HeaderOriginalQueue] != s.submit {
 			t.Errorf("%s: headers %v", c.Name, d.Headers)
 		}
+		if detail, _ := d.Headers[broker.HeaderErrorDetail].(string); !strings.HasPrefix(detail, c.DetailPrefix) {
+			t.Errorf("%s: detail %q does not start with %q", c.Name, detail, c.DetailPrefix)
+		}
 		if string(d.Body) != string(c.Body) {
 			t.Errorf("%s: dead letter's body was changed", c.Name)
 		}
@@ -151,7 +161,7 @@ func TestSubmitterWritesOrdersAndDeadLettersBadInput(t *testing.T) {
 		return s.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[])`, goodIDs) == len(goodIDs)
 	})
 	// The conflicting resubmission did not change the stored order.
-	if n := s.count(t, `SELECT count(*) FROM orders WHERE order_id = $1 AND amount = 1999`, fresh); n != 1 {
+	if n := s.count(t, `SELECT count(*) FROM orders WHERE order_id = $1 AND (payload->>'amount')::int = 1999`, fresh); n != 1 {
 		t.Fatal("a conflicting submission changed the stored order")
 	}
 	if got := sub.metric(t, `sas_submitter_orders_total{outcome="rejected"}`); got != float64(len(cases)) {

@@ -55,8 +55,9 @@ func (a *app) bench(ctx context.Context, args []string) error {
 		fmt.Fprintln(a.stderr, "sasctl bench: --rate must be >= 0, --inflight >= 1, --duration > 0, --warmup >= 0")
 		return errUsage
 	}
-	if _, ok := workflow.Builtin().Lookup(*wf); !ok {
-		fmt.Fprintf(a.stderr, "sasctl bench: unknown workflow %q (have %s)\n", *wf, strings.Join(workflow.Builtin().Names(), ", "))
+	smp, err := newOrderSampler(workflow.Builtin(), *wf, "")
+	if err != nil {
+		fmt.Fprintf(a.stderr, "sasctl bench: %v\n", err)
 		return errUsage
 	}
 	for _, e := range env {
@@ -120,7 +121,7 @@ func (a *app) bench(ctx context.Context, args []string) error {
 
 	loadCtx, stopLoad := context.WithCancel(ctx)
 	defer stopLoad()
-	gen := &generator{pub: pub, queue: topo.Queue(submitter.Input), workflow: *wf}
+	gen := &generator{pub: pub, queue: topo.Queue(submitter.Input), sampler: smp}
 	loadDone := make(chan error, 1)
 	go func() {
 		if *rate > 0 {
@@ -308,7 +309,7 @@ func listenEnded(ctx context.Context, conn *broker.Conn, topo broker.Topology, o
 type generator struct {
 	pub       *broker.Publisher
 	queue     string
-	workflow  string
+	sampler   *orderSampler
 	published atomic.Int64 // confirmed by the broker
 	failed    atomic.Int64
 }
@@ -335,7 +336,7 @@ func (g *generator) run(ctx context.Context, next func(ctx context.Context, star
 	}()
 	var started int64
 	for next(ctx, started) {
-		o := sampleOrder(g.workflow, 0, "")
+		o := g.sampler.order(0, "")
 		body, err := messages.Encode(o)
 		if err != nil {
 			return err

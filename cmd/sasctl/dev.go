@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"net/http"
@@ -31,6 +32,8 @@ func (a *app) dev(ctx context.Context, args []string) error {
 	fs := a.flags()
 	orders := fs.Int("orders", 3000, "orders to submit")
 	wf := fs.String("workflow", "", "workflow of the orders (default: the default workflow)")
+	workflows := fs.String("workflows", "", "workflows file every service reads (default: SAS_WORKFLOWS_FILE, else the built-in one)")
+	payload := fs.String("payload", "", "payload of the orders: a file holding a JSON object (default: random demo orders)")
 	schedulers := fs.Int("schedulers", 2, "scheduler replicas")
 	agents := fs.Int("agents", 3, "agent replicas")
 	faults := fs.String("faults", mildFaults, "the remote service's fault injection (JSON)")
@@ -42,13 +45,31 @@ func (a *app) dev(ctx context.Context, args []string) error {
 	if err := a.parseNoArgs(fs, args); err != nil {
 		return err
 	}
+	reg, err := workflowsFile(*workflows)
+	if err != nil {
+		return err
+	}
+	smp, err := newOrderSampler(reg, *wf, *payload)
+	if err != nil {
+		return err
+	}
+	var env []string
+	if path := cmp.Or(*workflows, os.Getenv("SAS_WORKFLOWS_FILE")); path != "" {
+		abs, err := filepath.Abs(path)
+		if err != nil {
+			return err
+		}
+		env = append(env, "SAS_WORKFLOWS_FILE="+abs)
+		// Every kind of the file is served by the demo service.
+		env = append(env, "SAS_AGENT_KINDS="+strings.Join(reg.Agents(), ","))
+	}
 	store, closeStore, err := a.migrateAndOpen(ctx)
 	if err != nil {
 		return err
 	}
 	defer closeStore()
 	st, err := startStack(ctx, stackOptions{binDir: *binDir, schedulers: *schedulers, agents: *agents, faults: *faults,
-		portBase: *portBase, promPort: *promPort, rules: *rules})
+		portBase: *portBase, promPort: *promPort, rules: *rules, env: env})
 	if err != nil {
 		return err
 	}
@@ -71,7 +92,7 @@ func (a *app) dev(ctx context.Context, args []string) error {
 	began := time.Now()
 	var published atomic.Int64
 	submitErr := make(chan error, 1)
-	go func() { submitErr <- a.publishSample(ctx, *orders, *wf, &published) }()
+	go func() { submitErr <- a.publishSample(ctx, *orders, smp, &published) }()
 
 	ended, stalledSince, last := 0, time.Now(), -1
 	ticker := time.NewTicker(500 * time.Millisecond)
@@ -147,7 +168,7 @@ func (a *app) dev(ctx context.Context, args []string) error {
 }
 
 // publishSample publishes n generated orders with confirms.
-func (a *app) publishSample(ctx context.Context, n int, wf string, published *atomic.Int64) error {
+func (a *app) publishSample(ctx context.Context, n int, smp *orderSampler, published *atomic.Int64) error {
 	conn, pub, topo, err := a.openBroker(ctx, submitter.Input)
 	if err != nil {
 		return err
@@ -159,7 +180,7 @@ func (a *app) publishSample(ctx context.Context, n int, wf string, published *at
 	var once sync.Once
 	var firstErr error
 	for range n {
-		o := sampleOrder(wf, 0, "")
+		o := smp.order(0, "")
 		body, err := messages.Encode(o)
 		if err != nil {
 			return err

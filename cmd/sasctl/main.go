@@ -143,6 +143,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return a.dlqMove(ctx, rest, broker.Requeue)
 	case "dlq discard":
 		return a.dlqMove(ctx, rest, broker.Drop)
+	case "workflows check":
+		return a.workflowsCheck(ctx, rest)
+	case "workflows list":
+		return a.workflowsList(ctx, rest)
 	case "dev":
 		return a.dev(ctx, rest)
 	case "bench":

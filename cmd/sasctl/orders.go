@@ -15,7 +15,6 @@ import (
 
 	"sas/internal/messages"
 	"sas/internal/statestore"
-	"sas/internal/workflow"
 )
 
 // store opens the state store for a command: it fails at once with one
@@ -84,14 +83,6 @@ func (a *app) positive(fs *flag.FlagSet, name string, n int) error {
 }
 
 // knownWorkflow refuses a workflow name that is not defined.
-func knownWorkflow(name string) error {
-	reg := workflow.Builtin()
-	if _, ok := reg.Lookup(name); !ok {
-		return fmt.Errorf("unknown workflow %q (the workflows are %s)", name, strings.Join(reg.Names(), ", "))
-	}
-	return nil
-}
-
 func (a *app) ordersList(ctx context.Context, args []string) error {
 	fs := a.flags()
 	status := fs.String("status", "", "only orders with this status (received, processing, completed, compensating, failed, error)")
@@ -115,7 +106,8 @@ func (a *app) ordersList(ctx context.Context, args []string) error {
 		return fmt.Errorf("unknown status %q (received, processing, completed, compensating, failed, error)", *status)
 	}
 	if *wf != "" {
-		if err := knownWorkflow(*wf); err != nil {
+		// Any name: orders may run workflows of another file than this one's.
+		if err := messages.CheckName("--workflow", *wf); err != nil {
 			return err
 		}
 	}

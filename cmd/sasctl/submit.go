@@ -2,10 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -23,6 +23,8 @@ func (a *app) submit(ctx context.Context, args []string) error {
 	file := fs.String("file", "", "publish the order in this JSON file (\"-\" for stdin)")
 	count := fs.Int("count", 0, "publish this many generated sample orders")
 	wf := fs.String("workflow", "", "workflow of generated orders (default: the default workflow)")
+	workflows := fs.String("workflows", "", "the workflows file orders are checked against (default: SAS_WORKFLOWS_FILE, else the built-in one)")
+	payload := fs.String("payload", "", "payload of generated orders: a file holding a JSON object (default: a random demo order)")
 	priority := fs.Int("priority", 0, "priority 0-9 of generated orders")
 	replyTo := fs.String("reply-to", "", "status queue of generated orders")
 	concurrency := fs.Int("concurrency", 32, "publishes awaiting their confirm at once")
@@ -37,6 +39,10 @@ func (a *app) submit(ctx context.Context, args []string) error {
 		return a.usageError(fs, "--priority must be 0 to 9 and --concurrency at least 1")
 	}
 
+	reg, err := workflowsFile(*workflows)
+	if err != nil {
+		return err
+	}
 	var bodies func(i int) (string, []byte, error)
 	n := *count
 	if *file != "" {
@@ -48,17 +54,21 @@ func (a *app) submit(ctx context.Context, args []string) error {
 		if err != nil {
 			return fmt.Errorf("%s is not a valid order: %w", *file, err)
 		}
-		if err := knownWorkflow(o.Workflow); err != nil {
+		if err := knownWorkflow(reg, o.Workflow); err != nil {
 			return fmt.Errorf("%s: %w: nothing published", *file, err)
+		}
+		if wf, _ := reg.Lookup(o.Workflow); wf.CheckPayload(o.PayloadJSON()) != nil {
+			return fmt.Errorf("%s: %w: nothing published", *file, wf.CheckPayload(o.PayloadJSON()))
 		}
 		n = 1
 		bodies = func(int) (string, []byte, error) { return o.OrderID, body, nil }
 	} else {
-		if err := knownWorkflow(*wf); err != nil {
-			return fmt.Errorf("--workflow: %w: nothing published", err)
+		smp, err := newOrderSampler(reg, *wf, *payload)
+		if err != nil {
+			return fmt.Errorf("%w: nothing published", err)
 		}
 		bodies = func(int) (string, []byte, error) {
-			o := sampleOrder(*wf, *priority, *replyTo)
+			o := smp.order(*priority, *replyTo)
 			body, err := messages.Encode(o)
 			return o.OrderID, body, err
 		}
@@ -122,7 +132,7 @@ func publishOrder(ctx context.Context, pub *broker.Publisher, queue, id string, 
 			Type:        messages.TypeSubmitOrder,
 			MessageId:   id,
 			Timestamp:   time.Now(),
-			Headers:     amqp.Table{"schema_version": int32(messages.SchemaVersion)},
+			Headers:     amqp.Table{"schema_version": int32(schemaVersionOf(body))},
 			Body:        body,
 		})
 		if err == nil || !errors.Is(err, broker.ErrUnconfirmed) || ctx.Err() != nil {
@@ -164,27 +174,12 @@ func (a *app) readFile(name string) ([]byte, error) {
 	return os.ReadFile(name)
 }
 
-// sampleOrder makes a plausible random order.
-func sampleOrder(workflow string, priority int, replyTo string) messages.SubmitOrder {
-	customers := []string{"ACME Ltd", "Globex", "Initech", "Umbrella", "Hooli", "Stark Industries"}
-	skus := []string{"SKU-RED-1", "SKU-BLUE-2", "SKU-GREEN-3", "SKU-WIDGET-4", "SKU-GADGET-5"}
-	items := make([]messages.Item, 1+rand.IntN(3))
-	var amount int64
-	for i := range items {
-		items[i] = messages.Item{SKU: skus[rand.IntN(len(skus))], Qty: 1 + rand.Int64N(5)}
-		amount += items[i].Qty * (100 + rand.Int64N(9900))
+// schemaVersionOf reads a SubmitOrder body's schema_version, for the
+// message's header.
+func schemaVersionOf(body []byte) int {
+	var v struct {
+		SchemaVersion int `json:"schema_version"`
 	}
-	now := time.Now().UTC()
-	return messages.SubmitOrder{
-		SchemaVersion: messages.SchemaVersion,
-		OrderID:       messages.NewID(),
-		Customer:      customers[rand.IntN(len(customers))],
-		Items:         items,
-		Amount:        amount,
-		Currency:      "EUR",
-		Priority:      priority,
-		ReplyTo:       replyTo,
-		Workflow:      workflow,
-		PlacedAt:      &now,
-	}
+	_ = json.Unmarshal(body, &v)
+	return v.SchemaVersion
 }

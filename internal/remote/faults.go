@@ -3,7 +3,6 @@ package remote
 import (
 	"encoding/json"
 	"fmt"
-	"slices"
 )
 
 // Faults is what the service does wrong on purpose, for one action.
@@ -42,8 +41,8 @@ func ParseFaultConfig(raw []byte) (FaultConfig, error) {
 		return nil, fmt.Errorf("fault config: %w", err)
 	}
 	for name, f := range cfg {
-		if name != "*" && !slices.Contains(Actions(), name) {
-			return nil, fmt.Errorf("fault config: unknown action %q (known: %v)", name, Actions())
+		if name != "*" && !validAction(name) {
+			return nil, fmt.Errorf("fault config: %q is not an action name (letters, digits, _ . -) or \"*\"", name)
 		}
 		for _, r := range []float64{f.ErrorRate, f.RateLimitRate, f.HangRate, f.ApplyThenFailRate} {
 			if r < 0 || r > 1 {

@@ -171,7 +171,7 @@ func TestAdminFaults(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode
 	}
-	for _, bad := range []string{`{"nope":{}}`, `{"*":{"error_rate":2}}`, `not json`} {
+	for _, bad := range []string{`{"no pe":{}}`, `{"*":{"error_rate":2}}`, `not json`} {
 		if code := put(bad); code != 400 {
 			t.Errorf("PUT %s: %d, want 400", bad, code)
 		}

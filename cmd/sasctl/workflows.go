@@ -1,0 +1,196 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"sas/internal/messages"
+	"sas/internal/workflow"
+)
+
+// workflowsFile is the workflows file a command reads: --workflows FILE,
+// else SAS_WORKFLOWS_FILE, else the built-in one.
+func workflowsFile(flagValue string) (*workflow.Registry, error) {
+	if flagValue == "" {
+		flagValue = os.Getenv("SAS_WORKFLOWS_FILE")
+	}
+	return workflow.LoadOrBuiltin(flagValue)
+}
+
+func knownWorkflow(reg *workflow.Registry, name string) error {
+	if _, ok := reg.Lookup(name); !ok {
+		return fmt.Errorf("unknown workflow %q (the workflows of %s are %s)", name, reg.Source, strings.Join(reg.Names(), ", "))
+	}
+	return nil
+}
+
+// workflowsCheck reads a workflows file and lists every problem in it.
+func (a *app) workflowsCheck(_ context.Context, args []string) error {
+	fs := a.flags()
+	rest, err := a.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) != 1 {
+		return a.usageError(fs, "give the workflows file to check")
+	}
+	reg, err := workflow.Load(rest[0])
+	if ps, ok := workflow.AsProblems(err); ok {
+		for _, p := range ps {
+			fmt.Fprintln(a.stdout, p)
+		}
+		return fmt.Errorf("%s: %d problem(s)", rest[0], len(ps))
+	}
+	if err != nil {
+		return err
+	}
+	for _, wf := range reg.All() {
+		fmt.Fprintf(a.stdout, "%s: workflow %s version %s: %d steps, policy %s, agent kinds %s\n",
+			rest[0], wf.Name, wf.Version(), len(wf.Steps), wf.Policy, strings.Join(kindsOf(wf), ","))
+	}
+	fmt.Fprintf(a.stdout, "%s: ok\n", rest[0])
+	return nil
+}
+
+func kindsOf(wf workflow.Workflow) []string {
+	var out []string
+	for _, r := range wf.Rows() {
+		if !strings.Contains(","+strings.Join(out, ",")+",", ","+r.Agent+",") {
+			out = append(out, r.Agent)
+		}
+	}
+	return out
+}
+
+// workflowsList lists the workflow versions the state store keeps (every
+// version an order was submitted with), or with --file those of a file.
+func (a *app) workflowsList(ctx context.Context, args []string) error {
+	fs := a.flags()
+	file := fs.String("file", "", "list the workflows of this file instead of the versions in the state store")
+	asJSON := fs.Bool("json", false, "print the definitions as JSON")
+	if err := a.parseNoArgs(fs, args); err != nil {
+		return err
+	}
+	if *file != "" {
+		reg, err := workflow.Load(*file)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			var defs []json.RawMessage
+			for _, wf := range reg.All() {
+				defs = append(defs, wf.Definition())
+			}
+			return a.printJSON(defs)
+		}
+		tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "WORKFLOW\tVERSION\tPOLICY\tSCHEMA\tSTEPS")
+		for _, wf := range reg.All() {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s\n", wf.Name, wf.Version(), wf.Policy, wf.HasSchema(), stepList(wf))
+		}
+		return tw.Flush()
+	}
+	store, closeStore, err := a.store(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	vs, err := store.WorkflowVersions(ctx)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return a.printJSON(vs)
+	}
+	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "WORKFLOW\tVERSION\tIN_FLIGHT\tFIRST_USED\tBY\tSTEPS")
+	for _, v := range vs {
+		var wf workflow.Workflow
+		steps := "?"
+		if json.Unmarshal(v.Definition, &wf) == nil {
+			steps = stepList(wf)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", v.Name, v.Version, v.Active, v.CreatedAt.Local().Format(time.DateTime), v.CreatedBy, steps)
+	}
+	return tw.Flush()
+}
+
+func stepList(wf workflow.Workflow) string {
+	var parts []string
+	for _, st := range wf.Steps {
+		p := st.Name + "@" + st.Agent
+		if st.Compensation != nil {
+			p += "(undo " + st.Compensation.Name + ")"
+		}
+		parts = append(parts, p)
+	}
+	return strings.Join(parts, " → ")
+}
+
+// orderSampler makes sample orders of a workflow: the payload given (a JSON
+// object file), or a plausible demo order.
+type orderSampler struct {
+	workflow string
+	payload  []byte
+}
+
+func newOrderSampler(reg *workflow.Registry, name, payloadFile string) (*orderSampler, error) {
+	if err := knownWorkflow(reg, name); err != nil {
+		return nil, err
+	}
+	wf, _ := reg.Lookup(name)
+	s := &orderSampler{workflow: wf.Name}
+	if payloadFile != "" {
+		raw, err := os.ReadFile(payloadFile)
+		if err != nil {
+			return nil, err
+		}
+		if err := messages.CheckPayload(raw); err != nil {
+			return nil, fmt.Errorf("%s: %w", payloadFile, err)
+		}
+		s.payload = raw
+	}
+	probe := s.payload
+	if probe == nil {
+		probe = demoPayload()
+	}
+	if err := wf.CheckPayload(probe); err != nil {
+		var pe *workflow.PayloadError
+		if errors.As(err, &pe) && payloadFile == "" {
+			return nil, fmt.Errorf("workflow %s does not take the demo order's payload (%v): give one with --payload FILE", wf.Name, err)
+		}
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *orderSampler) order(priority int, replyTo string) messages.SubmitOrder {
+	payload := s.payload
+	if payload == nil {
+		payload = demoPayload()
+	}
+	now := time.Now().UTC()
+	return messages.SubmitOrder{SchemaVersion: messages.SubmitOrderVersion, OrderID: messages.NewID(), Workflow: s.workflow,
+		Payload: payload, Priority: priority, ReplyTo: replyTo, PlacedAt: &now}
+}
+
+// demoPayload is a plausible random order of the demo workflows.
+func demoPayload() []byte {
+	customers := []string{"ACME Ltd", "Globex", "Initech", "Umbrella", "Hooli", "Stark Industries"}
+	skus := []string{"SKU-RED-1", "SKU-BLUE-2", "SKU-GREEN-3", "SKU-WIDGET-4", "SKU-GADGET-5"}
+	items := make([]messages.Item, 1+rand.IntN(3))
+	var amount int64
+	for i := range items {
+		items[i] = messages.Item{SKU: skus[rand.IntN(len(skus))], Qty: 1 + rand.Int64N(5)}
+		amount += items[i].Qty * (100 + rand.Int64N(9900))
+	}
+	b, _ := json.Marshal(messages.OrderPayload{Customer: customers[rand.IntN(len(customers))], Items: items, Amount: amount, Currency: "EUR"})
+	return b
+}
