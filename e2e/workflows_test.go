@@ -1,9 +1,12 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,6 +16,7 @@ import (
 	"sas/internal/contract"
 	"sas/internal/messages"
 	"sas/internal/statestore"
+	"sas/internal/testenv"
 	"sas/internal/workflow"
 )
 
@@ -118,11 +122,11 @@ func TestYourOwnProcessFromAFile(t *testing.T) {
 
 	byKey := map[string]contract.Request{}
 	results := map[string]json.RawMessage{}
-	retried := 0
+	retried := 0.0
+	for _, action := range []string{"create_account", "provision_storage", "send_welcome", "bill_first_month"} {
+		retried += p.remote.metric(t, fmt.Sprintf(`sas_remote_requests_total{action=%q,outcome="error"}`, action))
+	}
 	for _, e := range p.ledger(t) {
-		if e.Calls > 1 {
-			retried++
-		}
 		if e.Effects > 1 {
 			t.Errorf("key %s applied %d times", e.Key, e.Effects)
 		}
@@ -132,8 +136,8 @@ func TestYourOwnProcessFromAFile(t *testing.T) {
 		}
 	}
 	key := func(id string, step int, name string) string { return statestore.IdempotencyKey(id, step, name) }
-	if retried < 100 {
-		t.Fatalf("only %d keys were called more than once: the transient faults did not happen", retried)
+	if retried < 200 {
+		t.Fatalf("only %v calls failed: the 20%% transient faults did not happen", retried)
 	}
 	for _, id := range ids {
 		first, third := key(id, 1, "create_account"), key(id, 3, "send_welcome")
@@ -173,7 +177,7 @@ func TestYourOwnProcessFromAFile(t *testing.T) {
 		}
 	}
 	p.checkInvariants(t, all)
-	t.Logf("500 orders of a four-step workflow from a file completed, 20 failed and were compensated; %d keys called more than once", retried)
+	t.Logf("500 orders of a four-step workflow from a file completed, 20 failed and were compensated; %v calls failed and were retried", retried)
 }
 
 func jsonEqual(a, b json.RawMessage) bool {
@@ -182,4 +186,134 @@ func jsonEqual(a, b json.RawMessage) bool {
 		return false
 	}
 	return fmt.Sprint(x) == fmt.Sprint(y)
+}
+
+func flowFile(third bool) string {
+	f := `
+workflows:
+  - name: flow
+    steps:
+      - {action: first, agent: k1, timeout: 60s}
+      - {action: second, agent: k1, timeout: 60s}
+`
+	if third {
+		f += "      - {action: third, agent: k2, timeout: 60s}\n"
+	}
+	return f
+}
+
+// TestChangedFileKeepsOrdersOnTheirVersion: 200 orders are in flight
+// when the workflows file changes (a third step, of a new agent kind) and
+// a new submitter starts beside the old scheduler, which still reads the
+// old file but is configured for the new kind. The 200 finish on the
+// version they started with; the orders after the change run the new one;
+// both versions are listed.
+func TestChangedFileKeepsOrdersOnTheirVersion(t *testing.T) {
+	t.Parallel()
+	newPath := writeFile(t, "new.yaml", flowFile(true))
+	oldPath := writeFile(t, "old.yaml", flowFile(false))
+	path := filepath.Join(t.TempDir(), "workflows.yaml")
+	if err := os.WriteFile(path, []byte(flowFile(false)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	st := newStackFor(t, []string{"k1", "k2"})
+	p := newPipeline(t, pipelineOpts{on: &st, withoutAgents: true,
+		submitterEnv: []string{"SAS_WORKFLOWS_FILE=" + path},
+		// The old scheduler: the old file, and the kinds it is told.
+		schedulerEnv: []string{"SAS_WORKFLOWS_FILE=" + oldPath, "SAS_SCHEDULER_KINDS=k1,k2"}})
+	ch := amqpChannel(t)
+	submit := func(n int) []string {
+		var ids []string
+		for i := range n {
+			id := messages.NewID()
+			ids = append(ids, id)
+			publish(t, ch, p.submit, messages.ContentType, id, []byte(badinput.ValidSubmitV2JSON(id, "flow", fmt.Sprintf(`{"n":%d}`, i))))
+		}
+		return ids
+	}
+	before := submit(200)
+	p.waitWritten(t, before)
+
+	// The file changes; a new submitter reads it.
+	if err := os.WriteFile(path, []byte(flowFile(true)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p.submitter.stop(t)
+	p.submitter = start(t, "submitter", append(append([]string{}, p.env...), "SAS_STEP_TIMEOUT=60s", "SAS_WORKFLOWS_FILE="+path))
+	after := submit(50)
+	p.startAgent(t, "SAS_WORKFLOWS_FILE="+newPath, "SAS_AGENT_KINDS=k1,k2")
+	p.waitTerminal(t, append(append([]string{}, before...), after...), 2*time.Minute)
+
+	oldReg, _ := workflow.Load(oldPath)
+	newReg, _ := workflow.Load(newPath)
+	oldWF, _ := oldReg.Lookup("flow")
+	newWF, _ := newReg.Lookup("flow")
+	if oldWF.Version() == newWF.Version() {
+		t.Fatal("the two files have one version")
+	}
+	for _, c := range []struct {
+		ids     []string
+		version string
+		steps   int
+	}{{before, oldWF.Version(), 2}, {after, newWF.Version(), 3}} {
+		if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND status = 'completed' AND workflow_version = $2`, c.ids, c.version); n != len(c.ids) {
+			t.Fatalf("%d of %d orders completed on version %s\n%s", n, len(c.ids), c.version, p.stuck(t, c.ids))
+		}
+		if n := p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[])`, c.ids); n != c.steps*len(c.ids) {
+			t.Fatalf("%d step rows for %d orders of version %s, want %d each", n, len(c.ids), c.version, c.steps)
+		}
+	}
+	third := 0
+	for _, e := range p.ledger(t) {
+		if strings.HasSuffix(e.Key, "/3/third") {
+			third++
+		}
+	}
+	if third != len(after) {
+		t.Fatalf("the third step ran %d times, want %d (only the orders after the change)", third, len(after))
+	}
+	out, errOut, code := sasctl(t, p.env, "workflows", "list")
+	if code != 0 || !strings.Contains(out, oldWF.Version()) || !strings.Contains(out, newWF.Version()) {
+		t.Fatalf("workflows list (exit %d):\n%s%s", code, out, errOut)
+	}
+}
+
+// TestInvalidWorkflowsFileStopsEveryProcess: a service given a bad file
+// exits 2 before it connects to anything, listing every problem at its
+// line; sasctl workflows check says the same and exits 1.
+func TestInvalidWorkflowsFileStopsEveryProcess(t *testing.T) {
+	t.Parallel()
+	bad := writeFile(t, "bad.yaml", "workflows:\n  - name: w\n    policy: retry\n    steps:\n      - {action: a, agent: x, timout: 5s}\n")
+	for _, svc := range []string{"submitter", "scheduler", "agent"} {
+		cmd := exec.Command(filepath.Join(binDir, svc))
+		cmd.Env = env("SAS_WORKFLOWS_FILE="+bad, "SAS_DATABASE_URL=postgres://nobody@127.0.0.1:1/none", "SAS_AMQP_URL=amqp://nobody@127.0.0.1:1/")
+		var errOut bytes.Buffer
+		cmd.Stderr = &errOut
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+			t.Fatalf("%s with a bad file: %v\n%s", svc, err, errOut.String())
+		}
+		for _, want := range []string{bad + ":3: policy \"retry\"", bad + `:5: unknown field "timout"`} {
+			if !strings.Contains(errOut.String(), want) {
+				t.Fatalf("%s says:\n%s\nwithout %q", svc, errOut.String(), want)
+			}
+		}
+	}
+	out, _, code := sasctl(t, env(), "workflows", "check", bad)
+	if code != 1 || strings.Count(out, bad+":") != 2 {
+		t.Fatalf("workflows check (exit %d):\n%s", code, out)
+	}
+	good := writeFile(t, "good.yaml", onboardFile)
+	if out, errOut, code := sasctl(t, env(), "workflows", "check", good); code != 0 || !strings.Contains(out, "workflow onboard version") {
+		t.Fatalf("workflows check of a good file (exit %d):\n%s%s", code, out, errOut)
+	}
+}
+
+// waitWritten waits until every order is in the store.
+func (p pipeline) waitWritten(t *testing.T, ids []string) {
+	t.Helper()
+	testenv.Eventually(t, time.Minute, "the orders written", func() bool {
+		return p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[])`, ids) == len(ids)
+	})
 }
