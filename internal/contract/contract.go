@@ -128,7 +128,9 @@ func RetryAfter(h string, now time.Time) time.Duration {
 func FormatCompleteBy(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 
 // ParseCompleteBy reads HeaderCompleteBy.
-func ParseCompleteBy(h string) (time.Time, error) { return time.Parse(time.RFC3339Nano, strings.TrimSpace(h)) }
+func ParseCompleteBy(h string) (time.Time, error) {
+	return time.Parse(time.RFC3339Nano, strings.TrimSpace(h))
+}
 
 // ErrorBody is the body of a non-2xx answer, by convention: sas quotes
 // Error in the step's last error.

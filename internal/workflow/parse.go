@@ -18,8 +18,8 @@ import (
 
 // Limits of a workflow file.
 const (
-	MaxSteps       = 20                  // actions per workflow
-	MaxFailuresCap = 1000                // highest failure threshold
+	MaxSteps       = 20   // actions per workflow
+	MaxFailuresCap = 1000 // highest failure threshold
 	MinTimeout     = 100 * time.Millisecond
 	MaxTimeout     = 24 * time.Hour
 	maxNameLen     = 64  // workflow names
