@@ -52,6 +52,8 @@ func docs() []doc {
 			"Publishes the chosen dead letters to the queue they came from, each confirmed by the broker before it is removed from the dead-letter queue: a kill at any moment loses nothing (at worst a message is in both queues, and consumers take a repeat as one message). A message that is still bad is dead-lettered again.", brokerEnv},
 		{"dlq discard", "ID | --reason R | --all [--queue Q] [--yes]", "delete dead letters",
 			"Deletes the chosen dead letters for good, after asking (--yes for scripts), and prints each one it dropped.", brokerEnv},
+		{"agent check", "URL [--action A] [--path P] [--payload JSON] [--headers-file F]", "check that a service keeps the remote-service contract",
+			"Calls the service at URL as an agent would (POST URL/v1/ACTION, or URL+PATH) under new idempotency keys and checks the contract of docs/remote-service.openapi.yaml: a call is done; the same key twice gives the same answer; the same key with another body gives 422; calls at once with one key give one result (the others 409 or a replay); a call past its deadline is refused or harmless. Prints each rule with PASS or FAIL and exits 1 if any failed. The calls apply the action: point it at a test instance or an action that is safe to repeat.", nil},
 		{"workflows check", "FILE", "check a workflows file, listing every problem",
 			"Reads a workflows file as the services would and prints every problem as FILE:LINE: what is wrong, what to write instead; exits 1 if there is any. A good file prints each workflow with its version (the hash of what runs: comments and layout do not change it).", nil},
 		{"workflows list", "[--file FILE] [--json]", "the workflow versions orders run",

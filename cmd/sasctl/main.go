@@ -143,6 +143,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return a.dlqMove(ctx, rest, broker.Requeue)
 	case "dlq discard":
 		return a.dlqMove(ctx, rest, broker.Drop)
+	case "agent check":
+		return a.agentCheck(ctx, rest)
 	case "workflows check":
 		return a.workflowsCheck(ctx, rest)
 	case "workflows list":

@@ -1,0 +1,225 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"sas/internal/contract"
+	"sas/internal/messages"
+)
+
+// checkCall is one call of the conformance check.
+type checkCall struct {
+	key        string
+	body       []byte
+	completeBy time.Time
+}
+
+type checkAnswer struct {
+	status int
+	body   string
+	err    error
+}
+
+func (a checkAnswer) String() string {
+	if a.err != nil {
+		return a.err.Error()
+	}
+	return fmt.Sprintf("%d %s", a.status, strings.TrimSpace(snippetOf(a.body)))
+}
+
+func snippetOf(s string) string {
+	if len(s) > 120 {
+		return s[:120] + "…"
+	}
+	return s
+}
+
+// agentChecker calls one action of a service as an agent would.
+type agentChecker struct {
+	client  *http.Client
+	url     string
+	action  string
+	payload json.RawMessage
+	headers http.Header
+}
+
+func (c *agentChecker) newCall() checkCall {
+	id := messages.NewID()
+	body, _ := json.Marshal(contract.Request{OrderID: id, Step: 1, Action: c.action, Payload: c.payload})
+	return checkCall{key: fmt.Sprintf("%s/1/%s", id, c.action), body: body, completeBy: time.Now().Add(30 * time.Second)}
+}
+
+func (c *agentChecker) do(ctx context.Context, cl checkCall) checkAnswer {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, bytes.NewReader(cl.body))
+	if err != nil {
+		return checkAnswer{err: err}
+	}
+	for name, vs := range c.headers {
+		req.Header[name] = vs
+	}
+	req.Header.Set("Content-Type", contract.ContentType)
+	req.Header.Set(contract.HeaderIdempotencyKey, cl.key)
+	req.Header.Set(contract.HeaderCompleteBy, contract.FormatCompleteBy(cl.completeBy))
+	req.Header.Set(contract.HeaderAttempt, "1")
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return checkAnswer{err: err}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	return checkAnswer{status: resp.StatusCode, body: string(b), err: err}
+}
+
+// settle calls until the answer is not transient (a 409 while the first
+// call is in flight, a 429 or 503), for at most 20 s.
+func (c *agentChecker) settle(ctx context.Context, cl checkCall) checkAnswer {
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		a := c.do(ctx, cl)
+		if a.err != nil || contract.Classify(a.status) != contract.Transient || time.Now().After(deadline) {
+			return a
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func sameJSON(a, b string) bool {
+	var x, y any
+	if json.Unmarshal([]byte(a), &x) != nil || json.Unmarshal([]byte(b), &y) != nil {
+		return a == b
+	}
+	xb, _ := json.Marshal(x)
+	yb, _ := json.Marshal(y)
+	return bytes.Equal(xb, yb)
+}
+
+// agentCheck checks that the service at a URL keeps the remote-service
+// contract (docs/remote-service.openapi.yaml).
+func (a *app) agentCheck(ctx context.Context, args []string) error {
+	fs := a.flags()
+	action := fs.String("action", "sas_check", "the action to call: POST URL/v1/ACTION (calls apply it, under new keys)")
+	path := fs.String("path", "", "call URL+PATH instead of URL/v1/ACTION")
+	payload := fs.String("payload", `{"sas_check":true}`, "the payload to send (a JSON object)")
+	headersFile := fs.String("headers-file", "", "a file of \"Name: value\" lines sent with every call (credentials)")
+	concurrent := fs.Int("concurrent", 8, "calls sent at once with one key")
+	rest, err := a.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) != 1 || !strings.HasPrefix(rest[0], "http://") && !strings.HasPrefix(rest[0], "https://") {
+		return a.usageError(fs, "give the service's base URL (http:// or https://)")
+	}
+	if err := messages.CheckPayload([]byte(*payload)); err != nil {
+		return a.usageError(fs, "--payload: %v", err)
+	}
+	c := &agentChecker{client: &http.Client{Timeout: 20 * time.Second}, action: *action, payload: json.RawMessage(*payload), headers: http.Header{}}
+	c.url = strings.TrimRight(rest[0], "/") + contract.DefaultPath(*action)
+	if *path != "" {
+		c.url = strings.TrimRight(rest[0], "/") + *path
+	}
+	if *headersFile != "" {
+		raw, err := os.ReadFile(*headersFile)
+		if err != nil {
+			return err
+		}
+		for n, line := range strings.Split(string(raw), "\n") {
+			line = strings.TrimSpace(line)
+			if line == "" || strings.HasPrefix(line, "#") {
+				continue
+			}
+			name, value, ok := strings.Cut(line, ":")
+			if !ok {
+				return fmt.Errorf("%s:%d: not \"Name: value\"", *headersFile, n+1)
+			}
+			c.headers.Add(strings.TrimSpace(name), strings.TrimSpace(value))
+		}
+	}
+
+	failed := 0
+	report := func(ok bool, rule, detail string) {
+		verdict := "PASS"
+		if !ok {
+			verdict = "FAIL"
+			failed++
+		}
+		fmt.Fprintf(a.stdout, "%s  %s\n      %s\n", verdict, rule, detail)
+	}
+	fmt.Fprintf(a.stdout, "checking %s against the sas remote-service contract\n\n", c.url)
+
+	// 1. The same key twice gives the same answer.
+	first := c.newCall()
+	a1 := c.settle(ctx, first)
+	a2 := c.settle(ctx, first)
+	okFirst := a1.err == nil && contract.Classify(a1.status) == contract.OK
+	report(okFirst, "a call is done (2xx, a JSON object or nothing)", "answered "+a1.String())
+	report(okFirst && a2.err == nil && a2.status/100 == 2 && sameJSON(a1.body, a2.body),
+		"the same key twice gives the same answer (a replay)", "first "+a1.String()+"; again "+a2.String())
+
+	// 2. The same key with another body is refused with 422.
+	other := first
+	other.body = bytes.Replace(first.body, []byte(`"step":1`), []byte(`"step":2`), 1)
+	a3 := c.do(ctx, other)
+	report(a3.err == nil && a3.status == http.StatusUnprocessableEntity,
+		"the same key with another body gives 422", "answered "+a3.String())
+
+	// 3. Calls at once with one key: one result, no second application.
+	conc := c.newCall()
+	answers := make([]checkAnswer, max(*concurrent, 2))
+	var wg sync.WaitGroup
+	for i := range answers {
+		wg.Go(func() { answers[i] = c.do(ctx, conc) })
+	}
+	wg.Wait()
+	final := c.settle(ctx, conc)
+	var oks, conflicts, others []string
+	agree := final.err == nil && final.status/100 == 2
+	for _, ans := range answers {
+		switch {
+		case ans.err == nil && ans.status/100 == 2:
+			oks = append(oks, ans.body)
+			agree = agree && sameJSON(ans.body, final.body)
+		case ans.err == nil && ans.status == http.StatusConflict:
+			conflicts = append(conflicts, "409")
+		default:
+			others = append(others, ans.String())
+		}
+	}
+	report(agree && len(others) == 0 && len(oks) >= 1,
+		fmt.Sprintf("%d calls at once with one key give one result (the others 409 or a replay)", len(answers)),
+		fmt.Sprintf("%d answered 2xx with the same result as a later replay, %d answered 409, others: %v; replay %s",
+			len(oks), len(conflicts), others, final.String()))
+
+	// 4. A call past its deadline is refused, or harmless: nothing the
+	// key's next call does not replay.
+	late := c.newCall()
+	late.completeBy = time.Now().Add(-time.Second)
+	a4 := c.do(ctx, late)
+	switch {
+	case a4.err != nil:
+		report(false, "a call past its deadline is refused or harmless", a4.err.Error())
+	case contract.Classify(a4.status) != contract.OK:
+		report(true, "a call past its deadline is refused or harmless", "refused: "+a4.String())
+	default:
+		live := late
+		live.completeBy = time.Now().Add(30 * time.Second)
+		a5 := c.settle(ctx, live)
+		report(a5.err == nil && a5.status/100 == 2 && sameJSON(a4.body, a5.body),
+			"a call past its deadline is refused or harmless",
+			"accepted ("+a4.String()+"); the key's next call in time answered "+a5.String()+" (must be the same: a replay)")
+	}
+
+	if failed > 0 {
+		return fmt.Errorf("%d of 5 rules failed", failed)
+	}
+	fmt.Fprintln(a.stdout, "\nevery rule passed")
+	return nil
+}

@@ -1,0 +1,52 @@
+package e2e
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+)
+
+// TestAgentCheckTellsAKeptContractFromABrokenOne: sasctl agent check
+// passes every rule against the demo service (slowed down, so that calls
+// at once with one key meet one in flight) and fails, naming the rules,
+// against a service that applies every call anew.
+func TestAgentCheckTellsAKeptContractFromABrokenOne(t *testing.T) {
+	t.Parallel()
+	demo := startOn(t, "remote", env("SAS_REMOTE_FAULTS="+`{"*":{"latency_min_ms":200,"latency_max_ms":200}}`), "SAS_REMOTE_ADDR")
+	out, errOut, code := sasctl(t, env(), "agent", "check", "http://"+demo.ops, "--action", "open_account")
+	if code != 0 || strings.Count(out, "PASS") != 5 || strings.Contains(out, "FAIL") {
+		t.Fatalf("against the demo service (exit %d):\n%s%s", code, out, errOut)
+	}
+	if !strings.Contains(out, "answered 409") || strings.Contains(out, "0 answered 409") {
+		t.Fatalf("no call met another in flight:\n%s", out)
+	}
+
+	var applied atomic.Int64
+	broken := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Applies every call, whatever its key, body or deadline.
+		n := applied.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"effect":%d}`, n)
+	}))
+	t.Cleanup(broken.Close)
+	out, errOut, code = sasctl(t, env(), "agent", "check", broken.URL)
+	if code != 1 {
+		t.Fatalf("against a broken service: exit %d\n%s%s", code, out, errOut)
+	}
+	for _, rule := range []string{
+		"FAIL  the same key twice gives the same answer",
+		"FAIL  the same key with another body gives 422",
+		"FAIL  8 calls at once with one key give one result",
+		"FAIL  a call past its deadline is refused or harmless",
+	} {
+		if !strings.Contains(out, rule) {
+			t.Errorf("the check did not say %q:\n%s", rule, out)
+		}
+	}
+	if !strings.Contains(out, "PASS  a call is done") {
+		t.Errorf("a call that is done was not passed:\n%s", out)
+	}
+}
