@@ -362,7 +362,9 @@ func (*SubmitOrder) required(version string) ([]string, bool) {
 	return nil, false
 }
 
-func (*StepRequest) required(version string) ([]string, bool) { return nil, version == "2" }
+// A version 1 request (its payload the demo order's fields, no results)
+// is read as a version 2 one: agents roll out before schedulers.
+func (*StepRequest) required(version string) ([]string, bool) { return nil, version == "1" || version == "2" }
 
 // DecodeSubmitOrder decodes and validates a SubmitOrder body.
 func DecodeSubmitOrder(body []byte) (SubmitOrder, error) { return decodeSubmitOrder(body, true) }
@@ -415,7 +417,7 @@ func (StepRequest) Type() string { return TypeStepRequest }
 
 // Validate implements Message.
 func (r StepRequest) Validate() error {
-	if r.SchemaVersion != StepRequestVersion {
+	if r.SchemaVersion != StepRequestVersion && r.SchemaVersion != 1 {
 		return reject(ReasonUnsupportedVersion, "schema_version %d is not supported (write %d)", r.SchemaVersion, StepRequestVersion)
 	}
 	if err := checkStepRef(r.OrderID, r.Step, r.Attempt); err != nil {

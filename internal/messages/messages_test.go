@@ -3,6 +3,7 @@ package messages_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"reflect"
 	"regexp"
 	"strconv"
@@ -406,5 +407,22 @@ func BenchmarkEncodeStepReply(b *testing.B) {
 		if _, err := messages.Encode(reply); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestStepRequestVersion1IsStillRead: a request from a scheduler of the
+// version before opaque payloads is read, its payload as it was.
+func TestStepRequestVersion1IsStillRead(t *testing.T) {
+	t.Parallel()
+	id := messages.NewID()
+	body := fmt.Sprintf(`{"schema_version":1,"order_id":%q,"step":1,"name":"reserve_inventory","agent":"inventory","attempt":1,`+
+		`"idempotency_key":"%s/1/reserve_inventory","complete_by":"2030-01-01T00:00:00Z",`+
+		`"payload":{"customer":"c","items":[{"sku":"a","qty":1}],"amount":5,"currency":"EUR"}}`, id, id)
+	r, err := messages.DecodeStepRequest([]byte(body))
+	if err != nil || string(r.Payload) != `{"customer":"c","items":[{"sku":"a","qty":1}],"amount":5,"currency":"EUR"}` {
+		t.Fatalf("%+v %v", r, err)
+	}
+	if _, err := messages.DecodeStepRequest([]byte(strings.Replace(body, `"schema_version":1`, `"schema_version":3`, 1))); err == nil {
+		t.Fatal("version 3 read")
 	}
 }
