@@ -364,7 +364,9 @@ func (*SubmitOrder) required(version string) ([]string, bool) {
 
 // A version 1 request (its payload the demo order's fields, no results)
 // is read as a version 2 one: agents roll out before schedulers.
-func (*StepRequest) required(version string) ([]string, bool) { return nil, version == "1" || version == "2" }
+func (*StepRequest) required(version string) ([]string, bool) {
+	return nil, version == "1" || version == "2"
+}
 
 // DecodeSubmitOrder decodes and validates a SubmitOrder body.
 func DecodeSubmitOrder(body []byte) (SubmitOrder, error) { return decodeSubmitOrder(body, true) }
