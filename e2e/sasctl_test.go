@@ -101,6 +101,10 @@ func TestSasctlSubmitShowListResubmit(t *testing.T) {
 	}
 
 	// Clear errors for what makes no sense.
+	badPayload := filepath.Join(t.TempDir(), "payload.json")
+	if err := os.WriteFile(badPayload, []byte(`{"amount":1}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		desc string
 		args []string
@@ -113,8 +117,10 @@ func TestSasctlSubmitShowListResubmit(t *testing.T) {
 		{"list an unknown status", []string{"orders", "list", "--status", "lost"}, 1, "unknown status"},
 		{"submit an invalid file", []string{"submit", "--file", writeTemp(t, `{"schema_version":1}`)}, 1, "not a valid order"},
 		{"submit with neither file nor count", []string{"submit"}, 2, "either --file or"},
-		{"submit an unknown workflow", []string{"submit", "--count", "3", "--workflow", "nope"}, 1, `unknown workflow "nope" (the workflows are order, order_hold, single): nothing published`},
-		{"list an unknown workflow", []string{"orders", "list", "--workflow", "nope"}, 1, `unknown workflow "nope"`},
+		{"submit an unknown workflow", []string{"submit", "--count", "3", "--workflow", "nope"}, 1, `unknown workflow "nope" (the built-in workflows are order, order_hold, single): nothing published`},
+		{"submit a payload its workflow refuses", []string{"submit", "--count", "1", "--payload", badPayload}, 1, `payload at /: missing properties 'customer', 'items', 'currency': nothing published`},
+		// Any workflow name is listed: orders may run another file's.
+		{"list a workflow that is not a name", []string{"orders", "list", "--workflow", "no pe"}, 1, `--workflow may hold only letters`},
 		{"list no orders", []string{"orders", "list", "--limit", "0"}, 2, "--limit must be at least 1"},
 		{"list a negative number", []string{"orders", "list", "--limit", "-3"}, 2, "--limit must be at least 1"},
 		{"resubmit a step that does not exist", []string{"orders", "resubmit", id, "--step", "99"}, 1, "has no step 99 (its steps are 1 to 6)"},

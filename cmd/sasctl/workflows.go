@@ -26,7 +26,11 @@ func workflowsFile(flagValue string) (*workflow.Registry, error) {
 
 func knownWorkflow(reg *workflow.Registry, name string) error {
 	if _, ok := reg.Lookup(name); !ok {
-		return fmt.Errorf("unknown workflow %q (the workflows of %s are %s)", name, reg.Source, strings.Join(reg.Names(), ", "))
+		from := "the workflows of " + reg.Source
+		if reg.Source == workflow.BuiltinSource {
+			from = "the built-in workflows"
+		}
+		return fmt.Errorf("unknown workflow %q (%s are %s)", name, from, strings.Join(reg.Names(), ", "))
 	}
 	return nil
 }
