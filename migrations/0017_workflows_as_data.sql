@@ -9,7 +9,10 @@
 -- The order's payload becomes one opaque jsonb object: the demo order's
 -- customer, items, amount and currency move into it. Every existing row is
 -- converted (this rewrites the orders table once). Orders written before
--- this migration have no workflow_version.
+-- this migration have no workflow_version. There is no foreign key from
+-- orders to workflow_versions: the submitter stores its file's versions
+-- before it takes an order, and the key check would lock the version's row
+-- in every order insert.
 --
 -- Results flow: the status event that ends an order carries the results of
 -- its actions (by action name), when they fit in 32 KiB.
@@ -28,8 +31,6 @@ UPDATE orders SET payload = jsonb_build_object('customer', customer, 'items', it
 ALTER TABLE orders
     ALTER COLUMN payload SET NOT NULL,
     ADD CONSTRAINT orders_payload_is_object CHECK (jsonb_typeof(payload) = 'object'),
-    ADD CONSTRAINT orders_workflow_version_fk FOREIGN KEY (workflow, workflow_version)
-        REFERENCES workflow_versions (name, version),
     DROP COLUMN customer,
     DROP COLUMN items,
     DROP COLUMN amount,

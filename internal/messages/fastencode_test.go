@@ -22,6 +22,9 @@ func sameAsMarshal(t *testing.T, m messages.Message) {
 		if n.SchemaVersion == messages.SubmitOrderVersion {
 			n.Payload = canonical(t, n.Payload)
 		}
+		if v, err := messages.PayloadValue(o.Payload); err == nil && o.SchemaVersion == messages.SubmitOrderVersion && !bytes.Equal(o.CanonicalWith(v), o.Canonical()) {
+			t.Fatalf("canonical with the decoded payload %s, without %s", o.CanonicalWith(v), o.Canonical())
+		}
 		if got, want := o.Canonical(), mustMarshal(t, n); !bytes.Equal(got, want) {
 			t.Fatalf("canonical form:\n%s\njson.Marshal:\n%s", got, want)
 		}

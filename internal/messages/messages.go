@@ -314,10 +314,17 @@ func (o SubmitOrder) Normalized() SubmitOrder {
 // the payload's keys are sorted and its spaces removed, so only its
 // content counts; version 1 keeps the form it always had, so that
 // resubmitting an order accepted before version 2 is still a duplicate.
-func (o SubmitOrder) Canonical() []byte {
+func (o SubmitOrder) Canonical() []byte { return o.canonical(nil) }
+
+// canonical is Canonical with the payload decoded already, or nil.
+func (o SubmitOrder) canonical(decoded any) []byte {
 	n := o.Normalized()
 	if n.SchemaVersion == SubmitOrderVersion {
-		n.Payload = canonicalJSON(n.Payload)
+		b, err := json.Marshal(decoded)
+		if decoded == nil || err != nil {
+			b = canonicalJSON(n.Payload)
+		}
+		n.Payload = b
 	}
 	if b, ok := n.appendJSON(make([]byte, 0, 256)); ok {
 		return b // the bytes json.Marshal writes (FuzzFastEncodeMatchesJSON)
@@ -326,13 +333,25 @@ func (o SubmitOrder) Canonical() []byte {
 	return b
 }
 
-// canonicalJSON rewrites a JSON value with sorted keys and no spaces,
-// numbers as written.
-func canonicalJSON(raw []byte) []byte {
+// CanonicalWith is Canonical for an order whose payload was decoded
+// already (PayloadValue), so that a submitter decodes it once.
+func (o SubmitOrder) CanonicalWith(payload any) []byte { return o.canonical(payload) }
+
+// PayloadValue decodes a payload with numbers kept as written
+// (json.Number), as JSON Schema validation and Canonical read it.
+func PayloadValue(raw []byte) (any, error) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
 	var v any
-	if dec.Decode(&v) != nil {
+	err := dec.Decode(&v)
+	return v, err
+}
+
+// canonicalJSON rewrites a JSON value with sorted keys and no spaces,
+// numbers as written.
+func canonicalJSON(raw []byte) []byte {
+	v, err := PayloadValue(raw)
+	if err != nil {
 		return raw
 	}
 	b, err := json.Marshal(v)

@@ -118,8 +118,8 @@ ORDER BY c.priority DESC, c.order_id, c.step`
 // resultsSQL reads the results of the actions before step c of its
 // order, by action name (NULL when none); compensations come after every
 // action, so they get all of them.
-const resultsSQL = `(SELECT jsonb_object_agg(p.name, p.result) FROM steps p
-        WHERE p.order_id = c.order_id AND p.step < c.step AND p.kind = 'action' AND p.result IS NOT NULL)`
+const resultsSQL = `CASE WHEN c.step > 1 THEN (SELECT jsonb_object_agg(p.name, p.result) FROM steps p
+        WHERE p.order_id = c.order_id AND p.step < c.step AND p.kind = 'action' AND p.result IS NOT NULL) END`
 
 // ClaimPending claims up to limit due pending steps for the scheduler
 // lockedBy and returns them; agent, when not "", limits the claim to steps

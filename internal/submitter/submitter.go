@@ -171,7 +171,12 @@ func (h *handler) handle(ctx context.Context, d amqp.Delivery) error {
 		return broker.Reject(ReasonUnknownWorkflow, fmt.Sprintf("workflow %q is not defined (known: %v)", o.Workflow, h.workflows.Names()))
 	}
 	payload := o.PayloadJSON()
-	if err := wf.CheckPayload(payload); err != nil {
+	// Decoded once: for the schema and for the canonical form's hash.
+	value, err := messages.PayloadValue(payload)
+	if err == nil {
+		err = wf.CheckPayloadValue(value)
+	}
+	if err != nil {
 		h.metrics.orders.WithLabelValues("rejected").Inc()
 		var pe *workflow.PayloadError
 		if errors.As(err, &pe) {
@@ -179,7 +184,7 @@ func (h *handler) handle(ctx context.Context, d amqp.Delivery) error {
 		}
 		return broker.Reject(messages.ReasonInvalidPayload, err.Error())
 	}
-	nw := newOrder(o, payload, wf, h.stepTimeout, h.actor)
+	nw := newOrder(o, payload, value, wf, h.stepTimeout, h.actor)
 	log := h.logger.With("order_id", o.OrderID)
 	if failpoint.Broken("ack-before-commit") {
 		// Negative control for the fault suite: ack now, write a little
@@ -230,8 +235,8 @@ func (h *handler) reject(err error) error {
 	return broker.RejectFor(err, messages.ReasonInvalidValue)
 }
 
-func newOrder(o messages.SubmitOrder, payload []byte, wf workflow.Workflow, stepTimeout time.Duration, actor string) statestore.NewOrder {
-	hash := sha256.Sum256(o.Canonical())
+func newOrder(o messages.SubmitOrder, payload []byte, value any, wf workflow.Workflow, stepTimeout time.Duration, actor string) statestore.NewOrder {
+	hash := sha256.Sum256(o.CanonicalWith(value))
 	rows := wf.Rows()
 	steps := make([]statestore.NewStep, len(rows))
 	for i, r := range rows {

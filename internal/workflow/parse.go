@@ -114,6 +114,7 @@ func Parse(file string, data []byte) (*Registry, error) {
 					continue
 				}
 				lines[wf.Name] = item.Line
+				wf.version = versionOf(wf)
 				r.byName[wf.Name] = wf
 			}
 		},

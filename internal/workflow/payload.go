@@ -40,7 +40,16 @@ func (wf Workflow) CheckPayload(payload []byte) error {
 	if err != nil {
 		return &PayloadError{Detail: "not JSON: " + err.Error()}
 	}
-	err = wf.schema.Validate(v)
+	return wf.CheckPayloadValue(v)
+}
+
+// CheckPayloadValue is CheckPayload for a payload already decoded with
+// numbers as json.Number (messages.PayloadValue).
+func (wf Workflow) CheckPayloadValue(v any) error {
+	if wf.schema == nil {
+		return nil
+	}
+	err := wf.schema.Validate(v)
 	if err == nil {
 		return nil
 	}

@@ -61,7 +61,8 @@ type Workflow struct {
 	PayloadSchema json.RawMessage `json:"payload_schema,omitempty"`
 	Steps         []Step          `json:"steps"`
 
-	schema *jsonschema.Schema
+	schema  *jsonschema.Schema
+	version string // set by Parse: Version is read for every order
 }
 
 // Definition is the workflow's canonical JSON: what its version hashes
@@ -75,6 +76,13 @@ func (wf Workflow) Definition() []byte {
 // of the SHA-256 of Definition. Comments, layout and key order in the file
 // do not change it; any change to what runs does.
 func (wf Workflow) Version() string {
+	if wf.version != "" {
+		return wf.version
+	}
+	return versionOf(wf)
+}
+
+func versionOf(wf Workflow) string {
 	sum := sha256.Sum256(wf.Definition())
 	return hex.EncodeToString(sum[:8])
 }
