@@ -73,9 +73,19 @@ BEGIN
 END;
 $$;
 
+-- The three-argument form stays one SQL expression (inlined into the
+-- statements that call it) for the events that carry no results.
 CREATE OR REPLACE FUNCTION status_event_body(p_order_id uuid, p_status text, p_step integer) RETURNS jsonb
 LANGUAGE sql VOLATILE AS $$
-    SELECT status_event_body(p_order_id, p_status, p_step, NULL)
+    SELECT CASE WHEN p_status IN ('completed', 'failed', 'error')
+        THEN status_event_body(p_order_id, p_status, p_step, NULL)
+        ELSE jsonb_build_object(
+            'schema_version', 1,
+            'order_id', p_order_id,
+            'status', p_status,
+            'step', p_step,
+            'at', to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
+    END
 $$;
 
 DO $$
