@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"testing"
+	"time"
 
 	"sas/internal/messages"
 	"sas/internal/statestore"
@@ -156,5 +157,41 @@ func TestEndingStatusEventCarriesResults(t *testing.T) {
 		if results["reserve_inventory"].ID != "r1" || results["charge_payment"].ID != "r2" || results["create_shipment"].ID != "r3" {
 			t.Fatalf("batched %v: results %s", batched, ev.Results)
 		}
+	}
+}
+
+// TestStepBackoffOverridesTheSupervisors: a step whose workflow sets its
+// own backoff waits that long after a reset; a step without one waits the
+// supervisor's.
+func TestStepBackoffOverridesTheSupervisors(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	own := order(1, 10*time.Millisecond, 5)
+	own.Steps[0].BackoffBase, own.Steps[0].BackoffMax = time.Hour, 2*time.Hour
+	plain := order(1, 10*time.Millisecond, 5)
+	insert(t, b, own)
+	insert(t, b, plain)
+	if claimed, err := b.store.ClaimPending(ctx, "s", 10, ""); err != nil || len(claimed) != 2 {
+		t.Fatalf("claimed %v (%v)", claimed, err)
+	}
+	waitExpired(t, b, own.OrderID)
+	waitExpired(t, b, plain.OrderID)
+	if swept, err := b.store.SweepExpired(ctx, statestore.SweepParams{Actor: "sup", Limit: 10,
+		BackoffBase: time.Second, BackoffMax: time.Minute}); err != nil || len(swept) != 2 {
+		t.Fatalf("swept %v (%v)", swept, err)
+	}
+	wait := func(id string) time.Duration {
+		var secs float64
+		if err := b.pool.QueryRow(ctx, `SELECT extract(epoch FROM available_at - now()) FROM steps WHERE order_id = $1`, id).Scan(&secs); err != nil {
+			t.Fatal(err)
+		}
+		return time.Duration(secs * float64(time.Second))
+	}
+	if w := wait(own.OrderID); w < 59*time.Minute || w > time.Hour {
+		t.Fatalf("the step with its own backoff waits %v, want its 1h base", w)
+	}
+	if w := wait(plain.OrderID); w <= 0 || w > time.Second {
+		t.Fatalf("the step without one waits %v, want the supervisor's 1s base", w)
 	}
 }
