@@ -15,7 +15,7 @@ import (
 // (for a message that validates) or both refuse it.
 func sameAsMarshal(t *testing.T, m messages.Message) {
 	t.Helper()
-	if o, ok := m.(messages.SubmitOrder); ok {
+	if o, ok := m.(messages.SubmitOrder); ok && o.Validate() == nil {
 		// The canonical form, hashed to tell duplicates from conflicts,
 		// must stay json.Marshal's to the byte.
 		n := o.Normalized()

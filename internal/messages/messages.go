@@ -218,6 +218,9 @@ func CheckPayload(payload []byte) error {
 	if !isObject(payload) {
 		return reject(ReasonInvalidPayload, "at /: payload must be a JSON object, not %s", jsonKind(payload))
 	}
+	if !json.Valid(payload) {
+		return reject(ReasonInvalidPayload, "at /: payload is not valid JSON")
+	}
 	return nil
 }
 
