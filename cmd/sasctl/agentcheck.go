@@ -131,16 +131,8 @@ func (a *app) agentCheck(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		for n, line := range strings.Split(string(raw), "\n") {
-			line = strings.TrimSpace(line)
-			if line == "" || strings.HasPrefix(line, "#") {
-				continue
-			}
-			name, value, ok := strings.Cut(line, ":")
-			if !ok {
-				return fmt.Errorf("%s:%d: not \"Name: value\"", *headersFile, n+1)
-			}
-			c.headers.Add(strings.TrimSpace(name), strings.TrimSpace(value))
+		if c.headers, err = contract.ParseHeaders(raw); err != nil {
+			return fmt.Errorf("%s: %w", *headersFile, err)
 		}
 	}
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -66,7 +67,7 @@ func (a *app) workflowsCheck(_ context.Context, args []string) error {
 func kindsOf(wf workflow.Workflow) []string {
 	var out []string
 	for _, r := range wf.Rows() {
-		if !strings.Contains(","+strings.Join(out, ",")+",", ","+r.Agent+",") {
+		if !slices.Contains(out, r.Agent) {
 			out = append(out, r.Agent)
 		}
 	}

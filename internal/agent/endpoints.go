@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bufio"
 	"bytes"
 	"crypto/tls"
 	"crypto/x509"
@@ -108,8 +107,7 @@ func newEndpoint(kind string, spec endpointSpec, cfg Config) (*endpoint, error) 
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.RawQuery != "" {
 		return nil, errors.New("url must be http:// or https://host[:port][/path], with no credentials or query (send credentials as headers)")
 	}
-	ep := &endpoint{kind: kind, base: strings.TrimRight(spec.URL, "/"), path: map[string]string{}, headers: http.Header{},
-		timeout: cfg.CallTimeout}
+	ep := &endpoint{kind: kind, base: strings.TrimRight(spec.URL, "/"), path: map[string]string{}, timeout: cfg.CallTimeout}
 	for action, p := range spec.Paths {
 		if !strings.HasPrefix(p, "/") {
 			return nil, fmt.Errorf("paths.%s: %q must start with /", action, p)
@@ -136,7 +134,7 @@ func newEndpoint(kind string, spec endpointSpec, cfg Config) (*endpoint, error) 
 		}
 		lines = append(append(lines, '\n'), v...)
 	}
-	if err := parseHeaders(lines, ep.headers); err != nil {
+	if ep.headers, err = contract.ParseHeaders(lines); err != nil {
 		return nil, err
 	}
 	tr := &http.Transport{MaxIdleConnsPerHost: cfg.Concurrency, IdleConnTimeout: 90 * time.Second}
@@ -156,27 +154,4 @@ func newEndpoint(kind string, spec endpointSpec, cfg Config) (*endpoint, error) 
 	}
 	ep.client = &http.Client{Transport: tr}
 	return ep, nil
-}
-
-// parseHeaders reads "Name: value" lines (blank lines and # comments
-// skipped) into h.
-func parseHeaders(lines []byte, h http.Header) error {
-	sc := bufio.NewScanner(bytes.NewReader(lines))
-	for n := 1; sc.Scan(); n++ {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		name, value, ok := strings.Cut(line, ":")
-		name, value = strings.TrimSpace(name), strings.TrimSpace(value)
-		if !ok || name == "" || strings.ContainsAny(name, " \t") {
-			return fmt.Errorf("header line %d is not \"Name: value\"", n)
-		}
-		switch http.CanonicalHeaderKey(name) {
-		case contract.HeaderIdempotencyKey, contract.HeaderCompleteBy, contract.HeaderAttempt, "Content-Type", "Content-Length", "Host":
-			return fmt.Errorf("header line %d: %s is set by the agent", n, name)
-		}
-		h.Add(name, value)
-	}
-	return sc.Err()
 }

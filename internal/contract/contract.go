@@ -13,7 +13,10 @@
 package contract
 
 import (
+	"bufio"
+	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -136,4 +139,29 @@ func ParseCompleteBy(h string) (time.Time, error) {
 // Error in the step's last error.
 type ErrorBody struct {
 	Error string `json:"error"`
+}
+
+// ParseHeaders reads "Name: value" lines (blank lines and # comments
+// skipped): the headers an agent sends with every call to a service, its
+// credentials. The headers of the contract itself cannot be set so.
+func ParseHeaders(lines []byte) (http.Header, error) {
+	h := http.Header{}
+	sc := bufio.NewScanner(bytes.NewReader(lines))
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		name, value, ok := strings.Cut(line, ":")
+		name, value = strings.TrimSpace(name), strings.TrimSpace(value)
+		if !ok || name == "" || strings.ContainsAny(name, " \t") {
+			return nil, fmt.Errorf("header line %d is not \"Name: value\"", n)
+		}
+		switch http.CanonicalHeaderKey(name) {
+		case HeaderIdempotencyKey, HeaderCompleteBy, HeaderAttempt, "Content-Type", "Content-Length", "Host":
+			return nil, fmt.Errorf("header line %d: %s is set by the agent", n, name)
+		}
+		h.Add(name, value)
+	}
+	return h, sc.Err()
 }

@@ -14,6 +14,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"sas/internal/contract"
+	"sas/internal/testenv"
 )
 
 // loadYAMLAsJSON reads a YAML document as the JSON value it denotes.
@@ -122,7 +123,7 @@ func TestOpenAPIMatchesTheContract(t *testing.T) {
 	}
 
 	// Bodies as the agent writes them are valid by the document.
-	sch := compile(t, schema)
+	sch := testenv.JSONSchema(t, schema, nil)
 	for _, r := range []contract.Request{
 		{OrderID: "3f0c1b8e-7d2a-4c55-9a61-0e6f2d9b4c11", Step: 1, Action: "a", Payload: json.RawMessage(`{"x":1}`)},
 		{OrderID: "3f0c1b8e-7d2a-4c55-9a61-0e6f2d9b4c11", Step: 5, Action: "undo_b", Payload: json.RawMessage(`{}`),
@@ -143,22 +144,4 @@ func TestOpenAPIMatchesTheContract(t *testing.T) {
 	if sch.Validate(bad) == nil {
 		t.Fatal("a body without payload passed the documented schema")
 	}
-}
-
-func compile(t *testing.T, schema map[string]any) *jsonschema.Schema {
-	t.Helper()
-	raw, _ := json.Marshal(schema)
-	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := jsonschema.NewCompiler()
-	if err := c.AddResource("mem:schema.json", doc); err != nil {
-		t.Fatal(err)
-	}
-	sch, err := c.Compile("mem:schema.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sch
 }

@@ -16,6 +16,7 @@ import (
 	"sas/internal/broker"
 	"sas/internal/messages"
 	"sas/internal/submitter"
+	"sas/internal/testenv"
 )
 
 // TestAsyncAPIMatchesTheMessages keeps docs/asyncapi.yaml in step with
@@ -108,7 +109,7 @@ func TestAsyncAPIMatchesTheMessages(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", tc.schema, err)
 		}
-		sch := compileSchema(t, schema)
+		sch := testenv.JSONSchema(t, schema, jsonschema.Draft7)
 		v, _ := jsonschema.UnmarshalJSON(bytes.NewReader(body))
 		if err := sch.Validate(v); err != nil {
 			t.Errorf("%s: %s is not valid by the document: %v", tc.schema, body, err)
@@ -120,23 +121,4 @@ func TestAsyncAPIMatchesTheMessages(t *testing.T) {
 			t.Errorf("%s: the documented schema takes an unknown field, the decoder does not", tc.schema)
 		}
 	}
-}
-
-func compileSchema(t *testing.T, schema map[string]any) *jsonschema.Schema {
-	t.Helper()
-	raw, _ := json.Marshal(schema)
-	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := jsonschema.NewCompiler()
-	c.DefaultDraft(jsonschema.Draft7)
-	if err := c.AddResource("mem:s.json", doc); err != nil {
-		t.Fatal(err)
-	}
-	sch, err := c.Compile("mem:s.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sch
 }
