@@ -353,10 +353,6 @@ func (a *app) ordersPurge(ctx context.Context, args []string) error {
 	return nil
 }
 
-func money(minor int64, currency string) string {
-	return fmt.Sprintf("%d.%02d %s", minor/100, minor%100, currency)
-}
-
 func stamp(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
 
 // clock is a shorter stamp, for tables.

@@ -18,5 +18,3 @@ func DecodeStepReplyWith(body []byte, fast bool) (StepReply, error) {
 func DecodeStatusEventWith(body []byte, fast bool) (StatusEvent, error) {
 	return decodeStatusEvent(body, fast)
 }
-
-func ParseItemsWith(raw []byte, fast bool) ([]Item, error) { return parseItems(raw, fast) }

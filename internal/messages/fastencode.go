@@ -238,28 +238,3 @@ func (r StepReply) appendJSON(b []byte) ([]byte, bool) {
 	e.b = append(e.b, '}')
 	return e.b, e.ok
 }
-
-// ParseItems reads an order's items from their JSON (as the state store
-// keeps them), the common forms without encoding/json's reflection.
-func ParseItems(raw []byte) ([]Item, error) { return parseItems(raw, true) }
-
-func parseItems(raw []byte, fast bool) ([]Item, error) {
-	if fast && json.Valid(raw) {
-		w := walker{b: raw}
-		w.space()
-		start := w.i
-		if _, err := w.value(0, false); err == nil {
-			end := w.i
-			w.space()
-			var items []Item
-			if w.i == len(raw) && rawItems(raw[start:end], &items) {
-				return items, nil
-			}
-		}
-	}
-	var items []Item
-	if err := json.Unmarshal(raw, &items); err != nil {
-		return nil, err
-	}
-	return items, nil
-}

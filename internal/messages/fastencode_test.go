@@ -3,8 +3,6 @@ package messages_test
 import (
 	"bytes"
 	"encoding/json"
-	"reflect"
-	"strings"
 	"testing"
 	"time"
 
@@ -91,24 +89,6 @@ func FuzzFastEncodeMatchesJSON(f *testing.F) {
 			sameAsMarshal(t, m)
 		}
 	})
-}
-
-// ParseItems reads what encoding/json reads, through either path.
-func TestParseItemsMatchesJSON(t *testing.T) {
-	t.Parallel()
-	for _, raw := range []string{
-		`[{"qty": 2, "sku": "SKU-1"}]`,
-		`[{"sku":"a","qty":1},{"sku":"b","qty":2}]`,
-		` [ ] `, `null`, `[null]`, `[{"SKU":"a","qty":1}]`, `[{"sku":"a","qty":1,"colour":"red"}]`,
-		`[{"sku":"\u0061","qty":1}]`, `[{"sku":"a","qty":1.5}]`, `[{"sku":"a","sku":"b"}]`, `{}`, `[`, `[1]`,
-		strings.Repeat(`[`, 40) + strings.Repeat(`]`, 40),
-	} {
-		fast, ferr := messages.ParseItemsWith([]byte(raw), true)
-		slow, serr := messages.ParseItemsWith([]byte(raw), false)
-		if (ferr == nil) != (serr == nil) || !reflect.DeepEqual(fast, slow) {
-			t.Fatalf("%s: fast path %#v %v, encoding/json %#v %v", raw, fast, ferr, slow, serr)
-		}
-	}
 }
 
 func mustMarshal(t *testing.T, v any) []byte {
