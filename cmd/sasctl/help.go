@@ -29,7 +29,7 @@ func docs() []doc {
 		{"submit", "--file FILE | --count N [flags]", "publish orders to the submit queue",
 			"Publishes one order from a JSON file (\"-\" for stdin), or N generated sample orders (their payload from --payload FILE, else random demo orders), to the submit queue, persistent, mandatory and confirmed by the broker; a publish not confirmed is repeated (a repeat is the same order). An order naming a workflow the workflows file (--workflows, else SAS_WORKFLOWS_FILE, else the built-in one) does not have, or whose payload breaks its schema, is refused before anything is published.", brokerEnv},
 		{"orders list", "[flags]", "list orders, newest first",
-			"Lists orders, newest first, with their status, workflow, priority, amount and times.", dbEnv},
+			"Lists orders, newest first, with their status, workflow, priority and times; --workflow takes any name (orders may run workflows of another file than this one's).", dbEnv},
 		{"orders show", "ID [--json]", "an order with its steps and full history",
 			"Shows an order: its payload, each step's state, attempt, failures, lock, deadline and last error, and its full history (who moved what, when and why). Fits 100 columns; --json prints everything as JSON.", dbEnv},
 		{"orders resubmit", "ID [--step N] [--as NAME]", "put an order's failed step back to pending",
