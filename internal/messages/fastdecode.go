@@ -334,6 +334,10 @@ func (e *StatusEvent) decodeMembers(ms []member) bool {
 			v.Results, ok = m.raw, true
 		case "results_truncated":
 			ok = rawBool(m.raw, &v.ResultsTruncated)
+		case "reason":
+			ok = rawString(m.raw, &v.Reason)
+		case "detail":
+			ok = rawString(m.raw, &v.Detail)
 		}
 		if !ok {
 			return false

@@ -597,6 +597,11 @@ const (
 	StatusCompensating = "compensating"
 	StatusFailed       = "failed"
 	StatusError        = "error"
+	// StatusRejected is never an order's status: the submitter sends it to
+	// a submit's reply_to when it dead-letters the submit (with the
+	// reason and detail), so that the application learns its order does
+	// not exist.
+	StatusRejected = "rejected"
 )
 
 // StatusEvent tells an order's new status to its reply_to queue and the
@@ -613,6 +618,10 @@ type StatusEvent struct {
 	// would take more than 32 KiB, ResultsTruncated is set instead.
 	Results          json.RawMessage `json:"results,omitempty"`
 	ResultsTruncated bool            `json:"results_truncated,omitempty"`
+	// Reason and Detail, for a rejected submit, are its dead letter's
+	// x-error-reason and x-error-detail.
+	Reason string `json:"reason,omitempty"`
+	Detail string `json:"detail,omitempty"`
 }
 
 // Type implements Message.
@@ -628,8 +637,15 @@ func (e StatusEvent) Validate() error {
 	}
 	switch e.Status {
 	case StatusReceived, StatusProcessing, StatusCompleted, StatusCompensating, StatusFailed, StatusError:
+	case StatusRejected:
+		if err := checkText("reason", e.Reason, 100); err != nil {
+			return err
+		}
 	default:
 		return reject(ReasonInvalidValue, "status %q is not an order status", truncate(e.Status))
+	}
+	if e.Detail != "" && len(e.Detail) > maxReasonLen {
+		return reject(ReasonInvalidValue, "detail is %d bytes, limit %d", len(e.Detail), maxReasonLen)
 	}
 	if len(e.Results) > 0 && !isObject(e.Results) {
 		return reject(ReasonInvalidValue, "results must be a JSON object, not %s", jsonKind(e.Results))

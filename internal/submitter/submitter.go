@@ -131,7 +131,8 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		return store.InsertOrders(ctx, orders)
 	})
 	go inserts.Run(workCtx, cfg.Writers)
-	h := &handler{store: store, inserts: inserts, workflows: workflows, stepTimeout: cfg.StepTimeout, actor: me, metrics: m, logger: logger, workCtx: workCtx}
+	h := &handler{store: store, inserts: inserts, workflows: workflows, stepTimeout: cfg.StepTimeout, actor: me, metrics: m, logger: logger,
+		workCtx: workCtx, pub: pub}
 	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: Input, Prefetch: cfg.Prefetch, Workers: cfg.Workers,
 		Reasons: append(messages.Reasons(), messages.ReasonInvalidPayload, ReasonConflict, ReasonUnknownWorkflow)}, h.handle, logger, bm)
 
@@ -143,6 +144,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 }
 
 type handler struct {
+	pub         *broker.Publisher
 	store       *statestore.Store
 	inserts     *batch.Batcher[statestore.NewOrder, statestore.InsertOutcome]
 	workflows   *workflow.Registry
@@ -168,7 +170,7 @@ func (h *handler) handle(ctx context.Context, d amqp.Delivery) error {
 	wf, ok := h.workflows.Lookup(o.Workflow)
 	if !ok {
 		h.metrics.orders.WithLabelValues("rejected").Inc()
-		return broker.Reject(ReasonUnknownWorkflow, fmt.Sprintf("workflow %q is not defined (known: %v)", o.Workflow, h.workflows.Names()))
+		return h.refuse(ctx, o, ReasonUnknownWorkflow, fmt.Sprintf("workflow %q is not defined (known: %v)", o.Workflow, h.workflows.Names()))
 	}
 	payload := o.PayloadJSON()
 	// Decoded once: for the schema and for the canonical form's hash.
@@ -180,9 +182,9 @@ func (h *handler) handle(ctx context.Context, d amqp.Delivery) error {
 		h.metrics.orders.WithLabelValues("rejected").Inc()
 		var pe *workflow.PayloadError
 		if errors.As(err, &pe) {
-			return broker.Reject(messages.ReasonInvalidPayload, fmt.Sprintf("at %s: %s", cmp.Or(pe.Pointer, "/"), pe.Detail))
+			return h.refuse(ctx, o, messages.ReasonInvalidPayload, fmt.Sprintf("at %s: %s", cmp.Or(pe.Pointer, "/"), pe.Detail))
 		}
-		return broker.Reject(messages.ReasonInvalidPayload, err.Error())
+		return h.refuse(ctx, o, messages.ReasonInvalidPayload, err.Error())
 	}
 	nw := newOrder(o, payload, value, wf, h.stepTimeout, h.actor)
 	log := h.logger.With("order_id", o.OrderID)
@@ -222,12 +224,31 @@ func (h *handler) handle(ctx context.Context, d amqp.Delivery) error {
 		return nil
 	case errors.Is(err, statestore.ErrConflict):
 		h.metrics.orders.WithLabelValues("rejected").Inc()
-		return broker.Reject(ReasonConflict, fmt.Sprintf("order_id %s was already submitted with a different payload", o.OrderID))
+		return h.refuse(ctx, o, ReasonConflict, fmt.Sprintf("order_id %s was already submitted with a different payload", o.OrderID))
 	case errors.Is(err, statestore.ErrInvalidData):
 		h.metrics.orders.WithLabelValues("rejected").Inc()
-		return broker.Reject(messages.ReasonInvalidValue, err.Error())
+		return h.refuse(ctx, o, messages.ReasonInvalidValue, err.Error())
 	}
 	return err // shutting down: back to the queue
+}
+
+// refuse dead-letters a submit that was read, and tells its reply_to queue,
+// if it named one, with a status event "rejected" carrying the reason and
+// detail: the application learns that its order does not exist. Telling
+// is best effort (confirmed, not retried): the dead letter is the record.
+func (h *handler) refuse(ctx context.Context, o messages.SubmitOrder, reason, detail string) error {
+	if o.ReplyTo != "" {
+		ev := messages.StatusEvent{SchemaVersion: messages.SchemaVersion, OrderID: o.OrderID, Status: messages.StatusRejected,
+			At: time.Now().UTC(), Reason: reason, Detail: detail}
+		if body, err := messages.Encode(ev); err == nil {
+			err = h.pub.Publish(ctx, "", o.ReplyTo, amqp.Publishing{ContentType: messages.ContentType, Type: messages.TypeStatusEvent,
+				MessageId: o.OrderID + "/rejected", DeliveryMode: amqp.Persistent, Timestamp: ev.At, Body: body})
+			if err != nil {
+				h.logger.Warn("could not tell reply_to that the order was rejected", "order_id", o.OrderID, "reply_to", o.ReplyTo, "err", err)
+			}
+		}
+	}
+	return broker.Reject(reason, detail)
 }
 
 func (h *handler) reject(err error) error {
