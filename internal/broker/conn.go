@@ -40,7 +40,9 @@ type Conn struct {
 	// failFast: at Open, a refused login ends it at once and retries are
 	// not logged (a command-line tool's behaviour; services keep trying).
 	failFast bool
-	redact   *secrets.Redactor // removes url's password from errors
+	// declareNothing: the topology is the services'; a client only uses it.
+	declareNothing bool
+	redact         *secrets.Redactor // removes url's password from errors
 
 	mu      sync.Mutex
 	conn    *amqp.Connection
@@ -83,6 +85,16 @@ func WithCAFile(path string) Option {
 func FailFast() Option {
 	return func(c *Conn) error {
 		c.failFast = true
+		return nil
+	}
+}
+
+// DeclareNothing makes the connection declare no queue or exchange: for an
+// application's client, whose login may only publish orders and use its
+// own reply queue.
+func DeclareNothing() Option {
+	return func(c *Conn) error {
+		c.declareNothing = true
 		return nil
 	}
 }
@@ -183,6 +195,9 @@ func (c *Conn) dial() (*amqp.Connection, error) {
 		return nil, fmt.Errorf("open channel: %w", err)
 	}
 	defer ch.Close()
+	if c.declareNothing {
+		return conn, nil
+	}
 	if err := c.topo.Declare(ch); err != nil {
 		conn.Close()
 		return nil, &topologyError{err}

@@ -1,0 +1,408 @@
+// Package client is how a Go application uses sas: Submit posts an order
+// to the submit queue, confirmed by the broker and safe to repeat (the same
+// id with the same payload is one order); Await waits for its outcome and
+// Watch streams its status events. Both read a reply queue of the client's
+// own, named in every order it submits, so the client consumes nothing
+// meant for anyone else.
+//
+// The reply queue is durable and outlives a dropped connection (the client
+// reconnects and consumes it again), and the broker deletes it once no
+// client has used it for Config.ReplyQueueTTL. Events are delivered at
+// least once; the client drops the repeats.
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"sas/internal/broker"
+	"sas/internal/messages"
+)
+
+// Config says how to reach sas.
+type Config struct {
+	// URL is the RabbitMQ URL (amqps:// for TLS).
+	URL string
+	// CAFile is a PEM file of CA certificates to trust besides the
+	// system's.
+	CAFile string
+	// QueuePrefix is the deployment's SAS_QUEUE_PREFIX; "" means "sas.".
+	QueuePrefix string
+	// ReplyQueueTTL is how long the reply queue lives unused (after the
+	// client is gone); 0 means 30 minutes.
+	ReplyQueueTTL time.Duration
+	// Logger receives connection trouble; nil discards it.
+	Logger *slog.Logger
+}
+
+// Order is what Submit posts.
+type Order struct {
+	// ID is the order's id, a UUID; "" makes one. Submitting the same id
+	// with the same workflow and payload again is harmless.
+	ID string
+	// Workflow names a workflow of the deployment's workflows file.
+	Workflow string
+	// Payload is the order's data: any value that marshals to a JSON
+	// object (a struct, a map, or a json.RawMessage).
+	Payload any
+	// Priority is 0 (default) to 9.
+	Priority int
+	// PlacedAt is kept with the order for the record.
+	PlacedAt *time.Time
+}
+
+// Status is one status event of an order.
+type Status struct {
+	OrderID string
+	// Status is received, processing, completed, compensating, failed or
+	// error (held for an operator).
+	Status string
+	Step   *int
+	At     time.Time
+	// Results are, on the event that ends an order, its actions' results
+	// by action name; ResultsTruncated says they were too large to send.
+	Results          json.RawMessage
+	ResultsTruncated bool
+}
+
+// Ended reports whether the order ended (completed or failed) or is held
+// in error for an operator.
+func (s Status) Ended() bool {
+	return s.Status == messages.StatusCompleted || s.Status == messages.StatusFailed || s.Status == messages.StatusError
+}
+
+// RejectedError is a submit the submitter dead-lettered: the order does
+// not exist. Reason is the dead letter's x-error-reason (e.g.
+// invalid_payload, unknown_workflow, conflict), Detail its sentence.
+type RejectedError struct {
+	OrderID string
+	Reason  string
+	Detail  string
+}
+
+func (e *RejectedError) Error() string {
+	return fmt.Sprintf("order %s was rejected (%s): %s", e.OrderID, e.Reason, e.Detail)
+}
+
+// ErrClosed is what Await returns once the client is closed.
+var ErrClosed = errors.New("client: closed")
+
+// Client submits orders and follows them. It is safe for concurrent use.
+type Client struct {
+	cfg        Config
+	conn       *broker.Conn
+	pub        *broker.Publisher
+	submit     string
+	replyQueue string
+	logger     *slog.Logger
+
+	mu     sync.Mutex
+	orders map[string]*tracked
+	closed bool
+
+	stop    context.CancelFunc
+	stopped chan struct{}
+}
+
+// tracked is what the client knows of one order: its events so far, and
+// whoever waits for more.
+type tracked struct {
+	seen     map[string]bool // message ids, to drop repeats
+	events   []Status
+	rejected *RejectedError
+	changed  chan struct{} // closed and replaced at every new event
+}
+
+// Connect connects to the broker, declares the client's reply queue and
+// starts consuming it.
+func Connect(ctx context.Context, cfg Config) (*Client, error) {
+	if cfg.QueuePrefix == "" {
+		cfg.QueuePrefix = "sas."
+	}
+	if cfg.ReplyQueueTTL <= 0 {
+		cfg.ReplyQueueTTL = 30 * time.Minute
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	bm := broker.NewMetrics(nil)
+	conn, err := broker.Open(ctx, cfg.URL, "sas-client", broker.Topology{Prefix: cfg.QueuePrefix}, logger, bm,
+		broker.WithCAFile(cfg.CAFile), broker.DeclareNothing(), broker.FailFast())
+	if err != nil {
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	c := &Client{cfg: cfg, conn: conn, pub: broker.NewPublisher(conn, bm), logger: logger,
+		submit: cfg.QueuePrefix + "submit", replyQueue: cfg.QueuePrefix + "client." + messages.NewID(),
+		orders: map[string]*tracked{}, stopped: make(chan struct{})}
+	// The queue exists before the first order names it.
+	if err := c.declare(ctx); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	c.stop = stop
+	go c.consume(runCtx)
+	return c, nil
+}
+
+// ReplyQueue is the name of the client's reply queue.
+func (c *Client) ReplyQueue() string { return c.replyQueue }
+
+func (c *Client) declare(ctx context.Context) error {
+	ch, err := c.conn.Channel(ctx)
+	if err != nil {
+		return fmt.Errorf("client: %w", err)
+	}
+	defer ch.Close()
+	return c.declareOn(ch)
+}
+
+func (c *Client) declareOn(ch *amqp.Channel) error {
+	_, err := ch.QueueDeclare(c.replyQueue, true, false, false, false,
+		amqp.Table{"x-expires": int32(c.cfg.ReplyQueueTTL.Milliseconds())})
+	if err != nil {
+		return fmt.Errorf("client: declare reply queue %s: %w", c.replyQueue, err)
+	}
+	return nil
+}
+
+// Submit posts an order, waits for the broker's confirm, and returns its
+// id. A publish that was not confirmed is sent again (a repeat is the same
+// order); an error means the order may or may not have been taken: call
+// Submit again with the same ID.
+func (c *Client) Submit(ctx context.Context, o Order) (string, error) {
+	if o.ID == "" {
+		o.ID = messages.NewID()
+	}
+	payload, err := json.Marshal(o.Payload)
+	if err != nil {
+		return "", fmt.Errorf("client: payload: %w", err)
+	}
+	msg := messages.SubmitOrder{SchemaVersion: messages.SubmitOrderVersion, OrderID: o.ID, Workflow: o.Workflow,
+		Payload: payload, Priority: o.Priority, ReplyTo: c.replyQueue, PlacedAt: o.PlacedAt}
+	body, err := messages.Encode(msg)
+	if err != nil {
+		return "", fmt.Errorf("client: %w", err)
+	}
+	id := msg.Normalized().OrderID
+	c.track(id)
+	pub := amqp.Publishing{ContentType: messages.ContentType, Type: messages.TypeSubmitOrder, MessageId: id,
+		DeliveryMode: amqp.Persistent, Body: body, Headers: amqp.Table{"schema_version": int32(messages.SubmitOrderVersion)}}
+	backoff := 50 * time.Millisecond
+	for {
+		pub.Timestamp = time.Now()
+		err = c.pub.Publish(ctx, "", c.submit, pub)
+		if err == nil {
+			return id, nil
+		}
+		if ctx.Err() != nil || c.isClosed() {
+			return id, fmt.Errorf("client: submit %s: %w", id, err)
+		}
+		// Unconfirmed, or the connection dropped: the same order again.
+		c.logger.Warn("submit not confirmed, publishing again", "order_id", id, "err", err)
+		select {
+		case <-ctx.Done():
+			return id, fmt.Errorf("client: submit %s: %w", id, ctx.Err())
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// Await waits until the order ends (completed or failed) or is held in
+// error, and returns that status with its results. A submit the submitter
+// refused returns a *RejectedError.
+func (c *Client) Await(ctx context.Context, id string) (Status, error) {
+	t := c.track(id)
+	for {
+		c.mu.Lock()
+		if t.rejected != nil {
+			c.mu.Unlock()
+			return Status{}, t.rejected
+		}
+		for _, ev := range t.events {
+			if ev.Ended() {
+				c.mu.Unlock()
+				return ev, nil
+			}
+		}
+		changed, closed := t.changed, c.closed
+		c.mu.Unlock()
+		if closed {
+			return Status{}, ErrClosed
+		}
+		select {
+		case <-ctx.Done():
+			return Status{}, fmt.Errorf("client: await %s: %w", id, ctx.Err())
+		case <-changed:
+		}
+	}
+}
+
+// Watch sends the order's status events, those seen already first, until
+// the order ends or is held in error (the channel is then closed), or ctx
+// ends. A rejected submit sends nothing and closes the channel; Await
+// tells why.
+func (c *Client) Watch(ctx context.Context, id string) <-chan Status {
+	out := make(chan Status, 8)
+	t := c.track(id)
+	go func() {
+		defer close(out)
+		sent := 0
+		for {
+			c.mu.Lock()
+			events := t.events[sent:]
+			rejected, changed, closed := t.rejected != nil, t.changed, c.closed
+			c.mu.Unlock()
+			for _, ev := range events {
+				select {
+				case out <- ev:
+				case <-ctx.Done():
+					return
+				}
+				sent++
+				if ev.Ended() {
+					return
+				}
+			}
+			if rejected || closed {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-changed:
+			}
+		}
+	}()
+	return out
+}
+
+// Forget drops what the client keeps of an order (its events), once the
+// application has what it needs.
+func (c *Client) Forget(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.orders, id)
+}
+
+// Close stops consuming and closes the connection. The reply queue is
+// left to expire. Safe to call twice.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	for _, t := range c.orders {
+		close(t.changed)
+		t.changed = make(chan struct{})
+	}
+	c.mu.Unlock()
+	c.stop()
+	err := c.conn.Close()
+	<-c.stopped
+	return err
+}
+
+func (c *Client) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+func (c *Client) track(id string) *tracked {
+	if canon, ok := messages.CanonicalID(id); ok {
+		id = canon
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t, ok := c.orders[id]
+	if !ok {
+		t = &tracked{seen: map[string]bool{}, changed: make(chan struct{})}
+		c.orders[id] = t
+	}
+	return t
+}
+
+// consume reads the reply queue until Close, again on every new channel
+// after a dropped connection.
+func (c *Client) consume(ctx context.Context) {
+	defer close(c.stopped)
+	for ctx.Err() == nil {
+		ch, err := c.conn.Channel(ctx)
+		if err != nil {
+			return // closed
+		}
+		if err := c.consumeOn(ctx, ch); err != nil && ctx.Err() == nil {
+			c.logger.Warn("reply queue consumer stopped; consuming again", "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+		ch.Close()
+	}
+}
+
+func (c *Client) consumeOn(ctx context.Context, ch *amqp.Channel) error {
+	if err := c.declareOn(ch); err != nil {
+		return err
+	}
+	if err := ch.Qos(256, 0, false); err != nil {
+		return err
+	}
+	deliveries, err := ch.Consume(c.replyQueue, "", false, false, false, false, nil)
+	if err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case d, ok := <-deliveries:
+			if !ok {
+				return errors.New("channel closed")
+			}
+			c.deliver(d)
+			_ = d.Ack(false)
+		}
+	}
+}
+
+func (c *Client) deliver(d amqp.Delivery) {
+	ev, err := messages.DecodeStatusEvent(d.Body)
+	if err != nil {
+		c.logger.Warn("not a status event on the reply queue; dropped", "message_id", d.MessageId, "err", err)
+		return
+	}
+	t := c.track(ev.OrderID)
+	key := d.MessageId
+	if key == "" {
+		key = ev.Status + "@" + ev.At.String()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if t.seen[key] {
+		return // a repeat
+	}
+	t.seen[key] = true
+	if ev.Status == messages.StatusRejected {
+		t.rejected = &RejectedError{OrderID: ev.OrderID, Reason: ev.Reason, Detail: ev.Detail}
+	} else {
+		t.events = append(t.events, Status{OrderID: ev.OrderID, Status: ev.Status, Step: ev.Step, At: ev.At,
+			Results: ev.Results, ResultsTruncated: ev.ResultsTruncated})
+	}
+	close(t.changed)
+	t.changed = make(chan struct{})
+}

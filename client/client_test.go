@@ -1,0 +1,197 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"sas/client"
+	"sas/internal/netproxy"
+	"sas/internal/statestore"
+)
+
+func demoOrder(i int) client.Order {
+	return client.Order{Workflow: "single", Payload: map[string]any{
+		"customer": fmt.Sprintf("customer %d", i), "items": []map[string]any{{"sku": "SKU-1", "qty": 1}}, "amount": i, "currency": "EUR"}}
+}
+
+func connect(t *testing.T, amqpURL string) *client.Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := client.Connect(ctx, client.Config{URL: amqpURL, QueuePrefix: os.Getenv("SAS_QUEUE_PREFIX"), ReplyQueueTTL: 5 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// TestSubmitAndAwaitAcrossAConnectionCut: 1,000 orders submitted and
+// awaited through a proxy whose connections are cut twice on the way:
+// every order is submitted once (no repeat makes a second order), every
+// one completes, and every Await returns it.
+func TestSubmitAndAwaitAcrossAConnectionCut(t *testing.T) {
+	t.Parallel()
+	u, err := url.Parse(os.Getenv("SAS_AMQP_URL"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := netproxy.New(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	u.Host = proxy.Addr()
+	c := connect(t, u.String())
+
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	const n = 1000
+	ids := make([]string, n)
+	var submitted atomic.Int64
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 32)
+	errs := make(chan error, n)
+	for i := range n {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			id, err := c.Submit(ctx, demoOrder(i))
+			if err != nil {
+				errs <- err
+				return
+			}
+			ids[i] = id
+			submitted.Add(1)
+		})
+		if i == n/3 || i == 2*n/3 {
+			if severed := proxy.Sever(); severed == 0 {
+				t.Fatal("no connection to cut")
+			}
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	ended := map[string]int{}
+	for _, id := range ids {
+		st, err := c.Await(ctx, id)
+		if err != nil {
+			t.Fatalf("await %s: %v", id, err)
+		}
+		ended[st.Status]++
+	}
+	if ended["completed"] != n {
+		t.Fatalf("outcomes %v", ended)
+	}
+	pool, err := statestore.Connect(ctx, os.Getenv("SAS_TEST_CLIENT_DATABASE_URL"), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var rows int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[])`, ids).Scan(&rows); err != nil || rows != n {
+		t.Fatalf("%d orders in the store (%v), want %d", rows, err, n)
+	}
+}
+
+// TestTwoClientsGetOnlyTheirOwnEvents: each client's reply queue receives
+// the events of its own orders only.
+func TestTwoClientsGetOnlyTheirOwnEvents(t *testing.T) {
+	t.Parallel()
+	a, b := connect(t, os.Getenv("SAS_AMQP_URL")), connect(t, os.Getenv("SAS_AMQP_URL"))
+	if a.ReplyQueue() == b.ReplyQueue() {
+		t.Fatal("two clients share a reply queue")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var aIDs, bIDs []string
+	for i := range 20 {
+		id, err := a.Submit(ctx, demoOrder(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		aIDs = append(aIDs, id)
+		if id, err = b.Submit(ctx, demoOrder(i)); err != nil {
+			t.Fatal(err)
+		}
+		bIDs = append(bIDs, id)
+	}
+	for i := range aIDs {
+		if st, err := a.Await(ctx, aIDs[i]); err != nil || st.Status != "completed" {
+			t.Fatalf("a: %+v %v", st, err)
+		}
+		if st, err := b.Await(ctx, bIDs[i]); err != nil || st.Status != "completed" {
+			t.Fatalf("b: %+v %v", st, err)
+		}
+	}
+	// What a received of b's orders: nothing, so watching one waits.
+	short, stop := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer stop()
+	for st := range a.Watch(short, bIDs[0]) {
+		t.Fatalf("client a got an event of client b's order: %+v", st)
+	}
+	// And each has every event of its own: received, processing, completed.
+	var seen []string
+	for st := range b.Watch(ctx, bIDs[3]) {
+		seen = append(seen, st.Status)
+	}
+	if strings.Join(seen, ",") != "received,processing,completed" {
+		t.Fatalf("b's events of its order: %v", seen)
+	}
+}
+
+// TestRejectedSubmitsAreReported: a submit of an unknown workflow, and one
+// whose payload breaks its workflow's schema, come back as a
+// *RejectedError with the dead letter's reason and detail.
+func TestRejectedSubmitsAreReported(t *testing.T) {
+	t.Parallel()
+	c := connect(t, os.Getenv("SAS_AMQP_URL"))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, tc := range []struct {
+		order          client.Order
+		reason, detail string
+	}{
+		{client.Order{Workflow: "teleport", Payload: map[string]any{}}, "unknown_workflow", `workflow "teleport" is not defined`},
+		{client.Order{Workflow: "order", Payload: map[string]any{"customer": "c", "items": []any{}, "amount": 1, "currency": "EUR"}},
+			"invalid_payload", "at /items:"},
+	} {
+		id, err := c.Submit(ctx, tc.order)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = c.Await(ctx, id)
+		var rej *client.RejectedError
+		if !errors.As(err, &rej) || rej.OrderID != id || rej.Reason != tc.reason || !strings.HasPrefix(rej.Detail, tc.detail) {
+			t.Fatalf("%s: %v, want rejected with %s: %s…", tc.order.Workflow, err, tc.reason, tc.detail)
+		}
+	}
+	// A payload that cannot be an object is refused before it is sent.
+	if _, err := c.Submit(ctx, client.Order{Workflow: "order", Payload: []int{1}}); err == nil {
+		t.Fatal("an array payload was submitted")
+	}
+}
+
+// TestExampleProgramSubmitsAHundredOrders runs examples/submit100 against
+// the stack.
+func TestExampleProgramSubmitsAHundredOrders(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "go", "run", "../examples/submit100").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "100 completed, 0 failed, 0 held in error, 0 not known") {
+		t.Fatalf("submit100: %v\n%s", err, out)
+	}
+}
