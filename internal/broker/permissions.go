@@ -25,11 +25,9 @@ func Permissions(prefix string) []Permission {
 	exchanges := p + `(dlx|status|alerts)`
 	return []Permission{
 		{
-			// The submitter tells a rejected submit's reply_to queue
-			// through the default exchange.
 			Service:   "submitter",
 			Configure: `^(` + exchanges + `|` + p + `submit(\.dlq)?)$`,
-			Write:     `^(amq\.default|` + p + `(dlx|submit\.dlq))$`,
+			Write:     `^` + p + `(dlx|submit\.dlq)$`,
 			Read:      `^` + p + `(dlx|submit)$`,
 		},
 		{

@@ -148,7 +148,12 @@ func (r *relay) targets(m statestore.OutboxMessage) ([]target, error) {
 		if err != nil {
 			return nil, err
 		}
-		ts := []target{{"status_exchange", r.topo.StatusExchange(), ev.Status, messages.TypeStatusEvent}}
+		var ts []target
+		// A rejected submit is news to its sender only: the order does not
+		// exist.
+		if ev.Status != messages.StatusRejected {
+			ts = append(ts, target{"status_exchange", r.topo.StatusExchange(), ev.Status, messages.TypeStatusEvent})
+		}
 		if m.ReplyTo != "" {
 			ts = append(ts, target{"reply_to", "", m.ReplyTo, messages.TypeStatusEvent})
 		}

@@ -98,3 +98,20 @@ func (s *Store) OutboxBacklog(ctx context.Context) (int, error) {
 	}
 	return n, nil
 }
+
+// TellRejected writes a status event for a submit the submitter refused
+// (body: a "rejected" StatusEvent, encoded by the caller) to the outbox,
+// for the relay to send to replyTo alone, and wakes the relays: the
+// application learns its order does not exist, and the submitter needs
+// no right to publish anywhere but its own queues.
+func (s *Store) TellRejected(ctx context.Context, orderID, replyTo string, body []byte) error {
+	_, err := s.pool.Exec(ctx, `
+WITH ev AS (
+    INSERT INTO outbox (message_type, order_id, reply_to, body) VALUES ('status_event', $1, $2, $3)
+)
+SELECT pg_notify($4, current_schema())`, orderID, replyTo, string(body), ChannelOutbox)
+	if err != nil {
+		return fmt.Errorf("tell rejected order %s: %w", orderID, err)
+	}
+	return nil
+}

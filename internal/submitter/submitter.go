@@ -132,7 +132,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	})
 	go inserts.Run(workCtx, cfg.Writers)
 	h := &handler{store: store, inserts: inserts, workflows: workflows, stepTimeout: cfg.StepTimeout, actor: me, metrics: m, logger: logger,
-		workCtx: workCtx, pub: pub}
+		workCtx: workCtx}
 	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: Input, Prefetch: cfg.Prefetch, Workers: cfg.Workers,
 		Reasons: append(messages.Reasons(), messages.ReasonInvalidPayload, ReasonConflict, ReasonUnknownWorkflow)}, h.handle, logger, bm)
 
@@ -144,7 +144,6 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 }
 
 type handler struct {
-	pub         *broker.Publisher
 	store       *statestore.Store
 	inserts     *batch.Batcher[statestore.NewOrder, statestore.InsertOutcome]
 	workflows   *workflow.Registry
@@ -234,18 +233,19 @@ func (h *handler) handle(ctx context.Context, d amqp.Delivery) error {
 
 // refuse dead-letters a submit that was read, and tells its reply_to queue,
 // if it named one, with a status event "rejected" carrying the reason and
-// detail: the application learns that its order does not exist. Telling
-// is best effort (confirmed, not retried): the dead letter is the record.
+// detail (through the outbox, which the relay sends to reply_to only): the
+// application learns that its order does not exist. Telling is best
+// effort: the dead letter is the record.
 func (h *handler) refuse(ctx context.Context, o messages.SubmitOrder, reason, detail string) error {
 	if o.ReplyTo != "" {
 		ev := messages.StatusEvent{SchemaVersion: messages.SchemaVersion, OrderID: o.OrderID, Status: messages.StatusRejected,
 			At: time.Now().UTC(), Reason: reason, Detail: detail}
-		if body, err := messages.Encode(ev); err == nil {
-			err = h.pub.Publish(ctx, "", o.ReplyTo, amqp.Publishing{ContentType: messages.ContentType, Type: messages.TypeStatusEvent,
-				MessageId: o.OrderID + "/rejected", DeliveryMode: amqp.Persistent, Timestamp: ev.At, Body: body})
-			if err != nil {
-				h.logger.Warn("could not tell reply_to that the order was rejected", "order_id", o.OrderID, "reply_to", o.ReplyTo, "err", err)
-			}
+		body, err := messages.Encode(ev)
+		if err == nil {
+			err = h.store.TellRejected(h.workCtx, o.OrderID, o.ReplyTo, body)
+		}
+		if err != nil {
+			h.logger.Warn("could not tell reply_to that the order was rejected", "order_id", o.OrderID, "reply_to", o.ReplyTo, "err", err)
 		}
 	}
 	return broker.Reject(reason, detail)
