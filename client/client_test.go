@@ -160,7 +160,8 @@ func TestRejectedSubmitsAreReported(t *testing.T) {
 	c := connect(t, os.Getenv("SAS_AMQP_URL"))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	for _, tc := range []struct {
+	var good []string
+	for i, tc := range []struct {
 		order          client.Order
 		reason, detail string
 	}{
@@ -168,7 +169,13 @@ func TestRejectedSubmitsAreReported(t *testing.T) {
 		{client.Order{Workflow: "order", Payload: map[string]any{"customer": "c", "items": []any{}, "amount": 1, "currency": "EUR"}},
 			"invalid_payload", "at /items:"},
 	} {
-		id, err := c.Submit(ctx, tc.order)
+		// A valid order before each bad one completes all the same.
+		id, err := c.Submit(ctx, demoOrder(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		good = append(good, id)
+		id, err = c.Submit(ctx, tc.order)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -178,9 +185,19 @@ func TestRejectedSubmitsAreReported(t *testing.T) {
 			t.Fatalf("%s: %v, want rejected with %s: %s…", tc.order.Workflow, err, tc.reason, tc.detail)
 		}
 	}
-	// A payload that cannot be an object is refused before it is sent.
+	for _, id := range good {
+		if st, err := c.Await(ctx, id); err != nil || st.Status != "completed" {
+			t.Fatalf("valid order %s among the bad ones: %+v %v", id, st, err)
+		}
+	}
+	// A payload that cannot be an object, or is too large, is refused
+	// before it is sent.
 	if _, err := c.Submit(ctx, client.Order{Workflow: "order", Payload: []int{1}}); err == nil {
 		t.Fatal("an array payload was submitted")
+	}
+	if _, err := c.Submit(ctx, client.Order{Workflow: "order", Payload: map[string]any{"note": strings.Repeat("x", 40000)}}); err == nil ||
+		!strings.Contains(err.Error(), "limit 32768") {
+		t.Fatalf("an oversized payload: %v", err)
 	}
 }
 

@@ -1,6 +1,7 @@
 package messages_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -424,5 +425,28 @@ func TestStepRequestVersion1IsStillRead(t *testing.T) {
 	}
 	if _, err := messages.DecodeStepRequest([]byte(strings.Replace(body, `"schema_version":1`, `"schema_version":3`, 1))); err == nil {
 		t.Fatal("version 3 read")
+	}
+}
+
+// TestVersion2DuplicatesAreTheSameContent: two submissions of one order
+// whose payloads differ only in key order and spaces hash the same;
+// another value does not.
+func TestVersion2DuplicatesAreTheSameContent(t *testing.T) {
+	t.Parallel()
+	id := messages.NewID()
+	order := func(payload string) messages.SubmitOrder {
+		return messages.SubmitOrder{SchemaVersion: 2, OrderID: id, Workflow: "w", Payload: json.RawMessage(payload)}
+	}
+	a := order(`{"tenant":"acme","n":[1,2.50],"x":{"b":1,"a":2}}`).Canonical()
+	b := order(` { "x" : {"a":2, "b":1}, "n": [1, 2.50], "tenant": "acme" } `).Canonical()
+	c := order(`{"tenant":"acme","n":[1,2.5],"x":{"b":1,"a":2}}`).Canonical()
+	if !bytes.Equal(a, b) {
+		t.Fatalf("same content, different canonical forms:\n%s\n%s", a, b)
+	}
+	if bytes.Equal(a, c) {
+		t.Fatal("2.50 and 2.5 hash the same: numbers are compared as written")
+	}
+	if bytes.Equal(a, messages.SubmitOrder{SchemaVersion: 1, OrderID: id, Workflow: "w"}.Canonical()) {
+		t.Fatal("a version 1 and a version 2 submission hash the same")
 	}
 }
