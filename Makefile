@@ -20,7 +20,7 @@ build:
 # creates the test database, and installs the tools the deployment checks
 # use (promtool, docker-compose).
 services:
-	./scripts/services.sh --prometheus --compose sas_test
+	./scripts/services.sh --prometheus --compose --chromium sas_test
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -3,19 +3,22 @@
 # the local stack: installs them from Debian packages if absent, starts them
 # if stopped, and creates the test database. Idempotent; safe to run often.
 #
-# Usage: scripts/services.sh [--prometheus] [--compose] [DATABASE ...]   (default: sas_test)
+# Usage: scripts/services.sh [--prometheus] [--compose] [--chromium] [DATABASE ...]   (default: sas_test)
 #   --prometheus  also install Prometheus and promtool (Debian package) if absent
 #   --compose     also install docker-compose (Debian package), to validate deploy/
+#   --chromium    also install Chromium (Debian package), the console's browser tests
 # Environment: SAS_PG_ADMIN_URL (default
 # postgres://postgres@127.0.0.1:5432/postgres).
 set -euo pipefail
 
 with_prometheus=0
 with_compose=0
+with_chromium=0
 while [ "$#" -gt 0 ]; do
 	case "$1" in
 	--prometheus) with_prometheus=1 ;;
 	--compose) with_compose=1 ;;
+	--chromium) with_chromium=1 ;;
 	*) break ;;
 	esac
 	shift
@@ -145,5 +148,8 @@ if [ "$with_prometheus" -eq 1 ] && ! command -v prometheus >/dev/null 2>&1; then
 fi
 if [ "$with_compose" -eq 1 ] && ! command -v docker-compose >/dev/null 2>&1; then
 	apt_install docker-compose docker-compose
+fi
+if [ "$with_chromium" -eq 1 ] && ! command -v chromium >/dev/null 2>&1; then
+	apt_install chromium chromium
 fi
 log "PostgreSQL and RabbitMQ are up; database(s) $* exist"

@@ -41,7 +41,9 @@ func (a *app) dev(ctx context.Context, args []string) error {
 	promPort := fs.Int("prometheus-port", 9090, "port of a local Prometheus scraping every service, if prometheus is installed (0: none)")
 	rules := fs.String("rules", "deploy/prometheus/alerts.yml", "alert rules for the local Prometheus (skipped if the file is missing)")
 	keep := fs.Bool("keep", false, "keep the services running after the orders end, until Ctrl-C")
-	portBase := fs.Int("port-base", 9100, "services listen on 127.0.0.1 from this port up: submitter +1, schedulers +2, +12, …, agents +3, +13, …, supervisor +4, remote +5")
+	portBase := fs.Int("port-base", 9100, "services listen on 127.0.0.1 from this port up: submitter +1, schedulers +2, +12, …, agents +3, +13, …, supervisor +4, remote +5, console's metrics +6")
+	consolePort := fs.Int("console-port", 8080, "port of the web console on 127.0.0.1 (0: none)")
+	consoleUsers := fs.String("console-users", "", "the console's users file (default: SAS_CONSOLE_USERS_FILE, else a new one with the operator admin and a random password, printed)")
 	if err := a.parseNoArgs(fs, args); err != nil {
 		return err
 	}
@@ -68,10 +70,19 @@ func (a *app) dev(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeStore()
+	users, login := cmp.Or(*consoleUsers, os.Getenv("SAS_CONSOLE_USERS_FILE")), ""
+	if *consolePort != 0 && users == "" {
+		if users, login, err = devConsoleUser(); err != nil {
+			return err
+		}
+	}
 	st, err := startStack(ctx, stackOptions{binDir: *binDir, schedulers: *schedulers, agents: *agents, faults: *faults,
-		portBase: *portBase, promPort: *promPort, rules: *rules, env: env})
+		portBase: *portBase, promPort: *promPort, rules: *rules, env: env, consolePort: *consolePort, consoleUsers: users})
 	if err != nil {
 		return err
+	}
+	if *consolePort != 0 {
+		fmt.Fprintf(a.stderr, "console: http://localhost:%d/ %s\n", *consolePort, login)
 	}
 	defer func() {
 		fmt.Fprintln(a.stderr, "stopping every service…")

@@ -75,9 +75,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprintln(stdout, version())
 		return nil
 	}
-	// The command: one word, or a group and one of its commands.
+	// The command: one word, or a group (a group may hold groups: console
+	// user add) and one of its commands.
 	path, rest := args[0], args[1:]
-	if isGroup(path) {
+	for isGroup(path) {
 		if len(rest) == 0 {
 			printGroup(stderr, path)
 			return errUsage
@@ -159,6 +160,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return a.brokerUsers(ctx, rest)
 	case "db users":
 		return a.dbUsers(ctx, rest)
+	case "console user add":
+		return a.consoleUserAdd(ctx, rest)
 	case "version":
 		if err := a.parseNoArgs(a.flags(), rest); err != nil {
 			return err

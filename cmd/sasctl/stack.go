@@ -19,11 +19,15 @@ type stackOptions struct {
 	schedulers int
 	agents     int
 	faults     string // the remote service's fault injection (JSON)
-	portBase   int    // submitter +1, schedulers +2, +12, …, agents +3, +13, …, supervisor +4, remote +5
+	portBase   int    // submitter +1, schedulers +2, +12, …, agents +3, +13, …, supervisor +4, remote +5, console +6
 	promPort   int    // a local Prometheus, if installed (0: none)
 	rules      string // its alert rules, if the file exists
 	// env is added to every service's environment (e.g. tuning variables).
 	env []string
+	// consolePort, when not 0, runs the web console there (its metrics on
+	// port base +6), with the users of consoleUsers (a users file).
+	consolePort  int
+	consoleUsers string
 	// debugOffset, when not 0, serves each service's profiler on its own
 	// port plus this offset (SAS_DEBUG_ADDR).
 	debugOffset int
@@ -136,6 +140,12 @@ func startStack(ctx context.Context, o stackOptions) (_ *stack, err error) {
 			if _, err := start(svc.name, name, "SAS_METRICS_ADDR", svc.port+10*i, svc.env...); err != nil {
 				return nil, err
 			}
+		}
+	}
+	if o.consolePort != 0 {
+		if _, err := start("console", "console", "SAS_METRICS_ADDR", o.portBase+6,
+			fmt.Sprintf("SAS_CONSOLE_ADDR=127.0.0.1:%d", o.consolePort), "SAS_CONSOLE_USERS_FILE="+o.consoleUsers); err != nil {
+			return nil, err
 		}
 	}
 	for _, p := range s.procs {

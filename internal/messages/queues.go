@@ -7,3 +7,7 @@ const RepliesQueue = "replies"
 // RequestsQueue is the unprefixed name of an agent kind's request queue:
 // schedulers send it the StepRequests of the kind's steps.
 func RequestsQueue(kind string) string { return "agent." + kind }
+
+// SubmitQueue is the unprefixed name of the queue applications send
+// SubmitOrders to and submitters consume.
+const SubmitQueue = "submit"

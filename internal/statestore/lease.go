@@ -9,6 +9,9 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// SupervisorLease is the lease the supervisors' leader holds.
+const SupervisorLease = "supervisor"
+
 // Lease is a leadership lease as seen by one contender.
 type Lease struct {
 	Held   bool   // this contender holds it now

@@ -13,6 +13,9 @@ const (
 	RoleScheduler  = "sas_scheduler"
 	RoleSupervisor = "sas_supervisor"
 	RoleOperator   = "sas_operator"
+	// RoleConsole is the web console's (migrations/0018_console.sql): it
+	// reads, and calls the operator functions.
+	RoleConsole = "sas_console"
 )
 
 // EnsureLogin creates the login user login as a member of role with

@@ -28,9 +28,11 @@ type Order struct {
 
 // Step is a step state row.
 type Step struct {
-	Step           int             `json:"step"`
-	Name           string          `json:"name"`
-	Kind           string          `json:"kind"`
+	Step int    `json:"step"`
+	Name string `json:"name"`
+	Kind string `json:"kind"`
+	// Compensates is, for a compensation, the step it undoes (else 0).
+	Compensates    int             `json:"compensates,omitempty"`
 	Agent          string          `json:"agent"`
 	ProcessState   string          `json:"process_state"`
 	LockedBy       string          `json:"locked_by,omitempty"`
@@ -123,7 +125,7 @@ func (s *Store) GetOrder(ctx context.Context, orderID string) (OrderDetail, erro
 		if err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, `SELECT step, name, kind, agent, process_state, coalesce(locked_by, ''), complete_by,
+		rows, err := tx.Query(ctx, `SELECT step, name, kind, coalesce(compensates, 0), agent, process_state, coalesce(locked_by, ''), complete_by,
 			failure_count, max_failures, attempt, idempotency_key, available_at, coalesce(last_error, ''), result, updated_at
 			FROM steps WHERE order_id = $1 ORDER BY step`, orderID)
 		if err != nil {
@@ -131,7 +133,7 @@ func (s *Store) GetOrder(ctx context.Context, orderID string) (OrderDetail, erro
 		}
 		d.Steps, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Step, error) {
 			var st Step
-			err := row.Scan(&st.Step, &st.Name, &st.Kind, &st.Agent, &st.ProcessState, &st.LockedBy, &st.CompleteBy,
+			err := row.Scan(&st.Step, &st.Name, &st.Kind, &st.Compensates, &st.Agent, &st.ProcessState, &st.LockedBy, &st.CompleteBy,
 				&st.FailureCount, &st.MaxFailures, &st.Attempt, &st.IdempotencyKey, &st.AvailableAt, &st.LastError,
 				&st.Result, &st.UpdatedAt)
 			return st, err

@@ -27,7 +27,7 @@ import (
 )
 
 // Input is the unprefixed name of the submit queue.
-const Input = "submit"
+const Input = messages.SubmitQueue
 
 // Config is the submitter's configuration (environment prefix SAS_).
 type Config struct {

@@ -19,7 +19,7 @@ import (
 )
 
 // LeaseName is the supervisor leader's lease.
-const LeaseName = "supervisor"
+const LeaseName = statestore.SupervisorLease
 
 // Config is the supervisor's configuration (environment prefix SAS_).
 type Config struct {

@@ -1,0 +1,190 @@
+package console
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+
+	"sas/internal/statestore"
+)
+
+// confirmData is an action's confirmation page: what will happen, and the
+// form that does it.
+type confirmData struct {
+	Question string
+	Details  []string
+	Action   string // the form's target
+	Fields   map[string]string
+	Button   string
+	Back     string
+	Danger   bool
+}
+
+// claimedBy is the name the history records for the console's user (the
+// database records the console's own login beside it).
+func claimedBy(rq *request) string { return "console:" + rq.user.Name }
+
+// mayAct answers a confirmation page to whoever may not act.
+func (s *server) mayAct(w http.ResponseWriter, r *http.Request, rq *request) bool {
+	if s.canAct(rq) {
+		return true
+	}
+	if s.cfg.ReadOnly {
+		s.fail(w, r, rq, http.StatusForbidden, "The console is read-only.")
+	} else {
+		s.fail(w, r, rq, http.StatusForbidden, "Your role ("+rq.user.Role+") may only look.")
+	}
+	return false
+}
+
+// stepParam reads an optional step number (0: none given).
+func stepParam(v string) (int, error) {
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > 1000 {
+		return 0, fmt.Errorf("step %q is not a step number", clip(v, 20))
+	}
+	return n, nil
+}
+
+func (s *server) confirmResubmit(w http.ResponseWriter, r *http.Request, rq *request) {
+	if !s.mayAct(w, r, rq) {
+		return
+	}
+	d, ok := s.readOrder(w, r, rq)
+	if !ok {
+		return
+	}
+	step, err := stepParam(r.URL.Query().Get("step"))
+	if err != nil {
+		s.fail(w, r, rq, http.StatusBadRequest, err.Error())
+		return
+	}
+	which := "its step in error"
+	if step != 0 {
+		i := slices.IndexFunc(d.OrderDetail.Steps, func(st statestore.Step) bool { return st.Step == step })
+		if i < 0 {
+			s.fail(w, r, rq, http.StatusNotFound, fmt.Sprintf("Order %s has no step %d.", d.Order.OrderID, step))
+			return
+		}
+		which = fmt.Sprintf("step %d (%s)", step, d.OrderDetail.Steps[i].Name)
+	}
+	id := d.Order.OrderID
+	fields := map[string]string{}
+	if step != 0 {
+		fields["step"] = strconv.Itoa(step)
+	}
+	s.render(w, r, rq, http.StatusOK, "confirm.html", "Resubmit", confirmData{
+		Question: fmt.Sprintf("Resubmit %s of order %s?", which, id),
+		Details: []string{"The order is " + d.Order.Status + ".",
+			"The step goes back to pending with its failure count at 0, and the order back to work.",
+			"The history records it as done by " + rq.user.Name + "."},
+		Action: "/orders/" + id + "/resubmit", Fields: fields,
+		Button: "Resubmit", Back: "/orders/" + id,
+	})
+}
+
+func (s *server) resubmit(w http.ResponseWriter, r *http.Request, rq *request) {
+	id := r.PathValue("id")
+	if !validID(id) {
+		s.fail(w, r, rq, http.StatusNotFound, "There is no order "+clip(id, 40)+".")
+		return
+	}
+	step, err := stepParam(r.PostForm.Get("step"))
+	if err != nil {
+		s.fail(w, r, rq, http.StatusBadRequest, err.Error())
+		return
+	}
+	steps, err := s.store.Resubmit(r.Context(), id, step, claimedBy(rq))
+	if err != nil {
+		s.storeError(w, r, rq, err, "order "+id)
+		return
+	}
+	s.logger.Info("console: order resubmitted", "user", rq.user.Name, "order_id", id, "steps", steps)
+	s.redirect(w, r, "/orders/"+id, "resubmitted")
+}
+
+func (s *server) confirmCancel(w http.ResponseWriter, r *http.Request, rq *request) {
+	if !s.mayAct(w, r, rq) {
+		return
+	}
+	d, ok := s.readOrder(w, r, rq)
+	if !ok {
+		return
+	}
+	id := d.Order.OrderID
+	s.render(w, r, rq, http.StatusOK, "confirm.html", "Cancel", confirmData{
+		Question: "Cancel order " + id + "?",
+		Details: []string{"The order is " + d.Order.Status + ".",
+			"Its unfinished actions are cancelled and those attempted are compensated, last first; it ends failed.",
+			"This cannot be undone. The history records it as done by " + rq.user.Name + "."},
+		Action: "/orders/" + id + "/cancel", Button: "Cancel the order", Back: "/orders/" + id, Danger: true,
+	})
+}
+
+func (s *server) cancel(w http.ResponseWriter, r *http.Request, rq *request) {
+	id := r.PathValue("id")
+	if !validID(id) {
+		s.fail(w, r, rq, http.StatusNotFound, "There is no order "+clip(id, 40)+".")
+		return
+	}
+	status, err := s.store.CancelOrder(r.Context(), id, claimedBy(rq))
+	if err != nil {
+		s.storeError(w, r, rq, err, "order "+id)
+		return
+	}
+	s.logger.Info("console: order cancelled", "user", rq.user.Name, "order_id", id, "status", status)
+	s.redirect(w, r, "/orders/"+id, "cancelled")
+}
+
+func (s *server) confirmAck(w http.ResponseWriter, r *http.Request, rq *request) {
+	if !s.mayAct(w, r, rq) {
+		return
+	}
+	id, ok := alertID(r)
+	if !ok {
+		s.fail(w, r, rq, http.StatusNotFound, "There is no alert "+clip(r.PathValue("id"), 20)+".")
+		return
+	}
+	alerts, err := s.store.ListAlerts(r.Context(), statestore.AlertFilter{AfterID: id - 1, Limit: 1, Oldest: true})
+	if err != nil {
+		s.storeError(w, r, rq, err, "alert")
+		return
+	}
+	if len(alerts) == 0 || alerts[0].ID != id {
+		s.fail(w, r, rq, http.StatusNotFound, fmt.Sprintf("There is no alert %d.", id))
+		return
+	}
+	a := alerts[0]
+	details := []string{"Order " + a.OrderID + ": " + a.Reason}
+	if a.AckedAt != nil {
+		details = append(details, "It was acknowledged already, by "+a.AckedBy+" ("+a.AckedAs+").")
+	}
+	s.render(w, r, rq, http.StatusOK, "confirm.html", "Acknowledge", confirmData{
+		Question: fmt.Sprintf("Acknowledge alert %d?", id), Details: details,
+		Action: fmt.Sprintf("/alerts/%d/ack", id), Button: "Acknowledge", Back: "/alerts",
+	})
+}
+
+func (s *server) ack(w http.ResponseWriter, r *http.Request, rq *request) {
+	id, ok := alertID(r)
+	if !ok {
+		s.fail(w, r, rq, http.StatusNotFound, "There is no alert "+clip(r.PathValue("id"), 20)+".")
+		return
+	}
+	_, already, err := s.store.AckAlert(r.Context(), id, claimedBy(rq))
+	if err != nil {
+		s.storeError(w, r, rq, err, fmt.Sprintf("alert %d", id))
+		return
+	}
+	s.logger.Info("console: alert acknowledged", "user", rq.user.Name, "alert", id, "already", already)
+	back := "/alerts"
+	if next := r.PostForm.Get("back"); strings.HasPrefix(next, "/orders/") && validID(strings.TrimPrefix(next, "/orders/")) {
+		back = next
+	}
+	s.redirect(w, r, back, "acknowledged")
+}

@@ -1,0 +1,218 @@
+package console
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"sas/internal/broker"
+)
+
+// maxListed is how many dead letters of one queue a page reads.
+const maxListed = 200
+
+// deadLetterCounts counts each input's dead letters; false when the
+// console has no broker connection.
+func (s *server) deadLetterCounts(ctx context.Context) ([]queueCount, bool) {
+	_, _, inspect := s.broker()
+	var out []queueCount
+	topo := broker.Topology{Prefix: s.cfg.QueuePrefix}
+	for _, in := range s.inputs(ctx) {
+		qc := queueCount{Queue: in}
+		if inspect == nil {
+			qc.Error = errNoBroker.Error()
+		} else if n, err := inspect.Ready(ctx, topo.DeadLetterQueue(in)); err == nil {
+			qc.Count = n
+		} else if ae := (*amqp.Error)(nil); !errors.As(err, &ae) || ae.Code != amqp.NotFound {
+			qc.Error = err.Error()
+		}
+		out = append(out, qc)
+	}
+	return out, inspect != nil
+}
+
+type deadLettersData struct {
+	Queues []queueCount
+	Broker bool
+}
+
+func (s *server) deadLetters(w http.ResponseWriter, r *http.Request, rq *request) {
+	var d deadLettersData
+	d.Queues, d.Broker = s.deadLetterCounts(r.Context())
+	s.render(w, r, rq, http.StatusOK, "deadletters.html", "Dead letters", d)
+}
+
+type deadLetterView struct {
+	broker.DeadLetter
+	Body      string // as text, clipped
+	Printable bool
+}
+
+type queueData struct {
+	Queue   string
+	Letters []deadLetterView
+	Limit   int
+}
+
+func viewOf(dl broker.DeadLetter, clipAt int) deadLetterView {
+	v := deadLetterView{DeadLetter: dl, Printable: utf8.Valid(dl.Body)}
+	if v.Printable {
+		v.Body = clip(string(dl.Body), clipAt)
+	} else {
+		v.Body = fmt.Sprintf("(%d bytes, not UTF-8)", len(dl.Body))
+	}
+	return v
+}
+
+// queueParam reads the {queue} of a path: one of the inputs.
+func (s *server) queueParam(w http.ResponseWriter, r *http.Request, rq *request) (string, bool) {
+	q := r.PathValue("queue")
+	if !slices.Contains(s.inputs(r.Context()), q) {
+		s.fail(w, r, rq, http.StatusNotFound, "There is no input queue "+clip(q, 60)+".")
+		return "", false
+	}
+	return q, true
+}
+
+// scan reads one input's dead-letter queue, doing what decide says.
+func (s *server) scan(ctx context.Context, queue string, decide func(broker.DeadLetter) broker.DLQAction) ([]broker.DeadLetter, []broker.DLQAction, error) {
+	conn, pub, _ := s.broker()
+	if conn == nil {
+		return nil, nil, errNoBroker
+	}
+	return conn.ScanDLQ(ctx, pub, broker.Topology{Prefix: s.cfg.QueuePrefix}.DeadLetterQueue(queue), maxListed, decide)
+}
+
+func keep(broker.DeadLetter) broker.DLQAction { return broker.Keep }
+
+func (s *server) deadLetterQueue(w http.ResponseWriter, r *http.Request, rq *request) {
+	q, ok := s.queueParam(w, r, rq)
+	if !ok {
+		return
+	}
+	seen, _, err := s.scan(r.Context(), q, keep)
+	if err != nil {
+		s.brokerError(w, r, rq, err)
+		return
+	}
+	d := queueData{Queue: q, Limit: maxListed}
+	for _, dl := range seen {
+		d.Letters = append(d.Letters, viewOf(dl, 200))
+	}
+	s.render(w, r, rq, http.StatusOK, "queue.html", "Dead letters of "+q, d)
+}
+
+func (s *server) brokerError(w http.ResponseWriter, r *http.Request, rq *request, err error) {
+	if errors.Is(err, context.Canceled) {
+		return
+	}
+	s.logger.Error("console: dead letters", "path", r.URL.Path, "err", err)
+	s.fail(w, r, rq, http.StatusServiceUnavailable, "The broker did not answer: "+err.Error())
+}
+
+// messageIDParam reads the {id} of a dead letter's path: a message id of
+// printable characters.
+func messageIDParam(w http.ResponseWriter, r *http.Request) (string, bool) {
+	id := r.PathValue("id")
+	ok := id != "" && len(id) <= 200 && strings.IndexFunc(id, func(c rune) bool { return !unicode.IsPrint(c) }) < 0
+	return id, ok
+}
+
+var verbs = map[string]broker.DLQAction{"requeue": broker.Requeue, "discard": broker.Drop}
+
+func (s *server) confirmDeadLetter(w http.ResponseWriter, r *http.Request, rq *request) {
+	if !s.mayAct(w, r, rq) {
+		return
+	}
+	q, ok := s.queueParam(w, r, rq)
+	if !ok {
+		return
+	}
+	verb := r.PathValue("verb")
+	if _, ok := verbs[verb]; !ok {
+		s.notFound(w, r)
+		return
+	}
+	id, ok := messageIDParam(w, r)
+	if !ok {
+		s.fail(w, r, rq, http.StatusNotFound, "There is no such dead letter.")
+		return
+	}
+	seen, _, err := s.scan(r.Context(), q, keep)
+	if err != nil {
+		s.brokerError(w, r, rq, err)
+		return
+	}
+	i := slices.IndexFunc(seen, func(d broker.DeadLetter) bool { return d.MessageID == id })
+	if i < 0 {
+		s.fail(w, r, rq, http.StatusNotFound, "There is no dead letter "+clip(id, 60)+" in "+q+".")
+		return
+	}
+	dl := viewOf(seen[i], 2000)
+	details := []string{"Reason: " + dl.Reason + " " + dl.Detail, "From: " + dl.OriginalQueue, "Body: " + dl.Body}
+	what := "It is published back to " + dl.OriginalQueue + " (confirmed by the broker before it leaves the dead letters); if it is still bad it comes back here."
+	if verb == "discard" {
+		what = "It is deleted for good."
+	}
+	s.render(w, r, rq, http.StatusOK, "confirm.html", strings.ToUpper(verb[:1])+verb[1:], confirmData{
+		Question: fmt.Sprintf("%s dead letter %s of %s?", strings.ToUpper(verb[:1])+verb[1:], id, q),
+		Details:  append(details, what, "Recorded as done by "+rq.user.Name+"."),
+		Action:   "/dead-letters/" + q + "/" + id + "/" + verb, Button: strings.ToUpper(verb[:1]) + verb[1:],
+		Back: "/dead-letters/" + q, Danger: verb == "discard",
+	})
+}
+
+func (s *server) moveDeadLetter(w http.ResponseWriter, r *http.Request, rq *request) {
+	q, ok := s.queueParam(w, r, rq)
+	if !ok {
+		return
+	}
+	verb := r.PathValue("verb")
+	action, ok := verbs[verb]
+	if !ok {
+		s.notFound(w, r)
+		return
+	}
+	id, ok := messageIDParam(w, r)
+	if !ok {
+		s.fail(w, r, rq, http.StatusNotFound, "There is no such dead letter.")
+		return
+	}
+	seen, done, err := s.scan(r.Context(), q, func(d broker.DeadLetter) broker.DLQAction {
+		if d.MessageID == id {
+			return action
+		}
+		return broker.Keep
+	})
+	moved := 0
+	var reason string
+	for i, d := range seen {
+		if done[i] == action {
+			moved++
+			reason = d.Reason
+		}
+	}
+	if moved > 0 {
+		detail := fmt.Sprintf("%d message(s), reason %s", moved, reason)
+		if rerr := s.store.RecordOperatorAction(r.Context(), "dead letter "+verb, q+"/"+id, detail, claimedBy(rq)); rerr != nil {
+			s.logger.Error("console: record operator action", "err", rerr)
+		}
+		s.logger.Info("console: dead letter "+verb, "user", rq.user.Name, "queue", q, "message_id", id, "count", moved)
+	}
+	if err != nil {
+		s.brokerError(w, r, rq, err)
+		return
+	}
+	if moved == 0 {
+		s.fail(w, r, rq, http.StatusNotFound, "There is no dead letter "+clip(id, 60)+" in "+q+" (moved already?).")
+		return
+	}
+	s.redirect(w, r, "/dead-letters/"+q, verb+"d")
+}

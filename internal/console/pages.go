@@ -1,0 +1,307 @@
+package console
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"sas/internal/messages"
+	"sas/internal/statestore"
+	"sas/internal/workflow"
+)
+
+// overviewWindow is the recent window of the overview's throughput and
+// latency.
+const overviewWindow = 5 * time.Minute
+
+type queueCount struct {
+	Queue string // unprefixed input name
+	Count int
+	Error string
+}
+
+type overviewData struct {
+	Overview statestore.Overview
+	Alerts   []statestore.Alert
+	Queues   []queueCount
+	Broker   bool
+	Actions  []statestore.OperatorAction
+	Statuses []string
+}
+
+func (s *server) readOverview(ctx context.Context) (overviewData, error) {
+	d := overviewData{Statuses: statestore.OrderStatuses}
+	var err error
+	if d.Overview, err = s.store.ReadOverview(ctx, overviewWindow, statestore.SupervisorLease); err != nil {
+		return d, err
+	}
+	if d.Alerts, err = s.store.ListAlerts(ctx, statestore.AlertFilter{OpenOnly: true, Limit: 10}); err != nil {
+		return d, err
+	}
+	if d.Actions, err = s.store.OperatorActions(ctx, 10); err != nil {
+		return d, err
+	}
+	d.Queues, d.Broker = s.deadLetterCounts(ctx)
+	return d, nil
+}
+
+func (s *server) overview(w http.ResponseWriter, r *http.Request, rq *request) {
+	d, err := s.readOverview(r.Context())
+	if err != nil {
+		s.storeError(w, r, rq, err, "overview")
+		return
+	}
+	s.render(w, r, rq, http.StatusOK, "overview.html", "Overview", d)
+}
+
+// overviewLive is the overview's live part alone, polled by the page.
+func (s *server) overviewLive(w http.ResponseWriter, r *http.Request, rq *request) {
+	d, err := s.readOverview(r.Context())
+	if err != nil {
+		s.logger.Error("overview", "err", err)
+		http.Error(w, "the state store did not answer", http.StatusServiceUnavailable)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	if err := s.pages["overview.html"].ExecuteTemplate(w, "live", page{Data: d, CanAct: s.canAct(rq)}); err != nil {
+		s.logger.Error("render", "page", "overview live", "err", err)
+	}
+}
+
+type ordersData struct {
+	Status, Workflow, From, To, ID string
+	Statuses                       []string
+	Workflows                      []string
+	Orders                         []statestore.OrderRow
+	Next                           string // the next page's query, "" at the end
+	First                          bool
+	FirstURL                       string
+	Error                          string
+}
+
+// orders lists orders, newest first, a page at a time by keyset; every
+// filter is checked before the query.
+func (s *server) orders(w http.ResponseWriter, r *http.Request, rq *request) {
+	q := r.URL.Query()
+	d := ordersData{Status: q.Get("status"), Workflow: strings.TrimSpace(q.Get("workflow")), From: q.Get("from"), To: q.Get("to"),
+		ID: strings.TrimSpace(q.Get("id")), Statuses: statestore.OrderStatuses, First: q.Get("after") == ""}
+	versions, err := s.store.WorkflowVersions(r.Context())
+	if err != nil {
+		s.storeError(w, r, rq, err, "workflow")
+		return
+	}
+	for _, v := range versions {
+		if !slices.Contains(d.Workflows, v.Name) {
+			d.Workflows = append(d.Workflows, v.Name)
+		}
+	}
+	sort.Strings(d.Workflows)
+	oq := statestore.OrderQuery{Status: d.Status, Workflow: d.Workflow, Limit: pageSize}
+	var problems []string
+	if d.Status != "" && !slices.Contains(statestore.OrderStatuses, d.Status) {
+		problems = append(problems, fmt.Sprintf("status %q: want one of %s", clip(d.Status, 40), strings.Join(statestore.OrderStatuses, ", ")))
+	}
+	if d.Workflow != "" {
+		if err := messages.CheckName("workflow", d.Workflow); err != nil {
+			problems = append(problems, err.Error())
+		}
+	}
+	if oq.From, err = parseWhen("from", d.From); err != nil {
+		problems = append(problems, err.Error())
+	}
+	if oq.To, err = parseWhen("to", d.To); err != nil {
+		problems = append(problems, err.Error())
+	}
+	if oq.IDLow, oq.IDHigh, err = idRange(d.ID); err != nil {
+		problems = append(problems, err.Error())
+	}
+	if oq.After, err = decodeCursor(q.Get("after")); err != nil {
+		problems = append(problems, err.Error())
+	}
+	if len(problems) > 0 {
+		d.Error = strings.Join(problems, "; ")
+		s.render(w, r, rq, http.StatusBadRequest, "orders.html", "Orders", d)
+		return
+	}
+	var next *statestore.OrderCursor
+	d.Orders, next, err = s.store.OrderPage(r.Context(), oq)
+	if err != nil {
+		s.storeError(w, r, rq, err, "such page")
+		return
+	}
+	nq := url.Values{}
+	for _, k := range []string{"status", "workflow", "from", "to", "id"} {
+		if v := q.Get(k); v != "" {
+			nq.Set(k, v)
+		}
+	}
+	d.FirstURL = "/orders?" + nq.Encode()
+	if next != nil {
+		nq.Set("after", encodeCursor(next))
+		d.Next = "/orders?" + nq.Encode()
+	}
+	s.render(w, r, rq, http.StatusOK, "orders.html", "Orders", d)
+}
+
+type orderData struct {
+	statestore.OrderDetail
+	Steps       []stepView
+	Alerts      []statestore.Alert
+	CanCancel   bool
+	CanResubmit bool
+	Results     json.RawMessage
+}
+
+func (s *server) readOrder(w http.ResponseWriter, r *http.Request, rq *request) (orderData, bool) {
+	var d orderData
+	id := r.PathValue("id")
+	if !validID(id) {
+		s.fail(w, r, rq, http.StatusNotFound, "There is no order "+clip(id, 40)+": an order id is a UUID.")
+		return d, false
+	}
+	var err error
+	d.OrderDetail, err = s.store.GetOrder(r.Context(), id)
+	if err != nil {
+		s.storeError(w, r, rq, err, "order "+id)
+		return d, false
+	}
+	if d.Alerts, err = s.store.ListAlerts(r.Context(), statestore.AlertFilter{OrderID: id, Limit: 100}); err != nil {
+		s.storeError(w, r, rq, err, "alert")
+		return d, false
+	}
+	compensationFailed := false
+	for _, st := range d.OrderDetail.Steps {
+		d.Steps = append(d.Steps, stepView{Step: st, Timeline: timeline(st, d.History)})
+		if st.Kind == "compensation" && st.ProcessState == statestore.StepError {
+			compensationFailed = true
+		}
+		if st.ProcessState == statestore.StepError {
+			d.CanResubmit = d.Order.Status == "error"
+		}
+	}
+	switch d.Order.Status {
+	case "received", "processing":
+		d.CanCancel = true
+	case "error":
+		d.CanCancel = !compensationFailed
+	}
+	return d, true
+}
+
+func (s *server) order(w http.ResponseWriter, r *http.Request, rq *request) {
+	d, ok := s.readOrder(w, r, rq)
+	if !ok {
+		return
+	}
+	s.render(w, r, rq, http.StatusOK, "order.html", "Order "+d.Order.OrderID, d)
+}
+
+type alertsData struct {
+	All    bool
+	Alerts []statestore.Alert
+}
+
+func (s *server) alerts(w http.ResponseWriter, r *http.Request, rq *request) {
+	all := r.URL.Query().Get("all")
+	if all != "" && all != "1" {
+		s.fail(w, r, rq, http.StatusBadRequest, "all= takes 1 or nothing.")
+		return
+	}
+	d := alertsData{All: all == "1"}
+	var err error
+	if d.Alerts, err = s.store.ListAlerts(r.Context(), statestore.AlertFilter{OpenOnly: !d.All, Limit: 200}); err != nil {
+		s.storeError(w, r, rq, err, "alert")
+		return
+	}
+	s.render(w, r, rq, http.StatusOK, "alerts.html", "Alerts", d)
+}
+
+// alertID reads the {id} of an alert's path.
+func alertID(r *http.Request) (int64, bool) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	return id, err == nil && id > 0
+}
+
+type workflowView struct {
+	statestore.WorkflowVersion
+	Workflow workflow.Workflow
+	InFile   bool
+}
+
+type workflowsData struct {
+	Source   string
+	Versions []workflowView
+	FileOnly []workflow.Workflow
+}
+
+func (s *server) workflowsPage(w http.ResponseWriter, r *http.Request, rq *request) {
+	versions, err := s.store.WorkflowVersions(r.Context())
+	if err != nil {
+		s.storeError(w, r, rq, err, "workflow")
+		return
+	}
+	d := workflowsData{Source: s.workflows.Source}
+	stored := map[string]bool{}
+	for _, v := range versions {
+		wv := workflowView{WorkflowVersion: v}
+		if err := json.Unmarshal(v.Definition, &wv.Workflow); err != nil {
+			s.logger.Warn("a stored workflow definition does not read", "workflow", v.Name, "version", v.Version, "err", err)
+		}
+		if f, ok := s.workflows.Lookup(v.Name); ok && f.Version() == v.Version {
+			wv.InFile = true
+		}
+		stored[v.Name+"@"+v.Version] = true
+		d.Versions = append(d.Versions, wv)
+	}
+	for _, wf := range s.workflows.All() {
+		if !stored[wf.Name+"@"+wf.Version()] {
+			d.FileOnly = append(d.FileOnly, wf)
+		}
+	}
+	s.render(w, r, rq, http.StatusOK, "workflows.html", "Workflows", d)
+}
+
+// agentsInUse are the agent kinds of the console's workflows file and of
+// every stored version: whose request queues may hold dead letters.
+func (s *server) agentsInUse(ctx context.Context) []string {
+	kinds := s.workflows.Agents()
+	versions, err := s.store.WorkflowVersions(ctx)
+	if err != nil {
+		s.logger.Warn("workflow versions", "err", err)
+	}
+	for _, v := range versions {
+		var wf workflow.Workflow
+		if json.Unmarshal(v.Definition, &wf) != nil {
+			continue
+		}
+		for _, st := range wf.Steps {
+			for _, k := range []*workflow.Step{&st, st.Compensation} {
+				if k != nil && !slices.Contains(kinds, k.Agent) {
+					kinds = append(kinds, k.Agent)
+				}
+			}
+		}
+	}
+	sort.Strings(kinds)
+	return kinds
+}
+
+// inputs are the unprefixed names of the queues whose dead letters the
+// console shows.
+func (s *server) inputs(ctx context.Context) []string {
+	out := []string{messages.SubmitQueue, messages.RepliesQueue}
+	for _, k := range s.agentsInUse(ctx) {
+		out = append(out, messages.RequestsQueue(k))
+	}
+	return out
+}
+
+var errNoBroker = errors.New("the console is not connected to the broker yet")

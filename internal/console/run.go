@@ -1,0 +1,143 @@
+// Package console is the web console: the state store and the dead-letter
+// queues as an operator sees them, server-rendered with html/template and
+// assets embedded in the binary. Everyone logs in (users from a file or
+// the environment, bcrypt hashes); a viewer sees, an operator also
+// resubmits, cancels, acknowledges and requeues or discards dead letters,
+// each behind a confirmation and recorded with the console user's name.
+package console
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"sas/internal/broker"
+	"sas/internal/service"
+)
+
+// Config is the console's configuration (environment prefix SAS_).
+type Config struct {
+	service.Common
+	service.WorkflowsFile
+	// Addr is where the console serves its pages.
+	Addr        string `envconfig:"CONSOLE_ADDR" default:":8080"`
+	MetricsAddr string `envconfig:"METRICS_ADDR" default:":9106"`
+	// UsersFile is a file of NAME:ROLE:BCRYPT-HASH lines, read again when
+	// it changes; Users the same entries separated by ';'. Either or both.
+	UsersFile string `envconfig:"CONSOLE_USERS_FILE"`
+	Users     string `envconfig:"CONSOLE_USERS"`
+	// ReadOnly turns every action off for everyone.
+	ReadOnly bool `envconfig:"CONSOLE_READ_ONLY" default:"false"`
+	// SessionTTL logs a session out after this long without a request.
+	SessionTTL time.Duration `envconfig:"CONSOLE_SESSION_TTL" default:"8h"`
+	// LoginAttempts failed logins within LoginWindow, from one address or
+	// for one name, hold further logins until the window has passed.
+	LoginAttempts int           `envconfig:"CONSOLE_LOGIN_ATTEMPTS" default:"5"`
+	LoginWindow   time.Duration `envconfig:"CONSOLE_LOGIN_WINDOW" default:"5m"`
+	// TLSCertFile and TLSKeyFile, when both set, serve HTTPS.
+	TLSCertFile string `envconfig:"CONSOLE_TLS_CERT_FILE"`
+	TLSKeyFile  string `envconfig:"CONSOLE_TLS_KEY_FILE"`
+	DBMaxConns  int32  `envconfig:"DB_MAX_CONNS" default:"4"`
+}
+
+// Check reports settings that cannot work.
+func (c Config) Check() error {
+	if err := c.Common.Check(); err != nil {
+		return err
+	}
+	if c.UsersFile == "" && c.Users == "" {
+		return errors.New("SAS_CONSOLE_USERS_FILE or SAS_CONSOLE_USERS must name at least one user (sasctl console user add makes one)")
+	}
+	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
+		return errors.New("SAS_CONSOLE_TLS_CERT_FILE and SAS_CONSOLE_TLS_KEY_FILE go together")
+	}
+	if c.LoginAttempts < 1 || c.LoginWindow <= 0 || c.SessionTTL <= 0 {
+		return errors.New("SAS_CONSOLE_LOGIN_ATTEMPTS, SAS_CONSOLE_LOGIN_WINDOW and SAS_CONSOLE_SESSION_TTL must be positive")
+	}
+	return nil
+}
+
+// Run serves the console until ctx ends.
+func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
+	users, err := newDirectory(cfg.UsersFile, cfg.Users)
+	if err != nil {
+		return err
+	}
+	reg := service.NewRegistry()
+	ops, err := service.ListenOps(cfg.MetricsAddr, reg, service.NotReady("starting"), logger)
+	if err != nil {
+		return err
+	}
+	defer ops.Close()
+	store, closeStore, err := service.OpenDatabase(ctx, cfg.Common, cfg.DBMaxConns, ops, logger)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	if err := store.CheckSchema(ctx); err != nil {
+		return err
+	}
+	srv, err := newServer(cfg, store, users, logger)
+	if err != nil {
+		return err
+	}
+	defer srv.closeBroker()
+	url, err := cfg.BrokerURL()
+	if err != nil {
+		return err
+	}
+	// The pages of the state store work without the broker; dead letters
+	// wait for it.
+	brokerCtx, stopBroker := context.WithCancel(ctx)
+	defer stopBroker()
+	go func() {
+		conn, err := broker.Open(brokerCtx, url, "console", broker.Topology{Prefix: cfg.QueuePrefix}, logger,
+			broker.NewMetrics(reg), broker.WithCAFile(cfg.AMQPCAFile), broker.DeclareNothing())
+		if err != nil {
+			if brokerCtx.Err() == nil {
+				logger.Error("broker", "err", err)
+			}
+			return
+		}
+		srv.setBroker(conn)
+	}()
+	ops.SetReady(func(ctx context.Context) error { return store.Ping(ctx) })
+
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("SAS_CONSOLE_ADDR: listen on %s: %w", cfg.Addr, err)
+	}
+	hs := &http.Server{Handler: srv.routes(), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
+	var wg sync.WaitGroup
+	errc := make(chan error, 1)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var err error
+		if cfg.TLSCertFile != "" {
+			err = hs.ServeTLS(ln, cfg.TLSCertFile, cfg.TLSKeyFile)
+		} else {
+			err = hs.Serve(ln)
+		}
+		if !errors.Is(err, http.ErrServerClosed) {
+			errc <- err
+		}
+	}()
+	logger.Info("console listening", "addr", ln.Addr().String(), "read_only", cfg.ReadOnly, "tls", cfg.TLSCertFile != "")
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		return fmt.Errorf("console server: %w", err)
+	}
+	shutCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	err = hs.Shutdown(shutCtx)
+	wg.Wait()
+	return err
+}

@@ -1,0 +1,319 @@
+package console
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"sas/internal/broker"
+	"sas/internal/statestore"
+	"sas/internal/workflow"
+)
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static
+var staticFS embed.FS
+
+// pageSize is how many orders a page of the orders list shows.
+const pageSize = 50
+
+type server struct {
+	cfg       Config
+	store     *statestore.Store
+	users     *directory
+	sessions  *sessions
+	limiter   *limiter
+	logger    *slog.Logger
+	pages     map[string]*template.Template
+	static    http.Handler
+	workflows *workflow.Registry
+	now       func() time.Time
+
+	mu      sync.Mutex
+	conn    *broker.Conn
+	pub     *broker.Publisher
+	inspect *broker.QueueInspector
+}
+
+func newServer(cfg Config, store *statestore.Store, users *directory, logger *slog.Logger) (*server, error) {
+	wfs, err := cfg.Workflows()
+	if err != nil {
+		return nil, err
+	}
+	pages, err := parsePages()
+	if err != nil {
+		return nil, err
+	}
+	sub, err := fs.Sub(staticFS, "static")
+	if err != nil {
+		return nil, err
+	}
+	return &server{
+		cfg: cfg, store: store, users: users, logger: logger, pages: pages, workflows: wfs, now: time.Now,
+		sessions: newSessions(cfg.SessionTTL),
+		limiter:  newLimiter(cfg.LoginAttempts, cfg.LoginWindow),
+		static:   http.StripPrefix("/static/", http.FileServerFS(sub)),
+	}, nil
+}
+
+func (s *server) setBroker(conn *broker.Conn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.conn, s.pub, s.inspect = conn, broker.NewPublisher(conn, broker.NewMetrics(nil)), broker.NewQueueInspector(conn)
+}
+
+func (s *server) broker() (*broker.Conn, *broker.Publisher, *broker.QueueInspector) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.conn, s.pub, s.inspect
+}
+
+func (s *server) closeBroker() {
+	conn, pub, inspect := s.broker()
+	if conn == nil {
+		return
+	}
+	inspect.Close()
+	pub.Close()
+	conn.Close()
+}
+
+// request is a logged-in request: who asks, and whether they may act.
+type request struct {
+	user    User
+	session *session
+	token   string
+}
+
+// canAct: an operator, and the console not read-only.
+func (s *server) canAct(rq *request) bool {
+	return rq != nil && rq.user.Role == Operator && !s.cfg.ReadOnly
+}
+
+// routes is every page. GETs read; every POST but the login's needs a
+// session, its CSRF token, and the operator role on a console that is not
+// read-only.
+func (s *server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /static/", s.static)
+	mux.HandleFunc("GET /login", s.loginPage)
+	mux.HandleFunc("POST /login", s.login)
+	mux.HandleFunc("POST /logout", s.authed(s.logout))
+	mux.HandleFunc("GET /{$}", s.authed(s.overview))
+	mux.HandleFunc("GET /overview/live", s.authed(s.overviewLive))
+	mux.HandleFunc("GET /orders", s.authed(s.orders))
+	mux.HandleFunc("GET /orders/{id}", s.authed(s.order))
+	mux.HandleFunc("GET /orders/{id}/resubmit", s.authed(s.confirmResubmit))
+	mux.HandleFunc("POST /orders/{id}/resubmit", s.action(s.resubmit))
+	mux.HandleFunc("GET /orders/{id}/cancel", s.authed(s.confirmCancel))
+	mux.HandleFunc("POST /orders/{id}/cancel", s.action(s.cancel))
+	mux.HandleFunc("GET /alerts", s.authed(s.alerts))
+	mux.HandleFunc("GET /alerts/{id}/ack", s.authed(s.confirmAck))
+	mux.HandleFunc("POST /alerts/{id}/ack", s.action(s.ack))
+	mux.HandleFunc("GET /dead-letters", s.authed(s.deadLetters))
+	mux.HandleFunc("GET /dead-letters/{queue}", s.authed(s.deadLetterQueue))
+	mux.HandleFunc("GET /dead-letters/{queue}/{id}/{verb}", s.authed(s.confirmDeadLetter))
+	mux.HandleFunc("POST /dead-letters/{queue}/{id}/{verb}", s.action(s.moveDeadLetter))
+	mux.HandleFunc("GET /workflows", s.authed(s.workflowsPage))
+	mux.HandleFunc("/", s.notFound)
+	return s.secure(mux)
+}
+
+// secure sets the headers every answer carries: no script, style or frame
+// from anywhere else, no inline script, no sniffing, no caching of pages.
+func (s *server) secure(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hd := w.Header()
+		hd.Set("Content-Security-Policy", "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "+
+			"frame-ancestors 'none'; form-action 'self'; base-uri 'none'")
+		hd.Set("X-Content-Type-Options", "nosniff")
+		hd.Set("X-Frame-Options", "DENY")
+		hd.Set("Referrer-Policy", "same-origin")
+		if !strings.HasPrefix(r.URL.Path, "/static/") {
+			hd.Set("Cache-Control", "no-store")
+		}
+		if s.cfg.TLSCertFile != "" {
+			hd.Set("Strict-Transport-Security", "max-age=31536000")
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// current returns the request's session and user, or nil when it has
+// none (or its user is gone from the users file).
+func (s *server) current(r *http.Request) *request {
+	c, err := r.Cookie(sessionCookie)
+	if err != nil {
+		return nil
+	}
+	ss, ok := s.sessions.get(c.Value, s.now())
+	if !ok {
+		return nil
+	}
+	if err := s.users.reload(); err != nil {
+		s.logger.Error("users file", "err", err)
+	}
+	u, ok := s.users.lookup(ss.user)
+	if !ok {
+		s.sessions.end(c.Value)
+		return nil
+	}
+	return &request{user: u, session: ss, token: c.Value}
+}
+
+type handler func(http.ResponseWriter, *http.Request, *request)
+
+// authed lets only a logged-in user through; anyone else goes to the
+// login page (a live fragment gets 401).
+func (s *server) authed(h handler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		rq := s.current(r)
+		if rq == nil {
+			if strings.HasPrefix(r.URL.Path, "/overview/live") {
+				http.Error(w, "log in", http.StatusUnauthorized)
+				return
+			}
+			http.Redirect(w, r, "/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
+			return
+		}
+		h(w, r, rq)
+	}
+}
+
+// action guards a state-changing request: a session, a request from this
+// site, the session's CSRF token, the operator role, not read-only.
+func (s *server) action(h handler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		rq := s.current(r)
+		if rq == nil {
+			s.fail(w, r, nil, http.StatusForbidden, "You are not logged in.")
+			return
+		}
+		if !sameOrigin(r) {
+			s.fail(w, r, rq, http.StatusForbidden, "This request came from another site.")
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
+		if err := r.ParseForm(); err != nil || !sameToken(r.PostForm.Get("csrf"), rq.session.csrf) {
+			s.fail(w, r, rq, http.StatusForbidden, "The form's security token is missing or wrong: reload the page and try again.")
+			return
+		}
+		if s.cfg.ReadOnly {
+			s.fail(w, r, rq, http.StatusForbidden, "The console is read-only.")
+			return
+		}
+		if rq.user.Role != Operator {
+			s.fail(w, r, rq, http.StatusForbidden, "Your role ("+rq.user.Role+") may only look.")
+			return
+		}
+		h(w, r, rq)
+	}
+}
+
+// sameOrigin: a browser's Origin header, when sent, names this host.
+func sameOrigin(r *http.Request) bool {
+	origin := r.Header.Get("Origin")
+	if origin == "" {
+		return true
+	}
+	u, err := url.Parse(origin)
+	return err == nil && u.Host == r.Host
+}
+
+// page is what every page's template gets.
+type page struct {
+	Title    string
+	Nav      string
+	User     string
+	Role     string
+	CSRF     string
+	CanAct   bool
+	ReadOnly bool
+	Notice   string
+	Data     any
+}
+
+func (s *server) render(w http.ResponseWriter, r *http.Request, rq *request, status int, name, title string, data any) {
+	p := page{Title: title, Nav: name, ReadOnly: s.cfg.ReadOnly, Data: data}
+	if rq != nil {
+		p.User, p.Role, p.CSRF, p.CanAct = rq.user.Name, rq.user.Role, rq.session.csrf, s.canAct(rq)
+	}
+	p.Notice = notices[r.URL.Query().Get("done")]
+	t, ok := s.pages[name]
+	if !ok {
+		panic("no page " + name)
+	}
+	var b strings.Builder
+	if err := t.ExecuteTemplate(&b, "layout", p); err != nil {
+		s.logger.Error("render", "page", name, "err", err)
+		http.Error(w, "the page could not be drawn", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(b.String()))
+}
+
+// notices are the messages an action's redirect may show: the query says
+// which, never the text.
+var notices = map[string]string{
+	"resubmitted":  "Resubmitted: the step is pending again.",
+	"cancelled":    "Cancelled: what was done is being undone.",
+	"acknowledged": "Alert acknowledged.",
+	"requeued":     "Dead letter requeued to its queue.",
+	"discarded":    "Dead letter discarded.",
+}
+
+type failure struct {
+	Status  int
+	Message string
+}
+
+func (s *server) fail(w http.ResponseWriter, r *http.Request, rq *request, status int, msg string) {
+	s.render(w, r, rq, status, "error.html", http.StatusText(status), failure{status, msg})
+}
+
+func (s *server) notFound(w http.ResponseWriter, r *http.Request) {
+	s.fail(w, r, s.current(r), http.StatusNotFound, "There is nothing at "+r.URL.Path+".")
+}
+
+// storeError answers a state store error: what is not found (a 404), an
+// action refused (a 409, in the database's words), or a failure (logged,
+// not shown).
+func (s *server) storeError(w http.ResponseWriter, r *http.Request, rq *request, err error, what string) {
+	switch {
+	case errors.Is(err, statestore.ErrNotFound):
+		s.fail(w, r, rq, http.StatusNotFound, "There is no "+what+".")
+	case errors.Is(err, statestore.ErrInvalidState), errors.Is(err, statestore.ErrInvalidData):
+		s.fail(w, r, rq, http.StatusConflict, errorText(err))
+	case errors.Is(err, context.Canceled):
+	default:
+		s.logger.Error("console request failed", "path", r.URL.Path, "err", err)
+		s.fail(w, r, rq, http.StatusInternalServerError, "The state store did not answer; the console's log says why.")
+	}
+}
+
+// errorText is the database's refusal without the operation's name
+// before it ("resubmit: ...").
+func errorText(err error) string {
+	_, msg, found := strings.Cut(err.Error(), ": ")
+	if !found {
+		return err.Error()
+	}
+	return msg
+}
+
+func (s *server) redirect(w http.ResponseWriter, r *http.Request, to, done string) {
+	http.Redirect(w, r, fmt.Sprintf("%s?done=%s", to, url.QueryEscape(done)), http.StatusSeeOther)
+}

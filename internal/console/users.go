@@ -1,0 +1,236 @@
+package console
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/crypto/bcrypt"
+)
+
+// Roles a console user may have.
+const (
+	// Viewer sees everything and changes nothing.
+	Viewer = "viewer"
+	// Operator also resubmits, cancels, acknowledges alerts and requeues
+	// or discards dead letters.
+	Operator = "operator"
+)
+
+// DefaultCost is the bcrypt cost of a password hash sasctl makes.
+const DefaultCost = 12
+
+// User is one console user: a name, a role and a bcrypt hash of the
+// password.
+type User struct {
+	Name string
+	Role string
+	hash []byte
+}
+
+var userNameRE = regexp.MustCompile(`^[A-Za-z0-9._@-]{1,64}$`)
+
+// CheckUserName reports why name cannot be a console user's name.
+func CheckUserName(name string) error {
+	if !userNameRE.MatchString(name) {
+		return fmt.Errorf("user name %q: use 1 to 64 letters, digits, '.', '_', '@' or '-'", name)
+	}
+	return nil
+}
+
+// CheckRole reports why role is not a console role.
+func CheckRole(role string) error {
+	if role != Viewer && role != Operator {
+		return fmt.Errorf("role %q: want %s or %s", role, Viewer, Operator)
+	}
+	return nil
+}
+
+// HashPassword returns the bcrypt hash of password at cost.
+func HashPassword(password string, cost int) (string, error) {
+	if password == "" {
+		return "", errors.New("an empty password")
+	}
+	if len(password) > 72 {
+		return "", errors.New("a password longer than 72 bytes (bcrypt reads no further)")
+	}
+	h, err := bcrypt.GenerateFromPassword([]byte(password), cost)
+	if err != nil {
+		return "", err
+	}
+	return string(h), nil
+}
+
+// UserLine is the users-file line of a user: NAME:ROLE:HASH.
+func UserLine(name, role, hash string) string { return name + ":" + role + ":" + hash }
+
+// ParseUsers reads users, one per line (or per ';' in an environment
+// variable) as NAME:ROLE:BCRYPT-HASH; blank lines and lines starting with
+// '#' are skipped. src names the source in errors.
+func ParseUsers(src string, data []byte) (map[string]User, error) {
+	users := map[string]User{}
+	var problems []string
+	lines := strings.FieldsFunc(string(data), func(r rune) bool { return r == '\n' || r == ';' })
+	for i, line := range lines {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			problems = append(problems, fmt.Sprintf("%s: entry %d: want NAME:ROLE:HASH (sasctl console user add makes one)", src, i+1))
+			continue
+		}
+		name, role, hash := parts[0], parts[1], parts[2]
+		if err := CheckUserName(name); err != nil {
+			problems = append(problems, fmt.Sprintf("%s: entry %d: %v", src, i+1, err))
+			continue
+		}
+		if err := CheckRole(role); err != nil {
+			problems = append(problems, fmt.Sprintf("%s: entry %d (%s): %v", src, i+1, name, err))
+			continue
+		}
+		if _, err := bcrypt.Cost([]byte(hash)); err != nil {
+			problems = append(problems, fmt.Sprintf("%s: entry %d (%s): the password is not a bcrypt hash: %v", src, i+1, name, err))
+			continue
+		}
+		if _, dup := users[name]; dup {
+			problems = append(problems, fmt.Sprintf("%s: entry %d: user %s is listed twice", src, i+1, name))
+			continue
+		}
+		users[name] = User{Name: name, Role: role, hash: []byte(hash)}
+	}
+	if len(problems) > 0 {
+		return nil, errors.New(strings.Join(problems, "\n"))
+	}
+	return users, nil
+}
+
+// AddUser returns the users file data with the user's line set: replaced
+// if the user is there, appended if not.
+func AddUser(data []byte, name, role, hash string) ([]byte, bool) {
+	line := UserLine(name, role, hash)
+	var out bytes.Buffer
+	replaced := false
+	for _, l := range strings.SplitAfter(string(data), "\n") {
+		if l == "" {
+			continue
+		}
+		if strings.HasPrefix(strings.TrimSpace(l), name+":") {
+			out.WriteString(line + "\n")
+			replaced = true
+			continue
+		}
+		out.WriteString(l)
+		if !strings.HasSuffix(l, "\n") {
+			out.WriteString("\n")
+		}
+	}
+	if !replaced {
+		out.WriteString(line + "\n")
+	}
+	return out.Bytes(), replaced
+}
+
+// directory holds the console's users: those of the file, read again when
+// it changes (a removed user is logged out at their next request), and
+// those of the environment.
+type directory struct {
+	file string
+	env  map[string]User
+
+	mu      sync.Mutex
+	users   map[string]User
+	modTime time.Time
+	size    int64
+	dummy   []byte // a hash to compare unknown names against, to take as long
+}
+
+func newDirectory(file, env string) (*directory, error) {
+	d := &directory{file: file, env: map[string]User{}}
+	if env != "" {
+		u, err := ParseUsers("SAS_CONSOLE_USERS", []byte(env))
+		if err != nil {
+			return nil, err
+		}
+		d.env = u
+	}
+	if err := d.reload(); err != nil {
+		return nil, err
+	}
+	h, err := bcrypt.GenerateFromPassword([]byte("no such user"), DefaultCost)
+	if err != nil {
+		return nil, err
+	}
+	d.dummy = h
+	if len(d.all()) == 0 {
+		return nil, errors.New("no console user: set SAS_CONSOLE_USERS_FILE or SAS_CONSOLE_USERS (sasctl console user add makes one)")
+	}
+	return d, nil
+}
+
+// reload reads the file again if it changed since it was last read. A
+// file that became invalid keeps the users read before.
+func (d *directory) reload() error {
+	if d.file == "" {
+		return nil
+	}
+	st, err := os.Stat(d.file)
+	if err != nil {
+		return fmt.Errorf("SAS_CONSOLE_USERS_FILE: %w", err)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.users != nil && st.ModTime().Equal(d.modTime) && st.Size() == d.size {
+		return nil
+	}
+	data, err := os.ReadFile(d.file)
+	if err != nil {
+		return fmt.Errorf("SAS_CONSOLE_USERS_FILE: %w", err)
+	}
+	u, err := ParseUsers(d.file, data)
+	if err != nil {
+		return err
+	}
+	d.users, d.modTime, d.size = u, st.ModTime(), st.Size()
+	return nil
+}
+
+func (d *directory) all() map[string]User {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make(map[string]User, len(d.users)+len(d.env))
+	for k, v := range d.env {
+		out[k] = v
+	}
+	for k, v := range d.users {
+		out[k] = v
+	}
+	return out
+}
+
+// lookup returns the user named name as the sources say now.
+func (d *directory) lookup(name string) (User, bool) {
+	u, ok := d.all()[name]
+	return u, ok
+}
+
+// authenticate checks name and password. An unknown name takes as long
+// as a wrong password.
+func (d *directory) authenticate(name, password string) (User, bool) {
+	u, ok := d.lookup(name)
+	hash := d.dummy
+	if ok {
+		hash = u.hash
+	}
+	err := bcrypt.CompareHashAndPassword(hash, []byte(password))
+	if !ok || err != nil {
+		return User{}, false
+	}
+	return u, true
+}

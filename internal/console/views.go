@@ -1,0 +1,215 @@
+package console
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"regexp"
+	"strings"
+	"time"
+
+	"sas/internal/statestore"
+)
+
+func parsePages() (map[string]*template.Template, error) {
+	funcs := template.FuncMap{
+		"stamp":  stamp,
+		"dur":    dur,
+		"pretty": pretty,
+		"short":  func(id string) string { return id[:min(8, len(id))] },
+		"since":  func(t, from time.Time) string { return "+" + dur(t.Sub(from)) },
+		"deref":  func(p *int) int { return *p },
+		"inc":    func(i int) int { return i + 1 },
+	}
+	names, err := fs.Glob(templateFS, "templates/*.html")
+	if err != nil {
+		return nil, err
+	}
+	pages := map[string]*template.Template{}
+	for _, n := range names {
+		base := strings.TrimPrefix(n, "templates/")
+		if base == "layout.html" {
+			continue
+		}
+		t, err := template.New(base).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", n)
+		if err != nil {
+			return nil, fmt.Errorf("template %s: %w", base, err)
+		}
+		pages[base] = t
+	}
+	return pages, nil
+}
+
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return "–"
+	}
+	return t.UTC().Format("2006-01-02 15:04:05.000")
+}
+
+// dur writes a duration to the millisecond (to the microsecond below one).
+func dur(d time.Duration) string {
+	switch {
+	case d < time.Millisecond && d > -time.Millisecond:
+		return d.Round(time.Microsecond).String()
+	case d < time.Minute && d > -time.Minute:
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+// pretty indents JSON for reading; html/template escapes it on the page.
+func pretty(raw json.RawMessage) string {
+	if len(raw) == 0 {
+		return ""
+	}
+	var b bytes.Buffer
+	if err := json.Indent(&b, raw, "", "  "); err != nil {
+		return string(raw)
+	}
+	return b.String()
+}
+
+var uuidRE = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+
+// validID reports whether id is a UUID as orders are keyed.
+func validID(id string) bool { return uuidRE.MatchString(id) }
+
+var hexRE = regexp.MustCompile(`^[0-9a-f]*$`)
+
+// idRange turns an id prefix (hex digits, dashes anywhere) into the
+// range of ids that start with it.
+func idRange(prefix string) (lo, hi string, err error) {
+	p := strings.ToLower(strings.ReplaceAll(strings.TrimSpace(prefix), "-", ""))
+	if p == "" {
+		return "", "", nil
+	}
+	if len(p) > 32 || !hexRE.MatchString(p) {
+		return "", "", fmt.Errorf("the id prefix %q is not the start of an order id (hex digits and dashes)", prefix)
+	}
+	return asUUID(p + strings.Repeat("0", 32-len(p))), asUUID(p + strings.Repeat("f", 32-len(p))), nil
+}
+
+func asUUID(h string) string { return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:] }
+
+// encodeCursor writes a page cursor for a link; decodeCursor reads one
+// back, refusing anything it did not write.
+func encodeCursor(c *statestore.OrderCursor) string {
+	if c == nil {
+		return ""
+	}
+	return base64.RawURLEncoding.EncodeToString([]byte(c.CreatedAt.UTC().Format(time.RFC3339Nano) + "|" + c.OrderID))
+}
+
+func decodeCursor(s string) (*statestore.OrderCursor, error) {
+	if s == "" {
+		return nil, nil
+	}
+	bad := fmt.Errorf("the page cursor %q is not one this console wrote: start from the first page", clip(s, 40))
+	if len(s) > 200 {
+		return nil, bad
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return nil, bad
+	}
+	at, id, ok := strings.Cut(string(raw), "|")
+	if !ok || !validID(id) {
+		return nil, bad
+	}
+	t, err := time.Parse(time.RFC3339Nano, at)
+	if err != nil {
+		return nil, bad
+	}
+	return &statestore.OrderCursor{CreatedAt: t, OrderID: strings.ToLower(id)}, nil
+}
+
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// parseWhen reads a time filter: a datetime-local field's value (UTC) or
+// RFC 3339.
+func parseWhen(field, v string) (time.Time, error) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return time.Time{}, nil
+	}
+	for _, layout := range []string{"2006-01-02T15:04", "2006-01-02T15:04:05", time.RFC3339Nano, "2006-01-02"} {
+		if t, err := time.Parse(layout, v); err == nil {
+			return t, nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("%s %q is not a time: write 2026-01-31T14:05 (UTC) or RFC 3339", field, clip(v, 40))
+}
+
+// event is one entry of a step's timeline.
+type event struct {
+	At     time.Time
+	Label  string
+	Class  string // claimed, replied, expired, reset, failed, cancelled, compensated, operator
+	Actor  string
+	Reason string
+}
+
+// stepView is a step with its timeline.
+type stepView struct {
+	statestore.Step
+	Timeline []event
+}
+
+// timeline reads a step's history into events: each claim (the request
+// sent to its agent), reply, expiry, reset, failure, cancel, and the
+// operator's resubmits.
+func timeline(st statestore.Step, history []statestore.Transition) []event {
+	var out []event
+	for _, t := range history {
+		if t.Step == nil || *t.Step != st.Step {
+			continue
+		}
+		e := event{At: t.At, Actor: t.Actor, Reason: t.Reason}
+		operator := strings.HasPrefix(t.Actor, "operator:")
+		switch {
+		case operator:
+			e.Label, e.Class = fmt.Sprintf("%s → %s by %s", dash(t.From), t.To, operatorName(t)), "operator"
+		case t.To == statestore.StepProcessing:
+			e.Label, e.Class = fmt.Sprintf("claimed, attempt %d sent to agent.%s", t.Attempt, st.Agent), "claimed"
+		case t.From == statestore.StepProcessing && t.To == statestore.StepProcessed && st.Kind == "compensation":
+			e.Label, e.Class = "replied: compensated", "compensated"
+		case t.From == statestore.StepProcessing && t.To == statestore.StepProcessed:
+			e.Label, e.Class = "replied: done", "replied"
+		case t.From == statestore.StepProcessing && t.To == statestore.StepPending:
+			e.Label, e.Class = "expired, reset to pending", "expired"
+		case t.To == statestore.StepError:
+			e.Label, e.Class = "failed: held in error", "failed"
+		case t.To == statestore.StepCancelled:
+			e.Label, e.Class = "cancelled", "cancelled"
+		case t.To == statestore.StepPending:
+			e.Label, e.Class = "pending", "reset"
+		default:
+			e.Label, e.Class = fmt.Sprintf("%s → %s", dash(t.From), t.To), "other"
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+func operatorName(t statestore.Transition) string {
+	if t.ClaimedBy != "" {
+		return t.ClaimedBy + " (login " + t.DBUser + ")"
+	}
+	return strings.TrimPrefix(t.Actor, "operator:")
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "–"
+	}
+	return s
+}

@@ -1,0 +1,245 @@
+package statestore
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// OrderRow is an order as a list shows it: no payload.
+type OrderRow struct {
+	OrderID         string    `json:"order_id"`
+	Workflow        string    `json:"workflow"`
+	WorkflowVersion string    `json:"workflow_version,omitempty"`
+	Status          string    `json:"status"`
+	Priority        int       `json:"priority"`
+	CreatedAt       time.Time `json:"created_at"`
+	UpdatedAt       time.Time `json:"updated_at"`
+}
+
+// OrderCursor is where a page of orders, newest first, ends: the next
+// page starts after it. Orders are ordered by (created_at, order_id),
+// both descending.
+type OrderCursor struct {
+	CreatedAt time.Time
+	OrderID   string
+}
+
+// OrderQuery selects a page of orders, newest first.
+type OrderQuery struct {
+	Status   string    // "" for any
+	Workflow string    // "" for any
+	From, To time.Time // created at or after From, before To; zero for no bound
+	// IDLow and IDHigh bound the order id (an id prefix turned into the
+	// range of ids that start with it); "" for no bound.
+	IDLow, IDHigh string
+	After         *OrderCursor // nil: the first page
+	Limit         int          // 1 to 500
+}
+
+// OrderPage returns the page of orders q selects, and the cursor of the
+// next page (nil at the end). Every filter is a range of an index
+// (orders_created_idx, orders_status_created_idx, the primary key), and
+// the page is read by keyset, so a page costs the same on millions of
+// rows as on a few.
+func (s *Store) OrderPage(ctx context.Context, q OrderQuery) ([]OrderRow, *OrderCursor, error) {
+	if q.Limit < 1 || q.Limit > 500 {
+		return nil, nil, fmt.Errorf("order page: limit %d is not between 1 and 500: %w", q.Limit, ErrInvalidData)
+	}
+	var afterAt *time.Time
+	var afterID string
+	if q.After != nil {
+		afterAt, afterID = &q.After.CreatedAt, q.After.OrderID
+	}
+	var from, to *time.Time
+	if !q.From.IsZero() {
+		from = &q.From
+	}
+	if !q.To.IsZero() {
+		to = &q.To
+	}
+	// The keyset condition is written so that its created_at bound is an
+	// index condition: created_at <= the cursor's, then the tie broken on
+	// the id.
+	rows, err := s.pool.Query(ctx, `SELECT order_id::text, workflow, coalesce(workflow_version, ''), status, priority,
+		created_at, updated_at
+		FROM orders
+		WHERE ($1 = '' OR status = $1)
+		  AND ($2 = '' OR workflow = $2)
+		  AND ($3::timestamptz IS NULL OR created_at >= $3)
+		  AND ($4::timestamptz IS NULL OR created_at < $4)
+		  AND ($5 = '' OR order_id >= $5::uuid)
+		  AND ($6 = '' OR order_id <= $6::uuid)
+		  AND ($7::timestamptz IS NULL OR (created_at <= $7 AND (created_at < $7 OR order_id < $8::uuid)))
+		ORDER BY created_at DESC, order_id DESC
+		LIMIT $9`, q.Status, q.Workflow, from, to, q.IDLow, q.IDHigh, afterAt, nullUUID(afterID), q.Limit+1)
+	if err != nil {
+		return nil, nil, fmt.Errorf("order page: %w", classify(err))
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (OrderRow, error) {
+		var o OrderRow
+		var prio int16
+		err := row.Scan(&o.OrderID, &o.Workflow, &o.WorkflowVersion, &o.Status, &prio, &o.CreatedAt, &o.UpdatedAt)
+		o.Priority = int(prio)
+		return o, err
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("order page: %w", classify(err))
+	}
+	if len(out) <= q.Limit {
+		return out, nil, nil
+	}
+	out = out[:q.Limit]
+	last := out[len(out)-1]
+	return out, &OrderCursor{CreatedAt: last.CreatedAt, OrderID: last.OrderID}, nil
+}
+
+func nullUUID(id string) *string {
+	if id == "" {
+		return nil
+	}
+	return &id
+}
+
+// Overview is the state store's picture for the console's first page.
+type Overview struct {
+	// Live counts the orders that have not ended, by status (received,
+	// processing, compensating, error): each a range of the status
+	// index, so the cost follows the live work.
+	Live map[string]int64
+	// Recent counts the orders created within Window, by status.
+	Recent map[string]int64
+	Window time.Duration
+	// CompletedPerSecond is the completed orders of Recent over Window;
+	// LatencyP50 and LatencyP95 their time from created to completed.
+	CompletedPerSecond     float64
+	LatencyP50, LatencyP95 time.Duration
+	// TotalEstimate is the planner's estimate of the orders kept (no
+	// count of the table).
+	TotalEstimate int64
+	Steps         StepStats
+	// Leader is the supervisor lease's holder, "" when none holds it;
+	// LeaderUntil when it expires unless renewed.
+	Leader      string
+	LeaderUntil time.Time
+	At          time.Time // the database clock when read
+}
+
+// OrderStatuses are every status an order can have.
+var OrderStatuses = []string{"received", "processing", "compensating", "error", "completed", "failed"}
+
+// LiveOrderStatuses are the statuses of orders that have not ended.
+var LiveOrderStatuses = []string{"received", "processing", "compensating", "error"}
+
+// ReadOverview reads the overview in one read-only snapshot. No query
+// reads the history (transitions) or counts the ended orders of the whole
+// table: the live counts and the recent window are ranges of
+// orders_status_created_idx, the steps' figures come from their partial
+// indexes (Stats), the total is pg_class's estimate.
+func (s *Store) ReadOverview(ctx context.Context, window time.Duration, leaseName string) (Overview, error) {
+	ov := Overview{Live: map[string]int64{}, Recent: map[string]int64{}, Window: window}
+	st, err := s.Stats(ctx)
+	if err != nil {
+		return ov, err
+	}
+	ov.Steps = st
+	err = pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&ov.At); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `SELECT s, (SELECT count(*) FROM orders WHERE status = s) FROM unnest($1::text[]) s`, LiveOrderStatuses)
+		if err != nil {
+			return err
+		}
+		if err := scanCounts(rows, ov.Live); err != nil {
+			return err
+		}
+		rows, err = tx.Query(ctx, `SELECT s, (SELECT count(*) FROM orders WHERE status = s AND created_at >= now() - make_interval(secs => $2))
+			FROM unnest($1::text[]) s`, OrderStatuses, window.Seconds())
+		if err != nil {
+			return err
+		}
+		if err := scanCounts(rows, ov.Recent); err != nil {
+			return err
+		}
+		var p50, p95 *float64
+		if err := tx.QueryRow(ctx, `SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY d), percentile_cont(0.95) WITHIN GROUP (ORDER BY d)
+			FROM (SELECT extract(epoch FROM updated_at - created_at) AS d FROM orders
+			      WHERE status = 'completed' AND created_at >= now() - make_interval(secs => $1)) c`, window.Seconds()).Scan(&p50, &p95); err != nil {
+			return err
+		}
+		if p50 != nil {
+			ov.LatencyP50 = time.Duration(*p50 * float64(time.Second))
+			ov.LatencyP95 = time.Duration(*p95 * float64(time.Second))
+		}
+		if err := tx.QueryRow(ctx, `SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = 'orders'::regclass`).Scan(&ov.TotalEstimate); err != nil {
+			return err
+		}
+		err = tx.QueryRow(ctx, `SELECT holder, expires_at FROM leases WHERE name = $1 AND expires_at > now()`, leaseName).Scan(&ov.Leader, &ov.LeaderUntil)
+		if err == pgx.ErrNoRows {
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return ov, fmt.Errorf("overview: %w", err)
+	}
+	if window > 0 {
+		ov.CompletedPerSecond = float64(ov.Recent["completed"]) / window.Seconds()
+	}
+	return ov, nil
+}
+
+func scanCounts(rows pgx.Rows, into map[string]int64) error {
+	defer rows.Close()
+	for rows.Next() {
+		var k string
+		var n int64
+		if err := rows.Scan(&k, &n); err != nil {
+			return err
+		}
+		into[k] = n
+	}
+	return rows.Err()
+}
+
+// OperatorAction is one entry of operator_actions: what an operator did
+// outside an order's history (a dead letter requeued or discarded).
+type OperatorAction struct {
+	ID        int64     `json:"id"`
+	At        time.Time `json:"at"`
+	DBUser    string    `json:"db_user"`    // the database login that recorded it
+	ClaimedBy string    `json:"claimed_by"` // the name it gave: the console's user
+	Action    string    `json:"action"`
+	Target    string    `json:"target"`
+	Detail    string    `json:"detail,omitempty"`
+}
+
+// RecordOperatorAction records an operator's action as the session's
+// login with claimed as the operator's name.
+func (s *Store) RecordOperatorAction(ctx context.Context, action, target, detail, claimed string) error {
+	if _, err := s.pool.Exec(ctx, `SELECT record_operator_action($1, $2, $3, $4)`, action, target, detail, claimed); err != nil {
+		return fmt.Errorf("record operator action: %w", classify(err))
+	}
+	return nil
+}
+
+// OperatorActions returns the newest recorded operator actions first.
+func (s *Store) OperatorActions(ctx context.Context, limit int) ([]OperatorAction, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id, at, db_user, claimed_by, action, target, detail
+		FROM operator_actions ORDER BY id DESC LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("operator actions: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (OperatorAction, error) {
+		var a OperatorAction
+		err := row.Scan(&a.ID, &a.At, &a.DBUser, &a.ClaimedBy, &a.Action, &a.Target, &a.Detail)
+		return a, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("operator actions: %w", err)
+	}
+	return out, nil
+}
