@@ -93,7 +93,9 @@ func idRange(prefix string) (lo, hi string, err error) {
 	return asUUID(p + strings.Repeat("0", 32-len(p))), asUUID(p + strings.Repeat("f", 32-len(p))), nil
 }
 
-func asUUID(h string) string { return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:] }
+func asUUID(h string) string {
+	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
 
 // encodeCursor writes a page cursor for a link; decodeCursor reads one
 // back, refusing anything it did not write.
