@@ -49,7 +49,7 @@ func buildAndRun(m *testing.M) int {
 	// real process fails the test that drives it, and with failpoints, so
 	// a test can kill a process at a chosen point (SAS_FAILPOINTS).
 	cmd := exec.Command(goBin, "build", "-race", "-tags", "failpoints", "-o", dir+"/", "./cmd/submitter", "./cmd/sasctl",
-		"./cmd/scheduler", "./cmd/agent", "./cmd/remote", "./cmd/supervisor")
+		"./cmd/scheduler", "./cmd/agent", "./cmd/remote", "./cmd/supervisor", "./cmd/console")
 	cmd.Dir = ".."
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {

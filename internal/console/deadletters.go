@@ -127,6 +127,9 @@ func messageIDParam(w http.ResponseWriter, r *http.Request) (string, bool) {
 
 var verbs = map[string]broker.DLQAction{"requeue": broker.Requeue, "discard": broker.Drop}
 
+// doneNotice is the notice each verb's redirect shows.
+var doneNotice = map[string]string{"requeue": "requeued", "discard": "discarded"}
+
 func (s *server) confirmDeadLetter(w http.ResponseWriter, r *http.Request, rq *request) {
 	if !s.mayAct(w, r, rq) {
 		return
@@ -214,5 +217,5 @@ func (s *server) moveDeadLetter(w http.ResponseWriter, r *http.Request, rq *requ
 		s.fail(w, r, rq, http.StatusNotFound, "There is no dead letter "+clip(id, 60)+" in "+q+" (moved already?).")
 		return
 	}
-	s.redirect(w, r, "/dead-letters/"+q, verb+"d")
+	s.redirect(w, r, "/dead-letters/"+q, doneNotice[verb])
 }

@@ -1,0 +1,325 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"sas/internal/badinput"
+	"sas/internal/messages"
+	"sas/internal/testenv"
+)
+
+// consoleUser adds a console user to the users file through sasctl, as an
+// operator would make one.
+func consoleUser(t *testing.T, file, name, role, password string) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(binDir, "sasctl"), "console", "user", "add", name, "--role", role, "--file", file, "--cost", "4")
+	cmd.Env = env()
+	cmd.Stdin = strings.NewReader(password + "\n")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("console user add %s: %v\n%s", name, err, out)
+	}
+}
+
+// consoleLogin makes a database login in role sas_console for this
+// test's schema and returns the database URL that logs in with it: the
+// console then has only that role's rights.
+func consoleLogin(t *testing.T, s stack) string {
+	t.Helper()
+	suffix := "_" + testenv.RandomSuffix(8)
+	t.Cleanup(func() { _, _ = s.pool.Exec(context.Background(), `DROP ROLE IF EXISTS sas_console`+suffix) })
+	out, errOut, code := sasctl(t, append(append([]string{}, s.env...), "SAS_DB_PASSWORD_CONSOLE=console-pw"), "db", "users", "--login-suffix", suffix)
+	if code != 0 || !strings.Contains(out, "sas_console"+suffix) {
+		t.Fatalf("db users: exit %d: %s %s", code, out, errOut)
+	}
+	u, err := url.Parse(s.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword("sas_console"+suffix, "console-pw")
+	return u.String()
+}
+
+// console is a running console with its users file.
+type consoleProc struct {
+	*proc
+	url   string // http://host:port
+	users string
+}
+
+func startConsole(t *testing.T, s stack, extra ...string) consoleProc {
+	t.Helper()
+	users := filepath.Join(t.TempDir(), "users")
+	consoleUser(t, users, "alice", "operator", "alice's password")
+	consoleUser(t, users, "victor", "viewer", "victor's password")
+	addr := freeAddr(t)
+	environ := append(append([]string{}, s.env...), "SAS_DATABASE_URL="+consoleLogin(t, s),
+		"SAS_CONSOLE_ADDR="+addr, "SAS_CONSOLE_USERS_FILE="+users)
+	p := start(t, "console", append(environ, extra...))
+	return consoleProc{proc: p, url: "http://" + addr, users: users}
+}
+
+// browser starts headless Chromium (Debian's chromium, which
+// scripts/services.sh --chromium installs).
+func browser(t *testing.T) context.Context {
+	t.Helper()
+	path, err := exec.LookPath("chromium")
+	if err != nil {
+		testenv.Unavailable(t, "Chromium (scripts/services.sh --chromium installs it)", err)
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(path), chromedp.NoSandbox,
+		chromedp.Flag("disable-dev-shm-usage", true), chromedp.WindowSize(1360, 1000))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(actx)
+	t.Cleanup(func() { cancel(); cancelAlloc() })
+	ctx, cancelTimeout := context.WithTimeout(ctx, 2*time.Minute)
+	t.Cleanup(cancelTimeout)
+	if err := chromedp.Do(ctx); err != nil {
+		testenv.Unavailable(t, "Chromium", err)
+	}
+	return ctx
+}
+
+// screenshots saves full-page screenshots into SAS_CONSOLE_SCREENSHOTS
+// (make console-screenshots points it at docs/console), else into a
+// directory of the test's.
+type screenshots struct {
+	t   *testing.T
+	dir string
+}
+
+func newScreenshots(t *testing.T) screenshots {
+	dir := os.Getenv("SAS_CONSOLE_SCREENSHOTS")
+	if dir == "" {
+		dir = filepath.Join(os.TempDir(), "sas-console-screenshots")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("console screenshots in %s", dir)
+	return screenshots{t, dir}
+}
+
+func (s screenshots) take(ctx context.Context, name string) {
+	s.t.Helper()
+	buf, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		s.t.Fatalf("screenshot %s: %v", name, err)
+	}
+	if err := os.WriteFile(filepath.Join(s.dir, name+".png"), buf, 0o644); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+func do(t *testing.T, ctx context.Context, what string, steps ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	if err := chromedp.Do(ctx, steps...); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// value runs an action that reads something from the page.
+func value[T any](t *testing.T, ctx context.Context, what string, a chromedp.Action[T]) T {
+	t.Helper()
+	v, err := chromedp.Run(ctx, a)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	return v
+}
+
+func text(t *testing.T, ctx context.Context, sel string) string {
+	t.Helper()
+	return value(t, ctx, "read "+sel, chromedp.Text(chromedp.CSS(sel)))
+}
+
+func eval[T any](t *testing.T, ctx context.Context, js string) T {
+	t.Helper()
+	return value(t, ctx, js, chromedp.Evaluate[T](js, chromedp.EvalAwaitPromise))
+}
+
+func login(t *testing.T, ctx context.Context, base, name, password string) {
+	t.Helper()
+	do(t, ctx, "log in as "+name,
+		chromedp.Navigate(base+"/"),
+		chromedp.WaitVisible(chromedp.CSS("#name")),
+		chromedp.SendKeys(chromedp.CSS("#name"), name),
+		chromedp.SendKeys(chromedp.CSS("#password"), password),
+		chromedp.Click(chromedp.CSS("#login")),
+		chromedp.WaitVisible(chromedp.CSS("#live")))
+}
+
+// waitStatus reloads an order's page until it shows status.
+func waitStatus(t *testing.T, ctx context.Context, base, id, status string) {
+	t.Helper()
+	testenv.Eventually(t, 90*time.Second, "order "+id+" shown "+status, func() bool {
+		do(t, ctx, "open order "+id, chromedp.Navigate(base+"/orders/"+id))
+		return text(t, ctx, "#order-status") == status
+	})
+}
+
+// post sends a form POST from the page with fetch, as a forged request
+// would, and returns the answer's status.
+func post(t *testing.T, ctx context.Context, path, form string) int {
+	t.Helper()
+	return eval[int](t, ctx, fmt.Sprintf(`fetch(%q, {method: "POST", headers: {"Content-Type": "application/x-www-form-urlencoded"}, body: %q, redirect: "manual"}).then(r => r.status)`, path, form))
+}
+
+func TestConsoleInABrowser(t *testing.T) {
+	t.Parallel()
+	p := newPipeline(t, pipelineOpts{supervisors: 1})
+	held, held2, toCancel, script := messages.NewID(), messages.NewID(), messages.NewID(), messages.NewID()
+	p.setFaults(t, `{"reserve_inventory":{"fail_orders":["`+held+`","`+held2+`"]},"charge_payment":{"fail_orders":["`+toCancel+`"]}}`)
+	ch := amqpChannel(t)
+	hold := func(id string) []byte {
+		return []byte(strings.Replace(badinput.ValidSubmitJSON(id), `"amount":1999`, `"amount":1999,"workflow":"order_hold"`, 1))
+	}
+	for _, id := range []string{held, held2, toCancel} {
+		publish(t, ch, p.submit, messages.ContentType, id, hold(id))
+	}
+	const payloadScript = `<script>window.pwned = 1</script><img src=x onerror="window.pwned = 2">`
+	xss := strings.Replace(badinput.ValidSubmitJSON(script), `"ACME Ltd"`, fmt.Sprintf("%q", payloadScript), 1)
+	publish(t, ch, p.submit, messages.ContentType, script, []byte(xss))
+	ids := p.submitOrders(t, 20)
+	publish(t, ch, p.submit, messages.ContentType, "not-json-"+testenv.RandomSuffix(6), []byte("this is not JSON"))
+	p.waitTerminal(t, append(ids, held, held2, toCancel, script), 2*time.Minute)
+	for _, id := range []string{held, held2, toCancel} {
+		if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = $1 AND status = 'error'`, id); n != 1 {
+			t.Fatalf("order %s is not held in error", id)
+		}
+	}
+	p.setFaults(t, `{}`)
+
+	c := startConsole(t, p.stack)
+	ctx := browser(t)
+	shots := newScreenshots(t)
+
+	// Nobody gets in without logging in.
+	do(t, ctx, "open an order unlogged", chromedp.Navigate(c.url+"/orders/"+held), chromedp.WaitVisible(chromedp.CSS("#login")))
+	loc := value(t, ctx, "location", chromedp.Location())
+	if !strings.Contains(loc, "/login?next=") {
+		t.Fatalf("an unlogged visit went to %s, want the login page", loc)
+	}
+	shots.take(ctx, "login")
+	do(t, ctx, "a wrong password", chromedp.SendKeys(chromedp.CSS("#name"), "alice"),
+		chromedp.SendKeys(chromedp.CSS("#password"), "guess"), chromedp.Click(chromedp.CSS("#login")),
+		chromedp.WaitVisible(chromedp.CSS("#login-error")))
+
+	// The overview, live.
+	login(t, ctx, c.url, "alice", "alice's password")
+	if got := text(t, ctx, "#live-error"); got != "3" {
+		t.Fatalf("overview shows %s orders in error, want 3", got)
+	}
+	if got := text(t, ctx, "#leader"); !strings.Contains(got, "supervisor") {
+		t.Fatalf("overview shows supervisor leader %q", got)
+	}
+	do(t, ctx, "the overview refreshes itself", chromedp.WaitReady(chromedp.CSS(`#live[data-updated]`)))
+	shots.take(ctx, "overview")
+
+	// Orders filtered by status.
+	do(t, ctx, "filter orders in error", chromedp.Navigate(c.url+"/orders"),
+		chromedp.SetValue(chromedp.CSS("#f-status"), "error"), chromedp.Click(chromedp.CSS("#f-apply")),
+		chromedp.WaitVisible(chromedp.CSS(`#orders[data-status="error"]`)))
+	listed := text(t, ctx, "#orders")
+	for _, id := range []string{held, held2, toCancel} {
+		if !strings.Contains(listed, id) {
+			t.Fatalf("orders in error do not list %s:\n%s", id, listed)
+		}
+	}
+	if strings.Contains(listed, ids[0]) || strings.Count(listed, "completed") > 0 {
+		t.Fatalf("orders in error list other orders:\n%s", listed)
+	}
+	shots.take(ctx, "orders")
+
+	// An order held in error: resubmit it and watch it complete.
+	do(t, ctx, "open the held order", chromedp.Click(chromedp.CSS(`a[href="/orders/`+held+`"]`)), chromedp.WaitVisible(chromedp.CSS("#resubmit")))
+	if got := text(t, ctx, "#order-status"); got != "error" {
+		t.Fatalf("held order shows %q", got)
+	}
+	shots.take(ctx, "order-error")
+	do(t, ctx, "resubmit", chromedp.Click(chromedp.CSS("#resubmit")), chromedp.WaitVisible(chromedp.CSS("#confirm-button")))
+	shots.take(ctx, "confirm")
+	do(t, ctx, "confirm the resubmit", chromedp.Click(chromedp.CSS("#confirm-button")), chromedp.WaitVisible(chromedp.CSS("#notice")))
+	waitStatus(t, ctx, c.url, held, "completed")
+	if h := text(t, ctx, "#history"); !strings.Contains(h, "console:alice") || !strings.Contains(h, "operator resubmit") {
+		t.Fatalf("the history does not record alice's resubmit:\n%s", h)
+	}
+	if n := p.count(t, `SELECT count(*) FROM transitions WHERE order_id = $1 AND reason = 'operator resubmit' AND claimed_by = 'console:alice'
+		AND db_user LIKE 'sas_console_%'`, held); n == 0 {
+		t.Fatal("the resubmit is not recorded with the console's login and user")
+	}
+	shots.take(ctx, "order-completed")
+
+	// Cancel another and see its compensation.
+	do(t, ctx, "cancel", chromedp.Navigate(c.url+"/orders/"+toCancel), chromedp.Click(chromedp.CSS("#cancel")),
+		chromedp.WaitVisible(chromedp.CSS("#confirm-button")), chromedp.Click(chromedp.CSS("#confirm-button")),
+		chromedp.WaitVisible(chromedp.CSS("#notice")))
+	waitStatus(t, ctx, c.url, toCancel, "failed")
+	// Both attempted actions are undone: the inventory reserved and the
+	// payment whose charge failed.
+	want := p.count(t, `SELECT count(*) FROM steps WHERE order_id = $1 AND kind = 'compensation' AND process_state = 'processed'`, toCancel)
+	if compensated := eval[int](t, ctx, `document.querySelectorAll(".ev-compensated").length`); compensated != 2 || want != 2 {
+		t.Fatalf("the cancelled order shows %d compensations, the store has %d, want 2", compensated, want)
+	}
+	shots.take(ctx, "order-cancelled")
+
+	// A payload holding a script shows it as text and runs nothing.
+	do(t, ctx, "open the order with a script", chromedp.Navigate(c.url+"/orders/"+script), chromedp.WaitVisible(chromedp.CSS("#payload")))
+	if eval[bool](t, ctx, `window.pwned !== undefined || document.querySelector("#payload script, #payload img") !== null`) {
+		t.Fatal("the payload's markup became part of the page")
+	}
+	if got := text(t, ctx, "#payload"); !strings.Contains(got, "<script>window.pwned = 1</script>") {
+		t.Fatalf("the payload is not shown as text:\n%s", got)
+	}
+
+	// A POST without the CSRF token is refused, even from an operator.
+	if status := post(t, ctx, "/orders/"+held2+"/cancel", ""); status != 403 {
+		t.Fatalf("a cancel without the CSRF token answered %d, want 403", status)
+	}
+	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = $1 AND status = 'error'`, held2); n != 1 {
+		t.Fatal("a POST without the CSRF token changed the order")
+	}
+
+	// The other pages.
+	do(t, ctx, "alerts", chromedp.Navigate(c.url+"/alerts"), chromedp.WaitVisible(chromedp.CSS("#alerts")))
+	shots.take(ctx, "alerts")
+	do(t, ctx, "workflows", chromedp.Navigate(c.url+"/workflows"), chromedp.WaitVisible(chromedp.CSS(".workflow")))
+	shots.take(ctx, "workflows")
+	do(t, ctx, "dead letters", chromedp.Navigate(c.url+"/dead-letters/submit"), chromedp.WaitVisible(chromedp.CSS("#letters")))
+	if got := text(t, ctx, "#letters"); !strings.Contains(got, "not_json") {
+		t.Fatalf("the submit queue's dead letters do not show the bad message:\n%s", got)
+	}
+	shots.take(ctx, "dead-letters")
+	do(t, ctx, "discard a dead letter", chromedp.Click(chromedp.CSS(`#letters a.danger`)),
+		chromedp.WaitVisible(chromedp.CSS("#confirm-button")), chromedp.Click(chromedp.CSS("#confirm-button")),
+		chromedp.WaitVisible(chromedp.CSS("#notice")))
+	if n := p.count(t, `SELECT count(*) FROM operator_actions WHERE action = 'dead letter discard' AND claimed_by = 'console:alice'`); n != 1 {
+		t.Fatal("the discard is not recorded")
+	}
+
+	// A viewer sees no action, and a forged POST as a viewer is refused.
+	do(t, ctx, "log out", chromedp.Navigate(c.url+"/"), chromedp.Click(chromedp.CSS(`form[action="/logout"] button`)),
+		chromedp.WaitVisible(chromedp.CSS("#login")))
+	login(t, ctx, c.url, "victor", "victor's password")
+	do(t, ctx, "the held order as a viewer", chromedp.Navigate(c.url+"/orders/"+held2), chromedp.WaitVisible(chromedp.CSS("#order-status")))
+	if buttons := eval[int](t, ctx, `document.querySelectorAll("#resubmit, #cancel, .actions a, a.button").length`); buttons != 0 {
+		t.Fatalf("a viewer sees %d action buttons", buttons)
+	}
+	shots.take(ctx, "order-viewer")
+	csrf := value(t, ctx, "the viewer's token", chromedp.AttributeValue(chromedp.CSS(`form[action="/logout"] input[name="csrf"]`), "value")).Value
+	if status := post(t, ctx, "/orders/"+held2+"/cancel", "csrf="+url.QueryEscape(csrf)); status != 403 {
+		t.Fatalf("a viewer's cancel answered %d, want 403", status)
+	}
+	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = $1 AND status = 'error'`, held2); n != 1 {
+		t.Fatal("a viewer's forged POST changed the order")
+	}
+}
