@@ -180,11 +180,8 @@ func TestConsoleInABrowser(t *testing.T) {
 	held, held2, toCancel, script := messages.NewID(), messages.NewID(), messages.NewID(), messages.NewID()
 	p.setFaults(t, `{"reserve_inventory":{"fail_orders":["`+held+`","`+held2+`"]},"charge_payment":{"fail_orders":["`+toCancel+`"]}}`)
 	ch := amqpChannel(t)
-	hold := func(id string) []byte {
-		return []byte(strings.Replace(badinput.ValidSubmitJSON(id), `"amount":1999`, `"amount":1999,"workflow":"order_hold"`, 1))
-	}
 	for _, id := range []string{held, held2, toCancel} {
-		publish(t, ch, p.submit, messages.ContentType, id, hold(id))
+		publish(t, ch, p.submit, messages.ContentType, id, holdOrder(id))
 	}
 	const payloadScript = `<script>window.pwned = 1</script><img src=x onerror="window.pwned = 2">`
 	xss := strings.Replace(badinput.ValidSubmitJSON(script), `"ACME Ltd"`, fmt.Sprintf("%q", payloadScript), 1)

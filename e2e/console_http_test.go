@@ -1,0 +1,271 @@
+package e2e
+
+import (
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"sas/internal/badinput"
+	"sas/internal/messages"
+	"sas/internal/testenv"
+)
+
+// webClient is a browser without JavaScript: it keeps the cookies it is
+// given (Secure ones too: the test talks plain HTTP on loopback) and
+// follows no redirect.
+type webClient struct {
+	t       *testing.T
+	base    string
+	cookies map[string]*http.Cookie
+	http    *http.Client
+	last    *http.Response
+}
+
+func newWebClient(t *testing.T, base string) *webClient {
+	return &webClient{t: t, base: base, cookies: map[string]*http.Cookie{}, http: &http.Client{
+		Timeout:       30 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}}
+}
+
+func (c *webClient) do(method, path string, form url.Values) (int, string) {
+	c.t.Helper()
+	var body io.Reader
+	if form != nil {
+		body = strings.NewReader(form.Encode())
+	}
+	req, err := http.NewRequest(method, c.base+path, body)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if form != nil {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
+	for _, ck := range c.cookies {
+		req.AddCookie(&http.Cookie{Name: ck.Name, Value: ck.Value})
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		c.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, ck := range resp.Cookies() {
+		if ck.MaxAge < 0 {
+			delete(c.cookies, ck.Name)
+		} else {
+			c.cookies[ck.Name] = ck
+		}
+	}
+	c.last = resp
+	return resp.StatusCode, string(b)
+}
+
+var csrfRE = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+
+func csrfOf(t *testing.T, page string) string {
+	t.Helper()
+	m := csrfRE.FindStringSubmatch(page)
+	if m == nil {
+		t.Fatalf("no CSRF token on the page:\n%s", page)
+	}
+	return m[1]
+}
+
+// login logs in with the form, as a browser would, and returns the status.
+func (c *webClient) login(name, password string) int {
+	c.t.Helper()
+	_, page := c.do("GET", "/login", nil)
+	status, _ := c.do("POST", "/login", url.Values{"csrf": {csrfOf(c.t, page)}, "name": {name}, "password": {password}, "next": {"/"}})
+	return status
+}
+
+// TestConsoleAccess: nobody gets in without logging in; the cookies are
+// Secure, HttpOnly and SameSite; the login form has its own CSRF token;
+// failed logins are rate-limited; a user removed from the file is logged
+// out; a read-only console refuses every action.
+func TestConsoleAccess(t *testing.T) {
+	t.Parallel()
+	p := newPipeline(t, pipelineOpts{})
+	c := startConsole(t, p.stack, "SAS_CONSOLE_LOGIN_ATTEMPTS=3", "SAS_CONSOLE_LOGIN_WINDOW=1m")
+
+	anon := newWebClient(t, c.url)
+	for _, path := range []string{"/", "/orders", "/orders/" + messages.NewID(), "/alerts", "/dead-letters", "/workflows"} {
+		if status, _ := anon.do("GET", path, nil); status != http.StatusSeeOther || !strings.HasPrefix(anon.last.Header.Get("Location"), "/login?next=") {
+			t.Errorf("GET %s unlogged: %d to %q, want 303 to the login page", path, status, anon.last.Header.Get("Location"))
+		}
+	}
+	if status, _ := anon.do("POST", "/orders/"+messages.NewID()+"/cancel", url.Values{"csrf": {"x"}}); status != http.StatusForbidden {
+		t.Errorf("POST unlogged: %d, want 403", status)
+	}
+	if status, _ := anon.do("GET", "/overview/live", nil); status != http.StatusUnauthorized {
+		t.Errorf("live overview unlogged: %d, want 401", status)
+	}
+	// The login form's token must come back with it.
+	if status, _ := anon.do("POST", "/login", url.Values{"name": {"alice"}, "password": {"alice's password"}}); status != http.StatusForbidden {
+		t.Errorf("a login without the form's token: %d, want 403", status)
+	}
+
+	alice := newWebClient(t, c.url)
+	if status := alice.login("alice", "alice's password"); status != http.StatusSeeOther {
+		t.Fatalf("alice logs in: %d", status)
+	}
+	session := alice.cookies["sas_session"]
+	if session == nil || !session.Secure || !session.HttpOnly || session.SameSite != http.SameSiteStrictMode || session.Path != "/" {
+		t.Fatalf("session cookie %+v: want Secure, HttpOnly, SameSite=Strict", session)
+	}
+	if status, page := alice.do("GET", "/", nil); status != 200 || !strings.Contains(page, `id="live"`) {
+		t.Fatalf("overview: %d", status)
+	}
+	// A login from another site is refused.
+	_, page := anon.do("GET", "/login", nil)
+	req, _ := http.NewRequest("POST", c.url+"/login", strings.NewReader(url.Values{"csrf": {csrfOf(t, page)}, "name": {"alice"}, "password": {"alice's password"}}.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Origin", "https://evil.example")
+	req.AddCookie(&http.Cookie{Name: "sas_login", Value: anon.cookies["sas_login"].Value})
+	if resp, err := anon.http.Do(req); err != nil || resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("a cross-site login: %v %v, want 403", resp.Status, err)
+	}
+
+	// Failed logins: after 3, even the right password waits, from this
+	// address and for this name.
+	mallory := newWebClient(t, c.url)
+	for i := range 3 {
+		if status := mallory.login("victor", "guess"); status != http.StatusUnauthorized {
+			t.Fatalf("wrong password %d: %d, want 401", i, status)
+		}
+	}
+	if status := mallory.login("victor", "victor's password"); status != http.StatusTooManyRequests || mallory.last.Header.Get("Retry-After") == "" {
+		t.Fatalf("the 4th try: %d (Retry-After %q), want 429 with Retry-After", status, mallory.last.Header.Get("Retry-After"))
+	}
+	if status := newWebClient(t, c.url).login("alice", "alice's password"); status != http.StatusTooManyRequests {
+		t.Fatalf("another name from the same address: %d, want 429", status)
+	}
+	// alice's session is not touched by it.
+	if status, _ := alice.do("GET", "/orders", nil); status != 200 {
+		t.Fatalf("alice after the lockout: %d", status)
+	}
+
+	// A user removed from the file is logged out at the next request.
+	data, err := os.ReadFile(c.users)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kept []string
+	for _, l := range strings.Split(string(data), "\n") {
+		if !strings.HasPrefix(l, "alice:") {
+			kept = append(kept, l)
+		}
+	}
+	if err := os.WriteFile(c.users, []byte(strings.Join(kept, "\n")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "alice logged out", func() bool {
+		status, _ := alice.do("GET", "/orders", nil)
+		return status == http.StatusSeeOther
+	})
+}
+
+// TestConsoleReadOnly: with SAS_CONSOLE_READ_ONLY an operator sees no
+// action and every action is refused.
+func TestConsoleReadOnly(t *testing.T) {
+	t.Parallel()
+	p := newPipeline(t, pipelineOpts{})
+	held := messages.NewID()
+	p.setFaults(t, `{"reserve_inventory":{"fail_orders":["`+held+`"]}}`)
+	publish(t, amqpChannel(t), p.submit, messages.ContentType, held, holdOrder(held))
+	p.waitTerminal(t, []string{held}, time.Minute)
+	c := startConsole(t, p.stack, "SAS_CONSOLE_READ_ONLY=true")
+	alice := newWebClient(t, c.url)
+	if status := alice.login("alice", "alice's password"); status != http.StatusSeeOther {
+		t.Fatalf("login: %d", status)
+	}
+	status, page := alice.do("GET", "/orders/"+held, nil)
+	if status != 200 || !strings.Contains(page, "read-only") || strings.Contains(page, `id="resubmit"`) || strings.Contains(page, `id="cancel"`) {
+		t.Fatalf("order page on a read-only console: %d, actions shown or no read-only badge", status)
+	}
+	if status, _ := alice.do("GET", "/orders/"+held+"/cancel", nil); status != http.StatusForbidden {
+		t.Fatalf("the cancel's confirmation: %d, want 403", status)
+	}
+	if status, _ := alice.do("POST", "/orders/"+held+"/cancel", url.Values{"csrf": {csrfOf(t, page)}}); status != http.StatusForbidden {
+		t.Fatalf("a cancel on a read-only console: %d, want 403", status)
+	}
+	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = $1 AND status = 'error'`, held); n != 1 {
+		t.Fatal("a read-only console changed the order")
+	}
+}
+
+// holdOrder is a valid order of the workflow order_hold, held in error
+// when a step fails.
+func holdOrder(id string) []byte {
+	return []byte(strings.Replace(badinput.ValidSubmitJSON(id), `"amount":1999`, `"amount":1999,"workflow":"order_hold"`, 1))
+}
+
+// TestConsoleRefusesBadInput: every parameter is checked; what is not
+// there is a 404 page; nothing gives a 500; what the request carried is
+// shown escaped.
+func TestConsoleRefusesBadInput(t *testing.T) {
+	t.Parallel()
+	p := newPipeline(t, pipelineOpts{})
+	ids := p.submitOrders(t, 3)
+	p.waitTerminal(t, ids, time.Minute)
+	c := startConsole(t, p.stack)
+	alice := newWebClient(t, c.url)
+	if status := alice.login("alice", "alice's password"); status != http.StatusSeeOther {
+		t.Fatalf("login: %d", status)
+	}
+	_, page := alice.do("GET", "/", nil)
+	csrf := csrfOf(t, page)
+	for _, tc := range []struct {
+		method, path string
+		want         int
+	}{
+		{"GET", "/orders/" + ids[0], 200},
+		{"GET", "/orders/not-an-id", 404},
+		{"GET", "/orders/" + messages.NewID(), 404},
+		{"GET", "/orders/%3Cscript%3Ealert(1)%3C%2Fscript%3E", 404},
+		{"GET", "/orders?status=bogus", 400},
+		{"GET", "/orders?status=%3Cscript%3E", 400},
+		{"GET", "/orders?workflow=%3Cscript%3Ealert(1)%3C%2Fscript%3E", 400},
+		{"GET", "/orders?from=yesterday", 400},
+		{"GET", "/orders?to=2026-13-45T99:00", 400},
+		{"GET", "/orders?id=xyz", 400},
+		{"GET", "/orders?id=" + strings.Repeat("a", 40), 400},
+		{"GET", "/orders?after=not-a-cursor", 400},
+		{"GET", "/orders?after=" + url.QueryEscape("MjAyNi0wMS0wMVQwMDowMDowMFp8bm90LWEtdXVpZA"), 400},
+		{"GET", "/orders?id=" + ids[0][:6], 200},
+		{"GET", "/orders?from=2020-01-01T00:00&to=2099-01-01T00:00&status=completed&workflow=order", 200},
+		{"GET", "/orders/" + ids[0] + "/resubmit?step=abc", 400},
+		{"GET", "/orders/" + ids[0] + "/resubmit?step=99", 404},
+		{"GET", "/alerts?all=yes", 400},
+		{"GET", "/alerts/abc/ack", 404},
+		{"GET", "/alerts/99999/ack", 404},
+		{"GET", "/dead-letters/no-such-queue", 404},
+		{"GET", "/dead-letters/submit/some-id/explode", 404},
+		{"GET", "/no/such/page", 404},
+		{"POST", "/orders/" + messages.NewID() + "/cancel", 404},
+		{"POST", "/orders/" + ids[0] + "/cancel", 409},
+		{"POST", "/orders/" + ids[0] + "/resubmit", 409},
+		{"POST", "/alerts/424242/ack", 404},
+	} {
+		var form url.Values
+		if tc.method == "POST" {
+			form = url.Values{"csrf": {csrf}}
+		}
+		status, body := alice.do(tc.method, tc.path, form)
+		if status != tc.want {
+			t.Errorf("%s %s: %d, want %d\n%s", tc.method, tc.path, status, tc.want, body)
+		}
+		if strings.Contains(body, "<script>") {
+			t.Errorf("%s %s: the answer holds an unescaped <script>", tc.method, tc.path)
+		}
+	}
+	if strings.Contains(c.logText(), "panic") {
+		t.Fatalf("the console panicked:\n%s", c.tail())
+	}
+}
