@@ -9,7 +9,7 @@ GOVULNCHECK := golang.org/x/vuln/cmd/govulncheck@v1.8.0
 FUZZTIME ?= 30s
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all build services test lint fmt-check fuzz demo chaos bench clean
+.PHONY: all build services test lint fmt-check fuzz demo chaos bench clean console-screenshots
 
 all: build
 
@@ -88,6 +88,11 @@ bench: build
 	$(BENCH_RUN) --workflow order --label order-max --json bench-order-max.json
 	$(BENCH_RUN) --workflow order --rate 150 --label order-150 --json bench-order-150.json
 	$(BENCH_RUN) --workflow order --rate 500 --drain 30s --label order-500 --json bench-order-500.json
+
+# The console's browser test (headless Chromium) with its screenshots
+# written into docs/console/, the pictures the README shows.
+console-screenshots: services
+	SAS_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console $(GO) test -count=1 -run '^TestConsoleInABrowser$$' ./e2e/
 
 clean:
 	rm -rf bin

@@ -74,6 +74,7 @@ func TestComposeFileIsValid(t *testing.T) {
 		"scheduler":  {"sas_scheduler_login@", "amqp://sas-scheduler@", "SAS_DATABASE_PASSWORD", "SAS_AMQP_PASSWORD"},
 		"agent":      {"amqp://sas-agent@", "SAS_AMQP_PASSWORD"},
 		"supervisor": {"sas_supervisor_login@", "SAS_DATABASE_PASSWORD"},
+		"console":    {"sas_console_login@", "amqp://sas-sasctl@", "SAS_DATABASE_PASSWORD", "SAS_AMQP_PASSWORD", "127.0.0.1"},
 	} {
 		sec := section(string(out), "  "+svc+":")
 		for _, w := range want {

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"sas/internal/agent"
+	"sas/internal/console"
 	"sas/internal/remote"
 	"sas/internal/scheduler"
 	"sas/internal/submitter"
@@ -45,7 +46,7 @@ func TestReadmeDocumentsEveryVariable(t *testing.T) {
 		t.Fatal(err)
 	}
 	readme := string(raw)
-	for _, cfg := range []any{submitter.Config{}, scheduler.Config{}, agent.Config{}, remote.Config{}, supervisor.Config{}} {
+	for _, cfg := range []any{submitter.Config{}, scheduler.Config{}, agent.Config{}, remote.Config{}, supervisor.Config{}, console.Config{}} {
 		for _, v := range envVars(reflect.TypeOf(cfg)) {
 			at := strings.Index(readme, "| `"+v.name+"` |")
 			if at < 0 {
@@ -64,7 +65,7 @@ func TestReadmeDocumentsEveryVariable(t *testing.T) {
 // a service at once with exit status 2 and says which.
 func TestServicesRejectBadConfiguration(t *testing.T) {
 	t.Parallel()
-	for _, name := range []string{"submitter", "scheduler", "agent", "remote", "supervisor"} {
+	for _, name := range []string{"submitter", "scheduler", "agent", "remote", "supervisor", "console"} {
 		for _, bad := range []string{"SAS_LOG_LEVEL=shout", "SAS_SHUTDOWN_TIMEOUT=soon"} {
 			if name == "remote" && bad == "SAS_SHUTDOWN_TIMEOUT=soon" {
 				bad = "SAS_REMOTE_SEED=minus-one"
@@ -93,7 +94,7 @@ func TestServicesRefuseURLsThatHideTheirPassword(t *testing.T) {
 		"SAS_DATABASE_URL=postgres://sas:Top@Secret@127.0.0.1:5432/sas",
 	} {
 		setting, _, _ := strings.Cut(bad, "=")
-		for _, name := range []string{"submitter", "scheduler", "agent", "supervisor", "sasctl"} {
+		for _, name := range []string{"submitter", "scheduler", "agent", "supervisor", "console", "sasctl"} {
 			args := []string{}
 			if name == "sasctl" {
 				args = []string{"orders", "list"}

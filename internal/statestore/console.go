@@ -117,7 +117,7 @@ type Overview struct {
 	CompletedPerSecond     float64
 	LatencyP50, LatencyP95 time.Duration
 	// TotalEstimate is the planner's estimate of the orders kept (no
-	// count of the table).
+	// count of the table); -1 before the table was first analyzed.
 	TotalEstimate int64
 	Steps         StepStats
 	// Leader is the supervisor lease's holder, "" when none holds it;
@@ -174,7 +174,7 @@ func (s *Store) ReadOverview(ctx context.Context, window time.Duration, leaseNam
 			ov.LatencyP50 = time.Duration(*p50 * float64(time.Second))
 			ov.LatencyP95 = time.Duration(*p95 * float64(time.Second))
 		}
-		if err := tx.QueryRow(ctx, `SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = 'orders'::regclass`).Scan(&ov.TotalEstimate); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT reltuples::bigint FROM pg_class WHERE oid = 'orders'::regclass`).Scan(&ov.TotalEstimate); err != nil {
 			return err
 		}
 		err = tx.QueryRow(ctx, `SELECT holder, expires_at FROM leases WHERE name = $1 AND expires_at > now()`, leaseName).Scan(&ov.Leader, &ov.LeaderUntil)
