@@ -9,7 +9,7 @@ GOVULNCHECK := golang.org/x/vuln/cmd/govulncheck@v1.8.0
 FUZZTIME ?= 30s
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all build services test lint fmt-check fuzz demo chaos bench clean console-screenshots
+.PHONY: all build services test lint fmt-check fuzz demo chaos bench clean console-screenshots bench-console
 
 all: build
 
@@ -93,6 +93,16 @@ bench: build
 # written into docs/console/, the pictures the README shows.
 console-screenshots: services
 	SAS_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console $(GO) test -count=1 -run '^TestConsoleInABrowser$$' ./e2e/
+
+# The console's benchmark (docs/BENCHMARKS.md): BENCH_CONSOLE_ORDERS orders
+# written into a schema of sas_test, then the orders list (deep pages,
+# every filter), the order page and the overview timed by their
+# Server-Timing, and the overview's query plans; binaries built without
+# the race detector. Takes about 10 min at 1,000,000 orders.
+BENCH_CONSOLE_ORDERS ?= 1000000
+bench-console: services
+	SAS_E2E_RACE=off SAS_CONSOLE_BENCH_ORDERS=$(BENCH_CONSOLE_ORDERS) $(GO) test -count=1 -timeout 60m \
+		-run '^TestConsoleAtAMillionOrders$$' -v ./e2e/ | tee bench-console.txt
 
 clean:
 	rm -rf bin

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -48,8 +49,14 @@ func buildAndRun(m *testing.M) int {
 	// The binaries are built with the race detector, so a data race in a
 	// real process fails the test that drives it, and with failpoints, so
 	// a test can kill a process at a chosen point (SAS_FAILPOINTS).
-	cmd := exec.Command(goBin, "build", "-race", "-tags", "failpoints", "-o", dir+"/", "./cmd/submitter", "./cmd/sasctl",
-		"./cmd/scheduler", "./cmd/agent", "./cmd/remote", "./cmd/supervisor", "./cmd/console")
+	// SAS_E2E_RACE=off builds them without it, for a benchmark's timings
+	// (make bench-console).
+	args := []string{"build", "-race", "-tags", "failpoints", "-o", dir + "/", "./cmd/submitter", "./cmd/sasctl",
+		"./cmd/scheduler", "./cmd/agent", "./cmd/remote", "./cmd/supervisor", "./cmd/console"}
+	if os.Getenv("SAS_E2E_RACE") == "off" {
+		args = slices.DeleteFunc(args, func(a string) bool { return a == "-race" })
+	}
+	cmd := exec.Command(goBin, args...)
 	cmd.Dir = ".."
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {

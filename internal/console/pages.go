@@ -71,6 +71,7 @@ func (s *server) overviewLive(w http.ResponseWriter, r *http.Request, rq *reques
 		return
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	serverTiming(w, r)
 	if err := s.pages["overview.html"].ExecuteTemplate(w, "live", page{Data: d, CanAct: s.canAct(rq)}); err != nil {
 		s.logger.Error("render", "page", "overview live", "err", err)
 	}

@@ -146,7 +146,7 @@ func (s *server) secure(h http.Handler) http.Handler {
 		if s.cfg.TLSCertFile != "" {
 			hd.Set("Strict-Transport-Security", "max-age=31536000")
 		}
-		h.ServeHTTP(w, r)
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), startKey{}, time.Now())))
 	})
 }
 
@@ -261,8 +261,19 @@ func (s *server) render(w http.ResponseWriter, r *http.Request, rq *request, sta
 		return
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	serverTiming(w, r)
 	w.WriteHeader(status)
 	_, _ = w.Write([]byte(b.String()))
+}
+
+type startKey struct{}
+
+// serverTiming tells the browser (and the benchmark) how long the server
+// took to make the answer, its queries included: Server-Timing app;dur=ms.
+func serverTiming(w http.ResponseWriter, r *http.Request) {
+	if start, ok := r.Context().Value(startKey{}).(time.Time); ok {
+		w.Header().Set("Server-Timing", fmt.Sprintf("app;dur=%.2f", float64(time.Since(start).Microseconds())/1000))
+	}
 }
 
 // notices are the messages an action's redirect may show: the query says

@@ -3,6 +3,7 @@ package statestore
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -149,15 +150,15 @@ func (s *Store) ReadOverview(ctx context.Context, window time.Duration, leaseNam
 		if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&ov.At); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, `SELECT s, (SELECT count(*) FROM orders WHERE status = s) FROM unnest($1::text[]) s`, LiveOrderStatuses)
+		q := overviewSQL(window, leaseName)
+		rows, err := tx.Query(ctx, q[0].sql, q[0].args...)
 		if err != nil {
 			return err
 		}
 		if err := scanCounts(rows, ov.Live); err != nil {
 			return err
 		}
-		rows, err = tx.Query(ctx, `SELECT s, (SELECT count(*) FROM orders WHERE status = s AND created_at >= now() - make_interval(secs => $2))
-			FROM unnest($1::text[]) s`, OrderStatuses, window.Seconds())
+		rows, err = tx.Query(ctx, q[1].sql, q[1].args...)
 		if err != nil {
 			return err
 		}
@@ -165,19 +166,17 @@ func (s *Store) ReadOverview(ctx context.Context, window time.Duration, leaseNam
 			return err
 		}
 		var p50, p95 *float64
-		if err := tx.QueryRow(ctx, `SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY d), percentile_cont(0.95) WITHIN GROUP (ORDER BY d)
-			FROM (SELECT extract(epoch FROM updated_at - created_at) AS d FROM orders
-			      WHERE status = 'completed' AND created_at >= now() - make_interval(secs => $1)) c`, window.Seconds()).Scan(&p50, &p95); err != nil {
+		if err := tx.QueryRow(ctx, q[2].sql, q[2].args...).Scan(&p50, &p95); err != nil {
 			return err
 		}
 		if p50 != nil {
 			ov.LatencyP50 = time.Duration(*p50 * float64(time.Second))
 			ov.LatencyP95 = time.Duration(*p95 * float64(time.Second))
 		}
-		if err := tx.QueryRow(ctx, `SELECT reltuples::bigint FROM pg_class WHERE oid = 'orders'::regclass`).Scan(&ov.TotalEstimate); err != nil {
+		if err := tx.QueryRow(ctx, q[3].sql, q[3].args...).Scan(&ov.TotalEstimate); err != nil {
 			return err
 		}
-		err = tx.QueryRow(ctx, `SELECT holder, expires_at FROM leases WHERE name = $1 AND expires_at > now()`, leaseName).Scan(&ov.Leader, &ov.LeaderUntil)
+		err = tx.QueryRow(ctx, q[4].sql, q[4].args...).Scan(&ov.Leader, &ov.LeaderUntil)
 		if err == pgx.ErrNoRows {
 			return nil
 		}
@@ -190,6 +189,53 @@ func (s *Store) ReadOverview(ctx context.Context, window time.Duration, leaseNam
 		ov.CompletedPerSecond = float64(ov.Recent["completed"]) / window.Seconds()
 	}
 	return ov, nil
+}
+
+type namedQuery struct {
+	name string
+	sql  string
+	args []any
+}
+
+// overviewSQL is every query of ReadOverview, in its order.
+func overviewSQL(window time.Duration, leaseName string) []namedQuery {
+	return []namedQuery{
+		{"live orders by status", `SELECT s, (SELECT count(*) FROM orders WHERE status = s) FROM unnest($1::text[]) s`,
+			[]any{LiveOrderStatuses}},
+		{"recent orders by status", `SELECT s, (SELECT count(*) FROM orders WHERE status = s AND created_at >= now() - make_interval(secs => $2))
+			FROM unnest($1::text[]) s`, []any{OrderStatuses, window.Seconds()}},
+		{"recent latency", `SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY d), percentile_cont(0.95) WITHIN GROUP (ORDER BY d)
+			FROM (SELECT extract(epoch FROM updated_at - created_at) AS d FROM orders
+			      WHERE status = 'completed' AND created_at >= now() - make_interval(secs => $1)) c`, []any{window.Seconds()}},
+		{"orders kept (estimate)", `SELECT reltuples::bigint FROM pg_class WHERE oid = 'orders'::regclass`, nil},
+		{"supervisor leader", `SELECT holder, expires_at FROM leases WHERE name = $1 AND expires_at > now()`, []any{leaseName}},
+		{"steps by state, oldest pending and processing, open alerts", statsSQL, nil},
+	}
+}
+
+// Plan is one query's plan as EXPLAIN (ANALYZE, BUFFERS) prints it.
+type Plan struct {
+	Name string
+	Plan string
+}
+
+// ExplainOverview runs every query of ReadOverview under EXPLAIN
+// (ANALYZE, BUFFERS): what docs/BENCHMARKS.md shows, and what a test
+// checks reads no table whole.
+func (s *Store) ExplainOverview(ctx context.Context, window time.Duration, leaseName string) ([]Plan, error) {
+	var out []Plan
+	for _, q := range overviewSQL(window, leaseName) {
+		rows, err := s.pool.Query(ctx, `EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) `+q.sql, q.args...)
+		if err != nil {
+			return nil, fmt.Errorf("explain %s: %w", q.name, err)
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return nil, fmt.Errorf("explain %s: %w", q.name, err)
+		}
+		out = append(out, Plan{q.name, strings.Join(lines, "\n")})
+	}
+	return out, nil
 }
 
 func scanCounts(rows pgx.Rows, into map[string]int64) error {

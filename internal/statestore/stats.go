@@ -21,6 +21,16 @@ type StepStats struct {
 	OpenAlerts int
 }
 
+const statsSQL = `SELECT
+	(SELECT count(*) FROM steps WHERE process_state = 'pending'),
+	(SELECT count(*) FROM steps WHERE process_state = 'processing'),
+	(SELECT count(*) FROM steps WHERE process_state = 'error'),
+	coalesce((SELECT (extract(epoch FROM now() - min(available_at)) * 1000)::bigint
+	          FROM steps WHERE process_state = 'pending' AND available_at <= now()), 0),
+	coalesce((SELECT (extract(epoch FROM now() - min(complete_by - timeout)) * 1000)::bigint
+	          FROM steps WHERE process_state = 'processing'), 0),
+	(SELECT count(*) FROM alerts WHERE acked_at IS NULL)`
+
 // LiveStates are the states Stats counts.
 var LiveStates = []string{StepPending, StepProcessing, StepError}
 
@@ -31,15 +41,7 @@ func (s *Store) Stats(ctx context.Context) (StepStats, error) {
 	st := StepStats{ByState: map[string]int{}}
 	var pending, processing, errored int
 	var pendingMS, processingMS int64
-	err := s.pool.QueryRow(ctx, `SELECT
-		(SELECT count(*) FROM steps WHERE process_state = 'pending'),
-		(SELECT count(*) FROM steps WHERE process_state = 'processing'),
-		(SELECT count(*) FROM steps WHERE process_state = 'error'),
-		coalesce((SELECT (extract(epoch FROM now() - min(available_at)) * 1000)::bigint
-		          FROM steps WHERE process_state = 'pending' AND available_at <= now()), 0),
-		coalesce((SELECT (extract(epoch FROM now() - min(complete_by - timeout)) * 1000)::bigint
-		          FROM steps WHERE process_state = 'processing'), 0),
-		(SELECT count(*) FROM alerts WHERE acked_at IS NULL)`).Scan(&pending, &processing, &errored, &pendingMS, &processingMS, &st.OpenAlerts)
+	err := s.pool.QueryRow(ctx, statsSQL).Scan(&pending, &processing, &errored, &pendingMS, &processingMS, &st.OpenAlerts)
 	if err != nil {
 		return st, fmt.Errorf("step stats: %w", err)
 	}
