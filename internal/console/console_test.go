@@ -1,0 +1,172 @@
+package console
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/bcrypt"
+
+	"sas/internal/statestore"
+)
+
+func TestUsersFile(t *testing.T) {
+	t.Parallel()
+	hash, err := HashPassword("s3cret: any / char #", bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, replaced := AddUser(nil, "alice", Operator, hash)
+	if replaced {
+		t.Fatal("a new user was said to replace one")
+	}
+	data, _ = AddUser(append([]byte("# console users\n"), data...), "bob", Viewer, hash)
+	data, replaced = AddUser(data, "alice", Viewer, hash)
+	if !replaced || strings.Count(string(data), "alice:") != 1 || !strings.HasPrefix(string(data), "# console users\n") {
+		t.Fatalf("replacing alice:\n%s", data)
+	}
+	users, err := ParseUsers("users", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if users["alice"].Role != Viewer || users["bob"].Role != Viewer || len(users) != 2 {
+		t.Fatalf("users %v", users)
+	}
+	// The same entries from the environment, separated by ';'.
+	env := strings.ReplaceAll(strings.TrimSpace(strings.SplitN(string(data), "\n", 2)[1]), "\n", ";")
+	if u, err := ParseUsers("SAS_CONSOLE_USERS", []byte(env)); err != nil || len(u) != 2 {
+		t.Fatalf("from the environment: %v %v", u, err)
+	}
+	for _, bad := range []string{
+		"alice:operator",                                    // no hash
+		"alice:admin:" + hash,                               // no such role
+		"al ice:operator:" + hash,                           // a name with a space
+		"alice:operator:plaintext",                          // not a hash
+		"alice:operator:" + hash + "\nalice:viewer:" + hash, // twice
+	} {
+		if _, err := ParseUsers("users", []byte(bad)); err == nil {
+			t.Errorf("users file %q accepted", bad)
+		}
+	}
+	if _, err := HashPassword("", bcrypt.MinCost); err == nil {
+		t.Error("an empty password is hashed")
+	}
+	if _, err := HashPassword(strings.Repeat("x", 73), bcrypt.MinCost); err == nil {
+		t.Error("a password longer than bcrypt reads is hashed")
+	}
+}
+
+func TestDirectoryAuthenticates(t *testing.T) {
+	t.Parallel()
+	hash, _ := HashPassword("right", bcrypt.MinCost)
+	d, err := newDirectory("", UserLine("alice", Operator, hash))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u, ok := d.authenticate("alice", "right"); !ok || u.Role != Operator {
+		t.Fatalf("alice with her password: %v %v", u, ok)
+	}
+	for _, c := range [][2]string{{"alice", "wrong"}, {"alice", ""}, {"nobody", "right"}} {
+		if _, ok := d.authenticate(c[0], c[1]); ok {
+			t.Errorf("%s with %q got in", c[0], c[1])
+		}
+	}
+	if _, err := newDirectory("", ""); err == nil {
+		t.Error("a console with no user starts")
+	}
+}
+
+func TestIDPrefixIsARange(t *testing.T) {
+	t.Parallel()
+	lo, hi, err := idRange("3FA8-5")
+	if err != nil || lo != "3fa85000-0000-0000-0000-000000000000" || hi != "3fa85fff-ffff-ffff-ffff-ffffffffffff" {
+		t.Fatalf("3FA8-5: %s %s %v", lo, hi, err)
+	}
+	full := "3fa85f64-5717-4562-b3fc-2c963f66afa6"
+	if lo, hi, err := idRange(full); err != nil || lo != full || hi != full {
+		t.Fatalf("a whole id: %s %s %v", lo, hi, err)
+	}
+	for _, bad := range []string{"xyz", "3fa8'; DROP TABLE orders", strings.Repeat("a", 33), "<script>"} {
+		if _, _, err := idRange(bad); err == nil {
+			t.Errorf("prefix %q accepted", bad)
+		}
+	}
+}
+
+func TestCursorRoundTripsAndRefusesForgeries(t *testing.T) {
+	t.Parallel()
+	c := &statestore.OrderCursor{CreatedAt: time.Date(2026, 11, 22, 10, 0, 0, 123456000, time.UTC), OrderID: "3fa85f64-5717-4562-b3fc-2c963f66afa6"}
+	got, err := decodeCursor(encodeCursor(c))
+	if err != nil || !got.CreatedAt.Equal(c.CreatedAt) || got.OrderID != c.OrderID {
+		t.Fatalf("round trip: %+v %v", got, err)
+	}
+	for _, bad := range []string{"not base64!", "bm90aGluZw", encodeCursor(&statestore.OrderCursor{CreatedAt: c.CreatedAt, OrderID: "x'--"}), strings.Repeat("A", 300)} {
+		if _, err := decodeCursor(bad); err == nil {
+			t.Errorf("cursor %q accepted", bad)
+		}
+	}
+}
+
+func TestLoginLimiter(t *testing.T) {
+	t.Parallel()
+	l := newLimiter(3, time.Minute)
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for i := range 3 {
+		if w := l.wait(now, "addr:a", "name:x"); w != 0 {
+			t.Fatalf("try %d waits %v", i, w)
+		}
+		l.fail(now.Add(time.Duration(i)*time.Second), "addr:a", "name:x")
+	}
+	if w := l.wait(now.Add(10*time.Second), "addr:a"); w != 50*time.Second {
+		t.Fatalf("after 3 failures: wait %v, want 50s", w)
+	}
+	if w := l.wait(now.Add(10*time.Second), "addr:b", "name:x"); w == 0 {
+		t.Fatal("the name is not held from another address")
+	}
+	if w := l.wait(now.Add(61*time.Second), "addr:a", "name:x"); w != 0 {
+		t.Fatalf("after the window: wait %v", w)
+	}
+}
+
+func TestSafeNextStaysOnThisSite(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"/orders?status=error": "/orders?status=error",
+		"//evil.example/":      "/",
+		"/\\evil.example":      "/",
+		"https://evil.example": "/",
+		"":                     "/",
+		"/x\r\nSet-Cookie: a":  "/",
+	} {
+		if got := safeNext(in); got != want {
+			t.Errorf("safeNext(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestTimelineNamesEachEvent(t *testing.T) {
+	t.Parallel()
+	one, two := 1, 2
+	st := statestore.Step{Step: 1, Agent: "payment", Kind: "action"}
+	h := []statestore.Transition{
+		{Step: &one, From: "pending", To: "processing", Attempt: 1, Actor: "scheduler-1"},
+		{Step: &one, From: "processing", To: "pending", Attempt: 1, Actor: "supervisor", Reason: "complete_by passed"},
+		{Step: &two, From: "pending", To: "processing", Attempt: 1, Actor: "scheduler-1"},
+		{Step: &one, From: "pending", To: "processing", Attempt: 2, Actor: "scheduler-2"},
+		{Step: &one, From: "processing", To: "error", Attempt: 2, Actor: "scheduler-2"},
+		{Step: &one, From: "error", To: "pending", Actor: "operator:sas_console_login", ClaimedBy: "console:alice", DBUser: "sas_console_login"},
+		{Step: &one, From: "processing", To: "processed", Attempt: 3, Actor: "scheduler-1"},
+	}
+	var classes []string
+	for _, e := range timeline(st, h) {
+		classes = append(classes, e.Class)
+	}
+	want := "claimed expired claimed failed operator replied"
+	if strings.Join(classes, " ") != want {
+		t.Fatalf("timeline %v, want %s", classes, want)
+	}
+	comp := statestore.Step{Step: 2, Kind: "compensation"}
+	if ev := timeline(comp, []statestore.Transition{{Step: &two, From: "processing", To: "processed"}}); ev[0].Class != "compensated" {
+		t.Fatalf("a compensation's reply: %v", ev)
+	}
+}
