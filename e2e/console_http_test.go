@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -267,5 +268,63 @@ func TestConsoleRefusesBadInput(t *testing.T) {
 	}
 	if strings.Contains(c.logText(), "panic") {
 		t.Fatalf("the console panicked:\n%s", c.tail())
+	}
+}
+
+// TestConsoleActionsAreRecorded: acknowledging an alert and requeueing a
+// dead letter from the console, each through its confirmation page, are
+// recorded with the console user.
+func TestConsoleActionsAreRecorded(t *testing.T) {
+	t.Parallel()
+	p := newPipeline(t, pipelineOpts{})
+	held := messages.NewID()
+	p.setFaults(t, `{"reserve_inventory":{"fail_orders":["`+held+`"]}}`)
+	ch := amqpChannel(t)
+	publish(t, ch, p.submit, messages.ContentType, held, holdOrder(held))
+	bad := "bad-" + testenv.RandomSuffix(8)
+	publish(t, ch, p.submit, messages.ContentType, bad, []byte("not JSON at all"))
+	p.waitTerminal(t, []string{held}, time.Minute)
+	c := startConsole(t, p.stack)
+	alice := newWebClient(t, c.url)
+	if status := alice.login("alice", "alice's password"); status != http.StatusSeeOther {
+		t.Fatalf("login: %d", status)
+	}
+	var alertID int
+	if err := p.pool.QueryRow(t.Context(), `SELECT id FROM alerts WHERE order_id = $1`, held).Scan(&alertID); err != nil {
+		t.Fatal(err)
+	}
+	ackPath := "/alerts/" + strconv.Itoa(alertID) + "/ack"
+	status, page := alice.do("GET", ackPath, nil)
+	if status != 200 || !strings.Contains(page, `id="confirm-button"`) {
+		t.Fatalf("the acknowledgement's confirmation: %d", status)
+	}
+	if status, _ := alice.do("POST", ackPath, url.Values{"csrf": {csrfOf(t, page)}}); status != http.StatusSeeOther {
+		t.Fatalf("acknowledge: %d", status)
+	}
+	if n := p.count(t, `SELECT count(*) FROM alerts WHERE id = $1 AND acked_as = 'console:alice' AND acked_by LIKE 'sas_console_%'`, alertID); n != 1 {
+		t.Fatal("the acknowledgement is not recorded with the console user")
+	}
+	testenv.Eventually(t, 30*time.Second, "the bad submit listed", func() bool {
+		_, page := alice.do("GET", "/dead-letters/submit", nil)
+		return strings.Contains(page, bad)
+	})
+	requeue := "/dead-letters/submit/" + bad + "/requeue"
+	status, page = alice.do("GET", requeue, nil)
+	if status != 200 || !strings.Contains(page, "not JSON at all") {
+		t.Fatalf("the requeue's confirmation: %d, without the message's body", status)
+	}
+	if status, _ := alice.do("POST", requeue, url.Values{"csrf": {csrfOf(t, page)}}); status != http.StatusSeeOther {
+		t.Fatalf("requeue: %d", status)
+	}
+	if n := p.count(t, `SELECT count(*) FROM operator_actions WHERE action = 'dead letter requeue' AND target = $1 AND claimed_by = 'console:alice'`, "submit/"+bad); n != 1 {
+		t.Fatal("the requeue is not recorded")
+	}
+	// Still bad, it is dead-lettered again, after a trip through its queue.
+	testenv.Eventually(t, 30*time.Second, "the requeued message back among the dead letters", func() bool {
+		_, page := alice.do("GET", "/dead-letters/submit", nil)
+		return strings.Contains(page, bad)
+	})
+	if status, _ := alice.do("POST", "/dead-letters/submit/no-such-message/discard", url.Values{"csrf": {csrfOf(t, page)}}); status != http.StatusNotFound {
+		t.Fatalf("discarding a message that is not there: %d, want 404", status)
 	}
 }
