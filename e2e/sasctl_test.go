@@ -218,7 +218,7 @@ func TestSasctlDev(t *testing.T) {
 	// connections and the other tests' free ports come from.
 	base := 20000 + 10*int(time.Now().UnixNano()%1200)
 	out, errOut, code := sasctl(t, s.env, "dev", "--orders", "60", "--bin", binDir, "--prometheus-port", "0",
-		"--port-base", strconv.Itoa(base), "--faults", `{"*":{"error_rate":0.1}}`)
+		"--port-base", strconv.Itoa(base), "--console-port", strconv.Itoa(base+7), "--faults", `{"*":{"error_rate":0.1}}`)
 	if code != 0 {
 		t.Fatalf("sasctl dev: exit %d\n%s\n%s", code, out, errOut)
 	}
@@ -243,7 +243,12 @@ func TestSasctlDev(t *testing.T) {
 	if n := s.count(t, `SELECT count(*) FROM orders WHERE status = 'completed'`); n != 60 {
 		t.Fatalf("%d orders completed in the store", n)
 	}
-	for port := base + 1; port <= base+5; port++ {
+	// The console ran too (every process was ready before the orders were
+	// submitted), with a user made for it.
+	if !strings.Contains(errOut, fmt.Sprintf("console: http://localhost:%d/ (log in as admin, password ", base+7)) {
+		t.Errorf("sasctl dev does not say where its console is and how to log in:\n%s", errOut)
+	}
+	for port := base + 1; port <= base+7; port++ {
 		if conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), 200*time.Millisecond); err == nil {
 			conn.Close()
 			t.Errorf("something still listens on %d after sasctl dev ended", port)
