@@ -49,33 +49,48 @@ func (s *Store) OrderPage(ctx context.Context, q OrderQuery) ([]OrderRow, *Order
 	if q.Limit < 1 || q.Limit > 500 {
 		return nil, nil, fmt.Errorf("order page: limit %d is not between 1 and 500: %w", q.Limit, ErrInvalidData)
 	}
-	var afterAt *time.Time
-	var afterID string
-	if q.After != nil {
-		afterAt, afterID = &q.After.CreatedAt, q.After.OrderID
+	// Only the filters given are in the statement (each combination its
+	// own statement, so a cached generic plan still fits its filters), and
+	// each is a range of an index. The keyset condition is written so that
+	// its created_at bound is an index condition: created_at <= the
+	// cursor's, then the tie broken on the id.
+	var where []string
+	var args []any
+	add := func(cond string, vals ...any) {
+		for _, v := range vals {
+			args = append(args, v)
+			cond = strings.Replace(cond, "?", fmt.Sprintf("$%d", len(args)), 1)
+		}
+		where = append(where, cond)
 	}
-	var from, to *time.Time
+	if q.Status != "" {
+		add("status = ?", q.Status)
+	}
+	if q.Workflow != "" {
+		add("workflow = ?", q.Workflow)
+	}
 	if !q.From.IsZero() {
-		from = &q.From
+		add("created_at >= ?", q.From)
 	}
 	if !q.To.IsZero() {
-		to = &q.To
+		add("created_at < ?", q.To)
 	}
-	// The keyset condition is written so that its created_at bound is an
-	// index condition: created_at <= the cursor's, then the tie broken on
-	// the id.
-	rows, err := s.pool.Query(ctx, `SELECT order_id::text, workflow, coalesce(workflow_version, ''), status, priority,
-		created_at, updated_at
-		FROM orders
-		WHERE ($1 = '' OR status = $1)
-		  AND ($2 = '' OR workflow = $2)
-		  AND ($3::timestamptz IS NULL OR created_at >= $3)
-		  AND ($4::timestamptz IS NULL OR created_at < $4)
-		  AND ($5 = '' OR order_id >= $5::uuid)
-		  AND ($6 = '' OR order_id <= $6::uuid)
-		  AND ($7::timestamptz IS NULL OR (created_at <= $7 AND (created_at < $7 OR order_id < $8::uuid)))
-		ORDER BY created_at DESC, order_id DESC
-		LIMIT $9`, q.Status, q.Workflow, from, to, q.IDLow, q.IDHigh, afterAt, nullUUID(afterID), q.Limit+1)
+	if q.IDLow != "" {
+		add("order_id >= ?::uuid", q.IDLow)
+	}
+	if q.IDHigh != "" {
+		add("order_id <= ?::uuid", q.IDHigh)
+	}
+	if q.After != nil {
+		add("created_at <= ? AND (created_at < ? OR order_id < ?::uuid)", q.After.CreatedAt, q.After.CreatedAt, q.After.OrderID)
+	}
+	sql := `SELECT order_id::text, workflow, coalesce(workflow_version, ''), status, priority, created_at, updated_at FROM orders`
+	if len(where) > 0 {
+		sql += " WHERE " + strings.Join(where, " AND ")
+	}
+	args = append(args, q.Limit+1)
+	sql += fmt.Sprintf(" ORDER BY created_at DESC, order_id DESC LIMIT $%d", len(args))
+	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("order page: %w", classify(err))
 	}
@@ -95,13 +110,6 @@ func (s *Store) OrderPage(ctx context.Context, q OrderQuery) ([]OrderRow, *Order
 	out = out[:q.Limit]
 	last := out[len(out)-1]
 	return out, &OrderCursor{CreatedAt: last.CreatedAt, OrderID: last.OrderID}, nil
-}
-
-func nullUUID(id string) *string {
-	if id == "" {
-		return nil
-	}
-	return &id
 }
 
 // Overview is the state store's picture for the console's first page.
