@@ -9,7 +9,7 @@ GOVULNCHECK := golang.org/x/vuln/cmd/govulncheck@v1.8.0
 FUZZTIME ?= 30s
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all build services test lint fmt-check fuzz demo chaos bench clean console-screenshots bench-console
+.PHONY: all build services test lint fmt-check fuzz demo chaos bench clean console-screenshots bench-console ha
 
 all: build
 
@@ -93,6 +93,14 @@ bench: build
 # written into docs/console/, the pictures the README shows.
 console-screenshots: services
 	SAS_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console $(GO) test -count=1 -run '^TestConsoleInABrowser$$' ./e2e/
+
+# The failover tests at full size: HA_ORDERS orders through a three-node
+# RabbitMQ cluster (scripts/rabbit-cluster.sh) whose leading node is killed
+# with SIGKILL in the middle (make test runs a short one). The gate for
+# changes to the broker layer.
+HA_ORDERS ?= 3000
+ha: services
+	SAS_HA_ORDERS=$(HA_ORDERS) $(GO) test -count=1 -timeout 30m -run '^TestBrokerClusterFailover$$' -v ./e2e/
 
 # The console's benchmark (docs/BENCHMARKS.md): BENCH_CONSOLE_ORDERS orders
 # written into a schema of sas_test, then the orders list (deep pages,

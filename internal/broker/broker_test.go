@@ -468,3 +468,57 @@ func TestPublishThroughASlowNetwork(t *testing.T) {
 		t.Fatalf("publish through 100 ms each way took only %v: the latency is not applied", took)
 	}
 }
+
+// TestSeveralURLsAreTriedInTurn: with a list of nodes, the connection
+// skips one that does not answer, and when the node it uses goes away it
+// reconnects to another and goes on publishing and consuming.
+func TestSeveralURLsAreTriedInTurn(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 5)
+	first, proxyA := testenv.Proxied(t, testenv.AMQPURL())
+	second, proxyB := testenv.Proxied(t, testenv.AMQPURL())
+	proxyA.SetDown(true)
+	// A node that refuses, then two that answer: the first of those is used.
+	conn := b.open(t, "amqp://guest:guest@127.0.0.1:1/, "+first+","+second)
+	if !conn.Connected() {
+		t.Fatal("not connected")
+	}
+	proxyA.SetDown(false)
+	pub := broker.NewPublisher(conn, b.metrics)
+	defer pub.Close()
+	var mu sync.Mutex
+	consumed := map[string]bool{}
+	ctx, cancel := context.WithCancel(ctxFor(t, 2*time.Minute))
+	defer cancel()
+	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: "in", Prefetch: 10, Workers: 2}, func(ctx context.Context, d amqp.Delivery) error {
+		mu.Lock()
+		consumed[d.MessageId] = true
+		mu.Unlock()
+		return nil
+	}, b.logger, b.metrics)
+	go func() { _ = consumer.Run(ctx) }()
+	all := func(n int) func() bool {
+		return func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(consumed) == n
+		}
+	}
+	for i := range 20 {
+		publishRetrying(t, pub, b.topo.Queue("in"), fmt.Sprint(i))
+	}
+	testenv.Eventually(t, 30*time.Second, "20 consumed", all(20))
+	// It is on the second node (the first was down when it connected);
+	// that one goes down for good: it moves to the first.
+	if n := proxyB.Sever(); n == 0 {
+		t.Fatal("the connection is not on the second node")
+	}
+	proxyB.SetDown(true)
+	for i := 20; i < 40; i++ {
+		publishRetrying(t, pub, b.topo.Queue("in"), fmt.Sprint(i))
+	}
+	testenv.Eventually(t, 60*time.Second, "40 consumed through the other node", all(40))
+	if n := proxyA.Sever(); n == 0 {
+		t.Fatal("the connection did not move to the first node")
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,7 +31,12 @@ var ErrClosed = errors.New("broker connection closed")
 // opened from whichever connection is current; when it drops, users of a
 // channel see it close and ask for a new one.
 type Conn struct {
-	url     string
+	// urls are the nodes to try, in turn (SAS_AMQP_URL: a comma-separated
+	// list); next is where the next dial starts: the node that answered
+	// last, so a reconnect tries it first and moves on if it is gone.
+	urls    []string
+	next    int
+	url     string // urls as given, for messages
 	name    string
 	tls     *tls.Config // nil: the library's default for amqps
 	topo    Topology
@@ -105,11 +111,25 @@ func IsAuthFailure(err error) bool {
 	return errors.Is(err, amqp.ErrCredentials) || errors.As(err, &ae) && ae.Code == amqp.AccessRefused
 }
 
-// Open connects to url, retrying until ctx is done, declares topo, and keeps
+// SplitURLs reads SAS_AMQP_URL: one URL, or several separated by commas
+// (the nodes of a cluster, tried in turn).
+func SplitURLs(s string) []string {
+	var out []string
+	for _, u := range strings.Split(s, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			out = append(out, u)
+		}
+	}
+	return out
+}
+
+// Open connects to url (or the first node of a comma-separated list of
+// URLs that answers), retrying until ctx is done, declares topo, and keeps
 // the connection up until Close: after a drop it reconnects with backoff and
 // declares topo again. name labels the connection in the broker's UI.
 func Open(ctx context.Context, url, name string, topo Topology, logger *slog.Logger, metrics *Metrics, opts ...Option) (*Conn, error) {
 	c := &Conn{
+		urls:    SplitURLs(url),
 		url:     url,
 		name:    name,
 		topo:    topo,
@@ -124,10 +144,15 @@ func Open(ctx context.Context, url, name string, topo Topology, logger *slog.Log
 			return nil, err
 		}
 	}
-	if err := secrets.CheckURL("the broker URL", url); err != nil {
-		return nil, err
+	if len(c.urls) == 0 {
+		return nil, errors.New("no broker URL")
 	}
-	c.redact = secrets.New(url)
+	for _, u := range c.urls {
+		if err := secrets.CheckURL("the broker URL", u); err != nil {
+			return nil, err
+		}
+	}
+	c.redact = secrets.New(c.urls...)
 	// At start a topology that clashes with the broker's (a queue declared
 	// with other arguments) is a configuration error: report it at once.
 	conn, err := c.dialUntil(ctx, true)
@@ -177,17 +202,34 @@ func (c *Conn) dialUntil(ctx context.Context, failOnTopology bool) (*amqp.Connec
 	}
 }
 
+// dial connects to the first node of urls that answers, starting at next,
+// and declares the topology there.
 func (c *Conn) dial() (*amqp.Connection, error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(c.name)
-	conn, err := amqp.DialConfig(c.url, amqp.Config{
-		Heartbeat:       10 * time.Second,
-		Locale:          "en_US",
-		Properties:      props,
-		TLSClientConfig: c.tls,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("dial: %w", c.redact.Err(err))
+	var conn *amqp.Connection
+	var errs []error
+	for i := range c.urls {
+		at := (c.next + i) % len(c.urls)
+		var err error
+		conn, err = amqp.DialConfig(c.urls[at], amqp.Config{
+			Heartbeat:       10 * time.Second,
+			Locale:          "en_US",
+			Properties:      props,
+			TLSClientConfig: c.tls,
+			Dial:            amqp.DefaultDial(5 * time.Second),
+		})
+		if err == nil {
+			c.next = at
+			break
+		}
+		if len(c.urls) > 1 {
+			err = fmt.Errorf("node %d of %d: %w", at+1, len(c.urls), err)
+		}
+		errs = append(errs, err)
+	}
+	if conn == nil {
+		return nil, fmt.Errorf("dial: %w", c.redact.Err(errors.Join(errs...)))
 	}
 	ch, err := conn.Channel()
 	if err != nil {

@@ -92,6 +92,22 @@ func (p *Publisher) channel(ctx context.Context) (*confirmChannel, error) {
 	return cc, nil
 }
 
+// retire closes a channel the broker nacked a message on, so that the next
+// publish opens a new one. A RabbitMQ channel that published to a quorum
+// queue while its leader's node died can keep nacking every later message
+// to that queue (its client state for the queue stays on the dead leader),
+// while a new channel publishes at once: seen on 3.10 in
+// TestBrokerClusterFailover. Messages still awaiting a confirm on it get
+// ErrUnconfirmed and are published again by their callers.
+func (p *Publisher) retire(cc *confirmChannel) {
+	p.mu.Lock()
+	if p.cur == cc {
+		p.cur = nil
+	}
+	p.mu.Unlock()
+	cc.ch.Close()
+}
+
 // takeReturn reports whether the message id came back. It is called after
 // the message's confirm arrived. The library hands a basic.return over (into
 // the returns buffer) before it resolves the basic.ack of the same message,
@@ -194,6 +210,7 @@ func (pm *Pending) Wait(ctx context.Context) error {
 			return fmt.Errorf("publish to %q/%q: %w", pm.exchange, pm.key, ErrUnconfirmed)
 		}
 		p.metrics.published.WithLabelValues("nacked").Inc()
+		p.retire(cc)
 		return fmt.Errorf("publish to %q/%q: %w", pm.exchange, pm.key, ErrNacked)
 	}
 	p.metrics.published.WithLabelValues("confirmed").Inc()

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"sas/internal/broker"
 	"sas/internal/secrets"
 	"sas/internal/statestore"
 	"sas/internal/workflow"
@@ -67,8 +68,10 @@ func (c Common) Check() error {
 	if err := secrets.CheckURL("SAS_DATABASE_URL", c.DatabaseURL); err != nil {
 		return err
 	}
-	if err := secrets.CheckURL("SAS_AMQP_URL", c.AMQPURL); err != nil {
-		return err
+	for _, u := range broker.SplitURLs(c.AMQPURL) {
+		if err := secrets.CheckURL("SAS_AMQP_URL", u); err != nil {
+			return err
+		}
 	}
 	if _, err := c.BrokerURL(); err != nil {
 		return err
@@ -79,13 +82,21 @@ func (c Common) Check() error {
 	return nil
 }
 
-// BrokerURL is SAS_AMQP_URL with SAS_AMQP_PASSWORD set in it, encoded.
+// BrokerURL is SAS_AMQP_URL with SAS_AMQP_PASSWORD set in it, encoded
+// (in each of its URLs, when it lists a cluster's nodes).
 func (c Common) BrokerURL() (string, error) {
-	u, err := secrets.WithPassword(c.AMQPURL, c.AMQPPassword)
-	if err != nil {
-		return "", fmt.Errorf("SAS_AMQP_PASSWORD: %w", err)
+	urls := broker.SplitURLs(c.AMQPURL)
+	if len(urls) == 0 {
+		return "", errors.New("SAS_AMQP_URL is empty")
 	}
-	return u, nil
+	for i, raw := range urls {
+		u, err := secrets.WithPassword(raw, c.AMQPPassword)
+		if err != nil {
+			return "", fmt.Errorf("SAS_AMQP_PASSWORD: %w", err)
+		}
+		urls[i] = u
+	}
+	return strings.Join(urls, ","), nil
 }
 
 // Database returns the pool options for a pool of maxConns connections.

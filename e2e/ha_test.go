@@ -1,0 +1,198 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"sas/internal/scheduler"
+	"sas/internal/submitter"
+	"sas/internal/testenv"
+	"sas/internal/workflow"
+)
+
+// haOrders is how many orders a failover test runs: SAS_HA_ORDERS (make ha
+// sets 3000), else a short run for make test.
+func haOrders(short int) int {
+	if n, err := strconv.Atoi(os.Getenv("SAS_HA_ORDERS")); err == nil && n > 0 {
+		return n
+	}
+	return short
+}
+
+// rabbitCluster is scripts/rabbit-cluster.sh's three nodes, stopped and
+// removed when the test ends.
+type rabbitCluster struct {
+	dir, base, name string
+	urls            string
+}
+
+func startRabbitCluster(t *testing.T) rabbitCluster {
+	t.Helper()
+	if _, err := exec.LookPath("rabbitmq-server"); err != nil {
+		testenv.Unavailable(t, "rabbitmq-server (scripts/services.sh installs it)", err)
+	}
+	c := rabbitCluster{dir: filepath.Join(os.TempDir(), "sas-rabbit-cluster"), base: "5700", name: "sasha"}
+	script := filepath.Join("..", "scripts", "rabbit-cluster.sh")
+	// A run killed before its cleanup leaves its nodes: stop them first.
+	_ = exec.Command(script, "stop", c.dir, c.base, c.name).Run()
+	cmd := exec.Command(script, "start", c.dir, c.base, c.name)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("start the cluster: %v\n%s", err, stderr.String())
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command(script, "stop", c.dir, c.base, c.name).CombinedOutput(); err != nil {
+			t.Logf("stop the cluster: %v\n%s", err, out)
+		}
+	})
+	lines := strings.Fields(string(out))
+	if len(lines) == 0 {
+		t.Fatalf("the cluster script printed no URLs\n%s", stderr.String())
+	}
+	c.urls = lines[len(lines)-1]
+	return c
+}
+
+func (c rabbitCluster) node(n int) string { return fmt.Sprintf("%s%d@localhost", c.name, n) }
+
+// leaders returns each queue with the given prefix and the node that
+// leads it.
+func (c rabbitCluster) leaders(t *testing.T, via int, prefix string) map[string]string {
+	t.Helper()
+	out, err := exec.Command("rabbitmqctl", "-q", "-n", c.node(via), "list_queues", "name", "leader", "--no-table-headers").CombinedOutput()
+	if err != nil {
+		t.Fatalf("list_queues: %v\n%s", err, out)
+	}
+	m := map[string]string{}
+	for _, l := range strings.Split(string(out), "\n") {
+		f := strings.Fields(l)
+		if len(f) == 2 && strings.HasPrefix(f[0], prefix) {
+			m[f[0]] = f[1]
+		}
+	}
+	return m
+}
+
+// kill kills node n with SIGKILL, as a crash would.
+func (c rabbitCluster) kill(t *testing.T, n int) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(c.dir, fmt.Sprintf("node%d.pid", n)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill %s (pid %d): %v", c.node(n), pid, err)
+	}
+}
+
+// TestBrokerClusterFailover: every service is given the three nodes of a
+// RabbitMQ cluster; in the middle of a run the node that leads the
+// submit, replies and agent queues is killed with SIGKILL. Every order
+// completes, none is lost, no idempotency key takes effect twice, and the
+// time from the kill to orders completing again is measured.
+func TestBrokerClusterFailover(t *testing.T) {
+	t.Parallel()
+	n := haOrders(600)
+	cl := startRabbitCluster(t)
+	dbURL, pool := testenv.Database(t)
+	topo := scheduler.Topology(testenv.Prefix(t), 10, workflow.Builtin().Agents())
+	st := stack{dbURL: dbURL, pool: pool, topo: topo,
+		env: env("SAS_DATABASE_URL="+dbURL, "SAS_AMQP_URL="+cl.urls, "SAS_QUEUE_PREFIX="+topo.Prefix, "SAS_LOG_LEVEL=debug"),
+		submit: topo.Queue(submitter.Input), dlq: topo.DeadLetterQueue(submitter.Input)}
+	p := newPipeline(t, pipelineOpts{on: &st, schedulers: 2, agents: 2, supervisors: 1})
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, pr := range append(append([]*proc{p.submitter}, p.schedulers...), p.agents...) {
+				t.Logf("%s:\n%s", pr.name, pr.tail())
+			}
+			out, _ := exec.Command("rabbitmqctl", "-q", "-n", cl.node(2), "list_queues", "name", "leader", "messages", "consumers", "members").CombinedOutput()
+			t.Logf("queues:\n%s", out)
+		}
+	})
+
+	// The services connected to the first node and declared every queue
+	// there: it leads them all.
+	leaders := cl.leaders(t, 2, topo.Prefix)
+	for _, q := range []string{topo.Queue(submitter.Input), topo.Queue("replies"), topo.Queue("agent.payment")} {
+		if leaders[q] != cl.node(1) {
+			t.Fatalf("queue %s is led by %q, want %s (leaders: %v)", q, leaders[q], cl.node(1), leaders)
+		}
+	}
+
+	idsc := make(chan []string, 1)
+	go func() {
+		out, errOut, code := sasctl(t, st.env, "submit", "--count", strconv.Itoa(n), "--print-ids")
+		ids := strings.Fields(out)
+		if code != 0 || len(ids) != n {
+			t.Errorf("sasctl submit: exit %d, %d ids: %s", code, len(ids), errOut)
+		}
+		idsc <- ids
+	}()
+	completed := func() int {
+		return p.count(t, `SELECT count(*) FROM orders WHERE status = 'completed'`)
+	}
+	testenv.Eventually(t, 3*time.Minute, "a third of the orders completed", func() bool { return completed() >= n/3 })
+	before := completed()
+	cl.kill(t, 1)
+	killed := time.Now()
+	t.Logf("killed %s with %d of %d orders completed", cl.node(1), before, n)
+	// Flowing again: every service has connected to a surviving node, and
+	// 20 more orders have completed since (orders whose replies were
+	// applied from memory may complete before that, without the broker).
+	services := append(append([]*proc{p.submitter}, p.schedulers...), p.agents...)
+	var reconnected, flowing time.Duration
+	testenv.Eventually(t, 2*time.Minute, "every service reconnected", func() bool {
+		for _, s := range services {
+			if s.metric(t, "sas_broker_reconnects_total") < 1 || s.metric(t, "sas_broker_connected") != 1 {
+				return false
+			}
+		}
+		reconnected = time.Since(killed)
+		return true
+	})
+	atReconnect := completed()
+	testenv.Eventually(t, 2*time.Minute, "orders completing again", func() bool {
+		if completed() >= min(atReconnect+20, n) {
+			flowing = time.Since(killed)
+			return true
+		}
+		return false
+	})
+	ids := <-idsc
+	if len(ids) != n {
+		t.FailNow()
+	}
+	p.waitTerminal(t, ids, 90*time.Second)
+	if got := p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND status = 'completed'`, ids); got != n {
+		t.Fatalf("%d of %d orders completed", got, n)
+	}
+	keys, requests := p.checkOneEffectPerStep(t, ids)
+	newLeaders := cl.leaders(t, 2, topo.Prefix)
+	t.Logf("RabbitMQ cluster failover: %d orders completed, %d actions each applied once (%d calls); every service reconnected %v and orders flowing again %v after the kill; queues now led by %v",
+		n, keys, requests, reconnected.Round(10*time.Millisecond), flowing.Round(10*time.Millisecond), distinct(newLeaders))
+}
+
+func distinct(m map[string]string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, v := range m {
+		if !seen[v] {
+			seen[v] = true
+			out = append(out, v)
+		}
+	}
+	return out
+}

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# A three-node RabbitMQ cluster on this machine, as a test fixture: nodes
+# NAME1@localhost, NAME2@localhost and NAME3@localhost with AMQP on
+# BASE+1, BASE+2 and BASE+3 (Erlang distribution on those plus 20000), no
+# plugins, data and logs under DIR. They share the machine's Erlang cookie
+# and epmd with any other RabbitMQ here.
+#
+# Usage: scripts/rabbit-cluster.sh start DIR BASE NAME   start the nodes and join them (prints the AMQP URLs)
+#        scripts/rabbit-cluster.sh stop DIR BASE NAME    stop them and remove DIR
+#        scripts/rabbit-cluster.sh pid DIR BASE NAME N   the OS process id of node N
+set -euo pipefail
+
+cmd=${1:?usage: rabbit-cluster.sh start|stop|pid DIR BASE NAME [N]}
+dir=${2:?DIR}
+base=${3:?BASE}
+name=${4:?NAME}
+
+log() { printf 'rabbit-cluster: %s\n' "$*" >&2; }
+
+node() { echo "${name}$1@localhost"; }
+
+node_env() { # N: the environment of node N
+	local n=$1
+	echo "RABBITMQ_NODENAME=$(node "$n")" \
+		"RABBITMQ_NODE_PORT=$((base + n))" \
+		"RABBITMQ_NODE_IP_ADDRESS=127.0.0.1" \
+		"RABBITMQ_MNESIA_BASE=$dir/mnesia" \
+		"RABBITMQ_LOG_BASE=$dir/log" \
+		"RABBITMQ_PID_FILE=$dir/node$n.pid" \
+		"RABBITMQ_ENABLED_PLUGINS_FILE=$dir/enabled_plugins" \
+		"RABBITMQ_CONFIG_FILE=$dir/node$n" \
+		"RABBITMQ_ADVANCED_CONFIG_FILE=$dir/advanced.config"
+}
+
+ctl() { # N args...: rabbitmqctl against node N
+	local n=$1
+	shift
+	rabbitmqctl -q -n "$(node "$n")" "$@"
+}
+
+case "$cmd" in
+start)
+	mkdir -p "$dir/mnesia" "$dir/log"
+	echo '[].' >"$dir/enabled_plugins"
+	echo '[].' >"$dir/advanced.config"
+	for n in 1 2 3; do
+		# guest may log in from loopback; a minority side pauses.
+		printf 'loopback_users.guest = true\ncluster_partition_handling = pause_minority\n' >"$dir/node$n.conf"
+	done
+	# Debian's rabbitmq-server runs the node as the rabbitmq user.
+	if [ "$(id -u)" -eq 0 ] && id rabbitmq >/dev/null 2>&1; then
+		chown -R rabbitmq:rabbitmq "$dir"
+	fi
+	for n in 1 2 3; do
+		log "starting $(node "$n") on port $((base + n))"
+		env $(node_env "$n") rabbitmq-server -detached
+	done
+	for n in 1 2 3; do
+		# wait: for the pid file, then for the node to boot.
+		ctl "$n" wait "$dir/node$n.pid" --timeout 120 >/dev/null
+	done
+	for n in 2 3; do
+		ctl "$n" stop_app >&2
+		ctl "$n" join_cluster "$(node 1)" >&2
+		ctl "$n" start_app >&2
+	done
+	ctl 1 await_online_nodes 3 --timeout 60 >&2
+	log "cluster of $(node 1), $(node 2), $(node 3) is up"
+	echo "amqp://guest:guest@127.0.0.1:$((base + 1))/,amqp://guest:guest@127.0.0.1:$((base + 2))/,amqp://guest:guest@127.0.0.1:$((base + 3))/"
+	;;
+stop)
+	for n in 1 2 3; do
+		ctl "$n" stop >/dev/null 2>&1 || true
+	done
+	for n in 1 2 3; do
+		if [ -f "$dir/node$n.pid" ]; then
+			kill -9 "$(cat "$dir/node$n.pid")" 2>/dev/null || true
+		fi
+	done
+	rm -rf "$dir"
+	;;
+pid)
+	n=${5:?N}
+	cat "$dir/node$n.pid"
+	;;
+*)
+	echo "usage: rabbit-cluster.sh start|stop|pid DIR BASE NAME [N]" >&2
+	exit 2
+	;;
+esac
