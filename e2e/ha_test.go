@@ -110,7 +110,7 @@ func TestBrokerClusterFailover(t *testing.T) {
 	dbURL, pool := testenv.Database(t)
 	topo := scheduler.Topology(testenv.Prefix(t), 10, workflow.Builtin().Agents())
 	st := stack{dbURL: dbURL, pool: pool, topo: topo,
-		env: env("SAS_DATABASE_URL="+dbURL, "SAS_AMQP_URL="+cl.urls, "SAS_QUEUE_PREFIX="+topo.Prefix, "SAS_LOG_LEVEL=debug"),
+		env:    env("SAS_DATABASE_URL="+dbURL, "SAS_AMQP_URL="+cl.urls, "SAS_QUEUE_PREFIX="+topo.Prefix, "SAS_LOG_LEVEL=debug"),
 		submit: topo.Queue(submitter.Input), dlq: topo.DeadLetterQueue(submitter.Input)}
 	p := newPipeline(t, pipelineOpts{on: &st, schedulers: 2, agents: 2, supervisors: 1})
 	t.Cleanup(func() {
