@@ -94,13 +94,15 @@ bench: build
 console-screenshots: services
 	SAS_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console $(GO) test -count=1 -run '^TestConsoleInABrowser$$' ./e2e/
 
-# The failover tests at full size: HA_ORDERS orders through a three-node
-# RabbitMQ cluster (scripts/rabbit-cluster.sh) whose leading node is killed
-# with SIGKILL in the middle (make test runs a short one). The gate for
-# changes to the broker layer.
+# The failover tests at full size, HA_ORDERS orders each: through a
+# three-node RabbitMQ cluster (scripts/rabbit-cluster.sh) whose leading node
+# is killed with SIGKILL in the middle, and through a PostgreSQL primary
+# with a synchronous standby (scripts/pg-standby.sh) that crashes in the
+# middle while the standby is promoted (make test runs short ones). The
+# gate for changes to the broker and store layers.
 HA_ORDERS ?= 3000
 ha: services
-	SAS_HA_ORDERS=$(HA_ORDERS) $(GO) test -count=1 -timeout 30m -run '^TestBrokerClusterFailover$$' -v ./e2e/
+	SAS_HA_ORDERS=$(HA_ORDERS) $(GO) test -count=1 -timeout 30m -run '^(TestBrokerClusterFailover|TestDatabaseFailover)$$' -v ./e2e/
 
 # The console's benchmark (docs/BENCHMARKS.md): BENCH_CONSOLE_ORDERS orders
 # written into a schema of sas_test, then the orders list (deep pages,

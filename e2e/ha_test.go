@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"sas/internal/scheduler"
 	"sas/internal/submitter"
@@ -185,6 +188,8 @@ func TestBrokerClusterFailover(t *testing.T) {
 		n, keys, requests, reconnected.Round(10*time.Millisecond), flowing.Round(10*time.Millisecond), distinct(newLeaders))
 }
 
+func clip(s string, n int) string { return s[:min(len(s), n)] }
+
 func distinct(m map[string]string) []string {
 	seen := map[string]bool{}
 	var out []string
@@ -195,4 +200,137 @@ func distinct(m map[string]string) []string {
 		}
 	}
 	return out
+}
+
+// startStandbyPair starts scripts/pg-standby.sh's primary and standby
+// (mode sync or async), migrated, and returns the multi-host URL.
+func startStandbyPair(t *testing.T, mode string) (dir, url string) {
+	t.Helper()
+	if _, err := exec.LookPath("pg_ctlcluster"); err != nil {
+		testenv.Unavailable(t, "PostgreSQL (scripts/services.sh installs it)", err)
+	}
+	dir = filepath.Join(os.TempDir(), "sas-pg-standby-"+mode)
+	script := filepath.Join("..", "scripts", "pg-standby.sh")
+	_ = exec.Command(script, "stop", dir, "5440").Run()
+	cmd := exec.Command(script, "start", dir, "5440", mode)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("start the primary and standby: %v\n%s", err, stderr.String())
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command(script, "stop", dir, "5440").CombinedOutput(); err != nil {
+			t.Logf("stop the primary and standby: %v\n%s", err, out)
+		}
+	})
+	return dir, strings.TrimSpace(string(out))
+}
+
+// TestDatabaseFailover: every service is given the primary and its
+// synchronous standby as one multi-host URL (target_session_attrs=
+// read-write); in the middle of a run the primary crashes (-m immediate)
+// and the standby is promoted. Every order completes, none is lost, no
+// action takes effect twice.
+func TestDatabaseFailover(t *testing.T) {
+	t.Parallel()
+	n := haOrders(600)
+	dir, dbURL := startStandbyPair(t, "sync")
+	script := filepath.Join("..", "scripts", "pg-standby.sh")
+	topo := scheduler.Topology(testenv.Prefix(t), 10, workflow.Builtin().Agents())
+	topo.Inputs = append(topo.Inputs, submitter.Input)
+	testenv.Broker(t, topo)
+	st := stack{dbURL: dbURL, topo: topo,
+		env:    env("SAS_DATABASE_URL="+dbURL, "SAS_AMQP_URL="+testenv.AMQPURL(), "SAS_QUEUE_PREFIX="+topo.Prefix, "SAS_LOG_LEVEL=debug"),
+		submit: topo.Queue(submitter.Input), dlq: topo.DeadLetterQueue(submitter.Input)}
+	if out, errOut, code := sasctl(t, st.env, "migrate"); code != 0 {
+		t.Fatalf("migrate: exit %d: %s %s", code, out, errOut)
+	}
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	st.pool = pool
+	p := newPipeline(t, pipelineOpts{on: &st, schedulers: 2, agents: 2, supervisors: 1})
+	t.Cleanup(func() {
+		if t.Failed() {
+			var missing int
+			_ = pool.QueryRow(context.Background(), `SELECT $1::int - count(*) FROM orders`, n).Scan(&missing)
+			t.Logf("%d orders not in the store", missing)
+			rows, err := pool.Query(context.Background(), `SELECT o.status, string_agg(s.step || ':' || s.process_state, ' ' ORDER BY s.step), count(*) OVER ()
+				FROM orders o JOIN steps s USING (order_id) WHERE o.status NOT IN ('completed') GROUP BY o.order_id, o.status LIMIT 5`)
+			if err == nil {
+				for rows.Next() {
+					var st, steps string
+					var total int
+					_ = rows.Scan(&st, &steps, &total)
+					t.Logf("unfinished order (%d): %s %s", total, st, steps)
+				}
+				rows.Close()
+			}
+			for _, pr := range append(append([]*proc{p.submitter}, p.schedulers...), p.supervisors...) {
+				msgs := map[string]int{}
+				for _, l := range strings.Split(pr.logText(), "\n") {
+					if strings.Contains(l, `"WARN"`) || strings.Contains(l, `"ERROR"`) {
+						_, m, _ := strings.Cut(l, `"msg":"`)
+						m, _, _ = strings.Cut(m, `"`)
+						_, e, _ := strings.Cut(l, `"err":"`)
+						msgs[m+" | "+clip(e, 160)]++
+					}
+				}
+				t.Logf("%s: %v", pr.name, msgs)
+			}
+		}
+	})
+
+	idsc := make(chan []string, 1)
+	go func() {
+		out, errOut, code := sasctl(t, st.env, "submit", "--count", strconv.Itoa(n), "--print-ids")
+		ids := strings.Fields(out)
+		if code != 0 || len(ids) != n {
+			t.Errorf("sasctl submit: exit %d, %d ids: %s", code, len(ids), errOut)
+		}
+		idsc <- ids
+	}()
+	completed := func() int {
+		var c int
+		for {
+			err := pool.QueryRow(context.Background(), `SELECT count(*) FROM orders WHERE status = 'completed'`).Scan(&c)
+			if err == nil {
+				return c
+			}
+			time.Sleep(50 * time.Millisecond) // the database is changing hands
+		}
+	}
+	testenv.Eventually(t, 3*time.Minute, "a third of the orders completed", func() bool { return completed() >= n/3 })
+	before := completed()
+	if out, err := exec.Command(script, "crash", dir, "5440").CombinedOutput(); err != nil {
+		t.Fatalf("crash the primary: %v\n%s", err, out)
+	}
+	crashed := time.Now()
+	if out, err := exec.Command(script, "promote", dir, "5440").CombinedOutput(); err != nil {
+		t.Fatalf("promote the standby: %v\n%s", err, out)
+	}
+	promoted := time.Since(crashed)
+	t.Logf("crashed the primary with %d of %d orders completed; standby promoted %v later", before, n, promoted.Round(time.Millisecond))
+	var flowing time.Duration
+	testenv.Eventually(t, 2*time.Minute, "orders completing on the new primary", func() bool {
+		if completed() >= min(before+20, n) {
+			flowing = time.Since(crashed)
+			return true
+		}
+		return false
+	})
+	ids := <-idsc
+	if len(ids) != n {
+		t.FailNow()
+	}
+	p.waitTerminal(t, ids, 60*time.Second)
+	if got := p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND status = 'completed'`, ids); got != n {
+		t.Fatalf("%d of %d orders completed", got, n)
+	}
+	keys, requests := p.checkOneEffectPerStep(t, ids)
+	t.Logf("PostgreSQL failover (synchronous standby): %d orders completed, %d actions each applied once (%d calls); orders flowing again %v after the crash",
+		n, keys, requests, flowing.Round(10*time.Millisecond))
 }
