@@ -102,7 +102,7 @@ console-screenshots: services
 # gate for changes to the broker and store layers.
 HA_ORDERS ?= 3000
 ha: services
-	SAS_HA_ORDERS=$(HA_ORDERS) $(GO) test -count=1 -timeout 30m -run '^(TestBrokerClusterFailover|TestDatabaseFailover)$$' -v ./e2e/
+	SAS_HA_ORDERS=$(HA_ORDERS) $(GO) test -count=1 -timeout 30m -run '^(TestBrokerClusterFailover|TestDatabaseFailover|TestDatabaseFailoverAsync)$$' -v ./e2e/
 
 # The console's benchmark (docs/BENCHMARKS.md): BENCH_CONSOLE_ORDERS orders
 # written into a schema of sas_test, then the orders list (deep pages,

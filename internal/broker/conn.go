@@ -223,6 +223,9 @@ func (c *Conn) dial() (*amqp.Connection, error) {
 			c.next = at
 			break
 		}
+		// The library hands back a connection with the error of its
+		// handshake (a refused login): it is not usable.
+		conn = nil
 		if len(c.urls) > 1 {
 			err = fmt.Errorf("node %d of %d: %w", at+1, len(c.urls), err)
 		}
