@@ -93,11 +93,10 @@ func (p *Publisher) channel(ctx context.Context) (*confirmChannel, error) {
 }
 
 // retire closes a channel the broker nacked a message on, so that the next
-// publish opens a new one. A RabbitMQ channel that published to a quorum
-// queue while its leader's node died can keep nacking every later message
-// to that queue (its client state for the queue stays on the dead leader),
-// while a new channel publishes at once: seen on 3.10 in
-// TestBrokerClusterFailover. Messages still awaiting a confirm on it get
+// publish opens a new one. A RabbitMQ 3.10 channel that published to a
+// quorum queue while the queue's leader node died was seen to nack every
+// later message to that queue for minutes, while a new channel published
+// at once (TestBrokerClusterFailover; docs/RELIABILITY.md). Messages still awaiting a confirm on it get
 // ErrUnconfirmed and are published again by their callers.
 func (p *Publisher) retire(cc *confirmChannel) {
 	p.mu.Lock()
