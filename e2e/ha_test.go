@@ -34,6 +34,21 @@ func haOrders(short int) int {
 	return short
 }
 
+// submitInBackground submits n orders through sasctl while the test goes
+// on, and hands over their ids once all are confirmed.
+func submitInBackground(t *testing.T, environ []string, n int) <-chan []string {
+	idsc := make(chan []string, 1)
+	go func() {
+		out, errOut, code := sasctl(t, environ, "submit", "--count", strconv.Itoa(n), "--print-ids")
+		ids := strings.Fields(out)
+		if code != 0 || len(ids) != n {
+			t.Errorf("sasctl submit: exit %d, %d ids: %s", code, len(ids), errOut)
+		}
+		idsc <- ids
+	}()
+	return idsc
+}
+
 // rabbitCluster is scripts/rabbit-cluster.sh's three nodes, stopped and
 // removed when the test ends.
 type rabbitCluster struct {
@@ -140,15 +155,7 @@ func TestBrokerClusterFailover(t *testing.T) {
 		}
 	}
 
-	idsc := make(chan []string, 1)
-	go func() {
-		out, errOut, code := sasctl(t, st.env, "submit", "--count", strconv.Itoa(n), "--print-ids")
-		ids := strings.Fields(out)
-		if code != 0 || len(ids) != n {
-			t.Errorf("sasctl submit: exit %d, %d ids: %s", code, len(ids), errOut)
-		}
-		idsc <- ids
-	}()
+	idsc := submitInBackground(t, st.env, n)
 	completed := func() int {
 		return p.count(t, `SELECT count(*) FROM orders WHERE status = 'completed'`)
 	}
@@ -330,15 +337,7 @@ func databaseFailover(t *testing.T, mode, base string) (chaos.Result, []string, 
 		}
 	})
 
-	idsc := make(chan []string, 1)
-	go func() {
-		out, errOut, code := sasctl(t, st.env, "submit", "--count", strconv.Itoa(n), "--print-ids")
-		ids := strings.Fields(out)
-		if code != 0 || len(ids) != n {
-			t.Errorf("sasctl submit: exit %d, %d ids: %s", code, len(ids), errOut)
-		}
-		idsc <- ids
-	}()
+	idsc := submitInBackground(t, st.env, n)
 	completed := func() int {
 		var c int
 		for {

@@ -125,27 +125,41 @@ func messageIDParam(w http.ResponseWriter, r *http.Request) (string, bool) {
 	return id, ok
 }
 
-var verbs = map[string]broker.DLQAction{"requeue": broker.Requeue, "discard": broker.Drop}
+// verbAction is what a dead letter's verb does, and the notice its
+// redirect shows.
+func verbAction(verb string) (broker.DLQAction, string, bool) {
+	switch verb {
+	case "requeue":
+		return broker.Requeue, "requeued", true
+	case "discard":
+		return broker.Drop, "discarded", true
+	}
+	return broker.Keep, "", false
+}
 
-// doneNotice is the notice each verb's redirect shows.
-var doneNotice = map[string]string{"requeue": "requeued", "discard": "discarded"}
+// deadLetterTarget reads a dead letter's path: its input queue, verb and
+// message id, answering the request itself when one is not there.
+func (s *server) deadLetterTarget(w http.ResponseWriter, r *http.Request, rq *request) (q, verb string, action broker.DLQAction, notice, id string, ok bool) {
+	if q, ok = s.queueParam(w, r, rq); !ok {
+		return
+	}
+	verb = r.PathValue("verb")
+	if action, notice, ok = verbAction(verb); !ok {
+		s.notFound(w, r)
+		return
+	}
+	if id, ok = messageIDParam(w, r); !ok {
+		s.fail(w, r, rq, http.StatusNotFound, "There is no such dead letter.")
+	}
+	return
+}
 
 func (s *server) confirmDeadLetter(w http.ResponseWriter, r *http.Request, rq *request) {
 	if !s.mayAct(w, r, rq) {
 		return
 	}
-	q, ok := s.queueParam(w, r, rq)
+	q, verb, _, _, id, ok := s.deadLetterTarget(w, r, rq)
 	if !ok {
-		return
-	}
-	verb := r.PathValue("verb")
-	if _, ok := verbs[verb]; !ok {
-		s.notFound(w, r)
-		return
-	}
-	id, ok := messageIDParam(w, r)
-	if !ok {
-		s.fail(w, r, rq, http.StatusNotFound, "There is no such dead letter.")
 		return
 	}
 	seen, _, err := s.scan(r.Context(), q, keep)
@@ -173,19 +187,8 @@ func (s *server) confirmDeadLetter(w http.ResponseWriter, r *http.Request, rq *r
 }
 
 func (s *server) moveDeadLetter(w http.ResponseWriter, r *http.Request, rq *request) {
-	q, ok := s.queueParam(w, r, rq)
+	q, verb, action, notice, id, ok := s.deadLetterTarget(w, r, rq)
 	if !ok {
-		return
-	}
-	verb := r.PathValue("verb")
-	action, ok := verbs[verb]
-	if !ok {
-		s.notFound(w, r)
-		return
-	}
-	id, ok := messageIDParam(w, r)
-	if !ok {
-		s.fail(w, r, rq, http.StatusNotFound, "There is no such dead letter.")
 		return
 	}
 	seen, done, err := s.scan(r.Context(), q, func(d broker.DeadLetter) broker.DLQAction {
@@ -217,5 +220,5 @@ func (s *server) moveDeadLetter(w http.ResponseWriter, r *http.Request, rq *requ
 		s.fail(w, r, rq, http.StatusNotFound, "There is no dead letter "+clip(id, 60)+" in "+q+" (moved already?).")
 		return
 	}
-	s.redirect(w, r, "/dead-letters/"+q, doneNotice[verb])
+	s.redirect(w, r, "/dead-letters/"+q, notice)
 }

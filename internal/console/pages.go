@@ -38,7 +38,7 @@ type overviewData struct {
 }
 
 func (s *server) readOverview(ctx context.Context) (overviewData, error) {
-	d := overviewData{Statuses: statestore.OrderStatuses}
+	d := overviewData{Statuses: statestore.OrderStatuses()}
 	var err error
 	if d.Overview, err = s.store.ReadOverview(ctx, overviewWindow, statestore.SupervisorLease); err != nil {
 		return d, err
@@ -93,7 +93,7 @@ type ordersData struct {
 func (s *server) orders(w http.ResponseWriter, r *http.Request, rq *request) {
 	q := r.URL.Query()
 	d := ordersData{Status: q.Get("status"), Workflow: strings.TrimSpace(q.Get("workflow")), From: q.Get("from"), To: q.Get("to"),
-		ID: strings.TrimSpace(q.Get("id")), Statuses: statestore.OrderStatuses, First: q.Get("after") == ""}
+		ID: strings.TrimSpace(q.Get("id")), Statuses: statestore.OrderStatuses(), First: q.Get("after") == ""}
 	versions, err := s.store.WorkflowVersions(r.Context())
 	if err != nil {
 		s.storeError(w, r, rq, err, "workflow")
@@ -107,8 +107,8 @@ func (s *server) orders(w http.ResponseWriter, r *http.Request, rq *request) {
 	sort.Strings(d.Workflows)
 	oq := statestore.OrderQuery{Status: d.Status, Workflow: d.Workflow, Limit: pageSize}
 	var problems []string
-	if d.Status != "" && !slices.Contains(statestore.OrderStatuses, d.Status) {
-		problems = append(problems, fmt.Sprintf("status %q: want one of %s", clip(d.Status, 40), strings.Join(statestore.OrderStatuses, ", ")))
+	if d.Status != "" && !slices.Contains(statestore.OrderStatuses(), d.Status) {
+		problems = append(problems, fmt.Sprintf("status %q: want one of %s", clip(d.Status, 40), strings.Join(statestore.OrderStatuses(), ", ")))
 	}
 	if d.Workflow != "" {
 		if err := messages.CheckName("workflow", d.Workflow); err != nil {

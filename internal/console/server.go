@@ -249,7 +249,7 @@ func (s *server) render(w http.ResponseWriter, r *http.Request, rq *request, sta
 	if rq != nil {
 		p.User, p.Role, p.CSRF, p.CanAct = rq.user.Name, rq.user.Role, rq.session.csrf, s.canAct(rq)
 	}
-	p.Notice = notices[r.URL.Query().Get("done")]
+	p.Notice = noticeOf(r.URL.Query().Get("done"))
 	t, ok := s.pages[name]
 	if !ok {
 		panic("no page " + name)
@@ -276,14 +276,22 @@ func serverTiming(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// notices are the messages an action's redirect may show: the query says
-// which, never the text.
-var notices = map[string]string{
-	"resubmitted":  "Resubmitted: the step is pending again.",
-	"cancelled":    "Cancelled: what was done is being undone.",
-	"acknowledged": "Alert acknowledged.",
-	"requeued":     "Dead letter requeued to its queue.",
-	"discarded":    "Dead letter discarded.",
+// noticeOf is the message an action's redirect shows: the query says
+// which, never the text; anything else shows none.
+func noticeOf(done string) string {
+	switch done {
+	case "resubmitted":
+		return "Resubmitted: the step is pending again."
+	case "cancelled":
+		return "Cancelled: what was done is being undone."
+	case "acknowledged":
+		return "Alert acknowledged."
+	case "requeued":
+		return "Dead letter requeued to its queue."
+	case "discarded":
+		return "Dead letter discarded."
+	}
+	return ""
 }
 
 type failure struct {

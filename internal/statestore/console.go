@@ -136,11 +136,15 @@ type Overview struct {
 	At          time.Time // the database clock when read
 }
 
-// OrderStatuses are every status an order can have.
-var OrderStatuses = []string{"received", "processing", "compensating", "error", "completed", "failed"}
+// OrderStatuses returns every status an order can have.
+func OrderStatuses() []string {
+	return []string{OrderReceived, OrderProcessing, OrderCompensating, OrderError, OrderCompleted, OrderFailed}
+}
 
-// LiveOrderStatuses are the statuses of orders that have not ended.
-var LiveOrderStatuses = []string{"received", "processing", "compensating", "error"}
+// LiveOrderStatuses returns the statuses of orders that have not ended.
+func LiveOrderStatuses() []string {
+	return []string{OrderReceived, OrderProcessing, OrderCompensating, OrderError}
+}
 
 // ReadOverview reads the overview in one read-only snapshot. No query
 // reads the history (transitions) or counts the ended orders of the whole
@@ -159,10 +163,10 @@ func (s *Store) ReadOverview(ctx context.Context, window time.Duration, leaseNam
 			return err
 		}
 		q := overviewSQL(window, leaseName)
-		if err := scanCounts(tx.QueryRow(ctx, q[0].sql, q[0].args...), LiveOrderStatuses, ov.Live); err != nil {
+		if err := scanCounts(tx.QueryRow(ctx, q[0].sql, q[0].args...), LiveOrderStatuses(), ov.Live); err != nil {
 			return err
 		}
-		if err := scanCounts(tx.QueryRow(ctx, q[1].sql, q[1].args...), OrderStatuses, ov.Recent); err != nil {
+		if err := scanCounts(tx.QueryRow(ctx, q[1].sql, q[1].args...), OrderStatuses(), ov.Recent); err != nil {
 			return err
 		}
 		var p50, p95 *float64
@@ -200,8 +204,8 @@ type namedQuery struct {
 // overviewSQL is every query of ReadOverview, in its order.
 func overviewSQL(window time.Duration, leaseName string) []namedQuery {
 	return []namedQuery{
-		{"live orders by status", countsByStatus(LiveOrderStatuses, ""), nil},
-		{"recent orders by status", countsByStatus(OrderStatuses, " AND created_at >= now() - make_interval(secs => $1)"),
+		{"live orders by status", countsByStatus(LiveOrderStatuses(), ""), nil},
+		{"recent orders by status", countsByStatus(OrderStatuses(), " AND created_at >= now() - make_interval(secs => $1)"),
 			[]any{window.Seconds()}},
 		{"recent latency", `SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY d), percentile_cont(0.95) WITHIN GROUP (ORDER BY d)
 			FROM (SELECT extract(epoch FROM updated_at - created_at) AS d FROM orders
