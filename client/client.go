@@ -200,7 +200,9 @@ func (c *Client) Submit(ctx context.Context, o Order) (string, error) {
 	backoff := 50 * time.Millisecond
 	for {
 		pub.Timestamp = time.Now()
-		err = c.pub.Publish(ctx, "", c.submit, pub)
+		// Through the submit queue's own exchange: an application's
+		// login may publish there and nowhere else (sasctl broker users).
+		err = c.pub.Publish(ctx, c.submit, "", pub)
 		if err == nil {
 			return id, nil
 		}

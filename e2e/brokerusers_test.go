@@ -28,7 +28,7 @@ func TestServicesRunAsLeastPrivilegeBrokerUsers(t *testing.T) {
 	rabbitmqctl := tool(t, "rabbitmqctl")
 	s := newStack(t)
 	userPrefix := "t-" + testenv.RandomSuffix(8) + "-"
-	services := []string{"submitter", "scheduler", "agent", "sasctl"}
+	services := []string{"submitter", "scheduler", "agent", "sasctl", "app"}
 	env := append([]string{}, s.env...)
 	// Passwords with the characters that break URLs written by hand: the
 	// services take them apart from the URL (SAS_AMQP_PASSWORD).

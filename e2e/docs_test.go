@@ -79,6 +79,21 @@ func TestServicesRejectBadConfiguration(t *testing.T) {
 			}
 		}
 	}
+	// A password file that cannot be read, or a password given twice.
+	for _, name := range []string{"submitter", "supervisor", "console", "sasctl"} {
+		for bad, want := range map[string]string{
+			"SAS_DATABASE_PASSWORD_FILE=/nonexistent/db":                  "SAS_DATABASE_PASSWORD_FILE: open /nonexistent/db",
+			"SAS_AMQP_PASSWORD=x\x00SAS_AMQP_PASSWORD_FILE=/etc/hostname": "SAS_AMQP_PASSWORD and SAS_AMQP_PASSWORD_FILE are both set",
+		} {
+			cmd := exec.Command(filepath.Join(binDir, name), "orders", "list")
+			cmd.Env = env(strings.Split(bad, "\x00")...)
+			out, err := cmd.CombinedOutput()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), want) {
+				t.Errorf("%s with %s: %v, output %q; want exit 2 saying %q", name, bad, err, out, want)
+			}
+		}
+	}
 }
 
 // TestServicesRefuseURLsThatHideTheirPassword: a URL whose password holds

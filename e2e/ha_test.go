@@ -49,32 +49,41 @@ func submitInBackground(t *testing.T, environ []string, n int) <-chan []string {
 	return idsc
 }
 
-// rabbitCluster is scripts/rabbit-cluster.sh's three nodes, stopped and
-// removed when the test ends.
+// rabbitCluster is scripts/rabbit-cluster.sh's nodes, stopped and removed
+// when the test ends.
 type rabbitCluster struct {
 	dir, base, name string
 	urls            string
 }
 
+// startRabbitCluster starts three nodes, sasha1-3, clustered.
 func startRabbitCluster(t *testing.T) rabbitCluster {
+	t.Helper()
+	return startRabbitNodes(t, "sasha", "5700", 3, "")
+}
+
+// startRabbitNodes starts n nodes named name1… with AMQP on base+1…,
+// clustered, conf (if not "") added to each node's configuration.
+func startRabbitNodes(t *testing.T, name, base string, n int, conf string) rabbitCluster {
 	t.Helper()
 	if _, err := exec.LookPath("rabbitmq-server"); err != nil {
 		testenv.Unavailable(t, "rabbitmq-server (scripts/services.sh installs it)", err)
 	}
-	c := rabbitCluster{dir: filepath.Join(os.TempDir(), "sas-rabbit-cluster"), base: "5700", name: "sasha"}
+	c := rabbitCluster{dir: filepath.Join(os.TempDir(), "sas-rabbit-"+name), base: base, name: name}
 	script := filepath.Join("..", "scripts", "rabbit-cluster.sh")
 	// A run killed before its cleanup leaves its nodes: stop them first.
 	_ = exec.Command(script, "stop", c.dir, c.base, c.name).Run()
 	cmd := exec.Command(script, "start", c.dir, c.base, c.name)
+	cmd.Env = append(os.Environ(), fmt.Sprintf("NODES=%d", n), "CONF="+conf)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("start the cluster: %v\n%s", err, stderr.String())
+		t.Fatalf("start the RabbitMQ nodes: %v\n%s", err, stderr.String())
 	}
 	t.Cleanup(func() {
 		if out, err := exec.Command(script, "stop", c.dir, c.base, c.name).CombinedOutput(); err != nil {
-			t.Logf("stop the cluster: %v\n%s", err, out)
+			t.Logf("stop the RabbitMQ nodes: %v\n%s", err, out)
 		}
 	})
 	lines := strings.Fields(string(out))

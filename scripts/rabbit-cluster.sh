@@ -5,6 +5,9 @@
 # plugins, data and logs under DIR. They share the machine's Erlang cookie
 # and epmd with any other RabbitMQ here.
 #
+# NODES=1 starts one node alone; CONF names a file whose lines are added to
+# every node's configuration (rabbitmq.conf form).
+#
 # Usage: scripts/rabbit-cluster.sh start DIR BASE NAME   start the nodes and join them (prints the AMQP URLs)
 #        scripts/rabbit-cluster.sh stop DIR BASE NAME    stop them and remove DIR
 #        scripts/rabbit-cluster.sh pid DIR BASE NAME N   the OS process id of node N
@@ -14,6 +17,12 @@ cmd=${1:?usage: rabbit-cluster.sh start|stop|pid DIR BASE NAME [N]}
 dir=${2:?DIR}
 base=${3:?BASE}
 name=${4:?NAME}
+nodes=${NODES:-3}
+case "$nodes" in 1 | 2 | 3) ;; *)
+	echo "rabbit-cluster: NODES must be 1, 2 or 3" >&2
+	exit 2
+	;;
+esac
 
 log() { printf 'rabbit-cluster: %s\n' "$*" >&2; }
 
@@ -43,30 +52,40 @@ start)
 	mkdir -p "$dir/mnesia" "$dir/log"
 	echo '[].' >"$dir/enabled_plugins"
 	echo '[].' >"$dir/advanced.config"
-	for n in 1 2 3; do
+	for n in $(seq "$nodes"); do
 		# guest may log in from loopback; a minority side pauses.
 		printf 'loopback_users.guest = true\ncluster_partition_handling = pause_minority\n' >"$dir/node$n.conf"
+		if [ -n "${CONF:-}" ]; then
+			cat "$CONF" >>"$dir/node$n.conf"
+		fi
 	done
 	# Debian's rabbitmq-server runs the node as the rabbitmq user.
 	if [ "$(id -u)" -eq 0 ] && id rabbitmq >/dev/null 2>&1; then
 		chown -R rabbitmq:rabbitmq "$dir"
 	fi
-	for n in 1 2 3; do
+	for n in $(seq "$nodes"); do
 		log "starting $(node "$n") on port $((base + n))"
 		env $(node_env "$n") rabbitmq-server -detached
 	done
-	for n in 1 2 3; do
+	for n in $(seq "$nodes"); do
 		# wait: for the pid file, then for the node to boot.
 		ctl "$n" wait "$dir/node$n.pid" --timeout 120 >/dev/null
 	done
-	for n in 2 3; do
+	for n in $(seq 2 "$nodes"); do
 		ctl "$n" stop_app >&2
 		ctl "$n" join_cluster "$(node 1)" >&2
 		ctl "$n" start_app >&2
 	done
-	ctl 1 await_online_nodes 3 --timeout 60 >&2
-	log "cluster of $(node 1), $(node 2), $(node 3) is up"
-	echo "amqp://guest:guest@127.0.0.1:$((base + 1))/,amqp://guest:guest@127.0.0.1:$((base + 2))/,amqp://guest:guest@127.0.0.1:$((base + 3))/"
+	ctl 1 await_online_nodes "$nodes" --timeout 60 >&2
+	urls=()
+	for n in $(seq "$nodes"); do
+		urls+=("amqp://guest:guest@127.0.0.1:$((base + n))/")
+	done
+	log "$nodes node(s) up: $(for n in $(seq "$nodes"); do printf '%s ' "$(node "$n")"; done)"
+	(
+		IFS=,
+		echo "${urls[*]}"
+	)
 	;;
 stop)
 	for n in 1 2 3; do

@@ -34,6 +34,10 @@ var (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
+	if err := secrets.LoadPasswordFiles(); err != nil {
+		fmt.Fprintln(os.Stderr, "sasctl: configuration:", strings.ReplaceAll(secrets.Scrub(err.Error()), "\n", "; "))
+		os.Exit(2)
+	}
 	red := secrets.FromEnviron(os.Environ())
 	err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, red)
 	switch {
@@ -162,6 +166,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return a.dbUsers(ctx, rest)
 	case "console user add":
 		return a.consoleUserAdd(ctx, rest)
+	case "secrets init":
+		return a.secretsInit(ctx, rest)
+	case "secrets show":
+		return a.secretsShow(ctx, rest)
 	case "version":
 		if err := a.parseNoArgs(a.flags(), rest); err != nil {
 			return err

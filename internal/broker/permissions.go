@@ -27,8 +27,9 @@ func Permissions(prefix string) []Permission {
 		{
 			Service:   "submitter",
 			Configure: `^(` + exchanges + `|` + p + `submit(\.dlq)?)$`,
-			Write:     `^` + p + `(dlx|submit\.dlq)$`,
-			Read:      `^` + p + `(dlx|submit)$`,
+			// write on its queue: to bind it to its exchange.
+			Write: `^` + p + `(dlx|submit(\.dlq)?)$`,
+			Read:  `^` + p + `(dlx|submit)$`,
 		},
 		{
 			Service:   "scheduler",
@@ -50,6 +51,15 @@ func Permissions(prefix string) []Permission {
 			Configure: `^(` + exchanges + `|` + p + `submit(\.dlq)?)$`,
 			Write:     `^(amq\.default|` + p + `submit\.dlq)$`,
 			Read:      `^(` + p + `(dlx|submit)|` + p + `[^.]+(\.[^.]+)?\.dlq)$`,
+		},
+		{
+			// An application (the client package) publishes orders
+			// through the submit queue's own exchange, never the default
+			// one, and declares and reads its reply queues.
+			Service:   "app",
+			Configure: `^` + p + `client\.[^.]+$`,
+			Write:     `^` + p + `submit$`,
+			Read:      `^` + p + `client\.[^.]+$`,
 		},
 	}
 }

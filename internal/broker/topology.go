@@ -20,6 +20,11 @@ type Topology struct {
 	// Inputs are the unprefixed names of the queues sas consumes (e.g.
 	// "submit"); each gets a dead-letter queue.
 	Inputs []string
+	// Entrances are inputs that also get a fanout exchange of their own
+	// name bound to them: the way in for a publisher whose login may
+	// write to that exchange only (an application's, which may not use the
+	// default exchange, since that reaches every queue).
+	Entrances []string
 }
 
 // Queue returns the full name of an input queue.
@@ -74,6 +79,15 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 			return fmt.Errorf("declare queue %s (if it exists with other arguments, delete it or change the prefix): %w", q, err)
 		}
 	}
+	for _, in := range t.Entrances {
+		name := t.Queue(in)
+		if err := ch.ExchangeDeclare(name, amqp.ExchangeFanout, true, false, false, false, nil); err != nil {
+			return fmt.Errorf("declare exchange %s: %w", name, err)
+		}
+		if err := ch.QueueBind(name, "", name, false, nil); err != nil {
+			return fmt.Errorf("bind queue %s to its exchange: %w", name, err)
+		}
+	}
 	return nil
 }
 
@@ -87,7 +101,11 @@ func (t Topology) Delete(ch *amqp.Channel) error {
 			}
 		}
 	}
-	for _, ex := range []string{t.DeadLetterExchange(), t.StatusExchange(), t.AlertsExchange()} {
+	exchanges := []string{t.DeadLetterExchange(), t.StatusExchange(), t.AlertsExchange()}
+	for _, in := range t.Entrances {
+		exchanges = append(exchanges, t.Queue(in))
+	}
+	for _, ex := range exchanges {
 		if err := ch.ExchangeDelete(ex, false, false); err != nil {
 			return fmt.Errorf("delete exchange %s: %w", ex, err)
 		}

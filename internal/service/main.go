@@ -46,7 +46,8 @@ func tuneGC() {
 type Checked interface{ Check() error }
 
 // Main is the body of a service's main: it tunes the garbage collector
-// (tuneGC), reads the configuration from SAS_ variables and checks it
+// (tuneGC), reads every password given as a file (secrets.PasswordFiles),
+// reads the configuration from SAS_ variables and checks it
 // (Checked), makes a JSON logger that keeps every secret of the
 // environment out of the log, serves the profiler if the configuration
 // asks (Debugged), runs run until SIGTERM or Ctrl-C, and returns the
@@ -55,6 +56,10 @@ type Checked interface{ Check() error }
 // stop.
 func Main[C Leveled](name string, run func(context.Context, C, *slog.Logger) error) int {
 	tuneGC()
+	if err := secrets.LoadPasswordFiles(); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: configuration: %s\n", name, secrets.Scrub(err.Error()))
+		return 2
+	}
 	red := secrets.FromEnviron(os.Environ())
 	var cfg C
 	if err := envconfig.Process("sas", &cfg); err != nil {

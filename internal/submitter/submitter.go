@@ -106,7 +106,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	}
 	reg := service.NewRegistry()
 	m := newMetrics(reg)
-	topo := broker.Topology{Prefix: cfg.QueuePrefix, DeliveryLimit: cfg.DeliveryLimit, Inputs: []string{Input}}
+	topo := broker.Topology{Prefix: cfg.QueuePrefix, DeliveryLimit: cfg.DeliveryLimit, Inputs: []string{Input}, Entrances: []string{Input}}
 	ops, err := service.ListenOps(cfg.MetricsAddr, reg, service.NotReady("starting"), logger)
 	if err != nil {
 		return err
