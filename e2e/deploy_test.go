@@ -1,7 +1,12 @@
 package e2e
 
 import (
+	"fmt"
+	"net/url"
 	"os"
+	"slices"
+
+	"go.yaml.in/yaml/v3"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -22,92 +27,248 @@ func tool(t *testing.T, name string) string {
 	return path
 }
 
-// TestComposeFileIsValid: deploy/docker-compose.yml passes docker-compose
-// config with the passwords set, and is refused without them (there are
-// no default credentials).
-func TestComposeFileIsValid(t *testing.T) {
-	t.Parallel()
+// composeService is what TestComposeFileIsValid reads of a resolved
+// compose service.
+type composeService struct {
+	Image       string
+	Build       map[string]any
+	User        string
+	Restart     string
+	Profiles    []string
+	Ports       []any
+	Volumes     []string
+	Environment map[string]string
+	DependsOn   map[string]map[string]string `yaml:"depends_on"`
+	Healthcheck map[string]any
+	Entrypoint  []string
+	Command     []string
+	Container   string `yaml:"container_name"`
+}
+
+// resolveCompose runs docker-compose config with envFile (no deploy/.env
+// is read) and returns the resolved services.
+func resolveCompose(t *testing.T, envFile string) map[string]composeService {
+	t.Helper()
 	compose := tool(t, "docker-compose")
-	example, err := os.ReadFile("../deploy/.env.example")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Passwords such as openssl rand -base64 gives, and worse: compose
-	// builds no URL with them, so they need no encoding.
-	const secret = "not/a#real@Secret:%?+="
-	filled := filepath.Join(t.TempDir(), ".env")
-	lines := strings.Split(string(example), "\n")
-	for i, l := range lines {
-		if strings.HasSuffix(l, "=") {
-			lines[i] = l + secret
-		}
-	}
-	if err := os.WriteFile(filled, []byte(strings.Join(lines, "\n")), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command(compose, "-f", "../deploy/docker-compose.yml", "--env-file", filled, "config").CombinedOutput()
+	out, err := exec.Command(compose, "-f", "../deploy/docker-compose.yml", "--env-file", envFile, "config").CombinedOutput()
 	if err != nil {
 		t.Fatalf("docker-compose config: %v\n%s", err, out)
 	}
-	for _, scaled := range []string{"agent", "scheduler"} {
-		// A scaled service may have neither a fixed name nor a host port.
-		svc := section(string(out), "  "+scaled+":")
-		if !strings.Contains(svc, "entrypoint") {
-			t.Fatalf("service %s not found in the resolved compose file:\n%s", scaled, out)
-		}
-		if strings.Contains(svc, "container_name") || strings.Contains(svc, "published") || strings.Contains(svc, "ports:") {
-			t.Errorf("service %s cannot be scaled:\n%s", scaled, svc)
+	var doc struct {
+		Services map[string]composeService
+		Volumes  map[string]any
+	}
+	if err := yaml.Unmarshal(out, &doc); err != nil {
+		t.Fatalf("the resolved compose file: %v\n%s", err, out)
+	}
+	return doc.Services
+}
+
+// TestComposeFileIsValid: deploy/docker-compose.yml resolves with nothing
+// set (no deploy/.env, no variable) and runs that way: its secrets are
+// made by a one-shot service into a volume and read from files, every
+// port is on 127.0.0.1, every long-running service restarts and has a
+// healthcheck with a start period, images are pinned to the versions the
+// tests use, and sasctl runs under the tools profile.
+func TestComposeFileIsValid(t *testing.T) {
+	t.Parallel()
+	empty := filepath.Join(t.TempDir(), "empty.env")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	svcs := resolveCompose(t, empty)
+	for _, name := range []string{"secrets", "postgres", "rabbitmq", "migrate", "db-users", "remote", "submitter", "scheduler",
+		"agent", "supervisor", "console", "sasctl", "prometheus", "grafana"} {
+		if _, ok := svcs[name]; !ok {
+			t.Errorf("service %s is missing", name)
 		}
 	}
-	// No URL carries a password: each is given apart, whole.
-	for _, line := range strings.Split(string(out), "\n") {
-		if strings.Contains(line, "_URL:") && strings.Contains(line, "Secret") {
-			t.Errorf("a URL holds a password: %s", line)
+	oneShot := map[string]bool{"secrets": true, "migrate": true, "db-users": true, "sasctl": true}
+	published := map[string]bool{}
+	for name, svc := range svcs {
+		if oneShot[name] {
+			if svc.Restart != "no" {
+				t.Errorf("one-shot service %s restarts (%q)", name, svc.Restart)
+			}
+		} else {
+			if svc.Restart != "unless-stopped" {
+				t.Errorf("service %s: restart %q, want unless-stopped", name, svc.Restart)
+			}
+			if svc.Healthcheck["test"] == nil || svc.Healthcheck["start_period"] == nil {
+				t.Errorf("service %s: healthcheck %v, want a test and a start_period", name, svc.Healthcheck)
+			}
 		}
-		if strings.Contains(line, "Secret") && !strings.HasSuffix(strings.TrimSpace(line), secret) && !strings.HasSuffix(strings.TrimSpace(line), secret+"'") {
-			t.Errorf("a password was changed on its way: %s", line)
+		for _, p := range svc.Ports {
+			// "127.0.0.1:8080:8080/tcp", or the long form.
+			short, ok := p.(string)
+			if m, long := p.(map[string]any); long {
+				short = fmt.Sprintf("%v:%v:%v", m["host_ip"], m["published"], m["target"])
+			}
+			if !ok && short == "" || !strings.HasPrefix(short, "127.0.0.1:") {
+				t.Errorf("service %s publishes %v beyond this machine", name, p)
+				continue
+			}
+			published[strings.Split(short, ":")[1]] = true
+		}
+		// No password in the environment: each is a file of the volume.
+		for k, v := range svc.Environment {
+			if strings.Contains(k, "PASSWORD") && !strings.HasSuffix(k, "_FILE") {
+				t.Errorf("service %s is given a password in %s", name, k)
+			}
+			if strings.HasSuffix(k, "_FILE") && strings.Contains(k, "PASSWORD") && !strings.HasPrefix(v, "/run/secrets/sas/") {
+				t.Errorf("service %s: %s=%s is not in the secrets volume", name, k, v)
+			}
+			if u, err := url.Parse(v); strings.HasSuffix(k, "_URL") && err == nil && u.User != nil {
+				if _, has := u.User.Password(); has {
+					t.Errorf("service %s: %s holds a password", name, k)
+				}
+			}
+		}
+		// Images pinned: a version, never latest; ours are built.
+		if svc.Build == nil {
+			tag := svc.Image[strings.LastIndex(svc.Image, ":")+1:]
+			if !strings.Contains(svc.Image, ":") || tag == "latest" || !strings.Contains(tag, ".") {
+				t.Errorf("service %s: image %s is not pinned to a version", name, svc.Image)
+			}
+		} else if name != "secrets" && name != "remote" {
+			if _, ok := svc.Environment["SAS_AMQP_URL"]; !ok && name != "supervisor" && name != "migrate" && name != "db-users" {
+				t.Errorf("service %s has no broker URL", name)
+			}
+		}
+		if name != "secrets" && svc.Build != nil && name != "remote" && !slices.Contains(svc.Volumes, "secrets:/run/secrets/sas:ro") {
+			t.Errorf("service %s does not mount the secrets volume read-only: %v", name, svc.Volumes)
+		}
+	}
+	for _, port := range []string{"5672", "8080", "9090", "3000", "15672"} {
+		if !published[port] {
+			t.Errorf("port %s is not published on 127.0.0.1", port)
+		}
+	}
+	// The versions the tests run against.
+	versions := map[string]string{"postgres": "postgres:15.", "rabbitmq": "rabbitmq:3.10."}
+	for svc, want := range versions {
+		if !strings.HasPrefix(svcs[svc].Image, want) {
+			t.Errorf("service %s: image %s, want %s… (the line the tests use)", svc, svcs[svc].Image, want)
+		}
+	}
+	// The secrets: made once by root, read by each service from files.
+	sec := svcs["secrets"]
+	if sec.User != "0:0" || !slices.Contains(sec.Command, "init") || !slices.Contains(sec.Volumes, "secrets:/run/secrets/sas:rw") {
+		t.Errorf("the secrets service: %+v", sec)
+	}
+	if svcs["postgres"].Environment["POSTGRES_PASSWORD_FILE"] != "/run/secrets/sas/postgres" ||
+		svcs["grafana"].Environment["GF_SECURITY_ADMIN_PASSWORD__FILE"] != "/run/secrets/sas/grafana-admin" ||
+		svcs["rabbitmq"].Environment["RABBITMQ_CONFIG_FILE"] != "/run/secrets/sas/rabbitmq.conf" {
+		t.Errorf("postgres, grafana or rabbitmq do not take their secrets from the volume")
+	}
+	for _, name := range []string{"postgres", "rabbitmq", "grafana"} {
+		if svcs[name].DependsOn["secrets"]["condition"] != "service_completed_successfully" {
+			t.Errorf("service %s does not wait for the secrets: %v", name, svcs[name].DependsOn)
+		}
+	}
+	for _, role := range []string{"SUBMITTER", "SCHEDULER", "SUPERVISOR", "OPERATOR", "CONSOLE"} {
+		if svcs["db-users"].Environment["SAS_DB_PASSWORD_"+role+"_FILE"] == "" {
+			t.Errorf("db-users makes no login for %s", role)
+		}
+	}
+	// Prometheus and Grafana keep their data across a recreate.
+	if !slices.Contains(svcs["prometheus"].Volumes, "promdata:/prometheus:rw") || !slices.Contains(svcs["grafana"].Volumes, "grafana:/var/lib/grafana:rw") {
+		t.Errorf("prometheus or grafana keep no volume: %v %v", svcs["prometheus"].Volumes, svcs["grafana"].Volumes)
+	}
+	// sasctl on demand, under the tools profile.
+	if !slices.Equal(svcs["sasctl"].Profiles, []string{"tools"}) || svcs["sasctl"].Environment["SAS_DATABASE_URL"] == "" {
+		t.Errorf("the sasctl service: %+v", svcs["sasctl"])
+	}
+	// The demo service comes from its own image.
+	if svcs["remote"].Build["target"] != "demo" || svcs["submitter"].Build["target"] != nil {
+		t.Errorf("the demo service's image: %v; the services': %v", svcs["remote"].Build, svcs["submitter"].Build)
+	}
+	for _, scaled := range []string{"agent", "scheduler"} {
+		// A scaled service may have neither a fixed name nor a host port.
+		if svcs[scaled].Container != "" || len(svcs[scaled].Ports) > 0 {
+			t.Errorf("service %s cannot be scaled: %+v", scaled, svcs[scaled])
 		}
 	}
 	// Long-running services connect as their own users, never as an owner.
 	for svc, want := range map[string][]string{
-		"submitter":  {"sas_submitter_login@", "amqp://sas-submitter@", "SAS_DATABASE_PASSWORD", "SAS_AMQP_PASSWORD"},
-		"scheduler":  {"sas_scheduler_login@", "amqp://sas-scheduler@", "SAS_DATABASE_PASSWORD", "SAS_AMQP_PASSWORD"},
-		"agent":      {"amqp://sas-agent@", "SAS_AMQP_PASSWORD"},
-		"supervisor": {"sas_supervisor_login@", "SAS_DATABASE_PASSWORD"},
-		"console":    {"sas_console_login@", "amqp://sas-sasctl@", "SAS_DATABASE_PASSWORD", "SAS_AMQP_PASSWORD", "127.0.0.1"},
+		"submitter":  {"sas_submitter_login@", "amqp://sas-submitter@"},
+		"scheduler":  {"sas_scheduler_login@", "amqp://sas-scheduler@"},
+		"agent":      {"amqp://sas-agent@"},
+		"supervisor": {"sas_supervisor_login@"},
+		"console":    {"sas_console_login@", "amqp://sas-sasctl@"},
+		"sasctl":     {"sas_operator_login@", "amqp://sas-sasctl@"},
 	} {
-		sec := section(string(out), "  "+svc+":")
+		urls := svcs[svc].Environment["SAS_DATABASE_URL"] + " " + svcs[svc].Environment["SAS_AMQP_URL"]
 		for _, w := range want {
-			if !strings.Contains(sec, w) {
-				t.Errorf("service %s does not connect as %s:\n%s", svc, w, sec)
+			if !strings.Contains(urls, w) {
+				t.Errorf("service %s does not connect as %s: %s", svc, w, urls)
 			}
 		}
-		if strings.Contains(sec, "postgres://sas@") || strings.Contains(sec, "amqp://sas@") {
-			t.Errorf("service %s connects as an owner:\n%s", svc, sec)
+	}
+
+	// deploy/.env only overrides.
+	overrides := filepath.Join(t.TempDir(), ".env")
+	example, err := os.ReadFile("../deploy/.env.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, l := range strings.Split(string(example), "\n") {
+		if v, ok := strings.CutPrefix(l, "#SAS_"); ok && strings.Contains(v, "=") {
+			lines = append(lines, "SAS_"+v)
 		}
 	}
-	out, err = exec.Command(compose, "-f", "../deploy/docker-compose.yml", "--env-file", "../deploy/.env.example", "config").CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "set POSTGRES_PASSWORD") {
-		t.Fatalf("compose accepted empty passwords: %v\n%s", err, out)
+	if len(lines) < 2 {
+		t.Fatalf("deploy/.env.example offers %d overrides", len(lines))
+	}
+	lines = append(lines, "SAS_LOG_LEVEL=debug", "SAS_REMOTE_URL=https://payments.example:8443")
+	if err := os.WriteFile(overrides, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	over := resolveCompose(t, overrides)
+	if over["agent"].Environment["SAS_REMOTE_URL"] != "https://payments.example:8443" || over["scheduler"].Environment["SAS_LOG_LEVEL"] != "debug" {
+		t.Errorf("deploy/.env does not override: %v", over["agent"].Environment)
 	}
 }
 
-// section returns the lines of a top-level compose service, from its
-// header to the next line indented as little.
-func section(doc, header string) string {
-	i := strings.Index(doc, "\n"+header+"\n")
-	if i < 0 {
-		return ""
+// TestImageCarriesOnlyTheServices: the Dockerfile's default target (its
+// last stage) copies the binaries built from the services' and sasctl's
+// packages only; the demo service and the chaos harness are another
+// target's.
+func TestImageCarriesOnlyTheServices(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile("../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
 	}
-	rest := doc[i+1+len(header)+1:]
-	var b strings.Builder
-	for _, l := range strings.Split(rest, "\n") {
-		if l != "" && !strings.HasPrefix(l, "    ") {
-			break
+	text := strings.ReplaceAll(string(raw), "\\\n", " ")
+	var servicesBuild string
+	var stages []string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.HasPrefix(l, "FROM ") {
+			stages = append(stages, l)
 		}
-		b.WriteString(l + "\n")
+		if strings.HasPrefix(l, "RUN ") && strings.Contains(l, "-o /out/") {
+			servicesBuild = l
+		}
 	}
-	return b.String()
+	var built []string
+	for _, f := range strings.Fields(servicesBuild) {
+		if p, ok := strings.CutPrefix(f, "./cmd/"); ok {
+			built = append(built, p)
+		}
+	}
+	slices.Sort(built)
+	if want := []string{"agent", "console", "sasctl", "scheduler", "submitter", "supervisor"}; !slices.Equal(built, want) {
+		t.Errorf("the image's binaries: %v, want %v", built, want)
+	}
+	last := stages[len(stages)-1]
+	if !strings.HasSuffix(last, " AS sas") || !strings.Contains(text, "COPY --from=build /out/ /usr/local/bin/\nUSER nonroot") {
+		t.Errorf("the default target is not the services' image: %s", last)
+	}
+	if !strings.Contains(text, " AS demo") || !strings.Contains(text, "./cmd/remote ./cmd/chaos") {
+		t.Errorf("the demo service and the chaos harness have no target of their own")
+	}
 }
 
 // TestPrometheusConfigAndRules: promtool accepts the alert rules and the

@@ -51,7 +51,7 @@ func TestDeploymentSecretsMadeOnceAndUsedFromFiles(t *testing.T) {
 	rabbitUID := -1
 	if u, err := user.Lookup("rabbitmq"); err == nil && os.Geteuid() == 0 {
 		rabbitUID, _ = strconv.Atoi(u.Uid)
-		initArgs = append(initArgs, "--owner", "rabbitmq-definitions.json="+u.Uid+":0")
+		initArgs = append(initArgs, "--owner", "rabbitmq-definitions.json="+u.Uid+":0", "--owner", "rabbitmq.conf="+u.Uid+":0")
 	}
 	out, errOut, code := sasctl(t, s.env, initArgs...)
 	if code != 0 || !strings.Contains(out, "made postgres, rabbitmq,") {

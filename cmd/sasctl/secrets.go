@@ -131,8 +131,11 @@ func (a *app) secretsInit(_ context.Context, args []string) error {
 	if err := writeSecret(*dir, "rabbitmq-definitions.json", defs); err != nil {
 		return err
 	}
+	// The default user, made on a node's first boot, is the
+	// administrator too: never guest.
 	conf := "# Written by sasctl secrets init: RabbitMQ loads its users and their rights at boot.\n" +
-		"load_definitions = " + filepath.Join(*dir, "rabbitmq-definitions.json") + "\n"
+		"load_definitions = " + filepath.Join(*dir, "rabbitmq-definitions.json") + "\n" +
+		"default_user = " + *adminUser + "\ndefault_pass = " + pw["rabbitmq"] + "\n"
 	if err := writeSecret(*dir, "rabbitmq.conf", []byte(conf)); err != nil {
 		return err
 	}
@@ -166,7 +169,7 @@ func (a *app) secretsShow(_ context.Context, args []string) error {
 		return err
 	}
 	if len(rest) != 1 || !slices.Contains(secretNames(), rest[0]) {
-		return a.usageError(fs, "name one secret: "+strings.Join(secretNames(), ", "))
+		return a.usageError(fs, "name one secret: %s", strings.Join(secretNames(), ", "))
 	}
 	v, err := readSecret(*dir, rest[0])
 	if err != nil {
