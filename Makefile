@@ -2,14 +2,20 @@
 #
 #   make demo    run the whole system locally and push orders through it (sasctl dev)
 #   make test    vet and race-test everything against real Postgres and RabbitMQ
+#                (and the compose file, the Helm chart and the alert rules)
 
 GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 GOVULNCHECK := golang.org/x/vuln/cmd/govulncheck@v1.8.0
+# The chart's checks (TestHelmChart): helm and kubeconform, built from the
+# Go module proxy into bin/tools/<versions>/ by make tools.
+HELM_PKG := helm.sh/helm/v3/cmd/helm@v3.22.0
+KUBECONFORM_PKG := github.com/yannh/kubeconform/cmd/kubeconform@v0.8.0
+TOOLS := $(CURDIR)/bin/tools/helm-v3.22.0-kubeconform-v0.8.0
 FUZZTIME ?= 30s
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all build services test lint fmt-check fuzz demo chaos bench clean console-screenshots bench-console ha
+.PHONY: all build services tools test lint fmt-check fuzz demo chaos bench clean console-screenshots bench-console ha
 
 all: build
 
@@ -22,13 +28,18 @@ build:
 services:
 	./scripts/services.sh --prometheus --compose --chromium sas_test
 
+tools:
+	@mkdir -p $(TOOLS)
+	@test -x $(TOOLS)/helm || { echo "building $(HELM_PKG)"; GOBIN=$(TOOLS) $(GO) install $(HELM_PKG); }
+	@test -x $(TOOLS)/kubeconform || { echo "building $(KUBECONFORM_PKG)"; GOBIN=$(TOOLS) $(GO) install $(KUBECONFORM_PKG); }
+
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
-test: services fmt-check
+test: services tools fmt-check
 	$(GO) vet ./...
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	PATH="$(TOOLS):$$PATH" $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 # govulncheck needs https://vuln.go.dev for its database.
 lint: fmt-check

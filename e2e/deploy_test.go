@@ -18,7 +18,7 @@ func tool(t *testing.T, name string) string {
 	t.Helper()
 	path, err := exec.LookPath(name)
 	if err != nil {
-		msg := name + " is not installed (make test installs it: scripts/services.sh --prometheus --compose)"
+		msg := name + " is not installed (make test installs it: scripts/services.sh --prometheus --compose, make tools)"
 		if os.Getenv("CI") == "true" {
 			t.Fatal(msg)
 		}

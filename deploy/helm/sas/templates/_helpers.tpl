@@ -1,0 +1,109 @@
+{{/* The release's name for its objects, at most 63 characters. */}}
+{{- define "sas.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sas.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* Selector labels of one component: (dict "root" $ "component" "scheduler"). */}}
+{{- define "sas.selector" -}}
+app.kubernetes.io/name: {{ .root.Chart.Name }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "sas.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+
+{{- define "sas.secretName" -}}
+{{- .Values.secrets.existingSecret | default (printf "%s-secrets" (include "sas.fullname" .)) -}}
+{{- end -}}
+
+{{/* A database URL for a login: (dict "root" $ "user" "sas_scheduler_login"). No password: it is a file. */}}
+{{- define "sas.databaseURL" -}}
+{{- $db := .root.Values.database -}}
+{{- printf "postgres://%s@%s/%s" (.user | urlquery) $db.hosts ($db.name | urlquery) -}}
+{{- with $db.params }}?{{ . }}{{ end -}}
+{{- end -}}
+
+{{/* The broker URLs for a user, one per node, comma-separated. */}}
+{{- define "sas.amqpURL" -}}
+{{- $b := .root.Values.broker -}}
+{{- $vhost := ternary "" ($b.vhost | urlquery) (eq $b.vhost "/") -}}
+{{- $user := .user -}}
+{{- $urls := list -}}
+{{- range $b.hosts -}}
+{{- $urls = append $urls (printf "%s://%s@%s/%s" $b.scheme ($user | urlquery) . $vhost) -}}
+{{- end -}}
+{{- join "," $urls -}}
+{{- end -}}
+
+{{/* The settings every sas container shares. */}}
+{{- define "sas.commonEnv" -}}
+- name: SAS_QUEUE_PREFIX
+  value: {{ .Values.queuePrefix | quote }}
+- name: SAS_LOG_LEVEL
+  value: {{ .Values.logLevel | quote }}
+- name: SAS_INSTANCE_ID
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+{{- if .Values.workflows }}
+- name: SAS_WORKFLOWS_FILE
+  value: /etc/sas/workflows/workflows.yaml
+{{- end }}
+{{- end -}}
+
+{{/* A pod's security settings and scheduling. */}}
+{{- define "sas.podSpecCommon" -}}
+automountServiceAccountToken: false
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The components: name, metrics port, database role (none for agents),
+broker user (none for the supervisor), password keys of the Secret it
+may read, and its values.
+*/}}
+{{- define "sas.components" -}}
+{{- $c := list -}}
+{{- $c = append $c (dict "name" "submitter" "binary" "submitter" "port" 9101 "role" "submitter" "amqp" "submitter" "values" .Values.submitter) -}}
+{{- $c = append $c (dict "name" "scheduler" "binary" "scheduler" "port" 9102 "role" "scheduler" "amqp" "scheduler" "values" .Values.scheduler) -}}
+{{- $c = append $c (dict "name" "supervisor" "binary" "supervisor" "port" 9104 "role" "supervisor" "amqp" "" "values" .Values.supervisor) -}}
+{{- if .Values.console.enabled -}}
+{{- $c = append $c (dict "name" "console" "binary" "console" "port" 9106 "role" "console" "amqp" "sasctl" "values" .Values.console) -}}
+{{- end -}}
+{{- range .Values.agents -}}
+{{- $v := merge (dict "replicas" .replicas "kinds" .kinds) (deepCopy $.Values.agent) -}}
+{{- $c = append $c (dict "name" (printf "agent-%s" .name) "binary" "agent" "port" 9103 "role" "" "amqp" "agent" "values" $v "kinds" .kinds) -}}
+{{- end -}}
+{{- toJson (dict "items" $c) -}}
+{{- end -}}
