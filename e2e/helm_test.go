@@ -321,8 +321,8 @@ func kubeSchemas(t *testing.T) string {
 			}
 			var crd struct {
 				Spec struct {
-					Group string
-					Names struct{ Kind string }
+					Group    string
+					Names    struct{ Kind string }
 					Versions []struct {
 						Name   string
 						Schema struct {

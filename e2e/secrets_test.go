@@ -111,7 +111,9 @@ func TestDeploymentSecretsMadeOnceAndUsedFromFiles(t *testing.T) {
 
 	// The broker, booted with the written configuration.
 	node := startRabbitNodes(t, "sassecret", "5720", 1, filepath.Join(secrets, "rabbitmq.conf"))
-	nodeURL := func(user string) string { return "amqp://" + user + "@" + strings.TrimPrefix(node.urls, "amqp://guest:guest@") }
+	nodeURL := func(user string) string {
+		return "amqp://" + user + "@" + strings.TrimPrefix(node.urls, "amqp://guest:guest@")
+	}
 	// The administrator logs in with its password, and with no other.
 	if conn, err := amqp.Dial(strings.Replace(nodeURL("sas"), "sas@", "sas:"+url.QueryEscape(pw("rabbitmq"))+"@", 1)); err != nil {
 		t.Fatalf("the administrator cannot log in: %v", err)
