@@ -15,7 +15,7 @@ TOOLS := $(CURDIR)/bin/tools/helm-v3.22.0-kubeconform-v0.8.0
 FUZZTIME ?= 30s
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all build services tools test lint fmt-check fuzz demo chaos bench clean console-screenshots bench-console ha
+.PHONY: all build services tools test bench-ab lint fmt-check fuzz demo chaos bench clean console-screenshots bench-console ha
 
 all: build
 
@@ -84,8 +84,9 @@ chaos: services
 # count each, benchstat-comparable (benchstat old.txt bench.txt), whose
 # sum per order is the floor of docs/BENCHMARKS.md; then sasctl bench
 # runs the whole system on this machine (database sas_bench, queues
-# bench.*) in four scenarios, each BENCH_WARMUP then BENCH_DURATION, and
-# writes a table to the terminal and JSON to bench-*.json.
+# bench.*, every run on a fresh schema) in six scenarios, each
+# BENCH_WARMUP then BENCH_DURATION, and writes a table to the terminal and
+# JSON to bench-*.json.
 BENCH_COUNT ?= 5
 BENCH_WARMUP ?= 10s
 BENCH_DURATION ?= 60s
@@ -99,6 +100,19 @@ bench: build
 	$(BENCH_RUN) --workflow order --label order-max --json bench-order-max.json
 	$(BENCH_RUN) --workflow order --rate 150 --label order-150 --json bench-order-150.json
 	$(BENCH_RUN) --workflow order --rate 500 --drain 30s --label order-500 --json bench-order-500.json
+	$(BENCH_RUN) --workflow single --rate 50 --drain 30s --label single-50 --json bench-single-50.json
+	$(BENCH_RUN) --workflow order --rate 50 --drain 30s --label order-50 --json bench-order-50.json
+
+# A/B in one sitting (docs/BENCHMARKS.md): BASE's binaries against the
+# working tree's, each scenario run alternately A B A B (AB_ROUNDS each),
+# every run on a fresh schema; prints both and the ratio of every figure.
+#   make bench-ab BASE=main~3 [AB_SCENARIOS="single-max order-50"] [AB_ROUNDS=3]
+AB_SCENARIOS ?= single-max order-max single-50 order-50
+AB_ROUNDS ?= 2
+bench-ab:
+	@test -n "$(BASE)" || { echo "usage: make bench-ab BASE=<commit> [AB_SCENARIOS=...] [AB_ROUNDS=2]"; exit 2; }
+	./scripts/services.sh sas_bench
+	GO=$(GO) AB_ROUNDS=$(AB_ROUNDS) ./scripts/bench-ab.sh $(BASE) $(AB_SCENARIOS)
 
 # The console's browser test (headless Chromium) with its screenshots
 # written into docs/console/, the pictures the README shows.

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -199,5 +200,82 @@ func TestSasctlBenchRefusesLeftovers(t *testing.T) {
 	out, errOut, code := sasctl(t, s.env, append(args, "--purge")...)
 	if code != 0 || !strings.Contains(errOut, "purged 1 messages") || !strings.Contains(out, "BENCH") {
 		t.Fatalf("bench --purge: exit %d\n%s\n%s", code, out, errOut)
+	}
+}
+
+// TestSasctlBenchAB: --against runs another build's binaries (A) and
+// these (B) alternately, each run on a fresh schema migrated by its own
+// build's sasctl and dropped after, and reports every run of each side
+// with the means and the ratio B/A of every figure.
+func TestSasctlBenchAB(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	// Another build: the same binaries under another directory, so that
+	// A's migrations are run by A's sasctl.
+	other := filepath.Join(t.TempDir(), "a")
+	if err := os.Symlink(binDir, other); err != nil {
+		t.Fatal(err)
+	}
+	base := 20000 + 10*int((time.Now().UnixNano()+900)%1200)
+	report := filepath.Join(t.TempDir(), "ab.json")
+	out, errOut, code := sasctl(t, s.env, "bench", "--bin", binDir, "--against", other, "--rounds", "1", "--port-base", strconv.Itoa(base),
+		"--workflow", "single", "--rate", "20", "--warmup", "0s", "--duration", "3s", "--label", "ab", "--json", report)
+	if code != 0 {
+		t.Fatalf("sasctl bench --against: exit %d\n%s\n%s", code, out, errOut)
+	}
+	if !strings.Contains(out, "A/B") || !strings.Contains(out, "B/A") || strings.Count(out, "\nBENCH") != 2 {
+		t.Errorf("the A/B table:\n%s", out)
+	}
+	if !strings.Contains(errOut, "ab A1: "+other) || !strings.Contains(errOut, "ab B1: "+binDir) || strings.Index(errOut, "ab A1") > strings.Index(errOut, "ab B1") {
+		t.Errorf("the runs, in order:\n%s", errOut)
+	}
+	b, err := os.ReadFile(report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ab struct {
+		A, B    []benchJSON
+		Figures []struct {
+			Name  string
+			A, B  []float64
+			MeanA float64 `json:"mean_a"`
+			MeanB float64 `json:"mean_b"`
+			Ratio float64 `json:"ratio_b_over_a"`
+		}
+	}
+	if err := json.Unmarshal(b, &ab); err != nil {
+		t.Fatalf("the report: %v\n%s", err, b)
+	}
+	for side, runs := range map[string][]benchJSON{"A": ab.A, "B": ab.B} {
+		if len(runs) != 1 || runs[0].Placed < 30 || runs[0].Unended != 0 || runs[0].Ended["completed"] != runs[0].Placed {
+			t.Errorf("side %s: %+v", side, runs)
+		}
+	}
+	figures := map[string]bool{}
+	for _, f := range ab.Figures {
+		figures[f.Name] = true
+		if f.Name == "completed/s" && (len(f.A) != 1 || f.A[0] != ab.A[0].CompletedPerSecond || f.B[0] != ab.B[0].CompletedPerSecond ||
+			f.Ratio < 0.5 || f.Ratio > 2 || f.MeanA != f.A[0]) {
+			t.Errorf("completed/s: %+v", f)
+		}
+	}
+	for _, want := range []string{"completed/s", "latency p99 ms", "CPU ms per order (all)", "  PostgreSQL", "WAL KiB per order"} {
+		if !figures[want] {
+			t.Errorf("no figure %q in %v", want, figures)
+		}
+	}
+	// Every run had a schema of its own, dropped after: nothing in the
+	// test's schema, no bench schema left.
+	if n := s.count(t, `SELECT count(*) FROM orders`); n != 0 {
+		t.Errorf("%d orders in the configured schema: the runs were not on fresh ones", n)
+	}
+	schemas := regexp.MustCompile(`on a fresh schema (bench_\w+)`).FindAllStringSubmatch(errOut, -1)
+	if len(schemas) != 2 || schemas[0][1] == schemas[1][1] {
+		t.Fatalf("the runs' schemas: %v\n%s", schemas, errOut)
+	}
+	for _, m := range schemas {
+		if n := s.count(t, `SELECT count(*) FROM pg_namespace WHERE nspname = $1`, m[1]); n != 0 {
+			t.Errorf("schema %s left behind", m[1])
+		}
 	}
 }

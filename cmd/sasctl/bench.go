@@ -31,32 +31,36 @@ import (
 // per process, and queue depths over time.
 func (a *app) bench(ctx context.Context, args []string) error {
 	fs := a.flags()
-	wf := fs.String("workflow", workflow.DefaultName, "workflow of the orders (single: one step; order: three)")
-	rate := fs.Float64("rate", 0, "orders offered per second; 0 offers as fast as the system absorbs them (see --inflight)")
-	inflight := fs.Int("inflight", 2000, "with --rate 0: orders published and not yet ended, at most")
-	warmup := fs.Duration("warmup", 10*time.Second, "load before the measured window")
-	duration := fs.Duration("duration", 60*time.Second, "the measured window")
-	drain := fs.Duration("drain", 60*time.Second, "after the window, how long to wait for its orders to end")
-	schedulers := fs.Int("schedulers", 2, "scheduler replicas")
-	agents := fs.Int("agents", 2, "agent replicas")
-	latency := fs.Int("remote-latency-ms", 1, "the remote service's latency per call")
-	binDir := fs.String("bin", "", "directory of the sas binaries (default: sasctl's own)")
-	portBase := fs.Int("port-base", 9300, "services listen on 127.0.0.1 from this port up (as sasctl dev)")
+	var o benchOptions
+	fs.StringVar(&o.wf, "workflow", workflow.DefaultName, "workflow of the orders (single: one step; order: three)")
+	fs.Float64Var(&o.rate, "rate", 0, "orders offered per second; 0 offers as fast as the system absorbs them (see --inflight)")
+	fs.IntVar(&o.inflight, "inflight", 2000, "with --rate 0: orders published and not yet ended, at most")
+	fs.DurationVar(&o.warmup, "warmup", 10*time.Second, "load before the measured window")
+	fs.DurationVar(&o.duration, "duration", 60*time.Second, "the measured window")
+	fs.DurationVar(&o.drain, "drain", 60*time.Second, "after the window, how long to wait for its orders to end")
+	fs.IntVar(&o.schedulers, "schedulers", 2, "scheduler replicas")
+	fs.IntVar(&o.agents, "agents", 2, "agent replicas")
+	fs.IntVar(&o.latency, "remote-latency-ms", 1, "the remote service's latency per call")
+	fs.StringVar(&o.binDir, "bin", "", "directory of the sas binaries (default: sasctl's own)")
+	fs.IntVar(&o.portBase, "port-base", 9300, "services listen on 127.0.0.1 from this port up (as sasctl dev)")
 	jsonOut := fs.String("json", "", "also write the report as JSON to this file")
-	label := fs.String("label", "", "a name for this run in the report")
-	purge := fs.Bool("purge", false, "empty the submit, replies and agent queues first (a previous run's leftovers); without it, leftovers stop the run")
-	pprofOffset := fs.Int("pprof-offset", 0, "when not 0, every service serves Go's profiler on its port plus this offset (e.g. 1000: the submitter's on port-base+1001)")
+	fs.StringVar(&o.label, "label", "", "a name for this run in the report")
+	fs.BoolVar(&o.purge, "purge", false, "empty the submit, replies and agent queues first (a previous run's leftovers); without it, leftovers stop the run")
+	fs.IntVar(&o.pprofOffset, "pprof-offset", 0, "when not 0, every service serves Go's profiler on its port plus this offset (e.g. 1000: the submitter's on port-base+1001)")
+	fs.BoolVar(&o.fresh, "fresh", true, "run on a new schema of the database, migrated by the run's own sasctl and dropped after, so that no earlier run's rows or dead tuples weigh on it (--fresh=false: the database as it is)")
+	against := fs.String("against", "", "A/B: the directory of another build's binaries (A); runs A and this run's binaries (B, --bin) alternately, --rounds times each, and prints both with the ratio B/A of every figure")
+	rounds := fs.Int("rounds", 2, "with --against: runs of each side")
 	var env multiFlag
 	fs.Var(&env, "env", "NAME=VALUE added to every service's environment (repeatable), e.g. SAS_SCHEDULER_BATCH=200 or GOGC=400")
 	if err := a.parseNoArgs(fs, args); err != nil {
 		return err
 	}
-	if *rate < 0 || *inflight < 1 || *duration <= 0 || *warmup < 0 {
-		fmt.Fprintln(a.stderr, "sasctl bench: --rate must be >= 0, --inflight >= 1, --duration > 0, --warmup >= 0")
+	o.env = env
+	if o.rate < 0 || o.inflight < 1 || o.duration <= 0 || o.warmup < 0 || *rounds < 1 {
+		fmt.Fprintln(a.stderr, "sasctl bench: --rate must be >= 0, --inflight >= 1, --duration > 0, --warmup >= 0, --rounds >= 1")
 		return errUsage
 	}
-	smp, err := newOrderSampler(workflow.Builtin(), *wf, "")
-	if err != nil {
+	if _, err := newOrderSampler(workflow.Builtin(), o.wf, ""); err != nil {
 		fmt.Fprintf(a.stderr, "sasctl bench: %v\n", err)
 		return errUsage
 	}
@@ -67,10 +71,71 @@ func (a *app) bench(ctx context.Context, args []string) error {
 			return errUsage
 		}
 	}
+	var out any
+	if *against == "" {
+		rep, err := a.runBench(ctx, o)
+		if err != nil {
+			return err
+		}
+		rep.print(a.stdout)
+		out = rep
+	} else {
+		ab, err := a.benchAB(ctx, o, *against, *rounds)
+		if err != nil {
+			return err
+		}
+		ab.print(a.stdout)
+		out = ab
+	}
+	if *jsonOut != "" {
+		b, err := json.MarshalIndent(out, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
-	store, closeStore, err := a.migrateAndOpen(ctx)
+// benchOptions are one run's settings.
+type benchOptions struct {
+	wf                          string
+	rate                        float64
+	inflight                    int
+	warmup, duration, drain     time.Duration
+	schedulers, agents, latency int
+	binDir                      string
+	portBase, pprofOffset       int
+	label                       string
+	purge, fresh                bool
+	env                         []string
+}
+
+// runBench runs every service under load once and returns what it
+// measured.
+func (a *app) runBench(ctx context.Context, o benchOptions) (*benchReport, error) {
+	smp, err := newOrderSampler(workflow.Builtin(), o.wf, "")
 	if err != nil {
-		return err
+		return nil, err
+	}
+	serviceEnv := slices.Clone(o.env)
+	if o.fresh {
+		url, drop, err := a.freshSchema(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer drop()
+		fmt.Fprintf(a.stderr, "on a fresh schema %s\n", schemaOf(url))
+		fresh := *a
+		fresh.cfg.DatabaseURL = url
+		a = &fresh
+		serviceEnv = append(serviceEnv, "SAS_DATABASE_URL="+url)
+	}
+	store, closeStore, err := a.benchStore(ctx, o.binDir)
+	if err != nil {
+		return nil, err
 	}
 	defer closeStore()
 	kinds := workflow.Builtin().Agents()
@@ -80,7 +145,7 @@ func (a *app) bench(ctx context.Context, args []string) error {
 	}
 	conn, pub, topo, err := a.openBroker(ctx, inputs...)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer conn.Close()
 	defer pub.Close()
@@ -91,15 +156,15 @@ func (a *app) bench(ctx context.Context, args []string) error {
 		queueNames[i] = topo.Queue(in)
 	}
 	// A run's figures are only its own if no earlier run left work behind.
-	if err := emptyQueues(ctx, conn, depths, queueNames, *purge, a.stderr); err != nil {
-		return err
+	if err := emptyQueues(ctx, conn, depths, queueNames, o.purge, a.stderr); err != nil {
+		return nil, err
 	}
 
-	faults := fmt.Sprintf(`{"*":{"latency_min_ms":%d,"latency_max_ms":%d}}`, *latency, *latency)
-	st, err := startStack(ctx, stackOptions{binDir: *binDir, schedulers: *schedulers, agents: *agents,
-		faults: faults, portBase: *portBase, env: env, debugOffset: *pprofOffset})
+	faults := fmt.Sprintf(`{"*":{"latency_min_ms":%d,"latency_max_ms":%d}}`, o.latency, o.latency)
+	st, err := startStack(ctx, stackOptions{binDir: o.binDir, schedulers: o.schedulers, agents: o.agents,
+		faults: faults, portBase: o.portBase, env: serviceEnv, debugOffset: o.pprofOffset})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer st.stop()
 	fmt.Fprintf(a.stderr, "services up (%d processes); logs in %s\n", len(st.procs), st.logs)
@@ -115,7 +180,7 @@ func (a *app) bench(ctx context.Context, args []string) error {
 		}
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer stopListen()
 
@@ -124,10 +189,10 @@ func (a *app) bench(ctx context.Context, args []string) error {
 	gen := &generator{pub: pub, queue: topo.Queue(submitter.Input), sampler: smp}
 	loadDone := make(chan error, 1)
 	go func() {
-		if *rate > 0 {
-			loadDone <- gen.fixedRate(loadCtx, *rate)
+		if o.rate > 0 {
+			loadDone <- gen.fixedRate(loadCtx, o.rate)
 		} else {
-			loadDone <- gen.closedLoop(loadCtx, *inflight, &ended, endedWake)
+			loadDone <- gen.closedLoop(loadCtx, o.inflight, &ended, endedWake)
 		}
 	}()
 
@@ -149,12 +214,12 @@ func (a *app) bench(ctx context.Context, args []string) error {
 	phase := "warm-up"
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	measureAt := began.Add(*warmup)
-	endAt := measureAt.Add(*duration)
-	if *warmup == 0 {
+	measureAt := began.Add(o.warmup)
+	endAt := measureAt.Add(o.duration)
+	if o.warmup == 0 {
 		window.from, err = store.Now(ctx)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		window.cpu0 = takeCPU(st)
 		window.wal0 = readWAL()
@@ -163,15 +228,15 @@ func (a *app) bench(ctx context.Context, args []string) error {
 	for phase != "done" {
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return nil, ctx.Err()
 		case err := <-loadDone:
 			if err != nil {
-				return fmt.Errorf("load: %w", err)
+				return nil, fmt.Errorf("load: %w", err)
 			}
-			return errors.New("load generator stopped early")
+			return nil, errors.New("load generator stopped early")
 		case now := <-tick.C:
 			if err := st.exited(); err != nil {
-				return err
+				return nil, err
 			}
 			if phase == "measuring" {
 				samples.take(ctx, now.Sub(measureAt))
@@ -179,14 +244,14 @@ func (a *app) bench(ctx context.Context, args []string) error {
 			switch {
 			case phase == "warm-up" && !now.Before(measureAt):
 				if window.from, err = store.Now(ctx); err != nil {
-					return err
+					return nil, err
 				}
 				window.cpu0 = takeCPU(st)
 				window.wal0 = readWAL()
 				phase = "measuring"
 			case phase == "measuring" && !now.Before(endAt):
 				if window.to, err = store.Now(ctx); err != nil {
-					return err
+					return nil, err
 				}
 				window.cpu1 = takeCPU(st)
 				if window.wal0 != nil {
@@ -200,12 +265,12 @@ func (a *app) bench(ctx context.Context, args []string) error {
 	}
 	stopLoad()
 	if err := <-loadDone; err != nil && !errors.Is(err, context.Canceled) {
-		return fmt.Errorf("load: %w", err)
+		return nil, fmt.Errorf("load: %w", err)
 	}
 	fmt.Fprintln(a.stderr)
 
 	// Wait for the window's orders to end, within --drain.
-	drainUntil := time.Now().Add(*drain)
+	drainUntil := time.Now().Add(o.drain)
 	for ended.Load() < gen.published.Load() && time.Now().Before(drainUntil) && ctx.Err() == nil {
 		select {
 		case <-ctx.Done():
@@ -214,23 +279,13 @@ func (a *app) bench(ctx context.Context, args []string) error {
 	}
 	timings, err := store.Timings(ctx, window.from, window.to)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	rep := newBenchReport(*label, *wf, *rate, *inflight, *warmup, window.to.Sub(window.from), *schedulers, *agents, *latency, env)
+	rep := newBenchReport(o.label, o.wf, o.rate, o.inflight, o.warmup, window.to.Sub(window.from), o.schedulers, o.agents, o.latency, o.env)
 	rep.Published, rep.PublishFailures = gen.published.Load(), gen.failed.Load()
 	rep.fill(timings, window.cpu0, window.cpu1, st, samples)
 	rep.fillDatabase(window.wal0, window.wal1, timings.Completions)
-	rep.print(a.stdout)
-	if *jsonOut != "" {
-		b, err := json.MarshalIndent(rep, "", "  ")
-		if err != nil {
-			return err
-		}
-		if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
-			return err
-		}
-	}
-	return nil
+	return rep, nil
 }
 
 // emptyQueues checks that queues hold no ready messages, or with purge
