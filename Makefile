@@ -15,7 +15,7 @@ TOOLS := $(CURDIR)/bin/tools/helm-v3.22.0-kubeconform-v0.8.0
 FUZZTIME ?= 30s
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all build services tools test bench-ab lint fmt-check fuzz demo chaos bench clean console-screenshots bench-console ha
+.PHONY: all build services tools test bench-ab bench-backlog lint fmt-check fuzz demo chaos bench clean console-screenshots bench-console ha
 
 all: build
 
@@ -113,6 +113,14 @@ bench-ab:
 	@test -n "$(BASE)" || { echo "usage: make bench-ab BASE=<commit> [AB_SCENARIOS=...] [AB_ROUNDS=2]"; exit 2; }
 	./scripts/services.sh sas_bench
 	GO=$(GO) AB_ROUNDS=$(AB_ROUNDS) ./scripts/bench-ab.sh $(BASE) $(AB_SCENARIOS)
+
+# A backlog (docs/BENCHMARKS.md): BACKLOG_ORDERS single-step orders queued
+# and written with the schedulers and agents stopped, then drained once
+# they start; the time to drain and every process's peak RSS.
+BACKLOG_ORDERS ?= 100000
+bench-backlog: build
+	./scripts/services.sh sas_bench
+	$(BENCH_ENV) bin/sasctl bench --workflow single --backlog $(BACKLOG_ORDERS) --json bench-backlog.json
 
 # The console's browser test (headless Chromium) with its screenshots
 # written into docs/console/, the pictures the README shows.

@@ -279,3 +279,51 @@ func TestSasctlBenchAB(t *testing.T) {
 		}
 	}
 }
+
+// TestSasctlBenchBacklog: --backlog queues orders while no scheduler or
+// agent runs, then starts them and reports the drain and every process's
+// peak memory.
+func TestSasctlBenchBacklog(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	base := 20000 + 10*int((time.Now().UnixNano()+450)%1200)
+	report := filepath.Join(t.TempDir(), "backlog.json")
+	out, errOut, code := sasctl(t, s.env, "bench", "--bin", binDir, "--port-base", strconv.Itoa(base),
+		"--workflow", "single", "--backlog", "300", "--json", report)
+	if code != 0 {
+		t.Fatalf("sasctl bench --backlog: exit %d\n%s\n%s", code, out, errOut)
+	}
+	if !strings.Contains(errOut, "schedulers and agents held") || !strings.Contains(out, "BACKLOG") || !strings.Contains(out, "peak RSS MiB") {
+		t.Errorf("the report:\n%s\n%s", out, errOut)
+	}
+	b, err := os.ReadFile(report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r struct {
+		Orders    int     `json:"orders"`
+		Written   float64 `json:"written_s"`
+		Drain     float64 `json:"drain_s"`
+		Completed int     `json:"completed"`
+		MaxRSS    float64 `json:"max_rss_mib"`
+		Processes []struct {
+			Name       string  `json:"name"`
+			PeakRSSMiB float64 `json:"peak_rss_mib"`
+		} `json:"processes"`
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatalf("the report: %v\n%s", err, b)
+	}
+	if r.Orders != 300 || r.Completed != 300 || r.Written <= 0 || r.Drain <= 0 || r.MaxRSS <= 0 {
+		t.Errorf("backlog report: %+v", r)
+	}
+	names := map[string]bool{}
+	for _, p := range r.Processes {
+		names[p.Name] = p.PeakRSSMiB > 0
+	}
+	for _, want := range []string{"submitter", "scheduler-1", "scheduler-2", "agent-1", "agent-2", "supervisor"} {
+		if !names[want] {
+			t.Errorf("no peak RSS for %s: %+v", want, r.Processes)
+		}
+	}
+}

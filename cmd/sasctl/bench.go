@@ -50,6 +50,7 @@ func (a *app) bench(ctx context.Context, args []string) error {
 	fs.BoolVar(&o.fresh, "fresh", true, "run on a new schema of the database, migrated by the run's own sasctl and dropped after, so that no earlier run's rows or dead tuples weigh on it (--fresh=false: the database as it is)")
 	against := fs.String("against", "", "A/B: the directory of another build's binaries (A); runs A and this run's binaries (B, --bin) alternately, --rounds times each, and prints both with the ratio B/A of every figure")
 	rounds := fs.Int("rounds", 2, "with --against: runs of each side")
+	backlog := fs.Int("backlog", 0, "instead of a load: queue this many orders with the schedulers and agents stopped, then start them, and report the time to drain and every process's peak memory")
 	var env multiFlag
 	fs.Var(&env, "env", "NAME=VALUE added to every service's environment (repeatable), e.g. SAS_SCHEDULER_BATCH=200 or GOGC=400")
 	if err := a.parseNoArgs(fs, args); err != nil {
@@ -72,14 +73,22 @@ func (a *app) bench(ctx context.Context, args []string) error {
 		}
 	}
 	var out any
-	if *against == "" {
+	switch {
+	case *backlog > 0:
+		rep, err := a.benchBacklog(ctx, o, *backlog)
+		if err != nil {
+			return err
+		}
+		rep.print(a.stdout)
+		out = rep
+	case *against == "":
 		rep, err := a.runBench(ctx, o)
 		if err != nil {
 			return err
 		}
 		rep.print(a.stdout)
 		out = rep
-	} else {
+	default:
 		ab, err := a.benchAB(ctx, o, *against, *rounds)
 		if err != nil {
 			return err

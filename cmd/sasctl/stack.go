@@ -31,6 +31,9 @@ type stackOptions struct {
 	// debugOffset, when not 0, serves each service's profiler on its own
 	// port plus this offset (SAS_DEBUG_ADDR).
 	debugOffset int
+	// holdWorkers starts no scheduler and no agent: startWorkers does,
+	// later (a backlog built while they are stopped).
+	holdWorkers bool
 }
 
 // stack is the running services, in start order.
@@ -39,6 +42,9 @@ type stack struct {
 	byName  map[string][]*proc.Proc // by service: submitter, scheduler, agent, supervisor, remote
 	logs    string
 	promURL string
+	// startWorkers starts the schedulers and agents held back by
+	// holdWorkers and waits until they are ready.
+	startWorkers func(ctx context.Context) error
 }
 
 // stop ends every process, last started first, each with SIGTERM and,
@@ -121,26 +127,50 @@ func startStack(ctx context.Context, o stackOptions) (_ *stack, err error) {
 	if err != nil {
 		return nil, err
 	}
-	services := []struct {
+	type service struct {
 		name    string
 		n, port int
 		env     []string
-	}{
-		{"submitter", 1, o.portBase + 1, nil},
-		{"scheduler", o.schedulers, o.portBase + 2, nil},
-		{"agent", o.agents, o.portBase + 3, []string{"SAS_REMOTE_URL=http://" + remote.Addr}},
-		{"supervisor", 1, o.portBase + 4, nil},
 	}
-	for _, svc := range services {
-		for i := range svc.n {
-			name := svc.name
-			if svc.n > 1 {
-				name = fmt.Sprintf("%s-%d", svc.name, i+1)
-			}
-			if _, err := start(svc.name, name, "SAS_METRICS_ADDR", svc.port+10*i, svc.env...); err != nil {
-				return nil, err
+	run := func(services []service) error {
+		for _, svc := range services {
+			for i := range svc.n {
+				name := svc.name
+				if svc.n > 1 {
+					name = fmt.Sprintf("%s-%d", svc.name, i+1)
+				}
+				if _, err := start(svc.name, name, "SAS_METRICS_ADDR", svc.port+10*i, svc.env...); err != nil {
+					return err
+				}
 			}
 		}
+		return nil
+	}
+	workers := []service{
+		{"scheduler", o.schedulers, o.portBase + 2, nil},
+		{"agent", o.agents, o.portBase + 3, []string{"SAS_REMOTE_URL=http://" + remote.Addr}},
+	}
+	services := []service{{"submitter", 1, o.portBase + 1, nil}, {"supervisor", 1, o.portBase + 4, nil}}
+	if !o.holdWorkers {
+		services = append(services[:1], append(workers, services[1:]...)...)
+	}
+	if err := run(services); err != nil {
+		return nil, err
+	}
+	s.startWorkers = func(ctx context.Context) error {
+		if !o.holdWorkers {
+			return nil
+		}
+		held := len(s.procs)
+		if err := run(workers); err != nil {
+			return err
+		}
+		for _, p := range s.procs[held:] {
+			if err := p.WaitReady(ctx, 60*time.Second); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 	if o.consolePort != 0 {
 		if _, err := start("console", "console", "SAS_METRICS_ADDR", o.portBase+6,

@@ -50,3 +50,14 @@ func (s *Store) Stats(ctx context.Context) (StepStats, error) {
 	st.OldestProcessing = time.Duration(processingMS) * time.Millisecond
 	return st, nil
 }
+
+// CountOrders counts the orders in any of statuses; with none, every
+// order.
+func (s *Store) CountOrders(ctx context.Context, statuses ...string) (int, error) {
+	var n int
+	err := s.pool.QueryRow(ctx, `SELECT count(*) FROM orders WHERE coalesce(cardinality($1::text[]), 0) = 0 OR status::text = ANY($1)`, statuses).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("count orders: %w", err)
+	}
+	return n, nil
+}

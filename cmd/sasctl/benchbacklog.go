@@ -1,0 +1,169 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"text/tabwriter"
+	"time"
+
+	"sas/internal/broker"
+	"sas/internal/messages"
+	"sas/internal/submitter"
+	"sas/internal/workflow"
+)
+
+// backlogReport is what a backlog run measured.
+type backlogReport struct {
+	Label    string `json:"label,omitempty"`
+	Workflow string `json:"workflow"`
+	Orders   int    `json:"orders"`
+	// Seconds to publish the backlog, for the submitter to write it (from
+	// the first publish), and for the schedulers and agents, started then,
+	// to end every order.
+	PublishSeconds float64 `json:"publish_s"`
+	WrittenSeconds float64 `json:"written_s"`
+	DrainSeconds   float64 `json:"drain_s"`
+	DrainPerSecond float64 `json:"drained_per_s"`
+	Completed      int     `json:"completed"`
+	// Processes: each one's peak RSS (VmHWM) over its life, and its CPU
+	// while the backlog drained.
+	Processes  []processUse `json:"processes"`
+	MaxRSSMiB  float64      `json:"max_rss_mib"`
+	MaxRSSName string       `json:"max_rss_process"`
+}
+
+// benchBacklog queues n orders while no scheduler or agent runs (the
+// submitter writes them: n orders waiting in the state store, and
+// whatever it could not take yet in its queue), then starts the
+// schedulers and agents and times the drain, with every process's peak
+// memory: what a system that was down for a while goes through when it
+// comes back.
+func (a *app) benchBacklog(ctx context.Context, o benchOptions, n int) (*backlogReport, error) {
+	smp, err := newOrderSampler(workflow.Builtin(), o.wf, "")
+	if err != nil {
+		return nil, err
+	}
+	serviceEnv := slices.Clone(o.env)
+	if o.fresh {
+		url, drop, err := a.freshSchema(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer drop()
+		fmt.Fprintf(a.stderr, "on a fresh schema %s\n", schemaOf(url))
+		fresh := *a
+		fresh.cfg.DatabaseURL = url
+		a = &fresh
+		serviceEnv = append(serviceEnv, "SAS_DATABASE_URL="+url)
+	}
+	store, closeStore, err := a.benchStore(ctx, o.binDir)
+	if err != nil {
+		return nil, err
+	}
+	defer closeStore()
+	inputs := []string{submitter.Input, messages.RepliesQueue}
+	for _, k := range workflow.Builtin().Agents() {
+		inputs = append(inputs, messages.RequestsQueue(k))
+	}
+	conn, pub, topo, err := a.openBroker(ctx, inputs...)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	defer pub.Close()
+	queueNames := make([]string, len(inputs))
+	for i, in := range inputs {
+		queueNames[i] = topo.Queue(in)
+	}
+	depths := broker.NewQueueInspector(conn)
+	defer depths.Close()
+	if err := emptyQueues(ctx, conn, depths, queueNames, true, a.stderr); err != nil {
+		return nil, err
+	}
+	faults := fmt.Sprintf(`{"*":{"latency_min_ms":%d,"latency_max_ms":%d}}`, o.latency, o.latency)
+	st, err := startStack(ctx, stackOptions{binDir: o.binDir, schedulers: o.schedulers, agents: o.agents,
+		faults: faults, portBase: o.portBase, env: serviceEnv, debugOffset: o.pprofOffset, holdWorkers: true})
+	if err != nil {
+		return nil, err
+	}
+	defer st.stop()
+	fmt.Fprintf(a.stderr, "submitter and supervisor up, schedulers and agents held; logs in %s\n", st.logs)
+
+	rep := &backlogReport{Label: o.label, Workflow: o.wf, Orders: n}
+	began := time.Now()
+	gen := &generator{pub: pub, queue: topo.Queue(submitter.Input), sampler: smp}
+	if err := gen.run(ctx, func(ctx context.Context, started int64) bool { return ctx.Err() == nil && started < int64(n) }); err != nil {
+		return nil, err
+	}
+	if f := gen.failed.Load(); f > 0 {
+		return nil, fmt.Errorf("%d of %d publishes failed", f, n)
+	}
+	rep.PublishSeconds = time.Since(began).Seconds()
+	wait := func(what string, statuses ...string) error {
+		for {
+			c, err := store.CountOrders(ctx, statuses...)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stderr, "\r%-22s %6.0fs | %d of %d   ", what, time.Since(began).Seconds(), c, n)
+			if c >= n {
+				fmt.Fprintln(a.stderr)
+				return nil
+			}
+			if err := st.exited(); err != nil {
+				return err
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(500 * time.Millisecond):
+			}
+		}
+	}
+	if err := wait("written, waiting"); err != nil {
+		return nil, err
+	}
+	rep.WrittenSeconds = time.Since(began).Seconds()
+
+	drainFrom := time.Now()
+	if err := st.startWorkers(ctx); err != nil {
+		return nil, err
+	}
+	cpu0 := takeCPU(st)
+	if err := wait("draining, ended", "completed", "failed"); err != nil {
+		return nil, err
+	}
+	cpu1 := takeCPU(st)
+	rep.DrainSeconds = time.Since(drainFrom).Seconds()
+	rep.DrainPerSecond = float64(n) / rep.DrainSeconds
+	if rep.Completed, err = store.CountOrders(ctx, "completed"); err != nil {
+		return nil, err
+	}
+	wall := cpu1.at.Sub(cpu0.at).Seconds()
+	for _, p := range st.procs {
+		rss, _ := peakRSS(p.PID())
+		d := cpu1.services[p.Name] - cpu0.services[p.Name]
+		rep.Processes = append(rep.Processes, processUse{Name: p.Name, CPUSeconds: d.Seconds(), CPUPercent: 100 * d.Seconds() / wall,
+			CPUMSPerOrder: float64(d.Microseconds()) / 1000 / float64(n), PeakRSSMiB: rss})
+		if rss > rep.MaxRSSMiB {
+			rep.MaxRSSMiB, rep.MaxRSSName = rss, p.Name
+		}
+	}
+	return rep, nil
+}
+
+func (r *backlogReport) print(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "\nBACKLOG\t%d %s orders queued with the schedulers and agents stopped, then drained\n", r.Orders, r.Workflow)
+	fmt.Fprintf(tw, "published\tin %.1fs\n", r.PublishSeconds)
+	fmt.Fprintf(tw, "written\tall, %.1fs after the first publish\n", r.WrittenSeconds)
+	fmt.Fprintf(tw, "drained\tin %.1fs once the schedulers and agents started: %.0f orders/s, %d completed\n", r.DrainSeconds, r.DrainPerSecond, r.Completed)
+	fmt.Fprintln(tw, "\nPROCESS\tpeak RSS MiB\tCPU s draining\tCPU ms per order")
+	for _, p := range r.Processes {
+		fmt.Fprintf(tw, "%s\t%.0f\t%.1f\t%.2f\n", p.Name, p.PeakRSSMiB, p.CPUSeconds, p.CPUMSPerOrder)
+	}
+	fmt.Fprintf(tw, "largest\t%.0f MiB (%s)\n", r.MaxRSSMiB, r.MaxRSSName)
+	_ = tw.Flush()
+}
