@@ -15,7 +15,7 @@ TOOLS := $(CURDIR)/bin/tools/helm-v3.22.0-kubeconform-v0.8.0
 FUZZTIME ?= 30s
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all build services tools test bench-ab bench-backlog lint fmt-check fuzz demo chaos bench clean console-screenshots bench-console ha
+.PHONY: all build services tools test bench-ab bench-backlog bench-steady lint fmt-check fuzz demo chaos bench clean console-screenshots bench-console ha
 
 all: build
 
@@ -121,6 +121,14 @@ BACKLOG_ORDERS ?= 100000
 bench-backlog: build
 	./scripts/services.sh sas_bench
 	$(BENCH_ENV) bin/sasctl bench --workflow single --backlog $(BACKLOG_ORDERS) --json bench-backlog.json
+
+# A store in use (docs/BENCHMARKS.md): single-max on a fresh schema
+# prefilled with STEADY_ORDERS ended orders, their steps and history,
+# vacuumed and analyzed; the supervisor's retention runs as it would.
+STEADY_ORDERS ?= 3000000
+bench-steady: build
+	./scripts/services.sh sas_bench
+	$(BENCH_RUN) --workflow single --prefill $(STEADY_ORDERS) --label single-max-steady --json bench-single-max-steady.json
 
 # The console's browser test (headless Chromium) with its screenshots
 # written into docs/console/, the pictures the README shows.

@@ -36,6 +36,7 @@ type benchJSON struct {
 		CPUMSPerOrder float64 `json:"cpu_ms_per_order"`
 		PeakRSSMiB    float64 `json:"peak_rss_mib"`
 	} `json:"processes"`
+	Prefilled     int     `json:"prefilled"`
 	MachineBusy   float64 `json:"machine_cpu_busy_percent"`
 	MachineSteal  float64 `json:"machine_cpu_steal_percent"`
 	CPUMSPerOrder float64 `json:"cpu_ms_per_completed_order"`
@@ -71,7 +72,7 @@ func TestSasctlBench(t *testing.T) {
 	base := 20000 + 10*int((time.Now().UnixNano()+600)%1200)
 	report := filepath.Join(t.TempDir(), "bench.json")
 	out, errOut, code := sasctl(t, s.env, "bench", "--bin", binDir, "--port-base", strconv.Itoa(base),
-		"--workflow", "order", "--rate", "30", "--warmup", "1s", "--duration", "4s", "--remote-latency-ms", "2", "--json", report)
+		"--workflow", "order", "--rate", "30", "--warmup", "1s", "--duration", "4s", "--remote-latency-ms", "2", "--prefill", "2000", "--json", report)
 	if code != 0 {
 		t.Fatalf("sasctl bench: exit %d\n%s\n%s", code, out, errOut)
 	}
@@ -87,6 +88,10 @@ func TestSasctlBench(t *testing.T) {
 	var r benchJSON
 	if err := json.Unmarshal(b, &r); err != nil {
 		t.Fatalf("report is not JSON: %v\n%s", err, b)
+	}
+	// The store held 2,000 orders before the run, none counted as its own.
+	if r.Prefilled != 2000 || !strings.Contains(out, "prefilled with 2000 orders") {
+		t.Errorf("prefilled %d:\n%s", r.Prefilled, out)
 	}
 	// 30/s over a 4 s window: about 120 orders, each ended completed.
 	if r.Mode != "rate" || r.Workflow != "order" || r.Placed < 60 || r.Placed > 180 || r.Unended != 0 || r.Ended["completed"] != r.Placed {

@@ -47,6 +47,7 @@ func (a *app) bench(ctx context.Context, args []string) error {
 	fs.StringVar(&o.label, "label", "", "a name for this run in the report")
 	fs.BoolVar(&o.purge, "purge", false, "empty the submit, replies and agent queues first (a previous run's leftovers); without it, leftovers stop the run")
 	fs.IntVar(&o.pprofOffset, "pprof-offset", 0, "when not 0, every service serves Go's profiler on its port plus this offset (e.g. 1000: the submitter's on port-base+1001)")
+	fs.IntVar(&o.prefill, "prefill", 0, "before the run, fill the store with this many orders as they look once run (most completed, their steps and history), vacuumed and analyzed: a steady state of a store in use")
 	fs.BoolVar(&o.fresh, "fresh", true, "run on a new schema of the database, migrated by the run's own sasctl and dropped after, so that no earlier run's rows or dead tuples weigh on it (--fresh=false: the database as it is)")
 	against := fs.String("against", "", "A/B: the directory of another build's binaries (A); runs A and this run's binaries (B, --bin) alternately, --rounds times each, and prints both with the ratio B/A of every figure")
 	rounds := fs.Int("rounds", 2, "with --against: runs of each side")
@@ -119,6 +120,7 @@ type benchOptions struct {
 	portBase, pprofOffset       int
 	label                       string
 	purge, fresh                bool
+	prefill                     int // orders written before the run (statestore.Fill)
 	env                         []string
 }
 
@@ -147,6 +149,19 @@ func (a *app) runBench(ctx context.Context, o benchOptions) (*benchReport, error
 		return nil, err
 	}
 	defer closeStore()
+	var filled *statestore.FillReport
+	if o.prefill > 0 {
+		if !o.fresh {
+			return nil, errors.New("--prefill needs a fresh schema (--fresh)")
+		}
+		fmt.Fprintf(a.stderr, "filling the store with %d orders ...\n", o.prefill)
+		r, err := store.Fill(ctx, o.prefill, 0)
+		if err != nil {
+			return nil, err
+		}
+		filled = &r
+		fmt.Fprintf(a.stderr, "filled in %v, vacuumed and analyzed in %v: %s\n", r.Filled.Round(time.Second), r.Vacuumed.Round(time.Second), r.Size)
+	}
 	kinds := workflow.Builtin().Agents()
 	inputs := []string{submitter.Input, messages.RepliesQueue}
 	for _, k := range kinds {
@@ -294,6 +309,9 @@ func (a *app) runBench(ctx context.Context, o benchOptions) (*benchReport, error
 	rep.Published, rep.PublishFailures = gen.published.Load(), gen.failed.Load()
 	rep.fill(timings, window.cpu0, window.cpu1, st, samples)
 	rep.fillDatabase(window.wal0, window.wal1, timings.Completions)
+	if filled != nil {
+		rep.Prefilled, rep.PrefilledSize = filled.Orders, filled.Size
+	}
 	return rep, nil
 }
 
@@ -559,8 +577,12 @@ type benchReport struct {
 	// load generator, PostgreSQL, RabbitMQ) per order completed in the
 	// window: what an order costs the machine, comparable between runs
 	// at different rates.
-	CPUMSPerOrder float64       `json:"cpu_ms_per_completed_order,omitempty"`
-	Database      *databaseUse  `json:"database,omitempty"`
+	CPUMSPerOrder float64      `json:"cpu_ms_per_completed_order,omitempty"`
+	Database      *databaseUse `json:"database,omitempty"`
+	// Prefilled orders were in the store before the run (--prefill),
+	// taking PrefilledSize on disk.
+	Prefilled     int           `json:"prefilled,omitempty"`
+	PrefilledSize string        `json:"prefilled_size,omitempty"`
 	Queues        []queueDepths `json:"queues"`
 }
 
@@ -733,6 +755,9 @@ func (r *benchReport) print(w io.Writer) {
 	fmt.Fprintf(tw, "completed\t%.0f orders/s sustained (placed %.0f/s; %d placed in the window, %d not ended)\n",
 		r.CompletedPerSecond, r.PlacedPerSecond, r.Placed, r.Unended)
 	fmt.Fprintf(tw, "publish failures\t%d\n", r.PublishFailures)
+	if r.Prefilled > 0 {
+		fmt.Fprintf(tw, "store\tprefilled with %d orders (%s), vacuumed\n", r.Prefilled, r.PrefilledSize)
+	}
 	fmt.Fprintln(tw, "\nLATENCY (ms)\tn\tp50\tp95\tp99\tmax\tmean")
 	row := func(name string, l latencyMS) {
 		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\n", name, l.N, l.P50, l.P95, l.P99, l.Max, l.Mean)
