@@ -97,33 +97,7 @@ func TestServicesRunAsLeastPrivilegeBrokerUsers(t *testing.T) {
 	// What is another's is refused.
 	refused := func(svc string, do func(*amqp.Channel) error) {
 		t.Helper()
-		conn, err := amqp.Dial(fmt.Sprintf("amqp://%s@127.0.0.1:5672/", neturl.UserPassword(userPrefix+svc, password(svc))))
-		if err != nil {
-			t.Fatalf("dial as %s: %v", svc, err)
-		}
-		defer conn.Close()
-		ch, err := conn.Channel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		// The broker refuses by closing the channel; a call made after the
-		// refusal was sent, and before the library saw it, fails with
-		// "channel/connection is not open" instead. The close says why.
-		closed := ch.NotifyClose(make(chan *amqp.Error, 1))
-		err = do(ch)
-		var ae *amqp.Error
-		if !errors.As(err, &ae) || ae.Code != amqp.AccessRefused {
-			select {
-			case reason := <-closed:
-				if reason != nil {
-					err, ae = reason, reason
-				}
-			case <-time.After(10 * time.Second):
-			}
-		}
-		if ae == nil || ae.Code != amqp.AccessRefused {
-			t.Errorf("%s was not refused: %v", svc, err)
-		}
+		expectRefused(t, fmt.Sprintf("amqp://%s@127.0.0.1:5672/", neturl.UserPassword(userPrefix+svc, password(svc))), svc, do)
 	}
 	refused("agent", func(ch *amqp.Channel) error { // agents do not read orders
 		_, err := ch.Consume(p.submit, "", false, false, false, false, nil)
@@ -141,4 +115,37 @@ func TestServicesRunAsLeastPrivilegeBrokerUsers(t *testing.T) {
 		_, err := ch.Consume(p.topo.Queue(messages.RepliesQueue), "", false, false, false, false, nil)
 		return err
 	})
+}
+
+// expectRefused dials url, runs do on a new channel and requires the
+// broker to refuse it (ACCESS_REFUSED), naming who in the failure.
+func expectRefused(t *testing.T, url, who string, do func(*amqp.Channel) error) {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatalf("dial as %s: %v", who, err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The broker refuses by closing the channel; a call made after the
+	// refusal was sent, and before the library saw it, fails with
+	// "channel/connection is not open" instead. The close says why.
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	err = do(ch)
+	var ae *amqp.Error
+	if !errors.As(err, &ae) || ae.Code != amqp.AccessRefused {
+		select {
+		case reason := <-closed:
+			if reason != nil {
+				err, ae = reason, reason
+			}
+		case <-time.After(10 * time.Second):
+		}
+	}
+	if ae == nil || ae.Code != amqp.AccessRefused {
+		t.Errorf("%s was not refused: %v", who, err)
+	}
 }

@@ -6,7 +6,6 @@ import (
 	"crypto/pbkdf2"
 	"crypto/sha256"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -205,30 +204,7 @@ func TestDeploymentSecretsMadeOnceAndUsedFromFiles(t *testing.T) {
 	// The application may do nothing else.
 	refusedAs := func(what string, do func(*amqp.Channel) error) {
 		t.Helper()
-		conn, err := amqp.Dial(appURL)
-		if err != nil {
-			t.Fatalf("dial as the application: %v", err)
-		}
-		defer conn.Close()
-		ch, err := conn.Channel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		closed := ch.NotifyClose(make(chan *amqp.Error, 1))
-		err = do(ch)
-		var ae *amqp.Error
-		if !errors.As(err, &ae) || ae.Code != amqp.AccessRefused {
-			select {
-			case reason := <-closed:
-				if reason != nil {
-					err, ae = reason, reason
-				}
-			case <-time.After(10 * time.Second):
-			}
-		}
-		if ae == nil || ae.Code != amqp.AccessRefused {
-			t.Errorf("the application was not refused %s: %v", what, err)
-		}
+		expectRefused(t, appURL, "the application ("+what+")", do)
 	}
 	publishTo := func(exchange, key string) func(*amqp.Channel) error {
 		return func(ch *amqp.Channel) error {

@@ -127,62 +127,12 @@ type benchOptions struct {
 // runBench runs every service under load once and returns what it
 // measured.
 func (a *app) runBench(ctx context.Context, o benchOptions) (*benchReport, error) {
-	smp, err := newOrderSampler(workflow.Builtin(), o.wf, "")
+	rig, err := a.newBenchRig(ctx, o, o.purge)
 	if err != nil {
 		return nil, err
 	}
-	serviceEnv := slices.Clone(o.env)
-	if o.fresh {
-		url, drop, err := a.freshSchema(ctx)
-		if err != nil {
-			return nil, err
-		}
-		defer drop()
-		fmt.Fprintf(a.stderr, "on a fresh schema %s\n", schemaOf(url))
-		fresh := *a
-		fresh.cfg.DatabaseURL = url
-		a = &fresh
-		serviceEnv = append(serviceEnv, "SAS_DATABASE_URL="+url)
-	}
-	store, closeStore, err := a.benchStore(ctx, o.binDir)
-	if err != nil {
-		return nil, err
-	}
-	defer closeStore()
-	var filled *statestore.FillReport
-	if o.prefill > 0 {
-		if !o.fresh {
-			return nil, errors.New("--prefill needs a fresh schema (--fresh)")
-		}
-		fmt.Fprintf(a.stderr, "filling the store with %d orders ...\n", o.prefill)
-		r, err := store.Fill(ctx, o.prefill, 0)
-		if err != nil {
-			return nil, err
-		}
-		filled = &r
-		fmt.Fprintf(a.stderr, "filled in %v, vacuumed and analyzed in %v: %s\n", r.Filled.Round(time.Second), r.Vacuumed.Round(time.Second), r.Size)
-	}
-	kinds := workflow.Builtin().Agents()
-	inputs := []string{submitter.Input, messages.RepliesQueue}
-	for _, k := range kinds {
-		inputs = append(inputs, messages.RequestsQueue(k))
-	}
-	conn, pub, topo, err := a.openBroker(ctx, inputs...)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
-	defer pub.Close()
-	depths := broker.NewQueueInspector(conn)
-	defer depths.Close()
-	queueNames := make([]string, len(inputs))
-	for i, in := range inputs {
-		queueNames[i] = topo.Queue(in)
-	}
-	// A run's figures are only its own if no earlier run left work behind.
-	if err := emptyQueues(ctx, conn, depths, queueNames, o.purge, a.stderr); err != nil {
-		return nil, err
-	}
+	defer rig.close()
+	a, smp, store, conn, pub, topo, depths, queueNames, serviceEnv := rig.a, rig.smp, rig.store, rig.conn, rig.pub, rig.topo, rig.depths, rig.queues, rig.env
 
 	faults := fmt.Sprintf(`{"*":{"latency_min_ms":%d,"latency_max_ms":%d}}`, o.latency, o.latency)
 	st, err := startStack(ctx, stackOptions{binDir: o.binDir, schedulers: o.schedulers, agents: o.agents,
@@ -309,10 +259,94 @@ func (a *app) runBench(ctx context.Context, o benchOptions) (*benchReport, error
 	rep.Published, rep.PublishFailures = gen.published.Load(), gen.failed.Load()
 	rep.fill(timings, window.cpu0, window.cpu1, st, samples)
 	rep.fillDatabase(window.wal0, window.wal1, timings.Completions)
-	if filled != nil {
-		rep.Prefilled, rep.PrefilledSize = filled.Orders, filled.Size
+	if rig.filled != nil {
+		rep.Prefilled, rep.PrefilledSize = rig.filled.Orders, rig.filled.Size
 	}
 	return rep, nil
+}
+
+// benchRig is what a benchmark run sets up before its services start: a
+// fresh schema (o.fresh), migrated and prefilled (o.prefill), the broker
+// topology and empty queues. a is the app with the run's database URL,
+// env the services' environment.
+type benchRig struct {
+	a      *app
+	smp    *orderSampler
+	env    []string
+	store  *statestore.Store
+	conn   *broker.Conn
+	pub    *broker.Publisher
+	topo   broker.Topology
+	depths *broker.QueueInspector
+	queues []string
+	filled *statestore.FillReport
+	undo   []func() // run in reverse by close
+}
+
+func (a *app) newBenchRig(ctx context.Context, o benchOptions, purge bool) (_ *benchRig, err error) {
+	r := &benchRig{a: a, env: slices.Clone(o.env)}
+	defer func() {
+		if err != nil {
+			r.close()
+		}
+	}()
+	if r.smp, err = newOrderSampler(workflow.Builtin(), o.wf, ""); err != nil {
+		return nil, err
+	}
+	if o.fresh {
+		url, drop, err := a.freshSchema(ctx)
+		if err != nil {
+			return nil, err
+		}
+		r.undo = append(r.undo, drop)
+		fmt.Fprintf(a.stderr, "on a fresh schema %s\n", schemaOf(url))
+		fresh := *a
+		fresh.cfg.DatabaseURL = url
+		r.a = &fresh
+		r.env = append(r.env, "SAS_DATABASE_URL="+url)
+	}
+	store, closeStore, err := r.a.benchStore(ctx, o.binDir)
+	if err != nil {
+		return nil, err
+	}
+	r.store = store
+	r.undo = append(r.undo, closeStore)
+	if o.prefill > 0 {
+		if !o.fresh {
+			return nil, errors.New("--prefill needs a fresh schema (--fresh)")
+		}
+		fmt.Fprintf(a.stderr, "filling the store with %d orders ...\n", o.prefill)
+		f, err := store.Fill(ctx, o.prefill, 0)
+		if err != nil {
+			return nil, err
+		}
+		r.filled = &f
+		fmt.Fprintf(a.stderr, "filled in %v, vacuumed and analyzed in %v: %s\n", f.Filled.Round(time.Second), f.Vacuumed.Round(time.Second), f.Size)
+	}
+	inputs := []string{submitter.Input, messages.RepliesQueue}
+	for _, k := range workflow.Builtin().Agents() {
+		inputs = append(inputs, messages.RequestsQueue(k))
+	}
+	if r.conn, r.pub, r.topo, err = r.a.openBroker(ctx, inputs...); err != nil {
+		return nil, err
+	}
+	r.undo = append(r.undo, func() { r.conn.Close() }, func() { r.pub.Close() })
+	r.depths = broker.NewQueueInspector(r.conn)
+	r.undo = append(r.undo, r.depths.Close)
+	for _, in := range inputs {
+		r.queues = append(r.queues, r.topo.Queue(in))
+	}
+	// A run's figures are only its own if no earlier run left work behind.
+	if err := emptyQueues(ctx, r.conn, r.depths, r.queues, purge, a.stderr); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *benchRig) close() {
+	for i := len(r.undo) - 1; i >= 0; i-- {
+		r.undo[i]()
+	}
 }
 
 // emptyQueues checks that queues hold no ready messages, or with purge

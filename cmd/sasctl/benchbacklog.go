@@ -4,14 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"slices"
 	"text/tabwriter"
 	"time"
 
-	"sas/internal/broker"
-	"sas/internal/messages"
 	"sas/internal/submitter"
-	"sas/internal/workflow"
 )
 
 // backlogReport is what a backlog run measured.
@@ -41,47 +37,12 @@ type backlogReport struct {
 // memory: what a system that was down for a while goes through when it
 // comes back.
 func (a *app) benchBacklog(ctx context.Context, o benchOptions, n int) (*backlogReport, error) {
-	smp, err := newOrderSampler(workflow.Builtin(), o.wf, "")
+	rig, err := a.newBenchRig(ctx, o, true)
 	if err != nil {
 		return nil, err
 	}
-	serviceEnv := slices.Clone(o.env)
-	if o.fresh {
-		url, drop, err := a.freshSchema(ctx)
-		if err != nil {
-			return nil, err
-		}
-		defer drop()
-		fmt.Fprintf(a.stderr, "on a fresh schema %s\n", schemaOf(url))
-		fresh := *a
-		fresh.cfg.DatabaseURL = url
-		a = &fresh
-		serviceEnv = append(serviceEnv, "SAS_DATABASE_URL="+url)
-	}
-	store, closeStore, err := a.benchStore(ctx, o.binDir)
-	if err != nil {
-		return nil, err
-	}
-	defer closeStore()
-	inputs := []string{submitter.Input, messages.RepliesQueue}
-	for _, k := range workflow.Builtin().Agents() {
-		inputs = append(inputs, messages.RequestsQueue(k))
-	}
-	conn, pub, topo, err := a.openBroker(ctx, inputs...)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
-	defer pub.Close()
-	queueNames := make([]string, len(inputs))
-	for i, in := range inputs {
-		queueNames[i] = topo.Queue(in)
-	}
-	depths := broker.NewQueueInspector(conn)
-	defer depths.Close()
-	if err := emptyQueues(ctx, conn, depths, queueNames, true, a.stderr); err != nil {
-		return nil, err
-	}
+	defer rig.close()
+	a, smp, store, pub, topo, serviceEnv := rig.a, rig.smp, rig.store, rig.pub, rig.topo, rig.env
 	faults := fmt.Sprintf(`{"*":{"latency_min_ms":%d,"latency_max_ms":%d}}`, o.latency, o.latency)
 	st, err := startStack(ctx, stackOptions{binDir: o.binDir, schedulers: o.schedulers, agents: o.agents,
 		faults: faults, portBase: o.portBase, env: serviceEnv, debugOffset: o.pprofOffset, holdWorkers: true})
