@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1216,6 +1217,125 @@ func TestRelayDeletesPublishedEvents(t *testing.T) {
 	}
 	if n := count(t, b, `SELECT count(*) FROM outbox`); n != 0 {
 		t.Fatalf("%d outbox rows after relaying everything, want none", n)
+	}
+}
+
+// roundTrips counts a pool's round trips to the database: each query
+// outside a batch is one, each batch (a pipeline) one.
+type roundTrips struct{ n atomic.Int64 }
+
+func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	r.n.Add(1)
+	return ctx
+}
+func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	r.n.Add(1)
+	return ctx
+}
+func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// TestRelayRoundIsTwoRoundTrips: a relay round takes, publishes and
+// deletes in two round trips (at low load each order's events take a
+// round of their own); a round that finds nothing, or another relay at
+// work, ends its transaction and leaves the outbox as it was; and what
+// publish did not get through stays for the next round.
+func TestRelayRoundIsTwoRoundTrips(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	cfg, err := pgxpool.ParseConfig(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trips := &roundTrips{}
+	cfg.ConnConfig.Tracer = trips
+	app := "relay-test-" + testenv.RandomSuffix(8)
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store := statestore.New(pool)
+	all := func(_ context.Context, msgs []statestore.OutboxMessage) (int, error) { return len(msgs), nil }
+	round := func(publish func(context.Context, []statestore.OutboxMessage) (int, error)) (n int, rt int64, err error) {
+		t.Helper()
+		before := trips.n.Load()
+		n, err = store.RelayOutbox(ctx, 100, publish)
+		return n, trips.n.Load() - before, err
+	}
+	// The first rounds prepare their statements; count once they are cached.
+	if _, _, err := round(all); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		insert(t, b, order(1, time.Minute, 1))
+		if n, _, err := round(func(context.Context, []statestore.OutboxMessage) (int, error) { return 0, errors.New("broker gone") }); err == nil || n != 0 {
+			t.Fatalf("a round whose publish failed: %d, %v; want 0 and the error", n, err)
+		}
+		if n, _, err := round(all); err != nil || n != 1 {
+			t.Fatalf("warm-up round: %d, %v", n, err)
+		}
+	}
+
+	insert(t, b, order(1, time.Minute, 1))
+	insert(t, b, order(1, time.Minute, 1))
+	if n, rt, err := round(all); err != nil || n != 2 || rt != 2 {
+		t.Fatalf("a round of 2 events: relayed %d in %d round trips, %v; want 2 in 2", n, rt, err)
+	}
+	if n, rt, err := round(all); err != nil || n != 0 || rt != 2 {
+		t.Fatalf("a round of nothing: relayed %d in %d round trips, %v; want 0 in 2", n, rt, err)
+	}
+	if n := count(t, b, `SELECT count(*) FROM outbox`); n != 0 {
+		t.Fatalf("%d outbox rows left, want none", n)
+	}
+
+	// Half published: the rest stays, and the connection goes back to the
+	// pool outside any transaction.
+	insert(t, b, order(1, time.Minute, 1))
+	insert(t, b, order(1, time.Minute, 1))
+	if n, _, err := round(func(_ context.Context, msgs []statestore.OutboxMessage) (int, error) { return 1, errors.New("confirm lost") }); err == nil || n != 1 {
+		t.Fatalf("a round half published: %d, %v; want 1 and the error", n, err)
+	}
+	if n := count(t, b, `SELECT count(*) FROM outbox`); n != 1 {
+		t.Fatalf("%d outbox rows left, want the one not published", n)
+	}
+
+	// While one relay publishes, another finds the outbox busy and takes
+	// nothing.
+	holding, release := make(chan struct{}), make(chan struct{})
+	first := make(chan error, 1)
+	go func() {
+		_, err := store.RelayOutbox(ctx, 100, func(_ context.Context, msgs []statestore.OutboxMessage) (int, error) {
+			close(holding)
+			<-release
+			return len(msgs), nil
+		})
+		first <- err
+	}()
+	<-holding
+	if n, err := b.store.RelayOutbox(ctx, 100, func(context.Context, []statestore.OutboxMessage) (int, error) {
+		t.Error("a second relay was handed messages while the first held the outbox")
+		return 0, nil
+	}); !errors.Is(err, statestore.ErrRelayBusy) || n != 0 {
+		t.Fatalf("second relay: %d, %v; want ErrRelayBusy", n, err)
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, b, `SELECT count(*) FROM outbox`); n != 0 {
+		t.Fatalf("%d outbox rows left, want none", n)
+	}
+	var idle int
+	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1
+		AND state LIKE 'idle in transaction%'`, app).Scan(&idle); err != nil {
+		t.Fatal(err)
+	}
+	if idle != 0 {
+		t.Fatalf("%d connections left idle in a transaction", idle)
 	}
 }
 
