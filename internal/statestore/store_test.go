@@ -1296,7 +1296,9 @@ func TestRelayRoundIsTwoRoundTrips(t *testing.T) {
 	// pool outside any transaction.
 	insert(t, b, order(1, time.Minute, 1))
 	insert(t, b, order(1, time.Minute, 1))
-	if n, _, err := round(func(_ context.Context, msgs []statestore.OutboxMessage) (int, error) { return 1, errors.New("confirm lost") }); err == nil || n != 1 {
+	if n, _, err := round(func(_ context.Context, msgs []statestore.OutboxMessage) (int, error) {
+		return 1, errors.New("confirm lost")
+	}); err == nil || n != 1 {
 		t.Fatalf("a round half published: %d, %v; want 1 and the error", n, err)
 	}
 	if n := count(t, b, `SELECT count(*) FROM outbox`); n != 1 {
