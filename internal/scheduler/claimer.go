@@ -73,6 +73,16 @@ type queueDepth struct {
 // at a time, reading every kind's queue for each claim.
 const depthTTL = 50 * time.Millisecond
 
+// depthTrust is how long a reading is used while the queue was far from
+// its limit (a quarter of it or less, what was sent since included): there
+// the exact depth changes nothing, since the room is a batch either way.
+// At low load the queues are empty, and reading each every depthTTL cost
+// every scheduler 20 passive declares a second per queue, each more CPU in
+// RabbitMQ than an order's messages. Every scheduler counts its own sends,
+// so a longer trust cannot let one fill a queue past its limit; the others'
+// sends show at the next reading, at most depthTrust later.
+const depthTrust = time.Second
+
 // throttledRecheck is how soon a claimer whose queues were full looks
 // again: agents drain a queue without notifying anyone.
 const throttledRecheck = 50 * time.Millisecond
@@ -110,7 +120,7 @@ func (c *claimer) drain(ctx context.Context) (throttled bool) {
 		rooms := make(map[string]int, len(c.kinds))
 		for _, kind := range c.kinds {
 			queue := c.topo.Queue(messages.RequestsQueue(kind))
-			ready, err := c.ready(ctx, kind, queue)
+			ready, err := c.ready(ctx, kind, queue, c.maxQueued)
 			if err != nil {
 				if ctx.Err() == nil {
 					c.logger.Warn("cannot read queue depth; not claiming for it now", "queue", queue, "err", err)
@@ -173,7 +183,7 @@ func (c *claimer) repliesFull(ctx context.Context) bool {
 		return false
 	}
 	queue := c.topo.Queue(messages.RepliesQueue)
-	waiting, err := c.ready(ctx, repliesKey, queue)
+	waiting, err := c.ready(ctx, repliesKey, queue, c.maxReplies)
 	if err != nil {
 		if ctx.Err() == nil {
 			c.logger.Warn("cannot read queue depth; not claiming now", "queue", queue, "err", err)
@@ -187,14 +197,14 @@ func (c *claimer) repliesFull(ctx context.Context) bool {
 	return false
 }
 
-// ready is how many requests wait in kind's queue: read from the broker
-// at most every depthTTL, and in between the last reading plus what was
-// sent since.
-func (c *claimer) ready(ctx context.Context, kind, queue string) (int, error) {
+// ready is how many requests wait in kind's queue, whose limit is limit:
+// read from the broker at most every depthTTL (depthTrust while far below
+// the limit), and in between the last reading plus what was sent since.
+func (c *claimer) ready(ctx context.Context, kind, queue string, limit int) (int, error) {
 	c.mu.Lock()
 	d, ok := c.known[kind]
 	c.mu.Unlock()
-	if ok && time.Since(d.at) < depthTTL {
+	if ok && d.fresh(limit) {
 		return d.ready + d.sent, nil
 	}
 	ready, err := c.depths.Ready(ctx, queue)
@@ -209,6 +219,12 @@ func (c *claimer) ready(ctx context.Context, kind, queue string) (int, error) {
 		c.metrics.queueReady.WithLabelValues(kind).Set(float64(ready))
 	}
 	return ready, nil
+}
+
+// fresh reports whether a reading may stand for the queue's depth now.
+func (d queueDepth) fresh(limit int) bool {
+	age := time.Since(d.at)
+	return age < depthTTL || (age < depthTrust && 4*(d.ready+d.sent) <= limit)
 }
 
 // countSent counts a request sent to kind's queue since its last reading.

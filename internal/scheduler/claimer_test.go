@@ -35,7 +35,7 @@ func TestClaimerReadsQueueDepthsSparingly(t *testing.T) {
 	c := &claimer{depths: r, known: map[string]queueDepth{}, metrics: newMetrics(prometheus.NewRegistry())}
 	ctx := context.Background()
 	for range 5 {
-		if n, err := c.ready(ctx, "inventory", "q"); err != nil || n != 7 {
+		if n, err := c.ready(ctx, "inventory", "q", 10); err != nil || n != 7 {
 			t.Fatalf("ready %d, %v; want 7", n, err)
 		}
 	}
@@ -45,11 +45,11 @@ func TestClaimerReadsQueueDepthsSparingly(t *testing.T) {
 	d := c.known["inventory"]
 	d.sent += 3
 	c.known["inventory"] = d
-	if n, _ := c.ready(ctx, "inventory", "q"); n != 10 {
+	if n, _ := c.ready(ctx, "inventory", "q", 10); n != 10 {
 		t.Fatalf("ready %d after 3 sent, want 10", n)
 	}
 	// Another kind has its own reading.
-	if n, _ := c.ready(ctx, "payment", "q2"); n != 7 || r.reads != 2 {
+	if n, _ := c.ready(ctx, "payment", "q2", 10); n != 7 || r.reads != 2 {
 		t.Fatalf("another kind: ready %d after %d reads", n, r.reads)
 	}
 	// An old reading is read again.
@@ -57,20 +57,60 @@ func TestClaimerReadsQueueDepthsSparingly(t *testing.T) {
 	d.at = d.at.Add(-depthTTL)
 	c.known["inventory"] = d
 	r.ready = 2
-	if n, _ := c.ready(ctx, "inventory", "q"); n != 2 || r.reads != 3 {
+	if n, _ := c.ready(ctx, "inventory", "q", 10); n != 2 || r.reads != 3 {
 		t.Fatalf("after %v: ready %d after %d reads, want 2 after 3", depthTTL, n, r.reads)
 	}
 	// A failed read is not remembered.
 	r.err = errors.New("channel closed")
 	d = c.known["inventory"]
-	d.at = time.Now().Add(-depthTTL)
+	d.at = time.Now().Add(-depthTrust)
 	c.known["inventory"] = d
-	if _, err := c.ready(ctx, "inventory", "q"); err == nil {
+	if _, err := c.ready(ctx, "inventory", "q", 10); err == nil {
 		t.Fatal("a failed read gave a depth")
 	}
 	r.err = nil
-	if n, _ := c.ready(ctx, "inventory", "q"); n != 2 || r.reads != 5 {
+	if n, _ := c.ready(ctx, "inventory", "q", 10); n != 2 || r.reads != 5 {
 		t.Fatalf("after a failed read: ready %d after %d reads", n, r.reads)
+	}
+}
+
+// A reading of a queue far below its limit stands for longer than
+// depthTTL, up to depthTrust, until what was sent since brings it near a
+// quarter of the limit.
+func TestClaimerTrustsANearlyEmptyQueueLonger(t *testing.T) {
+	t.Parallel()
+	r := &countingReader{ready: 5}
+	c := &claimer{depths: r, known: map[string]queueDepth{}, metrics: newMetrics(prometheus.NewRegistry())}
+	ctx := context.Background()
+	age := func(by time.Duration) {
+		d := c.known["inventory"]
+		d.at = time.Now().Add(-by)
+		c.known["inventory"] = d
+	}
+	if n, err := c.ready(ctx, "inventory", "q", 100); err != nil || n != 5 || r.reads != 1 {
+		t.Fatalf("ready %d after %d reads, %v", n, r.reads, err)
+	}
+	age(2 * depthTTL)
+	if n, _ := c.ready(ctx, "inventory", "q", 100); n != 5 || r.reads != 1 {
+		t.Fatalf("a reading of 5 of 100, %v old: ready %d after %d reads, want 5 after 1", 2*depthTTL, n, r.reads)
+	}
+	// The same reading, near its limit, is read again.
+	if n, _ := c.ready(ctx, "inventory", "q", 12); n != 5 || r.reads != 2 {
+		t.Fatalf("a reading of 5 of 12, %v old: %d reads, want 2", 2*depthTTL, r.reads)
+	}
+	// Sends since the reading count towards the quarter.
+	age(2 * depthTTL)
+	d := c.known["inventory"]
+	d.sent = 21
+	c.known["inventory"] = d
+	r.ready = 3
+	if n, _ := c.ready(ctx, "inventory", "q", 100); n != 3 || r.reads != 3 {
+		t.Fatalf("5 + 21 sent of 100: ready %d after %d reads, want 3 after 3", n, r.reads)
+	}
+	// And no reading stands past depthTrust.
+	age(depthTrust)
+	if _, _ = c.ready(ctx, "inventory", "q", 100); r.reads != 4 {
+		t.Fatalf("a reading %v old: %d reads, want 4", depthTrust, r.reads)
 	}
 }
 
