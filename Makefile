@@ -81,21 +81,23 @@ chaos: services
 # The benchmark (docs/BENCHMARKS.md): first Go benchmarks of the state
 # store's hot operations against the real PostgreSQL, of one message
 # through the real RabbitMQ and of one call of the remote service, a fixed
-# count each, benchstat-comparable (benchstat old.txt bench.txt), whose
-# sum per order is the floor of docs/BENCHMARKS.md; then sasctl bench
-# runs the whole system on this machine (database sas_bench, queues
+# count each, benchstat-comparable (benchstat old.txt bench.txt), each
+# part alone, then the same parts one at a time at 60 a second (AtLowRate:
+# what each costs an order at low load); then sasctl bench runs the whole system on this machine (database sas_bench, queues
 # bench.*, every run on a fresh schema) in six scenarios, each
 # BENCH_WARMUP then BENCH_DURATION, and writes a table to the terminal and
 # JSON to bench-*.json.
 BENCH_COUNT ?= 5
+BENCH_LOW_COUNT ?= 3
 BENCH_WARMUP ?= 10s
 BENCH_DURATION ?= 60s
 BENCH_ENV = SAS_DATABASE_URL=postgres://postgres@127.0.0.1:5432/sas_bench?sslmode=disable SAS_QUEUE_PREFIX=bench.
 BENCH_RUN = $(BENCH_ENV) bin/sasctl bench --purge --warmup $(BENCH_WARMUP) --duration $(BENCH_DURATION)
 bench: build
 	./scripts/services.sh sas_test sas_bench
-	$(GO) test -run '^$$' -bench . -benchtime 2000x -count $(BENCH_COUNT) ./internal/statestore | tee bench.txt
-	$(GO) test -run '^$$' -bench . -benchtime 20000x -count $(BENCH_COUNT) ./internal/broker ./internal/agent | tee -a bench.txt
+	$(GO) test -run '^$$' -bench . -skip AtLowRate -benchtime 2000x -count $(BENCH_COUNT) ./internal/statestore | tee bench.txt
+	$(GO) test -run '^$$' -bench . -skip AtLowRate -benchtime 20000x -count $(BENCH_COUNT) ./internal/broker ./internal/agent | tee -a bench.txt
+	$(GO) test -run '^$$' -bench AtLowRate -benchtime 300x -count $(BENCH_LOW_COUNT) ./internal/statestore ./internal/broker ./internal/agent | tee -a bench.txt
 	$(BENCH_RUN) --workflow single --label single-max --json bench-single-max.json
 	$(BENCH_RUN) --workflow order --label order-max --json bench-order-max.json
 	$(BENCH_RUN) --workflow order --rate 150 --label order-150 --json bench-order-150.json

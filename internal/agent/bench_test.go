@@ -41,3 +41,26 @@ func BenchmarkCall(b *testing.B) {
 		b.ReportMetric(float64(cpu1-cpu0)/float64(b.N), "self-cpu-ns/op")
 	}
 }
+
+// BenchmarkCallAtLowRate: as BenchmarkCall, one call at a time at
+// testenv.LowRate a second, as an agent at low load makes them.
+//
+//	go test -run '^$' -bench CallAtLowRate -benchtime 300x ./internal/agent
+func BenchmarkCallAtLowRate(b *testing.B) {
+	c, _, _ := newCaller(b, nil)
+	payload := body("bench")
+	b.ResetTimer()
+	cpu0 := testenv.SelfCPU(b)
+	testenv.Paced(b, testenv.LowRate, func(i int) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if res := c.call(ctx, "reserve_inventory", "bench-"+strconv.Itoa(i), payload); res.outcome != callOK {
+			b.Fatalf("call ended %v: %s", res.outcome, res.reason)
+		}
+	})
+	cpu1 := testenv.SelfCPU(b)
+	b.StopTimer()
+	if b.N > 0 {
+		b.ReportMetric(float64(cpu1-cpu0)/float64(b.N), "self-cpu-ns/op")
+	}
+}

@@ -145,3 +145,79 @@ func BenchmarkUnroutedPublish(b *testing.B) {
 		b.Fatalf("%d of %d publishes returned", returned, b.N)
 	}
 }
+
+// BenchmarkAtLowRate: the broker's share of an order at low load, each
+// message alone at testenv.LowRate a second, the broker idle in between.
+// message: one message published (persistent, mandatory, confirmed) to a
+// quorum queue and consumed and acknowledged (a lone ack goes after the
+// consumer's 5 ms grouping wait), as each of an order's submission,
+// requests and replies is. unrouted: one status event published to the
+// status exchange with no queue bound for it.
+//
+//	go test -run '^$' -bench AtLowRate -benchtime 300x ./internal/broker
+func BenchmarkAtLowRate(b *testing.B) {
+	b.Run("message", func(b *testing.B) {
+		bd := setup(b, 5)
+		conn := bd.open(b, testenv.AMQPURL())
+		pub := broker.NewPublisher(conn, bd.metrics)
+		defer pub.Close()
+		ctx, cancel := context.WithCancel(ctxFor(b, 10*time.Minute))
+		defer cancel()
+		consumed := make(chan struct{}, 1)
+		consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: "in", Prefetch: 64, Workers: 16},
+			func(context.Context, amqp.Delivery) error {
+				consumed <- struct{}{}
+				return nil
+			}, bd.logger, bd.metrics)
+		stopped := make(chan error, 1)
+		go func() { stopped <- consumer.Run(ctx) }()
+		testenv.Eventually(b, 30*time.Second, "consumer subscribed", consumer.Running)
+
+		stop := testenv.MeasureCPU(b, "rabbitmq", "beam.smp")
+		testenv.Paced(b, testenv.LowRate, func(i int) {
+			p, err := pub.Start(ctx, "", bd.topo.Queue("in"), amqp.Publishing{
+				ContentType: "application/json",
+				MessageId:   "bench-" + strconv.Itoa(i),
+				Body:        []byte(benchBody),
+			})
+			if err == nil {
+				err = p.Wait(ctx)
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+			select {
+			case <-consumed:
+			case <-ctx.Done():
+				b.Fatalf("message %d not consumed", i)
+			}
+		})
+		stop()
+		cancel()
+		if err := <-stopped; err != nil {
+			b.Fatal(err)
+		}
+	})
+	b.Run("unrouted", func(b *testing.B) {
+		bd := setup(b, 5)
+		conn := bd.open(b, testenv.AMQPURL())
+		pub := broker.NewPublisher(conn, bd.metrics)
+		defer pub.Close()
+		ctx := ctxFor(b, 10*time.Minute)
+		stop := testenv.MeasureCPU(b, "rabbitmq", "beam.smp")
+		testenv.Paced(b, testenv.LowRate, func(i int) {
+			p, err := pub.Start(ctx, bd.topo.StatusExchange(), "processing", amqp.Publishing{
+				ContentType: "application/json",
+				MessageId:   "bench-" + strconv.Itoa(i),
+				Body:        []byte(benchBody),
+			})
+			if err == nil {
+				err = p.Wait(ctx)
+			}
+			if !errors.Is(err, broker.ErrReturned) {
+				b.Fatalf("publish %d: %v; want it returned", i, err)
+			}
+		})
+		stop()
+	})
+}

@@ -224,3 +224,90 @@ func BenchmarkSweepExpired(b *testing.B) {
 		swept += len(got)
 	}
 }
+
+// BenchmarkAtLowRate: the statements of a single-step order, each alone
+// at testenv.LowRate a second, as a system at low load runs them: per op,
+// one statement (its round trip, its executor's start, its commit). What
+// each costs PostgreSQL here is what every order pays for it at low load,
+// when no other order shares the statement.
+//
+//	go test -run '^$' -bench AtLowRate -benchtime 300x ./internal/statestore
+func BenchmarkAtLowRate(b *testing.B) {
+	single := func() statestore.NewOrder {
+		o := order(1, time.Hour, 5)
+		o.Steps = append(o.Steps, statestore.NewStep{Name: "undo1", Agent: "agent", Kind: statestore.KindCompensation,
+			Compensates: 1, Timeout: time.Minute, MaxFailures: 5})
+		return o
+	}
+	b.Run("round-trip", func(b *testing.B) {
+		bd, ctx := benchStore(b)
+		defer measurePG(b, bd)()
+		testenv.Paced(b, testenv.LowRate, func(int) {
+			if _, err := bd.pool.Exec(ctx, `SELECT 1`); err != nil {
+				b.Fatal(err)
+			}
+		})
+	})
+	b.Run("insert-order", func(b *testing.B) {
+		bd, ctx := benchStore(b)
+		orders := make([]statestore.NewOrder, b.N)
+		for i := range orders {
+			orders[i] = single()
+		}
+		defer measurePG(b, bd)()
+		testenv.Paced(b, testenv.LowRate, func(i int) {
+			if _, err := bd.store.InsertOrder(ctx, orders[i]); err != nil {
+				b.Fatal(err)
+			}
+		})
+	})
+	b.Run("claim", func(b *testing.B) {
+		bd, ctx := benchStore(b)
+		fill(b, bd, b.N, time.Hour)
+		defer measurePG(b, bd)()
+		testenv.Paced(b, testenv.LowRate, func(int) {
+			if got, err := bd.store.ClaimPending(ctx, "bench", 1, "agent"); err != nil || len(got) != 1 {
+				b.Fatalf("claimed %d, %v; want 1", len(got), err)
+			}
+		})
+	})
+	b.Run("claim-nothing", func(b *testing.B) {
+		bd, ctx := benchStore(b)
+		defer measurePG(b, bd)()
+		testenv.Paced(b, testenv.LowRate, func(int) {
+			if got, err := bd.store.ClaimPending(ctx, "bench", 100, "agent"); err != nil || len(got) != 0 {
+				b.Fatalf("claimed %d, %v; want none", len(got), err)
+			}
+		})
+	})
+	b.Run("apply-reply", func(b *testing.B) {
+		bd, ctx := benchStore(b)
+		fill(b, bd, b.N, time.Hour)
+		var steps []statestore.ClaimedStep
+		for len(steps) < b.N {
+			got, err := bd.store.ClaimPending(ctx, "bench", 500, "agent")
+			if err != nil {
+				b.Fatal(err)
+			}
+			steps = append(steps, got...)
+		}
+		defer measurePG(b, bd)()
+		testenv.Paced(b, testenv.LowRate, func(i int) {
+			s := steps[i]
+			if _, err := bd.store.ApplyReply(ctx, statestore.Reply{OrderID: s.OrderID, Step: s.Step, Attempt: s.Attempt, OK: true, Result: []byte(`{}`), Actor: "bench"}); err != nil {
+				b.Fatal(err)
+			}
+		})
+	})
+	b.Run("relay-round", func(b *testing.B) {
+		bd, ctx := benchStore(b)
+		fill(b, bd, b.N, time.Hour) // each order writes one status event
+		publish := func(_ context.Context, msgs []statestore.OutboxMessage) (int, error) { return len(msgs), nil }
+		defer measurePG(b, bd)()
+		testenv.Paced(b, testenv.LowRate, func(int) {
+			if n, err := bd.store.RelayOutbox(ctx, 1, publish); err != nil || n != 1 {
+				b.Fatalf("relayed %d, %v; want 1", n, err)
+			}
+		})
+	})
+}

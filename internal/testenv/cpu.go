@@ -87,3 +87,21 @@ func MeasureCPU(b *testing.B, metric string, names ...string) func() {
 		b.ReportMetric(float64(self1-self0)/float64(b.N), "client-cpu-ns/op")
 	}
 }
+
+// LowRate is the rate, in ops per second, of the benchmarks that measure a
+// part of an order as a system at low load runs it: one at a time, with the
+// processes asleep in between (the 60 orders a second).
+const LowRate = 60
+
+// Paced runs op b.N times, one every 1/rate of a second: each op then
+// finds the processes it wakes asleep, as at low load, instead of warm
+// from the op before.
+func Paced(b *testing.B, rate int, op func(i int)) {
+	b.Helper()
+	tick := time.NewTicker(time.Second / time.Duration(rate))
+	defer tick.Stop()
+	for i := range b.N {
+		<-tick.C
+		op(i)
+	}
+}
