@@ -130,10 +130,6 @@ func TestEachKindCallsItsOwnService(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
 	id := messages.NewID()
 	completeBy := time.Now().Add(time.Minute).UTC().Truncate(time.Microsecond)
 	send := func(kind, action string, step, attempt int) {
@@ -143,18 +139,32 @@ func TestEachKindCallsItsOwnService(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// The queues exist once the agent declared them.
-		testenv.Eventually(t, 30*time.Second, "the agent's queues declared", func() bool {
-			_, err := ch.QueueDeclarePassive(topo.Queue(messages.RequestsQueue(kind)), true, false, false, false, nil)
+		// Published with a confirm, and again until one comes: a quorum
+		// queue just declared on a busy broker may refuse a message, which
+		// a publish without a confirm would lose without a word.
+		testenv.Eventually(t, 30*time.Second, "the request to "+kind+" confirmed", func() bool {
+			ch, err := conn.Channel()
 			if err != nil {
-				ch, _ = conn.Channel()
+				return false
 			}
-			return err == nil
+			defer ch.Close()
+			if err := ch.Confirm(false); err != nil {
+				return false
+			}
+			returned := ch.NotifyReturn(make(chan amqp.Return, 1))
+			dc, err := ch.PublishWithDeferredConfirm("", topo.Queue(messages.RequestsQueue(kind)), true, false,
+				amqp.Publishing{ContentType: messages.ContentType, Type: messages.TypeStepRequest, Body: body})
+			if err != nil {
+				return false
+			}
+			acked := dc.Wait()
+			select {
+			case <-returned:
+				return false // the queue is not there yet
+			default:
+			}
+			return acked
 		})
-		if err := ch.Publish("", topo.Queue(messages.RequestsQueue(kind)), false, false,
-			amqp.Publishing{ContentType: messages.ContentType, Type: messages.TypeStepRequest, Body: body}); err != nil {
-			t.Fatal(err)
-		}
 	}
 	send("alpha", "open_account", 1, 3)
 	send("beta", "notify", 2, 1)
@@ -181,6 +191,10 @@ func TestEachKindCallsItsOwnService(t *testing.T) {
 		t.Fatalf("beta was called %+v (payload %s, results %s)", b, b.request.Payload, b.request.Results)
 	}
 	// Both replies come back ok with their service's answer.
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
 	msgs, err := ch.Consume(topo.Queue(messages.RepliesQueue), "", true, false, false, false, nil)
 	if err != nil {
 		t.Fatal(err)
