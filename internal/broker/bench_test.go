@@ -100,16 +100,11 @@ func benchMessage(b *testing.B, kind string) {
 	var got atomic.Int64
 	all := make(chan struct{})
 	target := int64(b.N)
-	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: input, Prefetch: 64, Workers: 16},
-		func(context.Context, amqp.Delivery) error {
-			if got.Add(1) == target {
-				close(all)
-			}
-			return nil
-		}, bd.logger, bd.metrics)
-	stopped := make(chan error, 1)
-	go func() { stopped <- consumer.Run(ctx) }()
-	testenv.Eventually(b, 30*time.Second, "consumer subscribed", consumer.Running)
+	stopped := consume(ctx, b, bd, conn, pub, input, func() {
+		if got.Add(1) == target {
+			close(all)
+		}
+	})
 
 	stop := testenv.MeasureCPU(b, "rabbitmq", "beam.smp")
 	if confirmed, _ := publishAll(ctx, b, pub, "", bd.topo.Queue(input), b.N); confirmed != b.N {
@@ -125,6 +120,23 @@ func benchMessage(b *testing.B, kind string) {
 	if err := <-stopped; err != nil {
 		b.Fatal(err)
 	}
+}
+
+// consume runs a Consumer of input with prefetch 64 that acknowledges in
+// groups, as the services do, calling got for each delivery, until ctx
+// ends; it returns once the consumer is subscribed, and Run's result
+// comes on the channel.
+func consume(ctx context.Context, b *testing.B, bd bundle, conn *broker.Conn, pub *broker.Publisher, input string, got func()) <-chan error {
+	b.Helper()
+	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: input, Prefetch: 64, Workers: 16},
+		func(context.Context, amqp.Delivery) error {
+			got()
+			return nil
+		}, bd.logger, bd.metrics)
+	stopped := make(chan error, 1)
+	go func() { stopped <- consumer.Run(ctx) }()
+	testenv.Eventually(b, 30*time.Second, "consumer subscribed", consumer.Running)
+	return stopped
 }
 
 // BenchmarkUnroutedPublish: one status event published (persistent,
@@ -164,14 +176,7 @@ func BenchmarkAtLowRate(b *testing.B) {
 		ctx, cancel := context.WithCancel(ctxFor(b, 10*time.Minute))
 		defer cancel()
 		consumed := make(chan struct{}, 1)
-		consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: "in", Prefetch: 64, Workers: 16},
-			func(context.Context, amqp.Delivery) error {
-				consumed <- struct{}{}
-				return nil
-			}, bd.logger, bd.metrics)
-		stopped := make(chan error, 1)
-		go func() { stopped <- consumer.Run(ctx) }()
-		testenv.Eventually(b, 30*time.Second, "consumer subscribed", consumer.Running)
+		stopped := consume(ctx, b, bd, conn, pub, "in", func() { consumed <- struct{}{} })
 
 		stop := testenv.MeasureCPU(b, "rabbitmq", "beam.smp")
 		testenv.Paced(b, testenv.LowRate, func(i int) {

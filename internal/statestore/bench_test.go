@@ -63,6 +63,21 @@ func fill(b *testing.B, bd bundle, n int, timeout time.Duration) {
 	}
 }
 
+// claimed fills the store with n one-step orders and claims every step.
+func claimed(b *testing.B, bd bundle, n int) []statestore.ClaimedStep {
+	b.Helper()
+	fill(b, bd, n, time.Hour)
+	var steps []statestore.ClaimedStep
+	for len(steps) < n {
+		got, err := bd.store.ClaimPending(context.Background(), "bench", 500, "agent")
+		if err != nil {
+			b.Fatal(err)
+		}
+		steps = append(steps, got...)
+	}
+	return steps
+}
+
 // BenchmarkInsertOrder: one three-step order with its rows, history and
 // event per op.
 func BenchmarkInsertOrder(b *testing.B) {
@@ -99,15 +114,7 @@ func BenchmarkClaimPending(b *testing.B) {
 // BenchmarkApplyReply: one fenced ok reply per op, ending its order.
 func BenchmarkApplyReply(b *testing.B) {
 	bd, ctx := benchStore(b)
-	fill(b, bd, b.N, time.Hour)
-	var steps []statestore.ClaimedStep
-	for len(steps) < b.N {
-		got, err := bd.store.ClaimPending(ctx, "bench", 500, "agent")
-		if err != nil {
-			b.Fatal(err)
-		}
-		steps = append(steps, got...)
-	}
+	steps := claimed(b, bd, b.N)
 	defer measurePG(b, bd)()
 	for _, s := range steps {
 		if _, err := bd.store.ApplyReply(ctx, statestore.Reply{OrderID: s.OrderID, Step: s.Step, Attempt: s.Attempt, OK: true, Result: []byte(`{}`), Actor: "bench"}); err != nil {
@@ -120,16 +127,9 @@ func BenchmarkApplyReply(b *testing.B) {
 // a transaction (as a busy scheduler does); per op, one reply.
 func BenchmarkApplyReplies(b *testing.B) {
 	bd, ctx := benchStore(b)
-	fill(b, bd, b.N, time.Hour)
 	var replies []statestore.Reply
-	for len(replies) < b.N {
-		got, err := bd.store.ClaimPending(ctx, "bench", 500, "agent")
-		if err != nil {
-			b.Fatal(err)
-		}
-		for _, s := range got {
-			replies = append(replies, statestore.Reply{OrderID: s.OrderID, Step: s.Step, Attempt: s.Attempt, OK: true, Result: []byte(`{}`), Actor: "bench"})
-		}
+	for _, s := range claimed(b, bd, b.N) {
+		replies = append(replies, statestore.Reply{OrderID: s.OrderID, Step: s.Step, Attempt: s.Attempt, OK: true, Result: []byte(`{}`), Actor: "bench"})
 	}
 	defer measurePG(b, bd)()
 	for len(replies) > 0 {
@@ -282,15 +282,7 @@ func BenchmarkAtLowRate(b *testing.B) {
 	})
 	b.Run("apply-reply", func(b *testing.B) {
 		bd, ctx := benchStore(b)
-		fill(b, bd, b.N, time.Hour)
-		var steps []statestore.ClaimedStep
-		for len(steps) < b.N {
-			got, err := bd.store.ClaimPending(ctx, "bench", 500, "agent")
-			if err != nil {
-				b.Fatal(err)
-			}
-			steps = append(steps, got...)
-		}
+		steps := claimed(b, bd, b.N)
 		defer measurePG(b, bd)()
 		testenv.Paced(b, testenv.LowRate, func(i int) {
 			s := steps[i]
