@@ -64,9 +64,9 @@ func (s *Store) RelayOutbox(ctx context.Context, limit int, publish func(context
 
 // relayTake starts the relay's transaction: the lock (tried, never waited
 // for), a commit that does not wait for its WAL to reach disk, and the
-// messages, read only when the lock was got. It yields one row with a null
-// id when there is nothing to relay, and none but locked = false when
-// another relay holds the lock.
+// messages, read only when the lock was got. It yields a row per message,
+// or one row with a null id when there is nothing to relay or (locked =
+// false) another relay holds the lock.
 //
 // The commit does not wait for its WAL: a delete lost in a crash only
 // publishes its messages again, under the same message_id, which consumers
