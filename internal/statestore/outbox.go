@@ -39,7 +39,7 @@ var ErrRelayBusy = errors.New("another relay holds the outbox")
 // order, and it touches only the outbox, never a step.
 //
 // A round is two round trips to the database, each a pipeline: the
-// transaction's start with the lock and the read, then the delete with the
+// transaction's start, the lock and the read, then the delete and the
 // commit. At low load every order's events take a round of their own, so
 // the round trips, each waking a PostgreSQL backend and this process, are
 // most of what relaying costs.
@@ -62,27 +62,24 @@ func (s *Store) RelayOutbox(ctx context.Context, limit int, publish func(context
 	return done, nil
 }
 
-// relayTake starts the relay's transaction: the lock (tried, never waited
-// for), a commit that does not wait for its WAL to reach disk, and the
-// messages, read only when the lock was got. It yields a row per message,
-// or one row with a null id when there is nothing to relay or (locked =
-// false) another relay holds the lock.
-//
-// The commit does not wait for its WAL: a delete lost in a crash only
-// publishes its messages again, under the same message_id, which consumers
-// take as repeats (as they must anyway: a confirmed publish whose delete
-// then fails is the same). At low load that is one disk flush an order
-// fewer.
-const relayTake = `
-WITH l AS (
-    SELECT pg_try_advisory_xact_lock(hashtextextended('sas.outbox.' || current_schema(), 0)) AS locked,
-           set_config('synchronous_commit', 'off', true)
-)
-SELECT l.locked, o.id, o.message_id::text, o.message_type, o.order_id::text, coalesce(o.reply_to, ''), o.body
-FROM l LEFT JOIN LATERAL (
-    SELECT id, message_id, message_type, order_id, reply_to, body
-    FROM outbox WHERE l.locked AND published_at IS NULL ORDER BY id LIMIT $1
-) o ON true`
+// relayLock tries the relay's lock (never waiting for it) and remembers
+// whether it got it for the rest of the transaction; the commit will not
+// wait for its WAL to reach disk: a delete lost in a crash only publishes
+// its messages again, under the same message_id, which consumers take as
+// repeats (as they must anyway: a confirmed publish whose delete then fails
+// is the same). At low load that is one disk flush an order fewer.
+const relayLock = `
+SELECT set_config('sas.relay_locked', pg_try_advisory_xact_lock(hashtextextended('sas.outbox.' || current_schema(), 0))::text, true) = 'true',
+       set_config('synchronous_commit', 'off', true)`
+
+// relayRead reads the messages to relay, only in a transaction that holds
+// the lock. It must be a statement of its own, after relayLock's: a
+// statement sees what was committed when it began, and one that began
+// before it got the lock would miss the deletes of the relay that held it
+// until then, and take its messages again.
+const relayRead = `
+SELECT id, message_id::text, message_type, order_id::text, coalesce(reply_to, ''), body
+FROM outbox WHERE current_setting('sas.relay_locked') = 'true' AND published_at IS NULL ORDER BY id LIMIT $1`
 
 func relay(ctx context.Context, conn *pgx.Conn, limit int, publish func(context.Context, []OutboxMessage) (int, error)) (done int, publishErr, err error) {
 	take := &pgx.Batch{}
@@ -91,18 +88,13 @@ func relay(ctx context.Context, conn *pgx.Conn, limit int, publish func(context.
 		locked bool
 		msgs   []OutboxMessage
 	)
-	take.Queue(relayTake, limit).Query(func(rows pgx.Rows) error {
-		var id *int64
-		var m OutboxMessage
-		var messageID, msgType, orderID *string
-		_, err := pgx.ForEachRow(rows, []any{&locked, &id, &messageID, &msgType, &orderID, &m.ReplyTo, &m.Body}, func() error {
-			if id == nil {
-				return nil
-			}
-			m.ID, m.MessageID, m.Type, m.OrderID = *id, *messageID, *msgType, *orderID
-			msgs = append(msgs, m)
-			m = OutboxMessage{}
-			return nil
+	take.Queue(relayLock).QueryRow(func(row pgx.Row) error { return row.Scan(&locked, nil) })
+	take.Queue(relayRead, limit).Query(func(rows pgx.Rows) error {
+		var err error
+		msgs, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (OutboxMessage, error) {
+			var m OutboxMessage
+			err := row.Scan(&m.ID, &m.MessageID, &m.Type, &m.OrderID, &m.ReplyTo, &m.Body)
+			return m, err
 		})
 		return err
 	})

@@ -1341,6 +1341,57 @@ func TestRelayRoundIsTwoRoundTrips(t *testing.T) {
 	}
 }
 
+// TestRelaysNeverHandOutAMessageTwice: relays that run at once, as every
+// scheduler's does, hand each message to publish once. A relay reads the
+// outbox only after it holds the lock, so it sees what the relay before it
+// deleted: a read whose snapshot was taken before that relay committed
+// would take its messages again.
+func TestRelaysNeverHandOutAMessageTwice(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	const orders = 400
+	for range orders {
+		insert(t, b, order(1, time.Minute, 1))
+	}
+	var mu sync.Mutex
+	handed := map[string]int{}
+	publish := func(_ context.Context, msgs []statestore.OutboxMessage) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, m := range msgs {
+			handed[m.MessageID]++
+		}
+		return len(msgs), nil
+	}
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				_, err := b.store.RelayOutbox(ctx, 3, publish)
+				if err != nil && !errors.Is(err, statestore.ErrRelayBusy) {
+					t.Error(err)
+					return
+				}
+				if count(t, b, `SELECT count(*) FROM outbox`) == 0 {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if len(handed) != orders {
+		t.Fatalf("%d messages handed out, want %d", len(handed), orders)
+	}
+	for id, n := range handed {
+		if n != 1 {
+			t.Fatalf("message %s handed out %d times", id, n)
+		}
+	}
+}
+
 // TestStepKeysNeedNoIndex: the steps' idempotency keys have no unique
 // index of their own (migration 0013); each is made of its step's primary
 // key and name, so the primary key keeps them unique.
