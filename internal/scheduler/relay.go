@@ -24,14 +24,9 @@ type relay struct {
 	topo    broker.Topology
 	batch   int
 	poll    time.Duration
-	wake    <-chan struct{} // relay now
-	soon    <-chan struct{} // relay within linger (a claim's events)
-	linger  time.Duration
+	wake    <-chan struct{}
 	logger  *slog.Logger
 	metrics *metrics
-	// drain relays until the outbox is empty and reports whether another
-	// relay held it (drainOutbox).
-	drain func(ctx context.Context) (busy bool)
 }
 
 // busyRecheck is how soon a relay that found another one at work looks
@@ -41,40 +36,16 @@ const busyRecheck = 25 * time.Millisecond
 func (r *relay) run(ctx context.Context) error {
 	ticker := time.NewTicker(r.poll)
 	defer ticker.Stop()
-	var (
-		recheck <-chan time.Time // another relay was at work
-		later   *time.Timer      // a claim's events wait for company
-		laterC  <-chan time.Time
-	)
-	drain := true
 	for {
-		if drain {
-			// This round takes everything committed so far, the events
-			// waiting for later included.
-			if later != nil {
-				later.Stop()
-				later, laterC = nil, nil
-			}
-			recheck = nil
-			if busy := r.drain(ctx); busy {
-				recheck = time.After(busyRecheck)
-			}
+		var recheck <-chan time.Time
+		if busy := r.drain(ctx); busy {
+			recheck = time.After(busyRecheck)
 		}
-		drain = true
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-r.wake:
 			r.metrics.wakeups.WithLabelValues("relay", "notify").Inc()
-		case <-r.soon:
-			if later == nil {
-				later = time.NewTimer(r.linger)
-				laterC = later.C
-			}
-			drain = false
-		case <-laterC:
-			later, laterC = nil, nil
-			r.metrics.wakeups.WithLabelValues("relay", "claim").Inc()
 		case <-ticker.C:
 			r.metrics.wakeups.WithLabelValues("relay", "poll").Inc()
 		case <-recheck:
@@ -83,9 +54,9 @@ func (r *relay) run(ctx context.Context) error {
 	}
 }
 
-// drainOutbox relays until the outbox is empty; it reports whether
-// another scheduler's relay held the outbox.
-func (r *relay) drainOutbox(ctx context.Context) (busy bool) {
+// drain relays until the outbox is empty; it reports whether another
+// scheduler's relay held the outbox.
+func (r *relay) drain(ctx context.Context) (busy bool) {
 	for ctx.Err() == nil {
 		n, err := r.store.RelayOutbox(ctx, r.batch, r.publish)
 		switch {

@@ -57,11 +57,6 @@ type Config struct {
 	ReplyWriters int `envconfig:"SCHEDULER_REPLY_WRITERS" default:"1"`
 	// RelayBatch is how many outbox messages one relay round publishes.
 	RelayBatch int `envconfig:"SCHEDULER_RELAY_BATCH" default:"500"`
-	// ClaimEventsLinger is how long the status events a claim wrote
-	// (received, processing) may wait to go out with the next ones, which
-	// the step's reply usually writes within it: one relay round an order
-	// fewer at low load. Events of replies and the supervisor go at once.
-	ClaimEventsLinger time.Duration `envconfig:"SCHEDULER_CLAIM_EVENTS_LINGER" default:"50ms"`
 	// DBMaxConns caps the database pool.
 	DBMaxConns int32 `envconfig:"DB_MAX_CONNS" default:"10"`
 }
@@ -127,7 +122,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "sas_scheduler_claims_released_total", Help: "Claimed steps handed back to pending because their request could not be sent.",
 		}),
 		wakeups: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sas_scheduler_wakeups_total", Help: "Times a loop woke, by loop and source (notify, poll, throttled, busy, claim: the linger for a claim's events ended).",
+			Name: "sas_scheduler_wakeups_total", Help: "Times a loop woke, by loop and source (notify, poll, reconnect).",
 		}, []string{"loop", "source"}),
 		replies: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sas_scheduler_replies_total", Help: "Agent replies handled, by result (processed, error, stale, rejected).",
@@ -251,12 +246,11 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
 	w := &waker{store: store, logger: logger, pending: make(chan struct{}, 1), outbox: make(chan struct{}, 1)}
-	claimEvents := make(chan struct{}, 1) // a claim wrote status events: relay them within ClaimEventsLinger
 	depths := broker.NewQueueInspector(conn)
 	defer depths.Close()
 	c := &claimer{store: store, pub: pub, depths: depths, topo: topo, kinds: kinds, me: me,
 		batch: cfg.BatchSize, maxQueued: cfg.MaxQueued, maxReplies: cfg.MaxRepliesQueued, poll: cfg.PollInterval,
-		wake: w.pending, wakeRelay: func() { nudge(claimEvents) }, workCtx: workCtx, logger: logger, metrics: m,
+		wake: w.pending, wakeRelay: func() { nudge(w.outbox) }, workCtx: workCtx, logger: logger, metrics: m,
 		known: map[string]queueDepth{}}
 	// Claims and replies do not notify through the database (migration
 	// 0007): what they make pending or write to the outbox, this
@@ -280,8 +274,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		broker.ConsumerConfig{Input: messages.RepliesQueue, Prefetch: cfg.ReplyPrefetch, Workers: cfg.ReplyWorkers, Reasons: messages.Reasons()},
 		r.handle, logger, bm)
 	rl := &relay{store: store, pub: pub, topo: topo, batch: cfg.RelayBatch, poll: cfg.PollInterval,
-		wake: w.outbox, soon: claimEvents, linger: cfg.ClaimEventsLinger, logger: logger, metrics: m}
-	rl.drain = rl.drainOutbox
+		wake: w.outbox, logger: logger, metrics: m}
 
 	ops.SetReady(deps.Ready(replies))
 
