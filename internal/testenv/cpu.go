@@ -90,7 +90,8 @@ func MeasureCPU(b *testing.B, metric string, names ...string) func() {
 
 // LowRate is the rate, in ops per second, of the benchmarks that measure a
 // part of an order as a system at low load runs it: one at a time, with the
-// processes asleep in between (the 60 orders a second).
+// processes asleep in between: 60 orders a second, the low load of
+// docs/BENCHMARKS.md.
 const LowRate = 60
 
 // Paced runs op b.N times, one every 1/rate of a second: each op then
