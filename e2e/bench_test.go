@@ -69,7 +69,7 @@ func (l benchLatency) ordered() bool {
 func TestSasctlBench(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	base := 20000 + 10*int((time.Now().UnixNano()+600)%1200)
+	base := portBase(600)
 	report := filepath.Join(t.TempDir(), "bench.json")
 	out, errOut, code := sasctl(t, s.env, "bench", "--bin", binDir, "--port-base", strconv.Itoa(base),
 		"--workflow", "order", "--rate", "30", "--warmup", "1s", "--duration", "4s", "--remote-latency-ms", "2", "--prefill", "2000", "--json", report)
@@ -193,7 +193,7 @@ func TestSasctlBenchRefusesLeftovers(t *testing.T) {
 		q, err := ch.QueueDeclarePassive(s.submit, true, false, false, false, nil)
 		return err == nil && q.Messages == 1
 	})
-	base := 20000 + 10*int((time.Now().UnixNano()+300)%1200)
+	base := portBase(300)
 	args := []string{"bench", "--bin", binDir, "--port-base", strconv.Itoa(base), "--rate", "10", "--warmup", "0s", "--duration", "1s"}
 	_, errOut, code := sasctl(t, s.env, args...)
 	if code != 1 || !strings.Contains(errOut, s.submit+" holds 1 messages") || !strings.Contains(errOut, "--purge") {
@@ -221,7 +221,7 @@ func TestSasctlBenchAB(t *testing.T) {
 	if err := os.Symlink(binDir, other); err != nil {
 		t.Fatal(err)
 	}
-	base := 20000 + 10*int((time.Now().UnixNano()+900)%1200)
+	base := portBase(900)
 	report := filepath.Join(t.TempDir(), "ab.json")
 	out, errOut, code := sasctl(t, s.env, "bench", "--bin", binDir, "--against", other, "--rounds", "1", "--port-base", strconv.Itoa(base),
 		"--workflow", "single", "--rate", "20", "--warmup", "0s", "--duration", "3s", "--label", "ab", "--json", report)
@@ -291,7 +291,7 @@ func TestSasctlBenchAB(t *testing.T) {
 func TestSasctlBenchBacklog(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	base := 20000 + 10*int((time.Now().UnixNano()+450)%1200)
+	base := portBase(450)
 	report := filepath.Join(t.TempDir(), "backlog.json")
 	out, errOut, code := sasctl(t, s.env, "bench", "--bin", binDir, "--port-base", strconv.Itoa(base),
 		"--workflow", "single", "--backlog", "300", "--json", report)

@@ -209,14 +209,21 @@ func writeTemp(t *testing.T, body string) string {
 	return f
 }
 
+// portBase picks the first port of a sasctl-run stack (its services
+// take the ports from there up): 20,000 to 31,990, below Linux's
+// ephemeral range (32768 and up), where outgoing connections and the other
+// tests' free ports come from. Tests that run at once pass different
+// offsets, so their picks start apart.
+func portBase(offset int) int {
+	return 20000 + 10*int((time.Now().UnixNano()+int64(offset))%1200)
+}
+
 // TestSasctlDev runs the local stack the way make demo does (without
 // Prometheus) and checks its summary and that it leaves nothing running.
 func TestSasctlDev(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	// Below Linux's ephemeral range (32768 and up), where outgoing
-	// connections and the other tests' free ports come from.
-	base := 20000 + 10*int(time.Now().UnixNano()%1200)
+	base := portBase(0)
 	out, errOut, code := sasctl(t, s.env, "dev", "--orders", "60", "--bin", binDir, "--prometheus-port", "0",
 		"--port-base", strconv.Itoa(base), "--console-port", strconv.Itoa(base+7), "--faults", `{"*":{"error_rate":0.1}}`)
 	if code != 0 {

@@ -67,6 +67,17 @@ func publishAll(ctx context.Context, b *testing.B, pub *broker.Publisher, exchan
 	return confirmed, returned
 }
 
+// benchPublisher sets up a benchmark's queues and a publisher on a
+// connection of its own, closed when the benchmark ends.
+func benchPublisher(b *testing.B) (bundle, *broker.Conn, *broker.Publisher) {
+	b.Helper()
+	bd := setup(b, 5)
+	conn := bd.open(b, testenv.AMQPURL())
+	pub := broker.NewPublisher(conn, bd.metrics)
+	b.Cleanup(func() { _ = pub.Close() })
+	return bd, conn, pub
+}
+
 // benchBody is about the size of a step request.
 const benchBody = `{"schema_version":1,"order_id":"0b0e4a4e-3d4b-4f51-9d7e-5b8e0c2f6a11","step":1,"name":"reserve","agent":"inventory","attempt":1,"idempotency_key":"0b0e4a4e-3d4b-4f51-9d7e-5b8e0c2f6a11/1/reserve","complete_by":"2026-11-22T10:00:00.123456Z","payload":{"customer":"c-1","items":[{"sku":"sku-1","qty":2}],"amount":1999,"currency":"EUR","priority":0}}`
 
@@ -82,7 +93,7 @@ func BenchmarkMessage(b *testing.B) {
 }
 
 func benchMessage(b *testing.B, kind string) {
-	bd := setup(b, 5)
+	bd, conn, pub := benchPublisher(b)
 	input := "in"
 	if kind != amqp.QueueTypeQuorum {
 		input = kind
@@ -92,9 +103,6 @@ func benchMessage(b *testing.B, kind string) {
 		}
 		b.Cleanup(func() { _, _ = rawChannel(b).QueueDelete(bd.topo.Queue(input), false, false, false) })
 	}
-	conn := bd.open(b, testenv.AMQPURL())
-	pub := broker.NewPublisher(conn, bd.metrics)
-	defer pub.Close()
 	ctx, cancel := context.WithCancel(ctxFor(b, 10*time.Minute))
 	defer cancel()
 	var got atomic.Int64
@@ -144,10 +152,7 @@ func consume(ctx context.Context, b *testing.B, bd bundle, conn *broker.Conn, pu
 // routing key, as most status events are when only terminal ones are
 // listened for: the broker returns it before confirming it.
 func BenchmarkUnroutedPublish(b *testing.B) {
-	bd := setup(b, 5)
-	conn := bd.open(b, testenv.AMQPURL())
-	pub := broker.NewPublisher(conn, bd.metrics)
-	defer pub.Close()
+	bd, _, pub := benchPublisher(b)
 	ctx := ctxFor(b, 10*time.Minute)
 
 	stop := testenv.MeasureCPU(b, "rabbitmq", "beam.smp")
@@ -169,10 +174,7 @@ func BenchmarkUnroutedPublish(b *testing.B) {
 //	go test -run '^$' -bench AtLowRate -benchtime 300x ./internal/broker
 func BenchmarkAtLowRate(b *testing.B) {
 	b.Run("message", func(b *testing.B) {
-		bd := setup(b, 5)
-		conn := bd.open(b, testenv.AMQPURL())
-		pub := broker.NewPublisher(conn, bd.metrics)
-		defer pub.Close()
+		bd, conn, pub := benchPublisher(b)
 		ctx, cancel := context.WithCancel(ctxFor(b, 10*time.Minute))
 		defer cancel()
 		consumed := make(chan struct{}, 1)
@@ -204,10 +206,7 @@ func BenchmarkAtLowRate(b *testing.B) {
 		}
 	})
 	b.Run("unrouted", func(b *testing.B) {
-		bd := setup(b, 5)
-		conn := bd.open(b, testenv.AMQPURL())
-		pub := broker.NewPublisher(conn, bd.metrics)
-		defer pub.Close()
+		bd, _, pub := benchPublisher(b)
 		ctx := ctxFor(b, 10*time.Minute)
 		stop := testenv.MeasureCPU(b, "rabbitmq", "beam.smp")
 		testenv.Paced(b, testenv.LowRate, func(i int) {

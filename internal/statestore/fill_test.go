@@ -1,34 +1,19 @@
 package statestore_test
 
-import (
-	"context"
-	"testing"
-
-	"sas/internal/statestore"
-	"sas/internal/testenv"
-)
+import "testing"
 
 // TestFillWritesOrdersAsTheyLookOnceRun: Fill's orders have their steps,
 // history and alerts, in the mix it promises, and the tables are
 // vacuumed and analyzed after.
 func TestFillWritesOrdersAsTheyLookOnceRun(t *testing.T) {
 	t.Parallel()
-	_, pool := testenv.Database(t)
-	ctx := context.Background()
-	r, err := statestore.New(pool).Fill(ctx, 1000, 10)
+	b := setup(t)
+	r, err := b.store.Fill(ctxFor(t), 1000, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if r.Orders != 1000 || r.Size == "" {
 		t.Fatalf("report %+v", r)
-	}
-	count := func(sql string) int {
-		t.Helper()
-		var n int
-		if err := pool.QueryRow(ctx, sql).Scan(&n); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-		return n
 	}
 	for sql, want := range map[string]int{
 		`SELECT count(*) FROM orders`:                                      1000,
@@ -40,11 +25,11 @@ func TestFillWritesOrdersAsTheyLookOnceRun(t *testing.T) {
 		`SELECT count(*) FROM transitions`:                                 10000,
 		`SELECT count(*) FROM workflow_versions WHERE created_by = 'fill'`: 3,
 	} {
-		if got := count(sql); got != want {
+		if got := count(t, b, sql); got != want {
 			t.Errorf("%s: %d, want %d", sql, got, want)
 		}
 	}
-	if n := count(`SELECT count(*) FROM pg_stat_user_tables WHERE schemaname = current_schema()
+	if n := count(t, b, `SELECT count(*) FROM pg_stat_user_tables WHERE schemaname = current_schema()
 		AND relname IN ('orders', 'steps', 'transitions', 'alerts') AND last_vacuum IS NOT NULL AND last_analyze IS NOT NULL`); n != 4 {
 		t.Errorf("%d of 4 tables vacuumed and analyzed", n)
 	}
