@@ -88,7 +88,7 @@ func TestSasctlSubmitShowListResubmit(t *testing.T) {
 	}
 	out, _, code = sasctl(t, s.env, "orders", "show", id, "--json")
 	var d statestore.OrderDetail
-	if code != 0 || json.Unmarshal([]byte(out), &d) != nil || len(d.Steps) != 6 || len(d.History) != 7 {
+	if code != 0 || json.Unmarshal([]byte(out), &d) != nil || len(d.Steps) != 6 || len(d.History) != 2 {
 		t.Fatalf("orders show --json: exit %d: %s", code, out)
 	}
 	out, _, code = sasctl(t, s.env, "orders", "list", "--status", "received")

@@ -215,6 +215,10 @@ func checkFencing(o *statestore.AuditOrder, st statestore.AuditStep, add func(in
 		if t.Step == nil || *t.Step != st.Step {
 			continue
 		}
+		if state == "" && t.From == statestore.StepWaiting {
+			// A step created waiting has no creation row.
+			state = statestore.StepWaiting
+		}
 		if t.From != state {
 			add(4, "order %s step %d: %s -> %s (attempt %d, by %s) although the step was %s", o.OrderID, st.Step, t.From, t.To, t.Attempt, t.Actor, state)
 		}
@@ -231,6 +235,9 @@ func checkFencing(o *statestore.AuditOrder, st statestore.AuditStep, add func(in
 	}
 	if st.Attempt != current {
 		add(4, "order %s step %d is at attempt %d but its last claim was attempt %d", o.OrderID, st.Step, st.Attempt, current)
+	}
+	if state == "" && st.ProcessState == statestore.StepWaiting {
+		state = statestore.StepWaiting
 	}
 	if state != st.ProcessState {
 		add(4, "order %s step %d is %s but its history ends in %s", o.OrderID, st.Step, st.ProcessState, state)

@@ -54,7 +54,8 @@ func world() (History, statestore.Audit, []remote.Entry) {
 	}
 	var ch []statestore.Transition
 	ch = append(ch, statestore.Transition{To: "received", Actor: "submitter"})
-	ch = append(ch, created("c", "pending", "waiting", "waiting", "waiting", "waiting", "waiting")...)
+	// Steps created waiting have no creation row (the store writes none).
+	ch = append(ch, created("c", "pending")...)
 	for s := 1; s <= 3; s++ {
 		if s > 1 {
 			ch = append(ch, next(s))
@@ -64,7 +65,7 @@ func world() (History, statestore.Audit, []remote.Entry) {
 	ch = append(ch, statestore.Transition{From: "processing", To: "completed", Actor: "scheduler:a"})
 	var fh []statestore.Transition
 	fh = append(fh, statestore.Transition{To: "received", Actor: "submitter"})
-	fh = append(fh, created("f", "pending", "waiting", "waiting", "waiting", "waiting", "waiting")...)
+	fh = append(fh, created("f", "pending")...)
 	fh = append(fh, claimAnd(1, "processed")...)
 	fh = append(fh, next(2))
 	fh = append(fh, claimAnd(2, "error")...)
@@ -123,20 +124,20 @@ func TestCheckCatchesEachViolation(t *testing.T) {
 		{"stale reply applied", 4, func(h *History, a *statestore.Audit, l *[]remote.Entry) {
 			o := &a.Orders[0]
 			// A second claim, then the first attempt's reply wins.
-			o.History = append(o.History[:8], append([]statestore.Transition{
+			o.History = append(o.History[:3], append([]statestore.Transition{
 				{Step: ip(1), From: "processing", To: "pending", Attempt: 1, Actor: "supervisor:s"},
 				{Step: ip(1), From: "pending", To: "processing", Attempt: 2, Actor: "scheduler:b"},
 				{Step: ip(1), From: "processing", To: "processed", Attempt: 1, Actor: "scheduler:a"},
-			}, o.History[9:]...)...)
+			}, o.History[4:]...)...)
 			o.Steps[0].Attempt = 2
 		}},
 		{"late reply on a step no longer processing", 4, func(h *History, a *statestore.Audit, l *[]remote.Entry) {
 			o := &a.Orders[0]
 			// Reset by the supervisor, then the old reply lands anyway.
-			o.History = append(o.History[:8], append([]statestore.Transition{
+			o.History = append(o.History[:3], append([]statestore.Transition{
 				{Step: ip(1), From: "processing", To: "pending", Attempt: 1, Actor: "supervisor:s"},
 				{Step: ip(1), From: "processing", To: "processed", Attempt: 1, Actor: "scheduler:a"},
-			}, o.History[9:]...)...)
+			}, o.History[4:]...)...)
 		}},
 		{"failed order not undone", 5, func(h *History, a *statestore.Audit, l *[]remote.Entry) { (*l)[6].Effects = 0 }},
 		{"completed order undone", 5, func(h *History, a *statestore.Audit, l *[]remote.Entry) {
@@ -151,6 +152,21 @@ func TestCheckCatchesEachViolation(t *testing.T) {
 		{"poison not dead-lettered", 8, func(h *History, a *statestore.Audit, l *[]remote.Entry) { delete(h.DeadLettered, "bad-1") }},
 		{"poison with the wrong reason", 8, func(h *History, a *statestore.Audit, l *[]remote.Entry) { h.DeadLettered["bad-1"] = "too_large" }},
 		{"unpublished outbox", 9, func(h *History, a *statestore.Audit, l *[]remote.Entry) { a.Unpublished = 3 }},
+		{"step history with a gap", 4, func(h *History, a *statestore.Audit, l *[]remote.Entry) {
+			o := &a.Orders[0]
+			// Step 1's creation row lost: its history starts in pending.
+			o.History = append(o.History[:1], o.History[2:]...)
+		}},
+		{"step claimed while still waiting", 4, func(h *History, a *statestore.Audit, l *[]remote.Entry) {
+			o := &a.Orders[0]
+			// Step 2's waiting -> pending row lost.
+			for i, t := range o.History {
+				if t.Step != nil && *t.Step == 2 && t.From == "waiting" {
+					o.History = append(o.History[:i], o.History[i+1:]...)
+					break
+				}
+			}
+		}},
 		{"terminal order moved again", 2, func(h *History, a *statestore.Audit, l *[]remote.Entry) {
 			a.Orders[0].History = append(a.Orders[0].History, statestore.Transition{From: "completed", To: "processing", Actor: "scheduler:a"})
 		}},

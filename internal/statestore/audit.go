@@ -101,7 +101,7 @@ func (s *Store) ReadAudit(ctx context.Context) (Audit, error) {
 		if err := rows.Err(); err != nil {
 			return err
 		}
-		return tx.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE published_at IS NULL`).Scan(&a.Unpublished)
+		return tx.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&a.Unpublished)
 	})
 	if err != nil {
 		return a, fmt.Errorf("read audit: %w", err)

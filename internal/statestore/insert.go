@@ -105,7 +105,11 @@ func IdempotencyKey(orderID string, step int, name string) string {
 // write nothing; the caller then compares payload hashes. Orders come as parallel arrays ($1..$10, one element per order),
 // steps as parallel arrays ($11..$21, one element per step, $11 the
 // 1-based index of its order). Order ids must be distinct. It returns the
-// index of every order it wrote.
+// index of every order it wrote. A step created waiting gets no history
+// row: its own row says as much, and its history begins when it leaves
+// waiting (so a step's history with no creation row starts in waiting).
+// That is one history row fewer for each step after the first and for
+// every compensation, most of which never run.
 const insertOrdersSQL = `
 WITH o AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int[],
@@ -136,6 +140,7 @@ WITH o AS (
     SELECT order_id, NULL, NULL, 'received', actor, 'submitted' FROM insd
     UNION ALL
     SELECT st.order_id, st.step, NULL, st.process_state, insd.actor, 'submitted' FROM st JOIN insd ON insd.order_id = st.order_id
+    WHERE st.process_state <> 'waiting'
 ), ev AS (
     INSERT INTO outbox (message_type, order_id, reply_to, body)
     SELECT 'status_event', order_id, NULLIF(reply_to, ''), status_event_body(order_id, 'received', NULL)

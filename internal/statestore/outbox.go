@@ -79,7 +79,7 @@ SELECT set_config('sas.relay_locked', pg_try_advisory_xact_lock(hashtextextended
 // until then, and take its messages again.
 const relayRead = `
 SELECT id, message_id::text, message_type, order_id::text, coalesce(reply_to, ''), body
-FROM outbox WHERE current_setting('sas.relay_locked') = 'true' AND published_at IS NULL ORDER BY id LIMIT $1`
+FROM outbox WHERE current_setting('sas.relay_locked') = 'true' ORDER BY id LIMIT $1`
 
 func relay(ctx context.Context, conn *pgx.Conn, limit int, publish func(context.Context, []OutboxMessage) (int, error)) (done int, publishErr, err error) {
 	take := &pgx.Batch{}
@@ -116,14 +116,13 @@ func relay(ctx context.Context, conn *pgx.Conn, limit int, publish func(context.
 	if n == 0 {
 		return 0, publishErr, rollback(ctx, conn)
 	}
-	// Published messages are deleted, found through the unpublished
-	// messages' index.
+	// Published messages are deleted, found through the primary key.
 	ids := make([]int64, n)
 	for i, m := range msgs[:n] {
 		ids[i] = m.ID
 	}
 	end := &pgx.Batch{}
-	end.Queue(`DELETE FROM outbox WHERE id = ANY($1) AND published_at IS NULL`, ids)
+	end.Queue(`DELETE FROM outbox WHERE id = ANY($1)`, ids)
 	end.Queue(`COMMIT`)
 	if err := conn.SendBatch(ctx, end).Close(); err != nil {
 		return 0, publishErr, err
@@ -139,7 +138,7 @@ func rollback(ctx context.Context, conn *pgx.Conn) error {
 // OutboxBacklog counts unpublished outbox messages.
 func (s *Store) OutboxBacklog(ctx context.Context) (int, error) {
 	var n int
-	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE published_at IS NULL`).Scan(&n); err != nil {
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n); err != nil {
 		return 0, fmt.Errorf("outbox backlog: %w", err)
 	}
 	return n, nil

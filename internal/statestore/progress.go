@@ -64,7 +64,7 @@ func (s *Store) ProgressSince(ctx context.Context, since time.Time) (Progress, e
 func (s *Store) Unfinished(ctx context.Context) (orders, outbox int, err error) {
 	err = s.pool.QueryRow(ctx, `SELECT
 		(SELECT count(*) FROM orders WHERE status NOT IN ('completed', 'failed', 'error')),
-		(SELECT count(*) FROM outbox WHERE published_at IS NULL)`).Scan(&orders, &outbox)
+		(SELECT count(*) FROM outbox)`).Scan(&orders, &outbox)
 	if err != nil {
 		return 0, 0, fmt.Errorf("unfinished: %w", err)
 	}
