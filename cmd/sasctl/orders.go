@@ -198,6 +198,9 @@ func (a *app) printOrder(d statestore.OrderDetail) error {
 	}
 	field("created", stamp(o.CreatedAt))
 	field("updated", stamp(o.UpdatedAt))
+	if o.TraceID != "" {
+		field("trace_id", o.TraceID)
+	}
 
 	fmt.Fprint(w, "\nsteps\n")
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)

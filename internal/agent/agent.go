@@ -15,6 +15,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"sas/internal/broker"
 	"sas/internal/contract"
@@ -22,6 +25,7 @@ import (
 	"sas/internal/messages"
 	"sas/internal/secrets"
 	"sas/internal/service"
+	"sas/internal/tracing"
 )
 
 // Config is the agent's configuration (environment prefix SAS_).
@@ -162,13 +166,18 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	}
 	defer deps.Close()
 	conn, pub, bm := deps.Conn, deps.Pub, deps.Metrics
+	tr, closeTracing, err := service.OpenTracing(ctx, "agent", me, logger)
+	if err != nil {
+		return err
+	}
+	defer closeTracing()
 
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
 	a := &agent{
 		cfg: cfg, topo: topo, pub: pub, logger: logger, metrics: m, workCtx: workCtx, now: time.Now,
-		endpoints: endpoints,
-		caller:    &caller{cfg: cfg, metrics: m, now: time.Now},
+		endpoints: endpoints, tr: tr,
+		caller: &caller{cfg: cfg, metrics: m, now: time.Now, tr: tr},
 	}
 	var consumers []*broker.Consumer
 	for _, kind := range cfg.Kinds {
@@ -203,6 +212,7 @@ type agent struct {
 	metrics   *metrics
 	workCtx   context.Context
 	now       func() time.Time
+	tr        *tracing.Tracing
 }
 
 // handle works on one request. See broker.Handler for what its result
@@ -217,7 +227,16 @@ func (a *agent) handle(ctx context.Context, kind string, d amqp.Delivery) error 
 		return a.reject(kind, err)
 	}
 	started := a.now()
-	log := a.logger.With("order_id", req.OrderID, "step", req.Step, "attempt", req.Attempt, "name", req.Name)
+	// The handling is a span of the order's trace, a child of the
+	// scheduler's publish when the request carries the trace context.
+	hctx, span := a.tr.Start(a.tr.ExtractAMQP(a.workCtx, d.Headers), "handle "+req.Name, trace.WithSpanKind(trace.SpanKindConsumer))
+	defer span.End()
+	if a.tr.On() {
+		span.SetAttributes(attribute.String("sas.order_id", req.OrderID), attribute.Int("sas.step", req.Step),
+			attribute.Int("sas.attempt", req.Attempt), attribute.String("sas.agent", kind))
+	}
+	log := a.logger.With(append([]any{"order_id", req.OrderID, "step", req.Step, "attempt", req.Attempt, "name", req.Name},
+		tracing.LogAttrs(hctx)...)...)
 	// The agent's clock against the database's complete_by: a skew only
 	// costs wasted or skipped work, because the database's fence decides
 	// whether a reply counts.
@@ -225,6 +244,7 @@ func (a *agent) handle(ctx context.Context, kind string, d amqp.Delivery) error 
 	if !a.now().Before(deadline) {
 		a.metrics.abandoned.WithLabelValues("expired_on_arrival").Inc()
 		a.metrics.requests.WithLabelValues(kind, "abandoned").Inc()
+		span.AddEvent("past complete_by on arrival: dropped without reply")
 		log.Info("request past its complete_by on arrival; dropped without reply")
 		return nil
 	}
@@ -237,7 +257,7 @@ func (a *agent) handle(ctx context.Context, kind string, d amqp.Delivery) error 
 	if !ok || req.Agent != kind {
 		return a.reject(kind, fmt.Errorf("request for agent kind %q on the queue of %q", req.Agent, kind))
 	}
-	callCtx, cancel := context.WithDeadline(a.workCtx, deadline)
+	callCtx, cancel := context.WithDeadline(hctx, deadline)
 	defer cancel()
 	callStart := a.now()
 	res := a.caller.call(callCtx, ep, call{action: req.Name, key: req.IdempotencyKey, attempt: req.Attempt, completeBy: req.CompleteBy, body: body})
@@ -249,6 +269,7 @@ func (a *agent) handle(ctx context.Context, kind string, d amqp.Delivery) error 
 	switch res.outcome {
 	case callAbandoned:
 		a.metrics.requests.WithLabelValues(kind, "abandoned").Inc()
+		span.AddEvent("complete_by reached while retrying: gave up without reply")
 		log.Info("complete_by reached while retrying; giving up without reply", "last_error", res.reason)
 		return nil
 	case callShutdown:
@@ -258,7 +279,9 @@ func (a *agent) handle(ctx context.Context, kind string, d amqp.Delivery) error 
 		reply.Outcome, reply.Result = messages.OutcomeOK, res.result
 	case callPermanent:
 		reply.Outcome, reply.Error = messages.OutcomeFailed, res.reason
+		span.SetStatus(codes.Error, res.reason)
 	}
+	span.SetAttributes(attribute.String("sas.outcome", reply.Outcome))
 	if err := a.sendReply(callCtx, reply); err != nil {
 		if callCtx.Err() != nil && errors.Is(callCtx.Err(), context.DeadlineExceeded) {
 			a.metrics.abandoned.WithLabelValues("deadline").Inc()
@@ -288,6 +311,7 @@ func (a *agent) sendReply(ctx context.Context, reply messages.StepReply) error {
 		Type:        messages.TypeStepReply,
 		MessageId:   fmt.Sprintf("%s/%d/%d/reply", reply.OrderID, reply.Step, reply.Attempt),
 		Timestamp:   a.now(),
+		Headers:     a.tr.InjectAMQP(ctx, nil),
 		Body:        body,
 	}
 	backoff := 50 * time.Millisecond

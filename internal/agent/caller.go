@@ -14,7 +14,12 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
 	"sas/internal/contract"
+	"sas/internal/tracing"
 )
 
 // callOutcome is how a call with all its retries ended.
@@ -48,6 +53,7 @@ type caller struct {
 	metrics  *metrics
 	breakers sync.Map // endpoint -> *breaker
 	now      func() time.Time
+	tr       *tracing.Tracing
 }
 
 func (c *caller) breaker(endpoint string) *breaker {
@@ -68,6 +74,7 @@ type attempt struct {
 	reason     string // metric label for a transient failure
 	detail     string
 	body       []byte
+	status     int // the HTTP status, 0 when none came
 }
 
 // call performs cl at ep until it succeeds, fails for good, or the
@@ -81,7 +88,7 @@ func (c *caller) call(ctx context.Context, ep *endpoint, cl call) callResult {
 	for n := 0; ; n++ {
 		var a attempt
 		if br.allow() {
-			a = c.once(ctx, ep, cl)
+			a = c.once(ctx, ep, cl, n+1)
 			br.record(a.ok || a.permanent)
 		} else {
 			a = attempt{reason: "circuit_open", detail: "circuit breaker open"}
@@ -122,14 +129,18 @@ func (c *caller) stopped(ctx context.Context) callResult {
 	return callResult{outcome: callShutdown, reason: "agent stopping"}
 }
 
-// once makes one request, bounded by the call timeout and the deadline.
-func (c *caller) once(ctx context.Context, ep *endpoint, cl call) attempt {
+// once makes one request, the try-th of the call, bounded by the call
+// timeout and the deadline. It is a span of the order's trace, whose
+// context goes to the remote service in the request's headers.
+func (c *caller) once(ctx context.Context, ep *endpoint, cl call, try int) attempt {
 	endpoint := cl.action
 	ctx, cancel := context.WithTimeout(ctx, ep.timeout)
 	defer cancel()
+	ctx, span := c.tr.Start(ctx, "call "+endpoint, trace.WithSpanKind(trace.SpanKindClient))
+	defer span.End()
 	start := c.now()
 	a := c.exchange(ctx, ep, cl)
-	c.metrics.callDuration.WithLabelValues(endpoint).Observe(c.now().Sub(start).Seconds())
+	tracing.Observe(ctx, c.metrics.callDuration.WithLabelValues(endpoint), c.now().Sub(start).Seconds())
 	result := "transient"
 	switch {
 	case a.ok:
@@ -138,6 +149,17 @@ func (c *caller) once(ctx context.Context, ep *endpoint, cl call) attempt {
 		result = "permanent"
 	}
 	c.metrics.calls.WithLabelValues(endpoint, result).Inc()
+	if c.tr.On() {
+		span.SetAttributes(attribute.String("sas.action", endpoint), attribute.Int("sas.try", try),
+			attribute.String("sas.call_result", result))
+		if a.status != 0 {
+			span.SetAttributes(attribute.Int("http.response.status_code", a.status))
+		}
+		if !a.ok {
+			span.SetAttributes(attribute.String("sas.retry_reason", a.reason))
+			span.SetStatus(codes.Error, a.detail)
+		}
+	}
 	return a
 }
 
@@ -154,6 +176,7 @@ func (c *caller) exchange(ctx context.Context, ep *endpoint, cl call) attempt {
 	req.Header.Set(contract.HeaderIdempotencyKey, cl.key)
 	req.Header.Set(contract.HeaderCompleteBy, contract.FormatCompleteBy(cl.completeBy))
 	req.Header.Set(contract.HeaderAttempt, strconv.Itoa(cl.attempt))
+	c.tr.InjectHTTP(ctx, req.Header)
 	resp, err := ep.client.Do(req)
 	if err != nil {
 		reason := "network"
@@ -168,6 +191,13 @@ func (c *caller) exchange(ctx context.Context, ep *endpoint, cl call) attempt {
 		return attempt{reason: "network", detail: "read response: " + err.Error()}
 	}
 	status := resp.StatusCode
+	a := c.classify(status, resp.Header, respBody, endpoint)
+	a.status = status
+	return a
+}
+
+// classify turns a response into an attempt's outcome.
+func (c *caller) classify(status int, header http.Header, respBody []byte, endpoint string) attempt {
 	switch contract.Classify(status) {
 	case contract.OK:
 		if int64(len(respBody)) > c.cfg.MaxResponseBytes {
@@ -191,7 +221,7 @@ func (c *caller) exchange(ctx context.Context, ep *endpoint, cl call) attempt {
 		a.reason = strconv.Itoa(status)
 	}
 	if status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable {
-		a.retryAfter = contract.RetryAfter(resp.Header.Get(contract.HeaderRetryAfter), c.now())
+		a.retryAfter = contract.RetryAfter(header.Get(contract.HeaderRetryAfter), c.now())
 	}
 	return a
 }

@@ -18,6 +18,7 @@ import (
 	"sas/internal/contract"
 	"sas/internal/remote"
 	"sas/internal/testenv"
+	"sas/internal/tracing"
 )
 
 // testCaller calls one endpoint, as the agent calls a kind's.
@@ -43,7 +44,7 @@ func newCaller(t testing.TB, faults remote.FaultConfig) (testCaller, *remote.Ser
 	cfg := Config{CallTimeout: time.Second, RetryBase: 5 * time.Millisecond, RetryMax: 50 * time.Millisecond,
 		BreakerFailures: 3, BreakerOpenFor: 100 * time.Millisecond, MaxResponseBytes: 1 << 20}
 	ep := &endpoint{kind: "test", base: srv.URL, client: srv.Client(), timeout: cfg.CallTimeout, headers: http.Header{}}
-	return testCaller{caller: &caller{cfg: cfg, metrics: m, now: time.Now}, ep: ep}, svc, m
+	return testCaller{caller: &caller{cfg: cfg, metrics: m, now: time.Now, tr: tracing.Off()}, ep: ep}, svc, m
 }
 
 func body(orderID string) []byte {

@@ -17,13 +17,17 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
-	"sas/internal/contract"
 	"slices"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"sas/internal/contract"
+	"sas/internal/tracing"
 )
 
 // Actions returns the order workflow's actions and their undo actions,
@@ -72,6 +76,9 @@ type Entry struct {
 type Service struct {
 	// KeepRequests keeps each entry's Request (set before serving).
 	KeepRequests bool
+	// Tracing, when set (before serving), records each call as a span of
+	// the caller's trace.
+	Tracing *tracing.Tracing
 
 	logger  *slog.Logger
 	metrics *prometheus.CounterVec
@@ -167,7 +174,19 @@ func (s *Service) draw(action string) (Faults, roll) {
 func (s *Service) call(w http.ResponseWriter, r *http.Request) {
 	action := r.PathValue("action")
 	outcome := "ok"
-	defer func() { s.metrics.WithLabelValues(action, outcome).Inc() }()
+	tr := s.Tracing
+	if tr == nil {
+		tr = tracing.Off()
+	}
+	// The call is a span of the caller's trace when its headers carry one.
+	_, span := tr.Start(tr.ExtractHTTP(r.Context(), r.Header), "POST /v1/"+action, trace.WithSpanKind(trace.SpanKindServer))
+	defer func() {
+		if tr.On() {
+			span.SetAttributes(attribute.String("remote.outcome", outcome), attribute.String("remote.idempotency_key", r.Header.Get(contract.HeaderIdempotencyKey)))
+		}
+		span.End()
+		s.metrics.WithLabelValues(action, outcome).Inc()
+	}()
 	key := r.Header.Get(contract.HeaderIdempotencyKey)
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
 	var req contract.Request

@@ -48,6 +48,12 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	reg := service.NewRegistry()
 	svc := New(faults, cfg.Seed, reg, logger)
 	svc.KeepRequests = cfg.KeepRequests
+	tr, closeTracing, err := service.OpenTracing(ctx, "remote", "remote", logger)
+	if err != nil {
+		return err
+	}
+	defer closeTracing()
+	svc.Tracing = tr
 	mux := http.NewServeMux()
 	mux.Handle("/", svc.Handler())
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))

@@ -9,11 +9,15 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"sas/internal/broker"
 	"sas/internal/failpoint"
 	"sas/internal/messages"
 	"sas/internal/statestore"
+	"sas/internal/tracing"
 )
 
 // claimer claims pending steps in batches and sends each its StepRequest.
@@ -45,6 +49,7 @@ type claimer struct {
 	workCtx    context.Context // claimed steps are sent even during shutdown
 	logger     *slog.Logger
 	metrics    *metrics
+	tr         *tracing.Tracing
 
 	mu    sync.Mutex            // guards known: the replier reads it too
 	known map[string]queueDepth // the last reading of each kind's queue, and of the replies queue (repliesKey)
@@ -158,7 +163,7 @@ func (c *claimer) drain(ctx context.Context) (throttled bool) {
 		}
 		c.wakeRelay()
 		failpoint.Inject("scheduler-after-claim")
-		c.dispatch(steps)
+		c.dispatch(steps, start)
 		more := false
 		claimed := make(map[string]int, len(rooms))
 		for _, st := range steps {
@@ -260,19 +265,26 @@ func (c *claimer) openKinds(margin int) []string {
 }
 
 // dispatch sends every claimed step's request, all in flight at once, and
-// hands back to pending those the broker did not confirm.
-func (c *claimer) dispatch(steps []statestore.ClaimedStep) {
+// hands back to pending those the broker did not confirm. claimedAt is
+// when the claim began, for the claim's span.
+func (c *claimer) dispatch(steps []statestore.ClaimedStep, claimedAt time.Time) {
 	ctx := c.workCtx
 	pending := make([]*broker.Pending, len(steps))
 	errs := make([]error, len(steps))
+	spans := make([]trace.Span, len(steps))
 	for i, s := range steps {
+		sctx, span := traceClaim(ctx, c.tr, s, claimedAt)
+		spans[i] = span
 		msg, err := request(s)
 		if err != nil {
 			// Data the submitter accepted always encodes; if not, the
 			// step waits for its complete_by and the supervisor.
-			c.logger.Error("cannot build step request", "order_id", s.OrderID, "step", s.Step, "err", err)
+			c.logger.Error("cannot build step request", append([]any{"order_id", s.OrderID, "step", s.Step, "err", err}, tracing.LogAttrs(sctx)...)...)
+			span.SetStatus(codes.Error, err.Error())
+			span.End()
 			continue
 		}
+		msg.Headers = c.tr.InjectAMQP(sctx, msg.Headers)
 		pending[i], errs[i] = c.pub.Start(ctx, "", c.topo.Queue(messages.RequestsQueue(s.Agent)), msg)
 	}
 	for i, s := range steps {
@@ -283,12 +295,16 @@ func (c *claimer) dispatch(steps []statestore.ClaimedStep) {
 			continue // could not be built; logged above
 		}
 		if errs[i] == nil {
+			spans[i].End()
 			c.metrics.published.Inc()
 			continue
 		}
+		spans[i].SetStatus(codes.Error, errs[i].Error())
+		spans[i].End()
 		c.metrics.publishFailed.Inc()
 		released, err := c.store.ReleaseClaim(ctx, s.OrderID, s.Step, s.Attempt, c.me, "request not sent: "+errs[i].Error())
-		log := c.logger.With("order_id", s.OrderID, "step", s.Step, "attempt", s.Attempt)
+		log := c.logger.With(append([]any{"order_id", s.OrderID, "step", s.Step, "attempt", s.Attempt},
+			tracing.LogAttrs(trace.ContextWithSpan(ctx, spans[i]))...)...)
 		switch {
 		case err != nil:
 			log.Warn("request not sent and claim not released; the supervisor will find it", "send_err", errs[i], "err", err)
@@ -297,6 +313,26 @@ func (c *claimer) dispatch(steps []statestore.ClaimedStep) {
 			log.Warn("request not sent; claim released", "err", errs[i])
 		}
 	}
+}
+
+// traceClaim records, in the step's order's trace, its claim (a span from
+// claimedAt to now) and starts the span of its request's publish, a child
+// of the claim's. With tracing off it returns ctx and a span that records
+// nothing.
+func traceClaim(ctx context.Context, tr *tracing.Tracing, s statestore.ClaimedStep, claimedAt time.Time) (context.Context, trace.Span) {
+	if !tr.On() {
+		return ctx, trace.SpanFromContext(ctx)
+	}
+	attrs := trace.WithAttributes(attribute.String("sas.order_id", s.OrderID), attribute.Int("sas.step", s.Step),
+		attribute.String("sas.step_name", s.Name), attribute.String("sas.step_kind", s.Kind),
+		attribute.Int("sas.attempt", s.Attempt), attribute.String("sas.agent", s.Agent))
+	name := "claim " + s.Name
+	if s.Kind == statestore.KindCompensation {
+		name = "claim compensation " + s.Name
+	}
+	cctx, claim := tr.Start(tr.Resume(ctx, s.Traceparent), name, trace.WithTimestamp(claimedAt), attrs)
+	claim.End()
+	return tr.Start(cctx, "publish request "+s.Name, trace.WithSpanKind(trace.SpanKindProducer), attrs)
 }
 
 // request builds a claimed step's StepRequest, with the AMQP expiration

@@ -7,10 +7,13 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"sas/internal/broker"
 	"sas/internal/messages"
 	"sas/internal/statestore"
+	"sas/internal/tracing"
 )
 
 // relay publishes the outbox: status events to the status exchange (routing
@@ -27,6 +30,7 @@ type relay struct {
 	wake    <-chan struct{}
 	logger  *slog.Logger
 	metrics *metrics
+	tr      *tracing.Tracing
 }
 
 // busyRecheck is how soon a relay that found another one at work looks
@@ -88,6 +92,16 @@ type sent struct {
 // listening.
 func (r *relay) publish(ctx context.Context, msgs []statestore.OutboxMessage) (int, error) {
 	var all []sent
+	// Each message of an order with a trace is a span of that trace, its
+	// context in the message's headers, so a listener joins it.
+	spans := make([]trace.Span, len(msgs))
+	defer func() {
+		for _, s := range spans {
+			if s != nil {
+				s.End()
+			}
+		}
+	}()
 	done := len(msgs)
 	var firstErr error
 	fail := func(i int, err error) {
@@ -107,11 +121,19 @@ start:
 			r.logger.Error("outbox message is invalid; skipped", "outbox_id", m.ID, "err", err)
 			continue
 		}
+		var headers amqp.Table
+		if r.tr.On() && m.Traceparent != "" {
+			var sctx context.Context
+			sctx, spans[i] = r.tr.Start(r.tr.Resume(ctx, m.Traceparent), "publish "+m.Type, trace.WithSpanKind(trace.SpanKindProducer),
+				trace.WithAttributes(attribute.String("sas.order_id", m.OrderID), attribute.String("sas.message_id", m.MessageID)))
+			headers = r.tr.InjectAMQP(sctx, nil)
+		}
 		for _, t := range targets {
 			p, err := r.pub.Start(ctx, t.exchange, t.key, amqp.Publishing{
 				ContentType: messages.ContentType,
 				Type:        t.msgType,
 				MessageId:   m.MessageID,
+				Headers:     headers,
 				Body:        m.Body,
 			})
 			if err != nil {

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"sas/internal/batch"
 	"sas/internal/broker"
@@ -14,6 +16,7 @@ import (
 	"sas/internal/messages"
 	"sas/internal/service"
 	"sas/internal/statestore"
+	"sas/internal/tracing"
 )
 
 // replier applies StepReplies from the shared replies queue.
@@ -31,7 +34,8 @@ type replier struct {
 	wakeClaimer, wakeRelay func()
 	// dispatch sends the requests of steps claimed with a reply, as the
 	// claimer sends those it claims.
-	dispatch func([]statestore.ClaimedStep)
+	dispatch func([]statestore.ClaimedStep, time.Time)
+	tr       *tracing.Tracing
 }
 
 // handle applies one reply. A stale or late reply is acked and counted:
@@ -45,7 +49,16 @@ func (r *replier) handle(ctx context.Context, d amqp.Delivery) error {
 	if err != nil {
 		return r.reject(err)
 	}
-	log := r.logger.With("order_id", rep.OrderID, "step", rep.Step, "attempt", rep.Attempt)
+	// The apply is a span of the order's trace, a child of the agent's
+	// reply when its message carries the trace context.
+	actx, span := r.tr.Start(r.tr.ExtractAMQP(r.workCtx, d.Headers), "apply reply", trace.WithSpanKind(trace.SpanKindConsumer))
+	defer span.End()
+	if r.tr.On() {
+		span.SetAttributes(attribute.String("sas.order_id", rep.OrderID), attribute.Int("sas.step", rep.Step),
+			attribute.Int("sas.attempt", rep.Attempt), attribute.String("sas.outcome", rep.Outcome))
+	}
+	log := r.logger.With(append([]any{"order_id", rep.OrderID, "step", rep.Step, "attempt", rep.Attempt}, tracing.LogAttrs(actx)...)...)
+	applyStart := time.Now()
 	var res statestore.ApplyResult
 	reply := statestore.Reply{
 		OrderID: rep.OrderID, Step: rep.Step, Attempt: rep.Attempt,
@@ -76,6 +89,7 @@ func (r *replier) handle(ctx context.Context, d amqp.Delivery) error {
 	case errors.As(err, &stale):
 		r.metrics.replies.WithLabelValues("stale").Inc()
 		r.metrics.stale.WithLabelValues(stale.Kind).Inc()
+		span.SetAttributes(attribute.String("sas.stale", stale.Kind))
 		log.Info("stale reply ignored", "kind", stale.Kind, "reason", stale.Reason)
 		return nil
 	case err != nil:
@@ -91,13 +105,23 @@ func (r *replier) handle(ctx context.Context, d amqp.Delivery) error {
 		r.metrics.claimed.Inc()
 		r.metrics.claimedByReply.Inc()
 		failpoint.Inject("scheduler-after-claim")
-		r.dispatch([]statestore.ClaimedStep{*res.Claimed})
+		if r.tr.On() {
+			res.Claimed.Traceparent = r.tr.Traceparent(actx)
+		}
+		r.dispatch([]statestore.ClaimedStep{*res.Claimed}, applyStart)
+	}
+	if r.tr.On() {
+		span.SetAttributes(attribute.String("sas.step_name", res.StepName), attribute.String("sas.step_state", res.StepState))
+		if res.OrderStatus != "" {
+			span.AddEvent("order " + res.OrderStatus)
+		}
 	}
 	r.metrics.replies.WithLabelValues(res.StepState).Inc()
-	r.metrics.stepDuration.WithLabelValues(res.StepName, rep.Outcome).Observe(res.StepTook.Seconds())
+	// The latency histograms carry the trace as their exemplar.
+	tracing.Observe(actx, r.metrics.stepDuration.WithLabelValues(res.StepName, rep.Outcome), res.StepTook.Seconds())
 	if res.OrderTook > 0 {
 		r.metrics.ordersFinished.WithLabelValues(res.OrderStatus).Inc()
-		r.metrics.orderDuration.WithLabelValues(res.OrderStatus).Observe(res.OrderTook.Seconds())
+		tracing.Observe(actx, r.metrics.orderDuration.WithLabelValues(res.OrderStatus), res.OrderTook.Seconds())
 	}
 	log.Debug("reply applied", "step_state", res.StepState, "next_step", res.NextStep, "order_status", res.OrderStatus)
 	return nil

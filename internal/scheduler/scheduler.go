@@ -242,6 +242,14 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	}
 	defer deps.Close()
 	store, conn, pub, bm := deps.Store, deps.Conn, deps.Pub, deps.Metrics
+	tr, closeTracing, err := service.OpenTracing(ctx, "scheduler", me, logger)
+	if err != nil {
+		return err
+	}
+	defer closeTracing()
+	if tr.On() {
+		store.TraceOrders()
+	}
 
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
@@ -251,7 +259,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	c := &claimer{store: store, pub: pub, depths: depths, topo: topo, kinds: kinds, me: me,
 		batch: cfg.BatchSize, maxQueued: cfg.MaxQueued, maxReplies: cfg.MaxRepliesQueued, poll: cfg.PollInterval,
 		wake: w.pending, wakeRelay: func() { nudge(w.outbox) }, workCtx: workCtx, logger: logger, metrics: m,
-		known: map[string]queueDepth{}}
+		known: map[string]queueDepth{}, tr: tr}
 	// Claims and replies do not notify through the database (migration
 	// 0007): what they make pending or write to the outbox, this
 	// scheduler's own claimer and relay are nudged for.
@@ -269,12 +277,12 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	})
 	go applies.Run(workCtx, cfg.ReplyWriters)
 	r := &replier{store: store, applies: applies, me: me, workCtx: workCtx, logger: logger, metrics: m,
-		wakeClaimer: func() { nudge(w.pending) }, wakeRelay: func() { nudge(w.outbox) }, dispatch: c.dispatch}
+		wakeClaimer: func() { nudge(w.pending) }, wakeRelay: func() { nudge(w.outbox) }, dispatch: c.dispatch, tr: tr}
 	replies := broker.NewConsumer(conn, pub,
 		broker.ConsumerConfig{Input: messages.RepliesQueue, Prefetch: cfg.ReplyPrefetch, Workers: cfg.ReplyWorkers, Reasons: messages.Reasons()},
 		r.handle, logger, bm)
 	rl := &relay{store: store, pub: pub, topo: topo, batch: cfg.RelayBatch, poll: cfg.PollInterval,
-		wake: w.outbox, logger: logger, metrics: m}
+		wake: w.outbox, logger: logger, metrics: m, tr: tr}
 
 	ops.SetReady(deps.Ready(replies))
 

@@ -13,6 +13,7 @@ import (
 	"github.com/kelseyhightower/envconfig"
 
 	"sas/internal/secrets"
+	"sas/internal/tracing"
 	"sas/internal/workflow"
 )
 
@@ -80,6 +81,10 @@ func Main[C Leveled](name string, run func(context.Context, C, *slog.Logger) err
 			fmt.Fprintf(os.Stderr, "%s: workflows file is invalid:\n%s\n", name, red.String(err.Error()))
 			return 2
 		}
+	}
+	if _, err := tracing.Enabled(os.Getenv); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: configuration: %v\n", name, err)
+		return 2
 	}
 	logger, err := NewLogger(os.Stderr, cfg.Level(), red)
 	if err != nil {

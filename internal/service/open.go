@@ -12,6 +12,7 @@ import (
 
 	"sas/internal/broker"
 	"sas/internal/statestore"
+	"sas/internal/tracing"
 )
 
 // Deps is what a service opens at start and closes at the end.
@@ -126,4 +127,24 @@ func (d *Deps) Close() {
 	for i := len(d.close) - 1; i >= 0; i-- {
 		d.close[i]()
 	}
+}
+
+// OpenTracing sets up the process's traces (tracing.Setup: off unless the
+// OTEL_* variables ask for them) and returns them with the function that
+// exports what is left at the end, within a few seconds.
+func OpenTracing(ctx context.Context, name, me string, logger *slog.Logger) (*tracing.Tracing, func(), error) {
+	tr, err := tracing.Setup(ctx, "sas-"+name, me)
+	if err != nil {
+		return nil, nil, err
+	}
+	if tr.On() {
+		logger.Info("tracing on: spans go over OTLP/HTTP (OTEL_EXPORTER_OTLP_*)")
+	}
+	return tr, func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := tr.Shutdown(sctx); err != nil {
+			logger.Warn("exporting the last spans failed", "err", err)
+		}
+	}, nil
 }

@@ -35,6 +35,9 @@ type ClaimedStep struct {
 	Payload      []byte
 	Results      []byte
 	UndoneResult []byte
+	// Traceparent is the order's trace context (W3C), "" when it has
+	// none.
+	Traceparent string
 }
 
 // A claim statement claims up to $2 due pending steps for $1: the
@@ -109,7 +112,8 @@ const claimRestSQL = `, claimed AS (
 )
 SELECT c.order_id::text, c.step, c.name, c.agent, c.attempt, c.failure_count, c.idempotency_key,
        c.complete_by, (extract(epoch FROM c.complete_by - clock_timestamp()) * 1000)::bigint, c.priority,
-       coalesce(o.reply_to, ''), o.payload, ` + resultsSQL + `, a.result, c.kind, coalesce(a.idempotency_key, '')
+       coalesce(o.reply_to, ''), o.payload, ` + resultsSQL + `, a.result, c.kind, coalesce(a.idempotency_key, ''),
+       coalesce(o.traceparent, '')
 FROM claimed c
 JOIN orders o ON o.order_id = c.order_id
 LEFT JOIN steps a ON a.order_id = c.order_id AND a.step = c.compensates
@@ -164,7 +168,7 @@ func (s *Store) claim(ctx context.Context, sql string, args ...any) ([]ClaimedSt
 		var budgetMS int64
 		var prio int16
 		err := row.Scan(&c.OrderID, &c.Step, &c.Name, &c.Agent, &c.Attempt, &c.FailureCount, &c.IdempotencyKey,
-			&c.CompleteBy, &budgetMS, &prio, &c.ReplyTo, &c.Payload, &c.Results, &c.UndoneResult, &c.Kind, &c.Undoes)
+			&c.CompleteBy, &budgetMS, &prio, &c.ReplyTo, &c.Payload, &c.Results, &c.UndoneResult, &c.Kind, &c.Undoes, &c.Traceparent)
 		c.setBudgetPriority(budgetMS, prio)
 		return c, err
 	})

@@ -36,6 +36,9 @@ type NewOrder struct {
 	// Actor is who wrote the order (e.g. "submitter:host-123"), recorded in
 	// the history.
 	Actor string
+	// Traceparent is the W3C trace context every later span of the order
+	// joins; "" when tracing is off.
+	Traceparent string
 }
 
 // Failure policies.
@@ -104,7 +107,7 @@ func IdempotencyKey(orderID string, step int, name string) string {
 // instead of once per order. ON CONFLICT DO NOTHING makes a resubmission
 // write nothing; the caller then compares payload hashes. Orders come as parallel arrays ($1..$10, one element per order),
 // steps as parallel arrays ($11..$21, one element per step, $11 the
-// 1-based index of its order). Order ids must be distinct. It returns the
+// 1-based index of its order), then the orders' traceparents ($22). Order ids must be distinct. It returns the
 // index of every order it wrote. A step created waiting gets no history
 // row: its own row says as much, and its history begins when it leaves
 // waiting (so a step's history with no creation row starts in waiting).
@@ -113,11 +116,14 @@ func IdempotencyKey(orderID string, step int, name string) string {
 const insertOrdersSQL = `
 WITH o AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int[],
-                         $6::text[], $7::timestamptz[], $8::bytea[], $9::text[], $10::text[]) WITH ORDINALITY
-        AS o(order_id, workflow, workflow_version, payload, priority, reply_to, placed_at, payload_hash, failure_policy, actor, idx)
+                         $6::text[], $7::timestamptz[], $8::bytea[], $9::text[], $10::text[], $22::text[]) WITH ORDINALITY
+        AS o(order_id, workflow, workflow_version, payload, priority, reply_to, placed_at, payload_hash, failure_policy, actor,
+             traceparent, idx)
 ), ins AS (
-    INSERT INTO orders (order_id, workflow, workflow_version, payload, priority, reply_to, placed_at, payload_hash, failure_policy)
-    SELECT order_id, workflow, NULLIF(workflow_version, ''), payload, priority, NULLIF(reply_to, ''), placed_at, payload_hash, failure_policy
+    INSERT INTO orders (order_id, workflow, workflow_version, payload, priority, reply_to, placed_at, payload_hash, failure_policy,
+                        traceparent)
+    SELECT order_id, workflow, NULLIF(workflow_version, ''), payload, priority, NULLIF(reply_to, ''), placed_at, payload_hash, failure_policy,
+           NULLIF(traceparent, '')
     FROM o ORDER BY idx
     ON CONFLICT (order_id) DO NOTHING
     RETURNING order_id, reply_to
@@ -228,6 +234,7 @@ func (s *Store) InsertOrders(ctx context.Context, orders []NewOrder) ([]InsertOu
 // insertArrays are insertOrdersSQL's parallel arrays.
 type insertArrays struct {
 	ids, workflows, versions, replyTos, policies, actors []string
+	traceparents                                         []string
 	payloads                                             []string // JSON
 	priorities                                           []int32
 	placedAt                                             []*time.Time
@@ -250,6 +257,7 @@ func (a *insertArrays) add(o NewOrder, idx int) {
 	a.hashes = append(a.hashes, o.PayloadHash)
 	a.policies = append(a.policies, cmp.Or(o.FailurePolicy, PolicyCompensate))
 	a.actors = append(a.actors, o.Actor)
+	a.traceparents = append(a.traceparents, o.Traceparent)
 	for i, st := range o.Steps {
 		a.stepOrder = append(a.stepOrder, int32(idx))
 		a.names = append(a.names, st.Name)
@@ -269,7 +277,7 @@ func (a *insertArrays) args() []any {
 	return []any{a.ids, a.workflows, a.versions, a.payloads, a.priorities, a.replyTos, a.placedAt,
 		a.hashes, a.policies, a.actors,
 		a.stepOrder, a.names, a.agents, a.timeouts, a.maxFailures, a.keys, a.kinds, a.compensates, a.stepNo,
-		a.backoffBases, a.backoffMaxes}
+		a.backoffBases, a.backoffMaxes, a.traceparents}
 }
 
 // existing tells a duplicate from a conflict for an order whose insert

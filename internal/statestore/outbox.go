@@ -22,6 +22,9 @@ type OutboxMessage struct {
 	OrderID   string
 	ReplyTo   string // the order's status queue, or ""
 	Body      []byte
+	// Traceparent is the order's trace context (W3C), read only by a
+	// store that keeps traces (TraceOrders); "" otherwise.
+	Traceparent string
 }
 
 // ErrRelayBusy: another process is relaying the outbox right now.
@@ -52,7 +55,11 @@ func (s *Store) RelayOutbox(ctx context.Context, limit int, publish func(context
 	// closed by the pool, never reused; relay ends its transaction itself
 	// otherwise.
 	defer conn.Release()
-	done, publishErr, err := relay(ctx, conn.Conn(), limit, publish)
+	read := relayRead
+	if s.traces {
+		read = relayReadTraced
+	}
+	done, publishErr, err := relay(ctx, conn.Conn(), read, limit, publish)
 	if err != nil {
 		return 0, fmt.Errorf("relay outbox: %w", err)
 	}
@@ -81,7 +88,15 @@ const relayRead = `
 SELECT id, message_id::text, message_type, order_id::text, coalesce(reply_to, ''), body
 FROM outbox WHERE current_setting('sas.relay_locked') = 'true' ORDER BY id LIMIT $1`
 
-func relay(ctx context.Context, conn *pgx.Conn, limit int, publish func(context.Context, []OutboxMessage) (int, error)) (done int, publishErr, err error) {
+// relayReadTraced is relayRead with each message's order's traceparent,
+// for a process that traces: one primary-key lookup in orders a message.
+const relayReadTraced = `
+SELECT m.id, m.message_id::text, m.message_type, m.order_id::text, coalesce(m.reply_to, ''), m.body, coalesce(o.traceparent, '')
+FROM (SELECT * FROM outbox WHERE current_setting('sas.relay_locked') = 'true' ORDER BY id LIMIT $1) m
+LEFT JOIN orders o ON o.order_id = m.order_id
+ORDER BY m.id`
+
+func relay(ctx context.Context, conn *pgx.Conn, read string, limit int, publish func(context.Context, []OutboxMessage) (int, error)) (done int, publishErr, err error) {
 	take := &pgx.Batch{}
 	take.Queue(`BEGIN`)
 	var (
@@ -89,11 +104,15 @@ func relay(ctx context.Context, conn *pgx.Conn, limit int, publish func(context.
 		msgs   []OutboxMessage
 	)
 	take.Queue(relayLock).QueryRow(func(row pgx.Row) error { return row.Scan(&locked, nil) })
-	take.Queue(relayRead, limit).Query(func(rows pgx.Rows) error {
+	take.Queue(read, limit).Query(func(rows pgx.Rows) error {
 		var err error
 		msgs, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (OutboxMessage, error) {
 			var m OutboxMessage
-			err := row.Scan(&m.ID, &m.MessageID, &m.Type, &m.OrderID, &m.ReplyTo, &m.Body)
+			dst := []any{&m.ID, &m.MessageID, &m.Type, &m.OrderID, &m.ReplyTo, &m.Body}
+			if len(row.FieldDescriptions()) > len(dst) {
+				dst = append(dst, &m.Traceparent)
+			}
+			err := row.Scan(dst...)
 			return m, err
 		})
 		return err

@@ -24,6 +24,9 @@ type Order struct {
 	PlacedAt        *time.Time      `json:"placed_at,omitempty"`
 	CreatedAt       time.Time       `json:"created_at"`
 	UpdatedAt       time.Time       `json:"updated_at"`
+	// TraceID is the order's trace (OpenTelemetry), "" when it was
+	// written with tracing off.
+	TraceID string `json:"trace_id,omitempty"`
 }
 
 // Step is a step state row.
@@ -79,13 +82,13 @@ type ListFilter struct {
 }
 
 const orderColumns = `order_id::text, workflow, coalesce(workflow_version, ''), status, priority, payload,
-	coalesce(reply_to, ''), placed_at, created_at, updated_at`
+	coalesce(reply_to, ''), placed_at, created_at, updated_at, coalesce(split_part(traceparent, '-', 2), '')`
 
 func scanOrder(row pgx.Row) (Order, error) {
 	var o Order
 	var prio int16
 	err := row.Scan(&o.OrderID, &o.Workflow, &o.WorkflowVersion, &o.Status, &prio, &o.Payload,
-		&o.ReplyTo, &o.PlacedAt, &o.CreatedAt, &o.UpdatedAt)
+		&o.ReplyTo, &o.PlacedAt, &o.CreatedAt, &o.UpdatedAt, &o.TraceID)
 	o.Priority = int(prio)
 	return o, err
 }

@@ -227,7 +227,7 @@ SELECT cur.idx::int, cur.name, cur.took::float8, coalesce(nxt.step, 0), coalesce
                             WHERE p.order_id = nxt.order_id AND p.step < nxt.step AND p.kind = 'action' AND p.result IS NOT NULL),
                            '{}'::jsonb) || g.new_result, '{}'::jsonb)
        END,
-       a.result, coalesce(nxt.kind, ''), coalesce(a.idempotency_key, '')
+       a.result, coalesce(nxt.kind, ''), coalesce(a.idempotency_key, ''), coalesce(o.traceparent, '')
 FROM cur CROSS JOIN in_time LEFT JOIN nxt ON nxt.order_id = cur.order_id LEFT JOIN ended e ON e.order_id = cur.order_id
 LEFT JOIN go_on g ON g.order_id = cur.order_id
 LEFT JOIN orders o ON o.order_id = nxt.order_id AND nxt.process_state = 'processing'
@@ -301,7 +301,7 @@ func (s *Store) ApplyRepliesClaiming(ctx context.Context, rs []Reply, claimFor [
 				var prio int16
 				if err = rows.Scan(&idx, &res.StepName, &took, &res.NextStep, &res.OrderStatus, &orderTook,
 					&claimed, &c.Name, &c.Agent, &c.Attempt, &c.FailureCount, &c.IdempotencyKey, &completeBy,
-					&budgetMS, &prio, &c.ReplyTo, &c.Payload, &c.Results, &c.UndoneResult, &c.Kind, &c.Undoes); err != nil {
+					&budgetMS, &prio, &c.ReplyTo, &c.Payload, &c.Results, &c.UndoneResult, &c.Kind, &c.Undoes, &c.Traceparent); err != nil {
 					break
 				}
 				if idx < 1 || idx > len(batched) {

@@ -87,12 +87,19 @@ const (
 // Store is the state store. It is safe for concurrent use.
 type Store struct {
 	pool *pgxpool.Pool
+	// traces: the relay reads each message's order's traceparent.
+	traces bool
 }
 
 // New returns a store over an open pool. The caller closes the pool.
 func New(pool *pgxpool.Pool) *Store {
 	return &Store{pool: pool}
 }
+
+// TraceOrders makes the relay read each message's order's traceparent
+// (OutboxMessage.Traceparent), for a process that traces. Call it before
+// the store is used.
+func (s *Store) TraceOrders() { s.traces = true }
 
 // Options shape a connection pool.
 type Options struct {

@@ -37,6 +37,9 @@ type SweptStep struct {
 	// the failure policy: error (held, alert raised), compensating or
 	// failed.
 	OrderStatus string
+	// Traceparent is the order's trace context (W3C), "" when it has
+	// none.
+	Traceparent string
 }
 
 // sweepSQL finds processing steps whose complete_by has passed on the
@@ -83,7 +86,8 @@ WITH expired AS (
            'complete_by passed; failure ' || failure_count || ' of ' || max_failures
     FROM swept
 )
-SELECT order_id::text, step, attempt, failure_count, process_state FROM swept ORDER BY order_id, step`
+SELECT sw.order_id::text, sw.step, sw.attempt, sw.failure_count, sw.process_state, coalesce(o.traceparent, '')
+FROM swept sw JOIN orders o ON o.order_id = sw.order_id ORDER BY sw.order_id, sw.step`
 
 // SweepExpired handles up to p.Limit expired steps and returns them. In
 // the same transaction, a step that reached its threshold gets its order's
@@ -100,7 +104,7 @@ func (s *Store) SweepExpired(ctx context.Context, p SweepParams) ([]SweptStep, e
 		}
 		swept, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (SweptStep, error) {
 			var st SweptStep
-			err := row.Scan(&st.OrderID, &st.Step, &st.Attempt, &st.FailureCount, &st.NewState)
+			err := row.Scan(&st.OrderID, &st.Step, &st.Attempt, &st.FailureCount, &st.NewState, &st.Traceparent)
 			return st, err
 		})
 		if err != nil {

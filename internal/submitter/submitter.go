@@ -16,6 +16,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"sas/internal/batch"
 	"sas/internal/broker"
@@ -23,6 +26,7 @@ import (
 	"sas/internal/messages"
 	"sas/internal/service"
 	"sas/internal/statestore"
+	"sas/internal/tracing"
 	"sas/internal/workflow"
 )
 
@@ -118,6 +122,11 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	}
 	defer deps.Close()
 	store, conn, pub, bm := deps.Store, deps.Conn, deps.Pub, deps.Metrics
+	tr, closeTracing, err := service.OpenTracing(ctx, "submitter", me, logger)
+	if err != nil {
+		return err
+	}
+	defer closeTracing()
 	if err := storeVersions(ctx, store, workflows, me, logger); err != nil {
 		return err
 	}
@@ -132,7 +141,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	})
 	go inserts.Run(workCtx, cfg.Writers)
 	h := &handler{store: store, inserts: inserts, workflows: workflows, stepTimeout: cfg.StepTimeout, actor: me, metrics: m, logger: logger,
-		workCtx: workCtx}
+		workCtx: workCtx, tr: tr}
 	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: Input, Prefetch: cfg.Prefetch, Workers: cfg.Workers,
 		Reasons: append(messages.Reasons(), messages.ReasonInvalidPayload, ReasonConflict, ReasonUnknownWorkflow)}, h.handle, logger, bm)
 
@@ -152,6 +161,7 @@ type handler struct {
 	metrics     *metrics
 	logger      *slog.Logger
 	workCtx     context.Context
+	tr          *tracing.Tracing
 }
 
 // handle writes one order. See broker.Handler for what its result means.
@@ -186,7 +196,14 @@ func (h *handler) handle(ctx context.Context, d amqp.Delivery) error {
 		return h.refuse(ctx, o, messages.ReasonInvalidPayload, err.Error())
 	}
 	nw := newOrder(o, payload, value, wf, h.stepTimeout, h.actor)
-	log := h.logger.With("order_id", o.OrderID)
+	// The order's trace: the application's, when its message carries a
+	// valid traceparent, else a new one. Every later span of the order
+	// joins it through the traceparent stored with the order.
+	sctx, span := h.tr.Start(h.tr.ExtractAMQP(ctx, d.Headers), "submit "+wf.Name, trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(attribute.String("sas.order_id", o.OrderID), attribute.String("sas.workflow", wf.Name)))
+	defer span.End()
+	nw.Traceparent = h.tr.Traceparent(sctx)
+	log := h.logger.With(append([]any{"order_id", o.OrderID}, tracing.LogAttrs(sctx)...)...)
 	if failpoint.Broken("ack-before-commit") {
 		// Negative control for the fault suite: ack now, write a little
 		// later; a crash in between loses the order.
@@ -201,6 +218,7 @@ func (h *handler) handle(ctx context.Context, d amqp.Delivery) error {
 	// queue; any other (unreachable, overloaded) keeps the message and is
 	// retried in place rather than requeued towards its delivery limit.
 	var outcome statestore.InsertOutcome
+	_, ispan := h.tr.Start(sctx, "insert order")
 	err = service.Retry(ctx, func() error {
 		start := time.Now()
 		var err error
@@ -213,8 +231,16 @@ func (h *handler) handle(ctx context.Context, d amqp.Delivery) error {
 		return errors.Is(err, statestore.ErrConflict) || errors.Is(err, statestore.ErrInvalidData) || h.workCtx.Err() != nil
 	}, func(err error, wait time.Duration) {
 		h.metrics.dbRetries.Inc()
+		ispan.AddEvent("retry", trace.WithAttributes(attribute.String("error", err.Error())))
 		log.Warn("writing order failed, retrying", "err", err, "retry_in", wait)
 	})
+	if err != nil {
+		ispan.SetStatus(codes.Error, err.Error())
+		span.SetStatus(codes.Error, err.Error())
+	} else {
+		ispan.SetAttributes(attribute.String("sas.outcome", outcome.String()))
+	}
+	ispan.End()
 	switch {
 	case err == nil:
 		failpoint.Inject("submitter-after-commit")

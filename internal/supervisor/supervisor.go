@@ -158,7 +158,12 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		logger.Warn("autovacuum is off on this database: dead rows of the state tables are never vacuumed; the leader still refreshes their planner statistics",
 			"analyze_interval", cfg.AnalyzeInterval.String())
 	}
-	s := &sweeper{store: store, cfg: cfg, me: me, logger: logger, metrics: m}
+	tr, closeTracing, err := service.OpenTracing(ctx, "supervisor", me, logger)
+	if err != nil {
+		return err
+	}
+	defer closeTracing()
+	s := &sweeper{store: store, cfg: cfg, me: me, logger: logger, metrics: m, tr: tr}
 	logger.Info("supervisor started", "interval", cfg.Interval, "lease_ttl", cfg.LeaseTTL, "retention", cfg.Retention)
 	return service.RunAll(ctx, cfg.ShutdownTimeout, func() {}, logger, s.run)
 }

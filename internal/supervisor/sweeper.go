@@ -6,7 +6,11 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"sas/internal/statestore"
+	"sas/internal/tracing"
 )
 
 // sweeper is the supervisor's loop: contend for the lease, sweep while
@@ -27,6 +31,7 @@ type sweeper struct {
 	logger  *slog.Logger
 	metrics *metrics
 	leading bool
+	tr      *tracing.Tracing
 
 	// The statistics refresh and retention run beside the sweeps (an
 	// ANALYZE of a large table, or a long purge, must not delay them past
@@ -105,6 +110,7 @@ func (s *sweeper) sweep(ctx context.Context) {
 		BackoffBase: s.cfg.BackoffBase, BackoffMax: s.cfg.BackoffMax,
 	}
 	for ctx.Err() == nil {
+		sweepStart := time.Now()
 		swept, err := s.store.SweepExpired(ctx, params)
 		if err != nil {
 			if ctx.Err() == nil {
@@ -114,7 +120,9 @@ func (s *sweeper) sweep(ctx context.Context) {
 			return
 		}
 		for _, st := range swept {
-			log := s.logger.With("order_id", st.OrderID, "step", st.Step, "attempt", st.Attempt, "failure_count", st.FailureCount)
+			sctx := s.traceSweep(ctx, st, sweepStart)
+			log := s.logger.With(append([]any{"order_id", st.OrderID, "step", st.Step, "attempt", st.Attempt, "failure_count", st.FailureCount},
+				tracing.LogAttrs(sctx)...)...)
 			if st.NewState == statestore.StepError {
 				s.metrics.failures.Inc()
 				log.Error("operator alert: step reached its failure threshold; order held in error")
@@ -221,4 +229,25 @@ func (s *sweeper) report(ctx context.Context) {
 	s.metrics.oldestPending.Set(st.OldestPending.Seconds())
 	s.metrics.oldestProcessing.Set(st.OldestProcessing.Seconds())
 	s.metrics.openAlerts.Set(float64(st.OpenAlerts))
+}
+
+// traceSweep records a swept step in its order's trace: a span from the
+// sweep's start to now, "reset step" or "step failed" (with the order's
+// status after its failure policy). It returns the span's context, or ctx
+// when tracing is off or the order has no trace.
+func (s *sweeper) traceSweep(ctx context.Context, st statestore.SweptStep, start time.Time) context.Context {
+	if !s.tr.On() || st.Traceparent == "" {
+		return ctx
+	}
+	name := "reset step"
+	if st.NewState == statestore.StepError {
+		name = "step failed"
+	}
+	sctx, span := s.tr.Start(s.tr.Resume(ctx, st.Traceparent), name, trace.WithTimestamp(start),
+		trace.WithAttributes(attribute.String("sas.order_id", st.OrderID), attribute.Int("sas.step", st.Step),
+			attribute.Int("sas.attempt", st.Attempt), attribute.Int("sas.failure_count", st.FailureCount),
+			attribute.String("sas.step_state", st.NewState), attribute.String("sas.order_status", st.OrderStatus),
+			attribute.String("sas.reason", "complete_by passed")))
+	span.End()
+	return sctx
 }
