@@ -176,7 +176,10 @@ func post(t *testing.T, ctx context.Context, path, form string) int {
 
 func TestConsoleInABrowser(t *testing.T) {
 	t.Parallel()
-	p := newPipeline(t, pipelineOpts{supervisors: 1})
+	// Traced, so that an order's page has a trace id to show.
+	st := newStack(t)
+	st.env = append(st.env, newOTLPReceiver(t).env()...)
+	p := newPipeline(t, pipelineOpts{on: &st, supervisors: 1})
 	held, held2, toCancel, script := messages.NewID(), messages.NewID(), messages.NewID(), messages.NewID()
 	p.setFaults(t, `{"reserve_inventory":{"fail_orders":["`+held+`","`+held2+`"]},"charge_payment":{"fail_orders":["`+toCancel+`"]}}`)
 	ch := amqpChannel(t)
@@ -276,6 +279,9 @@ func TestConsoleInABrowser(t *testing.T) {
 	}
 	if got := text(t, ctx, "#payload"); !strings.Contains(got, "<script>window.pwned = 1</script>") {
 		t.Fatalf("the payload is not shown as text:\n%s", got)
+	}
+	if tid, got := p.traceOf(t, script), text(t, ctx, "#trace-id"); len(tid) != 32 || !strings.Contains(got, tid) {
+		t.Errorf("the order page shows the trace %q, want the order's %q", got, tid)
 	}
 
 	// A POST without the CSRF token is refused, even from an operator.

@@ -66,12 +66,14 @@ func TestReadmeDocumentsEveryVariable(t *testing.T) {
 func TestServicesRejectBadConfiguration(t *testing.T) {
 	t.Parallel()
 	for _, name := range []string{"submitter", "scheduler", "agent", "remote", "supervisor", "console"} {
-		for _, bad := range []string{"SAS_LOG_LEVEL=shout", "SAS_SHUTDOWN_TIMEOUT=soon"} {
+		// Tracing asked for over a protocol sas does not speak.
+		grpc := "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317\x00OTEL_EXPORTER_OTLP_PROTOCOL=grpc"
+		for _, bad := range []string{"SAS_LOG_LEVEL=shout", "SAS_SHUTDOWN_TIMEOUT=soon", grpc} {
 			if name == "remote" && bad == "SAS_SHUTDOWN_TIMEOUT=soon" {
 				bad = "SAS_REMOTE_SEED=minus-one"
 			}
 			cmd := exec.Command(filepath.Join(binDir, name))
-			cmd.Env = env(bad)
+			cmd.Env = env(strings.Split(bad, "\x00")...)
 			out, err := cmd.CombinedOutput()
 			var ee *exec.ExitError
 			if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), "configuration") {

@@ -40,16 +40,18 @@ func TestHelmChartPodsRunAsRendered(t *testing.T) {
 	remote := startOn(t, "remote", append(append([]string{}, s.env...), "SAS_REMOTE_FAULTS={}"), "SAS_REMOTE_ADDR")
 	userPrefix := "h-" + testenv.RandomSuffix(8) + "-"
 	loginSuffix := "_h" + testenv.RandomSuffix(8)
+	rcv := newOTLPReceiver(t)
 	values := filepath.Join(t.TempDir(), "values.yaml")
 	if err := os.WriteFile(values, []byte(fmt.Sprintf(`queuePrefix: %q
 logLevel: debug
+tracing: {endpoint: %q}
 database: {hosts: %q, name: %q, params: %q, ownerUser: postgres, loginSuffix: %q}
 broker: {hosts: ["127.0.0.1:5672"], userPrefix: %q}
 remote: {url: "http://%s"}
 agents:
   - {name: payment, kinds: [payment], replicas: 1}
   - {name: rest, kinds: [inventory, shipping], replicas: 1}
-`, s.topo.Prefix, db.Host, strings.TrimPrefix(db.Path, "/"), db.RawQuery, loginSuffix, userPrefix, remote.ops)), 0o600); err != nil {
+`, s.topo.Prefix, rcv.url, db.Host, strings.TrimPrefix(db.Path, "/"), db.RawQuery, loginSuffix, userPrefix, remote.ops)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	out, err := exec.Command(helm, "template", "sas", chartDir, "-f", values, "--kube-version", kubeVersion).Output()
@@ -136,6 +138,24 @@ agents:
 	}
 	testenv.Eventually(t, 2*time.Minute, "20 orders completed", func() bool {
 		return s.count(t, `SELECT count(*) FROM orders WHERE status = 'completed' AND order_id = ANY($1::uuid[])`, strings.Fields(ids)) == 20
+	})
+	// Traced as the chart's tracing values say: every order's trace has
+	// spans of the submitter, the schedulers and the agents.
+	testenv.Eventually(t, time.Minute, "the orders' spans from the chart's services", func() bool {
+		for _, id := range strings.Fields(ids) {
+			var tid string
+			if err := s.pool.QueryRow(t.Context(), `SELECT coalesce(split_part(traceparent, '-', 2), '') FROM orders WHERE order_id = $1`, id).Scan(&tid); err != nil {
+				t.Fatal(err)
+			}
+			services := map[string]bool{}
+			for _, sp := range rcv.trace(tid) {
+				services[sp.service] = true
+			}
+			if tid == "" || !services["sas-submitter"] || !services["sas-scheduler"] || !services["sas-agent"] {
+				return false
+			}
+		}
+		return true
 	})
 	// The console: admin with the Secret's password.
 	var consoleAddr string

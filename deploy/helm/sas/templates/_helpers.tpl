@@ -63,6 +63,28 @@ app.kubernetes.io/component: {{ .component }}
 - name: SAS_WORKFLOWS_FILE
   value: /etc/sas/workflows/workflows.yaml
 {{- end }}
+{{- include "sas.tracingEnv" . }}
+{{- end -}}
+
+{{/* OpenTelemetry: traces over OTLP/HTTP when tracing.endpoint is set. */}}
+{{- define "sas.tracingEnv" -}}
+{{- with .Values.tracing }}
+{{- if .endpoint }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ .endpoint | quote }}
+- name: OTEL_TRACES_SAMPLER
+  value: {{ .sampler | quote }}
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ .samplerArg | quote }}
+{{- with .headersSecret }}
+- name: OTEL_EXPORTER_OTLP_HEADERS
+  valueFrom:
+    secretKeyRef:
+      name: {{ .name | quote }}
+      key: {{ .key | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{/* A pod's security settings and scheduling. */}}
