@@ -254,6 +254,15 @@ func TestEveryOrderIsOneTrace(t *testing.T) {
 				t.Errorf("order %s: no %q span (have %v)", id, want, names)
 			}
 		}
+		kinds := map[string]bool{}
+		for _, s := range spans {
+			if strings.HasPrefix(s.name, "publish ") {
+				kinds[strings.Fields(s.name)[1]] = true
+			}
+		}
+		if !kinds["request"] || !kinds["reply"] || !kinds["status_event"] {
+			t.Errorf("order %s: publishes of %v, want requests, replies and status events", id, kinds)
+		}
 		if isRefused[id] && names["claim"] < 3 {
 			t.Errorf("refused order %s: %d claims, want its two actions and a compensation", id, names["claim"])
 		}

@@ -282,7 +282,13 @@ func (a *agent) handle(ctx context.Context, kind string, d amqp.Delivery) error 
 		span.SetStatus(codes.Error, res.reason)
 	}
 	span.SetAttributes(attribute.String("sas.outcome", reply.Outcome))
-	if err := a.sendReply(callCtx, reply); err != nil {
+	rctx, rspan := a.tr.Start(callCtx, "publish reply", trace.WithSpanKind(trace.SpanKindProducer))
+	err = a.sendReply(rctx, reply)
+	if err != nil {
+		rspan.SetStatus(codes.Error, err.Error())
+	}
+	rspan.End()
+	if err != nil {
 		if callCtx.Err() != nil && errors.Is(callCtx.Err(), context.DeadlineExceeded) {
 			a.metrics.abandoned.WithLabelValues("deadline").Inc()
 			a.metrics.requests.WithLabelValues(kind, "abandoned").Inc()

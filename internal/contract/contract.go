@@ -38,6 +38,10 @@ const (
 	// HeaderRetryAfter is read from a 429 or 503 answer: seconds or an
 	// HTTP date, the least time before the next attempt.
 	HeaderRetryAfter = "Retry-After"
+	// HeaderTraceparent is the W3C trace context of the call's span, sent
+	// when the agents trace: a service instrumented with OpenTelemetry
+	// continues the order's trace from it.
+	HeaderTraceparent = "traceparent"
 )
 
 // ContentType is the content type of a request and of a 2xx answer.

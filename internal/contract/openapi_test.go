@@ -72,7 +72,7 @@ func TestOpenAPIMatchesTheContract(t *testing.T) {
 		}
 	}
 	slices.Sort(headers)
-	want := []string{contract.HeaderAttempt, contract.HeaderIdempotencyKey, contract.HeaderCompleteBy}
+	want := []string{contract.HeaderAttempt, contract.HeaderIdempotencyKey, contract.HeaderCompleteBy, contract.HeaderTraceparent}
 	slices.Sort(want)
 	if !slices.Equal(headers, want) {
 		t.Fatalf("documented headers %v, the agent sends %v", headers, want)
