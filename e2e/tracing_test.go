@@ -212,20 +212,31 @@ func TestEveryOrderIsOneTrace(t *testing.T) {
 		}
 		traces[id] = tid
 	}
-	testenv.Eventually(t, time.Minute, "every order's spans to reach the receiver", func() bool {
+	// A span reaches the receiver when its process exports it, each
+	// process on its own schedule: wait for every order's three status
+	// events and for its spans to join up (checked again below, to say
+	// what is wrong if they never do).
+	deadline := time.Now().Add(time.Minute)
+	for {
+		complete := true
 		for _, id := range ids {
 			n := 0
-			for _, s := range rcv.trace(traces[id]) {
+			spans := rcv.trace(traces[id])
+			for _, s := range spans {
 				if s.name == "publish status_event" {
 					n++
 				}
 			}
-			if n < 3 {
-				return false
+			if n < 3 || checkTree(spans) != nil {
+				complete = false
+				break
 			}
 		}
-		return true
-	})
+		if complete || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 
 	retried, compensated := 0, 0
 	for _, id := range ids {
