@@ -177,9 +177,8 @@ func post(t *testing.T, ctx context.Context, path, form string) int {
 func TestConsoleInABrowser(t *testing.T) {
 	t.Parallel()
 	// Traced, so that an order's page has a trace id to show.
-	st := newStack(t)
-	st.env = append(st.env, newOTLPReceiver(t).env()...)
-	p := newPipeline(t, pipelineOpts{on: &st, supervisors: 1})
+	_, st := tracedStack(t)
+	p := newPipeline(t, pipelineOpts{on: st, supervisors: 1})
 	held, held2, toCancel, script := messages.NewID(), messages.NewID(), messages.NewID(), messages.NewID()
 	p.setFaults(t, `{"reserve_inventory":{"fail_orders":["`+held+`","`+held2+`"]},"charge_payment":{"fail_orders":["`+toCancel+`"]}}`)
 	ch := amqpChannel(t)

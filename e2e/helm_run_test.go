@@ -143,10 +143,7 @@ agents:
 	// spans of the submitter, the schedulers and the agents.
 	testenv.Eventually(t, time.Minute, "the orders' spans from the chart's services", func() bool {
 		for _, id := range strings.Fields(ids) {
-			var tid string
-			if err := s.pool.QueryRow(t.Context(), `SELECT coalesce(split_part(traceparent, '-', 2), '') FROM orders WHERE order_id = $1`, id).Scan(&tid); err != nil {
-				t.Fatal(err)
-			}
+			tid := s.traceOf(t, id)
 			services := map[string]bool{}
 			for _, sp := range rcv.trace(tid) {
 				services[sp.service] = true

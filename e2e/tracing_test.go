@@ -147,11 +147,20 @@ func checkTree(spans []span) error {
 	return nil
 }
 
+// tracedStack is a stack whose processes trace to a receiver of their own.
+func tracedStack(t *testing.T) (*otlpReceiver, *stack) {
+	t.Helper()
+	rcv := newOTLPReceiver(t)
+	st := newStack(t)
+	st.env = append(st.env, rcv.env()...)
+	return rcv, &st
+}
+
 // traceOf reads the trace id the store keeps with an order.
-func (p pipeline) traceOf(t *testing.T, id string) string {
+func (s stack) traceOf(t *testing.T, id string) string {
 	t.Helper()
 	var tid string
-	if err := p.pool.QueryRow(context.Background(), `SELECT coalesce(split_part(traceparent, '-', 2), '') FROM orders WHERE order_id = $1`, id).Scan(&tid); err != nil {
+	if err := s.pool.QueryRow(context.Background(), `SELECT coalesce(split_part(traceparent, '-', 2), '') FROM orders WHERE order_id = $1`, id).Scan(&tid); err != nil {
 		t.Fatal(err)
 	}
 	return tid
@@ -165,10 +174,8 @@ func (p pipeline) traceOf(t *testing.T, id string) string {
 // point at the traces; sasctl shows an order's trace id.
 func TestEveryOrderIsOneTrace(t *testing.T) {
 	t.Parallel()
-	rcv := newOTLPReceiver(t)
-	st := newStack(t)
-	st.env = append(st.env, rcv.env()...)
-	p := newPipeline(t, pipelineOpts{on: &st, schedulers: 2, agents: 2, supervisors: 1,
+	rcv, st := tracedStack(t)
+	p := newPipeline(t, pipelineOpts{on: st, schedulers: 2, agents: 2, supervisors: 1,
 		faults:       `{"reserve_inventory":{"latency_min_ms":4000,"latency_max_ms":4000}}`,
 		submitterEnv: []string{"SAS_STEP_TIMEOUT=2s"}})
 
@@ -348,10 +355,8 @@ func spanNames(spans []span) []string {
 // order starts a trace of its own and is processed as usual.
 func TestSubmitContinuesTheApplicationsTrace(t *testing.T) {
 	t.Parallel()
-	rcv := newOTLPReceiver(t)
-	st := newStack(t)
-	st.env = append(st.env, rcv.env()...)
-	p := newPipeline(t, pipelineOpts{on: &st})
+	rcv, st := tracedStack(t)
+	p := newPipeline(t, pipelineOpts{on: st})
 	ch := amqpChannel(t)
 	const appTrace, appSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 	cases := []struct {
