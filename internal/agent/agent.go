@@ -232,8 +232,7 @@ func (a *agent) handle(ctx context.Context, kind string, d amqp.Delivery) error 
 	hctx, span := a.tr.Start(a.tr.ExtractAMQP(a.workCtx, d.Headers), "handle "+req.Name, trace.WithSpanKind(trace.SpanKindConsumer))
 	defer span.End()
 	if a.tr.On() {
-		span.SetAttributes(attribute.String("sas.order_id", req.OrderID), attribute.Int("sas.step", req.Step),
-			attribute.Int("sas.attempt", req.Attempt), attribute.String("sas.agent", kind))
+		span.SetAttributes(tracing.StepAttrs(req.OrderID, req.Step, req.Attempt, attribute.String("sas.agent", kind))...)
 	}
 	log := a.logger.With(append([]any{"order_id", req.OrderID, "step", req.Step, "attempt", req.Attempt, "name", req.Name},
 		tracing.LogAttrs(hctx)...)...)

@@ -76,8 +76,8 @@ type Entry struct {
 type Service struct {
 	// KeepRequests keeps each entry's Request (set before serving).
 	KeepRequests bool
-	// Tracing, when set (before serving), records each call as a span of
-	// the caller's trace.
+	// Tracing records each call as a span of the caller's trace (New
+	// sets it off; replace it before serving).
 	Tracing *tracing.Tracing
 
 	logger  *slog.Logger
@@ -101,8 +101,9 @@ func New(faults FaultConfig, seed uint64, reg prometheus.Registerer, logger *slo
 	reg.MustRegister(m)
 	return &Service{
 		logger: logger, metrics: m, faults: faults,
-		rng:    rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
-		ledger: map[string]*Entry{},
+		rng:     rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		ledger:  map[string]*Entry{},
+		Tracing: tracing.Off(),
 	}
 }
 
@@ -175,9 +176,6 @@ func (s *Service) call(w http.ResponseWriter, r *http.Request) {
 	action := r.PathValue("action")
 	outcome := "ok"
 	tr := s.Tracing
-	if tr == nil {
-		tr = tracing.Off()
-	}
 	// The call is a span of the caller's trace when its headers carry one.
 	_, span := tr.Start(tr.ExtractHTTP(r.Context(), r.Header), "POST /v1/"+action, trace.WithSpanKind(trace.SpanKindServer))
 	defer func() {

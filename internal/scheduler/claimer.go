@@ -323,9 +323,8 @@ func traceClaim(ctx context.Context, tr *tracing.Tracing, s statestore.ClaimedSt
 	if !tr.On() {
 		return ctx, trace.SpanFromContext(ctx)
 	}
-	attrs := trace.WithAttributes(attribute.String("sas.order_id", s.OrderID), attribute.Int("sas.step", s.Step),
-		attribute.String("sas.step_name", s.Name), attribute.String("sas.step_kind", s.Kind),
-		attribute.Int("sas.attempt", s.Attempt), attribute.String("sas.agent", s.Agent))
+	attrs := trace.WithAttributes(tracing.StepAttrs(s.OrderID, s.Step, s.Attempt, attribute.String("sas.step_name", s.Name),
+		attribute.String("sas.step_kind", s.Kind), attribute.String("sas.agent", s.Agent))...)
 	name := "claim " + s.Name
 	if s.Kind == statestore.KindCompensation {
 		name = "claim compensation " + s.Name

@@ -94,7 +94,10 @@ func (r *relay) publish(ctx context.Context, msgs []statestore.OutboxMessage) (i
 	var all []sent
 	// Each message of an order with a trace is a span of that trace, its
 	// context in the message's headers, so a listener joins it.
-	spans := make([]trace.Span, len(msgs))
+	var spans []trace.Span
+	if r.tr.On() {
+		spans = make([]trace.Span, len(msgs))
+	}
 	defer func() {
 		for _, s := range spans {
 			if s != nil {

@@ -54,8 +54,7 @@ func (r *replier) handle(ctx context.Context, d amqp.Delivery) error {
 	actx, span := r.tr.Start(r.tr.ExtractAMQP(r.workCtx, d.Headers), "apply reply", trace.WithSpanKind(trace.SpanKindConsumer))
 	defer span.End()
 	if r.tr.On() {
-		span.SetAttributes(attribute.String("sas.order_id", rep.OrderID), attribute.Int("sas.step", rep.Step),
-			attribute.Int("sas.attempt", rep.Attempt), attribute.String("sas.outcome", rep.Outcome))
+		span.SetAttributes(tracing.StepAttrs(rep.OrderID, rep.Step, rep.Attempt, attribute.String("sas.outcome", rep.Outcome))...)
 	}
 	log := r.logger.With(append([]any{"order_id", rep.OrderID, "step", rep.Step, "attempt", rep.Attempt}, tracing.LogAttrs(actx)...)...)
 	applyStart := time.Now()

@@ -55,11 +55,7 @@ func (s *Store) RelayOutbox(ctx context.Context, limit int, publish func(context
 	// closed by the pool, never reused; relay ends its transaction itself
 	// otherwise.
 	defer conn.Release()
-	read := relayRead
-	if s.traces {
-		read = relayReadTraced
-	}
-	done, publishErr, err := relay(ctx, conn.Conn(), read, limit, publish)
+	done, publishErr, err := relay(ctx, conn.Conn(), s.traces, limit, publish)
 	if err != nil {
 		return 0, fmt.Errorf("relay outbox: %w", err)
 	}
@@ -96,7 +92,7 @@ FROM (SELECT * FROM outbox WHERE current_setting('sas.relay_locked') = 'true' OR
 LEFT JOIN orders o ON o.order_id = m.order_id
 ORDER BY m.id`
 
-func relay(ctx context.Context, conn *pgx.Conn, read string, limit int, publish func(context.Context, []OutboxMessage) (int, error)) (done int, publishErr, err error) {
+func relay(ctx context.Context, conn *pgx.Conn, traced bool, limit int, publish func(context.Context, []OutboxMessage) (int, error)) (done int, publishErr, err error) {
 	take := &pgx.Batch{}
 	take.Queue(`BEGIN`)
 	var (
@@ -104,12 +100,16 @@ func relay(ctx context.Context, conn *pgx.Conn, read string, limit int, publish 
 		msgs   []OutboxMessage
 	)
 	take.Queue(relayLock).QueryRow(func(row pgx.Row) error { return row.Scan(&locked, nil) })
+	read := relayRead
+	if traced {
+		read = relayReadTraced
+	}
 	take.Queue(read, limit).Query(func(rows pgx.Rows) error {
 		var err error
 		msgs, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (OutboxMessage, error) {
 			var m OutboxMessage
 			dst := []any{&m.ID, &m.MessageID, &m.Type, &m.OrderID, &m.ReplyTo, &m.Body}
-			if len(row.FieldDescriptions()) > len(dst) {
+			if traced {
 				dst = append(dst, &m.Traceparent)
 			}
 			err := row.Scan(dst...)

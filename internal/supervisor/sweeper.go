@@ -244,10 +244,9 @@ func (s *sweeper) traceSweep(ctx context.Context, st statestore.SweptStep, start
 		name = "step failed"
 	}
 	sctx, span := s.tr.Start(s.tr.Resume(ctx, st.Traceparent), name, trace.WithTimestamp(start),
-		trace.WithAttributes(attribute.String("sas.order_id", st.OrderID), attribute.Int("sas.step", st.Step),
-			attribute.Int("sas.attempt", st.Attempt), attribute.Int("sas.failure_count", st.FailureCount),
+		trace.WithAttributes(tracing.StepAttrs(st.OrderID, st.Step, st.Attempt, attribute.Int("sas.failure_count", st.FailureCount),
 			attribute.String("sas.step_state", st.NewState), attribute.String("sas.order_status", st.OrderStatus),
-			attribute.String("sas.reason", "complete_by passed")))
+			attribute.String("sas.reason", "complete_by passed"))...))
 	span.End()
 	return sctx
 }

@@ -204,6 +204,13 @@ func TraceID(traceparent string) string {
 	return id.String()
 }
 
+// StepAttrs are the span attributes that name an order's step and
+// attempt, with more after them.
+func StepAttrs(orderID string, step, attempt int, more ...attribute.KeyValue) []attribute.KeyValue {
+	return append([]attribute.KeyValue{attribute.String("sas.order_id", orderID), attribute.Int("sas.step", step),
+		attribute.Int("sas.attempt", attempt)}, more...)
+}
+
 // LogAttrs are the attributes that tie a log line to ctx's trace:
 // trace_id and span_id, or none when ctx has no span.
 func LogAttrs(ctx context.Context) []any {
