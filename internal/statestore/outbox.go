@@ -70,10 +70,12 @@ func (s *Store) RelayOutbox(ctx context.Context, limit int, publish func(context
 // wait for its WAL to reach disk: a delete lost in a crash only publishes
 // its messages again, under the same message_id, which consumers take as
 // repeats (as they must anyway: a confirmed publish whose delete then fails
-// is the same). At low load that is one disk flush an order fewer.
+// is the same). At low load that is one disk flush an order fewer. The
+// read and the delete use their generic plans (see genericPlans).
 const relayLock = `
 SELECT set_config('sas.relay_locked', pg_try_advisory_xact_lock(hashtextextended('sas.outbox.' || current_schema(), 0))::text, true) = 'true',
-       set_config('synchronous_commit', 'off', true)`
+       set_config('synchronous_commit', 'off', true),
+       ` + genericPlansExpr
 
 // relayRead reads the messages to relay, only in a transaction that holds
 // the lock. It must be a statement of its own, after relayLock's: a
@@ -99,7 +101,7 @@ func relay(ctx context.Context, conn *pgx.Conn, traced bool, limit int, publish 
 		locked bool
 		msgs   []OutboxMessage
 	)
-	take.Queue(relayLock).QueryRow(func(row pgx.Row) error { return row.Scan(&locked, nil) })
+	take.Queue(relayLock).QueryRow(func(row pgx.Row) error { return row.Scan(&locked, nil, nil) })
 	read := relayRead
 	if traced {
 		read = relayReadTraced

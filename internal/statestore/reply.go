@@ -287,8 +287,18 @@ func (s *Store) ApplyRepliesClaiming(ctx context.Context, rs []Reply, claimFor [
 	}
 	if len(batched) > 0 {
 		applied := make(map[int]bool, len(batched))
-		rows, err := s.pool.Query(ctx, applyOKRepliesSQL, ids, steps, attempts, resultsJSON, started, sent, calls, actor,
+		// One implicit transaction (a batch is): the reply statement on
+		// its generic plan (genericPlansExpr).
+		b := &pgx.Batch{}
+		b.Queue(`SELECT ` + genericPlansExpr)
+		b.Queue(applyOKRepliesSQL, ids, steps, attempts, resultsJSON, started, sent, calls, actor,
 			!failpoint.Broken("unfenced-replies"), claimFor)
+		br := s.pool.SendBatch(ctx, b)
+		_, err := br.Exec()
+		var rows pgx.Rows
+		if err == nil {
+			rows, err = br.Query()
+		}
 		if err == nil {
 			for rows.Next() {
 				var idx int
@@ -323,6 +333,9 @@ func (s *Store) ApplyRepliesClaiming(ctx context.Context, rs []Reply, claimFor [
 			if err == nil {
 				err = rows.Err()
 			}
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
 		}
 		if err != nil {
 			if ctx.Err() != nil {

@@ -1161,6 +1161,67 @@ func TestOutboxHasOneIndex(t *testing.T) {
 	}
 }
 
+// TestBatchedStatementsKeepGenericPlans: the batched reply and the relay's
+// delete run on their generic plans from the first execution, whatever
+// the batch's size; PostgreSQL would otherwise plan them for their
+// arguments at least five times, and then again whenever a batch's custom
+// plan looked cheaper. One connection, so its prepared statements can be
+// read back.
+func TestBatchedStatementsKeepGenericPlans(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	pool, err := statestore.Open(statestore.Options{URL: b.url, MaxConns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	store := statestore.New(pool)
+	const rounds = 8
+	for round := range rounds {
+		var batch []statestore.NewOrder
+		for range 1 + round%4 {
+			batch = append(batch, order(1, time.Minute, 3))
+		}
+		if _, errs := store.InsertOrders(ctx, batch); errs[0] != nil {
+			t.Fatal(errs[0])
+		}
+		steps, err := store.ClaimKinds(ctx, "s", map[string]int{"agent": 10})
+		if err != nil || len(steps) != len(batch) {
+			t.Fatalf("claim: %d steps of %d, %v", len(steps), len(batch), err)
+		}
+		var replies []statestore.Reply
+		for _, st := range steps {
+			replies = append(replies, statestore.Reply{OrderID: st.OrderID, Step: st.Step, Attempt: st.Attempt, OK: true, Result: []byte(`{}`), Actor: "s"})
+		}
+		_, errs := store.ApplyReplies(ctx, replies)
+		for _, err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := store.RelayOutbox(ctx, 100, func(_ context.Context, msgs []statestore.OutboxMessage) (int, error) {
+			return len(msgs), nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, st := range []struct{ name, text string }{
+		{"the batched reply", "unnest($1::uuid[], $2::int[], $3::int[], $4::jsonb[]"},
+		{"the relay's delete", "DELETE FROM outbox WHERE id = ANY($1)"},
+	} {
+		var generic, custom int64
+		err := pool.QueryRow(ctx, `SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE strpos(statement, $1) > 0`, st.text).
+			Scan(&generic, &custom)
+		if err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		if custom != 0 || generic != rounds {
+			t.Errorf("%s ran on %d custom and %d generic plans; want none custom, %d generic", st.name, custom, generic, rounds)
+		}
+	}
+}
+
 // TestRelayDeletesPublishedEvents: the relay deletes the status events the
 // broker confirmed (migration 0014) and marks operator alerts published,
 // keeping them; what publish did not get through stays for the next round.
