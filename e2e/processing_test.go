@@ -450,6 +450,57 @@ func TestSchedulerWakesOnNotifications(t *testing.T) {
 	}
 }
 
+// TestOneSchedulerListensForNewWork: of two schedulers that never poll in
+// time, one listens for new work, and a new order wakes it alone; a burst
+// of more than a claim's batch wakes the other too, which then claims its
+// share. When the listening one is killed, the other takes its lease over
+// and new orders wake it.
+func TestOneSchedulerListensForNewWork(t *testing.T) {
+	t.Parallel()
+	p := newPipeline(t, pipelineOpts{schedulers: 2, schedulerEnv: []string{"SAS_SCHEDULER_POLL_INTERVAL=1h", "SAS_SCHEDULER_BATCH=5"}})
+	const woken = `sas_scheduler_wakeups_total{loop="claimer",source="notify"}`
+	var listener, other *proc
+	testenv.Eventually(t, 30*time.Second, "one scheduler to listen for new work", func() bool {
+		a, b := p.schedulers[0].metric(t, "sas_scheduler_listening"), p.schedulers[1].metric(t, "sas_scheduler_listening")
+		switch {
+		case a == 1 && b == 0:
+			listener, other = p.schedulers[0], p.schedulers[1]
+		case a == 0 && b == 1:
+			listener, other = p.schedulers[1], p.schedulers[0]
+		}
+		return listener != nil
+	})
+	p.waitTerminal(t, p.submitOrders(t, 1, "--workflow", "single"), time.Minute)
+
+	// One order at a time: each wakes the listening scheduler only.
+	before, claimedBefore := other.metric(t, woken), listener.metric(t, "sas_scheduler_claimed_total")
+	for range 10 {
+		p.waitTerminal(t, p.submitOrders(t, 1, "--workflow", "single"), time.Minute)
+	}
+	if n := other.metric(t, woken) - before; n != 0 {
+		t.Errorf("the scheduler that does not listen was woken %v times by 10 orders", n)
+	}
+	if n := listener.metric(t, "sas_scheduler_claimed_total") - claimedBefore; n != 10 {
+		t.Errorf("the listening scheduler claimed %v of 10 steps", n)
+	}
+
+	// A burst: the listening scheduler's claims take whole batches, and it
+	// wakes the other.
+	claimedBefore = other.metric(t, "sas_scheduler_claimed_total")
+	p.waitTerminal(t, p.submitOrders(t, 300, "--workflow", "single"), 2*time.Minute)
+	if other.metric(t, "sas_scheduler_claimed_total") == claimedBefore {
+		t.Error("the scheduler that does not listen claimed none of a burst of 300")
+	}
+
+	// The listening scheduler dies without giving its lease up: the other
+	// takes it over once it runs out, and new orders wake it.
+	listener.kill(t)
+	testenv.Eventually(t, 30*time.Second, "the other scheduler to listen for new work", func() bool {
+		return other.metric(t, "sas_scheduler_listening") == 1
+	})
+	p.waitTerminal(t, p.submitOrders(t, 10, "--workflow", "single"), time.Minute)
+}
+
 func TestSchedulersAndAgentsShareWorkAndEventsArriveInOrder(t *testing.T) {
 	t.Parallel()
 	p := newPipeline(t, pipelineOpts{schedulers: 2, agents: 3, faults: `{"*":{"latency_min_ms":1,"latency_max_ms":3}}`})

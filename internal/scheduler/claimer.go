@@ -45,8 +45,9 @@ type claimer struct {
 	maxReplies int // the replies queue's limit (0: none)
 	poll       time.Duration
 	wake       <-chan struct{}
-	wakeRelay  func()          // a claim may have written status events
-	workCtx    context.Context // claimed steps are sent even during shutdown
+	wakeRelay  func()                // a claim may have written status events
+	shareMore  func(context.Context) // a claim took a whole batch: wake the other schedulers (waker.shareMore)
+	workCtx    context.Context       // claimed steps are sent even during shutdown
 	logger     *slog.Logger
 	metrics    *metrics
 	tr         *tracing.Tracing
@@ -118,6 +119,7 @@ func (c *claimer) run(ctx context.Context) error {
 // no kind has both room and pending steps. It reports whether a full queue
 // held a kind back.
 func (c *claimer) drain(ctx context.Context) (throttled bool) {
+	shared := false
 	for ctx.Err() == nil {
 		if c.repliesFull(ctx) {
 			return true
@@ -176,6 +178,10 @@ func (c *claimer) drain(ctx context.Context) (throttled bool) {
 		}
 		if !more {
 			return throttled
+		}
+		if !shared && c.shareMore != nil {
+			shared = true
+			c.shareMore(ctx)
 		}
 	}
 	return throttled

@@ -83,6 +83,7 @@ type metrics struct {
 	outbox         *prometheus.CounterVec
 	unroutable     *prometheus.CounterVec
 	relayErrors    prometheus.Counter
+	listening      prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -156,9 +157,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		relayErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sas_outbox_relay_errors_total", Help: "Relay rounds that failed and will be retried.",
 		}),
+		listening: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sas_scheduler_listening", Help: "1 while this scheduler is the one of those claiming its agent kinds that listens for new work (holds their listener lease).",
+		}),
 	}
 	reg.MustRegister(m.claimed, m.claimedByReply, m.throttled, m.repliesFull, m.claimDuration, m.claimSize, m.replyBatchSize, m.published, m.publishFailed, m.released, m.wakeups, m.replies,
-		m.stale, m.ordersFinished, m.orderDuration, m.stepDuration, m.queueReady, m.dbRetries, m.outbox, m.unroutable, m.relayErrors)
+		m.stale, m.ordersFinished, m.orderDuration, m.stepDuration, m.queueReady, m.dbRetries, m.outbox, m.unroutable, m.relayErrors, m.listening)
 	return m
 }
 
@@ -253,12 +257,13 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
-	w := &waker{store: store, logger: logger, pending: make(chan struct{}, 1), outbox: make(chan struct{}, 1)}
+	w := &waker{store: store, logger: logger, pending: make(chan struct{}, 1), outbox: make(chan struct{}, 1),
+		me: me, lease: statestore.SchedulerListenerLease(kinds), gauge: m.listening}
 	depths := broker.NewQueueInspector(conn)
 	defer depths.Close()
 	c := &claimer{store: store, pub: pub, depths: depths, topo: topo, kinds: kinds, me: me,
 		batch: cfg.BatchSize, maxQueued: cfg.MaxQueued, maxReplies: cfg.MaxRepliesQueued, poll: cfg.PollInterval,
-		wake: w.pending, wakeRelay: func() { nudge(w.outbox) }, workCtx: workCtx, logger: logger, metrics: m,
+		wake: w.pending, wakeRelay: func() { nudge(w.outbox) }, shareMore: w.shareMore, workCtx: workCtx, logger: logger, metrics: m,
 		known: map[string]queueDepth{}, tr: tr}
 	// Claims and replies do not notify through the database (migration
 	// 0007): what they make pending or write to the outbox, this

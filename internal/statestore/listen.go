@@ -3,6 +3,8 @@ package statestore
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -17,7 +19,29 @@ const (
 	// ChannelOutbox is notified when the supervisor or an operator writes
 	// outbox messages.
 	ChannelOutbox = "sas_outbox"
+	// ChannelMore is notified by the scheduler that listens on the two
+	// above when a claim took a whole batch: more may be waiting, and the
+	// other schedulers, which do not listen there, help.
+	ChannelMore = "sas_pending_more"
 )
+
+// SchedulerListenerLease names the lease held by the one scheduler, of
+// those that claim for the agent kinds kinds, that listens on
+// ChannelPending and ChannelOutbox (migration 0021). Schedulers that claim
+// for other kinds hold a lease of their own.
+func SchedulerListenerLease(kinds []string) string {
+	sorted := slices.Clone(kinds)
+	slices.Sort(sorted)
+	return "scheduler-listener:" + strings.Join(sorted, ",")
+}
+
+// NotifyMore notifies ChannelMore.
+func (s *Store) NotifyMore(ctx context.Context) error {
+	if _, err := s.pool.Exec(ctx, `SELECT pg_notify($1, current_schema())`, ChannelMore); err != nil {
+		return fmt.Errorf("notify %s: %w", ChannelMore, err)
+	}
+	return nil
+}
 
 // wake notifies both channels at the commit of tx, for changes made
 // outside a scheduler (sweeps, operator actions).
@@ -38,13 +62,32 @@ func (s *Store) Listen(ctx context.Context, channels ...string) (*Listener, erro
 	if err != nil {
 		return nil, fmt.Errorf("listen: connect: %w", err)
 	}
+	l := &Listener{conn: conn}
+	if err := l.Add(ctx, channels...); err != nil {
+		conn.Close(ctx)
+		return nil, err
+	}
+	return l, nil
+}
+
+// Add listens on more channels.
+func (l *Listener) Add(ctx context.Context, channels ...string) error {
 	for _, ch := range channels {
-		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
-			conn.Close(ctx)
-			return nil, fmt.Errorf("listen on %s: %w", ch, err)
+		if _, err := l.conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+			return fmt.Errorf("listen on %s: %w", ch, err)
 		}
 	}
-	return &Listener{conn: conn}, nil
+	return nil
+}
+
+// Remove stops listening on channels.
+func (l *Listener) Remove(ctx context.Context, channels ...string) error {
+	for _, ch := range channels {
+		if _, err := l.conn.Exec(ctx, "UNLISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+			return fmt.Errorf("stop listening on %s: %w", ch, err)
+		}
+	}
+	return nil
 }
 
 // Wait blocks until a notification arrives and returns its channel. The

@@ -85,13 +85,25 @@ func TestRolesHaveOnlyWhatTheyNeed(t *testing.T) {
 	if _, err := scheduler.AcquireLease(ctx, "supervisor", "s", time.Second); !denied(err) {
 		t.Fatalf("scheduler lease: %v, want permission denied", err)
 	}
+	// It holds its own kinds' listener lease (migration 0021).
+	listenerLease := statestore.SchedulerListenerLease([]string{"payment", "inventory"})
+	if l, err := scheduler.AcquireListenerLease(ctx, listenerLease, "s", time.Second); err != nil || !l.Held {
+		t.Fatalf("scheduler listener lease: %+v %v", l, err)
+	}
+	if err := scheduler.ReleaseListenerLease(ctx, listenerLease, "s"); err != nil {
+		t.Fatalf("scheduler listener lease release: %v", err)
+	}
 	// Relaying deletes the published status events (the submitter's).
 	if n, err := scheduler.RelayOutbox(ctx, 10, func(_ context.Context, msgs []statestore.OutboxMessage) (int, error) { return len(msgs), nil }); err != nil || n == 0 {
 		t.Fatalf("scheduler relay: %d %v", n, err)
 	}
-	// The supervisor sweeps under its lease, and cannot publish the outbox.
+	// The supervisor sweeps under its lease, and cannot publish the outbox
+	// or hold a scheduler's lease.
 	if _, err := supervisor.AcquireLease(ctx, "supervisor", "sup", time.Minute); err != nil {
 		t.Fatalf("supervisor lease: %v", err)
+	}
+	if _, err := supervisor.AcquireListenerLease(ctx, listenerLease, "sup", time.Minute); !denied(err) {
+		t.Fatalf("supervisor holding a listener lease: %v, want permission denied", err)
 	}
 	waitExpired(t, b)
 	if swept, err := supervisor.SweepExpired(ctx, statestore.SweepParams{Actor: "sup", Limit: 10, Lease: "supervisor"}); err != nil || len(swept) != 1 {
