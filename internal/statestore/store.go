@@ -204,7 +204,7 @@ func (s *Store) Ping(ctx context.Context) error {
 // statements take their arguments as arrays, whose lengths a custom plan
 // knows and a generic one guesses (ten elements), and their costs go up
 // and down with the batch: under load PostgreSQL planned the batched
-// reply again at about half of its executions, 2.6 ms of its CPU each, a
+// reply again at about half of its executions, 2.9 ms each, about a
 // sixth of all it spent, and the relay's delete at every execution at 60
 // orders a second (TestBatchedStatementsKeepGenericPlans).
 const genericPlansExpr = `set_config('plan_cache_mode', 'force_generic_plan', true)`
