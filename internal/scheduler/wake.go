@@ -24,8 +24,8 @@ import (
 // the listening one notifies when a claim took a whole batch (more is
 // waiting than it takes at once), and otherwise find work by polling, by
 // their own replies and claims, and, if the listening one stops renewing
-// its lease (it crashed or hangs), by taking the lease over within
-// listenerLeaseTTL.
+// its lease (it crashed or hangs), by taking the lease over once it runs
+// out: within listenerLeaseTTL and one listenerRenew.
 type waker struct {
 	store   *statestore.Store
 	logger  *slog.Logger

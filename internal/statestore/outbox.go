@@ -71,7 +71,7 @@ func (s *Store) RelayOutbox(ctx context.Context, limit int, publish func(context
 // its messages again, under the same message_id, which consumers take as
 // repeats (as they must anyway: a confirmed publish whose delete then fails
 // is the same). At low load that is one disk flush an order fewer. The
-// read and the delete use their generic plans (see genericPlans).
+// read and the delete use their generic plans (see genericPlansExpr).
 const relayLock = `
 SELECT set_config('sas.relay_locked', pg_try_advisory_xact_lock(hashtextextended('sas.outbox.' || current_schema(), 0))::text, true) = 'true',
        set_config('synchronous_commit', 'off', true),
