@@ -242,15 +242,18 @@ func (p pipeline) checkOneEffectPerStep(t *testing.T, ids []string) (keys, reque
 func TestThousandOrdersComplete(t *testing.T) {
 	t.Parallel()
 	p := newPipeline(t, pipelineOpts{supervisors: 1, supervisorEnv: []string{"SAS_SUPERVISOR_ANALYZE_INTERVAL=200ms"}})
-	// The services tune their garbage collector unless told otherwise.
-	tuned := p.startAgent(t, "GOGC=150")
+	// The services tune Go's runtime unless told otherwise.
+	tuned := p.startAgent(t, "GOGC=150", "GOMAXPROCS=2")
 	for _, s := range append([]*proc{p.submitter, p.agents[0], p.supervisors[0], p.remote}, p.schedulers...) {
 		if gc, limit := s.metric(t, "go_gc_gogc_percent"), s.metric(t, "go_gc_gomemlimit_bytes"); gc != 400 || limit != 100<<20 {
 			t.Errorf("%s: GOGC %v, memory limit %v; want 400 and 100 MiB", s.name, gc, limit)
 		}
+		if procs := s.metric(t, "go_sched_gomaxprocs_threads"); procs != 1 {
+			t.Errorf("%s: GOMAXPROCS %v, want 1", s.name, procs)
+		}
 	}
-	if gc := tuned.metric(t, "go_gc_gogc_percent"); gc != 150 {
-		t.Errorf("agent started with GOGC=150 runs with %v", gc)
+	if gc, procs := tuned.metric(t, "go_gc_gogc_percent"), tuned.metric(t, "go_sched_gomaxprocs_threads"); gc != 150 || procs != 2 {
+		t.Errorf("agent started with GOGC=150 GOMAXPROCS=2 runs with %v and %v", gc, procs)
 	}
 	began := time.Now()
 	ids := p.submitOrders(t, 1000)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"syscall"
 
@@ -26,28 +27,41 @@ func (c Common) Level() string { return c.LogLevel }
 // The services keep little live data (a few MiB), so they trade some heap
 // for fewer garbage collections: GOGC 400 instead of 100 took an eighth
 // off their CPU per order (docs/BENCHMARKS.md). A soft memory limit makes
-// the collector work harder before the heap outgrows it. GOGC and
-// GOMEMLIMIT in the environment win.
+// the collector work harder before the heap outgrows it.
+//
+// They wait on their database and broker far more than they compute (a
+// scheduler used a sixth of a core at full load), so one goroutine runs at
+// a time: with more, every message that wakes a goroutine also wakes an
+// idle thread to look for other work, and at 60 single-step orders a
+// second that took a fifth of the services' CPU (docs/BENCHMARKS.md). A
+// replica that needs more than a core is better split into two replicas.
+//
+// GOGC, GOMEMLIMIT and GOMAXPROCS in the environment win.
 const (
 	defaultGCPercent   = 400
 	defaultMemoryLimit = 100 << 20
+	defaultMaxProcs    = 1
 )
 
-// tuneGC applies the defaults above where the environment sets nothing.
-func tuneGC() {
+// tuneRuntime applies the defaults above where the environment sets
+// nothing.
+func tuneRuntime() {
 	if _, set := os.LookupEnv("GOGC"); !set {
 		debug.SetGCPercent(defaultGCPercent)
 	}
 	if _, set := os.LookupEnv("GOMEMLIMIT"); !set {
 		debug.SetMemoryLimit(defaultMemoryLimit)
 	}
+	if _, set := os.LookupEnv("GOMAXPROCS"); !set {
+		runtime.GOMAXPROCS(defaultMaxProcs)
+	}
 }
 
 // Checked is a configuration that can report settings that cannot work.
 type Checked interface{ Check() error }
 
-// Main is the body of a service's main: it tunes the garbage collector
-// (tuneGC), reads every password given as a file (secrets.PasswordFiles),
+// Main is the body of a service's main: it tunes Go's runtime
+// (tuneRuntime), reads every password given as a file (secrets.PasswordFiles),
 // reads the configuration from SAS_ variables and checks it
 // (Checked), makes a JSON logger that keeps every secret of the
 // environment out of the log, serves the profiler if the configuration
@@ -56,7 +70,7 @@ type Checked interface{ Check() error }
 // while the service still waits for its database or broker is a clean
 // stop.
 func Main[C Leveled](name string, run func(context.Context, C, *slog.Logger) error) int {
-	tuneGC()
+	tuneRuntime()
 	if err := secrets.LoadPasswordFiles(); err != nil {
 		fmt.Fprintf(os.Stderr, "%s: configuration: %s\n", name, secrets.Scrub(err.Error()))
 		return 2
