@@ -6,13 +6,17 @@
 // delay; under heavy load items gather while the previous batch runs. A
 // linger, when set, trades that much delay for larger batches under
 // moderate load: a batch that is not full waits up to the linger, from its
-// first item, for more.
+// first item, for more. Not after a lull: an item that comes alone, longer
+// than the linger after the one before it (or as the first), gives no sign
+// that another is close behind, so its batch goes at once, without a delay
+// and a timer's wake-up that would most likely buy nothing.
 package batch
 
 import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -30,11 +34,17 @@ type Batcher[In, Out any] struct {
 	run    Func[In, Out]
 	calls  chan call[In, Out]
 	done   chan struct{}
+	// start is the batcher's zero time; last is when the latest item was
+	// handed in, in nanoseconds after start.
+	start time.Time
+	last  atomic.Int64
 }
 
 type call[In, Out any] struct {
 	in    In
 	reply chan result[Out]
+	// afterLull: handed in longer than the linger after the item before.
+	afterLull bool
 }
 
 type result[Out any] struct {
@@ -45,15 +55,21 @@ type result[Out any] struct {
 // New returns a Batcher running batches of at most maxItems items with run;
 // a batch that is not full waits up to linger (0: not at all) for more.
 func New[In, Out any](maxItems int, linger time.Duration, run Func[In, Out]) *Batcher[In, Out] {
-	return &Batcher[In, Out]{max: max(maxItems, 1), linger: max(linger, 0), run: run,
-		calls: make(chan call[In, Out]), done: make(chan struct{})}
+	b := &Batcher[In, Out]{max: max(maxItems, 1), linger: max(linger, 0), run: run,
+		calls: make(chan call[In, Out]), done: make(chan struct{}), start: time.Now()}
+	b.last.Store(-int64(b.linger) - 1) // the first item comes after a lull
+	return b
 }
 
 // Do hands in one item and waits for its result. It returns ctx's error if
 // ctx ends before the loop took the item, and ErrStopped if the loop has
 // ended; once taken, an item is always answered.
 func (b *Batcher[In, Out]) Do(ctx context.Context, in In) (Out, error) {
-	c := call[In, Out]{in: in, reply: make(chan result[Out], 1)}
+	// The gap is measured as items are handed in, not as a loop takes
+	// them: a loop running a long batch takes nothing for a while, which
+	// says nothing about how fast items come.
+	now := int64(time.Since(b.start))
+	c := call[In, Out]{in: in, reply: make(chan result[Out], 1), afterLull: now-b.last.Swap(now) > int64(b.linger)}
 	var zero Out
 	select {
 	case b.calls <- c:
@@ -89,6 +105,7 @@ func (b *Batcher[In, Out]) loop(ctx context.Context) {
 		case c := <-b.calls:
 			calls = append(calls, c)
 		}
+		afterLull := calls[0].afterLull
 	gather:
 		for len(calls) < b.max {
 			select {
@@ -98,7 +115,9 @@ func (b *Batcher[In, Out]) loop(ctx context.Context) {
 				break gather
 			}
 		}
-		calls = b.wait(ctx, calls)
+		if !afterLull || len(calls) > 1 {
+			calls = b.wait(ctx, calls)
+		}
 		for _, c := range calls {
 			items = append(items, c.in)
 		}

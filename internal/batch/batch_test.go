@@ -126,23 +126,31 @@ func TestBatcherLingersForMore(t *testing.T) {
 	if got := sizes(); !slices.Equal(got, []int{1, 1}) {
 		t.Errorf("no linger: batches %v, want [1 1]", got)
 	}
-	// With a 10 s linger, an item 50 ms behind the first joins its batch,
-	// and the full batch runs at once.
+	// With a 10 s linger: the first item comes after a lull and goes
+	// alone at once; the next, right behind it, waits, and an item 50 ms
+	// behind that joins its batch, which runs at once when full.
 	b, sizes = sizesOf(t, 2, 10*time.Second)
+	start := time.Now()
+	if _, err := b.Do(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("the first item, after a lull, waited %v", took)
+	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		if _, err := b.Do(ctx, 1); err != nil {
+		if _, err := b.Do(ctx, 2); err != nil {
 			t.Error(err)
 		}
 	})
 	time.Sleep(50 * time.Millisecond) // the gap between the two items
-	start := time.Now()
-	if _, err := b.Do(ctx, 2); err != nil {
+	start = time.Now()
+	if _, err := b.Do(ctx, 3); err != nil {
 		t.Fatal(err)
 	}
 	wg.Wait()
-	if got := sizes(); !slices.Equal(got, []int{2}) {
-		t.Errorf("10 s linger: batches %v, want [2]", got)
+	if got := sizes(); !slices.Equal(got, []int{1, 2}) {
+		t.Errorf("10 s linger: batches %v, want [1 2]", got)
 	}
 	if took := time.Since(start); took > 5*time.Second {
 		t.Errorf("a full batch waited %v", took)
@@ -154,6 +162,10 @@ func TestBatcherLingerEnds(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	b, sizes := sizesOf(t, 8, 20*time.Millisecond)
+	if _, err := b.Do(ctx, 6); err != nil {
+		t.Fatal(err)
+	}
+	// Right behind the first, a lone item waits out the linger for more.
 	start := time.Now()
 	if out, err := b.Do(ctx, 7); err != nil || out != 7 {
 		t.Fatalf("Do: %d %v", out, err)
@@ -161,7 +173,69 @@ func TestBatcherLingerEnds(t *testing.T) {
 	if took := time.Since(start); took < 20*time.Millisecond {
 		t.Errorf("a lone item was answered after %v, before the linger", took)
 	}
-	if got := sizes(); !slices.Equal(got, []int{1}) {
-		t.Errorf("batches %v, want [1]", got)
+	if got := sizes(); !slices.Equal(got, []int{1, 1}) {
+		t.Errorf("batches %v, want [1 1]", got)
+	}
+}
+
+func TestBatcherDoesNotLingerAfterALull(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const linger = time.Second
+	b, sizes := sizesOf(t, 8, linger)
+	if _, err := b.Do(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	// An item that comes more than the linger after the one before it
+	// goes at once: nothing suggests another is on its way.
+	time.Sleep(linger + 200*time.Millisecond) // the lull
+	start := time.Now()
+	if _, err := b.Do(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took >= linger/2 {
+		t.Errorf("an item after a lull was answered after %v, want well before the %v linger", took, linger)
+	}
+	if got := sizes(); !slices.Equal(got, []int{1, 1}) {
+		t.Errorf("batches %v, want [1 1]", got)
+	}
+}
+
+func TestBatcherLullIsBetweenItemsHandedIn(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const linger = 500 * time.Millisecond
+	started, release := make(chan struct{}), make(chan struct{})
+	var first sync.Once
+	b := batch.New(8, linger, func(_ context.Context, items []int) ([]int, []error) {
+		first.Do(func() { close(started); <-release })
+		return items, make([]error, len(items))
+	})
+	go b.Run(ctx, 1)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if _, err := b.Do(ctx, 1); err != nil {
+			t.Error(err)
+		}
+	})
+	// Item 2 is handed in right behind item 1, while the loop is held
+	// in item 1's batch for longer than the linger. That long batch is no
+	// lull: item 2, once taken, still waits the linger for more.
+	<-started
+	done := make(chan time.Time, 1)
+	wg.Go(func() {
+		if _, err := b.Do(ctx, 2); err != nil {
+			t.Error(err)
+		}
+		done <- time.Now()
+	})
+	time.Sleep(linger + 200*time.Millisecond) // the loop busy with item 1
+	released := time.Now()
+	close(release)
+	wg.Wait()
+	if took := (<-done).Sub(released); took < linger {
+		t.Errorf("item 2 was answered %v after the loop was free, before the %v linger", took, linger)
 	}
 }
