@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
@@ -731,14 +732,44 @@ func restart(ctx context.Context, kind string) error {
 	return nil
 }
 
-// freeAddr returns a loopback address whose port is free now.
+// freeAddr returns a loopback address whose port is free now. A service
+// killed by a fault starts again on the same address, so the port is
+// taken below the kernel's range of ephemeral ports: an outgoing
+// connection of any process here takes its local port from that range
+// and, taking a dead service's, would keep it from coming back.
 func freeAddr() (string, error) {
+	const lowest = 20000
+	if top := ephemeralPortsFrom(); top-lowest >= 1000 {
+		for range 100 {
+			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", lowest+rand.IntN(top-lowest)))
+			if err != nil {
+				continue
+			}
+			addr := ln.Addr().String()
+			ln.Close()
+			return addr, nil
+		}
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", err
 	}
 	defer ln.Close()
 	return ln.Addr().String(), nil
+}
+
+// ephemeralPortsFrom is the first port of the kernel's ephemeral range
+// (Linux's default when it cannot be read).
+func ephemeralPortsFrom() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	var lo, hi int
+	if _, err := fmt.Sscan(string(b), &lo, &hi); err != nil || lo <= 0 {
+		return 32768
+	}
+	return lo
 }
 
 func (r *run) setFaults(ctx context.Context, faults string) {
