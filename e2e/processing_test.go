@@ -699,7 +699,11 @@ func TestStuckOrderHoldsUpNoOtherOrder(t *testing.T) {
 	if err := p.pool.QueryRow(ctx, `SELECT max(extract(epoch FROM updated_at - created_at)) FROM orders WHERE order_id = ANY($1::uuid[])`, others).Scan(&slowest); err != nil {
 		t.Fatal(err)
 	}
-	if slowest > 4 {
+	// An order held up by the rows would wait until they were freed, 6 s
+	// or more after the others began; alone one takes about 2.3 s here,
+	// and up to 4.3 s was seen beside the whole e2e suite on two busy
+	// cores.
+	if slowest > 5 {
 		t.Errorf("the slowest order beside the held one took %.1f s", slowest)
 	}
 	if got := sum(t, p.schedulers, "sas_scheduler_db_retries_total"); got == 0 {
