@@ -173,38 +173,8 @@ func BenchmarkUnroutedPublish(b *testing.B) {
 //
 //	go test -run '^$' -bench AtLowRate -benchtime 300x ./internal/broker
 func BenchmarkAtLowRate(b *testing.B) {
-	b.Run("message", func(b *testing.B) {
-		bd, conn, pub := benchPublisher(b)
-		ctx, cancel := context.WithCancel(ctxFor(b, 10*time.Minute))
-		defer cancel()
-		consumed := make(chan struct{}, 1)
-		stopped := consume(ctx, b, bd, conn, pub, "in", func() { consumed <- struct{}{} })
-
-		stop := testenv.MeasureCPU(b, "rabbitmq", "beam.smp")
-		testenv.Paced(b, testenv.LowRate, func(i int) {
-			p, err := pub.Start(ctx, "", bd.topo.Queue("in"), amqp.Publishing{
-				ContentType: "application/json",
-				MessageId:   "bench-" + strconv.Itoa(i),
-				Body:        []byte(benchBody),
-			})
-			if err == nil {
-				err = p.Wait(ctx)
-			}
-			if err != nil {
-				b.Fatal(err)
-			}
-			select {
-			case <-consumed:
-			case <-ctx.Done():
-				b.Fatalf("message %d not consumed", i)
-			}
-		})
-		stop()
-		cancel()
-		if err := <-stopped; err != nil {
-			b.Fatal(err)
-		}
-	})
+	b.Run("message", func(b *testing.B) { messageAtLowRate(b, amqp.QueueTypeQuorum) })
+	b.Run("message-classic", func(b *testing.B) { messageAtLowRate(b, amqp.QueueTypeClassic) })
 	b.Run("unrouted", func(b *testing.B) {
 		bd, _, pub := benchPublisher(b)
 		ctx := ctxFor(b, 10*time.Minute)
@@ -224,4 +194,48 @@ func BenchmarkAtLowRate(b *testing.B) {
 		})
 		stop()
 	})
+}
+
+// messageAtLowRate is BenchmarkMessage one message at a time, at
+// testenv.LowRate: each published, confirmed and consumed before the next.
+func messageAtLowRate(b *testing.B, kind string) {
+	bd, conn, pub := benchPublisher(b)
+	input := "in"
+	if kind != amqp.QueueTypeQuorum {
+		input = kind
+		ch := rawChannel(b)
+		if _, err := ch.QueueDeclare(bd.topo.Queue(input), true, false, false, false, amqp.Table{amqp.QueueTypeArg: kind}); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _, _ = rawChannel(b).QueueDelete(bd.topo.Queue(input), false, false, false) })
+	}
+	ctx, cancel := context.WithCancel(ctxFor(b, 10*time.Minute))
+	defer cancel()
+	consumed := make(chan struct{}, 1)
+	stopped := consume(ctx, b, bd, conn, pub, input, func() { consumed <- struct{}{} })
+
+	stop := testenv.MeasureCPU(b, "rabbitmq", "beam.smp")
+	testenv.Paced(b, testenv.LowRate, func(i int) {
+		p, err := pub.Start(ctx, "", bd.topo.Queue(input), amqp.Publishing{
+			ContentType: "application/json",
+			MessageId:   "bench-" + strconv.Itoa(i),
+			Body:        []byte(benchBody),
+		})
+		if err == nil {
+			err = p.Wait(ctx)
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		select {
+		case <-consumed:
+		case <-ctx.Done():
+			b.Fatalf("message %d not consumed", i)
+		}
+	})
+	stop()
+	cancel()
+	if err := <-stopped; err != nil {
+		b.Fatal(err)
+	}
 }
