@@ -92,17 +92,23 @@ func BenchmarkMessage(b *testing.B) {
 	}
 }
 
+// benchQueue returns the name of the input queue of kind: the
+// topology's quorum queue "in", or a durable queue of another kind made
+// for the benchmark and deleted after it.
+func benchQueue(b *testing.B, bd bundle, kind string) string {
+	if kind == amqp.QueueTypeQuorum {
+		return "in"
+	}
+	if _, err := rawChannel(b).QueueDeclare(bd.topo.Queue(kind), true, false, false, false, amqp.Table{amqp.QueueTypeArg: kind}); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _, _ = rawChannel(b).QueueDelete(bd.topo.Queue(kind), false, false, false) })
+	return kind
+}
+
 func benchMessage(b *testing.B, kind string) {
 	bd, conn, pub := benchPublisher(b)
-	input := "in"
-	if kind != amqp.QueueTypeQuorum {
-		input = kind
-		ch := rawChannel(b)
-		if _, err := ch.QueueDeclare(bd.topo.Queue(input), true, false, false, false, amqp.Table{amqp.QueueTypeArg: kind}); err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { _, _ = rawChannel(b).QueueDelete(bd.topo.Queue(input), false, false, false) })
-	}
+	input := benchQueue(b, bd, kind)
 	ctx, cancel := context.WithCancel(ctxFor(b, 10*time.Minute))
 	defer cancel()
 	var got atomic.Int64
@@ -200,15 +206,7 @@ func BenchmarkAtLowRate(b *testing.B) {
 // testenv.LowRate: each published, confirmed and consumed before the next.
 func messageAtLowRate(b *testing.B, kind string) {
 	bd, conn, pub := benchPublisher(b)
-	input := "in"
-	if kind != amqp.QueueTypeQuorum {
-		input = kind
-		ch := rawChannel(b)
-		if _, err := ch.QueueDeclare(bd.topo.Queue(input), true, false, false, false, amqp.Table{amqp.QueueTypeArg: kind}); err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { _, _ = rawChannel(b).QueueDelete(bd.topo.Queue(input), false, false, false) })
-	}
+	input := benchQueue(b, bd, kind)
 	ctx, cancel := context.WithCancel(ctxFor(b, 10*time.Minute))
 	defer cancel()
 	consumed := make(chan struct{}, 1)
