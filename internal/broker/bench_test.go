@@ -174,8 +174,9 @@ func BenchmarkUnroutedPublish(b *testing.B) {
 // message: one message published (persistent, mandatory, confirmed) to a
 // quorum queue and consumed and acknowledged (a lone ack goes after the
 // consumer's 5 ms grouping wait), as each of an order's submission,
-// requests and replies is. unrouted: one status event published to the
-// status exchange with no queue bound for it.
+// requests and replies is; message-classic: the same through a durable
+// classic queue, for comparison only. unrouted: one status event
+// published to the status exchange with no queue bound for it.
 //
 //	go test -run '^$' -bench AtLowRate -benchtime 300x ./internal/broker
 func BenchmarkAtLowRate(b *testing.B) {
