@@ -11,16 +11,14 @@ import (
 	"time"
 )
 
-// ServerCPU is the CPU time used so far by every process on this machine
-// whose command name is one of names, and whether there was any such
-// process: the first field of /proc/PID/task/TID/schedstat (a thread's
-// time on a CPU, in nanoseconds) summed over the process's threads.
-// Benchmarks read it before and after to say what the local PostgreSQL
-// ("postgres") or RabbitMQ ("beam.smp") spent per op.
-func ServerCPU(names ...string) (time.Duration, bool) {
+// ThreadCPU is the time on a CPU so far of every thread of every process
+// on this machine whose command name is one of names, by thread id: the
+// first field of /proc/PID/task/TID/schedstat, in nanoseconds.
+// Benchmarks read it before and after (CPUBetween) to say what the local
+// PostgreSQL ("postgres") or RabbitMQ ("beam.smp") spent per op.
+func ThreadCPU(names ...string) map[int]time.Duration {
+	out := map[int]time.Duration{}
 	procs, _ := filepath.Glob("/proc/[0-9]*")
-	var total time.Duration
-	found := false
 	for _, dir := range procs {
 		comm, err := os.ReadFile(filepath.Join(dir, "comm"))
 		if err != nil || !slices.Contains(names, strings.TrimSpace(string(comm))) {
@@ -28,13 +26,34 @@ func ServerCPU(names ...string) (time.Duration, bool) {
 		}
 		threads, _ := filepath.Glob(filepath.Join(dir, "task", "[0-9]*", "schedstat"))
 		for _, path := range threads {
+			tid, err := strconv.Atoi(filepath.Base(filepath.Dir(path)))
+			if err != nil {
+				continue
+			}
 			if ns, ok := onCPU(path); ok {
-				total += ns
-				found = true
+				out[tid] = ns
 			}
 		}
 	}
-	return total, found
+	return out
+}
+
+// CPUBetween is the CPU time the threads of after spent since before
+// (two ThreadCPU readings): each thread's own difference, a thread that
+// began in between counted whole. A thread that ended in between is not
+// in after, and its time since before is lost; subtracting the sums of
+// the two readings would instead take its whole life off the total, and
+// a busy thread ending made the figure negative. A thread id used again
+// by a new thread (its time less than before's) counts as new.
+func CPUBetween(before, after map[int]time.Duration) time.Duration {
+	var total time.Duration
+	for tid, ns := range after {
+		if prev, ok := before[tid]; ok && prev <= ns {
+			ns -= prev
+		}
+		total += ns
+	}
+	return total
 }
 
 // onCPU reads the first field of a schedstat file.
@@ -65,24 +84,24 @@ func SelfCPU(t testing.TB) time.Duration {
 }
 
 // MeasureCPU resets b's timer and starts measuring the CPU time of the
-// server processes named (see ServerCPU) and of this process. The
+// server processes named (see ThreadCPU) and of this process. The
 // returned func stops the timer and reports both per op: as
 // <metric>-cpu-ns/op (when there was such a process) and
 // client-cpu-ns/op.
 func MeasureCPU(b *testing.B, metric string, names ...string) func() {
 	b.Helper()
 	b.ResetTimer()
-	server0, ok0 := ServerCPU(names...)
+	server0 := ThreadCPU(names...)
 	self0 := SelfCPU(b)
 	return func() {
-		server1, ok1 := ServerCPU(names...)
+		server1 := ThreadCPU(names...)
 		self1 := SelfCPU(b)
 		b.StopTimer()
 		if b.N == 0 {
 			return
 		}
-		if ok0 && ok1 {
-			b.ReportMetric(float64(server1-server0)/float64(b.N), metric+"-cpu-ns/op")
+		if len(server0) > 0 && len(server1) > 0 {
+			b.ReportMetric(float64(CPUBetween(server0, server1))/float64(b.N), metric+"-cpu-ns/op")
 		}
 		b.ReportMetric(float64(self1-self0)/float64(b.N), "client-cpu-ns/op")
 	}
