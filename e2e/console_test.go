@@ -2,15 +2,21 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 
 	"sas/internal/badinput"
@@ -323,5 +329,55 @@ func TestConsoleInABrowser(t *testing.T) {
 	}
 	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = $1 AND status = 'error'`, held2); n != 1 {
 		t.Fatal("a viewer's forged POST changed the order")
+	}
+}
+
+// TestLoginNeverLeavesTheConsole: a login whose next page is another
+// site's address, written in any of the ways a browser might re-read
+// (badinput.HostileNext), ends on a page of the console in a real
+// browser, whether next comes in the login page's address or straight in
+// the form; the other site, a real server on another port, is never
+// asked for anything.
+func TestLoginNeverLeavesTheConsole(t *testing.T) {
+	t.Parallel()
+	st := newStack(t)
+	c := startConsole(t, st)
+	var visits atomic.Int64
+	evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		visits.Add(1)
+		fmt.Fprint(w, "<html><body id=evil>another site</body></html>")
+	}))
+	t.Cleanup(evil.Close)
+	evilHost := strings.TrimPrefix(evil.URL, "http://")
+	ctx := browser(t)
+	for i, next := range badinput.HostileNext(evilHost) {
+		for _, how := range []string{"form", "address"} {
+			if _, err := chromedp.Call(ctx, network.ClearBrowserCookies, cdp.Empty{}); err != nil {
+				t.Fatal(err)
+			}
+			page := c.url + "/login"
+			if how == "address" {
+				page += "?next=" + url.QueryEscape(next)
+			}
+			do(t, ctx, "open the login page", chromedp.Navigate(page), chromedp.WaitVisible(chromedp.CSS("#name")))
+			if how == "form" {
+				// What a forged form would post: next exactly as written.
+				js, _ := json.Marshal(next)
+				eval[bool](t, ctx, `(document.querySelector('input[name="next"]').value = `+string(js)+`) !== undefined`)
+			}
+			resp, err := chromedp.RunResponse(ctx, chromedp.SendKeys(chromedp.CSS("#name"), "alice"),
+				chromedp.SendKeys(chromedp.CSS("#password"), "alice's password"), chromedp.Click(chromedp.CSS("#login")))
+			if err != nil {
+				t.Errorf("case %d (%q, %s): the login did not end on a page: %v", i, next, how, err)
+				continue
+			}
+			loc := value(t, ctx, "location", chromedp.Location())
+			if !strings.HasPrefix(loc, c.url+"/") || !strings.HasPrefix(resp.URL, c.url+"/") {
+				t.Errorf("case %d: a login with next %q in the %s ended at %s (document %s), want a page of %s", i, next, how, loc, resp.URL, c.url)
+			}
+		}
+	}
+	if n := visits.Load(); n != 0 {
+		t.Fatalf("the other site was visited %d times", n)
 	}
 }

@@ -162,3 +162,24 @@ func StepReplies(newID func() string) []Case {
 		{Name: "reply absurd sent_at", Body: reply(`,"outcome":"ok","sent_at":"1970-01-01T00:00:00Z"`), Reason: messages.ReasonInvalidValue},
 	}
 }
+
+// HostileNext are ways to write another site's address, or text a browser
+// may read as one (it drops tabs and newlines, takes a backslash for a
+// slash, trims spaces and folds some look-alike characters), as the page
+// a console login goes to afterwards. host is the other site ("host" or
+// "host:port"). The console must answer each with a page of its own.
+func HostileNext(host string) []string {
+	forms := []string{
+		"//%s/x", "///%s/x", "////%s", "/\\%s/x", "\\/%s/x", "\\\\%s/x", "/\\/%s/x",
+		"/\t/%s/x", "\t//%s/x", "/\n/%s/x", "/\r/%s/x", "/\r\n/%s/x", "//\t%s/x",
+		" //%s/x", "/ /%s/x", "/\x00/%s/x", "/\x0b/%s/x", "/\x0c/%s/x", "/\x7f/%s/x",
+		"/\u00a0/%s/x", "/\u2028/%s/x", "/\u3000/%s/x", "\uff0f\uff0f%s/x", "/\uff0f%s/x",
+		"https://%s/x", "http://%s/x", "http:%s/x", "https:/%s/x", "http:\\\\%s/x", "HTTP://%s",
+		"//user@%s/", "%s/x", "x:/%s", "/\t\\%s/x",
+	}
+	out := make([]string, 0, len(forms)+4)
+	for _, f := range forms {
+		out = append(out, fmt.Sprintf(f, host))
+	}
+	return append(out, "javascript:alert(1)", "data:text/html,<script>alert(1)</script>", "\t", "/"+strings.Repeat("a", 4096))
+}

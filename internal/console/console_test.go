@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/crypto/bcrypt"
 
+	"sas/internal/badinput"
 	"sas/internal/statestore"
 )
 
@@ -131,15 +132,23 @@ func TestLoginLimiter(t *testing.T) {
 func TestSafeNextStaysOnThisSite(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]string{
-		"/orders?status=error": "/orders?status=error",
-		"//evil.example/":      "/",
-		"/\\evil.example":      "/",
-		"https://evil.example": "/",
-		"":                     "/",
-		"/x\r\nSet-Cookie: a":  "/",
+		"/orders?status=error":                         "/orders?status=error",
+		"/orders/3fa85f64-5717-4562-b3fc-2c963f66afa6": "/orders/3fa85f64-5717-4562-b3fc-2c963f66afa6",
+		"/orders?status=error&after=x":                 "/orders?after=x&status=error",
+		// Escapes stay escapes: a browser never reads them as a slash.
+		"/%09/evil.example/x":     "/%09/evil.example/x",
+		"/%2F/evil.example/x":     "/%2F/evil.example/x",
+		"/%5Cevil.example":        "/%5Cevil.example",
+		"/x#frag":                 "/x",
+		"/x?q=%0d%0aSet-Cookie:a": "/x?q=%0D%0ASet-Cookie%3Aa",
 	} {
 		if got := safeNext(in); got != want {
 			t.Errorf("safeNext(%q) = %q, want %q", in, got, want)
+		}
+	}
+	for _, in := range badinput.HostileNext("evil.example") {
+		if got := safeNext(in); got != "/" {
+			t.Errorf("safeNext(%q) = %q, want /", in, got)
 		}
 	}
 }

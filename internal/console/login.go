@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"net/url"
 	"strings"
 )
 
@@ -14,14 +15,43 @@ type loginForm struct {
 	CSRF  string
 }
 
+// maxNext bounds the page a login goes to afterwards.
+const maxNext = 2048
+
 // safeNext is where to go after logging in: a path of this site, never
-// another site ("//host" or a scheme).
+// another. A browser reads a Location its own way: it drops tabs and
+// newlines, takes a backslash for a slash, and so makes "/\t/host" or
+// "/\\host" the address of another host. So the rule reads next only one
+// way: printable ASCII with no backslash, parsed as a URL with no scheme,
+// host or user, a path that starts with exactly one slash; and what is
+// sent is that path and query written again by the parser, checked the
+// same way, never the text that came in.
 func safeNext(next string) string {
-	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/\\") ||
-		strings.ContainsAny(next, "\r\n") {
+	if next == "" || len(next) > maxNext || !plainASCII(next) {
 		return "/"
 	}
-	return next
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || u.Opaque != "" {
+		return "/"
+	}
+	out := u.EscapedPath()
+	if u.RawQuery != "" {
+		out += "?" + u.Query().Encode()
+	}
+	if !strings.HasPrefix(out, "/") || strings.HasPrefix(out, "//") || !plainASCII(out) {
+		return "/"
+	}
+	return out
+}
+
+// plainASCII: only visible ASCII characters, and no backslash.
+func plainASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c <= ' ' || c >= 0x7f || c == '\\' {
+			return false
+		}
+	}
+	return true
 }
 
 // loginPage shows the form with a fresh CSRF token, kept in a cookie of
