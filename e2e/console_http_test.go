@@ -22,6 +22,8 @@ import (
 type webClient struct {
 	t       *testing.T
 	base    string
+	host    string // the Host header to send, when set
+	origin  string // the Origin header to send, when set
 	cookies map[string]*http.Cookie
 	http    *http.Client
 	last    *http.Response
@@ -46,6 +48,12 @@ func (c *webClient) do(method, path string, form url.Values) (int, string) {
 	}
 	if form != nil {
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
+	if c.host != "" {
+		req.Host = c.host
+	}
+	if c.origin != "" {
+		req.Header.Set("Origin", c.origin)
 	}
 	for _, ck := range c.cookies {
 		req.AddCookie(&http.Cookie{Name: ck.Name, Value: ck.Value})
@@ -84,6 +92,53 @@ func (c *webClient) login(name, password string) int {
 	_, page := c.do("GET", "/login", nil)
 	status, _ := c.do("POST", "/login", url.Values{"csrf": {csrfOf(c.t, page)}, "name": {name}, "password": {password}, "next": {"/"}})
 	return status
+}
+
+// TestConsoleAnswersOnlyForItsOwnOrigin: a page of another site whose
+// name points at the console (DNS rebinding) sends that name as Host and
+// Origin; the console refuses it (421) before anything else, and a form
+// from another origin with the console's own Host is refused too (403).
+// With SAS_CONSOLE_PUBLIC_URL stated, only its host is answered.
+func TestConsoleAnswersOnlyForItsOwnOrigin(t *testing.T) {
+	t.Parallel()
+	st := newStack(t)
+	local := startConsole(t, st)
+	stated := startConsole(t, st, "SAS_CONSOLE_PUBLIC_URL=http://console.test")
+	port := func(base string) string { return base[strings.LastIndex(base, ":")+1:] }
+
+	for _, c := range []struct {
+		desc, base, host, origin string
+		want                     int
+	}{
+		{"another name, rebound to the console", local.url, "evil.example:" + port(local.url), "http://evil.example:" + port(local.url), http.StatusMisdirectedRequest},
+		{"another name without an Origin", local.url, "evil.example", "", http.StatusMisdirectedRequest},
+		{"the console's address, a form from another site", local.url, "", "http://evil.example", http.StatusForbidden},
+		{"localhost", local.url, "localhost:" + port(local.url), "http://localhost:" + port(local.url), http.StatusSeeOther},
+		{"the console's address", local.url, "", "", http.StatusSeeOther},
+		{"stated: its public name", stated.url, "console.test", "http://console.test", http.StatusSeeOther},
+		{"stated: its address, which it was told is not its name", stated.url, "", "", http.StatusMisdirectedRequest},
+		{"stated: its public name, a form from another site", stated.url, "console.test", "http://evil.example", http.StatusForbidden},
+		{"stated: its public name, another scheme", stated.url, "console.test", "https://console.test", http.StatusForbidden},
+	} {
+		// A login with the right password: only the origin decides.
+		wc := newWebClient(t, c.base)
+		wc.host = c.host
+		status, page := wc.do("GET", "/login", nil)
+		if refused := c.want == http.StatusMisdirectedRequest; (status == c.want) != refused || (!refused && status != http.StatusOK) {
+			t.Errorf("%s: GET /login answered %d", c.desc, status)
+		}
+		if status != http.StatusOK {
+			page = `name="csrf" value="none"`
+		}
+		wc.origin = c.origin
+		status, _ = wc.do("POST", "/login", url.Values{"csrf": {csrfOf(t, page)}, "name": {"alice"}, "password": {"alice's password"}, "next": {"/"}})
+		if status != c.want {
+			t.Errorf("%s: the login answered %d, want %d", c.desc, status, c.want)
+		}
+		if got := wc.cookies["sas_session"] != nil; got != (c.want == http.StatusSeeOther) {
+			t.Errorf("%s: a session cookie was given: %v", c.desc, got)
+		}
+	}
 }
 
 // TestConsoleAccess: nobody gets in without logging in; the cookies are

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -177,5 +178,63 @@ func TestTimelineNamesEachEvent(t *testing.T) {
 	comp := statestore.Step{Step: 2, Kind: "compensation"}
 	if ev := timeline(comp, []statestore.Transition{{Step: &two, From: "processing", To: "processed"}}); ev[0].Class != "compensated" {
 		t.Fatalf("a compensation's reply: %v", ev)
+	}
+}
+
+func TestConsoleAnswersOnlyForItsOrigins(t *testing.T) {
+	t.Parallel()
+	type req struct{ host, origin string }
+	for _, c := range []struct {
+		desc, public string
+		forUs, notUs []string
+		sameOrigin   []req
+		crossOrigin  []req
+	}{{
+		desc:        "none stated: loopback names and addresses",
+		forUs:       []string{"localhost", "localhost:8080", "LOCALHOST:8080", "app.localhost:8080", "127.0.0.1:8080", "[::1]:8080", "10.0.0.7"},
+		notUs:       []string{"evil.example", "evil.example:8080", "localhost.evil.example:8080", "127.0.0.1.nip.io:8080", ""},
+		sameOrigin:  []req{{"localhost:8080", "http://localhost:8080"}, {"127.0.0.1:8080", ""}},
+		crossOrigin: []req{{"localhost:8080", "http://evil.example"}, {"localhost:8080", "http://localhost:9999"}, {"localhost:8080", "null"}},
+	}, {
+		desc:   "stated",
+		public: "https://Console.Example.com, http://localhost:8080",
+		forUs:  []string{"console.example.com", "console.example.com:443", "localhost:8080"},
+		notUs:  []string{"evil.example", "127.0.0.1:8080", "console.example.com:8443", "localhost:9999", "localhost"},
+		sameOrigin: []req{{"console.example.com", "https://console.example.com"}, {"console.example.com", "https://console.example.com:443"},
+			{"localhost:8080", "http://localhost:8080"}},
+		crossOrigin: []req{{"console.example.com", "http://console.example.com"}, {"console.example.com", "https://evil.example"},
+			{"evil.example", "http://evil.example"}, {"localhost:8080", "http://localhost:8081"}},
+	}} {
+		t.Run(c.desc, func(t *testing.T) {
+			o, err := parseOrigins(c.public)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, h := range c.forUs {
+				if !o.forUs(&http.Request{Host: h}) {
+					t.Errorf("host %q refused", h)
+				}
+			}
+			for _, h := range c.notUs {
+				if o.forUs(&http.Request{Host: h}) {
+					t.Errorf("host %q answered", h)
+				}
+			}
+			for _, rq := range c.sameOrigin {
+				if !o.sameOrigin(&http.Request{Host: rq.host, Header: http.Header{"Origin": {rq.origin}}}) {
+					t.Errorf("origin %q for host %q refused", rq.origin, rq.host)
+				}
+			}
+			for _, rq := range c.crossOrigin {
+				if o.sameOrigin(&http.Request{Host: rq.host, Header: http.Header{"Origin": {rq.origin}}}) {
+					t.Errorf("origin %q for host %q taken as the console's", rq.origin, rq.host)
+				}
+			}
+		})
+	}
+	for _, bad := range []string{"console.example.com", "ftp://x", "https://x/path", "https://u:p@x", "https://x?q", " , "} {
+		if _, err := parseOrigins(bad); err == nil {
+			t.Errorf("SAS_CONSOLE_PUBLIC_URL=%q accepted", bad)
+		}
 	}
 }

@@ -78,7 +78,7 @@ func (s *server) login(w http.ResponseWriter, r *http.Request) {
 	}
 	f := loginForm{Next: safeNext(r.PostForm.Get("next")), Name: r.PostForm.Get("name")}
 	c, err := r.Cookie(loginCookie)
-	if err != nil || !sameOrigin(r) || !sameToken(r.PostForm.Get("csrf"), c.Value) {
+	if err != nil || !s.origins.sameOrigin(r) || !sameToken(r.PostForm.Get("csrf"), c.Value) {
 		f.Error = "The form's security token is missing or wrong: try again."
 		s.showLogin(w, r, http.StatusForbidden, f)
 		return

@@ -39,6 +39,11 @@ type Config struct {
 	// for one name, hold further logins until the window has passed.
 	LoginAttempts int           `envconfig:"CONSOLE_LOGIN_ATTEMPTS" default:"5"`
 	LoginWindow   time.Duration `envconfig:"CONSOLE_LOGIN_WINDOW" default:"5m"`
+	// PublicURL is the console's public origin, or several separated by
+	// commas (https://console.example.com): requests for any other host
+	// are refused, and so are forms from any other origin. Unset: a
+	// loopback name or an IP address.
+	PublicURL string `envconfig:"CONSOLE_PUBLIC_URL"`
 	// TLSCertFile and TLSKeyFile, when both set, serve HTTPS.
 	TLSCertFile string `envconfig:"CONSOLE_TLS_CERT_FILE"`
 	TLSKeyFile  string `envconfig:"CONSOLE_TLS_KEY_FILE"`
@@ -55,6 +60,9 @@ func (c Config) Check() error {
 	}
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
 		return errors.New("SAS_CONSOLE_TLS_CERT_FILE and SAS_CONSOLE_TLS_KEY_FILE go together")
+	}
+	if _, err := parseOrigins(c.PublicURL); err != nil {
+		return err
 	}
 	if c.LoginAttempts < 1 || c.LoginWindow <= 0 || c.SessionTTL <= 0 {
 		return errors.New("SAS_CONSOLE_LOGIN_ATTEMPTS, SAS_CONSOLE_LOGIN_WINDOW and SAS_CONSOLE_SESSION_TTL must be positive")

@@ -34,6 +34,7 @@ type server struct {
 	users     *directory
 	sessions  *sessions
 	limiter   *limiter
+	origins   origins
 	logger    *slog.Logger
 	pages     map[string]*template.Template
 	static    http.Handler
@@ -59,8 +60,12 @@ func newServer(cfg Config, store *statestore.Store, users *directory, logger *sl
 	if err != nil {
 		return nil, err
 	}
+	origins, err := parseOrigins(cfg.PublicURL)
+	if err != nil {
+		return nil, err
+	}
 	return &server{
-		cfg: cfg, store: store, users: users, logger: logger, pages: pages, workflows: wfs, now: time.Now,
+		cfg: cfg, store: store, users: users, logger: logger, pages: pages, workflows: wfs, now: time.Now, origins: origins,
 		sessions: newSessions(cfg.SessionTTL),
 		limiter:  newLimiter(cfg.LoginAttempts, cfg.LoginWindow),
 		static:   http.StripPrefix("/static/", http.FileServerFS(sub)),
@@ -127,7 +132,17 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("POST /dead-letters/{queue}/{id}/{verb}", s.action(s.moveDeadLetter))
 	mux.HandleFunc("GET /workflows", s.authed(s.workflowsPage))
 	mux.HandleFunc("/", s.notFound)
-	return s.secure(mux)
+	return s.secure(s.origins.only(mux, func(r *http.Request) {
+		s.logger.Warn("console request for another host refused", "host", truncate(r.Host, 100), "addr", clientAddr(r))
+	}))
+}
+
+// truncate bounds text a request brought, for a log line.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "") + "…"
 }
 
 // secure sets the headers every answer carries: no script, style or frame
@@ -200,7 +215,7 @@ func (s *server) action(h handler) http.HandlerFunc {
 			s.fail(w, r, nil, http.StatusForbidden, "You are not logged in.")
 			return
 		}
-		if !sameOrigin(r) {
+		if !s.origins.sameOrigin(r) {
 			s.fail(w, r, rq, http.StatusForbidden, "This request came from another site.")
 			return
 		}
@@ -219,16 +234,6 @@ func (s *server) action(h handler) http.HandlerFunc {
 		}
 		h(w, r, rq)
 	}
-}
-
-// sameOrigin: a browser's Origin header, when sent, names this host.
-func sameOrigin(r *http.Request) bool {
-	origin := r.Header.Get("Origin")
-	if origin == "" {
-		return true
-	}
-	u, err := url.Parse(origin)
-	return err == nil && u.Host == r.Host
 }
 
 // page is what every page's template gets.
