@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -8,6 +9,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -138,6 +140,47 @@ func TestConsoleAnswersOnlyForItsOwnOrigin(t *testing.T) {
 		if got := wc.cookies["sas_session"] != nil; got != (c.want == http.StatusSeeOther) {
 			t.Errorf("%s: a session cookie was given: %v", c.desc, got)
 		}
+	}
+}
+
+// TestConsoleLoginLimitHoldsUnderConcurrency: 30 wrong logins for one
+// name from one address, all at once, against the real console: only
+// the limit's 5 passwords are checked, the other 25 are refused (429)
+// without one; and then the right password waits too.
+func TestConsoleLoginLimitHoldsUnderConcurrency(t *testing.T) {
+	t.Parallel()
+	st := newStack(t)
+	c := startConsole(t, st)
+	clients := make([]*webClient, 30)
+	forms := make([]url.Values, 30)
+	for i := range clients {
+		clients[i] = newWebClient(t, c.url)
+		_, page := clients[i].do("GET", "/login", nil)
+		forms[i] = url.Values{"csrf": {csrfOf(t, page)}, "name": {"alice"}, "password": {fmt.Sprint("guess ", i)}, "next": {"/"}}
+	}
+	statuses := make([]int, 30)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range clients {
+		wg.Go(func() {
+			<-start
+			statuses[i], _ = clients[i].do("POST", "/login", forms[i])
+		})
+	}
+	close(start)
+	wg.Wait()
+	count := map[int]int{}
+	for _, s := range statuses {
+		count[s]++
+	}
+	if count[http.StatusUnauthorized] != 5 || count[http.StatusTooManyRequests] != 25 {
+		t.Fatalf("30 concurrent wrong logins answered %v, want 5 × 401 and 25 × 429", count)
+	}
+	if wrong, refused := c.metric(t, `sas_console_logins_total{result="wrong"}`), c.metric(t, `sas_console_logins_total{result="refused"}`); wrong != 5 || refused != 25 {
+		t.Fatalf("passwords checked %v, refused unchecked %v; want 5 and 25", wrong, refused)
+	}
+	if status := newWebClient(t, c.url).login("alice", "alice's password"); status != http.StatusTooManyRequests {
+		t.Fatalf("the right password after the limit: %d, want 429", status)
 	}
 }
 

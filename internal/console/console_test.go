@@ -1,8 +1,12 @@
 package console
 
 import (
+	"context"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -65,16 +69,49 @@ func TestDirectoryAuthenticates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if u, ok := d.authenticate("alice", "right"); !ok || u.Role != Operator {
-		t.Fatalf("alice with her password: %v %v", u, ok)
+	ctx := context.Background()
+	if u, ok, err := d.authenticate(ctx, "alice", "right"); err != nil || !ok || u.Role != Operator {
+		t.Fatalf("alice with her password: %v %v %v", u, ok, err)
 	}
 	for _, c := range [][2]string{{"alice", "wrong"}, {"alice", ""}, {"nobody", "right"}} {
-		if _, ok := d.authenticate(c[0], c[1]); ok {
-			t.Errorf("%s with %q got in", c[0], c[1])
+		if _, ok, err := d.authenticate(ctx, c[0], c[1]); ok || err != nil {
+			t.Errorf("%s with %q: in %v, %v", c[0], c[1], ok, err)
 		}
 	}
 	if _, err := newDirectory("", ""); err == nil {
 		t.Error("a console with no user starts")
+	}
+}
+
+// TestUnknownNameTakesAsLongAsAKnownOne: whatever a user's hash costs, a
+// login for a name nobody has, and one for a user whose hash is cheaper
+// than another's, take as long as a login for the user of the dearest
+// hash; nobody learns from the time which names exist.
+func TestUnknownNameTakesAsLongAsAKnownOne(t *testing.T) {
+	t.Parallel()
+	cheap, _ := HashPassword("alice's", bcrypt.MinCost)
+	dear, _ := HashPassword("bob's", 7)
+	d, err := newDirectory("", UserLine("alice", Operator, cheap)+";"+UserLine("bob", Viewer, dear))
+	if err != nil {
+		t.Fatal(err)
+	}
+	median := func(name string) time.Duration {
+		var took []time.Duration
+		for range 5 {
+			start := time.Now()
+			if _, ok, err := d.authenticate(context.Background(), name, "a guess"); ok || err != nil {
+				t.Fatalf("%s with a guess: %v %v", name, ok, err)
+			}
+			took = append(took, time.Since(start))
+		}
+		slices.Sort(took)
+		return took[len(took)/2]
+	}
+	bob := median("bob")
+	for _, name := range []string{"nobody", "alice"} {
+		if got := median(name); got < bob*6/10 || got > bob*17/10 {
+			t.Errorf("a login for %s took %v, one for bob (cost 7) %v: time tells them apart", name, got, bob)
+		}
 	}
 }
 
@@ -114,19 +151,52 @@ func TestLoginLimiter(t *testing.T) {
 	l := newLimiter(3, time.Minute)
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	for i := range 3 {
-		if w := l.wait(now, "addr:a", "name:x"); w != 0 {
+		at := now.Add(time.Duration(i) * time.Second)
+		if w := l.attempt(at, "addr:a", "name:x"); w != 0 {
 			t.Fatalf("try %d waits %v", i, w)
 		}
-		l.fail(now.Add(time.Duration(i)*time.Second), "addr:a", "name:x")
+		l.settle(at, true, "addr:a", "name:x")
 	}
-	if w := l.wait(now.Add(10*time.Second), "addr:a"); w != 50*time.Second {
+	if w := l.attempt(now.Add(10*time.Second), "addr:a"); w != 50*time.Second {
 		t.Fatalf("after 3 failures: wait %v, want 50s", w)
 	}
-	if w := l.wait(now.Add(10*time.Second), "addr:b", "name:x"); w == 0 {
+	if w := l.attempt(now.Add(10*time.Second), "addr:b", "name:x"); w == 0 {
 		t.Fatal("the name is not held from another address")
 	}
-	if w := l.wait(now.Add(61*time.Second), "addr:a", "name:x"); w != 0 {
+	if w := l.attempt(now.Add(61*time.Second), "addr:a", "name:x"); w != 0 {
 		t.Fatalf("after the window: wait %v", w)
+	}
+}
+
+// TestLoginLimiterCountsBeforeChecking: of 30 logins for one name from
+// one address at the same moment, only the limit's are let through to
+// have their password checked; a success gives its place back.
+func TestLoginLimiterCountsBeforeChecking(t *testing.T) {
+	t.Parallel()
+	l := newLimiter(5, time.Minute)
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	var through atomic.Int64
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range 30 {
+		wg.Go(func() {
+			<-start
+			if l.attempt(now, "addr:a", "name:x") == 0 {
+				through.Add(1)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if n := through.Load(); n != 5 {
+		t.Fatalf("%d of 30 concurrent logins were let through, want 5", n)
+	}
+	l.settle(now, false, "addr:a", "name:x")
+	if w := l.attempt(now, "addr:a", "name:x"); w != 0 {
+		t.Fatal("a success did not give its place back")
+	}
+	if w := l.attempt(now, "addr:a", "name:x"); w == 0 {
+		t.Fatal("a sixth failure was let through")
 	}
 }
 

@@ -85,10 +85,11 @@ func (s *server) login(w http.ResponseWriter, r *http.Request) {
 	}
 	now := s.now()
 	addrKey, nameKey := "addr:"+clientAddr(r), "name:"+f.Name
-	if wait := s.limiter.wait(now, addrKey, nameKey); wait > 0 {
+	if wait := s.limiter.attempt(now, addrKey, nameKey); wait > 0 {
 		secs := int(math.Ceil(wait.Seconds()))
 		w.Header().Set("Retry-After", fmt.Sprint(secs))
 		f.Error = fmt.Sprintf("Too many failed logins: try again in %d s.", secs)
+		s.logins.WithLabelValues("refused").Inc()
 		s.logger.Warn("console login refused: too many failures", "user", f.Name, "addr", clientAddr(r))
 		s.showLogin(w, r, http.StatusTooManyRequests, f)
 		return
@@ -96,14 +97,23 @@ func (s *server) login(w http.ResponseWriter, r *http.Request) {
 	if err := s.users.reload(); err != nil {
 		s.logger.Error("users file", "err", err)
 	}
-	u, ok := s.users.authenticate(f.Name, r.PostForm.Get("password"))
+	u, ok, err := s.users.authenticate(r.Context(), f.Name, r.PostForm.Get("password"))
+	s.limiter.settle(now, err == nil && !ok, addrKey, nameKey)
+	if err != nil {
+		s.logins.WithLabelValues("busy").Inc()
+		w.Header().Set("Retry-After", "1")
+		f.Error = "The console is busy checking other logins: try again."
+		s.showLogin(w, r, http.StatusServiceUnavailable, f)
+		return
+	}
 	if !ok {
-		s.limiter.fail(now, addrKey, nameKey)
+		s.logins.WithLabelValues("wrong").Inc()
 		s.logger.Warn("console login failed", "user", f.Name, "addr", clientAddr(r))
 		f.Error = "Wrong name or password."
 		s.showLogin(w, r, http.StatusUnauthorized, f)
 		return
 	}
+	s.logins.WithLabelValues("ok").Inc()
 	t, _ := s.sessions.start(u.Name, now)
 	setCookie(w, sessionCookie, t, 0)
 	setCookie(w, loginCookie, "", -1)

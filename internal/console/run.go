@@ -90,7 +90,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	if err := store.CheckSchema(ctx); err != nil {
 		return err
 	}
-	srv, err := newServer(cfg, store, users, logger)
+	srv, err := newServer(cfg, store, users, reg, logger)
 	if err != nil {
 		return err
 	}

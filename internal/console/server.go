@@ -14,6 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"sas/internal/broker"
 	"sas/internal/statestore"
 	"sas/internal/workflow"
@@ -35,6 +37,7 @@ type server struct {
 	sessions  *sessions
 	limiter   *limiter
 	origins   origins
+	logins    *prometheus.CounterVec
 	logger    *slog.Logger
 	pages     map[string]*template.Template
 	static    http.Handler
@@ -47,7 +50,7 @@ type server struct {
 	inspect *broker.QueueInspector
 }
 
-func newServer(cfg Config, store *statestore.Store, users *directory, logger *slog.Logger) (*server, error) {
+func newServer(cfg Config, store *statestore.Store, users *directory, reg prometheus.Registerer, logger *slog.Logger) (*server, error) {
 	wfs, err := cfg.Workflows()
 	if err != nil {
 		return nil, err
@@ -64,8 +67,18 @@ func newServer(cfg Config, store *statestore.Store, users *directory, logger *sl
 	if err != nil {
 		return nil, err
 	}
+	logins := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sas_console_logins_total",
+		Help: "Console logins by result: ok, wrong (name or password), refused (too many failures), busy (no slot to check the password).",
+	}, []string{"result"})
+	for _, r := range []string{"ok", "wrong", "refused", "busy"} {
+		logins.WithLabelValues(r)
+	}
+	if err := reg.Register(logins); err != nil {
+		return nil, err
+	}
 	return &server{
-		cfg: cfg, store: store, users: users, logger: logger, pages: pages, workflows: wfs, now: time.Now, origins: origins,
+		cfg: cfg, store: store, users: users, logger: logger, pages: pages, workflows: wfs, now: time.Now, origins: origins, logins: logins,
 		sessions: newSessions(cfg.SessionTTL),
 		limiter:  newLimiter(cfg.LoginAttempts, cfg.LoginWindow),
 		static:   http.StripPrefix("/static/", http.FileServerFS(sub)),

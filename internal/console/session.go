@@ -110,10 +110,13 @@ func setCookie(w http.ResponseWriter, name, value string, maxAge int) {
 	})
 }
 
-// limiter counts failed logins per client address and per user name: at
-// most max failures within window each, after which logins from that
-// address or for that name are refused until the oldest failure leaves
-// the window. A success does not clear an address's failures.
+// limiter counts logins per client address and per user name: at most
+// max failures within window each, after which logins from that address
+// or for that name are refused until the oldest failure leaves the
+// window. An attempt counts as a failure from the moment it is let
+// through, before its password is checked, so that attempts made at the
+// same moment cannot all pass the count; one that succeeds is taken back
+// (a success does not clear the failures before it).
 type limiter struct {
 	max    int
 	window time.Duration
@@ -133,8 +136,10 @@ func clientAddr(r *http.Request) string {
 	return host
 }
 
-// wait returns how long the keys must wait before another try (0: now).
-func (l *limiter) wait(now time.Time, keys ...string) time.Duration {
+// attempt lets a login for keys through, counted as a failure until
+// settle says otherwise, or returns how long the keys must wait (and
+// counts nothing).
+func (l *limiter) attempt(now time.Time, keys ...string) time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var longest time.Duration
@@ -144,12 +149,9 @@ func (l *limiter) wait(now time.Time, keys ...string) time.Duration {
 			longest = max(longest, f[len(f)-l.max].Add(l.window).Sub(now))
 		}
 	}
-	return longest
-}
-
-func (l *limiter) fail(now time.Time, keys ...string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	if longest > 0 {
+		return longest
+	}
 	if len(l.fails) > maxSessions {
 		for k := range l.fails {
 			if len(l.recentLocked(k, now)) == 0 {
@@ -159,6 +161,30 @@ func (l *limiter) fail(now time.Time, keys ...string) {
 	}
 	for _, k := range keys {
 		l.fails[k] = append(l.recentLocked(k, now), now)
+	}
+	return 0
+}
+
+// settle ends the attempt let through at now: a failure stays counted; a
+// login that succeeded, or whose password was never checked, is taken
+// back.
+func (l *limiter) settle(now time.Time, failed bool, keys ...string) {
+	if failed {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, k := range keys {
+		f := l.fails[k]
+		for i := len(f) - 1; i >= 0; i-- {
+			if f[i].Equal(now) {
+				l.fails[k] = append(f[:i:i], f[i+1:]...)
+				break
+			}
+		}
+		if len(l.fails[k]) == 0 {
+			delete(l.fails, k)
+		}
 	}
 }
 

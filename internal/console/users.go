@@ -2,10 +2,12 @@ package console
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"regexp"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -148,11 +150,26 @@ type directory struct {
 	users   map[string]User
 	modTime time.Time
 	size    int64
-	dummy   []byte // a hash to compare unknown names against, to take as long
+	// dummy is a hash at the highest cost among the users, to check an
+	// unknown name against; floor is how long the last check at that cost
+	// took: every check lasts at least that long, so neither an unknown
+	// name nor a user whose hash is cheaper can be told apart by time.
+	dummy []byte
+	floor time.Duration
+	// checks holds a slot for each password being checked: bcrypt takes
+	// a core for a quarter of a second, so logins beyond these wait their
+	// turn instead of starving everything else the process does.
+	checks chan struct{}
 }
 
+// errBusy: too many logins are being checked; the caller should try again.
+var errBusy = errors.New("too many logins are being checked at once")
+
+// checkWait is how long a login waits for a slot before errBusy.
+const checkWait = 10 * time.Second
+
 func newDirectory(file, env string) (*directory, error) {
-	d := &directory{file: file, env: map[string]User{}}
+	d := &directory{file: file, env: map[string]User{}, checks: make(chan struct{}, max(1, runtime.GOMAXPROCS(0)/2))}
 	if env != "" {
 		u, err := ParseUsers("SAS_CONSOLE_USERS", []byte(env))
 		if err != nil {
@@ -163,15 +180,42 @@ func newDirectory(file, env string) (*directory, error) {
 	if err := d.reload(); err != nil {
 		return nil, err
 	}
-	h, err := bcrypt.GenerateFromPassword([]byte("no such user"), DefaultCost)
+	d.mu.Lock()
+	err := d.setDummyLocked() // for the users of the environment alone
+	d.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
-	d.dummy = h
 	if len(d.all()) == 0 {
 		return nil, errors.New("no console user: set SAS_CONSOLE_USERS_FILE or SAS_CONSOLE_USERS (sasctl console user add makes one)")
 	}
 	return d, nil
+}
+
+// setDummyLocked makes the dummy hash at the highest cost of the users,
+// if it is not at that cost already, and times a check against it.
+func (d *directory) setDummyLocked() error {
+	top := 0
+	for _, m := range []map[string]User{d.env, d.users} {
+		for _, u := range m {
+			c, _ := bcrypt.Cost(u.hash) // checked by ParseUsers
+			top = max(top, c)
+		}
+	}
+	if top == 0 {
+		return nil
+	}
+	if c, err := bcrypt.Cost(d.dummy); err == nil && c == top {
+		return nil
+	}
+	h, err := bcrypt.GenerateFromPassword([]byte("no such user"), top)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	_ = bcrypt.CompareHashAndPassword(h, []byte("not the password"))
+	d.dummy, d.floor = h, time.Since(start)
+	return nil
 }
 
 // reload reads the file again if it changed since it was last read. A
@@ -198,6 +242,9 @@ func (d *directory) reload() error {
 		return err
 	}
 	d.users, d.modTime, d.size = u, st.ModTime(), st.Size()
+	if err := d.setDummyLocked(); err != nil {
+		return err
+	}
 	return nil
 }
 
@@ -220,17 +267,54 @@ func (d *directory) lookup(name string) (User, bool) {
 	return u, ok
 }
 
-// authenticate checks name and password. An unknown name takes as long
-// as a wrong password.
-func (d *directory) authenticate(name, password string) (User, bool) {
+// authenticate checks name and password, one slot of checks at a time
+// (errBusy after checkWait without one). Every check lasts as long as
+// one at the highest cost of the users: an unknown name, a wrong
+// password and a right one take the same time whatever a user's hash
+// costs.
+func (d *directory) authenticate(ctx context.Context, name, password string) (User, bool, error) {
+	wait := time.NewTimer(checkWait)
+	defer wait.Stop()
+	select {
+	case d.checks <- struct{}{}:
+	case <-wait.C:
+		return User{}, false, errBusy
+	case <-ctx.Done():
+		return User{}, false, ctx.Err()
+	}
+	start := time.Now()
 	u, ok := d.lookup(name)
-	hash := d.dummy
+	d.mu.Lock()
+	hash, dummy, floor := d.dummy, d.dummy, d.floor
+	d.mu.Unlock()
 	if ok {
 		hash = u.hash
 	}
 	err := bcrypt.CompareHashAndPassword(hash, []byte(password))
-	if !ok || err != nil {
-		return User{}, false
+	took := time.Since(start)
+	<-d.checks
+	if bytesCost(hash) == bytesCost(dummy) {
+		d.mu.Lock()
+		if bytes.Equal(d.dummy, dummy) {
+			d.floor = took
+		}
+		d.mu.Unlock()
 	}
-	return u, true
+	if took < floor {
+		pad := time.NewTimer(floor - took)
+		select {
+		case <-pad.C:
+		case <-ctx.Done():
+			pad.Stop()
+		}
+	}
+	if !ok || err != nil {
+		return User{}, false, nil
+	}
+	return u, true, nil
+}
+
+func bytesCost(hash []byte) int {
+	c, _ := bcrypt.Cost(hash)
+	return c
 }
