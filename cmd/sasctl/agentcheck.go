@@ -121,7 +121,9 @@ func (a *app) agentCheck(ctx context.Context, args []string) error {
 	if err := messages.CheckPayload([]byte(*payload)); err != nil {
 		return a.usageError(fs, "--payload: %v", err)
 	}
-	c := &agentChecker{client: &http.Client{Timeout: 20 * time.Second}, action: *action, payload: json.RawMessage(*payload), headers: http.Header{}}
+	// As the agent: a redirect is the answer, never followed.
+	c := &agentChecker{client: &http.Client{Timeout: 20 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}, action: *action, payload: json.RawMessage(*payload), headers: http.Header{}}
 	c.url = strings.TrimRight(rest[0], "/") + contract.DefaultPath(*action)
 	if *path != "" {
 		c.url = strings.TrimRight(rest[0], "/") + *path

@@ -19,6 +19,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"sas/internal/contract"
+	"sas/internal/messages"
+	"sas/internal/secrets"
 	"sas/internal/tracing"
 )
 
@@ -211,6 +213,10 @@ func (c *caller) classify(status int, header http.Header, respBody []byte, endpo
 		}
 		return attempt{ok: true, body: respBody}
 	case contract.Permanent:
+		if status >= 300 && status < 400 {
+			return attempt{permanent: true, detail: fmt.Sprintf("%s answered %d, a redirect to %s: the agent follows no redirect (an endpoint may allow a 307 or 308 to its own origin with redirects: same_origin)",
+				endpoint, status, location(header.Get("Location")))}
+		}
 		return attempt{permanent: true, detail: fmt.Sprintf("%s answered %d: %s", endpoint, status, snippet(respBody))}
 	}
 	a := attempt{reason: "5xx", detail: fmt.Sprintf("%s answered %d: %s", endpoint, status, snippet(respBody))}
@@ -224,6 +230,15 @@ func (c *caller) classify(status int, header http.Header, respBody []byte, endpo
 		a.retryAfter = contract.RetryAfter(header.Get(contract.HeaderRetryAfter), c.now())
 	}
 	return a
+}
+
+// location is a redirect's Location for a failure's reason: no user info,
+// at most 300 bytes.
+func location(loc string) string {
+	if loc == "" {
+		return "nowhere (no Location)"
+	}
+	return strconv.Quote(messages.BoundText(secrets.Scrub(loc), 300))
 }
 
 // snippet is the start of a response body, for a failure's reason: the

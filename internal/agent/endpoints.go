@@ -55,7 +55,23 @@ type endpointSpec struct {
 	CAFile string `yaml:"ca_file"`
 	// Timeout bounds one call (default SAS_AGENT_CALL_TIMEOUT).
 	Timeout string `yaml:"timeout"`
+	// Redirects says what a redirect (a 3xx answer) does. "refuse", the
+	// default: it is the call's answer, and the step fails for good
+	// naming the status and the Location. "same_origin": a 307 or 308 to
+	// the same scheme, host and port is followed (at most
+	// maxRedirects); any other is still refused. The endpoint's headers
+	// are its credentials: no redirect takes them to another origin.
+	Redirects string `yaml:"redirects"`
 }
+
+// Values of endpointSpec.Redirects.
+const (
+	redirectsRefuse     = "refuse"
+	redirectsSameOrigin = "same_origin"
+)
+
+// maxRedirects bounds the same-origin redirects one call follows.
+const maxRedirects = 5
 
 // loadEndpoints builds the endpoint of every kind served: from the
 // endpoints file when it names the kind, else cfg.RemoteURL. It returns
@@ -70,7 +86,7 @@ func loadEndpoints(cfg Config) (map[string]*endpoint, []string, error) {
 		dec := yaml.NewDecoder(bytes.NewReader(raw))
 		dec.KnownFields(true)
 		if err := dec.Decode(&file); err != nil && !errors.Is(err, io.EOF) {
-			return nil, nil, fmt.Errorf("%s: %v (fields: endpoints.<kind>.url, paths, headers_file, headers_env, ca_file, timeout)", cfg.EndpointsFile, err)
+			return nil, nil, fmt.Errorf("%s: %v (fields: endpoints.<kind>.url, paths, headers_file, headers_env, ca_file, timeout, redirects)", cfg.EndpointsFile, err)
 		}
 	}
 	out := map[string]*endpoint{}
@@ -152,6 +168,32 @@ func newEndpoint(kind string, spec endpointSpec, cfg Config) (*endpoint, error) 
 		}
 		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	}
-	ep.client = &http.Client{Transport: tr}
+	var follow bool
+	switch spec.Redirects {
+	case "", redirectsRefuse:
+	case redirectsSameOrigin:
+		follow = true
+	default:
+		return nil, fmt.Errorf("redirects %q: write %s (the default: a redirect fails the step) or %s (follow a 307 or 308 to the same scheme, host and port)",
+			spec.Redirects, redirectsRefuse, redirectsSameOrigin)
+	}
+	ep.client = &http.Client{Transport: tr, CheckRedirect: func(req *http.Request, via []*http.Request) error {
+		if follow && len(via) <= maxRedirects && req.Response != nil &&
+			(req.Response.StatusCode == http.StatusTemporaryRedirect || req.Response.StatusCode == http.StatusPermanentRedirect) &&
+			origin(req.URL) == origin(via[0].URL) {
+			return nil
+		}
+		// The redirect is the answer: classify reads it.
+		return http.ErrUseLastResponse
+	}}
 	return ep, nil
+}
+
+// origin is a URL's scheme, host and port, the port written out.
+func origin(u *url.URL) string {
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[strings.ToLower(u.Scheme)]
+	}
+	return strings.ToLower(u.Scheme) + "://" + strings.ToLower(u.Hostname()) + ":" + port
 }

@@ -101,12 +101,16 @@ func (c Class) String() string {
 // Classify says what an HTTP status means: 2xx is OK; 408 (timeout), 409
 // (the key is in flight), 425 and 429 (slow down) and every 5xx are
 // Transient; any other 4xx is Permanent (422 included: the key was used
-// with another body). Anything else (1xx, 3xx left after redirects) is
+// with another body), and so is a redirect (3xx): a redirect is an answer,
+// not a hop, and an agent follows none but a 307 or 308 to the endpoint's
+// own origin, when the endpoint allows it. Anything else (1xx) is
 // Transient.
 func Classify(status int) Class {
 	switch {
 	case status >= 200 && status < 300:
 		return OK
+	case status >= 300 && status < 400:
+		return Permanent
 	case status == http.StatusRequestTimeout, status == http.StatusConflict,
 		status == http.StatusTooEarly, status == http.StatusTooManyRequests:
 		return Transient

@@ -1,8 +1,10 @@
 package messages
 
 import (
+	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 )
 
 // Bounds on values. Dates outside [2000-01-01, 2100-01-01) UTC are absurd
@@ -72,3 +74,42 @@ func checkName(field, s string, maxLen int) error {
 // message could not carry: empty, over 100 characters, or with characters
 // other than letters, digits and . _ : -.
 func CheckName(field, s string) error { return checkName(field, s, 100) }
+
+// MaxReasonBytes bounds every reason a message carries (a failed reply's
+// error, an alert's reason, a status event's detail), in bytes: what
+// BoundText makes always fits.
+const MaxReasonBytes = maxReasonLen
+
+// BoundText makes s fit where a message carries text made from what
+// someone else wrote (a service's answer, a schema error quoting a
+// payload, a dead letter's detail): valid UTF-8, every control character
+// (newlines too) a space, and at most maxBytes bytes, cut at a character
+// and ending in "…" when cut. Every sender makes its text with it, so
+// that no receiver of the same release refuses the message for its text.
+func BoundText(s string, maxBytes int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	clean := true
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			clean = false
+			break
+		}
+	}
+	if !clean {
+		s = strings.Map(func(r rune) rune {
+			if unicode.IsControl(r) {
+				return ' '
+			}
+			return r
+		}, s)
+	}
+	if len(s) <= maxBytes {
+		return s
+	}
+	const more = "…"
+	cut := max(maxBytes-len(more), 0)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + more
+}
