@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -60,8 +61,21 @@ type Config struct {
 	BreakerOpenFor  time.Duration `envconfig:"AGENT_BREAKER_OPEN_FOR" default:"1s"`
 	// MaxResponseBytes caps a remote answer, which becomes the step's
 	// result and goes with every later step's request: a larger answer
-	// fails the step for good.
+	// (its numbers written out in full) fails the step for good. At most
+	// messages.MaxResultBytes.
 	MaxResponseBytes int64 `envconfig:"AGENT_MAX_RESPONSE_BYTES" default:"16384"`
+}
+
+// Check reports settings that cannot work.
+func (c Config) Check() error {
+	if err := c.Common.Check(); err != nil {
+		return err
+	}
+	if c.MaxResponseBytes < 2 || c.MaxResponseBytes > messages.MaxResultBytes {
+		return fmt.Errorf("SAS_AGENT_MAX_RESPONSE_BYTES %d is outside 2..%d (a result travels in every later request of its order)",
+			c.MaxResponseBytes, messages.MaxResultBytes)
+	}
+	return nil
 }
 
 type metrics struct {
@@ -277,8 +291,8 @@ func (a *agent) handle(ctx context.Context, kind string, d amqp.Delivery) error 
 	case callOK:
 		reply.Outcome, reply.Result = messages.OutcomeOK, res.result
 	case callPermanent:
-		reply.Outcome, reply.Error = messages.OutcomeFailed, res.reason
-		span.SetStatus(codes.Error, res.reason)
+		reply.Outcome, reply.Error = messages.OutcomeFailed, failureText(res.reason)
+		span.SetStatus(codes.Error, reply.Error)
 	}
 	span.SetAttributes(attribute.String("sas.outcome", reply.Outcome))
 	rctx, rspan := a.tr.Start(callCtx, "publish reply", trace.WithSpanKind(trace.SpanKindProducer))
@@ -302,12 +316,38 @@ func (a *agent) handle(ctx context.Context, kind string, d amqp.Delivery) error 
 	return nil
 }
 
+// failureText is a failure's reason as a reply carries it: the words of
+// whoever failed, made to fit (messages.BoundText).
+func failureText(reason string) string {
+	if reason = strings.TrimSpace(messages.BoundText(reason, messages.MaxReasonBytes)); reason == "" {
+		return "the service refused the step, without a reason"
+	}
+	return reason
+}
+
+// replyBody encodes reply and reads it back with the decoder every
+// scheduler uses: a reply a scheduler of this release would refuse is
+// never sent. One it would refuse becomes a failure for good saying
+// why (a result is checked before; this is the last word).
+func replyBody(reply messages.StepReply) ([]byte, error) {
+	body, err := messages.Encode(reply)
+	if err == nil {
+		_, err = messages.DecodeStepReply(body)
+	}
+	if err == nil {
+		return body, nil
+	}
+	reply.Outcome, reply.Result = messages.OutcomeFailed, nil
+	reply.Error = failureText("the agent could not make a reply a scheduler would take: " + err.Error())
+	return messages.Encode(reply)
+}
+
 // sendReply publishes reply to the replies queue, trying again after a
 // lost connection until ctx (the step's deadline) ends.
 func (a *agent) sendReply(ctx context.Context, reply messages.StepReply) error {
 	sent := a.now()
 	reply.SentAt = &sent
-	body, err := messages.Encode(reply)
+	body, err := replyBody(reply)
 	if err != nil {
 		return err
 	}

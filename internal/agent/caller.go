@@ -211,6 +211,14 @@ func (c *caller) classify(status int, header http.Header, respBody []byte, endpo
 		if !json.Valid(respBody) || bytes.TrimSpace(respBody)[0] != '{' {
 			return attempt{permanent: true, detail: endpoint + " answered something that is not a JSON object"}
 		}
+		// What the scheduler's decoder and the state store would refuse
+		// fails the step here, with the true reason, instead of a reply
+		// no scheduler takes.
+		if err := messages.CheckResult(respBody, int(c.cfg.MaxResponseBytes)); err != nil {
+			de, _ := messages.AsDecodeError(err)
+			return attempt{permanent: true, detail: fmt.Sprintf("%s answered %d with a result the state store cannot keep (%s): %s",
+				endpoint, status, de.Reason, de.Detail)}
+		}
 		return attempt{ok: true, body: respBody}
 	case contract.Permanent:
 		if status >= 300 && status < 400 {

@@ -183,3 +183,48 @@ func HostileNext(host string) []string {
 	}
 	return append(out, "javascript:alert(1)", "data:text/html,<script>alert(1)</script>", "\t", "/"+strings.Repeat("a", 4096))
 }
+
+// Answer is a body a remote service may answer 200 with.
+type Answer struct {
+	Name string
+	Body []byte
+	// Keepable is whether the state store can keep it as a step's result
+	// and every later message can carry it: an agent must pass it on as
+	// it is, and fail the step for good with the true reason otherwise.
+	Keepable bool
+}
+
+// nested is n objects one inside the other around a number.
+func nested(n int) string {
+	return strings.Repeat(`{"a":`, n) + "1" + strings.Repeat("}", n)
+}
+
+// Answers are the answers a service may give that look like JSON
+// objects, some of which no message or store of sas can carry.
+func Answers() []Answer {
+	return []Answer{
+		{"plain", []byte(`{"id":"r-17","ok":true}`), true},
+		{"non-ASCII and a surrogate pair", []byte(`{"note":"café \u00e9\ud83d\ude00 😀"}`), true},
+		{"a float64's range", []byte(`{"big":1.7976931348623157e308,"tiny":5e-324,"neg":-2.5E-3}`), true},
+		{"a long integer", []byte(`{"n":` + strings.Repeat("9", 1000) + `}`), true},
+		{"nested 30 deep", []byte(nested(30)), true},
+		{"escaped NUL", []byte(`{"note":"a\u0000b"}`), false},
+		{"escaped NUL in a key", []byte(`{"a\u0000":1}`), false},
+		{"invalid UTF-8", []byte("{\"note\":\"\xff\xfe\"}"), false},
+		{"invalid UTF-8 in a key", []byte("{\"\xc3\x28\":1}"), false},
+		{"an overlong encoding", []byte("{\"note\":\"\xc0\xaf\"}"), false},
+		{"lone high surrogate", []byte(`{"s":"\ud800"}`), false},
+		{"lone low surrogate", []byte(`{"s":"\udc00x"}`), false},
+		{"high surrogate at the end", []byte(`{"s":"ok\ud83d"}`), false},
+		{"a key twice", []byte(`{"a":1,"a":2}`), false},
+		{"a key twice, nested", []byte(`{"a":{"b":1,"b":2}}`), false},
+		{"a key twice, by escape", []byte(`{"a":1,"\u0061":2}`), false},
+		{"a number past the store's range", []byte(`{"n":1e999999}`), false},
+		{"a number past the store's digits", []byte(`{"n":1e131072}`), false},
+		{"a fraction past the store's digits", []byte(`{"n":1e-16384}`), false},
+		{"a number an exponent makes huge", []byte(`{"n":1e400}`), false},
+		{"nested 40 deep", []byte(nested(40)), false},
+		{"nested 31 deep", []byte(nested(31)), false},
+		{"nested 32 deep", []byte(nested(32)), false},
+	}
+}

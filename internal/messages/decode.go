@@ -164,6 +164,11 @@ func decodeBody(body []byte, dst any, required, opaque []string, fast bool) erro
 			return reject(ReasonMissingField, "%s is required", k)
 		}
 	}
+	if mc, ok := dst.(memberChecker); ok {
+		if err := mc.checkMembers(members); err != nil {
+			return err
+		}
+	}
 	if fd, ok := dst.(fastDecoder); ok && fast && fd.decodeMembers(members) {
 		return nil
 	}
@@ -278,6 +283,10 @@ type walker struct {
 	b       []byte
 	i       int
 	members []member // the members of the object walked with top set
+	// grow is how many bytes the numbers walked take more when written
+	// out in full (numberWritten); deepest, the deepest level a container
+	// reached.
+	grow, deepest int
 }
 
 // member is one member of an object: its key (unescaped) and the raw text
@@ -285,16 +294,26 @@ type walker struct {
 type member struct {
 	key []byte
 	raw []byte
+	// deepest is the deepest level a container in raw reached (the body's
+	// object is level 1; 0: raw is no container), and grow how many bytes
+	// its numbers take more written out in full.
+	deepest, grow int
 }
 
 // memberRaw finds key among ms.
 func memberRaw(ms []member, key string) ([]byte, bool) {
+	m, ok := memberOf(ms, key)
+	return m.raw, ok
+}
+
+// memberOf finds key among ms.
+func memberOf(ms []member, key string) (member, bool) {
 	for _, m := range ms {
 		if string(m.key) == key {
-			return m.raw, true
+			return m, true
 		}
 	}
-	return nil, false
+	return member{}, false
 }
 
 func (w *walker) space() {
@@ -349,6 +368,9 @@ func (w *walker) object(depth int, strict, top bool, opaque []string) error {
 		if err != nil {
 			return err
 		}
+		if bytes.IndexByte(key, 0) >= 0 {
+			return reject(ReasonInvalidEncoding, "a key contains a NUL character")
+		}
 		if strict && !validKey(string(key)) {
 			return reject(ReasonUnknownField, "field %q is not known (fields are lower-case snake_case)", truncate(string(key)))
 		}
@@ -362,12 +384,15 @@ func (w *walker) object(depth int, strict, top bool, opaque []string) error {
 		w.i++ // ':'
 		w.space()
 		childStrict := strict && !(top && slices.Contains(opaque, string(key)))
-		start := w.i
+		start, grew := w.i, w.grow
+		if top {
+			w.deepest = 0
+		}
 		if _, err := w.value(depth, childStrict); err != nil {
 			return err
 		}
 		if top {
-			w.members = append(w.members, member{key: key, raw: w.b[start:w.i]})
+			w.members = append(w.members, member{key: key, raw: w.b[start:w.i], deepest: w.deepest, grow: w.grow - grew})
 		}
 		w.space()
 		if w.b[w.i] == '}' {
@@ -386,6 +411,7 @@ func (w *walker) value(depth int, strict bool) (bool, error) {
 		if depth+1 > maxDepth {
 			return false, reject(ReasonInvalidValue, "nested deeper than %d levels", maxDepth)
 		}
+		w.deepest = max(w.deepest, depth+1)
 		w.i++
 		if c == '{' {
 			return false, w.object(depth+1, strict, false, nil)
@@ -426,8 +452,17 @@ func (w *walker) value(depth int, strict bool) (bool, error) {
 		w.i += len("false")
 		return false, nil
 	}
+	start, exp := w.i, false
 	for w.i < len(w.b) && strings.IndexByte("+-0123456789.eE", w.b[w.i]) >= 0 {
+		exp = exp || w.b[w.i] == 'e' || w.b[w.i] == 'E'
 		w.i++ // a number
+	}
+	if exp || w.i-start > maxFracDigits {
+		written, err := numberWritten(w.b[start:w.i])
+		if err != nil {
+			return false, err
+		}
+		w.grow += max(written-(w.i-start), 0)
 	}
 	return false, nil
 }
@@ -477,6 +512,9 @@ func scanObject(dec *json.Decoder, depth int, strict bool, top map[string]bool, 
 		key, ok := tok.(string)
 		if !ok {
 			return reject(ReasonNotJSON, "object key expected")
+		}
+		if strings.IndexByte(key, 0) >= 0 {
+			return reject(ReasonInvalidEncoding, "a key contains a NUL character")
 		}
 		if strict && !validKey(key) {
 			return reject(ReasonUnknownField, "field %q is not known (fields are lower-case snake_case)", truncate(key))
@@ -554,4 +592,121 @@ func truncate(s string) string {
 		return s
 	}
 	return s[:64] + "…"
+}
+
+// The state store's limits on a number (PostgreSQL's numeric, which jsonb
+// keeps numbers in): digits before and after the decimal point.
+const (
+	maxIntDigits  = 131072
+	maxFracDigits = 16383
+)
+
+// maxNumberChars bounds what an exponent may make of a number: written out
+// in full (as the state store gives it back) it may take this many
+// characters, room for every float64, or as many as it was sent with.
+const maxNumberChars = 330
+
+// numberWritten returns how many characters a valid JSON number takes
+// written out in full, with no exponent, as PostgreSQL writes a numeric
+// back (at most: it may drop leading zeros), or why the state store
+// cannot hold it or it would grow too much.
+func numberWritten(lit []byte) (int, error) {
+	s := lit
+	sign := 0
+	if s[0] == '-' {
+		sign, s = 1, s[1:]
+	}
+	mant, expPart, hasExp := bytes.Cut(s, []byte{'e'})
+	if !hasExp {
+		mant, expPart, hasExp = bytes.Cut(s, []byte{'E'})
+	}
+	intPart, fracPart, _ := bytes.Cut(mant, []byte{'.'})
+	exp := 0
+	if hasExp {
+		e := expPart
+		neg := false
+		if len(e) > 0 && (e[0] == '+' || e[0] == '-') {
+			neg, e = e[0] == '-', e[1:]
+		}
+		for _, c := range e {
+			exp = exp*10 + int(c-'0')
+			if exp > 1<<24 {
+				break // far past any limit below
+			}
+		}
+		if neg {
+			exp = -exp
+		}
+	}
+	intDigits := max(len(intPart)+exp, 1)
+	fracDigits := max(len(fracPart)-exp, 0)
+	if intDigits > maxIntDigits || fracDigits > maxFracDigits {
+		return 0, reject(ReasonInvalidValue, "number %s is beyond what the state store holds (%d digits before the point, %d after)",
+			truncate(string(lit)), maxIntDigits, maxFracDigits)
+	}
+	written := sign + intDigits
+	if fracDigits > 0 {
+		written += 1 + fracDigits
+	}
+	if written > max(maxNumberChars, len(lit)) {
+		return 0, reject(ReasonInvalidValue, "number %s would be %d digits long written out; write it with at most %d",
+			truncate(string(lit)), written, maxNumberChars)
+	}
+	return written, nil
+}
+
+// CheckJSON checks raw, a JSON value a message carries as one of its
+// fields (a payload), by the rules every decoder of this package applies
+// to a message and the state store to what it keeps: valid UTF-8 with no
+// NUL byte and no half of a surrogate pair, valid JSON, no key twice in
+// an object, nested no deeper than the message allows, no NUL in a
+// string, numbers the store can hold that an exponent does not make
+// longer than 330 characters; and, written out as the store gives it back
+// (numbers in full), at most maxBytes. A client checks a payload with it
+// so that what it sends is never refused further on. The error is a
+// *DecodeError.
+func CheckJSON(raw []byte, maxBytes int) error { return checkJSON(raw, maxBytes, 1) }
+
+// memberChecker is a message whose free-form members must meet more than
+// the body's rules; checkMembers sees them as the walk found them, which
+// is what the same checks on the member alone would find.
+type memberChecker interface {
+	checkMembers(ms []member) error
+}
+
+// CheckResult is CheckJSON for a step's result: every later request
+// carries it one level deeper (in results, by action name), so it may be
+// nested one level less. An agent checks a service's answer with it, and
+// the reply decoder holds a result to the same, so that no reply an agent
+// sends is refused by a scheduler and no result makes a later request
+// unreadable.
+func CheckResult(raw []byte, maxBytes int) error { return checkJSON(raw, maxBytes, 2) }
+
+// checkJSON is CheckJSON for a value at depth (1: a member of a message's
+// object).
+func checkJSON(raw []byte, maxBytes, depth int) error {
+	if !utf8.Valid(raw) {
+		return reject(ReasonInvalidEncoding, "not valid UTF-8")
+	}
+	if i := bytes.IndexByte(raw, 0); i >= 0 {
+		return reject(ReasonInvalidEncoding, "NUL byte at offset %d", i)
+	}
+	if i, ok := loneSurrogate(raw); ok {
+		return reject(ReasonInvalidEncoding, "\\u escape at offset %d is half of a UTF-16 surrogate pair: it names no character", i)
+	}
+	if !json.Valid(raw) {
+		return reject(ReasonNotJSON, "not valid JSON")
+	}
+	w := walker{b: raw}
+	w.space()
+	if _, err := w.value(depth, false); err != nil {
+		return err
+	}
+	if n := len(raw) + w.grow; n > maxBytes {
+		if w.grow > 0 {
+			return reject(ReasonTooLarge, "%d bytes with its numbers written out in full, limit %d", n, maxBytes)
+		}
+		return reject(ReasonTooLarge, "%d bytes, limit %d", n, maxBytes)
+	}
+	return nil
 }

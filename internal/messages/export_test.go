@@ -18,3 +18,5 @@ func DecodeStepReplyWith(body []byte, fast bool) (StepReply, error) {
 func DecodeStatusEventWith(body []byte, fast bool) (StatusEvent, error) {
 	return decodeStatusEvent(body, fast)
 }
+
+func NumberWritten(lit []byte) (int, error) { return numberWritten(lit) }

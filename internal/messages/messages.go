@@ -25,10 +25,17 @@ type Message interface {
 	Validate() error
 }
 
-// Encode validates m and returns its JSON body.
+// Encode validates m and returns its JSON body. A message whose free-form
+// fields a decoder holds to more than Validate checks (a reply's result)
+// is held to it here too: what Encode makes, the decoder takes.
 func Encode(m Message) ([]byte, error) {
 	if err := m.Validate(); err != nil {
 		return nil, fmt.Errorf("encode %s: %w", m.Type(), err)
+	}
+	if c, ok := m.(interface{ encodeCheck() error }); ok {
+		if err := c.encodeCheck(); err != nil {
+			return nil, fmt.Errorf("encode %s: %w", m.Type(), err)
+		}
 	}
 	if f, ok := m.(fastEncoder); ok {
 		if b, ok := f.appendJSON(make([]byte, 0, 512)); ok {
@@ -120,6 +127,11 @@ type submitOrderV2 struct {
 
 // SubmitOrderVersion is the current SubmitOrder version; 1 is still read.
 const SubmitOrderVersion = 2
+
+// MaxResultBytes caps a step's result (a service's answer, numbers
+// written out in full): an agent's SAS_AGENT_MAX_RESPONSE_BYTES may not
+// be more.
+const MaxResultBytes = 256 << 10
 
 // MaxPayloadBytes caps an order's payload (and so what a step request
 // carries besides the results).
@@ -218,8 +230,15 @@ func CheckPayload(payload []byte) error {
 	if !isObject(payload) {
 		return reject(ReasonInvalidPayload, "at /: payload must be a JSON object, not %s", jsonKind(payload))
 	}
-	if !json.Valid(payload) {
-		return reject(ReasonInvalidPayload, "at /: payload is not valid JSON")
+	if err := CheckJSON(payload, MaxPayloadBytes); err != nil {
+		de, _ := AsDecodeError(err)
+		switch de.Reason {
+		case ReasonTooLarge:
+			return reject(ReasonInvalidPayload, "at /: payload is %s", de.Detail)
+		case ReasonNotJSON:
+			return reject(ReasonInvalidPayload, "at /: payload is not valid JSON")
+		}
+		return reject(de.Reason, "payload: %s", de.Detail)
 	}
 	return nil
 }
@@ -575,6 +594,35 @@ func (r StepReply) Validate() error {
 	return nil
 }
 
+// encodeCheck holds the result to CheckResult, for Encode: what a reply
+// decoder would refuse is never encoded.
+func (r StepReply) encodeCheck() error {
+	if len(r.Result) == 0 || string(r.Result) == "null" {
+		return nil
+	}
+	if err := CheckResult(r.Result, MaxResultBytes); err != nil {
+		de, _ := AsDecodeError(err)
+		return reject(de.Reason, "result: %s", de.Detail)
+	}
+	return nil
+}
+
+// checkMembers holds the result to CheckResult's rules from what the
+// body's walk found (the walk made every other of its checks).
+func (*StepReply) checkMembers(ms []member) error {
+	m, ok := memberOf(ms, "result")
+	if !ok || isNull(m.raw) {
+		return nil
+	}
+	switch {
+	case m.deepest > maxDepth-1:
+		return reject(ReasonInvalidValue, "result: nested deeper than %d levels", maxDepth-1)
+	case len(m.raw)+m.grow > MaxResultBytes:
+		return reject(ReasonTooLarge, "result: %d bytes with its numbers written out in full, limit %d", len(m.raw)+m.grow, MaxResultBytes)
+	}
+	return nil
+}
+
 // DecodeStepReply decodes and validates a StepReply body.
 func DecodeStepReply(body []byte) (StepReply, error) { return decodeStepReply(body, true) }
 
@@ -699,4 +747,22 @@ func (a OperatorAlert) Validate() error {
 // DecodeOperatorAlert decodes and validates an OperatorAlert body.
 func DecodeOperatorAlert(body []byte) (OperatorAlert, error) {
 	return decodeValid[OperatorAlert](body, []string{"order_id", "step", "reason", "failure_count", "at"}, nil, true)
+}
+
+// StepRefOf reads, as leniently as encoding/json does, which attempt of
+// which step a body that DecodeStepReply refused was meant to answer, so
+// that a scheduler can fail that step at once with the refusal's reason
+// instead of leaving it to run out its time. ok is false when the body
+// does not name a valid order, step and attempt.
+func StepRefOf(body []byte) (orderID string, step, attempt int, ok bool) {
+	var ref struct {
+		OrderID string `json:"order_id"`
+		Step    int    `json:"step"`
+		Attempt int    `json:"attempt"`
+	}
+	if len(body) > MaxBodyBytes || json.Unmarshal(body, &ref) != nil || checkStepRef(ref.OrderID, ref.Step, ref.Attempt) != nil {
+		return "", 0, 0, false
+	}
+	id, _ := CanonicalID(ref.OrderID)
+	return id, ref.Step, ref.Attempt, true
 }

@@ -283,11 +283,14 @@ func (c *claimer) dispatch(steps []statestore.ClaimedStep, claimedAt time.Time) 
 		spans[i] = span
 		msg, err := request(s)
 		if err != nil {
-			// Data the submitter accepted always encodes; if not, the
-			// step waits for its complete_by and the supervisor.
-			c.logger.Error("cannot build step request", append([]any{"order_id", s.OrderID, "step", s.Step, "err", err}, tracing.LogAttrs(sctx)...)...)
+			// No agent could read it (the results of the steps before
+			// add up to more than a message holds): the step fails for
+			// good with the reason, now, rather than running out its
+			// time in a dead-letter queue.
+			c.logger.Error("cannot build step request; failing the step", append([]any{"order_id", s.OrderID, "step", s.Step, "err", err}, tracing.LogAttrs(sctx)...)...)
 			span.SetStatus(codes.Error, err.Error())
 			span.End()
+			c.failUnsendable(s, err)
 			continue
 		}
 		msg.Headers = c.tr.InjectAMQP(sctx, msg.Headers)
@@ -319,6 +322,18 @@ func (c *claimer) dispatch(steps []statestore.ClaimedStep, claimedAt time.Time) 
 			log.Warn("request not sent; claim released", "err", errs[i])
 		}
 	}
+}
+
+// failUnsendable fails, for good, a claimed step whose request cannot be
+// made, through the same fenced path as an agent's failed reply.
+func (c *claimer) failUnsendable(s statestore.ClaimedStep, why error) {
+	reason := messages.BoundText("sas could not send the step's request: "+why.Error(), messages.MaxReasonBytes)
+	_, err := c.store.ApplyReply(c.workCtx, statestore.Reply{OrderID: s.OrderID, Step: s.Step, Attempt: s.Attempt, Error: reason, Actor: c.me})
+	if err != nil {
+		c.logger.Warn("could not fail a step whose request cannot be sent; it will run out its time", "order_id", s.OrderID, "step", s.Step, "err", err)
+		return
+	}
+	c.wakeRelay()
 }
 
 // traceClaim records, in the step's order's trace, its claim (a span from
@@ -360,6 +375,10 @@ func request(s statestore.ClaimedStep) (amqp.Publishing, error) {
 	})
 	if err != nil {
 		return amqp.Publishing{}, err
+	}
+	if len(body) > messages.MaxBodyBytes {
+		return amqp.Publishing{}, fmt.Errorf("the request would be %d bytes, more than an agent reads (%d): the payload and the results of the steps before it are too large together",
+			len(body), messages.MaxBodyBytes)
 	}
 	return amqp.Publishing{
 		ContentType: messages.ContentType,

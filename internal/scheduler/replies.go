@@ -47,6 +47,7 @@ func (r *replier) handle(ctx context.Context, d amqp.Delivery) error {
 	}
 	rep, err := messages.DecodeStepReply(d.Body)
 	if err != nil {
+		r.failRefused(d.Body, err)
 		return r.reject(err)
 	}
 	// The apply is a span of the order's trace, a child of the agent's
@@ -124,6 +125,32 @@ func (r *replier) handle(ctx context.Context, d amqp.Delivery) error {
 	}
 	log.Debug("reply applied", "step_state", res.StepState, "next_step", res.NextStep, "order_status", res.OrderStatus)
 	return nil
+}
+
+// failRefused fails, for good and with the refusal's reason, the attempt
+// a refused reply names, if it still runs: the order learns at once why
+// instead of its step running out its time. The reply itself is
+// dead-lettered all the same. The fence decides, as for any reply: a
+// stale or forged attempt changes nothing.
+func (r *replier) failRefused(body []byte, refusal error) {
+	orderID, step, attempt, ok := messages.StepRefOf(body)
+	if !ok {
+		return
+	}
+	reason := messages.BoundText("the agent's reply could not be read: "+refusal.Error(), messages.MaxReasonBytes)
+	res, err := r.store.ApplyReply(r.workCtx, statestore.Reply{OrderID: orderID, Step: step, Attempt: attempt, Error: reason, Actor: r.me})
+	log := r.logger.With("order_id", orderID, "step", step, "attempt", attempt)
+	switch {
+	case errors.Is(err, statestore.ErrStale):
+		log.Info("refused reply names no running attempt", "err", err)
+	case err != nil:
+		log.Warn("could not fail the step of a refused reply; it will run out its time", "err", err)
+	default:
+		log.Warn("step failed: its reply could not be read", "reason", reason, "order_status", res.OrderStatus)
+		r.metrics.replies.WithLabelValues(res.StepState).Inc()
+		r.wakeClaimer()
+		r.wakeRelay()
+	}
 }
 
 func (r *replier) reject(err error) error {

@@ -1,0 +1,205 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"sas/internal/badinput"
+	"sas/internal/messages"
+	"sas/internal/testenv"
+)
+
+// hostileCase is one way a user's service may answer, and what the order
+// of a one-step workflow calling it must end with.
+type hostileCase struct {
+	name   string
+	answer func(w http.ResponseWriter, r *http.Request)
+	// status is the order's end; reason, what its step's last error says.
+	status string
+	reason []string
+}
+
+// TestHostileServiceEndsTheOrderWithTheTrueReason: a user's service
+// answers 200 with JSON no message or store of sas can carry (a NUL,
+// invalid UTF-8, half a surrogate pair, a key twice, a number past the
+// store's range, nesting too deep: badinput.Answers), redirects to another
+// host, or refuses with an error text holding control characters. Through
+// the real submitter, scheduler and agent, each order ends at once (its
+// step's budget is a minute; no supervisor runs) with the true reason on
+// its step, an answer the store can keep completes the order with it as
+// the result, no reply is dead-lettered, and the other host is never
+// called.
+func TestHostileServiceEndsTheOrderWithTheTrueReason(t *testing.T) {
+	t.Parallel()
+	var strayed atomic.Int64
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		strayed.Add(1)
+		_, _ = w.Write([]byte(`{"from":"another host"}`))
+	}))
+	t.Cleanup(other.Close)
+
+	var cases []hostileCase
+	for _, a := range badinput.Answers() {
+		c := hostileCase{name: a.Name, answer: func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write(a.Body)
+		}, status: "completed"}
+		if !a.Keepable {
+			c.status, c.reason = "error", []string{"answered 200 with a result the state store cannot keep"}
+		}
+		cases = append(cases, c)
+	}
+	cases = append(cases,
+		hostileCase{name: "a redirect to another host", answer: func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, other.URL+"/v1/steal", http.StatusTemporaryRedirect)
+		}, status: "error", reason: []string{"answered 307", other.URL + "/v1/steal"}},
+		hostileCase{name: "an error text with control characters", answer: func(w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(http.StatusUnprocessableEntity)
+			_, _ = w.Write([]byte("{\"error\":\"line one\\nline two\\u0000\\u001b[31m and \xff\"}"))
+		}, status: "error", reason: []string{"answered 422: line one line two"}},
+		hostileCase{name: "a long error text", answer: func(w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = w.Write([]byte(`{"error":"` + strings.Repeat("é", 5000) + `"}`))
+		}, status: "error", reason: []string{"answered 400: éé"}},
+	)
+
+	// Four steps whose results, each one the agent takes (180 KiB), add up
+	// to more than a request can carry by the fourth.
+	blob := []byte(`{"blob":"` + strings.Repeat("x", 180<<10) + `"}`)
+	svc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/v1/big") {
+			_, _ = w.Write(blob)
+			return
+		}
+		var i int
+		if _, err := fmt.Sscanf(r.URL.Path, "/v1/act%d", &i); err != nil || i < 0 || i >= len(cases) {
+			http.NotFound(w, r)
+			return
+		}
+		cases[i].answer(w, r)
+	}))
+	t.Cleanup(svc.Close)
+
+	var wf strings.Builder
+	wf.WriteString("workflows:\n")
+	for i := range cases {
+		fmt.Fprintf(&wf, "  - name: hostile%d\n    policy: hold\n    steps:\n      - {action: act%d, agent: hostile, timeout: 60s}\n", i, i)
+	}
+	wf.WriteString("  - name: bigresults\n    policy: hold\n    steps:\n")
+	for i := 1; i <= 4; i++ {
+		fmt.Fprintf(&wf, "      - {action: big%d, agent: hostile, timeout: 60s}\n", i)
+	}
+	file := writeFile(t, "hostile.yaml", wf.String())
+	endpoints := writeFile(t, "endpoints.yaml", fmt.Sprintf("endpoints:\n  hostile: {url: %q}\n", svc.URL))
+	st := newStackFor(t, []string{"hostile"})
+	wfEnv := "SAS_WORKFLOWS_FILE=" + file
+	p := newPipeline(t, pipelineOpts{on: &st, submitterEnv: []string{wfEnv}, schedulerEnv: []string{wfEnv},
+		agentEnv: []string{wfEnv, "SAS_AGENT_KINDS=hostile", "SAS_AGENT_ENDPOINTS_FILE=" + endpoints,
+			fmt.Sprint("SAS_AGENT_MAX_RESPONSE_BYTES=", messages.MaxResultBytes)}})
+
+	ch := amqpChannel(t)
+	ids := make([]string, len(cases))
+	for i := range cases {
+		ids[i] = messages.NewID()
+		publish(t, ch, p.submit, messages.ContentType, ids[i], []byte(badinput.ValidSubmitV2JSON(ids[i], fmt.Sprintf("hostile%d", i), `{"n":1}`)))
+	}
+	big := messages.NewID()
+	publish(t, ch, p.submit, messages.ContentType, big, []byte(badinput.ValidSubmitV2JSON(big, "bigresults", `{"n":1}`)))
+	// Well within the step's budget of a minute: an order that waited for
+	// its complete_by would not make it.
+	p.waitTerminal(t, append([]string{big}, ids...), 40*time.Second)
+	var bigStatus, bigErr string
+	if err := p.pool.QueryRow(context.Background(), `SELECT o.status, coalesce(s.last_error, '') FROM orders o JOIN steps s USING (order_id)
+		WHERE o.order_id = $1 AND s.step = 4`, big).Scan(&bigStatus, &bigErr); err != nil {
+		t.Fatal(err)
+	}
+	if bigStatus != "error" || !strings.Contains(bigErr, "sas could not send the step's request") {
+		t.Errorf("results too large together: the order ended %s, its fourth step says %q", bigStatus, bigErr)
+	}
+	for i, c := range cases {
+		var status, lastErr string
+		var result *string
+		if err := p.pool.QueryRow(context.Background(), `SELECT o.status, coalesce(s.last_error, ''), s.result::text
+			FROM orders o JOIN steps s ON s.order_id = o.order_id AND s.step = 1 WHERE o.order_id = $1`, ids[i]).Scan(&status, &lastErr, &result); err != nil {
+			t.Fatal(err)
+		}
+		if status != c.status {
+			t.Errorf("%s: the order ended %s (%q), want %s", c.name, status, lastErr, c.status)
+			continue
+		}
+		for _, want := range c.reason {
+			if !strings.Contains(lastErr, want) {
+				t.Errorf("%s: the step's last error %q does not say %q", c.name, lastErr, want)
+			}
+		}
+		if c.status == "error" && (result != nil || strings.Contains(lastErr, "complete_by")) {
+			t.Errorf("%s: result %v, last error %q", c.name, result, lastErr)
+		}
+	}
+	if n := queueDepth(t, ch, p.topo.DeadLetterQueue(messages.RepliesQueue)); n != 0 {
+		t.Errorf("%d replies were dead-lettered", n)
+	}
+	if n := strayed.Load(); n != 0 {
+		t.Errorf("the other host was called %d times", n)
+	}
+}
+
+// queueDepth is how many messages queue holds now.
+func queueDepth(t *testing.T, ch *amqp.Channel, queue string) int {
+	t.Helper()
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		t.Fatalf("queue %s: %v", queue, err)
+	}
+	return q.Messages
+}
+
+// TestRefusedReplyFailsItsStepAtOnce: an agent of another language
+// replies with a result the scheduler refuses (a NUL in a string). The
+// reply is dead-lettered with its reason as before, and the attempt it
+// names fails for good at once with that reason, rather than running out
+// a budget of a minute; a forged reply for an attempt that is not running
+// changes nothing.
+func TestRefusedReplyFailsItsStepAtOnce(t *testing.T) {
+	t.Parallel()
+	file := writeFile(t, "custom.yaml", "workflows:\n  - name: custom\n    policy: hold\n    steps:\n      - {action: work, agent: custom, timeout: 60s}\n")
+	st := newStackFor(t, []string{"custom"})
+	wfEnv := "SAS_WORKFLOWS_FILE=" + file
+	p := newPipeline(t, pipelineOpts{on: &st, withoutAgents: true, submitterEnv: []string{wfEnv}, schedulerEnv: []string{wfEnv}})
+	ch := amqpChannel(t)
+	id, other := messages.NewID(), messages.NewID()
+	for _, o := range []string{id, other} {
+		publish(t, ch, p.submit, messages.ContentType, o, []byte(badinput.ValidSubmitV2JSON(o, "custom", `{"n":1}`)))
+	}
+	testenv.Eventually(t, 30*time.Second, "both steps claimed", func() bool {
+		return p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND process_state = 'processing'`, []string{id, other}) == 2
+	})
+	reply := func(order string, attempt int) []byte {
+		return []byte(fmt.Sprintf(`{"schema_version":1,"order_id":%q,"step":1,"attempt":%d,"outcome":"ok","result":{"note":"a\u0000b"}}`, order, attempt))
+	}
+	publish(t, ch, p.topo.Queue(messages.RepliesQueue), messages.ContentType, "bad-1", reply(id, 1))
+	publish(t, ch, p.topo.Queue(messages.RepliesQueue), messages.ContentType, "bad-2", reply(other, 7)) // no such attempt
+	p.waitTerminal(t, []string{id}, 20*time.Second)
+	var status, lastErr string
+	if err := p.pool.QueryRow(context.Background(), `SELECT o.status, s.last_error FROM orders o JOIN steps s USING (order_id)
+		WHERE o.order_id = $1 AND s.step = 1`, id).Scan(&status, &lastErr); err != nil {
+		t.Fatal(err)
+	}
+	if status != "error" || !strings.Contains(lastErr, "the agent's reply could not be read: invalid_encoding") {
+		t.Fatalf("the order ended %s with %q", status, lastErr)
+	}
+	testenv.Eventually(t, 20*time.Second, "both replies dead-lettered", func() bool {
+		return queueDepth(t, ch, p.topo.DeadLetterQueue(messages.RepliesQueue)) == 2
+	})
+	if n := p.count(t, `SELECT count(*) FROM steps WHERE order_id = $1 AND process_state = 'processing' AND attempt = 1`, other); n != 1 {
+		t.Fatal("a reply naming an attempt that is not running changed the step")
+	}
+}
