@@ -10,10 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"sas/internal/badinput"
 	"sas/internal/messages"
+	"sas/internal/secrets"
 	"sas/internal/testenv"
 )
 
@@ -31,12 +33,13 @@ type hostileCase struct {
 // answers 200 with JSON no message or store of sas can carry (a NUL,
 // invalid UTF-8, half a surrogate pair, a key twice, a number past the
 // store's range, nesting too deep: badinput.Answers), redirects to another
-// host, or refuses with an error text holding control characters. Through
+// host, refuses with an error text holding control characters, or echoes
+// the endpoint's credentials in an error or an answer. Through
 // the real submitter, scheduler and agent, each order ends at once (its
 // step's budget is a minute; no supervisor runs) with the true reason on
 // its step, an answer the store can keep completes the order with it as
-// the result, no reply is dead-lettered, and the other host is never
-// called.
+// the result, no table of the store holds a credential, no reply is
+// dead-lettered, and the other host is never called.
 func TestHostileServiceEndsTheOrderWithTheTrueReason(t *testing.T) {
 	t.Parallel()
 	var strayed atomic.Int64
@@ -57,7 +60,19 @@ func TestHostileServiceEndsTheOrderWithTheTrueReason(t *testing.T) {
 		}
 		cases = append(cases, c)
 	}
+	// The endpoint's credentials, which a careless service echoes.
+	const token, apiKey = "sk_live_Hostile42", "k3y-Hostile-77"
+	echo := func(r *http.Request) string {
+		return "Authorization=" + r.Header.Get("Authorization") + " X-Api-Key=" + r.Header.Get("X-Api-Key") + " via http://svc:" + apiKey + "@callback.example/x"
+	}
 	cases = append(cases,
+		hostileCase{name: "a refusal echoing the credentials", answer: func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusUnauthorized)
+			_, _ = fmt.Fprintf(w, `{"error":%q}`, "bad credentials: "+echo(r))
+		}, status: "error", reason: []string{"answered 401: bad credentials: Authorization=" + secrets.Mask + " X-Api-Key=" + secrets.Mask}},
+		hostileCase{name: "an answer echoing the credentials", answer: func(w http.ResponseWriter, r *http.Request) {
+			_, _ = fmt.Fprintf(w, `{"seen":{"authorization":%q,"key":%q,"all":%q}}`, r.Header.Get("Authorization"), r.Header.Get("X-Api-Key"), echo(r))
+		}, status: "completed"},
 		hostileCase{name: "a redirect to another host", answer: func(w http.ResponseWriter, r *http.Request) {
 			http.Redirect(w, r, other.URL+"/v1/steal", http.StatusTemporaryRedirect)
 		}, status: "error", reason: []string{"answered 307", other.URL + "/v1/steal"}},
@@ -98,11 +113,12 @@ func TestHostileServiceEndsTheOrderWithTheTrueReason(t *testing.T) {
 		fmt.Fprintf(&wf, "      - {action: big%d, agent: hostile, timeout: 60s}\n", i)
 	}
 	file := writeFile(t, "hostile.yaml", wf.String())
-	endpoints := writeFile(t, "endpoints.yaml", fmt.Sprintf("endpoints:\n  hostile: {url: %q}\n", svc.URL))
+	endpoints := writeFile(t, "endpoints.yaml", fmt.Sprintf("endpoints:\n  hostile: {url: %q, headers_env: HOSTILE_HEADERS}\n", svc.URL))
 	st := newStackFor(t, []string{"hostile"})
 	wfEnv := "SAS_WORKFLOWS_FILE=" + file
 	p := newPipeline(t, pipelineOpts{on: &st, submitterEnv: []string{wfEnv}, schedulerEnv: []string{wfEnv},
 		agentEnv: []string{wfEnv, "SAS_AGENT_KINDS=hostile", "SAS_AGENT_ENDPOINTS_FILE=" + endpoints,
+			"HOSTILE_HEADERS=Authorization: Bearer " + token + "\nX-Api-Key: " + apiKey,
 			fmt.Sprint("SAS_AGENT_MAX_RESPONSE_BYTES=", messages.MaxResultBytes)}})
 
 	ch := amqpChannel(t)
@@ -143,6 +159,25 @@ func TestHostileServiceEndsTheOrderWithTheTrueReason(t *testing.T) {
 		if c.status == "error" && (result != nil || strings.Contains(lastErr, "complete_by")) {
 			t.Errorf("%s: result %v, last error %q", c.name, result, lastErr)
 		}
+	}
+	// Nothing the store keeps, in any table, holds a credential.
+	tables, err := p.pool.Query(context.Background(), `SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := pgx.CollectRows(tables, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, table := range names {
+		for _, secret := range []string{token, apiKey} {
+			if n := p.count(t, `SELECT count(*) FROM `+pgx.Identifier{table}.Sanitize()+` x WHERE x::text LIKE '%' || $1 || '%'`, secret); n != 0 {
+				t.Errorf("%d rows of %s hold the credential %s", n, table, secret)
+			}
+		}
+	}
+	if n := p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND result::text LIKE '%' || $2 || '%'`, ids, secrets.Mask); n != 1 {
+		t.Errorf("%d results show the credentials masked, want 1", n)
 	}
 	if n := queueDepth(t, ch, p.topo.DeadLetterQueue(messages.RepliesQueue)); n != 0 {
 		t.Errorf("%d replies were dead-lettered", n)

@@ -162,7 +162,8 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	logger = service.WithSecrets(logger, secrets.New(hidden...))
+	redact := secrets.New(hidden...)
+	logger = service.WithSecrets(logger, redact)
 
 	inputs := []string{messages.RepliesQueue}
 	for _, k := range cfg.Kinds {
@@ -190,7 +191,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	defer cancelWork()
 	a := &agent{
 		cfg: cfg, topo: topo, pub: pub, logger: logger, metrics: m, workCtx: workCtx, now: time.Now,
-		endpoints: endpoints, tr: tr,
+		endpoints: endpoints, tr: tr, redact: redact,
 		caller: &caller{cfg: cfg, metrics: m, now: time.Now, tr: tr},
 	}
 	var consumers []*broker.Consumer
@@ -227,6 +228,10 @@ type agent struct {
 	workCtx   context.Context
 	now       func() time.Time
 	tr        *tracing.Tracing
+	// redact hides the endpoints' secret header values, and credentials
+	// of any kind, in what a reply carries: a service's answer is kept and
+	// shown to every console viewer, and it may echo the request.
+	redact *secrets.Redactor
 }
 
 // handle works on one request. See broker.Handler for what its result
@@ -289,9 +294,9 @@ func (a *agent) handle(ctx context.Context, kind string, d amqp.Delivery) error 
 		a.metrics.requests.WithLabelValues(kind, "requeued").Inc()
 		return errors.New("shutting down before the call ended")
 	case callOK:
-		reply.Outcome, reply.Result = messages.OutcomeOK, res.result
+		reply.Outcome, reply.Result = messages.OutcomeOK, a.redact.JSON(res.result)
 	case callPermanent:
-		reply.Outcome, reply.Error = messages.OutcomeFailed, failureText(res.reason)
+		reply.Outcome, reply.Error = messages.OutcomeFailed, failureText(a.redact.String(res.reason))
 		span.SetStatus(codes.Error, reply.Error)
 	}
 	span.SetAttributes(attribute.String("sas.outcome", reply.Outcome))

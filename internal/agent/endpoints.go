@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -106,7 +107,9 @@ func loadEndpoints(cfg Config) (map[string]*endpoint, []string, error) {
 		}
 		out[kind] = ep
 		for _, vs := range ep.headers {
-			hidden = append(hidden, vs...)
+			for _, v := range vs {
+				hidden = append(hidden, credentials(v)...)
+			}
 		}
 	}
 	for kind := range file.Endpoints {
@@ -116,6 +119,28 @@ func loadEndpoints(cfg Config) (map[string]*endpoint, []string, error) {
 		}
 	}
 	return out, hidden, nil
+}
+
+// credentials returns what a header's value holds that a service might
+// echo: the value, each word of it but an authorization scheme's name
+// ("Bearer"), and for Basic the decoded user:password and the password.
+func credentials(v string) []string {
+	out := []string{v}
+	fields := strings.Fields(v)
+	if len(fields) < 2 {
+		return out
+	}
+	scheme := fields[0]
+	out = append(out, fields[1:]...)
+	if strings.EqualFold(scheme, "Basic") {
+		if dec, err := base64.StdEncoding.DecodeString(fields[1]); err == nil {
+			out = append(out, string(dec))
+			if _, pw, ok := strings.Cut(string(dec), ":"); ok {
+				out = append(out, pw)
+			}
+		}
+	}
+	return out
 }
 
 func newEndpoint(kind string, spec endpointSpec, cfg Config) (*endpoint, error) {

@@ -1,6 +1,7 @@
 package secrets
 
 import (
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -239,7 +240,142 @@ func Scrub(s string) string {
 	if strings.Contains(s, "password=") {
 		s = scrubDSN(s)
 	}
+	if hasAuthScheme(s) {
+		s = scrubAuth(s)
+	}
 	return s
+}
+
+// authSchemes are the HTTP authorization schemes whose credentials Scrub
+// masks wherever they are written out ("Bearer eyJ…", "basic dXNlcjpw…").
+var authSchemes = [...]string{"bearer", "basic", "token"}
+
+// hasAuthScheme: s holds a word of authSchemes followed by a space, in
+// any case. It allocates nothing: most text holds none.
+func hasAuthScheme(s string) bool {
+	for i := 0; i+6 <= len(s); i++ {
+		if c := s[i] | 0x20; c != 'b' && c != 't' {
+			continue
+		}
+		if _, n := authSchemeAt(s, i); n > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// authSchemeAt reports whether an auth scheme word followed by spaces
+// starts at s[i] (at a word's start), and the length of both.
+func authSchemeAt(s string, i int) (string, int) {
+	if i > 0 && isTokenChar(s[i-1]) {
+		return "", 0
+	}
+	for _, w := range authSchemes {
+		if len(s) > i+len(w) && strings.EqualFold(s[i:i+len(w)], w) && (s[i+len(w)] == ' ' || s[i+len(w)] == '\t') {
+			n := len(w)
+			for i+n < len(s) && (s[i+n] == ' ' || s[i+n] == '\t') {
+				n++
+			}
+			return w, n
+		}
+	}
+	return "", 0
+}
+
+// isTokenChar: a character of an RFC 6750 token (b64token) or a Basic
+// credential.
+func isTokenChar(c byte) bool {
+	return c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || strings.IndexByte("-._~+/=", c) >= 0
+}
+
+// credentialLike: a word after an auth scheme is taken for a credential
+// when it is at least 8 characters and has a digit, a base64 sign, or
+// both cases ("eyJhbGci", "sk_live_4f2"): prose after "basic" or "token"
+// ("basic information", "token expired") is left alone.
+func credentialLike(w string) bool {
+	if len(w) < 8 {
+		return false
+	}
+	var digit, sign, upper, lower bool
+	for i := 0; i < len(w); i++ {
+		switch c := w[i]; {
+		case c >= '0' && c <= '9':
+			digit = true
+		case c == '+' || c == '/' || c == '=' || c == '_':
+			sign = true
+		case c >= 'A' && c <= 'Z':
+			upper = true
+		case c >= 'a' && c <= 'z':
+			lower = true
+		}
+	}
+	return digit || sign || upper && lower
+}
+
+// scrubAuth masks the credential after every auth scheme word in s.
+func scrubAuth(s string) string {
+	var b strings.Builder
+	last := 0
+	for i := 0; i < len(s); i++ {
+		_, n := authSchemeAt(s, i)
+		if n == 0 {
+			continue
+		}
+		j := i + n
+		for j < len(s) && isTokenChar(s[j]) {
+			j++
+		}
+		if !credentialLike(s[i+n : j]) {
+			continue
+		}
+		b.WriteString(s[last : i+n])
+		b.WriteString(Mask)
+		last, i = j, j-1
+	}
+	if last == 0 {
+		return s
+	}
+	b.WriteString(s[last:])
+	return b.String()
+}
+
+// JSON returns raw, a JSON text, with String applied to every string in
+// it (keys too) that holds something to hide, each written back as a JSON
+// string; every other byte stays as it was. It returns raw itself when
+// nothing changes. raw must be valid JSON.
+func (r *Redactor) JSON(raw []byte) []byte {
+	var out []byte
+	last := 0
+	for i := 0; i < len(raw); i++ {
+		if raw[i] != '"' {
+			continue
+		}
+		start := i
+		for i++; i < len(raw) && raw[i] != '"'; i++ {
+			if raw[i] == '\\' {
+				i++
+			}
+		}
+		tok := raw[start : i+1]
+		var v string
+		if json.Unmarshal(tok, &v) != nil {
+			continue
+		}
+		red := r.String(v)
+		if red == v {
+			continue
+		}
+		enc, err := json.Marshal(red)
+		if err != nil {
+			continue
+		}
+		out = append(append(out, raw[last:start]...), enc...)
+		last = i + 1
+	}
+	if out == nil {
+		return raw
+	}
+	return append(out, raw[last:]...)
 }
 
 func scrubURLs(s string) string {

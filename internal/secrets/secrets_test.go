@@ -183,3 +183,37 @@ func FuzzParsersErrorsRedacted(f *testing.F) {
 		}
 	})
 }
+
+func TestScrubMasksAuthorizationCredentials(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.e30.x1": "Authorization: Bearer " + secrets.Mask,
+		"bad token: bearer sk_live_4f2a, try again":         "bad token: bearer " + secrets.Mask + ", try again",
+		"BASIC dXNlcjpwYXNzd29yZA== was refused":            "BASIC " + secrets.Mask + " was refused",
+		"token ghp_16C7e42F292c6912E7710c838347Ae178B4a":    "token " + secrets.Mask,
+		"a basic check failed; the token expired":           "a basic check failed; the token expired",
+		"basic information":                                 "basic information",
+		"unbasic Zm9vYmFyYmF6MTIz":                          "unbasic Zm9vYmFyYmF6MTIz",
+	} {
+		if got := secrets.Scrub(in); got != want {
+			t.Errorf("Scrub(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestRedactorRewritesOnlyTheStringsOfJSON(t *testing.T) {
+	t.Parallel()
+	r := secrets.New("s3cret-Value-42", "k/ey\"quoted")
+	for in, want := range map[string]string{
+		`{"echo":"s3cret-Value-42","n":1.50e2,"list":[1,"x"]}`:   `{"echo":"` + secrets.Mask + `","n":1.50e2,"list":[1,"x"]}`,
+		`{"h":{"authorization":"Bearer s3cret-Value-42"}}`:       `{"h":{"authorization":"Bearer ` + secrets.Mask + `"}}`,
+		`{"k\/ey\"quoted":true, "b" : "k\/ey\"quoted and more"}`: `{"` + secrets.Mask + `":true, "b" : "` + secrets.Mask + ` and more"}`,
+		`{"s3cret-Value-4\u0032":"x"}`:                           `{"` + secrets.Mask + `":"x"}`,
+		`{"plain":"nothing here","esc":"a\u00e9\n"}`:             `{"plain":"nothing here","esc":"a\u00e9\n"}`,
+	} {
+		got := string(r.JSON([]byte(in)))
+		if got != want {
+			t.Errorf("JSON(%s) = %s, want %s", in, got, want)
+		}
+	}
+}
