@@ -13,6 +13,7 @@ package client
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -112,13 +113,60 @@ type Client struct {
 	stopped chan struct{}
 }
 
-// tracked is what the client knows of one order: its events so far, and
-// whoever waits for more.
+// tracked is what the client knows of one order: its events so far, what
+// became of each time it was submitted, and whoever waits for more.
 type tracked struct {
-	seen     map[string]bool // message ids, to drop repeats
-	events   []Status
+	seen   map[string]bool // message ids, to drop repeats
+	events []Status
+	// subs are the order's submissions by this client, in order; each
+	// carried a correlation id of its own, which the event answering it
+	// ("received" or "rejected") brings back.
+	subs []*submission
+	// rejected is a refusal that names no submission of this client's (a
+	// sas that sends no correlation id): it answers any not answered yet.
 	rejected *RejectedError
 	changed  chan struct{} // closed and replaced at every new event
+}
+
+// submission is one Submit of an order: its correlation id, the hash of
+// what it submitted, and the answer to it, once known.
+type submission struct {
+	token    string
+	hash     [32]byte
+	accepted bool // the order was written from it ("received")
+	rejected *RejectedError
+}
+
+// verdict is what Await answers for the order's last submission: its
+// refusal, or whether the order's events are that submission's. An order
+// id submitted again with other content gets a conflict, never the first
+// order's outcome; submitted again after a refusal, the new submission's
+// answer, never the old refusal.
+func (t *tracked) verdict() (rejected *RejectedError, eventsAreIts bool) {
+	if len(t.subs) == 0 {
+		return t.rejected, true // an order this client did not submit: Watch's
+	}
+	last := t.subs[len(t.subs)-1]
+	if last.rejected != nil {
+		return last.rejected, false
+	}
+	if last.accepted {
+		return nil, true
+	}
+	// Events reach this client's queue only from an order one of its own
+	// submissions wrote; they are the last one's when every submission
+	// that may have written it had the last one's content.
+	for _, s := range t.subs[:len(t.subs)-1] {
+		if s.hash != last.hash && s.rejected == nil {
+			// Its order (other content) may be the one there is: wait
+			// for the answers; the last one's will be a conflict if so.
+			return nil, false
+		}
+	}
+	if t.rejected != nil {
+		return t.rejected, false
+	}
+	return nil, true
 }
 
 // Connect connects to the broker, declares the client's reply queue and
@@ -194,8 +242,16 @@ func (c *Client) Submit(ctx context.Context, o Order) (string, error) {
 		return "", fmt.Errorf("client: %w", err)
 	}
 	id := msg.Normalized().OrderID
-	c.track(id)
-	pub := amqp.Publishing{ContentType: messages.ContentType, Type: messages.TypeSubmitOrder, MessageId: id,
+	sub := &submission{token: messages.NewID(), hash: sha256.Sum256(msg.Canonical())}
+	t := c.track(id)
+	c.mu.Lock()
+	t.subs = append(t.subs, sub)
+	close(t.changed)
+	t.changed = make(chan struct{})
+	c.mu.Unlock()
+	// The correlation id comes back with the event that answers this
+	// submission ("received" or "rejected"): Await answers for it.
+	pub := amqp.Publishing{ContentType: messages.ContentType, Type: messages.TypeSubmitOrder, MessageId: id, CorrelationId: sub.token,
 		DeliveryMode: amqp.Persistent, Body: body, Headers: amqp.Table{"schema_version": int32(messages.SubmitOrderVersion)}}
 	backoff := 50 * time.Millisecond
 	for {
@@ -221,18 +277,21 @@ func (c *Client) Submit(ctx context.Context, o Order) (string, error) {
 }
 
 // Await waits until the order ends (completed or failed) or is held in
-// error, and returns that status with its results. A submit the submitter
-// refused returns a *RejectedError.
+// error, and returns that status with its results. It answers for the
+// last Submit of the id: a submit the submitter refused returns a
+// *RejectedError, even when an earlier submit of the same id (with other
+// content) made an order that ended.
 func (c *Client) Await(ctx context.Context, id string) (Status, error) {
 	t := c.track(id)
 	for {
 		c.mu.Lock()
-		if t.rejected != nil {
+		rejected, its := t.verdict()
+		if rejected != nil {
 			c.mu.Unlock()
-			return Status{}, t.rejected
+			return Status{}, rejected
 		}
 		for _, ev := range t.events {
-			if ev.Ended() {
+			if its && ev.Ended() {
 				c.mu.Unlock()
 				return ev, nil
 			}
@@ -263,7 +322,8 @@ func (c *Client) Watch(ctx context.Context, id string) <-chan Status {
 		for {
 			c.mu.Lock()
 			events := t.events[sent:]
-			rejected, changed, closed := t.rejected != nil, t.changed, c.closed
+			r, _ := t.verdict()
+			rejected, changed, closed := r != nil, t.changed, c.closed
 			c.mu.Unlock()
 			for _, ev := range events {
 				select {
@@ -399,9 +459,21 @@ func (c *Client) deliver(d amqp.Delivery) {
 		return // a repeat
 	}
 	t.seen[key] = true
-	if ev.Status == messages.StatusRejected {
+	var sub *submission
+	for _, s := range t.subs {
+		if d.CorrelationId != "" && s.token == d.CorrelationId {
+			sub = s
+		}
+	}
+	switch {
+	case ev.Status == messages.StatusRejected && sub != nil:
+		sub.rejected = &RejectedError{OrderID: ev.OrderID, Reason: ev.Reason, Detail: ev.Detail}
+	case ev.Status == messages.StatusRejected:
 		t.rejected = &RejectedError{OrderID: ev.OrderID, Reason: ev.Reason, Detail: ev.Detail}
-	} else {
+	case ev.Status == messages.StatusReceived && sub != nil:
+		sub.accepted = true
+	}
+	if ev.Status != messages.StatusRejected {
 		t.events = append(t.events, Status{OrderID: ev.OrderID, Status: ev.Status, Step: ev.Step, At: ev.At,
 			Results: ev.Results, ResultsTruncated: ev.ResultsTruncated})
 	}

@@ -13,7 +13,10 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"sas/client"
+	"sas/internal/messages"
 	"sas/internal/netproxy"
 	"sas/internal/statestore"
 )
@@ -210,5 +213,103 @@ func TestExampleProgramSubmitsAHundredOrders(t *testing.T) {
 	out, err := exec.CommandContext(ctx, "go", "run", "../examples/submit100").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "100 completed, 0 failed, 0 held in error, 0 not known") {
 		t.Fatalf("submit100: %v\n%s", err, out)
+	}
+}
+
+// TestEveryRefusalReachesItsSender: a refusal whose detail quotes a
+// 3,000-byte value still reaches Await, bounded; a payload holding a NUL
+// is refused by Submit before it is sent, and, posted by another
+// program, refused by the submitter with a "rejected" event to its
+// reply_to; and Await answers for the submission it was given: an id
+// submitted again with other content is a conflict, even right after the
+// first order completed, and an id refused once and submitted again
+// corrected completes.
+func TestEveryRefusalReachesItsSender(t *testing.T) {
+	t.Parallel()
+	c := connect(t, os.Getenv("SAS_AMQP_URL"))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var rej *client.RejectedError
+
+	// (a) A detail over the status event's limit is bounded where made.
+	long := demoOrder(1)
+	long.Workflow = "order"
+	long.Payload.(map[string]any)["currency"] = strings.Repeat("x", 3000)
+	id, err := c.Submit(ctx, long)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Await(ctx, id); !errors.As(err, &rej) || rej.Reason != "invalid_payload" || !strings.HasPrefix(rej.Detail, "at /currency") ||
+		len(rej.Detail) > 2000 {
+		t.Fatalf("a refusal quoting 3,000 bytes: %v (detail %d bytes)", err, len(rej.Detail))
+	}
+
+	// (b) A NUL: refused before sending by the client...
+	nul := demoOrder(2)
+	nul.Payload.(map[string]any)["customer"] = "a\x00b"
+	if _, err := c.Submit(ctx, nul); err == nil || !strings.Contains(err.Error(), "invalid_encoding") {
+		t.Fatalf("a payload with a NUL: Submit said %v", err)
+	}
+	// ... and, posted by another program naming this reply queue, by the
+	// submitter, which tells the queue.
+	conn, err := amqp.Dial(os.Getenv("SAS_AMQP_URL"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := messages.NewID()
+	body := fmt.Sprintf(`{"schema_version":2,"order_id":%q,"workflow":"single","reply_to":%q,"payload":{"customer":"a\u0000b","items":[{"sku":"S","qty":1}],"amount":1,"currency":"EUR"}}`,
+		raw, c.ReplyQueue())
+	if err := ch.PublishWithContext(ctx, "", os.Getenv("SAS_QUEUE_PREFIX")+"submit", false, false,
+		amqp.Publishing{ContentType: "application/json", MessageId: raw, Body: []byte(body)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Await(ctx, raw); !errors.As(err, &rej) || rej.Reason != "invalid_encoding" {
+		t.Fatalf("a NUL posted by another program: Await said %v", err)
+	}
+
+	// (c) The same id with other content, right after the first order
+	// completed: the conflict, not the first order's outcome.
+	first := demoOrder(3)
+	id, err = c.Submit(ctx, first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := c.Await(ctx, id); err != nil || st.Status != "completed" {
+		t.Fatalf("the first order: %+v %v", st, err)
+	}
+	other := demoOrder(4)
+	other.ID = id
+	if _, err := c.Submit(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := c.Await(ctx, id); !errors.As(err, &rej) || rej.Reason != "conflict" {
+		t.Fatalf("the same id with other content: Await said %+v %v, want the conflict", st, err)
+	}
+	// The first content again is the first order: its outcome.
+	first.ID = id
+	if _, err := c.Submit(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := c.Await(ctx, id); err != nil || st.Status != "completed" {
+		t.Fatalf("the first content again: %+v %v", st, err)
+	}
+	// Refused, then corrected: the corrected order's outcome, not the old
+	// refusal.
+	bad := client.Order{ID: messages.NewID(), Workflow: "teleport", Payload: map[string]any{"customer": "c"}}
+	if _, err := c.Submit(ctx, bad); err != nil {
+		t.Fatal(err)
+	}
+	good := demoOrder(5)
+	good.ID = bad.ID
+	if _, err := c.Submit(ctx, good); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := c.Await(ctx, bad.ID); err != nil || st.Status != "completed" {
+		t.Fatalf("refused, then corrected: %+v %v", st, err)
 	}
 }

@@ -766,3 +766,38 @@ func StepRefOf(body []byte) (orderID string, step, attempt int, ok bool) {
 	id, _ := CanonicalID(ref.OrderID)
 	return id, ref.Step, ref.Attempt, true
 }
+
+// SubmitRefOf reads, as leniently as encoding/json does, the order id and
+// reply_to of a submit that DecodeSubmitOrder refused, so that the
+// submitter can tell its sender why: a refusal made after reply_to could
+// be read reaches it. ok is false when the body names no valid order id
+// and reply_to queue.
+func SubmitRefOf(body []byte) (orderID, replyTo string, ok bool) {
+	var ref struct {
+		OrderID string `json:"order_id"`
+		ReplyTo string `json:"reply_to"`
+	}
+	if len(body) > MaxBodyBytes || json.Unmarshal(body, &ref) != nil || ref.ReplyTo == "" {
+		return "", "", false
+	}
+	id, okID := CanonicalID(ref.OrderID)
+	if !okID || checkName("reply_to", ref.ReplyTo, 255) != nil || checkReplyTo(ref.ReplyTo) != nil {
+		return "", "", false
+	}
+	return id, ref.ReplyTo, true
+}
+
+// CorrelationID is the AMQP correlation_id of a submit as sas sends it
+// back with the status event that answers the submit: at most 255
+// visible ASCII characters, else none.
+func CorrelationID(id string) string {
+	if len(id) > 255 {
+		return ""
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] <= ' ' || id[i] >= 0x7f {
+			return ""
+		}
+	}
+	return id
+}

@@ -133,11 +133,12 @@ start:
 		}
 		for _, t := range targets {
 			p, err := r.pub.Start(ctx, t.exchange, t.key, amqp.Publishing{
-				ContentType: messages.ContentType,
-				Type:        t.msgType,
-				MessageId:   m.MessageID,
-				Headers:     headers,
-				Body:        m.Body,
+				ContentType:   messages.ContentType,
+				Type:          t.msgType,
+				MessageId:     m.MessageID,
+				CorrelationId: m.CorrelationID,
+				Headers:       headers,
+				Body:          m.Body,
 			})
 			if err != nil {
 				fail(i, err)

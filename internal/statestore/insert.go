@@ -39,6 +39,9 @@ type NewOrder struct {
 	// Traceparent is the W3C trace context every later span of the order
 	// joins; "" when tracing is off.
 	Traceparent string
+	// CorrelationID is the submit's AMQP correlation_id, sent back with
+	// the order's "received" event (migration 0022); "" for none.
+	CorrelationID string
 }
 
 // Failure policies.
@@ -107,7 +110,8 @@ func IdempotencyKey(orderID string, step int, name string) string {
 // instead of once per order. ON CONFLICT DO NOTHING makes a resubmission
 // write nothing; the caller then compares payload hashes. Orders come as parallel arrays ($1..$10, one element per order),
 // steps as parallel arrays ($11..$21, one element per step, $11 the
-// 1-based index of its order), then the orders' traceparents ($22). Order ids must be distinct. It returns the
+// 1-based index of its order), then the orders' traceparents ($22) and
+// correlation ids ($23). Order ids must be distinct. It returns the
 // index of every order it wrote. A step created waiting gets no history
 // row: its own row says as much, and its history begins when it leaves
 // waiting (so a step's history with no creation row starts in waiting).
@@ -116,9 +120,9 @@ func IdempotencyKey(orderID string, step int, name string) string {
 const insertOrdersSQL = `
 WITH o AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int[],
-                         $6::text[], $7::timestamptz[], $8::bytea[], $9::text[], $10::text[], $22::text[]) WITH ORDINALITY
+                         $6::text[], $7::timestamptz[], $8::bytea[], $9::text[], $10::text[], $22::text[], $23::text[]) WITH ORDINALITY
         AS o(order_id, workflow, workflow_version, payload, priority, reply_to, placed_at, payload_hash, failure_policy, actor,
-             traceparent, idx)
+             traceparent, correlation_id, idx)
 ), ins AS (
     INSERT INTO orders (order_id, workflow, workflow_version, payload, priority, reply_to, placed_at, payload_hash, failure_policy,
                         traceparent)
@@ -148,8 +152,8 @@ WITH o AS (
     SELECT st.order_id, st.step, NULL, st.process_state, insd.actor, 'submitted' FROM st JOIN insd ON insd.order_id = st.order_id
     WHERE st.process_state <> 'waiting'
 ), ev AS (
-    INSERT INTO outbox (message_type, order_id, reply_to, body)
-    SELECT 'status_event', order_id, NULLIF(reply_to, ''), status_event_body(order_id, 'received', NULL)
+    INSERT INTO outbox (message_type, order_id, reply_to, body, correlation_id)
+    SELECT 'status_event', order_id, NULLIF(reply_to, ''), status_event_body(order_id, 'received', NULL), NULLIF(correlation_id, '')
     FROM insd
 )
 SELECT idx::int FROM insd`
@@ -234,7 +238,7 @@ func (s *Store) InsertOrders(ctx context.Context, orders []NewOrder) ([]InsertOu
 // insertArrays are insertOrdersSQL's parallel arrays.
 type insertArrays struct {
 	ids, workflows, versions, replyTos, policies, actors []string
-	traceparents                                         []string
+	traceparents, correlations                           []string
 	payloads                                             []string // JSON
 	priorities                                           []int32
 	placedAt                                             []*time.Time
@@ -258,6 +262,7 @@ func (a *insertArrays) add(o NewOrder, idx int) {
 	a.policies = append(a.policies, cmp.Or(o.FailurePolicy, PolicyCompensate))
 	a.actors = append(a.actors, o.Actor)
 	a.traceparents = append(a.traceparents, o.Traceparent)
+	a.correlations = append(a.correlations, o.CorrelationID)
 	for i, st := range o.Steps {
 		a.stepOrder = append(a.stepOrder, int32(idx))
 		a.names = append(a.names, st.Name)
@@ -277,7 +282,7 @@ func (a *insertArrays) args() []any {
 	return []any{a.ids, a.workflows, a.versions, a.payloads, a.priorities, a.replyTos, a.placedAt,
 		a.hashes, a.policies, a.actors,
 		a.stepOrder, a.names, a.agents, a.timeouts, a.maxFailures, a.keys, a.kinds, a.compensates, a.stepNo,
-		a.backoffBases, a.backoffMaxes, a.traceparents}
+		a.backoffBases, a.backoffMaxes, a.traceparents, a.correlations}
 }
 
 // existing tells a duplicate from a conflict for an order whose insert

@@ -22,6 +22,9 @@ type OutboxMessage struct {
 	OrderID   string
 	ReplyTo   string // the order's status queue, or ""
 	Body      []byte
+	// CorrelationID is the submission a "received" or "rejected" event
+	// answers (its submit's correlation_id), "" for any other.
+	CorrelationID string
 	// Traceparent is the order's trace context (W3C), read only by a
 	// store that keeps traces (TraceOrders); "" otherwise.
 	Traceparent string
@@ -83,13 +86,14 @@ SELECT set_config('sas.relay_locked', pg_try_advisory_xact_lock(hashtextextended
 // before it got the lock would miss the deletes of the relay that held it
 // until then, and take its messages again.
 const relayRead = `
-SELECT id, message_id::text, message_type, order_id::text, coalesce(reply_to, ''), body
+SELECT id, message_id::text, message_type, order_id::text, coalesce(reply_to, ''), body, coalesce(correlation_id, '')
 FROM outbox WHERE current_setting('sas.relay_locked') = 'true' ORDER BY id LIMIT $1`
 
 // relayReadTraced is relayRead with each message's order's traceparent,
 // for a process that traces: one primary-key lookup in orders a message.
 const relayReadTraced = `
-SELECT m.id, m.message_id::text, m.message_type, m.order_id::text, coalesce(m.reply_to, ''), m.body, coalesce(o.traceparent, '')
+SELECT m.id, m.message_id::text, m.message_type, m.order_id::text, coalesce(m.reply_to, ''), m.body, coalesce(m.correlation_id, ''),
+       coalesce(o.traceparent, '')
 FROM (SELECT * FROM outbox WHERE current_setting('sas.relay_locked') = 'true' ORDER BY id LIMIT $1) m
 LEFT JOIN orders o ON o.order_id = m.order_id
 ORDER BY m.id`
@@ -110,7 +114,7 @@ func relay(ctx context.Context, conn *pgx.Conn, traced bool, limit int, publish 
 		var err error
 		msgs, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (OutboxMessage, error) {
 			var m OutboxMessage
-			dst := []any{&m.ID, &m.MessageID, &m.Type, &m.OrderID, &m.ReplyTo, &m.Body}
+			dst := []any{&m.ID, &m.MessageID, &m.Type, &m.OrderID, &m.ReplyTo, &m.Body, &m.CorrelationID}
 			if traced {
 				dst = append(dst, &m.Traceparent)
 			}
@@ -167,15 +171,16 @@ func (s *Store) OutboxBacklog(ctx context.Context) (int, error) {
 
 // TellRejected writes a status event for a submit the submitter refused
 // (body: a "rejected" StatusEvent, encoded by the caller) to the outbox,
-// for the relay to send to replyTo alone, and wakes the relays: the
-// application learns its order does not exist, and the submitter needs
-// no right to publish anywhere but its own queues.
-func (s *Store) TellRejected(ctx context.Context, orderID, replyTo string, body []byte) error {
+// for the relay to send to replyTo alone with the submit's correlationID
+// (or none), and wakes the relays: the application learns its order does
+// not exist, and the submitter needs no right to publish anywhere but its
+// own queues.
+func (s *Store) TellRejected(ctx context.Context, orderID, replyTo, correlationID string, body []byte) error {
 	_, err := s.pool.Exec(ctx, `
 WITH ev AS (
-    INSERT INTO outbox (message_type, order_id, reply_to, body) VALUES ('status_event', $1, $2, $3)
+    INSERT INTO outbox (message_type, order_id, reply_to, body, correlation_id) VALUES ('status_event', $1, $2, $3, NULLIF($5, ''))
 )
-SELECT pg_notify($4, current_schema())`, orderID, replyTo, string(body), ChannelOutbox)
+SELECT pg_notify($4, current_schema())`, orderID, replyTo, string(body), ChannelOutbox, correlationID)
 	if err != nil {
 		return fmt.Errorf("tell rejected order %s: %w", orderID, err)
 	}

@@ -169,17 +169,18 @@ type handler struct {
 // (done at SIGTERM) only stops retrying after a database error.
 func (h *handler) handle(ctx context.Context, d amqp.Delivery) error {
 	failpoint.Panic("panic-on-message", d.MessageId)
+	corr := messages.CorrelationID(d.CorrelationId)
 	if err := messages.CheckContentType(d.ContentType); err != nil {
-		return h.reject(err)
+		return h.reject(d.Body, corr, err)
 	}
 	o, err := messages.DecodeSubmitOrder(d.Body)
 	if err != nil {
-		return h.reject(err)
+		return h.reject(d.Body, corr, err)
 	}
 	wf, ok := h.workflows.Lookup(o.Workflow)
 	if !ok {
 		h.metrics.orders.WithLabelValues("rejected").Inc()
-		return h.refuse(ctx, o, ReasonUnknownWorkflow, fmt.Sprintf("workflow %q is not defined (known: %v)", o.Workflow, h.workflows.Names()))
+		return h.refuse(o.OrderID, o.ReplyTo, corr, ReasonUnknownWorkflow, fmt.Sprintf("workflow %q is not defined (known: %v)", o.Workflow, h.workflows.Names()))
 	}
 	payload := o.PayloadJSON()
 	// Decoded once: for the schema and for the canonical form's hash.
@@ -191,11 +192,12 @@ func (h *handler) handle(ctx context.Context, d amqp.Delivery) error {
 		h.metrics.orders.WithLabelValues("rejected").Inc()
 		var pe *workflow.PayloadError
 		if errors.As(err, &pe) {
-			return h.refuse(ctx, o, messages.ReasonInvalidPayload, fmt.Sprintf("at %s: %s", cmp.Or(pe.Pointer, "/"), pe.Detail))
+			return h.refuse(o.OrderID, o.ReplyTo, corr, messages.ReasonInvalidPayload, fmt.Sprintf("at %s: %s", cmp.Or(pe.Pointer, "/"), pe.Detail))
 		}
-		return h.refuse(ctx, o, messages.ReasonInvalidPayload, err.Error())
+		return h.refuse(o.OrderID, o.ReplyTo, corr, messages.ReasonInvalidPayload, err.Error())
 	}
 	nw := newOrder(o, payload, value, wf, h.stepTimeout, h.actor)
+	nw.CorrelationID = corr
 	// The order's trace: the application's, when its message carries a
 	// valid traceparent, else a new one. Every later span of the order
 	// joins it through the traceparent stored with the order.
@@ -249,37 +251,46 @@ func (h *handler) handle(ctx context.Context, d amqp.Delivery) error {
 		return nil
 	case errors.Is(err, statestore.ErrConflict):
 		h.metrics.orders.WithLabelValues("rejected").Inc()
-		return h.refuse(ctx, o, ReasonConflict, fmt.Sprintf("order_id %s was already submitted with a different payload", o.OrderID))
+		return h.refuse(o.OrderID, o.ReplyTo, corr, ReasonConflict, fmt.Sprintf("order_id %s was already submitted with a different payload", o.OrderID))
 	case errors.Is(err, statestore.ErrInvalidData):
 		h.metrics.orders.WithLabelValues("rejected").Inc()
-		return h.refuse(ctx, o, messages.ReasonInvalidValue, err.Error())
+		return h.refuse(o.OrderID, o.ReplyTo, corr, messages.ReasonInvalidValue, err.Error())
 	}
 	return err // shutting down: back to the queue
 }
 
-// refuse dead-letters a submit that was read, and tells its reply_to queue,
-// if it named one, with a status event "rejected" carrying the reason and
-// detail (through the outbox, which the relay sends to reply_to only): the
-// application learns that its order does not exist. Telling is best
-// effort: the dead letter is the record.
-func (h *handler) refuse(ctx context.Context, o messages.SubmitOrder, reason, detail string) error {
-	if o.ReplyTo != "" {
-		ev := messages.StatusEvent{SchemaVersion: messages.SchemaVersion, OrderID: o.OrderID, Status: messages.StatusRejected,
+// refuse dead-letters a submit, and tells its reply_to queue, if it named
+// one, with a status event "rejected" carrying the reason and detail and
+// the submit's correlation id (through the outbox, which the relay sends
+// to reply_to only): the application learns that its order does not
+// exist. The detail is bounded here, where it is made, so that the event
+// always fits. Telling is best effort: the dead letter is the record.
+func (h *handler) refuse(orderID, replyTo, corr, reason, detail string) error {
+	detail = messages.BoundText(detail, messages.MaxReasonBytes)
+	if replyTo != "" {
+		ev := messages.StatusEvent{SchemaVersion: messages.SchemaVersion, OrderID: orderID, Status: messages.StatusRejected,
 			At: time.Now().UTC(), Reason: reason, Detail: detail}
 		body, err := messages.Encode(ev)
 		if err == nil {
-			err = h.store.TellRejected(h.workCtx, o.OrderID, o.ReplyTo, body)
+			err = h.store.TellRejected(h.workCtx, orderID, replyTo, corr, body)
 		}
 		if err != nil {
-			h.logger.Warn("could not tell reply_to that the order was rejected", "order_id", o.OrderID, "reply_to", o.ReplyTo, "err", err)
+			h.logger.Warn("could not tell reply_to that the order was rejected", "order_id", orderID, "reply_to", replyTo, "err", err)
 		}
 	}
 	return broker.Reject(reason, detail)
 }
 
-func (h *handler) reject(err error) error {
+// reject refuses a submit whose body could not be read as one: it is
+// dead-lettered with the decoder's reason, and if the body still names an
+// order id and a reply_to, that queue is told as for any refusal.
+func (h *handler) reject(body []byte, corr string, err error) error {
 	h.metrics.orders.WithLabelValues("rejected").Inc()
-	return broker.RejectFor(err, messages.ReasonInvalidValue)
+	rej := broker.RejectFor(err, messages.ReasonInvalidValue).(*broker.Rejection)
+	if orderID, replyTo, ok := messages.SubmitRefOf(body); ok {
+		return h.refuse(orderID, replyTo, corr, rej.Reason, rej.Detail)
+	}
+	return rej
 }
 
 func newOrder(o messages.SubmitOrder, payload []byte, value any, wf workflow.Workflow, stepTimeout time.Duration, actor string) statestore.NewOrder {
