@@ -238,3 +238,66 @@ func TestRefusedReplyFailsItsStepAtOnce(t *testing.T) {
 		t.Fatal("a reply naming an attempt that is not running changed the step")
 	}
 }
+
+// TestCostlySchemaRefusesThePayloadNotTheSubmitter: a workflow's schema
+// with a recursive anyOf whose branches both descend makes checking a
+// payload take twice as long per level of nesting (a 57-byte payload
+// nested 26 deep: minutes). The real submitter refuses it at once,
+// dead-lettered invalid_payload with the reason and a rejected event to
+// its reply_to, and goes on writing the orders after it.
+func TestCostlySchemaRefusesThePayloadNotTheSubmitter(t *testing.T) {
+	t.Parallel()
+	file := writeFile(t, "costly.yaml", `
+workflows:
+  - name: costly
+    payload_schema:
+      type: object
+      properties: {a: {$ref: "#/$defs/n"}}
+      $defs:
+        n:
+          anyOf:
+            - {type: array, items: {$ref: "#/$defs/n"}}
+            - {type: array, items: {$ref: "#/$defs/n"}}
+    steps:
+      - {action: work, agent: custom, timeout: 60s}
+`)
+	st := newStackFor(t, []string{"custom"})
+	sub := start(t, "submitter", append(append([]string{}, st.env...), "SAS_WORKFLOWS_FILE="+file))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(sub.tail())
+		}
+	})
+	// A scheduler's relay sends the events to reply_to.
+	start(t, "scheduler", append(append([]string{}, st.env...), "SAS_WORKFLOWS_FILE="+file))
+	ch := amqpChannel(t)
+	replyTo := "costly-" + testenv.RandomSuffix(6)
+	if _, err := ch.QueueDeclare(replyTo, false, true, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	bad, good := messages.NewID(), messages.NewID()
+	payload := `{"a":` + strings.Repeat("[", 26) + "1" + strings.Repeat("]", 26) + `}`
+	withReply := func(id, payload string) []byte {
+		return []byte(fmt.Sprintf(`{"schema_version":2,"order_id":%q,"workflow":"costly","reply_to":%q,"payload":%s}`, id, replyTo, payload))
+	}
+	publish(t, ch, st.submit, messages.ContentType, bad, withReply(bad, payload))
+	publish(t, ch, st.submit, messages.ContentType, good, withReply(good, `{"a":[[]]}`))
+	testenv.Eventually(t, 30*time.Second, "the order after it written", func() bool {
+		return st.count(t, `SELECT count(*) FROM orders WHERE order_id = $1`, good) == 1
+	})
+	dl := drain(t, ch, st.dlq, 1, 10*time.Second)[0]
+	if dl.Headers["x-error-reason"] != "invalid_payload" || !strings.Contains(fmt.Sprint(dl.Headers["x-error-detail"]), "would take more than") {
+		t.Fatalf("dead letter %v: %v", dl.Headers["x-error-reason"], dl.Headers["x-error-detail"])
+	}
+	events := drain(t, ch, replyTo, 2, 30*time.Second)
+	var rejected int
+	for _, d := range events {
+		ev, err := messages.DecodeStatusEvent(d.Body)
+		if err == nil && ev.OrderID == bad && ev.Status == messages.StatusRejected && ev.Reason == "invalid_payload" {
+			rejected++
+		}
+	}
+	if rejected != 1 {
+		t.Fatalf("reply_to did not hear of the refusal: %d events", len(events))
+	}
+}

@@ -241,8 +241,13 @@ func (p *parser) workflow(n *yaml.Node) (Workflow, bool) {
 			}
 			wf.Policy = v.Value
 		},
-		"payload_schema": func(v *yaml.Node) { wf.PayloadSchema, wf.schema = p.schema(v) },
-		"steps":          func(v *yaml.Node) { stepsNode = v },
+		"payload_schema": func(v *yaml.Node) {
+			wf.PayloadSchema, wf.schema = p.schema(v)
+			if wf.schema != nil {
+				wf.schemaCost = newSchemaCost(wf.schema)
+			}
+		},
+		"steps": func(v *yaml.Node) { stepsNode = v },
 	}, "name", "steps")
 	if stepsNode != nil {
 		p.steps(stepsNode, &wf)

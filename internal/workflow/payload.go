@@ -3,6 +3,7 @@ package workflow
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"strings"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
@@ -45,9 +46,18 @@ func (wf Workflow) CheckPayload(payload []byte) error {
 
 // CheckPayloadValue is CheckPayload for a payload already decoded with
 // numbers as json.Number (messages.PayloadValue).
+//
+// A payload whose check would take more than MaxSchemaSteps evaluations
+// is refused, with that reason, before any: a submitter never spends more
+// than a bounded time on one payload, whatever the schema and payload.
 func (wf Workflow) CheckPayloadValue(v any) error {
 	if wf.schema == nil {
 		return nil
+	}
+	if wf.schemaCost != nil && !wf.schemaCost.within(v, MaxSchemaSteps) {
+		return &PayloadError{Detail: fmt.Sprintf("checking it against the workflow's schema would take more than %d steps "+
+			"(the schema applies itself to this payload's values too many ways, as a recursive anyOf or oneOf does at every level of nesting): "+
+			"nest it less, or simplify the schema", MaxSchemaSteps)}
 	}
 	err := wf.schema.Validate(v)
 	if err == nil {

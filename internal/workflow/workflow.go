@@ -61,8 +61,9 @@ type Workflow struct {
 	PayloadSchema json.RawMessage `json:"payload_schema,omitempty"`
 	Steps         []Step          `json:"steps"`
 
-	schema  *jsonschema.Schema
-	version string // set by Parse: Version is read for every order
+	schema     *jsonschema.Schema
+	schemaCost *schemaCost // bounds the work of checking a payload
+	version    string      // set by Parse: Version is read for every order
 }
 
 // Definition is the workflow's canonical JSON: what its version hashes
