@@ -247,20 +247,7 @@ func TestRefusedReplyFailsItsStepAtOnce(t *testing.T) {
 // its reply_to, and goes on writing the orders after it.
 func TestCostlySchemaRefusesThePayloadNotTheSubmitter(t *testing.T) {
 	t.Parallel()
-	file := writeFile(t, "costly.yaml", `
-workflows:
-  - name: costly
-    payload_schema:
-      type: object
-      properties: {a: {$ref: "#/$defs/n"}}
-      $defs:
-        n:
-          anyOf:
-            - {type: array, items: {$ref: "#/$defs/n"}}
-            - {type: array, items: {$ref: "#/$defs/n"}}
-    steps:
-      - {action: work, agent: custom, timeout: 60s}
-`)
+	file := writeFile(t, "costly.yaml", badinput.CostlyWorkflow("custom"))
 	st := newStackFor(t, []string{"custom"})
 	sub := start(t, "submitter", append(append([]string{}, st.env...), "SAS_WORKFLOWS_FILE="+file))
 	t.Cleanup(func() {
@@ -276,7 +263,7 @@ workflows:
 		t.Fatal(err)
 	}
 	bad, good := messages.NewID(), messages.NewID()
-	payload := `{"a":` + strings.Repeat("[", 26) + "1" + strings.Repeat("]", 26) + `}`
+	payload := badinput.CostlyPayload(26)
 	withReply := func(id, payload string) []byte {
 		return []byte(fmt.Sprintf(`{"schema_version":2,"order_id":%q,"workflow":"costly","reply_to":%q,"payload":%s}`, id, replyTo, payload))
 	}

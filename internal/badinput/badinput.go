@@ -228,3 +228,31 @@ func Answers() []Answer {
 		{"nested 32 deep", []byte(nested(32)), false},
 	}
 }
+
+// CostlyWorkflow is a workflows file whose one workflow, "costly", has a
+// legal payload schema that makes checking a payload twice as long per
+// level of nesting (a recursive anyOf whose branches both descend), its
+// one step done by agent kind agent. CostlyPayload is such a payload,
+// nested depth deep in "a"; every payload it accepts nests empty arrays.
+func CostlyWorkflow(agent string) string {
+	return `
+workflows:
+  - name: costly
+    payload_schema:
+      type: object
+      properties: {a: {$ref: "#/$defs/n"}}
+      $defs:
+        n:
+          anyOf:
+            - {type: array, items: {$ref: "#/$defs/n"}}
+            - {type: array, items: {$ref: "#/$defs/n"}}
+    steps:
+      - {action: work, agent: ` + agent + `, timeout: 60s}
+`
+}
+
+// CostlyPayload is a payload of CostlyWorkflow's that its schema refuses
+// only at the bottom, depth levels down: the costliest to check.
+func CostlyPayload(depth int) string {
+	return `{"a":` + strings.Repeat("[", depth) + "1" + strings.Repeat("]", depth) + `}`
+}

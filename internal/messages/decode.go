@@ -115,14 +115,8 @@ func decodeBody(body []byte, dst any, required, opaque []string, fast bool) erro
 	if len(body) > MaxBodyBytes {
 		return reject(ReasonTooLarge, "body is %d bytes, limit %d", len(body), MaxBodyBytes)
 	}
-	if !utf8.Valid(body) {
-		return reject(ReasonInvalidEncoding, "body is not valid UTF-8")
-	}
-	if i := bytes.IndexByte(body, 0); i >= 0 {
-		return reject(ReasonInvalidEncoding, "NUL byte at offset %d", i)
-	}
-	if i, ok := loneSurrogate(body); ok {
-		return reject(ReasonInvalidEncoding, "\\u escape at offset %d is half of a UTF-16 surrogate pair: it names no character (decoders would store U+FFFD instead)", i)
+	if err := checkEncoding(body, "body"); err != nil {
+		return err
 	}
 	var members []member
 	var err error
@@ -183,6 +177,21 @@ func decodeBody(body []byte, dst any, required, opaque []string, fast bool) erro
 			return reject(ReasonUnknownField, "%s", strings.TrimPrefix(err.Error(), "json: "))
 		}
 		return reject(ReasonInvalidValue, "%v", err)
+	}
+	return nil
+}
+
+// checkEncoding refuses text (what names it in a refusal) that is not
+// valid UTF-8, holds a NUL byte, or escapes half of a surrogate pair.
+func checkEncoding(text []byte, what string) error {
+	if !utf8.Valid(text) {
+		return reject(ReasonInvalidEncoding, "%s is not valid UTF-8", what)
+	}
+	if i := bytes.IndexByte(text, 0); i >= 0 {
+		return reject(ReasonInvalidEncoding, "NUL byte at offset %d", i)
+	}
+	if i, ok := loneSurrogate(text); ok {
+		return reject(ReasonInvalidEncoding, "\\u escape at offset %d is half of a UTF-16 surrogate pair: it names no character (decoders would store U+FFFD instead)", i)
 	}
 	return nil
 }
@@ -685,14 +694,8 @@ func CheckResult(raw []byte, maxBytes int) error { return checkJSON(raw, maxByte
 // checkJSON is CheckJSON for a value at depth (1: a member of a message's
 // object).
 func checkJSON(raw []byte, maxBytes, depth int) error {
-	if !utf8.Valid(raw) {
-		return reject(ReasonInvalidEncoding, "not valid UTF-8")
-	}
-	if i := bytes.IndexByte(raw, 0); i >= 0 {
-		return reject(ReasonInvalidEncoding, "NUL byte at offset %d", i)
-	}
-	if i, ok := loneSurrogate(raw); ok {
-		return reject(ReasonInvalidEncoding, "\\u escape at offset %d is half of a UTF-16 surrogate pair: it names no character", i)
+	if err := checkEncoding(raw, "value"); err != nil {
+		return err
 	}
 	if !json.Valid(raw) {
 		return reject(ReasonNotJSON, "not valid JSON")

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"sas/internal/badinput"
 	"sas/internal/messages"
 )
 
@@ -82,25 +83,12 @@ func TestCheckingAPayloadIsBounded(t *testing.T) {
 // validator spends its time.
 func TestACostlySchemaIsCaughtFromTheFile(t *testing.T) {
 	t.Parallel()
-	reg, err := Parse("w.yaml", []byte(`
-workflows:
-  - name: costly
-    payload_schema:
-      type: object
-      properties: {a: {$ref: "#/$defs/n"}}
-      $defs:
-        n:
-          anyOf:
-            - {type: array, items: {$ref: "#/$defs/n"}}
-            - {type: array, items: {$ref: "#/$defs/n"}}
-    steps:
-      - {action: a, agent: k}
-`))
+	reg, err := Parse("w.yaml", []byte(badinput.CostlyWorkflow("k")))
 	if err != nil {
 		t.Fatal(err)
 	}
 	wf, _ := reg.Lookup("costly")
-	v, _ := messages.PayloadValue([]byte(`{"a":` + nest("[", "]", "1", 30) + `}`))
+	v, _ := messages.PayloadValue([]byte(badinput.CostlyPayload(30)))
 	var pe *PayloadError
 	if err := wf.CheckPayloadValue(v); !errors.As(err, &pe) || pe.Pointer != "" || !strings.Contains(pe.Detail, "steps") {
 		t.Fatalf("a payload nested 30 deep: %v", err)
