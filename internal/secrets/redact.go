@@ -1,6 +1,7 @@
 package secrets
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -288,6 +289,24 @@ func isTokenChar(c byte) bool {
 	return c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || strings.IndexByte("-._~+/=", c) >= 0
 }
 
+// mayHide reports whether raw, a JSON text, may hold something String
+// would hide: a secret as written, an escape (which may spell one), or
+// what Scrub looks for. Most results hold none, and are passed as they
+// are without reading a string of them.
+func (r *Redactor) mayHide(raw []byte) bool {
+	if bytes.IndexByte(raw, '\\') >= 0 || bytes.Contains(raw, []byte("://")) || bytes.Contains(raw, []byte("password=")) {
+		return true
+	}
+	if r != nil {
+		for _, sec := range r.secrets {
+			if bytes.Contains(raw, []byte(sec)) {
+				return true
+			}
+		}
+	}
+	return hasAuthScheme(string(raw))
+}
+
 // credentialLike: a word after an auth scheme is taken for a credential
 // when it is at least 8 characters and has a digit, a base64 sign, or
 // both cases ("eyJhbGci", "sk_live_4f2"): prose after "basic" or "token"
@@ -344,6 +363,9 @@ func scrubAuth(s string) string {
 // string; every other byte stays as it was. It returns raw itself when
 // nothing changes. raw must be valid JSON.
 func (r *Redactor) JSON(raw []byte) []byte {
+	if !r.mayHide(raw) {
+		return raw
+	}
 	var out []byte
 	last := 0
 	for i := 0; i < len(raw); i++ {
