@@ -151,9 +151,10 @@ type directory struct {
 	modTime time.Time
 	size    int64
 	// dummy is a hash at the highest cost among the users, to check an
-	// unknown name against; floor is how long the last check at that cost
-	// took: every check lasts at least that long, so neither an unknown
-	// name nor a user whose hash is cheaper can be told apart by time.
+	// unknown name against; floor is how long the recent checks at that
+	// cost took: every check lasts at least that long, so neither an
+	// unknown name nor a user whose hash is cheaper can be told apart by
+	// time.
 	dummy []byte
 	floor time.Duration
 	// checks holds a slot for each password being checked: bcrypt takes
@@ -294,9 +295,12 @@ func (d *directory) authenticate(ctx context.Context, name, password string) (Us
 	took := time.Since(start)
 	<-d.checks
 	if bytesCost(hash) == bytesCost(dummy) {
+		// The floor follows the checks at the dearest cost: up at once,
+		// down by an eighth a check, so that a check slowed by a busy
+		// moment does not leave the others to be told apart.
 		d.mu.Lock()
 		if bytes.Equal(d.dummy, dummy) {
-			d.floor = took
+			d.floor = max(took, d.floor-d.floor/8)
 		}
 		d.mu.Unlock()
 	}
