@@ -72,6 +72,17 @@ type Status struct {
 	// by action name; ResultsTruncated says they were too large to send.
 	Results          json.RawMessage
 	ResultsTruncated bool
+	// On the event that ends an order failed or in error, why: Reason is
+	// refused (a step's service refused it for good), timed_out (a step's
+	// complete_by passed as often as it may) or cancelled (an operator
+	// cancelled the order); FailedStep names the step that failed (Step
+	// is its number); Detail holds its last error and its service's last
+	// answer, in their words; Undone names the actions whose effects
+	// were undone, whose results Results still shows.
+	Reason     string
+	FailedStep string
+	Detail     string
+	Undone     []string
 }
 
 // Ended reports whether the order ended (completed or failed) or is held
@@ -475,7 +486,8 @@ func (c *Client) deliver(d amqp.Delivery) {
 	}
 	if ev.Status != messages.StatusRejected {
 		t.events = append(t.events, Status{OrderID: ev.OrderID, Status: ev.Status, Step: ev.Step, At: ev.At,
-			Results: ev.Results, ResultsTruncated: ev.ResultsTruncated})
+			Results: ev.Results, ResultsTruncated: ev.ResultsTruncated,
+			Reason: ev.Reason, FailedStep: ev.FailedStep, Detail: ev.Detail, Undone: ev.Undone})
 	}
 	close(t.changed)
 	t.changed = make(chan struct{})

@@ -227,6 +227,9 @@ func (a *app) printOrder(d statestore.OrderDetail) error {
 		if s.LastError != "" {
 			notes = append(notes, "last error: "+s.LastError)
 		}
+		if s.LastAnswer != "" {
+			notes = append(notes, "the service's last answer: "+s.LastAnswer)
+		}
 		if len(s.Result) > 0 && string(s.Result) != "null" {
 			notes = append(notes, "result: "+string(s.Result))
 		}

@@ -287,8 +287,9 @@ func (a *agent) handle(ctx context.Context, kind string, d amqp.Delivery) error 
 	switch res.outcome {
 	case callAbandoned:
 		a.metrics.requests.WithLabelValues(kind, "abandoned").Inc()
-		span.AddEvent("complete_by reached while retrying: gave up without reply")
-		log.Info("complete_by reached while retrying; giving up without reply", "last_error", res.reason)
+		span.AddEvent("complete_by reached while retrying: gave up")
+		log.Info("complete_by reached while retrying; giving up", "last_error", res.reason, "last_answer", res.lastAnswer)
+		a.noteAnswer(hctx, req, reply, res.lastAnswer)
 		return nil
 	case callShutdown:
 		a.metrics.requests.WithLabelValues(kind, "requeued").Inc()
@@ -297,6 +298,7 @@ func (a *agent) handle(ctx context.Context, kind string, d amqp.Delivery) error 
 		reply.Outcome, reply.Result = messages.OutcomeOK, a.redact.JSON(res.result)
 	case callPermanent:
 		reply.Outcome, reply.Error = messages.OutcomeFailed, failureText(a.redact.String(res.reason))
+		reply.LastAnswer = a.answerText(res.lastAnswer)
 		span.SetStatus(codes.Error, reply.Error)
 	}
 	span.SetAttributes(attribute.String("sas.outcome", reply.Outcome))
@@ -319,6 +321,29 @@ func (a *agent) handle(ctx context.Context, kind string, d amqp.Delivery) error 
 	a.metrics.requests.WithLabelValues(kind, reply.Outcome).Inc()
 	log.Debug("replied", "outcome", reply.Outcome)
 	return nil
+}
+
+// answerText is a service's answer as a reply carries it: redacted and
+// made to fit (messages.BoundText).
+func (a *agent) answerText(answer string) string {
+	return strings.TrimSpace(messages.BoundText(a.redact.String(answer), messages.MaxAnswerBytes))
+}
+
+// noteAnswer tells the scheduler, before complete_by, the last answer the
+// service gave for an attempt the agent gave up on: an abandoned reply,
+// which changes nothing but the step's last answer, so that "complete_by
+// passed" can be told from "down" and "refusing". Past complete_by it
+// sends nothing: the attempt is no longer the agent's to speak for.
+func (a *agent) noteAnswer(ctx context.Context, req messages.StepRequest, reply messages.StepReply, answer string) {
+	if answer = a.answerText(answer); answer == "" {
+		return
+	}
+	reply.Outcome, reply.LastAnswer = messages.OutcomeAbandoned, answer
+	nctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), req.CompleteBy)
+	defer cancel()
+	if err := a.sendReply(nctx, reply); err != nil {
+		a.logger.Info("could not note the last answer before complete_by", "order_id", req.OrderID, "step", req.Step, "err", err)
+	}
 }
 
 // failureText is a failure's reason as a reply carries it: the words of

@@ -38,6 +38,9 @@ type callResult struct {
 	outcome callOutcome
 	result  json.RawMessage
 	reason  string
+	// lastAnswer is the last answer the service gave that was not the
+	// result (attempt.answer), "" when every try got one or none was made.
+	lastAnswer string
 }
 
 // call is one step's call: the same on every retry.
@@ -77,6 +80,10 @@ type attempt struct {
 	detail     string
 	body       []byte
 	status     int // the HTTP status, 0 when none came
+	// answer is what the service answered, for an operator: the status
+	// and the start of the body, or why no answer came; "" when no call
+	// was made (the circuit was open) or the answer is the result.
+	answer string
 }
 
 // call performs cl at ep until it succeeds, fails for good, or the
@@ -87,6 +94,7 @@ func (c *caller) call(ctx context.Context, ep *endpoint, cl call) callResult {
 	endpoint := cl.action
 	deadline, _ := ctx.Deadline()
 	br := c.breaker(endpoint)
+	last := ""
 	for n := 0; ; n++ {
 		var a attempt
 		if br.allow() {
@@ -95,14 +103,19 @@ func (c *caller) call(ctx context.Context, ep *endpoint, cl call) callResult {
 		} else {
 			a = attempt{reason: "circuit_open", detail: "circuit breaker open"}
 		}
+		if a.answer != "" {
+			last = a.answer
+		}
 		switch {
 		case a.ok:
 			return callResult{outcome: callOK, result: a.body}
 		case a.permanent:
-			return callResult{outcome: callPermanent, reason: a.detail}
+			return callResult{outcome: callPermanent, reason: a.detail, lastAnswer: last}
 		}
 		if ctx.Err() != nil {
-			return c.stopped(ctx)
+			res := c.stopped(ctx)
+			res.lastAnswer = last
+			return res
 		}
 		// Full jitter: a uniform wait up to the exponential ceiling.
 		ceiling := min(c.cfg.RetryMax, c.cfg.RetryBase<<min(n, 20))
@@ -110,14 +123,16 @@ func (c *caller) call(ctx context.Context, ep *endpoint, cl call) callResult {
 		wait = max(wait, a.retryAfter)
 		if !deadline.IsZero() && !c.now().Add(wait).Before(deadline) {
 			c.metrics.abandoned.WithLabelValues("deadline").Inc()
-			return callResult{outcome: callAbandoned, reason: a.detail}
+			return callResult{outcome: callAbandoned, reason: a.detail, lastAnswer: last}
 		}
 		c.metrics.retries.WithLabelValues(endpoint, a.reason).Inc()
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return c.stopped(ctx)
+			res := c.stopped(ctx)
+			res.lastAnswer = last
+			return res
 		case <-t.C:
 		}
 	}
@@ -181,11 +196,11 @@ func (c *caller) exchange(ctx context.Context, ep *endpoint, cl call) attempt {
 	c.tr.InjectHTTP(ctx, req.Header)
 	resp, err := ep.client.Do(req)
 	if err != nil {
-		reason := "network"
+		reason, answer := "network", "no answer: "+err.Error()
 		if errors.Is(err, context.DeadlineExceeded) {
-			reason = "timeout"
+			reason, answer = "timeout", fmt.Sprintf("no answer in time (the call's timeout is %s)", ep.timeout)
 		}
-		return attempt{reason: reason, detail: err.Error()}
+		return attempt{reason: reason, detail: err.Error(), answer: answer}
 	}
 	defer resp.Body.Close()
 	respBody, err := io.ReadAll(io.LimitReader(resp.Body, c.cfg.MaxResponseBytes+1))
@@ -195,6 +210,9 @@ func (c *caller) exchange(ctx context.Context, ep *endpoint, cl call) attempt {
 	status := resp.StatusCode
 	a := c.classify(status, resp.Header, respBody, endpoint)
 	a.status = status
+	if !a.ok {
+		a.answer = fmt.Sprintf("%d %s: %s", status, http.StatusText(status), respBody)
+	}
 	return a
 }
 

@@ -186,3 +186,51 @@ func TestCallCapsResponseSize(t *testing.T) {
 		t.Fatalf("%+v", res)
 	}
 }
+
+// TestCallKeepsTheServicesLastAnswer: a call that ends without a result
+// carries the last answer the service gave, so an operator can tell a
+// service that is down (503 with its own words), refusing (4xx), slow
+// (no answer in time) or gone (no connection).
+func TestCallKeepsTheServicesLastAnswer(t *testing.T) {
+	t.Parallel()
+	down := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte(`{"error":"mail relay down"}`))
+	}))
+	t.Cleanup(down.Close)
+	refusing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusUnprocessableEntity)
+		_, _ = w.Write([]byte(`{"error":"no such plan"}`))
+	}))
+	t.Cleanup(refusing.Close)
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Read first: the server notices a caller hanging up only then.
+		_, _ = io.Copy(io.Discard, r.Body)
+		select {
+		case <-r.Context().Done():
+		case <-time.After(5 * time.Second):
+		}
+	}))
+	t.Cleanup(slow.Close)
+	gone := httptest.NewServer(http.NotFoundHandler())
+	goneURL := gone.URL
+	gone.Close()
+
+	c, _, _ := newCaller(t, remote.FaultConfig{})
+	for _, tc := range []struct {
+		desc, url string
+		outcome   callOutcome
+		want      string
+	}{
+		{"down", down.URL, callAbandoned, `503 Service Unavailable: {"error":"mail relay down"}`},
+		{"refusing", refusing.URL, callPermanent, `422 Unprocessable Entity: {"error":"no such plan"}`},
+		{"slow", slow.URL, callAbandoned, "no answer in time (the call's timeout is 100ms)"},
+		{"gone", goneURL, callAbandoned, "no answer: "},
+	} {
+		ep := &endpoint{kind: "k", base: tc.url, client: &http.Client{}, timeout: 100 * time.Millisecond, headers: http.Header{}}
+		res := testCaller{caller: c.caller, ep: ep}.call(within(t, 600*time.Millisecond), "act_"+tc.desc, "k-"+tc.desc, body("o"))
+		if res.outcome != tc.outcome || !strings.Contains(res.lastAnswer, tc.want) {
+			t.Errorf("%s: outcome %v, last answer %q; want %v with %q", tc.desc, res.outcome, res.lastAnswer, tc.outcome, tc.want)
+		}
+	}
+}

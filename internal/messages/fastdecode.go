@@ -300,6 +300,8 @@ func (r *StepReply) decodeMembers(ms []member) bool {
 			v.Result, ok = append([]byte(nil), m.raw...), true
 		case "error":
 			ok = rawString(m.raw, &v.Error)
+		case "last_answer":
+			ok = rawString(m.raw, &v.LastAnswer)
 		case "started_at":
 			ok = rawTimePtr(m.raw, &v.StartedAt)
 		case "call_us":
@@ -338,6 +340,8 @@ func (e *StatusEvent) decodeMembers(ms []member) bool {
 			ok = rawString(m.raw, &v.Reason)
 		case "detail":
 			ok = rawString(m.raw, &v.Detail)
+		case "failed_step":
+			ok = rawString(m.raw, &v.FailedStep)
 		}
 		if !ok {
 			return false

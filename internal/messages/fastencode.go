@@ -223,6 +223,10 @@ func (r StepReply) appendJSON(b []byte) ([]byte, bool) {
 		e.field("error")
 		e.str(r.Error)
 	}
+	if r.LastAnswer != "" {
+		e.field("last_answer")
+		e.str(r.LastAnswer)
+	}
 	if r.StartedAt != nil {
 		e.field("started_at")
 		e.time(*r.StartedAt)

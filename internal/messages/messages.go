@@ -527,7 +527,14 @@ func decodeStepRequest(body []byte, fast bool) (StepRequest, error) {
 const (
 	OutcomeOK     = "ok"
 	OutcomeFailed = "failed" // failed for good: retrying will not help
+	// OutcomeAbandoned: the agent stopped trying before complete_by (the
+	// next try would not end in time). The reply changes nothing but the
+	// step's last answer; the step waits for its complete_by as before.
+	OutcomeAbandoned = "abandoned"
 )
+
+// MaxAnswerBytes bounds a reply's last_answer.
+const MaxAnswerBytes = 500
 
 // StepReply is an agent's answer to one attempt of one step.
 type StepReply struct {
@@ -540,6 +547,11 @@ type StepReply struct {
 	Result json.RawMessage `json:"result,omitempty"`
 	// Error is why the step failed, for failed.
 	Error string `json:"error,omitempty"`
+	// LastAnswer is the last answer the service gave that was not the
+	// result: its HTTP status and a bounded, redacted excerpt of its body,
+	// or why none came ("no answer: …"); at most MaxAnswerBytes. Optional
+	// with failed, required with abandoned, absent with ok.
+	LastAnswer string `json:"last_answer,omitempty"`
 	// StartedAt (when the agent took the request), CallMicros (the remote
 	// call, retries included) and SentAt (when the reply left) are the
 	// agent's own clock readings, optional, kept with the step for the
@@ -575,8 +587,23 @@ func (r StepReply) Validate() error {
 		if err := checkText("error", r.Error, maxReasonLen); err != nil {
 			return err
 		}
+	case OutcomeAbandoned:
+		if len(r.Result) > 0 || r.Error != "" {
+			return reject(ReasonInvalidValue, "result and error must be absent when outcome is abandoned")
+		}
+		if r.LastAnswer == "" {
+			return reject(ReasonMissingField, "last_answer is required when outcome is abandoned")
+		}
 	default:
-		return reject(ReasonInvalidValue, "outcome %q is not ok or failed", truncate(r.Outcome))
+		return reject(ReasonInvalidValue, "outcome %q is not ok, failed or abandoned", truncate(r.Outcome))
+	}
+	if r.LastAnswer != "" {
+		if r.Outcome == OutcomeOK {
+			return reject(ReasonInvalidValue, "last_answer must be absent when outcome is ok")
+		}
+		if err := checkText("last_answer", r.LastAnswer, MaxAnswerBytes); err != nil {
+			return err
+		}
 	}
 	for _, t := range []struct {
 		field string
@@ -667,10 +694,27 @@ type StatusEvent struct {
 	Results          json.RawMessage `json:"results,omitempty"`
 	ResultsTruncated bool            `json:"results_truncated,omitempty"`
 	// Reason and Detail, for a rejected submit, are its dead letter's
-	// x-error-reason and x-error-detail.
+	// x-error-reason and x-error-detail. On the event that ends an order
+	// failed or in error they say why: Reason is EndRefused, EndTimedOut
+	// or EndCancelled, Detail the failed step's last error and its
+	// service's last answer.
 	Reason string `json:"reason,omitempty"`
 	Detail string `json:"detail,omitempty"`
+	// FailedStep names the step that failed (Step is its number), on the
+	// event that ends an order failed or in error because one did.
+	FailedStep string `json:"failed_step,omitempty"`
+	// Undone names the actions whose effects were undone by their
+	// compensation, on the event that ends an order failed or in error:
+	// Results still shows what they had returned.
+	Undone []string `json:"undone,omitempty"`
 }
+
+// Why an order ended failed or in error (StatusEvent.Reason).
+const (
+	EndRefused   = "refused"   // a step's service refused it for good
+	EndTimedOut  = "timed_out" // a step's complete_by passed as often as it may
+	EndCancelled = "cancelled" // an operator cancelled the order
+)
 
 // Type implements Message.
 func (StatusEvent) Type() string { return TypeStatusEvent }
@@ -694,6 +738,24 @@ func (e StatusEvent) Validate() error {
 	}
 	if e.Detail != "" && len(e.Detail) > maxReasonLen {
 		return reject(ReasonInvalidValue, "detail is %d bytes, limit %d", len(e.Detail), maxReasonLen)
+	}
+	if e.Status != StatusRejected && e.Reason != "" {
+		switch {
+		case e.Status != StatusFailed && e.Status != StatusError:
+			return reject(ReasonInvalidValue, "reason is for a rejected, failed or error event, not %s", e.Status)
+		case e.Reason != EndRefused && e.Reason != EndTimedOut && e.Reason != EndCancelled:
+			return reject(ReasonInvalidValue, "reason %q is not %s, %s or %s", truncate(e.Reason), EndRefused, EndTimedOut, EndCancelled)
+		}
+	}
+	if e.FailedStep != "" {
+		if err := checkName("failed_step", e.FailedStep, 100); err != nil {
+			return err
+		}
+	}
+	for _, name := range e.Undone {
+		if err := checkName("undone", name, 100); err != nil {
+			return err
+		}
 	}
 	if len(e.Results) > 0 && !isObject(e.Results) {
 		return reject(ReasonInvalidValue, "results must be a JSON object, not %s", jsonKind(e.Results))

@@ -58,11 +58,14 @@ func (r *replier) handle(ctx context.Context, d amqp.Delivery) error {
 		span.SetAttributes(tracing.StepAttrs(rep.OrderID, rep.Step, rep.Attempt, attribute.String("sas.outcome", rep.Outcome))...)
 	}
 	log := r.logger.With(append([]any{"order_id", rep.OrderID, "step", rep.Step, "attempt", rep.Attempt}, tracing.LogAttrs(actx)...)...)
+	if rep.Outcome == messages.OutcomeAbandoned {
+		return r.noteAnswer(rep, log)
+	}
 	applyStart := time.Now()
 	var res statestore.ApplyResult
 	reply := statestore.Reply{
 		OrderID: rep.OrderID, Step: rep.Step, Attempt: rep.Attempt,
-		OK: rep.Outcome == messages.OutcomeOK, Result: rep.Result, Error: rep.Error, Actor: r.me,
+		OK: rep.Outcome == messages.OutcomeOK, Result: rep.Result, Error: rep.Error, LastAnswer: rep.LastAnswer, Actor: r.me,
 		AgentStartedAt: rep.StartedAt, AgentSentAt: rep.SentAt, AgentCallMicros: rep.CallMicros,
 	}
 	// A reply whose rows another transaction holds is tried again on its
@@ -124,6 +127,23 @@ func (r *replier) handle(ctx context.Context, d amqp.Delivery) error {
 		tracing.Observe(actx, r.metrics.orderDuration.WithLabelValues(res.OrderStatus), res.OrderTook.Seconds())
 	}
 	log.Debug("reply applied", "step_state", res.StepState, "next_step", res.NextStep, "order_status", res.OrderStatus)
+	return nil
+}
+
+// noteAnswer keeps the last answer of an attempt its agent gave up on
+// before complete_by. It changes nothing else, and is worth no retry: at
+// worst the step shows "complete_by passed" without the service's words.
+func (r *replier) noteAnswer(rep messages.StepReply, log *slog.Logger) error {
+	kept, err := r.store.NoteAnswer(r.workCtx, rep.OrderID, rep.Step, rep.Attempt, rep.LastAnswer)
+	switch {
+	case err != nil:
+		log.Warn("could not keep the service's last answer", "err", err)
+	case kept:
+		r.metrics.replies.WithLabelValues("abandoned").Inc()
+		log.Debug("service's last answer kept", "last_answer", rep.LastAnswer)
+	default:
+		r.metrics.replies.WithLabelValues("stale").Inc()
+	}
 	return nil
 }
 

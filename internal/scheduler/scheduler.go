@@ -126,7 +126,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "sas_scheduler_wakeups_total", Help: "Times a loop woke, by loop and source (notify, poll, reconnect).",
 		}, []string{"loop", "source"}),
 		replies: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sas_scheduler_replies_total", Help: "Agent replies handled, by result (processed, error, stale, rejected).",
+			Name: "sas_scheduler_replies_total", Help: "Agent replies handled, by result (processed, error, stale, rejected, abandoned: a service's last answer kept).",
 		}, []string{"result"}),
 		stale: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sas_stale_replies_total", Help: "Replies that changed nothing, by kind (superseded, late, not_processing, unknown_step, race).",
@@ -184,7 +184,7 @@ func (m *metrics) initSeries(workflows *workflow.Registry, kinds []string) {
 		m.ordersFinished.WithLabelValues(status)
 		m.orderDuration.WithLabelValues(status)
 	}
-	for _, result := range []string{statestore.StepProcessed, statestore.StepError, "stale", "rejected"} {
+	for _, result := range []string{statestore.StepProcessed, statestore.StepError, "stale", "rejected", "abandoned"} {
 		m.replies.WithLabelValues(result)
 	}
 	for _, kind := range []string{statestore.StaleUnknownStep, statestore.StaleSuperseded, statestore.StaleNotProcessing, statestore.StaleLate, statestore.StaleRace} {

@@ -35,19 +35,22 @@ type Step struct {
 	Name string `json:"name"`
 	Kind string `json:"kind"`
 	// Compensates is, for a compensation, the step it undoes (else 0).
-	Compensates    int             `json:"compensates,omitempty"`
-	Agent          string          `json:"agent"`
-	ProcessState   string          `json:"process_state"`
-	LockedBy       string          `json:"locked_by,omitempty"`
-	CompleteBy     *time.Time      `json:"complete_by,omitempty"`
-	FailureCount   int             `json:"failure_count"`
-	MaxFailures    int             `json:"max_failures"`
-	Attempt        int             `json:"attempt"`
-	IdempotencyKey string          `json:"idempotency_key"`
-	AvailableAt    time.Time       `json:"available_at"`
-	LastError      string          `json:"last_error,omitempty"`
-	Result         json.RawMessage `json:"result,omitempty"`
-	UpdatedAt      time.Time       `json:"updated_at"`
+	Compensates    int        `json:"compensates,omitempty"`
+	Agent          string     `json:"agent"`
+	ProcessState   string     `json:"process_state"`
+	LockedBy       string     `json:"locked_by,omitempty"`
+	CompleteBy     *time.Time `json:"complete_by,omitempty"`
+	FailureCount   int        `json:"failure_count"`
+	MaxFailures    int        `json:"max_failures"`
+	Attempt        int        `json:"attempt"`
+	IdempotencyKey string     `json:"idempotency_key"`
+	AvailableAt    time.Time  `json:"available_at"`
+	LastError      string     `json:"last_error,omitempty"`
+	// LastAnswer is the last answer its service gave that was not a
+	// result (migration 0023): shown with LastError.
+	LastAnswer string          `json:"last_answer,omitempty"`
+	Result     json.RawMessage `json:"result,omitempty"`
+	UpdatedAt  time.Time       `json:"updated_at"`
 }
 
 // Transition is one entry of the history.
@@ -129,7 +132,8 @@ func (s *Store) GetOrder(ctx context.Context, orderID string) (OrderDetail, erro
 			return err
 		}
 		rows, err := tx.Query(ctx, `SELECT step, name, kind, coalesce(compensates, 0), agent, process_state, coalesce(locked_by, ''), complete_by,
-			failure_count, max_failures, attempt, idempotency_key, available_at, coalesce(last_error, ''), result, updated_at
+			failure_count, max_failures, attempt, idempotency_key, available_at, coalesce(last_error, ''), coalesce(last_answer, ''),
+			result, updated_at
 			FROM steps WHERE order_id = $1 ORDER BY step`, orderID)
 		if err != nil {
 			return err
@@ -138,7 +142,7 @@ func (s *Store) GetOrder(ctx context.Context, orderID string) (OrderDetail, erro
 			var st Step
 			err := row.Scan(&st.Step, &st.Name, &st.Kind, &st.Compensates, &st.Agent, &st.ProcessState, &st.LockedBy, &st.CompleteBy,
 				&st.FailureCount, &st.MaxFailures, &st.Attempt, &st.IdempotencyKey, &st.AvailableAt, &st.LastError,
-				&st.Result, &st.UpdatedAt)
+				&st.LastAnswer, &st.Result, &st.UpdatedAt)
 			return st, err
 		})
 		if err != nil {

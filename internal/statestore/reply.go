@@ -23,6 +23,9 @@ type Reply struct {
 	OK     bool
 	Result []byte // JSON, for OK replies; nil otherwise
 	Error  string // the reason, for failed replies
+	// LastAnswer is the service's last answer that was not a result (see
+	// migration 0023), for failed replies; "" keeps the one noted before.
+	LastAnswer string
 	// Actor is who applies the reply (the scheduler's id).
 	Actor string
 	// The agent's clock readings, if it sent them (see migration 0006):
@@ -87,13 +90,13 @@ func (e *StaleReplyError) Unwrap() error { return ErrStale }
 // function of migration 0008): the fenced update, its history, and the
 // order moving on or reacting to a failure.
 const applyReplySQL = `SELECT applied, step_state, step_name, took_s, next_step, order_status, order_took_s
-FROM apply_reply($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`
+FROM apply_reply($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`
 
 func (r Reply) args() []any {
 	// The fault suite's negative control turns the fence off.
 	fenced := !failpoint.Broken("unfenced-replies")
 	return []any{r.OrderID, r.Step, r.Attempt, r.OK, r.Result, r.Error, r.Actor,
-		r.AgentStartedAt, r.AgentSentAt, r.AgentCallMicros, fenced}
+		r.AgentStartedAt, r.AgentSentAt, r.AgentCallMicros, fenced, r.LastAnswer}
 }
 
 func scanApplied(row pgx.Row) (ApplyResult, bool, error) {
@@ -142,7 +145,7 @@ WITH r AS (
         WITH ORDINALITY AS r(order_id, step, attempt, result, started, sent, call_us, idx)
 ), cur AS (
     UPDATE steps s
-    SET process_state = 'processed', result = r.result, last_error = NULL,
+    SET process_state = 'processed', result = r.result, last_error = NULL, last_answer = NULL,
         agent_started_at = r.started, agent_sent_at = r.sent, agent_call_us = NULLIF(r.call_us, 0),
         updated_at = clock_timestamp()
     FROM r
@@ -184,7 +187,8 @@ WITH r AS (
               s.idempotency_key, s.complete_by, s.priority, s.kind, s.compensates
 ), ended AS (
     SELECT g.order_id, g.reply_to, g.status AS from_status, g.created_at, g.new_result,
-           CASE WHEN g.kind = 'action' THEN 'completed' ELSE 'failed' END AS to_status
+           CASE WHEN g.kind = 'action' THEN 'completed' ELSE 'failed' END AS to_status,
+           CASE WHEN g.kind = 'compensation' THEN g.step END AS undone_step
     FROM go_on g
     WHERE NOT EXISTS (SELECT 1 FROM steps s
                       WHERE s.order_id = g.order_id AND s.step = g.step + 1 AND s.kind = g.kind AND s.process_state = 'waiting')
@@ -213,7 +217,7 @@ WITH r AS (
     ) h ORDER BY idx, seq
 ), ord_ev AS (
     INSERT INTO outbox (message_type, order_id, reply_to, body)
-    SELECT 'status_event', order_id, reply_to, status_event_body(order_id, to_status, NULL, new_result) FROM ended
+    SELECT 'status_event', order_id, reply_to, status_event_body(order_id, to_status, NULL, new_result, undone_step) FROM ended
 )
 SELECT cur.idx::int, cur.name, cur.took::float8, coalesce(nxt.step, 0), coalesce(e.to_status, ''),
        coalesce(extract(epoch FROM clock_timestamp() - e.created_at), 0)::float8,
@@ -435,4 +439,17 @@ func (s *Store) staleReason(ctx context.Context, r Reply) error {
 		stale.Kind, stale.Reason = StaleRace, "step changed concurrently"
 	}
 	return stale
+}
+
+// NoteAnswer keeps a service's last answer with the step of an attempt
+// its agent gave up on before complete_by (an abandoned reply), fenced as
+// a reply is: only while that attempt is the step's and still running.
+// It reports whether it was kept; nothing else changes.
+func (s *Store) NoteAnswer(ctx context.Context, orderID string, step, attempt int, answer string) (bool, error) {
+	tag, err := s.pool.Exec(ctx, `UPDATE steps SET last_answer = $4, updated_at = clock_timestamp()
+WHERE order_id = $1 AND step = $2 AND attempt = $3 AND process_state = 'processing'`, orderID, step, attempt, answer)
+	if err != nil {
+		return false, fmt.Errorf("note answer for order %s step %d: %w", orderID, step, err)
+	}
+	return tag.RowsAffected() == 1, nil
 }

@@ -40,6 +40,8 @@ type SweptStep struct {
 	// Traceparent is the order's trace context (W3C), "" when it has
 	// none.
 	Traceparent string
+	// LastAnswer is the step's service's last answer, when one was noted.
+	LastAnswer string
 }
 
 // sweepSQL finds processing steps whose complete_by has passed on the
@@ -79,14 +81,15 @@ WITH expired AS (
     FROM expired
     WHERE s.order_id = expired.order_id AND s.step = expired.step
       AND s.process_state = 'processing' AND s.complete_by < now()
-    RETURNING s.order_id, s.step, s.attempt, s.failure_count, s.max_failures, s.process_state
+    RETURNING s.order_id, s.step, s.attempt, s.failure_count, s.max_failures, s.process_state, s.last_answer
 ), swept_hist AS (
     INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
     SELECT order_id, step, 'processing', process_state, attempt, $1,
            'complete_by passed; failure ' || failure_count || ' of ' || max_failures
     FROM swept
 )
-SELECT sw.order_id::text, sw.step, sw.attempt, sw.failure_count, sw.process_state, coalesce(o.traceparent, '')
+SELECT sw.order_id::text, sw.step, sw.attempt, sw.failure_count, sw.process_state, coalesce(o.traceparent, ''),
+       coalesce(sw.last_answer, '')
 FROM swept sw JOIN orders o ON o.order_id = sw.order_id ORDER BY sw.order_id, sw.step`
 
 // SweepExpired handles up to p.Limit expired steps and returns them. In
@@ -104,7 +107,7 @@ func (s *Store) SweepExpired(ctx context.Context, p SweepParams) ([]SweptStep, e
 		}
 		swept, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (SweptStep, error) {
 			var st SweptStep
-			err := row.Scan(&st.OrderID, &st.Step, &st.Attempt, &st.FailureCount, &st.NewState, &st.Traceparent)
+			err := row.Scan(&st.OrderID, &st.Step, &st.Attempt, &st.FailureCount, &st.NewState, &st.Traceparent, &st.LastAnswer)
 			return st, err
 		})
 		if err != nil {
@@ -115,6 +118,9 @@ func (s *Store) SweepExpired(ctx context.Context, p SweepParams) ([]SweptStep, e
 				continue
 			}
 			reason := fmt.Sprintf("failure threshold reached: complete_by passed %d times", st.FailureCount)
+			if st.LastAnswer != "" {
+				reason += "; the service's last answer: " + st.LastAnswer
+			}
 			if err := tx.QueryRow(ctx, `SELECT step_failed($1, $2, $3, $4, $5)`, st.OrderID, st.Step, p.Actor, reason, st.FailureCount).
 				Scan(&swept[i].OrderStatus); err != nil {
 				return err
