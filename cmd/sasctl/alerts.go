@@ -73,6 +73,9 @@ func stepOf(step *int) string {
 }
 
 func acked(al statestore.Alert) string {
+	if al.AckedAt == nil && al.ResolvedAt != nil {
+		return "resolved " + clock(*al.ResolvedAt) + ": " + al.Resolution
+	}
 	if al.AckedAt == nil {
 		return "open"
 	}

@@ -11,7 +11,9 @@ import (
 
 // Alert is an operator alert as the store keeps it: raised with the state
 // change that needed a person (a step that reached its failure threshold
-// or failed for good), open until an operator acknowledges it.
+// or failed for good), open until an operator acknowledges it, or until
+// its order ends after it was raised (resubmitted and completed, or
+// cancelled and undone): then it is resolved, and says how.
 type Alert struct {
 	ID           int64      `json:"id"`
 	MessageID    string     `json:"message_id"`
@@ -26,11 +28,28 @@ type Alert struct {
 	// name that login gave (a label, not a proof).
 	AckedBy string `json:"acked_by,omitempty"`
 	AckedAs string `json:"acked_as,omitempty"`
+	// ResolvedAt is when its order ended after it was raised, and
+	// Resolution how ("the order completed", "the order failed: its
+	// actions were undone"); nil when the order has not ended since.
+	ResolvedAt *time.Time `json:"resolved_at,omitempty"`
+	Resolution string     `json:"resolution,omitempty"`
 }
+
+// Open reports whether the alert still needs a person: neither
+// acknowledged nor resolved.
+func (a Alert) Open() bool { return a.AckedAt == nil && a.ResolvedAt == nil }
+
+// alertResolved is true for an alert (a) whose order (o) ended after it
+// was raised.
+const alertResolved = `(o.status IN ('completed', 'failed') AND o.updated_at >= a.raised_at)`
+
+// alertsFrom is where alerts are read: with their order, for whether it
+// ended since.
+const alertsFrom = ` FROM alerts a LEFT JOIN orders o ON o.order_id = a.order_id `
 
 // AlertFilter selects alerts for ListAlerts.
 type AlertFilter struct {
-	OpenOnly bool          // only those not acknowledged
+	OpenOnly bool          // only those that still need a person: neither acknowledged nor resolved
 	Since    time.Duration // raised within this long (database clock); 0 for any
 	AfterID  int64         // only ids above this one (to follow new ones)
 	OrderID  string        // only this order's; "" for any
@@ -39,13 +58,21 @@ type AlertFilter struct {
 	Oldest bool
 }
 
-const alertColumns = `id, message_id::text, order_id::text, step, reason, failure_count, raised_at, raised_by,
-	acked_at, coalesce(acked_by, ''), coalesce(acked_as, '')`
+const alertColumns = `a.id, a.message_id::text, a.order_id::text, a.step, a.reason, a.failure_count, a.raised_at, a.raised_by,
+	a.acked_at, coalesce(a.acked_by, ''), coalesce(a.acked_as, ''),
+	CASE WHEN ` + alertResolved + ` THEN o.updated_at END, coalesce(o.status, '')`
 
 func scanAlert(row pgx.Row) (Alert, error) {
 	var a Alert
+	var status string
 	err := row.Scan(&a.ID, &a.MessageID, &a.OrderID, &a.Step, &a.Reason, &a.FailureCount, &a.RaisedAt, &a.RaisedBy,
-		&a.AckedAt, &a.AckedBy, &a.AckedAs)
+		&a.AckedAt, &a.AckedBy, &a.AckedAs, &a.ResolvedAt, &status)
+	if a.ResolvedAt != nil {
+		a.Resolution = "the order completed"
+		if status == OrderFailed {
+			a.Resolution = "the order failed: what it had done was undone"
+		}
+	}
 	return a, err
 }
 
@@ -61,12 +88,12 @@ func (s *Store) ListAlerts(ctx context.Context, f AlertFilter) ([]Alert, error) 
 	if f.Oldest {
 		order = "ASC"
 	}
-	rows, err := s.pool.Query(ctx, `SELECT `+alertColumns+` FROM alerts
-		WHERE (NOT $1 OR acked_at IS NULL)
-		  AND ($2::float8 = 0 OR raised_at >= now() - make_interval(secs => $2::float8))
-		  AND id > $3
-		  AND ($4 = '' OR order_id = $4::uuid)
-		ORDER BY id `+order+`
+	rows, err := s.pool.Query(ctx, `SELECT `+alertColumns+alertsFrom+`
+		WHERE (NOT $1 OR (a.acked_at IS NULL AND NOT coalesce(`+alertResolved+`, false)))
+		  AND ($2::float8 = 0 OR a.raised_at >= now() - make_interval(secs => $2::float8))
+		  AND a.id > $3
+		  AND ($4 = '' OR a.order_id = $4::uuid)
+		ORDER BY a.id `+order+`
 		LIMIT $5`, f.OpenOnly, f.Since.Seconds(), f.AfterID, f.OrderID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list alerts: %w", err)
@@ -103,7 +130,7 @@ func (s *Store) AckAlert(ctx context.Context, id int64, claimed string) (Alert, 
 			return err
 		}
 		var err error
-		a, err = scanAlert(tx.QueryRow(ctx, `SELECT `+alertColumns+` FROM alerts WHERE id = $1`, id))
+		a, err = scanAlert(tx.QueryRow(ctx, `SELECT `+alertColumns+alertsFrom+`WHERE a.id = $1`, id))
 		return err
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -115,10 +142,15 @@ func (s *Store) AckAlert(ctx context.Context, id int64, claimed string) (Alert, 
 	return a, already, nil
 }
 
-// OpenAlerts counts the alerts nobody has acknowledged.
+// openAlertsSQL counts the alerts that still need a person: neither
+// acknowledged nor resolved (their order ended since).
+const openAlertsSQL = `SELECT count(*)` + alertsFrom + `WHERE a.acked_at IS NULL AND NOT coalesce(` + alertResolved + `, false)`
+
+// OpenAlerts counts the alerts that still need a person: neither
+// acknowledged nor resolved.
 func (s *Store) OpenAlerts(ctx context.Context) (int, error) {
 	var n int
-	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM alerts WHERE acked_at IS NULL`).Scan(&n); err != nil {
+	if err := s.pool.QueryRow(ctx, openAlertsSQL).Scan(&n); err != nil {
 		return 0, fmt.Errorf("open alerts: %w", err)
 	}
 	return n, nil

@@ -148,3 +148,49 @@ func TestPurgeEnded(t *testing.T) {
 		t.Fatalf("purge once the held order is free: %+v %v", p, err)
 	}
 }
+
+// TestAlertResolvedWhenItsOrderEnds: an order held in error raises an
+// alert; resubmitted, it completes, and the alert is no longer open: it
+// reads as resolved, saying how, in every listing and count, without
+// anyone acknowledging it. The held order's failed step counts as a step
+// in error (it needs an operator) until then; the failed step of an
+// order that was undone and ended does not.
+func TestAlertResolvedWhenItsOrderEnds(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	held, undone := sagaOrder(statestore.PolicyHold), sagaOrder(statestore.PolicyCompensate)
+	insert(t, b, held)
+	run(t, b, held.OrderID, false)
+	insert(t, b, undone)
+	run(t, b, undone.OrderID, false)
+	run(t, b, undone.OrderID, true) // its compensation: the order is undone
+	if st, _ := states(t, b, undone.OrderID); st != statestore.OrderFailed {
+		t.Fatalf("the undone order is %s", st)
+	}
+	stats, err := b.store.Stats(ctx)
+	if err != nil || stats.ByState[statestore.StepError] != 1 || stats.OpenAlerts != 1 {
+		t.Fatalf("with one order held: %+v %v", stats, err)
+	}
+	if _, err := b.store.Resubmit(ctx, held.OrderID, 0, "operator:bob"); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		run(t, b, held.OrderID, true)
+	}
+	if st, _ := states(t, b, held.OrderID); st != statestore.OrderCompleted {
+		t.Fatalf("the resubmitted order is %s", st)
+	}
+	all, err := b.store.ListAlerts(ctx, statestore.AlertFilter{OrderID: held.OrderID})
+	if err != nil || len(all) != 1 || all[0].Open() || all[0].ResolvedAt == nil || all[0].Resolution != "the order completed" || all[0].AckedAt != nil {
+		t.Fatalf("the alert after its order completed: %+v %v", all, err)
+	}
+	open, err := b.store.ListAlerts(ctx, statestore.AlertFilter{OpenOnly: true})
+	if err != nil || len(open) != 0 {
+		t.Fatalf("open alerts: %+v %v", open, err)
+	}
+	stats, err = b.store.Stats(ctx)
+	if n, _ := b.store.OpenAlerts(ctx); err != nil || n != 0 || stats.OpenAlerts != 0 || stats.ByState[statestore.StepError] != 0 {
+		t.Fatalf("after: open alerts %d, stats %+v %v", n, stats, err)
+	}
+}

@@ -8,28 +8,32 @@ import (
 
 // StepStats is a picture of the live work in the store.
 type StepStats struct {
-	// ByState counts the steps pending, processing and in error. Other
-	// states are not counted: waiting, processed and cancelled rows pile
-	// up with history, and counting them means reading the whole table.
+	// ByState counts the steps pending, processing and in error, the last
+	// only of orders held in error: those that need an operator (the
+	// failed step of an order that was undone stays in error after it
+	// ended). Other states are not counted: waiting, processed and
+	// cancelled rows pile up with history, and counting them means
+	// reading the whole table.
 	ByState map[string]int
 	// OldestPending is how long the longest-waiting due pending step has
 	// been due; OldestProcessing how long the oldest processing step has
 	// been claimed. Zero when there is none.
 	OldestPending    time.Duration
 	OldestProcessing time.Duration
-	// OpenAlerts counts the operator alerts nobody has acknowledged.
+	// OpenAlerts counts the operator alerts that still need a person:
+	// not acknowledged, and their order has not ended since.
 	OpenAlerts int
 }
 
 const statsSQL = `SELECT
 	(SELECT count(*) FROM steps WHERE process_state = 'pending'),
 	(SELECT count(*) FROM steps WHERE process_state = 'processing'),
-	(SELECT count(*) FROM steps WHERE process_state = 'error'),
+	(SELECT count(*) FROM orders o JOIN steps s ON s.order_id = o.order_id AND s.process_state = 'error' WHERE o.status = 'error'),
 	coalesce((SELECT (extract(epoch FROM now() - min(available_at)) * 1000)::bigint
 	          FROM steps WHERE process_state = 'pending' AND available_at <= now()), 0),
 	coalesce((SELECT (extract(epoch FROM now() - min(complete_by - timeout)) * 1000)::bigint
 	          FROM steps WHERE process_state = 'processing'), 0),
-	(SELECT count(*) FROM alerts WHERE acked_at IS NULL)`
+	(` + openAlertsSQL + `)`
 
 // LiveStates are the states Stats counts.
 var LiveStates = []string{StepPending, StepProcessing, StepError}

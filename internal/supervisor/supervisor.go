@@ -95,7 +95,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
 		steps: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "sas_steps", Help: "Live steps in the state store by process_state (pending, processing, error).",
+			Name: "sas_steps", Help: "Live steps in the state store by process_state: pending, processing, and error (of orders held in error: what needs an operator).",
 		}, []string{"state"}),
 		oldestPending: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "sas_oldest_pending_step_age_seconds", Help: "How long the longest-waiting due pending step has waited.",
@@ -104,7 +104,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "sas_oldest_processing_step_age_seconds", Help: "How long ago the oldest processing step was claimed.",
 		}),
 		openAlerts: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "sas_alerts_open", Help: "Operator alerts nobody has acknowledged (sasctl alerts list --open).",
+			Name: "sas_alerts_open", Help: "Operator alerts that still need a person: not acknowledged, and their order has not ended since (sasctl alerts list --open).",
 		}),
 		analyzed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sas_supervisor_tables_analyzed_total", Help: "State tables whose stale planner statistics the leader refreshed, by table.",
