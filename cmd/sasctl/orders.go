@@ -206,8 +206,15 @@ func (a *app) printOrder(d statestore.OrderDetail) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "STEP\tNAME\tKIND\tAGENT\tSTATE\tATTEMPT\tFAILURES")
 	for _, s := range d.Steps {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d/%d\n", s.Step, clip(s.Name, 24), s.Kind, clip(s.Agent, 16), s.ProcessState,
-			s.Attempt, s.FailureCount, s.MaxFailures)
+		// A live step's failures are its current round's, against its
+		// limit; an ended one's, every failure its history holds
+		// (a resubmit starts a new round at 0).
+		failures := fmt.Sprintf("%d/%d", s.FailureCount, s.MaxFailures)
+		if !live(s) {
+			failures = strconv.Itoa(failuresOf(s.Step, d.History))
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\n", s.Step, clip(s.Name, 24), s.Kind, clip(s.Agent, 16), s.ProcessState,
+			s.Attempt, failures)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -215,7 +222,7 @@ func (a *app) printOrder(d statestore.OrderDetail) error {
 	const indent = "      "
 	for _, s := range d.Steps {
 		var notes []string
-		if s.LockedBy != "" {
+		if s.LockedBy != "" && s.ProcessState == statestore.StepProcessing {
 			notes = append(notes, "locked by "+s.LockedBy)
 		}
 		if s.CompleteBy != nil {
@@ -378,4 +385,22 @@ func clip(s string, n int) string {
 		return s
 	}
 	return string(r[:n-1]) + "…"
+}
+
+// live: a step still at work (pending or processing).
+func live(s statestore.Step) bool {
+	return s.ProcessState == statestore.StepPending || s.ProcessState == statestore.StepProcessing
+}
+
+// failuresOf counts a step's failures in an order's history: each expiry
+// the supervisor reset and each failure for good, across resubmits.
+func failuresOf(step int, history []statestore.Transition) int {
+	n := 0
+	for _, t := range history {
+		if t.Step != nil && *t.Step == step && t.From == statestore.StepProcessing &&
+			(t.To == statestore.StepPending || t.To == statestore.StepError) {
+			n++
+		}
+	}
+	return n
 }

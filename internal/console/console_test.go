@@ -211,16 +211,46 @@ func TestTimelineNamesEachEvent(t *testing.T) {
 		{Step: &one, From: "processing", To: "processed", Attempt: 3, Actor: "scheduler-1"},
 	}
 	var classes []string
-	for _, e := range timeline(st, h) {
+	events := timeline(st, h, true)
+	for _, e := range events {
 		classes = append(classes, e.Class)
 	}
 	want := "claimed expired claimed failed operator replied"
 	if strings.Join(classes, " ") != want {
 		t.Fatalf("timeline %v, want %s", classes, want)
 	}
+	if n := failures(events); n != 2 {
+		t.Fatalf("%d failures counted, want 2 (an expiry and a failure, across the resubmit)", n)
+	}
+	// A failure is "held" only when the order is held; else it is undone.
+	if held, undone := events[3].Label, timeline(st, h, false)[3].Label; !strings.Contains(held, "held for an operator") || !strings.Contains(undone, "undone") {
+		t.Fatalf("a failure's labels: held %q, else %q", held, undone)
+	}
 	comp := statestore.Step{Step: 2, Kind: "compensation"}
-	if ev := timeline(comp, []statestore.Transition{{Step: &two, From: "processing", To: "processed"}}); ev[0].Class != "compensated" {
+	if ev := timeline(comp, []statestore.Transition{{Step: &two, From: "processing", To: "processed"}}, true); ev[0].Class != "compensated" {
 		t.Fatalf("a compensation's reply: %v", ev)
+	}
+}
+
+func TestOnlyWhatTheStoreAllowsIsResubmittable(t *testing.T) {
+	t.Parallel()
+	failedAction := statestore.Step{Kind: statestore.KindAction, ProcessState: statestore.StepError}
+	failedUndo := statestore.Step{Kind: statestore.KindCompensation, ProcessState: statestore.StepError}
+	done := statestore.Step{Kind: statestore.KindAction, ProcessState: statestore.StepProcessed}
+	for _, c := range []struct {
+		desc               string
+		st                 statestore.Step
+		compensationFailed bool
+		want               bool
+	}{
+		{"a failed action", failedAction, false, true},
+		{"a failed action once a compensation failed", failedAction, true, false},
+		{"a failed compensation", failedUndo, true, true},
+		{"a step done", done, false, false},
+	} {
+		if got := resubmittable(c.st, c.compensationFailed); got != c.want {
+			t.Errorf("%s: resubmittable %v, want %v", c.desc, got, c.want)
+		}
 	}
 }
 

@@ -180,21 +180,35 @@ func (s *server) readOrder(w http.ResponseWriter, r *http.Request, rq *request) 
 	}
 	compensationFailed := false
 	for _, st := range d.OrderDetail.Steps {
-		d.Steps = append(d.Steps, stepView{Step: st, Timeline: timeline(st, d.History)})
-		if st.Kind == "compensation" && st.ProcessState == statestore.StepError {
+		if st.Kind == statestore.KindCompensation && st.ProcessState == statestore.StepError {
 			compensationFailed = true
 		}
-		if st.ProcessState == statestore.StepError {
-			d.CanResubmit = d.Order.Status == "error"
-		}
+	}
+	// A failure holds the order when its policy says so, and always when
+	// it is a compensation's (the order is then partly undone).
+	for _, st := range d.OrderDetail.Steps {
+		held := d.Order.FailurePolicy == statestore.PolicyHold || st.Kind == statestore.KindCompensation
+		v := stepView{Step: st, Timeline: timeline(st, d.History, held),
+			Live: st.ProcessState == statestore.StepPending || st.ProcessState == statestore.StepProcessing}
+		v.Failures = failures(v.Timeline)
+		v.CanResubmit = d.Order.Status == statestore.OrderError && resubmittable(st, compensationFailed)
+		d.CanResubmit = d.CanResubmit || v.CanResubmit
+		d.Steps = append(d.Steps, v)
 	}
 	switch d.Order.Status {
-	case "received", "processing":
+	case statestore.OrderReceived, statestore.OrderProcessing:
 		d.CanCancel = true
-	case "error":
+	case statestore.OrderError:
 		d.CanCancel = !compensationFailed
 	}
 	return d, true
+}
+
+// resubmittable is the state store's rule (operator_resubmit) for a step
+// of an order held in error: a step in error, and, once a compensation
+// failed (the order is partly undone), only a compensation.
+func resubmittable(st statestore.Step, compensationFailed bool) bool {
+	return st.ProcessState == statestore.StepError && (!compensationFailed || st.Kind == statestore.KindCompensation)
 }
 
 func (s *server) order(w http.ResponseWriter, r *http.Request, rq *request) {

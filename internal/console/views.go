@@ -164,12 +164,21 @@ type event struct {
 type stepView struct {
 	statestore.Step
 	Timeline []event
+	// Live: pending or processing, so its failure count and lock are the
+	// current attempt's; Failures is how often it failed in all, resubmits
+	// too, from its history.
+	Live     bool
+	Failures int
+	// CanResubmit: an operator may put it back to work (see resubmittable).
+	CanResubmit bool
 }
 
 // timeline reads a step's history into events: each claim (the request
 // sent to its agent), reply, expiry, reset, failure, cancel, and the
-// operator's resubmits.
-func timeline(st statestore.Step, history []statestore.Transition) []event {
+// operator's resubmits. held says what a failure leads to: the order
+// held in error for an operator (policy hold, or a compensation), or
+// else undone.
+func timeline(st statestore.Step, history []statestore.Transition, held bool) []event {
 	var out []event
 	for _, t := range history {
 		if t.Step == nil || *t.Step != st.Step {
@@ -188,8 +197,10 @@ func timeline(st statestore.Step, history []statestore.Transition) []event {
 			e.Label, e.Class = "replied: done", "replied"
 		case t.From == statestore.StepProcessing && t.To == statestore.StepPending:
 			e.Label, e.Class = "expired, reset to pending", "expired"
+		case t.To == statestore.StepError && held:
+			e.Label, e.Class = "failed for good: the order is held for an operator", "failed"
 		case t.To == statestore.StepError:
-			e.Label, e.Class = "failed: held in error", "failed"
+			e.Label, e.Class = "failed for good: the order's done steps are undone", "failed"
 		case t.To == statestore.StepCancelled:
 			e.Label, e.Class = "cancelled", "cancelled"
 		case t.To == statestore.StepPending:
@@ -214,4 +225,16 @@ func dash(s string) string {
 		return "–"
 	}
 	return s
+}
+
+// failures counts the times a step failed in its history: expiries and
+// failures for good, before and after any resubmit.
+func failures(events []event) int {
+	n := 0
+	for _, e := range events {
+		if e.Class == "expired" || e.Class == "failed" {
+			n++
+		}
+	}
+	return n
 }

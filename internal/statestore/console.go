@@ -18,6 +18,9 @@ type OrderRow struct {
 	Priority        int       `json:"priority"`
 	CreatedAt       time.Time `json:"created_at"`
 	UpdatedAt       time.Time `json:"updated_at"`
+	// Failure, for an order failed or in error because a step failed, is
+	// why: the step's name and last error, and its service's last answer.
+	Failure string `json:"failure,omitempty"`
 }
 
 // OrderCursor is where a page of orders, newest first, ends: the next
@@ -84,12 +87,21 @@ func (s *Store) OrderPage(ctx context.Context, q OrderQuery) ([]OrderRow, *Order
 	if q.After != nil {
 		add("created_at <= ? AND (created_at < ? OR order_id < ?::uuid)", q.After.CreatedAt, q.After.CreatedAt, q.After.OrderID)
 	}
-	sql := `SELECT order_id::text, workflow, coalesce(workflow_version, ''), status, priority, created_at, updated_at FROM orders`
+	page := `SELECT order_id, workflow, coalesce(workflow_version, '') AS workflow_version, status, priority, created_at, updated_at FROM orders`
 	if len(where) > 0 {
-		sql += " WHERE " + strings.Join(where, " AND ")
+		page += " WHERE " + strings.Join(where, " AND ")
 	}
 	args = append(args, q.Limit+1)
-	sql += fmt.Sprintf(" ORDER BY created_at DESC, order_id DESC LIMIT $%d", len(args))
+	page += fmt.Sprintf(" ORDER BY created_at DESC, order_id DESC LIMIT $%d", len(args))
+	// Why, for the page's failed and held orders only: their step in
+	// error, through its partial index.
+	sql := `SELECT o.order_id::text, o.workflow, o.workflow_version, o.status, o.priority, o.created_at, o.updated_at,
+	       coalesce(f.name || ': ' || coalesce(f.last_error, 'failed') || coalesce(' (the service''s last answer: ' || f.last_answer || ')', ''), '')
+	FROM (` + page + `) o
+	LEFT JOIN LATERAL (SELECT s.name, s.last_error, s.last_answer FROM steps s
+	                   WHERE s.order_id = o.order_id AND s.process_state = 'error'
+	                   ORDER BY s.kind = 'compensation' DESC, s.step LIMIT 1) f ON o.status IN ('failed', 'error')
+	ORDER BY o.created_at DESC, o.order_id DESC`
 	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("order page: %w", classify(err))
@@ -97,7 +109,7 @@ func (s *Store) OrderPage(ctx context.Context, q OrderQuery) ([]OrderRow, *Order
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (OrderRow, error) {
 		var o OrderRow
 		var prio int16
-		err := row.Scan(&o.OrderID, &o.Workflow, &o.WorkflowVersion, &o.Status, &prio, &o.CreatedAt, &o.UpdatedAt)
+		err := row.Scan(&o.OrderID, &o.Workflow, &o.WorkflowVersion, &o.Status, &prio, &o.CreatedAt, &o.UpdatedAt, &o.Failure)
 		o.Priority = int(prio)
 		return o, err
 	})

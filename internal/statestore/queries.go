@@ -27,6 +27,9 @@ type Order struct {
 	// TraceID is the order's trace (OpenTelemetry), "" when it was
 	// written with tracing off.
 	TraceID string `json:"trace_id,omitempty"`
+	// FailurePolicy is what a step failing for good leads to:
+	// PolicyCompensate or PolicyHold.
+	FailurePolicy string `json:"failure_policy"`
 }
 
 // Step is a step state row.
@@ -85,13 +88,13 @@ type ListFilter struct {
 }
 
 const orderColumns = `order_id::text, workflow, coalesce(workflow_version, ''), status, priority, payload,
-	coalesce(reply_to, ''), placed_at, created_at, updated_at, coalesce(split_part(traceparent, '-', 2), '')`
+	coalesce(reply_to, ''), placed_at, created_at, updated_at, coalesce(split_part(traceparent, '-', 2), ''), failure_policy`
 
 func scanOrder(row pgx.Row) (Order, error) {
 	var o Order
 	var prio int16
 	err := row.Scan(&o.OrderID, &o.Workflow, &o.WorkflowVersion, &o.Status, &prio, &o.Payload,
-		&o.ReplyTo, &o.PlacedAt, &o.CreatedAt, &o.UpdatedAt, &o.TraceID)
+		&o.ReplyTo, &o.PlacedAt, &o.CreatedAt, &o.UpdatedAt, &o.TraceID, &o.FailurePolicy)
 	o.Priority = int(prio)
 	return o, err
 }

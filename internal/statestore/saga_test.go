@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -413,5 +414,34 @@ func TestRepliesClaimNextSteps(t *testing.T) {
 	res, errs = b.store.ApplyRepliesClaiming(ctx, []statestore.Reply{okReply(*res[0].Claimed)}, []string{"inventory"})
 	if errs[0] != nil || res[0].Claimed != nil || res[0].NextStep != 0 || res[0].OrderStatus != statestore.OrderFailed {
 		t.Fatalf("reply to the last compensation: %+v %v", res[0], errs[0])
+	}
+}
+
+// TestResubmitOnlyWhatMayRun: once a compensation failed, the order is
+// partly undone: resubmitting its failed action is refused (saying which
+// step may be), and a resubmit without a step resets only the
+// compensation, so no action runs beside the undoing.
+func TestResubmitOnlyWhatMayRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	o := sagaOrder(statestore.PolicyCompensate)
+	insert(t, b, o)
+	run(t, b, o.OrderID, true)  // reserve_inventory
+	run(t, b, o.OrderID, false) // charge_payment fails: undoing begins with refund_payment (5)
+	run(t, b, o.OrderID, false) // refund_payment fails: held, partly undone
+	if status, _ := states(t, b, o.OrderID); status != statestore.OrderError {
+		t.Fatalf("the order is %s", status)
+	}
+	if _, err := b.store.Resubmit(ctx, o.OrderID, 2, "operator"); !errors.Is(err, statestore.ErrInvalidState) ||
+		!strings.Contains(err.Error(), "resubmit its failed compensation (step 5)") {
+		t.Fatalf("resubmitting the failed action of a partly undone order: %v", err)
+	}
+	reset, err := b.store.Resubmit(ctx, o.OrderID, 0, "operator")
+	if err != nil || len(reset) != 1 || reset[0] != 5 {
+		t.Fatalf("a resubmit without a step reset %v (%v), want only the compensation 5", reset, err)
+	}
+	if status, steps := states(t, b, o.OrderID); status != statestore.OrderCompensating || steps != "proc erro canc canc pend wait " {
+		t.Fatalf("after: %s %q", status, steps)
 	}
 }
