@@ -2,15 +2,22 @@ package e2e
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -117,7 +124,7 @@ func TestSasctlSubmitShowListResubmit(t *testing.T) {
 		{"list an unknown status", []string{"orders", "list", "--status", "lost"}, 1, "unknown status"},
 		{"submit an invalid file", []string{"submit", "--file", writeTemp(t, `{"schema_version":1}`)}, 1, "not a valid order"},
 		{"submit with neither file nor count", []string{"submit"}, 2, "either --file or"},
-		{"submit an unknown workflow", []string{"submit", "--count", "3", "--workflow", "nope"}, 1, `unknown workflow "nope" (the built-in workflows are order, order_hold, single): nothing published`},
+		{"submit an unknown workflow", []string{"submit", "--count", "3", "--workflow", "nope"}, 1, `unknown workflow "nope": the workflows of the built-in file (neither --workflows nor SAS_WORKFLOWS_FILE names one) are order, order_hold, single; name another file with --workflows FILE or SAS_WORKFLOWS_FILE: nothing published`},
 		{"submit a payload its workflow refuses", []string{"submit", "--count", "1", "--payload", badPayload}, 1, `payload at /: missing properties 'customer', 'items', 'currency': nothing published`},
 		// Any workflow name is listed: orders may run another file's.
 		{"list a workflow that is not a name", []string{"orders", "list", "--workflow", "no pe"}, 1, `--workflow may hold only letters`},
@@ -224,10 +231,42 @@ func TestSasctlDev(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
 	base := portBase(0)
-	out, errOut, code := sasctl(t, s.env, "dev", "--orders", "60", "--bin", binDir, "--prometheus-port", "0",
+	// The payment kind goes to a service of the test's own; the others to
+	// the demo service.
+	var charged atomic.Int64
+	payment := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/charge_payment" {
+			charged.Add(1)
+		}
+		_, _ = w.Write([]byte(`{"charged":true}`))
+	}))
+	t.Cleanup(payment.Close)
+	endpoints := writeFile(t, "endpoints.yaml", fmt.Sprintf("endpoints:\n  payment: {url: %q}\n", payment.URL))
+	out, errOut, code := sasctl(t, s.env, "dev", "--orders", "60", "--bin", binDir, "--prometheus-port", "0", "--endpoints", endpoints,
 		"--port-base", strconv.Itoa(base), "--console-port", strconv.Itoa(base+7), "--faults", `{"*":{"error_rate":0.1}}`)
 	if code != 0 {
 		t.Fatalf("sasctl dev: exit %d\n%s\n%s", code, out, errOut)
+	}
+	if !strings.Contains(errOut, "agent kinds payment: "+payment.URL+" (your service, from ") ||
+		!strings.Contains(errOut, "agent kinds inventory, shipping: the demo service") {
+		t.Errorf("sasctl dev does not say which kinds go where:\n%s", errOut)
+	}
+	if n := charged.Load(); n < 60 {
+		t.Errorf("the payment service of the endpoints file was called %d times for 60 orders", n)
+	}
+	// Its folders (the logs, the console's users file) are gone.
+	for _, re := range []*regexp.Regexp{regexp.MustCompile(`logs: (\S+)`), regexp.MustCompile(`users file (\S+)\)`)} {
+		m := re.FindStringSubmatch(out + errOut)
+		if m == nil {
+			t.Fatalf("sasctl dev does not say %s:\n%s\n%s", re, out, errOut)
+		}
+		dir := m[1]
+		if re.String() != `logs: (\S+)` {
+			dir = filepath.Dir(dir)
+		}
+		if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("sasctl dev left %s behind (%v)", dir, err)
+		}
 	}
 	for _, want := range []string{"SUMMARY", "orders completed         60", "throughput", "latency submit->end p99", "agent retries", "logs: "} {
 		if !strings.Contains(out, want) {
@@ -404,5 +443,55 @@ func TestSasctlErrorsNameTheSettingToFix(t *testing.T) {
 		if strings.Contains(errOut, "wrong-") {
 			t.Errorf("%s: the password is in the error: %s", tc.desc, errOut)
 		}
+	}
+}
+
+// TestSasctlPurgeAsksFirst: orders purge says how many orders it would
+// delete and asks; anything but yes deletes nothing; --yes skips the
+// question.
+func TestSasctlPurgeAsksFirst(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	store := statestore.New(s.pool)
+	var ids []string
+	for range 3 {
+		id := messages.NewID()
+		ids = append(ids, id)
+		hash := sha256.Sum256([]byte(id))
+		o := statestore.NewOrder{OrderID: id, Workflow: "single", Payload: []byte(`{}`), PayloadHash: hash[:], Actor: "test",
+			Steps: []statestore.NewStep{{Name: "work", Agent: "inventory", Timeout: time.Minute, MaxFailures: 1}}}
+		if _, err := store.InsertOrder(context.Background(), o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.pool.Exec(context.Background(), `UPDATE orders SET status = 'completed', created_at = now() - interval '2 days',
+		updated_at = now() - interval '2 days' WHERE order_id = ANY($1::uuid[])`, ids); err != nil {
+		t.Fatal(err)
+	}
+	purge := func(stdin string, args ...string) (string, int) {
+		cmd := exec.Command(filepath.Join(binDir, "sasctl"), append([]string{"orders", "purge", "--older-than", "24h"}, args...)...)
+		cmd.Env, cmd.Stdin = s.env, strings.NewReader(stdin)
+		out, err := cmd.CombinedOutput()
+		code := 0
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return string(out), code
+	}
+	if out, code := purge("n\n"); code != 1 || !strings.Contains(out, "delete 3 orders that ended more than 24h0m0s ago") ||
+		!strings.Contains(out, "nothing deleted") {
+		t.Fatalf("purge answered no: exit %d\n%s", code, out)
+	}
+	if n := s.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[])`, ids); n != 3 {
+		t.Fatalf("%d of 3 orders left after answering no", n)
+	}
+	if out, code := purge("", "--yes"); code != 0 || !strings.Contains(out, "deleted 3 orders") {
+		t.Fatalf("purge --yes: exit %d\n%s", code, out)
+	}
+	if out, code := purge(""); code != 0 || !strings.Contains(out, "nothing to delete") {
+		t.Fatalf("purge with nothing left: exit %d\n%s", code, out)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,10 +16,13 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"go.yaml.in/yaml/v3"
+
 	"sas/internal/messages"
 	"sas/internal/proc"
 	"sas/internal/statestore"
 	"sas/internal/submitter"
+	"sas/internal/workflow"
 )
 
 // mildFaults is the demo's default fault injection: enough to see
@@ -28,11 +32,12 @@ const mildFaults = `{"*":{"error_rate":0.03,"rate_limit_rate":0.01,"apply_then_f
 // dev runs the whole system on this machine, pushes orders through it with
 // live progress, and prints a summary. PostgreSQL and RabbitMQ must be up
 // (make demo starts them).
-func (a *app) dev(ctx context.Context, args []string) error {
+func (a *app) dev(ctx context.Context, args []string) (err error) {
 	fs := a.flags()
 	orders := fs.Int("orders", 3000, "orders to submit")
 	wf := fs.String("workflow", "", "workflow of the orders (default: the default workflow)")
 	workflows := fs.String("workflows", "", "workflows file every service reads (default: SAS_WORKFLOWS_FILE, else the built-in one)")
+	endpoints := fs.String("endpoints", "", "endpoints file giving agent kinds services of your own (default: SAS_AGENT_ENDPOINTS_FILE); every kind it does not name goes to the demo service")
 	payload := fs.String("payload", "", "payload of the orders: a file holding a JSON object (default: random demo orders)")
 	schedulers := fs.Int("schedulers", 2, "scheduler replicas")
 	agents := fs.Int("agents", 3, "agent replicas")
@@ -51,6 +56,10 @@ func (a *app) dev(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	routes, endpointsFile, err := devRoutes(reg, cmp.Or(*endpoints, os.Getenv("SAS_AGENT_ENDPOINTS_FILE")))
+	if err != nil {
+		return err
+	}
 	smp, err := newOrderSampler(reg, *wf, *payload)
 	if err != nil {
 		return err
@@ -62,8 +71,10 @@ func (a *app) dev(ctx context.Context, args []string) error {
 			return err
 		}
 		env = append(env, "SAS_WORKFLOWS_FILE="+abs)
-		// Every kind of the file is served by the demo service.
 		env = append(env, "SAS_AGENT_KINDS="+strings.Join(reg.Agents(), ","))
+	}
+	if endpointsFile != "" {
+		env = append(env, "SAS_AGENT_ENDPOINTS_FILE="+endpointsFile)
 	}
 	store, closeStore, err := a.migrateAndOpen(ctx)
 	if err != nil {
@@ -71,15 +82,21 @@ func (a *app) dev(ctx context.Context, args []string) error {
 	}
 	defer closeStore()
 	users, login := cmp.Or(*consoleUsers, os.Getenv("SAS_CONSOLE_USERS_FILE")), ""
+	var temporary []string // folders made for this run, removed at its end
 	if *consolePort != 0 && users == "" {
 		if users, login, err = devConsoleUser(); err != nil {
 			return err
 		}
+		temporary = append(temporary, filepath.Dir(users))
 	}
 	st, err := startStack(ctx, stackOptions{binDir: *binDir, schedulers: *schedulers, agents: *agents, faults: *faults,
 		portBase: *portBase, promPort: *promPort, rules: *rules, env: env, consolePort: *consolePort, consoleUsers: users})
 	if err != nil {
 		return err
+	}
+	temporary = append(temporary, st.logs)
+	for _, r := range routes {
+		fmt.Fprintf(a.stderr, "agent kinds %s: %s\n", strings.Join(r.kinds, ", "), r.to)
 	}
 	if *consolePort != 0 {
 		fmt.Fprintf(a.stderr, "console: http://localhost:%d/ %s\n", *consolePort, login)
@@ -91,6 +108,15 @@ func (a *app) dev(ctx context.Context, args []string) error {
 			fmt.Fprintln(a.stderr, "the stack was stopped")
 		} else {
 			fmt.Fprintf(a.stderr, "the stack was stopped. To keep it running after the orders end, run %s dev --keep (make demo DEMO_FLAGS=--keep)\n", self())
+		}
+		// The run's folders (logs, the console's users file) go with it,
+		// unless kept or the run failed: then the logs tell why.
+		if *keep || err != nil {
+			fmt.Fprintf(a.stderr, "logs kept in %s\n", st.logs)
+			return
+		}
+		for _, dir := range temporary {
+			_ = os.RemoveAll(dir)
 		}
 	}()
 	procs, byName, logs, promURL := st.procs, st.byName, st.logs, st.promURL
@@ -170,7 +196,7 @@ func (a *app) dev(ctx context.Context, args []string) error {
 	if promURL != "" {
 		fmt.Fprintf(a.stdout, "\nPrometheus: %s", promURL)
 	}
-	fmt.Fprintf(a.stdout, "\nlogs: %s\ninspect: %s orders list --status failed; %s orders show ID; %s alerts list --open\n", logs, self(), self(), self())
+	fmt.Fprintf(a.stdout, "\nlogs: %s (removed at the end unless --keep)\ninspect: %s orders list --status failed; %s orders show ID; %s alerts list --open\n", logs, self(), self(), self())
 	if *keep {
 		fmt.Fprintln(a.stderr, "services keep running; Ctrl-C stops them")
 		<-ctx.Done()
@@ -286,4 +312,57 @@ func startPrometheus(path, logs string, port int, rules string, procs []*proc.Pr
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	return proc.StartCommand("prometheus", []string{path, "--config.file=" + cfg, "--web.listen-address=" + addr,
 		"--storage.tsdb.path=" + filepath.Join(logs, "prometheus-data")}, logs, addr, nil)
+}
+
+// route says where the agents send the calls of some agent kinds.
+type route struct {
+	kinds []string
+	to    string
+}
+
+// devRoutes says which agent kinds of reg go to the services an
+// endpoints file names and which to the demo service, and returns the
+// file's absolute path ("" for none). A kind the file names that no
+// workflow of reg uses is a mistake: the file was written for another.
+func devRoutes(reg *workflow.Registry, file string) ([]route, string, error) {
+	named := map[string]string{}
+	if file != "" {
+		abs, err := filepath.Abs(file)
+		if err != nil {
+			return nil, "", err
+		}
+		file = abs
+		raw, err := os.ReadFile(file)
+		if err != nil {
+			return nil, "", fmt.Errorf("--endpoints: %w", err)
+		}
+		var f struct {
+			Endpoints map[string]struct {
+				URL string `yaml:"url"`
+			} `yaml:"endpoints"`
+		}
+		if err := yaml.Unmarshal(raw, &f); err != nil {
+			return nil, "", fmt.Errorf("--endpoints %s: %v", file, err)
+		}
+		for kind, ep := range f.Endpoints {
+			if !slices.Contains(reg.Agents(), kind) {
+				return nil, "", fmt.Errorf("--endpoints %s names agent kind %q, which no workflow of %s uses (its kinds: %s)",
+					file, kind, sourceName(reg), strings.Join(reg.Agents(), ", "))
+			}
+			named[kind] = ep.URL
+		}
+	}
+	var routes []route
+	var demo []string
+	for _, kind := range reg.Agents() {
+		if url, ok := named[kind]; ok {
+			routes = append(routes, route{kinds: []string{kind}, to: url + " (your service, from " + file + ")"})
+		} else {
+			demo = append(demo, kind)
+		}
+	}
+	if len(demo) > 0 {
+		routes = append(routes, route{kinds: demo, to: "the demo service"})
+	}
+	return routes, file, nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"flag"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -18,20 +19,31 @@ import (
 // inputs are the unprefixed names of the queues sas consumes, each with
 // its dead-letter queue: the submit queue, the replies queue and the
 // request queue of every agent kind of the workflows.
-func inputs() []string {
+func inputs(reg *workflow.Registry) []string {
 	out := []string{submitter.Input, messages.RepliesQueue}
-	for _, kind := range workflow.Builtin().Agents() {
+	for _, kind := range reg.Agents() {
 		out = append(out, messages.RequestsQueue(kind))
 	}
 	return out
 }
 
+// workflowsFlag adds --workflows to a command that needs the agent kinds:
+// the file the services read (SAS_WORKFLOWS_FILE), the same default.
+func workflowsFlag(fs *flag.FlagSet) *string {
+	return fs.String("workflows", "", "the workflows file whose agent kinds name the queues (default: SAS_WORKFLOWS_FILE, else the built-in one)")
+}
+
 // deadLetterQueues names the dead-letter queues a command looks at: the
 // one of queue (an input's name, with or without the prefix and .dlq), or
-// every input's.
-func (a *app) deadLetterQueues(queue string) ([]string, error) {
+// every input's, the agent kinds read from the workflows file as the
+// services read it.
+func (a *app) deadLetterQueues(queue, workflows string) ([]string, error) {
+	reg, err := workflowsFile(workflows)
+	if err != nil {
+		return nil, err
+	}
 	topo := broker.Topology{Prefix: a.cfg.QueuePrefix}
-	all := inputs()
+	all := inputs(reg)
 	if queue == "" {
 		out := make([]string, len(all))
 		for i, in := range all {
@@ -45,7 +57,8 @@ func (a *app) deadLetterQueues(queue string) ([]string, error) {
 			return []string{topo.DeadLetterQueue(in)}, nil
 		}
 	}
-	return nil, fmt.Errorf("no input queue %q: the queues are %s (with or without the prefix %q and .dlq)", queue, strings.Join(all, ", "), a.cfg.QueuePrefix)
+	return nil, fmt.Errorf("no input queue %q: the queues of %s are %s (with or without the prefix %q and .dlq); %s",
+		queue, sourceName(reg), strings.Join(all, ", "), a.cfg.QueuePrefix, nameAnother)
 }
 
 // scan runs ScanDLQ over each queue with decide and returns what it saw.
@@ -73,6 +86,7 @@ func (a *app) dlqList(ctx context.Context, args []string) error {
 	reason := fs.String("reason", "", "only dead letters with this reason (e.g. not_json, expired)")
 	limit := fs.Int("limit", 1000, "look at most at this many messages per queue")
 	asJSON := fs.Bool("json", false, "print JSON, bodies included")
+	workflows := workflowsFlag(fs)
 	rest, err := a.parse(fs, args)
 	if err != nil {
 		return err
@@ -83,7 +97,7 @@ func (a *app) dlqList(ctx context.Context, args []string) error {
 	if err := a.positive(fs, "limit", *limit); err != nil {
 		return err
 	}
-	queues, err := a.deadLetterQueues(strings.Join(rest, ""))
+	queues, err := a.deadLetterQueues(strings.Join(rest, ""), *workflows)
 	if err != nil {
 		return err
 	}
@@ -116,6 +130,7 @@ func (a *app) dlqList(ctx context.Context, args []string) error {
 func (a *app) dlqShow(ctx context.Context, args []string) error {
 	fs := a.flags()
 	queue := fs.String("queue", "", "look only in this queue's dead letters")
+	workflows := workflowsFlag(fs)
 	rest, err := a.parse(fs, args)
 	if err != nil {
 		return err
@@ -123,7 +138,7 @@ func (a *app) dlqShow(ctx context.Context, args []string) error {
 	if len(rest) != 1 {
 		return a.usageError(fs, "give one message id")
 	}
-	queues, err := a.deadLetterQueues(*queue)
+	queues, err := a.deadLetterQueues(*queue, *workflows)
 	if err != nil {
 		return err
 	}
@@ -152,6 +167,7 @@ func (a *app) dlqShow(ctx context.Context, args []string) error {
 func (a *app) dlqMove(ctx context.Context, args []string, action broker.DLQAction) error {
 	fs := a.flags()
 	queue := fs.String("queue", "", "only this queue's dead letters")
+	workflows := workflowsFlag(fs)
 	reason := fs.String("reason", "", "every dead letter with this reason")
 	all := fs.Bool("all", false, "every dead letter")
 	var yes *bool
@@ -175,7 +191,7 @@ func (a *app) dlqMove(ctx context.Context, args []string, action broker.DLQActio
 	match := func(d broker.DeadLetter) bool {
 		return *all || (id != "" && d.MessageID == id) || (*reason != "" && d.Reason == *reason)
 	}
-	queues, err := a.deadLetterQueues(*queue)
+	queues, err := a.deadLetterQueues(*queue, *workflows)
 	if err != nil {
 		return err
 	}

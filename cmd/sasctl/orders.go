@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"flag"
@@ -328,6 +329,7 @@ func (a *app) ordersPurge(ctx context.Context, args []string) error {
 	olderThan := fs.Duration("older-than", 0, "delete orders that ended more than this long ago, e.g. 720h (required)")
 	status := fs.String("status", "", "only orders with this status: completed or failed (default: both)")
 	batch := fs.Int("batch", 500, "orders deleted per transaction")
+	yes := fs.Bool("yes", false, "do not ask for confirmation")
 	if err := a.parseNoArgs(fs, args); err != nil {
 		return err
 	}
@@ -350,6 +352,21 @@ func (a *app) ordersPurge(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeStore()
+	if !*yes {
+		n, err := store.CountEnded(ctx, *olderThan, statuses)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			fmt.Fprintf(a.stdout, "no order ended more than %v ago: nothing to delete\n", *olderThan)
+			return nil
+		}
+		fmt.Fprintf(a.stderr, "delete %d orders that ended more than %v ago, with their steps, history and alerts, for good? [y/N] ", n, *olderThan)
+		answer, _ := bufio.NewReader(a.stdin).ReadString('\n')
+		if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" {
+			return fmt.Errorf("nothing deleted")
+		}
+	}
 	var total statestore.Purged
 	for {
 		p, err := store.PurgeEnded(ctx, *olderThan, statuses, *batch)

@@ -27,13 +27,20 @@ func workflowsFile(flagValue string) (*workflow.Registry, error) {
 
 func knownWorkflow(reg *workflow.Registry, name string) error {
 	if _, ok := reg.Lookup(name); !ok {
-		from := "the workflows of " + reg.Source
-		if reg.Source == workflow.BuiltinSource {
-			from = "the built-in workflows"
-		}
-		return fmt.Errorf("unknown workflow %q (%s are %s)", name, from, strings.Join(reg.Names(), ", "))
+		return fmt.Errorf("unknown workflow %q: the workflows of %s are %s; %s", name, sourceName(reg), strings.Join(reg.Names(), ", "), nameAnother)
 	}
 	return nil
+}
+
+// nameAnother says how a command is told which workflows file to read.
+const nameAnother = "name another file with --workflows FILE or SAS_WORKFLOWS_FILE"
+
+// sourceName says which workflows file reg was read from.
+func sourceName(reg *workflow.Registry) string {
+	if reg.Source == workflow.BuiltinSource {
+		return "the built-in file (neither --workflows nor SAS_WORKFLOWS_FILE names one)"
+	}
+	return reg.Source
 }
 
 // workflowsCheck reads a workflows file and lists every problem in it.

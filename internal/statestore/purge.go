@@ -45,3 +45,20 @@ func (s *Store) PurgeEnded(ctx context.Context, olderThan time.Duration, statuse
 	}
 	return p, nil
 }
+
+// CountEnded counts the orders PurgeEnded would delete now: ended
+// (statuses: a subset of EndedStatuses; nil for both) more than
+// olderThan ago on the database clock.
+func (s *Store) CountEnded(ctx context.Context, olderThan time.Duration, statuses []string) (int64, error) {
+	if statuses == nil {
+		statuses = EndedStatuses()
+	}
+	var n int64
+	err := s.pool.QueryRow(ctx, `SELECT count(*) FROM orders
+		WHERE status = ANY($2) AND created_at < now() - make_interval(secs => $1::float8)
+		  AND updated_at < now() - make_interval(secs => $1::float8)`, olderThan.Seconds(), statuses).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("count ended orders: %w", err)
+	}
+	return n, nil
+}
