@@ -1,10 +1,14 @@
 package e2e
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 )
@@ -17,7 +21,7 @@ func TestAgentCheckTellsAKeptContractFromABrokenOne(t *testing.T) {
 	t.Parallel()
 	demo := startOn(t, "remote", env("SAS_REMOTE_FAULTS="+`{"*":{"latency_min_ms":200,"latency_max_ms":200}}`), "SAS_REMOTE_ADDR")
 	out, errOut, code := sasctl(t, env(), "agent", "check", "http://"+demo.ops, "--action", "open_account")
-	if code != 0 || strings.Count(out, "PASS") != 5 || strings.Contains(out, "FAIL") {
+	if code != 0 || strings.Count(out, "PASS") != 9 || strings.Contains(out, "FAIL") {
 		t.Fatalf("against the demo service (exit %d):\n%s%s", code, out, errOut)
 	}
 	if !strings.Contains(out, "answered 409") || strings.Contains(out, "0 answered 409") {
@@ -41,6 +45,8 @@ func TestAgentCheckTellsAKeptContractFromABrokenOne(t *testing.T) {
 		"FAIL  the same key with another body gives 422",
 		"FAIL  8 calls at once with one key give one result",
 		"FAIL  a call past its deadline is refused or harmless",
+		"FAIL  a call it cannot read is refused for good",
+		"FAIL  the undo of an action that never ran is done, and the action cannot happen after it",
 	} {
 		if !strings.Contains(out, rule) {
 			t.Errorf("the check did not say %q:\n%s", rule, out)
@@ -48,5 +54,43 @@ func TestAgentCheckTellsAKeptContractFromABrokenOne(t *testing.T) {
 	}
 	if !strings.Contains(out, "PASS  a call is done") {
 		t.Errorf("a call that is done was not passed:\n%s", out)
+	}
+}
+
+// TestAgentCheckFindsARememberedRefusal: a service that keeps the demo's
+// contract but remembers its refusals as a key's answer (so a step
+// resubmitted after its cause was fixed is refused for ever) fails the
+// check's refusal rule, and only it.
+func TestAgentCheckFindsARememberedRefusal(t *testing.T) {
+	t.Parallel()
+	demo := startOn(t, "remote", env("SAS_REMOTE_FAULTS={}"), "SAS_REMOTE_ADDR")
+	var mu sync.Mutex
+	refused := map[string]bool{}
+	remembering := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("Idempotency-Key")
+		body, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		defer mu.Unlock()
+		if refused[key] || !json.Valid(body) {
+			refused[key] = true
+			http.Error(w, `{"error":"bad request"}`, http.StatusBadRequest)
+			return
+		}
+		// Everything else as the demo service does it.
+		req, _ := http.NewRequest(r.Method, "http://"+demo.ops+r.URL.Path, bytes.NewReader(body))
+		req.Header = r.Header.Clone()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		w.WriteHeader(resp.StatusCode)
+		_, _ = io.Copy(w, resp.Body)
+	}))
+	t.Cleanup(remembering.Close)
+	out, errOut, code := sasctl(t, env(), "agent", "check", remembering.URL)
+	if code != 1 || strings.Count(out, "FAIL") != 1 || !strings.Contains(out, "FAIL  a refusal is not kept as the key's answer") {
+		t.Fatalf("against a service that remembers its refusals (exit %d):\n%s%s", code, out, errOut)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 
 // checkCall is one call of the conformance check.
 type checkCall struct {
+	url        string // "" for the action's
 	key        string
 	body       []byte
 	completeBy time.Time
@@ -43,13 +45,16 @@ func snippetOf(s string) string {
 	return s
 }
 
-// agentChecker calls one action of a service as an agent would.
+// agentChecker calls one action of a service as an agent would, and the
+// compensation that undoes it.
 type agentChecker struct {
-	client  *http.Client
-	url     string
-	action  string
-	payload json.RawMessage
-	headers http.Header
+	client     *http.Client
+	url        string
+	action     string
+	undoURL    string
+	undoAction string
+	payload    json.RawMessage
+	headers    http.Header
 }
 
 func (c *agentChecker) newCall() checkCall {
@@ -58,8 +63,24 @@ func (c *agentChecker) newCall() checkCall {
 	return checkCall{key: fmt.Sprintf("%s/1/%s", id, c.action), body: body, completeBy: time.Now().Add(30 * time.Second)}
 }
 
+// undoCall is the call of the compensation that undoes the action of key,
+// whose answer was result ("" when it never ran), under a key of its own.
+func (c *agentChecker) undoCall(key, result string) checkCall {
+	id := messages.NewID()
+	req := contract.Request{OrderID: id, Step: 2, Action: c.undoAction, Payload: c.payload, Undoes: key}
+	if result != "" && json.Valid([]byte(result)) {
+		req.UndoneResult = json.RawMessage(result)
+	}
+	body, _ := json.Marshal(req)
+	return checkCall{url: c.undoURL, key: fmt.Sprintf("%s/2/%s", id, c.undoAction), body: body, completeBy: time.Now().Add(30 * time.Second)}
+}
+
 func (c *agentChecker) do(ctx context.Context, cl checkCall) checkAnswer {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, bytes.NewReader(cl.body))
+	url := cl.url
+	if url == "" {
+		url = c.url
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(cl.body))
 	if err != nil {
 		return checkAnswer{err: err}
 	}
@@ -108,7 +129,9 @@ func (a *app) agentCheck(ctx context.Context, args []string) error {
 	fs := a.flags()
 	action := fs.String("action", "sas_check", "the action to call: POST URL/v1/ACTION (calls apply it, under new keys)")
 	path := fs.String("path", "", "call URL+PATH instead of URL/v1/ACTION")
-	payload := fs.String("payload", `{"sas_check":true}`, "the payload to send (a JSON object)")
+	undoAction := fs.String("undo-action", "", "the compensation that undoes the action (default: undo_ACTION): POST URL/v1/UNDO")
+	undoPath := fs.String("undo-path", "", "call URL+PATH for the undo instead of URL/v1/UNDO")
+	payload := fs.String("payload", `{"sas_check":true}`, "the payload to send: "+payloadFlagHelp)
 	headersFile := fs.String("headers-file", "", "a file of \"Name: value\" lines sent with every call (credentials)")
 	concurrent := fs.Int("concurrent", 8, "calls sent at once with one key")
 	rest, err := a.parse(fs, args)
@@ -118,15 +141,22 @@ func (a *app) agentCheck(ctx context.Context, args []string) error {
 	if len(rest) != 1 || !strings.HasPrefix(rest[0], "http://") && !strings.HasPrefix(rest[0], "https://") {
 		return a.usageError(fs, "give the service's base URL (http:// or https://)")
 	}
-	if err := messages.CheckPayload([]byte(*payload)); err != nil {
-		return a.usageError(fs, "--payload: %v", err)
+	raw, err := payloadArg(*payload)
+	if err != nil {
+		return a.usageError(fs, "%v", err)
 	}
 	// As the agent: a redirect is the answer, never followed.
 	c := &agentChecker{client: &http.Client{Timeout: 20 * time.Second,
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}, action: *action, payload: json.RawMessage(*payload), headers: http.Header{}}
-	c.url = strings.TrimRight(rest[0], "/") + contract.DefaultPath(*action)
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}, action: *action, payload: json.RawMessage(raw), headers: http.Header{}}
+	base := strings.TrimRight(rest[0], "/")
+	c.url = base + contract.DefaultPath(*action)
 	if *path != "" {
-		c.url = strings.TrimRight(rest[0], "/") + *path
+		c.url = base + *path
+	}
+	c.undoAction = cmp.Or(*undoAction, "undo_"+*action)
+	c.undoURL = base + contract.DefaultPath(c.undoAction)
+	if *undoPath != "" {
+		c.undoURL = base + *undoPath
 	}
 	if *headersFile != "" {
 		raw, err := os.ReadFile(*headersFile)
@@ -211,8 +241,39 @@ func (a *app) agentCheck(ctx context.Context, args []string) error {
 			"accepted ("+a4.String()+"); the key's next call in time answered "+a5.String()+" (must be the same: a replay)")
 	}
 
+	// 5. A call it cannot read is refused for good (a 4xx, not a 5xx
+	// that sas would retry until the step's time runs out), and the
+	// refusal is not kept as the key's answer: it applied nothing, and a
+	// resubmit after the cause is fixed comes with the same key.
+	bad := c.newCall()
+	good := bad
+	bad.body = []byte(`this is not the JSON of a request`)
+	a6 := c.do(ctx, bad)
+	a7 := c.settle(ctx, good)
+	report(a6.err == nil && contract.Classify(a6.status) == contract.Permanent && a6.status/100 == 4,
+		"a call it cannot read is refused for good (a 4xx)", "answered "+a6.String())
+	report(a7.err == nil && a7.status/100 == 2,
+		"a refusal is not kept as the key's answer: the key's next call, readable, is done",
+		"then answered "+a7.String()+" (a service that replays its refusal blocks the step's resubmit for ever)")
+
+	// 6. Undo. The undo of a done action is done; the undo of an action
+	// that never ran is done too (nothing to undo), and the action
+	// cannot happen after it.
+	done := c.newCall()
+	a8 := c.settle(ctx, done)
+	a9 := c.settle(ctx, c.undoCall(done.key, a8.body))
+	report(a8.err == nil && a8.status/100 == 2 && a9.err == nil && a9.status/100 == 2,
+		"the undo of a done action is done", fmt.Sprintf("the action answered %s; %s %s", a8, c.undoAction, a9))
+	never := c.newCall()
+	a10 := c.settle(ctx, c.undoCall(never.key, ""))
+	a11 := c.settle(ctx, never)
+	report(a10.err == nil && a10.status/100 == 2 && a11.err == nil && contract.Classify(a11.status) == contract.Permanent,
+		"the undo of an action that never ran is done, and the action cannot happen after it",
+		fmt.Sprintf("%s answered %s; the action then %s (want a refusal for good, such as 410)", c.undoAction, a10, a11))
+
+	const rules = 9
 	if failed > 0 {
-		return fmt.Errorf("%d of 5 rules failed", failed)
+		return fmt.Errorf("%d of %d rules failed", failed, rules)
 	}
 	fmt.Fprintln(a.stdout, "\nevery rule passed")
 	return nil

@@ -38,7 +38,7 @@ func (a *app) dev(ctx context.Context, args []string) (err error) {
 	wf := fs.String("workflow", "", "workflow of the orders (default: the default workflow)")
 	workflows := fs.String("workflows", "", "workflows file every service reads (default: SAS_WORKFLOWS_FILE, else the built-in one)")
 	endpoints := fs.String("endpoints", "", "endpoints file giving agent kinds services of your own (default: SAS_AGENT_ENDPOINTS_FILE); every kind it does not name goes to the demo service")
-	payload := fs.String("payload", "", "payload of the orders: a file holding a JSON object (default: random demo orders)")
+	payload := fs.String("payload", "", "payload of the orders: "+payloadFlagHelp+" (default: random demo orders)")
 	schedulers := fs.Int("schedulers", 2, "scheduler replicas")
 	agents := fs.Int("agents", 3, "agent replicas")
 	faults := fs.String("faults", mildFaults, "the remote service's fault injection (JSON)")

@@ -24,7 +24,7 @@ func (a *app) submit(ctx context.Context, args []string) error {
 	count := fs.Int("count", 0, "publish this many generated sample orders")
 	wf := fs.String("workflow", "", "workflow of generated orders (default: the default workflow)")
 	workflows := fs.String("workflows", "", "the workflows file orders are checked against (default: SAS_WORKFLOWS_FILE, else the built-in one)")
-	payload := fs.String("payload", "", "payload of generated orders: a file holding a JSON object (default: a random demo order)")
+	payload := fs.String("payload", "", "payload of generated orders: "+payloadFlagHelp+" (default: a random demo order)")
 	priority := fs.Int("priority", 0, "priority 0-9 of generated orders")
 	replyTo := fs.String("reply-to", "", "status queue of generated orders")
 	concurrency := fs.Int("concurrency", 32, "publishes awaiting their confirm at once")

@@ -153,19 +153,43 @@ type orderSampler struct {
 	payload  []byte
 }
 
-func newOrderSampler(reg *workflow.Registry, name, payloadFile string) (*orderSampler, error) {
+// payloadFlagHelp is what every --payload flag takes.
+const payloadFlagHelp = `a JSON object inline ('{"plan":"team"}') or @FILE holding one (a bare file name still works)`
+
+// payloadArg reads a --payload value the same way in every command: a
+// JSON object written inline, or @FILE (as curl writes it); a value that
+// is neither JSON nor @ is taken for a file name, as it always was in
+// dev and submit. The payload is checked as the submitter checks one.
+func payloadArg(v string) ([]byte, error) {
+	var raw []byte
+	trimmed := strings.TrimSpace(v)
+	switch {
+	case strings.HasPrefix(trimmed, "{") || strings.HasPrefix(trimmed, "["):
+		raw = []byte(trimmed)
+	default:
+		file := strings.TrimPrefix(v, "@")
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("--payload %s: %w (write a JSON object inline, or @FILE)", v, err)
+		}
+		raw = b
+	}
+	if err := messages.CheckPayload(raw); err != nil {
+		return nil, fmt.Errorf("--payload %s: %w", clip(v, 60), err)
+	}
+	return raw, nil
+}
+
+func newOrderSampler(reg *workflow.Registry, name, payload string) (*orderSampler, error) {
 	if err := knownWorkflow(reg, name); err != nil {
 		return nil, err
 	}
 	wf, _ := reg.Lookup(name)
 	s := &orderSampler{workflow: wf.Name}
-	if payloadFile != "" {
-		raw, err := os.ReadFile(payloadFile)
+	if payload != "" {
+		raw, err := payloadArg(payload)
 		if err != nil {
 			return nil, err
-		}
-		if err := messages.CheckPayload(raw); err != nil {
-			return nil, fmt.Errorf("%s: %w", payloadFile, err)
 		}
 		s.payload = raw
 	}
@@ -175,8 +199,8 @@ func newOrderSampler(reg *workflow.Registry, name, payloadFile string) (*orderSa
 	}
 	if err := wf.CheckPayload(probe); err != nil {
 		var pe *workflow.PayloadError
-		if errors.As(err, &pe) && payloadFile == "" {
-			return nil, fmt.Errorf("workflow %s does not take the demo order's payload (%v): give one with --payload FILE", wf.Name, err)
+		if errors.As(err, &pe) && payload == "" {
+			return nil, fmt.Errorf("workflow %s does not take the demo order's payload (%v): give one with --payload '{…}' or --payload @FILE", wf.Name, err)
 		}
 		return nil, err
 	}

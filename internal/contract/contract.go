@@ -9,7 +9,9 @@
 // Every attempt of one step sends the same body and the same
 // Idempotency-Key; the attempt and the deadline travel in headers so that
 // they never change the body. A service must apply a key's effect at most
-// once and answer a repeated key with the answer of the first.
+// once and answer a repeated key with the answer of the first that applied
+// it; a refusal applied nothing and is not kept as the key's answer (a
+// resubmit after its cause is fixed comes with the same key).
 package contract
 
 import (
