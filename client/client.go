@@ -9,6 +9,15 @@
 // reconnects and consumes it again), and the broker deletes it once no
 // client has used it for Config.ReplyQueueTTL. Events are delivered at
 // least once; the client drops the repeats.
+//
+// From a module of your own: sas's module path is "sas", which no module
+// proxy serves, so require it and replace it with a checkout of sas in
+// your go.mod, then go mod tidy:
+//
+//	require sas v0.0.0-00010101000000-000000000000
+//	replace sas => ../sas
+//
+// examples/ownmodule is such a module; make test builds and runs it.
 package client
 
 import (

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -213,6 +214,21 @@ func TestExampleProgramSubmitsAHundredOrders(t *testing.T) {
 	out, err := exec.CommandContext(ctx, "go", "run", "../examples/submit100").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "100 completed, 0 failed, 0 held in error, 0 not known") {
 		t.Fatalf("submit100: %v\n%s", err, out)
+	}
+}
+
+// TestAnotherModuleUsesTheClient builds and runs examples/ownmodule, a
+// module of its own that requires sas and replaces it with this checkout,
+// as an application's module does, against the stack.
+func TestAnotherModuleUsesTheClient(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "go", "run", ".")
+	cmd.Dir = "../examples/ownmodule"
+	out, err := cmd.CombinedOutput()
+	if err != nil || !regexp.MustCompile(`^order [0-9a-f-]{36} completed\n$`).Match(out) {
+		t.Fatalf("examples/ownmodule: %v\n%s", err, out)
 	}
 }
 
