@@ -7,10 +7,14 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"sas/internal/testenv"
 )
 
 // TestAgentCheckTellsAKeptContractFromABrokenOne: sasctl agent check
@@ -92,5 +96,36 @@ func TestAgentCheckFindsARememberedRefusal(t *testing.T) {
 	out, errOut, code := sasctl(t, env(), "agent", "check", remembering.URL)
 	if code != 1 || strings.Count(out, "FAIL") != 1 || !strings.Contains(out, "FAIL  a refusal is not kept as the key's answer") {
 		t.Fatalf("against a service that remembers its refusals (exit %d):\n%s%s", code, out, errOut)
+	}
+}
+
+// TestPayloadMeansTheSameEverywhere: --payload takes a JSON object
+// inline, @FILE, or a bare file name, in agent check as in submit; what
+// is neither says so.
+func TestPayloadMeansTheSameEverywhere(t *testing.T) {
+	t.Parallel()
+	demo := startOn(t, "remote", env("SAS_REMOTE_FAULTS={}"), "SAS_REMOTE_ADDR")
+	file := writeFile(t, "payload.json", `{"customer":"c","items":[{"sku":"S","qty":1}],"amount":1,"currency":"EUR"}`)
+	for _, payload := range []string{"@" + file, file, `{"plan":"team"}`} {
+		if out, errOut, code := sasctl(t, env(), "agent", "check", "http://"+demo.ops, "--payload", payload); code != 0 {
+			t.Errorf("agent check --payload %s: exit %d\n%s%s", payload, code, out, errOut)
+		}
+	}
+	if _, errOut, code := sasctl(t, env(), "agent", "check", "http://"+demo.ops, "--payload", "@/no/such/file"); code != 2 ||
+		!strings.Contains(errOut, "write a JSON object inline, or @FILE") {
+		t.Errorf("agent check with a missing payload file: exit %d\n%s", code, errOut)
+	}
+	s := newStack(t)
+	start(t, "submitter", s.env)
+	inline, _ := os.ReadFile(file)
+	for _, payload := range []string{"@" + file, string(inline)} {
+		out, errOut, code := sasctl(t, s.env, "submit", "--count", "1", "--workflow", "single", "--payload", payload, "--print-ids")
+		if code != 0 {
+			t.Fatalf("submit --payload %s: exit %d\n%s%s", payload, code, out, errOut)
+		}
+		id := strings.TrimSpace(out)
+		testenv.Eventually(t, 30*time.Second, "the order written", func() bool {
+			return s.count(t, `SELECT count(*) FROM orders WHERE order_id = $1 AND payload->>'customer' = 'c'`, id) == 1
+		})
 	}
 }
