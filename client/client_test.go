@@ -17,8 +17,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"sas/client"
+	"sas/internal/harness/netproxy"
 	"sas/internal/messages"
-	"sas/internal/netproxy"
 	"sas/internal/statestore"
 )
 

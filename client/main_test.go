@@ -13,9 +13,9 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"sas/internal/proc"
+	"sas/internal/harness/proc"
+	"sas/internal/harness/testenv"
 	"sas/internal/statestore"
-	"sas/internal/testenv"
 	"sas/migrations"
 )
 

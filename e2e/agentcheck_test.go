@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"sas/internal/testenv"
+	"sas/internal/harness/testenv"
 )
 
 // TestAgentCheckTellsAKeptContractFromABrokenOne: sasctl agent check

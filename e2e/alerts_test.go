@@ -16,10 +16,10 @@ import (
 	"testing"
 	"time"
 
-	"sas/internal/badinput"
+	"sas/internal/harness/badinput"
+	"sas/internal/harness/testenv"
 	"sas/internal/messages"
 	"sas/internal/statestore"
-	"sas/internal/testenv"
 )
 
 // ruleFields returns, in order, the values of every "key: value" line of

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"sas/internal/harness/testenv"
 	"sas/internal/messages"
-	"sas/internal/testenv"
 )
 
 // benchJSON is the part of sasctl bench's JSON report the test reads.

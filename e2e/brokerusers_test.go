@@ -11,11 +11,11 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"sas/internal/badinput"
 	"sas/internal/broker"
+	"sas/internal/harness/badinput"
+	"sas/internal/harness/testenv"
 	"sas/internal/messages"
 	"sas/internal/submitter"
-	"sas/internal/testenv"
 )
 
 // TestServicesRunAsLeastPrivilegeBrokerUsers creates one RabbitMQ user per

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"sas/internal/chaos"
-	"sas/internal/testenv"
+	"sas/internal/harness/chaos"
+	"sas/internal/harness/testenv"
 )
 
 func chaosConfig(t *testing.T, seed uint64, orders int) chaos.Config {

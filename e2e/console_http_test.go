@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"sas/internal/badinput"
+	"sas/internal/harness/badinput"
+	"sas/internal/harness/testenv"
 	"sas/internal/messages"
-	"sas/internal/testenv"
 )
 
 // webClient is a browser without JavaScript: it keeps the cookies it is

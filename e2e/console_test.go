@@ -19,9 +19,9 @@ import (
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 
-	"sas/internal/badinput"
+	"sas/internal/harness/badinput"
+	"sas/internal/harness/testenv"
 	"sas/internal/messages"
-	"sas/internal/testenv"
 )
 
 // consoleUser adds a console user to the users file through sasctl, as an

@@ -15,13 +15,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"sas/internal/badinput"
-	"sas/internal/chaos"
+	"sas/internal/harness/badinput"
+	"sas/internal/harness/chaos"
+	"sas/internal/harness/testenv"
 	"sas/internal/messages"
 	"sas/internal/scheduler"
 	"sas/internal/statestore"
 	"sas/internal/submitter"
-	"sas/internal/testenv"
 	"sas/internal/workflow"
 )
 

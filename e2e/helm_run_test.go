@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"sas/internal/testenv"
+	"sas/internal/harness/testenv"
 )
 
 // TestHelmChartPodsRunAsRendered runs what the chart renders, on this

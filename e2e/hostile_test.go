@@ -13,10 +13,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"sas/internal/badinput"
+	"sas/internal/harness/badinput"
+	"sas/internal/harness/testenv"
 	"sas/internal/messages"
 	"sas/internal/secrets"
-	"sas/internal/testenv"
 )
 
 // hostileCase is one way a user's service may answer, and what the order

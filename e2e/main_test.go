@@ -23,7 +23,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"sas/internal/testenv"
+	"sas/internal/harness/testenv"
 )
 
 // binDir holds the binaries TestMain built.

@@ -15,8 +15,8 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"sas/client"
+	"sas/internal/harness/testenv"
 	"sas/internal/messages"
-	"sas/internal/testenv"
 )
 
 // newcomerFile is a process of the test's own: three agent kinds no

@@ -16,11 +16,11 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"sas/internal/badinput"
 	"sas/internal/broker"
+	"sas/internal/harness/badinput"
+	"sas/internal/harness/testenv"
 	"sas/internal/messages"
 	"sas/internal/statestore"
-	"sas/internal/testenv"
 )
 
 // openAlerts returns the open alerts of an order, through sasctl.

@@ -12,12 +12,12 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"sas/internal/badinput"
 	"sas/internal/broker"
+	"sas/internal/harness/badinput"
+	"sas/internal/harness/testenv"
 	"sas/internal/messages"
 	"sas/internal/remote"
 	"sas/internal/statestore"
-	"sas/internal/testenv"
 )
 
 // pipeline is a running system: the remote service, a submitter, and the

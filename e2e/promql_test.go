@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"sas/internal/testenv"
+	"sas/internal/harness/testenv"
 )
 
 // prometheus is a real Prometheus scraping sas processes, one job per

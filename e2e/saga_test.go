@@ -8,11 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"sas/internal/badinput"
-	"sas/internal/chaos"
+	"sas/internal/harness/badinput"
+	"sas/internal/harness/chaos"
+	"sas/internal/harness/testenv"
 	"sas/internal/messages"
 	"sas/internal/statestore"
-	"sas/internal/testenv"
 )
 
 // checkSaga checks the remote ledger against every order's outcome

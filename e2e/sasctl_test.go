@@ -23,10 +23,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"sas/internal/badinput"
+	"sas/internal/harness/badinput"
+	"sas/internal/harness/testenv"
 	"sas/internal/messages"
 	"sas/internal/statestore"
-	"sas/internal/testenv"
 	"sas/migrations"
 )
 

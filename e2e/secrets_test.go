@@ -20,7 +20,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"sas/client"
-	"sas/internal/testenv"
+	"sas/internal/harness/testenv"
 )
 
 // TestDeploymentSecretsMadeOnceAndUsedFromFiles runs what the compose

@@ -10,12 +10,12 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"sas/internal/badinput"
 	"sas/internal/broker"
+	"sas/internal/harness/badinput"
+	"sas/internal/harness/testenv"
 	"sas/internal/messages"
 	"sas/internal/scheduler"
 	"sas/internal/submitter"
-	"sas/internal/testenv"
 	"sas/internal/workflow"
 )
 

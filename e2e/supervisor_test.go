@@ -10,11 +10,11 @@ import (
 	"testing"
 	"time"
 
-	"sas/internal/badinput"
+	"sas/internal/harness/badinput"
+	"sas/internal/harness/testenv"
 	"sas/internal/messages"
 	"sas/internal/remote"
 	"sas/internal/statestore"
-	"sas/internal/testenv"
 )
 
 // callInFlight returns a ledger entry whose call has reached the remote

@@ -19,9 +19,9 @@ import (
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	"google.golang.org/protobuf/proto"
 
-	"sas/internal/badinput"
+	"sas/internal/harness/badinput"
+	"sas/internal/harness/testenv"
 	"sas/internal/messages"
-	"sas/internal/testenv"
 )
 
 // span is one span as the OTLP receiver got it.

@@ -12,11 +12,11 @@ import (
 	"testing"
 	"time"
 
-	"sas/internal/badinput"
 	"sas/internal/contract"
+	"sas/internal/harness/badinput"
+	"sas/internal/harness/testenv"
 	"sas/internal/messages"
 	"sas/internal/statestore"
-	"sas/internal/testenv"
 	"sas/internal/workflow"
 )
 

@@ -18,7 +18,7 @@ import (
 	"syscall"
 	"time"
 
-	"sas/internal/chaos"
+	"sas/internal/harness/chaos"
 )
 
 func main() {

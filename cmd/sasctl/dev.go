@@ -18,8 +18,8 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"sas/internal/harness/proc"
 	"sas/internal/messages"
-	"sas/internal/proc"
 	"sas/internal/statestore"
 	"sas/internal/submitter"
 	"sas/internal/workflow"

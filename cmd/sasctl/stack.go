@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"sas/internal/proc"
+	"sas/internal/harness/proc"
 	"sas/internal/statestore"
 	"sas/migrations"
 )

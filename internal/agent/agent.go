@@ -22,7 +22,7 @@ import (
 
 	"sas/internal/broker"
 	"sas/internal/contract"
-	"sas/internal/failpoint"
+	"sas/internal/harness/failpoint"
 	"sas/internal/messages"
 	"sas/internal/secrets"
 	"sas/internal/service"

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"sas/internal/testenv"
+	"sas/internal/harness/testenv"
 )
 
 // BenchmarkCall: one call of the demo remote service over loopback HTTP,

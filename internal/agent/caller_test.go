@@ -16,8 +16,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"sas/internal/contract"
+	"sas/internal/harness/testenv"
 	"sas/internal/remote"
-	"sas/internal/testenv"
 	"sas/internal/tracing"
 )
 

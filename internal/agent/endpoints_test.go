@@ -20,10 +20,10 @@ import (
 
 	"sas/internal/broker"
 	"sas/internal/contract"
+	"sas/internal/harness/testenv"
 	"sas/internal/messages"
 	"sas/internal/secrets"
 	"sas/internal/service"
-	"sas/internal/testenv"
 )
 
 // syncBuffer is a log sink several goroutines write to.

@@ -11,7 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"sas/internal/broker"
-	"sas/internal/testenv"
+	"sas/internal/harness/testenv"
 )
 
 // The broker's share of an order, one message per op, against the real

@@ -17,7 +17,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"sas/internal/broker"
-	"sas/internal/testenv"
+	"sas/internal/harness/testenv"
 )
 
 type bundle struct {

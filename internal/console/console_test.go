@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/crypto/bcrypt"
 
-	"sas/internal/badinput"
+	"sas/internal/harness/badinput"
 	"sas/internal/statestore"
 )
 

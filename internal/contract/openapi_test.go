@@ -14,7 +14,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"sas/internal/contract"
-	"sas/internal/testenv"
+	"sas/internal/harness/testenv"
 )
 
 // loadYAMLAsJSON reads a YAML document as the JSON value it denotes.

@@ -14,9 +14,9 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"sas/internal/broker"
+	"sas/internal/harness/testenv"
 	"sas/internal/messages"
 	"sas/internal/submitter"
-	"sas/internal/testenv"
 )
 
 // TestAsyncAPIMatchesTheMessages keeps docs/asyncapi.yaml in step with

@@ -7,7 +7,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"sas/internal/badinput"
+	"sas/internal/harness/badinput"
 	. "sas/internal/messages"
 )
 

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"sas/internal/badinput"
+	"sas/internal/harness/badinput"
 	"sas/internal/messages"
 )
 

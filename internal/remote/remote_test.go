@@ -15,8 +15,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"sas/internal/contract"
+	"sas/internal/harness/testenv"
 	"sas/internal/remote"
-	"sas/internal/testenv"
 )
 
 func setup(t *testing.T, faults remote.FaultConfig) (*remote.Service, *httptest.Server) {

@@ -14,7 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"sas/internal/broker"
-	"sas/internal/failpoint"
+	"sas/internal/harness/failpoint"
 	"sas/internal/messages"
 	"sas/internal/statestore"
 	"sas/internal/tracing"

@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"sas/internal/broker"
+	"sas/internal/harness/testenv"
 	"sas/internal/secrets"
 	"sas/internal/service"
-	"sas/internal/testenv"
 )
 
 // secretMarkers make up every fuzzed password, around the fuzzed text,

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"sas/internal/harness/testenv"
 	"sas/internal/statestore"
-	"sas/internal/testenv"
 )
 
 // The hot operations of the state store, one order or step per op, against

@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"sas/internal/harness/testenv"
 	"sas/internal/statestore"
-	"sas/internal/testenv"
 )
 
 // held is an order's rows held by another connection.

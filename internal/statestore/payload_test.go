@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"sas/internal/harness/testenv"
 	"sas/internal/messages"
 	"sas/internal/statestore"
-	"sas/internal/testenv"
 	"sas/migrations"
 )
 

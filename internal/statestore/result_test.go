@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"sas/internal/badinput"
+	"sas/internal/harness/badinput"
 	"sas/internal/messages"
 	"sas/internal/statestore"
 )

@@ -15,9 +15,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"sas/internal/harness/testenv"
 	"sas/internal/messages"
 	"sas/internal/statestore"
-	"sas/internal/testenv"
 	"sas/migrations"
 )
 

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"sas/internal/testenv"
+	"sas/internal/harness/testenv"
 )
 
 // TestReadWAL: an order written moves the WAL position on by at least its

@@ -22,7 +22,7 @@ import (
 
 	"sas/internal/batch"
 	"sas/internal/broker"
-	"sas/internal/failpoint"
+	"sas/internal/harness/failpoint"
 	"sas/internal/messages"
 	"sas/internal/service"
 	"sas/internal/statestore"

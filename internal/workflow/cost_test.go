@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"sas/internal/badinput"
+	"sas/internal/harness/badinput"
 	"sas/internal/messages"
 )
 

@@ -4,7 +4,7 @@ import (
 	"net/url"
 	"testing"
 
-	"sas/internal/netproxy"
+	"sas/internal/harness/netproxy"
 )
 
 // NewProxy puts a loopback proxy in front of target for the test's

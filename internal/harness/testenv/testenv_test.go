@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"sas/internal/broker"
-	"sas/internal/testenv"
+	"sas/internal/harness/testenv"
 )
 
 // TestUnreachableServiceFailsUnderCI runs itself again with the services
