@@ -14,13 +14,14 @@ import (
 	"time"
 
 	"sas/internal/statestore"
+	"sas/internal/statestore/lab"
 )
 
-// fillOrders writes n orders as they look once run (statestore.Fill), 50
+// fillOrders writes n orders as they look once run (lab.Fill), 50
 // of them in flight.
 func fillOrders(t *testing.T, s stack, n int) {
 	t.Helper()
-	r, err := statestore.New(s.pool).Fill(context.Background(), n, 50)
+	r, err := lab.Fill(context.Background(), s.pool, n, 50)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"sas/internal/harness/localstack"
 	"sas/internal/harness/proc"
 	"sas/internal/messages"
 	"sas/internal/statestore"
@@ -89,12 +90,12 @@ func (a *app) dev(ctx context.Context, args []string) (err error) {
 		}
 		temporary = append(temporary, filepath.Dir(users))
 	}
-	st, err := startStack(ctx, stackOptions{binDir: *binDir, schedulers: *schedulers, agents: *agents, faults: *faults,
-		portBase: *portBase, promPort: *promPort, rules: *rules, env: env, consolePort: *consolePort, consoleUsers: users})
+	st, err := localstack.Start(ctx, localstack.Options{BinDir: *binDir, Schedulers: *schedulers, Agents: *agents, Faults: *faults,
+		PortBase: *portBase, PromPort: *promPort, Rules: *rules, Env: env, ConsolePort: *consolePort, ConsoleUsers: users})
 	if err != nil {
 		return err
 	}
-	temporary = append(temporary, st.logs)
+	temporary = append(temporary, st.Logs)
 	for _, r := range routes {
 		fmt.Fprintf(a.stderr, "agent kinds %s: %s\n", strings.Join(r.kinds, ", "), r.to)
 	}
@@ -103,7 +104,7 @@ func (a *app) dev(ctx context.Context, args []string) (err error) {
 	}
 	defer func() {
 		fmt.Fprintln(a.stderr, "stopping every service…")
-		st.stop()
+		st.Stop()
 		if *keep {
 			fmt.Fprintln(a.stderr, "the stack was stopped")
 		} else {
@@ -112,14 +113,14 @@ func (a *app) dev(ctx context.Context, args []string) (err error) {
 		// The run's folders (logs, the console's users file) go with it,
 		// unless kept or the run failed: then the logs tell why.
 		if *keep || err != nil {
-			fmt.Fprintf(a.stderr, "logs kept in %s\n", st.logs)
+			fmt.Fprintf(a.stderr, "logs kept in %s\n", st.Logs)
 			return
 		}
 		for _, dir := range temporary {
 			_ = os.RemoveAll(dir)
 		}
 	}()
-	procs, byName, logs, promURL := st.procs, st.byName, st.logs, st.promURL
+	procs, byName, logs, promURL := st.Procs, st.ByName, st.Logs, st.PromURL
 	fmt.Fprintf(a.stderr, "services up (%d processes); logs in %s\n", len(procs), logs)
 
 	since, err := store.Now(ctx)
@@ -146,7 +147,7 @@ func (a *app) dev(ctx context.Context, args []string) (err error) {
 			submitErr = nil
 		case <-ticker.C:
 		}
-		if err := st.exited(); err != nil {
+		if err := st.Exited(); err != nil {
 			return err
 		}
 		pr, err := store.ProgressSince(ctx, since)
@@ -281,37 +282,6 @@ func scrapeSum(procs []*proc.Proc, name string) float64 {
 		resp.Body.Close()
 	}
 	return total
-}
-
-// startPrometheus runs a local Prometheus scraping every service.
-func startPrometheus(path, logs string, port int, rules string, procs []*proc.Proc) (*proc.Proc, error) {
-	var b strings.Builder
-	b.WriteString("global:\n  scrape_interval: 2s\n  evaluation_interval: 2s\n")
-	if abs, err := filepath.Abs(rules); err == nil {
-		if _, err := os.Stat(abs); err == nil {
-			fmt.Fprintf(&b, "rule_files:\n  - %q\n", abs)
-		}
-	}
-	b.WriteString("scrape_configs:\n")
-	jobs := map[string][]string{}
-	var order []string
-	for _, p := range procs {
-		job := "sas-" + strings.TrimRight(strings.TrimRight(p.Name, "0123456789"), "-")
-		if _, seen := jobs[job]; !seen {
-			order = append(order, job)
-		}
-		jobs[job] = append(jobs[job], p.Addr)
-	}
-	for _, job := range order {
-		fmt.Fprintf(&b, "  - job_name: %s\n    static_configs:\n      - targets: [%s]\n", job, `"`+strings.Join(jobs[job], `", "`)+`"`)
-	}
-	cfg := filepath.Join(logs, "prometheus.yml")
-	if err := os.WriteFile(cfg, []byte(b.String()), 0o644); err != nil {
-		return nil, err
-	}
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	return proc.StartCommand("prometheus", []string{path, "--config.file=" + cfg, "--web.listen-address=" + addr,
-		"--storage.tsdb.path=" + filepath.Join(logs, "prometheus-data")}, logs, addr, nil)
 }
 
 // route says where the agents send the calls of some agent kinds.

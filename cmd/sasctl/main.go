@@ -20,6 +20,7 @@ import (
 	"github.com/kelseyhightower/envconfig"
 
 	"sas/internal/broker"
+	"sas/internal/harness/bench"
 	"sas/internal/secrets"
 	"sas/internal/service"
 )
@@ -157,7 +158,11 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	case "dev":
 		return a.dev(ctx, rest)
 	case "bench":
-		return a.bench(ctx, rest)
+		err := bench.Main(ctx, bench.NewTool(a.cfg, a.logger, a.stdout, a.stderr, a.flags, a.parseNoArgs), rest)
+		if errors.Is(err, bench.ErrUsage) {
+			return errUsage
+		}
+		return err
 	case "probe":
 		return a.probe(ctx, rest)
 	case "broker users":

@@ -15,19 +15,20 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"sas/internal/messages"
+	"sas/internal/service"
 	"sas/internal/statestore"
 )
 
 // store opens the state store for a command: it fails at once with one
 // line naming the setting to fix when the database cannot be reached
-// within databaseWait, refuses the login, or has no sas schema.
+// within service.DatabaseWait, refuses the login, or has no sas schema.
 func (a *app) store(ctx context.Context) (*statestore.Store, func(), error) {
 	pool, err := a.pool(ctx, 2)
 	if err != nil {
 		return nil, nil, err
 	}
 	store := statestore.New(pool)
-	checkCtx, cancel := context.WithTimeout(ctx, databaseWait)
+	checkCtx, cancel := context.WithTimeout(ctx, service.DatabaseWait)
 	defer cancel()
 	if err := store.CheckSchema(checkCtx); err != nil {
 		pool.Close()
@@ -47,20 +48,7 @@ func (a *app) pool(ctx context.Context, n int32) (*pgxpool.Pool, error) {
 
 // poolWith is pool with options of the caller's.
 func (a *app) poolWith(ctx context.Context, o statestore.Options) (*pgxpool.Pool, error) {
-	pool, err := statestore.Open(o)
-	if err != nil {
-		return nil, fmt.Errorf("SAS_DATABASE_URL: %w", err)
-	}
-	pingCtx, cancel := context.WithTimeout(ctx, databaseWait)
-	defer cancel()
-	if err := pool.Ping(pingCtx); err != nil {
-		pool.Close()
-		if statestore.IsAuthFailure(err) {
-			return nil, fmt.Errorf("the database refused the login (check the user and password in SAS_DATABASE_URL, SAS_DATABASE_PASSWORD): %w", err)
-		}
-		return nil, fmt.Errorf("cannot reach the database within %v (SAS_DATABASE_URL): %w", databaseWait, err)
-	}
-	return pool, nil
+	return service.ToolPool(ctx, o)
 }
 
 // orderID takes the one positional argument, an order id.
@@ -420,4 +408,10 @@ func failuresOf(step int, history []statestore.Transition) int {
 		}
 	}
 	return n
+}
+
+// migrateAndOpen applies the migrations and returns a store on a small
+// pool the caller closes.
+func (a *app) migrateAndOpen(ctx context.Context) (*statestore.Store, func(), error) {
+	return service.MigrateAndOpen(ctx, a.cfg)
 }

@@ -15,6 +15,7 @@ import (
 
 	"sas/internal/broker"
 	"sas/internal/messages"
+	"sas/internal/service"
 	"sas/internal/submitter"
 )
 
@@ -143,28 +144,8 @@ func publishOrder(ctx context.Context, pub *broker.Publisher, queue, id string, 
 	return err
 }
 
-// brokerWait and databaseWait bound how long a command tries to reach the
-// broker and the database before it gives up with one line.
-const (
-	brokerWait   = 5 * time.Second
-	databaseWait = 5 * time.Second
-)
-
 func (a *app) openBroker(ctx context.Context, inputs ...string) (*broker.Conn, *broker.Publisher, broker.Topology, error) {
-	topo := broker.Topology{Prefix: a.cfg.QueuePrefix, DeliveryLimit: a.cfg.DeliveryLimit, Inputs: inputs}
-	url, err := a.cfg.BrokerURL()
-	if err != nil {
-		return nil, nil, topo, err
-	}
-	// A tool fails fast with one line: services keep trying instead.
-	dialCtx, cancel := context.WithTimeout(ctx, brokerWait)
-	defer cancel()
-	bm := broker.NewMetrics(nil)
-	conn, err := broker.Open(dialCtx, url, "sasctl", topo, a.logger, bm, broker.WithCAFile(a.cfg.AMQPCAFile), broker.FailFast())
-	if err != nil {
-		return nil, nil, topo, fmt.Errorf("cannot use the broker (SAS_AMQP_URL): %w", err)
-	}
-	return conn, broker.NewPublisher(conn, bm), topo, nil
+	return service.ToolBroker(ctx, a.cfg, "sasctl", a.logger, inputs...)
 }
 
 func (a *app) readFile(name string) ([]byte, error) {

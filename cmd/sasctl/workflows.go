@@ -5,13 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"sas/internal/harness/sample"
 	"sas/internal/messages"
 	"sas/internal/workflow"
 )
@@ -193,14 +193,9 @@ func newOrderSampler(reg *workflow.Registry, name, payload string) (*orderSample
 		}
 		s.payload = raw
 	}
-	probe := s.payload
-	if probe == nil {
-		probe = demoPayload()
-	}
-	if err := wf.CheckPayload(probe); err != nil {
-		var pe *workflow.PayloadError
-		if errors.As(err, &pe) && payload == "" {
-			return nil, fmt.Errorf("workflow %s does not take the demo order's payload (%v): give one with --payload '{…}' or --payload @FILE", wf.Name, err)
+	if err := sample.Check(reg, name, s.payload); err != nil {
+		if errors.Is(err, sample.ErrDemoPayload) {
+			return nil, fmt.Errorf("%v: give one with --payload '{…}' or --payload @FILE", err)
 		}
 		return nil, err
 	}
@@ -210,23 +205,9 @@ func newOrderSampler(reg *workflow.Registry, name, payload string) (*orderSample
 func (s *orderSampler) order(priority int, replyTo string) messages.SubmitOrder {
 	payload := s.payload
 	if payload == nil {
-		payload = demoPayload()
+		payload = sample.DemoPayload()
 	}
 	now := time.Now().UTC()
 	return messages.SubmitOrder{SchemaVersion: messages.SubmitOrderVersion, OrderID: messages.NewID(), Workflow: s.workflow,
 		Payload: payload, Priority: priority, ReplyTo: replyTo, PlacedAt: &now}
-}
-
-// demoPayload is a plausible random order of the demo workflows.
-func demoPayload() []byte {
-	customers := []string{"ACME Ltd", "Globex", "Initech", "Umbrella", "Hooli", "Stark Industries"}
-	skus := []string{"SKU-RED-1", "SKU-BLUE-2", "SKU-GREEN-3", "SKU-WIDGET-4", "SKU-GADGET-5"}
-	items := make([]messages.Item, 1+rand.IntN(3))
-	var amount int64
-	for i := range items {
-		items[i] = messages.Item{SKU: skus[rand.IntN(len(skus))], Qty: 1 + rand.Int64N(5)}
-		amount += items[i].Qty * (100 + rand.Int64N(9900))
-	}
-	b, _ := json.Marshal(messages.OrderPayload{Customer: customers[rand.IntN(len(customers))], Items: items, Amount: amount, Currency: "EUR"})
-	return b
 }

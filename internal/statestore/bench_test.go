@@ -8,6 +8,7 @@ import (
 
 	"sas/internal/harness/testenv"
 	"sas/internal/statestore"
+	"sas/internal/statestore/lab"
 )
 
 // The hot operations of the state store, one order or step per op, against
@@ -37,7 +38,7 @@ func benchStore(b *testing.B) (bundle, context.Context) {
 func measurePG(b *testing.B, bd bundle) func() {
 	b.Helper()
 	ctx := context.Background()
-	wal0, err := bd.store.ReadWAL(ctx)
+	wal0, err := lab.ReadWAL(ctx, bd.pool)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -47,7 +48,7 @@ func measurePG(b *testing.B, bd bundle) func() {
 		if b.N == 0 {
 			return
 		}
-		if wal1, err := bd.store.ReadWAL(ctx); err == nil {
+		if wal1, err := lab.ReadWAL(ctx, bd.pool); err == nil {
 			b.ReportMetric(float64(wal1.Bytes-wal0.Bytes)/float64(b.N), "wal-B/op")
 		}
 	}

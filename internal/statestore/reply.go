@@ -57,11 +57,6 @@ type ApplyResult struct {
 	Claimed *ClaimedStep
 }
 
-// orderEnded reports whether status is one an order ends in.
-func orderEnded(status string) bool {
-	return status == OrderCompleted || status == OrderFailed || status == OrderError
-}
-
 // Kinds of stale reply, few and fixed (they label a metric).
 const (
 	StaleUnknownStep   = "unknown_step"   // no such order or step

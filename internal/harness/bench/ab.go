@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -13,6 +13,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"sas/internal/service"
 	"sas/internal/statestore"
 )
 
@@ -20,7 +23,7 @@ import (
 // a database URL that uses it (search_path) and a function that drops
 // it. A run on it starts with empty tables: no earlier run's rows, dead
 // tuples or bloated indexes weigh on its figures.
-func (a *app) freshSchema(ctx context.Context) (string, func(), error) {
+func (a *Tool) freshSchema(ctx context.Context) (string, func(), error) {
 	u, err := url.Parse(a.cfg.DatabaseURL)
 	if err != nil {
 		return "", nil, fmt.Errorf("SAS_DATABASE_URL: %w", err)
@@ -32,7 +35,7 @@ func (a *app) freshSchema(ctx context.Context) (string, func(), error) {
 	schema := "bench_" + time.Now().UTC().Format("20060102t150405") + "_" + hex.EncodeToString(b)
 	o := a.cfg.Database(1)
 	o.LockTimeout = 0
-	pool, err := a.poolWith(ctx, o)
+	pool, err := service.ToolPool(ctx, o)
 	if err != nil {
 		return "", nil, err
 	}
@@ -65,25 +68,29 @@ func schemaOf(raw string) string {
 
 // benchStore migrates the database and opens it: with the migrations of
 // the binaries that will run (binDir's sasctl, when it has one: another
-// build may have other migrations), else with sasctl's own.
-func (a *app) benchStore(ctx context.Context, binDir string) (*statestore.Store, func(), error) {
+// build may have other migrations), else with this build's own.
+func (a *Tool) benchStore(ctx context.Context, binDir string) (*statestore.Store, *pgxpool.Pool, error) {
 	other := filepath.Join(binDir, "sasctl")
-	if self, err := os.Executable(); binDir == "" || err == nil && filepath.Dir(self) == filepath.Clean(binDir) {
-		return a.migrateAndOpen(ctx)
+	self, err := os.Executable()
+	_, otherErr := os.Stat(other)
+	if binDir == "" || err == nil && filepath.Dir(self) == filepath.Clean(binDir) || otherErr != nil {
+		_, closeStore, err := service.MigrateAndOpen(ctx, a.cfg)
+		if err != nil {
+			return nil, nil, err
+		}
+		closeStore()
+	} else {
+		cmd := exec.CommandContext(ctx, other, "migrate")
+		cmd.Env = append(os.Environ(), "SAS_DATABASE_URL="+a.cfg.DatabaseURL)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return nil, nil, fmt.Errorf("%s migrate: %v\n%s", other, err, out)
+		}
 	}
-	if _, err := os.Stat(other); err != nil {
-		return a.migrateAndOpen(ctx)
-	}
-	cmd := exec.CommandContext(ctx, other, "migrate")
-	cmd.Env = append(os.Environ(), "SAS_DATABASE_URL="+a.cfg.DatabaseURL)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return nil, nil, fmt.Errorf("%s migrate: %v\n%s", other, err, out)
-	}
-	pool, err := a.poolWith(ctx, a.cfg.Database(4))
+	pool, err := service.ToolPool(ctx, a.cfg.Database(4))
 	if err != nil {
 		return nil, nil, err
 	}
-	return statestore.New(pool), pool.Close, nil
+	return statestore.New(pool), pool, nil
 }
 
 // abReport is an A/B comparison: each side's runs, in the order they ran.
@@ -109,7 +116,7 @@ type abFigure struct {
 // benchAB runs the scenario with A's binaries and B's (o.binDir, else
 // sasctl's own) alternately, A B A B, each on a fresh schema and empty
 // queues, so that both see the machine in the same state, and compares.
-func (a *app) benchAB(ctx context.Context, o benchOptions, aDir string, rounds int) (*abReport, error) {
+func (a *Tool) benchAB(ctx context.Context, o benchOptions, aDir string, rounds int) (*abReport, error) {
 	bDir := o.binDir
 	if bDir == "" {
 		self, err := os.Executable()

@@ -1,14 +1,38 @@
-package statestore_test
+package lab_test
 
-import "testing"
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"sas/internal/harness/testenv"
+	"sas/internal/statestore/lab"
+)
+
+func ctxFor(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func count(t *testing.T, pool *pgxpool.Pool, sql string) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(ctxFor(t), sql).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
 
 // TestFillWritesOrdersAsTheyLookOnceRun: Fill's orders have their steps,
 // history and alerts, in the mix it promises, and the tables are
 // vacuumed and analyzed after.
 func TestFillWritesOrdersAsTheyLookOnceRun(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	r, err := b.store.Fill(ctxFor(t), 1000, 10)
+	_, pool := testenv.Database(t)
+	r, err := lab.Fill(ctxFor(t), pool, 1000, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -25,11 +49,11 @@ func TestFillWritesOrdersAsTheyLookOnceRun(t *testing.T) {
 		`SELECT count(*) FROM transitions`:                                 10000,
 		`SELECT count(*) FROM workflow_versions WHERE created_by = 'fill'`: 3,
 	} {
-		if got := count(t, b, sql); got != want {
+		if got := count(t, pool, sql); got != want {
 			t.Errorf("%s: %d, want %d", sql, got, want)
 		}
 	}
-	if n := count(t, b, `SELECT count(*) FROM pg_stat_user_tables WHERE schemaname = current_schema()
+	if n := count(t, pool, `SELECT count(*) FROM pg_stat_user_tables WHERE schemaname = current_schema()
 		AND relname IN ('orders', 'steps', 'transitions', 'alerts') AND last_vacuum IS NOT NULL AND last_analyze IS NOT NULL`); n != 4 {
 		t.Errorf("%d of 4 tables vacuumed and analyzed", n)
 	}

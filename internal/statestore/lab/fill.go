@@ -1,10 +1,12 @@
-package statestore
+package lab
 
 import (
 	"context"
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // FillReport says what Fill wrote and how long it took.
@@ -23,9 +25,9 @@ type FillReport struct {
 // ones in flight (no step of theirs is pending: nothing claims them). Then
 // it vacuums and analyzes the tables, as autovacuum would have. The
 // orders' ids are md5('o' || i): Fill into a fresh schema only.
-func (s *Store) Fill(ctx context.Context, n, live int) (FillReport, error) {
+func Fill(ctx context.Context, pool *pgxpool.Pool, n, live int) (FillReport, error) {
 	r := FillReport{Orders: n}
-	conn, err := s.pool.Acquire(ctx)
+	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return r, err
 	}

@@ -1,9 +1,11 @@
-package statestore
+package lab
 
 import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Latency summarises one distribution of durations.
@@ -83,16 +85,16 @@ SELECT ord, count(*),
        max(us), avg(us)
 FROM samples WHERE us IS NOT NULL GROUP BY ord ORDER BY ord`
 
-// Timings reports on the orders placed in [from, to): their end states,
+// ReadTimings reports on the orders placed in [from, to): their end states,
 // each stage's latency distribution, and the completions inside the
 // window (of orders created up to ten minutes before it).
-func (s *Store) Timings(ctx context.Context, from, to time.Time) (Timings, error) {
+func ReadTimings(ctx context.Context, pool *pgxpool.Pool, from, to time.Time) (Timings, error) {
 	t := Timings{Ended: map[string]int{}}
 	names := []string{StageSubmitToRow, StageRowToClaim, StageClaimToAgent, StageRemoteCall, StageReplyToApplied, StageOrder}
 	for _, n := range names {
 		t.Stages = append(t.Stages, StageLatency{Stage: n})
 	}
-	rows, err := s.pool.Query(ctx, timingsSQL, from, to)
+	rows, err := pool.Query(ctx, timingsSQL, from, to)
 	if err != nil {
 		return t, fmt.Errorf("timings: %w", err)
 	}
@@ -113,7 +115,7 @@ func (s *Store) Timings(ctx context.Context, from, to time.Time) (Timings, error
 	if err := rows.Err(); err != nil {
 		return t, fmt.Errorf("timings: %w", err)
 	}
-	rows, err = s.pool.Query(ctx, `SELECT status, count(*) FROM orders WHERE placed_at >= $1 AND placed_at < $2 GROUP BY status`, from, to)
+	rows, err = pool.Query(ctx, `SELECT status, count(*) FROM orders WHERE placed_at >= $1 AND placed_at < $2 GROUP BY status`, from, to)
 	if err != nil {
 		return t, fmt.Errorf("timings: %w", err)
 	}
@@ -125,14 +127,14 @@ func (s *Store) Timings(ctx context.Context, from, to time.Time) (Timings, error
 			return t, fmt.Errorf("timings: %w", err)
 		}
 		t.Placed += n
-		if orderEnded(st) {
+		if ended(st) {
 			t.Ended[st] = n
 		}
 	}
 	if err := rows.Err(); err != nil {
 		return t, fmt.Errorf("timings: %w", err)
 	}
-	err = s.pool.QueryRow(ctx, `
+	err = pool.QueryRow(ctx, `
 		SELECT count(*) FROM orders o JOIN transitions t ON t.order_id = o.order_id
 		WHERE o.created_at >= $1::timestamptz - interval '10 minutes' AND o.created_at < $2
 		  AND t.step IS NULL AND t.to_state = 'completed' AND t.at >= $1 AND t.at < $2`, from, to).Scan(&t.Completions)
@@ -140,4 +142,9 @@ func (s *Store) Timings(ctx context.Context, from, to time.Time) (Timings, error
 		return t, fmt.Errorf("timings: completions: %w", err)
 	}
 	return t, nil
+}
+
+// ended reports whether status is one an order ends in.
+func ended(status string) bool {
+	return status == "completed" || status == "failed" || status == "error"
 }

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"sas/internal/harness/localstack"
 	"sas/internal/submitter"
 )
 
@@ -36,7 +37,7 @@ type backlogReport struct {
 // schedulers and agents and times the drain, with every process's peak
 // memory: what a system that was down for a while goes through when it
 // comes back.
-func (a *app) benchBacklog(ctx context.Context, o benchOptions, n int) (*backlogReport, error) {
+func (a *Tool) benchBacklog(ctx context.Context, o benchOptions, n int) (*backlogReport, error) {
 	rig, err := a.newBenchRig(ctx, o, true)
 	if err != nil {
 		return nil, err
@@ -44,13 +45,13 @@ func (a *app) benchBacklog(ctx context.Context, o benchOptions, n int) (*backlog
 	defer rig.close()
 	a, smp, store, pub, topo, serviceEnv := rig.a, rig.smp, rig.store, rig.pub, rig.topo, rig.env
 	faults := fmt.Sprintf(`{"*":{"latency_min_ms":%d,"latency_max_ms":%d}}`, o.latency, o.latency)
-	st, err := startStack(ctx, stackOptions{binDir: o.binDir, schedulers: o.schedulers, agents: o.agents,
-		faults: faults, portBase: o.portBase, env: serviceEnv, debugOffset: o.pprofOffset, holdWorkers: true})
+	st, err := localstack.Start(ctx, localstack.Options{BinDir: o.binDir, Schedulers: o.schedulers, Agents: o.agents,
+		Faults: faults, PortBase: o.portBase, Env: serviceEnv, DebugOffset: o.pprofOffset, HoldWorkers: true})
 	if err != nil {
 		return nil, err
 	}
-	defer st.stop()
-	fmt.Fprintf(a.stderr, "submitter and supervisor up, schedulers and agents held; logs in %s\n", st.logs)
+	defer st.Stop()
+	fmt.Fprintf(a.stderr, "submitter and supervisor up, schedulers and agents held; logs in %s\n", st.Logs)
 
 	rep := &backlogReport{Label: o.label, Workflow: o.wf, Orders: n}
 	began := time.Now()
@@ -73,7 +74,7 @@ func (a *app) benchBacklog(ctx context.Context, o benchOptions, n int) (*backlog
 				fmt.Fprintln(a.stderr)
 				return nil
 			}
-			if err := st.exited(); err != nil {
+			if err := st.Exited(); err != nil {
 				return err
 			}
 			select {
@@ -89,7 +90,7 @@ func (a *app) benchBacklog(ctx context.Context, o benchOptions, n int) (*backlog
 	rep.WrittenSeconds = time.Since(began).Seconds()
 
 	drainFrom := time.Now()
-	if err := st.startWorkers(ctx); err != nil {
+	if err := st.StartWorkers(ctx); err != nil {
 		return nil, err
 	}
 	cpu0 := takeCPU(st)
@@ -103,7 +104,7 @@ func (a *app) benchBacklog(ctx context.Context, o benchOptions, n int) (*backlog
 		return nil, err
 	}
 	wall := cpu1.at.Sub(cpu0.at).Seconds()
-	for _, p := range st.procs {
+	for _, p := range st.Procs {
 		rss, _ := peakRSS(p.PID())
 		d := cpu1.services[p.Name] - cpu0.services[p.Name]
 		rep.Processes = append(rep.Processes, processUse{Name: p.Name, CPUSeconds: d.Seconds(), CPUPercent: 100 * d.Seconds() / wall,

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -15,21 +15,24 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"sas/internal/broker"
+	"sas/internal/harness/localstack"
 	"sas/internal/messages"
 	"sas/internal/statestore"
+	"sas/internal/statestore/lab"
 	"sas/internal/submitter"
 	"sas/internal/workflow"
 )
 
-// bench runs every service locally, offers orders to the submit queue at a
+// Main runs the benchmark command (sasctl bench): every service locally, offering orders to the submit queue at a
 // fixed rate or as fast as the system takes them, and reports what it
 // measured over a window after a warm-up: throughput, latency from the
 // state store's timestamps with a per-stage breakdown, CPU and peak memory
 // per process, and queue depths over time.
-func (a *app) bench(ctx context.Context, args []string) error {
+func Main(ctx context.Context, a *Tool, args []string) error {
 	fs := a.flags()
 	var o benchOptions
 	fs.StringVar(&o.wf, "workflow", workflow.DefaultName, "workflow of the orders (single: one step; order: three)")
@@ -60,17 +63,17 @@ func (a *app) bench(ctx context.Context, args []string) error {
 	o.env = env
 	if o.rate < 0 || o.inflight < 1 || o.duration <= 0 || o.warmup < 0 || *rounds < 1 {
 		fmt.Fprintln(a.stderr, "sasctl bench: --rate must be >= 0, --inflight >= 1, --duration > 0, --warmup >= 0, --rounds >= 1")
-		return errUsage
+		return ErrUsage
 	}
-	if _, err := newOrderSampler(workflow.Builtin(), o.wf, ""); err != nil {
+	if _, err := newOrders(o.wf); err != nil {
 		fmt.Fprintf(a.stderr, "sasctl bench: %v\n", err)
-		return errUsage
+		return ErrUsage
 	}
 	for _, e := range env {
 		name, _, ok := strings.Cut(e, "=")
 		if !ok || !strings.HasPrefix(name, "SAS_") && !slices.Contains(goRuntimeVars(), name) {
 			fmt.Fprintf(a.stderr, "sasctl bench: --env %q: want SAS_NAME=VALUE or one of %s\n", e, strings.Join(goRuntimeVars(), ", "))
-			return errUsage
+			return ErrUsage
 		}
 	}
 	var out any
@@ -120,28 +123,28 @@ type benchOptions struct {
 	portBase, pprofOffset       int
 	label                       string
 	purge, fresh                bool
-	prefill                     int // orders written before the run (statestore.Fill)
+	prefill                     int // orders written before the run (lab.Fill)
 	env                         []string
 }
 
 // runBench runs every service under load once and returns what it
 // measured.
-func (a *app) runBench(ctx context.Context, o benchOptions) (*benchReport, error) {
+func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, error) {
 	rig, err := a.newBenchRig(ctx, o, o.purge)
 	if err != nil {
 		return nil, err
 	}
 	defer rig.close()
-	a, smp, store, conn, pub, topo, depths, queueNames, serviceEnv := rig.a, rig.smp, rig.store, rig.conn, rig.pub, rig.topo, rig.depths, rig.queues, rig.env
+	a, smp, store, pool, conn, pub, topo, depths, queueNames, serviceEnv := rig.a, rig.smp, rig.store, rig.pool, rig.conn, rig.pub, rig.topo, rig.depths, rig.queues, rig.env
 
 	faults := fmt.Sprintf(`{"*":{"latency_min_ms":%d,"latency_max_ms":%d}}`, o.latency, o.latency)
-	st, err := startStack(ctx, stackOptions{binDir: o.binDir, schedulers: o.schedulers, agents: o.agents,
-		faults: faults, portBase: o.portBase, env: serviceEnv, debugOffset: o.pprofOffset})
+	st, err := localstack.Start(ctx, localstack.Options{BinDir: o.binDir, Schedulers: o.schedulers, Agents: o.agents,
+		Faults: faults, PortBase: o.portBase, Env: serviceEnv, DebugOffset: o.pprofOffset})
 	if err != nil {
 		return nil, err
 	}
-	defer st.stop()
-	fmt.Fprintf(a.stderr, "services up (%d processes); logs in %s\n", len(st.procs), st.logs)
+	defer st.Stop()
+	fmt.Fprintf(a.stderr, "services up (%d processes); logs in %s\n", len(st.Procs), st.Logs)
 
 	// Ended orders, counted from the status events the system publishes.
 	var ended atomic.Int64
@@ -175,10 +178,10 @@ func (a *app) runBench(ctx context.Context, o benchOptions) (*benchReport, error
 	window := struct {
 		from, to   time.Time
 		cpu0, cpu1 cpuSnapshot
-		wal0, wal1 *statestore.WALReading
+		wal0, wal1 *lab.WALReading
 	}{}
-	readWAL := func() *statestore.WALReading {
-		r, err := store.ReadWAL(ctx)
+	readWAL := func() *lab.WALReading {
+		r, err := lab.ReadWAL(ctx, pool)
 		if err != nil {
 			fmt.Fprintf(a.stderr, "the report will lack the database's WAL figures: %v\n", err)
 			return nil
@@ -209,7 +212,7 @@ func (a *app) runBench(ctx context.Context, o benchOptions) (*benchReport, error
 			}
 			return nil, errors.New("load generator stopped early")
 		case now := <-tick.C:
-			if err := st.exited(); err != nil {
+			if err := st.Exited(); err != nil {
 				return nil, err
 			}
 			if phase == "measuring" {
@@ -251,7 +254,7 @@ func (a *app) runBench(ctx context.Context, o benchOptions) (*benchReport, error
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-	timings, err := store.Timings(ctx, window.from, window.to)
+	timings, err := lab.ReadTimings(ctx, pool, window.from, window.to)
 	if err != nil {
 		return nil, err
 	}
@@ -270,27 +273,28 @@ func (a *app) runBench(ctx context.Context, o benchOptions) (*benchReport, error
 // topology and empty queues. a is the app with the run's database URL,
 // env the services' environment.
 type benchRig struct {
-	a      *app
-	smp    *orderSampler
+	a      *Tool
+	smp    *orders
 	env    []string
 	store  *statestore.Store
+	pool   *pgxpool.Pool // the store's, for the lab's readers
 	conn   *broker.Conn
 	pub    *broker.Publisher
 	topo   broker.Topology
 	depths *broker.QueueInspector
 	queues []string
-	filled *statestore.FillReport
+	filled *lab.FillReport
 	undo   []func() // run in reverse by close
 }
 
-func (a *app) newBenchRig(ctx context.Context, o benchOptions, purge bool) (_ *benchRig, err error) {
+func (a *Tool) newBenchRig(ctx context.Context, o benchOptions, purge bool) (_ *benchRig, err error) {
 	r := &benchRig{a: a, env: slices.Clone(o.env)}
 	defer func() {
 		if err != nil {
 			r.close()
 		}
 	}()
-	if r.smp, err = newOrderSampler(workflow.Builtin(), o.wf, ""); err != nil {
+	if r.smp, err = newOrders(o.wf); err != nil {
 		return nil, err
 	}
 	if o.fresh {
@@ -305,18 +309,18 @@ func (a *app) newBenchRig(ctx context.Context, o benchOptions, purge bool) (_ *b
 		r.a = &fresh
 		r.env = append(r.env, "SAS_DATABASE_URL="+url)
 	}
-	store, closeStore, err := r.a.benchStore(ctx, o.binDir)
+	store, pool, err := r.a.benchStore(ctx, o.binDir)
 	if err != nil {
 		return nil, err
 	}
-	r.store = store
-	r.undo = append(r.undo, closeStore)
+	r.store, r.pool = store, pool
+	r.undo = append(r.undo, pool.Close)
 	if o.prefill > 0 {
 		if !o.fresh {
 			return nil, errors.New("--prefill needs a fresh schema (--fresh)")
 		}
 		fmt.Fprintf(a.stderr, "filling the store with %d orders ...\n", o.prefill)
-		f, err := store.Fill(ctx, o.prefill, 0)
+		f, err := lab.Fill(ctx, r.pool, o.prefill, 0)
 		if err != nil {
 			return nil, err
 		}
@@ -425,7 +429,7 @@ func listenEnded(ctx context.Context, conn *broker.Conn, topo broker.Topology, o
 type generator struct {
 	pub       *broker.Publisher
 	queue     string
-	sampler   *orderSampler
+	sampler   *orders
 	published atomic.Int64 // confirmed by the broker
 	failed    atomic.Int64
 }
@@ -452,7 +456,7 @@ func (g *generator) run(ctx context.Context, next func(ctx context.Context, star
 	}()
 	var started int64
 	for next(ctx, started) {
-		o := g.sampler.order(0, "")
+		o := g.sampler.next()
 		body, err := messages.Encode(o)
 		if err != nil {
 			return err
@@ -552,9 +556,9 @@ type cpuSnapshot struct {
 	machine  machineCPU
 }
 
-func takeCPU(st *stack) cpuSnapshot {
+func takeCPU(st *localstack.Stack) cpuSnapshot {
 	s := cpuSnapshot{at: time.Now(), services: map[string]time.Duration{}, servers: map[string]map[int]time.Duration{}}
-	for _, p := range st.procs {
+	for _, p := range st.Procs {
 		s.services[p.Name], _ = processCPU(p.PID())
 	}
 	s.self, _ = processCPU(os.Getpid())
@@ -679,12 +683,12 @@ func newBenchReport(label, wf string, rate float64, inflight int, warmup, window
 	return r
 }
 
-func toMS(l statestore.Latency) latencyMS {
+func toMS(l lab.Latency) latencyMS {
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	return latencyMS{N: l.N, P50: ms(l.P50), P95: ms(l.P95), P99: ms(l.P99), Max: ms(l.Max), Mean: ms(l.Mean)}
 }
 
-func (r *benchReport) fill(t statestore.Timings, cpu0, cpu1 cpuSnapshot, st *stack, s *sampler) {
+func (r *benchReport) fill(t lab.Timings, cpu0, cpu1 cpuSnapshot, st *localstack.Stack, s *sampler) {
 	secs := r.WindowSeconds
 	r.CompletedPerSecond = float64(t.Completions) / secs
 	r.PlacedPerSecond = float64(t.Placed) / secs
@@ -694,7 +698,7 @@ func (r *benchReport) fill(t statestore.Timings, cpu0, cpu1 cpuSnapshot, st *sta
 		r.Unended -= n
 	}
 	for _, sl := range t.Stages {
-		if sl.Stage == statestore.StageOrder {
+		if sl.Stage == lab.StageOrder {
 			r.Latency = toMS(sl.Latency)
 			continue
 		}
@@ -713,7 +717,7 @@ func (r *benchReport) fill(t statestore.Timings, cpu0, cpu1 cpuSnapshot, st *sta
 		r.Processes = append(r.Processes, processUse{Name: name, CPUSeconds: d.Seconds(), CPUPercent: 100 * d.Seconds() / wall,
 			CPUMSPerOrder: perOrder(d), PeakRSSMiB: rss})
 	}
-	for _, p := range st.procs {
+	for _, p := range st.Procs {
 		rss, _ := peakRSS(p.PID())
 		use(p.Name, cpu1.services[p.Name]-cpu0.services[p.Name], rss)
 	}
@@ -744,7 +748,7 @@ func (r *benchReport) fill(t statestore.Timings, cpu0, cpu1 cpuSnapshot, st *sta
 
 // fillDatabase adds the WAL figures between two readings, if both were
 // taken.
-func (r *benchReport) fillDatabase(w0, w1 *statestore.WALReading, completions int) {
+func (r *benchReport) fillDatabase(w0, w1 *lab.WALReading, completions int) {
 	if w0 == nil || w1 == nil {
 		return
 	}

@@ -1,8 +1,10 @@
-package statestore
+package lab
 
 import (
 	"context"
 	"fmt"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // WALReading is where the database cluster's write-ahead log stood at one
@@ -18,18 +20,18 @@ type WALReading struct {
 
 // ReadWAL reads the cluster's WAL position and checkpoint count. Both are
 // the whole cluster's, not this schema's.
-func (s *Store) ReadWAL(ctx context.Context) (WALReading, error) {
+func ReadWAL(ctx context.Context, pool *pgxpool.Pool) (WALReading, error) {
 	var r WALReading
 	// PostgreSQL 17 moved the checkpoint counts to pg_stat_checkpointer.
 	var newer bool
-	if err := s.pool.QueryRow(ctx, `SELECT to_regclass('pg_catalog.pg_stat_checkpointer') IS NOT NULL`).Scan(&newer); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT to_regclass('pg_catalog.pg_stat_checkpointer') IS NOT NULL`).Scan(&newer); err != nil {
 		return r, fmt.Errorf("read WAL position: %w", err)
 	}
 	q := `SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint, checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter`
 	if newer {
 		q = `SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint, num_timed + num_requested FROM pg_stat_checkpointer`
 	}
-	if err := s.pool.QueryRow(ctx, q).Scan(&r.Bytes, &r.Checkpoints); err != nil {
+	if err := pool.QueryRow(ctx, q).Scan(&r.Bytes, &r.Checkpoints); err != nil {
 		return r, fmt.Errorf("read WAL position: %w", err)
 	}
 	return r, nil

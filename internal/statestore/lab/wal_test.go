@@ -1,0 +1,43 @@
+package lab_test
+
+import (
+	"testing"
+	"time"
+
+	"sas/internal/harness/testenv"
+	"sas/internal/statestore/lab"
+)
+
+// TestReadWAL: orders written move the WAL position on by at least their
+// rows; a checkpoint is counted.
+func TestReadWAL(t *testing.T) {
+	t.Parallel()
+	_, pool := testenv.Database(t)
+	ctx := ctxFor(t)
+	before, err := lab.ReadWAL(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if before.Bytes <= 0 || before.Checkpoints < 0 {
+		t.Fatalf("reading %+v", before)
+	}
+	if _, err := lab.Fill(ctx, pool, 10, 0); err != nil {
+		t.Fatal(err)
+	}
+	after, err := lab.ReadWAL(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Ten orders with their steps and history: more than a kilobyte of
+	// log, whatever else the cluster does meanwhile.
+	if grew := after.Bytes - before.Bytes; grew < 1024 {
+		t.Fatalf("the WAL grew by %d bytes for ten orders", grew)
+	}
+	if _, err := pool.Exec(ctx, `CHECKPOINT`); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "the checkpoint counted", func() bool {
+		r, err := lab.ReadWAL(ctx, pool)
+		return err == nil && r.Checkpoints > after.Checkpoints
+	})
+}
