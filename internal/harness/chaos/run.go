@@ -16,6 +16,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -177,10 +178,12 @@ type run struct {
 	remote     *slot
 	baseFaults string
 
-	mu      sync.Mutex
-	faults  map[string]int
-	crashes []string
-	healing sync.WaitGroup
+	mu       sync.Mutex
+	faults   map[string]int
+	crashes  []string
+	healing  sync.WaitGroup
+	watchers sync.WaitGroup // one per started process: reports and restarts it
+	stopping atomic.Bool    // set once the run stops its processes: none is restarted
 }
 
 func (r *run) intn(n int) int {
@@ -208,11 +211,20 @@ func (r *run) start(s *slot, failpoint string) error {
 		return err
 	}
 	s.mu.Lock()
-	s.p, s.failpoint = p, failpoint
+	stopping := r.stopping.Load()
+	if !stopping {
+		s.p, s.failpoint = p, failpoint
+	}
 	s.mu.Unlock()
+	if stopping { // started as the run stopped its processes (stopServices)
+		p.Stop(20 * time.Second)
+		return nil
+	}
+	r.watchers.Add(1)
 	go func() {
+		defer r.watchers.Done()
 		<-p.Done()
-		if p.Intended() {
+		if p.Intended() || r.stopping.Load() {
 			return
 		}
 		if failpoint != "" {
@@ -232,72 +244,136 @@ func (r *run) start(s *slot, failpoint string) error {
 	return nil
 }
 
-// Run performs a fault run and checks it.
+// Run performs a fault run and checks it: a schema and queues of the
+// run's own, the services started behind proxies, orders published while
+// faults are injected, the faults healed, every order waited for, and the
+// history checked against the invariants.
 func Run(ctx context.Context, cfg Config, logger *slog.Logger) (Report, error) {
 	rep := Report{Seed: cfg.Seed, LogDir: cfg.LogDir, DeadLettered: map[string]int{}}
-	r := &run{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5eed)), logger: logger, faults: map[string]int{}}
+	r := &run{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5eed)), logger: logger, faults: map[string]int{},
+		proxies: map[string]*netproxy.Proxy{}}
 	enabled := map[string]bool{}
 	for _, f := range cfg.Faults {
 		enabled[f] = true
 	}
 
-	// A schema and a queue prefix of the run's own.
-	tag := fmt.Sprintf("chaos_%d_%s", cfg.Seed, strings.ReplaceAll(messages.NewID()[:8], "-", ""))
-	admin, err := pgxpool.New(ctx, cfg.DatabaseURL)
+	w, err := r.prepare(ctx)
 	if err != nil {
 		return rep, err
 	}
-	defer admin.Close()
-	if _, err := admin.Exec(ctx, `CREATE SCHEMA `+tag); err != nil {
-		return rep, fmt.Errorf("create schema: %w", err)
+	defer w.close(ctx, cfg.Keep, logger)
+	ids := r.chooseOrders(&rep)
+	defer r.closeProxies()
+	defer r.stopServices()
+	if err := r.startServices(ctx, w); err != nil {
+		return rep, err
+	}
+	logger.Info("services up", "processes", len(r.slots), "schema", w.tag)
+
+	h := History{Confirmed: map[string]bool{}, Malformed: map[string]string{}}
+	if err := r.publishUnderFaults(ctx, w, ids, enabled, &h, &rep); err != nil {
+		return rep, err
+	}
+	r.heal(ctx)
+	healed := time.Now()
+	if err := r.waitQuiet(ctx, w.store, healed.Add(cfg.HealTimeout)); err != nil {
+		return rep, err
+	}
+	rep.HealedToQuiet = time.Since(healed)
+	return rep, r.gather(ctx, w, h, &rep)
+}
+
+// stage is what a run sets up before its services start: a schema and a
+// queue prefix of its own, migrated, and the harness's own connections.
+type stage struct {
+	tag, dbURL, prefix string
+	topo               broker.Topology
+	admin              *pgxpool.Pool // on the configured search path: creates and drops the schema
+	pool               *pgxpool.Pool
+	store              *statestore.Store
+	conn               *broker.Conn
+	pub                *broker.Publisher
+}
+
+// prepare creates the run's schema, migrates it and declares its queues.
+// On an error, what was made so far is closed again.
+func (r *run) prepare(ctx context.Context) (w *stage, err error) {
+	cfg := r.cfg
+	w = &stage{tag: fmt.Sprintf("chaos_%d_%s", cfg.Seed, strings.ReplaceAll(messages.NewID()[:8], "-", ""))}
+	defer func() {
+		if err != nil {
+			w.close(ctx, cfg.Keep, r.logger)
+		}
+	}()
+	if w.admin, err = pgxpool.New(ctx, cfg.DatabaseURL); err != nil {
+		return w, err
+	}
+	if _, err := w.admin.Exec(ctx, `CREATE SCHEMA `+w.tag); err != nil {
+		return w, fmt.Errorf("create schema: %w", err)
 	}
 	u, err := url.Parse(cfg.DatabaseURL)
 	if err != nil {
-		return rep, err
+		return w, err
 	}
 	q := u.Query()
-	q.Set("search_path", tag)
+	q.Set("search_path", w.tag)
 	u.RawQuery = q.Encode()
-	dbURL := u.String()
-	prefix := strings.ReplaceAll(tag, "_", ".") + "."
-	topo := scheduler.Topology(prefix, 10, workflow.Builtin().Agents())
-	topo.Inputs = append(topo.Inputs, submitter.Input)
-	pool, err := statestore.Connect(ctx, dbURL, 4)
-	if err != nil {
-		return rep, err
+	w.dbURL = u.String()
+	w.prefix = strings.ReplaceAll(w.tag, "_", ".") + "."
+	w.topo = scheduler.Topology(w.prefix, 10, workflow.Builtin().Agents())
+	w.topo.Inputs = append(w.topo.Inputs, submitter.Input)
+	if w.pool, err = statestore.Connect(ctx, w.dbURL, 4); err != nil {
+		return w, err
 	}
-	defer pool.Close()
-	store := statestore.New(pool)
+	w.store = statestore.New(w.pool)
 	ms, err := statestore.LoadMigrations(migrations.FS)
 	if err != nil {
-		return rep, err
+		return w, err
 	}
-	if _, err := statestore.Migrate(ctx, pool, ms); err != nil {
-		return rep, err
+	if _, err := statestore.Migrate(ctx, w.pool, ms); err != nil {
+		return w, err
 	}
 	bm := broker.NewMetrics(nil)
-	conn, err := broker.Open(ctx, cfg.AMQPURL, "chaos", topo, logger, bm)
-	if err != nil {
-		return rep, err
+	if w.conn, err = broker.Open(ctx, cfg.AMQPURL, "chaos", w.topo, r.logger, bm); err != nil {
+		return w, err
 	}
-	defer conn.Close()
-	pub := broker.NewPublisher(conn, bm)
-	defer pub.Close()
-	defer func() {
-		if cfg.Keep {
-			logger.Info("kept for inspection", "schema", tag, "queue_prefix", prefix)
-			return
-		}
-		cleanup := context.WithoutCancel(ctx)
-		if ch, err := conn.Channel(cleanup); err == nil {
-			_ = topo.Delete(ch)
-			ch.Close()
-		}
-		_, _ = admin.Exec(cleanup, `DROP SCHEMA `+tag+` CASCADE`)
-	}()
+	w.pub = broker.NewPublisher(w.conn, bm)
+	return w, nil
+}
 
-	// Orders: ids chosen up front, so the remote can refuse some for good.
-	ids := make([]string, cfg.Orders)
+// close deletes the run's queues and schema, unless kept for inspection,
+// and closes the harness's connections.
+func (w *stage) close(ctx context.Context, keep bool, logger *slog.Logger) {
+	if w.conn != nil {
+		if keep {
+			logger.Info("kept for inspection", "schema", w.tag, "queue_prefix", w.prefix)
+		} else {
+			cleanup := context.WithoutCancel(ctx)
+			if ch, err := w.conn.Channel(cleanup); err == nil {
+				_ = w.topo.Delete(ch)
+				ch.Close()
+			}
+			_, _ = w.admin.Exec(cleanup, `DROP SCHEMA `+w.tag+` CASCADE`)
+		}
+	}
+	if w.pub != nil {
+		w.pub.Close()
+	}
+	if w.conn != nil {
+		w.conn.Close()
+	}
+	if w.pool != nil {
+		w.pool.Close()
+	}
+	if w.admin != nil {
+		w.admin.Close()
+	}
+}
+
+// chooseOrders picks the orders' ids up front, so the remote can refuse
+// one in twenty for good, and sets the remote's base faults accordingly.
+func (r *run) chooseOrders(rep *Report) []string {
+	ids := make([]string, r.cfg.Orders)
 	var refused []string
 	for i := range ids {
 		ids[i] = messages.NewID()
@@ -308,113 +384,128 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) (Report, error) {
 	rep.Refused = len(refused)
 	refusedJSON, _ := json.Marshal(refused)
 	r.baseFaults = `{"*":{"latency_max_ms":3},"charge_payment":{"latency_max_ms":3,"fail_orders":` + string(refusedJSON) + `}}`
+	return ids
+}
 
-	// The services reach Postgres, RabbitMQ and the remote through loopback
-	// proxies the network fault cuts; the harness itself connects
-	// directly.
-	r.proxies = map[string]*netproxy.Proxy{}
-	defer func() {
-		for _, p := range r.proxies {
-			p.Close()
-		}
-	}()
-	viaProxy := func(name, rawURL string) (string, error) {
-		u, err := url.Parse(rawURL)
-		if err != nil {
-			return "", err
-		}
-		p, err := netproxy.New(u.Host)
-		if err != nil {
-			return "", err
-		}
-		r.proxies[name] = p
-		u.Host = p.Addr()
-		return u.String(), nil
-	}
-	svcDB, err := viaProxy("postgres", dbURL)
+// viaProxy puts a loopback proxy, which the network fault cuts, in front
+// of rawURL's host and returns the URL through it.
+func (r *run) viaProxy(name, rawURL string) (string, error) {
+	u, err := url.Parse(rawURL)
 	if err != nil {
-		return rep, err
+		return "", err
 	}
-	svcAMQP, err := viaProxy("rabbitmq", cfg.AMQPURL)
+	p, err := netproxy.New(u.Host)
 	if err != nil {
-		return rep, err
+		return "", err
 	}
+	r.proxies[name] = p
+	u.Host = p.Addr()
+	return u.String(), nil
+}
 
-	// The services.
-	common := append([]string{"SAS_DATABASE_URL=" + svcDB, "SAS_AMQP_URL=" + svcAMQP, "SAS_QUEUE_PREFIX=" + prefix, "SAS_LOG_LEVEL=info"}, cfg.Env...)
+func (r *run) closeProxies() {
+	for _, p := range r.proxies {
+		p.Close()
+	}
+}
+
+// startServices starts the remote and two replicas of each service, which
+// reach Postgres, RabbitMQ and the remote through proxies (the harness
+// itself connects directly), and waits until each is ready.
+func (r *run) startServices(ctx context.Context, w *stage) error {
+	cfg := r.cfg
+	svcDB, err := r.viaProxy("postgres", w.dbURL)
+	if err != nil {
+		return err
+	}
+	svcAMQP, err := r.viaProxy("rabbitmq", cfg.AMQPURL)
+	if err != nil {
+		return err
+	}
+	common := append([]string{"SAS_DATABASE_URL=" + svcDB, "SAS_AMQP_URL=" + svcAMQP, "SAS_QUEUE_PREFIX=" + w.prefix, "SAS_LOG_LEVEL=info"}, cfg.Env...)
 	port := cfg.PortBase
-	nextAddr := func() (string, error) {
-		if cfg.PortBase == 0 {
-			return freeAddr()
-		}
-		port++
-		return fmt.Sprintf("127.0.0.1:%d", port), nil
-	}
-	var addErr error
-	add := func(role, binary, addrVar string, n int, env ...string) {
+	add := func(role, binary, addrVar string, n int, env ...string) error {
 		for i := range n {
-			addr, err := nextAddr()
-			if err != nil {
-				addErr = err
-				return
+			addr := ""
+			if cfg.PortBase == 0 {
+				if addr, err = freeAddr(); err != nil {
+					return err
+				}
+			} else {
+				port++
+				addr = fmt.Sprintf("127.0.0.1:%d", port)
 			}
-			r.slots = append(r.slots, &slot{role: role, name: fmt.Sprintf("%s-%d", role, i+1), binary: binary, addrVar: addrVar,
-				addr: addr, env: append(append(append([]string{}, common...), "SAS_INSTANCE_ID="+fmt.Sprintf("%s-%d", role, i+1)), env...)})
+			name := fmt.Sprintf("%s-%d", role, i+1)
+			r.slots = append(r.slots, &slot{role: role, name: name, binary: binary, addrVar: addrVar,
+				addr: addr, env: append(append(append([]string{}, common...), "SAS_INSTANCE_ID="+name), env...)})
 		}
+		return nil
 	}
-	add("remote", "remote", "SAS_REMOTE_ADDR", 1, "SAS_REMOTE_FAULTS="+r.baseFaults, fmt.Sprintf("SAS_REMOTE_SEED=%d", cfg.Seed))
-	if addErr != nil {
-		return rep, addErr
+	if err := add("remote", "remote", "SAS_REMOTE_ADDR", 1, "SAS_REMOTE_FAULTS="+r.baseFaults, fmt.Sprintf("SAS_REMOTE_SEED=%d", cfg.Seed)); err != nil {
+		return err
 	}
 	r.remote = r.slots[0]
-	remoteURL, err := viaProxy("remote", "http://"+r.remote.addr)
+	remoteURL, err := r.viaProxy("remote", "http://"+r.remote.addr)
 	if err != nil {
-		return rep, err
+		return err
 	}
-	add("submitter", "submitter", "SAS_METRICS_ADDR", 2, "SAS_STEP_TIMEOUT="+cfg.StepTimeout.String())
-	add("scheduler", "scheduler", "SAS_METRICS_ADDR", 2, "SAS_SCHEDULER_POLL_INTERVAL=200ms")
-	add("agent", "agent", "SAS_METRICS_ADDR", 2, "SAS_REMOTE_URL="+remoteURL)
-	add("supervisor", "supervisor", "SAS_METRICS_ADDR", 2, "SAS_SUPERVISOR_INTERVAL=200ms", "SAS_SUPERVISOR_LEASE_TTL=1s",
-		"SAS_SUPERVISOR_BACKOFF_BASE=100ms", "SAS_SUPERVISOR_BACKOFF_MAX=1s")
-	if addErr != nil {
-		return rep, addErr
-	}
-	defer func() {
-		for i := len(r.slots) - 1; i >= 0; i-- {
-			if p := r.slots[i].current(); p != nil {
-				p.Stop(20 * time.Second)
-			}
+	for _, a := range []struct {
+		role, addrVar string
+		env           []string
+	}{
+		{"submitter", "SAS_METRICS_ADDR", []string{"SAS_STEP_TIMEOUT=" + cfg.StepTimeout.String()}},
+		{"scheduler", "SAS_METRICS_ADDR", []string{"SAS_SCHEDULER_POLL_INTERVAL=200ms"}},
+		{"agent", "SAS_METRICS_ADDR", []string{"SAS_REMOTE_URL=" + remoteURL}},
+		{"supervisor", "SAS_METRICS_ADDR", []string{"SAS_SUPERVISOR_INTERVAL=200ms", "SAS_SUPERVISOR_LEASE_TTL=1s",
+			"SAS_SUPERVISOR_BACKOFF_BASE=100ms", "SAS_SUPERVISOR_BACKOFF_MAX=1s"}},
+	} {
+		if err := add(a.role, a.role, a.addrVar, 2, a.env...); err != nil {
+			return err
 		}
-	}()
+	}
 	for _, s := range r.slots {
 		if err := r.start(s, ""); err != nil {
-			return rep, err
+			return err
 		}
 	}
 	for _, s := range r.slots {
 		if err := s.current().WaitReady(ctx, time.Minute); err != nil {
-			return rep, err
+			return err
 		}
 	}
-	logger.Info("services up", "processes", len(r.slots), "schema", tag)
+	return nil
+}
 
-	// Publish while the faults run.
-	confirmed := map[string]bool{}
-	malformed := map[string]string{}
+// stopServices stops every process, last started first, and waits for
+// the watchers that restart them.
+func (r *run) stopServices() {
+	r.stopping.Store(true)
+	for i := len(r.slots) - 1; i >= 0; i-- {
+		if p := r.slots[i].current(); p != nil {
+			p.Stop(20 * time.Second)
+		}
+	}
+	r.watchers.Wait()
+}
+
+// publishUnderFaults publishes the orders while faults are injected, and
+// returns when both are done.
+func (r *run) publishUnderFaults(ctx context.Context, w *stage, ids []string, enabled map[string]bool, h *History, rep *Report) error {
 	published := make(chan struct{})
 	var pubErr error
 	go func() {
 		defer close(published)
-		pubErr = r.publish(ctx, pub, topo, ids, enabled, confirmed, malformed, &rep)
+		pubErr = r.publish(ctx, w.pub, w.topo, ids, enabled, h.Confirmed, h.Malformed, rep)
 	}()
 	r.injectFaults(ctx, enabled, published)
 	<-published
-	if pubErr != nil {
-		return rep, pubErr
-	}
-
-	// Heal: faults off, frozen processes thawed, everything running.
 	r.healing.Wait()
+	return pubErr
+}
+
+// heal turns every fault off: proxies up and fast, the remote back to its
+// base faults, frozen processes thawed and ready.
+func (r *run) heal(ctx context.Context) {
 	for _, p := range r.proxies {
 		p.SetDown(false)
 		p.SetLatency(0)
@@ -424,58 +515,68 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) (Report, error) {
 		p := s.current()
 		_ = p.Signal(syscall.SIGCONT)
 		if err := p.WaitReady(ctx, time.Minute); err != nil {
-			logger.Warn("not ready after healing", "name", s.name, "err", err)
+			r.logger.Warn("not ready after healing", "name", s.name, "err", err)
 		}
 	}
-	healed := time.Now()
-	logger.Info("faults healed; waiting for every order to end")
-	deadline := healed.Add(cfg.HealTimeout)
+}
+
+// waitQuiet waits until every order and outbox row has ended, or the
+// deadline passes (which the check then reports as unended orders).
+func (r *run) waitQuiet(ctx context.Context, store *statestore.Store, deadline time.Time) error {
+	r.logger.Info("faults healed; waiting for every order to end")
 	for {
 		orders, outbox, err := store.Unfinished(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
-				return rep, err
+				return err
 			}
-			logger.Warn("reading progress failed; again", "err", err)
+			r.logger.Warn("reading progress failed; again", "err", err)
 		} else if orders == 0 && outbox == 0 {
-			break
+			return nil
 		}
 		if time.Now().After(deadline) {
-			logger.Error("orders did not all end in time", "unfinished", orders, "outbox", outbox)
-			break
+			r.logger.Error("orders did not all end in time", "unfinished", orders, "outbox", outbox)
+			return nil
 		}
-		time.Sleep(200 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
-	rep.HealedToQuiet = time.Since(healed)
+}
 
-	// Gather the history.
-	dead, err := drainDeadLetters(ctx, conn, topo.DeadLetterQueue(submitter.Input))
+// gather reads the run's history (dead letters, the audit, the remote's
+// ledger, the schedulers' stale-reply counts) and checks it.
+func (r *run) gather(ctx context.Context, w *stage, h History, rep *Report) error {
+	dead, err := drainDeadLetters(ctx, w.conn, w.topo.DeadLetterQueue(submitter.Input))
 	if err != nil {
-		return rep, err
+		return err
 	}
 	for _, reason := range dead {
 		rep.DeadLettered[reason]++
 	}
-	audit, err := store.ReadAudit(ctx)
+	h.DeadLettered = dead
+	audit, err := w.store.ReadAudit(ctx)
 	if err != nil {
-		return rep, err
+		return err
 	}
 	ledger, err := fetchLedger(ctx, r.remote.addr)
 	if err != nil {
-		return rep, err
+		return err
 	}
 	for _, s := range r.slots {
 		if s.role == "scheduler" {
 			rep.StaleReplies += scrape(s.current().Addr, "sas_stale_replies_total")
 		}
 	}
-	rep.Confirmed = len(confirmed)
-	rep.Malformed = len(malformed)
-	rep.Result = Check(History{Confirmed: confirmed, Malformed: malformed, DeadLettered: dead}, audit, ledger)
+	rep.Confirmed = len(h.Confirmed)
+	rep.Malformed = len(h.Malformed)
+	rep.Result = Check(h, audit, ledger)
 	r.mu.Lock()
 	rep.Faults, rep.Crashes = r.faults, r.crashes
 	r.mu.Unlock()
-	return rep, nil
+	return nil
 }
 
 // publish sends the orders at cfg.Rate with publisher confirms, with
