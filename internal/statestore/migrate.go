@@ -2,6 +2,10 @@ package statestore
 
 import (
 	"context"
+	"crypto/sha256"
+	_ "embed" // sql/functions.sql
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"io/fs"
 	"sort"
@@ -11,6 +15,16 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
+
+// functionsSQL is sql/functions.sql: the current text of every database
+// function, which Migrate applies after the schema migrations. Never
+// written to.
+//
+//go:embed sql/functions.sql
+var functionsSQL string
+
+// FunctionsSQL returns the text of sql/functions.sql.
+func FunctionsSQL() string { return functionsSQL }
 
 // Migration is one embedded schema file.
 type Migration struct {
@@ -51,11 +65,25 @@ func LoadMigrations(fsys fs.FS) ([]Migration, error) {
 }
 
 // Migrate applies the migrations not yet applied to the schema the pool's
-// search_path points at, each in its own transaction, and returns the names
-// it applied. Concurrent callers are serialised by a session advisory lock
-// keyed on the schema, so two `sasctl migrate` runs at once are safe; a
-// second run applies nothing.
+// search_path points at, each in its own transaction, then the database
+// functions (sql/functions.sql) when their text differs from the one
+// applied last, and returns the names of the migrations it applied.
+// Concurrent callers are serialised by a session advisory lock keyed on
+// the schema, so two `sasctl migrate` runs at once are safe; a second run
+// applies nothing.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, migrations []Migration) ([]string, error) {
+	return migrate(ctx, pool, migrations, true)
+}
+
+// MigrateSchema applies the migrations as Migrate does, but not the
+// functions: for bringing a schema to an earlier version (a test of a
+// migration that converts data), whose tables the current functions may
+// not fit. A later Migrate applies them.
+func MigrateSchema(ctx context.Context, pool *pgxpool.Pool, migrations []Migration) ([]string, error) {
+	return migrate(ctx, pool, migrations, false)
+}
+
+func migrate(ctx context.Context, pool *pgxpool.Pool, migrations []Migration, functions bool) ([]string, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("acquire connection: %w", err)
@@ -112,5 +140,46 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, migrations []Migration) ([
 		}
 		ran = append(ran, m.Name)
 	}
+	if functions {
+		if err := applyFunctions(ctx, conn.Conn()); err != nil {
+			return ran, err
+		}
+	}
 	return ran, nil
+}
+
+// applyFunctions applies sql/functions.sql in one transaction, unless the
+// schema already has that text's functions (schema_functions keeps the
+// digest of the text applied last).
+func applyFunctions(ctx context.Context, conn *pgx.Conn) error {
+	text := FunctionsSQL()
+	sum := sha256.Sum256([]byte(text))
+	digest := hex.EncodeToString(sum[:])
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_functions (
+			only_row   boolean     PRIMARY KEY DEFAULT true CHECK (only_row),
+			sha256     text        NOT NULL,
+			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+			return err
+		}
+		var applied string
+		err := tx.QueryRow(ctx, `SELECT sha256 FROM schema_functions`).Scan(&applied)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		if applied == digest {
+			return nil
+		}
+		// No arguments: the simple protocol, for a file of statements.
+		if _, err := tx.Exec(ctx, text); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO schema_functions (sha256) VALUES ($1)
+			ON CONFLICT (only_row) DO UPDATE SET sha256 = excluded.sha256, applied_at = now()`, digest)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("apply sql/functions.sql: %w", err)
+	}
+	return nil
 }

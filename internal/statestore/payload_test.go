@@ -32,7 +32,7 @@ func TestMigrationConvertsOrdersInEveryState(t *testing.T) {
 			cut = i + 1
 		}
 	}
-	if _, err := statestore.Migrate(ctx, pool, all[:cut]); err != nil {
+	if _, err := statestore.MigrateSchema(ctx, pool, all[:cut]); err != nil {
 		t.Fatal(err)
 	}
 	states := map[string][]string{

@@ -82,7 +82,7 @@ func (e *StaleReplyError) Error() string {
 func (e *StaleReplyError) Unwrap() error { return ErrStale }
 
 // applyReplySQL applies one reply in one round trip (the apply_reply
-// function of migration 0008): the fenced update, its history, and the
+// function, sql/functions.sql): the fenced update, its history, and the
 // order moving on or reacting to a failure.
 const applyReplySQL = `SELECT applied, step_state, step_name, took_s, next_step, order_status, order_took_s
 FROM apply_reply($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`
@@ -107,11 +107,22 @@ func scanApplied(row pgx.Row) (ApplyResult, bool, error) {
 // ApplyReply applies an agent's reply, fenced by attempt, state and
 // complete_by, and in the same transaction moves the order on (the next
 // step, or the order's end) or reacts to the failure (the order's failure
-// policy; see the step_failed function). A reply that is not for the
-// current attempt, or comes after the step left processing or after
-// complete_by, changes nothing and returns a *StaleReplyError
-// (errors.Is(err, ErrStale)).
+// policy), as the order_next function decides. An ok reply goes through
+// the batched statement as a batch of one (ApplyReplies); a failed one
+// through the apply_reply function. A reply that is not for the current
+// attempt, or comes after the step left processing or after complete_by,
+// changes nothing and returns a *StaleReplyError (errors.Is(err,
+// ErrStale)).
 func (s *Store) ApplyReply(ctx context.Context, r Reply) (ApplyResult, error) {
+	if r.OK {
+		res, errs := s.ApplyReplies(ctx, []Reply{r})
+		return res[0], errs[0]
+	}
+	return s.applyReplyFunc(ctx, r)
+}
+
+// applyReplyFunc applies one reply through the apply_reply function.
+func (s *Store) applyReplyFunc(ctx context.Context, r Reply) (ApplyResult, error) {
 	res, applied, err := scanApplied(s.pool.QueryRow(ctx, applyReplySQL, r.args()...))
 	if err != nil {
 		return ApplyResult{}, fmt.Errorf("apply reply for order %s step %d: %w", r.OrderID, r.Step, err)
@@ -122,13 +133,14 @@ func (s *Store) ApplyReply(ctx context.Context, r Reply) (ApplyResult, error) {
 	return res, nil
 }
 
-// applyOKRepliesSQL applies many ok replies in one statement, as
+// applyOKRepliesSQL applies ok replies, one or many, in one statement, as
 // apply_reply does one by one: the fenced update of each step with its
-// history and timings; then, with each order's row locked, the next step
-// of the same kind made pending, or, after the last, the order ended
-// (completed after its actions, failed after its compensations) with its
-// history and status event. An order that moved on meanwhile (cancelled,
-// compensating) is left as it is, as step_processed does. Replies come as
+// history and timings; then, with each order's row locked, what the
+// order_next function (sql/functions.sql) decides: the next step of the
+// same kind made pending, or, after the last, the order ended (completed
+// after its actions, failed after its compensations) with its history and
+// status event; an order that moved on meanwhile (cancelled, compensating)
+// is left as it is. Replies come as
 // parallel arrays, at most one per order; $8 is the actor, $9 the fence
 // (always true but in the fault suite's negative control), $10 the agent
 // kinds whose next steps are claimed for $8 in the same statement. It
@@ -159,14 +171,17 @@ WITH r AS (
     SELECT o.order_id, o.status, o.reply_to, o.created_at FROM orders o
     WHERE o.order_id IN (SELECT order_id FROM cur)
     FOR UPDATE
-), go_on AS (
-    SELECT cur.order_id, cur.step, cur.kind, ord.status, ord.reply_to, ord.created_at,
+), dec AS (
+    -- What comes next for each order: order_next decides, as it does for
+    -- one reply (step_processed).
+    SELECT cur.order_id, cur.step, cur.kind, ord.reply_to, ord.created_at, ord.status,
+           order_next(cur.kind, true, ord.status, NULL,
+                      EXISTS (SELECT 1 FROM steps s WHERE s.order_id = cur.order_id AND s.step = cur.step + 1
+                                                      AND s.kind = cur.kind AND s.process_state = 'waiting')) AS next,
            -- this reply's result, which the statement's snapshot cannot read back
            CASE WHEN cur.kind = 'action' AND cur.result IS NOT NULL
                 THEN jsonb_build_object(cur.name, cur.result) ELSE '{}'::jsonb END AS new_result
     FROM cur JOIN ord ON ord.order_id = cur.order_id
-    WHERE (cur.kind = 'action' AND ord.status IN ('received', 'processing'))
-       OR (cur.kind = 'compensation' AND ord.status = 'compensating')
 ), nxt AS (
     -- The next step becomes pending; if its agent kind is in $10, it is
     -- claimed for $8 at once instead, as a claim would.
@@ -176,17 +191,15 @@ WITH r AS (
         attempt = CASE WHEN s.agent = ANY($10::text[]) THEN s.attempt + 1 ELSE s.attempt END,
         complete_by = CASE WHEN s.agent = ANY($10::text[]) THEN clock_timestamp() + s.timeout ELSE s.complete_by END,
         available_at = now(), updated_at = clock_timestamp()
-    FROM go_on g
-    WHERE s.order_id = g.order_id AND s.step = g.step + 1 AND s.kind = g.kind AND s.process_state = 'waiting'
+    FROM dec g
+    WHERE g.next = 'next' AND s.order_id = g.order_id AND s.step = g.step + 1 AND s.kind = g.kind AND s.process_state = 'waiting'
     RETURNING s.order_id, s.step, s.process_state, s.name, s.agent, s.attempt, s.failure_count,
               s.idempotency_key, s.complete_by, s.priority, s.kind, s.compensates
 ), ended AS (
-    SELECT g.order_id, g.reply_to, g.status AS from_status, g.created_at, g.new_result,
-           CASE WHEN g.kind = 'action' THEN 'completed' ELSE 'failed' END AS to_status,
+    SELECT g.order_id, g.reply_to, g.status AS from_status, g.created_at, g.new_result, g.next AS to_status,
            CASE WHEN g.kind = 'compensation' THEN g.step END AS undone_step
-    FROM go_on g
-    WHERE NOT EXISTS (SELECT 1 FROM steps s
-                      WHERE s.order_id = g.order_id AND s.step = g.step + 1 AND s.kind = g.kind AND s.process_state = 'waiting')
+    FROM dec g
+    WHERE g.next IN ('completed', 'failed')
 ), ord_upd AS (
     UPDATE orders o SET status = e.to_status, updated_at = clock_timestamp() FROM ended e WHERE o.order_id = e.order_id
 ), hist AS (
@@ -228,7 +241,7 @@ SELECT cur.idx::int, cur.name, cur.took::float8, coalesce(nxt.step, 0), coalesce
        END,
        a.result, coalesce(nxt.kind, ''), coalesce(a.idempotency_key, ''), coalesce(o.traceparent, '')
 FROM cur CROSS JOIN in_time LEFT JOIN nxt ON nxt.order_id = cur.order_id LEFT JOIN ended e ON e.order_id = cur.order_id
-LEFT JOIN go_on g ON g.order_id = cur.order_id
+LEFT JOIN dec g ON g.order_id = cur.order_id
 LEFT JOIN orders o ON o.order_id = nxt.order_id AND nxt.process_state = 'processing'
 LEFT JOIN steps a ON a.order_id = nxt.order_id AND a.step = nxt.compensates AND nxt.process_state = 'processing'`
 

@@ -1,0 +1,185 @@
+package statestore_test
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"sas/internal/statestore"
+	"sas/migrations"
+)
+
+// fileFunction is one CREATE OR REPLACE FUNCTION of sql/functions.sql.
+type fileFunction struct{ name, body string }
+
+var functionHeader = regexp.MustCompile(`(?m)^CREATE OR REPLACE FUNCTION ([a-z_][a-z0-9_]*)\(`)
+
+// fileFunctions parses sql/functions.sql: each function's name and the
+// text between its $function$ quotes, as pg_proc.prosrc holds it.
+func fileFunctions(t *testing.T) []fileFunction {
+	t.Helper()
+	text := statestore.FunctionsSQL()
+	var out []fileFunction
+	heads := functionHeader.FindAllStringSubmatchIndex(text, -1)
+	for i, h := range heads {
+		end := len(text)
+		if i+1 < len(heads) {
+			end = heads[i+1][0]
+		}
+		def := text[h[0]:end]
+		const quote = "$function$"
+		open := strings.Index(def, "AS "+quote)
+		if open < 0 {
+			t.Fatalf("functions.sql: %s has no AS %s body", text[h[2]:h[3]], quote)
+		}
+		rest := def[open+len("AS "+quote):]
+		closing := strings.Index(rest, quote)
+		if closing < 0 {
+			t.Fatalf("functions.sql: %s's body is not closed", text[h[2]:h[3]])
+		}
+		out = append(out, fileFunction{name: text[h[2]:h[3]], body: rest[:closing]})
+	}
+	if len(out) == 0 {
+		t.Fatal("functions.sql defines no function")
+	}
+	return out
+}
+
+// functionsDiffer lists every way the functions of the current schema
+// differ from sql/functions.sql: a function the file does not define, a
+// body other than the file's, a function of the file that is missing, a
+// SECURITY DEFINER function whose search_path is not pinned to the schema.
+func functionsDiffer(ctx context.Context, t *testing.T, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}) []string {
+	t.Helper()
+	rows, err := q.Query(ctx, `SELECT p.proname, p.oid::regprocedure::text, p.prosrc, p.prosecdef,
+		coalesce(array_to_string(p.proconfig, ';'), ''), current_schema()
+		FROM pg_proc p WHERE p.pronamespace = current_schema()::regnamespace ORDER BY 2`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type dbFunction struct {
+		name, signature, body, config, schema string
+		definer                               bool
+	}
+	var inDB []dbFunction
+	for rows.Next() {
+		var f dbFunction
+		if err := rows.Scan(&f.name, &f.signature, &f.body, &f.definer, &f.config, &f.schema); err != nil {
+			t.Fatal(err)
+		}
+		inDB = append(inDB, f)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	file := fileFunctions(t)
+	used := make([]bool, len(file))
+	var diffs []string
+	for _, f := range inDB {
+		found := -1
+		for i, ff := range file {
+			if !used[i] && ff.name == f.name && ff.body == f.body {
+				found = i
+				break
+			}
+		}
+		if found < 0 {
+			diffs = append(diffs, fmt.Sprintf("%s is defined in the database with a text functions.sql does not hold", f.signature))
+			continue
+		}
+		used[found] = true
+		if want := "search_path=" + f.schema + ", pg_temp"; f.definer && f.config != want {
+			diffs = append(diffs, fmt.Sprintf("%s is SECURITY DEFINER with settings %q, want %q", f.signature, f.config, want))
+		}
+	}
+	for i, ff := range file {
+		if !used[i] {
+			diffs = append(diffs, fmt.Sprintf("functions.sql's %s is not in the database as written", ff.name))
+		}
+	}
+	return diffs
+}
+
+func TestFunctionsFileIsTheDefinition(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	if diffs := functionsDiffer(ctx, t, b.pool); len(diffs) != 0 {
+		t.Fatalf("the migrated schema's functions differ from sql/functions.sql:\n%s", strings.Join(diffs, "\n"))
+	}
+
+	// The check sees a function redefined behind the file's back, one added
+	// beside it, and a definer's search_path left open.
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	for _, stmt := range []string{
+		`CREATE OR REPLACE FUNCTION operator_begin(p_claimed text) RETURNS text LANGUAGE plpgsql AS $$ BEGIN RETURN 'x'; END $$`,
+		`CREATE FUNCTION step_ended_elsewhere() RETURNS int LANGUAGE sql AS $$ SELECT 1 $$`,
+		`ALTER FUNCTION ack_alert(bigint, text) RESET search_path`,
+	} {
+		if _, err := tx.Exec(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	diffs := functionsDiffer(ctx, t, tx)
+	for _, want := range []string{"operator_begin(text) is defined", "step_ended_elsewhere() is defined", "functions.sql's operator_begin", "ack_alert(bigint,text) is SECURITY DEFINER"} {
+		if !slices.ContainsFunc(diffs, func(d string) bool { return strings.HasPrefix(d, want) }) {
+			t.Errorf("the check missed %q; it found:\n%s", want, strings.Join(diffs, "\n"))
+		}
+	}
+}
+
+func TestMigrateAppliesChangedFunctions(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	ms, err := statestore.LoadMigrations(migrations.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A function changed in the database (as an older build's file would
+	// have left it) and the digest of what was applied forgotten: the next
+	// migrate puts the file's text back.
+	if _, err := b.pool.Exec(ctx, `CREATE OR REPLACE FUNCTION operator_begin(p_claimed text) RETURNS text LANGUAGE plpgsql AS $$ BEGIN RETURN 'old'; END $$`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `UPDATE schema_functions SET sha256 = 'an older file'`); err != nil {
+		t.Fatal(err)
+	}
+	if ran, err := statestore.Migrate(ctx, b.pool, ms); err != nil || len(ran) != 0 {
+		t.Fatalf("migrate: ran %v, %v", ran, err)
+	}
+	if diffs := functionsDiffer(ctx, t, b.pool); len(diffs) != 0 {
+		t.Fatalf("after migrate the functions differ from sql/functions.sql:\n%s", strings.Join(diffs, "\n"))
+	}
+}
+
+// The schema migrations that follow the functions file change the schema
+// only: a function's text lives in sql/functions.sql.
+func TestMigrationsAfterTheFunctionsFileDefineNoFunction(t *testing.T) {
+	ms, err := statestore.LoadMigrations(migrations.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 0024 was the last migration to define a function.
+	const lastWithFunctions = 24
+	def := regexp.MustCompile(`(?i)\bCREATE\s+(OR\s+REPLACE\s+)?(FUNCTION|PROCEDURE)\b`)
+	for _, m := range ms {
+		if m.Version == lastWithFunctions && !def.MatchString(m.SQL) {
+			t.Fatalf("the pattern does not see the function %s defines", m.Name)
+		}
+		if m.Version > lastWithFunctions && def.MatchString(m.SQL) {
+			t.Errorf("%s defines a function: put its text in internal/statestore/sql/functions.sql", m.Name)
+		}
+	}
+}

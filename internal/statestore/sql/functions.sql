@@ -1,0 +1,653 @@
+-- The current text of every database function of the state store: the
+-- one place to read what happens to an order when a step ends.
+--
+-- `sasctl migrate` (statestore.Migrate) applies this file with CREATE OR
+-- REPLACE after the schema migrations, in the same lock, whenever it
+-- differs from what was applied last. Migrations carry schema changes only
+-- (tables, columns, indexes, triggers, roles and grants); a function is
+-- changed here, and TestFunctionsFileIsTheDefinition fails when a function
+-- in the database has another text than this file's, or is not in it.
+-- A new function's grants (and REVOKE from PUBLIC) go in a migration, as
+-- they are schema; a function dropped from this file is dropped by one.
+
+-- ======================================================================
+-- The order's state machine: what happens when a step ends
+-- ======================================================================
+
+-- apply_reply: applies one agent reply, fenced by attempt, state and
+-- complete_by: the step's new state and history, then step_processed or
+-- step_failed. Failed replies come here; ok replies come here only when
+-- their batched statement (statestore/reply.go) could not apply them.
+CREATE OR REPLACE FUNCTION apply_reply(p_order uuid, p_step integer, p_attempt integer, p_ok boolean, p_result jsonb, p_error text, p_actor text, p_started timestamp with time zone, p_sent timestamp with time zone, p_call_us bigint, p_fenced boolean, p_answer text, OUT applied boolean, OUT step_state text, OUT step_name text, OUT took_s double precision, OUT next_step integer, OUT order_status text, OUT order_took_s double precision)
+ RETURNS record
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_failures integer;
+    v_attempt integer;
+BEGIN
+    applied := false;
+    next_step := 0;
+    order_status := '';
+    took_s := 0;
+    order_took_s := 0;
+    PERFORM 1 FROM steps WHERE order_id = p_order AND step = p_step FOR UPDATE;
+    UPDATE steps
+    SET process_state = CASE WHEN p_ok THEN 'processed' ELSE 'error' END,
+        failure_count = CASE WHEN p_ok THEN failure_count ELSE failure_count + 1 END,
+        result = p_result,
+        last_error = NULLIF(p_error, ''),
+        last_answer = CASE WHEN p_ok THEN NULL ELSE coalesce(NULLIF(p_answer, ''), last_answer) END,
+        agent_started_at = p_started, agent_sent_at = p_sent, agent_call_us = NULLIF(p_call_us, 0),
+        updated_at = clock_timestamp()
+    WHERE order_id = p_order AND step = p_step
+      AND (NOT p_fenced OR (attempt = p_attempt AND process_state = 'processing' AND complete_by >= clock_timestamp()))
+    RETURNING process_state, failure_count, name, attempt,
+              coalesce(extract(epoch FROM clock_timestamp() - (complete_by - timeout)), 0)
+    INTO step_state, v_failures, step_name, v_attempt, took_s;
+    IF NOT FOUND THEN
+        step_state := '';
+        step_name := '';
+        took_s := 0;
+        RETURN;
+    END IF;
+    applied := true;
+    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+    VALUES (p_order, p_step, 'processing', step_state, v_attempt, p_actor,
+            CASE WHEN p_ok THEN 'agent replied ok' ELSE 'agent replied failed: ' || p_error END);
+    IF p_ok THEN
+        SELECT sp.next_step, sp.order_status INTO next_step, order_status FROM step_processed(p_order, p_step, p_actor) sp;
+    ELSE
+        order_status := step_failed(p_order, p_step, p_actor, 'agent replied failed: ' || p_error, v_failures);
+    END IF;
+    IF order_status IN ('completed', 'failed', 'error') THEN
+        SELECT extract(epoch FROM clock_timestamp() - created_at) INTO order_took_s FROM orders WHERE order_id = p_order;
+    END IF;
+END;
+$function$;
+
+-- sas_refuse_late_apply: fails the batched reply statement when a step it
+-- wrote had passed complete_by meanwhile, so the batch goes reply by
+-- reply through apply_reply, which locks before it reads.
+CREATE OR REPLACE FUNCTION sas_refuse_late_apply(late boolean)
+ RETURNS boolean
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF late THEN
+        RAISE EXCEPTION 'a reply waited for a row lock past its complete_by; applying the batch reply by reply'
+            USING ERRCODE = 'lock_not_available';
+    END IF;
+    RETURN true;
+END;
+$function$;
+
+-- order_next: what comes next for an order when one of its steps ends,
+-- decided here and nowhere else. step_processed and step_failed (one
+-- reply, and the supervisor's failure path) and the batched reply
+-- statement (statestore/reply.go) each act on its answer:
+--   none        the order moved on meanwhile (cancelled, compensating,
+--               ended): the step's end changes nothing else
+--   next        the next step of the same kind becomes pending
+--   completed   the last action was processed: the order completed
+--   failed      the last compensation was processed: the order failed
+--   compensate  an action failed and the order's policy is compensate:
+--               what was done is undone, last first (begin_compensation)
+--   error       an action failed and the policy is hold, or a
+--               compensation failed: the order is held in error and an
+--               operator alerted
+-- p_has_next: a step of the same kind follows, still waiting. Pure, so
+-- the planner inlines it into the batched statement.
+CREATE OR REPLACE FUNCTION order_next(p_kind text, p_ok boolean, p_order_status text, p_policy text, p_has_next boolean)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+    SELECT CASE
+        WHEN NOT ((p_kind = 'action' AND p_order_status IN ('received', 'processing'))
+                  OR (p_kind = 'compensation' AND p_order_status = 'compensating')) THEN 'none'
+        WHEN p_ok AND p_has_next THEN 'next'
+        WHEN p_ok AND p_kind = 'action' THEN 'completed'
+        WHEN p_ok THEN 'failed'
+        WHEN p_kind = 'compensation' OR p_policy = 'hold' THEN 'error'
+        ELSE 'compensate'
+    END
+$function$;
+
+-- step_processed: a step was processed; does what order_next decides.
+CREATE OR REPLACE FUNCTION step_processed(p_order uuid, p_step integer, p_actor text, OUT next_step integer, OUT order_status text)
+ RETURNS record
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_kind text;
+    v_status text;
+BEGIN
+    next_step := 0;
+    order_status := '';
+    SELECT kind INTO v_kind FROM steps WHERE order_id = p_order AND step = p_step;
+    SELECT status INTO v_status FROM orders WHERE order_id = p_order FOR UPDATE;
+    CASE order_next(v_kind, true, v_status, NULL,
+                    EXISTS (SELECT 1 FROM steps WHERE order_id = p_order AND step = p_step + 1
+                                                  AND kind = v_kind AND process_state = 'waiting'))
+    WHEN 'next' THEN
+        UPDATE steps SET process_state = 'pending', available_at = now(), updated_at = now()
+        WHERE order_id = p_order AND step = p_step + 1 AND kind = v_kind AND process_state = 'waiting'
+        RETURNING step INTO next_step;
+        INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
+        VALUES (p_order, next_step, 'waiting', 'pending', p_actor, 'previous step processed');
+    WHEN 'completed' THEN
+        order_status := 'completed';
+        PERFORM order_transition(p_order, 'completed', NULL, p_actor, 'last step processed');
+    WHEN 'failed' THEN
+        order_status := 'failed';
+        PERFORM order_transition(p_order, 'failed', NULL, p_actor, 'every compensation processed');
+    ELSE
+        -- none: the order moved on meanwhile
+    END CASE;
+END;
+$function$;
+
+-- step_failed: a step failed for good (its agent's reply, or the
+-- supervisor at the step's max_failures); does what order_next decides
+-- and returns the order's status.
+CREATE OR REPLACE FUNCTION step_failed(p_order uuid, p_step integer, p_actor text, p_reason text, p_failure_count integer)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_status text;
+    v_policy text;
+    v_kind text;
+BEGIN
+    SELECT status, failure_policy INTO v_status, v_policy FROM orders WHERE order_id = p_order FOR UPDATE;
+    SELECT kind INTO v_kind FROM steps WHERE order_id = p_order AND step = p_step;
+    CASE order_next(v_kind, false, v_status, v_policy, false)
+    WHEN 'none' THEN
+        RETURN v_status;
+    WHEN 'error' THEN
+        IF v_kind = 'compensation' THEN
+            PERFORM order_transition(p_order, 'error', p_step, p_actor,
+                'compensation step ' || p_step || ' failed: ' || p_reason);
+            PERFORM raise_alert(p_order, p_step, 'compensation failed, the order is partly undone: ' || p_reason, p_failure_count, p_actor);
+        ELSE
+            PERFORM order_transition(p_order, 'error', p_step, p_actor, 'step ' || p_step || ' failed: ' || p_reason);
+            PERFORM raise_alert(p_order, p_step, p_reason, p_failure_count, p_actor);
+        END IF;
+        RETURN 'error';
+    ELSE
+        RETURN begin_compensation(p_order, p_step, p_actor, 'step ' || p_step || ' failed: ' || p_reason);
+    END CASE;
+END;
+$function$;
+
+-- begin_compensation: the order begins compensating (order_next's
+-- compensate, or an operator's cancel): actions not yet done are
+-- cancelled, compensations of actions that never ran too, and the first
+-- compensation left becomes pending; with none left, the order fails.
+CREATE OR REPLACE FUNCTION begin_compensation(p_order uuid, p_step integer, p_actor text, p_reason text)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_first integer;
+BEGIN
+    WITH dead AS (
+        SELECT c.step, c.attempt FROM steps c
+        JOIN steps a ON a.order_id = c.order_id AND a.step = c.compensates
+        WHERE c.order_id = p_order AND c.kind = 'compensation' AND c.process_state = 'waiting' AND a.attempt = 0
+        FOR UPDATE OF c
+    ), upd AS (
+        UPDATE steps s SET process_state = 'cancelled', updated_at = now()
+        FROM dead WHERE s.order_id = p_order AND s.step = dead.step
+    )
+    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+    SELECT p_order, step, 'waiting', 'cancelled', attempt, p_actor, 'its action never ran' FROM dead;
+
+    WITH old AS (
+        SELECT step, process_state, attempt FROM steps
+        WHERE order_id = p_order AND kind = 'action' AND process_state IN ('waiting', 'pending', 'processing')
+        FOR UPDATE
+    ), upd AS (
+        UPDATE steps s SET process_state = 'cancelled', locked_by = NULL, complete_by = NULL, updated_at = now()
+        FROM old WHERE s.order_id = p_order AND s.step = old.step
+    )
+    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+    SELECT p_order, step, process_state, 'cancelled', attempt, p_actor, p_reason FROM old;
+
+    SELECT min(step) INTO v_first FROM steps
+    WHERE order_id = p_order AND kind = 'compensation' AND process_state = 'waiting';
+    IF v_first IS NULL THEN
+        PERFORM order_transition(p_order, 'failed', p_step, p_actor, p_reason || '; nothing to undo');
+        RETURN 'failed';
+    END IF;
+    UPDATE steps SET process_state = 'pending', available_at = now(), updated_at = now()
+    WHERE order_id = p_order AND step = v_first;
+    INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
+    VALUES (p_order, v_first, 'waiting', 'pending', p_actor, 'compensation started');
+    PERFORM order_transition(p_order, 'compensating', p_step, p_actor, p_reason);
+    RETURN 'compensating';
+END;
+$function$;
+
+-- order_transition: moves an order to a new status, with its history row
+-- and its status event in the outbox.
+CREATE OR REPLACE FUNCTION order_transition(p_order uuid, p_to text, p_step integer, p_actor text, p_reason text)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_from text;
+    v_reply_to text;
+BEGIN
+    SELECT status, reply_to INTO v_from, v_reply_to FROM orders WHERE order_id = p_order;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'order % does not exist', p_order USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    UPDATE orders SET status = p_to, updated_at = now() WHERE order_id = p_order;
+    INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
+    VALUES (p_order, NULL, v_from, p_to, p_actor, p_reason);
+    INSERT INTO outbox (message_type, order_id, reply_to, body)
+    VALUES ('status_event', p_order, v_reply_to, status_event_body(p_order, p_to, p_step));
+END;
+$function$;
+
+-- ======================================================================
+-- Events and alerts
+-- ======================================================================
+
+-- status_event_body: the body of a status event, as the outbox publishes
+-- it; an ended order's event comes from the five-argument form below.
+CREATE OR REPLACE FUNCTION status_event_body(p_order_id uuid, p_status text, p_step integer)
+ RETURNS jsonb
+ LANGUAGE sql
+AS $function$
+    SELECT CASE WHEN p_status IN ('completed', 'failed', 'error')
+        THEN status_event_body(p_order_id, p_status, p_step, NULL, NULL)
+        ELSE jsonb_build_object(
+            'schema_version', 1,
+            'order_id', p_order_id,
+            'status', p_status,
+            'step', p_step,
+            'at', to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
+    END
+$function$;
+
+-- status_event_body: the body of a status event with what an ended order
+-- says: its results, the step that failed, the reason, what was undone.
+CREATE OR REPLACE FUNCTION status_event_body(p_order_id uuid, p_status text, p_step integer, p_more_results jsonb, p_undone_step integer)
+ RETURNS jsonb
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_body      jsonb;
+    v_results   jsonb;
+    v_undone    jsonb;
+    v_step      integer;
+    v_name      text;
+    v_error     text;
+    v_answer    text;
+    v_cancelled text;
+    v_reason    text;
+    v_detail    text;
+BEGIN
+    v_body := jsonb_build_object(
+        'schema_version', 1,
+        'order_id', p_order_id,
+        'status', p_status,
+        'step', p_step,
+        'at', to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'));
+    IF p_status NOT IN ('completed', 'failed', 'error') THEN
+        RETURN v_body;
+    END IF;
+    SELECT coalesce(jsonb_object_agg(name, result), '{}'::jsonb) INTO v_results
+    FROM steps WHERE order_id = p_order_id AND kind = 'action' AND result IS NOT NULL;
+    v_results := v_results || coalesce(p_more_results, '{}'::jsonb);
+    IF v_results <> '{}'::jsonb THEN
+        IF octet_length(v_results::text) <= 32768 THEN
+            v_body := v_body || jsonb_build_object('results', v_results);
+        ELSE
+            v_body := v_body || jsonb_build_object('results_truncated', true);
+        END IF;
+    END IF;
+    IF p_status = 'completed' THEN
+        RETURN v_body;
+    END IF;
+
+    -- The step that failed: a compensation before an action (it is why
+    -- an order is held partly undone). Its last error says how: the
+    -- supervisor writes "complete_by passed …", a failed reply the
+    -- agent's reason.
+    SELECT s.step, s.name, s.last_error, s.last_answer
+    INTO v_step, v_name, v_error, v_answer
+    FROM steps s
+    WHERE s.order_id = p_order_id AND s.process_state = 'error'
+    ORDER BY s.kind = 'compensation' DESC, s.step
+    LIMIT 1;
+    -- An operator's cancel, when it is what began the undoing.
+    SELECT coalesce(t.claimed_by, t.actor) INTO v_cancelled FROM transitions t
+    WHERE t.order_id = p_order_id AND t.step IS NULL AND t.to_state IN ('compensating', 'failed') AND t.reason LIKE 'operator cancel%'
+    ORDER BY t.id DESC LIMIT 1;
+
+    IF v_step IS NOT NULL AND NOT (p_status = 'failed' AND v_cancelled IS NOT NULL) THEN
+        v_reason := CASE WHEN v_error LIKE 'complete_by passed%' THEN 'timed_out' ELSE 'refused' END;
+        v_detail := v_name || ' (step ' || v_step || ')' || coalesce(': ' || v_error, '')
+                    || coalesce('; the service''s last answer: ' || v_answer, '');
+        v_body := v_body || jsonb_build_object('failed_step', v_name, 'step', coalesce(p_step, v_step));
+    ELSIF v_cancelled IS NOT NULL THEN
+        v_reason := 'cancelled';
+        v_detail := 'cancelled by ' || v_cancelled;
+        IF v_step IS NOT NULL THEN
+            v_detail := v_detail || ' after ' || v_name || ' (step ' || v_step || ') failed' || coalesce(': ' || v_error, '');
+        END IF;
+    END IF;
+    IF v_reason IS NOT NULL THEN
+        -- At most 500 characters: 2,000 bytes, the event's bound.
+        v_body := v_body || jsonb_build_object('reason', v_reason, 'detail',
+            CASE WHEN length(v_detail) > 500 THEN left(v_detail, 499) || '…' ELSE v_detail END);
+    END IF;
+
+    SELECT jsonb_agg(a.name ORDER BY a.step) INTO v_undone
+    FROM steps c JOIN steps a ON a.order_id = c.order_id AND a.step = c.compensates
+    WHERE c.order_id = p_order_id AND c.kind = 'compensation'
+      AND (c.process_state = 'processed' OR c.step = p_undone_step);
+    IF v_undone IS NOT NULL THEN
+        v_body := v_body || jsonb_build_object('undone', v_undone);
+    END IF;
+    RETURN v_body;
+END;
+$function$;
+
+-- operator_alert_body: the body of an operator alert.
+CREATE OR REPLACE FUNCTION operator_alert_body(p_order_id uuid, p_step integer, p_reason text, p_failure_count integer)
+ RETURNS jsonb
+ LANGUAGE sql
+AS $function$
+    SELECT jsonb_build_object(
+        'schema_version', 1,
+        'order_id', p_order_id,
+        'step', p_step,
+        'reason', p_reason,
+        'failure_count', p_failure_count,
+        'at', to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
+$function$;
+
+-- raise_alert: records an operator alert and queues it for publishing.
+CREATE OR REPLACE FUNCTION raise_alert(p_order uuid, p_step integer, p_reason text, p_failure_count integer, p_actor text)
+ RETURNS void
+ LANGUAGE sql
+AS $function$
+    WITH msg AS (
+        INSERT INTO outbox (message_type, order_id, body)
+        VALUES ('operator_alert', p_order, operator_alert_body(p_order, p_step, p_reason, p_failure_count))
+        RETURNING message_id, body
+    )
+    INSERT INTO alerts (message_id, order_id, step, reason, failure_count, raised_at, raised_by)
+    SELECT message_id, p_order, p_step, p_reason, p_failure_count, (body->>'at')::timestamptz, p_actor FROM msg;
+$function$;
+
+-- ======================================================================
+-- Notifications and guards
+-- ======================================================================
+
+-- notify_pending: wakes the schedulers when a step becomes pending.
+CREATE OR REPLACE FUNCTION notify_pending()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF EXISTS (SELECT 1 FROM new_rows WHERE process_state = 'pending') THEN
+        PERFORM pg_notify('sas_pending', current_schema());
+    END IF;
+    RETURN NULL;
+END;
+$function$;
+
+-- notify_outbox: wakes the relay when a message is queued.
+CREATE OR REPLACE FUNCTION notify_outbox()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    PERFORM pg_notify('sas_outbox', current_schema());
+    RETURN NULL;
+END;
+$function$;
+
+-- transitions_append_only: the history is appended to, never changed.
+CREATE OR REPLACE FUNCTION transitions_append_only()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    RAISE EXCEPTION 'transitions is append-only';
+END;
+$function$;
+
+-- orders_delete_history: deleting orders deletes their steps and history
+-- (retention).
+CREATE OR REPLACE FUNCTION orders_delete_history()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    DELETE FROM steps s USING gone g WHERE s.order_id = g.order_id;
+    DELETE FROM transitions t USING gone g WHERE t.order_id = g.order_id;
+    RETURN NULL;
+END;
+$function$;
+
+-- orders_truncate_rows: truncating orders truncates steps and history.
+CREATE OR REPLACE FUNCTION orders_truncate_rows()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    TRUNCATE steps, transitions;
+    RETURN NULL;
+END;
+$function$;
+
+-- ======================================================================
+-- Operators (SECURITY DEFINER: the only way an operator changes state)
+-- ======================================================================
+
+-- operator_begin: marks the transaction as an operator's action (the
+-- history rows it writes record the database user) and returns the
+-- actor's name.
+CREATE OR REPLACE FUNCTION operator_begin(p_claimed text)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    PERFORM set_config('sas.operator_action', 'on', true);
+    PERFORM set_config('sas.claimed_by', coalesce(left(p_claimed, 100), ''), true);
+    RETURN 'operator:' || session_user;
+END;
+$function$;
+
+-- operator_resubmit: puts the failed step of an order held in error, and
+-- what follows it, back to run.
+CREATE OR REPLACE FUNCTION operator_resubmit(p_order uuid, p_step integer, p_claimed text)
+ RETURNS SETOF integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $function$
+DECLARE
+    v_actor text := operator_begin(p_claimed);
+    v_status text;
+    v_state text;
+    v_kind text;
+    v_last integer;
+    v_steps integer[];
+    v_compensation boolean;
+    v_undoing boolean;
+    v_may text;
+BEGIN
+    SELECT status INTO v_status FROM orders WHERE order_id = p_order FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'order % not found', p_order USING ERRCODE = 'no_data_found';
+    END IF;
+    IF p_step IS NOT NULL AND p_step <> 0 THEN
+        SELECT process_state, kind INTO v_state, v_kind FROM steps WHERE order_id = p_order AND step = p_step;
+        IF NOT FOUND THEN
+            SELECT max(step) INTO v_last FROM steps WHERE order_id = p_order;
+            RAISE EXCEPTION 'order % has no step % (its steps are 1 to %)', p_order, p_step, v_last USING ERRCODE = 'no_data_found';
+        END IF;
+    END IF;
+    IF v_status <> 'error' THEN
+        RAISE EXCEPTION 'order % is %, only an order in error can be resubmitted', p_order, v_status
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    IF v_state IS NOT NULL AND v_state <> 'error' THEN
+        RAISE EXCEPTION 'order % step % is %, only a step in error can be resubmitted', p_order, p_step, v_state
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    v_undoing := EXISTS (SELECT 1 FROM steps WHERE order_id = p_order AND kind = 'compensation' AND process_state = 'error');
+    IF v_undoing AND v_kind = 'action' THEN
+        SELECT string_agg(step::text, ', ' ORDER BY step) INTO v_may FROM steps
+        WHERE order_id = p_order AND kind = 'compensation' AND process_state = 'error';
+        RAISE EXCEPTION 'order % is partly undone (a compensation failed): resubmit its failed compensation (step %), not action step %',
+            p_order, v_may, p_step USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    WITH reset AS (
+        UPDATE steps
+        SET process_state = 'pending', failure_count = 0, locked_by = NULL, complete_by = NULL,
+            available_at = now(), updated_at = clock_timestamp()
+        WHERE order_id = p_order AND process_state = 'error' AND (coalesce(p_step, 0) = 0 OR step = p_step)
+          AND (NOT v_undoing OR kind = 'compensation')
+        RETURNING step, attempt, kind
+    ), hist AS (
+        INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+        SELECT p_order, step, 'error', 'pending', attempt, v_actor, 'operator resubmit' FROM reset
+    )
+    SELECT array_agg(step ORDER BY step), bool_or(kind = 'compensation') INTO v_steps, v_compensation FROM reset;
+    IF v_steps IS NULL THEN
+        RAISE EXCEPTION 'order % has no step in error', p_order USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    PERFORM order_transition(p_order, CASE WHEN v_compensation THEN 'compensating' ELSE 'processing' END,
+                             NULL, v_actor, 'operator resubmit');
+    PERFORM pg_notify('sas_pending', current_schema()), pg_notify('sas_outbox', current_schema());
+    RETURN QUERY SELECT unnest(v_steps);
+END;
+$function$;
+
+-- operator_cancel: cancels an order that has not ended: what was done is
+-- undone (begin_compensation).
+CREATE OR REPLACE FUNCTION operator_cancel(p_order uuid, p_claimed text)
+ RETURNS text
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $function$
+DECLARE
+    v_actor text := operator_begin(p_claimed);
+    v_status text;
+BEGIN
+    SELECT status INTO v_status FROM orders WHERE order_id = p_order FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'order % not found', p_order USING ERRCODE = 'no_data_found';
+    END IF;
+    IF v_status = 'error' AND EXISTS (SELECT 1 FROM steps WHERE order_id = p_order AND kind = 'compensation' AND process_state = 'error') THEN
+        RAISE EXCEPTION 'order %: a compensation failed; fix the cause and resubmit it', p_order
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    IF v_status NOT IN ('received', 'processing', 'error') THEN
+        RAISE EXCEPTION 'order % is % already; only an order that has not ended can be cancelled', p_order, v_status
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    v_status := begin_compensation(p_order, NULL, v_actor, 'operator cancel');
+    PERFORM pg_notify('sas_pending', current_schema()), pg_notify('sas_outbox', current_schema());
+    RETURN v_status;
+END;
+$function$;
+
+-- ack_alert: acknowledges an alert, once.
+CREATE OR REPLACE FUNCTION ack_alert(p_id bigint, p_claimed text, OUT acked_at timestamp with time zone, OUT acked_by text, OUT acked_as text, OUT already boolean)
+ RETURNS record
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $function$
+BEGIN
+    already := false;
+    UPDATE alerts a SET acked_at = clock_timestamp(), acked_by = session_user, acked_as = nullif(left(p_claimed, 100), '')
+    WHERE a.id = p_id AND a.acked_at IS NULL
+    RETURNING a.acked_at, a.acked_by, a.acked_as INTO acked_at, acked_by, acked_as;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    SELECT a.acked_at, a.acked_by, a.acked_as INTO acked_at, acked_by, acked_as FROM alerts a WHERE a.id = p_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'alert % not found', p_id USING ERRCODE = 'no_data_found';
+    END IF;
+    already := true;
+END;
+$function$;
+
+-- record_operator_action: records an operator's action in operator_actions
+-- (the console's and sasctl's audit).
+CREATE OR REPLACE FUNCTION record_operator_action(p_action text, p_target text, p_detail text, p_claimed text)
+ RETURNS bigint
+ LANGUAGE sql
+ SECURITY DEFINER
+AS $function$
+    INSERT INTO operator_actions (db_user, claimed_by, action, target, detail)
+    VALUES (session_user, left(p_claimed, 100), p_action, left(p_target, 512), left(coalesce(p_detail, ''), 2048))
+    RETURNING id;
+$function$;
+
+-- purge_ended_orders: deletes ended orders older than a limit, a batch at
+-- a time (retention).
+CREATE OR REPLACE FUNCTION purge_ended_orders(p_older_than interval, p_statuses text[], p_limit integer, OUT orders_deleted bigint, OUT steps_deleted bigint, OUT transitions_deleted bigint, OUT alerts_deleted bigint)
+ RETURNS record
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $function$
+DECLARE
+    v_ids uuid[];
+BEGIN
+    IF p_older_than < interval '0' THEN
+        RAISE EXCEPTION 'the age % is negative', p_older_than USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_statuses IS NULL OR cardinality(p_statuses) = 0 OR NOT p_statuses <@ ARRAY['completed', 'failed'] THEN
+        RAISE EXCEPTION 'only completed and failed orders are purged, not %', p_statuses USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT array_agg(order_id) INTO v_ids FROM (
+        SELECT order_id FROM orders
+        WHERE created_at < now() - p_older_than AND updated_at < now() - p_older_than AND status = ANY(p_statuses)
+        ORDER BY created_at
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED
+    ) o;
+    orders_deleted := 0;
+    steps_deleted := 0;
+    transitions_deleted := 0;
+    alerts_deleted := 0;
+    IF v_ids IS NULL THEN
+        RETURN;
+    END IF;
+    DELETE FROM steps WHERE order_id = ANY(v_ids);
+    GET DIAGNOSTICS steps_deleted = ROW_COUNT;
+    DELETE FROM transitions WHERE order_id = ANY(v_ids);
+    GET DIAGNOSTICS transitions_deleted = ROW_COUNT;
+    DELETE FROM alerts WHERE order_id = ANY(v_ids);
+    GET DIAGNOSTICS alerts_deleted = ROW_COUNT;
+    DELETE FROM orders WHERE order_id = ANY(v_ids);
+    GET DIAGNOSTICS orders_deleted = ROW_COUNT;
+END;
+$function$;
+
+-- Every SECURITY DEFINER function runs with its search_path pinned to the
+-- schema it lives in (and pg_temp last), so that a caller's search_path
+-- cannot put its own tables or functions in front of the state store's.
+-- CREATE OR REPLACE resets the setting, so it is set again here.
+DO $$
+DECLARE
+    v_fn regprocedure;
+BEGIN
+    FOR v_fn IN SELECT p.oid::regprocedure FROM pg_proc p
+                WHERE p.pronamespace = current_schema()::regnamespace AND p.prosecdef
+    LOOP
+        EXECUTE format('ALTER FUNCTION %s SET search_path = %I, pg_temp', v_fn, current_schema());
+    END LOOP;
+END
+$$;
