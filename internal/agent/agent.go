@@ -198,7 +198,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	for _, kind := range cfg.Kinds {
 		consumers = append(consumers, broker.NewConsumer(conn, pub,
 			broker.ConsumerConfig{Input: messages.RequestsQueue(kind), Prefetch: cfg.Prefetch, Workers: cfg.Concurrency, Reasons: messages.Reasons()},
-			func(ctx context.Context, d amqp.Delivery) error { return a.handle(ctx, kind, d) }, logger, bm))
+			a.handler(kind), logger, bm))
 	}
 	ops.SetReady(deps.Ready(consumers...))
 
@@ -234,21 +234,26 @@ type agent struct {
 	redact *secrets.Redactor
 }
 
+// handler is the handler of kind's requests with its middleware:
+// failpoints, the trace context, then the content type and the body
+// decoded.
+func (a *agent) handler(kind string) broker.Handler {
+	return broker.Chain(broker.Decoded(messages.DecodeStepRequest,
+		func(_ context.Context, _ broker.Message, err error) error { return a.reject(kind, err) },
+		func(ctx context.Context, _ broker.Message, req messages.StepRequest) error {
+			return a.handle(ctx, kind, req)
+		}),
+		broker.Failpoints(), broker.Traced(a.tr))
+}
+
 // handle works on one request. See broker.Handler for what its result
 // means: nil acks, a Rejection dead-letters, an error requeues.
-func (a *agent) handle(ctx context.Context, kind string, d amqp.Delivery) error {
-	failpoint.Panic("panic-on-message", d.MessageId)
-	if err := messages.CheckContentType(d.ContentType); err != nil {
-		return a.reject(kind, err)
-	}
-	req, err := messages.DecodeStepRequest(d.Body)
-	if err != nil {
-		return a.reject(kind, err)
-	}
+func (a *agent) handle(ctx context.Context, kind string, req messages.StepRequest) error {
 	started := a.now()
 	// The handling is a span of the order's trace, a child of the
-	// scheduler's publish when the request carries the trace context.
-	hctx, span := a.tr.Start(a.tr.ExtractAMQP(a.workCtx, d.Headers), "handle "+req.Name, trace.WithSpanKind(trace.SpanKindConsumer))
+	// scheduler's publish when the request carries the trace context; it
+	// runs under workCtx, so SIGTERM lets the call finish.
+	hctx, span := a.tr.Start(broker.RemoteParent(a.workCtx, ctx), "handle "+req.Name, trace.WithSpanKind(trace.SpanKindConsumer))
 	defer span.End()
 	if a.tr.On() {
 		span.SetAttributes(tracing.StepAttrs(req.OrderID, req.Step, req.Attempt, attribute.String("sas.agent", kind))...)

@@ -143,7 +143,7 @@ func benchMessage(b *testing.B, kind string) {
 func consume(ctx context.Context, b *testing.B, bd bundle, conn *broker.Conn, pub *broker.Publisher, input string, got func()) <-chan error {
 	b.Helper()
 	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: input, Prefetch: 64, Workers: 16},
-		func(context.Context, amqp.Delivery) error {
+		func(context.Context, broker.Message) error {
 			got()
 			return nil
 		}, bd.logger, bd.metrics)

@@ -172,12 +172,12 @@ func TestConsumerAcksRequeuesAndDeadLetters(t *testing.T) {
 	defer pub.Close()
 	var mu sync.Mutex
 	seen := map[string]int{}
-	handler := func(ctx context.Context, d amqp.Delivery) error {
+	handler := func(ctx context.Context, d broker.Message) error {
 		mu.Lock()
-		seen[d.MessageId]++
-		n := seen[d.MessageId]
+		seen[d.ID]++
+		n := seen[d.ID]
 		mu.Unlock()
-		switch d.MessageId {
+		switch d.ID {
 		case "retry-once":
 			if n == 1 {
 				return errors.New("transient")
@@ -245,7 +245,7 @@ func TestConsumerHonoursPrefetch(t *testing.T) {
 	}
 	release := make(chan struct{})
 	var inFlight, handled atomic.Int64
-	handler := func(ctx context.Context, d amqp.Delivery) error {
+	handler := func(ctx context.Context, d broker.Message) error {
 		inFlight.Add(1)
 		<-release
 		inFlight.Add(-1)
@@ -281,8 +281,8 @@ func TestConsumerGroupsAcks(t *testing.T) {
 	defer pub.Close()
 	release := make(chan struct{})
 	var handled atomic.Int64
-	handler := func(ctx context.Context, d amqp.Delivery) error {
-		if d.MessageId == "slow" {
+	handler := func(ctx context.Context, d broker.Message) error {
+		if d.ID == "slow" {
 			select {
 			case <-release:
 			case <-ctx.Done():
@@ -344,9 +344,9 @@ func TestRecoversFromConnectionLossAndOutage(t *testing.T) {
 	defer pub.Close()
 	var mu sync.Mutex
 	consumed := map[string]bool{}
-	handler := func(ctx context.Context, d amqp.Delivery) error {
+	handler := func(ctx context.Context, d broker.Message) error {
 		mu.Lock()
-		consumed[d.MessageId] = true
+		consumed[d.ID] = true
 		mu.Unlock()
 		return nil
 	}
@@ -413,7 +413,7 @@ func TestConsumerComesBackAfterQueueDeleted(t *testing.T) {
 	pub := broker.NewPublisher(conn, b.metrics)
 	defer pub.Close()
 	var got atomic.Int64
-	handler := func(ctx context.Context, d amqp.Delivery) error {
+	handler := func(ctx context.Context, d broker.Message) error {
 		got.Add(1)
 		return nil
 	}
@@ -490,9 +490,9 @@ func TestSeveralURLsAreTriedInTurn(t *testing.T) {
 	consumed := map[string]bool{}
 	ctx, cancel := context.WithCancel(ctxFor(t, 2*time.Minute))
 	defer cancel()
-	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: "in", Prefetch: 10, Workers: 2}, func(ctx context.Context, d amqp.Delivery) error {
+	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: "in", Prefetch: 10, Workers: 2}, func(ctx context.Context, d broker.Message) error {
 		mu.Lock()
-		consumed[d.MessageId] = true
+		consumed[d.ID] = true
 		mu.Unlock()
 		return nil
 	}, b.logger, b.metrics)

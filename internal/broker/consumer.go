@@ -5,27 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime/debug"
 	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
-
-// Handler handles one delivery. Its result decides what happens to it:
-//
-//   - nil: the delivery is acked.
-//   - a panic: recovered; the delivery is dead-lettered with reason
-//     handler_panic (ReasonHandlerPanic), the stack logged once, and the
-//     consumer goes on with the next one.
-//   - an error made by Reject: the delivery is republished to the input's
-//     dead-letter queue with the reason, then acked. If that republish
-//     fails, the delivery is requeued instead, so it is never lost.
-//   - any other error: the delivery is requeued (nack with requeue). The
-//     queue's delivery limit dead-letters a message requeued too often.
-//
-// A handler is called from several goroutines at once.
-type Handler func(ctx context.Context, d amqp.Delivery) error
 
 // Rejection is a handler's verdict that a message can never be processed.
 type Rejection struct {
@@ -90,7 +74,9 @@ type Consumer struct {
 	running bool
 }
 
-// NewConsumer returns a consumer; pub is used to dead-letter.
+// NewConsumer returns a consumer of handler, which it wraps in Recover;
+// the service chains its other middleware (Chain). pub is used to
+// dead-letter.
 func NewConsumer(conn *Conn, pub *Publisher, cfg ConsumerConfig, handler Handler, logger *slog.Logger, metrics *Metrics) *Consumer {
 	cfg.Prefetch = max(cfg.Prefetch, 1)
 	cfg.Workers = max(cfg.Workers, 1)
@@ -101,8 +87,9 @@ func NewConsumer(conn *Conn, pub *Publisher, cfg ConsumerConfig, handler Handler
 	for _, result := range []string{"ack", "requeue", "dead_letter"} {
 		metrics.consumed.WithLabelValues(queue, result)
 	}
-	metrics.panics.WithLabelValues(queue)
+	panics := metrics.panics.WithLabelValues(queue)
 	metrics.ackFrames.WithLabelValues(queue)
+	handler = Chain(handler, Recover(logger, queue, panics.Inc))
 	return &Consumer{conn: conn, pub: pub, cfg: cfg, handler: handler, logger: logger, metrics: metrics}
 }
 
@@ -213,21 +200,6 @@ func (c *Consumer) consume(ctx context.Context) error {
 	return errors.New("delivery channel closed")
 }
 
-// call runs the handler, turning a panic into a dead-letter verdict: one
-// poison message must not take the process, and everything in flight
-// with it, down (and again at every redelivery).
-func (c *Consumer) call(ctx context.Context, queue string, d amqp.Delivery) (err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			c.metrics.panics.WithLabelValues(queue).Inc()
-			c.logger.Error("handler panicked; dead-lettering the message and going on", "queue", queue,
-				"message_id", d.MessageId, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
-			err = Reject(ReasonHandlerPanic, fmt.Sprintf("the handler panicked: %v", v))
-		}
-	}()
-	return c.handler(ctx, d)
-}
-
 // handle handles one delivery and returns what to tell the broker.
 func (c *Consumer) handle(ctx context.Context, queue string, d amqp.Delivery) settlement {
 	ack, requeue := settlement{tag: d.DeliveryTag}, settlement{tag: d.DeliveryTag, requeue: true}
@@ -236,7 +208,7 @@ func (c *Consumer) handle(ctx context.Context, queue string, d amqp.Delivery) se
 		c.metrics.consumed.WithLabelValues(queue, "requeue").Inc()
 		return requeue
 	}
-	err := c.call(ctx, queue, d)
+	err := c.handler(ctx, Message{ID: d.MessageId, CorrelationID: d.CorrelationId, ContentType: d.ContentType, Headers: d.Headers, Body: d.Body})
 	var rej *Rejection
 	switch {
 	case err == nil:

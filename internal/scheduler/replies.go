@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
@@ -38,21 +37,20 @@ type replier struct {
 	tr       *tracing.Tracing
 }
 
+// handler is the replier's handler with its middleware: failpoints,
+// the trace context, then the content type and the body decoded, a
+// refused reply failing the attempt it names (failRefused).
+func (r *replier) handler() broker.Handler {
+	return broker.Chain(broker.Decoded(messages.DecodeStepReply, r.refused, r.handle), broker.Failpoints(), broker.Traced(r.tr))
+}
+
 // handle applies one reply. A stale or late reply is acked and counted:
 // the fence in the state store already made sure it changed nothing.
-func (r *replier) handle(ctx context.Context, d amqp.Delivery) error {
-	failpoint.Panic("panic-on-message", d.MessageId)
-	if err := messages.CheckContentType(d.ContentType); err != nil {
-		return r.reject(err)
-	}
-	rep, err := messages.DecodeStepReply(d.Body)
-	if err != nil {
-		r.failRefused(d.Body, err)
-		return r.reject(err)
-	}
+func (r *replier) handle(ctx context.Context, _ broker.Message, rep messages.StepReply) error {
 	// The apply is a span of the order's trace, a child of the agent's
-	// reply when its message carries the trace context.
-	actx, span := r.tr.Start(r.tr.ExtractAMQP(r.workCtx, d.Headers), "apply reply", trace.WithSpanKind(trace.SpanKindConsumer))
+	// reply when its message carries the trace context; it runs under
+	// workCtx, so SIGTERM lets it finish.
+	actx, span := r.tr.Start(broker.RemoteParent(r.workCtx, ctx), "apply reply", trace.WithSpanKind(trace.SpanKindConsumer))
 	defer span.End()
 	if r.tr.On() {
 		span.SetAttributes(tracing.StepAttrs(rep.OrderID, rep.Step, rep.Attempt, attribute.String("sas.outcome", rep.Outcome))...)
@@ -72,7 +70,7 @@ func (r *replier) handle(ctx context.Context, d amqp.Delivery) error {
 	// own, off the batch writer, so that waiting for it holds up no other
 	// reply.
 	alone := false
-	err = service.Retry(ctx, func() error {
+	err := service.Retry(ctx, func() error {
 		var err error
 		if alone {
 			res, err = r.store.ApplyReply(r.workCtx, reply)
@@ -173,7 +171,12 @@ func (r *replier) failRefused(body []byte, refusal error) {
 	}
 }
 
-func (r *replier) reject(err error) error {
+// refused dead-letters a reply that could not be read, after failing the
+// attempt it names, if its body still names one.
+func (r *replier) refused(_ context.Context, m broker.Message, err error) error {
+	if messages.CheckContentType(m.ContentType) == nil {
+		r.failRefused(m.Body, err)
+	}
 	r.metrics.replies.WithLabelValues("rejected").Inc()
 	return broker.RejectFor(err, messages.ReasonInvalidValue)
 }

@@ -285,7 +285,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		wakeClaimer: func() { nudge(w.pending) }, wakeRelay: func() { nudge(w.outbox) }, dispatch: c.dispatch, tr: tr}
 	replies := broker.NewConsumer(conn, pub,
 		broker.ConsumerConfig{Input: messages.RepliesQueue, Prefetch: cfg.ReplyPrefetch, Workers: cfg.ReplyWorkers, Reasons: messages.Reasons()},
-		r.handle, logger, bm)
+		r.handler(), logger, bm)
 	rl := &relay{store: store, pub: pub, topo: topo, batch: cfg.RelayBatch, poll: cfg.PollInterval,
 		wake: w.outbox, logger: logger, metrics: m, tr: tr}
 

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -143,7 +142,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	h := &handler{store: store, inserts: inserts, workflows: workflows, stepTimeout: cfg.StepTimeout, actor: me, metrics: m, logger: logger,
 		workCtx: workCtx, tr: tr}
 	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: Input, Prefetch: cfg.Prefetch, Workers: cfg.Workers,
-		Reasons: append(messages.Reasons(), messages.ReasonInvalidPayload, ReasonConflict, ReasonUnknownWorkflow)}, h.handle, logger, bm)
+		Reasons: append(messages.Reasons(), messages.ReasonInvalidPayload, ReasonConflict, ReasonUnknownWorkflow)}, h.chain(), logger, bm)
 
 	ops.SetReady(deps.Ready(consumer))
 
@@ -164,19 +163,18 @@ type handler struct {
 	tr          *tracing.Tracing
 }
 
+// chain is the submitter's handler with its middleware: failpoints,
+// the trace context, then the content type and the body decoded, a
+// submit that cannot be read refused (reject).
+func (h *handler) chain() broker.Handler {
+	return broker.Chain(broker.Decoded(messages.DecodeSubmitOrder, h.reject, h.handle), broker.Failpoints(), broker.Traced(h.tr))
+}
+
 // handle writes one order. See broker.Handler for what its result means.
 // A write in progress runs under workCtx, so SIGTERM lets it finish; ctx
 // (done at SIGTERM) only stops retrying after a database error.
-func (h *handler) handle(ctx context.Context, d amqp.Delivery) error {
-	failpoint.Panic("panic-on-message", d.MessageId)
-	corr := messages.CorrelationID(d.CorrelationId)
-	if err := messages.CheckContentType(d.ContentType); err != nil {
-		return h.reject(d.Body, corr, err)
-	}
-	o, err := messages.DecodeSubmitOrder(d.Body)
-	if err != nil {
-		return h.reject(d.Body, corr, err)
-	}
+func (h *handler) handle(ctx context.Context, m broker.Message, o messages.SubmitOrder) error {
+	corr := messages.CorrelationID(m.CorrelationID)
 	wf, ok := h.workflows.Lookup(o.Workflow)
 	if !ok {
 		h.metrics.orders.WithLabelValues("rejected").Inc()
@@ -201,7 +199,7 @@ func (h *handler) handle(ctx context.Context, d amqp.Delivery) error {
 	// The order's trace: the application's, when its message carries a
 	// valid traceparent, else a new one. Every later span of the order
 	// joins it through the traceparent stored with the order.
-	sctx, span := h.tr.Start(h.tr.ExtractAMQP(ctx, d.Headers), "submit "+wf.Name, trace.WithSpanKind(trace.SpanKindConsumer),
+	sctx, span := h.tr.Start(ctx, "submit "+wf.Name, trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(attribute.String("sas.order_id", o.OrderID), attribute.String("sas.workflow", wf.Name)))
 	defer span.End()
 	nw.Traceparent = h.tr.Traceparent(sctx)
@@ -284,11 +282,11 @@ func (h *handler) refuse(orderID, replyTo, corr, reason, detail string) error {
 // reject refuses a submit whose body could not be read as one: it is
 // dead-lettered with the decoder's reason, and if the body still names an
 // order id and a reply_to, that queue is told as for any refusal.
-func (h *handler) reject(body []byte, corr string, err error) error {
+func (h *handler) reject(_ context.Context, m broker.Message, err error) error {
 	h.metrics.orders.WithLabelValues("rejected").Inc()
 	rej := broker.RejectFor(err, messages.ReasonInvalidValue).(*broker.Rejection)
-	if orderID, replyTo, ok := messages.SubmitRefOf(body); ok {
-		return h.refuse(orderID, replyTo, corr, rej.Reason, rej.Detail)
+	if orderID, replyTo, ok := messages.SubmitRefOf(m.Body); ok {
+		return h.refuse(orderID, replyTo, messages.CorrelationID(m.CorrelationID), rej.Reason, rej.Detail)
 	}
 	return rej
 }
