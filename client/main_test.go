@@ -12,6 +12,7 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/goleak"
 
 	"sas/internal/harness/proc"
 	"sas/internal/harness/testenv"
@@ -121,7 +122,14 @@ func runWithStack(m *testing.M) int {
 	os.Setenv("SAS_AMQP_URL", testenv.AMQPURL())
 	os.Setenv("SAS_QUEUE_PREFIX", prefix)
 	os.Setenv("SAS_TEST_CLIENT_DATABASE_URL", dbURL)
+	// The tests must leave no goroutine of theirs running (the stack's
+	// processes, started above, are stopped below).
+	before := goleak.IgnoreCurrent()
 	code := m.Run()
+	if err := goleak.Find(before); code == 0 && err != nil {
+		fmt.Fprintln(os.Stderr, "client tests: goroutines left running:", err)
+		code = 1
+	}
 	if conn, err := amqp.Dial(testenv.AMQPURL()); err == nil {
 		if ch, err := conn.Channel(); err == nil {
 			for _, q := range []string{"submit", "replies", "agent.inventory", "agent.payment", "agent.shipping"} {

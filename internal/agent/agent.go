@@ -170,25 +170,14 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		inputs = append(inputs, messages.RequestsQueue(k))
 	}
 	topo := broker.Topology{Prefix: cfg.QueuePrefix, DeliveryLimit: cfg.DeliveryLimit, Inputs: inputs}
-	ops, err := service.ListenOps(cfg.MetricsAddr, reg, service.NotReady("starting"), logger)
+	sk, err := service.Start(ctx, service.Setup{Name: "agent", Me: me, Common: cfg.Common, OpsAddr: cfg.MetricsAddr, Registry: reg,
+		Topology: &topo, Traced: true}, logger)
 	if err != nil {
 		return err
 	}
-	defer ops.Close()
-	deps, err := service.Open(ctx, cfg.Common, me, 0, topo, reg, ops, logger)
-	if err != nil {
-		return err
-	}
-	defer deps.Close()
-	conn, pub, bm := deps.Conn, deps.Pub, deps.Metrics
-	tr, closeTracing, err := service.OpenTracing(ctx, "agent", me, logger)
-	if err != nil {
-		return err
-	}
-	defer closeTracing()
-
-	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelWork()
+	defer sk.Close()
+	conn, pub, bm, tr := sk.Deps.Conn, sk.Deps.Pub, sk.Deps.Metrics, sk.Tracing
+	workCtx := sk.WorkCtx
 	a := &agent{
 		cfg: cfg, topo: topo, pub: pub, logger: logger, metrics: m, workCtx: workCtx, now: time.Now,
 		endpoints: endpoints, tr: tr, redact: redact,
@@ -200,13 +189,12 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 			broker.ConsumerConfig{Input: messages.RequestsQueue(kind), Prefetch: cfg.Prefetch, Workers: cfg.Concurrency, Reasons: messages.Reasons()},
 			a.handler(kind), logger, bm))
 	}
-	ops.SetReady(deps.Ready(consumers...))
 
 	for _, kind := range cfg.Kinds {
 		logger.Info("agent kind served", "kind", kind, "url", endpoints[kind].base, "workflows", workflows.Source)
 	}
 	logger.Info("agent started", "kinds", cfg.Kinds, "concurrency", cfg.Concurrency)
-	return service.RunAll(ctx, cfg.ShutdownTimeout, cancelWork, logger, consumersRun(consumers)...)
+	return sk.Run(ctx, cfg.ShutdownTimeout, sk.Deps.Ready(consumers...), consumersRun(consumers)...)
 }
 
 func consumersRun(cs []*broker.Consumer) []func(context.Context) error {
@@ -253,7 +241,7 @@ func (a *agent) handle(ctx context.Context, kind string, req messages.StepReques
 	// The handling is a span of the order's trace, a child of the
 	// scheduler's publish when the request carries the trace context; it
 	// runs under workCtx, so SIGTERM lets the call finish.
-	hctx, span := a.tr.Start(broker.RemoteParent(a.workCtx, ctx), "handle "+req.Name, trace.WithSpanKind(trace.SpanKindConsumer))
+	hctx, span := a.tr.Start(tracing.RemoteParent(a.workCtx, ctx), "handle "+req.Name, trace.WithSpanKind(trace.SpanKindConsumer))
 	defer span.End()
 	if a.tr.On() {
 		span.SetAttributes(tracing.StepAttrs(req.OrderID, req.Step, req.Attempt, attribute.String("sas.agent", kind))...)

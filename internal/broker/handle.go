@@ -6,11 +6,10 @@ import (
 	"log/slog"
 	"runtime/debug"
 
-	"go.opentelemetry.io/otel/trace"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"sas/internal/harness/failpoint"
 	"sas/internal/messages"
-	"sas/internal/tracing"
 )
 
 // Message is one delivery as a handler sees it: what the message says,
@@ -85,11 +84,19 @@ func Failpoints() Middleware {
 	}
 }
 
+// Propagator reads the trace context a message's headers carry;
+// *tracing.Tracing is one. (An interface, so that the broker, and the
+// client built on it, do not depend on the tracing SDK.)
+type Propagator interface {
+	On() bool
+	ExtractAMQP(ctx context.Context, headers amqp.Table) context.Context
+}
+
 // Traced puts the span context a message's headers carry (traceparent,
-// tracestate) into the handler's context, where RemoteParent finds it:
-// the handler's span joins the trace of whoever published the message.
-// With tracing off it does nothing.
-func Traced(tr *tracing.Tracing) Middleware {
+// tracestate) into the handler's context, where tracing.RemoteParent
+// finds it: the handler's span joins the trace of whoever published the
+// message. With tracing off it does nothing.
+func Traced(tr Propagator) Middleware {
 	return func(next Handler) Handler {
 		if !tr.On() {
 			return next
@@ -98,17 +105,6 @@ func Traced(tr *tracing.Tracing) Middleware {
 			return next(tr.ExtractAMQP(ctx, m.Headers), m)
 		}
 	}
-}
-
-// RemoteParent returns base with the span context that Traced found in
-// the message (none: a new trace), for a handler whose work runs under a
-// context of its own rather than the delivery's.
-func RemoteParent(base, delivery context.Context) context.Context {
-	sc := trace.SpanContextFromContext(delivery)
-	if !sc.IsValid() {
-		return base
-	}
-	return trace.ContextWithRemoteSpanContext(base, sc)
 }
 
 // Refused decides the verdict on a message that could not be read (its

@@ -100,11 +100,11 @@ func TestRemoteParentCarriesTheMessagesTrace(t *testing.T) {
 	delivery := trace.ContextWithRemoteSpanContext(context.Background(), sc)
 	type key struct{}
 	base := context.WithValue(context.Background(), key{}, "work")
-	got := broker.RemoteParent(base, delivery)
+	got := tracing.RemoteParent(base, delivery)
 	if trace.SpanContextFromContext(got).TraceID() != sc.TraceID() || got.Value(key{}) != "work" {
 		t.Fatalf("the handler's context lost the trace or its base: %v", trace.SpanContextFromContext(got))
 	}
-	if got := broker.RemoteParent(base, context.Background()); got != base {
+	if got := tracing.RemoteParent(base, context.Background()); got != base {
 		t.Fatal("a message without a trace changed the base context")
 	}
 	// Off, Traced hands the delivery's context over as it is.

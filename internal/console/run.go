@@ -77,16 +77,13 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		return err
 	}
 	reg := service.NewRegistry()
-	ops, err := service.ListenOps(cfg.MetricsAddr, reg, service.NotReady("starting"), logger)
+	sk, err := service.Start(ctx, service.Setup{Name: "console", Common: cfg.Common, OpsAddr: cfg.MetricsAddr, Registry: reg,
+		DBMaxConns: cfg.DBMaxConns}, logger)
 	if err != nil {
 		return err
 	}
-	defer ops.Close()
-	store, closeStore, err := service.OpenDatabase(ctx, cfg.Common, cfg.DBMaxConns, ops, logger)
-	if err != nil {
-		return err
-	}
-	defer closeStore()
+	defer sk.Close()
+	store, ops := sk.Deps.Store, sk.Ops
 	if err := store.CheckSchema(ctx); err != nil {
 		return err
 	}
@@ -94,26 +91,26 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	defer srv.closeBroker()
+	// Closed after the dial below has ended (Close waits for it first).
+	sk.OnClose(srv.closeBroker)
 	url, err := cfg.BrokerURL()
 	if err != nil {
 		return err
 	}
 	// The pages of the state store work without the broker; dead letters
-	// wait for it.
-	brokerCtx, stopBroker := context.WithCancel(ctx)
-	defer stopBroker()
-	go func() {
-		conn, err := broker.Open(brokerCtx, url, "console", broker.Topology{Prefix: cfg.QueuePrefix}, logger,
+	// wait for it. The dial runs under the skeleton: ended and waited for
+	// at shutdown.
+	sk.Go(func(workCtx context.Context) {
+		conn, err := broker.Open(workCtx, url, "console", broker.Topology{Prefix: cfg.QueuePrefix}, logger,
 			broker.NewMetrics(reg), broker.WithCAFile(cfg.AMQPCAFile), broker.DeclareNothing())
 		if err != nil {
-			if brokerCtx.Err() == nil {
+			if workCtx.Err() == nil {
 				logger.Error("broker", "err", err)
 			}
 			return
 		}
 		srv.setBroker(conn)
-	}()
+	})
 	ops.SetReady(func(ctx context.Context) error { return store.Ping(ctx) })
 
 	ln, err := net.Listen("tcp", cfg.Addr)

@@ -50,7 +50,7 @@ func (r *replier) handle(ctx context.Context, _ broker.Message, rep messages.Ste
 	// The apply is a span of the order's trace, a child of the agent's
 	// reply when its message carries the trace context; it runs under
 	// workCtx, so SIGTERM lets it finish.
-	actx, span := r.tr.Start(broker.RemoteParent(r.workCtx, ctx), "apply reply", trace.WithSpanKind(trace.SpanKindConsumer))
+	actx, span := r.tr.Start(tracing.RemoteParent(r.workCtx, ctx), "apply reply", trace.WithSpanKind(trace.SpanKindConsumer))
 	defer span.End()
 	if r.tr.On() {
 		span.SetAttributes(tracing.StepAttrs(rep.OrderID, rep.Step, rep.Attempt, attribute.String("sas.outcome", rep.Outcome))...)

@@ -235,28 +235,18 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	}
 	m.initSeries(workflows, kinds)
 	topo := Topology(cfg.QueuePrefix, cfg.DeliveryLimit, kinds)
-	ops, err := service.ListenOps(cfg.MetricsAddr, reg, service.NotReady("starting"), logger)
+	sk, err := service.Start(ctx, service.Setup{Name: "scheduler", Me: me, Common: cfg.Common, OpsAddr: cfg.MetricsAddr, Registry: reg,
+		DBMaxConns: cfg.DBMaxConns, Topology: &topo, Traced: true}, logger)
 	if err != nil {
 		return err
 	}
-	defer ops.Close()
-	deps, err := service.Open(ctx, cfg.Common, me, cfg.DBMaxConns, topo, reg, ops, logger)
-	if err != nil {
-		return err
-	}
-	defer deps.Close()
-	store, conn, pub, bm := deps.Store, deps.Conn, deps.Pub, deps.Metrics
-	tr, closeTracing, err := service.OpenTracing(ctx, "scheduler", me, logger)
-	if err != nil {
-		return err
-	}
-	defer closeTracing()
+	defer sk.Close()
+	store, conn, pub, bm, tr := sk.Deps.Store, sk.Deps.Conn, sk.Deps.Pub, sk.Deps.Metrics, sk.Tracing
 	if tr.On() {
 		store.TraceOrders()
 	}
 
-	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelWork()
+	workCtx := sk.WorkCtx
 	w := &waker{store: store, logger: logger, pending: make(chan struct{}, 1), outbox: make(chan struct{}, 1),
 		me: me, lease: statestore.SchedulerListenerLease(kinds), gauge: m.listening}
 	depths := broker.NewQueueInspector(conn)
@@ -280,7 +270,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		}
 		return results, errs
 	})
-	go applies.Run(workCtx, cfg.ReplyWriters)
+	sk.Go(func(ctx context.Context) { applies.Run(ctx, cfg.ReplyWriters) })
 	r := &replier{store: store, applies: applies, me: me, workCtx: workCtx, logger: logger, metrics: m,
 		wakeClaimer: func() { nudge(w.pending) }, wakeRelay: func() { nudge(w.outbox) }, dispatch: c.dispatch, tr: tr}
 	replies := broker.NewConsumer(conn, pub,
@@ -289,9 +279,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	rl := &relay{store: store, pub: pub, topo: topo, batch: cfg.RelayBatch, poll: cfg.PollInterval,
 		wake: w.outbox, logger: logger, metrics: m, tr: tr}
 
-	ops.SetReady(deps.Ready(replies))
-
 	logger.Info("scheduler started", "kinds", kinds, "workflows", workflows.Source, "batch", cfg.BatchSize, "poll_interval", cfg.PollInterval.String())
-	return service.RunAll(ctx, cfg.ShutdownTimeout, cancelWork, logger,
+	return sk.Run(ctx, cfg.ShutdownTimeout, sk.Deps.Ready(replies),
 		w.run, c.run, replies.Run, rl.run)
 }

@@ -1,7 +1,6 @@
 package service
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,10 +16,11 @@ type Debugged interface{ DebugAddress() string }
 // DebugAddress implements Debugged.
 func (c Common) DebugAddress() string { return c.DebugAddr }
 
-// ListenDebug serves Go's profiler (/debug/pprof/) on addr until ctx ends.
+// ListenDebug serves Go's profiler (/debug/pprof/) on addr until the
+// function it returns is called, which stops the server and waits for it.
 // It is meant for a loopback or otherwise private address: profiles show
 // the program's insides and a CPU profile costs CPU while it runs.
-func ListenDebug(ctx context.Context, addr string, logger *slog.Logger) error {
+func ListenDebug(addr string, logger *slog.Logger) (stop func(), err error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
@@ -29,18 +29,19 @@ func ListenDebug(ctx context.Context, addr string, logger *slog.Logger) error {
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("debug listener on %s: %w", addr, err)
+		return nil, fmt.Errorf("debug listener on %s: %w", addr, err)
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	served := make(chan struct{})
 	go func() {
-		<-ctx.Done()
-		_ = srv.Close()
-	}()
-	go func() {
+		defer close(served)
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			logger.Error("debug server stopped", "err", err)
 		}
 	}()
 	logger.Warn("profiler listening; keep this address private", "addr", ln.Addr().String())
-	return nil
+	return func() {
+		_ = srv.Close()
+		<-served
+	}, nil
 }

@@ -108,10 +108,12 @@ func Main[C Leveled](name string, run func(context.Context, C, *slog.Logger) err
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	if d, ok := any(cfg).(Debugged); ok && d.DebugAddress() != "" {
-		if err := ListenDebug(ctx, d.DebugAddress(), logger); err != nil {
+		stopDebug, err := ListenDebug(d.DebugAddress(), logger)
+		if err != nil {
 			logger.Error(name+" failed", "err", err)
 			return 1
 		}
+		defer stopDebug()
 	}
 	if err := run(ctx, cfg, logger); err != nil {
 		if ctx.Err() != nil && errors.Is(err, context.Canceled) {

@@ -147,8 +147,9 @@ func NewRegistry() *prometheus.Registry {
 // OpsServer serves /metrics, /healthz (the process is alive) and /readyz
 // (the readiness check reports nil when the process can do its work).
 type OpsServer struct {
-	srv *http.Server
-	ln  net.Listener
+	srv    *http.Server
+	ln     net.Listener
+	served chan struct{} // closed when Serve has returned
 
 	mu    sync.Mutex
 	ready func(context.Context) error
@@ -196,7 +197,9 @@ func ListenOps(addr string, reg *prometheus.Registry, ready func(context.Context
 	}
 	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	s.ln = ln
+	s.served = make(chan struct{})
 	go func() {
+		defer close(s.served)
 		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			logger.Error("ops server stopped", "err", err)
 		}
@@ -223,11 +226,17 @@ func (s *OpsServer) SetReady(ready func(context.Context) error) {
 // Addr is the address the server listens on.
 func (s *OpsServer) Addr() string { return s.ln.Addr().String() }
 
-// Close stops the server, letting requests in progress finish briefly.
+// Close stops the server, letting requests in progress finish briefly,
+// and returns once it has stopped serving.
 func (s *OpsServer) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	return s.srv.Shutdown(ctx)
+	err := s.srv.Shutdown(ctx)
+	if err != nil {
+		_ = s.srv.Close()
+	}
+	<-s.served
+	return err
 }
 
 // WorkflowsFile is the setting of the services that read the workflows

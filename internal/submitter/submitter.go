@@ -110,45 +110,33 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	reg := service.NewRegistry()
 	m := newMetrics(reg)
 	topo := broker.Topology{Prefix: cfg.QueuePrefix, DeliveryLimit: cfg.DeliveryLimit, Inputs: []string{Input}, Entrances: []string{Input}}
-	ops, err := service.ListenOps(cfg.MetricsAddr, reg, service.NotReady("starting"), logger)
+	sk, err := service.Start(ctx, service.Setup{Name: "submitter", Me: me, Common: cfg.Common, OpsAddr: cfg.MetricsAddr, Registry: reg,
+		DBMaxConns: cfg.DBMaxConns, Topology: &topo, Traced: true}, logger)
 	if err != nil {
 		return err
 	}
-	defer ops.Close()
-	deps, err := service.Open(ctx, cfg.Common, me, cfg.DBMaxConns, topo, reg, ops, logger)
-	if err != nil {
-		return err
-	}
-	defer deps.Close()
-	store, conn, pub, bm := deps.Store, deps.Conn, deps.Pub, deps.Metrics
-	tr, closeTracing, err := service.OpenTracing(ctx, "submitter", me, logger)
-	if err != nil {
-		return err
-	}
-	defer closeTracing()
+	defer sk.Close()
+	store, conn, pub, bm, tr := sk.Deps.Store, sk.Deps.Conn, sk.Deps.Pub, sk.Deps.Metrics, sk.Tracing
 	if err := storeVersions(ctx, store, workflows, me, logger); err != nil {
 		return err
 	}
 
-	// In-flight writes get their own context: on SIGTERM they finish
-	// rather than being cut off, unless the shutdown timeout passes.
-	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelWork()
+	// In-flight writes run under the skeleton's WorkCtx: on SIGTERM they
+	// finish rather than being cut off, unless the shutdown timeout passes.
+	workCtx := sk.WorkCtx
 	inserts := batch.New(cfg.Batch, cfg.BatchLinger, func(ctx context.Context, orders []statestore.NewOrder) ([]statestore.InsertOutcome, []error) {
 		m.batchSize.Observe(float64(len(orders)))
 		return store.InsertOrders(ctx, orders)
 	})
-	go inserts.Run(workCtx, cfg.Writers)
+	sk.Go(func(ctx context.Context) { inserts.Run(ctx, cfg.Writers) })
 	h := &handler{store: store, inserts: inserts, workflows: workflows, stepTimeout: cfg.StepTimeout, actor: me, metrics: m, logger: logger,
 		workCtx: workCtx, tr: tr}
 	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: Input, Prefetch: cfg.Prefetch, Workers: cfg.Workers,
 		Reasons: append(messages.Reasons(), messages.ReasonInvalidPayload, ReasonConflict, ReasonUnknownWorkflow)}, h.chain(), logger, bm)
 
-	ops.SetReady(deps.Ready(consumer))
-
 	logger.Info("submitter started", "queue", topo.Queue(Input), "workers", cfg.Workers, "prefetch", cfg.Prefetch,
 		"workflows", workflows.Source)
-	return service.RunAll(ctx, cfg.ShutdownTimeout, cancelWork, logger, consumer.Run)
+	return sk.Run(ctx, cfg.ShutdownTimeout, sk.Deps.Ready(consumer), consumer.Run)
 }
 
 type handler struct {

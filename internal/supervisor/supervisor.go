@@ -141,29 +141,21 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	logger = logger.With("service", "supervisor", "instance", me)
 	reg := service.NewRegistry()
 	m := newMetrics(reg)
-	ops, err := service.ListenOps(cfg.MetricsAddr, reg, service.NotReady("starting"), logger)
+	sk, err := service.Start(ctx, service.Setup{Name: "supervisor", Me: me, Common: cfg.Common, OpsAddr: cfg.MetricsAddr, Registry: reg,
+		DBMaxConns: cfg.DBMaxConns, Traced: true}, logger)
 	if err != nil {
 		return err
 	}
-	defer ops.Close()
-	store, closeStore, err := service.OpenDatabase(ctx, cfg.Common, cfg.DBMaxConns, ops, logger)
-	if err != nil {
-		return err
-	}
-	defer closeStore()
-	ops.SetReady(store.Ping)
+	defer sk.Close()
+	store, tr := sk.Deps.Store, sk.Tracing
+	sk.Ops.SetReady(store.Ping)
 	startCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if on, err := store.Autovacuum(startCtx); err == nil && !on {
 		logger.Warn("autovacuum is off on this database: dead rows of the state tables are never vacuumed; the leader still refreshes their planner statistics",
 			"analyze_interval", cfg.AnalyzeInterval.String())
 	}
-	tr, closeTracing, err := service.OpenTracing(ctx, "supervisor", me, logger)
-	if err != nil {
-		return err
-	}
-	defer closeTracing()
 	s := &sweeper{store: store, cfg: cfg, me: me, logger: logger, metrics: m, tr: tr}
 	logger.Info("supervisor started", "interval", cfg.Interval, "lease_ttl", cfg.LeaseTTL, "retention", cfg.Retention)
-	return service.RunAll(ctx, cfg.ShutdownTimeout, func() {}, logger, s.run)
+	return sk.Run(ctx, cfg.ShutdownTimeout, store.Ping, s.run)
 }

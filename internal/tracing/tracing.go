@@ -155,6 +155,17 @@ func (t *Tracing) ExtractAMQP(ctx context.Context, headers amqp.Table) context.C
 	return t.prop.Extract(ctx, Headers(headers))
 }
 
+// RemoteParent returns base with the span context from carries (none:
+// base as it is), for a handler whose work runs under a context of its
+// own rather than the delivery's (broker.Traced put the message's there).
+func RemoteParent(base, from context.Context) context.Context {
+	sc := trace.SpanContextFromContext(from)
+	if !sc.IsValid() {
+		return base
+	}
+	return trace.ContextWithRemoteSpanContext(base, sc)
+}
+
 // InjectHTTP writes ctx's span context into an HTTP request's headers.
 func (t *Tracing) InjectHTTP(ctx context.Context, h http.Header) {
 	if t.on {

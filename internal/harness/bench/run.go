@@ -416,12 +416,19 @@ func listenEnded(ctx context.Context, conn *broker.Conn, topo broker.Topology, o
 		ch.Close()
 		return nil, fmt.Errorf("listen for status events: %w", err)
 	}
+	counted := make(chan struct{})
 	go func() {
+		defer close(counted)
 		for range deliveries {
 			onEnded()
 		}
 	}()
-	return func() { ch.Close() }, nil
+	// Closing the channel closes deliveries: the counting loop ends, and
+	// stop waits for it.
+	return func() {
+		ch.Close()
+		<-counted
+	}, nil
 }
 
 // generator publishes sample orders to the submit queue, keeping many
