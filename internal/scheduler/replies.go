@@ -18,9 +18,16 @@ import (
 	"sas/internal/tracing"
 )
 
+// replyStore is what the replier needs of the state store: applying a
+// reply on its own, and keeping an abandoned attempt's last answer.
+type replyStore interface {
+	ApplyReply(ctx context.Context, r statestore.Reply) (statestore.ApplyResult, error)
+	NoteAnswer(ctx context.Context, orderID string, step, attempt int, answer string) (bool, error)
+}
+
 // replier applies StepReplies from the shared replies queue.
 type replier struct {
-	store *statestore.Store
+	store replyStore
 	// applies gathers the replies handled at the same time into one
 	// transaction (statestore.ApplyReplies).
 	applies *batch.Batcher[statestore.Reply, statestore.ApplyResult]
