@@ -165,7 +165,14 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 	defer stopLoad()
 	gen := &generator{pub: pub, queue: topo.Queue(submitter.Input), sampler: smp}
 	loadDone := make(chan error, 1)
+	loadJoined := make(chan struct{})
+	// However the run ends, the load generator is stopped and waited for.
+	defer func() {
+		stopLoad()
+		<-loadJoined
+	}()
 	go func() {
+		defer close(loadJoined)
 		if o.rate > 0 {
 			loadDone <- gen.fixedRate(loadCtx, o.rate)
 		} else {
