@@ -108,15 +108,12 @@ func (sk *Skeleton) OnClose(f func()) { sk.closers = append(sk.closers, f) }
 // finish what they hold within shutdownTimeout, then WorkCtx is cut.
 func (sk *Skeleton) Run(ctx context.Context, shutdownTimeout time.Duration, ready func(context.Context) error, loops ...func(context.Context) error) error {
 	sk.Ops.SetReady(ready)
-	cancel := sk.cancelWork
-	if cancel == nil {
-		cancel = func() {}
-	}
-	return RunAll(ctx, shutdownTimeout, cancel, sk.logger, loops...)
+	return RunAll(ctx, shutdownTimeout, sk.cancelWork, sk.logger, loops...)
 }
 
 // Close ends WorkCtx, waits for the background loops and closes what
-// Start opened, the last first. Call it once, after Run.
+// Start opened, the last first. Call it once, after Run (Start calls it
+// itself when it fails, before WorkCtx exists).
 func (sk *Skeleton) Close() {
 	if sk.cancelWork != nil {
 		sk.cancelWork()
