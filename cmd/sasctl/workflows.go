@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strings"
@@ -66,6 +67,9 @@ func (a *app) workflowsCheck(_ context.Context, args []string) error {
 	for _, wf := range reg.All() {
 		fmt.Fprintf(a.stdout, "%s: workflow %s version %s: %d steps, policy %s, agent kinds %s\n",
 			rest[0], wf.Name, wf.Version(), len(wf.Steps), wf.Policy, strings.Join(kindsOf(wf), ","))
+		if wf.Graph {
+			printGraph(a.stdout, wf)
+		}
 	}
 	fmt.Fprintf(a.stdout, "%s: ok\n", rest[0])
 	return nil
@@ -210,4 +214,38 @@ func (s *orderSampler) order(priority int, replyTo string) messages.SubmitOrder 
 	now := time.Now().UTC()
 	return messages.SubmitOrder{SchemaVersion: messages.SubmitOrderVersion, OrderID: messages.NewID(), Workflow: s.workflow,
 		Payload: payload, Priority: priority, ReplyTo: replyTo, PlacedAt: &now}
+}
+
+// printGraph prints a graph workflow level by level: the steps of a level
+// may run at once, each after the steps it needs; a step that needs more
+// than one is a join.
+func printGraph(w io.Writer, wf workflow.Workflow) {
+	for i, level := range wf.Levels() {
+		var parts []string
+		for _, j := range level {
+			st := wf.Steps[j]
+			p := st.Ref()
+			var notes []string
+			switch {
+			case len(st.Needs) > 1:
+				notes = append(notes, "joins "+strings.Join(st.Needs, " + "))
+			case len(st.Needs) == 1:
+				notes = append(notes, "after "+st.Needs[0])
+			}
+			if st.When != "" {
+				notes = append(notes, "when "+st.When)
+			}
+			if st.ForEach != "" {
+				notes = append(notes, fmt.Sprintf("for each of %s, %d at once, at most %d", st.ForEach, st.MaxParallel, st.MaxItems))
+			}
+			if st.Compensation != nil {
+				notes = append(notes, "undo "+st.Compensation.Name)
+			}
+			if len(notes) > 0 {
+				p += " (" + strings.Join(notes, "; ") + ")"
+			}
+			parts = append(parts, p)
+		}
+		fmt.Fprintf(w, "  level %d: %s\n", i, strings.Join(parts, ", "))
+	}
 }

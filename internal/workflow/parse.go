@@ -22,14 +22,17 @@ const (
 	MaxFailuresCap = 1000 // highest failure threshold
 	MinTimeout     = 100 * time.Millisecond
 	MaxTimeout     = 24 * time.Hour
-	maxNameLen     = 64  // workflow names
-	maxStepNameLen = 100 // actions and agent kinds
+	MaxItemsCap    = 1000 // highest max_items and max_parallel
+	maxNameLen     = 64   // workflow names
+	maxStepNameLen = 100  // actions and agent kinds
 )
 
 // Defaults of a step that leaves them out.
 const (
 	DefaultTimeout     = 10 * time.Second
 	DefaultMaxFailures = 5
+	// DefaultMaxItems bounds a for_each that says no max_items.
+	DefaultMaxItems = 100
 )
 
 // Problem is one thing wrong in a workflow file, at a line.
@@ -264,58 +267,81 @@ func (p *parser) steps(n *yaml.Node, wf *Workflow) {
 		p.problem(n.Line, "%d steps, at most %d; split the process into workflows", len(n.Content), MaxSteps)
 		return
 	}
-	names := map[string]int{}
-	unique := func(st Step, line int) {
-		if st.Name == "" {
-			return
-		}
-		if first, dup := names[st.Name]; dup {
-			p.problem(line, "step %q appears twice in workflow %q (first at line %d); give each step and compensation its own action name",
-				st.Name, wf.Name, first)
-			return
-		}
-		names[st.Name] = line
-	}
+	var lines []stepLines
 	for _, item := range n.Content {
 		item = deref(item)
-		st, compLine := p.step(item, nil)
-		unique(st, item.Line)
-		if st.Compensation != nil {
-			unique(*st.Compensation, compLine)
-		}
+		st, ln := p.step(item, nil)
 		wf.Steps = append(wf.Steps, st)
+		lines = append(lines, ln)
 	}
+	p.names(wf, lines)
+	p.graph(wf, lines)
+}
+
+// names checks that no two steps share a ref (id, or action) and no
+// compensation shares its action with another step.
+func (p *parser) names(wf *Workflow, lines []stepLines) {
+	refs := map[string]int{}
+	actions := map[string]int{}
+	for i, st := range wf.Steps {
+		if st.Name == "" {
+			continue
+		}
+		if first, dup := refs[st.Ref()]; dup {
+			if st.ID != "" {
+				p.problem(lines[i].id, "id %q is used twice in workflow %q (first at line %d); give each step its own id", st.ID, wf.Name, first)
+			} else {
+				p.problem(lines[i].item, "step %q appears twice in workflow %q (first at line %d); give each step and compensation its own action name, or each use of the action its own \"id:\"",
+					st.Name, wf.Name, first)
+			}
+			continue
+		}
+		refs[st.Ref()] = lines[i].item
+		actions[st.Name] = lines[i].item
+	}
+	for i, st := range wf.Steps {
+		if c := st.Compensation; c != nil && c.Name != "" {
+			if first, dup := actions[c.Name]; dup {
+				p.problem(lines[i].comp, "step %q appears twice in workflow %q (first at line %d); give each step and compensation its own action name",
+					c.Name, wf.Name, first)
+				continue
+			}
+			actions[c.Name] = lines[i].comp
+		}
+	}
+}
+
+// stepLines is where a step's keys are in the file, for problems found
+// once every step is read.
+type stepLines struct {
+	item, comp, id, needs, when, forEach, maxItems, input int
+	needsGiven                                            bool
 }
 
 // step reads a step, or with parent the compensation of parent (whose
 // agent, timeout, threshold and backoff it takes by default). It returns
-// the compensation's line.
-func (p *parser) step(n *yaml.Node, parent *Step) (Step, int) {
+// where its keys are.
+func (p *parser) step(n *yaml.Node, parent *Step) (Step, stepLines) {
 	st := Step{Timeout: DefaultTimeout, MaxFailures: DefaultMaxFailures}
+	ln := stepLines{item: n.Line}
 	what := "a step"
 	var required []string
 	if parent != nil {
-		st = *parent
-		st.Name, st.Compensation = "", nil
+		st = Step{Agent: parent.Agent, Timeout: parent.Timeout, MaxFailures: parent.MaxFailures,
+			BackoffBase: parent.BackoffBase, BackoffMax: parent.BackoffMax}
 		what = "a compensation"
 	} else {
 		required = []string{"agent"}
 	}
 	required = append(required, "action")
-	compLine := 0
-	p.mapping(n, what, map[string]func(*yaml.Node){
+	fields := map[string]func(*yaml.Node){
 		"action": func(v *yaml.Node) { p.name(v, "action", maxStepNameLen, &st.Name) },
 		"agent":  func(v *yaml.Node) { p.name(v, "agent kind", maxStepNameLen, &st.Agent) },
 		"timeout": func(v *yaml.Node) {
 			p.duration(v, "timeout", MinTimeout, MaxTimeout, &st.Timeout)
 		},
 		"max_failures": func(v *yaml.Node) {
-			n, err := strconv.Atoi(v.Value)
-			if v.Kind != yaml.ScalarNode || err != nil || n < 1 || n > MaxFailuresCap {
-				p.problem(v.Line, "max_failures %q is not a whole number from 1 to %d; write for example \"max_failures: 5\"", v.Value, MaxFailuresCap)
-				return
-			}
-			st.MaxFailures = n
+			p.count(v, "max_failures", 1, MaxFailuresCap, &st.MaxFailures)
 		},
 		"backoff": func(v *yaml.Node) {
 			p.mapping(v, "backoff", map[string]func(*yaml.Node){
@@ -327,7 +353,7 @@ func (p *parser) step(n *yaml.Node, parent *Step) (Step, int) {
 			}
 		},
 		"compensation": func(v *yaml.Node) {
-			compLine = v.Line
+			ln.comp = v.Line
 			if parent != nil {
 				p.problem(v.Line, "a compensation cannot have a compensation of its own; remove this one (undo work in the compensation itself)")
 				return
@@ -335,8 +361,65 @@ func (p *parser) step(n *yaml.Node, parent *Step) (Step, int) {
 			c, _ := p.step(v, &st)
 			st.Compensation = &c
 		},
-	}, required...)
-	return st, compLine
+	}
+	if parent == nil {
+		fields["id"] = func(v *yaml.Node) { ln.id = v.Line; p.name(v, "id", maxStepNameLen, &st.ID) }
+		fields["needs"] = func(v *yaml.Node) {
+			ln.needs, ln.needsGiven = v.Line, true
+			st.Needs = []string{}
+			if v.Kind != yaml.SequenceNode {
+				p.problem(v.Line, "needs must be a list of the steps (by action or id) this one runs after; write for example \"needs: [reserve_stock]\", or \"needs: []\" to start at once")
+				return
+			}
+			for _, it := range v.Content {
+				var ref string
+				p.name(deref(it), "needs entry", maxStepNameLen, &ref)
+				if ref != "" {
+					st.Needs = append(st.Needs, ref)
+				}
+			}
+		}
+		fields["when"] = func(v *yaml.Node) { ln.when = v.Line; p.expr(v, UseWhen, &st.When) }
+		fields["for_each"] = func(v *yaml.Node) { ln.forEach = v.Line; p.expr(v, UseForEach, &st.ForEach) }
+		fields["input"] = func(v *yaml.Node) { ln.input = v.Line; st.Input = v.Value }
+		fields["max_parallel"] = func(v *yaml.Node) { p.count(v, "max_parallel", 1, MaxItemsCap, &st.MaxParallel) }
+		fields["max_items"] = func(v *yaml.Node) { ln.maxItems = v.Line; p.count(v, "max_items", 1, MaxItemsCap, &st.MaxItems) }
+	}
+	p.mapping(n, what, fields, required...)
+	return st, ln
+}
+
+// count reads a whole number from lo to hi.
+func (p *parser) count(v *yaml.Node, what string, lo, hi int, dst *int) {
+	n, err := strconv.Atoi(v.Value)
+	if v.Kind != yaml.ScalarNode || err != nil || n < lo || n > hi {
+		p.problem(v.Line, "%s %q is not a whole number from %d to %d; write for example \"%s: %d\"", what, v.Value, lo, hi, what, min(max(5, lo), hi))
+		return
+	}
+	*dst = n
+}
+
+// expr reads a CEL expression and compiles it for its use.
+func (p *parser) expr(v *yaml.Node, use string, dst *string) {
+	if v.Kind != yaml.ScalarNode {
+		p.problem(v.Line, "%s must be a CEL expression on one line; write for example %s", use, exprExample(use))
+		return
+	}
+	if _, err := CompileExpr(v.Value, use); err != nil {
+		p.problem(v.Line, "%s %q does not compile: %s; write %s", use, v.Value, err, exprExample(use))
+		return
+	}
+	*dst = v.Value
+}
+
+func exprExample(use string) string {
+	switch use {
+	case UseWhen:
+		return "a bool over payload and results, such as \"payload.amount > 100000\""
+	case UseForEach:
+		return "a list over payload and results, such as \"payload.parcels\""
+	}
+	return "a value over payload and results (and item and index in a for_each step), such as \"{'sku': item.sku}\""
 }
 
 func (p *parser) duration(n *yaml.Node, what string, lo, hi time.Duration, dst *time.Duration) {

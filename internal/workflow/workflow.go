@@ -39,6 +39,35 @@ type Step struct {
 	// its own idempotency key, budget and threshold, when the order is
 	// compensated after the step was attempted.
 	Compensation *Step `json:"compensation,omitempty"`
+
+	// The keys of a graph (see graph.go); all empty in a list.
+	//
+	// ID names the step in needs and results where its action is used
+	// twice ("": its action).
+	ID string `json:"id,omitempty"`
+	// Needs are the steps (by Ref) that must have ended before this one
+	// may be claimed. In a graph every step's needs are spelled out
+	// (none: at the order's start); in a list they are nil.
+	Needs []string `json:"needs,omitempty"`
+	// When, a CEL expression over payload and results, is a bool: false
+	// skips the step.
+	When string `json:"when,omitempty"`
+	// ForEach, a CEL expression, is a list: one instance of the step per
+	// item, at most MaxParallel at once; more than MaxItems items fail
+	// the step (or refuse the order at submit).
+	ForEach     string `json:"for_each,omitempty"`
+	MaxParallel int    `json:"max_parallel,omitempty"`
+	MaxItems    int    `json:"max_items,omitempty"`
+	// Input, a CEL expression, builds the request's input.
+	Input string `json:"input,omitempty"`
+}
+
+// Ref is how needs and results name the step: its id, or its action.
+func (st Step) Ref() string {
+	if st.ID != "" {
+		return st.ID
+	}
+	return st.Name
 }
 
 // Failure policies.
@@ -59,11 +88,17 @@ type Workflow struct {
 	// PayloadSchema is the JSON Schema payloads must match, as JSON; nil
 	// when the workflow declares none.
 	PayloadSchema json.RawMessage `json:"payload_schema,omitempty"`
-	Steps         []Step          `json:"steps"`
+	// Graph is set when a step says needs, when, for_each, input or id:
+	// the steps then run as their needs allow, not one after the other.
+	Graph bool   `json:"graph,omitempty"`
+	Steps []Step `json:"steps"`
 
 	schema     *jsonschema.Schema
 	schemaCost *schemaCost // bounds the work of checking a payload
 	version    string      // set by Parse: Version is read for every order
+	// forEach holds, by step index, the for_each expressions that read
+	// only the payload: their lists are bounded at submit.
+	forEach map[int]*Expr
 }
 
 // Definition is the workflow's canonical JSON: what its version hashes
@@ -200,6 +235,10 @@ type Row struct {
 	// Compensates is, for a compensation, the number of the action step it
 	// undoes (0 for an action).
 	Compensates int
+	// Needs and Ancestors, in a graph, are the row numbers of the rows
+	// that must have ended before this one may run, and of the actions
+	// whose results it sees; nil in a list.
+	Needs, Ancestors []int
 }
 
 // Rows lays the workflow out as an order's step rows, numbered from 1:
@@ -207,15 +246,53 @@ type Row struct {
 // compensation undoing the last action comes first. Running "the next
 // step" after each processed compensation then undoes the actions last to
 // first.
+//
+// In a graph, an action's row needs the rows of its needs, and sees the
+// results of its ancestors; a compensation needs the compensations of
+// every action after its own in the graph (they are undone first) and
+// sees every action's result.
 func (wf Workflow) Rows() []Row {
 	rows := make([]Row, 0, 2*len(wf.Steps))
 	for _, st := range wf.Steps {
 		rows = append(rows, Row{Step: st})
 	}
+	compRow := make([]int, len(wf.Steps)) // by step index: its compensation's row, or 0
 	for i := len(wf.Steps) - 1; i >= 0; i-- {
 		if c := wf.Steps[i].Compensation; c != nil {
 			rows = append(rows, Row{Step: *c, Compensates: i + 1})
+			compRow[i] = len(rows)
 		}
 	}
+	if !wf.Graph {
+		return rows
+	}
+	needs, anc := wf.needIndexes(), wf.ancestors()
+	all := make([]int, len(wf.Steps))
+	for i := range wf.Steps {
+		rows[i].Needs = plusOne(needs[i])
+		rows[i].Ancestors = plusOne(anc[i])
+		all[i] = i + 1
+	}
+	for i := range wf.Steps {
+		if compRow[i] == 0 {
+			continue
+		}
+		r := &rows[compRow[i]-1]
+		r.Needs, r.Ancestors = []int{}, all
+		for j := range wf.Steps {
+			if compRow[j] != 0 && slices.Contains(anc[j], i) {
+				r.Needs = append(r.Needs, compRow[j])
+			}
+		}
+		slices.Sort(r.Needs)
+	}
 	return rows
+}
+
+func plusOne(idx []int) []int {
+	out := make([]int, len(idx))
+	for k, i := range idx {
+		out[k] = i + 1
+	}
+	return out
 }

@@ -1,0 +1,230 @@
+package workflow_test
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"sas/internal/workflow"
+)
+
+// TestListsKeepTheirVersions: a file valid before graphs means the same
+// and hashes the same: the built-in workflows keep the versions they had.
+func TestListsKeepTheirVersions(t *testing.T) {
+	t.Parallel()
+	want := map[string]string{"order": "444ef1f7548df3f9", "order_hold": "d56db27c81e5c830", "single": "6f7515c7b5ca7e12"}
+	for _, wf := range workflow.Builtin().All() {
+		if wf.Graph {
+			t.Errorf("%s is a list, read as a graph", wf.Name)
+		}
+		if wf.Version() != want[wf.Name] {
+			t.Errorf("%s version %s, was %s", wf.Name, wf.Version(), want[wf.Name])
+		}
+	}
+	// Spelling out a list's needs keeps it a list.
+	r, err := workflow.Parse("f.yaml", []byte(`
+workflows:
+  - name: w
+    steps:
+      - {action: a, agent: x, needs: []}
+      - {action: b, agent: x, needs: [a]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf, _ := r.Lookup("w")
+	if wf.Graph || wf.Steps[1].Needs != nil {
+		t.Fatalf("default needs made a graph: %+v", wf)
+	}
+}
+
+const fulfil = `
+workflows:
+  - name: fulfil
+    steps:
+      - action: reserve_stock
+        agent: inventory
+        compensation: {action: release_stock}
+      - action: charge_card
+        agent: payment
+        needs: []
+        compensation: {action: refund_card}
+      - action: book_parcel
+        agent: shipping
+        needs: [reserve_stock, charge_card]
+        for_each: payload.parcels
+        max_parallel: 5
+        compensation: {action: cancel_parcel}
+      - action: manual_review
+        agent: review
+        needs: [charge_card]
+        when: payload.amount > 100000
+`
+
+func TestGraphRowsNeedsAndCompensationOrder(t *testing.T) {
+	t.Parallel()
+	r, err := workflow.Parse("f.yaml", []byte(fulfil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf, _ := r.Lookup("fulfil")
+	if !wf.Graph {
+		t.Fatal("fulfil is not a graph")
+	}
+	rows := wf.Rows()
+	got := []string{}
+	for i, row := range rows {
+		got = append(got, fmt.Sprintf("%d %s needs %v anc %v", i+1, row.Name, row.Needs, row.Ancestors))
+	}
+	want := []string{
+		"1 reserve_stock needs [] anc []",
+		"2 charge_card needs [] anc []",
+		"3 book_parcel needs [1 2] anc [1 2]",
+		"4 manual_review needs [2] anc [2]",
+		// compensations: last action first; cancel_parcel first (nothing
+		// after book_parcel), refund_card and release_stock after it.
+		"5 cancel_parcel needs [] anc [1 2 3 4]",
+		"6 refund_card needs [5] anc [1 2 3 4]",
+		"7 release_stock needs [5] anc [1 2 3 4]",
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("rows:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if wf.Steps[2].MaxItems != workflow.DefaultMaxItems || wf.Steps[2].MaxParallel != 5 {
+		t.Fatalf("for_each bounds %d/%d", wf.Steps[2].MaxItems, wf.Steps[2].MaxParallel)
+	}
+	levels := wf.Levels()
+	if fmt.Sprint(levels) != "[[0 1] [2 3]]" {
+		t.Fatalf("levels %v", levels)
+	}
+	if err := wf.ForEachTooLong([]byte(`{"parcels":[1,2,3]}`)); err != nil {
+		t.Fatal(err)
+	}
+	long := `{"parcels":[` + strings.TrimSuffix(strings.Repeat("1,", 101), ",") + `]}`
+	if err := wf.ForEachTooLong([]byte(long)); err == nil || !strings.Contains(err.Error(), "101 items") {
+		t.Fatalf("a list of 101 past max_items 100: %v", err)
+	}
+}
+
+// TestGraphProblemsAtTheirLines: each kind of mistake is refused at its
+// line, saying what to write instead, all at once.
+func TestGraphProblemsAtTheirLines(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name, steps string
+		line        int
+		want        string
+	}{
+		{"unknown needs", `
+      - {action: a, agent: x}
+      - {action: b, agent: x, needs: [aa]}`, 7, `needs "aa": workflow "w" has no such step; did you mean "a"?`},
+		{"cycle", `
+      - {action: a, agent: x, needs: [b]}
+      - {action: b, agent: x, needs: [a]}`, 6, "form a cycle"},
+		{"self cycle", `
+      - {action: a, agent: x, needs: [a]}`, 6, "a → a form a cycle"},
+		{"unreachable", `
+      - {action: a, agent: x, when: "false"}
+      - {action: b, agent: x, needs: [a]}`, 6, "can never run: its when is always false"},
+		{"needs a step that never runs", `
+      - {action: a, agent: x, when: "1 > 2"}
+      - {action: b, agent: x, needs: [a]}
+      - {action: c, agent: x, needs: [b]}`, 7, `step "b" is unreachable: it needs "a"`},
+		{"expression does not compile", `
+      - {action: a, agent: x, when: "payload.amount >"}`, 6, "does not compile"},
+		{"when not a bool", `
+      - {action: a, agent: x, when: "1 + 2"}`, 6, "yields int, not a bool"},
+		{"for_each not a list", `
+      - {action: a, agent: x, for_each: "'text'"}`, 6, "not a list"},
+		{"input does not compile", `
+      - {action: a, agent: x, needs: [], input: "item.sku"}`, 6, "undeclared reference to 'item'"},
+		{"for_each unbounded", `
+      - {action: a, agent: x, for_each: payload.lines, max_items: 10}`, 6, "lets lines have 500 items, more than max_items 10"},
+		{"max_items too high", `
+      - {action: a, agent: x, for_each: payload.lines, max_items: 5000}`, 6, "max_items \"5000\" is not a whole number from 1 to 1000"},
+		{"bound without for_each", `
+      - {action: a, agent: x, max_parallel: 3}`, 6, "bound a for_each step"},
+		{"duplicate ids", `
+      - {action: a, agent: x, id: one}
+      - {action: a, agent: x, id: one, needs: []}`, 7, `id "one" is used twice`},
+		{"action twice without ids", `
+      - {action: a, agent: x}
+      - {action: a, agent: x, needs: []}`, 7, `or each use of the action its own "id:"`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			file := `
+workflows:
+  - name: w
+    payload_schema: {type: object, properties: {lines: {type: array, maxItems: 500}}}
+    steps:` + c.steps + "\n"
+			_, err := workflow.Parse("f.yaml", []byte(file))
+			ps, ok := workflow.AsProblems(err)
+			if !ok {
+				t.Fatalf("accepted (%v)", err)
+			}
+			for _, p := range ps {
+				if p.Line == c.line && strings.Contains(p.Msg, c.want) {
+					return
+				}
+			}
+			t.Fatalf("want %q at line %d, got:\n%v", c.want, c.line, err)
+		})
+	}
+}
+
+// TestActionUsedTwiceWithIDs: ids name the uses of one action, in needs
+// and in the definition.
+func TestActionUsedTwiceWithIDs(t *testing.T) {
+	t.Parallel()
+	r, err := workflow.Parse("f.yaml", []byte(`
+workflows:
+  - name: w
+    steps:
+      - {action: notify, agent: mail, id: notify_start}
+      - {action: work, agent: x, needs: [notify_start]}
+      - {action: notify, agent: mail, id: notify_end, needs: [work]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf, _ := r.Lookup("w")
+	if !wf.Graph || wf.Steps[2].Ref() != "notify_end" || !strings.Contains(string(wf.Definition()), `"id":"notify_end"`) {
+		t.Fatalf("%s", wf.Definition())
+	}
+}
+
+func TestExpressionsEvaluate(t *testing.T) {
+	t.Parallel()
+	when, err := workflow.CompileExpr("payload.amount > 100000 && results.charge.ok", workflow.UseWhen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok, err := when.Bool(workflow.Vars{Payload: []byte(`{"amount":200000}`), Results: []byte(`{"charge":{"ok":true}}`)})
+	if err != nil || !ok {
+		t.Fatalf("%v %v", ok, err)
+	}
+	if _, err := when.Bool(workflow.Vars{Payload: []byte(`{}`)}); err == nil || !strings.Contains(err.Error(), "no such key") {
+		t.Fatalf("a missing key: %v", err)
+	}
+	input, err := workflow.CompileExpr("{'sku': item.sku, 'n': index, 'all': payload.parcels.size()}", workflow.UseItemInput)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := input.JSON(workflow.Vars{Payload: []byte(`{"parcels":[1,2]}`), Item: []byte(`{"sku":"A"}`), Index: 1})
+	if err != nil || string(out) != `{"all":2,"n":1,"sku":"A"}` && string(out) != `{"all":2, "n":1, "sku":"A"}` {
+		t.Fatalf("input %s %v", out, err)
+	}
+	list, _ := workflow.CompileExpr("payload.parcels", workflow.UseForEach)
+	if _, err := list.List(workflow.Vars{Payload: []byte(`{"parcels":"no"}`)}); err == nil {
+		t.Fatal("a string read as a list")
+	}
+	// A payload cannot make an expression run away.
+	heavy, _ := workflow.CompileExpr("payload.xs.map(a, payload.xs.map(b, payload.xs.map(c, a + b + c))).size() > 0", workflow.UseWhen)
+	xs := `{"xs":[` + strings.TrimSuffix(strings.Repeat("1,", 1000), ",") + `]}`
+	if _, err := heavy.Bool(workflow.Vars{Payload: []byte(xs)}); err == nil || !strings.Contains(err.Error(), "cost") {
+		t.Fatalf("an expression past its cost limit: %v", err)
+	}
+}
