@@ -260,7 +260,7 @@ func (a *agent) handle(ctx context.Context, kind string, req messages.StepReques
 		return nil
 	}
 	body, err := json.Marshal(contract.Request{OrderID: req.OrderID, Step: req.Step, Action: req.Name, Payload: req.Payload,
-		Results: req.Results, Undoes: req.Undoes, UndoneResult: req.UndoneResult})
+		Results: req.Results, Undoes: req.Undoes, UndoneResult: req.UndoneResult, Input: req.Input, Item: req.Item, Index: req.Index})
 	if err != nil {
 		return a.reject(kind, err)
 	}

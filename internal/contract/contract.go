@@ -73,6 +73,13 @@ type Request struct {
 	// UndoneResult is, for a compensation, the result of the action it
 	// undoes, if that action returned one (a refund gets the charge id).
 	UndoneResult json.RawMessage `json:"undone_result,omitempty"`
+	// Input is, when the workflow says input for the step, what its
+	// expression built from payload and results: what the service needs.
+	Input json.RawMessage `json:"input,omitempty"`
+	// Item and Index are, for one instance of a for_each step (or its
+	// undo), its element of the list and its position.
+	Item  json.RawMessage `json:"item,omitempty"`
+	Index *int            `json:"index,omitempty"`
 }
 
 // Class is what an answer means to the agent.

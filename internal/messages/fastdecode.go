@@ -271,6 +271,14 @@ func (r *StepRequest) decodeMembers(ms []member) bool {
 			v.Results, ok = m.raw, true
 		case "undone_result":
 			v.UndoneResult, ok = m.raw, true
+		case "input":
+			v.Input, ok = m.raw, true
+		case "item":
+			v.Item, ok = m.raw, true
+		case "index":
+			var i int
+			ok = rawInt(m.raw, &i)
+			v.Index = &i
 		}
 		if !ok {
 			return false

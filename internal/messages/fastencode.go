@@ -168,6 +168,18 @@ func (r StepRequest) appendJSON(b []byte) ([]byte, bool) {
 		e.field("undone_result")
 		e.raw(r.UndoneResult)
 	}
+	if len(r.Input) > 0 {
+		e.field("input")
+		e.raw(r.Input)
+	}
+	if len(r.Item) > 0 {
+		e.field("item")
+		e.raw(r.Item)
+	}
+	if r.Index != nil {
+		e.field("index")
+		e.int(int64(*r.Index))
+	}
 	e.b = append(e.b, '}')
 	return e.b, e.ok
 }

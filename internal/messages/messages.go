@@ -453,6 +453,13 @@ type StepRequest struct {
 	// action it undoes; UndoneResult that action's result, if it had one.
 	Undoes       string          `json:"undoes,omitempty"`
 	UndoneResult json.RawMessage `json:"undone_result,omitempty"`
+	// Input is, when the step's workflow says input, what its CEL
+	// expression built from payload and results: the service's input.
+	Input json.RawMessage `json:"input,omitempty"`
+	// Item and Index are, for an instance of a for_each step (or its
+	// compensation), its element of the list and its position.
+	Item  json.RawMessage `json:"item,omitempty"`
+	Index *int            `json:"index,omitempty"`
 }
 
 // Type implements Message.
@@ -489,20 +496,27 @@ func (r StepRequest) Validate() error {
 	if len(r.Results) > 0 && !isObject(r.Results) {
 		return reject(ReasonInvalidValue, "results must be a JSON object, not %s", jsonKind(r.Results))
 	}
-	for _, raw := range []json.RawMessage{r.Payload, r.Results, r.UndoneResult} {
+	for _, raw := range []json.RawMessage{r.Payload, r.Results, r.UndoneResult, r.Input, r.Item} {
 		if len(raw) > 0 && !json.Valid(raw) {
-			return reject(ReasonInvalidValue, "payload, results or undone_result is not valid JSON")
+			return reject(ReasonInvalidValue, "payload, results, undone_result, input or item is not valid JSON")
 		}
+	}
+	if r.Index != nil && (*r.Index < 0 || *r.Index >= 1000) {
+		return reject(ReasonInvalidValue, "index %d is outside 0..999", *r.Index)
 	}
 	return nil
 }
+
+// MaxStep is the highest step number: a graph's for_each steps add a
+// step per item (and per item's compensation), at most 1,000 items each.
+const MaxStep = 100000
 
 func checkStepRef(orderID string, step, attempt int) error {
 	if err := checkID("order_id", orderID); err != nil {
 		return err
 	}
-	if step < 1 || step > 1000 {
-		return reject(ReasonInvalidValue, "step %d is outside 1..1000", step)
+	if step < 1 || step > MaxStep {
+		return reject(ReasonInvalidValue, "step %d is outside 1..%d", step, MaxStep)
 	}
 	if attempt < 1 {
 		return reject(ReasonInvalidValue, "attempt %d must be at least 1", attempt)
@@ -516,7 +530,7 @@ func DecodeStepRequest(body []byte) (StepRequest, error) { return decodeStepRequ
 func decodeStepRequest(body []byte, fast bool) (StepRequest, error) {
 	r, err := decodeValid[StepRequest](body,
 		[]string{"order_id", "step", "name", "agent", "attempt", "idempotency_key", "complete_by", "payload"},
-		[]string{"payload", "results", "undone_result"}, fast)
+		[]string{"payload", "results", "undone_result", "input", "item"}, fast)
 	if string(r.UndoneResult) == "null" {
 		r.UndoneResult = nil
 	}
@@ -760,8 +774,8 @@ func (e StatusEvent) Validate() error {
 	if len(e.Results) > 0 && !isObject(e.Results) {
 		return reject(ReasonInvalidValue, "results must be a JSON object, not %s", jsonKind(e.Results))
 	}
-	if e.Step != nil && (*e.Step < 1 || *e.Step > 1000) {
-		return reject(ReasonInvalidValue, "step %d is outside 1..1000", *e.Step)
+	if e.Step != nil && (*e.Step < 1 || *e.Step > MaxStep) {
+		return reject(ReasonInvalidValue, "step %d is outside 1..%d", *e.Step, MaxStep)
 	}
 	return checkTime("at", e.At)
 }
@@ -794,8 +808,8 @@ func (a OperatorAlert) Validate() error {
 	if err := checkID("order_id", a.OrderID); err != nil {
 		return err
 	}
-	if a.Step < 1 || a.Step > 1000 {
-		return reject(ReasonInvalidValue, "step %d is outside 1..1000", a.Step)
+	if a.Step < 1 || a.Step > MaxStep {
+		return reject(ReasonInvalidValue, "step %d is outside 1..%d", a.Step, MaxStep)
 	}
 	if err := checkText("reason", a.Reason, maxReasonLen); err != nil {
 		return err

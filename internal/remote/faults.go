@@ -25,6 +25,9 @@ type Faults struct {
 	ApplyThenFailRate float64 `json:"apply_then_fail_rate,omitempty"`
 	// FailOrders are refused for good (400) by this action.
 	FailOrders []string `json:"fail_orders,omitempty"`
+	// FailKeys are refused for good (400) by this action, by idempotency
+	// key: one instance of a for_each step, not its whole order.
+	FailKeys []string `json:"fail_keys,omitempty"`
 }
 
 // FaultConfig maps an action name, or "*" for every action, to its faults.

@@ -218,7 +218,7 @@ func (s *Service) call(w http.ResponseWriter, r *http.Request) {
 	}
 
 	faults, roll := s.draw(action)
-	if slices.Contains(faults.FailOrders, req.OrderID) {
+	if slices.Contains(faults.FailOrders, req.OrderID) || slices.Contains(faults.FailKeys, key) {
 		outcome = "refused"
 		httpError(w, http.StatusBadRequest, "%s refuses order %s", action, req.OrderID)
 		return

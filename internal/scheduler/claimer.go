@@ -46,6 +46,8 @@ type claimer struct {
 	poll       time.Duration
 	wake       <-chan struct{}
 	wakeRelay  func()                // a claim may have written status events
+	wakeSelf   func()                // a step of a graph answered here made others pending
+	graph      *graphSteps           // answers for claimed steps of graphs (when, for_each, input)
 	shareMore  func(context.Context) // a claim took a whole batch: wake the other schedulers (waker.shareMore)
 	workCtx    context.Context       // claimed steps are sent even during shutdown
 	logger     *slog.Logger
@@ -281,7 +283,20 @@ func (c *claimer) dispatch(steps []statestore.ClaimedStep, claimedAt time.Time) 
 	for i, s := range steps {
 		sctx, span := traceClaim(ctx, c.tr, s, claimedAt)
 		spans[i] = span
-		msg, err := request(s)
+		out, input, err := c.graph.prepare(ctx, &s)
+		if out != send {
+			// Skipped, expanded or failed here (or, if the store could
+			// not be told, left to run out its claim).
+			if err != nil {
+				c.logger.Warn("could not answer for a step of a graph; the supervisor will retry it", append([]any{"order_id", s.OrderID, "step", s.Step, "err", err}, tracing.LogAttrs(sctx)...)...)
+				span.SetStatus(codes.Error, err.Error())
+			}
+			span.End()
+			c.wakeSelf()
+			c.wakeRelay()
+			continue
+		}
+		msg, err := request(s, input)
 		if err != nil {
 			// No agent could read it (the results of the steps before
 			// add up to more than a message holds): the step fails for
@@ -358,7 +373,7 @@ func traceClaim(ctx context.Context, tr *tracing.Tracing, s statestore.ClaimedSt
 // request builds a claimed step's StepRequest, with the AMQP expiration
 // set to the budget left, so a request nobody took in time dies in the
 // queue instead of reaching an agent too late.
-func request(s statestore.ClaimedStep) (amqp.Publishing, error) {
+func request(s statestore.ClaimedStep, input []byte) (amqp.Publishing, error) {
 	body, err := messages.Encode(messages.StepRequest{
 		SchemaVersion:  messages.StepRequestVersion,
 		OrderID:        s.OrderID,
@@ -372,6 +387,9 @@ func request(s statestore.ClaimedStep) (amqp.Publishing, error) {
 		Results:        s.Results,
 		Undoes:         s.Undoes,
 		UndoneResult:   s.UndoneResult,
+		Input:          input,
+		Item:           s.Item,
+		Index:          s.Index,
 	})
 	if err != nil {
 		return amqp.Publishing{}, err

@@ -254,7 +254,8 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	c := &claimer{store: store, pub: pub, depths: depths, topo: topo, kinds: kinds, me: me,
 		batch: cfg.BatchSize, maxQueued: cfg.MaxQueued, maxReplies: cfg.MaxRepliesQueued, poll: cfg.PollInterval,
 		wake: w.pending, wakeRelay: func() { nudge(w.outbox) }, shareMore: w.shareMore, workCtx: workCtx, logger: logger, metrics: m,
-		known: map[string]queueDepth{}, tr: tr}
+		known: map[string]queueDepth{}, tr: tr,
+		wakeSelf: func() { nudge(w.pending) }, graph: &graphSteps{store: store, exprs: workflow.NewExprs(1000), me: me}}
 	// Claims and replies do not notify through the database (migration
 	// 0007): what they make pending or write to the outbox, this
 	// scheduler's own claimer and relay are nudged for.

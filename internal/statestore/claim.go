@@ -38,6 +38,14 @@ type ClaimedStep struct {
 	// Traceparent is the order's trace context (W3C), "" when it has
 	// none.
 	Traceparent string
+	// Spec is, for a step of a graph, what the workflow says of it
+	// beyond a list's keys (when, for_each, input, max_items: StepSpec);
+	// nil for a list's step.
+	Spec []byte
+	// Item and Index are, for an instance of a for_each step, its
+	// element of the list and its position (Index nil otherwise).
+	Item  []byte
+	Index *int
 }
 
 // A claim statement claims up to $2 due pending steps for $1: the
@@ -91,7 +99,8 @@ const claimRestSQL = `, claimed AS (
     FROM picked
     WHERE s.order_id = picked.order_id AND s.step = picked.step
     RETURNING s.order_id, s.step, s.name, s.agent, s.attempt, s.failure_count,
-              s.idempotency_key, s.complete_by, s.priority, s.kind, s.compensates
+              s.idempotency_key, s.complete_by, s.priority, s.kind, s.compensates,
+              s.ancestors, s.spec, s.item, s.item_index
 ), step_hist AS (
     INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
     SELECT order_id, step, 'pending', 'processing', attempt, $1, 'claimed'
@@ -113,7 +122,7 @@ const claimRestSQL = `, claimed AS (
 SELECT c.order_id::text, c.step, c.name, c.agent, c.attempt, c.failure_count, c.idempotency_key,
        c.complete_by, (extract(epoch FROM c.complete_by - clock_timestamp()) * 1000)::bigint, c.priority,
        coalesce(o.reply_to, ''), o.payload, ` + resultsSQL + `, a.result, c.kind, coalesce(a.idempotency_key, ''),
-       coalesce(o.traceparent, '')
+       coalesce(o.traceparent, ''), c.spec, c.item, c.item_index
 FROM claimed c
 JOIN orders o ON o.order_id = c.order_id
 LEFT JOIN steps a ON a.order_id = c.order_id AND a.step = c.compensates
@@ -121,8 +130,11 @@ ORDER BY c.priority DESC, c.order_id, c.step`
 
 // resultsSQL reads the results of the actions before step c of its
 // order, by action name (NULL when none); compensations come after every
-// action, so they get all of them.
-const resultsSQL = `CASE WHEN c.step > 1 THEN (SELECT jsonb_object_agg(p.name, p.result) FROM steps p
+// action, so they get all of them. A step of a graph reads those of its
+// ancestors (the steps it needs, transitively), by id or action.
+const resultsSQL = `CASE WHEN c.ancestors IS NOT NULL THEN (SELECT jsonb_object_agg(coalesce(p.spec->>'id', p.name), p.result) FROM steps p
+        WHERE p.order_id = c.order_id AND p.step = ANY(c.ancestors) AND p.result IS NOT NULL)
+    WHEN c.step > 1 THEN (SELECT jsonb_object_agg(p.name, p.result) FROM steps p
         WHERE p.order_id = c.order_id AND p.step < c.step AND p.kind = 'action' AND p.result IS NOT NULL) END`
 
 // ClaimPending claims up to limit due pending steps for the scheduler
@@ -168,7 +180,8 @@ func (s *Store) claim(ctx context.Context, sql string, args ...any) ([]ClaimedSt
 		var budgetMS int64
 		var prio int16
 		err := row.Scan(&c.OrderID, &c.Step, &c.Name, &c.Agent, &c.Attempt, &c.FailureCount, &c.IdempotencyKey,
-			&c.CompleteBy, &budgetMS, &prio, &c.ReplyTo, &c.Payload, &c.Results, &c.UndoneResult, &c.Kind, &c.Undoes, &c.Traceparent)
+			&c.CompleteBy, &budgetMS, &prio, &c.ReplyTo, &c.Payload, &c.Results, &c.UndoneResult, &c.Kind, &c.Undoes, &c.Traceparent,
+			&c.Spec, &c.Item, &c.Index)
 		c.setBudgetPriority(budgetMS, prio)
 		return c, err
 	})

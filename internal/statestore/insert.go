@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -74,6 +75,13 @@ type NewStep struct {
 	// BackoffBase and BackoffMax, when set, replace the supervisor's
 	// backoff for this step.
 	BackoffBase, BackoffMax time.Duration
+	// Needs, for a step of a graph (nil for a list's), are the step
+	// numbers that must have ended before it runs (an action with none
+	// is created pending); Ancestors the actions whose results its
+	// request carries; Spec what the workflow says of it beyond a list's
+	// keys (StepSpec, as JSON).
+	Needs, Ancestors []int
+	Spec             []byte
 }
 
 // InsertOutcome says what InsertOrder did.
@@ -111,7 +119,8 @@ func IdempotencyKey(orderID string, step int, name string) string {
 // write nothing; the caller then compares payload hashes. Orders come as parallel arrays ($1..$10, one element per order),
 // steps as parallel arrays ($11..$21, one element per step, $11 the
 // 1-based index of its order), then the orders' traceparents ($22) and
-// correlation ids ($23). Order ids must be distinct. It returns the
+// correlation ids ($23), then the steps' needs and ancestors ($24, $25,
+// as array literals, NULL for a list's steps) and specs ($26). Order ids must be distinct. It returns the
 // index of every order it wrote. A step created waiting gets no history
 // row: its own row says as much, and its history begins when it leaves
 // waiting (so a step's history with no creation row starts in waiting).
@@ -135,14 +144,16 @@ WITH o AS (
     SELECT o.* FROM o JOIN ins ON ins.order_id = o.order_id
 ), st AS (
     INSERT INTO steps (order_id, step, name, kind, compensates, agent, process_state, priority, timeout, max_failures, idempotency_key,
-                       backoff_base, backoff_max)
+                       backoff_base, backoff_max, needs, ancestors, spec)
     SELECT insd.order_id, s.step, s.name, s.kind, NULLIF(s.compensates, 0), s.agent,
-           CASE WHEN s.step = 1 THEN 'pending' ELSE 'waiting' END,
+           CASE WHEN s.needs IS NULL AND s.step = 1 OR s.needs = '{}' AND s.kind = 'action' THEN 'pending' ELSE 'waiting' END,
            insd.priority, make_interval(secs => s.timeout_ms / 1000.0), s.max_failures, s.idempotency_key,
-           make_interval(secs => NULLIF(s.backoff_base_ms, 0) / 1000.0), make_interval(secs => NULLIF(s.backoff_max_ms, 0) / 1000.0)
+           make_interval(secs => NULLIF(s.backoff_base_ms, 0) / 1000.0), make_interval(secs => NULLIF(s.backoff_max_ms, 0) / 1000.0),
+           s.needs::int[], s.ancestors::int[], s.spec
     FROM unnest($11::int[], $12::text[], $13::text[], $14::bigint[], $15::int[], $16::text[], $17::text[], $18::int[], $19::int[],
-                $20::bigint[], $21::bigint[])
-             AS s(order_idx, name, agent, timeout_ms, max_failures, idempotency_key, kind, compensates, step, backoff_base_ms, backoff_max_ms)
+                $20::bigint[], $21::bigint[], $24::text[], $25::text[], $26::jsonb[])
+             AS s(order_idx, name, agent, timeout_ms, max_failures, idempotency_key, kind, compensates, step, backoff_base_ms, backoff_max_ms,
+                  needs, ancestors, spec)
     JOIN insd ON insd.idx = s.order_idx
     RETURNING order_id, step, process_state
 ), hist AS (
@@ -247,6 +258,7 @@ type insertArrays struct {
 	stepOrder, stepNo, maxFailures, compensates []int32
 	names, agents, keys, kinds                  []string
 	timeouts, backoffBases, backoffMaxes        []int64
+	needs, ancestors, specs                     []*string
 }
 
 // add appends o as the idx-th (1-based) order of the statement.
@@ -275,14 +287,38 @@ func (a *insertArrays) add(o NewOrder, idx int) {
 		a.stepNo = append(a.stepNo, int32(i+1))
 		a.backoffBases = append(a.backoffBases, st.BackoffBase.Milliseconds())
 		a.backoffMaxes = append(a.backoffMaxes, st.BackoffMax.Milliseconds())
+		a.needs = append(a.needs, intArray(st.Needs))
+		a.ancestors = append(a.ancestors, intArray(st.Ancestors))
+		var spec *string
+		if st.Spec != nil {
+			v := string(st.Spec)
+			spec = &v
+		}
+		a.specs = append(a.specs, spec)
 	}
+}
+
+// intArray writes ns as a Postgres array literal; nil stays NULL.
+func intArray(ns []int) *string {
+	if ns == nil {
+		return nil
+	}
+	b := []byte{'{'}
+	for i, n := range ns {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(n), 10)
+	}
+	v := string(append(b, '}'))
+	return &v
 }
 
 func (a *insertArrays) args() []any {
 	return []any{a.ids, a.workflows, a.versions, a.payloads, a.priorities, a.replyTos, a.placedAt,
 		a.hashes, a.policies, a.actors,
 		a.stepOrder, a.names, a.agents, a.timeouts, a.maxFailures, a.keys, a.kinds, a.compensates, a.stepNo,
-		a.backoffBases, a.backoffMaxes, a.traceparents, a.correlations}
+		a.backoffBases, a.backoffMaxes, a.traceparents, a.correlations, a.needs, a.ancestors, a.specs}
 }
 
 // existing tells a duplicate from a conflict for an order whose insert

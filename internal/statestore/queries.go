@@ -54,6 +54,15 @@ type Step struct {
 	LastAnswer string          `json:"last_answer,omitempty"`
 	Result     json.RawMessage `json:"result,omitempty"`
 	UpdatedAt  time.Time       `json:"updated_at"`
+	// In a graph: Needs, the steps that must end before this one; ID,
+	// the step's id where its action is used twice; Parent, Index and
+	// Item, for an instance of a for_each step (or its compensation),
+	// that step, the instance's position and element of the list.
+	Needs  []int           `json:"needs,omitempty"`
+	ID     string          `json:"id,omitempty"`
+	Parent int             `json:"parent,omitempty"`
+	Index  *int            `json:"index,omitempty"`
+	Item   json.RawMessage `json:"item,omitempty"`
 }
 
 // Transition is one entry of the history.
@@ -136,7 +145,7 @@ func (s *Store) GetOrder(ctx context.Context, orderID string) (OrderDetail, erro
 		}
 		rows, err := tx.Query(ctx, `SELECT step, name, kind, coalesce(compensates, 0), agent, process_state, coalesce(locked_by, ''), complete_by,
 			failure_count, max_failures, attempt, idempotency_key, available_at, coalesce(last_error, ''), coalesce(last_answer, ''),
-			result, updated_at
+			result, updated_at, needs, coalesce(spec->>'id', ''), coalesce(parent, 0), item_index, item
 			FROM steps WHERE order_id = $1 ORDER BY step`, orderID)
 		if err != nil {
 			return err
@@ -145,7 +154,7 @@ func (s *Store) GetOrder(ctx context.Context, orderID string) (OrderDetail, erro
 			var st Step
 			err := row.Scan(&st.Step, &st.Name, &st.Kind, &st.Compensates, &st.Agent, &st.ProcessState, &st.LockedBy, &st.CompleteBy,
 				&st.FailureCount, &st.MaxFailures, &st.Attempt, &st.IdempotencyKey, &st.AvailableAt, &st.LastError,
-				&st.LastAnswer, &st.Result, &st.UpdatedAt)
+				&st.LastAnswer, &st.Result, &st.UpdatedAt, &st.Needs, &st.ID, &st.Parent, &st.Index, &st.Item)
 			return st, err
 		})
 		if err != nil {

@@ -141,7 +141,8 @@ func (s *Store) applyReplyFunc(ctx context.Context, r Reply) (ApplyResult, error
 // after its actions, failed after its compensations) with its history and
 // status event; an order that moved on meanwhile (cancelled, compensating)
 // is left as it is. Replies come as
-// parallel arrays, at most one per order; $8 is the actor, $9 the fence
+// parallel arrays, at most one per order (and for a list's steps only: a
+// graph's go through apply_reply); $8 is the actor, $9 the fence
 // (always true but in the fault suite's negative control), $10 the agent
 // kinds whose next steps are claimed for $8 in the same statement. It
 // returns a row for each reply applied, by 1-based index, with the step
@@ -156,7 +157,7 @@ WITH r AS (
         agent_started_at = r.started, agent_sent_at = r.sent, agent_call_us = NULLIF(r.call_us, 0),
         updated_at = clock_timestamp()
     FROM r
-    WHERE s.order_id = r.order_id AND s.step = r.step
+    WHERE s.order_id = r.order_id AND s.step = r.step AND s.needs IS NULL
       AND (NOT $9 OR (s.attempt = r.attempt AND s.process_state = 'processing' AND s.complete_by >= clock_timestamp()))
     RETURNING s.order_id, s.step, s.attempt, s.kind, s.name, r.idx, r.result,
               coalesce(extract(epoch FROM clock_timestamp() - (s.complete_by - s.timeout)), 0) AS took,
@@ -364,11 +365,16 @@ func (s *Store) ApplyRepliesClaiming(ctx context.Context, rs []Reply, claimFor [
 			clear(results)
 			s.applyEach(ctx, rs, batched, results, errs, fallbackLockTimeout)
 		} else {
+			// A reply the statement did not apply is stale, or for a step
+			// of a graph, which the statement leaves to apply_reply (its
+			// joins need the order's row locked before they are read).
+			var rest []int
 			for j, i := range batched {
 				if !applied[j] {
-					errs[i] = s.staleReason(ctx, rs[i])
+					rest = append(rest, i)
 				}
 			}
+			s.applyEachFunc(ctx, rs, rest, results, errs)
 		}
 	}
 	s.applyEach(ctx, rs, alone, results, errs, 0)
@@ -395,6 +401,21 @@ func (s *Store) applyEach(ctx context.Context, rs []Reply, idx []int, results []
 			} else {
 				results[i], errs[i] = s.ApplyReply(ctx, rs[i])
 			}
+		})
+	}
+	wg.Wait()
+}
+
+// applyEachFunc applies the replies rs[idx] one by one through the
+// apply_reply function, a few at a time.
+func (s *Store) applyEachFunc(ctx context.Context, rs []Reply, idx []int, results []ApplyResult, errs []error) {
+	sem := make(chan struct{}, 4)
+	var wg sync.WaitGroup
+	for _, i := range idx {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			results[i], errs[i] = s.applyReplyFunc(ctx, rs[i])
 		})
 	}
 	wg.Wait()

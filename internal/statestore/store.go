@@ -75,6 +75,10 @@ const (
 //   - error: the agent replied failed, or the supervisor found the step had
 //     reached its failure threshold. Left only by an operator's resubmit.
 //   - cancelled: the order ended before the step ran. Terminal.
+//   - skipped: in a graph, the step's when was false: it did nothing, is
+//     not undone, and counts as ended for the steps that need it. Terminal.
+//   - expanded: in a graph, a for_each step whose instances (steps of
+//     their own) run; processed when they all are.
 const (
 	StepWaiting    = "waiting"
 	StepPending    = "pending"
@@ -82,6 +86,8 @@ const (
 	StepProcessed  = "processed"
 	StepError      = "error"
 	StepCancelled  = "cancelled"
+	StepSkipped    = "skipped"
+	StepExpanded   = "expanded"
 )
 
 // Store is the state store. It is safe for concurrent use.

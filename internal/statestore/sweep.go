@@ -30,8 +30,9 @@ type SweptStep struct {
 	Step         int
 	Attempt      int
 	FailureCount int
-	// NewState is pending (reset for another attempt) or error (the
-	// failure threshold was reached).
+	// NewState is pending (reset for another attempt), error (the
+	// failure threshold was reached) or, for a branch of a graph whose
+	// order no longer runs, cancelled.
 	NewState string
 	// OrderStatus is, for a step now in error, its order's status after
 	// the failure policy: error (held, alert raised), compensating or
@@ -42,6 +43,8 @@ type SweptStep struct {
 	Traceparent string
 	// LastAnswer is the step's service's last answer, when one was noted.
 	LastAnswer string
+	// halted: an action of a graph whose order no longer runs.
+	halted bool
 }
 
 // sweepSQL finds processing steps whose complete_by has passed on the
@@ -81,7 +84,8 @@ WITH expired AS (
     FROM expired
     WHERE s.order_id = expired.order_id AND s.step = expired.step
       AND s.process_state = 'processing' AND s.complete_by < now()
-    RETURNING s.order_id, s.step, s.attempt, s.failure_count, s.max_failures, s.process_state, s.last_answer
+    RETURNING s.order_id, s.step, s.attempt, s.failure_count, s.max_failures, s.process_state, s.last_answer,
+              s.needs IS NOT NULL AND s.kind = 'action' AS graph_action
 ), swept_hist AS (
     INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
     SELECT order_id, step, 'processing', process_state, attempt, $1,
@@ -89,7 +93,7 @@ WITH expired AS (
     FROM swept
 )
 SELECT sw.order_id::text, sw.step, sw.attempt, sw.failure_count, sw.process_state, coalesce(o.traceparent, ''),
-       coalesce(sw.last_answer, '')
+       coalesce(sw.last_answer, ''), sw.graph_action AND o.status NOT IN ('received', 'processing')
 FROM swept sw JOIN orders o ON o.order_id = sw.order_id ORDER BY sw.order_id, sw.step`
 
 // SweepExpired handles up to p.Limit expired steps and returns them. In
@@ -107,13 +111,23 @@ func (s *Store) SweepExpired(ctx context.Context, p SweepParams) ([]SweptStep, e
 		}
 		swept, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (SweptStep, error) {
 			var st SweptStep
-			err := row.Scan(&st.OrderID, &st.Step, &st.Attempt, &st.FailureCount, &st.NewState, &st.Traceparent, &st.LastAnswer)
+			err := row.Scan(&st.OrderID, &st.Step, &st.Attempt, &st.FailureCount, &st.NewState, &st.Traceparent, &st.LastAnswer, &st.halted)
 			return st, err
 		})
 		if err != nil {
 			return err
 		}
 		for i, st := range swept {
+			if st.halted && st.NewState == StepPending {
+				// A branch of a graph whose order no longer runs is not
+				// tried again: it is cancelled, and its compensation may
+				// run (step_halted).
+				if err := tx.QueryRow(ctx, `SELECT step_halted($1, $2, $3)`, st.OrderID, st.Step, p.Actor).Scan(&swept[i].OrderStatus); err != nil {
+					return err
+				}
+				swept[i].NewState = StepCancelled
+				continue
+			}
 			if st.NewState != StepError {
 				continue
 			}

@@ -174,6 +174,9 @@ func (h *handler) handle(ctx context.Context, m broker.Message, o messages.Submi
 	if err == nil {
 		err = wf.CheckPayloadValue(value)
 	}
+	if err == nil {
+		err = wf.ForEachTooLong(payload)
+	}
 	if err != nil {
 		h.metrics.orders.WithLabelValues("rejected").Inc()
 		var pe *workflow.PayloadError
@@ -289,7 +292,8 @@ func newOrder(o messages.SubmitOrder, payload []byte, value any, wf workflow.Wor
 			kind = statestore.KindCompensation
 		}
 		steps[i] = statestore.NewStep{Name: r.Name, Agent: r.Agent, Kind: kind, Compensates: r.Compensates,
-			Timeout: cmp.Or(stepTimeout, r.Timeout), MaxFailures: r.MaxFailures, BackoffBase: r.BackoffBase, BackoffMax: r.BackoffMax}
+			Timeout: cmp.Or(stepTimeout, r.Timeout), MaxFailures: r.MaxFailures, BackoffBase: r.BackoffBase, BackoffMax: r.BackoffMax,
+			Needs: r.Needs, Ancestors: r.Ancestors, Spec: r.Spec()}
 	}
 	return statestore.NewOrder{
 		OrderID: o.OrderID, Workflow: wf.Name, WorkflowVersion: wf.Version(), Payload: payload, Priority: o.Priority, ReplyTo: o.ReplyTo, PlacedAt: o.PlacedAt,

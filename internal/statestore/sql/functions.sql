@@ -114,18 +114,24 @@ AS $function$
     END
 $function$;
 
--- step_processed: a step was processed; does what order_next decides.
+-- step_processed: a step was processed; does what order_next decides
+-- (in a graph, what graph_advance does).
 CREATE OR REPLACE FUNCTION step_processed(p_order uuid, p_step integer, p_actor text, OUT next_step integer, OUT order_status text)
  RETURNS record
  LANGUAGE plpgsql
 AS $function$
 DECLARE
     v_kind text;
+    v_graph boolean;
     v_status text;
 BEGIN
     next_step := 0;
     order_status := '';
-    SELECT kind INTO v_kind FROM steps WHERE order_id = p_order AND step = p_step;
+    SELECT kind, needs IS NOT NULL INTO v_kind, v_graph FROM steps WHERE order_id = p_order AND step = p_step;
+    IF v_graph THEN
+        SELECT ga.next_step, ga.order_status INTO next_step, order_status FROM graph_advance(p_order, p_actor) ga;
+        RETURN;
+    END IF;
     SELECT status INTO v_status FROM orders WHERE order_id = p_order FOR UPDATE;
     CASE order_next(v_kind, true, v_status, NULL,
                     EXISTS (SELECT 1 FROM steps WHERE order_id = p_order AND step = p_step + 1
@@ -159,11 +165,17 @@ DECLARE
     v_status text;
     v_policy text;
     v_kind text;
+    v_graph boolean;
 BEGIN
     SELECT status, failure_policy INTO v_status, v_policy FROM orders WHERE order_id = p_order FOR UPDATE;
-    SELECT kind INTO v_kind FROM steps WHERE order_id = p_order AND step = p_step;
+    SELECT kind, needs IS NOT NULL INTO v_kind, v_graph FROM steps WHERE order_id = p_order AND step = p_step;
     CASE order_next(v_kind, false, v_status, v_policy, false)
     WHEN 'none' THEN
+        IF v_graph THEN
+            -- a branch in flight ended while the order is undone: its
+            -- compensation may run now
+            RETURN coalesce(nullif((SELECT ga.order_status FROM graph_advance(p_order, p_actor) ga), ''), v_status);
+        END IF;
         RETURN v_status;
     WHEN 'error' THEN
         IF v_kind = 'compensation' THEN
@@ -185,13 +197,34 @@ $function$;
 -- compensate, or an operator's cancel): actions not yet done are
 -- cancelled, compensations of actions that never ran too, and the first
 -- compensation left becomes pending; with none left, the order fails.
+-- In a graph, steps in flight are let end and graph_advance starts every
+-- compensation that may run.
 CREATE OR REPLACE FUNCTION begin_compensation(p_order uuid, p_step integer, p_actor text, p_reason text)
  RETURNS text
  LANGUAGE plpgsql
 AS $function$
 DECLARE
     v_first integer;
+    v_status text;
 BEGIN
+    IF EXISTS (SELECT 1 FROM steps WHERE order_id = p_order AND needs IS NOT NULL) THEN
+        -- A graph: what has not started never will; steps in flight are
+        -- let end, and each action's compensation runs once it has, after
+        -- those of the steps that needed it (graph_advance).
+        WITH old AS (
+            SELECT step, process_state, attempt FROM steps
+            WHERE order_id = p_order AND kind = 'action' AND process_state IN ('waiting', 'pending', 'expanded')
+            FOR UPDATE
+        ), upd AS (
+            UPDATE steps s SET process_state = 'cancelled', locked_by = NULL, complete_by = NULL, updated_at = now()
+            FROM old WHERE s.order_id = p_order AND s.step = old.step
+        )
+        INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+        SELECT p_order, step, process_state, 'cancelled', attempt, p_actor, p_reason FROM old;
+        PERFORM order_transition(p_order, 'compensating', p_step, p_actor, p_reason);
+        SELECT ga.order_status INTO v_status FROM graph_advance(p_order, p_actor) ga;
+        RETURN coalesce(nullif(v_status, ''), 'compensating');
+    END IF;
     WITH dead AS (
         SELECT c.step, c.attempt FROM steps c
         JOIN steps a ON a.order_id = c.order_id AND a.step = c.compensates
@@ -227,6 +260,269 @@ BEGIN
     VALUES (p_order, v_first, 'waiting', 'pending', p_actor, 'compensation started');
     PERFORM order_transition(p_order, 'compensating', p_step, p_actor, p_reason);
     RETURN 'compensating';
+END;
+$function$;
+
+-- ======================================================================
+-- Graphs: steps that run as their needs allow
+-- ======================================================================
+
+-- graph_advance: what comes next for an order of a graph workflow, once
+-- one of its steps changed; decided here and nowhere else for graphs (a
+-- list's order goes by order_next). It locks the order row first, so its
+-- later statements see what every transaction that held the row before
+-- committed: of two branches ending at once, the one that ends last sees
+-- the other ended, and its join runs once.
+-- While the order runs:
+--   a for_each step whose instances all ended is processed, its result
+--   the list of theirs in item order; up to max_parallel instances of
+--   each for_each step run; every waiting action whose needs all ended
+--   (processed or skipped) becomes pending; with no action left to end,
+--   the order completes.
+-- While it is undone (compensating):
+--   the compensation of an action that never ran (or was skipped, or is a
+--   for_each step, whose instances have their own) is cancelled; every
+--   other waiting compensation becomes pending once its action has ended
+--   (an action in flight is let end) and the compensations it needs (those
+--   of the actions after its own) have; with nothing left to run or end,
+--   the order fails.
+-- It returns the lowest step it made pending (0: none) and the order's new
+-- status, if it ended ('' otherwise).
+CREATE OR REPLACE FUNCTION graph_advance(p_order uuid, p_actor text, OUT next_step integer, OUT order_status text)
+ RETURNS record
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_status text;
+    v_first integer;
+BEGIN
+    next_step := 0;
+    order_status := '';
+    SELECT status INTO v_status FROM orders WHERE order_id = p_order FOR UPDATE;
+    IF v_status IN ('received', 'processing') THEN
+        WITH done AS (
+            SELECT p.step, p.attempt FROM steps p
+            WHERE p.order_id = p_order AND p.process_state = 'expanded'
+              AND NOT EXISTS (SELECT 1 FROM steps i WHERE i.order_id = p_order AND i.parent = p.step AND i.kind = 'action'
+                                                      AND i.process_state <> 'processed')
+        ), upd AS (
+            UPDATE steps p SET process_state = 'processed', updated_at = clock_timestamp(),
+                result = (SELECT coalesce(jsonb_agg(coalesce(i.result, 'null'::jsonb) ORDER BY i.item_index), '[]'::jsonb)
+                          FROM steps i WHERE i.order_id = p_order AND i.parent = p.step AND i.kind = 'action')
+            FROM done WHERE p.order_id = p_order AND p.step = done.step
+        )
+        INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+        SELECT p_order, step, 'expanded', 'processed', attempt, p_actor, 'every instance processed' FROM done;
+
+        WITH room AS (
+            SELECT p.step, greatest(coalesce((p.spec->>'max_parallel')::int, 1)
+                   - (SELECT count(*) FROM steps i WHERE i.order_id = p_order AND i.parent = p.step AND i.kind = 'action'
+                                                     AND i.process_state IN ('pending', 'processing', 'error')), 0) AS n
+            FROM steps p WHERE p.order_id = p_order AND p.process_state = 'expanded'
+        ), pick AS (
+            SELECT i.step FROM room CROSS JOIN LATERAL (
+                SELECT step FROM steps i
+                WHERE i.order_id = p_order AND i.parent = room.step AND i.kind = 'action' AND i.process_state = 'waiting'
+                ORDER BY i.item_index LIMIT room.n
+            ) i
+        ), upd AS (
+            UPDATE steps s SET process_state = 'pending', available_at = now(), updated_at = clock_timestamp()
+            FROM pick WHERE s.order_id = p_order AND s.step = pick.step
+            RETURNING s.step
+        ), hist AS (
+            INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
+            SELECT p_order, step, 'waiting', 'pending', p_actor, 'an instance may run' FROM upd
+        )
+        SELECT min(step) INTO v_first FROM upd;
+        next_step := coalesce(v_first, 0);
+
+        WITH ready AS (
+            SELECT s.step FROM steps s
+            WHERE s.order_id = p_order AND s.kind = 'action' AND s.process_state = 'waiting' AND s.parent IS NULL
+              AND NOT EXISTS (SELECT 1 FROM steps n WHERE n.order_id = p_order AND n.step = ANY(s.needs)
+                                                      AND n.process_state NOT IN ('processed', 'skipped'))
+        ), upd AS (
+            UPDATE steps s SET process_state = 'pending', available_at = now(), updated_at = clock_timestamp()
+            FROM ready WHERE s.order_id = p_order AND s.step = ready.step
+            RETURNING s.step
+        ), hist AS (
+            INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
+            SELECT p_order, step, 'waiting', 'pending', p_actor, 'every step it needs ended' FROM upd
+        )
+        SELECT min(step) INTO v_first FROM upd;
+        IF v_first IS NOT NULL AND (next_step = 0 OR v_first < next_step) THEN
+            next_step := v_first;
+        END IF;
+
+        IF NOT EXISTS (SELECT 1 FROM steps WHERE order_id = p_order AND kind = 'action' AND process_state NOT IN ('processed', 'skipped')) THEN
+            order_status := 'completed';
+            PERFORM order_transition(p_order, 'completed', NULL, p_actor, 'every step ended');
+        END IF;
+    ELSIF v_status = 'compensating' THEN
+        WITH dead AS (
+            SELECT c.step, c.attempt FROM steps c
+            JOIN steps a ON a.order_id = c.order_id AND a.step = c.compensates
+            WHERE c.order_id = p_order AND c.kind = 'compensation' AND c.process_state = 'waiting'
+              AND (a.process_state = 'skipped' OR a.spec ? 'for_each'
+                   OR (a.attempt = 0 AND a.process_state IN ('waiting', 'pending', 'cancelled')))
+        ), upd AS (
+            UPDATE steps s SET process_state = 'cancelled', updated_at = clock_timestamp()
+            FROM dead WHERE s.order_id = p_order AND s.step = dead.step
+        )
+        INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+        SELECT p_order, step, 'waiting', 'cancelled', attempt, p_actor, 'its action never ran' FROM dead;
+
+        WITH ready AS (
+            SELECT c.step FROM steps c
+            JOIN steps a ON a.order_id = c.order_id AND a.step = c.compensates
+            WHERE c.order_id = p_order AND c.kind = 'compensation' AND c.process_state = 'waiting'
+              AND a.process_state IN ('processed', 'error', 'cancelled')
+              AND NOT EXISTS (SELECT 1 FROM steps n WHERE n.order_id = p_order AND n.step = ANY(c.needs)
+                                                      AND n.process_state NOT IN ('processed', 'cancelled', 'skipped'))
+        ), upd AS (
+            UPDATE steps s SET process_state = 'pending', available_at = now(), updated_at = clock_timestamp()
+            FROM ready WHERE s.order_id = p_order AND s.step = ready.step
+            RETURNING s.step
+        ), hist AS (
+            INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
+            SELECT p_order, step, 'waiting', 'pending', p_actor, 'compensation started' FROM upd
+        )
+        SELECT min(step) INTO v_first FROM upd;
+        next_step := coalesce(v_first, 0);
+
+        IF NOT EXISTS (SELECT 1 FROM steps WHERE order_id = p_order
+                         AND ((kind = 'compensation' AND process_state IN ('waiting', 'pending', 'processing', 'error'))
+                              OR (kind = 'action' AND process_state = 'processing'))) THEN
+            order_status := 'failed';
+            PERFORM order_transition(p_order, 'failed', NULL, p_actor, 'every compensation processed');
+        END IF;
+    END IF;
+END;
+$function$;
+
+-- graph_step_claimed: fences a scheduler's own answer for a step it
+-- claimed (skipped, expanded), as a reply is fenced: the attempt must be
+-- the step's, still processing and in time. It locks the step row.
+CREATE OR REPLACE FUNCTION graph_step_claimed(p_order uuid, p_step integer, p_attempt integer)
+ RETURNS boolean
+ LANGUAGE sql
+AS $function$
+    SELECT EXISTS (SELECT 1 FROM steps WHERE order_id = p_order AND step = p_step AND attempt = p_attempt
+                                          AND process_state = 'processing' AND complete_by >= clock_timestamp()
+                   FOR UPDATE)
+$function$;
+
+-- step_skip: a claimed step's when was false: it is skipped (it does
+-- nothing, is not undone, and counts as ended for the steps that need
+-- it), and the order goes on (graph_advance).
+CREATE OR REPLACE FUNCTION step_skip(p_order uuid, p_step integer, p_attempt integer, p_actor text, p_reason text, OUT applied boolean, OUT next_step integer, OUT order_status text)
+ RETURNS record
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    applied := graph_step_claimed(p_order, p_step, p_attempt);
+    next_step := 0;
+    order_status := '';
+    IF NOT applied THEN
+        RETURN;
+    END IF;
+    UPDATE steps SET process_state = 'skipped', locked_by = NULL, complete_by = NULL, updated_at = clock_timestamp()
+    WHERE order_id = p_order AND step = p_step;
+    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+    VALUES (p_order, p_step, 'processing', 'skipped', p_attempt, p_actor, p_reason);
+    SELECT ga.next_step, ga.order_status INTO next_step, order_status FROM graph_advance(p_order, p_actor) ga;
+END;
+$function$;
+
+-- step_expand: a claimed for_each step's list was read: one instance of
+-- the step per item, numbered after the order's last step, each with its
+-- idempotency key (the step's, then /index), its item and index, waiting;
+-- graph_advance starts up to max_parallel. With a compensation, each
+-- instance gets its own, in the place of the step's: the compensations
+-- that needed the step's need all of theirs. The step is expanded until
+-- its instances end. An order no longer running cancels the step instead.
+CREATE OR REPLACE FUNCTION step_expand(p_order uuid, p_step integer, p_attempt integer, p_items jsonb, p_actor text, OUT applied boolean, OUT next_step integer, OUT order_status text)
+ RETURNS record
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_status text;
+    v_last integer;
+    v_n integer := jsonb_array_length(p_items);
+    v_comp steps%ROWTYPE;
+    v_comps integer[];
+BEGIN
+    applied := graph_step_claimed(p_order, p_step, p_attempt);
+    next_step := 0;
+    order_status := '';
+    IF NOT applied THEN
+        RETURN;
+    END IF;
+    SELECT status INTO v_status FROM orders WHERE order_id = p_order FOR UPDATE;
+    IF v_status NOT IN ('received', 'processing') THEN
+        UPDATE steps SET process_state = 'cancelled', locked_by = NULL, complete_by = NULL, updated_at = clock_timestamp()
+        WHERE order_id = p_order AND step = p_step;
+        INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+        VALUES (p_order, p_step, 'processing', 'cancelled', p_attempt, p_actor, 'the order is ' || v_status);
+        SELECT ga.next_step, ga.order_status INTO next_step, order_status FROM graph_advance(p_order, p_actor) ga;
+        RETURN;
+    END IF;
+    SELECT max(step) INTO v_last FROM steps WHERE order_id = p_order;
+    INSERT INTO steps (order_id, step, name, kind, agent, process_state, priority, timeout, max_failures, idempotency_key,
+                       backoff_base, backoff_max, needs, ancestors, spec, parent, item_index, item)
+    SELECT p.order_id, v_last + 1 + it.i, p.name, 'action', p.agent, 'waiting', p.priority, p.timeout, p.max_failures,
+           p.idempotency_key || '/' || it.i, p.backoff_base, p.backoff_max, '{}', p.ancestors,
+           p.spec - 'for_each' - 'when', p.step, it.i, it.item
+    FROM steps p, jsonb_array_elements(p_items) WITH ORDINALITY AS it0(item, n), LATERAL (SELECT (it0.n - 1)::int AS i, it0.item) it
+    WHERE p.order_id = p_order AND p.step = p_step;
+    SELECT * INTO v_comp FROM steps WHERE order_id = p_order AND compensates = p_step;
+    IF FOUND THEN
+        INSERT INTO steps (order_id, step, name, kind, compensates, agent, process_state, priority, timeout, max_failures,
+                           idempotency_key, backoff_base, backoff_max, needs, ancestors, parent, item_index, item)
+        SELECT v_comp.order_id, v_last + 1 + v_n + i.item_index, v_comp.name, 'compensation', i.step, v_comp.agent, 'waiting',
+               v_comp.priority, v_comp.timeout, v_comp.max_failures, v_comp.idempotency_key || '/' || i.item_index,
+               v_comp.backoff_base, v_comp.backoff_max, v_comp.needs, v_comp.ancestors, v_comp.step, i.item_index, i.item
+        FROM steps i WHERE i.order_id = p_order AND i.parent = p_step AND i.kind = 'action';
+        SELECT coalesce(array_agg(step ORDER BY step), '{}') INTO v_comps FROM steps
+        WHERE order_id = p_order AND parent = v_comp.step AND kind = 'compensation';
+        UPDATE steps SET needs = array_remove(needs, v_comp.step) || v_comps
+        WHERE order_id = p_order AND kind = 'compensation' AND v_comp.step = ANY(needs);
+        UPDATE steps SET process_state = 'cancelled', updated_at = clock_timestamp()
+        WHERE order_id = p_order AND step = v_comp.step;
+        INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+        VALUES (p_order, v_comp.step, 'waiting', 'cancelled', v_comp.attempt, p_actor,
+                'each of the ' || v_n || ' instances of step ' || p_step || ' has its own compensation');
+    END IF;
+    UPDATE steps SET process_state = 'expanded', locked_by = NULL, complete_by = NULL, updated_at = clock_timestamp()
+    WHERE order_id = p_order AND step = p_step;
+    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+    VALUES (p_order, p_step, 'processing', 'expanded', p_attempt, p_actor, v_n || ' instances');
+    SELECT ga.next_step, ga.order_status INTO next_step, order_status FROM graph_advance(p_order, p_actor) ga;
+END;
+$function$;
+
+-- step_halted: an action of a graph the supervisor reset (its attempt
+-- expired) while its order no longer runs: it is not tried again but
+-- cancelled, so that its compensation may run (graph_advance).
+CREATE OR REPLACE FUNCTION step_halted(p_order uuid, p_step integer, p_actor text)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_status text;
+BEGIN
+    SELECT status INTO v_status FROM orders WHERE order_id = p_order FOR UPDATE;
+    IF v_status IN ('received', 'processing') THEN
+        RETURN v_status;
+    END IF;
+    WITH upd AS (
+        UPDATE steps SET process_state = 'cancelled', updated_at = clock_timestamp()
+        WHERE order_id = p_order AND step = p_step AND kind = 'action' AND needs IS NOT NULL AND process_state = 'pending'
+        RETURNING attempt
+    )
+    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+    SELECT p_order, p_step, 'pending', 'cancelled', attempt, p_actor, 'the order is ' || v_status FROM upd;
+    RETURN coalesce(nullif((SELECT ga.order_status FROM graph_advance(p_order, p_actor) ga), ''), v_status);
 END;
 $function$;
 
@@ -300,8 +596,8 @@ BEGIN
     IF p_status NOT IN ('completed', 'failed', 'error') THEN
         RETURN v_body;
     END IF;
-    SELECT coalesce(jsonb_object_agg(name, result), '{}'::jsonb) INTO v_results
-    FROM steps WHERE order_id = p_order_id AND kind = 'action' AND result IS NOT NULL;
+    SELECT coalesce(jsonb_object_agg(coalesce(spec->>'id', name), result), '{}'::jsonb) INTO v_results
+    FROM steps WHERE order_id = p_order_id AND kind = 'action' AND result IS NOT NULL AND parent IS NULL;
     v_results := v_results || coalesce(p_more_results, '{}'::jsonb);
     IF v_results <> '{}'::jsonb THEN
         IF octet_length(v_results::text) <= 32768 THEN

@@ -1,0 +1,132 @@
+package scheduler
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"sas/internal/messages"
+	"sas/internal/statestore"
+	"sas/internal/workflow"
+)
+
+// graphStore is what the scheduler needs of the state store to answer for
+// a claimed step of a graph itself.
+type graphStore interface {
+	SkipStep(ctx context.Context, c statestore.ClaimedStep, actor, reason string) (statestore.GraphResult, error)
+	ExpandStep(ctx context.Context, c statestore.ClaimedStep, items []json.RawMessage, actor string) (statestore.GraphResult, error)
+	ApplyReply(ctx context.Context, r statestore.Reply) (statestore.ApplyResult, error)
+}
+
+// graphSteps reads what a claimed step of a graph says beyond a list's
+// keys, before its request is sent: a when that is false skips the step;
+// a for_each runs it as one instance per item of its list; an input
+// builds the request's input. An expression that fails (a missing key, a
+// wrong type, a list past max_items) fails the step for good, with the
+// expression's error as the reason.
+type graphSteps struct {
+	store graphStore
+	exprs *workflow.Exprs
+	me    string
+}
+
+// outcome of prepare: what became of a claimed step.
+type outcome int
+
+const (
+	send     outcome = iota // its request is to be sent (with its input)
+	answered                // skipped, expanded or failed here: nothing to send
+	unsure                  // the store could not be told: the claim runs out and the supervisor retries it
+)
+
+// prepare decides what a claimed step of a graph needs, and sets its
+// request's input. A list's step (no spec, no item) is sent as it is.
+func (g *graphSteps) prepare(ctx context.Context, s *statestore.ClaimedStep) (outcome, []byte, error) {
+	if s.Spec == nil && s.Index == nil {
+		return send, nil, nil
+	}
+	var spec workflow.StepSpec
+	if s.Spec != nil {
+		if err := json.Unmarshal(s.Spec, &spec); err != nil {
+			return g.fail(ctx, s, fmt.Errorf("the step's spec cannot be read: %w", err))
+		}
+	}
+	vars := workflow.Vars{Payload: s.Payload, Results: s.Results, Item: s.Item}
+	if s.Index != nil {
+		vars.Index = *s.Index
+	}
+	if spec.When != "" && s.Index == nil {
+		e, err := g.expr(spec.When, workflow.UseWhen)
+		var ok bool
+		if err == nil {
+			ok, err = e.Bool(vars)
+		}
+		if err != nil {
+			return g.fail(ctx, s, err)
+		}
+		if !ok {
+			_, err := g.store.SkipStep(ctx, *s, g.me, "when "+strconv.Quote(spec.When)+" is false")
+			return g.done(err)
+		}
+	}
+	if spec.ForEach != "" && s.Index == nil {
+		e, err := g.expr(spec.ForEach, workflow.UseForEach)
+		var items []json.RawMessage
+		if err == nil {
+			items, err = e.List(vars)
+		}
+		if err == nil && len(items) > max(spec.MaxItems, 1) {
+			err = fmt.Errorf("for_each %q has %d items, more than its max_items %d", spec.ForEach, len(items), max(spec.MaxItems, 1))
+		}
+		if err != nil {
+			return g.fail(ctx, s, err)
+		}
+		_, err = g.store.ExpandStep(ctx, *s, items, g.me)
+		return g.done(err)
+	}
+	if spec.Input == "" {
+		return send, nil, nil
+	}
+	use := workflow.UseInput
+	if s.Index != nil {
+		use = workflow.UseItemInput
+	}
+	e, err := g.expr(spec.Input, use)
+	var input []byte
+	if err == nil {
+		input, err = e.JSON(vars)
+	}
+	if err != nil {
+		return g.fail(ctx, s, err)
+	}
+	return send, input, nil
+}
+
+// expr is text compiled for use (the file was checked when it was read:
+// a failure here is a definition stored by another version).
+func (g *graphSteps) expr(text, use string) (*workflow.Expr, error) {
+	e, err := g.exprs.Get(text, use)
+	if err != nil {
+		return nil, fmt.Errorf("%s %q does not compile: %w", use, text, err)
+	}
+	return e, nil
+}
+
+// fail fails the step for good with why, through the fenced path of an
+// agent's failed reply.
+func (g *graphSteps) fail(ctx context.Context, s *statestore.ClaimedStep, why error) (outcome, []byte, error) {
+	reason := messages.BoundText(why.Error(), messages.MaxReasonBytes)
+	_, err := g.store.ApplyReply(ctx, statestore.Reply{OrderID: s.OrderID, Step: s.Step, Attempt: s.Attempt, Error: reason, Actor: g.me})
+	return g.done(err)
+}
+
+func (g *graphSteps) done(err error) (outcome, []byte, error) {
+	switch {
+	case err == nil, errors.Is(err, statestore.ErrStale):
+		return answered, nil, nil
+	default:
+		return unsure, nil, err
+	}
+}
