@@ -9,6 +9,7 @@ import (
 
 	"sas/internal/harness/badinput"
 	"sas/internal/messages"
+	"sas/internal/statestore"
 	"sas/internal/workflow"
 )
 
@@ -208,5 +209,201 @@ func TestSasctlChecksAGraph(t *testing.T) {
 	out, _, code = sasctl(t, env(), "workflows", "check", bad)
 	if code == 0 || !strings.Contains(out, "cycle.yaml:13: the steps charge_card → book_parcel → charge_card form a cycle") {
 		t.Fatalf("exit %d\n%s", code, out)
+	}
+}
+
+// TestGraphBranchFailingForGoodUndoesTheOtherBranch: the card is refused
+// for good for a third of the orders: the stock reserved beside it is
+// released once, nothing after them ran, nothing else is undone.
+func TestGraphBranchFailingForGoodUndoesTheOtherBranch(t *testing.T) {
+	t.Parallel()
+	var payloads []string
+	for range 60 {
+		payloads = append(payloads, `{"amount":500,"parcels":["a","b"]}`)
+	}
+	// The refused orders are chosen after the ids exist: the fault is
+	// read when the remote starts, so submit first to a stack without
+	// agents, then start them.
+	file := writeFile(t, "fulfil.yaml", fulfilFile)
+	reg, _ := workflow.Load(file)
+	kinds := reg.Agents()
+	st := newStackFor(t, kinds)
+	wf := "SAS_WORKFLOWS_FILE=" + file
+	ids := make([]string, len(payloads))
+	var refused []string
+	for i := range ids {
+		ids[i] = messages.NewID()
+		if i%3 == 0 {
+			refused = append(refused, ids[i])
+		}
+	}
+	refusedJSON, _ := json.Marshal(refused)
+	p := newPipeline(t, pipelineOpts{on: &st, supervisors: 1, agents: 2,
+		faults:       `{"*":{"latency_min_ms":5,"latency_max_ms":30},"charge_card":{"latency_min_ms":5,"latency_max_ms":30,"fail_orders":` + string(refusedJSON) + `}}`,
+		submitterEnv: []string{wf}, schedulerEnv: []string{wf}, supervisorEnv: []string{wf},
+		agentEnv: []string{wf, "SAS_AGENT_KINDS=" + strings.Join(kinds, ",")}})
+	ch := amqpChannel(t)
+	for i, id := range ids {
+		publish(t, ch, p.submit, messages.ContentType, id, []byte(badinput.ValidSubmitV2JSON(id, "fulfil", payloads[i])))
+	}
+	p.waitTerminal(t, ids, 3*time.Minute)
+	completed, failed := p.checkSaga(t, ids)
+	if completed != 40 || failed != 20 {
+		t.Fatalf("%d completed, %d failed; want 40 and 20\n%s", completed, failed, p.stuck(t, ids))
+	}
+	// In each failed order: the stock released once, the card's undo
+	// asked (it has nothing to undo), no parcel booked or cancelled.
+	if n := p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND name = 'release_stock' AND process_state = 'processed'`, refused); n != 20 {
+		t.Fatalf("release_stock processed in %d of 20 failed orders", n)
+	}
+	if n := p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND name IN ('book_parcel', 'cancel_parcel', 'manual_review')
+		AND process_state NOT IN ('cancelled')`, refused); n != 0 {
+		t.Fatalf("%d steps after the failed branch did not stay cancelled", n)
+	}
+	for _, e := range p.ledger(t) {
+		if e.Action == "cancel_parcel" && e.Effects > 0 {
+			t.Fatalf("a parcel was cancelled (%s) though none was booked", e.Key)
+		}
+	}
+}
+
+// forEachFile books 50 parcels at once; one is refused for good.
+const forEachFile = `
+workflows:
+  - name: parcels
+    steps:
+      - {action: prepare, agent: shipping, timeout: 20s, compensation: {action: unprepare}}
+      - action: book_parcel
+        agent: shipping
+        timeout: 20s
+        for_each: payload.parcels
+        max_parallel: 50
+        compensation: {action: cancel_parcel}
+`
+
+// TestGraphForEachItemFailingForGoodUndoesTheOthers: of 50 parcels, one
+// is refused for good: the 49 others, booked meanwhile, are cancelled once
+// each, and the step before them is undone last.
+func TestGraphForEachItemFailingForGoodUndoesTheOthers(t *testing.T) {
+	t.Parallel()
+	file := writeFile(t, "parcels.yaml", forEachFile)
+	st := newStackFor(t, []string{"shipping"})
+	wf := "SAS_WORKFLOWS_FILE=" + file
+	id := messages.NewID()
+	// Rows: 1 prepare, 2 book_parcel, 3 cancel_parcel, 4 unprepare.
+	failKey := statestore.IdempotencyKey(id, 2, "book_parcel") + "/17"
+	p := newPipeline(t, pipelineOpts{on: &st, supervisors: 1, agents: 1,
+		faults:       `{"*":{"latency_min_ms":2,"latency_max_ms":5},"book_parcel":{"latency_min_ms":300,"latency_max_ms":400,"fail_keys":["` + failKey + `"]}}`,
+		submitterEnv: []string{wf}, schedulerEnv: []string{wf}, supervisorEnv: []string{wf},
+		agentEnv: []string{wf, "SAS_AGENT_KINDS=shipping", "SAS_AGENT_CONCURRENCY=64"}})
+	var parcels []string
+	for i := range 50 {
+		parcels = append(parcels, fmt.Sprintf(`"p%d"`, i))
+	}
+	publish(t, amqpChannel(t), p.submit, messages.ContentType, id,
+		[]byte(badinput.ValidSubmitV2JSON(id, "parcels", `{"parcels":[`+strings.Join(parcels, ",")+`]}`)))
+	p.waitTerminal(t, []string{id}, 2*time.Minute)
+	if _, failed := p.checkSaga(t, []string{id}); failed != 1 {
+		t.Fatalf("the order did not fail\n%s", p.stuck(t, []string{id}))
+	}
+	booked, cancelled := 0, map[string]int{}
+	var unpreparedAt, lastCancel time.Time
+	for _, e := range p.ledger(t) {
+		switch {
+		case e.Action == "book_parcel" && e.Effects == 1:
+			booked++
+		case e.Action == "cancel_parcel" && e.Effects == 1:
+			cancelled[e.Undoes]++
+			if e.At.After(lastCancel) {
+				lastCancel = e.At
+			}
+		case e.Action == "unprepare" && e.Effects == 1:
+			unpreparedAt = e.At
+		}
+	}
+	if booked != 49 || len(cancelled) != 49 {
+		t.Fatalf("%d parcels booked, %d cancelled; want 49 and 49", booked, len(cancelled))
+	}
+	if cancelled[failKey] != 0 {
+		t.Fatal("the refused parcel was cancelled as if booked")
+	}
+	if unpreparedAt.IsZero() || unpreparedAt.Before(lastCancel) {
+		t.Fatalf("prepare undone at %v, before the last parcel was cancelled at %v", unpreparedAt, lastCancel)
+	}
+}
+
+// TestGraphHoldThenResubmitRunsTheRestOfTheGraph: the card's agent is
+// down, so its step fails for good and the order is held in error with
+// an alert while the stock branch ends; the agent comes back, an operator
+// resubmits the step, and the join runs after it.
+func TestGraphHoldThenResubmitRunsTheRestOfTheGraph(t *testing.T) {
+	t.Parallel()
+	file := writeFile(t, "fulfil.yaml", strings.Replace(fulfilFile,
+		"{action: charge_card, agent: payment, timeout: 20s,", "{action: charge_card, agent: payment, timeout: 1s, max_failures: 1,", 1))
+	reg, _ := workflow.Load(file)
+	kinds := reg.Agents()
+	st := newStackFor(t, kinds)
+	wf := "SAS_WORKFLOWS_FILE=" + file
+	p := newPipeline(t, pipelineOpts{on: &st, supervisors: 1, agents: 1,
+		submitterEnv: []string{wf, "SAS_STEP_TIMEOUT=0s"}, schedulerEnv: []string{wf}, supervisorEnv: []string{wf},
+		agentEnv: []string{wf, "SAS_AGENT_KINDS=inventory,shipping,review"}})
+	id := g0(t, p, "fulfil_hold", `{}`)
+	deadline := time.Now().Add(time.Minute)
+	for p.count(t, `SELECT count(*) FROM orders WHERE order_id = $1 AND status = 'error'`, id) != 1 ||
+		p.count(t, `SELECT count(*) FROM steps WHERE order_id = $1 AND name = 'reserve_stock' AND process_state = 'processed'`, id) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("not held in error with the stock reserved\n%s", p.stuck(t, []string{id}))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if n := p.count(t, `SELECT count(*) FROM alerts WHERE order_id = $1`, id); n != 1 {
+		t.Fatalf("%d alerts", n)
+	}
+	if n := p.count(t, `SELECT count(*) FROM steps WHERE order_id = $1 AND name = 'book_parcel' AND process_state = 'waiting'`, id); n != 1 {
+		t.Fatal("the join did not wait for the held branch")
+	}
+	p.startAgent(t, wf, "SAS_AGENT_KINDS=payment")
+	if out, errOut, code := sasctl(t, p.env, "orders", "resubmit", id); code != 0 {
+		t.Fatalf("resubmit: %s%s", out, errOut)
+	}
+	p.waitTerminal(t, []string{id}, time.Minute)
+	if completed, _ := p.checkSaga(t, []string{id}); completed != 1 {
+		t.Fatalf("not completed after the resubmit\n%s", p.stuck(t, []string{id}))
+	}
+}
+
+// g0 submits one order of the workflow and returns its id.
+func g0(t *testing.T, p *pipeline, workflowName, payload string) string {
+	t.Helper()
+	id := messages.NewID()
+	publish(t, amqpChannel(t), p.submit, messages.ContentType, id, []byte(badinput.ValidSubmitV2JSON(id, workflowName, payload)))
+	return id
+}
+
+// TestGraphJoinsUnderTwoSchedulers: 1,000 orders whose two branches end
+// at once, their replies applied by two schedulers: every join runs once.
+func TestGraphJoinsUnderTwoSchedulers(t *testing.T) {
+	t.Parallel()
+	g := newGraphRun(t, `{}`, 2)
+	payloads := make([]string, 1000)
+	for i := range payloads {
+		payloads[i] = `{}`
+	}
+	ids := g.submit(t, "fulfil_hold", payloads)
+	g.waitTerminal(t, ids, 4*time.Minute)
+	if completed, _ := g.checkSaga(t, ids); completed != len(ids) {
+		t.Fatalf("%d of %d completed", completed, len(ids))
+	}
+	if n := g.count(t, `
+		SELECT count(*) FROM (
+			SELECT t.order_id FROM transitions t JOIN steps s ON s.order_id = t.order_id AND s.step = t.step
+			WHERE t.order_id = ANY($1::uuid[]) AND s.name = 'book_parcel' AND t.to_state = 'pending'
+			GROUP BY 1 HAVING count(*) = 1) once`, ids); n != len(ids) {
+		t.Fatalf("the join was made pending once in %d of %d orders", n, len(ids))
+	}
+	for _, s := range g.schedulers {
+		if s.metric(t, `sas_scheduler_replies_total{result="processed"}`) == 0 {
+			t.Fatal("a scheduler applied no reply: the replies did not race")
+		}
 	}
 }
