@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -405,5 +406,57 @@ func TestGraphJoinsUnderTwoSchedulers(t *testing.T) {
 		if s.metric(t, `sas_scheduler_replies_total{result="processed"}`) == 0 {
 			t.Fatal("a scheduler applied no reply: the replies did not race")
 		}
+	}
+}
+
+// docBlock returns the fenced block of docs/YOUR-PROCESS.md whose first
+// line is first.
+func docBlock(t *testing.T, lang, first string) string {
+	t.Helper()
+	doc, err := os.ReadFile("../docs/YOUR-PROCESS.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(doc), "```"+lang+"\n"+first)
+	if !ok {
+		t.Fatalf("docs/YOUR-PROCESS.md has no %s block starting %q", lang, first)
+	}
+	block, _, _ := strings.Cut(rest, "```")
+	return first + block
+}
+
+// TestYourProcessGraphExamplesRun: the parallel and the for_each example
+// of docs/YOUR-PROCESS.md check as the document shows and run, with the
+// demo service, to completion.
+func TestYourProcessGraphExamplesRun(t *testing.T) {
+	t.Parallel()
+	examples := []struct{ file, workflow, payload string }{
+		{"tenant.yaml", "tenant", `{"tenant":"acme","plan":"enterprise"}`},
+		{"shipment.yaml", "shipment", `{"packages":["a","b","c","d","e","f","g"]}`},
+	}
+	for i, ex := range examples {
+		t.Run(ex.workflow, func(t *testing.T) {
+			t.Parallel()
+			file := writeFile(t, ex.file, docBlock(t, "yaml", "# "+ex.file))
+			if ex.file == "tenant.yaml" {
+				console := docBlock(t, "console", "$ sasctl workflows check tenant.yaml\n")
+				out, _, code := sasctl(t, env(), "workflows", "check", file)
+				want := strings.ReplaceAll(strings.TrimPrefix(console, "$ sasctl workflows check tenant.yaml\n"), "tenant.yaml:", file+":")
+				if code != 0 || out != want {
+					t.Fatalf("check prints\n%s\nthe document shows\n%s", out, want)
+				}
+			}
+			reg, err := workflow.Load(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := newStackFor(t, reg.Agents())
+			base := portBase(100 * (i + 1))
+			out, errOut, code := sasctl(t, s.env, "dev", "--workflows", file, "--workflow", ex.workflow, "--payload", ex.payload,
+				"--orders", "20", "--bin", binDir, "--prometheus-port", "0", "--port-base", fmt.Sprint(base), "--console-port", fmt.Sprint(base+7))
+			if code != 0 || !strings.Contains(out, "orders completed         20") {
+				t.Fatalf("sasctl dev: exit %d\n%s\n%s", code, out, errOut)
+			}
+		})
 	}
 }
