@@ -193,6 +193,33 @@ func TestGraphFulfilRunsBranchesAtOnceUnderFaults(t *testing.T) {
 	if seen != wantInstances {
 		t.Fatalf("%d parcel requests in the ledger, want %d", seen, wantInstances)
 	}
+	// sasctl orders show draws the graph: joins, instances, skips.
+	out, errOut, code := sasctl(t, g.env, "orders", "show", ids[1])
+	for _, want := range []string{"RUNS AFTER", "join of steps 1, 2", "book_parcel[1]", "instance 1 of step 3", "skipped", "step 2"} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Fatalf("orders show lacks %q (exit %d):\n%s%s", want, code, out, errOut)
+		}
+	}
+	// The console's order page draws it too, branch beside branch.
+	c := startConsole(t, g.stack)
+	ctx := browser(t)
+	login(t, ctx, c.url, "alice", "alice's password")
+	waitStatus(t, ctx, c.url, ids[1], "completed")
+	if n := eval[int](t, ctx, `document.querySelectorAll("#graph .level").length`); n != 2 {
+		t.Fatalf("the graph has %d levels, want 2", n)
+	}
+	if got := text(t, ctx, "#level-0"); !strings.Contains(got, "1. reserve_stock") || !strings.Contains(got, "2. charge_card") {
+		t.Fatalf("level 0 shows %q, want both branches", got)
+	}
+	if got := text(t, ctx, "#node-3 .after"); got != "joins 1 + 2" {
+		t.Fatalf("the join shows %q", got)
+	}
+	if n := eval[int](t, ctx, `document.querySelectorAll("#node-3 .instances li").length`); n != 2 {
+		t.Fatalf("the for_each step shows %d instances, want 2", n)
+	}
+	if got := text(t, ctx, "#node-4 .state"); got != "skipped" {
+		t.Fatalf("manual_review shows %q, want skipped", got)
+	}
 }
 
 // TestSasctlChecksAGraph: `sasctl workflows check` prints a graph level by

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -193,7 +194,12 @@ func (a *app) printOrder(d statestore.OrderDetail) error {
 
 	fmt.Fprint(w, "\nsteps\n")
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "STEP\tNAME\tKIND\tAGENT\tSTATE\tATTEMPT\tFAILURES")
+	graph := slices.ContainsFunc(d.Steps, func(s statestore.Step) bool { return s.Needs != nil })
+	if graph {
+		fmt.Fprintln(tw, "STEP\tNAME\tKIND\tAGENT\tSTATE\tATTEMPT\tFAILURES\tRUNS AFTER")
+	} else {
+		fmt.Fprintln(tw, "STEP\tNAME\tKIND\tAGENT\tSTATE\tATTEMPT\tFAILURES")
+	}
 	for _, s := range d.Steps {
 		// A live step's failures are its current round's, against its
 		// limit; an ended one's, every failure its history holds
@@ -202,8 +208,17 @@ func (a *app) printOrder(d statestore.OrderDetail) error {
 		if !live(s) {
 			failures = strconv.Itoa(failuresOf(s.Step, d.History))
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\n", s.Step, clip(s.Name, 24), s.Kind, clip(s.Agent, 16), s.ProcessState,
-			s.Attempt, failures)
+		name := s.Name
+		if s.Index != nil {
+			name = fmt.Sprintf("%s[%d]", s.Name, *s.Index)
+		}
+		if !graph {
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\n", s.Step, clip(name, 24), s.Kind, clip(s.Agent, 16), s.ProcessState,
+				s.Attempt, failures)
+			continue
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", s.Step, clip(name, 24), s.Kind, clip(s.Agent, 16), s.ProcessState,
+			s.Attempt, failures, runsAfter(s))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -414,4 +429,25 @@ func failuresOf(step int, history []statestore.Transition) int {
 // pool the caller closes.
 func (a *app) migrateAndOpen(ctx context.Context) (*statestore.Store, func(), error) {
 	return service.MigrateAndOpen(ctx, a.cfg)
+}
+
+// runsAfter says, for a step of a graph, what it waits for: the steps it
+// needs (a join needs more than one), or, for an instance of a for_each
+// step, that step.
+func runsAfter(s statestore.Step) string {
+	if s.Parent > 0 {
+		return fmt.Sprintf("instance %d of step %d", *s.Index, s.Parent)
+	}
+	if len(s.Needs) == 0 {
+		return "-"
+	}
+	parts := make([]string, len(s.Needs))
+	for i, n := range s.Needs {
+		parts[i] = strconv.Itoa(n)
+	}
+	what := "step "
+	if len(s.Needs) > 1 {
+		what = "join of steps "
+	}
+	return what + strings.Join(parts, ", ")
 }

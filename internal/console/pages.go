@@ -159,6 +159,8 @@ type orderData struct {
 	CanCancel   bool
 	CanResubmit bool
 	Results     json.RawMessage
+	// Graph is a graph order's actions by level (nil for a list's).
+	Graph [][]graphNode
 }
 
 func (s *server) readOrder(w http.ResponseWriter, r *http.Request, rq *request) (orderData, bool) {
@@ -195,6 +197,7 @@ func (s *server) readOrder(w http.ResponseWriter, r *http.Request, rq *request) 
 		d.CanResubmit = d.CanResubmit || v.CanResubmit
 		d.Steps = append(d.Steps, v)
 	}
+	d.Graph = graphLevels(d.OrderDetail.Steps)
 	switch d.Order.Status {
 	case statestore.OrderReceived, statestore.OrderProcessing:
 		d.CanCancel = true

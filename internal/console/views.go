@@ -2,6 +2,7 @@ package console
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -237,4 +238,71 @@ func failures(events []event) int {
 		}
 	}
 	return n
+}
+
+// graphNode is one action of a graph order, drawn at its level: the
+// steps it runs after and, for a for_each step, its instances.
+type graphNode struct {
+	Step      int
+	Name      string
+	State     string
+	After     []int // the steps it needs; more than one: a join
+	Instances []graphNode
+	Index     int
+}
+
+// graphLevels lays a graph order's actions out by level, branch beside
+// branch: level 0 the steps that need none, then each step one level past
+// the deepest it needs; the instances of a for_each step inside it. A
+// list's order has none (nil).
+func graphLevels(steps []statestore.Step) [][]graphNode {
+	byStep := map[int]statestore.Step{}
+	graph := false
+	for _, st := range steps {
+		byStep[st.Step] = st
+		graph = graph || st.Needs != nil
+	}
+	if !graph {
+		return nil
+	}
+	depth := map[int]int{}
+	var depthOf func(n int, seen int) int
+	depthOf = func(n int, seen int) int {
+		if d, ok := depth[n]; ok {
+			return d
+		}
+		d := 0
+		if seen < len(steps) { // needs have no cycle; bounded all the same
+			for _, m := range byStep[n].Needs {
+				d = max(d, depthOf(m, seen+1)+1)
+			}
+		}
+		depth[n] = d
+		return d
+	}
+	var levels [][]graphNode
+	nodes := map[int]*graphNode{}
+	for _, st := range steps {
+		if st.Kind != statestore.KindAction || st.Parent > 0 {
+			continue
+		}
+		d := depthOf(st.Step, 0)
+		for len(levels) <= d {
+			levels = append(levels, nil)
+		}
+		levels[d] = append(levels[d], graphNode{Step: st.Step, Name: cmp.Or(st.ID, st.Name), State: st.ProcessState, After: st.Needs})
+	}
+	for d := range levels {
+		for i := range levels[d] {
+			nodes[levels[d][i].Step] = &levels[d][i]
+		}
+	}
+	for _, st := range steps {
+		if st.Kind == statestore.KindAction && st.Parent > 0 && st.Index != nil {
+			if p := nodes[st.Parent]; p != nil {
+				p.Instances = append(p.Instances, graphNode{Step: st.Step, Name: st.Name, State: st.ProcessState, Index: *st.Index})
+			}
+		}
+	}
+	return levels
 }

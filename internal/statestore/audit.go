@@ -30,6 +30,12 @@ type AuditStep struct {
 	FailureCount   int
 	MaxFailures    int
 	IdempotencyKey string
+	// In a graph: the steps it needs, the for_each step an instance is
+	// of (0: none), and whether it is a for_each step itself (it calls
+	// no service; its instances do).
+	Needs   []int
+	Parent  int
+	ForEach bool
 }
 
 // Audit is the whole store, read in one snapshot.
@@ -63,7 +69,8 @@ func (s *Store) ReadAudit(ctx context.Context) (Audit, error) {
 			return err
 		}
 		rows, err = tx.Query(ctx, `SELECT order_id::text, step, name, kind, coalesce(compensates, 0), process_state, attempt,
-			failure_count, max_failures, idempotency_key FROM steps ORDER BY order_id, step`)
+			failure_count, max_failures, idempotency_key, needs, coalesce(parent, 0), coalesce(spec ? 'for_each', false)
+			FROM steps ORDER BY order_id, step`)
 		if err != nil {
 			return err
 		}
@@ -71,7 +78,7 @@ func (s *Store) ReadAudit(ctx context.Context) (Audit, error) {
 			var id string
 			var st AuditStep
 			if err := rows.Scan(&id, &st.Step, &st.Name, &st.Kind, &st.Compensates, &st.ProcessState, &st.Attempt,
-				&st.FailureCount, &st.MaxFailures, &st.IdempotencyKey); err != nil {
+				&st.FailureCount, &st.MaxFailures, &st.IdempotencyKey, &st.Needs, &st.Parent, &st.ForEach); err != nil {
 				rows.Close()
 				return err
 			}

@@ -147,8 +147,8 @@ func Check(h History, a statestore.Audit, ledger []remote.Entry) Result {
 	return r
 }
 
-// checkOrder checks invariants 2, 4, 5, 6 and the forward-call part of 7
-// for one confirmed order.
+// checkOrder checks invariants 2, 4, 5, 6, 10 and the forward-call part
+// of 7 for one confirmed order.
 func checkOrder(o *statestore.AuditOrder, applied map[string]remote.Entry, undone map[string]int, add func(int, string, ...any)) {
 	// 2. One terminal outcome; a held order raised an alert.
 	switch o.Status {
@@ -172,14 +172,15 @@ func checkOrder(o *statestore.AuditOrder, applied map[string]remote.Entry, undon
 		ended = t.To == statestore.OrderCompleted || t.To == statestore.OrderFailed || t.To == statestore.OrderError
 	}
 
+	checkGraph(o, add)
 	for _, st := range o.Steps {
 		checkFencing(o, st, add)
 		// 6. Bounded attempts.
 		if st.FailureCount > st.MaxFailures {
 			add(6, "order %s step %d failed %d times, threshold %d", o.OrderID, st.Step, st.FailureCount, st.MaxFailures)
 		}
-		if st.Kind != statestore.KindAction {
-			continue
+		if st.Kind != statestore.KindAction || st.ProcessState == statestore.StepSkipped || st.ForEach {
+			continue // a skipped step, and a for_each step itself, call no service
 		}
 		e, isApplied := applied[st.IdempotencyKey]
 		// 5. Saga atomicity.
@@ -200,6 +201,71 @@ func checkOrder(o *statestore.AuditOrder, applied map[string]remote.Entry, undon
 		// 7. No forward call after the order ended.
 		if isApplied && (o.Status == statestore.OrderCompleted || o.Status == statestore.OrderFailed) && e.At.After(o.UpdatedAt.Add(time.Second)) {
 			add(7, "order %s: action %s applied at %s, after the order ended at %s", o.OrderID, st.Name, e.At.Format(time.RFC3339Nano), o.UpdatedAt.Format(time.RFC3339Nano))
+		}
+	}
+}
+
+// checkGraph checks invariant 10 for an order of a graph workflow: no
+// step was claimed before every step it needs had ended (an action's
+// needs processed or skipped, a compensation's processed, cancelled or
+// skipped), no instance of a for_each step before that step expanded; no
+// step was made pending from waiting twice (a join runs once); and a
+// completed order ended every action (no join was lost).
+func checkGraph(o *statestore.AuditOrder, add func(int, string, ...any)) {
+	steps := map[int]statestore.AuditStep{}
+	graph := false
+	for _, st := range o.Steps {
+		steps[st.Step] = st
+		graph = graph || st.Needs != nil
+	}
+	if !graph {
+		return
+	}
+	ended := map[int]int{}   // step -> place in the history of its first end
+	claimed := map[int]int{} // step -> place in the history of its first claim
+	readied := map[int]int{} // step -> waiting -> pending transitions
+	for i, t := range o.History {
+		if t.Step == nil {
+			continue
+		}
+		n := *t.Step
+		switch t.To {
+		case statestore.StepProcessing:
+			if _, ok := claimed[n]; !ok {
+				claimed[n] = i
+			}
+		case statestore.StepProcessed, statestore.StepSkipped, statestore.StepCancelled, statestore.StepExpanded:
+			if _, ok := ended[n]; !ok && (t.To != statestore.StepCancelled || steps[n].Kind == statestore.KindCompensation) {
+				ended[n] = i
+			}
+		}
+		if t.From == statestore.StepWaiting && t.To == statestore.StepPending {
+			readied[n]++
+		}
+	}
+	for _, st := range o.Steps {
+		if readied[st.Step] > 1 {
+			add(10, "order %s step %d was made pending from waiting %d times", o.OrderID, st.Step, readied[st.Step])
+		}
+		c, ok := claimed[st.Step]
+		if !ok {
+			continue
+		}
+		needs := st.Needs
+		if st.Parent > 0 && st.Kind == statestore.KindAction {
+			needs = []int{st.Parent} // an instance runs once its step expanded
+		}
+		for _, n := range needs {
+			if e, ok := ended[n]; !ok || e > c {
+				add(10, "order %s step %d (%s) was claimed before step %d, which it needs, ended", o.OrderID, st.Step, st.Name, n)
+			}
+		}
+	}
+	if o.Status == statestore.OrderCompleted {
+		for _, st := range o.Steps {
+			if st.Kind == statestore.KindAction && st.ProcessState != statestore.StepProcessed && st.ProcessState != statestore.StepSkipped {
+				add(10, "completed order %s: step %d (%s) is %s", o.OrderID, st.Step, st.Name, st.ProcessState)
+			}
 		}
 	}
 }

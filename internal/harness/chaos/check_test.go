@@ -188,3 +188,105 @@ func TestCheckCatchesEachViolation(t *testing.T) {
 		})
 	}
 }
+
+// graphWorld is a correct history of a graph order "g": a and b at once,
+// the join j after both, a skipped step s after a, a for_each step e
+// after j with one instance (step 7).
+func graphWorld() (History, statestore.Audit, []remote.Entry) {
+	st := func(n int, name, state string, needs ...int) statestore.AuditStep {
+		s := statestore.AuditStep{Step: n, Name: name, Kind: statestore.KindAction, ProcessState: state, Attempt: 1,
+			MaxFailures: 5, IdempotencyKey: fmt.Sprintf("g/%d", n), Needs: append([]int{}, needs...)}
+		return s
+	}
+	steps := []statestore.AuditStep{
+		st(1, "a", "processed"), st(2, "b", "processed"), st(3, "j", "processed", 1, 2),
+		st(4, "s", "skipped", 1), st(5, "e", "processed", 3),
+		{Step: 6, Name: "undo_a", Kind: statestore.KindCompensation, Compensates: 1, ProcessState: "waiting", MaxFailures: 5,
+			IdempotencyKey: "g/6", Needs: []int{}},
+		{Step: 7, Name: "e", Kind: statestore.KindAction, ProcessState: "processed", Attempt: 1, MaxFailures: 5,
+			IdempotencyKey: "g/5/0", Needs: []int{}, Parent: 5},
+	}
+	steps[4].ForEach = true
+	tr := func(step int, from, to string, attempt int) statestore.Transition {
+		return statestore.Transition{Step: ip(step), From: from, To: to, Attempt: attempt, Actor: "scheduler:a"}
+	}
+	gh := []statestore.Transition{
+		{To: "received", Actor: "submitter"},
+		{Step: ip(1), To: "pending", Actor: "submitter"}, {Step: ip(2), To: "pending", Actor: "submitter"},
+		tr(1, "pending", "processing", 1), tr(2, "pending", "processing", 1),
+		tr(1, "processing", "processed", 1), tr(4, "waiting", "pending", 0), tr(4, "pending", "processing", 1), tr(4, "processing", "skipped", 1),
+		tr(2, "processing", "processed", 1), tr(3, "waiting", "pending", 0),
+		tr(3, "pending", "processing", 1), tr(3, "processing", "processed", 1),
+		tr(5, "waiting", "pending", 0), tr(5, "pending", "processing", 1), tr(5, "processing", "expanded", 1),
+		tr(7, "waiting", "pending", 0), tr(7, "pending", "processing", 1), tr(7, "processing", "processed", 1),
+		tr(5, "expanded", "processed", 1),
+		{From: "processing", To: "completed", Actor: "scheduler:a"},
+	}
+	h := History{Confirmed: map[string]bool{"g": true}}
+	a := statestore.Audit{Orders: []statestore.AuditOrder{{OrderID: "g", Status: "completed", UpdatedAt: t0, Steps: steps, History: gh}}}
+	var l []remote.Entry
+	for _, k := range []string{"g/1", "g/2", "g/3", "g/5/0"} {
+		l = append(l, remote.Entry{Key: k, OrderID: "g", Effects: 1, Calls: 1, At: t0.Add(-time.Second)})
+	}
+	return h, a, l
+}
+
+// TestCheckLearnsTheGraph: a correct graph history passes (a skipped
+// step and a for_each step itself call no service); each graph invariant
+// has a negative control that makes it fail.
+func TestCheckLearnsTheGraph(t *testing.T) {
+	t.Parallel()
+	h, a, l := graphWorld()
+	if r := Check(h, a, l); !r.OK() {
+		t.Fatalf("violations in a correct graph history: %v", r.Violations)
+	}
+	move := func(o *statestore.AuditOrder, from, to int) {
+		tr := o.History[from]
+		o.History = append(o.History[:from], o.History[from+1:]...)
+		o.History = append(o.History[:to], append([]statestore.Transition{tr}, o.History[to:]...)...)
+	}
+	for _, tc := range []struct {
+		desc      string
+		invariant int
+		breakIt   func(h *History, a *statestore.Audit, l *[]remote.Entry)
+	}{
+		{"join claimed before a branch ended", 10, func(h *History, a *statestore.Audit, l *[]remote.Entry) {
+			// b's processed row after the join's claim.
+			move(&a.Orders[0], 9, 11)
+		}},
+		{"join made pending twice", 10, func(h *History, a *statestore.Audit, l *[]remote.Entry) {
+			o := &a.Orders[0]
+			o.History = append(o.History[:11], append([]statestore.Transition{
+				{Step: ip(3), From: "pending", To: "waiting", Actor: "scheduler:b"},
+				{Step: ip(3), From: "waiting", To: "pending", Actor: "scheduler:b"}}, o.History[11:]...)...)
+		}},
+		{"instance claimed before its step expanded", 10, func(h *History, a *statestore.Audit, l *[]remote.Entry) {
+			move(&a.Orders[0], 15, 18)
+		}},
+		{"join lost in a completed order", 10, func(h *History, a *statestore.Audit, l *[]remote.Entry) {
+			o := &a.Orders[0]
+			o.Steps[2].ProcessState = "waiting"
+			o.History = o.History[:10]
+			o.History = append(o.History, statestore.Transition{From: "processing", To: "completed", Actor: "scheduler:a"})
+			*l = (*l)[:2]
+			o.Steps[4].ProcessState, o.Steps[6].ProcessState = "waiting", "waiting"
+		}},
+		{"a failed graph order leaves a branch applied", 5, func(h *History, a *statestore.Audit, l *[]remote.Entry) {
+			a.Orders[0].Status = "failed"
+		}},
+		{"an instance applied twice", 3, func(h *History, a *statestore.Audit, l *[]remote.Entry) { (*l)[3].Effects = 2 }},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			t.Parallel()
+			h, a, l := graphWorld()
+			tc.breakIt(&h, &a, &l)
+			r := Check(h, a, l)
+			for _, v := range r.Violations {
+				if v.Invariant == tc.invariant {
+					return
+				}
+			}
+			t.Fatalf("no violation of invariant %d; got %v", tc.invariant, r.Violations)
+		})
+	}
+}

@@ -409,6 +409,25 @@ func (r *run) closeProxies() {
 	}
 }
 
+// GraphWorkflow is the graph a fault run submits beside the built-in
+// lists: the reservation and the charge at once, a shipment per item once
+// both are done, on the built-in agent kinds.
+const GraphWorkflow = "chaos_graph"
+
+const graphWorkflowYAML = `
+  # The fault run's graph (chaos.GraphWorkflow).
+  - name: chaos_graph
+    steps:
+      - {action: reserve_inventory, agent: inventory, compensation: {action: release_inventory}}
+      - {action: charge_payment, agent: payment, needs: [], compensation: {action: refund_payment}}
+      - action: create_shipment
+        agent: shipping
+        needs: [reserve_inventory, charge_payment]
+        for_each: payload.items
+        max_parallel: 2
+        compensation: {action: cancel_shipment}
+`
+
 // startServices starts the remote and two replicas of each service, which
 // reach Postgres, RabbitMQ and the remote through proxies (the harness
 // itself connects directly), and waits until each is ready.
@@ -422,7 +441,13 @@ func (r *run) startServices(ctx context.Context, w *stage) error {
 	if err != nil {
 		return err
 	}
-	common := append([]string{"SAS_DATABASE_URL=" + svcDB, "SAS_AMQP_URL=" + svcAMQP, "SAS_QUEUE_PREFIX=" + w.prefix, "SAS_LOG_LEVEL=info"}, cfg.Env...)
+	// The built-in workflows and a graph beside them (GraphWorkflow).
+	wfFile := filepath.Join(cfg.LogDir, "workflows.yaml")
+	if err := os.WriteFile(wfFile, append(workflow.BuiltinYAML(), graphWorkflowYAML...), 0o644); err != nil {
+		return err
+	}
+	common := append([]string{"SAS_DATABASE_URL=" + svcDB, "SAS_AMQP_URL=" + svcAMQP, "SAS_QUEUE_PREFIX=" + w.prefix, "SAS_LOG_LEVEL=info",
+		"SAS_WORKFLOWS_FILE=" + wfFile}, cfg.Env...)
 	port := cfg.PortBase
 	add := func(role, binary, addrVar string, n int, env ...string) error {
 		for i := range n {
@@ -605,10 +630,19 @@ func (r *run) publish(ctx context.Context, pub *broker.Publisher, topo broker.To
 		case <-tick.C:
 		}
 		wf := ""
-		if r.intn(4) == 0 {
+		switch r.intn(4) {
+		case 0:
 			wf = "single"
+		case 1:
+			wf = GraphWorkflow
 		}
-		o := messages.SubmitOrder{SchemaVersion: 1, OrderID: id, Customer: "chaos", Items: []messages.Item{{SKU: "SKU-1", Qty: 1}},
+		items := []messages.Item{{SKU: "SKU-1", Qty: 1}}
+		if wf == GraphWorkflow {
+			for k := range r.intn(3) {
+				items = append(items, messages.Item{SKU: fmt.Sprintf("SKU-%d", k+2), Qty: 1})
+			}
+		}
+		o := messages.SubmitOrder{SchemaVersion: 1, OrderID: id, Customer: "chaos", Items: items,
 			Amount: 100, Currency: "EUR", Workflow: wf}
 		body, err := messages.Encode(o)
 		if err != nil {
