@@ -104,6 +104,8 @@ bench: build
 	$(BENCH_RUN) --workflow order --rate 500 --drain 30s --label order-500 --json bench-order-500.json
 	$(BENCH_RUN) --workflow single --rate 50 --drain 30s --label single-50 --json bench-single-50.json
 	$(BENCH_RUN) --workflow order --rate 50 --drain 30s --label order-50 --json bench-order-50.json
+	$(BENCH_RUN) --workflow fanout --rate 20 --drain 30s --label fanout-20 --json bench-fanout-20.json
+	$(BENCH_RUN) --workflow foreach --rate 2 --drain 60s --label foreach-2 --json bench-foreach-2.json
 
 # A/B in one sitting (docs/BENCHMARKS.md): BASE's binaries against the
 # working tree's, each scenario run alternately A B A B (AB_ROUNDS each),

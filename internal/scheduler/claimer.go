@@ -359,11 +359,19 @@ func traceClaim(ctx context.Context, tr *tracing.Tracing, s statestore.ClaimedSt
 	if !tr.On() {
 		return ctx, trace.SpanFromContext(ctx)
 	}
-	attrs := trace.WithAttributes(tracing.StepAttrs(s.OrderID, s.Step, s.Attempt, attribute.String("sas.step_name", s.Name),
-		attribute.String("sas.step_kind", s.Kind), attribute.String("sas.agent", s.Agent))...)
+	more := []attribute.KeyValue{attribute.String("sas.step_name", s.Name),
+		attribute.String("sas.step_kind", s.Kind), attribute.String("sas.agent", s.Agent)}
+	if s.Index != nil {
+		// An instance of a for_each step: which item.
+		more = append(more, attribute.Int("sas.item_index", *s.Index))
+	}
+	attrs := trace.WithAttributes(tracing.StepAttrs(s.OrderID, s.Step, s.Attempt, more...)...)
 	name := "claim " + s.Name
 	if s.Kind == statestore.KindCompensation {
 		name = "claim compensation " + s.Name
+	}
+	if s.Index != nil {
+		name += "[" + strconv.Itoa(*s.Index) + "]"
 	}
 	cctx, claim := tr.Start(tr.Resume(ctx, s.Traceparent), name, trace.WithTimestamp(claimedAt), attrs)
 	claim.End()

@@ -44,7 +44,11 @@ func (a *Tool) benchBacklog(ctx context.Context, o benchOptions, n int) (*backlo
 	}
 	defer rig.close()
 	a, smp, store, pub, topo, serviceEnv := rig.a, rig.smp, rig.store, rig.pub, rig.topo, rig.env
-	faults := fmt.Sprintf(`{"*":{"latency_min_ms":%d,"latency_max_ms":%d}}`, o.latency, o.latency)
+	scenarioEnv, faults, err := smp.setUp(rig.dir, o.latency)
+	if err != nil {
+		return nil, err
+	}
+	serviceEnv = append(serviceEnv, scenarioEnv...)
 	st, err := localstack.Start(ctx, localstack.Options{BinDir: o.binDir, Schedulers: o.schedulers, Agents: o.agents,
 		Faults: faults, PortBase: o.portBase, Env: serviceEnv, DebugOffset: o.pprofOffset, HoldWorkers: true})
 	if err != nil {

@@ -35,7 +35,7 @@ import (
 func Main(ctx context.Context, a *Tool, args []string) error {
 	fs := a.flags()
 	var o benchOptions
-	fs.StringVar(&o.wf, "workflow", workflow.DefaultName, "workflow of the orders (single: one step; order: three)")
+	fs.StringVar(&o.wf, "workflow", workflow.DefaultName, "workflow of the orders (single: one step; order: three; graphs: fanout, five 200 ms branches then a join; foreach, 100 items of 50 ms, 20 at once)")
 	fs.Float64Var(&o.rate, "rate", 0, "orders offered per second; 0 offers as fast as the system absorbs them (see --inflight)")
 	fs.IntVar(&o.inflight, "inflight", 2000, "with --rate 0: orders published and not yet ended, at most")
 	fs.DurationVar(&o.warmup, "warmup", 10*time.Second, "load before the measured window")
@@ -137,7 +137,11 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 	defer rig.close()
 	a, smp, store, pool, conn, pub, topo, depths, queueNames, serviceEnv := rig.a, rig.smp, rig.store, rig.pool, rig.conn, rig.pub, rig.topo, rig.depths, rig.queues, rig.env
 
-	faults := fmt.Sprintf(`{"*":{"latency_min_ms":%d,"latency_max_ms":%d}}`, o.latency, o.latency)
+	scenarioEnv, faults, err := smp.setUp(rig.dir, o.latency)
+	if err != nil {
+		return nil, err
+	}
+	serviceEnv = append(serviceEnv, scenarioEnv...)
 	st, err := localstack.Start(ctx, localstack.Options{BinDir: o.binDir, Schedulers: o.schedulers, Agents: o.agents,
 		Faults: faults, PortBase: o.portBase, Env: serviceEnv, DebugOffset: o.pprofOffset})
 	if err != nil {
@@ -291,6 +295,7 @@ type benchRig struct {
 	depths *broker.QueueInspector
 	queues []string
 	filled *lab.FillReport
+	dir    string   // the run's own files (a graph scenario's workflows)
 	undo   []func() // run in reverse by close
 }
 
@@ -304,6 +309,10 @@ func (a *Tool) newBenchRig(ctx context.Context, o benchOptions, purge bool) (_ *
 	if r.smp, err = newOrders(o.wf); err != nil {
 		return nil, err
 	}
+	if r.dir, err = os.MkdirTemp("", "sas-bench-"); err != nil {
+		return nil, err
+	}
+	r.undo = append(r.undo, func() { _ = os.RemoveAll(r.dir) })
 	if o.fresh {
 		url, drop, err := a.freshSchema(ctx)
 		if err != nil {
