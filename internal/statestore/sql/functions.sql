@@ -291,6 +291,7 @@ $function$;
 CREATE OR REPLACE FUNCTION graph_advance(p_order uuid, p_actor text, OUT next_step integer, OUT order_status text)
  RETURNS record
  LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_custom_plan'
 AS $function$
 DECLARE
     v_status text;
