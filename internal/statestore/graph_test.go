@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"sas/internal/messages"
 	"sas/internal/statestore"
@@ -27,16 +26,7 @@ func graphOrder(t *testing.T, file, name, payload, policy string) statestore.New
 	wf, _ := reg.Lookup(name)
 	id := messages.NewID()
 	h := sha256.Sum256([]byte(id))
-	var steps []statestore.NewStep
-	for _, r := range wf.Rows() {
-		kind := statestore.KindAction
-		if r.Compensates > 0 {
-			kind = statestore.KindCompensation
-		}
-		steps = append(steps, statestore.NewStep{Name: r.Name, Agent: r.Agent, Kind: kind, Compensates: r.Compensates,
-			Timeout: time.Hour, MaxFailures: 3, Needs: r.Needs, Ancestors: r.Ancestors, Spec: r.Spec()})
-	}
-	return statestore.NewOrder{OrderID: id, Workflow: name, Payload: []byte(payload), PayloadHash: h[:], Steps: steps,
+	return statestore.NewOrder{OrderID: id, Workflow: name, Payload: []byte(payload), PayloadHash: h[:], Steps: stepsOf(wf),
 		Actor: "test", FailurePolicy: policy}
 }
 

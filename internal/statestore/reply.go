@@ -363,7 +363,9 @@ func (s *Store) ApplyRepliesClaiming(ctx context.Context, rs []Reply, claimFor [
 			// one that finds its rows still held gives up quickly; the
 			// caller tries it again, on its own (IsLockTimeout).
 			clear(results)
-			s.applyEach(ctx, rs, batched, results, errs, fallbackLockTimeout)
+			s.applyEach(ctx, rs, batched, results, errs, func(ctx context.Context, r Reply) (ApplyResult, error) {
+				return s.applyReplyWithin(ctx, r, fallbackLockTimeout)
+			})
 		} else {
 			// A reply the statement did not apply is stale, or for a step
 			// of a graph, which the statement leaves to apply_reply (its
@@ -374,10 +376,10 @@ func (s *Store) ApplyRepliesClaiming(ctx context.Context, rs []Reply, claimFor [
 					rest = append(rest, i)
 				}
 			}
-			s.applyEachFunc(ctx, rs, rest, results, errs)
+			s.applyEach(ctx, rs, rest, results, errs, s.applyReplyFunc)
 		}
 	}
-	s.applyEach(ctx, rs, alone, results, errs, 0)
+	s.applyEach(ctx, rs, alone, results, errs, s.ApplyReply)
 	return results, errs
 }
 
@@ -386,36 +388,17 @@ func (s *Store) ApplyRepliesClaiming(ctx context.Context, rs []Reply, claimFor [
 // lock timeout, so a row still held is held by something stuck.
 const fallbackLockTimeout = 100 * time.Millisecond
 
-// applyEach applies the replies rs[idx] one by one, a few at a time, each
-// waiting at most lockTimeout for a row lock when it is set (0: the
-// pool's), and sets their results and errors.
-func (s *Store) applyEach(ctx context.Context, rs []Reply, idx []int, results []ApplyResult, errs []error, lockTimeout time.Duration) {
+// applyEach applies the replies rs[idx] one by one with apply, a few at
+// a time, and sets their results and errors.
+func (s *Store) applyEach(ctx context.Context, rs []Reply, idx []int, results []ApplyResult, errs []error,
+	apply func(context.Context, Reply) (ApplyResult, error)) {
 	sem := make(chan struct{}, 4)
 	var wg sync.WaitGroup
 	for _, i := range idx {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			if lockTimeout > 0 {
-				results[i], errs[i] = s.applyReplyWithin(ctx, rs[i], lockTimeout)
-			} else {
-				results[i], errs[i] = s.ApplyReply(ctx, rs[i])
-			}
-		})
-	}
-	wg.Wait()
-}
-
-// applyEachFunc applies the replies rs[idx] one by one through the
-// apply_reply function, a few at a time.
-func (s *Store) applyEachFunc(ctx context.Context, rs []Reply, idx []int, results []ApplyResult, errs []error) {
-	sem := make(chan struct{}, 4)
-	var wg sync.WaitGroup
-	for _, i := range idx {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			results[i], errs[i] = s.applyReplyFunc(ctx, rs[i])
+			results[i], errs[i] = apply(ctx, rs[i])
 		})
 	}
 	wg.Wait()

@@ -22,6 +22,13 @@ func sagaOrder(policy string) statestore.NewOrder {
 	wf, _ := workflow.Builtin().Lookup("order")
 	id := messages.NewID()
 	h := sha256.Sum256([]byte(id))
+	return statestore.NewOrder{OrderID: id, Workflow: "order", Payload: []byte(`{"customer":"c","amount":100}`), PayloadHash: h[:],
+		Steps: stepsOf(wf), Actor: "test", FailurePolicy: policy}
+}
+
+// stepsOf lays a workflow out as an order's steps, as the submitter does,
+// each with an hour's budget and three failures.
+func stepsOf(wf workflow.Workflow) []statestore.NewStep {
 	var steps []statestore.NewStep
 	for _, r := range wf.Rows() {
 		kind := statestore.KindAction
@@ -29,9 +36,9 @@ func sagaOrder(policy string) statestore.NewOrder {
 			kind = statestore.KindCompensation
 		}
 		steps = append(steps, statestore.NewStep{Name: r.Name, Agent: r.Agent, Kind: kind, Compensates: r.Compensates,
-			Timeout: time.Hour, MaxFailures: 3})
+			Timeout: time.Hour, MaxFailures: 3, Needs: r.Needs, Ancestors: r.Ancestors, Spec: r.Spec()})
 	}
-	return statestore.NewOrder{OrderID: id, Workflow: "order", Payload: []byte(`{"customer":"c","amount":100}`), PayloadHash: h[:], Steps: steps, Actor: "test", FailurePolicy: policy}
+	return steps
 }
 
 // run claims the order's pending step and replies to it.
