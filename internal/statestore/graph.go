@@ -26,17 +26,7 @@ type GraphResult struct {
 // in the history. A claim that is no longer the step's gives a
 // *StaleReplyError.
 func (s *Store) SkipStep(ctx context.Context, c ClaimedStep, actor, reason string) (GraphResult, error) {
-	var res GraphResult
-	var applied bool
-	err := s.pool.QueryRow(ctx, `SELECT applied, next_step, order_status FROM step_skip($1, $2, $3, $4, $5)`,
-		c.OrderID, c.Step, c.Attempt, actor, reason).Scan(&applied, &res.NextStep, &res.OrderStatus)
-	if err != nil {
-		return GraphResult{}, fmt.Errorf("skip order %s step %d: %w", c.OrderID, c.Step, err)
-	}
-	if !applied {
-		return GraphResult{}, s.staleReason(ctx, Reply{OrderID: c.OrderID, Step: c.Step, Attempt: c.Attempt})
-	}
-	return res, nil
+	return s.answerFor(ctx, c, "skip", `step_skip($1, $2, $3, $4, $5)`, actor, reason)
 }
 
 // ExpandStep runs a claimed for_each step as one instance per item (each a
@@ -51,12 +41,19 @@ func (s *Store) ExpandStep(ctx context.Context, c ClaimedStep, items []json.RawM
 	if err != nil {
 		return GraphResult{}, fmt.Errorf("expand order %s step %d: %w", c.OrderID, c.Step, err)
 	}
+	return s.answerFor(ctx, c, "expand", `step_expand($1, $2, $3, $4, $5)`, string(list), actor)
+}
+
+// answerFor runs fn, a function answering for the claimed step c (its
+// order, step and attempt are $1 to $3, args follow), and reads what it
+// changed; a claim that is no longer the step's gives its stale reason.
+func (s *Store) answerFor(ctx context.Context, c ClaimedStep, what, fn string, args ...any) (GraphResult, error) {
 	var res GraphResult
 	var applied bool
-	err = s.pool.QueryRow(ctx, `SELECT applied, next_step, order_status FROM step_expand($1, $2, $3, $4, $5)`,
-		c.OrderID, c.Step, c.Attempt, string(list), actor).Scan(&applied, &res.NextStep, &res.OrderStatus)
+	err := s.pool.QueryRow(ctx, `SELECT applied, next_step, order_status FROM `+fn,
+		append([]any{c.OrderID, c.Step, c.Attempt}, args...)...).Scan(&applied, &res.NextStep, &res.OrderStatus)
 	if err != nil {
-		return GraphResult{}, fmt.Errorf("expand order %s step %d: %w", c.OrderID, c.Step, classify(err))
+		return GraphResult{}, fmt.Errorf("%s order %s step %d: %w", what, c.OrderID, c.Step, classify(err))
 	}
 	if !applied {
 		return GraphResult{}, s.staleReason(ctx, Reply{OrderID: c.OrderID, Step: c.Step, Attempt: c.Attempt})

@@ -94,7 +94,7 @@ func (p *parser) graph(wf *Workflow, lines []stepLines) {
 				st.MaxParallel = min(DefaultMaxParallel, st.MaxItems)
 			}
 			p.forEachBound(wf, i, ln)
-			if e, err := CompileExpr(st.ForEach, UseForEach); err == nil && e.ReadsOnly("payload") {
+			if e := ln.forEachExpr; e != nil && e.ReadsOnly("payload") {
 				if wf.forEach == nil {
 					wf.forEach = map[int]*Expr{}
 				}
@@ -115,7 +115,7 @@ func (p *parser) graph(wf *Workflow, lines []stepLines) {
 	for _, j := range topoOrder(wf, index) {
 		st := wf.Steps[j]
 		if st.When != "" {
-			if e, err := CompileExpr(st.When, UseWhen); err == nil && e.ConstantFalse() {
+			if e := lines[j].whenExpr; e != nil && e.ConstantFalse() {
 				p.problem(lines[j].when, "step %q can never run: its when is always false; remove the step or write a condition over payload or results", st.Ref())
 				never[st.Ref()] = true
 				continue

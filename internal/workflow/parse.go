@@ -316,6 +316,7 @@ func (p *parser) names(wf *Workflow, lines []stepLines) {
 type stepLines struct {
 	item, comp, id, needs, when, forEach, maxItems, input int
 	needsGiven                                            bool
+	whenExpr, forEachExpr                                 *Expr // compiled once, read by the graph's checks
 }
 
 // step reads a step, or with parent the compensation of parent (whose
@@ -379,8 +380,8 @@ func (p *parser) step(n *yaml.Node, parent *Step) (Step, stepLines) {
 				}
 			}
 		}
-		fields["when"] = func(v *yaml.Node) { ln.when = v.Line; p.expr(v, UseWhen, &st.When) }
-		fields["for_each"] = func(v *yaml.Node) { ln.forEach = v.Line; p.expr(v, UseForEach, &st.ForEach) }
+		fields["when"] = func(v *yaml.Node) { ln.when = v.Line; ln.whenExpr = p.expr(v, UseWhen, &st.When) }
+		fields["for_each"] = func(v *yaml.Node) { ln.forEach = v.Line; ln.forEachExpr = p.expr(v, UseForEach, &st.ForEach) }
 		fields["input"] = func(v *yaml.Node) { ln.input = v.Line; st.Input = v.Value }
 		fields["max_parallel"] = func(v *yaml.Node) { p.count(v, "max_parallel", 1, MaxItemsCap, &st.MaxParallel) }
 		fields["max_items"] = func(v *yaml.Node) { ln.maxItems = v.Line; p.count(v, "max_items", 1, MaxItemsCap, &st.MaxItems) }
@@ -399,17 +400,20 @@ func (p *parser) count(v *yaml.Node, what string, lo, hi int, dst *int) {
 	*dst = n
 }
 
-// expr reads a CEL expression and compiles it for its use.
-func (p *parser) expr(v *yaml.Node, use string, dst *string) {
+// expr reads a CEL expression and compiles it for its use (nil: a
+// problem, reported).
+func (p *parser) expr(v *yaml.Node, use string, dst *string) *Expr {
 	if v.Kind != yaml.ScalarNode {
 		p.problem(v.Line, "%s must be a CEL expression on one line; write for example %s", use, exprExample(use))
-		return
+		return nil
 	}
-	if _, err := CompileExpr(v.Value, use); err != nil {
+	e, err := CompileExpr(v.Value, use)
+	if err != nil {
 		p.problem(v.Line, "%s %q does not compile: %s; write %s", use, v.Value, err, exprExample(use))
-		return
+		return nil
 	}
 	*dst = v.Value
+	return e
 }
 
 func exprExample(use string) string {
