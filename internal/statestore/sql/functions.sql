@@ -291,69 +291,44 @@ $function$;
 CREATE OR REPLACE FUNCTION graph_advance(p_order uuid, p_actor text, OUT next_step integer, OUT order_status text)
  RETURNS record
  LANGUAGE plpgsql
- SET plan_cache_mode TO 'force_custom_plan'
 AS $function$
 DECLARE
     v_status text;
-    v_first integer;
+    v_parent record;
+    v_open integer;
+    v_busy integer;
+    v_waiting integer[];
+    v_steps integer[];
 BEGIN
     next_step := 0;
     order_status := '';
     SELECT status INTO v_status FROM orders WHERE order_id = p_order FOR UPDATE;
     IF v_status IN ('received', 'processing') THEN
-        WITH done AS (
-            SELECT p.step, p.attempt FROM steps p
-            WHERE p.order_id = p_order AND p.process_state = 'expanded'
-              AND NOT EXISTS (SELECT 1 FROM steps i WHERE i.order_id = p_order AND i.parent = p.step AND i.kind = 'action'
-                                                      AND i.process_state <> 'processed')
-        ), upd AS (
-            UPDATE steps p SET process_state = 'processed', updated_at = clock_timestamp(),
-                result = (SELECT coalesce(jsonb_agg(coalesce(i.result, 'null'::jsonb) ORDER BY i.item_index), '[]'::jsonb)
-                          FROM steps i WHERE i.order_id = p_order AND i.parent = p.step AND i.kind = 'action')
-            FROM done WHERE p.order_id = p_order AND p.step = done.step
-        )
-        INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-        SELECT p_order, step, 'expanded', 'processed', attempt, p_actor, 'every instance processed' FROM done;
+        FOR v_parent IN SELECT step, attempt, coalesce((spec->>'max_parallel')::int, 1) AS max_parallel
+                        FROM steps WHERE order_id = p_order AND process_state = 'expanded' LOOP
+            SELECT count(*) FILTER (WHERE process_state <> 'processed'),
+                   count(*) FILTER (WHERE process_state IN ('pending', 'processing', 'error')),
+                   array_agg(step ORDER BY item_index) FILTER (WHERE process_state = 'waiting')
+            INTO v_open, v_busy, v_waiting
+            FROM steps WHERE order_id = p_order AND parent = v_parent.step AND kind = 'action';
+            IF v_open = 0 THEN
+                UPDATE steps SET process_state = 'processed', updated_at = clock_timestamp(),
+                    result = (SELECT coalesce(jsonb_agg(coalesce(i.result, 'null'::jsonb) ORDER BY i.item_index), '[]'::jsonb)
+                              FROM steps i WHERE i.order_id = p_order AND i.parent = v_parent.step AND i.kind = 'action')
+                WHERE order_id = p_order AND step = v_parent.step;
+                INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+                VALUES (p_order, v_parent.step, 'expanded', 'processed', v_parent.attempt, p_actor, 'every instance processed');
+            ELSIF v_busy < v_parent.max_parallel THEN
+                next_step := steps_made_pending(p_order, v_waiting[1:v_parent.max_parallel - v_busy], next_step,
+                                                p_actor, 'an instance may run');
+            END IF;
+        END LOOP;
 
-        WITH room AS (
-            SELECT p.step, greatest(coalesce((p.spec->>'max_parallel')::int, 1)
-                   - (SELECT count(*) FROM steps i WHERE i.order_id = p_order AND i.parent = p.step AND i.kind = 'action'
-                                                     AND i.process_state IN ('pending', 'processing', 'error')), 0) AS n
-            FROM steps p WHERE p.order_id = p_order AND p.process_state = 'expanded'
-        ), pick AS (
-            SELECT i.step FROM room CROSS JOIN LATERAL (
-                SELECT step FROM steps i
-                WHERE i.order_id = p_order AND i.parent = room.step AND i.kind = 'action' AND i.process_state = 'waiting'
-                ORDER BY i.item_index LIMIT room.n
-            ) i
-        ), upd AS (
-            UPDATE steps s SET process_state = 'pending', available_at = now(), updated_at = clock_timestamp()
-            FROM pick WHERE s.order_id = p_order AND s.step = pick.step
-            RETURNING s.step
-        ), hist AS (
-            INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
-            SELECT p_order, step, 'waiting', 'pending', p_actor, 'an instance may run' FROM upd
-        )
-        SELECT min(step) INTO v_first FROM upd;
-        next_step := coalesce(v_first, 0);
-
-        WITH ready AS (
-            SELECT s.step FROM steps s
-            WHERE s.order_id = p_order AND s.kind = 'action' AND s.process_state = 'waiting' AND s.parent IS NULL
-              AND NOT EXISTS (SELECT 1 FROM steps n WHERE n.order_id = p_order AND n.step = ANY(s.needs)
-                                                      AND n.process_state NOT IN ('processed', 'skipped'))
-        ), upd AS (
-            UPDATE steps s SET process_state = 'pending', available_at = now(), updated_at = clock_timestamp()
-            FROM ready WHERE s.order_id = p_order AND s.step = ready.step
-            RETURNING s.step
-        ), hist AS (
-            INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
-            SELECT p_order, step, 'waiting', 'pending', p_actor, 'every step it needs ended' FROM upd
-        )
-        SELECT min(step) INTO v_first FROM upd;
-        IF v_first IS NOT NULL AND (next_step = 0 OR v_first < next_step) THEN
-            next_step := v_first;
-        END IF;
+        SELECT array_agg(s.step) INTO v_steps FROM steps s
+        WHERE s.order_id = p_order AND s.kind = 'action' AND s.process_state = 'waiting' AND s.parent IS NULL
+          AND NOT EXISTS (SELECT 1 FROM steps n WHERE n.order_id = p_order AND n.step = ANY(s.needs)
+                                                  AND n.process_state NOT IN ('processed', 'skipped'));
+        next_step := steps_made_pending(p_order, v_steps, next_step, p_actor, 'every step it needs ended');
 
         IF NOT EXISTS (SELECT 1 FROM steps WHERE order_id = p_order AND kind = 'action' AND process_state NOT IN ('processed', 'skipped')) THEN
             order_status := 'completed';
@@ -361,35 +336,30 @@ BEGIN
         END IF;
     ELSIF v_status = 'compensating' THEN
         WITH dead AS (
-            SELECT c.step, c.attempt FROM steps c
+            SELECT c.step FROM steps c
             JOIN steps a ON a.order_id = c.order_id AND a.step = c.compensates
             WHERE c.order_id = p_order AND c.kind = 'compensation' AND c.process_state = 'waiting'
               AND (a.process_state = 'skipped' OR a.spec ? 'for_each'
                    OR (a.attempt = 0 AND a.process_state IN ('waiting', 'pending', 'cancelled')))
-        ), upd AS (
-            UPDATE steps s SET process_state = 'cancelled', updated_at = clock_timestamp()
-            FROM dead WHERE s.order_id = p_order AND s.step = dead.step
         )
-        INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-        SELECT p_order, step, 'waiting', 'cancelled', attempt, p_actor, 'its action never ran' FROM dead;
+        SELECT array_agg(step) INTO v_steps FROM dead;
+        IF v_steps IS NOT NULL THEN
+            WITH upd AS (
+                UPDATE steps SET process_state = 'cancelled', updated_at = clock_timestamp()
+                WHERE order_id = p_order AND step = ANY(v_steps) AND process_state = 'waiting'
+                RETURNING step, attempt
+            )
+            INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+            SELECT p_order, step, 'waiting', 'cancelled', attempt, p_actor, 'its action never ran' FROM upd;
+        END IF;
 
-        WITH ready AS (
-            SELECT c.step FROM steps c
-            JOIN steps a ON a.order_id = c.order_id AND a.step = c.compensates
-            WHERE c.order_id = p_order AND c.kind = 'compensation' AND c.process_state = 'waiting'
-              AND a.process_state IN ('processed', 'error', 'cancelled')
-              AND NOT EXISTS (SELECT 1 FROM steps n WHERE n.order_id = p_order AND n.step = ANY(c.needs)
-                                                      AND n.process_state NOT IN ('processed', 'cancelled', 'skipped'))
-        ), upd AS (
-            UPDATE steps s SET process_state = 'pending', available_at = now(), updated_at = clock_timestamp()
-            FROM ready WHERE s.order_id = p_order AND s.step = ready.step
-            RETURNING s.step
-        ), hist AS (
-            INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
-            SELECT p_order, step, 'waiting', 'pending', p_actor, 'compensation started' FROM upd
-        )
-        SELECT min(step) INTO v_first FROM upd;
-        next_step := coalesce(v_first, 0);
+        SELECT array_agg(c.step) INTO v_steps FROM steps c
+        JOIN steps a ON a.order_id = c.order_id AND a.step = c.compensates
+        WHERE c.order_id = p_order AND c.kind = 'compensation' AND c.process_state = 'waiting'
+          AND a.process_state IN ('processed', 'error', 'cancelled')
+          AND NOT EXISTS (SELECT 1 FROM steps n WHERE n.order_id = p_order AND n.step = ANY(c.needs)
+                                                  AND n.process_state NOT IN ('processed', 'cancelled', 'skipped'));
+        next_step := steps_made_pending(p_order, v_steps, next_step, p_actor, 'compensation started');
 
         IF NOT EXISTS (SELECT 1 FROM steps WHERE order_id = p_order
                          AND ((kind = 'compensation' AND process_state IN ('waiting', 'pending', 'processing', 'error'))
@@ -398,6 +368,37 @@ BEGIN
             PERFORM order_transition(p_order, 'failed', NULL, p_actor, 'every compensation processed');
         END IF;
     END IF;
+END;
+$function$;
+
+-- steps_made_pending: graph_advance's one way to start steps: the given
+-- waiting steps of the order become pending, each with its history row.
+-- It returns the lowest step of p_lowest (0: none) and those it started.
+-- The steps come as a list, read before, so that the update is a lookup
+-- of each by its key whatever the planner guesses of an order's size.
+CREATE OR REPLACE FUNCTION steps_made_pending(p_order uuid, p_steps integer[], p_lowest integer, p_actor text, p_reason text)
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_first integer;
+BEGIN
+    IF p_steps IS NULL OR cardinality(p_steps) = 0 THEN
+        RETURN p_lowest;
+    END IF;
+    WITH upd AS (
+        UPDATE steps SET process_state = 'pending', available_at = now(), updated_at = clock_timestamp()
+        WHERE order_id = p_order AND step = ANY(p_steps) AND process_state = 'waiting'
+        RETURNING step
+    ), hist AS (
+        INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
+        SELECT p_order, step, 'waiting', 'pending', p_actor, p_reason FROM upd
+    )
+    SELECT min(step) INTO v_first FROM upd;
+    IF v_first IS NOT NULL AND (p_lowest = 0 OR v_first < p_lowest) THEN
+        RETURN v_first;
+    END IF;
+    RETURN p_lowest;
 END;
 $function$;
 
