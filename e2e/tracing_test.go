@@ -22,6 +22,7 @@ import (
 	"sas/internal/harness/badinput"
 	"sas/internal/harness/testenv"
 	"sas/internal/messages"
+	"sas/internal/workflow"
 )
 
 // span is one span as the OTLP receiver got it.
@@ -30,6 +31,7 @@ type span struct {
 	name, service     string
 	instance          string
 	attrs             map[string]string
+	start, end        uint64 // Unix nanoseconds
 }
 
 // otlpReceiver is a real OTLP/HTTP endpoint: it decodes the protobuf
@@ -72,7 +74,8 @@ func newOTLPReceiver(t *testing.T) *otlpReceiver {
 				for _, s := range ss.Spans {
 					got = append(got, span{trace: hex.EncodeToString(s.TraceId), id: hex.EncodeToString(s.SpanId),
 						parent: hex.EncodeToString(s.ParentSpanId), name: s.Name, service: res["service.name"],
-						instance: res["service.instance.id"], attrs: attrMap(s.Attributes)})
+						instance: res["service.instance.id"], attrs: attrMap(s.Attributes),
+						start: s.StartTimeUnixNano, end: s.EndTimeUnixNano})
 				}
 			}
 		}
@@ -410,5 +413,92 @@ func TestSubmitContinuesTheApplicationsTrace(t *testing.T) {
 	}
 	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND status = 'completed'`, ids); n != len(ids) {
 		t.Fatalf("%d of %d orders completed", n, len(ids))
+	}
+}
+
+// TestGraphOrderTraceShowsBranchesAndInstances: an order of the fulfil
+// graph is one trace in which its two first branches are sibling claims
+// whose calls overlap in time, the for_each step's expansion says how
+// many instances it made, each parcel's instance is a claim of its own,
+// named and labelled with its index, under the same root, and the review
+// (its when false) is a skip.
+func TestGraphOrderTraceShowsBranchesAndInstances(t *testing.T) {
+	t.Parallel()
+	file := writeFile(t, "fulfil.yaml", fulfilFile)
+	reg, err := workflow.Load(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := reg.Agents()
+	rcv := newOTLPReceiver(t)
+	st := newStackFor(t, kinds)
+	st.env = append(st.env, rcv.env()...)
+	wf := "SAS_WORKFLOWS_FILE=" + file
+	p := newPipeline(t, pipelineOpts{on: &st, agents: 2, schedulers: 1,
+		faults:       `{"reserve_stock":{"latency_min_ms":300,"latency_max_ms":300},"charge_card":{"latency_min_ms":300,"latency_max_ms":300}}`,
+		submitterEnv: []string{wf}, schedulerEnv: []string{wf},
+		agentEnv: []string{wf, "SAS_AGENT_KINDS=" + strings.Join(kinds, ",")}})
+	id := g0(t, p, "fulfil", `{"amount": 10, "parcels": ["p0", "p1", "p2"]}`)
+	p.waitTerminal(t, []string{id}, time.Minute)
+	tid := p.traceOf(t, id)
+
+	byName := func(spans []span) map[string]span {
+		m := map[string]span{}
+		for _, s := range spans {
+			m[s.name] = s
+		}
+		return m
+	}
+	want := []string{"claim reserve_stock", "claim charge_card", "claim book_parcel",
+		"claim book_parcel[0]", "claim book_parcel[1]", "claim book_parcel[2]", "claim manual_review",
+		"expand book_parcel", "skip manual_review"}
+	var spans []span
+	testenv.Eventually(t, 30*time.Second, "the order's spans, one tree with every claim", func() bool {
+		spans = rcv.trace(tid)
+		got := byName(spans)
+		for _, n := range want {
+			if _, ok := got[n]; !ok {
+				return false
+			}
+		}
+		return checkTree(spans) == nil && strings.Count(strings.Join(spanNames(spans), ","), "call ") >= 5
+	})
+	got := byName(spans)
+	stock, card := got["claim reserve_stock"], got["claim charge_card"]
+	if stock.parent != card.parent {
+		t.Errorf("the two branches are not side by side: their claims' parents %s and %s", stock.parent, card.parent)
+	}
+	for i := range 3 {
+		c := got[fmt.Sprintf("claim book_parcel[%d]", i)]
+		if c.attrs["sas.item_index"] != fmt.Sprint(i) || c.parent != stock.parent {
+			t.Errorf("instance %d: attributes %v, parent %s (the order's root %s)", i, c.attrs, c.parent, stock.parent)
+		}
+	}
+	if n := got["expand book_parcel"].attrs["sas.instances"]; n != "3" {
+		t.Errorf("the for_each step's expansion says %s instances, want 3", n)
+	}
+	// The branches' calls: the call span under each claim.
+	children := map[string][]span{}
+	for _, s := range spans {
+		children[s.parent] = append(children[s.parent], s)
+	}
+	var callUnder func(id string) *span
+	callUnder = func(id string) *span {
+		for _, c := range children[id] {
+			if strings.HasPrefix(c.name, "call ") {
+				return &c
+			}
+			if found := callUnder(c.id); found != nil {
+				return found
+			}
+		}
+		return nil
+	}
+	a, b := callUnder(stock.id), callUnder(card.id)
+	if a == nil || b == nil {
+		t.Fatalf("no call under a branch's claim: %v", spanNames(spans))
+	}
+	if a.start >= b.end || b.start >= a.end {
+		t.Errorf("the branches' calls do not overlap: %d–%d and %d–%d", a.start, a.end, b.start, b.end)
 	}
 }

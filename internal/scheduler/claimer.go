@@ -283,7 +283,7 @@ func (c *claimer) dispatch(steps []statestore.ClaimedStep, claimedAt time.Time) 
 	for i, s := range steps {
 		sctx, span := traceClaim(ctx, c.tr, s, claimedAt)
 		spans[i] = span
-		out, input, err := c.graph.prepare(ctx, &s)
+		out, input, err := c.graph.prepare(sctx, &s)
 		if out != send {
 			// Skipped, expanded or failed here (or, if the store could
 			// not be told, left to run out its claim).

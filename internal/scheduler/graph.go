@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"strconv"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"sas/internal/messages"
 	"sas/internal/statestore"
 	"sas/internal/workflow"
@@ -67,6 +70,8 @@ func (g *graphSteps) prepare(ctx context.Context, s *statestore.ClaimedStep) (ou
 			return g.fail(ctx, s, err)
 		}
 		if !ok {
+			// In the trace, the span that would have sent the request.
+			trace.SpanFromContext(ctx).SetName("skip " + s.Name)
 			_, err := g.store.SkipStep(ctx, *s, g.me, "when "+strconv.Quote(spec.When)+" is false")
 			return g.done(err)
 		}
@@ -83,6 +88,9 @@ func (g *graphSteps) prepare(ctx context.Context, s *statestore.ClaimedStep) (ou
 		if err != nil {
 			return g.fail(ctx, s, err)
 		}
+		span := trace.SpanFromContext(ctx)
+		span.SetName("expand " + s.Name)
+		span.SetAttributes(attribute.Int("sas.instances", len(items)))
 		_, err = g.store.ExpandStep(ctx, *s, items, g.me)
 		return g.done(err)
 	}
@@ -118,6 +126,7 @@ func (g *graphSteps) expr(text, use string) (*workflow.Expr, error) {
 // agent's failed reply.
 func (g *graphSteps) fail(ctx context.Context, s *statestore.ClaimedStep, why error) (outcome, []byte, error) {
 	reason := messages.BoundText(why.Error(), messages.MaxReasonBytes)
+	trace.SpanFromContext(ctx).SetName("fail " + s.Name)
 	_, err := g.store.ApplyReply(ctx, statestore.Reply{OrderID: s.OrderID, Step: s.Step, Attempt: s.Attempt, Error: reason, Actor: g.me})
 	return g.done(err)
 }
