@@ -92,6 +92,9 @@ type Status struct {
 	FailedStep string
 	Detail     string
 	Undone     []string
+	// Skipped names, on the event that ends an order of a graph, the
+	// steps that did not run because their when was false.
+	Skipped []string
 }
 
 // Ended reports whether the order ended (completed or failed) or is held
@@ -496,7 +499,7 @@ func (c *Client) deliver(d amqp.Delivery) {
 	if ev.Status != messages.StatusRejected {
 		t.events = append(t.events, Status{OrderID: ev.OrderID, Status: ev.Status, Step: ev.Step, At: ev.At,
 			Results: ev.Results, ResultsTruncated: ev.ResultsTruncated,
-			Reason: ev.Reason, FailedStep: ev.FailedStep, Detail: ev.Detail, Undone: ev.Undone})
+			Reason: ev.Reason, FailedStep: ev.FailedStep, Detail: ev.Detail, Undone: ev.Undone, Skipped: ev.Skipped})
 	}
 	close(t.changed)
 	t.changed = make(chan struct{})

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -361,9 +362,11 @@ func TestGraphForEachItemFailingForGoodUndoesTheOthers(t *testing.T) {
 }
 
 // TestGraphHoldThenResubmitRunsTheRestOfTheGraph: the card's agent is
-// down, so its step fails for good and the order is held in error with
+// down, so its step fails for good and the orders are held in error with
 // an alert while the stock branch ends; the agent comes back, an operator
-// resubmits the step, and the join runs after it.
+// resubmits the first order's failed step, and its join runs after it;
+// the second order's stock step is chosen to run again: it runs with a
+// new idempotency key, the failed card step with it, then the join.
 func TestGraphHoldThenResubmitRunsTheRestOfTheGraph(t *testing.T) {
 	t.Parallel()
 	file := writeFile(t, "fulfil.yaml", strings.Replace(fulfilFile,
@@ -375,28 +378,45 @@ func TestGraphHoldThenResubmitRunsTheRestOfTheGraph(t *testing.T) {
 	p := newPipeline(t, pipelineOpts{on: &st, supervisors: 1, agents: 1,
 		submitterEnv: []string{wf, "SAS_STEP_TIMEOUT=0s"}, schedulerEnv: []string{wf}, supervisorEnv: []string{wf},
 		agentEnv: []string{wf, "SAS_AGENT_KINDS=inventory,shipping,review"}})
-	id := g0(t, p, "fulfil_hold", `{}`)
+	ids := []string{g0(t, p, "fulfil_hold", `{}`), g0(t, p, "fulfil_hold", `{}`)}
 	deadline := time.Now().Add(time.Minute)
-	for p.count(t, `SELECT count(*) FROM orders WHERE order_id = $1 AND status = 'error'`, id) != 1 ||
-		p.count(t, `SELECT count(*) FROM steps WHERE order_id = $1 AND name = 'reserve_stock' AND process_state = 'processed'`, id) != 1 {
+	for p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1) AND status = 'error'`, ids) != 2 ||
+		p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1) AND name = 'reserve_stock' AND process_state = 'processed'`, ids) != 2 {
 		if time.Now().After(deadline) {
-			t.Fatalf("not held in error with the stock reserved\n%s", p.stuck(t, []string{id}))
+			t.Fatalf("not held in error with the stock reserved\n%s", p.stuck(t, ids))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if n := p.count(t, `SELECT count(*) FROM alerts WHERE order_id = $1`, id); n != 1 {
-		t.Fatalf("%d alerts", n)
+	if n := p.count(t, `SELECT count(*) FROM alerts WHERE order_id = ANY($1)`, ids); n != 2 {
+		t.Fatalf("%d alerts, want one per order", n)
 	}
-	if n := p.count(t, `SELECT count(*) FROM steps WHERE order_id = $1 AND name = 'book_parcel' AND process_state = 'waiting'`, id); n != 1 {
+	if n := p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1) AND name = 'book_parcel' AND process_state = 'waiting'`, ids); n != 2 {
 		t.Fatal("the join did not wait for the held branch")
 	}
+	var firstKey string
+	if err := p.pool.QueryRow(context.Background(), `SELECT idempotency_key FROM steps WHERE order_id = $1 AND name = 'reserve_stock'`, ids[1]).Scan(&firstKey); err != nil {
+		t.Fatal(err)
+	}
 	p.startAgent(t, wf, "SAS_AGENT_KINDS=payment")
-	if out, errOut, code := sasctl(t, p.env, "orders", "resubmit", id); code != 0 {
+	if out, errOut, code := sasctl(t, p.env, "orders", "resubmit", ids[0]); code != 0 {
 		t.Fatalf("resubmit: %s%s", out, errOut)
 	}
-	p.waitTerminal(t, []string{id}, time.Minute)
-	if completed, _ := p.checkSaga(t, []string{id}); completed != 1 {
-		t.Fatalf("not completed after the resubmit\n%s", p.stuck(t, []string{id}))
+	out, errOut, code := sasctl(t, p.env, "orders", "resubmit", ids[1], "--step", "1")
+	if code != 0 || !strings.Contains(out, "[1 2 3]") {
+		t.Fatalf("resubmit of the stock step: %s%s, want steps 1 (chosen), 2 (failed) and 3 (needs it)", out, errOut)
+	}
+	p.waitTerminal(t, ids, time.Minute)
+	if completed, _ := p.checkSaga(t, ids); completed != 2 {
+		t.Fatalf("not completed after the resubmit\n%s", p.stuck(t, ids))
+	}
+	var runs int
+	var key string
+	if err := p.pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM transitions WHERE order_id = $1 AND step = 1 AND to_state = 'processed'),
+		(SELECT idempotency_key FROM steps WHERE order_id = $1 AND step = 1)`, ids[1]).Scan(&runs, &key); err != nil {
+		t.Fatal(err)
+	}
+	if runs != 2 || key == firstKey {
+		t.Fatalf("the chosen step was processed %d times, key %s (first %s): want twice, with a new key", runs, key, firstKey)
 	}
 }
 

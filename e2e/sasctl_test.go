@@ -164,7 +164,7 @@ func TestSasctlSubmitShowListResubmit(t *testing.T) {
 		}
 	}
 	out, errOut, code = sasctl(t, s.env, "orders", "resubmit", id, "--step", "1")
-	if code != 0 || !strings.Contains(out, "[1] back to pending") {
+	if code != 0 || !strings.Contains(out, "[1] back to work") {
 		t.Fatalf("orders resubmit: exit %d: %s %s", code, out, errOut)
 	}
 	d, err = store.GetOrder(ctx, id)

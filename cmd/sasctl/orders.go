@@ -305,7 +305,7 @@ func (a *app) ordersResubmit(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(a.stdout, "order %s: step(s) %v back to pending\n", id, reset)
+		fmt.Fprintf(a.stdout, "order %s: step(s) %v back to work\n", id, reset)
 		return nil
 	})
 }

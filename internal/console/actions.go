@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"sas/internal/messages"
 	"sas/internal/statestore"
 )
 
@@ -45,7 +46,7 @@ func stepParam(v string) (int, error) {
 		return 0, nil
 	}
 	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 || n > 1000 {
+	if err != nil || n < 1 || n > messages.MaxStep {
 		return 0, fmt.Errorf("step %q is not a step number", clip(v, 20))
 	}
 	return n, nil
@@ -65,13 +66,19 @@ func (s *server) confirmResubmit(w http.ResponseWriter, r *http.Request, rq *req
 		return
 	}
 	which := "its step in error"
+	what := "The step goes back to pending with its failure count at 0, and the order back to work."
 	if step != 0 {
 		i := slices.IndexFunc(d.OrderDetail.Steps, func(st statestore.Step) bool { return st.Step == step })
 		if i < 0 {
 			s.fail(w, r, rq, http.StatusNotFound, fmt.Sprintf("Order %s has no step %d.", d.Order.OrderID, step))
 			return
 		}
-		which = fmt.Sprintf("step %d (%s)", step, d.OrderDetail.Steps[i].Name)
+		st := d.OrderDetail.Steps[i]
+		which = fmt.Sprintf("step %d (%s)", step, st.Name)
+		if mayRunAgain(st) {
+			what = "The step runs again, and so does every step that depends on it; those processed get a new " +
+				"idempotency key, so their services do them again. The first run is not undone."
+		}
 	}
 	id := d.Order.OrderID
 	fields := map[string]string{}
@@ -81,7 +88,7 @@ func (s *server) confirmResubmit(w http.ResponseWriter, r *http.Request, rq *req
 	s.render(w, r, rq, http.StatusOK, "confirm.html", "Resubmit", confirmData{
 		Question: fmt.Sprintf("Resubmit %s of order %s?", which, id),
 		Details: []string{"The order is " + d.Order.Status + ".",
-			"The step goes back to pending with its failure count at 0, and the order back to work.",
+			what,
 			"The history records it as done by " + rq.user.Name + "."},
 		Action: "/orders/" + id + "/resubmit", Fields: fields,
 		Button: "Resubmit", Back: "/orders/" + id,

@@ -254,6 +254,26 @@ func TestOnlyWhatTheStoreAllowsIsResubmittable(t *testing.T) {
 	}
 }
 
+func TestOnlyAnActionThatEndedMayRunAgain(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		desc string
+		st   statestore.Step
+		want bool
+	}{
+		{"an action processed", statestore.Step{Kind: statestore.KindAction, ProcessState: statestore.StepProcessed}, true},
+		{"an action skipped", statestore.Step{Kind: statestore.KindAction, ProcessState: statestore.StepSkipped}, true},
+		{"an action waiting", statestore.Step{Kind: statestore.KindAction, ProcessState: statestore.StepWaiting}, false},
+		{"an action in error", statestore.Step{Kind: statestore.KindAction, ProcessState: statestore.StepError}, false},
+		{"one instance of a for_each step", statestore.Step{Kind: statestore.KindAction, ProcessState: statestore.StepProcessed, Parent: 3}, false},
+		{"a compensation processed", statestore.Step{Kind: statestore.KindCompensation, ProcessState: statestore.StepProcessed}, false},
+	} {
+		if got := mayRunAgain(c.st); got != c.want {
+			t.Errorf("%s: mayRunAgain %v, want %v", c.desc, got, c.want)
+		}
+	}
+}
+
 func TestConsoleAnswersOnlyForItsOrigins(t *testing.T) {
 	t.Parallel()
 	type req struct{ host, origin string }

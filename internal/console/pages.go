@@ -194,6 +194,7 @@ func (s *server) readOrder(w http.ResponseWriter, r *http.Request, rq *request) 
 			Live: st.ProcessState == statestore.StepPending || st.ProcessState == statestore.StepProcessing}
 		v.Failures = failures(v.Timeline)
 		v.CanResubmit = d.Order.Status == statestore.OrderError && resubmittable(st, compensationFailed)
+		v.CanRunAgain = d.Order.Status == statestore.OrderError && !compensationFailed && mayRunAgain(st)
 		d.CanResubmit = d.CanResubmit || v.CanResubmit
 		d.Steps = append(d.Steps, v)
 	}
@@ -212,6 +213,13 @@ func (s *server) readOrder(w http.ResponseWriter, r *http.Request, rq *request) 
 // failed (the order is partly undone), only a compensation.
 func resubmittable(st statestore.Step, compensationFailed bool) bool {
 	return st.ProcessState == statestore.StepError && (!compensationFailed || st.Kind == statestore.KindCompensation)
+}
+
+// mayRunAgain: an action that ended, not one instance of a for_each step,
+// which an operator may run again with what depends on it.
+func mayRunAgain(st statestore.Step) bool {
+	return st.Kind == statestore.KindAction && st.Parent == 0 &&
+		(st.ProcessState == statestore.StepProcessed || st.ProcessState == statestore.StepSkipped)
 }
 
 func (s *server) order(w http.ResponseWriter, r *http.Request, rq *request) {

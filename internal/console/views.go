@@ -172,6 +172,9 @@ type stepView struct {
 	Failures int
 	// CanResubmit: an operator may put it back to work (see resubmittable).
 	CanResubmit bool
+	// CanRunAgain: an operator may run it again, with what depends on it
+	// (see mayRunAgain).
+	CanRunAgain bool
 }
 
 // timeline reads a step's history into events: each claim (the request

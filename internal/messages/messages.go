@@ -719,8 +719,14 @@ type StatusEvent struct {
 	FailedStep string `json:"failed_step,omitempty"`
 	// Undone names the actions whose effects were undone by their
 	// compensation, on the event that ends an order failed or in error:
-	// Results still shows what they had returned.
+	// Results still shows what they had returned. In a graph each action
+	// is named once by its id (or action), the instances of a for_each
+	// step together.
 	Undone []string `json:"undone,omitempty"`
+	// Skipped names, on the event that ends an order, the steps of a
+	// graph that did not run because their when was false, by id (or
+	// action).
+	Skipped []string `json:"skipped,omitempty"`
 }
 
 // Why an order ended failed or in error (StatusEvent.Reason).
@@ -768,6 +774,11 @@ func (e StatusEvent) Validate() error {
 	}
 	for _, name := range e.Undone {
 		if err := checkName("undone", name, 100); err != nil {
+			return err
+		}
+	}
+	for _, name := range e.Skipped {
+		if err := checkName("skipped", name, 100); err != nil {
 			return err
 		}
 	}

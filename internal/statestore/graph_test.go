@@ -3,7 +3,9 @@ package statestore_test
 import (
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -370,5 +372,188 @@ func TestGraphForEachFailureUndoesTheInstancesThatRan(t *testing.T) {
 	slices.Sort(undone)
 	if strings.Join(undone, ",") != "unbook[0],unbook[1],unbook[2]" {
 		t.Fatalf("undone %v", undone)
+	}
+}
+
+const rerunGraph = `
+workflows:
+  - name: rerun
+    steps:
+      - {action: a, agent: x}
+      - {action: b, agent: x, needs: []}
+      - action: book
+        agent: x
+        needs: [a]
+        for_each: payload.parcels
+        compensation: {action: unbook}
+      - {action: after, agent: x, needs: [book], compensation: {action: unafter}}
+      - {action: last, agent: x, needs: [after, b]}
+`
+
+// keysOf returns the idempotency key of each step of the order, by name.
+func keysOf(t *testing.T, b bundle, orderID string) map[string]string {
+	t.Helper()
+	d, err := b.store.GetOrder(ctxFor(t), orderID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, st := range d.Steps {
+		key := st.Name
+		if st.Index != nil {
+			key = fmt.Sprintf("%s[%d]", st.Name, *st.Index)
+		}
+		out[key] = st.IdempotencyKey
+	}
+	return out
+}
+
+func TestGraphResubmitOfAChosenStepRunsItAndWhatDependsOnIt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	o := graphOrder(t, rerunGraph, "rerun", `{}`, statestore.PolicyHold)
+	insert(t, b, o)
+	first := claimAll(t, b, o.OrderID)
+	reply(t, b, first["a"], true, `{"v":1}`)
+	reply(t, b, first["b"], true, `{"v":1}`)
+	book := claimAll(t, b, o.OrderID)["book"]
+	items := []json.RawMessage{[]byte(`1`), []byte(`2`)}
+	if _, err := b.store.ExpandStep(ctx, book, items, "s"); err != nil {
+		t.Fatal(err)
+	}
+	inst := claimAll(t, b, o.OrderID)
+	reply(t, b, inst["book[0]"], true, "")
+	reply(t, b, inst["book[1]"], true, "")
+	if res := reply(t, b, claimAll(t, b, o.OrderID)["after"], false, ""); res.OrderStatus != statestore.OrderError {
+		t.Fatalf("after failed under hold: order %q", res.OrderStatus)
+	}
+	before := keysOf(t, b, o.OrderID)
+
+	// An instance is not a step to choose; nor is a step still waiting.
+	if _, err := b.store.Resubmit(ctx, o.OrderID, inst["book[0]"].Step, "operator"); !errors.Is(err, statestore.ErrInvalidState) ||
+		!strings.Contains(err.Error(), "choose the step") {
+		t.Fatalf("resubmit of an instance: %v", err)
+	}
+	if _, err := b.store.Resubmit(ctx, o.OrderID, 5, "operator"); !errors.Is(err, statestore.ErrInvalidState) {
+		t.Fatalf("resubmit of a waiting step: %v", err)
+	}
+
+	reset, err := b.store.Resubmit(ctx, o.OrderID, 1, "operator")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(reset) != "[1 3 4 5]" {
+		t.Fatalf("reset %v, want a and what depends on it: [1 3 4 5]", reset)
+	}
+	status, st := stepStates(t, b, o.OrderID)
+	want := map[string]string{"a": "pending", "b": "processed", "book": "waiting", "after": "waiting", "last": "waiting",
+		"unbook": "waiting", "unafter": "waiting"}
+	if status != statestore.OrderProcessing || !maps.Equal(st, want) {
+		t.Fatalf("after the resubmit: order %s, steps %v, want %v (the instances gone, unbook back)", status, st, want)
+	}
+	keys := keysOf(t, b, o.OrderID)
+	if keys["a"] == before["a"] || keys["book"] == before["book"] || keys["after"] != before["after"] || keys["b"] != before["b"] {
+		t.Fatalf("keys before %v, after %v: a processed step runs again with a new key, a failed one keeps its own", before, keys)
+	}
+
+	a := claimAll(t, b, o.OrderID)
+	if names(a) != "a" || a["a"].IdempotencyKey != keys["a"] {
+		t.Fatalf("claimed %s", names(a))
+	}
+	reply(t, b, a["a"], true, `{"v":2}`)
+	book = claimAll(t, b, o.OrderID)["book"]
+	if _, err := b.store.ExpandStep(ctx, book, []json.RawMessage{[]byte(`1`), []byte(`2`), []byte(`3`)}, "s"); err != nil {
+		t.Fatal(err)
+	}
+	inst2 := claimAll(t, b, o.OrderID)
+	if names(inst2) != "book[0],book[1],book[2]" {
+		t.Fatalf("claimed %s", names(inst2))
+	}
+	for k, c := range inst2 {
+		if c.IdempotencyKey == before[k] || !strings.HasPrefix(c.IdempotencyKey, keys["book"]+"/") {
+			t.Fatalf("%s runs again with key %s (first run %s)", k, c.IdempotencyKey, before[k])
+		}
+		reply(t, b, c, true, "")
+	}
+	reply(t, b, claimAll(t, b, o.OrderID)["after"], true, "")
+	if res := reply(t, b, claimAll(t, b, o.OrderID)["last"], true, ""); res.OrderStatus != statestore.OrderCompleted {
+		t.Fatalf("order %q", res.OrderStatus)
+	}
+	status, st = stepStates(t, b, o.OrderID)
+	if st["unbook[2]"] != statestore.StepWaiting || st["unbook"] != statestore.StepCancelled || len(st) != 13 {
+		t.Fatalf("order %s, steps %v: the new instances have their compensations, the step's gave them its place", status, st)
+	}
+}
+
+func TestGraphResubmitPutsBackEveryBranchInError(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	o := graphOrder(t, diamond, "diamond", `{}`, statestore.PolicyHold)
+	insert(t, b, o)
+	first := claimAll(t, b, o.OrderID)
+	if res := reply(t, b, first["a"], false, ""); res.OrderStatus != statestore.OrderError {
+		t.Fatalf("order %q", res.OrderStatus)
+	}
+	reply(t, b, first["b"], false, "") // in flight, let end: it failed too
+	// Two branches failed; resubmitting one alone would leave the other
+	// holding the order for ever.
+	reset, err := b.store.Resubmit(ctx, o.OrderID, 1, "operator")
+	if err != nil || fmt.Sprint(reset) != "[1 2]" {
+		t.Fatalf("reset %v (%v), want both failed steps [1 2]", reset, err)
+	}
+	again := claimAll(t, b, o.OrderID)
+	if names(again) != "a,b" {
+		t.Fatalf("claimed %s", names(again))
+	}
+	reply(t, b, again["a"], true, "")
+	reply(t, b, again["b"], true, "")
+	last := claimAll(t, b, o.OrderID)
+	if names(last) != "j,k" {
+		t.Fatalf("claimed %s", names(last))
+	}
+	reply(t, b, last["j"], true, "")
+	if res := reply(t, b, last["k"], true, ""); res.OrderStatus != statestore.OrderCompleted {
+		t.Fatalf("order %q", res.OrderStatus)
+	}
+}
+
+func TestGraphEndingEventNamesWhatWasSkippedAndUndone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const file = `
+workflows:
+  - name: fan
+    steps:
+      - {action: prep, agent: x}
+      - {action: review, agent: x, when: payload.n > 5}
+      - action: book
+        agent: x
+        needs: [prep]
+        for_each: payload.parcels
+        max_parallel: 2
+        compensation: {action: unbook}
+`
+	o := graphOrder(t, file, "fan", `{"n": 1, "parcels": [1, 2, 3]}`, statestore.PolicyCompensate)
+	insert(t, b, o)
+	reply(t, b, claimAll(t, b, o.OrderID)["prep"], true, "")
+	next := claimAll(t, b, o.OrderID)
+	if _, err := b.store.SkipStep(ctxFor(t), next["review"], "s", "when is false"); err != nil {
+		t.Fatal(err)
+	}
+	items := []json.RawMessage{[]byte(`1`), []byte(`2`), []byte(`3`)}
+	if _, err := b.store.ExpandStep(ctxFor(t), next["book"], items, "s"); err != nil {
+		t.Fatal(err)
+	}
+	inst := claimAll(t, b, o.OrderID)
+	reply(t, b, inst["book[0]"], true, "")
+	reply(t, b, inst["book[1]"], false, "")
+	for _, c := range claimAll(t, b, o.OrderID) {
+		reply(t, b, c, true, "")
+	}
+	ev := endingEvent(t, b, o.OrderID, statestore.OrderFailed)
+	if !slices.Equal(ev.Undone, []string{"book"}) || !slices.Equal(ev.Skipped, []string{"review"}) {
+		t.Fatalf("the ending event says undone %v, skipped %v; want [book] (its two instances once) and [review]", ev.Undone, ev.Skipped)
 	}
 }

@@ -452,3 +452,32 @@ func TestResubmitOnlyWhatMayRun(t *testing.T) {
 		t.Fatalf("after: %s %q", status, steps)
 	}
 }
+
+func TestResubmitOfAProcessedStepRunsItAndTheStepsAfter(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	o := sagaOrder(statestore.PolicyHold)
+	insert(t, b, o)
+	first, _ := run(t, b, o.OrderID, true) // reserve_inventory
+	run(t, b, o.OrderID, false)            // charge_payment fails: held
+	if status, steps := states(t, b, o.OrderID); status != statestore.OrderError || steps != "proc erro wait wait wait wait " {
+		t.Fatalf("held: %s %q", status, steps)
+	}
+	reset, err := b.store.Resubmit(ctx, o.OrderID, 1, "operator")
+	if err != nil || fmt.Sprint(reset) != "[1 2 3]" {
+		t.Fatalf("reset %v (%v), want the step and the steps after it", reset, err)
+	}
+	if status, steps := states(t, b, o.OrderID); status != statestore.OrderProcessing || steps != "pend wait wait wait wait wait " {
+		t.Fatalf("after: %s %q", status, steps)
+	}
+	again, _ := run(t, b, o.OrderID, true)
+	if again.Step != 1 || again.IdempotencyKey == first.IdempotencyKey {
+		t.Fatalf("ran step %d with key %s again (first %s): a processed step runs again with a new key", again.Step,
+			again.IdempotencyKey, first.IdempotencyKey)
+	}
+	run(t, b, o.OrderID, true)
+	if _, res := run(t, b, o.OrderID, true); res.OrderStatus != statestore.OrderCompleted {
+		t.Fatalf("order %q", res.OrderStatus)
+	}
+}

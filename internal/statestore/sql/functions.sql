@@ -608,6 +608,12 @@ BEGIN
             v_body := v_body || jsonb_build_object('results_truncated', true);
         END IF;
     END IF;
+    -- In a graph, the steps whose when was false.
+    SELECT jsonb_agg(coalesce(spec->>'id', name) ORDER BY step) INTO v_undone
+    FROM steps WHERE order_id = p_order_id AND kind = 'action' AND process_state = 'skipped';
+    IF v_undone IS NOT NULL THEN
+        v_body := v_body || jsonb_build_object('skipped', v_undone);
+    END IF;
     IF p_status = 'completed' THEN
         RETURN v_body;
     END IF;
@@ -645,10 +651,14 @@ BEGIN
             CASE WHEN length(v_detail) > 500 THEN left(v_detail, 499) || '…' ELSE v_detail END);
     END IF;
 
-    SELECT jsonb_agg(a.name ORDER BY a.step) INTO v_undone
-    FROM steps c JOIN steps a ON a.order_id = c.order_id AND a.step = c.compensates
-    WHERE c.order_id = p_order_id AND c.kind = 'compensation'
-      AND (c.process_state = 'processed' OR c.step = p_undone_step);
+    -- Each action once (the instances of a for_each step are one), in
+    -- the order of the steps.
+    SELECT jsonb_agg(u.name ORDER BY u.first) INTO v_undone FROM (
+        SELECT coalesce(a.spec->>'id', a.name) AS name, min(a.step) AS first
+        FROM steps c JOIN steps a ON a.order_id = c.order_id AND a.step = c.compensates
+        WHERE c.order_id = p_order_id AND c.kind = 'compensation'
+          AND (c.process_state = 'processed' OR c.step = p_undone_step)
+        GROUP BY 1) u;
     IF v_undone IS NOT NULL THEN
         v_body := v_body || jsonb_build_object('undone', v_undone);
     END IF;
@@ -764,8 +774,17 @@ BEGIN
 END;
 $function$;
 
--- operator_resubmit: puts the failed step of an order held in error, and
--- what follows it, back to run.
+-- operator_resubmit: puts an order held in error back to work. With no
+-- step, or a step in error: its failed step(s) go back to pending, with
+-- their idempotency keys, as a retry of a refused call keeps its key.
+-- With an action that ended (processed or skipped): that action is run
+-- again and so is every action that depends on it (in a graph the steps
+-- that need it, directly or not; in a list the steps after it), each
+-- that had been processed with a new idempotency key (a re-run must not
+-- be answered from the service's memory of the first run), the instances
+-- of a for_each step among them dropped (their history stays) so that
+-- the list is read again. An action re-run is not undone first: its
+-- compensation, if the order is later undone, runs once.
 CREATE OR REPLACE FUNCTION operator_resubmit(p_order uuid, p_step integer, p_claimed text)
  RETURNS SETOF integer
  LANGUAGE plpgsql
@@ -776,8 +795,13 @@ DECLARE
     v_status text;
     v_state text;
     v_kind text;
+    v_parent integer;
+    v_graph boolean;
     v_last integer;
     v_steps integer[];
+    v_rerun integer[];
+    v_gone integer[];
+    v_busy text;
     v_compensation boolean;
     v_undoing boolean;
     v_may text;
@@ -787,7 +811,8 @@ BEGIN
         RAISE EXCEPTION 'order % not found', p_order USING ERRCODE = 'no_data_found';
     END IF;
     IF p_step IS NOT NULL AND p_step <> 0 THEN
-        SELECT process_state, kind INTO v_state, v_kind FROM steps WHERE order_id = p_order AND step = p_step;
+        SELECT process_state, kind, parent INTO v_state, v_kind, v_parent
+        FROM steps WHERE order_id = p_order AND step = p_step;
         IF NOT FOUND THEN
             SELECT max(step) INTO v_last FROM steps WHERE order_id = p_order;
             RAISE EXCEPTION 'order % has no step % (its steps are 1 to %)', p_order, p_step, v_last USING ERRCODE = 'no_data_found';
@@ -797,9 +822,10 @@ BEGIN
         RAISE EXCEPTION 'order % is %, only an order in error can be resubmitted', p_order, v_status
             USING ERRCODE = 'object_not_in_prerequisite_state';
     END IF;
-    IF v_state IS NOT NULL AND v_state <> 'error' THEN
-        RAISE EXCEPTION 'order % step % is %, only a step in error can be resubmitted', p_order, p_step, v_state
-            USING ERRCODE = 'object_not_in_prerequisite_state';
+    IF v_state IS NOT NULL AND NOT (v_state = 'error'
+                                    OR (v_state IN ('processed', 'skipped') AND v_kind = 'action' AND v_parent IS NULL)) THEN
+        RAISE EXCEPTION 'order % step % is %: a step in error can be resubmitted, or an action that ended (processed or skipped, not one instance of a for_each step: choose the step) to run it again and what depends on it',
+            p_order, p_step, v_state USING ERRCODE = 'object_not_in_prerequisite_state';
     END IF;
     v_undoing := EXISTS (SELECT 1 FROM steps WHERE order_id = p_order AND kind = 'compensation' AND process_state = 'error');
     IF v_undoing AND v_kind = 'action' THEN
@@ -808,25 +834,92 @@ BEGIN
         RAISE EXCEPTION 'order % is partly undone (a compensation failed): resubmit its failed compensation (step %), not action step %',
             p_order, v_may, p_step USING ERRCODE = 'object_not_in_prerequisite_state';
     END IF;
-    WITH reset AS (
-        UPDATE steps
-        SET process_state = 'pending', failure_count = 0, locked_by = NULL, complete_by = NULL,
-            available_at = now(), updated_at = clock_timestamp()
-        WHERE order_id = p_order AND process_state = 'error' AND (coalesce(p_step, 0) = 0 OR step = p_step)
-          AND (NOT v_undoing OR kind = 'compensation')
-        RETURNING step, attempt, kind
-    ), hist AS (
-        INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-        SELECT p_order, step, 'error', 'pending', attempt, v_actor, 'operator resubmit' FROM reset
-    )
-    SELECT array_agg(step ORDER BY step), bool_or(kind = 'compensation') INTO v_steps, v_compensation FROM reset;
-    IF v_steps IS NULL THEN
-        RAISE EXCEPTION 'order % has no step in error', p_order USING ERRCODE = 'object_not_in_prerequisite_state';
+    v_graph := EXISTS (SELECT 1 FROM steps WHERE order_id = p_order AND needs IS NOT NULL);
+    IF v_state IN ('processed', 'skipped') THEN
+        SELECT array_agg(step ORDER BY step) INTO v_rerun FROM steps
+        WHERE order_id = p_order AND kind = 'action' AND parent IS NULL
+          AND (step = p_step OR (v_graph AND p_step = ANY(ancestors)) OR (NOT v_graph AND step > p_step));
+        SELECT string_agg(format('step %s is %s', step, process_state), ', ' ORDER BY step) INTO v_busy FROM steps
+        WHERE order_id = p_order AND kind = 'action' AND (step = ANY(v_rerun) OR parent = ANY(v_rerun))
+          AND process_state IN ('pending', 'processing');
+        IF v_busy IS NOT NULL THEN
+            RAISE EXCEPTION 'order % cannot run step % again while what depends on it still runs (%): resubmit once it ended',
+                p_order, p_step, v_busy USING ERRCODE = 'object_not_in_prerequisite_state';
+        END IF;
+        -- The instances of a for_each step to run again go, with their own
+        -- compensations; the step's compensation takes their place again.
+        WITH inst AS (
+            DELETE FROM steps WHERE order_id = p_order AND kind = 'action' AND parent = ANY(v_rerun) RETURNING step
+        )
+        SELECT array_agg(step) INTO v_gone FROM inst;
+        IF v_gone IS NOT NULL THEN
+            WITH comp AS (
+                DELETE FROM steps WHERE order_id = p_order AND kind = 'compensation' AND compensates = ANY(v_gone)
+                RETURNING step, parent
+            )
+            SELECT array_agg(step), array_agg(DISTINCT parent) INTO v_gone, v_steps FROM comp;
+            IF v_gone IS NOT NULL THEN
+                UPDATE steps SET needs = ARRAY(SELECT n FROM unnest(needs) n WHERE n <> ALL(v_gone)) || v_steps
+                WHERE order_id = p_order AND kind = 'compensation' AND needs && v_gone;
+                WITH back AS (
+                    UPDATE steps SET process_state = 'waiting', updated_at = clock_timestamp()
+                    WHERE order_id = p_order AND step = ANY(v_steps) AND process_state = 'cancelled'
+                    RETURNING step, attempt
+                )
+                INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+                SELECT p_order, step, 'cancelled', 'waiting', attempt, v_actor,
+                       'operator resubmit of step ' || p_step || ': its for_each step runs again' FROM back;
+            END IF;
+        END IF;
+        WITH reset AS (
+            UPDATE steps s
+            SET process_state = CASE WHEN s.step = p_step THEN 'pending' ELSE 'waiting' END,
+                failure_count = 0, result = NULL, locked_by = NULL, complete_by = NULL,
+                idempotency_key = CASE WHEN s.process_state IN ('processed', 'expanded')
+                                       THEN regexp_replace(s.idempotency_key, '/rerun-[0-9]+$', '') || '/rerun-' || s.attempt
+                                       ELSE s.idempotency_key END,
+                available_at = now(), updated_at = clock_timestamp()
+            FROM steps old
+            WHERE s.order_id = p_order AND s.step = ANY(v_rerun) AND old.order_id = s.order_id AND old.step = s.step
+            RETURNING s.step, s.attempt, old.process_state AS was, s.process_state AS now
+        ), hist AS (
+            INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+            SELECT p_order, step, was, now, attempt, v_actor,
+                   CASE WHEN step = p_step THEN 'operator resubmit: run again'
+                        ELSE 'operator resubmit of step ' || p_step || ': it depends on it' END FROM reset
+        )
+        SELECT array_agg(step ORDER BY step) INTO v_steps FROM reset;
+    END IF;
+    -- Every failed step goes back to pending: the one chosen, or with none
+    -- chosen all of them; in a graph all of them whatever was chosen, as
+    -- each branch that failed holds the order (a branch left in error
+    -- would keep it from ever ending).
+    IF v_state IS DISTINCT FROM 'processed' AND v_state IS DISTINCT FROM 'skipped' OR v_graph THEN
+        WITH reset AS (
+            UPDATE steps
+            SET process_state = 'pending', failure_count = 0, locked_by = NULL, complete_by = NULL,
+                available_at = now(), updated_at = clock_timestamp()
+            WHERE order_id = p_order AND process_state = 'error' AND (coalesce(p_step, 0) = 0 OR step = p_step OR v_graph)
+              AND (NOT v_undoing OR kind = 'compensation')
+            RETURNING step, attempt, kind
+        ), hist AS (
+            INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+            SELECT p_order, step, 'error', 'pending', attempt, v_actor, 'operator resubmit' FROM reset
+        )
+        SELECT coalesce(v_steps, '{}') || array_agg(step ORDER BY step), coalesce(bool_or(kind = 'compensation'), false)
+        INTO v_steps, v_compensation FROM reset;
+        IF v_steps IS NULL OR cardinality(v_steps) = 0 THEN
+            RAISE EXCEPTION 'order % has no step in error', p_order USING ERRCODE = 'object_not_in_prerequisite_state';
+        END IF;
     END IF;
     PERFORM order_transition(p_order, CASE WHEN v_compensation THEN 'compensating' ELSE 'processing' END,
                              NULL, v_actor, 'operator resubmit');
+    -- In a graph, steps whose needs ended while the order was held start now.
+    IF v_graph THEN
+        PERFORM graph_advance(p_order, v_actor);
+    END IF;
     PERFORM pg_notify('sas_pending', current_schema()), pg_notify('sas_outbox', current_schema());
-    RETURN QUERY SELECT unnest(v_steps);
+    RETURN QUERY SELECT n FROM unnest(v_steps) n ORDER BY n;
 END;
 $function$;
 
