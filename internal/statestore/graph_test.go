@@ -87,21 +87,33 @@ func reply(t *testing.T, b bundle, c statestore.ClaimedStep, ok bool, result str
 	return res
 }
 
-func stepStates(t *testing.T, b bundle, orderID string) (string, map[string]string) {
+// stepsByName reads the order's status and its steps, by name (an
+// instance as name[index]).
+func stepsByName(t *testing.T, b bundle, orderID string) (string, map[string]statestore.Step) {
 	t.Helper()
 	d, err := b.store.GetOrder(ctxFor(t), orderID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]string{}
+	out := map[string]statestore.Step{}
 	for _, st := range d.Steps {
 		key := st.Name
 		if st.Index != nil {
 			key = fmt.Sprintf("%s[%d]", st.Name, *st.Index)
 		}
-		out[key] = st.ProcessState
+		out[key] = st
 	}
 	return d.Order.Status, out
+}
+
+func stepStates(t *testing.T, b bundle, orderID string) (string, map[string]string) {
+	t.Helper()
+	status, steps := stepsByName(t, b, orderID)
+	out := map[string]string{}
+	for k, st := range steps {
+		out[k] = st.ProcessState
+	}
+	return status, out
 }
 
 func TestGraphRunsBranchesAtOnceAndJoinsAfterBoth(t *testing.T) {
@@ -393,17 +405,10 @@ workflows:
 // keysOf returns the idempotency key of each step of the order, by name.
 func keysOf(t *testing.T, b bundle, orderID string) map[string]string {
 	t.Helper()
-	d, err := b.store.GetOrder(ctxFor(t), orderID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, steps := stepsByName(t, b, orderID)
 	out := map[string]string{}
-	for _, st := range d.Steps {
-		key := st.Name
-		if st.Index != nil {
-			key = fmt.Sprintf("%s[%d]", st.Name, *st.Index)
-		}
-		out[key] = st.IdempotencyKey
+	for k, st := range steps {
+		out[k] = st.IdempotencyKey
 	}
 	return out
 }
