@@ -67,6 +67,9 @@ type Order struct {
 	Priority int
 	// PlacedAt is kept with the order for the record.
 	PlacedAt *time.Time
+	// StartAt, when later than the order is written (on the database
+	// clock), holds its first steps until then: an order that starts later.
+	StartAt *time.Time
 }
 
 // Status is one status event of an order.
@@ -259,7 +262,7 @@ func (c *Client) Submit(ctx context.Context, o Order) (string, error) {
 		return "", fmt.Errorf("client: payload: %w", err)
 	}
 	msg := messages.SubmitOrder{SchemaVersion: messages.SubmitOrderVersion, OrderID: o.ID, Workflow: o.Workflow,
-		Payload: payload, Priority: o.Priority, ReplyTo: c.replyQueue, PlacedAt: o.PlacedAt}
+		Payload: payload, Priority: o.Priority, ReplyTo: c.replyQueue, PlacedAt: o.PlacedAt, StartAt: o.StartAt}
 	body, err := messages.Encode(msg)
 	if err != nil {
 		return "", fmt.Errorf("client: %w", err)

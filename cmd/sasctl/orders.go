@@ -229,6 +229,9 @@ func (a *app) printOrder(d statestore.OrderDetail) error {
 		if s.LockedBy != "" && s.ProcessState == statestore.StepProcessing {
 			notes = append(notes, "locked by "+s.LockedBy)
 		}
+		if s.DueAt != nil {
+			notes = append(notes, "due "+stamp(*s.DueAt))
+		}
 		if s.CompleteBy != nil {
 			notes = append(notes, "complete by "+stamp(*s.CompleteBy))
 		}

@@ -72,7 +72,7 @@ func TestAsyncAPIMatchesTheMessages(t *testing.T) {
 		without []string // fields of the Go type the schema does not have
 	}{
 		{"SubmitOrder", messages.SubmitOrder{SchemaVersion: 2, OrderID: id, Workflow: "onboard", Payload: json.RawMessage(`{"Tenant":"x"}`),
-			Priority: 1, ReplyTo: "q", PlacedAt: &at}, v1Only},
+			Priority: 1, ReplyTo: "q", PlacedAt: &at, StartAt: &at}, v1Only},
 		{"SubmitOrderV1", messages.SubmitOrder{SchemaVersion: 1, OrderID: id, Customer: "c", Items: []messages.Item{{SKU: "a", Qty: 1}},
 			Amount: 5, Currency: "EUR", Workflow: "order"}, []string{"payload"}},
 		{"StepRequest", messages.StepRequest{SchemaVersion: 2, OrderID: id, Step: 5, Name: "refund", Agent: "payment", Attempt: 1,

@@ -233,6 +233,8 @@ func (o *SubmitOrder) decodeMembers(ms []member) bool {
 			v.Payload, ok = m.raw, true
 		case "placed_at":
 			ok = rawTimePtr(m.raw, &v.PlacedAt)
+		case "start_at":
+			ok = rawTimePtr(m.raw, &v.StartAt)
 		}
 		if !ok {
 			return false

@@ -131,6 +131,10 @@ func (o SubmitOrder) appendJSON(b []byte) ([]byte, bool) {
 		e.field("placed_at")
 		e.time(*o.PlacedAt)
 	}
+	if o.StartAt != nil {
+		e.field("start_at")
+		e.time(*o.StartAt)
+	}
 	e.b = append(e.b, '}')
 	return e.b, e.ok
 }

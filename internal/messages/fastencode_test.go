@@ -56,7 +56,7 @@ func encodeSamples(s1, s2 string, n int64, result []byte, at time.Time) []messag
 			Currency: "EUR", Priority: int(n % 10), ReplyTo: s1, Workflow: s1, PlacedAt: &t},
 		messages.SubmitOrder{SchemaVersion: 1, OrderID: id, Customer: "c", Items: []messages.Item{{SKU: "a", Qty: 1}}, Currency: "USD"},
 		messages.SubmitOrder{SchemaVersion: messages.SubmitOrderVersion, OrderID: id, Workflow: s1, Payload: result,
-			Priority: int(n % 10), ReplyTo: s1, PlacedAt: &t},
+			Priority: int(n % 10), ReplyTo: s1, PlacedAt: &t, StartAt: &t},
 	}
 }
 

@@ -90,6 +90,10 @@ type SubmitOrder struct {
 	ReplyTo string `json:"reply_to,omitempty"`
 	// PlacedAt is when the order was placed, for the record.
 	PlacedAt *time.Time `json:"placed_at,omitempty"`
+	// StartAt is when the order starts: until then (on the
+	// database clock) its first steps wait, delayed. Past or absent: at
+	// once.
+	StartAt *time.Time `json:"start_at,omitempty"`
 }
 
 // MarshalJSON writes a version 1 order in its own layout (every payload
@@ -97,9 +101,9 @@ type SubmitOrder struct {
 func (o SubmitOrder) MarshalJSON() ([]byte, error) {
 	if o.SchemaVersion == 1 {
 		return json.Marshal(submitOrderV1{o.SchemaVersion, o.OrderID, o.Customer, o.Items, o.Amount, o.Currency,
-			o.Priority, o.ReplyTo, o.Workflow, o.PlacedAt})
+			o.Priority, o.ReplyTo, o.Workflow, o.PlacedAt, o.StartAt})
 	}
-	return json.Marshal(submitOrderV2{o.SchemaVersion, o.OrderID, o.Workflow, o.Payload, o.Priority, o.ReplyTo, o.PlacedAt})
+	return json.Marshal(submitOrderV2{o.SchemaVersion, o.OrderID, o.Workflow, o.Payload, o.Priority, o.ReplyTo, o.PlacedAt, o.StartAt})
 }
 
 type submitOrderV1 struct {
@@ -113,6 +117,7 @@ type submitOrderV1 struct {
 	ReplyTo       string     `json:"reply_to,omitempty"`
 	Workflow      string     `json:"workflow,omitempty"`
 	PlacedAt      *time.Time `json:"placed_at,omitempty"`
+	StartAt       *time.Time `json:"start_at,omitempty"`
 }
 
 type submitOrderV2 struct {
@@ -123,6 +128,7 @@ type submitOrderV2 struct {
 	Priority      int             `json:"priority,omitempty"`
 	ReplyTo       string          `json:"reply_to,omitempty"`
 	PlacedAt      *time.Time      `json:"placed_at,omitempty"`
+	StartAt       *time.Time      `json:"start_at,omitempty"`
 }
 
 // SubmitOrderVersion is the current SubmitOrder version; 1 is still read.
@@ -181,6 +187,11 @@ func (o SubmitOrder) Validate() error {
 	}
 	if o.PlacedAt != nil {
 		if err := checkTime("placed_at", *o.PlacedAt); err != nil {
+			return err
+		}
+	}
+	if o.StartAt != nil {
+		if err := checkTime("start_at", *o.StartAt); err != nil {
 			return err
 		}
 	}

@@ -25,6 +25,9 @@ type NewOrder struct {
 	Priority int
 	ReplyTo  string
 	PlacedAt *time.Time
+	// StartAt, when set and later than the insert (on the database
+	// clock), holds the order's first steps delayed until then.
+	StartAt *time.Time
 	// PayloadHash identifies the payload: a resubmission of the same
 	// order_id with the same hash is a duplicate, with another a conflict.
 	PayloadHash []byte
@@ -120,7 +123,9 @@ func IdempotencyKey(orderID string, step int, name string) string {
 // steps as parallel arrays ($11..$21, one element per step, $11 the
 // 1-based index of its order), then the orders' traceparents ($22) and
 // correlation ids ($23), then the steps' needs and ancestors ($24, $25,
-// as array literals, NULL for a list's steps) and specs ($26). Order ids must be distinct. It returns the
+// as array literals, NULL for a list's steps) and specs ($26), then the
+// orders' start_at ($27). A first step is delayed (due at start_at, plus
+// its delay) when its order starts later or it has a delay. Order ids must be distinct. It returns the
 // index of every order it wrote. A step created waiting gets no history
 // row: its own row says as much, and its history begins when it leaves
 // waiting (so a step's history with no creation row starts in waiting).
@@ -129,14 +134,15 @@ func IdempotencyKey(orderID string, step int, name string) string {
 const insertOrdersSQL = `
 WITH o AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int[],
-                         $6::text[], $7::timestamptz[], $8::bytea[], $9::text[], $10::text[], $22::text[], $23::text[]) WITH ORDINALITY
+                         $6::text[], $7::timestamptz[], $8::bytea[], $9::text[], $10::text[], $22::text[], $23::text[],
+                         $27::timestamptz[]) WITH ORDINALITY
         AS o(order_id, workflow, workflow_version, payload, priority, reply_to, placed_at, payload_hash, failure_policy, actor,
-             traceparent, correlation_id, idx)
+             traceparent, correlation_id, start_at, idx)
 ), ins AS (
     INSERT INTO orders (order_id, workflow, workflow_version, payload, priority, reply_to, placed_at, payload_hash, failure_policy,
-                        traceparent)
+                        traceparent, start_at)
     SELECT order_id, workflow, NULLIF(workflow_version, ''), payload, priority, NULLIF(reply_to, ''), placed_at, payload_hash, failure_policy,
-           NULLIF(traceparent, '')
+           NULLIF(traceparent, ''), start_at
     FROM o ORDER BY idx
     ON CONFLICT (order_id) DO NOTHING
     RETURNING order_id, reply_to
@@ -144,12 +150,18 @@ WITH o AS (
     SELECT o.* FROM o JOIN ins ON ins.order_id = o.order_id
 ), st AS (
     INSERT INTO steps (order_id, step, name, kind, compensates, agent, process_state, priority, timeout, max_failures, idempotency_key,
-                       backoff_base, backoff_max, needs, ancestors, spec)
+                       backoff_base, backoff_max, needs, ancestors, spec, due_at)
     SELECT insd.order_id, s.step, s.name, s.kind, NULLIF(s.compensates, 0), s.agent,
-           CASE WHEN s.needs IS NULL AND s.step = 1 OR s.needs = '{}' AND s.kind = 'action' THEN 'pending' ELSE 'waiting' END,
+           CASE WHEN s.needs IS NULL AND s.step = 1 OR s.needs = '{}' AND s.kind = 'action' THEN
+                    CASE WHEN s.spec ? 'delay_ms' OR insd.start_at > clock_timestamp() THEN 'delayed' ELSE 'pending' END
+                ELSE 'waiting' END,
            insd.priority, make_interval(secs => s.timeout_ms / 1000.0), s.max_failures, s.idempotency_key,
            make_interval(secs => NULLIF(s.backoff_base_ms, 0) / 1000.0), make_interval(secs => NULLIF(s.backoff_max_ms, 0) / 1000.0),
-           s.needs::int[], s.ancestors::int[], s.spec
+           s.needs::int[], s.ancestors::int[], s.spec,
+           CASE WHEN (s.needs IS NULL AND s.step = 1 OR s.needs = '{}' AND s.kind = 'action')
+                     AND (s.spec ? 'delay_ms' OR insd.start_at > clock_timestamp())
+                THEN greatest(insd.start_at, clock_timestamp())
+                     + make_interval(secs => coalesce((s.spec->>'delay_ms')::float8, 0) / 1000) END
     FROM unnest($11::int[], $12::text[], $13::text[], $14::bigint[], $15::int[], $16::text[], $17::text[], $18::int[], $19::int[],
                 $20::bigint[], $21::bigint[], $24::text[], $25::text[], $26::jsonb[])
              AS s(order_idx, name, agent, timeout_ms, max_failures, idempotency_key, kind, compensates, step, backoff_base_ms, backoff_max_ms,
@@ -252,7 +264,7 @@ type insertArrays struct {
 	traceparents, correlations                           []string
 	payloads                                             []string // JSON
 	priorities                                           []int32
-	placedAt                                             []*time.Time
+	placedAt, startAt                                    []*time.Time
 	hashes                                               [][]byte
 
 	stepOrder, stepNo, maxFailures, compensates []int32
@@ -270,6 +282,7 @@ func (a *insertArrays) add(o NewOrder, idx int) {
 	a.priorities = append(a.priorities, int32(o.Priority))
 	a.replyTos = append(a.replyTos, o.ReplyTo)
 	a.placedAt = append(a.placedAt, o.PlacedAt)
+	a.startAt = append(a.startAt, o.StartAt)
 	a.hashes = append(a.hashes, o.PayloadHash)
 	a.policies = append(a.policies, cmp.Or(o.FailurePolicy, PolicyCompensate))
 	a.actors = append(a.actors, o.Actor)
@@ -318,7 +331,7 @@ func (a *insertArrays) args() []any {
 	return []any{a.ids, a.workflows, a.versions, a.payloads, a.priorities, a.replyTos, a.placedAt,
 		a.hashes, a.policies, a.actors,
 		a.stepOrder, a.names, a.agents, a.timeouts, a.maxFailures, a.keys, a.kinds, a.compensates, a.stepNo,
-		a.backoffBases, a.backoffMaxes, a.traceparents, a.correlations, a.needs, a.ancestors, a.specs}
+		a.backoffBases, a.backoffMaxes, a.traceparents, a.correlations, a.needs, a.ancestors, a.specs, a.startAt}
 }
 
 // existing tells a duplicate from a conflict for an order whose insert

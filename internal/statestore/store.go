@@ -79,6 +79,8 @@ const (
 //     not undone, and counts as ended for the steps that need it. Terminal.
 //   - expanded: in a graph, a for_each step whose instances (steps of
 //     their own) run; processed when they all are.
+//   - delayed: in a graph, a step with a delay whose needs ended: it
+//     becomes pending at due_at, on the database clock (FireTimers).
 const (
 	StepWaiting    = "waiting"
 	StepPending    = "pending"
@@ -88,6 +90,7 @@ const (
 	StepCancelled  = "cancelled"
 	StepSkipped    = "skipped"
 	StepExpanded   = "expanded"
+	StepDelayed    = "delayed"
 )
 
 // Store is the state store. It is safe for concurrent use.

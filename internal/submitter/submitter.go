@@ -296,7 +296,7 @@ func newOrder(o messages.SubmitOrder, payload []byte, value any, wf workflow.Wor
 			Needs: r.Needs, Ancestors: r.Ancestors, Spec: r.Spec()}
 	}
 	return statestore.NewOrder{
-		OrderID: o.OrderID, Workflow: wf.Name, WorkflowVersion: wf.Version(), Payload: payload, Priority: o.Priority, ReplyTo: o.ReplyTo, PlacedAt: o.PlacedAt,
+		OrderID: o.OrderID, Workflow: wf.Name, WorkflowVersion: wf.Version(), Payload: payload, Priority: o.Priority, ReplyTo: o.ReplyTo, PlacedAt: o.PlacedAt, StartAt: o.StartAt,
 		PayloadHash: hash[:], Steps: steps, Actor: actor, FailurePolicy: wf.Policy,
 	}
 }

@@ -27,8 +27,14 @@ type Config struct {
 	MetricsAddr string `envconfig:"METRICS_ADDR" default:":9104"`
 	// Interval is how often the leader sweeps and a standby tries to lead.
 	Interval time.Duration `envconfig:"SUPERVISOR_INTERVAL" default:"1s"`
-	// Batch caps the steps one sweep statement handles.
+	// Batch caps the steps one sweep statement handles, and the timers
+	// one firing makes pending.
 	Batch int `envconfig:"SUPERVISOR_BATCH" default:"500"`
+	// TimerPoll is the longest the leader waits before it looks again for
+	// the earliest timer (a delayed step's due time): a timer set while it
+	// waits fires at most this late. It waits less when a timer falls due
+	// sooner.
+	TimerPoll time.Duration `envconfig:"SUPERVISOR_TIMER_POLL" default:"200ms"`
 	// BackoffBase and BackoffMax: a reset step waits BackoffBase *
 	// 2^(failure_count-1), at most BackoffMax, before it may be claimed.
 	BackoffBase time.Duration `envconfig:"SUPERVISOR_BACKOFF_BASE" default:"1s"`
@@ -71,6 +77,8 @@ type metrics struct {
 	openAlerts       prometheus.Gauge
 	analyzed         *prometheus.CounterVec
 	purged           *prometheus.CounterVec
+	timersFired      prometheus.Counter
+	timerLateness    prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -112,6 +120,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		purged: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sas_retention_deleted_total", Help: "Rows of ended orders deleted after SAS_RETENTION, by table (orders, steps, transitions, alerts).",
 		}, []string{"table"}),
+		timersFired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sas_timers_fired_total", Help: "Delayed steps the leader made pending when their delay ended.",
+		}),
+		timerLateness: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "sas_timer_lateness_seconds", Help: "How long after its due time (database clock) a delayed step was made pending.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
+		}),
 	}
 	for _, table := range []string{"orders", "steps", "transitions", "alerts"} {
 		m.purged.WithLabelValues(table)
@@ -123,7 +138,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.steps.WithLabelValues(state)
 	}
 	reg.MustRegister(m.leader, m.sweeps, m.resets, m.failures, m.errors, m.sweepDuration, m.steps, m.oldestPending, m.oldestProcessing,
-		m.openAlerts, m.analyzed, m.purged)
+		m.openAlerts, m.analyzed, m.purged, m.timersFired, m.timerLateness)
 	return m
 }
 
@@ -133,6 +148,9 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	if cfg.Retention < 0 || cfg.RetentionBatch < 1 || cfg.RetentionInterval <= 0 {
 		return fmt.Errorf("SAS_RETENTION (%v) must not be negative, SAS_RETENTION_BATCH (%d) must be at least 1 and SAS_RETENTION_INTERVAL (%v) positive",
 			cfg.Retention, cfg.RetentionBatch, cfg.RetentionInterval)
+	}
+	if cfg.TimerPoll <= 0 || cfg.Batch < 1 {
+		return fmt.Errorf("SAS_SUPERVISOR_TIMER_POLL (%v) must be positive and SAS_SUPERVISOR_BATCH (%d) at least 1", cfg.TimerPoll, cfg.Batch)
 	}
 	if cfg.LeaseTTL < 2*cfg.Interval {
 		return fmt.Errorf("SAS_SUPERVISOR_LEASE_TTL (%v) must be at least twice SAS_SUPERVISOR_INTERVAL (%v), or the leader loses its lease between renewals", cfg.LeaseTTL, cfg.Interval)

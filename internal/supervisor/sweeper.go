@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -32,6 +33,8 @@ type sweeper struct {
 	metrics *metrics
 	leading bool
 	tr      *tracing.Tracing
+	// lead mirrors leading for the timer loop, which runs beside tick.
+	lead atomic.Bool
 
 	// The statistics refresh and retention run beside the sweeps (an
 	// ANALYZE of a large table, or a long purge, must not delay them past
@@ -51,6 +54,7 @@ func (s *sweeper) run(ctx context.Context) error {
 	s.analyzeBusy = make(chan struct{}, 1)
 	s.purgeBusy = make(chan struct{}, 1)
 	defer s.background.Wait()
+	s.background.Go(func() { s.timers(ctx) })
 	for {
 		s.tick(ctx)
 		select {
@@ -88,6 +92,7 @@ func (s *sweeper) tick(ctx context.Context) {
 			s.logger.Warn("no longer the leader", "holder", lease.Holder)
 		}
 		s.leading = lease.Held
+		s.lead.Store(lease.Held)
 	}
 	if lease.Held {
 		s.metrics.leader.Set(1)
@@ -135,6 +140,53 @@ func (s *sweeper) sweep(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// timers fires the timers that fall due while this supervisor leads:
+// it makes due delayed steps pending, then waits until the earliest
+// waiting timer is due (read from the due-time index on the database
+// clock), at most TimerPoll, so that a timer set meanwhile is not missed.
+// The firing statement checks the lease itself.
+func (s *sweeper) timers(ctx context.Context) {
+	wait := time.NewTimer(0)
+	defer wait.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-wait.C:
+		}
+		next := s.cfg.TimerPoll
+		if s.lead.Load() {
+			if s.fireTimers(ctx) {
+				next = 0 // a full batch: more may be due
+			} else if d, ok, err := s.store.NextTimer(ctx); err == nil && ok && d < next {
+				next = max(d, 0)
+			}
+		}
+		wait.Reset(next)
+	}
+}
+
+// fireTimers makes one batch of due timers pending; it reports whether
+// the batch was full.
+func (s *sweeper) fireTimers(ctx context.Context) bool {
+	fired, err := s.store.FireTimers(ctx, s.me, LeaseName, s.cfg.Batch)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.metrics.errors.Inc()
+			s.logger.Warn("firing timers failed; will try again", "err", err)
+		}
+		return false
+	}
+	for _, f := range fired {
+		s.metrics.timersFired.Inc()
+		s.metrics.timerLateness.Observe(max(f.Late.Seconds(), 0))
+	}
+	if len(fired) > 0 {
+		s.logger.Debug("timers fired", "count", len(fired))
+	}
+	return len(fired) == s.cfg.Batch
 }
 
 // maybeAnalyze starts a refresh of stale planner statistics when one is

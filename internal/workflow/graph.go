@@ -8,7 +8,7 @@ import (
 )
 
 // A workflow is a graph when one of its steps says needs (other than the
-// step before), when, for_each, input or id. Its steps then run as soon
+// step before), when, for_each, input, delay or id. Its steps then run as soon
 // as the steps they need have ended (completed or skipped): several at
 // once, joins after their branches. A workflow that says none of these is
 // a list and runs, and hashes, exactly as it always has.
@@ -24,7 +24,7 @@ func (p *parser) graph(wf *Workflow, lines []stepLines) {
 	isGraph := false
 	for i, st := range wf.Steps {
 		ln := lines[i]
-		if st.ID != "" || st.When != "" || st.ForEach != "" || st.Input != "" || (ln.needsGiven && !defaultNeeds(wf.Steps, i)) {
+		if st.ID != "" || st.When != "" || st.ForEach != "" || st.Input != "" || st.Delay > 0 || (ln.needsGiven && !defaultNeeds(wf.Steps, i)) {
 			isGraph = true
 		}
 		if st.ForEach == "" && (st.MaxParallel > 0 || st.MaxItems > 0) {
@@ -383,6 +383,9 @@ type StepSpec struct {
 	Input       string `json:"input,omitempty"`
 	MaxParallel int    `json:"max_parallel,omitempty"`
 	MaxItems    int    `json:"max_items,omitempty"`
+	// DelayMS is the step's delay in milliseconds (the state store reads
+	// it when the step's needs end).
+	DelayMS int64 `json:"delay_ms,omitempty"`
 }
 
 // Spec is the row's StepSpec as JSON: nil for a list's rows and for a
@@ -391,7 +394,8 @@ func (r Row) Spec() []byte {
 	if r.Needs == nil || r.Compensates > 0 {
 		return nil
 	}
-	sp := StepSpec{ID: r.ID, When: r.When, ForEach: r.ForEach, Input: r.Input, MaxParallel: r.MaxParallel, MaxItems: r.MaxItems}
+	sp := StepSpec{ID: r.ID, When: r.When, ForEach: r.ForEach, Input: r.Input, MaxParallel: r.MaxParallel, MaxItems: r.MaxItems,
+		DelayMS: r.Delay.Milliseconds()}
 	if sp == (StepSpec{}) {
 		return nil
 	}

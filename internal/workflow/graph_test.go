@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"sas/internal/workflow"
 )
@@ -148,6 +149,12 @@ func TestGraphProblemsAtTheirLines(t *testing.T) {
 		{"duplicate ids", `
       - {action: a, agent: x, id: one}
       - {action: a, agent: x, id: one, needs: []}`, 7, `id "one" is used twice`},
+		{"delay not a duration", `
+      - {action: a, agent: x, delay: soon}`, 6, `delay "soon" is not a duration from 1ms to 366d`},
+		{"delay past a year", `
+      - {action: a, agent: x, delay: 400d}`, 6, `delay "400d" is not a duration`},
+		{"delay on a compensation", `
+      - {action: a, agent: x, compensation: {action: undo_a, delay: 1h}}`, 6, `delay`},
 		{"action twice without ids", `
       - {action: a, agent: x}
       - {action: a, agent: x, needs: []}`, 7, `or each use of the action its own "id:"`},
@@ -193,6 +200,31 @@ workflows:
 	wf, _ := r.Lookup("w")
 	if !wf.Graph || wf.Steps[2].Ref() != "notify_end" || !strings.Contains(string(wf.Definition()), `"id":"notify_end"`) {
 		t.Fatalf("%s", wf.Definition())
+	}
+}
+
+// TestDelayMakesAGraph: a step's delay, in days or any unit, makes its
+// workflow a graph (lists keep their versions) and goes into its row's
+// spec in milliseconds, where the state store reads it.
+func TestDelayMakesAGraph(t *testing.T) {
+	t.Parallel()
+	r, err := workflow.Parse("f.yaml", []byte(`
+workflows:
+  - name: w
+    steps:
+      - {action: score, agent: risk}
+      - {action: cooling_off, agent: x, delay: 14d}
+      - {action: open_account, agent: x, delay: 250ms}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf, _ := r.Lookup("w")
+	rows := wf.Rows()
+	if !wf.Graph || wf.Steps[1].Delay != 14*24*time.Hour || string(rows[1].Spec()) != `{"delay_ms":1209600000}` ||
+		string(rows[2].Spec()) != `{"delay_ms":250}` || rows[0].Spec() != nil || fmt.Sprint(rows[2].Needs) != "[2]" {
+		t.Fatalf("graph %v, delay %v, specs %s %s %s, needs %v", wf.Graph, wf.Steps[1].Delay, rows[0].Spec(), rows[1].Spec(),
+			rows[2].Spec(), rows[2].Needs)
 	}
 }
 

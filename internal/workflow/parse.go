@@ -22,9 +22,10 @@ const (
 	MaxFailuresCap = 1000 // highest failure threshold
 	MinTimeout     = 100 * time.Millisecond
 	MaxTimeout     = 24 * time.Hour
-	MaxItemsCap    = 1000 // highest max_items and max_parallel
-	maxNameLen     = 64   // workflow names
-	maxStepNameLen = 100  // actions and agent kinds
+	MaxItemsCap    = 1000                 // highest max_items and max_parallel
+	MaxDelay       = 366 * 24 * time.Hour // longest delay of a step
+	maxNameLen     = 64                   // workflow names
+	maxStepNameLen = 100                  // actions and agent kinds
 )
 
 // Defaults of a step that leaves them out.
@@ -385,6 +386,7 @@ func (p *parser) step(n *yaml.Node, parent *Step) (Step, stepLines) {
 		fields["input"] = func(v *yaml.Node) { ln.input = v.Line; st.Input = v.Value }
 		fields["max_parallel"] = func(v *yaml.Node) { p.count(v, "max_parallel", 1, MaxItemsCap, &st.MaxParallel) }
 		fields["max_items"] = func(v *yaml.Node) { ln.maxItems = v.Line; p.count(v, "max_items", 1, MaxItemsCap, &st.MaxItems) }
+		fields["delay"] = func(v *yaml.Node) { p.duration(v, "delay", time.Millisecond, MaxDelay, &st.Delay) }
 	}
 	p.mapping(n, what, fields, required...)
 	return st, ln
@@ -427,12 +429,34 @@ func exprExample(use string) string {
 }
 
 func (p *parser) duration(n *yaml.Node, what string, lo, hi time.Duration, dst *time.Duration) {
-	d, err := time.ParseDuration(n.Value)
+	d, err := ParseDuration(n.Value)
 	if n.Kind != yaml.ScalarNode || err != nil || d < lo || d > hi {
-		p.problem(n.Line, "%s %q is not a duration from %s to %s; write a number with a unit, such as 500ms, 10s or 2m", what, n.Value, lo, hi)
+		p.problem(n.Line, "%s %q is not a duration from %s to %s; write a number with a unit, such as 500ms, 10s, 2m, 72h or 14d", what, n.Value,
+			lo, humanDuration(hi))
 		return
 	}
 	*dst = d
+}
+
+// ParseDuration reads a duration as time.ParseDuration does, and also a
+// whole number of days ("14d").
+func ParseDuration(s string) (time.Duration, error) {
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.Atoi(days)
+		if err != nil || n < 0 || n > 100000 {
+			return 0, fmt.Errorf("%q is not a whole number of days", s)
+		}
+		return time.Duration(n) * 24 * time.Hour, nil
+	}
+	return time.ParseDuration(s)
+}
+
+// humanDuration writes whole days as days (366d, not 8784h0m0s).
+func humanDuration(d time.Duration) string {
+	if d >= 24*time.Hour && d%(24*time.Hour) == 0 {
+		return strconv.Itoa(int(d/(24*time.Hour))) + "d"
+	}
+	return d.String()
 }
 
 // schema reads a payload schema: any YAML mapping, as JSON, compiled as

@@ -60,6 +60,10 @@ type Step struct {
 	MaxItems    int    `json:"max_items,omitempty"`
 	// Input, a CEL expression, builds the request's input.
 	Input string `json:"input,omitempty"`
+	// Delay is how long after its needs ended (at the order's start, for
+	// a step that needs none) the step becomes claimable: a durable timer
+	// on the database clock.
+	Delay time.Duration `json:"delay,omitempty"`
 }
 
 // Ref is how needs and results name the step: its id, or its action.

@@ -213,10 +213,10 @@ BEGIN
         -- those of the steps that needed it (graph_advance).
         WITH old AS (
             SELECT step, process_state, attempt FROM steps
-            WHERE order_id = p_order AND kind = 'action' AND process_state IN ('waiting', 'pending', 'expanded')
+            WHERE order_id = p_order AND kind = 'action' AND process_state IN ('waiting', 'pending', 'expanded', 'delayed')
             FOR UPDATE
         ), upd AS (
-            UPDATE steps s SET process_state = 'cancelled', locked_by = NULL, complete_by = NULL, updated_at = now()
+            UPDATE steps s SET process_state = 'cancelled', locked_by = NULL, complete_by = NULL, due_at = NULL, updated_at = now()
             FROM old WHERE s.order_id = p_order AND s.step = old.step
         )
         INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
@@ -277,7 +277,8 @@ $function$;
 --   a for_each step whose instances all ended is processed, its result
 --   the list of theirs in item order; up to max_parallel instances of
 --   each for_each step run; every waiting action whose needs all ended
---   (processed or skipped) becomes pending; with no action left to end,
+--   (processed or skipped) becomes pending (delayed, due after its delay,
+--   if it has one: fire_timers); with no action left to end,
 --   the order completes.
 -- While it is undone (compensating):
 --   the compensation of an action that never ran (or was skipped, or is a
@@ -372,10 +373,12 @@ END;
 $function$;
 
 -- steps_made_pending: graph_advance's one way to start steps: the given
--- waiting steps of the order become pending, each with its history row.
--- It returns the lowest step of p_lowest (0: none) and those it started.
--- The steps come as a list, read before, so that the update is a lookup
--- of each by its key whatever the planner guesses of an order's size.
+-- waiting steps of the order become pending, each with its history row;
+-- a step with a delay becomes delayed instead, due that long from now on
+-- the database clock (fire_timers makes it pending then). It returns the
+-- lowest step of p_lowest (0: none) and those it made pending. The steps
+-- come as a list, read before, so that the update is a lookup of each by
+-- its key whatever the planner guesses of an order's size.
 CREATE OR REPLACE FUNCTION steps_made_pending(p_order uuid, p_steps integer[], p_lowest integer, p_actor text, p_reason text)
  RETURNS integer
  LANGUAGE plpgsql
@@ -387,19 +390,72 @@ BEGIN
         RETURN p_lowest;
     END IF;
     WITH upd AS (
-        UPDATE steps SET process_state = 'pending', available_at = now(), updated_at = clock_timestamp()
+        UPDATE steps
+        SET process_state = CASE WHEN spec ? 'delay_ms' THEN 'delayed' ELSE 'pending' END,
+            due_at = CASE WHEN spec ? 'delay_ms'
+                          THEN clock_timestamp() + make_interval(secs => (spec->>'delay_ms')::float8 / 1000) END,
+            available_at = now(), updated_at = clock_timestamp()
         WHERE order_id = p_order AND step = ANY(p_steps) AND process_state = 'waiting'
-        RETURNING step
+        RETURNING step, process_state, due_at
     ), hist AS (
         INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
-        SELECT p_order, step, 'waiting', 'pending', p_actor, p_reason FROM upd
+        SELECT p_order, step, 'waiting', process_state, p_actor,
+               CASE WHEN due_at IS NULL THEN p_reason
+                    ELSE p_reason || '; due at ' || to_char(due_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') END
+        FROM upd
     )
-    SELECT min(step) INTO v_first FROM upd;
+    SELECT min(step) FILTER (WHERE process_state = 'pending') INTO v_first FROM upd;
     IF v_first IS NOT NULL AND (p_lowest = 0 OR v_first < p_lowest) THEN
         RETURN v_first;
     END IF;
     RETURN p_lowest;
 END;
+$function$;
+
+-- fire_timers: the timers that fell due (delayed steps whose due_at has
+-- passed on the database clock), earliest first, at most p_limit, become
+-- pending, if p_holder holds the lease p_lease (so a supervisor that lost
+-- the lead fires nothing) and their order still runs (a step of an order
+-- held in error stays delayed until a resubmit; one of an order undone or
+-- cancelled was cancelled with it). Two at once never fire one timer
+-- twice: rows are taken FOR UPDATE SKIP LOCKED and re-checked. It returns
+-- each step fired and how late, in seconds.
+CREATE OR REPLACE FUNCTION fire_timers(p_holder text, p_lease text, p_limit integer)
+ RETURNS TABLE(order_id uuid, step integer, late_s double precision)
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM leases l WHERE l.name = p_lease AND l.holder = p_holder AND l.expires_at > now()) THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH due AS (
+        SELECT s.order_id, s.step FROM steps s JOIN orders o ON o.order_id = s.order_id
+        WHERE s.process_state = 'delayed' AND s.due_at <= clock_timestamp() AND o.status IN ('received', 'processing')
+        ORDER BY s.due_at
+        LIMIT p_limit
+        FOR UPDATE OF s SKIP LOCKED
+    ), upd AS (
+        UPDATE steps s SET process_state = 'pending', available_at = now(), updated_at = clock_timestamp()
+        FROM due WHERE s.order_id = due.order_id AND s.step = due.step AND s.process_state = 'delayed'
+        RETURNING s.order_id, s.step, s.attempt, s.due_at
+    ), hist AS (
+        INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+        SELECT u.order_id, u.step, 'delayed', 'pending', u.attempt, p_holder, 'its delay ended' FROM upd u
+    )
+    SELECT u.order_id, u.step, extract(epoch FROM clock_timestamp() - u.due_at)::float8 FROM upd u;
+END;
+$function$;
+
+-- next_timer: seconds until the earliest waiting timer falls due on the
+-- database clock (negative: overdue; NULL: none), read from the due-time
+-- index alone.
+CREATE OR REPLACE FUNCTION next_timer()
+ RETURNS double precision
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT extract(epoch FROM min(due_at) - clock_timestamp())::float8 FROM steps WHERE process_state = 'delayed'
 $function$;
 
 -- graph_step_claimed: fences a scheduler's own answer for a step it
@@ -474,7 +530,7 @@ BEGIN
                        backoff_base, backoff_max, needs, ancestors, spec, parent, item_index, item)
     SELECT p.order_id, v_last + 1 + it.i, p.name, 'action', p.agent, 'waiting', p.priority, p.timeout, p.max_failures,
            p.idempotency_key || '/' || it.i, p.backoff_base, p.backoff_max, '{}', p.ancestors,
-           p.spec - 'for_each' - 'when', p.step, it.i, it.item
+           p.spec - 'for_each' - 'when' - 'delay_ms', p.step, it.i, it.item
     FROM steps p, jsonb_array_elements(p_items) WITH ORDINALITY AS it0(item, n), LATERAL (SELECT (it0.n - 1)::int AS i, it0.item) it
     WHERE p.order_id = p_order AND p.step = p_step;
     SELECT * INTO v_comp FROM steps WHERE order_id = p_order AND compensates = p_step;
@@ -874,7 +930,7 @@ BEGIN
         WITH reset AS (
             UPDATE steps s
             SET process_state = CASE WHEN s.step = p_step THEN 'pending' ELSE 'waiting' END,
-                failure_count = 0, result = NULL, locked_by = NULL, complete_by = NULL,
+                failure_count = 0, result = NULL, locked_by = NULL, complete_by = NULL, due_at = NULL,
                 idempotency_key = CASE WHEN s.process_state IN ('processed', 'expanded')
                                        THEN regexp_replace(s.idempotency_key, '/rerun-[0-9]+$', '') || '/rerun-' || s.attempt
                                        ELSE s.idempotency_key END,

@@ -1,0 +1,60 @@
+package statestore
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// FiredTimer is a delayed step that FireTimers made pending.
+type FiredTimer struct {
+	OrderID string
+	Step    int
+	// Late is how long after its due time it fired, on the database clock.
+	Late time.Duration
+}
+
+// FireTimers makes pending up to limit delayed steps whose due time has
+// passed on the database clock, the earliest first, if holder holds the
+// lease (see the fire_timers function), and wakes the schedulers. A step
+// of an order that no longer runs is left as it is.
+func (s *Store) FireTimers(ctx context.Context, holder, lease string, limit int) ([]FiredTimer, error) {
+	var fired []FiredTimer
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT order_id::text, step, late_s FROM fire_timers($1, $2, $3)`, holder, lease, limit)
+		if err != nil {
+			return err
+		}
+		fired, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (FiredTimer, error) {
+			var f FiredTimer
+			var late float64
+			err := row.Scan(&f.OrderID, &f.Step, &late)
+			f.Late = time.Duration(late * float64(time.Second))
+			return f, err
+		})
+		if err != nil || len(fired) == 0 {
+			return err
+		}
+		return wake(ctx, tx)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("fire timers: %w", err)
+	}
+	return fired, nil
+}
+
+// NextTimer says how long until the earliest waiting timer falls due on
+// the database clock (zero or less: due now), and false when none waits.
+// It reads one entry of the due-time index.
+func (s *Store) NextTimer(ctx context.Context) (time.Duration, bool, error) {
+	var secs *float64
+	if err := s.pool.QueryRow(ctx, `SELECT next_timer()`).Scan(&secs); err != nil {
+		return 0, false, fmt.Errorf("next timer: %w", err)
+	}
+	if secs == nil {
+		return 0, false, nil
+	}
+	return time.Duration(*secs * float64(time.Second)), true, nil
+}

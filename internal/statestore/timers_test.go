@@ -1,0 +1,229 @@
+package statestore_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"sas/internal/harness/testenv"
+	"sas/internal/statestore"
+)
+
+const delayed = `
+workflows:
+  - name: later
+    steps:
+      - {action: a, agent: x, delay: 300ms, compensation: {action: undo_a}}
+      - {action: b, agent: x, delay: 300ms}
+`
+
+// fireAll fires the due timers as the lease holder would.
+func fireAll(t *testing.T, b bundle, holder string) []statestore.FiredTimer {
+	t.Helper()
+	fired, err := b.store.FireTimers(ctxFor(t), holder, statestore.SupervisorLease, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fired
+}
+
+// waitDue waits, on the database clock, until the earliest timer is due.
+func waitDue(t *testing.T, b bundle) {
+	t.Helper()
+	testenv.Eventually(t, 10*time.Second, "the earliest timer to fall due", func() bool {
+		d, ok, err := b.store.NextTimer(ctxFor(t))
+		return err == nil && ok && d <= 0
+	})
+}
+
+// TestTimersFireOnTheDatabaseClock: a step with a delay waits delayed
+// after its needs ended (the first step from the order's start); the
+// lease holder fires it once its due time has passed on the database
+// clock, never before, and only once; without the lease nothing fires.
+func TestTimersFireOnTheDatabaseClock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	o := graphOrder(t, delayed, "later", `{}`, statestore.PolicyCompensate)
+	insert(t, b, o)
+	if _, st := stepStates(t, b, o.OrderID); st["a"] != statestore.StepDelayed {
+		t.Fatalf("the first step is %s, want delayed from the order's start", st["a"])
+	}
+	if d, ok, err := b.store.NextTimer(ctx); err != nil || !ok || d <= 0 || d > 300*time.Millisecond {
+		t.Fatalf("next timer in %v (%v, %v), want within 300ms", d, ok, err)
+	}
+	if _, err := b.store.AcquireLease(ctx, statestore.SupervisorLease, "sup-1", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if fired := fireAll(t, b, "sup-1"); len(fired) != 0 {
+		t.Fatalf("fired %v before its due time", fired)
+	}
+	if len(claimAll(t, b, o.OrderID)) != 0 {
+		t.Fatal("a delayed step was claimed")
+	}
+	waitDue(t, b)
+	if fired := fireAll(t, b, "sup-2"); len(fired) != 0 {
+		t.Fatalf("a supervisor without the lease fired %v", fired)
+	}
+	fired := fireAll(t, b, "sup-1")
+	if len(fired) != 1 || fired[0].Step != 1 || fired[0].Late < 0 {
+		t.Fatalf("fired %v, want step 1, not early", fired)
+	}
+	if again := fireAll(t, b, "sup-1"); len(again) != 0 {
+		t.Fatalf("fired %v twice", again)
+	}
+	reply(t, b, claimAll(t, b, o.OrderID)["a"], true, "")
+	if _, st := stepStates(t, b, o.OrderID); st["b"] != statestore.StepDelayed {
+		t.Fatalf("b is %s once a ended, want delayed", st["b"])
+	}
+	waitDue(t, b)
+	fireAll(t, b, "sup-1")
+	if res := reply(t, b, claimAll(t, b, o.OrderID)["b"], true, ""); res.OrderStatus != statestore.OrderCompleted {
+		t.Fatalf("order %q", res.OrderStatus)
+	}
+}
+
+// TestTimersOfOrdersThatStopped: a held order's timer waits for the
+// resubmit; a cancelled order's is cancelled with it and never fires.
+func TestTimersOfOrdersThatStopped(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	if _, err := b.store.AcquireLease(ctx, statestore.SupervisorLease, "sup-1", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	const file = `
+workflows:
+  - name: w
+    steps:
+      - {action: a, agent: x}
+      - {action: b, agent: x, needs: []}
+      - {action: c, agent: x, needs: [b], delay: 200ms}
+`
+	held := graphOrder(t, file, "w", `{}`, statestore.PolicyHold)
+	cancelled := graphOrder(t, file, "w", `{}`, statestore.PolicyCompensate)
+	for _, o := range []statestore.NewOrder{held, cancelled} {
+		insert(t, b, o)
+		first := claimAll(t, b, o.OrderID)
+		reply(t, b, first["b"], true, "") // c is delayed
+		if o.OrderID == held.OrderID {
+			reply(t, b, first["a"], false, "") // held in error
+		}
+	}
+	if _, err := b.store.CancelOrder(ctx, cancelled.OrderID, "operator"); err != nil {
+		t.Fatal(err)
+	}
+	if _, st := stepStates(t, b, cancelled.OrderID); st["c"] != statestore.StepCancelled {
+		t.Fatalf("the cancelled order's delayed step is %s", st["c"])
+	}
+	waitDue(t, b)
+	if fired := fireAll(t, b, "sup-1"); len(fired) != 0 {
+		t.Fatalf("fired %v: a held order's timer, or a cancelled one's", fired)
+	}
+	if status, st := stepStates(t, b, held.OrderID); status != statestore.OrderError || st["c"] != statestore.StepDelayed {
+		t.Fatalf("held order %s, c %s", status, st["c"])
+	}
+	if _, err := b.store.Resubmit(ctx, held.OrderID, 0, "operator"); err != nil {
+		t.Fatal(err)
+	}
+	fired := fireAll(t, b, "sup-1")
+	if len(fired) != 1 || fired[0].OrderID != held.OrderID {
+		t.Fatalf("after the resubmit fired %v, want the held order's c", fired)
+	}
+	if _, err := b.store.Resubmit(ctx, held.OrderID, 0, "operator"); !errors.Is(err, statestore.ErrInvalidState) {
+		t.Fatalf("a second resubmit: %v", err)
+	}
+}
+
+// TestOrdersThatStartLater: an order with start_at ahead of the database
+// clock waits delayed (its order received) until then; one with start_at
+// past starts at once.
+func TestOrdersThatStartLater(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	if _, err := b.store.AcquireLease(ctx, statestore.SupervisorLease, "sup-1", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	var dbNow time.Time
+	if err := b.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&dbNow); err != nil {
+		t.Fatal(err)
+	}
+	later, past := sagaOrder(statestore.PolicyCompensate), sagaOrder(statestore.PolicyCompensate)
+	startAt, before := dbNow.Add(400*time.Millisecond), dbNow.Add(-time.Hour)
+	later.StartAt, past.StartAt = &startAt, &before
+	insert(t, b, later)
+	insert(t, b, past)
+	if _, steps := states(t, b, past.OrderID); steps[:5] != "pend " {
+		t.Fatalf("an order whose start_at passed: %q, want its first step pending", steps)
+	}
+	if status, steps := states(t, b, later.OrderID); status != statestore.OrderReceived || steps[:5] != "dela " {
+		t.Fatalf("an order that starts later: %s %q, want received with its first step delayed", status, steps)
+	}
+	var due time.Time
+	if err := b.pool.QueryRow(ctx, `SELECT due_at FROM steps WHERE order_id = $1 AND step = 1`, later.OrderID).Scan(&due); err != nil {
+		t.Fatal(err)
+	}
+	if !due.Equal(startAt) {
+		t.Fatalf("due at %v, want start_at %v", due, startAt)
+	}
+	if fired := fireAll(t, b, "sup-1"); len(fired) != 0 {
+		t.Fatalf("fired %v before start_at", fired)
+	}
+	waitDue(t, b)
+	if fired := fireAll(t, b, "sup-1"); len(fired) != 1 || fired[0].OrderID != later.OrderID {
+		t.Fatalf("fired %v at start_at", fired)
+	}
+	run(t, b, later.OrderID, true)
+}
+
+// TestWaitingTimersAreReadFromTheirIndex: with 20,000 timers waiting, the
+// earliest is read from the due-time index (one entry, not a scan), and a
+// firing with none due reads no timer row.
+func TestWaitingTimersAreReadFromTheirIndex(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	const file = `
+workflows:
+  - name: w
+    steps:
+      - {action: a, agent: x, delay: 1h}
+`
+	batch := make([]statestore.NewOrder, 1000)
+	for range 20 {
+		for i := range batch {
+			batch[i] = graphOrder(t, file, "w", `{}`, statestore.PolicyCompensate)
+		}
+		if _, errs := b.store.InsertOrders(ctx, batch); errors.Join(errs...) != nil {
+			t.Fatal(errors.Join(errs...))
+		}
+	}
+	if _, err := b.pool.Exec(ctx, `ANALYZE steps`); err != nil {
+		t.Fatal(err)
+	}
+	plan := func(query string) string {
+		var out string
+		rows, err := b.pool.Query(ctx, `EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) `+query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var line string
+			if err := rows.Scan(&line); err != nil {
+				t.Fatal(err)
+			}
+			out += line + "\n"
+		}
+		return out
+	}
+	next := plan(`SELECT min(due_at) FROM steps WHERE process_state = 'delayed'`)
+	if !strings.Contains(next, "steps_due_idx") || !strings.Contains(next, "rows=1 loops=1") || strings.Contains(next, "Seq Scan") {
+		t.Fatalf("the earliest timer is not one index entry:\n%s", next)
+	}
+	due := plan(`SELECT s.order_id FROM steps s WHERE s.process_state = 'delayed' AND s.due_at <= clock_timestamp() ORDER BY s.due_at LIMIT 500`)
+	if !strings.Contains(due, "steps_due_idx") || !strings.Contains(due, "rows=0 loops=1") || strings.Contains(due, "Seq Scan") {
+		t.Fatalf("looking for due timers reads waiting ones:\n%s", due)
+	}
+}
