@@ -28,6 +28,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -128,12 +129,15 @@ type Client struct {
 	conn       *broker.Conn
 	pub        *broker.Publisher
 	submit     string
+	signals    string
 	replyQueue string
 	logger     *slog.Logger
 
 	mu     sync.Mutex
 	orders map[string]*tracked
-	closed bool
+	// refusedSignals: the refusals of signals this client sent, by id.
+	refusedSignals map[string]*RejectedError
+	closed         bool
 
 	stop    context.CancelFunc
 	stopped chan struct{}
@@ -215,8 +219,8 @@ func Connect(ctx context.Context, cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("client: %w", err)
 	}
 	c := &Client{cfg: cfg, conn: conn, pub: broker.NewPublisher(conn, bm), logger: logger,
-		submit: cfg.QueuePrefix + "submit", replyQueue: cfg.QueuePrefix + "client." + messages.NewID(),
-		orders: map[string]*tracked{}, stopped: make(chan struct{})}
+		submit: cfg.QueuePrefix + "submit", signals: cfg.QueuePrefix + messages.SignalsQueue, replyQueue: cfg.QueuePrefix + "client." + messages.NewID(),
+		orders: map[string]*tracked{}, refusedSignals: map[string]*RejectedError{}, stopped: make(chan struct{})}
 	// The queue exists before the first order names it.
 	if err := c.declare(ctx); err != nil {
 		conn.Close()
@@ -296,6 +300,73 @@ func (c *Client) Submit(ctx context.Context, o Order) (string, error) {
 		select {
 		case <-ctx.Done():
 			return id, fmt.Errorf("client: submit %s: %w", id, ctx.Err())
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// Signal sends a signal for an order: it ends the order's step that
+// waits for a signal of this name (its payload, any value that marshals
+// to JSON, or nil, becomes the step's result); one sent before that wait
+// began is kept until it begins. It returns the signal's id, made here:
+// a signal sent again with SignalWithID and the same id is applied once.
+// A refusal (unknown or ended order, no step waiting for the name, a
+// payload the wait's schema refuses) is dead-lettered and told to this
+// client's reply queue as a rejected status event.
+func (c *Client) Signal(ctx context.Context, orderID, name string, payload any) (string, error) {
+	id := messages.NewID()
+	return id, c.SignalWithID(ctx, id, orderID, name, payload)
+}
+
+// SignalRefusal says why a signal this client sent was refused, once its
+// refusal came back (nil: none came, or it was applied or kept). The
+// client remembers the last few thousand refusals.
+func (c *Client) SignalRefusal(signalID string) *RejectedError {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.refusedSignals[signalID]
+}
+
+// signalCorrelation starts the correlation id of a signal, so that its
+// refusal is told apart from an order's events.
+const signalCorrelation = "signal:"
+
+const maxRefusedSignals = 4096
+
+// SignalWithID sends a signal as Signal does, with the caller's id.
+func (c *Client) SignalWithID(ctx context.Context, signalID, orderID, name string, payload any) error {
+	var raw json.RawMessage
+	if payload != nil {
+		b, err := json.Marshal(payload)
+		if err != nil {
+			return fmt.Errorf("client: signal payload: %w", err)
+		}
+		raw = b
+	}
+	body, err := messages.Encode(messages.Signal{SchemaVersion: messages.SignalVersion, SignalID: signalID, OrderID: orderID,
+		Name: name, Payload: raw, ReplyTo: c.replyQueue})
+	if err != nil {
+		return fmt.Errorf("client: %w", err)
+	}
+	pub := amqp.Publishing{ContentType: messages.ContentType, Type: messages.TypeSignal, MessageId: signalID,
+		CorrelationId: signalCorrelation + signalID,
+		DeliveryMode:  amqp.Persistent, Body: body, Headers: amqp.Table{"schema_version": int32(messages.SignalVersion)}}
+	backoff := 50 * time.Millisecond
+	for {
+		pub.Timestamp = time.Now()
+		err = c.pub.Publish(ctx, c.signals, "", pub)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil || c.isClosed() {
+			return fmt.Errorf("client: signal %s: %w", signalID, err)
+		}
+		// Unconfirmed, or the connection dropped: the same signal again.
+		c.logger.Warn("signal not confirmed, publishing again", "signal_id", signalID, "err", err)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("client: signal %s: %w", signalID, ctx.Err())
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, 2*time.Second)
@@ -472,6 +543,16 @@ func (c *Client) deliver(d amqp.Delivery) {
 	ev, err := messages.DecodeStatusEvent(d.Body)
 	if err != nil {
 		c.logger.Warn("not a status event on the reply queue; dropped", "message_id", d.MessageId, "err", err)
+		return
+	}
+	if id, ok := strings.CutPrefix(d.CorrelationId, signalCorrelation); ok && ev.Status == messages.StatusRejected {
+		// A signal's refusal: it says nothing of the order itself.
+		c.mu.Lock()
+		if len(c.refusedSignals) >= maxRefusedSignals {
+			clear(c.refusedSignals)
+		}
+		c.refusedSignals[id] = &RejectedError{OrderID: ev.OrderID, Reason: ev.Reason, Detail: ev.Detail}
+		c.mu.Unlock()
 		return
 	}
 	t := c.track(ev.OrderID)

@@ -18,6 +18,7 @@ import (
 
 	"sas/client"
 	"sas/internal/harness/netproxy"
+	"sas/internal/harness/testenv"
 	"sas/internal/messages"
 	"sas/internal/statestore"
 )
@@ -327,5 +328,36 @@ func TestEveryRefusalReachesItsSender(t *testing.T) {
 	}
 	if st, err := c.Await(ctx, bad.ID); err != nil || st.Status != "completed" {
 		t.Fatalf("refused, then corrected: %+v %v", st, err)
+	}
+}
+
+// TestSignalRefusalsReachTheClient: a signal for an order that has
+// ended is refused; the refusal comes back to the client that sent it,
+// and says nothing of the order itself.
+func TestSignalRefusalsReachTheClient(t *testing.T) {
+	t.Parallel()
+	c := connect(t, os.Getenv("SAS_AMQP_URL"))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	id, err := c.Submit(ctx, demoOrder(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := c.Await(ctx, id); err != nil || st.Status != "completed" {
+		t.Fatalf("the order: %+v %v", st, err)
+	}
+	sigID, err := c.Signal(ctx, id, "approved", map[string]any{"by": "ann"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "the signal's refusal", func() bool { return c.SignalRefusal(sigID) != nil })
+	if rej := c.SignalRefusal(sigID); rej.OrderID != id || rej.Reason != "order_ended" || !strings.Contains(rej.Detail, "is completed") {
+		t.Fatalf("refusal %+v, want order_ended: the order is completed", rej)
+	}
+	if st, err := c.Await(ctx, id); err != nil || st.Status != "completed" {
+		t.Fatalf("the order after a refused signal: %+v %v", st, err)
+	}
+	if _, err := c.Signal(ctx, "not-an-id", "approved", nil); err == nil {
+		t.Fatal("a signal for no order id was sent")
 	}
 }

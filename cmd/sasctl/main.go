@@ -133,6 +133,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return a.ordersResubmit(ctx, rest)
 	case "orders cancel":
 		return a.ordersCancel(ctx, rest)
+	case "orders signal":
+		return a.ordersSignal(ctx, rest)
 	case "orders purge":
 		return a.ordersPurge(ctx, rest)
 	case "alerts list":

@@ -32,10 +32,11 @@ func Permissions(prefix string) []Permission {
 			Read:  `^` + p + `(dlx|submit)$`,
 		},
 		{
+			// signals is an entrance: its own exchange, bound to it.
 			Service:   "scheduler",
-			Configure: `^(` + exchanges + `|` + p + `replies(\.dlq)?|` + p + `agent\.[^.]+(\.dlq)?)$`,
-			Write:     `^(amq\.default|` + p + `(dlx|status|alerts|replies\.dlq)|` + p + `agent\.[^.]+\.dlq)$`,
-			Read:      `^(` + p + `(dlx|replies)|` + p + `agent\.[^.]+)$`,
+			Configure: `^(` + exchanges + `|` + p + `(replies|signals)(\.dlq)?|` + p + `agent\.[^.]+(\.dlq)?)$`,
+			Write:     `^(amq\.default|` + p + `(dlx|status|alerts|replies\.dlq|signals(\.dlq)?)|` + p + `agent\.[^.]+\.dlq)$`,
+			Read:      `^(` + p + `(dlx|replies|signals)|` + p + `agent\.[^.]+)$`,
 		},
 		{
 			Service:   "agent",
@@ -44,21 +45,22 @@ func Permissions(prefix string) []Permission {
 			Read:      `^(` + p + `(dlx|replies)|` + p + `agent\.[^.]+)$`,
 		},
 		{
-			// sasctl publishes orders, and reads dead-letter queues and
+			// sasctl publishes orders and signals, and reads dead-letter queues and
 			// publishes their messages back (dlq requeue) through the
 			// default exchange.
 			Service:   "sasctl",
-			Configure: `^(` + exchanges + `|` + p + `submit(\.dlq)?)$`,
+			Configure: `^(` + exchanges + `|` + p + `(submit|signals)(\.dlq)?)$`,
 			Write:     `^(amq\.default|` + p + `submit\.dlq)$`,
 			Read:      `^(` + p + `(dlx|submit)|` + p + `[^.]+(\.[^.]+)?\.dlq)$`,
 		},
 		{
-			// An application (the client package) publishes orders
-			// through the submit queue's own exchange, never the default
-			// one, and declares and reads its reply queues.
+			// An application (the client package) publishes orders and
+			// signals through the submit and signals queues' own
+			// exchanges, never the default one, and declares and reads
+			// its reply queues.
 			Service:   "app",
 			Configure: `^` + p + `client\.[^.]+$`,
-			Write:     `^` + p + `submit$`,
+			Write:     `^` + p + `(submit|signals)$`,
 			Read:      `^` + p + `client\.[^.]+$`,
 		},
 	}

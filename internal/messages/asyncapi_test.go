@@ -54,7 +54,7 @@ func TestAsyncAPIMatchesTheMessages(t *testing.T) {
 	for _, c := range doc.Channels {
 		addrs = append(addrs, c.Address)
 	}
-	want = []string{topo.Queue(submitter.Input), topo.Queue(messages.RequestsQueue("{kind}")), topo.Queue(messages.RepliesQueue),
+	want = []string{topo.Queue(submitter.Input), topo.Queue(messages.RequestsQueue("{kind}")), topo.Queue(messages.RepliesQueue), topo.Queue(messages.SignalsQueue),
 		topo.StatusExchange(), topo.AlertsExchange()}
 	slices.Sort(addrs)
 	slices.Sort(want)
@@ -83,6 +83,8 @@ func TestAsyncAPIMatchesTheMessages(t *testing.T) {
 		{"StatusEvent", messages.StatusEvent{SchemaVersion: 1, OrderID: id, Status: messages.StatusCompleted, Step: &step, At: at,
 			Results: json.RawMessage(`{"a":{"id":1}}`)}, nil},
 		{"OperatorAlert", messages.OperatorAlert{SchemaVersion: 1, OrderID: id, Step: 2, Reason: "r", FailureCount: 5, At: at}, nil},
+		{"Signal", messages.Signal{SchemaVersion: 1, SignalID: "sig-1", OrderID: id, Name: "approved", Payload: json.RawMessage(`{"by":"ann"}`),
+			ReplyTo: "q", By: "ann"}, nil},
 	} {
 		schema, ok := doc.Components.Schemas[tc.schema]
 		if !ok {

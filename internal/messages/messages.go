@@ -15,6 +15,7 @@ const (
 	TypeStepReply     = "sas.step_reply"
 	TypeStatusEvent   = "sas.status_event"
 	TypeOperatorAlert = "sas.operator_alert"
+	TypeSignal        = "sas.signal"
 )
 
 // Message is implemented by every wire message.
@@ -898,4 +899,72 @@ func CorrelationID(id string) string {
 		}
 	}
 	return id
+}
+
+// Signal is a signal for an order: it ends the step of the order that
+// waits for a signal of its name (a wait step), its payload the step's
+// result; one that comes before the wait began is kept until it begins.
+// The same signal_id twice is applied once.
+type Signal struct {
+	SchemaVersion int    `json:"schema_version"`
+	SignalID      string `json:"signal_id"`
+	OrderID       string `json:"order_id"`
+	Name          string `json:"name"`
+	// Payload is any JSON value of at most MaxPayloadBytes (checked
+	// against the wait's schema, if it has one).
+	Payload json.RawMessage `json:"payload,omitempty"`
+	// ReplyTo names a queue told of a refusal by a status event
+	// "rejected" (the order's own events go to the order's reply_to).
+	ReplyTo string `json:"reply_to,omitempty"`
+	// By names who sent it, for the history.
+	By string `json:"by,omitempty"`
+}
+
+// SignalVersion is the current Signal version.
+const SignalVersion = 1
+
+// Type implements Message.
+func (Signal) Type() string { return TypeSignal }
+
+// Validate implements Message.
+func (g Signal) Validate() error {
+	if g.SchemaVersion != SignalVersion {
+		return reject(ReasonUnsupportedVersion, "schema_version %d is not supported (write %d)", g.SchemaVersion, SignalVersion)
+	}
+	if err := checkName("signal_id", g.SignalID, 200); err != nil {
+		return err
+	}
+	if err := checkID("order_id", g.OrderID); err != nil {
+		return err
+	}
+	if err := checkName("name", g.Name, 100); err != nil {
+		return err
+	}
+	if len(g.Payload) > 0 {
+		if len(g.Payload) > MaxPayloadBytes {
+			return reject(ReasonTooLarge, "payload is %d bytes, limit %d", len(g.Payload), MaxPayloadBytes)
+		}
+		if err := CheckJSON(g.Payload, MaxPayloadBytes); err != nil {
+			return err
+		}
+	}
+	if g.ReplyTo != "" {
+		if err := checkName("reply_to", g.ReplyTo, 255); err != nil {
+			return err
+		}
+		if err := checkReplyTo(g.ReplyTo); err != nil {
+			return err
+		}
+	}
+	if g.By != "" {
+		if err := checkText("by", g.By, 100); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// DecodeSignal decodes and validates a Signal body.
+func DecodeSignal(body []byte) (Signal, error) {
+	return decodeValid[Signal](body, []string{"signal_id", "order_id", "name"}, []string{"payload"}, false)
 }

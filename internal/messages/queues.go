@@ -11,3 +11,7 @@ func RequestsQueue(kind string) string { return "agent." + kind }
 // SubmitQueue is the unprefixed name of the queue applications send
 // SubmitOrders to and submitters consume.
 const SubmitQueue = "submit"
+
+// SignalsQueue is the unprefixed name of the queue signals (Signal) are
+// sent to and schedulers consume.
+const SignalsQueue = "signals"

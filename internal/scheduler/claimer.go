@@ -34,11 +34,14 @@ import (
 // its complete_by, and be done again. Only claims by the claimer stop: a
 // next step claimed with its reply replaces the step that reply ended.
 type claimer struct {
-	store      *statestore.Store
-	pub        *broker.Publisher
-	depths     depthReader
-	topo       broker.Topology
-	kinds      []string
+	store  *statestore.Store
+	pub    *broker.Publisher
+	depths depthReader
+	topo   broker.Topology
+	kinds  []string
+	// system: the workflows have steps sas performs itself (waits,
+	// timers alone, agent ""): claimed too, and answered for here.
+	system     bool
 	me         string
 	batch      int
 	maxQueued  int
@@ -144,6 +147,9 @@ func (c *claimer) drain(ctx context.Context) (throttled bool) {
 				continue
 			}
 			rooms[kind] = room
+		}
+		if c.system {
+			rooms[""] = c.batch // no queue: prepare answers for them
 		}
 		if len(rooms) == 0 {
 			return throttled

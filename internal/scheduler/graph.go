@@ -20,6 +20,7 @@ import (
 type graphStore interface {
 	SkipStep(ctx context.Context, c statestore.ClaimedStep, actor, reason string) (statestore.GraphResult, error)
 	ExpandStep(ctx context.Context, c statestore.ClaimedStep, items []json.RawMessage, actor string) (statestore.GraphResult, error)
+	AwaitStep(ctx context.Context, c statestore.ClaimedStep, actor string) (statestore.GraphResult, error)
 	ApplyReply(ctx context.Context, r statestore.Reply) (statestore.ApplyResult, error)
 }
 
@@ -92,6 +93,20 @@ func (g *graphSteps) prepare(ctx context.Context, s *statestore.ClaimedStep) (ou
 		span.SetName("expand " + s.Name)
 		span.SetAttributes(attribute.Int("sas.instances", len(items)))
 		_, err = g.store.ExpandStep(ctx, *s, items, g.me)
+		return g.done(err)
+	}
+	if s.Agent == "" && s.Index == nil {
+		// A step sas performs itself: a wait begins to wait (or ends at
+		// once with a signal kept for it); a timer alone ended when its
+		// delay did, and so does the step.
+		span := trace.SpanFromContext(ctx)
+		if spec.Wait != nil {
+			span.SetName("await " + s.Name)
+			_, err := g.store.AwaitStep(ctx, *s, g.me)
+			return g.done(err)
+		}
+		span.SetName("timer " + s.Name)
+		_, err := g.store.ApplyReply(ctx, statestore.Reply{OrderID: s.OrderID, Step: s.Step, Attempt: s.Attempt, OK: true, Actor: g.me})
 		return g.done(err)
 	}
 	if spec.Input == "" {

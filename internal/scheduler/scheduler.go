@@ -84,6 +84,7 @@ type metrics struct {
 	unroutable     *prometheus.CounterVec
 	relayErrors    prometheus.Counter
 	listening      prometheus.Gauge
+	signals        *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -146,8 +147,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "sas_agent_queue_ready", Help: "Requests waiting in an agent kind's queue, as last read by this scheduler.",
 		}, []string{"kind"}),
 		dbRetries: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sas_scheduler_db_retries_total", Help: "Reply applications retried after a database error.",
+			Name: "sas_scheduler_db_retries_total", Help: "Reply and signal applications retried after a database error.",
 		}),
+		signals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sas_signals_total", Help: "Signals handled, by outcome: applied (a wait ended), kept (before its wait began), duplicate, refused (dead-lettered).",
+		}, []string{"outcome"}),
 		outbox: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sas_outbox_published_total", Help: "Outbox messages published, by type.",
 		}, []string{"type"}),
@@ -162,7 +166,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	reg.MustRegister(m.claimed, m.claimedByReply, m.throttled, m.repliesFull, m.claimDuration, m.claimSize, m.replyBatchSize, m.published, m.publishFailed, m.released, m.wakeups, m.replies,
-		m.stale, m.ordersFinished, m.orderDuration, m.stepDuration, m.queueReady, m.dbRetries, m.outbox, m.unroutable, m.relayErrors, m.listening)
+		m.stale, m.ordersFinished, m.orderDuration, m.stepDuration, m.queueReady, m.dbRetries, m.outbox, m.unroutable, m.relayErrors, m.listening,
+		m.signals)
 	return m
 }
 
@@ -204,13 +209,13 @@ func (m *metrics) initSeries(workflows *workflow.Registry, kinds []string) {
 }
 
 // Topology is the queues and exchanges the scheduler uses: the replies
-// queue and a request queue per agent kind it claims for.
+// and signals queues and a request queue per agent kind it claims for.
 func Topology(prefix string, deliveryLimit int, kinds []string) broker.Topology {
-	inputs := []string{messages.RepliesQueue}
+	inputs := []string{messages.RepliesQueue, messages.SignalsQueue}
 	for _, kind := range kinds {
 		inputs = append(inputs, messages.RequestsQueue(kind))
 	}
-	return broker.Topology{Prefix: prefix, DeliveryLimit: deliveryLimit, Inputs: inputs}
+	return broker.Topology{Prefix: prefix, DeliveryLimit: deliveryLimit, Inputs: inputs, Entrances: []string{messages.SignalsQueue}}
 }
 
 // Run runs the scheduler until ctx is done, then stops claiming, finishes
@@ -251,7 +256,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		me: me, lease: statestore.SchedulerListenerLease(kinds), gauge: m.listening}
 	depths := broker.NewQueueInspector(conn)
 	defer depths.Close()
-	c := &claimer{store: store, pub: pub, depths: depths, topo: topo, kinds: kinds, me: me,
+	c := &claimer{store: store, pub: pub, depths: depths, topo: topo, kinds: kinds, system: workflows.HasSystemSteps(), me: me,
 		batch: cfg.BatchSize, maxQueued: cfg.MaxQueued, maxReplies: cfg.MaxRepliesQueued, poll: cfg.PollInterval,
 		wake: w.pending, wakeRelay: func() { nudge(w.outbox) }, shareMore: w.shareMore, workCtx: workCtx, logger: logger, metrics: m,
 		known: map[string]queueDepth{}, tr: tr,
@@ -277,10 +282,17 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	replies := broker.NewConsumer(conn, pub,
 		broker.ConsumerConfig{Input: messages.RepliesQueue, Prefetch: cfg.ReplyPrefetch, Workers: cfg.ReplyWorkers, Reasons: messages.Reasons()},
 		r.handler(), logger, bm)
+	sg := &signaler{store: store, me: me, workCtx: workCtx, logger: logger, metrics: m, tr: tr,
+		wakeClaimer: func() { nudge(w.pending) }, wakeRelay: func() { nudge(w.outbox) }}
+	signals := broker.NewConsumer(conn, pub,
+		broker.ConsumerConfig{Input: messages.SignalsQueue, Prefetch: cfg.ReplyPrefetch, Workers: 4, Reasons: append(messages.Reasons(),
+			statestore.SignalUnknownOrder, statestore.SignalOrderEnded, statestore.SignalNoSuchWait, statestore.SignalWaitEnded,
+			statestore.SignalInvalidPayload)},
+		sg.handler(), logger, bm)
 	rl := &relay{store: store, pub: pub, topo: topo, batch: cfg.RelayBatch, poll: cfg.PollInterval,
 		wake: w.outbox, logger: logger, metrics: m, tr: tr}
 
 	logger.Info("scheduler started", "kinds", kinds, "workflows", workflows.Source, "batch", cfg.BatchSize, "poll_interval", cfg.PollInterval.String())
 	return sk.Run(ctx, cfg.ShutdownTimeout, sk.Deps.Ready(replies),
-		w.run, c.run, replies.Run, rl.run)
+		w.run, c.run, replies.Run, signals.Run, rl.run)
 }

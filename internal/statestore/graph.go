@@ -44,6 +44,13 @@ func (s *Store) ExpandStep(ctx context.Context, c ClaimedStep, items []json.RawM
 	return s.answerFor(ctx, c, "expand", `step_expand($1, $2, $3, $4, $5)`, string(list), actor)
 }
 
+// AwaitStep begins a claimed wait step's wait: a signal its order kept
+// for it ends it at once, else it awaits one until its timeout. A claim
+// that is no longer the step's gives a *StaleReplyError.
+func (s *Store) AwaitStep(ctx context.Context, c ClaimedStep, actor string) (GraphResult, error) {
+	return s.answerFor(ctx, c, "await", `step_await($1, $2, $3, $4)`, actor)
+}
+
 // answerFor runs fn, a function answering for the claimed step c (its
 // order, step and attempt are $1 to $3, args follow), and reads what it
 // changed; a claim that is no longer the step's gives its stale reason.

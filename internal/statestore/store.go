@@ -81,6 +81,8 @@ const (
 //     their own) run; processed when they all are.
 //   - delayed: in a graph, a step with a delay whose needs ended: it
 //     becomes pending at due_at, on the database clock (FireTimers).
+//   - awaiting: in a graph, a wait step that awaits its signal
+//     (ApplySignal) until due_at, its timeout.
 const (
 	StepWaiting    = "waiting"
 	StepPending    = "pending"
@@ -91,6 +93,7 @@ const (
 	StepSkipped    = "skipped"
 	StepExpanded   = "expanded"
 	StepDelayed    = "delayed"
+	StepAwaiting   = "awaiting"
 )
 
 // Store is the state store. It is safe for concurrent use.

@@ -160,16 +160,18 @@ func (s *sweeper) timers(ctx context.Context) {
 		if s.lead.Load() {
 			if s.fireTimers(ctx) {
 				next = 0 // a full batch: more may be due
-			} else if d, ok, err := s.store.NextTimer(ctx); err == nil && ok && d < next {
-				next = max(d, 0)
+			} else if d, ok, err := s.store.NextTimer(ctx); err == nil && ok && d > 0 && d < next {
+				// (An overdue timer is a held order's, which waits for a
+				// resubmit: it does not hurry the next look.)
+				next = d
 			}
 		}
 		wait.Reset(next)
 	}
 }
 
-// fireTimers makes one batch of due timers pending; it reports whether
-// the batch was full.
+// fireTimers fires one batch of due timers; it reports whether the
+// batch was full.
 func (s *sweeper) fireTimers(ctx context.Context) bool {
 	fired, err := s.store.FireTimers(ctx, s.me, LeaseName, s.cfg.Batch)
 	if err != nil {
@@ -186,7 +188,7 @@ func (s *sweeper) fireTimers(ctx context.Context) bool {
 	if len(fired) > 0 {
 		s.logger.Debug("timers fired", "count", len(fired))
 	}
-	return len(fired) == s.cfg.Batch
+	return len(fired) >= s.cfg.Batch
 }
 
 // maybeAnalyze starts a refresh of stale planner statistics when one is

@@ -8,7 +8,7 @@ import (
 )
 
 // A workflow is a graph when one of its steps says needs (other than the
-// step before), when, for_each, input, delay or id. Its steps then run as soon
+// step before), when, for_each, input, delay, wait or id, or has no agent. Its steps then run as soon
 // as the steps they need have ended (completed or skipped): several at
 // once, joins after their branches. A workflow that says none of these is
 // a list and runs, and hashes, exactly as it always has.
@@ -24,7 +24,7 @@ func (p *parser) graph(wf *Workflow, lines []stepLines) {
 	isGraph := false
 	for i, st := range wf.Steps {
 		ln := lines[i]
-		if st.ID != "" || st.When != "" || st.ForEach != "" || st.Input != "" || st.Delay > 0 || (ln.needsGiven && !defaultNeeds(wf.Steps, i)) {
+		if st.ID != "" || st.When != "" || st.ForEach != "" || st.Input != "" || st.Delay > 0 || st.Wait != nil || st.InSystem() || (ln.needsGiven && !defaultNeeds(wf.Steps, i)) {
 			isGraph = true
 		}
 		if st.ForEach == "" && (st.MaxParallel > 0 || st.MaxItems > 0) {
@@ -386,6 +386,16 @@ type StepSpec struct {
 	// DelayMS is the step's delay in milliseconds (the state store reads
 	// it when the step's needs end).
 	DelayMS int64 `json:"delay_ms,omitempty"`
+	// Wait is the step's wait for a signal (the state store reads it).
+	Wait *SpecWait `json:"wait,omitempty"`
+}
+
+// SpecWait is a wait as a step's spec keeps it.
+type SpecWait struct {
+	Signal    string          `json:"signal"`
+	TimeoutMS int64           `json:"timeout_ms"`
+	OnTimeout string          `json:"on_timeout,omitempty"`
+	Schema    json.RawMessage `json:"schema,omitempty"`
 }
 
 // Spec is the row's StepSpec as JSON: nil for a list's rows and for a
@@ -396,6 +406,9 @@ func (r Row) Spec() []byte {
 	}
 	sp := StepSpec{ID: r.ID, When: r.When, ForEach: r.ForEach, Input: r.Input, MaxParallel: r.MaxParallel, MaxItems: r.MaxItems,
 		DelayMS: r.Delay.Milliseconds()}
+	if r.Wait != nil {
+		sp.Wait = &SpecWait{Signal: r.Wait.Signal, TimeoutMS: r.Wait.Timeout.Milliseconds(), OnTimeout: r.Wait.OnTimeout, Schema: r.Wait.Schema}
+	}
 	if sp == (StepSpec{}) {
 		return nil
 	}

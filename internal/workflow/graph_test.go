@@ -155,6 +155,22 @@ func TestGraphProblemsAtTheirLines(t *testing.T) {
       - {action: a, agent: x, delay: 400d}`, 6, `delay "400d" is not a duration`},
 		{"delay on a compensation", `
       - {action: a, agent: x, compensation: {action: undo_a, delay: 1h}}`, 6, `delay`},
+		{"wait with an agent", `
+      - {id: ok, agent: x, wait: {signal: approved, timeout: 1h}}`, 6, "a wait step calls no agent"},
+		{"wait without an id", `
+      - {wait: {signal: approved, timeout: 1h}}`, 6, `a wait step has no "id"`},
+		{"wait with a delay", `
+      - {id: ok, delay: 1h, wait: {signal: approved, timeout: 1h}}`, 6, "a wait step cannot have a delay"},
+		{"wait without a timeout", `
+      - {id: ok, wait: {signal: approved}}`, 6, `wait has no "timeout"`},
+		{"wait on_timeout unknown", `
+      - {id: ok, wait: {signal: approved, timeout: 1h, on_timeout: retry}}`, 6, `on_timeout "retry" is not fail or skip`},
+		{"wait with a compensation", `
+      - id: ok
+        wait: {signal: approved, timeout: 1h}
+        compensation: {action: undo}`, 8, "a wait step does nothing to undo"},
+		{"no agent and no delay", `
+      - {action: a}`, 6, `a step has no "agent"`},
 		{"action twice without ids", `
       - {action: a, agent: x}
       - {action: a, agent: x, needs: []}`, 7, `or each use of the action its own "id:"`},
@@ -225,6 +241,34 @@ workflows:
 		string(rows[2].Spec()) != `{"delay_ms":250}` || rows[0].Spec() != nil || fmt.Sprint(rows[2].Needs) != "[2]" {
 		t.Fatalf("graph %v, delay %v, specs %s %s %s, needs %v", wf.Graph, wf.Steps[1].Delay, rows[0].Spec(), rows[1].Spec(),
 			rows[2].Spec(), rows[2].Needs)
+	}
+}
+
+// TestWaitsAndTimersAlone: a wait step takes its id for its name and
+// keeps its signal, timeout and schema in its row's spec; a step with a
+// delay and no agent is a timer alone; neither is an agent kind.
+func TestWaitsAndTimersAlone(t *testing.T) {
+	t.Parallel()
+	r, err := workflow.Parse("f.yaml", []byte(`
+workflows:
+  - name: loan
+    steps:
+      - {action: score, agent: risk}
+      - id: approval
+        wait: {signal: approved, timeout: 72h, on_timeout: skip, schema: {type: object}}
+      - {action: cooling_off, delay: 14d, needs: [approval]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf, _ := r.Lookup("loan")
+	rows := wf.Rows()
+	if rows[1].Name != "approval" || !rows[1].InSystem() || !rows[2].InSystem() || !r.HasSystemSteps() ||
+		!slices.Equal(r.Agents(), []string{"risk"}) {
+		t.Fatalf("rows %+v, agents %v", rows, r.Agents())
+	}
+	if got := string(rows[1].Spec()); got != `{"id":"approval","wait":{"signal":"approved","timeout_ms":259200000,"on_timeout":"skip","schema":{"type":"object"}}}` {
+		t.Fatalf("the wait's spec %s", got)
 	}
 }
 

@@ -246,7 +246,7 @@ func (p *parser) workflow(n *yaml.Node) (Workflow, bool) {
 			wf.Policy = v.Value
 		},
 		"payload_schema": func(v *yaml.Node) {
-			wf.PayloadSchema, wf.schema = p.schema(v)
+			wf.PayloadSchema, wf.schema = p.schema(v, "payload_schema")
 			if wf.schema != nil {
 				wf.schemaCost = newSchemaCost(wf.schema)
 			}
@@ -333,9 +333,11 @@ func (p *parser) step(n *yaml.Node, parent *Step) (Step, stepLines) {
 			BackoffBase: parent.BackoffBase, BackoffMax: parent.BackoffMax}
 		what = "a compensation"
 	} else {
-		required = []string{"agent"}
+		required = nil // checked below: a wait has neither, a timer alone no agent
 	}
-	required = append(required, "action")
+	if parent != nil {
+		required = append(required, "action")
+	}
 	fields := map[string]func(*yaml.Node){
 		"action": func(v *yaml.Node) { p.name(v, "action", maxStepNameLen, &st.Name) },
 		"agent":  func(v *yaml.Node) { p.name(v, "agent kind", maxStepNameLen, &st.Agent) },
@@ -387,9 +389,76 @@ func (p *parser) step(n *yaml.Node, parent *Step) (Step, stepLines) {
 		fields["max_parallel"] = func(v *yaml.Node) { p.count(v, "max_parallel", 1, MaxItemsCap, &st.MaxParallel) }
 		fields["max_items"] = func(v *yaml.Node) { ln.maxItems = v.Line; p.count(v, "max_items", 1, MaxItemsCap, &st.MaxItems) }
 		fields["delay"] = func(v *yaml.Node) { p.duration(v, "delay", time.Millisecond, MaxDelay, &st.Delay) }
+		fields["wait"] = func(v *yaml.Node) { st.Wait = p.wait(v) }
 	}
-	p.mapping(n, what, fields, required...)
+	if !p.mapping(n, what, fields, required...) || parent != nil {
+		return st, ln
+	}
+	p.inSystem(n, &st, ln)
 	return st, ln
+}
+
+// inSystem checks what a step that names no agent may say: a wait (its
+// id its name, unless it names an action) or a timer alone (an action
+// with a delay); neither calls a service, so neither has what only a
+// call has.
+func (p *parser) inSystem(n *yaml.Node, st *Step, ln stepLines) {
+	switch {
+	case st.Wait != nil && st.Agent != "":
+		p.problem(n.Line, "a wait step calls no agent; remove \"agent: %s\" (or the wait, to call it)", st.Agent)
+		return
+	case st.Wait != nil && st.Name == "" && st.ID == "":
+		p.problem(n.Line, "a wait step has no \"id\"; add \"id: ...\" to name it in needs and results")
+		return
+	case st.Wait != nil && st.Delay > 0:
+		p.problem(n.Line, "a wait step cannot have a delay; put the delay on a step before it")
+		return
+	case st.Wait == nil && st.Name == "":
+		p.problem(n.Line, "a step has no \"action\"; add \"action: ...\"")
+		return
+	case st.Wait == nil && st.Agent == "" && st.Delay == 0:
+		p.problem(n.Line, "a step has no \"agent\"; add \"agent: ...\" (or \"delay: ...\" for a timer alone, or \"wait: ...\" for a signal)")
+		return
+	case !st.InSystem():
+		return
+	}
+	if st.Name == "" {
+		st.Name = st.ID
+	}
+	what := "a timer alone (no agent)"
+	if st.Wait != nil {
+		what = "a wait step"
+	}
+	if st.Compensation != nil {
+		p.problem(ln.comp, "%s does nothing to undo; remove its compensation", what)
+	}
+	if st.ForEach != "" || st.Input != "" {
+		p.problem(n.Line, "%s calls no service; remove for_each and input", what)
+	}
+}
+
+// wait reads a step's wait: the signal's name, the timeout, what a
+// timeout does, and the payload's schema.
+func (p *parser) wait(v *yaml.Node) *Wait {
+	w := &Wait{}
+	ok := p.mapping(v, "wait", map[string]func(*yaml.Node){
+		"signal":  func(v *yaml.Node) { p.name(v, "signal", maxStepNameLen, &w.Signal) },
+		"timeout": func(v *yaml.Node) { p.duration(v, "wait timeout", time.Millisecond, MaxDelay, &w.Timeout) },
+		"on_timeout": func(v *yaml.Node) {
+			if v.Value != "fail" && v.Value != "skip" {
+				p.problem(v.Line, "on_timeout %q is not fail or skip; write \"on_timeout: skip\" to go on without the signal", v.Value)
+				return
+			}
+			if v.Value == "skip" {
+				w.OnTimeout = "skip"
+			}
+		},
+		"schema": func(v *yaml.Node) { w.Schema, _ = p.schema(v, "wait schema") },
+	}, "signal", "timeout")
+	if !ok {
+		return nil
+	}
+	return w
 }
 
 // count reads a whole number from lo to hi.
@@ -461,27 +530,44 @@ func humanDuration(d time.Duration) string {
 
 // schema reads a payload schema: any YAML mapping, as JSON, compiled as
 // JSON Schema (2020-12 unless its $schema says otherwise).
-func (p *parser) schema(n *yaml.Node) (json.RawMessage, *jsonschema.Schema) {
+func (p *parser) schema(n *yaml.Node, what string) (json.RawMessage, *jsonschema.Schema) {
 	var v any
 	if err := n.Decode(&v); err != nil {
-		p.problem(n.Line, "payload_schema cannot be read: %v; write a JSON Schema as YAML", err)
+		p.problem(n.Line, "%s cannot be read: %v; write a JSON Schema as YAML", what, err)
 		return nil, nil
 	}
 	if _, ok := v.(map[string]any); !ok {
-		p.problem(n.Line, "payload_schema must be a mapping (a JSON Schema object); write for example \"payload_schema: {type: object}\"")
+		p.problem(n.Line, "%s must be a mapping (a JSON Schema object); write for example \"%s: {type: object}\"", what, what)
 		return nil, nil
 	}
 	raw, err := json.Marshal(v)
 	if err != nil {
-		p.problem(n.Line, "payload_schema cannot be written as JSON: %v; use only strings, numbers, lists and mappings", err)
+		p.problem(n.Line, "%s cannot be written as JSON: %v; use only strings, numbers, lists and mappings", what, err)
 		return nil, nil
 	}
 	sch, err := compileSchema(raw)
 	if err != nil {
-		p.problem(n.Line, "payload_schema is not a valid JSON Schema: %s; fix it by the JSON Schema 2020-12 rules", oneLine(err.Error()))
+		p.problem(n.Line, "%s is not a valid JSON Schema: %s; fix it by the JSON Schema 2020-12 rules", what, oneLine(err.Error()))
 		return nil, nil
 	}
 	return raw, sch
+}
+
+// CheckAgainst checks a JSON document against a JSON Schema the file
+// held (a wait's schema, as the step's spec keeps it).
+func CheckAgainst(schema, doc []byte) error {
+	sch, err := compileSchema(schema)
+	if err != nil {
+		return fmt.Errorf("the schema cannot be compiled: %w", err)
+	}
+	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(doc))
+	if err != nil {
+		return fmt.Errorf("not JSON: %w", err)
+	}
+	if err := sch.Validate(v); err != nil {
+		return errors.New(oneLine(err.Error()))
+	}
+	return nil
 }
 
 func compileSchema(raw []byte) (*jsonschema.Schema, error) {

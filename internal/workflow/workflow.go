@@ -62,8 +62,11 @@ type Step struct {
 	Input string `json:"input,omitempty"`
 	// Delay is how long after its needs ended (at the order's start, for
 	// a step that needs none) the step becomes claimable: a durable timer
-	// on the database clock.
+	// on the database clock. A step with a delay and no agent is a timer
+	// alone: it ends when its delay does.
 	Delay time.Duration `json:"delay,omitempty"`
+	// Wait makes the step wait for a signal instead of calling a service.
+	Wait *Wait `json:"wait,omitempty"`
 }
 
 // Ref is how needs and results name the step: its id, or its action.
@@ -194,7 +197,7 @@ func (r *Registry) All() []Workflow {
 // Agents lists every agent kind the workflows use, compensations included,
 // in alphabetical order.
 func (r *Registry) Agents() []string {
-	seen := map[string]bool{}
+	seen := map[string]bool{"": true} // steps in the system's hands call no agent
 	var out []string
 	r.each(func(st Step) {
 		if !seen[st.Agent] {
@@ -204,6 +207,14 @@ func (r *Registry) Agents() []string {
 	})
 	sort.Strings(out)
 	return out
+}
+
+// HasSystemSteps reports whether a workflow has a step sas performs
+// itself (a wait, a timer alone): schedulers then claim those too.
+func (r *Registry) HasSystemSteps() bool {
+	found := false
+	r.each(func(st Step) { found = found || st.InSystem() })
+	return found
 }
 
 // StepNames lists the name of every step of the workflows, compensations
@@ -232,6 +243,21 @@ func (r *Registry) each(fn func(Step)) {
 		}
 	}
 }
+
+// Wait is a step's wait for a signal: it ends when a signal of that name
+// comes for its order, the signal's payload its result; at Timeout it
+// fails for good, or with OnTimeout "skip" is skipped.
+type Wait struct {
+	Signal    string        `json:"signal"`
+	Timeout   time.Duration `json:"timeout"`
+	OnTimeout string        `json:"on_timeout,omitempty"`
+	// Schema, when set, is the JSON Schema a signal's payload must meet.
+	Schema json.RawMessage `json:"schema,omitempty"`
+}
+
+// InSystem reports whether sas itself performs the step (a wait, or a
+// timer alone) rather than an agent: it has no agent.
+func (st Step) InSystem() bool { return st.Agent == "" }
 
 // Row is one step row an order of the workflow gets.
 type Row struct {

@@ -1,0 +1,175 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"strings"
+	"testing"
+	"time"
+
+	"sas/internal/harness/testenv"
+	"sas/internal/messages"
+	"sas/internal/workflow"
+)
+
+const signalsFile = `
+workflows:
+  - name: approval
+    policy: compensate
+    steps:
+      - {action: score, agent: risk, timeout: 20s, compensation: {action: unscore}}
+      - {id: approved, wait: {signal: approved, timeout: 12s, schema: {type: object, required: [by]}}}
+      - {action: open_account, agent: core, timeout: 20s, needs: [approved]}
+`
+
+// TestSignalsEndWaits: 1,000 orders wait for a signal after a 150 ms step;
+// 900 are signalled through the signals queue, half before their wait
+// began, 50 of them twice with the same id; 100 never are and time out.
+// A scheduler and the leading supervisor are killed with SIGKILL midway.
+// Every signalled order completes once, with the signal's payload as the
+// wait's result; the 100 are undone and fail; signals for an unknown
+// order, a name no step waits for and a payload the schema refuses are
+// dead-lettered with their reasons and told to their reply_to.
+func TestSignalsEndWaits(t *testing.T) {
+	t.Parallel()
+	file := writeFile(t, "signals.yaml", signalsFile)
+	reg, err := workflow.Load(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := reg.Agents()
+	st := newStackFor(t, kinds)
+	wf := "SAS_WORKFLOWS_FILE=" + file
+	p := newPipeline(t, pipelineOpts{on: &st, supervisors: 2, agents: 2, schedulers: 2,
+		faults:       `{"score":{"latency_min_ms":150,"latency_max_ms":150}}`,
+		submitterEnv: []string{wf}, schedulerEnv: []string{wf}, supervisorEnv: []string{wf},
+		agentEnv: []string{wf, "SAS_AGENT_KINDS=" + strings.Join(kinds, ",")}})
+	g := graphRun{pipeline: p, reg: reg}
+	ids := g.submit(t, "approval", fill(make([]string, 1000), `{}`))
+	ch := amqpChannel(t)
+	queue := p.topo.Queue(messages.SignalsQueue)
+	send := func(id, sigID, name, payload, replyTo string) {
+		t.Helper()
+		sig := messages.Signal{SchemaVersion: messages.SignalVersion, SignalID: sigID, OrderID: id, Name: name, Payload: []byte(payload),
+			ReplyTo: replyTo, By: "e2e"}
+		body, err := messages.Encode(sig)
+		if err != nil {
+			t.Fatal(err)
+		}
+		publish(t, ch, queue, messages.ContentType, sigID, body)
+	}
+	payload := func(i int) string { return fmt.Sprintf(`{"by": "manager-%d"}`, i) }
+	// Half of the 900 at once, to the orders submitted last: before their
+	// waits begin (score takes 150 ms, 1,000 of them queue for it).
+	for i := 550; i < 1000; i++ {
+		send(ids[i], "early-"+ids[i], "approved", payload(i), "")
+	}
+	testenv.Eventually(t, time.Minute, "the first 450 orders' waits to begin", func() bool {
+		return p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND spec ? 'wait' AND process_state = 'awaiting'`,
+			ids[:450]) == 450
+	})
+	p.schedulers[0].kill(t)
+	p.supervisors[0].kill(t)
+	for i := range 450 {
+		send(ids[i], "late-"+ids[i], "approved", payload(i), "")
+		if i < 50 {
+			send(ids[i], "late-"+ids[i], "approved", payload(i), "") // the same signal again
+		}
+	}
+	// Refusals, each told to its reply_to.
+	replies := "e2e-signal-replies." + messages.NewID()
+	if _, err := ch.QueueDeclare(replies, false, true, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	send(messages.NewID(), "r1", "approved", `{"by": "x"}`, replies)
+	send(ids[500], "r2", "rejected", `{"by": "x"}`, replies)
+	send(ids[501], "r3", "approved", `{"who": "x"}`, replies)
+
+	p.waitTerminal(t, ids, 2*time.Minute)
+	completed, failed := p.checkSaga(t, ids)
+	if completed != 900 || failed != 100 {
+		t.Fatalf("%d completed and %d failed, want 900 and 100\n%s", completed, failed, p.stuck(t, ids))
+	}
+	var rightResults, signalRows, applied int
+	if err := p.pool.QueryRow(context.Background(), `SELECT
+		(SELECT count(*) FROM steps s WHERE s.order_id = ANY($1::uuid[]) AND s.spec ? 'wait' AND s.process_state = 'processed'
+		   AND s.result->>'by' LIKE 'manager-%'),
+		(SELECT count(*) FROM signals WHERE order_id = ANY($1::uuid[])),
+		(SELECT count(*) FROM transitions WHERE order_id = ANY($1::uuid[]) AND to_state = 'processed'
+		   AND step = (SELECT s.step FROM steps s WHERE s.order_id = transitions.order_id AND s.spec ? 'wait'))`,
+		ids).Scan(&rightResults, &signalRows, &applied); err != nil {
+		t.Fatal(err)
+	}
+	kept := p.count(t, `SELECT count(*) FROM transitions WHERE order_id = ANY($1::uuid[]) AND reason LIKE '%had come before the wait began'`, ids)
+	t.Logf("%d signals came before their wait began", kept)
+	if kept < 400 {
+		t.Fatalf("only %d signals came before their wait began; the test means half", kept)
+	}
+	if rightResults != 900 || signalRows != 900 || applied != 900 {
+		t.Fatalf("%d waits ended with their manager's payload, %d signals kept, %d wait ends in the history; want 900 each",
+			rightResults, signalRows, applied)
+	}
+	want := map[string]int{"unknown_order": 1, "no_such_wait": 1, "invalid_payload": 1}
+	told := map[string]int{}
+	for _, d := range drain(t, ch, replies, 3, 30*time.Second) {
+		ev, err := messages.DecodeStatusEvent(d.Body)
+		if err != nil || ev.Status != messages.StatusRejected || ev.Detail == "" {
+			t.Fatalf("told %s (%v), want a rejected event with a detail", d.Body, err)
+		}
+		told[ev.Reason]++
+	}
+	dead := map[string]int{}
+	for _, d := range drain(t, ch, p.topo.DeadLetterQueue(messages.SignalsQueue), 3, 30*time.Second) {
+		dead[fmt.Sprint(d.Headers["x-error-reason"])]++
+	}
+	if !maps.Equal(told, want) || !maps.Equal(dead, want) {
+		t.Fatalf("refusals told %v, dead-lettered %v; want %v each", told, dead, want)
+	}
+}
+
+// TestSasctlSignalsAnOrder: sasctl orders signal refuses, before sending,
+// what the order would refuse, saying why; sent, it says which step the
+// signal ended, and the order goes on.
+func TestSasctlSignalsAnOrder(t *testing.T) {
+	t.Parallel()
+	file := writeFile(t, "signals.yaml", signalsFile)
+	reg, err := workflow.Load(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := reg.Agents()
+	st := newStackFor(t, kinds)
+	wf := "SAS_WORKFLOWS_FILE=" + file
+	p := newPipeline(t, pipelineOpts{on: &st, supervisors: 1, agents: 1, schedulers: 1,
+		submitterEnv: []string{wf}, schedulerEnv: []string{wf}, supervisorEnv: []string{wf},
+		agentEnv: []string{wf, "SAS_AGENT_KINDS=" + strings.Join(kinds, ",")}})
+	id := g0(t, p, "approval", `{}`)
+	testenv.Eventually(t, 30*time.Second, "the wait to begin", func() bool {
+		return p.count(t, `SELECT count(*) FROM steps WHERE order_id = $1 AND process_state = 'awaiting'`, id) == 1
+	})
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"orders", "signal", id, "nope"}, "no step of order " + id + " waits for a signal nope (its steps wait for approved)"},
+		{[]string{"orders", "signal", messages.NewID(), "approved"}, "does not exist"},
+		{[]string{"orders", "signal", id, "approved", "--payload", "{not json"}, "is not JSON"},
+	} {
+		if out, errOut, code := sasctl(t, p.env, c.args...); code == 0 || !strings.Contains(errOut, c.want) {
+			t.Fatalf("sasctl %v: exit %d, %s%s; want a refusal saying %q", c.args, code, out, errOut, c.want)
+		}
+	}
+	out, errOut, code := sasctl(t, p.env, "orders", "signal", id, "approved", "--payload", `{"by": "ops"}`, "--as", "ann")
+	if code != 0 || !strings.Contains(out, "ended step 2") {
+		t.Fatalf("sasctl orders signal: exit %d, %s%s", code, out, errOut)
+	}
+	p.waitTerminal(t, []string{id}, time.Minute)
+	if n := p.count(t, `SELECT count(*) FROM transitions WHERE order_id = $1 AND step = 2 AND to_state = 'processed' AND actor = 'signal:ann'`, id); n != 1 {
+		t.Fatalf("the history does not say who signalled: %d", n)
+	}
+	out, _, _ = sasctl(t, p.env, "orders", "show", id)
+	if !strings.Contains(out, "completed") {
+		t.Fatalf("orders show:\n%s", out)
+	}
+}

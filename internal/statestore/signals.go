@@ -1,0 +1,146 @@
+package statestore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"sas/internal/workflow"
+)
+
+// Signal is a signal for an order, as it arrives.
+type Signal struct {
+	OrderID string
+	// ID identifies the signal: the same id twice is applied once.
+	ID   string
+	Name string
+	// Payload is a JSON value (nil: none); it becomes the wait step's
+	// result.
+	Payload []byte
+	// Actor is who sent it, for the history.
+	Actor string
+}
+
+// What became of a signal (SignalOutcome.Outcome).
+const (
+	SignalApplied   = "applied"   // a step awaiting it ended with it
+	SignalKept      = "kept"      // its wait has not begun: kept until it does
+	SignalDuplicate = "duplicate" // its id came before; nothing changed
+	// Refusals: nothing was kept.
+	SignalUnknownOrder   = "unknown_order"
+	SignalOrderEnded     = "order_ended"
+	SignalNoSuchWait     = "no_such_wait"
+	SignalWaitEnded      = "wait_ended"
+	SignalInvalidPayload = "invalid_payload"
+)
+
+// SignalOutcome is what a signal did.
+type SignalOutcome struct {
+	Outcome string
+	// Step is the wait step it ended (0: none).
+	Step int
+	// OrderStatus is the order's status when the signal ended it, or "".
+	OrderStatus string
+	// Detail says, for a refusal, why.
+	Detail string
+}
+
+// Refused reports whether the signal was refused (nothing kept).
+func (o SignalOutcome) Refused() bool {
+	switch o.Outcome {
+	case SignalApplied, SignalKept, SignalDuplicate:
+		return false
+	}
+	return true
+}
+
+// ApplySignal applies a signal to its order (see the order_signal
+// function): it ends the step awaiting it, or is kept until the wait
+// begins, or is refused with a reason. A payload that breaks the wait's
+// schema is refused (invalid_payload) before anything changes.
+func (s *Store) ApplySignal(ctx context.Context, sig Signal) (SignalOutcome, error) {
+	var out SignalOutcome
+	var payload *string
+	if sig.Payload != nil {
+		p := string(sig.Payload)
+		payload = &p
+	}
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var schema []byte
+		err := tx.QueryRow(ctx, `SELECT spec->'wait'->'schema' FROM steps
+			WHERE order_id = $1 AND spec->'wait'->>'signal' = $2 AND spec->'wait' ? 'schema' ORDER BY step LIMIT 1`,
+			sig.OrderID, sig.Name).Scan(&schema)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+		case err != nil:
+			return err
+		default:
+			doc := sig.Payload
+			if doc == nil {
+				doc = []byte("null")
+			}
+			if err := workflow.CheckAgainst(schema, doc); err != nil {
+				out = SignalOutcome{Outcome: SignalInvalidPayload, Detail: "the signal's payload breaks its wait's schema: " + err.Error()}
+				return nil
+			}
+		}
+		return tx.QueryRow(ctx, `SELECT outcome, step, order_status, detail FROM order_signal($1, $2, $3, $4, $5)`,
+			sig.OrderID, sig.ID, sig.Name, payload, sig.Actor).Scan(&out.Outcome, &out.Step, &out.OrderStatus, &out.Detail)
+	})
+	if err != nil {
+		return SignalOutcome{}, fmt.Errorf("signal %s for order %s: %w", sig.Name, sig.OrderID, classify(err))
+	}
+	return out, nil
+}
+
+// SignalCheck says, without changing anything, whether a signal of name
+// for orderID would be refused now and why (an empty outcome: it would
+// be taken, applied or kept), for a tool to say so before it sends one.
+func (s *Store) SignalCheck(ctx context.Context, orderID, name string) (SignalOutcome, error) {
+	var status string
+	var waits []string
+	var open bool
+	err := s.pool.QueryRow(ctx, `SELECT o.status,
+		    coalesce((SELECT array_agg(DISTINCT s.spec->'wait'->>'signal') FROM steps s WHERE s.order_id = o.order_id AND s.spec ? 'wait'), '{}'),
+		    EXISTS (SELECT 1 FROM steps s WHERE s.order_id = o.order_id AND s.spec->'wait'->>'signal' = $2
+		                                    AND s.process_state IN ('waiting', 'delayed', 'pending', 'processing', 'awaiting'))
+		FROM orders o WHERE o.order_id = $1`, orderID, name).Scan(&status, &waits, &open)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return SignalOutcome{Outcome: SignalUnknownOrder, Detail: "order " + orderID + " does not exist"}, nil
+	case err != nil:
+		return SignalOutcome{}, fmt.Errorf("check signal %s for order %s: %w", name, orderID, classify(err))
+	case status != OrderReceived && status != OrderProcessing && status != OrderError:
+		return SignalOutcome{Outcome: SignalOrderEnded, Detail: "order " + orderID + " is " + status + ": no step of it waits any more"}, nil
+	case len(waits) == 0:
+		return SignalOutcome{Outcome: SignalNoSuchWait, Detail: "none of the steps of order " + orderID + " waits for a signal"}, nil
+	case !slices.Contains(waits, name):
+		return SignalOutcome{Outcome: SignalNoSuchWait, Detail: fmt.Sprintf("no step of order %s waits for a signal %s (its steps wait for %s)",
+			orderID, name, strings.Join(waits, ", "))}, nil
+	case !open:
+		return SignalOutcome{Outcome: SignalWaitEnded, Detail: "every step of order " + orderID + " that waits for " + name + " has ended"}, nil
+	}
+	return SignalOutcome{}, nil
+}
+
+// SignalTaken reads what became of a signal once a scheduler took it:
+// the wait step it ended (0: kept until its wait begins), and false while
+// no scheduler has (or it was refused: then it never will).
+func (s *Store) SignalTaken(ctx context.Context, orderID, signalID string) (int, bool, error) {
+	var step *int
+	err := s.pool.QueryRow(ctx, `SELECT step FROM signals WHERE order_id = $1 AND signal_id = $2`, orderID, signalID).Scan(&step)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return 0, false, nil
+	case err != nil:
+		return 0, false, fmt.Errorf("read signal %s of order %s: %w", signalID, orderID, classify(err))
+	}
+	if step == nil {
+		return 0, true, nil
+	}
+	return *step, true, nil
+}
