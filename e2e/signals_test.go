@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
+
 	"sas/internal/harness/testenv"
 	"sas/internal/messages"
 	"sas/internal/workflow"
@@ -130,7 +132,8 @@ func TestSignalsEndWaits(t *testing.T) {
 
 // TestSasctlSignalsAnOrder: sasctl orders signal refuses, before sending,
 // what the order would refuse, saying why; sent, it says which step the
-// signal ended, and the order goes on.
+// signal ended, and the order goes on. The console sends one too, from
+// the order page (Chromium).
 func TestSasctlSignalsAnOrder(t *testing.T) {
 	t.Parallel()
 	file := writeFile(t, "signals.yaml", signalsFile)
@@ -171,5 +174,29 @@ func TestSasctlSignalsAnOrder(t *testing.T) {
 	out, _, _ = sasctl(t, p.env, "orders", "show", id)
 	if !strings.Contains(out, "completed") {
 		t.Fatalf("orders show:\n%s", out)
+	}
+
+	// The console: an operator sends the signal from the order page, with
+	// a confirmation, and the history records who.
+	other := g0(t, p, "approval", `{}`)
+	testenv.Eventually(t, 30*time.Second, "the second wait to begin", func() bool {
+		return p.count(t, `SELECT count(*) FROM steps WHERE order_id = $1 AND process_state = 'awaiting'`, other) == 1
+	})
+	c := startConsole(t, p.stack)
+	ctx := browser(t)
+	login(t, ctx, c.url, "alice", "alice's password")
+	do(t, ctx, "open the order", chromedp.Navigate(c.url+"/orders/"+other), chromedp.WaitVisible(chromedp.CSS(".signal-step")))
+	if got := text(t, ctx, ".signal-step"); got != "send signal approved" {
+		t.Fatalf("the button says %q", got)
+	}
+	do(t, ctx, "send the signal", chromedp.Click(chromedp.CSS(".signal-step")), chromedp.WaitVisible(chromedp.CSS("#payload")),
+		chromedp.SendKeys(chromedp.CSS("#payload"), `{"by": "alice"}`), chromedp.Click(chromedp.CSS("#confirm-button")),
+		chromedp.WaitVisible(chromedp.CSS("#notice")))
+	waitStatus(t, ctx, c.url, other, "completed")
+	if n := p.count(t, `SELECT count(*) FROM steps WHERE order_id = $1 AND step = 2 AND result->>'by' = 'alice'`, other); n != 1 {
+		t.Fatal("the wait did not end with the console's payload")
+	}
+	if h := text(t, ctx, "#history"); !strings.Contains(h, "signal:console:alice") {
+		t.Fatalf("the history does not record alice's signal:\n%s", h)
 	}
 }

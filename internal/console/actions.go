@@ -1,12 +1,17 @@
 package console
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"sas/internal/broker"
 	"sas/internal/messages"
 	"sas/internal/statestore"
 )
@@ -21,6 +26,8 @@ type confirmData struct {
 	Button   string
 	Back     string
 	Danger   bool
+	// Payload, when set, labels a field for a JSON payload.
+	Payload string
 }
 
 // claimedBy is the name the history records for the console's user (the
@@ -194,4 +201,90 @@ func (s *server) ack(w http.ResponseWriter, r *http.Request, rq *request) {
 		back = next
 	}
 	s.redirect(w, r, back, "acknowledged")
+}
+
+// awaitingStep reads the order's step given by the step parameter, which
+// must await a signal.
+func (s *server) awaitingStep(w http.ResponseWriter, r *http.Request, rq *request, d orderData, v string) (statestore.Step, bool) {
+	step, err := stepParam(v)
+	if err != nil || step == 0 {
+		s.fail(w, r, rq, http.StatusBadRequest, "Say which step: ?step=N.")
+		return statestore.Step{}, false
+	}
+	i := slices.IndexFunc(d.OrderDetail.Steps, func(st statestore.Step) bool { return st.Step == step })
+	if i < 0 {
+		s.fail(w, r, rq, http.StatusNotFound, fmt.Sprintf("Order %s has no step %d.", d.Order.OrderID, step))
+		return statestore.Step{}, false
+	}
+	st := d.OrderDetail.Steps[i]
+	if st.ProcessState != statestore.StepAwaiting || st.Wait == "" {
+		s.fail(w, r, rq, http.StatusConflict, fmt.Sprintf("Step %d of order %s is %s: it awaits no signal.", step, d.Order.OrderID, st.ProcessState))
+		return statestore.Step{}, false
+	}
+	return st, true
+}
+
+func (s *server) confirmSignal(w http.ResponseWriter, r *http.Request, rq *request) {
+	if !s.mayAct(w, r, rq) {
+		return
+	}
+	d, ok := s.readOrder(w, r, rq)
+	if !ok {
+		return
+	}
+	st, ok := s.awaitingStep(w, r, rq, d, r.URL.Query().Get("step"))
+	if !ok {
+		return
+	}
+	id := d.Order.OrderID
+	s.render(w, r, rq, http.StatusOK, "confirm.html", "Signal", confirmData{
+		Question: fmt.Sprintf("Send the signal %s for step %d (%s) of order %s?", st.Wait, st.Step, st.Name, id),
+		Details: []string{"The step ends with it, its payload the step's result, and the order goes on.",
+			"The payload is JSON (any value), checked against the wait's schema if it has one; leave it empty for none.",
+			"The history records it as sent by " + rq.user.Name + "."},
+		Action: "/orders/" + id + "/signal", Fields: map[string]string{"step": strconv.Itoa(st.Step)},
+		Button: "Send the signal", Back: "/orders/" + id, Payload: "Payload",
+	})
+}
+
+// signal sends a signal for an awaiting step through the signals queue,
+// as any sender does; a scheduler applies it (or refuses it: then it is
+// in the signals dead-letter queue, with why).
+func (s *server) signal(w http.ResponseWriter, r *http.Request, rq *request) {
+	d, ok := s.readOrder(w, r, rq)
+	if !ok {
+		return
+	}
+	st, ok := s.awaitingStep(w, r, rq, d, r.PostForm.Get("step"))
+	if !ok {
+		return
+	}
+	sig := messages.Signal{SchemaVersion: messages.SignalVersion, SignalID: messages.NewID(), OrderID: d.Order.OrderID, Name: st.Wait,
+		By: "console:" + rq.user.Name}
+	if v := strings.TrimSpace(r.PostForm.Get("payload")); v != "" {
+		if !json.Valid([]byte(v)) {
+			s.fail(w, r, rq, http.StatusBadRequest, "The payload is not JSON: write a JSON value, such as {\"by\": \"ann\"}, or leave it empty.")
+			return
+		}
+		sig.Payload = json.RawMessage(v)
+	}
+	body, err := messages.Encode(sig)
+	if err != nil {
+		s.fail(w, r, rq, http.StatusBadRequest, "Not a signal: "+err.Error())
+		return
+	}
+	conn, pub, _ := s.broker()
+	if conn == nil {
+		s.brokerError(w, r, rq, errNoBroker)
+		return
+	}
+	err = pub.Publish(r.Context(), "", broker.Topology{Prefix: s.cfg.QueuePrefix}.Queue(messages.SignalsQueue), amqp.Publishing{
+		ContentType: messages.ContentType, Type: messages.TypeSignal, MessageId: sig.SignalID, Timestamp: time.Now(),
+		DeliveryMode: amqp.Persistent, Body: body, Headers: amqp.Table{"schema_version": int32(messages.SignalVersion)}})
+	if err != nil {
+		s.brokerError(w, r, rq, err)
+		return
+	}
+	s.logger.Info("console: signal sent", "user", rq.user.Name, "order_id", sig.OrderID, "step", st.Step, "signal", sig.Name, "signal_id", sig.SignalID)
+	s.redirect(w, r, "/orders/"+sig.OrderID, "signalled")
 }

@@ -195,6 +195,7 @@ func (s *server) readOrder(w http.ResponseWriter, r *http.Request, rq *request) 
 		v.Failures = failures(v.Timeline)
 		v.CanResubmit = d.Order.Status == statestore.OrderError && resubmittable(st, compensationFailed)
 		v.CanRunAgain = d.Order.Status == statestore.OrderError && !compensationFailed && mayRunAgain(st)
+		v.CanSignal = st.ProcessState == statestore.StepAwaiting && st.Wait != ""
 		d.CanResubmit = d.CanResubmit || v.CanResubmit
 		d.Steps = append(d.Steps, v)
 	}

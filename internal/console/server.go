@@ -136,6 +136,8 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("POST /orders/{id}/resubmit", s.action(s.resubmit))
 	mux.HandleFunc("GET /orders/{id}/cancel", s.authed(s.confirmCancel))
 	mux.HandleFunc("POST /orders/{id}/cancel", s.action(s.cancel))
+	mux.HandleFunc("GET /orders/{id}/signal", s.authed(s.confirmSignal))
+	mux.HandleFunc("POST /orders/{id}/signal", s.action(s.signal))
 	mux.HandleFunc("GET /alerts", s.authed(s.alerts))
 	mux.HandleFunc("GET /alerts/{id}/ack", s.authed(s.confirmAck))
 	mux.HandleFunc("POST /alerts/{id}/ack", s.action(s.ack))
@@ -302,6 +304,8 @@ func noticeOf(done string) string {
 		return "Resubmitted: the step is pending again."
 	case "cancelled":
 		return "Cancelled: what was done is being undone."
+	case "signalled":
+		return "Signal sent: the step ends once a scheduler applies it (if it is refused, the signals dead-letter queue says why)."
 	case "acknowledged":
 		return "Alert acknowledged."
 	case "requeued":

@@ -175,6 +175,8 @@ type stepView struct {
 	// CanRunAgain: an operator may run it again, with what depends on it
 	// (see mayRunAgain).
 	CanRunAgain bool
+	// CanSignal: it awaits a signal an operator may send.
+	CanSignal bool
 }
 
 // timeline reads a step's history into events: each claim (the request

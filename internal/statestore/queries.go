@@ -63,8 +63,11 @@ type Step struct {
 	Parent int             `json:"parent,omitempty"`
 	Index  *int            `json:"index,omitempty"`
 	Item   json.RawMessage `json:"item,omitempty"`
-	// DueAt is, for a delayed step, when it may run (database clock).
+	// DueAt is, for a delayed step, when it may run, and for one
+	// awaiting a signal, when its wait times out (database clock).
 	DueAt *time.Time `json:"due_at,omitempty"`
+	// Wait is, for a wait step, the signal it waits for.
+	Wait string `json:"wait,omitempty"`
 }
 
 // Transition is one entry of the history.
@@ -148,7 +151,7 @@ func (s *Store) GetOrder(ctx context.Context, orderID string) (OrderDetail, erro
 		rows, err := tx.Query(ctx, `SELECT step, name, kind, coalesce(compensates, 0), agent, process_state, coalesce(locked_by, ''), complete_by,
 			failure_count, max_failures, attempt, idempotency_key, available_at, coalesce(last_error, ''), coalesce(last_answer, ''),
 			result, updated_at, needs, coalesce(spec->>'id', ''), coalesce(parent, 0), item_index, item,
-			CASE WHEN process_state = 'delayed' THEN due_at END
+			CASE WHEN process_state IN ('delayed', 'awaiting') THEN due_at END, coalesce(spec->'wait'->>'signal', '')
 			FROM steps WHERE order_id = $1 ORDER BY step`, orderID)
 		if err != nil {
 			return err
@@ -157,7 +160,7 @@ func (s *Store) GetOrder(ctx context.Context, orderID string) (OrderDetail, erro
 			var st Step
 			err := row.Scan(&st.Step, &st.Name, &st.Kind, &st.Compensates, &st.Agent, &st.ProcessState, &st.LockedBy, &st.CompleteBy,
 				&st.FailureCount, &st.MaxFailures, &st.Attempt, &st.IdempotencyKey, &st.AvailableAt, &st.LastError,
-				&st.LastAnswer, &st.Result, &st.UpdatedAt, &st.Needs, &st.ID, &st.Parent, &st.Index, &st.Item, &st.DueAt)
+				&st.LastAnswer, &st.Result, &st.UpdatedAt, &st.Needs, &st.ID, &st.Parent, &st.Index, &st.Item, &st.DueAt, &st.Wait)
 			return st, err
 		})
 		if err != nil {
