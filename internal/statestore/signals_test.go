@@ -150,3 +150,26 @@ func TestAWaitTimesOut(t *testing.T) {
 		t.Fatalf("order %s, steps %v: the timed-out wait fails the order, which undoes score", status, st)
 	}
 }
+
+// TestAWaitClaimedAsTheOrderIsUndoneNeverBegins: an order cancelled
+// between a wait step's claim and its wait cancels the wait, and ends.
+func TestAWaitClaimedAsTheOrderIsUndoneNeverBegins(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	o := graphOrder(t, loan, "loan", `{}`, statestore.PolicyCompensate)
+	insert(t, b, o)
+	reply(t, b, claimAll(t, b, o.OrderID)["score"], true, "")
+	wait := claimAll(t, b, o.OrderID)["approval"]
+	if _, err := b.store.CancelOrder(ctx, o.OrderID, "operator"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.AwaitStep(ctx, wait, "s"); err != nil {
+		t.Fatal(err)
+	}
+	reply(t, b, claimAll(t, b, o.OrderID)["unscore"], true, "")
+	status, st := stepStates(t, b, o.OrderID)
+	if status != statestore.OrderFailed || st["approval"] != statestore.StepCancelled {
+		t.Fatalf("order %s, steps %v: the wait never begins and the order ends undone", status, st)
+	}
+}

@@ -487,12 +487,14 @@ $function$;
 -- step_await: a claimed wait step begins to wait (fenced as a reply is):
 -- a signal of its name its order kept (it came before the wait began)
 -- ends it at once, its payload the step's result; otherwise it awaits
--- one until its timeout (due_at), when fire_timers fails or skips it.
+-- one until its timeout (due_at), when fire_timers fails or skips it. An
+-- order undone or ended since the claim cancels the wait instead.
 CREATE OR REPLACE FUNCTION step_await(p_order uuid, p_step integer, p_attempt integer, p_actor text, OUT applied boolean, OUT next_step integer, OUT order_status text)
  RETURNS record
  LANGUAGE plpgsql
 AS $function$
 DECLARE
+    v_status text;
     v_wait jsonb;
     v_signal text;
     v_payload jsonb;
@@ -502,6 +504,17 @@ BEGIN
     next_step := 0;
     order_status := '';
     IF NOT applied THEN
+        RETURN;
+    END IF;
+    SELECT status INTO v_status FROM orders WHERE order_id = p_order FOR UPDATE;
+    IF v_status NOT IN ('received', 'processing', 'error') THEN
+        -- The order is being undone (or ended) since the claim: the wait
+        -- never begins.
+        UPDATE steps SET process_state = 'cancelled', locked_by = NULL, complete_by = NULL, updated_at = clock_timestamp()
+        WHERE order_id = p_order AND step = p_step;
+        INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+        VALUES (p_order, p_step, 'processing', 'cancelled', p_attempt, p_actor, 'the order is ' || v_status);
+        SELECT ga.next_step, ga.order_status INTO next_step, order_status FROM graph_advance(p_order, p_actor) ga;
         RETURN;
     END IF;
     SELECT spec->'wait' INTO v_wait FROM steps WHERE order_id = p_order AND step = p_step;
