@@ -60,7 +60,16 @@ type graphRun struct {
 
 func newGraphRun(t *testing.T, faults string, schedulers int) graphRun {
 	t.Helper()
-	file := writeFile(t, "fulfil.yaml", fulfilFile)
+	return runFile(t, "fulfil.yaml", fulfilFile, pipelineOpts{supervisors: 1, agents: 2, schedulers: schedulers, faults: faults,
+		remoteEnv: []string{"SAS_REMOTE_KEEP_REQUESTS=true"}})
+}
+
+// runFile starts a pipeline on a stack of its own whose services read the
+// workflows file text (written as name), with an agent for every kind it
+// names; o says the rest.
+func runFile(t *testing.T, name, text string, o pipelineOpts) graphRun {
+	t.Helper()
+	file := writeFile(t, name, text)
 	reg, err := workflow.Load(file)
 	if err != nil {
 		t.Fatal(err)
@@ -68,10 +77,12 @@ func newGraphRun(t *testing.T, faults string, schedulers int) graphRun {
 	kinds := reg.Agents()
 	st := newStackFor(t, kinds)
 	wf := "SAS_WORKFLOWS_FILE=" + file
-	p := newPipeline(t, pipelineOpts{on: &st, supervisors: 1, agents: 2, schedulers: schedulers, faults: faults,
-		submitterEnv: []string{wf}, schedulerEnv: []string{wf}, supervisorEnv: []string{wf},
-		agentEnv: []string{wf, "SAS_AGENT_KINDS=" + strings.Join(kinds, ",")}, remoteEnv: []string{"SAS_REMOTE_KEEP_REQUESTS=true"}})
-	return graphRun{pipeline: p, reg: reg}
+	o.on = &st
+	o.submitterEnv = append(o.submitterEnv, wf)
+	o.schedulerEnv = append(o.schedulerEnv, wf)
+	o.supervisorEnv = append(o.supervisorEnv, wf)
+	o.agentEnv = append(o.agentEnv, wf, "SAS_AGENT_KINDS="+strings.Join(kinds, ","))
+	return graphRun{pipeline: newPipeline(t, o), reg: reg}
 }
 
 func (g graphRun) submit(t *testing.T, workflowName string, payloads []string) []string {

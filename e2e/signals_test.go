@@ -12,7 +12,6 @@ import (
 
 	"sas/internal/harness/testenv"
 	"sas/internal/messages"
-	"sas/internal/workflow"
 )
 
 const signalsFile = `
@@ -21,34 +20,34 @@ workflows:
     policy: compensate
     steps:
       - {action: score, agent: risk, timeout: 20s, compensation: {action: unscore}}
-      - {id: approved, wait: {signal: approved, timeout: 12s, schema: {type: object, required: [by]}}}
+      - {id: approved, wait: {signal: approved, timeout: 5m, schema: {type: object, required: [by]}}}
+      - {action: open_account, agent: core, timeout: 20s, needs: [approved]}
+  - name: approval_short
+    policy: compensate
+    steps:
+      - {action: score, agent: risk, timeout: 20s, compensation: {action: unscore}}
+      - {id: approved, wait: {signal: approved, timeout: 5s}}
       - {action: open_account, agent: core, timeout: 20s, needs: [approved]}
 `
 
-// TestSignalsEndWaits: 1,000 orders wait for a signal after a 150 ms step;
-// 900 are signalled through the signals queue, half before their wait
-// began, 50 of them twice with the same id; 100 never are and time out.
-// A scheduler and the leading supervisor are killed with SIGKILL midway.
-// Every signalled order completes once, with the signal's payload as the
-// wait's result; the 100 are undone and fail; signals for an unknown
-// order, a name no step waits for and a payload the schema refuses are
-// dead-lettered with their reasons and told to their reply_to.
+// TestSignalsEndWaits: 1,000 orders wait for a signal after a 150 ms
+// step; 900 are signalled through the signals queue, half before their
+// wait began, 50 of them twice; the other 100 (a workflow whose wait
+// times out after 5 s) never are. A scheduler and the leading supervisor
+// are killed with SIGKILL midway. Every signalled order completes once,
+// with the signal's payload as the wait's result; the 100 time out, are
+// undone and fail; signals for an unknown order, a name no step waits
+// for and a payload the schema refuses are dead-lettered with their
+// reasons and told to their reply_to.
 func TestSignalsEndWaits(t *testing.T) {
 	t.Parallel()
-	file := writeFile(t, "signals.yaml", signalsFile)
-	reg, err := workflow.Load(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kinds := reg.Agents()
-	st := newStackFor(t, kinds)
-	wf := "SAS_WORKFLOWS_FILE=" + file
-	p := newPipeline(t, pipelineOpts{on: &st, supervisors: 2, agents: 2, schedulers: 2,
-		faults:       `{"score":{"latency_min_ms":150,"latency_max_ms":150}}`,
-		submitterEnv: []string{wf}, schedulerEnv: []string{wf}, supervisorEnv: []string{wf},
-		agentEnv: []string{wf, "SAS_AGENT_KINDS=" + strings.Join(kinds, ",")}})
-	g := graphRun{pipeline: p, reg: reg}
-	ids := g.submit(t, "approval", fill(make([]string, 1000), `{}`))
+	g := runFile(t, "signals.yaml", signalsFile, pipelineOpts{supervisors: 2, agents: 2, schedulers: 2,
+		faults: `{"score":{"latency_min_ms":150,"latency_max_ms":150}}`})
+	p := g.pipeline
+	// ids[:900] are signalled; the last 100, of approval_short, are not
+	// and time out.
+	ids := g.submit(t, "approval", fill(make([]string, 900), `{}`))
+	ids = append(ids, g.submit(t, "approval_short", fill(make([]string, 100), `{}`))...)
 	ch := amqpChannel(t)
 	queue := p.topo.Queue(messages.SignalsQueue)
 	send := func(id, sigID, name, payload, replyTo string) {
@@ -64,10 +63,10 @@ func TestSignalsEndWaits(t *testing.T) {
 	payload := func(i int) string { return fmt.Sprintf(`{"by": "manager-%d"}`, i) }
 	// Half of the 900 at once, to the orders submitted last: before their
 	// waits begin (score takes 150 ms, 1,000 of them queue for it).
-	for i := 550; i < 1000; i++ {
+	for i := 450; i < 900; i++ {
 		send(ids[i], "early-"+ids[i], "approved", payload(i), "")
 	}
-	testenv.Eventually(t, time.Minute, "the first 450 orders' waits to begin", func() bool {
+	testenv.Eventually(t, 3*time.Minute, "the first 450 orders' waits to begin", func() bool {
 		return p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND spec ? 'wait' AND process_state = 'awaiting'`,
 			ids[:450]) == 450
 	})
@@ -85,10 +84,10 @@ func TestSignalsEndWaits(t *testing.T) {
 		t.Fatal(err)
 	}
 	send(messages.NewID(), "r1", "approved", `{"by": "x"}`, replies)
-	send(ids[500], "r2", "rejected", `{"by": "x"}`, replies)
-	send(ids[501], "r3", "approved", `{"who": "x"}`, replies)
+	send(ids[950], "r2", "rejected", `{"by": "x"}`, replies)
+	send(ids[1], "r3", "approved", `{"who": "x"}`, replies)
 
-	p.waitTerminal(t, ids, 2*time.Minute)
+	p.waitTerminal(t, ids, 3*time.Minute)
 	completed, failed := p.checkSaga(t, ids)
 	if completed != 900 || failed != 100 {
 		t.Fatalf("%d completed and %d failed, want 900 and 100\n%s", completed, failed, p.stuck(t, ids))
@@ -136,17 +135,7 @@ func TestSignalsEndWaits(t *testing.T) {
 // the order page (Chromium).
 func TestSasctlSignalsAnOrder(t *testing.T) {
 	t.Parallel()
-	file := writeFile(t, "signals.yaml", signalsFile)
-	reg, err := workflow.Load(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kinds := reg.Agents()
-	st := newStackFor(t, kinds)
-	wf := "SAS_WORKFLOWS_FILE=" + file
-	p := newPipeline(t, pipelineOpts{on: &st, supervisors: 1, agents: 1, schedulers: 1,
-		submitterEnv: []string{wf}, schedulerEnv: []string{wf}, supervisorEnv: []string{wf},
-		agentEnv: []string{wf, "SAS_AGENT_KINDS=" + strings.Join(kinds, ",")}})
+	p := runFile(t, "signals.yaml", signalsFile, pipelineOpts{supervisors: 1, agents: 1, schedulers: 1}).pipeline
 	id := g0(t, p, "approval", `{}`)
 	testenv.Eventually(t, 30*time.Second, "the wait to begin", func() bool {
 		return p.count(t, `SELECT count(*) FROM steps WHERE order_id = $1 AND process_state = 'awaiting'`, id) == 1

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"sas/internal/messages"
-	"sas/internal/workflow"
 )
 
 const timersFile = `
@@ -33,18 +32,8 @@ workflows:
 // (p99) on the database clock, by the supervisor; every order completes.
 func TestTimersFireWithinASecondOfDue(t *testing.T) {
 	t.Parallel()
-	file := writeFile(t, "timers.yaml", timersFile)
-	reg, err := workflow.Load(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kinds := reg.Agents()
-	st := newStackFor(t, kinds)
-	wf := "SAS_WORKFLOWS_FILE=" + file
-	p := newPipeline(t, pipelineOpts{on: &st, supervisors: 1, agents: 2, schedulers: 1,
-		submitterEnv: []string{wf}, schedulerEnv: []string{wf}, supervisorEnv: []string{wf},
-		agentEnv: []string{wf, "SAS_AGENT_KINDS=" + strings.Join(kinds, ",")}})
-	g := graphRun{pipeline: p, reg: reg}
+	g := runFile(t, "timers.yaml", timersFile, pipelineOpts{supervisors: 1, agents: 2, schedulers: 1})
+	p := g.pipeline
 	ids := g.submit(t, "cooling_off", fill(make([]string, 1000), `{}`))
 	ids = append(ids, g.submit(t, "start_later", fill(make([]string, 500), `{}`))...)
 	var dbNow time.Time

@@ -80,25 +80,10 @@ func (g *signaler) handle(ctx context.Context, m broker.Message, sig messages.Si
 	return nil
 }
 
-// refuse dead-letters a signal and, if it named a reply_to, tells that
-// queue with a status event "rejected" (through the outbox). Telling is
-// best effort: the dead letter is the record.
+// refuse dead-letters a signal and tells its reply_to queue, if it named
+// one (service.Refuse).
 func (g *signaler) refuse(orderID, replyTo, corr, reason, detail string) error {
-	detail = messages.BoundText(detail, messages.MaxReasonBytes)
-	if replyTo != "" {
-		ev := messages.StatusEvent{SchemaVersion: messages.SchemaVersion, OrderID: orderID, Status: messages.StatusRejected,
-			At: time.Now().UTC(), Reason: reason, Detail: detail}
-		body, err := messages.Encode(ev)
-		if err == nil {
-			err = g.store.TellRejected(g.workCtx, orderID, replyTo, corr, body)
-		}
-		if err != nil {
-			g.logger.Warn("could not tell reply_to that the signal was refused", "order_id", orderID, "reply_to", replyTo, "err", err)
-		} else {
-			g.wakeRelay()
-		}
-	}
-	return broker.Reject(reason, detail)
+	return service.Refuse(g.workCtx, g.store, g.logger, orderID, replyTo, corr, reason, detail, g.wakeRelay)
 }
 
 // unreadable refuses a signal whose body could not be read as one, with

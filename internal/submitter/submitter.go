@@ -248,26 +248,10 @@ func (h *handler) handle(ctx context.Context, m broker.Message, o messages.Submi
 	return err // shutting down: back to the queue
 }
 
-// refuse dead-letters a submit, and tells its reply_to queue, if it named
-// one, with a status event "rejected" carrying the reason and detail and
-// the submit's correlation id (through the outbox, which the relay sends
-// to reply_to only): the application learns that its order does not
-// exist. The detail is bounded here, where it is made, so that the event
-// always fits. Telling is best effort: the dead letter is the record.
+// refuse dead-letters a submit and tells its reply_to queue, if it named
+// one (service.Refuse): the application learns its order does not exist.
 func (h *handler) refuse(orderID, replyTo, corr, reason, detail string) error {
-	detail = messages.BoundText(detail, messages.MaxReasonBytes)
-	if replyTo != "" {
-		ev := messages.StatusEvent{SchemaVersion: messages.SchemaVersion, OrderID: orderID, Status: messages.StatusRejected,
-			At: time.Now().UTC(), Reason: reason, Detail: detail}
-		body, err := messages.Encode(ev)
-		if err == nil {
-			err = h.store.TellRejected(h.workCtx, orderID, replyTo, corr, body)
-		}
-		if err != nil {
-			h.logger.Warn("could not tell reply_to that the order was rejected", "order_id", orderID, "reply_to", replyTo, "err", err)
-		}
-	}
-	return broker.Reject(reason, detail)
+	return service.Refuse(h.workCtx, h.store, h.logger, orderID, replyTo, corr, reason, detail, nil)
 }
 
 // reject refuses a submit whose body could not be read as one: it is

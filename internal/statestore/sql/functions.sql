@@ -510,11 +510,7 @@ BEGIN
     IF v_status NOT IN ('received', 'processing', 'error') THEN
         -- The order is being undone (or ended) since the claim: the wait
         -- never begins.
-        UPDATE steps SET process_state = 'cancelled', locked_by = NULL, complete_by = NULL, updated_at = clock_timestamp()
-        WHERE order_id = p_order AND step = p_step;
-        INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-        VALUES (p_order, p_step, 'processing', 'cancelled', p_attempt, p_actor, 'the order is ' || v_status);
-        SELECT ga.next_step, ga.order_status INTO next_step, order_status FROM graph_advance(p_order, p_actor) ga;
+        SELECT c.next_step, c.order_status INTO next_step, order_status FROM claim_cancelled(p_order, p_step, p_attempt, p_actor, v_status) c;
         RETURN;
     END IF;
     SELECT spec->'wait' INTO v_wait FROM steps WHERE order_id = p_order AND step = p_step;
@@ -663,6 +659,22 @@ BEGIN
 END;
 $function$;
 
+-- claim_cancelled: a claimed step of an order that no longer runs (its
+-- status p_status) is cancelled rather than begun, and the order goes on
+-- (graph_advance: its undoing may end).
+CREATE OR REPLACE FUNCTION claim_cancelled(p_order uuid, p_step integer, p_attempt integer, p_actor text, p_status text, OUT next_step integer, OUT order_status text)
+ RETURNS record
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    UPDATE steps SET process_state = 'cancelled', locked_by = NULL, complete_by = NULL, updated_at = clock_timestamp()
+    WHERE order_id = p_order AND step = p_step;
+    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+    VALUES (p_order, p_step, 'processing', 'cancelled', p_attempt, p_actor, 'the order is ' || p_status);
+    SELECT ga.next_step, ga.order_status INTO next_step, order_status FROM graph_advance(p_order, p_actor) ga;
+END;
+$function$;
+
 -- step_expand: a claimed for_each step's list was read: one instance of
 -- the step per item, numbered after the order's last step, each with its
 -- idempotency key (the step's, then /index), its item and index, waiting;
@@ -689,11 +701,7 @@ BEGIN
     END IF;
     SELECT status INTO v_status FROM orders WHERE order_id = p_order FOR UPDATE;
     IF v_status NOT IN ('received', 'processing') THEN
-        UPDATE steps SET process_state = 'cancelled', locked_by = NULL, complete_by = NULL, updated_at = clock_timestamp()
-        WHERE order_id = p_order AND step = p_step;
-        INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-        VALUES (p_order, p_step, 'processing', 'cancelled', p_attempt, p_actor, 'the order is ' || v_status);
-        SELECT ga.next_step, ga.order_status INTO next_step, order_status FROM graph_advance(p_order, p_actor) ga;
+        SELECT c.next_step, c.order_status INTO next_step, order_status FROM claim_cancelled(p_order, p_step, p_attempt, p_actor, v_status) c;
         RETURN;
     END IF;
     SELECT max(step) INTO v_last FROM steps WHERE order_id = p_order;
