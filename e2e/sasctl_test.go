@@ -220,9 +220,26 @@ func writeTemp(t *testing.T, body string) string {
 // take the ports from there up): 20,000 to 31,990, below Linux's
 // ephemeral range (32768 and up), where outgoing connections and the other
 // tests' free ports come from. Tests that run at once pass different
-// offsets, so their picks start apart.
+// offsets, so their picks start apart; a base with a port in use is
+// passed over.
 func portBase(offset int) int {
-	return 20000 + 10*int((time.Now().UnixNano()+int64(offset))%1200)
+	// A base whose ten ports are free now (a busy one, such as RabbitMQ's
+	// distribution port 25672, made a run fail to start).
+	for try := int64(0); ; try++ {
+		base := 20000 + 10*int((time.Now().UnixNano()+int64(offset)+try*7919)%1200)
+		free := true
+		for port := base; port < base+10 && free; port++ {
+			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+			if err != nil {
+				free = false
+				continue
+			}
+			ln.Close()
+		}
+		if free || try > 1000 {
+			return base
+		}
+	}
 }
 
 // TestSasctlDev runs the local stack the way make demo does (without
