@@ -22,6 +22,12 @@ workflows:
       - {action: score, agent: risk, timeout: 20s, compensation: {action: unscore}}
       - {id: approved, wait: {signal: approved, timeout: 5m, schema: {type: object, required: [by]}}}
       - {action: open_account, agent: core, timeout: 20s, needs: [approved]}
+  - name: approval_early
+    policy: compensate
+    steps:
+      - {action: slow_score, agent: risk, timeout: 20s, compensation: {action: unscore}}
+      - {id: approved, wait: {signal: approved, timeout: 5m, schema: {type: object, required: [by]}}}
+      - {action: open_account, agent: core, timeout: 20s, needs: [approved]}
   - name: approval_short
     policy: compensate
     steps:
@@ -30,10 +36,10 @@ workflows:
       - {action: open_account, agent: core, timeout: 20s, needs: [approved]}
 `
 
-// TestSignalsEndWaits: 1,000 orders wait for a signal after a 150 ms
+// TestSignalsEndWaits: 1,000 orders wait for a signal after a first
 // step; 900 are signalled through the signals queue, half before their
-// wait began, 50 of them twice; the other 100 (a workflow whose wait
-// times out after 5 s) never are. A scheduler and the leading supervisor
+// wait began (their first step takes 3 s), 50 of them twice; the other
+// 100 (a workflow whose wait times out after 5 s) never are. A scheduler and the leading supervisor
 // are killed with SIGKILL midway. Every signalled order completes once,
 // with the signal's payload as the wait's result; the 100 time out, are
 // undone and fail; signals for an unknown order, a name no step waits
@@ -42,11 +48,13 @@ workflows:
 func TestSignalsEndWaits(t *testing.T) {
 	t.Parallel()
 	g := runFile(t, "signals.yaml", signalsFile, pipelineOpts{supervisors: 2, agents: 2, schedulers: 2,
-		faults: `{"score":{"latency_min_ms":150,"latency_max_ms":150}}`})
+		faults: `{"score":{"latency_min_ms":150,"latency_max_ms":150},"slow_score":{"latency_min_ms":3000,"latency_max_ms":3000}}`})
 	p := g.pipeline
-	// ids[:900] are signalled; the last 100, of approval_short, are not
-	// and time out.
-	ids := g.submit(t, "approval", fill(make([]string, 900), `{}`))
+	// ids[:450] are signalled once their waits began, ids[450:900] before
+	// (their first step takes 3 s); the last 100, of approval_short, are
+	// not signalled and time out.
+	ids := g.submit(t, "approval", fill(make([]string, 450), `{}`))
+	ids = append(ids, g.submit(t, "approval_early", fill(make([]string, 450), `{}`))...)
 	ids = append(ids, g.submit(t, "approval_short", fill(make([]string, 100), `{}`))...)
 	ch := amqpChannel(t)
 	queue := p.topo.Queue(messages.SignalsQueue)
@@ -61,8 +69,7 @@ func TestSignalsEndWaits(t *testing.T) {
 		publish(t, ch, queue, messages.ContentType, sigID, body)
 	}
 	payload := func(i int) string { return fmt.Sprintf(`{"by": "manager-%d"}`, i) }
-	// Half of the 900 at once, to the orders submitted last: before their
-	// waits begin (score takes 150 ms, 1,000 of them queue for it).
+	// Half of the 900 at once, before their waits begin.
 	for i := 450; i < 900; i++ {
 		send(ids[i], "early-"+ids[i], "approved", payload(i), "")
 	}
