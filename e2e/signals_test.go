@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -53,9 +54,9 @@ func TestSignalsEndWaits(t *testing.T) {
 	// ids[:450] are signalled once their waits began, ids[450:900] before
 	// (their first step takes 3 s); the last 100, of approval_short, are
 	// not signalled and time out.
-	ids := g.submit(t, "approval", fill(make([]string, 450), `{}`))
-	ids = append(ids, g.submit(t, "approval_early", fill(make([]string, 450), `{}`))...)
-	ids = append(ids, g.submit(t, "approval_short", fill(make([]string, 100), `{}`))...)
+	ids := g.submit(t, "approval", slices.Repeat([]string{`{}`}, 450))
+	ids = append(ids, g.submit(t, "approval_early", slices.Repeat([]string{`{}`}, 450))...)
+	ids = append(ids, g.submit(t, "approval_short", slices.Repeat([]string{`{}`}, 100))...)
 	ch := amqpChannel(t)
 	queue := p.topo.Queue(messages.SignalsQueue)
 	send := func(id, sigID, name, payload, replyTo string) {

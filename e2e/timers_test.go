@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -34,8 +35,8 @@ func TestTimersFireWithinASecondOfDue(t *testing.T) {
 	t.Parallel()
 	g := runFile(t, "timers.yaml", timersFile, pipelineOpts{supervisors: 1, agents: 2, schedulers: 1})
 	p := g.pipeline
-	ids := g.submit(t, "cooling_off", fill(make([]string, 1000), `{}`))
-	ids = append(ids, g.submit(t, "start_later", fill(make([]string, 500), `{}`))...)
+	ids := g.submit(t, "cooling_off", slices.Repeat([]string{`{}`}, 1000))
+	ids = append(ids, g.submit(t, "start_later", slices.Repeat([]string{`{}`}, 500))...)
 	var dbNow time.Time
 	if err := p.pool.QueryRow(context.Background(), `SELECT clock_timestamp()`).Scan(&dbNow); err != nil {
 		t.Fatal(err)
@@ -91,12 +92,4 @@ func TestTimersFireWithinASecondOfDue(t *testing.T) {
 	if p99 > 1 {
 		t.Fatalf("timers fired late by %.0f ms at p99, want within a second of due", p99*1000)
 	}
-}
-
-// fill sets every element of s to v.
-func fill(s []string, v string) []string {
-	for i := range s {
-		s[i] = v
-	}
-	return s
 }

@@ -75,12 +75,10 @@ func (s *server) confirmResubmit(w http.ResponseWriter, r *http.Request, rq *req
 	which := "its step in error"
 	what := "The step goes back to pending with its failure count at 0, and the order back to work."
 	if step != 0 {
-		i := slices.IndexFunc(d.OrderDetail.Steps, func(st statestore.Step) bool { return st.Step == step })
-		if i < 0 {
-			s.fail(w, r, rq, http.StatusNotFound, fmt.Sprintf("Order %s has no step %d.", d.Order.OrderID, step))
+		st, ok := s.stepOf(w, r, rq, d, step)
+		if !ok {
 			return
 		}
-		st := d.OrderDetail.Steps[i]
 		which = fmt.Sprintf("step %d (%s)", step, st.Name)
 		if mayRunAgain(st) {
 			what = "The step runs again, and so does every step that depends on it; those processed get a new " +
@@ -203,6 +201,17 @@ func (s *server) ack(w http.ResponseWriter, r *http.Request, rq *request) {
 	s.redirect(w, r, back, "acknowledged")
 }
 
+// stepOf finds the order's step numbered step, answering 404 when it has
+// none.
+func (s *server) stepOf(w http.ResponseWriter, r *http.Request, rq *request, d orderData, step int) (statestore.Step, bool) {
+	i := slices.IndexFunc(d.OrderDetail.Steps, func(st statestore.Step) bool { return st.Step == step })
+	if i < 0 {
+		s.fail(w, r, rq, http.StatusNotFound, fmt.Sprintf("Order %s has no step %d.", d.Order.OrderID, step))
+		return statestore.Step{}, false
+	}
+	return d.OrderDetail.Steps[i], true
+}
+
 // awaitingStep reads the order's step given by the step parameter, which
 // must await a signal.
 func (s *server) awaitingStep(w http.ResponseWriter, r *http.Request, rq *request, d orderData, v string) (statestore.Step, bool) {
@@ -211,12 +220,10 @@ func (s *server) awaitingStep(w http.ResponseWriter, r *http.Request, rq *reques
 		s.fail(w, r, rq, http.StatusBadRequest, "Say which step: ?step=N.")
 		return statestore.Step{}, false
 	}
-	i := slices.IndexFunc(d.OrderDetail.Steps, func(st statestore.Step) bool { return st.Step == step })
-	if i < 0 {
-		s.fail(w, r, rq, http.StatusNotFound, fmt.Sprintf("Order %s has no step %d.", d.Order.OrderID, step))
+	st, ok := s.stepOf(w, r, rq, d, step)
+	if !ok {
 		return statestore.Step{}, false
 	}
-	st := d.OrderDetail.Steps[i]
 	if st.ProcessState != statestore.StepAwaiting || st.Wait == "" {
 		s.fail(w, r, rq, http.StatusConflict, fmt.Sprintf("Step %d of order %s is %s: it awaits no signal.", step, d.Order.OrderID, st.ProcessState))
 		return statestore.Step{}, false
