@@ -344,8 +344,52 @@ func (c *Client) SignalWithID(ctx context.Context, signalID, orderID, name strin
 		}
 		raw = b
 	}
-	body, err := messages.Encode(messages.Signal{SchemaVersion: messages.SignalVersion, SignalID: signalID, OrderID: orderID,
+	return c.sendSignal(ctx, messages.Signal{SchemaVersion: messages.SignalVersion, SignalID: signalID, OrderID: orderID,
 		Name: name, Payload: raw, ReplyTo: c.replyQueue})
+}
+
+// Complete ends, done, the step whose service answered its call 202
+// Accepted: token is the call's Sas-Step-Token, result (any value that
+// marshals to a JSON object, or nil) the step's result. It returns the
+// callback's id: a refusal comes back as a signal's does
+// (SignalRefusal): invalid_token for a token sas did not make,
+// stale_token for one of an attempt that no longer runs (a later attempt
+// called with a new token, or the step ended); either changed nothing.
+func (c *Client) Complete(ctx context.Context, token string, result any) (string, error) {
+	var raw json.RawMessage
+	if result != nil {
+		b, err := json.Marshal(result)
+		if err != nil {
+			return "", fmt.Errorf("client: callback result: %w", err)
+		}
+		raw = b
+	}
+	return c.callback(ctx, messages.Signal{Token: token, Name: messages.CallbackComplete, Payload: raw})
+}
+
+// Fail ends, failed for good with reason, the step whose service
+// answered its call 202 Accepted (as Complete).
+func (c *Client) Fail(ctx context.Context, token, reason string) (string, error) {
+	return c.callback(ctx, messages.Signal{Token: token, Name: messages.CallbackFail, Error: reason})
+}
+
+// Heartbeat holds open the step whose service answered its call 202
+// Accepted: its complete_by moves out by the step's timeout, never past
+// the step's max_duration (as Complete).
+func (c *Client) Heartbeat(ctx context.Context, token string) (string, error) {
+	return c.callback(ctx, messages.Signal{Token: token, Name: messages.CallbackHeartbeat})
+}
+
+func (c *Client) callback(ctx context.Context, sig messages.Signal) (string, error) {
+	sig.SchemaVersion, sig.SignalID, sig.ReplyTo = messages.SignalVersion, messages.NewID(), c.replyQueue
+	return sig.SignalID, c.sendSignal(ctx, sig)
+}
+
+// sendSignal publishes a signal (or a callback) until the broker confirms
+// it; its refusal comes back to this client's reply queue.
+func (c *Client) sendSignal(ctx context.Context, sig messages.Signal) error {
+	signalID := sig.SignalID
+	body, err := messages.Encode(sig)
 	if err != nil {
 		return fmt.Errorf("client: %w", err)
 	}

@@ -8,13 +8,17 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"sas/internal/harness/testenv"
+	"sas/internal/messages"
 )
 
 // TestAgentCheckTellsAKeptContractFromABrokenOne: sasctl agent check
@@ -127,5 +131,82 @@ func TestPayloadMeansTheSameEverywhere(t *testing.T) {
 		testenv.Eventually(t, 30*time.Second, "the order written", func() bool {
 			return s.count(t, `SELECT count(*) FROM orders WHERE order_id = $1 AND payload->>'customer' = 'c'`, id) == 1
 		})
+	}
+}
+
+// asyncCheckService answers every call 202 Accepted and, once a key is
+// called a second time (a later attempt, with a new token), posts the
+// key's callback to queue on ch: with the newest token, or, when stale,
+// with the first.
+func asyncCheckService(t *testing.T, ch *amqp.Channel, queue string, stale bool) *httptest.Server {
+	var mu sync.Mutex
+	tokens := map[string][]string{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if !json.Valid(body) {
+			http.Error(w, `{"error":"unreadable"}`, http.StatusBadRequest)
+			return
+		}
+		key := r.Header.Get("Idempotency-Key")
+		mu.Lock()
+		tokens[key] = append(tokens[key], r.Header.Get("Sas-Step-Token"))
+		seen := slices.Clone(tokens[key])
+		mu.Unlock()
+		w.Header().Set("Sas-Heartbeat", "60")
+		w.WriteHeader(http.StatusAccepted)
+		if len(seen) < 3 { // the first call, and the same key again
+			return
+		}
+		tok := seen[len(seen)-1]
+		if stale {
+			tok = seen[0]
+		}
+		for _, name := range []string{"heartbeat", "complete"} {
+			cb, _ := json.Marshal(map[string]any{"schema_version": 1, "token": tok, "name": name})
+			if err := ch.PublishWithContext(r.Context(), "", queue, false, false,
+				amqp.Publishing{ContentType: "application/json", Body: cb}); err != nil {
+				t.Errorf("publish the callback: %v", err)
+			}
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// TestAgentCheckFollowsTheCallbackPath: a service that answers 202
+// Accepted is checked on the callback path: sasctl watches the queue it
+// names for the callback, and passes a service that calls back with the
+// newest token; one that calls back with an earlier attempt's token
+// fails that rule (sas would refuse it, stale_token), and without the
+// queue the callback rule cannot pass.
+func TestAgentCheckFollowsTheCallbackPath(t *testing.T) {
+	t.Parallel()
+	ch := amqpChannel(t)
+	for _, stale := range []bool{false, true} {
+		queue := "e2e-check-callbacks." + messages.NewID()
+		if _, err := ch.QueueDeclare(queue, false, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _, _ = ch.QueueDelete(queue, false, false, false) })
+		srv := asyncCheckService(t, ch, queue, stale)
+		out, errOut, code := sasctl(t, env(), "agent", "check", srv.URL, "--signals-queue", queue, "--callback-wait", "20s")
+		if !strings.Contains(out, "answered 202 Accepted: checking the callback path") {
+			t.Fatalf("stale %v: not checked as a 202 service (exit %d):\n%s%s", stale, code, out, errOut)
+		}
+		switch {
+		case !stale && (code != 0 || strings.Count(out, "PASS") != 5 || strings.Contains(out, "FAIL")):
+			t.Fatalf("a service that calls back with the newest token (exit %d):\n%s%s", code, out, errOut)
+		case stale && (code != 1 || strings.Count(out, "FAIL") != 1 || !strings.Contains(out, "FAIL  the callback comes, with the newest token") ||
+			!strings.Contains(out, "stale_token")):
+			t.Fatalf("a service that calls back with the first token (exit %d):\n%s%s", code, out, errOut)
+		}
+		if !stale && !strings.Contains(out, "after 1 heartbeats") {
+			t.Fatalf("the heartbeat before the callback was not seen:\n%s", out)
+		}
+	}
+	srv := asyncCheckService(t, ch, "nowhere."+messages.NewID(), false)
+	out, _, code := sasctl(t, env(), "agent", "check", srv.URL)
+	if code != 1 || !strings.Contains(out, "FAIL  the callback comes") || !strings.Contains(out, "give --signals-queue") {
+		t.Fatalf("without a queue to watch (exit %d):\n%s", code, out)
 	}
 }

@@ -9,12 +9,14 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"sas/internal/contract"
 	"sas/internal/messages"
+	"sas/internal/steptoken"
 )
 
 // checkCall is one call of the conformance check.
@@ -23,12 +25,15 @@ type checkCall struct {
 	key        string
 	body       []byte
 	completeBy time.Time
+	token      string // Sas-Step-Token
+	attempt    int
 }
 
 type checkAnswer struct {
-	status int
-	body   string
-	err    error
+	status    int
+	body      string
+	heartbeat string // a 202's Sas-Heartbeat
+	err       error
 }
 
 func (a checkAnswer) String() string {
@@ -55,12 +60,24 @@ type agentChecker struct {
 	undoAction string
 	payload    json.RawMessage
 	headers    http.Header
+	// tokens mints the calls' step tokens, under a key of the check's
+	// own: a callback with one is the check's, never a step of sas's.
+	tokens steptoken.Key
 }
 
 func (c *agentChecker) newCall() checkCall {
 	id := messages.NewID()
 	body, _ := json.Marshal(contract.Request{OrderID: id, Step: 1, Action: c.action, Payload: c.payload})
-	return checkCall{key: fmt.Sprintf("%s/1/%s", id, c.action), body: body, completeBy: time.Now().Add(30 * time.Second)}
+	return checkCall{key: fmt.Sprintf("%s/1/%s", id, c.action), body: body, completeBy: time.Now().Add(30 * time.Second),
+		token: c.tokens.Mint(steptoken.Ref{OrderID: id, Step: 1, Attempt: 1}), attempt: 1}
+}
+
+// nextAttempt is cl's next attempt: the same key and body, a new token.
+func (c *agentChecker) nextAttempt(cl checkCall) checkCall {
+	ref, _ := c.tokens.Read(cl.token)
+	ref.Attempt++
+	cl.token, cl.attempt = c.tokens.Mint(ref), ref.Attempt
+	return cl
 }
 
 // undoCall is the call of the compensation that undoes the action of key,
@@ -90,14 +107,17 @@ func (c *agentChecker) do(ctx context.Context, cl checkCall) checkAnswer {
 	req.Header.Set("Content-Type", contract.ContentType)
 	req.Header.Set(contract.HeaderIdempotencyKey, cl.key)
 	req.Header.Set(contract.HeaderCompleteBy, contract.FormatCompleteBy(cl.completeBy))
-	req.Header.Set(contract.HeaderAttempt, "1")
+	req.Header.Set(contract.HeaderAttempt, strconv.Itoa(max(cl.attempt, 1)))
+	if cl.token != "" {
+		req.Header.Set(contract.HeaderStepToken, cl.token)
+	}
 	resp, err := c.client.Do(req)
 	if err != nil {
 		return checkAnswer{err: err}
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	return checkAnswer{status: resp.StatusCode, body: string(b), err: err}
+	return checkAnswer{status: resp.StatusCode, body: string(b), heartbeat: resp.Header.Get(contract.HeaderHeartbeat), err: err}
 }
 
 // settle calls until the answer is not transient (a 409 while the first
@@ -134,6 +154,8 @@ func (a *app) agentCheck(ctx context.Context, args []string) error {
 	payload := fs.String("payload", `{"sas_check":true}`, "the payload to send: "+payloadFlagHelp)
 	headersFile := fs.String("headers-file", "", "a file of \"Name: value\" lines sent with every call (credentials)")
 	concurrent := fs.Int("concurrent", 8, "calls sent at once with one key")
+	signalsQueue := fs.String("signals-queue", "", "for a service that answers 202 Accepted: the queue it sends its callbacks to, watched here (point the service at a test queue, never at the schedulers' own)")
+	callbackWait := fs.Duration("callback-wait", 30*time.Second, "for a service that answers 202 Accepted: how long to wait for its callback")
 	rest, err := a.parse(fs, args)
 	if err != nil {
 		return err
@@ -148,6 +170,9 @@ func (a *app) agentCheck(ctx context.Context, args []string) error {
 	// As the agent: a redirect is the answer, never followed.
 	c := &agentChecker{client: &http.Client{Timeout: 20 * time.Second,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}, action: *action, payload: json.RawMessage(raw), headers: http.Header{}}
+	if c.tokens, err = steptoken.NewKey(messages.NewID() + messages.NewID()); err != nil {
+		return err
+	}
 	base := strings.TrimRight(rest[0], "/")
 	c.url = base + contract.DefaultPath(*action)
 	if *path != "" {
@@ -182,6 +207,14 @@ func (a *app) agentCheck(ctx context.Context, args []string) error {
 	// 1. The same key twice gives the same answer.
 	first := c.newCall()
 	a1 := c.settle(ctx, first)
+	if a1.err == nil && contract.Classify(a1.status) == contract.Accepted {
+		failed += c.checkAccepted(ctx, a, first, a1, *signalsQueue, *callbackWait, report)
+		if failed > 0 {
+			return fmt.Errorf("%d of %d rules failed", failed, acceptedRules)
+		}
+		fmt.Fprintln(a.stdout, "\nevery rule passed")
+		return nil
+	}
 	a2 := c.settle(ctx, first)
 	okFirst := a1.err == nil && contract.Classify(a1.status) == contract.OK
 	report(okFirst, "a call is done (2xx, a JSON object or nothing)", "answered "+a1.String())

@@ -6,6 +6,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -91,11 +92,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sas_agent_requests_total",
-			Help: "Step requests handled, by agent kind and result (ok, failed, abandoned, rejected, requeued).",
+			Help: "Step requests handled, by agent kind and result (ok, failed, accepted, abandoned, rejected, requeued).",
 		}, []string{"kind", "result"}),
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sas_agent_calls_total",
-			Help: "HTTP calls to the remote service, by endpoint and result (ok, permanent, transient).",
+			Help: "HTTP calls to the remote service, by endpoint and result (ok, permanent, transient, accepted).",
 		}, []string{"endpoint", "result"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sas_agent_retries_total",
@@ -124,12 +125,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 // (step names) they call.
 func (m *metrics) initSeries(kinds, endpoints []string) {
 	for _, kind := range kinds {
-		for _, result := range []string{"ok", "failed", "abandoned", "rejected", "requeued"} {
+		for _, result := range []string{"ok", "failed", "accepted", "abandoned", "rejected", "requeued"} {
 			m.requests.WithLabelValues(kind, result)
 		}
 	}
 	for _, e := range endpoints {
-		for _, result := range []string{"ok", "permanent", "transient"} {
+		for _, result := range []string{"ok", "permanent", "transient", "accepted"} {
 			m.calls.WithLabelValues(e, result)
 		}
 		for _, reason := range []string{"5xx", "429", "network", "timeout", "circuit_open"} {
@@ -271,7 +272,9 @@ func (a *agent) handle(ctx context.Context, kind string, req messages.StepReques
 	callCtx, cancel := context.WithDeadline(hctx, deadline)
 	defer cancel()
 	callStart := a.now()
-	res := a.caller.call(callCtx, ep, call{action: req.Name, key: req.IdempotencyKey, attempt: req.Attempt, completeBy: req.CompleteBy, body: body})
+	res := a.caller.call(callCtx, ep, call{action: req.Name, key: req.IdempotencyKey, attempt: req.Attempt, completeBy: req.CompleteBy, body: body,
+		token: req.Token})
+	res = hideToken(res, req.Token)
 	callTook := a.now().Sub(callStart)
 	failpoint.Inject("agent-after-call")
 
@@ -289,6 +292,11 @@ func (a *agent) handle(ctx context.Context, kind string, req messages.StepReques
 		return errors.New("shutting down before the call ended")
 	case callOK:
 		reply.Outcome, reply.Result = messages.OutcomeOK, a.redact.JSON(res.result)
+	case callAccepted:
+		// The step waits for the service's callback: the reply holds the
+		// attempt open and says what the service answered.
+		reply.Outcome, reply.LastAnswer = messages.OutcomeAccepted, a.answerText(res.lastAnswer)
+		reply.HoldMS = min(max(res.hold.Milliseconds(), 0), messages.MaxHoldMS)
 	case callPermanent:
 		reply.Outcome, reply.Error = messages.OutcomeFailed, failureText(a.redact.String(res.reason))
 		reply.LastAnswer = a.answerText(res.lastAnswer)
@@ -314,6 +322,23 @@ func (a *agent) handle(ctx context.Context, kind string, req messages.StepReques
 	a.metrics.requests.WithLabelValues(kind, reply.Outcome).Inc()
 	log.Debug("replied", "outcome", reply.Outcome)
 	return nil
+}
+
+// hideToken takes the step's token out of what a service answered: an
+// answer is kept and shown to every console viewer, and the token would
+// let its reader end the step. A token holds no character JSON escapes,
+// so it is replaced in a result as in a text.
+func hideToken(res callResult, token string) callResult {
+	if token == "" {
+		return res
+	}
+	const hidden = "[step token]"
+	res.reason = strings.ReplaceAll(res.reason, token, hidden)
+	res.lastAnswer = strings.ReplaceAll(res.lastAnswer, token, hidden)
+	if bytes.Contains(res.result, []byte(token)) {
+		res.result = bytes.ReplaceAll(res.result, []byte(token), []byte(hidden))
+	}
+	return res
 }
 
 // answerText is a service's answer as a reply carries it: redacted and

@@ -32,6 +32,7 @@ const (
 	callPermanent                        // the remote refused for good; reason says why
 	callAbandoned                        // the deadline came first: say nothing
 	callShutdown                         // the agent is stopping: hand the request back
+	callAccepted                         // the remote answered 202: a callback will end the step
 )
 
 type callResult struct {
@@ -41,6 +42,9 @@ type callResult struct {
 	// lastAnswer is the last answer the service gave that was not the
 	// result (attempt.answer), "" when every try got one or none was made.
 	lastAnswer string
+	// hold is, for callAccepted, how long the service asked the step to
+	// be held open (Sas-Heartbeat); 0: the step's timeout.
+	hold time.Duration
 }
 
 // call is one step's call: the same on every retry.
@@ -49,6 +53,8 @@ type call struct {
 	attempt     int
 	completeBy  time.Time
 	body        []byte
+	// token is the step's token, sent as Sas-Step-Token ("": none).
+	token string
 }
 
 // caller calls the remote services with retries, per-action circuit
@@ -75,6 +81,8 @@ func (c *caller) breaker(endpoint string) *breaker {
 type attempt struct {
 	ok         bool
 	permanent  bool
+	accepted   bool          // 202: a callback will end the step
+	hold       time.Duration // with accepted: the Sas-Heartbeat asked for
 	retryAfter time.Duration
 	reason     string // metric label for a transient failure
 	detail     string
@@ -99,7 +107,7 @@ func (c *caller) call(ctx context.Context, ep *endpoint, cl call) callResult {
 		var a attempt
 		if br.allow() {
 			a = c.once(ctx, ep, cl, n+1)
-			br.record(a.ok || a.permanent)
+			br.record(a.ok || a.permanent || a.accepted)
 		} else {
 			a = attempt{reason: "circuit_open", detail: "circuit breaker open"}
 		}
@@ -109,6 +117,8 @@ func (c *caller) call(ctx context.Context, ep *endpoint, cl call) callResult {
 		switch {
 		case a.ok:
 			return callResult{outcome: callOK, result: a.body}
+		case a.accepted:
+			return callResult{outcome: callAccepted, lastAnswer: a.answer, hold: a.hold}
 		case a.permanent:
 			return callResult{outcome: callPermanent, reason: a.detail, lastAnswer: last}
 		}
@@ -164,6 +174,8 @@ func (c *caller) once(ctx context.Context, ep *endpoint, cl call, try int) attem
 		result = "ok"
 	case a.permanent:
 		result = "permanent"
+	case a.accepted:
+		result = "accepted"
 	}
 	c.metrics.calls.WithLabelValues(endpoint, result).Inc()
 	if c.tr.On() {
@@ -193,6 +205,9 @@ func (c *caller) exchange(ctx context.Context, ep *endpoint, cl call) attempt {
 	req.Header.Set(contract.HeaderIdempotencyKey, cl.key)
 	req.Header.Set(contract.HeaderCompleteBy, contract.FormatCompleteBy(cl.completeBy))
 	req.Header.Set(contract.HeaderAttempt, strconv.Itoa(cl.attempt))
+	if cl.token != "" {
+		req.Header.Set(contract.HeaderStepToken, cl.token)
+	}
 	c.tr.InjectHTTP(ctx, req.Header)
 	resp, err := ep.client.Do(req)
 	if err != nil {
@@ -210,7 +225,7 @@ func (c *caller) exchange(ctx context.Context, ep *endpoint, cl call) attempt {
 	status := resp.StatusCode
 	a := c.classify(status, resp.Header, respBody, endpoint)
 	a.status = status
-	if !a.ok {
+	if !a.ok && !a.accepted {
 		a.answer = fmt.Sprintf("%d %s: %s", status, http.StatusText(status), respBody)
 	}
 	return a
@@ -219,6 +234,15 @@ func (c *caller) exchange(ctx context.Context, ep *endpoint, cl call) attempt {
 // classify turns a response into an attempt's outcome.
 func (c *caller) classify(status int, header http.Header, respBody []byte, endpoint string) attempt {
 	switch contract.Classify(status) {
+	case contract.Accepted:
+		a := attempt{accepted: true, answer: fmt.Sprintf("%d %s: waiting for the callback", status, http.StatusText(status))}
+		if h := header.Get(contract.HeaderHeartbeat); h != "" {
+			a.hold = contract.RetryAfter(h, c.now())
+		}
+		if s := bytes.TrimSpace(respBody); len(s) > 0 {
+			a.answer = fmt.Sprintf("%d %s: %s", status, http.StatusText(status), snippet(s))
+		}
+		return a
 	case contract.OK:
 		if int64(len(respBody)) > c.cfg.MaxResponseBytes {
 			return attempt{permanent: true, detail: fmt.Sprintf("%s answered more than %d bytes (SAS_AGENT_MAX_RESPONSE_BYTES)", endpoint, c.cfg.MaxResponseBytes)}

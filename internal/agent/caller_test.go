@@ -234,3 +234,44 @@ func TestCallKeepsTheServicesLastAnswer(t *testing.T) {
 		}
 	}
 }
+
+// TestAcceptedCallWaitsForTheCallback: a 202 ends the call at once,
+// without a retry, as accepted: its Sas-Heartbeat is the hold asked
+// for, the answer is kept, and the step's token went with the call (and
+// is kept out of what the service echoed).
+func TestAcceptedCallWaitsForTheCallback(t *testing.T) {
+	t.Parallel()
+	var calls int
+	var gotToken string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls++
+		gotToken = r.Header.Get(contract.HeaderStepToken)
+		w.Header().Set(contract.HeaderHeartbeat, "90")
+		w.WriteHeader(http.StatusAccepted)
+		_, _ = fmt.Fprintf(w, `{"job":"j-1","token":%q}`, gotToken)
+	}))
+	t.Cleanup(srv.Close)
+	c, _, m := newCaller(t, remote.FaultConfig{})
+	ep := &endpoint{kind: "k", base: srv.URL, client: srv.Client(), timeout: time.Second, headers: http.Header{}}
+	const token = "st1.o.1.1.mac"
+	var res callResult
+	// More in a row than the circuit breaker's failures: an accepted call
+	// is a service that works, not one that fails.
+	for i := range c.cfg.BreakerFailures + 2 {
+		res = c.caller.call(within(t, 5*time.Second), ep, call{action: "slow", key: fmt.Sprint("k-", i), attempt: 1,
+			completeBy: time.Now().Add(5 * time.Second), body: body("o"), token: token})
+		res = hideToken(res, token)
+		if res.outcome != callAccepted || calls != i+1 || gotToken != token {
+			t.Fatalf("call %d: outcome %v after %d calls, token sent %q", i, res.outcome, calls, gotToken)
+		}
+	}
+	if res.hold != 90*time.Second || !strings.HasPrefix(res.lastAnswer, "202 Accepted: ") || strings.Contains(res.lastAnswer, token) {
+		t.Fatalf("hold %v, answer %q", res.hold, res.lastAnswer)
+	}
+	if got := testutil.ToFloat64(m.calls.WithLabelValues("slow", "accepted")); got != float64(c.cfg.BreakerFailures+2) {
+		t.Fatalf("%v accepted calls counted", got)
+	}
+	if got := testutil.ToFloat64(m.retries.WithLabelValues("slow", "circuit_open")); got != 0 {
+		t.Fatalf("accepted calls opened the circuit breaker (%v calls held back)", got)
+	}
+}

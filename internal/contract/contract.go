@@ -44,6 +44,16 @@ const (
 	// when the agents trace: a service instrumented with OpenTelemetry
 	// continues the order's trace from it.
 	HeaderTraceparent = "traceparent"
+	// HeaderStepToken carries the step's token: a service that answers
+	// 202 Accepted presents it later in the callback (a signal with the
+	// token) that completes or fails the step, or holds it open. A token
+	// names one attempt: a later attempt of the step comes with another,
+	// and only the step's running attempt's token counts.
+	HeaderStepToken = "Sas-Step-Token"
+	// HeaderHeartbeat is read from a 202 answer: seconds (or an HTTP
+	// date) the service asks the step to be held open, instead of the
+	// step's timeout; never past the step's max_duration.
+	HeaderHeartbeat = "Sas-Heartbeat"
 )
 
 // ContentType is the content type of a request and of a 2xx answer.
@@ -93,6 +103,9 @@ const (
 	// Transient: not done this time; the agent retries with backoff
 	// (honouring Retry-After) until the step's deadline.
 	Transient
+	// Accepted: the service took the work and will end the step later, by
+	// a callback with the step's token; the step waits for it.
+	Accepted
 )
 
 func (c Class) String() string {
@@ -103,11 +116,14 @@ func (c Class) String() string {
 		return "permanent"
 	case Transient:
 		return "transient"
+	case Accepted:
+		return "accepted"
 	}
 	return "unknown"
 }
 
-// Classify says what an HTTP status means: 2xx is OK; 408 (timeout), 409
+// Classify says what an HTTP status means: 202 is Accepted (a callback
+// will end the step), any other 2xx is OK; 408 (timeout), 409
 // (the key is in flight), 425 and 429 (slow down) and every 5xx are
 // Transient; any other 4xx is Permanent (422 included: the key was used
 // with another body), and so is a redirect (3xx): a redirect is an answer,
@@ -116,6 +132,8 @@ func (c Class) String() string {
 // Transient.
 func Classify(status int) Class {
 	switch {
+	case status == http.StatusAccepted:
+		return Accepted
 	case status >= 200 && status < 300:
 		return OK
 	case status >= 300 && status < 400:

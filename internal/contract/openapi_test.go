@@ -72,13 +72,14 @@ func TestOpenAPIMatchesTheContract(t *testing.T) {
 		}
 	}
 	slices.Sort(headers)
-	want := []string{contract.HeaderAttempt, contract.HeaderIdempotencyKey, contract.HeaderCompleteBy, contract.HeaderTraceparent}
+	want := []string{contract.HeaderAttempt, contract.HeaderIdempotencyKey, contract.HeaderCompleteBy, contract.HeaderTraceparent,
+		contract.HeaderStepToken}
 	slices.Sort(want)
 	if !slices.Equal(headers, want) {
 		t.Fatalf("documented headers %v, the agent sends %v", headers, want)
 	}
 	responses := dig(t, op, "responses").(map[string]any)
-	for _, must := range []int{200, 400, 408, 409, 422, 429, 500, 503} {
+	for _, must := range []int{200, 202, 400, 408, 409, 422, 429, 500, 503} {
 		if _, ok := responses[strconv.Itoa(must)]; !ok {
 			t.Errorf("status %d is not documented", must)
 		}
@@ -90,6 +91,11 @@ func TestOpenAPIMatchesTheContract(t *testing.T) {
 		}
 		if got, want := r.(map[string]any)["x-sas-class"], contract.Classify(n).String(); got != want {
 			t.Errorf("status %d is documented as %v, the agent takes it as %s", n, got, want)
+		}
+		if n == 202 {
+			if _, ok := dig(t, r, "headers").(map[string]any)[contract.HeaderHeartbeat]; !ok {
+				t.Errorf("status 202 does not document %s", contract.HeaderHeartbeat)
+			}
 		}
 		if n == 429 || n == 503 {
 			if _, ok := dig(t, r, "headers").(map[string]any)[contract.HeaderRetryAfter]; !ok {

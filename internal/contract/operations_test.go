@@ -24,7 +24,8 @@ func TestOperationsStatusTableMatchesClassify(t *testing.T) {
 	if !ok {
 		t.Fatal("docs/OPERATIONS.md has no table | answer | the agent |")
 	}
-	words := map[string]contract.Class{"done": contract.OK, "refused for good": contract.Permanent, "not done this time": contract.Transient}
+	words := map[string]contract.Class{"done": contract.OK, "refused for good": contract.Permanent, "not done this time": contract.Transient,
+		"accepted": contract.Accepted}
 	class := map[int]contract.Class{}
 	var others []contract.Class // "any other 4xx"
 	rows := 0

@@ -85,6 +85,12 @@ func TestAsyncAPIMatchesTheMessages(t *testing.T) {
 		{"OperatorAlert", messages.OperatorAlert{SchemaVersion: 1, OrderID: id, Step: 2, Reason: "r", FailureCount: 5, At: at}, nil},
 		{"Signal", messages.Signal{SchemaVersion: 1, SignalID: "sig-1", OrderID: id, Name: "approved", Payload: json.RawMessage(`{"by":"ann"}`),
 			ReplyTo: "q", By: "ann"}, nil},
+		{"Signal", messages.Signal{SchemaVersion: 1, Name: messages.CallbackFail, Token: "st1." + id + ".1.2.mac", Error: "card declined",
+			ReplyTo: "q"}, nil},
+		{"StepReply", messages.StepReply{SchemaVersion: 1, OrderID: id, Step: 1, Attempt: 2, Outcome: messages.OutcomeAccepted,
+			LastAnswer: "202 Accepted: queued", HoldMS: 90000}, nil},
+		{"StepRequest", messages.StepRequest{SchemaVersion: 2, OrderID: id, Step: 1, Name: "charge", Agent: "payment", Attempt: 1,
+			IdempotencyKey: id + "/1/charge", CompleteBy: at, Payload: json.RawMessage(`{"a":1}`), Token: "st1." + id + ".1.1.mac"}, nil},
 	} {
 		schema, ok := doc.Components.Schemas[tc.schema]
 		if !ok {

@@ -281,6 +281,8 @@ func (r *StepRequest) decodeMembers(ms []member) bool {
 			var i int
 			ok = rawInt(m.raw, &i)
 			v.Index = &i
+		case "token":
+			ok = rawString(m.raw, &v.Token)
 		}
 		if !ok {
 			return false
@@ -318,6 +320,8 @@ func (r *StepReply) decodeMembers(ms []member) bool {
 			ok = rawInt64(m.raw, &v.CallMicros)
 		case "sent_at":
 			ok = rawTimePtr(m.raw, &v.SentAt)
+		case "hold_ms":
+			ok = rawInt64(m.raw, &v.HoldMS)
 		}
 		if !ok {
 			return false

@@ -184,6 +184,10 @@ func (r StepRequest) appendJSON(b []byte) ([]byte, bool) {
 		e.field("index")
 		e.int(int64(*r.Index))
 	}
+	if r.Token != "" {
+		e.field("token")
+		e.str(r.Token)
+	}
 	e.b = append(e.b, '}')
 	return e.b, e.ok
 }
@@ -254,6 +258,10 @@ func (r StepReply) appendJSON(b []byte) ([]byte, bool) {
 	if r.SentAt != nil {
 		e.field("sent_at")
 		e.time(*r.SentAt)
+	}
+	if r.HoldMS != 0 {
+		e.field("hold_ms")
+		e.int(r.HoldMS)
 	}
 	e.b = append(e.b, '}')
 	return e.b, e.ok

@@ -472,6 +472,10 @@ type StepRequest struct {
 	// compensation), its element of the list and its position.
 	Item  json.RawMessage `json:"item,omitempty"`
 	Index *int            `json:"index,omitempty"`
+	// Token is the step's token (steptoken): the agent sends it to the
+	// service (contract.HeaderStepToken), which presents it in a callback
+	// when it answered 202 Accepted.
+	Token string `json:"token,omitempty"`
 }
 
 // Type implements Message.
@@ -499,6 +503,11 @@ func (r StepRequest) Validate() error {
 	}
 	if r.Undoes != "" {
 		if err := checkText("undoes", r.Undoes, 300); err != nil {
+			return err
+		}
+	}
+	if r.Token != "" {
+		if err := checkText("token", r.Token, MaxTokenBytes); err != nil {
 			return err
 		}
 	}
@@ -557,7 +566,15 @@ const (
 	// next try would not end in time). The reply changes nothing but the
 	// step's last answer; the step waits for its complete_by as before.
 	OutcomeAbandoned = "abandoned"
+	// OutcomeAccepted: the service answered 202 Accepted; it will end the
+	// step by a callback with the step's token. The reply holds the
+	// attempt open (HoldMS, or the step's timeout) and changes nothing
+	// else.
+	OutcomeAccepted = "accepted"
 )
+
+// MaxHoldMS bounds a reply's hold_ms: 366 days.
+const MaxHoldMS = 366 * 24 * 3600 * 1000
 
 // MaxAnswerBytes bounds a reply's last_answer.
 const MaxAnswerBytes = 500
@@ -585,6 +602,9 @@ type StepReply struct {
 	StartedAt  *time.Time `json:"started_at,omitempty"`
 	CallMicros int64      `json:"call_us,omitempty"`
 	SentAt     *time.Time `json:"sent_at,omitempty"`
+	// HoldMS is, with accepted, how long the service asked the step to be
+	// held open (its Sas-Heartbeat answer header); 0: the step's timeout.
+	HoldMS int64 `json:"hold_ms,omitempty"`
 }
 
 // Type implements Message.
@@ -620,8 +640,15 @@ func (r StepReply) Validate() error {
 		if r.LastAnswer == "" {
 			return reject(ReasonMissingField, "last_answer is required when outcome is abandoned")
 		}
+	case OutcomeAccepted:
+		if len(r.Result) > 0 || r.Error != "" {
+			return reject(ReasonInvalidValue, "result and error must be absent when outcome is accepted")
+		}
 	default:
-		return reject(ReasonInvalidValue, "outcome %q is not ok, failed or abandoned", truncate(r.Outcome))
+		return reject(ReasonInvalidValue, "outcome %q is not ok, failed, abandoned or accepted", truncate(r.Outcome))
+	}
+	if r.HoldMS != 0 && (r.Outcome != OutcomeAccepted || r.HoldMS < 0 || r.HoldMS > MaxHoldMS) {
+		return reject(ReasonInvalidValue, "hold_ms %d: only with accepted, within [0, %d]", r.HoldMS, int64(MaxHoldMS))
 	}
 	if r.LastAnswer != "" {
 		if r.Outcome == OutcomeOK {
@@ -905,14 +932,27 @@ func CorrelationID(id string) string {
 // waits for a signal of its name (a wait step), its payload the step's
 // result; one that comes before the wait began is kept until it begins.
 // The same signal_id twice is applied once.
+//
+// A signal with a Token is a callback: the service of a step that
+// answered its call 202 Accepted ends the step (name "complete", the
+// payload its result, a JSON object; or "fail", with Error) or holds it
+// open ("heartbeat"). The token names the order, step and attempt:
+// order_id may be left out (when given it must be the token's), and
+// signal_id too (the callback is then known by its token and name).
 type Signal struct {
 	SchemaVersion int    `json:"schema_version"`
-	SignalID      string `json:"signal_id"`
-	OrderID       string `json:"order_id"`
+	SignalID      string `json:"signal_id,omitempty"`
+	OrderID       string `json:"order_id,omitempty"`
 	Name          string `json:"name"`
 	// Payload is any JSON value of at most MaxPayloadBytes (checked
-	// against the wait's schema, if it has one).
+	// against the wait's schema, if it has one); for a callback's
+	// "complete", the step's result.
 	Payload json.RawMessage `json:"payload,omitempty"`
+	// Token is a step's token (contract.HeaderStepToken): the signal is
+	// that step's callback.
+	Token string `json:"token,omitempty"`
+	// Error is, for a callback's "fail", why the step failed.
+	Error string `json:"error,omitempty"`
 	// ReplyTo names a queue told of a refusal by a status event
 	// "rejected" (the order's own events go to the order's reply_to).
 	ReplyTo string `json:"reply_to,omitempty"`
@@ -931,14 +971,23 @@ func (g Signal) Validate() error {
 	if g.SchemaVersion != SignalVersion {
 		return reject(ReasonUnsupportedVersion, "schema_version %d is not supported (write %d)", g.SchemaVersion, SignalVersion)
 	}
-	if err := checkName("signal_id", g.SignalID, 200); err != nil {
-		return err
-	}
-	if err := checkID("order_id", g.OrderID); err != nil {
-		return err
-	}
-	if err := checkName("name", g.Name, 100); err != nil {
-		return err
+	if g.Token != "" {
+		if err := g.validateCallback(); err != nil {
+			return err
+		}
+	} else {
+		if err := checkName("signal_id", g.SignalID, 200); err != nil {
+			return err
+		}
+		if err := checkID("order_id", g.OrderID); err != nil {
+			return err
+		}
+		if err := checkName("name", g.Name, 100); err != nil {
+			return err
+		}
+		if g.Error != "" {
+			return reject(ReasonInvalidValue, "error is for a callback's fail (a signal with a token)")
+		}
 	}
 	if len(g.Payload) > 0 {
 		if len(g.Payload) > MaxPayloadBytes {
@@ -964,7 +1013,64 @@ func (g Signal) Validate() error {
 	return nil
 }
 
+// The names of a callback (a Signal with a token).
+const (
+	CallbackComplete  = "complete"
+	CallbackFail      = "fail"
+	CallbackHeartbeat = "heartbeat"
+)
+
+// MaxTokenBytes bounds a signal's token (the tokens sas makes are
+// shorter: steptoken.MaxLen).
+const MaxTokenBytes = 200
+
+// validateCallback checks what a callback's fields must be.
+func (g Signal) validateCallback() error {
+	if err := checkText("token", g.Token, MaxTokenBytes); err != nil {
+		return err
+	}
+	if g.SignalID != "" {
+		if err := checkName("signal_id", g.SignalID, 200); err != nil {
+			return err
+		}
+	}
+	if g.OrderID != "" {
+		if err := checkID("order_id", g.OrderID); err != nil {
+			return err
+		}
+	}
+	switch g.Name {
+	case CallbackComplete:
+		if g.Error != "" {
+			return reject(ReasonInvalidValue, "error must be absent when a callback completes its step")
+		}
+		if len(g.Payload) > 0 && string(g.Payload) != "null" {
+			if !isObject(g.Payload) {
+				return reject(ReasonInvalidValue, "payload (the step's result) must be a JSON object, not %s", jsonKind(g.Payload))
+			}
+			if err := CheckResult(g.Payload, MaxResultBytes); err != nil {
+				de, _ := AsDecodeError(err)
+				return reject(de.Reason, "payload (the step's result): %s", de.Detail)
+			}
+		}
+	case CallbackFail:
+		if len(g.Payload) > 0 {
+			return reject(ReasonInvalidValue, "payload must be absent when a callback fails its step (say why in error)")
+		}
+		if err := checkText("error", g.Error, maxReasonLen); err != nil {
+			return err
+		}
+	case CallbackHeartbeat:
+		if len(g.Payload) > 0 || g.Error != "" {
+			return reject(ReasonInvalidValue, "payload and error must be absent in a heartbeat")
+		}
+	default:
+		return reject(ReasonInvalidValue, "name %q is not complete, fail or heartbeat, the names of a callback (a signal with a token)", truncate(g.Name))
+	}
+	return nil
+}
+
 // DecodeSignal decodes and validates a Signal body.
 func DecodeSignal(body []byte) (Signal, error) {
-	return decodeValid[Signal](body, []string{"signal_id", "order_id", "name"}, []string{"payload"}, false)
+	return decodeValid[Signal](body, []string{"name"}, []string{"payload"}, false)
 }

@@ -76,6 +76,21 @@ func TestDecodeStepReplyRejectsCatalogue(t *testing.T) {
 	}
 }
 
+func TestDecodeSignalRejectsBadCallbacks(t *testing.T) {
+	t.Parallel()
+	for _, c := range badinput.Callbacks("st1." + messages.NewID() + ".1.1.mac") {
+		_, err := messages.DecodeSignal(c.Body)
+		de, ok := messages.AsDecodeError(err)
+		if !ok || de.Reason != c.Reason {
+			t.Errorf("%s: got %v, want reason %s", c.Name, err, c.Reason)
+		}
+	}
+	ok := `{"schema_version":1,"token":"st1.x.1.1.mac","name":"complete","payload":{"id":7}}`
+	if sig, err := messages.DecodeSignal([]byte(ok)); err != nil || sig.Token == "" || sig.OrderID != "" {
+		t.Fatalf("a callback without order_id or signal_id: %+v %v", sig, err)
+	}
+}
+
 func TestContentType(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {

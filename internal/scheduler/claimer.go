@@ -17,6 +17,7 @@ import (
 	"sas/internal/harness/failpoint"
 	"sas/internal/messages"
 	"sas/internal/statestore"
+	"sas/internal/steptoken"
 	"sas/internal/tracing"
 )
 
@@ -56,6 +57,7 @@ type claimer struct {
 	logger     *slog.Logger
 	metrics    *metrics
 	tr         *tracing.Tracing
+	tokens     steptoken.Key // mints each request's step token
 
 	mu    sync.Mutex            // guards known: the replier reads it too
 	known map[string]queueDepth // the last reading of each kind's queue, and of the replies queue (repliesKey)
@@ -302,7 +304,7 @@ func (c *claimer) dispatch(steps []statestore.ClaimedStep, claimedAt time.Time) 
 			c.wakeRelay()
 			continue
 		}
-		msg, err := request(s, input)
+		msg, err := request(s, input, c.tokens.Mint(steptoken.Ref{OrderID: s.OrderID, Step: s.Step, Attempt: s.Attempt}))
 		if err != nil {
 			// No agent could read it (the results of the steps before
 			// add up to more than a message holds): the step fails for
@@ -384,10 +386,10 @@ func traceClaim(ctx context.Context, tr *tracing.Tracing, s statestore.ClaimedSt
 	return tr.Start(cctx, "publish request "+s.Name, trace.WithSpanKind(trace.SpanKindProducer), attrs)
 }
 
-// request builds a claimed step's StepRequest, with the AMQP expiration
-// set to the budget left, so a request nobody took in time dies in the
-// queue instead of reaching an agent too late.
-func request(s statestore.ClaimedStep, input []byte) (amqp.Publishing, error) {
+// request builds a claimed step's StepRequest, with its token and the
+// AMQP expiration set to the budget left, so a request nobody took in
+// time dies in the queue instead of reaching an agent too late.
+func request(s statestore.ClaimedStep, input []byte, token string) (amqp.Publishing, error) {
 	body, err := messages.Encode(messages.StepRequest{
 		SchemaVersion:  messages.StepRequestVersion,
 		OrderID:        s.OrderID,
@@ -404,6 +406,7 @@ func request(s statestore.ClaimedStep, input []byte) (amqp.Publishing, error) {
 		Input:          input,
 		Item:           s.Item,
 		Index:          s.Index,
+		Token:          token,
 	})
 	if err != nil {
 		return amqp.Publishing{}, err

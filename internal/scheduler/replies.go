@@ -19,10 +19,12 @@ import (
 )
 
 // replyStore is what the replier needs of the state store: applying a
-// reply on its own, and keeping an abandoned attempt's last answer.
+// reply on its own, keeping an abandoned attempt's last answer, and
+// holding open an attempt its service accepted.
 type replyStore interface {
 	ApplyReply(ctx context.Context, r statestore.Reply) (statestore.ApplyResult, error)
 	NoteAnswer(ctx context.Context, orderID string, step, attempt int, answer string) (bool, error)
+	HoldStep(ctx context.Context, h statestore.Hold) (time.Time, error)
 }
 
 // replier applies StepReplies from the shared replies queue.
@@ -63,8 +65,11 @@ func (r *replier) handle(ctx context.Context, _ broker.Message, rep messages.Ste
 		span.SetAttributes(tracing.StepAttrs(rep.OrderID, rep.Step, rep.Attempt, attribute.String("sas.outcome", rep.Outcome))...)
 	}
 	log := r.logger.With(append([]any{"order_id", rep.OrderID, "step", rep.Step, "attempt", rep.Attempt}, tracing.LogAttrs(actx)...)...)
-	if rep.Outcome == messages.OutcomeAbandoned {
+	switch rep.Outcome {
+	case messages.OutcomeAbandoned:
 		return r.noteAnswer(rep, log)
+	case messages.OutcomeAccepted:
+		return r.hold(ctx, rep, log)
 	}
 	applyStart := time.Now()
 	var res statestore.ApplyResult
@@ -149,6 +154,40 @@ func (r *replier) noteAnswer(rep messages.StepReply, log *slog.Logger) error {
 	default:
 		r.metrics.replies.WithLabelValues("stale").Inc()
 	}
+	return nil
+}
+
+// hold holds open an attempt whose service answered 202 Accepted: the
+// step waits for the service's callback (the signaler applies it) until
+// its new complete_by. A hold that came after the callback, or for an
+// attempt no longer the step's, changes nothing.
+func (r *replier) hold(ctx context.Context, rep messages.StepReply, log *slog.Logger) error {
+	h := statestore.Hold{OrderID: rep.OrderID, Step: rep.Step, Attempt: rep.Attempt,
+		For: time.Duration(rep.HoldMS) * time.Millisecond, Answer: rep.LastAnswer, Actor: r.me}
+	if h.Answer == "" {
+		h.Answer = "202 Accepted"
+	}
+	var until time.Time
+	err := service.Retry(ctx, func() error {
+		var err error
+		until, err = r.store.HoldStep(r.workCtx, h)
+		return err
+	}, func(err error) bool {
+		return errors.Is(err, statestore.ErrStale) || r.workCtx.Err() != nil
+	}, func(err error, wait time.Duration) {
+		r.metrics.dbRetries.Inc()
+		log.Warn("holding an accepted step failed, retrying", "err", err, "retry_in", wait)
+	})
+	switch {
+	case errors.Is(err, statestore.ErrStale):
+		r.metrics.replies.WithLabelValues("stale").Inc()
+		log.Debug("accepted reply for an attempt that no longer runs", "err", err)
+		return nil
+	case err != nil:
+		return err // shutting down: back to the queue
+	}
+	r.metrics.replies.WithLabelValues("accepted").Inc()
+	log.Debug("service accepted the step; waiting for its callback", "complete_by", until)
 	return nil
 }
 

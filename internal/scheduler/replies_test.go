@@ -27,6 +27,7 @@ type fakeReplyStore struct {
 	apply   func(statestore.Reply) (statestore.ApplyResult, error)
 	applied []statestore.Reply
 	noted   []string
+	held    []statestore.Hold
 	keep    bool
 }
 
@@ -35,6 +36,13 @@ func (f *fakeReplyStore) ApplyReply(_ context.Context, r statestore.Reply) (stat
 	defer f.mu.Unlock()
 	f.applied = append(f.applied, r)
 	return f.apply(r)
+}
+
+func (f *fakeReplyStore) HoldStep(_ context.Context, h statestore.Hold) (time.Time, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.held = append(f.held, h)
+	return time.Now(), nil
 }
 
 func (f *fakeReplyStore) NoteAnswer(_ context.Context, _ string, _, _ int, answer string) (bool, error) {

@@ -19,6 +19,7 @@ import (
 	"sas/internal/messages"
 	"sas/internal/service"
 	"sas/internal/statestore"
+	"sas/internal/steptoken"
 	"sas/internal/workflow"
 )
 
@@ -127,7 +128,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "sas_scheduler_wakeups_total", Help: "Times a loop woke, by loop and source (notify, poll, reconnect).",
 		}, []string{"loop", "source"}),
 		replies: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sas_scheduler_replies_total", Help: "Agent replies handled, by result (processed, error, stale, rejected, abandoned: a service's last answer kept).",
+			Name: "sas_scheduler_replies_total", Help: "Agent replies handled, by result (processed, error, stale, rejected, abandoned: a service's last answer kept, accepted: a 202 held the step open).",
 		}, []string{"result"}),
 		stale: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sas_stale_replies_total", Help: "Replies that changed nothing, by kind (superseded, late, not_processing, unknown_step, race).",
@@ -189,7 +190,7 @@ func (m *metrics) initSeries(workflows *workflow.Registry, kinds []string) {
 		m.ordersFinished.WithLabelValues(status)
 		m.orderDuration.WithLabelValues(status)
 	}
-	for _, result := range []string{statestore.StepProcessed, statestore.StepError, "stale", "rejected", "abandoned"} {
+	for _, result := range []string{statestore.StepProcessed, statestore.StepError, "stale", "rejected", "abandoned", "accepted"} {
 		m.replies.WithLabelValues(result)
 	}
 	for _, kind := range []string{statestore.StaleUnknownStep, statestore.StaleSuperseded, statestore.StaleNotProcessing, statestore.StaleLate, statestore.StaleRace} {
@@ -251,6 +252,15 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		store.TraceOrders()
 	}
 
+	secret, err := store.StepTokenKey(ctx)
+	if err != nil {
+		return err
+	}
+	tokens, err := steptoken.NewKey(secret)
+	if err != nil {
+		return err
+	}
+
 	workCtx := sk.WorkCtx
 	w := &waker{store: store, logger: logger, pending: make(chan struct{}, 1), outbox: make(chan struct{}, 1),
 		me: me, lease: statestore.SchedulerListenerLease(kinds), gauge: m.listening}
@@ -259,7 +269,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	c := &claimer{store: store, pub: pub, depths: depths, topo: topo, kinds: kinds, system: workflows.HasSystemSteps(), me: me,
 		batch: cfg.BatchSize, maxQueued: cfg.MaxQueued, maxReplies: cfg.MaxRepliesQueued, poll: cfg.PollInterval,
 		wake: w.pending, wakeRelay: func() { nudge(w.outbox) }, shareMore: w.shareMore, workCtx: workCtx, logger: logger, metrics: m,
-		known: map[string]queueDepth{}, tr: tr,
+		known: map[string]queueDepth{}, tr: tr, tokens: tokens,
 		wakeSelf: func() { nudge(w.pending) }, graph: &graphSteps{store: store, exprs: workflow.NewExprs(1000), me: me}}
 	// Claims and replies do not notify through the database (migration
 	// 0007): what they make pending or write to the outbox, this
@@ -282,12 +292,12 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	replies := broker.NewConsumer(conn, pub,
 		broker.ConsumerConfig{Input: messages.RepliesQueue, Prefetch: cfg.ReplyPrefetch, Workers: cfg.ReplyWorkers, Reasons: messages.Reasons()},
 		r.handler(), logger, bm)
-	sg := &signaler{store: store, me: me, workCtx: workCtx, logger: logger, metrics: m, tr: tr,
+	sg := &signaler{store: store, me: me, workCtx: workCtx, logger: logger, metrics: m, tr: tr, tokens: tokens,
 		wakeClaimer: func() { nudge(w.pending) }, wakeRelay: func() { nudge(w.outbox) }}
 	signals := broker.NewConsumer(conn, pub,
 		broker.ConsumerConfig{Input: messages.SignalsQueue, Prefetch: cfg.ReplyPrefetch, Workers: 4, Reasons: append(messages.Reasons(),
 			statestore.SignalUnknownOrder, statestore.SignalOrderEnded, statestore.SignalNoSuchWait, statestore.SignalWaitEnded,
-			statestore.SignalInvalidPayload)},
+			statestore.SignalInvalidPayload, ReasonInvalidToken, ReasonStaleToken)},
 		sg.handler(), logger, bm)
 	rl := &relay{store: store, pub: pub, topo: topo, batch: cfg.RelayBatch, poll: cfg.PollInterval,
 		wake: w.outbox, logger: logger, metrics: m, tr: tr}

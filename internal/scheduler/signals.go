@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"sas/internal/messages"
 	"sas/internal/service"
 	"sas/internal/statestore"
+	"sas/internal/steptoken"
 	"sas/internal/tracing"
 )
 
@@ -29,13 +31,28 @@ type signaler struct {
 	tr          *tracing.Tracing
 	wakeClaimer func()
 	wakeRelay   func()
+	// tokens reads the step tokens of callbacks.
+	tokens steptoken.Key
 }
+
+// The reasons a callback is refused for (x-error-reason).
+const (
+	// ReasonInvalidToken: the token is not one sas made, or not for the
+	// order the signal names.
+	ReasonInvalidToken = "invalid_token"
+	// ReasonStaleToken: the token's attempt is not the step's running one
+	// (a later attempt runs, or the step ended): nothing changed.
+	ReasonStaleToken = "stale_token"
+)
 
 func (g *signaler) handler() broker.Handler {
 	return broker.Chain(broker.Decoded(messages.DecodeSignal, g.unreadable, g.handle), broker.Failpoints(), broker.Traced(g.tr))
 }
 
 func (g *signaler) handle(ctx context.Context, m broker.Message, sig messages.Signal) error {
+	if sig.Token != "" {
+		return g.callback(ctx, m, sig)
+	}
 	actx, span := g.tr.Start(tracing.RemoteParent(g.workCtx, ctx), "signal "+sig.Name, trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(attribute.String("sas.order_id", sig.OrderID), attribute.String("sas.signal_id", sig.SignalID)))
 	defer span.End()
@@ -77,6 +94,86 @@ func (g *signaler) handle(ctx context.Context, m broker.Message, sig messages.Si
 		g.wakeRelay()
 	}
 	log.Debug("signal", "outcome", out.Outcome, "step", out.Step, "order_status", out.OrderStatus)
+	return nil
+}
+
+// callback applies a step's callback: the service that answered its call
+// 202 Accepted completes or fails the step, or holds it open. The token
+// names the attempt; the state store fences it as a reply.
+func (g *signaler) callback(ctx context.Context, m broker.Message, sig messages.Signal) error {
+	corr := messages.CorrelationID(m.CorrelationID)
+	ref, err := g.tokens.Read(sig.Token)
+	if err == nil && sig.OrderID != "" && sig.OrderID != ref.OrderID {
+		err = errors.New("the token is for another order than the signal's order_id")
+	}
+	if err != nil {
+		g.metrics.signals.WithLabelValues("refused").Inc()
+		orderID := sig.OrderID
+		if orderID == "" {
+			// Only to address the refusal to its sender's reply_to.
+			orderID, _ = messages.CanonicalID(steptoken.OrderOf(sig.Token))
+		}
+		g.logger.Info("callback refused", "reason", ReasonInvalidToken, "order_id", orderID)
+		return g.refuse(orderID, sig.ReplyTo, corr, ReasonInvalidToken, err.Error())
+	}
+	actx, span := g.tr.Start(tracing.RemoteParent(g.workCtx, ctx), "callback "+sig.Name, trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(tracing.StepAttrs(ref.OrderID, ref.Step, ref.Attempt)...))
+	defer span.End()
+	log := g.logger.With(append([]any{"order_id", ref.OrderID, "step", ref.Step, "attempt", ref.Attempt, "callback", sig.Name},
+		tracing.LogAttrs(actx)...)...)
+	actor := "callback"
+	if sig.By != "" {
+		actor = "callback:" + sig.By
+	}
+	id := sig.SignalID
+	if id == "" {
+		id = fmt.Sprintf("callback:%d.%d:%s", ref.Step, ref.Attempt, sig.Name)
+	}
+	outcome := statestore.SignalApplied
+	err = service.Retry(ctx, func() error {
+		switch sig.Name {
+		case messages.CallbackHeartbeat:
+			_, err := g.store.HoldStep(g.workCtx, statestore.Hold{OrderID: ref.OrderID, Step: ref.Step, Attempt: ref.Attempt, Actor: actor})
+			return err
+		default:
+			reply := statestore.Reply{OrderID: ref.OrderID, Step: ref.Step, Attempt: ref.Attempt, OK: sig.Name == messages.CallbackComplete,
+				Result: sig.Payload, Error: sig.Error, Actor: actor}
+			if reply.OK && string(reply.Result) == "null" {
+				reply.Result = nil
+			}
+			_, dup, err := g.store.ApplyCallback(g.workCtx, id, sig.Name, reply)
+			if dup {
+				outcome = statestore.SignalDuplicate
+			}
+			return err
+		}
+	}, func(err error) bool {
+		return errors.Is(err, statestore.ErrStale) || errors.Is(err, statestore.ErrInvalidData) || g.workCtx.Err() != nil
+	}, func(err error, wait time.Duration) {
+		g.metrics.dbRetries.Inc()
+		log.Warn("applying a callback failed, retrying", "err", err, "retry_in", wait)
+	})
+	var stale *statestore.StaleReplyError
+	switch {
+	case errors.As(err, &stale):
+		g.metrics.signals.WithLabelValues("refused").Inc()
+		span.SetAttributes(attribute.String("sas.outcome", ReasonStaleToken))
+		log.Info("callback of an attempt that no longer runs; nothing changed", "kind", stale.Kind, "reason", stale.Reason)
+		return g.refuse(ref.OrderID, sig.ReplyTo, corr, ReasonStaleToken,
+			fmt.Sprintf("step %d attempt %d of order %s no longer runs (%s): the callback changed nothing", ref.Step, ref.Attempt, ref.OrderID, stale.Reason))
+	case errors.Is(err, statestore.ErrInvalidData):
+		g.metrics.signals.WithLabelValues("refused").Inc()
+		return g.refuse(ref.OrderID, sig.ReplyTo, corr, messages.ReasonInvalidValue, err.Error())
+	case err != nil:
+		return err // shutting down: back to the queue
+	}
+	g.metrics.signals.WithLabelValues(outcome).Inc()
+	span.SetAttributes(attribute.String("sas.outcome", outcome))
+	if sig.Name != messages.CallbackHeartbeat && outcome == statestore.SignalApplied {
+		g.wakeClaimer()
+		g.wakeRelay()
+	}
+	log.Debug("callback", "outcome", outcome)
 	return nil
 }
 

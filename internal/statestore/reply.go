@@ -160,7 +160,8 @@ WITH r AS (
     WHERE s.order_id = r.order_id AND s.step = r.step AND s.needs IS NULL
       AND (NOT $9 OR (s.attempt = r.attempt AND s.process_state = 'processing' AND s.complete_by >= clock_timestamp()))
     RETURNING s.order_id, s.step, s.attempt, s.kind, s.name, r.idx, r.result,
-              coalesce(extract(epoch FROM clock_timestamp() - (s.complete_by - s.timeout)), 0) AS took,
+              coalesce(extract(epoch FROM clock_timestamp()
+                               - CASE WHEN s.held_attempt = s.attempt THEN s.held_since ELSE s.complete_by - s.timeout END), 0) AS took,
               $9 AND s.complete_by < clock_timestamp() AS late
 ), in_time AS (
     -- The fence read each row before waiting for its lock: a row only

@@ -31,7 +31,7 @@ const statsSQL = `SELECT
 	(SELECT count(*) FROM orders o JOIN steps s ON s.order_id = o.order_id AND s.process_state = 'error' WHERE o.status = 'error'),
 	coalesce((SELECT (extract(epoch FROM now() - min(available_at)) * 1000)::bigint
 	          FROM steps WHERE process_state = 'pending' AND available_at <= now()), 0),
-	coalesce((SELECT (extract(epoch FROM now() - min(complete_by - timeout)) * 1000)::bigint
+	coalesce((SELECT (extract(epoch FROM now() - min(CASE WHEN held_attempt = attempt THEN held_since ELSE complete_by - timeout END)) * 1000)::bigint
 	          FROM steps WHERE process_state = 'processing'), 0),
 	(` + openAlertsSQL + `)`
 

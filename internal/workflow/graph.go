@@ -388,6 +388,10 @@ type StepSpec struct {
 	DelayMS int64 `json:"delay_ms,omitempty"`
 	// Wait is the step's wait for a signal (the state store reads it).
 	Wait *SpecWait `json:"wait,omitempty"`
+	// MaxDurationMS is the step's max_duration in milliseconds (the state
+	// store reads it when the step's service holds it open); a list's
+	// rows and compensations carry it too.
+	MaxDurationMS int64 `json:"max_duration_ms,omitempty"`
 }
 
 // SpecWait is a wait as a step's spec keeps it.
@@ -398,14 +402,19 @@ type SpecWait struct {
 	Schema    json.RawMessage `json:"schema,omitempty"`
 }
 
-// Spec is the row's StepSpec as JSON: nil for a list's rows and for a
-// graph's steps that say nothing but needs.
+// Spec is the row's StepSpec as JSON: nil for the rows that say nothing
+// but needs (a list's rows and compensations but for a max_duration).
 func (r Row) Spec() []byte {
+	sp := StepSpec{MaxDurationMS: r.MaxDuration.Milliseconds()}
 	if r.Needs == nil || r.Compensates > 0 {
-		return nil
+		if sp == (StepSpec{}) {
+			return nil
+		}
+		b, _ := json.Marshal(sp)
+		return b
 	}
-	sp := StepSpec{ID: r.ID, When: r.When, ForEach: r.ForEach, Input: r.Input, MaxParallel: r.MaxParallel, MaxItems: r.MaxItems,
-		DelayMS: r.Delay.Milliseconds()}
+	sp.ID, sp.When, sp.ForEach, sp.Input, sp.MaxParallel, sp.MaxItems = r.ID, r.When, r.ForEach, r.Input, r.MaxParallel, r.MaxItems
+	sp.DelayMS = r.Delay.Milliseconds()
 	if r.Wait != nil {
 		sp.Wait = &SpecWait{Signal: r.Wait.Signal, TimeoutMS: r.Wait.Timeout.Milliseconds(), OnTimeout: r.Wait.OnTimeout, Schema: r.Wait.Schema}
 	}

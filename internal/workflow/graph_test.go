@@ -244,6 +244,33 @@ workflows:
 	}
 }
 
+// TestMaxDurationRidesInTheSpec: a step's max_duration is kept in its
+// row's spec, in a list (whose rows carry no other spec) and for a
+// compensation too, without making the list a graph or changing the
+// version of a file that says none.
+func TestMaxDurationRidesInTheSpec(t *testing.T) {
+	t.Parallel()
+	r, err := workflow.Parse("f.yaml", []byte(`
+workflows:
+  - name: w
+    steps:
+      - action: a
+        agent: x
+        max_duration: 2h
+        compensation: {action: undo_a, max_duration: 30m}
+      - {action: b, agent: x}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf, _ := r.Lookup("w")
+	rows := wf.Rows()
+	if wf.Graph || string(rows[0].Spec()) != `{"max_duration_ms":7200000}` || rows[1].Spec() != nil ||
+		string(rows[2].Spec()) != `{"max_duration_ms":1800000}` {
+		t.Fatalf("graph %v, specs %s %s %s", wf.Graph, rows[0].Spec(), rows[1].Spec(), rows[2].Spec())
+	}
+}
+
 // TestWaitsAndTimersAlone: a wait step takes its id for its name and
 // keeps its signal, timeout and schema in its row's spec; a step with a
 // delay and no agent is a timer alone; neither is an agent kind.

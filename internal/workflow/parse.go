@@ -34,6 +34,10 @@ const (
 	DefaultMaxFailures = 5
 	// DefaultMaxItems bounds a for_each that says no max_items.
 	DefaultMaxItems = 100
+	// DefaultMaxDuration bounds, from its claim, how long heartbeats may
+	// hold open a step whose service answered 202 Accepted, when the step
+	// says no max_duration (the step_hold function has the same figure).
+	DefaultMaxDuration = time.Hour
 )
 
 // Problem is one thing wrong in a workflow file, at a line.
@@ -315,9 +319,9 @@ func (p *parser) names(wf *Workflow, lines []stepLines) {
 // stepLines is where a step's keys are in the file, for problems found
 // once every step is read.
 type stepLines struct {
-	item, comp, id, needs, when, forEach, maxItems, input int
-	needsGiven                                            bool
-	whenExpr, forEachExpr                                 *Expr // compiled once, read by the graph's checks
+	item, comp, id, needs, when, forEach, maxItems, input, maxDuration int
+	needsGiven                                                         bool
+	whenExpr, forEachExpr                                              *Expr // compiled once, read by the graph's checks
 }
 
 // step reads a step, or with parent the compensation of parent (whose
@@ -346,6 +350,10 @@ func (p *parser) step(n *yaml.Node, parent *Step) (Step, stepLines) {
 		},
 		"max_failures": func(v *yaml.Node) {
 			p.count(v, "max_failures", 1, MaxFailuresCap, &st.MaxFailures)
+		},
+		"max_duration": func(v *yaml.Node) {
+			ln.maxDuration = v.Line
+			p.duration(v, "max_duration", MinTimeout, MaxDelay, &st.MaxDuration)
 		},
 		"backoff": func(v *yaml.Node) {
 			p.mapping(v, "backoff", map[string]func(*yaml.Node){
@@ -391,7 +399,12 @@ func (p *parser) step(n *yaml.Node, parent *Step) (Step, stepLines) {
 		fields["delay"] = func(v *yaml.Node) { p.duration(v, "delay", time.Millisecond, MaxDelay, &st.Delay) }
 		fields["wait"] = func(v *yaml.Node) { st.Wait = p.wait(v) }
 	}
-	if !p.mapping(n, what, fields, required...) || parent != nil {
+	ok := p.mapping(n, what, fields, required...)
+	if st.MaxDuration > 0 && st.MaxDuration < st.Timeout {
+		p.problem(ln.maxDuration, "max_duration %s is below the timeout %s; write at least the timeout (it bounds how long heartbeats may hold a step its service answered 202)",
+			st.MaxDuration, st.Timeout)
+	}
+	if !ok || parent != nil {
 		return st, ln
 	}
 	p.inSystem(n, &st, ln)
@@ -432,8 +445,8 @@ func (p *parser) inSystem(n *yaml.Node, st *Step, ln stepLines) {
 	if st.Compensation != nil {
 		p.problem(ln.comp, "%s does nothing to undo; remove its compensation", what)
 	}
-	if st.ForEach != "" || st.Input != "" {
-		p.problem(n.Line, "%s calls no service; remove for_each and input", what)
+	if st.ForEach != "" || st.Input != "" || st.MaxDuration > 0 {
+		p.problem(n.Line, "%s calls no service; remove for_each, input and max_duration", what)
 	}
 }
 

@@ -128,6 +128,8 @@ func TestInvalidFilesAreRejectedAtTheirLines(t *testing.T) {
 		{"bad threshold", head + "      - {action: a, agent: x, max_failures: 0}\n", 4, "max_failures"},
 		{"bad schema", "workflows:\n  - name: w\n    payload_schema: {type: 12}\n    steps:\n      - {action: a, agent: x}\n", 3, "not a valid JSON Schema"},
 		{"bad name", "workflows:\n  - name: Big Name\n    steps:\n      - {action: a, agent: x}\n", 2, "not a name"},
+		{"max_duration below timeout", head + "      - action: a\n        agent: x\n        timeout: 30s\n        max_duration: 10s\n", 7, "below the timeout"},
+		{"max_duration of a wait", head + "      - id: w\n        wait: {signal: s, timeout: 1h}\n        max_duration: 2h\n", 4, "remove for_each, input and max_duration"},
 		{"empty", "", 0, "empty"},
 	} {
 		_, err := workflow.Parse("w.yaml", []byte(tc.file))

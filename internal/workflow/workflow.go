@@ -67,6 +67,10 @@ type Step struct {
 	Delay time.Duration `json:"delay,omitempty"`
 	// Wait makes the step wait for a signal instead of calling a service.
 	Wait *Wait `json:"wait,omitempty"`
+	// MaxDuration bounds how long a step whose service answered 202
+	// Accepted may be held open by its heartbeats, from its claim (0:
+	// DefaultMaxDuration).
+	MaxDuration time.Duration `json:"max_duration,omitempty"`
 }
 
 // Ref is how needs and results name the step: its id, or its action.

@@ -160,6 +160,33 @@ func StepReplies(newID func() string) []Case {
 		{Name: "reply lone surrogate in error", Body: reply(`,"outcome":"failed","error":"bad \udfff"`), Reason: messages.ReasonInvalidEncoding},
 		{Name: "reply negative call time", Body: reply(`,"outcome":"ok","call_us":-5`), Reason: messages.ReasonInvalidValue},
 		{Name: "reply absurd sent_at", Body: reply(`,"outcome":"ok","sent_at":"1970-01-01T00:00:00Z"`), Reason: messages.ReasonInvalidValue},
+		{Name: "reply accepted with a result", Body: reply(`,"outcome":"accepted","result":{"a":1}`), Reason: messages.ReasonInvalidValue},
+		{Name: "reply hold without accepted", Body: reply(`,"outcome":"ok","hold_ms":1000`), Reason: messages.ReasonInvalidValue},
+		{Name: "reply negative hold", Body: reply(`,"outcome":"accepted","hold_ms":-1`), Reason: messages.ReasonInvalidValue},
+	}
+}
+
+// Callbacks are malformed callbacks (signals with a step's token) of a
+// service that answered 202 Accepted, with token a step token (any
+// string: the decoder does not read it).
+func Callbacks(token string) []Case {
+	cb := func(members string) []byte {
+		return []byte(fmt.Sprintf(`{"schema_version":1,"token":%q%s}`, token, members))
+	}
+	return []Case{
+		{Name: "callback unknown name", Body: cb(`,"name":"done"`), Reason: messages.ReasonInvalidValue},
+		{Name: "callback missing name", Body: cb(``), Reason: messages.ReasonMissingField},
+		{Name: "callback complete with a list", Body: cb(`,"name":"complete","payload":[1,2]`), Reason: messages.ReasonInvalidValue},
+		{Name: "callback complete with an error", Body: cb(`,"name":"complete","error":"x"`), Reason: messages.ReasonInvalidValue},
+		{Name: "callback fail without error", Body: cb(`,"name":"fail"`), Reason: messages.ReasonMissingField},
+		{Name: "callback fail with a payload", Body: cb(`,"name":"fail","error":"x","payload":{}`), Reason: messages.ReasonInvalidValue},
+		{Name: "callback heartbeat with a payload", Body: cb(`,"name":"heartbeat","payload":{"p":1}`), Reason: messages.ReasonInvalidValue},
+		{Name: "callback order not a uuid", Body: cb(`,"name":"heartbeat","order_id":"42"`), Reason: messages.ReasonInvalidValue},
+		{Name: "callback token too long", Body: []byte(fmt.Sprintf(`{"schema_version":1,"name":"heartbeat","token":%q}`,
+			strings.Repeat("t", messages.MaxTokenBytes+1))), Reason: messages.ReasonInvalidValue},
+		{Name: "signal error without token", Body: []byte(`{"schema_version":1,"signal_id":"s","order_id":"6f1c2d1e-8a55-4e51-9d87-3b2a1c0e9f10","name":"n","error":"x"}`),
+			Reason: messages.ReasonInvalidValue},
+		{Name: "signal without token or order", Body: []byte(`{"schema_version":1,"signal_id":"s","name":"n"}`), Reason: messages.ReasonInvalidValue},
 	}
 }
 

@@ -44,7 +44,8 @@ BEGIN
     WHERE order_id = p_order AND step = p_step
       AND (NOT p_fenced OR (attempt = p_attempt AND process_state = 'processing' AND complete_by >= clock_timestamp()))
     RETURNING process_state, failure_count, name, attempt,
-              coalesce(extract(epoch FROM clock_timestamp() - (complete_by - timeout)), 0), agent
+              coalesce(extract(epoch FROM clock_timestamp()
+                               - CASE WHEN held_attempt = attempt THEN held_since ELSE complete_by - timeout END), 0), agent
     INTO step_state, v_failures, step_name, v_attempt, took_s, v_agent;
     IF NOT FOUND THEN
         step_state := '';
@@ -536,6 +537,57 @@ BEGIN
     VALUES (p_order, p_step, 'processing', 'awaiting', p_attempt, p_actor,
             'waiting for signal ' || (v_wait->>'signal') || ' until '
             || to_char(v_due AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'));
+END;
+$function$;
+
+-- step_hold: the service of an attempt holds it open: it answered the call
+-- 202 Accepted (p_answer, what it said) or sent a heartbeat (p_answer
+-- NULL). The attempt stays processing, its complete_by pushed out to
+-- p_hold_ms from now (0: the step's timeout), never past the attempt's
+-- claim plus the step's max_duration (spec max_duration_ms, one hour when
+-- the file says none), and never brought in. Fenced as a reply is: a hold
+-- of an attempt that is not the step's running one changes nothing. The
+-- first hold of an attempt goes into the history.
+CREATE OR REPLACE FUNCTION step_hold(p_order uuid, p_step integer, p_attempt integer, p_hold_ms bigint, p_answer text, p_actor text, OUT applied boolean, OUT complete_by timestamp with time zone)
+ RETURNS record
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_first boolean;
+    v_since timestamptz;
+    v_max interval;
+BEGIN
+    applied := false;
+    SELECT s.held_attempt IS DISTINCT FROM s.attempt,
+           CASE WHEN s.held_attempt = s.attempt THEN s.held_since ELSE s.complete_by - s.timeout END,
+           make_interval(secs => coalesce((s.spec->>'max_duration_ms')::float8, 3600000) / 1000)
+    INTO v_first, v_since, v_max
+    FROM steps s
+    WHERE s.order_id = p_order AND s.step = p_step AND s.attempt = p_attempt
+      AND s.process_state = 'processing' AND s.complete_by >= clock_timestamp()
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    UPDATE steps s
+    SET held_attempt = p_attempt, held_since = v_since,
+        complete_by = greatest(s.complete_by,
+                               least(clock_timestamp() + CASE WHEN p_hold_ms > 0 THEN make_interval(secs => p_hold_ms::float8 / 1000)
+                                                              ELSE s.timeout END,
+                                     v_since + v_max)),
+        last_answer = coalesce(NULLIF(p_answer, ''), s.last_answer),
+        updated_at = clock_timestamp()
+    WHERE s.order_id = p_order AND s.step = p_step
+    RETURNING s.complete_by INTO complete_by;
+    applied := true;
+    IF v_first THEN
+        INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+        VALUES (p_order, p_step, 'processing', 'processing', p_attempt, p_actor,
+                CASE WHEN p_answer IS NULL OR p_answer = '' THEN 'the service sent a heartbeat'
+                     ELSE 'the service accepted the call (' || p_answer || ')' END
+                || '; waiting for its callback until '
+                || to_char(complete_by AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'));
+    END IF;
 END;
 $function$;
 

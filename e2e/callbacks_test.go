@@ -1,0 +1,268 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"sas/client"
+	"sas/internal/contract"
+	"sas/internal/harness/testenv"
+)
+
+
+// asyncService is a service that answers build_export 202 Accepted and
+// ends each step later by a callback, as the test decides; it answers
+// notify at once.
+type asyncService struct {
+	mu sync.Mutex
+	// tokens are the tokens each order's build_export calls brought, in
+	// the order they came (one per attempt).
+	tokens map[string][]string
+	calls  chan string // an order whose build_export was called
+}
+
+func (s *asyncService) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var req contract.Request
+	body, _ := io.ReadAll(r.Body)
+	if err := json.Unmarshal(body, &req); err != nil {
+		http.Error(w, `{"error":"unreadable"}`, http.StatusBadRequest)
+		return
+	}
+	if strings.HasSuffix(r.URL.Path, "/notify") {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"notified":true}`))
+		return
+	}
+	s.mu.Lock()
+	s.tokens[req.OrderID] = append(s.tokens[req.OrderID], r.Header.Get(contract.HeaderStepToken))
+	s.mu.Unlock()
+	w.WriteHeader(http.StatusAccepted)
+	_, _ = w.Write([]byte(`{"queued":true}`))
+	s.calls <- req.OrderID
+}
+
+func (s *asyncService) tokensOf(id string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.tokens[id])
+}
+
+// TestServicesAnswerLaterByCallback: a service answers 202 Accepted to
+// 500 steps and completes each later with a callback carrying the step's
+// token: 430 soon; 50 after heartbeats past the step's first timeout (2
+// s), which hold it open; 20 after letting the first attempt run out, so
+// that the step is called again with a new token, and then replaying the
+// first attempt's token (refused, stale_token, nothing changes) before
+// completing with the new one. Every order completes once with the
+// result of its valid callback; a forged token is refused (invalid_token)
+// and told to its sender.
+func TestServicesAnswerLaterByCallback(t *testing.T) {
+	t.Parallel()
+	svc := &asyncService{tokens: map[string][]string{}, calls: make(chan string, 1000)}
+	srv := httptest.NewServer(svc)
+	t.Cleanup(srv.Close)
+	// The example of docs/YOUR-PROCESS.md, its durations shortened.
+	file := strings.NewReplacer("timeout: 30s", "timeout: 2s", "max_duration: 2h", "max_duration: 30s").
+		Replace(docBlock(t, "yaml", "# export.yaml"))
+	if !strings.Contains(file, "timeout: 2s") || !strings.Contains(file, "max_duration: 30s") {
+		t.Fatalf("the example changed; shorten its durations here:\n%s", file)
+	}
+	g := runFile(t, "export.yaml", file, pipelineOpts{supervisors: 1, agents: 1, schedulers: 1,
+		agentEnv: []string{"SAS_REMOTE_URL=" + srv.URL}, submitterEnv: []string{"SAS_STEP_TIMEOUT=0s"}}) // the file's timeouts
+	p := g.pipeline
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	c, err := client.Connect(ctx, client.Config{URL: testenv.AMQPURL(), QueuePrefix: p.topo.Prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+
+	start := time.Now()
+	ids := g.submit(t, "export", slices.Repeat([]string{`{}`}, 500))
+	heartbeat := map[string]bool{}
+	replayed := map[string]bool{}
+	for i, id := range ids {
+		switch {
+		case i < 50:
+			heartbeat[id] = true
+		case i < 70:
+			replayed[id] = true
+		}
+	}
+	result := func(id string, attempt int) map[string]any {
+		return map[string]any{"file": "export-" + id, "attempt": attempt}
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var refusedIDs []string // callbacks that must come back refused, stale_token
+	var errs []string
+	fail := func(format string, args ...any) {
+		mu.Lock()
+		errs = append(errs, fmt.Sprintf(format, args...))
+		mu.Unlock()
+	}
+	complete := func(id, token string, attempt int) {
+		if _, err := c.Complete(ctx, token, result(id, attempt)); err != nil {
+			fail("complete %s: %v", id, err)
+		}
+	}
+	seen := map[string]int{}
+	for len(seen) < 500 || countIn(seen, replayed, 2) < len(replayed) {
+		var id string
+		select {
+		case id = <-svc.calls:
+		case <-ctx.Done():
+			t.Fatalf("%d of 500 orders' steps called (%d replayed ones twice)\nscheduler: %s\nagent: %s", len(seen), countIn(seen, replayed, 2),
+				p.schedulers[0].tail(), p.agents[0].tail())
+		}
+		seen[id]++
+		tokens := svc.tokensOf(id)
+		switch {
+		case heartbeat[id]:
+			// Hold the step past its 2 s timeout with a heartbeat every
+			// 500 ms, then complete.
+			wg.Go(func() {
+				tick := time.NewTicker(500 * time.Millisecond)
+				defer tick.Stop()
+				for range 7 {
+					<-tick.C
+					if _, err := c.Heartbeat(ctx, tokens[0]); err != nil {
+						fail("heartbeat %s: %v", id, err)
+					}
+				}
+				complete(id, tokens[0], 1)
+			})
+		case replayed[id] && len(tokens) == 1:
+			// Say nothing: the attempt runs out and the step is called
+			// again.
+		case replayed[id]:
+			wg.Go(func() {
+				cbID, err := c.Complete(ctx, tokens[0], map[string]any{"file": "stale"})
+				if err != nil {
+					fail("replay %s: %v", id, err)
+				}
+				mu.Lock()
+				refusedIDs = append(refusedIDs, cbID)
+				mu.Unlock()
+				complete(id, tokens[len(tokens)-1], len(tokens))
+			})
+		default:
+			wg.Go(func() { complete(id, tokens[0], 1) })
+		}
+	}
+	t.Logf("every step called (the replayed ones twice) %v after the submits", time.Since(start).Round(time.Millisecond))
+	// A forged token: refused and told.
+	forged := strings.Replace(svc.tokensOf(ids[100])[0], ".1.1.", ".2.1.", 1)
+	forgedID, err := c.Complete(ctx, forged, map[string]any{"file": "forged"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		t.Fatalf("%d callbacks not sent: %v", len(errs), errs[:min(5, len(errs))])
+	}
+	p.waitTerminal(t, ids, 3*time.Minute)
+	t.Logf("every order ended %v after the submits", time.Since(start).Round(time.Millisecond))
+	// The service here is the test's, not the demo's: its calls are
+	// counted here, the orders read from the store.
+	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND status = 'completed'`, ids); n != 500 {
+		t.Fatalf("%d of 500 orders completed\n%s", n, p.stuck(t, ids))
+	}
+	for _, id := range ids {
+		if n, want := len(svc.tokensOf(id)), 1+btoi(replayed[id]); n != want {
+			t.Fatalf("order %s (replayed %v): its service was called %d times, want %d", id, replayed[id], n, want)
+		}
+	}
+	// Every step's result is its valid callback's; the replayed orders'
+	// came from their second attempt, the others' from their first.
+	for _, id := range ids {
+		var res string
+		var attempt int
+		if err := p.pool.QueryRow(ctx, `SELECT result::text, attempt FROM steps WHERE order_id = $1 AND name = 'build_export'`, id).
+			Scan(&res, &attempt); err != nil {
+			t.Fatal(err)
+		}
+		want := 1
+		if replayed[id] {
+			want = 2
+		}
+		var got map[string]any
+		_ = json.Unmarshal([]byte(res), &got)
+		if got["file"] != "export-"+id || got["attempt"] != float64(want) || attempt != want {
+			t.Fatalf("order %s (replayed %v, heartbeats %v): result %s at attempt %d, want attempt %d", id, replayed[id], heartbeat[id], res, attempt, want)
+		}
+	}
+	// The heartbeats held their steps past the first timeout.
+	var held int
+	if err := p.pool.QueryRow(ctx, `SELECT count(*) FROM steps s WHERE s.order_id = ANY($1::uuid[]) AND s.name = 'build_export'
+		AND s.attempt = 1 AND s.held_attempt = 1
+		AND (SELECT max(at) FROM transitions x WHERE x.order_id = s.order_id AND x.step = s.step AND x.to_state = 'processed')
+		    > s.held_since + interval '3 seconds'`, keysOf(heartbeat)).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	if held != len(heartbeat) {
+		t.Fatalf("%d of %d heartbeat steps ended on their first attempt more than 3 s after their claim", held, len(heartbeat))
+	}
+	// Each refusal came back to the client with its reason.
+	testenv.Eventually(t, 30*time.Second, "the refusals to come back", func() bool {
+		for _, id := range append(slices.Clone(refusedIDs), forgedID) {
+			if c.SignalRefusal(id) == nil {
+				return false
+			}
+		}
+		return true
+	})
+	for _, id := range refusedIDs {
+		if r := c.SignalRefusal(id); r.Reason != "stale_token" {
+			t.Fatalf("a replayed token was refused with %q (%s), want stale_token", r.Reason, r.Detail)
+		}
+	}
+	if r := c.SignalRefusal(forgedID); r.Reason != "invalid_token" {
+		t.Fatalf("a forged token was refused with %q (%s), want invalid_token", r.Reason, r.Detail)
+	}
+	if n := p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND (result::text LIKE '%stale%' OR result::text LIKE '%forged%')`, ids); n != 0 {
+		t.Fatalf("%d steps took a refused callback's result", n)
+	}
+	if len(refusedIDs) != len(replayed) {
+		t.Fatalf("%d replays sent, want %d", len(refusedIDs), len(replayed))
+	}
+	// One callback kept per step (the replays and the forgery were not).
+	if n := p.count(t, `SELECT count(*) FROM signals WHERE order_id = ANY($1::uuid[])`, ids); n != 500 {
+		t.Fatalf("%d callbacks kept, want 500", n)
+	}
+}
+
+func countIn(seen map[string]int, set map[string]bool, atLeast int) int {
+	n := 0
+	for id := range set {
+		if seen[id] >= atLeast {
+			n++
+		}
+	}
+	return n
+}
+
+func keysOf(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
