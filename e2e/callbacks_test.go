@@ -18,7 +18,6 @@ import (
 	"sas/internal/harness/testenv"
 )
 
-
 // asyncService is a service that answers build_export 202 Accepted and
 // ends each step later by a callback, as the test decides; it answers
 // notify at once.
@@ -56,7 +55,8 @@ func (s *asyncService) tokensOf(id string) []string {
 	return slices.Clone(s.tokens[id])
 }
 
-// TestServicesAnswerLaterByCallback: a service answers 202 Accepted to
+// TestServicesAnswerLaterByCallback: the export example of
+// docs/YOUR-PROCESS.md runs; its service answers 202 Accepted to
 // 500 steps and completes each later with a callback carrying the step's
 // token: 430 soon; 50 after heartbeats past the step's first timeout (2
 // s), which hold it open; 20 after letting the first attempt run out, so
