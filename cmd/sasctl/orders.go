@@ -191,6 +191,16 @@ func (a *app) printOrder(d statestore.OrderDetail) error {
 	if o.TraceID != "" {
 		field("trace_id", o.TraceID)
 	}
+	if p := d.Parent; p != nil {
+		field("parent", fmt.Sprintf("%s (workflow %s, %s): its step %d started this order", p.OrderID, p.Workflow, p.Status, p.Step))
+	}
+	for i, c := range d.Children {
+		name := "children"
+		if i > 0 {
+			name = ""
+		}
+		field(name, fmt.Sprintf("%s (workflow %s, %s), started by step %d", c.OrderID, c.Workflow, c.Status, c.Step))
+	}
 
 	fmt.Fprint(w, "\nsteps\n")
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)

@@ -78,7 +78,7 @@ func (a *app) workflowsCheck(_ context.Context, args []string) error {
 func kindsOf(wf workflow.Workflow) []string {
 	var out []string
 	for _, r := range wf.Rows() {
-		if !slices.Contains(out, r.Agent) {
+		if r.Agent != "" && !slices.Contains(out, r.Agent) { // a wait, a timer or a sub-process calls none
 			out = append(out, r.Agent)
 		}
 	}
@@ -141,13 +141,27 @@ func (a *app) workflowsList(ctx context.Context, args []string) error {
 func stepList(wf workflow.Workflow) string {
 	var parts []string
 	for _, st := range wf.Steps {
-		p := st.Name + "@" + st.Agent
+		p := st.Name + "@" + performer(st)
 		if st.Compensation != nil {
 			p += "(undo " + st.Compensation.Name + ")"
 		}
 		parts = append(parts, p)
 	}
 	return strings.Join(parts, " → ")
+}
+
+// performer is who performs a step: its agent kind, or what sas does
+// itself.
+func performer(st workflow.Step) string {
+	switch {
+	case st.Agent != "":
+		return st.Agent
+	case st.Workflow != "":
+		return "workflow:" + st.Workflow
+	case st.Wait != nil:
+		return "signal:" + st.Wait.Signal
+	}
+	return "timer"
 }
 
 // orderSampler makes sample orders of a workflow: the payload given (a JSON

@@ -465,3 +465,14 @@ func TestVersion2DuplicatesAreTheSameContent(t *testing.T) {
 		t.Fatal("a version 1 and a version 2 submission hash the same")
 	}
 }
+
+func TestDerivedIDIsStableAndCanonical(t *testing.T) {
+	t.Parallel()
+	a, b := messages.DerivedID("child:x/2/kyc"), messages.DerivedID("child:x/2/kyc")
+	if c, ok := messages.CanonicalID(a); !ok || c != a || a != b || a[14] != '5' {
+		t.Fatalf("DerivedID gave %q then %q", a, b)
+	}
+	if messages.DerivedID("child:x/3/kyc") == a {
+		t.Fatal("two names gave one id")
+	}
+}

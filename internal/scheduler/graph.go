@@ -21,6 +21,9 @@ type graphStore interface {
 	SkipStep(ctx context.Context, c statestore.ClaimedStep, actor, reason string) (statestore.GraphResult, error)
 	ExpandStep(ctx context.Context, c statestore.ClaimedStep, items []json.RawMessage, actor string) (statestore.GraphResult, error)
 	AwaitStep(ctx context.Context, c statestore.ClaimedStep, actor string) (statestore.GraphResult, error)
+	StartChild(ctx context.Context, c statestore.ClaimedStep, child statestore.NewOrder, version statestore.WorkflowVersion,
+		actor string) (statestore.GraphResult, error)
+	UndoChild(ctx context.Context, c statestore.ClaimedStep, actor string) (statestore.GraphResult, error)
 	ApplyReply(ctx context.Context, r statestore.Reply) (statestore.ApplyResult, error)
 }
 
@@ -34,6 +37,9 @@ type graphSteps struct {
 	store graphStore
 	exprs *workflow.Exprs
 	me    string
+	// workflows are the file's: a sub-process step starts a child of its
+	// workflow's current version.
+	workflows *workflow.Registry
 }
 
 // outcome of prepare: what became of a claimed step.
@@ -95,6 +101,9 @@ func (g *graphSteps) prepare(ctx context.Context, s *statestore.ClaimedStep) (ou
 		_, err = g.store.ExpandStep(ctx, *s, items, g.me)
 		return g.done(err)
 	}
+	if spec.Workflow != "" && s.Index == nil {
+		return g.child(ctx, s, spec, vars)
+	}
 	if s.Agent == "" && s.Index == nil {
 		// A step sas performs itself: a wait begins to wait (or ends at
 		// once with a signal kept for it); a timer alone ended when its
@@ -125,6 +134,58 @@ func (g *graphSteps) prepare(ctx context.Context, s *statestore.ClaimedStep) (ou
 		return g.fail(ctx, s, err)
 	}
 	return send, input, nil
+}
+
+// child answers for a claimed sub-process step: it starts the step's
+// child order, its payload the step's input (a JSON object), else the
+// order's; the step's compensation undoes the child. A payload the
+// child's workflow refuses, or a child past the deepest nesting, fails
+// the step for good with the reason.
+func (g *graphSteps) child(ctx context.Context, s *statestore.ClaimedStep, spec workflow.StepSpec, vars workflow.Vars) (outcome, []byte, error) {
+	span := trace.SpanFromContext(ctx)
+	if s.Kind == statestore.KindCompensation {
+		span.SetName("undo child " + s.Name)
+		_, err := g.store.UndoChild(ctx, *s, g.me)
+		return g.done(err)
+	}
+	wf, ok := g.workflows.Lookup(spec.Workflow)
+	if !ok {
+		return g.fail(ctx, s, fmt.Errorf("workflow %q of the sub-process is not in the workflows file (%s)", spec.Workflow, g.workflows.Source))
+	}
+	payload := []byte(s.Payload)
+	if spec.Input != "" {
+		e, err := g.expr(spec.Input, workflow.UseInput)
+		if err == nil {
+			payload, err = e.JSON(vars)
+		}
+		if err == nil && (len(payload) == 0 || payload[0] != '{') {
+			err = fmt.Errorf("the input %q of a sub-process is its child's payload: it must be a JSON object", spec.Input)
+		}
+		if err != nil {
+			return g.fail(ctx, s, err)
+		}
+	}
+	value, err := messages.PayloadValue(payload)
+	if err == nil {
+		err = wf.CheckPayloadValue(value)
+	}
+	if err == nil {
+		err = wf.ForEachTooLong(payload)
+	}
+	if err != nil {
+		return g.fail(ctx, s, fmt.Errorf("workflow %s refuses the child's payload: %w", wf.Name, err))
+	}
+	child := statestore.NewOrder{OrderID: messages.DerivedID("child:" + s.IdempotencyKey), Workflow: wf.Name, WorkflowVersion: wf.Version(),
+		Payload: payload, Priority: s.Priority, PayloadHash: statestore.ChildHash(wf.Name, payload), FailurePolicy: wf.Policy,
+		Steps: statestore.StepsOf(wf, 0), Actor: g.me, Traceparent: s.Traceparent}
+	version := statestore.WorkflowVersion{Name: wf.Name, Version: wf.Version(), Definition: wf.Definition(), CreatedBy: g.me}
+	span.SetName("start child " + s.Name)
+	span.SetAttributes(attribute.String("sas.child_order_id", child.OrderID), attribute.String("sas.child_workflow", wf.Name))
+	_, err = g.store.StartChild(ctx, *s, child, version, g.me)
+	if errors.Is(err, statestore.ErrTooDeep) {
+		return g.fail(ctx, s, fmt.Errorf("its child (workflow %s) would be more than %d levels of sub-processes deep", wf.Name, workflow.MaxDepth))
+	}
+	return g.done(err)
 }
 
 // expr is text compiled for use (the file was checked when it was read:

@@ -49,6 +49,9 @@ type Config struct {
 	// ReplyPrefetch and ReplyWorkers shape the replies consumer.
 	ReplyPrefetch int `envconfig:"SCHEDULER_REPLY_PREFETCH" default:"256"`
 	ReplyWorkers  int `envconfig:"SCHEDULER_REPLY_WORKERS" default:"64"`
+	// SignalWorkers is how many signals (callbacks and heartbeats of
+	// services that answered 202 among them) are applied at once.
+	SignalWorkers int `envconfig:"SCHEDULER_SIGNAL_WORKERS" default:"16"`
 	// ReplyBatch is how many replies handled at once are applied in one
 	// transaction, at most.
 	ReplyBatch int `envconfig:"SCHEDULER_REPLY_BATCH" default:"64"`
@@ -270,7 +273,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		batch: cfg.BatchSize, maxQueued: cfg.MaxQueued, maxReplies: cfg.MaxRepliesQueued, poll: cfg.PollInterval,
 		wake: w.pending, wakeRelay: func() { nudge(w.outbox) }, shareMore: w.shareMore, workCtx: workCtx, logger: logger, metrics: m,
 		known: map[string]queueDepth{}, tr: tr, tokens: tokens,
-		wakeSelf: func() { nudge(w.pending) }, graph: &graphSteps{store: store, exprs: workflow.NewExprs(1000), me: me}}
+		wakeSelf: func() { nudge(w.pending) }, graph: &graphSteps{store: store, exprs: workflow.NewExprs(1000), me: me, workflows: workflows}}
 	// Claims and replies do not notify through the database (migration
 	// 0007): what they make pending or write to the outbox, this
 	// scheduler's own claimer and relay are nudged for.
@@ -295,7 +298,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	sg := &signaler{store: store, me: me, workCtx: workCtx, logger: logger, metrics: m, tr: tr, tokens: tokens,
 		wakeClaimer: func() { nudge(w.pending) }, wakeRelay: func() { nudge(w.outbox) }}
 	signals := broker.NewConsumer(conn, pub,
-		broker.ConsumerConfig{Input: messages.SignalsQueue, Prefetch: cfg.ReplyPrefetch, Workers: 4, Reasons: append(messages.Reasons(),
+		broker.ConsumerConfig{Input: messages.SignalsQueue, Prefetch: cfg.ReplyPrefetch, Workers: max(cfg.SignalWorkers, 1), Reasons: append(messages.Reasons(),
 			statestore.SignalUnknownOrder, statestore.SignalOrderEnded, statestore.SignalNoSuchWait, statestore.SignalWaitEnded,
 			statestore.SignalInvalidPayload, ReasonInvalidToken, ReasonStaleToken)},
 		sg.handler(), logger, bm)

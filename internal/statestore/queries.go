@@ -91,6 +91,11 @@ type OrderDetail struct {
 	Order   Order        `json:"order"`
 	Steps   []Step       `json:"steps"`
 	History []Transition `json:"history"`
+	// Parent is, for a child order (a sub-process's), the order and step
+	// that started it; Children are the orders its sub-process steps
+	// started.
+	Parent   *ChildRef  `json:"parent,omitempty"`
+	Children []ChildRef `json:"children,omitempty"`
 }
 
 // ListFilter selects orders for ListOrders.
@@ -151,7 +156,8 @@ func (s *Store) GetOrder(ctx context.Context, orderID string) (OrderDetail, erro
 		rows, err := tx.Query(ctx, `SELECT step, name, kind, coalesce(compensates, 0), agent, process_state, coalesce(locked_by, ''), complete_by,
 			failure_count, max_failures, attempt, idempotency_key, available_at, coalesce(last_error, ''), coalesce(last_answer, ''),
 			result, updated_at, needs, coalesce(spec->>'id', ''), coalesce(parent, 0), item_index, item,
-			CASE WHEN process_state IN ('delayed', 'awaiting') THEN due_at END, coalesce(spec->'wait'->>'signal', '')
+			CASE WHEN process_state IN ('delayed', 'awaiting') AND NOT coalesce(spec ? 'workflow', false) THEN due_at END,
+			coalesce(spec->'wait'->>'signal', '')
 			FROM steps WHERE order_id = $1 ORDER BY step`, orderID)
 		if err != nil {
 			return err
@@ -167,6 +173,10 @@ func (s *Store) GetOrder(ctx context.Context, orderID string) (OrderDetail, erro
 			return err
 		}
 		d.History, err = s.history(ctx, tx, orderID)
+		if err != nil {
+			return err
+		}
+		d.Parent, d.Children, err = family(ctx, tx, orderID)
 		return err
 	})
 	if err != nil {
@@ -186,6 +196,7 @@ func (s *Store) History(ctx context.Context, orderID string) ([]Transition, erro
 
 type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 func (s *Store) history(ctx context.Context, q querier, orderID string) ([]Transition, error) {

@@ -268,17 +268,7 @@ func (h *handler) reject(_ context.Context, m broker.Message, err error) error {
 
 func newOrder(o messages.SubmitOrder, payload []byte, value any, wf workflow.Workflow, stepTimeout time.Duration, actor string) statestore.NewOrder {
 	hash := sha256.Sum256(o.CanonicalWith(value))
-	rows := wf.Rows()
-	steps := make([]statestore.NewStep, len(rows))
-	for i, r := range rows {
-		kind := statestore.KindAction
-		if r.Compensates > 0 {
-			kind = statestore.KindCompensation
-		}
-		steps[i] = statestore.NewStep{Name: r.Name, Agent: r.Agent, Kind: kind, Compensates: r.Compensates,
-			Timeout: cmp.Or(stepTimeout, r.Timeout), MaxFailures: r.MaxFailures, BackoffBase: r.BackoffBase, BackoffMax: r.BackoffMax,
-			Needs: r.Needs, Ancestors: r.Ancestors, Spec: r.Spec()}
-	}
+	steps := statestore.StepsOf(wf, stepTimeout)
 	return statestore.NewOrder{
 		OrderID: o.OrderID, Workflow: wf.Name, WorkflowVersion: wf.Version(), Payload: payload, Priority: o.Priority, ReplyTo: o.ReplyTo, PlacedAt: o.PlacedAt, StartAt: o.StartAt,
 		PayloadHash: hash[:], Steps: steps, Actor: actor, FailurePolicy: wf.Policy,

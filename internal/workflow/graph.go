@@ -388,6 +388,9 @@ type StepSpec struct {
 	DelayMS int64 `json:"delay_ms,omitempty"`
 	// Wait is the step's wait for a signal (the state store reads it).
 	Wait *SpecWait `json:"wait,omitempty"`
+	// Workflow is, for a sub-process step and its compensation, the
+	// child's workflow.
+	Workflow string `json:"workflow,omitempty"`
 	// MaxDurationMS is the step's max_duration in milliseconds (the state
 	// store reads it when the step's service holds it open); a list's
 	// rows and compensations carry it too.
@@ -405,7 +408,7 @@ type SpecWait struct {
 // Spec is the row's StepSpec as JSON: nil for the rows that say nothing
 // but needs (a list's rows and compensations but for a max_duration).
 func (r Row) Spec() []byte {
-	sp := StepSpec{MaxDurationMS: r.MaxDuration.Milliseconds()}
+	sp := StepSpec{MaxDurationMS: r.MaxDuration.Milliseconds(), Workflow: r.Workflow}
 	if r.Needs == nil || r.Compensates > 0 {
 		if sp == (StepSpec{}) {
 			return nil

@@ -331,3 +331,65 @@ func TestExpressionsEvaluate(t *testing.T) {
 		t.Fatalf("an expression past its cost limit: %v", err)
 	}
 }
+
+// TestSubProcesses: a workflow step names its child workflow, takes its
+// name from its id (or the workflow), makes its workflow a graph and gets
+// a compensation that undoes the child, sas's own; both rows keep the
+// child's workflow in their spec.
+func TestSubProcesses(t *testing.T) {
+	t.Parallel()
+	r, err := workflow.Parse("f.yaml", []byte(`
+workflows:
+  - name: loan
+    steps:
+      - {action: score, agent: risk}
+      - id: kyc
+        workflow: kyc_check
+        input: '{"person": payload.applicant}'
+  - name: kyc_check
+    steps:
+      - {action: check_id, agent: kyc}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf, _ := r.Lookup("loan")
+	rows := wf.Rows()
+	if !wf.Graph || len(rows) != 3 || rows[1].Name != "kyc" || !rows[1].InSystem() || rows[2].Compensates != 2 || rows[2].Name != "undo_kyc" ||
+		!rows[2].InSystem() || !r.HasSystemSteps() || slices.Contains(r.Agents(), "") {
+		t.Fatalf("graph %v, rows %+v, agents %v", wf.Graph, rows, r.Agents())
+	}
+	if a, c := string(rows[1].Spec()), string(rows[2].Spec()); !strings.Contains(a, `"workflow":"kyc_check"`) || c != `{"workflow":"kyc_check"}` {
+		t.Fatalf("specs %s and %s", a, c)
+	}
+}
+
+// TestSubProcessMistakes: a child workflow that is not in the file, a
+// cycle (direct or through others), children nested too deep, and keys a
+// sub-process cannot have are each refused at their line.
+func TestSubProcessMistakes(t *testing.T) {
+	t.Parallel()
+	chain := "workflows:\n"
+	for i := range 7 {
+		chain += fmt.Sprintf("  - name: w%d\n    steps:\n      - {workflow: w%d}\n", i, i+1)
+	}
+	chain += "  - name: w7\n    steps:\n      - {action: a, agent: x}\n"
+	for _, tc := range []struct{ desc, file, want string }{
+		{"unknown", "workflows:\n  - name: a\n    steps:\n      - {workflow: nope}\n", `workflow "nope" is not in the file`},
+		{"itself", "workflows:\n  - name: a\n    steps:\n      - {workflow: a}\n", "a cycle of sub-processes"},
+		{"cycle", "workflows:\n  - name: a\n    steps:\n      - {workflow: b}\n  - name: b\n    steps:\n      - {id: x, workflow: c}\n  - name: c\n    steps:\n      - {workflow: a}\n",
+			"a cycle of sub-processes"},
+		{"too deep", chain, "nests children 6 deep"},
+		{"with an agent", "workflows:\n  - name: a\n    steps:\n      - {workflow: b, agent: x}\n  - name: b\n    steps:\n      - {action: a, agent: x}\n", "calls no agent"},
+		{"with a compensation", "workflows:\n  - name: a\n    steps:\n      - {workflow: b, compensation: {action: u, agent: x}}\n  - name: b\n    steps:\n      - {action: a, agent: x}\n",
+			"undone by its child's own compensations"},
+		{"for each", "workflows:\n  - name: a\n    steps:\n      - {workflow: b, for_each: 'payload.xs', max_items: 3}\n  - name: b\n    steps:\n      - {action: a, agent: x}\n",
+			"cannot have for_each"},
+	} {
+		_, err := workflow.Parse("w.yaml", []byte(tc.file))
+		ps, ok := workflow.AsProblems(err)
+		if !ok || !strings.Contains(ps.Error(), tc.want) {
+			t.Errorf("%s: got %v, want %q", tc.desc, err, tc.want)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package workflow
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -127,6 +128,7 @@ func Parse(file string, data []byte) (*Registry, error) {
 			}
 		},
 	}, "workflows")
+	p.subProcesses(r)
 	if len(p.problems) > 0 {
 		slices.SortStableFunc(p.problems, func(a, b Problem) int { return a.Line - b.Line })
 		return nil, p.problems
@@ -137,6 +139,64 @@ func Parse(file string, data []byte) (*Registry, error) {
 type parser struct {
 	file     string
 	problems Problems
+	// subs are the sub-process steps read, checked once every workflow is.
+	subs []subRef
+}
+
+// subRef is a sub-process step: workflow from starts workflow to.
+type subRef struct {
+	from, to string
+	line     int
+}
+
+// MaxDepth is how deep children may nest: an order's child is at depth 1,
+// its child's child at 2, and so on.
+const MaxDepth = 5
+
+// subProcesses checks the sub-process steps against every workflow: each
+// names one that exists, no workflow starts itself through its children
+// (a cycle), and no chain of children is deeper than MaxDepth.
+func (p *parser) subProcesses(r *Registry) {
+	starts := map[string][]subRef{}
+	for _, s := range p.subs {
+		if _, ok := r.byName[s.to]; !ok {
+			p.problem(s.line, "workflow %q is not in the file; write the name of one of its workflows (%s)", s.to, strings.Join(r.Names(), ", "))
+			continue
+		}
+		starts[s.from] = append(starts[s.from], s)
+	}
+	// depth is how many levels of children a workflow starts below it;
+	// -1 while it is being read (a cycle).
+	depth := map[string]int{}
+	var walk func(name string, path []string) int
+	walk = func(name string, path []string) int {
+		if d, ok := depth[name]; ok {
+			return d
+		}
+		depth[name] = -1
+		deepest := 0
+		for _, s := range starts[name] {
+			if d, seen := depth[s.to]; seen && d == -1 {
+				p.problem(s.line, "workflow %q starts %q, which starts it again (%s): a cycle of sub-processes never ends; remove one of the workflow steps",
+					s.from, s.to, strings.Join(append(slices.Clone(path), s.to), " → "))
+				continue
+			}
+			d := walk(s.to, append(path, s.to))
+			if d < 0 {
+				continue
+			}
+			deepest = max(deepest, d+1)
+			if deepest > MaxDepth {
+				p.problem(s.line, "workflow %q nests children %d deep through %q, at most %d; flatten the process", name, deepest, s.to, MaxDepth)
+				deepest = MaxDepth
+			}
+		}
+		depth[name] = deepest
+		return deepest
+	}
+	for _, name := range r.Names() {
+		walk(name, []string{name})
+	}
 }
 
 func (p *parser) problem(line int, format string, args ...any) {
@@ -278,6 +338,9 @@ func (p *parser) steps(n *yaml.Node, wf *Workflow) {
 		st, ln := p.step(item, nil)
 		wf.Steps = append(wf.Steps, st)
 		lines = append(lines, ln)
+		if st.Workflow != "" {
+			p.subs = append(p.subs, subRef{from: wf.Name, to: st.Workflow, line: ln.workflow})
+		}
 	}
 	p.names(wf, lines)
 	p.graph(wf, lines)
@@ -319,9 +382,9 @@ func (p *parser) names(wf *Workflow, lines []stepLines) {
 // stepLines is where a step's keys are in the file, for problems found
 // once every step is read.
 type stepLines struct {
-	item, comp, id, needs, when, forEach, maxItems, input, maxDuration int
-	needsGiven                                                         bool
-	whenExpr, forEachExpr                                              *Expr // compiled once, read by the graph's checks
+	item, comp, id, needs, when, forEach, maxItems, input, maxDuration, workflow int
+	needsGiven                                                                   bool
+	whenExpr, forEachExpr                                                        *Expr // compiled once, read by the graph's checks
 }
 
 // step reads a step, or with parent the compensation of parent (whose
@@ -398,6 +461,10 @@ func (p *parser) step(n *yaml.Node, parent *Step) (Step, stepLines) {
 		fields["max_items"] = func(v *yaml.Node) { ln.maxItems = v.Line; p.count(v, "max_items", 1, MaxItemsCap, &st.MaxItems) }
 		fields["delay"] = func(v *yaml.Node) { p.duration(v, "delay", time.Millisecond, MaxDelay, &st.Delay) }
 		fields["wait"] = func(v *yaml.Node) { st.Wait = p.wait(v) }
+		fields["workflow"] = func(v *yaml.Node) {
+			ln.workflow = v.Line
+			p.name(v, "workflow", maxNameLen, &st.Workflow)
+		}
 	}
 	ok := p.mapping(n, what, fields, required...)
 	if st.MaxDuration > 0 && st.MaxDuration < st.Timeout {
@@ -417,6 +484,22 @@ func (p *parser) step(n *yaml.Node, parent *Step) (Step, stepLines) {
 // call has.
 func (p *parser) inSystem(n *yaml.Node, st *Step, ln stepLines) {
 	switch {
+	case st.Workflow != "" && (st.Agent != "" || st.Wait != nil || st.Delay > 0):
+		p.problem(n.Line, "a sub-process step (workflow: %s) calls no agent, waits for no signal and has no delay; remove them (put a delay on a step before it)", st.Workflow)
+		return
+	case st.Workflow != "":
+		if st.Name == "" {
+			st.Name = cmp.Or(st.ID, st.Workflow)
+		}
+		if st.Compensation != nil {
+			p.problem(ln.comp, "a sub-process step is undone by its child's own compensations; remove its compensation")
+		}
+		if st.ForEach != "" || st.MaxDuration > 0 {
+			p.problem(n.Line, "a sub-process step cannot have for_each or max_duration; run the child workflow once per item with a for_each step inside it")
+		}
+		// Undoing the step undoes its child, as sas does it.
+		st.Compensation = &Step{Name: "undo_" + st.Name, Workflow: st.Workflow, Timeout: st.Timeout, MaxFailures: st.MaxFailures}
+		return
 	case st.Wait != nil && st.Agent != "":
 		p.problem(n.Line, "a wait step calls no agent; remove \"agent: %s\" (or the wait, to call it)", st.Agent)
 		return

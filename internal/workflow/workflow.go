@@ -67,6 +67,11 @@ type Step struct {
 	Delay time.Duration `json:"delay,omitempty"`
 	// Wait makes the step wait for a signal instead of calling a service.
 	Wait *Wait `json:"wait,omitempty"`
+	// Workflow makes the step a sub-process: it starts a child order of
+	// that workflow (its payload the step's input, else the order's) and
+	// ends with it. Its compensation, made by the parser, undoes the
+	// child.
+	Workflow string `json:"workflow,omitempty"`
 	// MaxDuration bounds how long a step whose service answered 202
 	// Accepted may be held open by its heartbeats, from its claim (0:
 	// DefaultMaxDuration).
@@ -259,8 +264,8 @@ type Wait struct {
 	Schema json.RawMessage `json:"schema,omitempty"`
 }
 
-// InSystem reports whether sas itself performs the step (a wait, or a
-// timer alone) rather than an agent: it has no agent.
+// InSystem reports whether sas itself performs the step (a wait, a timer
+// alone, a sub-process) rather than an agent: it has no agent.
 func (st Step) InSystem() bool { return st.Agent == "" }
 
 // Row is one step row an order of the workflow gets.
