@@ -55,7 +55,8 @@ workflows:
 
 type graphRun struct {
 	*pipeline
-	reg *workflow.Registry
+	reg  *workflow.Registry
+	file string // the workflows file's path
 }
 
 func newGraphRun(t *testing.T, faults string, schedulers int) graphRun {
@@ -82,7 +83,7 @@ func runFile(t *testing.T, name, text string, o pipelineOpts) graphRun {
 	o.schedulerEnv = append(o.schedulerEnv, wf)
 	o.supervisorEnv = append(o.supervisorEnv, wf)
 	o.agentEnv = append(o.agentEnv, wf, "SAS_AGENT_KINDS="+strings.Join(kinds, ","))
-	return graphRun{pipeline: newPipeline(t, o), reg: reg}
+	return graphRun{pipeline: newPipeline(t, o), reg: reg, file: file}
 }
 
 func (g graphRun) submit(t *testing.T, workflowName string, payloads []string) []string {

@@ -141,6 +141,14 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return a.alertsList(ctx, rest)
 	case "alerts ack":
 		return a.alertsAck(ctx, rest)
+	case "schedules list":
+		return a.schedulesList(ctx, rest)
+	case "schedules pause":
+		return a.schedulesPause(ctx, rest, true)
+	case "schedules resume":
+		return a.schedulesPause(ctx, rest, false)
+	case "schedules trigger":
+		return a.schedulesTrigger(ctx, rest)
 	case "alerts tail":
 		return a.alertsTail(ctx, rest)
 	case "dlq list":

@@ -176,7 +176,7 @@ func (g *graphSteps) child(ctx context.Context, s *statestore.ClaimedStep, spec 
 		return g.fail(ctx, s, fmt.Errorf("workflow %s refuses the child's payload: %w", wf.Name, err))
 	}
 	child := statestore.NewOrder{OrderID: messages.DerivedID("child:" + s.IdempotencyKey), Workflow: wf.Name, WorkflowVersion: wf.Version(),
-		Payload: payload, Priority: s.Priority, PayloadHash: statestore.ChildHash(wf.Name, payload), FailurePolicy: wf.Policy,
+		Payload: payload, Priority: s.Priority, PayloadHash: statestore.DerivedHash(wf.Name, payload), FailurePolicy: wf.Policy,
 		Steps: statestore.StepsOf(wf, 0), Actor: g.me, Traceparent: s.Traceparent}
 	version := statestore.WorkflowVersion{Name: wf.Name, Version: wf.Version(), Definition: wf.Definition(), CreatedBy: g.me}
 	span.SetName("start child " + s.Name)

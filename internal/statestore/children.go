@@ -30,11 +30,12 @@ func StepsOf(wf workflow.Workflow, stepTimeout time.Duration) []NewStep {
 	return steps
 }
 
-// ChildHash is the payload hash of a child order: its workflow and
-// payload, so that the same step started again is a duplicate.
-func ChildHash(workflowName string, payload []byte) []byte {
+// DerivedHash is the payload hash of an order sas starts itself (a
+// sub-process's child, a schedule's): its workflow and payload, so that
+// the same order started again is a duplicate.
+func DerivedHash(workflowName string, payload []byte) []byte {
 	h := sha256.New()
-	h.Write([]byte("child\x00" + workflowName + "\x00"))
+	h.Write([]byte("derived\x00" + workflowName + "\x00"))
 	h.Write(payload)
 	return h.Sum(nil)
 }

@@ -33,7 +33,7 @@ func startChild(t *testing.T, b bundle, c statestore.ClaimedStep, payload string
 	wf, _ := reg.Lookup("kyc_check")
 	id := messages.DerivedID("child:" + c.IdempotencyKey)
 	child := statestore.NewOrder{OrderID: id, Workflow: wf.Name, WorkflowVersion: wf.Version(), Payload: []byte(payload),
-		PayloadHash: statestore.ChildHash(wf.Name, []byte(payload)), FailurePolicy: wf.Policy, Steps: statestore.StepsOf(wf, 0), Actor: "s"}
+		PayloadHash: statestore.DerivedHash(wf.Name, []byte(payload)), FailurePolicy: wf.Policy, Steps: statestore.StepsOf(wf, 0), Actor: "s"}
 	v := statestore.WorkflowVersion{Name: wf.Name, Version: wf.Version(), Definition: wf.Definition(), CreatedBy: "s"}
 	res, err := b.store.StartChild(ctxFor(t), c, child, v, "s")
 	return id, res, err

@@ -24,6 +24,8 @@ const LeaseName = statestore.SupervisorLease
 // Config is the supervisor's configuration (environment prefix SAS_).
 type Config struct {
 	service.Common
+	// The workflows file's schedules are the supervisor's to start.
+	service.WorkflowsFile
 	MetricsAddr string `envconfig:"METRICS_ADDR" default:":9104"`
 	// Interval is how often the leader sweeps and a standby tries to lead.
 	Interval time.Duration `envconfig:"SUPERVISOR_INTERVAL" default:"1s"`
@@ -78,6 +80,10 @@ type metrics struct {
 	analyzed         *prometheus.CounterVec
 	purged           *prometheus.CounterVec
 	timersFired      prometheus.Counter
+	scheduleTicks    *prometheus.CounterVec
+	scheduleNext     *prometheus.GaugeVec
+	scheduleLast     *prometheus.GaugeVec
+	scheduleLateness prometheus.Histogram
 	timerLateness    prometheus.Histogram
 }
 
@@ -127,6 +133,19 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "sas_timer_lateness_seconds", Help: "How long after its due time (database clock) a delayed step was made pending.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
 		}),
+		scheduleTicks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sas_schedule_ticks_total", Help: "Schedule ticks the leader handled, by schedule and outcome (started: an order; skipped: overlap or catch-up; triggered: an operator's).",
+		}, []string{"schedule", "outcome"}),
+		scheduleNext: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sas_schedule_next_tick_timestamp_seconds", Help: "When each schedule ticks next (Unix time; the leader's reading, after each round).",
+		}, []string{"schedule"}),
+		scheduleLast: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sas_schedule_last_tick_timestamp_seconds", Help: "Each schedule's last tick handled (Unix time).",
+		}, []string{"schedule"}),
+		scheduleLateness: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "sas_schedule_tick_lateness_seconds", Help: "How long after a schedule's tick (database clock) the leader started its order.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+		}),
 	}
 	for _, table := range []string{"orders", "steps", "transitions", "alerts"} {
 		m.purged.WithLabelValues(table)
@@ -138,7 +157,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.steps.WithLabelValues(state)
 	}
 	reg.MustRegister(m.leader, m.sweeps, m.resets, m.failures, m.errors, m.sweepDuration, m.steps, m.oldestPending, m.oldestProcessing,
-		m.openAlerts, m.analyzed, m.purged, m.timersFired, m.timerLateness)
+		m.openAlerts, m.analyzed, m.purged, m.timersFired, m.timerLateness, m.scheduleTicks, m.scheduleNext, m.scheduleLast, m.scheduleLateness)
 	return m
 }
 
@@ -173,7 +192,14 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		logger.Warn("autovacuum is off on this database: dead rows of the state tables are never vacuumed; the leader still refreshes their planner statistics",
 			"analyze_interval", cfg.AnalyzeInterval.String())
 	}
-	s := &sweeper{store: store, cfg: cfg, me: me, logger: logger, metrics: m, tr: tr}
+	workflows, err := cfg.Workflows()
+	if err != nil {
+		return err
+	}
+	s := &sweeper{store: store, cfg: cfg, me: me, logger: logger, metrics: m, tr: tr, workflows: workflows}
+	if err := s.syncSchedules(startCtx); err != nil {
+		return err
+	}
 	logger.Info("supervisor started", "interval", cfg.Interval, "lease_ttl", cfg.LeaseTTL, "retention", cfg.Retention)
 	return sk.Run(ctx, cfg.ShutdownTimeout, store.Ping, s.run)
 }

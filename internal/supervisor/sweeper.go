@@ -12,6 +12,7 @@ import (
 
 	"sas/internal/statestore"
 	"sas/internal/tracing"
+	"sas/internal/workflow"
 )
 
 // sweeper is the supervisor's loop: contend for the lease, sweep while
@@ -35,6 +36,9 @@ type sweeper struct {
 	tr      *tracing.Tracing
 	// lead mirrors leading for the timer loop, which runs beside tick.
 	lead atomic.Bool
+	// workflows are the file's: its schedules, and the workflows their
+	// orders run.
+	workflows *workflow.Registry
 
 	// The statistics refresh and retention run beside the sweeps (an
 	// ANALYZE of a large table, or a long purge, must not delay them past
@@ -158,6 +162,7 @@ func (s *sweeper) timers(ctx context.Context) {
 		}
 		next := s.cfg.TimerPoll
 		if s.lead.Load() {
+			s.fireSchedules(ctx)
 			if s.fireTimers(ctx) {
 				next = 0 // a full batch: more may be due
 			} else if d, ok, err := s.store.NextTimer(ctx); err == nil && ok && d > 0 && d < next {

@@ -127,8 +127,10 @@ func Parse(file string, data []byte) (*Registry, error) {
 				r.byName[wf.Name] = wf
 			}
 		},
+		"schedules": func(n *yaml.Node) { p.schedules(n, r) },
 	}, "workflows")
 	p.subProcesses(r)
+	p.checkSchedules(r)
 	if len(p.problems) > 0 {
 		slices.SortStableFunc(p.problems, func(a, b Problem) int { return a.Line - b.Line })
 		return nil, p.problems
@@ -141,6 +143,8 @@ type parser struct {
 	problems Problems
 	// subs are the sub-process steps read, checked once every workflow is.
 	subs []subRef
+	// pendingSchedules are the schedules read, checked likewise.
+	pendingSchedules []pendingSchedule
 }
 
 // subRef is a sub-process step: workflow from starts workflow to.

@@ -145,6 +145,8 @@ const DefaultName = "order"
 // Registry holds the workflows a deployment knows.
 type Registry struct {
 	byName map[string]Workflow
+	// schedules are the file's schedules, by name.
+	schedules map[string]Schedule
 	// Source is the file the workflows came from ("built-in" for Builtin).
 	Source string
 }

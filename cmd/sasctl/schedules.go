@@ -1,0 +1,158 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"sas/internal/messages"
+	"sas/internal/statestore"
+	"sas/internal/workflow"
+)
+
+// schedulesList lists the stored schedules.
+func (a *app) schedulesList(ctx context.Context, args []string) error {
+	fs := a.flags()
+	asJSON := fs.Bool("json", false, "print everything as JSON")
+	if _, err := a.parse(fs, args); err != nil {
+		return err
+	}
+	store, closeStore, err := a.store(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	rows, err := store.Schedules(ctx)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return a.printJSON(rows)
+	}
+	if len(rows) == 0 {
+		fmt.Fprintln(a.stdout, "no schedules (the workflows file the supervisors read has none)")
+		return nil
+	}
+	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SCHEDULE\tCRON\tTIMEZONE\tWORKFLOW\tOVERLAP\tCATCH_UP\tSTATE\tNEXT_TICK\tLAST_TICK\tLAST_ORDER")
+	for _, r := range rows {
+		state := "active"
+		switch {
+		case !r.InFile:
+			state = "not in the file"
+		case r.Paused:
+			state = "paused by " + r.PausedBy
+		}
+		last, order := "–", "–"
+		if r.LastTick != nil {
+			last = stamp(*r.LastTick)
+		}
+		if r.LastOrder != "" {
+			order = r.LastOrder + " (" + r.LastOrderStatus + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.Cron, r.Timezone, r.Workflow, r.Overlap, r.CatchUp, state,
+			stamp(r.NextTick), last, order)
+	}
+	return tw.Flush()
+}
+
+// schedulesPause pauses or resumes a schedule.
+func (a *app) schedulesPause(ctx context.Context, args []string, pause bool) error {
+	fs := a.flags()
+	as := fs.String("as", "", "the name to record beside your database login (default: $USER)")
+	rest, err := a.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) != 1 {
+		return a.usageError(fs, "give the schedule's name (sasctl schedules list)")
+	}
+	store, closeStore, err := a.store(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	row, err := findStored(ctx, store, rest[0])
+	if err != nil {
+		return err
+	}
+	next := row.NextTick
+	if !pause {
+		sc, err := workflow.ParseTicks(row.Cron, row.Timezone)
+		if err != nil {
+			return fmt.Errorf("schedule %s: %w", row.Name, err)
+		}
+		now, err := store.Now(ctx)
+		if err != nil {
+			return err
+		}
+		next = sc.Next(now)
+	}
+	if err := store.PauseSchedule(ctx, row.Name, pause, next, claimedName(*as)); err != nil {
+		return err
+	}
+	if pause {
+		fmt.Fprintf(a.stdout, "schedule %s: paused; its ticks start nothing until it is resumed\n", row.Name)
+	} else {
+		fmt.Fprintf(a.stdout, "schedule %s: resumed; it ticks next at %s\n", row.Name, stamp(next))
+	}
+	return nil
+}
+
+// schedulesTrigger asks for an order of the schedule now and waits to
+// say which.
+func (a *app) schedulesTrigger(ctx context.Context, args []string) error {
+	fs := a.flags()
+	as := fs.String("as", "", "the name to record beside your database login (default: $USER)")
+	wait := fs.Duration("wait", 10*time.Second, "how long to wait for the leading supervisor to start the order")
+	rest, err := a.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) != 1 {
+		return a.usageError(fs, "give the schedule's name (sasctl schedules list)")
+	}
+	store, closeStore, err := a.store(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	at, err := store.TriggerSchedule(ctx, rest[0], claimedName(*as))
+	if err != nil {
+		return err
+	}
+	id := messages.DerivedID("schedule:" + rest[0] + ":trigger:" + at.UTC().Format(time.RFC3339Nano))
+	deadline := time.Now().Add(*wait)
+	for {
+		_, err := store.GetOrder(ctx, id)
+		switch {
+		case err == nil:
+			fmt.Fprintf(a.stdout, "schedule %s: order %s started\n", rest[0], id)
+			return nil
+		case !errors.Is(err, statestore.ErrNotFound):
+			return err
+		case time.Now().After(deadline):
+			return fmt.Errorf("schedule %s: triggered, but no supervisor started order %s within %v: is one leading? (it starts it when it does)", rest[0], id, *wait)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func findStored(ctx context.Context, store *statestore.Store, name string) (statestore.ScheduleRow, error) {
+	rows, err := store.Schedules(ctx)
+	if err != nil {
+		return statestore.ScheduleRow{}, err
+	}
+	for _, r := range rows {
+		if r.Name == name {
+			return r, nil
+		}
+	}
+	return statestore.ScheduleRow{}, fmt.Errorf("schedule %s: %w (sasctl schedules list)", name, statestore.ErrNoSchedule)
+}
