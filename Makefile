@@ -15,7 +15,7 @@ TOOLS := $(CURDIR)/bin/tools/helm-v3.22.0-kubeconform-v0.8.0
 FUZZTIME ?= 30s
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all build services tools test bench-ab bench-backlog bench-steady lint fmt-check fuzz demo chaos bench clean console-screenshots bench-console ha
+.PHONY: all build services tools test bench-ab bench-backlog bench-steady lint fmt-check fuzz demo chaos bench clean console-screenshots bench-console ha timers
 
 all: build
 
@@ -148,6 +148,15 @@ console-screenshots: services
 HA_ORDERS ?= 3000
 ha: services
 	SAS_HA_ORDERS=$(HA_ORDERS) $(GO) test -count=1 -timeout 30m -run '^(TestBrokerClusterFailover|TestDatabaseFailover|TestDatabaseFailoverAsync)$$' -v ./e2e/
+
+# Timers at full size: TIMERS_ORDERS orders submitted with start_at spread
+# over 60 s and as many whose step has a 20 s delay, on a PostgreSQL of the
+# test's own (scripts/pg-standby.sh) restarted while they wait; each fires
+# once, never early, within a second of due at p99 (make test runs 2,000
+# of each).
+TIMERS_ORDERS ?= 10000
+timers: services build
+	SAS_TIMERS_ORDERS=$(TIMERS_ORDERS) $(GO) test -count=1 -timeout 20m -run '^TestTimersFireOnTimeAcrossADatabaseRestart$$' -v ./e2e/
 
 # The console's benchmark (docs/BENCHMARKS.md): BENCH_CONSOLE_ORDERS orders
 # written into a schema of sas_test, then the orders list (deep pages,

@@ -7,11 +7,13 @@
 #
 # Usage: scripts/pg-standby.sh start DIR BASE sync|async   (prints the multi-host URL)
 #        scripts/pg-standby.sh crash DIR BASE              stop the primary with -m immediate (a crash)
+#        scripts/pg-standby.sh restart DIR BASE            restart the primary (-m fast: what an upgrade or a
+#                                                          configuration change does)
 #        scripts/pg-standby.sh promote DIR BASE            promote the standby
 #        scripts/pg-standby.sh stop DIR BASE               stop both and remove DIR
 set -euo pipefail
 
-cmd=${1:?usage: pg-standby.sh start|crash|promote|stop DIR BASE [sync|async]}
+cmd=${1:?usage: pg-standby.sh start|crash|restart|promote|stop DIR BASE [sync|async]}
 dir=${2:?DIR}
 base=${3:?BASE}
 bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n1)
@@ -82,6 +84,9 @@ crash)
 	;;
 promote)
 	ctl -D "$dir/standby" -w promote >/dev/null
+	;;
+restart)
+	ctl -D "$dir/primary" -l "$dir/primary.log" -m fast -w restart >/dev/null
 	;;
 stop)
 	for node in primary standby; do

@@ -17,6 +17,10 @@ type AuditOrder struct {
 	Alerts    int
 	Steps     []AuditStep
 	History   []Transition
+	// ParentOrder and ParentStep are, for a sub-process's child, the
+	// order and step that started it ("" and 0 otherwise).
+	ParentOrder string
+	ParentStep  int
 }
 
 // AuditStep is one step row.
@@ -36,6 +40,16 @@ type AuditStep struct {
 	Needs   []int
 	Parent  int
 	ForEach bool
+	// InSystem: sas performs the step itself (a wait, a timer alone, a
+	// sub-process and its undo): it calls no service.
+	InSystem bool
+	// DueAt is when a delayed step (or a wait's timeout) fell due, if it
+	// had one; Wait and Child say the step is a wait or a sub-process;
+	// Signals is how many signals (or callbacks) ended the step.
+	DueAt   *time.Time
+	Wait    bool
+	Child   bool
+	Signals int
 }
 
 // Audit is the whole store, read in one snapshot.
@@ -51,14 +65,14 @@ func (s *Store) ReadAudit(ctx context.Context) (Audit, error) {
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		byID := map[string]int{}
 		rows, err := tx.Query(ctx, `SELECT o.order_id::text, o.status, o.updated_at,
-			(SELECT count(*) FROM alerts a WHERE a.order_id = o.order_id)
+			(SELECT count(*) FROM alerts a WHERE a.order_id = o.order_id), coalesce(o.parent_order::text, ''), coalesce(o.parent_step, 0)
 			FROM orders o ORDER BY o.order_id`)
 		if err != nil {
 			return err
 		}
 		for rows.Next() {
 			var o AuditOrder
-			if err := rows.Scan(&o.OrderID, &o.Status, &o.UpdatedAt, &o.Alerts); err != nil {
+			if err := rows.Scan(&o.OrderID, &o.Status, &o.UpdatedAt, &o.Alerts, &o.ParentOrder, &o.ParentStep); err != nil {
 				rows.Close()
 				return err
 			}
@@ -69,7 +83,9 @@ func (s *Store) ReadAudit(ctx context.Context) (Audit, error) {
 			return err
 		}
 		rows, err = tx.Query(ctx, `SELECT order_id::text, step, name, kind, coalesce(compensates, 0), process_state, attempt,
-			failure_count, max_failures, idempotency_key, needs, coalesce(parent, 0), coalesce(spec ? 'for_each', false)
+			failure_count, max_failures, idempotency_key, needs, coalesce(parent, 0), coalesce(spec ? 'for_each', false),
+			agent = '', due_at, coalesce(spec ? 'wait', false), coalesce(spec ? 'workflow', false),
+			(SELECT count(*) FROM signals g WHERE g.order_id = steps.order_id AND g.step = steps.step)
 			FROM steps ORDER BY order_id, step`)
 		if err != nil {
 			return err
@@ -78,7 +94,8 @@ func (s *Store) ReadAudit(ctx context.Context) (Audit, error) {
 			var id string
 			var st AuditStep
 			if err := rows.Scan(&id, &st.Step, &st.Name, &st.Kind, &st.Compensates, &st.ProcessState, &st.Attempt,
-				&st.FailureCount, &st.MaxFailures, &st.IdempotencyKey, &st.Needs, &st.Parent, &st.ForEach); err != nil {
+				&st.FailureCount, &st.MaxFailures, &st.IdempotencyKey, &st.Needs, &st.Parent, &st.ForEach,
+				&st.InSystem, &st.DueAt, &st.Wait, &st.Child, &st.Signals); err != nil {
 				rows.Close()
 				return err
 			}

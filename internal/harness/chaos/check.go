@@ -74,12 +74,14 @@ func Check(h History, a statestore.Audit, ledger []remote.Entry) Result {
 			add(1, "order %s was confirmed by the broker but is not in the store", id)
 		}
 	}
-	// 7. No phantom orders.
-	for id := range orders {
-		if !h.Confirmed[id] {
+	// 7. No phantom orders: each was submitted, or started by sas
+	// itself, as a sub-process's child or by a schedule.
+	for id, o := range orders {
+		if !h.Confirmed[id] && !startedBySAS(o, orders) {
 			add(7, "order %s is in the store but was never submitted", id)
 		}
 	}
+	checkTime(orders, add)
 
 	applied := map[string]remote.Entry{}
 	undone := map[string]int{}
@@ -179,8 +181,8 @@ func checkOrder(o *statestore.AuditOrder, applied map[string]remote.Entry, undon
 		if st.FailureCount > st.MaxFailures {
 			add(6, "order %s step %d failed %d times, threshold %d", o.OrderID, st.Step, st.FailureCount, st.MaxFailures)
 		}
-		if st.Kind != statestore.KindAction || st.ProcessState == statestore.StepSkipped || st.ForEach {
-			continue // a skipped step, and a for_each step itself, call no service
+		if st.Kind != statestore.KindAction || st.ProcessState == statestore.StepSkipped || st.ForEach || st.InSystem {
+			continue // a skipped step, a for_each step itself and a step sas performs call no service
 		}
 		e, isApplied := applied[st.IdempotencyKey]
 		// 5. Saga atomicity.

@@ -290,3 +290,136 @@ func TestCheckLearnsTheGraph(t *testing.T) {
 		})
 	}
 }
+
+// timeWorld is a correct history of time and the outside world: an order
+// whose wait ended with its signal, whose delayed step fired after its
+// due time and whose sub-process step ended with its one child; that
+// child; and an order a schedule started.
+func timeWorld() (History, statestore.Audit, []remote.Entry) {
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	due := func(d time.Duration) *time.Time { v := at(d); return &v }
+	chain := func(step int, states ...string) []statestore.Transition {
+		out := []statestore.Transition{{Step: ip(step), To: states[0], Actor: "submitter", At: at(0)}}
+		for i := 1; i < len(states); i++ {
+			attempt := 1
+			if states[i-1] == "delayed" || states[i-1] == "waiting" {
+				attempt = 0
+			}
+			out = append(out, statestore.Transition{Step: ip(step), From: states[i-1], To: states[i], Attempt: attempt, Actor: "scheduler:a",
+				At: at(time.Duration(i) * time.Second)})
+		}
+		return out
+	}
+	action := func(n int, name string) statestore.AuditStep {
+		return statestore.AuditStep{Step: n, Name: name, Kind: statestore.KindAction, ProcessState: "processed", Attempt: 1, MaxFailures: 5,
+			IdempotencyKey: fmt.Sprintf("w/%d/%s", n, name)}
+	}
+	wait := action(2, "approval")
+	wait.InSystem, wait.Wait, wait.DueAt, wait.Signals = true, true, due(time.Hour), 1
+	cool := action(3, "cool")
+	cool.DueAt = due(10 * time.Second)
+	kyc := action(4, "kyc")
+	kyc.InSystem, kyc.Child = true, true
+	undo := statestore.AuditStep{Step: 5, Name: "undo_kyc", Kind: statestore.KindCompensation, Compensates: 4, ProcessState: "waiting",
+		MaxFailures: 5, IdempotencyKey: "w/5/undo_kyc", InSystem: true, Child: true}
+	coolChain := chain(3, "delayed", "pending", "processing", "processed")
+	coolChain[1].At = at(10*time.Second + 200*time.Millisecond)
+	var wh []statestore.Transition
+	wh = append(wh, statestore.Transition{To: "received", Actor: "submitter", At: at(0)})
+	wh = append(wh, chain(1, "pending", "processing", "processed")...)
+	wh = append(wh, chain(2, "pending", "processing", "awaiting", "processed")...)
+	wh = append(wh, coolChain...)
+	wh = append(wh, chain(4, "pending", "processing", "awaiting", "processed")...)
+	wh = append(wh, statestore.Transition{From: "processing", To: "completed", Actor: "scheduler:a", At: at(time.Minute)})
+	w := statestore.AuditOrder{OrderID: "w", Status: "completed", UpdatedAt: at(time.Minute), History: wh,
+		Steps: []statestore.AuditStep{action(1, "score"), wait, cool, kyc, undo}}
+	one := func(id, actor string) statestore.AuditOrder {
+		st := statestore.AuditStep{Step: 1, Name: "note", Kind: statestore.KindAction, ProcessState: "processed", Attempt: 1, MaxFailures: 5,
+			IdempotencyKey: id + "/1/note"}
+		h := append([]statestore.Transition{{To: "received", Actor: actor, At: at(0)}}, chain(1, "pending", "processing", "processed")...)
+		h = append(h, statestore.Transition{From: "processing", To: "completed", Actor: "scheduler:a", At: at(time.Minute)})
+		return statestore.AuditOrder{OrderID: id, Status: "completed", UpdatedAt: at(time.Minute), History: h, Steps: []statestore.AuditStep{st}}
+	}
+	child := one("c", "scheduler:a")
+	child.ParentOrder, child.ParentStep = "w", 4
+	scheduled := one("s1", "schedule:nightly (tick 2026-01-01T00:00:00Z)")
+	h := History{Confirmed: map[string]bool{"w": true}}
+	a := statestore.Audit{Orders: []statestore.AuditOrder{w, child, scheduled}}
+	var l []remote.Entry
+	for _, k := range []struct{ key, order string }{{"w/1/score", "w"}, {"w/3/cool", "w"}, {"c/1/note", "c"}, {"s1/1/note", "s1"}} {
+		l = append(l, remote.Entry{Key: k.key, OrderID: k.order, Effects: 1, Calls: 1, At: at(-time.Second)})
+	}
+	return h, a, l
+}
+
+// TestCheckLearnsTime: a correct history of waits, timers, children and
+// schedules passes (a child and a scheduled order are not phantoms, and
+// steps sas performs call no service); each part of invariant 11 has a
+// negative control that makes it fail.
+func TestCheckLearnsTime(t *testing.T) {
+	t.Parallel()
+	h, a, l := timeWorld()
+	if r := Check(h, a, l); !r.OK() {
+		t.Fatalf("violations in a correct history: %v", r.Violations)
+	}
+	order := func(a *statestore.Audit, id string) *statestore.AuditOrder {
+		for i := range a.Orders {
+			if a.Orders[i].OrderID == id {
+				return &a.Orders[i]
+			}
+		}
+		panic(id)
+	}
+	for _, tc := range []struct {
+		desc    string
+		breakIt func(a *statestore.Audit)
+	}{
+		{"a timer fired early", func(a *statestore.Audit) {
+			w := order(a, "w")
+			for i, tr := range w.History {
+				if tr.From == "delayed" {
+					w.History[i].At = t0.Add(9 * time.Second)
+				}
+			}
+		}},
+		{"a wait ended without its signal", func(a *statestore.Audit) { order(a, "w").Steps[1].Signals = 0 }},
+		{"a wait timed out before its timeout", func(a *statestore.Audit) {
+			w := order(a, "w")
+			w.Steps[1].ProcessState = "skipped"
+			for i, tr := range w.History {
+				if tr.Step != nil && *tr.Step == 2 && tr.From == "awaiting" {
+					w.History[i].To = "skipped"
+				}
+			}
+		}},
+		{"two children of one step", func(a *statestore.Audit) {
+			c2 := *order(a, "c")
+			c2.OrderID = "c2"
+			a.Orders = append(a.Orders, c2)
+		}},
+		{"a completed parent with a failed child", func(a *statestore.Audit) { order(a, "c").Status = "failed" }},
+		{"two orders for one tick", func(a *statestore.Audit) {
+			s2 := *order(a, "s1")
+			s2.OrderID = "s2"
+			a.Orders = append(a.Orders, s2)
+		}},
+		{"an order nobody submitted nor started", func(a *statestore.Audit) {
+			s := order(a, "s1")
+			s.History = append([]statestore.Transition(nil), s.History...)
+			s.History[0].Actor = "someone"
+		}},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			t.Parallel()
+			h, a, l := timeWorld()
+			tc.breakIt(&a)
+			r := Check(h, a, l)
+			for _, v := range r.Violations {
+				if v.Invariant == 11 || (tc.desc == "an order nobody submitted nor started" && v.Invariant == 7) {
+					return
+				}
+			}
+			t.Fatalf("no violation of invariant 11; got %v", r.Violations)
+		})
+	}
+}
