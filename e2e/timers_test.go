@@ -139,7 +139,7 @@ func TestTimersFireOnTimeAcrossADatabaseRestart(t *testing.T) {
 	topo.Inputs = append(topo.Inputs, submitter.Input)
 	testenv.Broker(t, topo)
 	st := stack{dbURL: dbURL, topo: topo,
-		env: env("SAS_DATABASE_URL="+dbURL, "SAS_AMQP_URL="+testenv.AMQPURL(), "SAS_QUEUE_PREFIX="+topo.Prefix, "SAS_LOG_LEVEL=debug"),
+		env:    env("SAS_DATABASE_URL="+dbURL, "SAS_AMQP_URL="+testenv.AMQPURL(), "SAS_QUEUE_PREFIX="+topo.Prefix, "SAS_LOG_LEVEL=debug"),
 		submit: topo.Queue(submitter.Input), dlq: topo.DeadLetterQueue(submitter.Input)}
 	if out, errOut, code := sasctl(t, st.env, "migrate"); code != 0 {
 		t.Fatalf("migrate: exit %d: %s %s", code, out, errOut)
