@@ -111,7 +111,9 @@ func (c *caller) call(ctx context.Context, ep *endpoint, cl call) callResult {
 		} else {
 			a = attempt{reason: "circuit_open", detail: "circuit breaker open"}
 		}
-		if a.answer != "" {
+		if a.answer != "" && ctx.Err() == nil {
+			// (An attempt the step's own deadline cut short says nothing
+			// of the service: the answer before it stands.)
 			last = a.answer
 		}
 		switch {
