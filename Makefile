@@ -95,7 +95,8 @@ BENCH_ENV = SAS_DATABASE_URL=postgres://postgres@127.0.0.1:5432/sas_bench?sslmod
 BENCH_RUN = $(BENCH_ENV) bin/sasctl bench --purge --warmup $(BENCH_WARMUP) --duration $(BENCH_DURATION)
 bench: build
 	./scripts/services.sh sas_test sas_bench
-	$(GO) test -run '^$$' -bench . -skip AtLowRate -benchtime 2000x -count $(BENCH_COUNT) ./internal/statestore | tee bench.txt
+	$(GO) test -run '^$$' -bench . -skip 'AtLowRate|FireDueTimers' -benchtime 2000x -count $(BENCH_COUNT) ./internal/statestore | tee bench.txt
+	$(GO) test -run '^$$' -bench FireDueTimers -benchtime 10000x -count $(BENCH_COUNT) ./internal/statestore | tee -a bench.txt
 	$(GO) test -run '^$$' -bench . -skip AtLowRate -benchtime 20000x -count $(BENCH_COUNT) ./internal/broker ./internal/agent | tee -a bench.txt
 	$(GO) test -run '^$$' -bench AtLowRate -benchtime 300x -count $(BENCH_LOW_COUNT) ./internal/statestore ./internal/broker ./internal/agent | tee -a bench.txt
 	$(BENCH_RUN) --workflow single --label single-max --json bench-single-max.json

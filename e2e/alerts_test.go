@@ -194,7 +194,13 @@ func TestEveryAlertRuleFires(t *testing.T) {
 		timeout = interval '70 minutes', complete_by = now() + interval '1 hour' WHERE order_id = $1`, stuck.OrderID); err != nil {
 		t.Fatal(err)
 	}
-	waitFiring("SasOrderHeldInError", "SasOperatorAlertsOpen", "SasDeadLetters", "SasPendingBacklog", "SasStepsStuckProcessing")
+	// A schedule of another workflows file, due two minutes ago: the
+	// leader (of the built-in file) cannot tell its ticks.
+	if _, err := p.pool.Exec(t.Context(), `INSERT INTO schedules (name, workflow, cron, timezone, payload, overlap, catch_up, version, next_tick)
+		VALUES ('elsewhere', 'order', '* * * * *', 'UTC', '{}', 'skip', 'last', 'another file', now() - interval '2 minutes')`); err != nil {
+		t.Fatal(err)
+	}
+	waitFiring("SasOrderHeldInError", "SasOperatorAlertsOpen", "SasDeadLetters", "SasPendingBacklog", "SasStepsStuckProcessing", "SasScheduleLate")
 
 	// Two supervisors sharing an instance id both lead.
 	var leaderID string

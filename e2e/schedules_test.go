@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
+
 	"sas/internal/harness/testenv"
 	"sas/internal/messages"
 )
@@ -126,7 +128,24 @@ func TestScheduleStartsOneOrderPerTick(t *testing.T) {
 		!strings.Contains(out, "Europe/Berlin") {
 		t.Fatalf("schedules list:\n%s", out)
 	}
-	if n := p.count(t, `SELECT count(*) FROM operator_actions WHERE action IN ('schedule pause', 'schedule trigger')`); n != 2 {
-		t.Fatalf("%d operator actions recorded, want 2", n)
+	// The console: an operator sees the schedules and starts one, behind
+	// a confirmation.
+	c := startConsole(t, p.stack)
+	ctx := browser(t)
+	login(t, ctx, c.url, "alice", "alice's password")
+	do(t, ctx, "open the schedules", chromedp.Navigate(c.url+"/schedules"), chromedp.WaitVisible(chromedp.CSS("#schedule-yearly")))
+	if got := text(t, ctx, "#schedule-every_second .state"); !strings.Contains(got, "paused") || !strings.Contains(got, "as ann") {
+		t.Fatalf("the paused schedule's state reads %q", got)
+	}
+	do(t, ctx, "start yearly now", chromedp.Click(chromedp.CSS(`#schedule-yearly a[href$="/trigger"]`)), chromedp.WaitVisible(chromedp.CSS("#confirm-button")),
+		chromedp.Click(chromedp.CSS("#confirm-button")), chromedp.WaitVisible(chromedp.CSS("#notice")))
+	testenv.Eventually(t, 30*time.Second, "the console's triggered order", func() bool {
+		return p.count(t, `SELECT count(*) FROM orders WHERE workflow = 'tick' AND payload->>'kind' = 'year'`) == 2
+	})
+	if n := p.count(t, `SELECT count(*) FROM operator_actions WHERE action IN ('schedule pause', 'schedule trigger')`); n != 3 {
+		t.Fatalf("%d operator actions recorded, want 3", n)
+	}
+	if n := p.count(t, `SELECT count(*) FROM operator_actions WHERE action = 'schedule trigger' AND claimed_by = 'console:alice'`); n != 1 {
+		t.Fatalf("the console's trigger is not recorded with its user (%d)", n)
 	}
 }

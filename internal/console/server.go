@@ -146,6 +146,9 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("GET /dead-letters/{queue}/{id}/{verb}", s.authed(s.confirmDeadLetter))
 	mux.HandleFunc("POST /dead-letters/{queue}/{id}/{verb}", s.action(s.moveDeadLetter))
 	mux.HandleFunc("GET /workflows", s.authed(s.workflowsPage))
+	mux.HandleFunc("GET /schedules", s.authed(s.schedulesPage))
+	mux.HandleFunc("GET /schedules/{name}/{verb}", s.authed(s.confirmSchedule))
+	mux.HandleFunc("POST /schedules/{name}/{verb}", s.action(s.scheduleAction))
 	mux.HandleFunc("/", s.notFound)
 	return s.secure(s.origins.only(mux, func(r *http.Request) {
 		s.logger.Warn("console request for another host refused", "host", truncate(r.Host, 100), "addr", clientAddr(r))
@@ -312,6 +315,12 @@ func noticeOf(done string) string {
 		return "Dead letter requeued to its queue."
 	case "discarded":
 		return "Dead letter discarded."
+	case "paused":
+		return "Schedule paused: its ticks start nothing until it is resumed."
+	case "resumed":
+		return "Schedule resumed: it ticks again from its next tick."
+	case "triggered":
+		return "Schedule triggered: the leading supervisor starts its order."
 	}
 	return ""
 }

@@ -3,8 +3,11 @@ package statestore_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"sas/internal/harness/testenv"
 	"sas/internal/statestore"
@@ -303,4 +306,65 @@ func BenchmarkAtLowRate(b *testing.B) {
 			}
 		})
 	})
+}
+
+// BenchmarkFireDueTimers: b.N timers fall due at once (delayed steps of
+// orders that start later, all due at the same moment on the database
+// clock) and the leader fires them, 500 to a statement, as fast as it
+// can; per op, one timer. Besides the costs it reports how late each
+// fired on the database clock, p50 and p99: the lag the firing alone adds
+// (the supervisor's poll, SAS_SUPERVISOR_TIMER_POLL, comes on top).
+//
+//	go test -run '^$' -bench FireDueTimers -benchtime 10000x ./internal/statestore
+func BenchmarkFireDueTimers(b *testing.B) {
+	bd, ctx := benchStore(b)
+	later := time.Now().Add(time.Hour)
+	orders := make([]statestore.NewOrder, b.N)
+	for i := range orders {
+		orders[i] = order(1, time.Minute, 5)
+		orders[i].StartAt = &later
+	}
+	for len(orders) > 0 {
+		n := min(64, len(orders))
+		if _, errs := bd.store.InsertOrders(ctx, orders[:n]); errors.Join(errs...) != nil {
+			b.Fatal(errors.Join(errs...))
+		}
+		orders = orders[n:]
+	}
+	var due time.Time
+	if err := bd.pool.QueryRow(ctx, `UPDATE steps SET due_at = date_trunc('milliseconds', clock_timestamp()) + interval '500 milliseconds'
+		WHERE process_state = 'delayed' RETURNING due_at`).Scan(&due); err != nil && !errors.Is(err, pgx.ErrTooManyRows) {
+		b.Fatal(err)
+	}
+	if _, err := bd.store.AcquireLease(ctx, statestore.SupervisorLease, "bench", time.Hour); err != nil {
+		b.Fatal(err)
+	}
+	for {
+		d, ok, err := bd.store.NextTimer(ctx)
+		if err != nil || !ok {
+			b.Fatalf("next timer: %v %v", ok, err)
+		}
+		if d <= 0 {
+			break
+		}
+		time.Sleep(d) // setup: until the timers are due
+	}
+	lags := make([]float64, 0, b.N)
+	stop := measurePG(b, bd)
+	for len(lags) < b.N {
+		fired, err := bd.store.FireTimers(ctx, "bench", statestore.SupervisorLease, 500)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(fired) == 0 {
+			b.Fatalf("no timer left after %d of %d", len(lags), b.N)
+		}
+		for _, f := range fired {
+			lags = append(lags, f.Late.Seconds()*1000)
+		}
+	}
+	stop()
+	slices.Sort(lags)
+	b.ReportMetric(lags[len(lags)/2], "lag-p50-ms")
+	b.ReportMetric(lags[min(len(lags)*99/100, len(lags)-1)], "lag-p99-ms")
 }

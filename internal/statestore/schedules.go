@@ -133,6 +133,8 @@ type ScheduleFired struct {
 	NextTick time.Time
 	// Late is how long after it was due the newest tick was handled.
 	Late time.Duration
+	// Now is the database clock the round was planned at.
+	Now time.Time
 }
 
 // FireSchedules handles the due schedules, with the lease p_lease held by
@@ -166,7 +168,7 @@ func (s *Store) FireSchedules(ctx context.Context, holder, lease string, plan fu
 		}
 		for _, d := range due {
 			round := plan(now, d)
-			f := ScheduleFired{Name: d.Name, Skipped: round.Skipped, LastTick: round.LastTick, NextTick: round.NextTick}
+			f := ScheduleFired{Name: d.Name, Skipped: round.Skipped, LastTick: round.LastTick, NextTick: round.NextTick, Now: now}
 			if round.LastTick != nil {
 				f.Late = now.Sub(*round.LastTick)
 			}

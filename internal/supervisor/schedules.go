@@ -41,10 +41,9 @@ const catchUpGrace = time.Minute
 
 // fireSchedules starts the orders of the schedules whose ticks are due
 // (FireSchedules checks the lease).
+// A leader whose file has no schedules still looks: a schedule another
+// file stored that nobody handles is late, and its gauge says so.
 func (s *sweeper) fireSchedules(ctx context.Context) {
-	if len(s.workflows.Schedules()) == 0 {
-		return
-	}
 	fired, err := s.store.FireSchedules(ctx, s.me, LeaseName, s.planSchedule)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -53,7 +52,11 @@ func (s *sweeper) fireSchedules(ctx context.Context) {
 		}
 		return
 	}
+	late := 0.0
 	for _, f := range fired {
+		if len(f.Started) == 0 && f.Skipped == 0 && !f.NextTick.After(f.Now) {
+			late = max(late, f.Now.Sub(f.NextTick).Seconds()) // due, and left: this leader cannot tell its ticks
+		}
 		s.metrics.scheduleTicks.WithLabelValues(f.Name, "started").Add(float64(len(f.Started)))
 		s.metrics.scheduleTicks.WithLabelValues(f.Name, "skipped").Add(float64(f.Skipped))
 		s.metrics.scheduleNext.WithLabelValues(f.Name).Set(float64(f.NextTick.UnixMilli()) / 1000)
@@ -67,6 +70,7 @@ func (s *sweeper) fireSchedules(ctx context.Context) {
 			s.logger.Info("schedule ticked", "schedule", f.Name, "started", f.Started, "skipped", f.Skipped, "next_tick", f.NextTick)
 		}
 	}
+	s.metrics.scheduleLate.Set(late)
 }
 
 // planSchedule decides a due schedule's round: the ticks that passed

@@ -84,6 +84,7 @@ type metrics struct {
 	scheduleNext     *prometheus.GaugeVec
 	scheduleLast     *prometheus.GaugeVec
 	scheduleLateness prometheus.Histogram
+	scheduleLate     prometheus.Gauge
 	timerLateness    prometheus.Histogram
 }
 
@@ -142,6 +143,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		scheduleLast: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "sas_schedule_last_tick_timestamp_seconds", Help: "Each schedule's last tick handled (Unix time).",
 		}, []string{"schedule"}),
+		scheduleLate: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sas_schedule_late_seconds", Help: "How late the most overdue schedule tick is that the leader has not started (0: none; a standby reports 0).",
+		}),
 		scheduleLateness: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "sas_schedule_tick_lateness_seconds", Help: "How long after a schedule's tick (database clock) the leader started its order.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
@@ -157,7 +161,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.steps.WithLabelValues(state)
 	}
 	reg.MustRegister(m.leader, m.sweeps, m.resets, m.failures, m.errors, m.sweepDuration, m.steps, m.oldestPending, m.oldestProcessing,
-		m.openAlerts, m.analyzed, m.purged, m.timersFired, m.timerLateness, m.scheduleTicks, m.scheduleNext, m.scheduleLast, m.scheduleLateness)
+		m.openAlerts, m.analyzed, m.purged, m.timersFired, m.timerLateness, m.scheduleTicks, m.scheduleNext, m.scheduleLast, m.scheduleLateness, m.scheduleLate)
 	return m
 }
 

@@ -161,6 +161,9 @@ func (s *sweeper) timers(ctx context.Context) {
 		case <-wait.C:
 		}
 		next := s.cfg.TimerPoll
+		if !s.lead.Load() {
+			s.metrics.scheduleLate.Set(0) // the leader's to say
+		}
 		if s.lead.Load() {
 			s.fireSchedules(ctx)
 			if s.fireTimers(ctx) {
