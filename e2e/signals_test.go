@@ -197,3 +197,32 @@ func TestSasctlSignalsAnOrder(t *testing.T) {
 		t.Fatalf("the history does not record alice's signal:\n%s", h)
 	}
 }
+
+// TestYourProcessApprovalExampleRuns: the approval example of
+// docs/YOUR-PROCESS.md, as the document shows it, with the demo service:
+// a large loan waits for the manager's signal, sent with sasctl, and
+// completes with it as the wait's result; a small one skips the wait.
+func TestYourProcessApprovalExampleRuns(t *testing.T) {
+	t.Parallel()
+	g := runFile(t, "loan.yaml", docBlock(t, "yaml", "# loan.yaml"), pipelineOpts{supervisors: 1})
+	p := g.pipeline
+	large := g0(t, p, "loan", `{"amount": 20000}`)
+	small := g0(t, p, "loan", `{"amount": 500}`)
+	testenv.Eventually(t, time.Minute, "the large loan to wait for its approval", func() bool {
+		return p.count(t, `SELECT count(*) FROM steps WHERE order_id = $1 AND name = 'approval' AND process_state = 'awaiting'`, large) == 1
+	})
+	if out, errOut, code := sasctl(t, p.env, "orders", "signal", large, "approved", "--payload", `{"by":"ann"}`, "--as", "ann"); code != 0 {
+		t.Fatalf("sasctl orders signal: exit %d\n%s%s", code, out, errOut)
+	}
+	p.waitTerminal(t, []string{large, small}, time.Minute)
+	var result, smallApproval string
+	if err := p.pool.QueryRow(context.Background(), `SELECT
+		(SELECT result->>'by' FROM steps WHERE order_id = $1 AND name = 'approval'),
+		(SELECT process_state FROM steps WHERE order_id = $2 AND name = 'approval')`, large, small).Scan(&result, &smallApproval); err != nil {
+		t.Fatal(err)
+	}
+	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id IN ($1, $2) AND status = 'completed'`, large, small); n != 2 ||
+		result != "ann" || smallApproval != "skipped" {
+		t.Fatalf("%d of 2 completed; the approval's result by %q, the small loan's approval %s", n, result, smallApproval)
+	}
+}
