@@ -204,3 +204,28 @@ func TestCancellingAParentUndoesItsChild(t *testing.T) {
 		t.Fatalf("the child's check_id undone %d times", n)
 	}
 }
+
+// TestChildTooDeepIsRefused: a parent at the deepest depth a child may
+// have starts no child (ErrTooDeep) and nothing changes; the scheduler
+// then fails the step with the reason.
+func TestChildTooDeepIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	o := graphOrder(t, family, "loan", `{"who":"dee"}`, statestore.PolicyCompensate)
+	insert(t, b, o)
+	if _, err := b.pool.Exec(ctxFor(t), `UPDATE orders SET depth = $2 WHERE order_id = $1`, o.OrderID, workflow.MaxDepth); err != nil {
+		t.Fatal(err)
+	}
+	reply(t, b, claimAll(t, b, o.OrderID)["score"], true, `{"value":700}`)
+	kyc := claimAll(t, b, o.OrderID)["kyc"]
+	before := snapshot(t, b, o.OrderID)
+	if _, _, err := startChild(t, b, kyc, `{"person":"dee"}`); !errors.Is(err, statestore.ErrTooDeep) {
+		t.Fatalf("a child past the deepest depth: %v", err)
+	}
+	if after := snapshot(t, b, o.OrderID); after != before {
+		t.Fatalf("a refused child changed the order:\nbefore %s\nafter  %s", before, after)
+	}
+	if n := count(t, b, `SELECT count(*) FROM orders WHERE parent_order = $1`, o.OrderID); n != 0 {
+		t.Fatalf("%d children written", n)
+	}
+}
