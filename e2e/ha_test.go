@@ -225,6 +225,29 @@ func distinct(m map[string]string) []string {
 
 // startStandbyPair starts scripts/pg-standby.sh's primary and standby
 // (mode sync or async), migrated, and returns the multi-host URL.
+// ownDatabaseStack is a stack on a PostgreSQL primary and standby of the
+// test's own (startStandbyPair), migrated, serving kinds.
+func ownDatabaseStack(t *testing.T, mode, base string, kinds []string) (string, stack) {
+	t.Helper()
+	dir, dbURL := startStandbyPair(t, mode, base)
+	topo := scheduler.Topology(testenv.Prefix(t), 10, kinds)
+	topo.Inputs = append(topo.Inputs, submitter.Input)
+	testenv.Broker(t, topo)
+	st := stack{dbURL: dbURL, topo: topo,
+		env:    env("SAS_DATABASE_URL="+dbURL, "SAS_AMQP_URL="+testenv.AMQPURL(), "SAS_QUEUE_PREFIX="+topo.Prefix, "SAS_LOG_LEVEL=debug"),
+		submit: topo.Queue(submitter.Input), dlq: topo.DeadLetterQueue(submitter.Input)}
+	if out, errOut, code := sasctl(t, st.env, "migrate"); code != 0 {
+		t.Fatalf("migrate: exit %d: %s %s", code, out, errOut)
+	}
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	st.pool = pool
+	return dir, st
+}
+
 func startStandbyPair(t *testing.T, mode, base string) (dir, url string) {
 	t.Helper()
 	if _, err := exec.LookPath("pg_ctlcluster"); err != nil {
@@ -295,23 +318,9 @@ func TestDatabaseFailoverAsync(t *testing.T) {
 func databaseFailover(t *testing.T, mode, base string) (chaos.Result, []string, int) {
 	t.Helper()
 	n := haOrders(600)
-	dir, dbURL := startStandbyPair(t, mode, base)
+	dir, st := ownDatabaseStack(t, mode, base, workflow.Builtin().Agents())
 	script := filepath.Join("..", "scripts", "pg-standby.sh")
-	topo := scheduler.Topology(testenv.Prefix(t), 10, workflow.Builtin().Agents())
-	topo.Inputs = append(topo.Inputs, submitter.Input)
-	testenv.Broker(t, topo)
-	st := stack{dbURL: dbURL, topo: topo,
-		env:    env("SAS_DATABASE_URL="+dbURL, "SAS_AMQP_URL="+testenv.AMQPURL(), "SAS_QUEUE_PREFIX="+topo.Prefix, "SAS_LOG_LEVEL=debug"),
-		submit: topo.Queue(submitter.Input), dlq: topo.DeadLetterQueue(submitter.Input)}
-	if out, errOut, code := sasctl(t, st.env, "migrate"); code != 0 {
-		t.Fatalf("migrate: exit %d: %s %s", code, out, errOut)
-	}
-	pool, err := pgxpool.New(context.Background(), dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	st.pool = pool
+	pool := st.pool
 	// Steps whose progress is lost with the primary wait out their budget
 	// before the supervisor resets them: 10 s, not the tests' usual 60.
 	p := newPipeline(t, pipelineOpts{on: &st, schedulers: 2, agents: 2, supervisors: 1, submitterEnv: []string{"SAS_STEP_TIMEOUT=10s"}})

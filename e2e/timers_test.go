@@ -11,13 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"sas/internal/harness/testenv"
 	"sas/internal/messages"
-	"sas/internal/scheduler"
-	"sas/internal/submitter"
 )
 
 const timersFile = `
@@ -80,21 +78,8 @@ func TestTimersFireWithinASecondOfDue(t *testing.T) {
 	if completed, _ := p.checkSaga(t, ids); completed != len(ids) {
 		t.Fatalf("%d of %d orders completed\n%s", completed, len(ids), p.stuck(t, ids))
 	}
-	var delayed, fired, early, twice int
-	var p99, worst float64
-	if err := p.pool.QueryRow(context.Background(), `
-		WITH f AS (
-		    SELECT s.order_id, s.step, count(t.id) AS n, min(t.at) AS at, s.due_at
-		    FROM steps s LEFT JOIN transitions t ON t.order_id = s.order_id AND t.step = s.step
-		                                          AND t.from_state = 'delayed' AND t.to_state = 'pending'
-		    WHERE s.order_id = ANY($1::uuid[]) AND s.due_at IS NOT NULL
-		    GROUP BY s.order_id, s.step, s.due_at)
-		SELECT count(*), count(*) FILTER (WHERE n = 1), count(*) FILTER (WHERE at < due_at), count(*) FILTER (WHERE n > 1),
-		       coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM at - due_at)), 0),
-		       coalesce(max(extract(epoch FROM at - due_at)), 0)::float8
-		FROM f`, ids).Scan(&delayed, &fired, &early, &twice, &p99, &worst); err != nil {
-		t.Fatal(err)
-	}
+	ts := readTimerStats(t, p.pool, ids)
+	delayed, fired, early, twice, p99, worst := ts.timers, ts.fired, ts.early, ts.twice, ts.p99, ts.worst
 	t.Logf("%d delayed steps, %d fired once; late by p99 %.0f ms, at most %.0f ms", delayed, fired, p99*1000, worst*1000)
 	if delayed != len(ids) || fired != len(ids) || early != 0 || twice != 0 {
 		t.Fatalf("%d delayed steps of %d orders: %d fired once, %d early, %d twice", delayed, len(ids), fired, early, twice)
@@ -132,24 +117,10 @@ workflows:
 func TestTimersFireOnTimeAcrossADatabaseRestart(t *testing.T) {
 	t.Parallel()
 	n := timerOrders()
-	dir, dbURL := startStandbyPair(t, "async", "5460")
+	dir, st := ownDatabaseStack(t, "async", "5460", []string{"clock"})
+	pool := st.pool
 	script := filepath.Join("..", "scripts", "pg-standby.sh")
 	file := writeFile(t, "restart-timers.yaml", restartTimersFile)
-	topo := scheduler.Topology(testenv.Prefix(t), 10, []string{"clock"})
-	topo.Inputs = append(topo.Inputs, submitter.Input)
-	testenv.Broker(t, topo)
-	st := stack{dbURL: dbURL, topo: topo,
-		env:    env("SAS_DATABASE_URL="+dbURL, "SAS_AMQP_URL="+testenv.AMQPURL(), "SAS_QUEUE_PREFIX="+topo.Prefix, "SAS_LOG_LEVEL=debug"),
-		submit: topo.Queue(submitter.Input), dlq: topo.DeadLetterQueue(submitter.Input)}
-	if out, errOut, code := sasctl(t, st.env, "migrate"); code != 0 {
-		t.Fatalf("migrate: exit %d: %s %s", code, out, errOut)
-	}
-	pool, err := pgxpool.New(context.Background(), dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	st.pool = pool
 	wf := "SAS_WORKFLOWS_FILE=" + file
 	p := newPipeline(t, pipelineOpts{on: &st, schedulers: 1, agents: 2, supervisors: 1,
 		submitterEnv: []string{wf}, schedulerEnv: []string{wf}, supervisorEnv: []string{wf},
@@ -204,8 +175,31 @@ func TestTimersFireOnTimeAcrossADatabaseRestart(t *testing.T) {
 	pool.Reset() // the test's own connections died with it
 	p.waitTerminal(t, ids, 3*time.Minute)
 
-	var delayed, fired, early, twice, completed int
-	var p50, p99, worst float64
+	ts := readTimerStats(t, pool, ids)
+	delayed, fired, early, twice, completed, p50, p99, worst := ts.timers, ts.fired, ts.early, ts.twice, ts.completed, ts.p50, ts.p99, ts.worst
+	t.Logf("%d timers (%d start_at over 60 s, %d delays), %d fired once; late by p50 %.0f ms, p99 %.0f ms, at most %.0f ms",
+		delayed, n, n, fired, p50*1000, p99*1000, worst*1000)
+	if delayed != 2*n || fired != 2*n || early != 0 || twice != 0 || completed != 2*n {
+		t.Fatalf("%d timers of %d orders: %d fired once, %d early, %d twice; %d orders completed", delayed, 2*n, fired, early, twice, completed)
+	}
+	if p99 > 1 {
+		t.Fatalf("timers fired late by %.0f ms at p99 across the restart, want within a second of due", p99*1000)
+	}
+}
+
+// timerStats is what became of the timers of some orders: how many, how
+// many fired once, early or twice, how many orders completed, and how
+// late they fired on the database clock (seconds).
+type timerStats struct {
+	timers, fired, early, twice, completed int
+	p50, p99, worst                        float64
+}
+
+func readTimerStats(t *testing.T, pool interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, ids []string) timerStats {
+	t.Helper()
+	var s timerStats
 	if err := pool.QueryRow(context.Background(), `
 		WITH f AS (
 		    SELECT s.order_id, s.step, count(t.id) AS n, min(t.at) AS at, s.due_at
@@ -218,15 +212,8 @@ func TestTimersFireOnTimeAcrossADatabaseRestart(t *testing.T) {
 		       coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM at - due_at)), 0),
 		       coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM at - due_at)), 0),
 		       coalesce(max(extract(epoch FROM at - due_at)), 0)::float8
-		FROM f`, ids).Scan(&delayed, &fired, &early, &twice, &completed, &p50, &p99, &worst); err != nil {
+		FROM f`, ids).Scan(&s.timers, &s.fired, &s.early, &s.twice, &s.completed, &s.p50, &s.p99, &s.worst); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%d timers (%d start_at over 60 s, %d delays), %d fired once; late by p50 %.0f ms, p99 %.0f ms, at most %.0f ms",
-		delayed, n, n, fired, p50*1000, p99*1000, worst*1000)
-	if delayed != 2*n || fired != 2*n || early != 0 || twice != 0 || completed != 2*n {
-		t.Fatalf("%d timers of %d orders: %d fired once, %d early, %d twice; %d orders completed", delayed, 2*n, fired, early, twice, completed)
-	}
-	if p99 > 1 {
-		t.Fatalf("timers fired late by %.0f ms at p99 across the restart, want within a second of due", p99*1000)
-	}
+	return s
 }
