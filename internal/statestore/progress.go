@@ -63,7 +63,9 @@ func (s *Store) ProgressSince(ctx context.Context, since time.Time) (Progress, e
 // compensating) and outbox messages not yet published.
 func (s *Store) Unfinished(ctx context.Context) (orders, outbox int, err error) {
 	err = s.pool.QueryRow(ctx, `SELECT
-		(SELECT count(*) FROM orders WHERE status NOT IN ('completed', 'failed', 'error')),
+		(SELECT count(*) FROM orders o WHERE o.status NOT IN ('completed', 'failed', 'error')
+		   -- an order awaiting a child held in error waits for an operator as the child does
+		   AND NOT EXISTS (SELECT 1 FROM orders c WHERE c.parent_order = o.order_id AND c.status = 'error')),
 		(SELECT count(*) FROM outbox)`).Scan(&orders, &outbox)
 	if err != nil {
 		return 0, 0, fmt.Errorf("unfinished: %w", err)

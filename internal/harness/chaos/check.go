@@ -110,12 +110,25 @@ func Check(h History, a statestore.Audit, ledger []remote.Entry) Result {
 		applied[e.Key] = e
 	}
 
+	// Orders sas started itself (children) are checked as submitted ones
+	// are; the counts are of the submitted.
+	heldChild := map[string]bool{} // orders with a child held in error
+	for _, o := range orders {
+		if o.ParentOrder != "" && o.Status == statestore.OrderError {
+			heldChild[o.ParentOrder] = true
+		}
+	}
+	for id, o := range orders {
+		if !h.Confirmed[id] && startedBySAS(o, orders) {
+			checkOrder(o, heldChild[id], applied, undone, add)
+		}
+	}
 	for id := range h.Confirmed {
 		o := orders[id]
 		if o == nil {
 			continue
 		}
-		checkOrder(o, applied, undone, add)
+		checkOrder(o, heldChild[id], applied, undone, add)
 		switch o.Status {
 		case statestore.OrderCompleted:
 			r.Completed++
@@ -151,13 +164,18 @@ func Check(h History, a statestore.Audit, ledger []remote.Entry) Result {
 
 // checkOrder checks invariants 2, 4, 5, 6, 10 and the forward-call part
 // of 7 for one confirmed order.
-func checkOrder(o *statestore.AuditOrder, applied map[string]remote.Entry, undone map[string]int, add func(int, string, ...any)) {
-	// 2. One terminal outcome; a held order raised an alert.
+func checkOrder(o *statestore.AuditOrder, heldChild bool, applied map[string]remote.Entry, undone map[string]int, add func(int, string, ...any)) {
+	// 2. One terminal outcome; a held order raised an alert; an order
+	// awaiting a child held in error waits with it.
 	switch o.Status {
 	case statestore.OrderCompleted, statestore.OrderFailed:
 	case statestore.OrderError:
 		if o.Alerts == 0 {
 			add(2, "order %s is held in error without an operator alert", o.OrderID)
+		}
+	case statestore.OrderProcessing:
+		if !heldChild {
+			add(2, "order %s ended %s, not completed, failed or error", o.OrderID, o.Status)
 		}
 	default:
 		add(2, "order %s ended %s, not completed, failed or error", o.OrderID, o.Status)

@@ -426,7 +426,22 @@ const graphWorkflowYAML = `
         for_each: payload.items
         max_parallel: 2
         compensation: {action: cancel_shipment}
+  # The fault run's time and children (chaos.TimeWorkflow): a timer alone
+  # between the reservation and a child order that charges and ships.
+  - name: chaos_time
+    steps:
+      - {action: reserve_inventory, agent: inventory, compensation: {action: release_inventory}}
+      - {action: cooling_off, delay: 300ms}
+      - {id: pay_and_ship, workflow: chaos_child}
+  - name: chaos_child
+    steps:
+      - {action: charge_payment, agent: payment, compensation: {action: refund_payment}}
+      - {action: create_shipment, agent: shipping, compensation: {action: cancel_shipment}}
 `
+
+// TimeWorkflow is the fault run's workflow with a timer and a child
+// order (a sub-process), on the built-in agent kinds.
+const TimeWorkflow = "chaos_time"
 
 // startServices starts the remote and two replicas of each service, which
 // reach Postgres, RabbitMQ and the remote through proxies (the harness
@@ -630,11 +645,13 @@ func (r *run) publish(ctx context.Context, pub *broker.Publisher, topo broker.To
 		case <-tick.C:
 		}
 		wf := ""
-		switch r.intn(4) {
+		switch r.intn(5) {
 		case 0:
 			wf = "single"
 		case 1:
 			wf = GraphWorkflow
+		case 2:
+			wf = TimeWorkflow
 		}
 		items := []messages.Item{{SKU: "SKU-1", Qty: 1}}
 		if wf == GraphWorkflow {
