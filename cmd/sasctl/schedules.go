@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"text/tabwriter"
 	"time"
@@ -62,6 +63,18 @@ func (a *app) schedulesList(ctx context.Context, args []string) error {
 func (a *app) schedulesPause(ctx context.Context, args []string, pause bool) error {
 	fs := a.flags()
 	as := fs.String("as", "", "the name to record beside your database login (default: $USER)")
+	return a.onSchedule(ctx, fs, args, func(store *statestore.Store, name string) error {
+		row, err := findStored(ctx, store, name)
+		if err != nil {
+			return err
+		}
+		return a.pauseSchedule(ctx, store, row, pause, claimedName(*as))
+	})
+}
+
+// onSchedule parses a schedule command's flags and its one argument, the
+// schedule's name, and runs do with the state store.
+func (a *app) onSchedule(ctx context.Context, fs *flag.FlagSet, args []string, do func(*statestore.Store, string) error) error {
 	rest, err := a.parse(fs, args)
 	if err != nil {
 		return err
@@ -74,10 +87,10 @@ func (a *app) schedulesPause(ctx context.Context, args []string, pause bool) err
 		return err
 	}
 	defer closeStore()
-	row, err := findStored(ctx, store, rest[0])
-	if err != nil {
-		return err
-	}
+	return do(store, rest[0])
+}
+
+func (a *app) pauseSchedule(ctx context.Context, store *statestore.Store, row statestore.ScheduleRow, pause bool, claimed string) error {
 	next := row.NextTick
 	if !pause {
 		sc, err := workflow.ParseTicks(row.Cron, row.Timezone)
@@ -90,7 +103,7 @@ func (a *app) schedulesPause(ctx context.Context, args []string, pause bool) err
 		}
 		next = sc.Next(now)
 	}
-	if err := store.PauseSchedule(ctx, row.Name, pause, next, claimedName(*as)); err != nil {
+	if err := store.PauseSchedule(ctx, row.Name, pause, next, claimed); err != nil {
 		return err
 	}
 	if pause {
@@ -107,34 +120,28 @@ func (a *app) schedulesTrigger(ctx context.Context, args []string) error {
 	fs := a.flags()
 	as := fs.String("as", "", "the name to record beside your database login (default: $USER)")
 	wait := fs.Duration("wait", 10*time.Second, "how long to wait for the leading supervisor to start the order")
-	rest, err := a.parse(fs, args)
+	return a.onSchedule(ctx, fs, args, func(store *statestore.Store, name string) error {
+		return a.triggerSchedule(ctx, store, name, claimedName(*as), *wait)
+	})
+}
+
+func (a *app) triggerSchedule(ctx context.Context, store *statestore.Store, name, claimed string, wait time.Duration) error {
+	at, err := store.TriggerSchedule(ctx, name, claimed)
 	if err != nil {
 		return err
 	}
-	if len(rest) != 1 {
-		return a.usageError(fs, "give the schedule's name (sasctl schedules list)")
-	}
-	store, closeStore, err := a.store(ctx)
-	if err != nil {
-		return err
-	}
-	defer closeStore()
-	at, err := store.TriggerSchedule(ctx, rest[0], claimedName(*as))
-	if err != nil {
-		return err
-	}
-	id := messages.DerivedID("schedule:" + rest[0] + ":trigger:" + at.UTC().Format(time.RFC3339Nano))
-	deadline := time.Now().Add(*wait)
+	id := messages.DerivedID("schedule:" + name + ":trigger:" + at.UTC().Format(time.RFC3339Nano))
+	deadline := time.Now().Add(wait)
 	for {
 		_, err := store.GetOrder(ctx, id)
 		switch {
 		case err == nil:
-			fmt.Fprintf(a.stdout, "schedule %s: order %s started\n", rest[0], id)
+			fmt.Fprintf(a.stdout, "schedule %s: order %s started\n", name, id)
 			return nil
 		case !errors.Is(err, statestore.ErrNotFound):
 			return err
 		case time.Now().After(deadline):
-			return fmt.Errorf("schedule %s: triggered, but no supervisor started order %s within %v: is one leading? (it starts it when it does)", rest[0], id, *wait)
+			return fmt.Errorf("schedule %s: triggered, but no supervisor started order %s within %v: is one leading? (it starts it when it does)", name, id, wait)
 		}
 		select {
 		case <-ctx.Done():

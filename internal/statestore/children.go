@@ -40,6 +40,25 @@ func DerivedHash(workflowName string, payload []byte) []byte {
 	return h.Sum(nil)
 }
 
+// insertOwnOrder writes, in tx, an order sas starts itself (a child, a
+// schedule's) with the workflow version it runs, as the submitter writes
+// one; it reports whether the order is new (false: its id was written
+// before, and nothing changed).
+func insertOwnOrder(ctx context.Context, tx pgx.Tx, o NewOrder, version WorkflowVersion) (bool, error) {
+	if _, err := tx.Exec(ctx, `INSERT INTO workflow_versions (name, version, definition, created_by) VALUES ($1, $2, $3, $4)
+		ON CONFLICT (name, version) DO NOTHING`, version.Name, version.Version, string(version.Definition), version.CreatedBy); err != nil {
+		return false, err
+	}
+	var a insertArrays
+	a.add(o, 1)
+	rows, err := tx.Query(ctx, insertOrdersSQL, a.args()...)
+	if err != nil {
+		return false, err
+	}
+	written, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	return len(written) == 1, err
+}
+
 // ErrTooDeep is why a child is not started: its parent is at the deepest
 // depth a child may have (workflow.MaxDepth) already.
 var ErrTooDeep = errors.New("too deep")
@@ -70,17 +89,7 @@ func (s *Store) StartChild(ctx context.Context, c ClaimedStep, child NewOrder, v
 		case depth+1 > workflow.MaxDepth:
 			return ErrTooDeep
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO workflow_versions (name, version, definition, created_by) VALUES ($1, $2, $3, $4)
-			ON CONFLICT (name, version) DO NOTHING`, version.Name, version.Version, string(version.Definition), version.CreatedBy); err != nil {
-			return err
-		}
-		var a insertArrays
-		a.add(child, 1)
-		rows, err := tx.Query(ctx, insertOrdersSQL, a.args()...)
-		if err != nil {
-			return err
-		}
-		if _, err := pgx.CollectRows(rows, pgx.RowTo[int]); err != nil {
+		if _, err := insertOwnOrder(ctx, tx, child, version); err != nil {
 			return err
 		}
 		var applied bool

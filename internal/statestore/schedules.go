@@ -174,21 +174,11 @@ func (s *Store) FireSchedules(ctx context.Context, holder, lease string, plan fu
 			}
 			lastOrder := d.LastOrder
 			for _, st := range round.Starts {
-				if _, err := tx.Exec(ctx, `INSERT INTO workflow_versions (name, version, definition, created_by) VALUES ($1, $2, $3, $4)
-					ON CONFLICT (name, version) DO NOTHING`, st.Version.Name, st.Version.Version, string(st.Version.Definition), st.Version.CreatedBy); err != nil {
-					return err
-				}
-				var a insertArrays
-				a.add(st.Order, 1)
-				rows, err := tx.Query(ctx, insertOrdersSQL, a.args()...)
+				written, err := insertOwnOrder(ctx, tx, st.Order, st.Version)
 				if err != nil {
 					return err
 				}
-				written, err := pgx.CollectRows(rows, pgx.RowTo[int])
-				if err != nil {
-					return err
-				}
-				if len(written) == 1 {
+				if written {
 					f.Started = append(f.Started, st.Order.OrderID)
 				}
 				lastOrder = st.Order.OrderID

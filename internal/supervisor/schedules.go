@@ -81,7 +81,7 @@ func (s *sweeper) fireSchedules(ctx context.Context) {
 // trigger whatever the overlap, and the next tick after now.
 func (s *sweeper) planSchedule(now time.Time, due statestore.ScheduleRow) statestore.ScheduleRound {
 	var round statestore.ScheduleRound
-	sc, okSc := findSchedule(s.workflows, due.Name)
+	sc, okSc := s.workflows.Schedule(due.Name)
 	wf, okWf := s.workflows.Lookup(due.Workflow)
 	if !okSc || !okWf || sc.Version() != due.Version {
 		// Another supervisor's file (one of another release, or being
@@ -143,13 +143,4 @@ func (s *sweeper) scheduledOrder(sc workflow.Schedule, wf workflow.Workflow, nam
 		Actor: fmt.Sprintf("schedule:%s (tick %s)", sc.Name, tick.UTC().Format(time.RFC3339))}
 	return statestore.ScheduleStart{Tick: tick, Order: o,
 		Version: statestore.WorkflowVersion{Name: wf.Name, Version: wf.Version(), Definition: wf.Definition(), CreatedBy: s.me}}
-}
-
-func findSchedule(r *workflow.Registry, name string) (workflow.Schedule, bool) {
-	for _, sc := range r.Schedules() {
-		if sc.Name == name {
-			return sc, true
-		}
-	}
-	return workflow.Schedule{}, false
 }

@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"cmp"
 	"testing"
 	"time"
 
@@ -58,7 +59,7 @@ schedules:
 		{"skip", "all", statestore.OrderProcessing, now, []time.Time{}, ""},                         // the last order runs
 		{"skip", "all", statestore.OrderCompleted, now, []time.Time{next.Add(4 * time.Minute)}, ""}, // one, not five overlapping
 	} {
-		r := file(tc.overlap, tc.catchUp, cmpOr(tc.cron, "* * * * *"))
+		r := file(tc.overlap, tc.catchUp, cmp.Or(tc.cron, "* * * * *"))
 		s := &sweeper{workflows: r, me: "test"}
 		round := s.planSchedule(tc.at, row(r, tc.last))
 		var got []string
@@ -91,11 +92,4 @@ schedules:
 		!round.NextTick.Equal(d.NextTick) {
 		t.Fatalf("a trigger: %+v", round)
 	}
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }

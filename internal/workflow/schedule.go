@@ -1,6 +1,7 @@
 package workflow
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -187,12 +188,12 @@ func (p *parser) schedules(n *yaml.Node, r *Registry) {
 			p.problem(line, "%v", err)
 			continue
 		}
-		s.Cron, s.Timezone, s.rule = ticks.Cron, cmpOr(tz, "UTC"), ticks.rule
+		s.Cron, s.Timezone, s.rule = ticks.Cron, cmp.Or(tz, "UTC"), ticks.rule
 		if s.Payload == nil {
 			s.Payload = json.RawMessage(`{}`)
 		}
-		s.Overlap = cmpOr(s.Overlap, OverlapSkip)
-		s.CatchUp = cmpOr(s.CatchUp, CatchUpLast)
+		s.Overlap = cmp.Or(s.Overlap, OverlapSkip)
+		s.CatchUp = cmp.Or(s.CatchUp, CatchUpLast)
 		if first, dup := lines[s.Name]; dup {
 			p.problem(item.Line, "schedule %q is defined twice (first at line %d); rename or remove one", s.Name, first)
 			continue
@@ -227,6 +228,12 @@ func (p *parser) checkSchedules(r *Registry) {
 	}
 }
 
+// Schedule is the file's schedule of that name.
+func (r *Registry) Schedule(name string) (Schedule, bool) {
+	s, ok := r.schedules[name]
+	return s, ok
+}
+
 // Schedules lists the file's schedules by name.
 func (r *Registry) Schedules() []Schedule {
 	out := make([]Schedule, 0, len(r.schedules))
@@ -235,11 +242,4 @@ func (r *Registry) Schedules() []Schedule {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
