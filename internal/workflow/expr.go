@@ -24,6 +24,8 @@ const (
 	// UseItemInput is the input of a for_each step: it also sees item and
 	// index, the instance's element of the list and its position.
 	UseItemInput = "item_input"
+	// UseAttribute is a search attribute's value: it sees the payload only.
+	UseAttribute = "search attribute"
 )
 
 // exprCostLimit bounds the work of one evaluation (CEL's cost units, about
@@ -41,8 +43,10 @@ const maxExprLen = 2000
 func newEnv(use string) (*cel.Env, error) {
 	opts := []cel.EnvOption{
 		cel.Variable("payload", cel.MapType(cel.StringType, cel.DynType)),
-		cel.Variable("results", cel.MapType(cel.StringType, cel.DynType)),
 		cel.CrossTypeNumericComparisons(true),
+	}
+	if use != UseAttribute {
+		opts = append(opts, cel.Variable("results", cel.MapType(cel.StringType, cel.DynType)))
 	}
 	if use == UseItemInput {
 		opts = append(opts, cel.Variable("item", cel.DynType), cel.Variable("index", cel.IntType))

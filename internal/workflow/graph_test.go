@@ -16,6 +16,9 @@ func TestListsKeepTheirVersions(t *testing.T) {
 	t.Parallel()
 	want := map[string]string{"order": "444ef1f7548df3f9", "order_hold": "d56db27c81e5c830", "single": "6f7515c7b5ca7e12"}
 	for _, wf := range workflow.Builtin().All() {
+		if _, old := want[wf.Name]; !old {
+			continue // added since
+		}
 		if wf.Graph {
 			t.Errorf("%s is a list, read as a graph", wf.Name)
 		}

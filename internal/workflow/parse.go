@@ -319,7 +319,8 @@ func (p *parser) workflow(n *yaml.Node) (Workflow, bool) {
 				wf.schemaCost = newSchemaCost(wf.schema)
 			}
 		},
-		"steps": func(v *yaml.Node) { stepsNode = v },
+		"steps":             func(v *yaml.Node) { stepsNode = v },
+		"search_attributes": func(v *yaml.Node) { wf.SearchAttributes = p.searchAttributes(v) },
 	}, "name", "steps")
 	if stepsNode != nil {
 		p.steps(stepsNode, &wf)
@@ -593,6 +594,8 @@ func exprExample(use string) string {
 		return "a bool over payload and results, such as \"payload.amount > 100000\""
 	case UseForEach:
 		return "a list over payload and results, such as \"payload.parcels\""
+	case UseAttribute:
+		return "a value over the payload, such as \"payload.customer\""
 	}
 	return "a value over payload and results (and item and index in a for_each step), such as \"{'sku': item.sku}\""
 }

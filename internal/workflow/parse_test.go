@@ -24,7 +24,7 @@ func TestShippedExampleIsTheBuiltinFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := strings.Join(r.Names(), ","); got != "order,order_hold,single" {
+	if got := strings.Join(r.Names(), ","); got != "order,order_approval,order_hold,single" {
 		t.Fatalf("workflows %s", got)
 	}
 }

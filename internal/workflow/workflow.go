@@ -108,6 +108,9 @@ type Workflow struct {
 	// the steps then run as their needs allow, not one after the other.
 	Graph bool   `json:"graph,omitempty"`
 	Steps []Step `json:"steps"`
+	// SearchAttributes are what its orders can be found by: each read
+	// from the payload at submit and stored typed.
+	SearchAttributes []SearchAttribute `json:"search_attributes,omitempty"`
 
 	schema     *jsonschema.Schema
 	schemaCost *schemaCost // bounds the work of checking a payload
