@@ -51,7 +51,7 @@ func insertOwnOrder(ctx context.Context, tx pgx.Tx, o NewOrder, version Workflow
 	}
 	var a insertArrays
 	a.add(o, 1)
-	rows, err := tx.Query(ctx, insertOrdersSQL, a.args()...)
+	rows, err := tx.Query(ctx, a.sql(), a.args()...)
 	if err != nil {
 		return false, err
 	}

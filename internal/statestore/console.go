@@ -36,6 +36,8 @@ type OrderQuery struct {
 	Status   string    // "" for any
 	Workflow string    // "" for any
 	From, To time.Time // created at or after From, before To; zero for no bound
+	// Attrs select by search attributes, all of them.
+	Attrs []AttrCond
 	// IDLow and IDHigh bound the order id (an id prefix turned into the
 	// range of ids that start with it); "" for no bound.
 	IDLow, IDHigh string
@@ -57,42 +59,13 @@ func (s *Store) OrderPage(ctx context.Context, q OrderQuery) ([]OrderRow, *Order
 	// each is a range of an index. The keyset condition is written so that
 	// its created_at bound is an index condition: created_at <= the
 	// cursor's, then the tie broken on the id.
-	var where []string
-	var args []any
-	add := func(cond string, vals ...any) {
-		for _, v := range vals {
-			args = append(args, v)
-			cond = strings.Replace(cond, "?", fmt.Sprintf("$%d", len(args)), 1)
-		}
-		where = append(where, cond)
+	w, err := newOrderWhere(q)
+	if err != nil {
+		return nil, nil, fmt.Errorf("order page: %w", err)
 	}
-	if q.Status != "" {
-		add("status = ?", q.Status)
-	}
-	if q.Workflow != "" {
-		add("workflow = ?", q.Workflow)
-	}
-	if !q.From.IsZero() {
-		add("created_at >= ?", q.From)
-	}
-	if !q.To.IsZero() {
-		add("created_at < ?", q.To)
-	}
-	if q.IDLow != "" {
-		add("order_id >= ?::uuid", q.IDLow)
-	}
-	if q.IDHigh != "" {
-		add("order_id <= ?::uuid", q.IDHigh)
-	}
-	if q.After != nil {
-		add("created_at <= ? AND (created_at < ? OR order_id < ?::uuid)", q.After.CreatedAt, q.After.CreatedAt, q.After.OrderID)
-	}
-	page := `SELECT order_id, workflow, coalesce(workflow_version, '') AS workflow_version, status, priority, created_at, updated_at FROM orders`
-	if len(where) > 0 {
-		page += " WHERE " + strings.Join(where, " AND ")
-	}
-	args = append(args, q.Limit+1)
-	page += fmt.Sprintf(" ORDER BY created_at DESC, order_id DESC LIMIT $%d", len(args))
+	page := `SELECT o.order_id, o.workflow, coalesce(o.workflow_version, '') AS workflow_version, o.status, o.priority, o.created_at, o.updated_at FROM ` + w.sql()
+	args := append(w.args, q.Limit+1)
+	page += fmt.Sprintf(" ORDER BY %[1]s.created_at DESC, %[1]s.order_id DESC LIMIT $%[2]d", w.k, len(args))
 	// Why, for the page's failed and held orders only: their step in
 	// error, through its partial index.
 	sql := `SELECT o.order_id::text, o.workflow, o.workflow_version, o.status, o.priority, o.created_at, o.updated_at,

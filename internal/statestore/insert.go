@@ -46,6 +46,9 @@ type NewOrder struct {
 	// CorrelationID is the submit's AMQP correlation_id, sent back with
 	// the order's "received" event (migration 0022); "" for none.
 	CorrelationID string
+	// Attributes are the order's search attributes (its workflow's
+	// search_attributes over its payload), written with it.
+	Attributes []Attribute
 }
 
 // Failure policies.
@@ -178,8 +181,24 @@ WITH o AS (
     INSERT INTO outbox (message_type, order_id, reply_to, body, correlation_id)
     SELECT 'status_event', order_id, NULLIF(reply_to, ''), status_event_body(order_id, 'received', NULL), NULLIF(correlation_id, '')
     FROM insd
-)
+)`
+
+// insertOrdersEnd ends insertOrdersSQL: the index of every order written.
+const insertOrdersEnd = `
 SELECT idx::int FROM insd`
+
+// insertAttributesSQL is the part of insertOrdersSQL, present only when a
+// batch has search attributes, that writes them ($28..$33, one element
+// per attribute, $28 the 1-based index of its order) with their order's
+// created_at (the same now()), which the attribute indexes' keyset order
+// needs.
+const insertAttributesSQL = `, attr AS (
+    INSERT INTO order_attributes (order_id, name, created_at, v_text, v_num, v_bool, v_time)
+    SELECT insd.order_id, a.name, now(), a.v_text, a.v_num, a.v_bool, a.v_time
+    FROM unnest($28::int[], $29::text[], $30::text[], $31::float8[], $32::bool[], $33::timestamptz[])
+             AS a(order_idx, name, v_text, v_num, v_bool, v_time)
+    JOIN insd ON insd.idx = a.order_idx
+)`
 
 // InsertOrder writes an order with its steps and their history in one
 // transaction (insertOrdersSQL with one order). The same order id with the
@@ -191,7 +210,7 @@ func (s *Store) InsertOrder(ctx context.Context, o NewOrder) (InsertOutcome, err
 	}
 	var a insertArrays
 	a.add(o, 1)
-	rows, err := s.pool.Query(ctx, insertOrdersSQL, a.args()...)
+	rows, err := s.pool.Query(ctx, a.sql(), a.args()...)
 	var written []int
 	if err == nil {
 		written, err = pgx.CollectRows(rows, pgx.RowTo[int])
@@ -229,7 +248,7 @@ func (s *Store) InsertOrders(ctx context.Context, orders []NewOrder) ([]InsertOu
 	}
 	written := make(map[int]bool, len(sent))
 	if len(sent) > 0 {
-		rows, err := s.pool.Query(ctx, insertOrdersSQL, a.args()...)
+		rows, err := s.pool.Query(ctx, a.sql(), a.args()...)
 		if err == nil {
 			var idxs []int
 			idxs, err = pgx.CollectRows(rows, pgx.RowTo[int])
@@ -271,6 +290,13 @@ type insertArrays struct {
 	names, agents, keys, kinds                  []string
 	timeouts, backoffBases, backoffMaxes        []int64
 	needs, ancestors, specs                     []*string
+
+	attrOrder []int32
+	attrNames []string
+	attrText  []*string
+	attrNum   []*float64
+	attrBool  []*bool
+	attrTime  []*time.Time
 }
 
 // add appends o as the idx-th (1-based) order of the statement.
@@ -288,6 +314,14 @@ func (a *insertArrays) add(o NewOrder, idx int) {
 	a.actors = append(a.actors, o.Actor)
 	a.traceparents = append(a.traceparents, o.Traceparent)
 	a.correlations = append(a.correlations, o.CorrelationID)
+	for _, at := range o.Attributes {
+		a.attrOrder = append(a.attrOrder, int32(idx))
+		a.attrNames = append(a.attrNames, at.Name)
+		a.attrText = append(a.attrText, at.Text)
+		a.attrNum = append(a.attrNum, at.Num)
+		a.attrBool = append(a.attrBool, at.Bool)
+		a.attrTime = append(a.attrTime, at.Time)
+	}
 	for i, st := range o.Steps {
 		a.stepOrder = append(a.stepOrder, int32(idx))
 		a.names = append(a.names, st.Name)
@@ -327,11 +361,24 @@ func intArray(ns []int) *string {
 	return &v
 }
 
+// sql is insertOrdersSQL, with insertAttributesSQL when any order of the
+// batch has search attributes: orders without any pay nothing for them.
+func (a *insertArrays) sql() string {
+	if len(a.attrOrder) == 0 {
+		return insertOrdersSQL + insertOrdersEnd
+	}
+	return insertOrdersSQL + insertAttributesSQL + insertOrdersEnd
+}
+
 func (a *insertArrays) args() []any {
-	return []any{a.ids, a.workflows, a.versions, a.payloads, a.priorities, a.replyTos, a.placedAt,
+	args := []any{a.ids, a.workflows, a.versions, a.payloads, a.priorities, a.replyTos, a.placedAt,
 		a.hashes, a.policies, a.actors,
 		a.stepOrder, a.names, a.agents, a.timeouts, a.maxFailures, a.keys, a.kinds, a.compensates, a.stepNo,
 		a.backoffBases, a.backoffMaxes, a.traceparents, a.correlations, a.needs, a.ancestors, a.specs, a.startAt}
+	if len(a.attrOrder) > 0 {
+		args = append(args, a.attrOrder, a.attrNames, a.attrText, a.attrNum, a.attrBool, a.attrTime)
+	}
+	return args
 }
 
 // existing tells a duplicate from a conflict for an order whose insert

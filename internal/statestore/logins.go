@@ -16,6 +16,9 @@ const (
 	// RoleConsole is the web console's (migrations/0018_console.sql): it
 	// reads, and calls the operator functions.
 	RoleConsole = "sas_console"
+	// RoleAPI is the HTTP API's (migrations/0031_http_api.sql): it
+	// submits, reads, calls the operator functions, and runs bulk jobs.
+	RoleAPI = "sas_api"
 )
 
 // EnsureLogin creates the login user login as a member of role with

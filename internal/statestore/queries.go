@@ -1,6 +1,7 @@
 package statestore
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -211,4 +212,43 @@ func (s *Store) history(ctx context.Context, q querier, orderID string) ([]Trans
 		err := row.Scan(&t.ID, &t.Step, &t.From, &t.To, &t.Attempt, &t.Actor, &t.Reason, &t.At, &t.DBUser, &t.ClaimedBy)
 		return t, err
 	})
+}
+
+// StatusEventOf is the status event of an order's current status, as the
+// outbox would send it (with its results, and why it ended, when it
+// ended): what an awaiting client is answered with. ErrNotFound for an
+// unknown order.
+func (s *Store) StatusEventOf(ctx context.Context, orderID string) (string, json.RawMessage, error) {
+	var status string
+	var body json.RawMessage
+	err := s.pool.QueryRow(ctx, `SELECT status, status_event_body(order_id, status, NULL) FROM orders WHERE order_id = $1`, orderID).
+		Scan(&status, &body)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil, fmt.Errorf("order %s: %w", orderID, ErrNotFound)
+	}
+	if err != nil {
+		return "", nil, fmt.Errorf("status of order %s: %w", orderID, classify(err))
+	}
+	// jsonb's text has a space after each colon and comma; events sent
+	// on the exchange do not, and one order's event reads the same
+	// either way.
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, body); err != nil {
+		return "", nil, fmt.Errorf("status of order %s: %w", orderID, err)
+	}
+	return status, compact.Bytes(), nil
+}
+
+// SubmittedBy is the actor that wrote an order (its history's first
+// row), "" for an unknown order.
+func (s *Store) SubmittedBy(ctx context.Context, orderID string) (string, error) {
+	var actor string
+	err := s.pool.QueryRow(ctx, `SELECT actor FROM transitions WHERE order_id = $1 AND step IS NULL ORDER BY id LIMIT 1`, orderID).Scan(&actor)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("who submitted order %s: %w", orderID, classify(err))
+	}
+	return actor, nil
 }

@@ -70,23 +70,10 @@ func (s *Store) ApplySignal(ctx context.Context, sig Signal) (SignalOutcome, err
 		payload = &p
 	}
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var schema []byte
-		err := tx.QueryRow(ctx, `SELECT spec->'wait'->'schema' FROM steps
-			WHERE order_id = $1 AND spec->'wait'->>'signal' = $2 AND spec->'wait' ? 'schema' ORDER BY step LIMIT 1`,
-			sig.OrderID, sig.Name).Scan(&schema)
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-		case err != nil:
+		refused, err := checkWaitSchema(ctx, tx, sig.OrderID, sig.Name, sig.Payload)
+		if err != nil || refused.Outcome != "" {
+			out = refused
 			return err
-		default:
-			doc := sig.Payload
-			if doc == nil {
-				doc = []byte("null")
-			}
-			if err := workflow.CheckAgainst(schema, doc); err != nil {
-				out = SignalOutcome{Outcome: SignalInvalidPayload, Detail: "the signal's payload breaks its wait's schema: " + err.Error()}
-				return nil
-			}
 		}
 		return tx.QueryRow(ctx, `SELECT outcome, step, order_status, detail FROM order_signal($1, $2, $3, $4, $5)`,
 			sig.OrderID, sig.ID, sig.Name, payload, sig.Actor).Scan(&out.Outcome, &out.Step, &out.OrderStatus, &out.Detail)
@@ -125,6 +112,43 @@ func (s *Store) SignalCheck(ctx context.Context, orderID, name string) (SignalOu
 		return SignalOutcome{Outcome: SignalWaitEnded, Detail: "every step of order " + orderID + " that waits for " + name + " has ended"}, nil
 	}
 	return SignalOutcome{}, nil
+}
+
+// checkWaitSchema refuses (invalid_payload) a signal payload that breaks
+// the schema of the wait it is for, if that wait has one.
+func checkWaitSchema(ctx context.Context, q querier, orderID, name string, payload []byte) (SignalOutcome, error) {
+	var schema []byte
+	err := q.QueryRow(ctx, `SELECT spec->'wait'->'schema' FROM steps
+		WHERE order_id = $1 AND spec->'wait'->>'signal' = $2 AND spec->'wait' ? 'schema' ORDER BY step LIMIT 1`,
+		orderID, name).Scan(&schema)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return SignalOutcome{}, nil
+	case err != nil:
+		return SignalOutcome{}, err
+	}
+	doc := payload
+	if doc == nil {
+		doc = []byte("null")
+	}
+	if err := workflow.CheckAgainst(schema, doc); err != nil {
+		return SignalOutcome{Outcome: SignalInvalidPayload, Detail: "the signal's payload breaks its wait's schema: " + err.Error()}, nil
+	}
+	return SignalOutcome{}, nil
+}
+
+// SignalCheckPayload is SignalCheck, and then the payload checked
+// against the wait's schema: what the HTTP API refuses at once.
+func (s *Store) SignalCheckPayload(ctx context.Context, orderID, name string, payload []byte) (SignalOutcome, error) {
+	out, err := s.SignalCheck(ctx, orderID, name)
+	if err != nil || out.Outcome != "" {
+		return out, err
+	}
+	out, err = checkWaitSchema(ctx, s.pool, orderID, name, payload)
+	if err != nil {
+		return SignalOutcome{}, fmt.Errorf("check signal %s for order %s: %w", name, orderID, classify(err))
+	}
+	return out, nil
 }
 
 // SignalTaken reads what became of a signal once a scheduler took it:

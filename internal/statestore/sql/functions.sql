@@ -669,6 +669,52 @@ BEGIN
 END;
 $function$;
 
+-- overview_sample: the leading supervisor's sample for the console's
+-- charts (overview_minutes), if p_holder holds the lease p_lease: for each
+-- of the last four minutes and each workflow, of the orders that came in
+-- that minute, how many completed and failed, and the p50 and p95 of the
+-- completed ones' submit-to-end time (an order that ends later than that
+-- is not counted); and the steps pending now, in this minute's row. Rows
+-- older than two hours go. It returns the rows written.
+CREATE OR REPLACE FUNCTION overview_sample(p_holder text, p_lease text)
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_now timestamptz := date_trunc('minute', now());
+    v_ended integer;
+    v_pending integer;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM leases l WHERE l.name = p_lease AND l.holder = p_holder AND l.expires_at > now()) THEN
+        RETURN 0;
+    END IF;
+    INSERT INTO overview_minutes AS m (minute, workflow, completed, failed, p50_ms, p95_ms)
+    SELECT date_trunc('minute', o.created_at), o.workflow,
+           count(*) FILTER (WHERE o.status = 'completed'), count(*) FILTER (WHERE o.status = 'failed'),
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM o.updated_at - o.created_at) * 1000) FILTER (WHERE o.status = 'completed'),
+           percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM o.updated_at - o.created_at) * 1000) FILTER (WHERE o.status = 'completed')
+    FROM orders o
+    WHERE o.status IN ('completed', 'failed') AND o.created_at >= v_now - interval '3 minutes'
+    GROUP BY 1, 2
+    ON CONFLICT (minute, workflow) DO UPDATE
+        SET completed = excluded.completed, failed = excluded.failed, p50_ms = excluded.p50_ms, p95_ms = excluded.p95_ms;
+    GET DIAGNOSTICS v_ended = ROW_COUNT;
+    -- Pending now: this minute's row of each workflow with any, and 0 for
+    -- those that had some earlier in the minute.
+    INSERT INTO overview_minutes AS m (minute, workflow, pending)
+    SELECT v_now, o.workflow, count(*) FROM steps s JOIN orders o ON o.order_id = s.order_id
+    WHERE s.process_state = 'pending' GROUP BY o.workflow
+    ON CONFLICT (minute, workflow) DO UPDATE SET pending = excluded.pending;
+    GET DIAGNOSTICS v_pending = ROW_COUNT;
+    UPDATE overview_minutes m SET pending = 0
+    WHERE m.minute = v_now AND m.pending > 0
+      AND NOT EXISTS (SELECT 1 FROM steps s JOIN orders o ON o.order_id = s.order_id
+                      WHERE s.process_state = 'pending' AND o.workflow = m.workflow);
+    DELETE FROM overview_minutes WHERE minute < v_now - interval '2 hours';
+    RETURN v_ended + v_pending;
+END;
+$function$;
+
 -- next_timer: seconds until the earliest waiting timer (a delay, a
 -- wait's timeout) falls due on the database clock (negative: overdue,
 -- which a held order's timers may be; NULL: none), read from the
@@ -1254,6 +1300,8 @@ BEGIN
     DELETE FROM steps s USING gone g WHERE s.order_id = g.order_id;
     DELETE FROM transitions t USING gone g WHERE t.order_id = g.order_id;
     DELETE FROM signals n USING gone g WHERE n.order_id = g.order_id;
+    DELETE FROM order_attributes a USING gone g WHERE a.order_id = g.order_id;
+    DELETE FROM order_payloads p USING gone g WHERE p.order_id = g.order_id;
     RETURN NULL;
 END;
 $function$;
@@ -1264,7 +1312,7 @@ CREATE OR REPLACE FUNCTION orders_truncate_rows()
  LANGUAGE plpgsql
 AS $function$
 BEGIN
-    TRUNCATE steps, transitions, signals;
+    TRUNCATE steps, transitions, signals, order_attributes, order_payloads;
     RETURN NULL;
 END;
 $function$;
