@@ -54,6 +54,15 @@ func Permissions(prefix string) []Permission {
 			Read:      `^(` + p + `(dlx|submit)|` + p + `[^.]+(\.[^.]+)?\.dlq)$`,
 		},
 		{
+			// The HTTP API publishes signals through the default exchange
+			// and follows status events through an exclusive queue the
+			// broker names (amq.gen-…) bound to the status exchange.
+			Service:   "api",
+			Configure: `^(` + exchanges + `|` + p + `signals(\.dlq)?|amq\.gen-[^.]+)$`,
+			Write:     `^(amq\.default|` + p + `(dlx|signals(\.dlq)?)|amq\.gen-[^.]+)$`,
+			Read:      `^(` + p + `(dlx|status|signals)|amq\.gen-[^.]+)$`,
+		},
+		{
 			// An application (the client package) publishes orders and
 			// signals through the submit and signals queues' own
 			// exchanges, never the default one, and declares and reads

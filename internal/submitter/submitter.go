@@ -6,9 +6,7 @@
 package submitter
 
 import (
-	"cmp"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -22,6 +20,7 @@ import (
 	"sas/internal/batch"
 	"sas/internal/broker"
 	"sas/internal/harness/failpoint"
+	"sas/internal/intake"
 	"sas/internal/messages"
 	"sas/internal/service"
 	"sas/internal/statestore"
@@ -58,8 +57,8 @@ type Config struct {
 
 // Reasons the submitter adds to those of messages.
 const (
-	ReasonConflict        = "conflict"
-	ReasonUnknownWorkflow = "unknown_workflow"
+	ReasonConflict        = intake.ReasonConflict
+	ReasonUnknownWorkflow = intake.ReasonUnknownWorkflow
 )
 
 type metrics struct {
@@ -117,7 +116,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	}
 	defer sk.Close()
 	store, conn, pub, bm, tr := sk.Deps.Store, sk.Deps.Conn, sk.Deps.Pub, sk.Deps.Metrics, sk.Tracing
-	if err := storeVersions(ctx, store, workflows, me, logger); err != nil {
+	if err := intake.StoreVersions(ctx, store, workflows, me, logger); err != nil {
 		return err
 	}
 
@@ -163,35 +162,21 @@ func (h *handler) chain() broker.Handler {
 // (done at SIGTERM) only stops retrying after a database error.
 func (h *handler) handle(ctx context.Context, m broker.Message, o messages.SubmitOrder) error {
 	corr := messages.CorrelationID(m.CorrelationID)
-	wf, ok := h.workflows.Lookup(o.Workflow)
-	if !ok {
-		h.metrics.orders.WithLabelValues("rejected").Inc()
-		return h.refuse(o.OrderID, o.ReplyTo, corr, ReasonUnknownWorkflow, fmt.Sprintf("workflow %q is not defined (known: %v)", o.Workflow, h.workflows.Names()))
-	}
-	payload := o.PayloadJSON()
-	// Decoded once: for the schema and for the canonical form's hash.
-	value, err := messages.PayloadValue(payload)
-	if err == nil {
-		err = wf.CheckPayloadValue(value)
-	}
-	if err == nil {
-		err = wf.ForEachTooLong(payload)
-	}
+	nw, err := intake.Prepare(h.workflows, o, h.stepTimeout, h.actor)
 	if err != nil {
 		h.metrics.orders.WithLabelValues("rejected").Inc()
-		var pe *workflow.PayloadError
-		if errors.As(err, &pe) {
-			return h.refuse(o.OrderID, o.ReplyTo, corr, messages.ReasonInvalidPayload, fmt.Sprintf("at %s: %s", cmp.Or(pe.Pointer, "/"), pe.Detail))
+		var r *intake.Refusal
+		if errors.As(err, &r) {
+			return h.refuse(o.OrderID, o.ReplyTo, corr, r.Reason, r.Detail)
 		}
-		return h.refuse(o.OrderID, o.ReplyTo, corr, messages.ReasonInvalidPayload, err.Error())
+		return err
 	}
-	nw := newOrder(o, payload, value, wf, h.stepTimeout, h.actor)
 	nw.CorrelationID = corr
 	// The order's trace: the application's, when its message carries a
 	// valid traceparent, else a new one. Every later span of the order
 	// joins it through the traceparent stored with the order.
-	sctx, span := h.tr.Start(ctx, "submit "+wf.Name, trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(attribute.String("sas.order_id", o.OrderID), attribute.String("sas.workflow", wf.Name)))
+	sctx, span := h.tr.Start(ctx, "submit "+nw.Workflow, trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(attribute.String("sas.order_id", o.OrderID), attribute.String("sas.workflow", nw.Workflow)))
 	defer span.End()
 	nw.Traceparent = h.tr.Traceparent(sctx)
 	log := h.logger.With(append([]any{"order_id", o.OrderID}, tracing.LogAttrs(sctx)...)...)
@@ -236,7 +221,7 @@ func (h *handler) handle(ctx context.Context, m broker.Message, o messages.Submi
 	case err == nil:
 		failpoint.Inject("submitter-after-commit")
 		h.metrics.orders.WithLabelValues(outcome.String()).Inc()
-		log.Debug("order written", "outcome", outcome.String(), "workflow", wf.Name)
+		log.Debug("order written", "outcome", outcome.String(), "workflow", nw.Workflow)
 		return nil
 	case errors.Is(err, statestore.ErrConflict):
 		h.metrics.orders.WithLabelValues("rejected").Inc()
@@ -264,27 +249,4 @@ func (h *handler) reject(_ context.Context, m broker.Message, err error) error {
 		return h.refuse(orderID, replyTo, messages.CorrelationID(m.CorrelationID), rej.Reason, rej.Detail)
 	}
 	return rej
-}
-
-func newOrder(o messages.SubmitOrder, payload []byte, value any, wf workflow.Workflow, stepTimeout time.Duration, actor string) statestore.NewOrder {
-	hash := sha256.Sum256(o.CanonicalWith(value))
-	steps := statestore.StepsOf(wf, stepTimeout)
-	return statestore.NewOrder{
-		OrderID: o.OrderID, Workflow: wf.Name, WorkflowVersion: wf.Version(), Payload: payload, Priority: o.Priority, ReplyTo: o.ReplyTo, PlacedAt: o.PlacedAt, StartAt: o.StartAt,
-		PayloadHash: hash[:], Steps: steps, Actor: actor, FailurePolicy: wf.Policy,
-	}
-}
-
-// storeVersions records the version of every workflow in the file before
-// any order names one, retrying while the database is unreachable.
-func storeVersions(ctx context.Context, store *statestore.Store, workflows *workflow.Registry, me string, logger *slog.Logger) error {
-	var vs []statestore.WorkflowVersion
-	for _, wf := range workflows.All() {
-		vs = append(vs, statestore.WorkflowVersion{Name: wf.Name, Version: wf.Version(), Definition: wf.Definition(), CreatedBy: me})
-	}
-	return service.Retry(ctx, func() error { return store.StoreWorkflowVersions(ctx, vs) },
-		func(err error) bool { return errors.Is(err, statestore.ErrInvalidData) },
-		func(err error, wait time.Duration) {
-			logger.Warn("storing the workflow versions failed, retrying", "err", err, "retry_in", wait)
-		})
 }
