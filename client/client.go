@@ -625,10 +625,15 @@ func (c *Client) deliver(d amqp.Delivery) {
 		sub.accepted = true
 	}
 	if ev.Status != messages.StatusRejected {
-		t.events = append(t.events, Status{OrderID: ev.OrderID, Status: ev.Status, Step: ev.Step, At: ev.At,
-			Results: ev.Results, ResultsTruncated: ev.ResultsTruncated,
-			Reason: ev.Reason, FailedStep: ev.FailedStep, Detail: ev.Detail, Undone: ev.Undone, Skipped: ev.Skipped})
+		t.events = append(t.events, statusOf(ev))
 	}
 	close(t.changed)
 	t.changed = make(chan struct{})
+}
+
+// statusOf is a status event as the client gives it.
+func statusOf(ev messages.StatusEvent) Status {
+	return Status{OrderID: ev.OrderID, Status: ev.Status, Step: ev.Step, At: ev.At,
+		Results: ev.Results, ResultsTruncated: ev.ResultsTruncated,
+		Reason: ev.Reason, FailedStep: ev.FailedStep, Detail: ev.Detail, Undone: ev.Undone, Skipped: ev.Skipped}
 }

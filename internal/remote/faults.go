@@ -28,6 +28,10 @@ type Faults struct {
 	// FailKeys are refused for good (400) by this action, by idempotency
 	// key: one instance of a for_each step, not its whole order.
 	FailKeys []string `json:"fail_keys,omitempty"`
+	// RefuseIf names a payload field: an order whose payload has it
+	// true is refused for good (400), as a service refuses what it
+	// cannot take; a re-run with it corrected goes through.
+	RefuseIf string `json:"refuse_if,omitempty"`
 }
 
 // FaultConfig maps an action name, or "*" for every action, to its faults.

@@ -218,7 +218,7 @@ func (s *Service) call(w http.ResponseWriter, r *http.Request) {
 	}
 
 	faults, roll := s.draw(action)
-	if slices.Contains(faults.FailOrders, req.OrderID) || slices.Contains(faults.FailKeys, key) {
+	if slices.Contains(faults.FailOrders, req.OrderID) || slices.Contains(faults.FailKeys, key) || refuses(faults.RefuseIf, req.Payload) {
 		outcome = "refused"
 		httpError(w, http.StatusBadRequest, "%s refuses order %s", action, req.OrderID)
 		return
@@ -432,4 +432,13 @@ func writeJSONValue(w http.ResponseWriter, v any) {
 		return
 	}
 	writeJSON(w, http.StatusOK, body)
+}
+
+// refuses reports whether payload has field set to true.
+func refuses(field string, payload json.RawMessage) bool {
+	if field == "" {
+		return false
+	}
+	var p map[string]json.RawMessage
+	return json.Unmarshal(payload, &p) == nil && string(p[field]) == "true"
 }

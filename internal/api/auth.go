@@ -1,0 +1,130 @@
+package api
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"sas/internal/statestore"
+)
+
+// caller is the token a request came with.
+type caller struct {
+	token statestore.APIToken
+}
+
+// actor is how the history and the operator actions name the caller.
+func (c caller) actor() string { return "api:" + c.token.Name }
+
+// may reports whether the caller's role is one of roles.
+func (c caller) may(roles ...string) bool { return slices.Contains(roles, c.token.Role) }
+
+// tokens checks tokens against the store, trusting a checked one for
+// ttl, limits each token's rate, and notes which were used for the
+// store's last_used_at.
+type tokens struct {
+	store *statestore.Store
+	ttl   time.Duration
+	now   func() time.Time
+	rate  rate.Limit
+	burst int
+
+	mu       sync.Mutex
+	checked  map[[32]byte]checkedToken
+	limiters map[int64]*rate.Limiter
+	used     map[int64]bool
+}
+
+type checkedToken struct {
+	token statestore.APIToken
+	until time.Time
+}
+
+func newTokens(store *statestore.Store, ttl time.Duration, perSecond float64, burst int) *tokens {
+	return &tokens{store: store, ttl: ttl, now: time.Now, rate: rate.Limit(perSecond), burst: burst,
+		checked: map[[32]byte]checkedToken{}, limiters: map[int64]*rate.Limiter{}, used: map[int64]bool{}}
+}
+
+// maxCachedTokens bounds the cache: past it, it starts again.
+const maxCachedTokens = 10000
+
+// check returns the token a client presented, or statestore.ErrBadToken.
+func (t *tokens) check(ctx context.Context, presented string) (statestore.APIToken, error) {
+	key := sha256.Sum256([]byte(presented))
+	now := t.now()
+	t.mu.Lock()
+	c, ok := t.checked[key]
+	t.mu.Unlock()
+	if ok && now.Before(c.until) {
+		return c.token, nil
+	}
+	tok, err := t.store.APITokenOf(ctx, presented)
+	if err != nil {
+		return statestore.APIToken{}, err
+	}
+	t.mu.Lock()
+	if len(t.checked) >= maxCachedTokens {
+		clear(t.checked)
+	}
+	t.checked[key] = checkedToken{tok, now.Add(t.ttl)}
+	t.mu.Unlock()
+	return tok, nil
+}
+
+// allow takes one request from the token's allowance; false and how long
+// to wait when it has none.
+func (t *tokens) allow(id int64) (bool, time.Duration) {
+	t.mu.Lock()
+	l, ok := t.limiters[id]
+	if !ok {
+		if len(t.limiters) >= maxCachedTokens {
+			clear(t.limiters)
+		}
+		l = rate.NewLimiter(t.rate, t.burst)
+		t.limiters[id] = l
+	}
+	t.used[id] = true
+	t.mu.Unlock()
+	r := l.Reserve()
+	if d := r.Delay(); d > 0 {
+		r.Cancel()
+		return false, d
+	}
+	return true, 0
+}
+
+// flushUsed records the tokens used since the last flush.
+func (t *tokens) flushUsed(ctx context.Context) error {
+	t.mu.Lock()
+	ids := make([]int64, 0, len(t.used))
+	for id := range t.used {
+		ids = append(ids, id)
+	}
+	clear(t.used)
+	t.mu.Unlock()
+	if len(ids) == 0 {
+		return nil
+	}
+	return t.store.TouchAPITokens(ctx, ids)
+}
+
+// bearer reads the Authorization header's bearer token.
+func bearer(r *http.Request) (string, bool) {
+	h := r.Header.Get("Authorization")
+	scheme, tok, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	tok = strings.TrimSpace(tok)
+	return tok, tok != ""
+}
+
+// errChannelClosed: the broker channel closed without saying why.
+var errChannelClosed = errors.New("the channel closed")

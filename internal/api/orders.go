@@ -1,0 +1,633 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"sas/internal/intake"
+	"sas/internal/messages"
+	"sas/internal/orderfilter"
+	"sas/internal/statestore"
+)
+
+// maxSmallBody bounds a body that is not an order (a signal, a re-run,
+// a resubmit, a bulk filter): a payload and a little more.
+const maxSmallBody = messages.MaxPayloadBytes + 4<<10
+
+// readBody reads a JSON body of at most maxBytes by the rules every
+// message of sas is read by (valid UTF-8, no key twice, bounded depth and
+// numbers): nil and true for an empty body when optional. It answers the
+// problem itself and returns false.
+func readBody(w http.ResponseWriter, r *http.Request, maxBytes int, optional bool) ([]byte, bool) {
+	body, ok := readRaw(w, r, maxBytes, optional)
+	if !ok || body == nil {
+		return body, ok
+	}
+	if err := messages.CheckJSON(body, maxBytes); err != nil {
+		writeDecodeProblem(w, r, http.StatusBadRequest, err)
+		return nil, false
+	}
+	return body, true
+}
+
+// readRaw reads a body of at most maxBytes sent as application/json,
+// without looking into it.
+func readRaw(w http.ResponseWriter, r *http.Request, maxBytes int, optional bool) ([]byte, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(maxBytes)))
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooBig):
+		writeProblem(w, r, http.StatusRequestEntityTooLarge, probTooLarge, fmt.Sprintf("the body is more than %d bytes", maxBytes), withReason(messages.ReasonTooLarge))
+		return nil, false
+	case err != nil:
+		writeProblem(w, r, http.StatusBadRequest, probBadRequest, "the body could not be read: "+err.Error())
+		return nil, false
+	case len(body) == 0 && optional:
+		return nil, true
+	case len(body) == 0:
+		writeProblem(w, r, http.StatusBadRequest, probBadRequest, "a JSON body is required", withReason(messages.ReasonNotJSON))
+		return nil, false
+	}
+	if err := messages.CheckContentType(r.Header.Get("Content-Type")); err != nil {
+		writeProblem(w, r, http.StatusUnsupportedMediaType, probMediaType, "send the body as application/json", withReason(messages.ReasonWrongContentType))
+		return nil, false
+	}
+	return body, true
+}
+
+// writeDecodeProblem answers a body the decoder refused: 413 when too
+// large, 422 for a payload its workflow refuses, else 400; the reason is
+// the decoder's.
+func writeDecodeProblem(w http.ResponseWriter, r *http.Request, status int, err error) {
+	reason := messages.ReasonInvalidValue
+	if de, ok := messages.AsDecodeError(err); ok {
+		reason = de.Reason
+	}
+	kind := probBadRequest
+	switch reason {
+	case messages.ReasonTooLarge:
+		status, kind = http.StatusRequestEntityTooLarge, probTooLarge
+	case messages.ReasonInvalidPayload:
+		status, kind = http.StatusUnprocessableEntity, probInvalid
+	}
+	writeProblem(w, r, status, kind, err.Error(), withReason(reason))
+}
+
+// decodeInto reads body (checked by readBody) into dst, refusing fields
+// dst does not have.
+func decodeInto(w http.ResponseWriter, r *http.Request, body []byte, dst any) bool {
+	if body == nil {
+		return true
+	}
+	dec := json.NewDecoder(bytesReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(dst); err != nil {
+		writeProblem(w, r, http.StatusBadRequest, probBadRequest, "the body does not fit: "+err.Error(), withReason(messages.ReasonInvalidValue))
+		return false
+	}
+	return true
+}
+
+// orderID reads the path's order id; a malformed one is a 400.
+func orderID(w http.ResponseWriter, r *http.Request) (string, bool) {
+	id, ok := messages.CanonicalID(r.PathValue("id"))
+	if !ok {
+		writeProblem(w, r, http.StatusBadRequest, probBadRequest, fmt.Sprintf("%q is not an order id (a UUID)", orderfilter.Clip(r.PathValue("id"), 40)))
+		return "", false
+	}
+	return id, true
+}
+
+// visible reads the order id of the path and answers 404 unless the
+// caller may see that order: a submitter token sees the orders it
+// submitted, any other every order. Others' orders are "not found" to a
+// submitter, so that it learns nothing of them.
+func (s *server) visible(w http.ResponseWriter, r *http.Request, c caller) (string, bool) {
+	id, ok := orderID(w, r)
+	if !ok {
+		return "", false
+	}
+	if !c.may(statestore.TokenSubmitter) {
+		return id, true
+	}
+	by, err := s.store.SubmittedBy(r.Context(), id)
+	if err != nil {
+		s.unavailable(w, r, err)
+		return "", false
+	}
+	if by != c.actor() {
+		writeProblem(w, r, http.StatusNotFound, probNotFound, "order "+id+" does not exist, or was not submitted with this token")
+		return "", false
+	}
+	return id, true
+}
+
+// accepted is the answer to a submit.
+type accepted struct {
+	OrderID string `json:"order_id"`
+	Status  string `json:"status"`
+	// Outcome is inserted (a new order) or duplicate (the same order was
+	// submitted before; nothing changed).
+	Outcome string `json:"outcome"`
+	Href    string `json:"href"`
+}
+
+// submit takes a SubmitOrder document, as the submit queue does: 202 for
+// a new order, 200 for the same order again, 409 for another one with
+// its id.
+func (s *server) submit(w http.ResponseWriter, r *http.Request, c caller) {
+	// The decoder applies every rule itself, naming each refusal as the
+	// submit queue's dead letters do.
+	body, ok := readRaw(w, r, messages.MaxBodyBytes, false)
+	if !ok {
+		return
+	}
+	o, err := messages.DecodeSubmitOrder(body)
+	if err != nil {
+		s.metrics.orders.WithLabelValues("rejected").Inc()
+		writeDecodeProblem(w, r, http.StatusBadRequest, err)
+		return
+	}
+	nw, err := intake.Prepare(s.workflows, o, s.cfg.StepTimeout, c.actor())
+	if err != nil {
+		s.metrics.orders.WithLabelValues("rejected").Inc()
+		var rf *intake.Refusal
+		if errors.As(err, &rf) {
+			writeProblem(w, r, http.StatusUnprocessableEntity, probInvalid, rf.Detail, withReason(rf.Reason))
+			return
+		}
+		s.unavailable(w, r, err)
+		return
+	}
+	// The order's trace continues the caller's traceparent, if it sent one.
+	ctx, span := s.tr.Start(s.tr.ExtractHTTP(r.Context(), r.Header), "submit "+nw.Workflow, trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(attribute.String("sas.order_id", nw.OrderID), attribute.String("sas.workflow", nw.Workflow)))
+	defer span.End()
+	nw.Traceparent = s.tr.Traceparent(ctx)
+	outcome, err := s.inserts.Do(ctx, nw)
+	switch {
+	case errors.Is(err, statestore.ErrConflict):
+		s.metrics.orders.WithLabelValues("rejected").Inc()
+		writeProblem(w, r, http.StatusConflict, probConflict, fmt.Sprintf("order_id %s was already submitted with other content", nw.OrderID),
+			withReason(intake.ReasonConflict))
+		return
+	case errors.Is(err, statestore.ErrInvalidData):
+		s.metrics.orders.WithLabelValues("rejected").Inc()
+		writeProblem(w, r, http.StatusUnprocessableEntity, probInvalid, err.Error(), withReason(messages.ReasonInvalidValue))
+		return
+	case err != nil:
+		s.unavailable(w, r, err)
+		return
+	}
+	s.metrics.orders.WithLabelValues(outcome.String()).Inc()
+	href := prefix + "/orders/" + nw.OrderID
+	w.Header().Set("Location", href)
+	if outcome == statestore.Duplicate {
+		status, _, err := s.store.StatusEventOf(r.Context(), nw.OrderID)
+		if err != nil {
+			s.unavailable(w, r, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, accepted{OrderID: nw.OrderID, Status: status, Outcome: outcome.String(), Href: href})
+		return
+	}
+	writeJSON(w, http.StatusAccepted, accepted{OrderID: nw.OrderID, Status: messages.StatusReceived, Outcome: outcome.String(), Href: href})
+}
+
+// orderView is an order as GET /orders/{id} shows it.
+type orderView struct {
+	statestore.OrderDetail
+	Attributes map[string]any             `json:"attributes,omitempty"`
+	Payloads   []statestore.PayloadChange `json:"payload_history,omitempty"`
+	Results    json.RawMessage            `json:"results,omitempty"`
+	Event      json.RawMessage            `json:"status_event,omitempty"`
+}
+
+func (s *server) get(w http.ResponseWriter, r *http.Request, c caller) {
+	id, ok := s.visible(w, r, c)
+	if !ok {
+		return
+	}
+	ctx := r.Context()
+	d, err := s.store.GetOrder(ctx, id)
+	if s.readFailed(w, r, err, "order "+id) {
+		return
+	}
+	v := orderView{OrderDetail: d}
+	attrs, err := s.store.Attributes(ctx, id)
+	if err == nil {
+		v.Payloads, err = s.store.PayloadHistory(ctx, id)
+	}
+	if err == nil {
+		_, v.Event, err = s.store.StatusEventOf(ctx, id)
+	}
+	if err != nil {
+		s.unavailable(w, r, err)
+		return
+	}
+	if len(attrs) > 0 {
+		v.Attributes = map[string]any{}
+		for _, a := range attrs {
+			v.Attributes[a.Name] = a.Value()
+		}
+	}
+	var ev struct {
+		Results json.RawMessage `json:"results"`
+	}
+	if json.Unmarshal(v.Event, &ev) == nil {
+		v.Results = ev.Results
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+// orderList is a page of orders.
+type orderList struct {
+	Orders []statestore.OrderRow `json:"orders"`
+	// Next is the cursor of the next page (after=...); absent on the last.
+	Next string `json:"next,omitempty"`
+}
+
+func (s *server) list(w http.ResponseWriter, r *http.Request, _ caller) {
+	qv := r.URL.Query()
+	q, err := orderfilter.FromValues(qv).Query(s.workflows)
+	var problems orderfilter.Problems
+	errors.As(err, &problems)
+	q.Limit = 50
+	if l := qv.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > 500 {
+			problems = append(problems, fmt.Sprintf("limit %q is not a number from 1 to 500", orderfilter.Clip(l, 20)))
+		}
+		q.Limit = n
+	}
+	if q.After, err = orderfilter.DecodeCursor(qv.Get("after")); err != nil {
+		problems = append(problems, err.Error())
+	}
+	if len(problems) > 0 {
+		writeProblem(w, r, http.StatusBadRequest, probBadRequest, problems.Error(), withErrors(problems))
+		return
+	}
+	rows, next, err := s.store.OrderPage(r.Context(), q)
+	if err != nil {
+		s.unavailable(w, r, err)
+		return
+	}
+	if rows == nil {
+		rows = []statestore.OrderRow{}
+	}
+	writeJSON(w, http.StatusOK, orderList{Orders: rows, Next: orderfilter.EncodeCursor(next)})
+}
+
+// ended reports whether a status is one an awaiting client waits for:
+// completed, failed, or held in error for an operator.
+func ended(status string) bool {
+	return status == messages.StatusCompleted || status == messages.StatusFailed || status == messages.StatusError
+}
+
+// awaitTimeout reads ?timeout= (a Go duration, or seconds), 30s by
+// default, at most max.
+func awaitTimeout(v string, max time.Duration) (time.Duration, error) {
+	if v == "" {
+		return min(30*time.Second, max), nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		secs, err2 := strconv.ParseFloat(v, 64)
+		if err2 != nil || secs != secs {
+			return 0, fmt.Errorf("timeout %q is not a duration such as 30s", orderfilter.Clip(v, 20))
+		}
+		d = time.Duration(secs * float64(time.Second))
+	}
+	if d < 0 || d > max {
+		return 0, fmt.Errorf("timeout %s is not between 0 and %s (SAS_API_AWAIT_MAX)", d, max)
+	}
+	return d, nil
+}
+
+// await answers the order's status event once it ends (completed,
+// failed, or held in error), or its current one when the timeout passes
+// first (ended false in the Sas-Ended header: ask again).
+func (s *server) await(w http.ResponseWriter, r *http.Request, c caller) {
+	id, ok := s.visible(w, r, c)
+	if !ok {
+		return
+	}
+	timeout, err := awaitTimeout(r.URL.Query().Get("timeout"), s.cfg.AwaitMax)
+	if err != nil {
+		writeProblem(w, r, http.StatusBadRequest, probBadRequest, err.Error())
+		return
+	}
+	f, stop := s.hub.follow(id)
+	defer stop()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		status, body, err := s.store.StatusEventOf(r.Context(), id)
+		if s.readFailed(w, r, err, "order "+id) {
+			return
+		}
+		if ended(status) {
+			writeEvent(w, body, true)
+			return
+		}
+	wait:
+		for {
+			select {
+			case ev := <-f.events:
+				if ended(ev.Status) {
+					b, err := messages.Encode(ev)
+					if err == nil {
+						writeEvent(w, b, true)
+						return
+					}
+					break wait
+				}
+			case <-f.lost:
+				break wait // read the store again
+			case <-deadline.C:
+				_, body, err := s.store.StatusEventOf(r.Context(), id)
+				if err != nil {
+					s.unavailable(w, r, err)
+					return
+				}
+				writeEvent(w, body, false)
+				return
+			case <-r.Context().Done():
+				return
+			}
+		}
+	}
+}
+
+func writeEvent(w http.ResponseWriter, body []byte, ended bool) {
+	w.Header().Set("Sas-Ended", strconv.FormatBool(ended))
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(body)
+}
+
+// sseKeepAlive is how often a quiet event stream sends a comment, so
+// that proxies keep it open.
+const sseKeepAlive = 15 * time.Second
+
+// events streams the order's status events (Server-Sent Events, event
+// type "status", data a StatusEvent): its current one first, then each
+// as it comes, until the order ends or is held in error.
+func (s *server) events(w http.ResponseWriter, r *http.Request, c caller) {
+	id, ok := s.visible(w, r, c)
+	if !ok {
+		return
+	}
+	fl, canFlush := w.(http.Flusher)
+	if !canFlush {
+		writeProblem(w, r, http.StatusInternalServerError, probInternal, "this server cannot stream")
+		return
+	}
+	f, stop := s.hub.follow(id)
+	defer stop()
+	status, body, err := s.store.StatusEventOf(r.Context(), id)
+	if s.readFailed(w, r, err, "order "+id) {
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	n := 0
+	send := func(body []byte) {
+		n++
+		fmt.Fprintf(w, "id: %d\nevent: status\ndata: %s\n\n", n, body)
+		fl.Flush()
+	}
+	send(body)
+	last := status
+	keep := time.NewTicker(sseKeepAlive)
+	defer keep.Stop()
+	for !ended(last) {
+		select {
+		case ev := <-f.events:
+			b, err := messages.Encode(ev)
+			if err != nil {
+				continue
+			}
+			send(b)
+			last = ev.Status
+		case <-f.lost:
+			st, b, err := s.store.StatusEventOf(r.Context(), id)
+			if err != nil {
+				return
+			}
+			if st != last {
+				send(b)
+				last = st
+			}
+		case <-keep.C:
+			fmt.Fprint(w, ": keep-alive\n\n")
+			fl.Flush()
+		case <-r.Context().Done():
+			return
+		}
+	}
+}
+
+// signalSent is the answer to a signal: taken to be applied.
+type signalSent struct {
+	SignalID string `json:"signal_id"`
+	OrderID  string `json:"order_id"`
+	Name     string `json:"name"`
+}
+
+// signal sends a signal to the order's wait (its body, if any, the
+// signal's payload): refused at once, with the reason, when no step of
+// the order could take it; else sent to the signals queue as any signal
+// (202), applied once by its id (Idempotency-Key, or a new one).
+func (s *server) signal(w http.ResponseWriter, r *http.Request, c caller) {
+	id, ok := s.visible(w, r, c)
+	if !ok {
+		return
+	}
+	name := r.PathValue("name")
+	if err := messages.CheckName("name", name); err != nil {
+		writeProblem(w, r, http.StatusBadRequest, probBadRequest, err.Error(), withReason(messages.ReasonInvalidValue))
+		return
+	}
+	payload, ok := readBody(w, r, maxSmallBody, true)
+	if !ok {
+		return
+	}
+	sig := messages.Signal{SchemaVersion: messages.SignalVersion, SignalID: messages.NewID(), OrderID: id, Name: name, By: c.actor(),
+		Payload: payload}
+	if k := r.Header.Get("Idempotency-Key"); k != "" {
+		sig.SignalID = k
+	}
+	if err := sig.Validate(); err != nil {
+		writeDecodeProblem(w, r, http.StatusBadRequest, err)
+		return
+	}
+	out, err := s.store.SignalCheckPayload(r.Context(), id, name, payload)
+	if err != nil {
+		s.unavailable(w, r, err)
+		return
+	}
+	if out.Outcome != "" {
+		status, kind := http.StatusConflict, probConflict
+		switch out.Outcome {
+		case statestore.SignalUnknownOrder:
+			status, kind = http.StatusNotFound, probNotFound
+		case statestore.SignalInvalidPayload:
+			status, kind = http.StatusUnprocessableEntity, probInvalid
+		}
+		writeProblem(w, r, status, kind, out.Detail, withReason(out.Outcome))
+		return
+	}
+	body, err := messages.Encode(sig)
+	if err != nil {
+		writeDecodeProblem(w, r, http.StatusBadRequest, err)
+		return
+	}
+	err = s.pub.Publish(r.Context(), "", s.topo.Queue(messages.SignalsQueue), amqp.Publishing{
+		ContentType: messages.ContentType, Type: messages.TypeSignal, MessageId: sig.SignalID, Timestamp: time.Now(),
+		DeliveryMode: amqp.Persistent, Body: body, Headers: amqp.Table{"schema_version": int32(messages.SignalVersion)}})
+	if err != nil {
+		s.unavailable(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusAccepted, signalSent{SignalID: sig.SignalID, OrderID: id, Name: name})
+}
+
+// operatorRefusal answers the store's refusal of an operator's action.
+func (s *server) operatorRefusal(w http.ResponseWriter, r *http.Request, err error) {
+	switch {
+	case errors.Is(err, statestore.ErrNotFound):
+		writeProblem(w, r, http.StatusNotFound, probNotFound, err.Error())
+	case errors.Is(err, statestore.ErrInvalidState):
+		writeProblem(w, r, http.StatusConflict, probConflict, err.Error())
+	case errors.Is(err, statestore.ErrInvalidData):
+		writeProblem(w, r, http.StatusUnprocessableEntity, probInvalid, err.Error())
+	default:
+		s.unavailable(w, r, err)
+	}
+}
+
+// readFailed answers a read that failed: 404 naming what when it is not
+// there, else 503. It reports whether err was a failure.
+func (s *server) readFailed(w http.ResponseWriter, r *http.Request, err error, what string) bool {
+	switch {
+	case err == nil:
+		return false
+	case errors.Is(err, statestore.ErrNotFound):
+		writeProblem(w, r, http.StatusNotFound, probNotFound, what+" does not exist")
+	default:
+		s.unavailable(w, r, err)
+	}
+	return true
+}
+
+// stepBody is the body of a resubmit: the step to run again (none: the
+// failed step).
+type stepBody struct {
+	Step int `json:"step"`
+}
+
+type acted struct {
+	OrderID string `json:"order_id"`
+	Status  string `json:"status,omitempty"`
+	Steps   []int  `json:"steps,omitempty"`
+}
+
+// stepAction reads an operator action on an order: its id, and its
+// JSON body into b (empty allowed when emptyOK), whose step must be 0
+// (none) or a step number.
+func stepAction(w http.ResponseWriter, r *http.Request, emptyOK bool, b interface{ step() int }) (string, bool) {
+	id, ok := orderID(w, r)
+	if !ok {
+		return "", false
+	}
+	body, ok := readBody(w, r, maxSmallBody, emptyOK)
+	if !ok || !decodeInto(w, r, body, b) {
+		return "", false
+	}
+	if n := b.step(); n < 0 || n > messages.MaxStep {
+		writeProblem(w, r, http.StatusBadRequest, probBadRequest, fmt.Sprintf("step %d is not between 1 and %d", n, messages.MaxStep))
+		return "", false
+	}
+	return id, true
+}
+
+func (b *stepBody) step() int  { return b.Step }
+func (b *rerunBody) step() int { return b.Step }
+
+func (s *server) resubmit(w http.ResponseWriter, r *http.Request, c caller) {
+	var b stepBody
+	id, ok := stepAction(w, r, true, &b)
+	if !ok {
+		return
+	}
+	steps, err := s.store.Resubmit(r.Context(), id, b.Step, c.actor())
+	if err != nil {
+		s.operatorRefusal(w, r, err)
+		return
+	}
+	s.logger.Info("api: resubmitted", "token", c.token.Name, "order_id", id, "steps", steps)
+	writeJSON(w, http.StatusOK, acted{OrderID: id, Status: messages.StatusProcessing, Steps: steps})
+}
+
+func (s *server) cancel(w http.ResponseWriter, r *http.Request, c caller) {
+	id, ok := orderID(w, r)
+	if !ok {
+		return
+	}
+	if _, ok := readBody(w, r, maxSmallBody, true); !ok {
+		return
+	}
+	status, err := s.store.CancelOrder(r.Context(), id, c.actor())
+	if err != nil {
+		s.operatorRefusal(w, r, err)
+		return
+	}
+	s.logger.Info("api: cancelled", "token", c.token.Name, "order_id", id, "status", status)
+	writeJSON(w, http.StatusOK, acted{OrderID: id, Status: status})
+}
+
+// rerunBody is the body of a re-run: the corrected payload, and the step
+// to run again from (none: the failed step).
+type rerunBody struct {
+	Payload json.RawMessage `json:"payload"`
+	Step    int             `json:"step"`
+}
+
+// rerun re-runs an order held in error with a corrected payload, checked
+// against its workflow's schema; the payload it had stays in its history.
+func (s *server) rerun(w http.ResponseWriter, r *http.Request, c caller) {
+	var b rerunBody
+	id, ok := stepAction(w, r, false, &b)
+	if !ok {
+		return
+	}
+	if len(b.Payload) == 0 || b.Payload[0] != '{' {
+		writeProblem(w, r, http.StatusBadRequest, probBadRequest, "payload must be the corrected payload, a JSON object", withReason(messages.ReasonMissingField))
+		return
+	}
+	steps, err := intake.Rerun(r.Context(), s.store, s.workflows, id, b.Step, b.Payload, c.actor())
+	var ref *intake.Refusal
+	if errors.As(err, &ref) {
+		writeProblem(w, r, http.StatusUnprocessableEntity, probInvalid, ref.Detail, withReason(ref.Reason))
+		return
+	}
+	if err != nil {
+		s.operatorRefusal(w, r, err)
+		return
+	}
+	s.logger.Info("api: re-run with a corrected payload", "token", c.token.Name, "order_id", id, "steps", steps)
+	writeJSON(w, http.StatusOK, acted{OrderID: id, Status: messages.StatusProcessing, Steps: steps})
+}

@@ -1,0 +1,106 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"sas/internal/batch"
+	"sas/internal/broker"
+	"sas/internal/intake"
+	"sas/internal/messages"
+	"sas/internal/service"
+	"sas/internal/statestore"
+)
+
+// Run serves the API until ctx ends, then lets the requests in hand
+// finish (within the shutdown timeout).
+func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
+	me := cfg.Instance("api")
+	logger = logger.With("service", "api", "instance", me)
+	workflows, err := cfg.Workflows()
+	if err != nil {
+		return err
+	}
+	reg := service.NewRegistry()
+	m := newMetrics(reg)
+	// The API sends signals to the schedulers' queue and reads the status
+	// exchange: it declares both, as the schedulers do.
+	topo := broker.Topology{Prefix: cfg.QueuePrefix, DeliveryLimit: cfg.DeliveryLimit, Inputs: []string{messages.SignalsQueue}}
+	sk, err := service.Start(ctx, service.Setup{Name: "api", Me: me, Common: cfg.Common, OpsAddr: cfg.MetricsAddr, Registry: reg,
+		DBMaxConns: cfg.DBMaxConns, Topology: &topo, Traced: true}, logger)
+	if err != nil {
+		return err
+	}
+	defer sk.Close()
+	store := sk.Deps.Store
+	if err := store.CheckSchema(ctx); err != nil {
+		return err
+	}
+	if err := intake.StoreVersions(ctx, store, workflows, me, logger); err != nil {
+		return err
+	}
+	inserts := batch.New(cfg.Batch, cfg.BatchLinger, func(ctx context.Context, orders []statestore.NewOrder) ([]statestore.InsertOutcome, []error) {
+		return store.InsertOrders(ctx, orders)
+	})
+	sk.Go(func(ctx context.Context) { inserts.Run(ctx, cfg.Writers) })
+	h := newHub(logger)
+	sk.Go(func(ctx context.Context) { h.run(ctx, sk.Deps.Conn) })
+	s := &server{cfg: cfg, me: me, store: store, workflows: workflows, tokens: newTokens(store, cfg.TokenCache, cfg.Rate, cfg.Burst),
+		hub: h, inserts: inserts, pub: sk.Deps.Pub, topo: topo, tr: sk.Tracing, logger: logger, metrics: m}
+
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("SAS_API_ADDR: listen on %s: %w", cfg.Addr, err)
+	}
+	hs := &http.Server{Handler: s.mux(), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
+		IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 1 << 20}
+	serve := func(ctx context.Context) error {
+		errc := make(chan error, 1)
+		go func() {
+			var err error
+			if cfg.TLSCertFile != "" {
+				err = hs.ServeTLS(ln, cfg.TLSCertFile, cfg.TLSKeyFile)
+			} else {
+				err = hs.Serve(ln)
+			}
+			errc <- err
+		}()
+		logger.Info("api listening", "addr", ln.Addr().String(), "tls", cfg.TLSCertFile != "", "workflows", workflows.Source)
+		select {
+		case err := <-errc:
+			return fmt.Errorf("api server: %w", err)
+		case <-ctx.Done():
+		}
+		shutCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+		defer cancel()
+		err := hs.Shutdown(shutCtx)
+		if serr := <-errc; !errors.Is(serr, http.ErrServerClosed) && err == nil {
+			err = serr
+		}
+		return err
+	}
+	bulk := func(ctx context.Context) error {
+		s.runBulk(ctx, time.Second)
+		return nil
+	}
+	touch := func(ctx context.Context) error {
+		t := time.NewTicker(30 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-t.C:
+				if err := s.tokens.flushUsed(ctx); err != nil && ctx.Err() == nil {
+					logger.Warn("api: recording token use", "err", err)
+				}
+			}
+		}
+	}
+	return sk.Run(ctx, cfg.ShutdownTimeout, sk.Deps.Ready(), serve, bulk, touch)
+}

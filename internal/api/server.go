@@ -1,0 +1,258 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"runtime/debug"
+	"sort"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"sas/internal/batch"
+	"sas/internal/broker"
+	"sas/internal/statestore"
+	"sas/internal/tracing"
+	"sas/internal/workflow"
+)
+
+// prefix is the path every route of the API is under.
+const prefix = "/api/v1"
+
+type server struct {
+	cfg       Config
+	me        string
+	store     *statestore.Store
+	workflows *workflow.Registry
+	tokens    *tokens
+	hub       *hub
+	inserts   *batch.Batcher[statestore.NewOrder, statestore.InsertOutcome]
+	pub       *broker.Publisher
+	topo      broker.Topology
+	tr        *tracing.Tracing
+	logger    *slog.Logger
+	metrics   *metrics
+}
+
+type metrics struct {
+	requests *prometheus.CounterVec
+	orders   *prometheus.CounterVec
+	bulk     *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sas_api_requests_total",
+			Help: "API requests by route and status code.",
+		}, []string{"route", "code"}),
+		orders: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sas_api_orders_total",
+			Help: "Orders submitted through the API by outcome: inserted, duplicate, rejected.",
+		}, []string{"outcome"}),
+		bulk: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sas_api_bulk_orders_total",
+			Help: "Orders bulk jobs acted on, by action and outcome (done, failed).",
+		}, []string{"action", "outcome"}),
+	}
+	for _, o := range []string{"inserted", "duplicate", "rejected"} {
+		m.orders.WithLabelValues(o)
+	}
+	for _, a := range []string{statestore.BulkResubmit, statestore.BulkCancel} {
+		for _, o := range []string{"done", "failed"} {
+			m.bulk.WithLabelValues(a, o)
+		}
+	}
+	reg.MustRegister(m.requests, m.orders, m.bulk)
+	return m
+}
+
+// handler is a route's work, for a caller whose token was checked.
+type handler func(w http.ResponseWriter, r *http.Request, c caller)
+
+// route is one path: its handlers by method, and the roles each allows.
+type route struct {
+	path    string
+	methods map[string]action
+}
+
+type action struct {
+	roles []string
+	h     handler
+}
+
+func (s *server) routes() []route {
+	all := []string{statestore.TokenSubmitter, statestore.TokenViewer, statestore.TokenOperator}
+	readers := []string{statestore.TokenViewer, statestore.TokenOperator}
+	ops := []string{statestore.TokenOperator}
+	return []route{
+		{"/orders", map[string]action{
+			http.MethodPost: {[]string{statestore.TokenSubmitter, statestore.TokenOperator}, s.submit},
+			http.MethodGet:  {readers, s.list},
+		}},
+		{"/orders/{id}", map[string]action{http.MethodGet: {all, s.get}}},
+		{"/orders/{id}/await", map[string]action{http.MethodGet: {all, s.await}}},
+		{"/orders/{id}/events", map[string]action{http.MethodGet: {all, s.events}}},
+		{"/orders/{id}/signals/{name}", map[string]action{http.MethodPost: {[]string{statestore.TokenSubmitter, statestore.TokenOperator}, s.signal}}},
+		{"/orders/{id}/resubmit", map[string]action{http.MethodPost: {ops, s.resubmit}}},
+		{"/orders/{id}/cancel", map[string]action{http.MethodPost: {ops, s.cancel}}},
+		{"/orders/{id}/rerun", map[string]action{http.MethodPost: {ops, s.rerun}}},
+		{"/bulk", map[string]action{http.MethodGet: {readers, s.bulkList}}},
+		// POST /bulk/resubmit and /bulk/cancel make a job; GET /bulk/ID reads one.
+		{"/bulk/{id}", map[string]action{http.MethodGet: {readers, s.bulkGet}, http.MethodPost: {ops, s.bulkCreate}}},
+		{"/bulk/{id}/orders", map[string]action{http.MethodGet: {readers, s.bulkOrders}}},
+		{"/bulk/{id}/stop", map[string]action{http.MethodPost: {ops, s.bulkStop}}},
+	}
+}
+
+// mux serves every route under prefix, each through the same checks:
+// a panic is a 500 problem, never a dropped connection; an unknown path
+// a 404 and another method a 405, as problems; then the token, its rate
+// and its role.
+func (s *server) mux() http.Handler {
+	mux := http.NewServeMux()
+	for _, rt := range s.routes() {
+		mux.Handle(prefix+rt.path, s.serve(rt))
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeProblem(w, r, http.StatusNotFound, probNotFound, fmt.Sprintf("no such path: the API is under %s (docs/api.openapi.yaml)", prefix))
+	})
+	return s.recoverer(mux)
+}
+
+func (s *server) recoverer(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				s.logger.Error("api: panic", "path", r.URL.Path, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+				writeProblem(w, r, http.StatusInternalServerError, probInternal, "the request could not be handled; it is logged")
+			}
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// statusRecorder keeps the status a handler answered with, for the
+// request counter.
+type statusRecorder struct {
+	http.ResponseWriter
+	code int
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	if r.code == 0 {
+		r.code = code
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *statusRecorder) Write(b []byte) (int, error) {
+	if r.code == 0 {
+		r.code = http.StatusOK
+	}
+	return r.ResponseWriter.Write(b)
+}
+
+// Flush lets Server-Sent Events through the recorder.
+func (r *statusRecorder) Flush() {
+	if f, ok := r.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (s *server) serve(rt route) http.Handler {
+	var allowed []string
+	for m := range rt.methods {
+		allowed = append(allowed, m)
+	}
+	sort.Strings(allowed)
+	label := prefix + rt.path
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := &statusRecorder{ResponseWriter: w}
+		defer func() { s.metrics.requests.WithLabelValues(label, fmt.Sprint(rec.code)).Inc() }()
+		if n := headerBytes(r.Header); n > maxHeaderBytes {
+			writeProblem(rec, r, http.StatusRequestHeaderFieldsTooLarge, probTooLarge, fmt.Sprintf("the headers are %d bytes, at most %d", n, maxHeaderBytes))
+			return
+		}
+		if _, err := url.ParseQuery(r.URL.RawQuery); err != nil {
+			writeProblem(rec, r, http.StatusBadRequest, probBadRequest, "the query string cannot be read: "+err.Error())
+			return
+		}
+		a, ok := rt.methods[r.Method]
+		if !ok {
+			rec.Header().Set("Allow", strings.Join(allowed, ", "))
+			writeProblem(rec, r, http.StatusMethodNotAllowed, probMethod, fmt.Sprintf("%s %s: use %s", r.Method, label, strings.Join(allowed, " or ")))
+			return
+		}
+		presented, ok := bearer(r)
+		if !ok {
+			writeProblem(rec, r, http.StatusUnauthorized, probUnauthorized, "send an API token: Authorization: Bearer sas_... (sasctl api token create)")
+			return
+		}
+		tok, err := s.tokens.check(r.Context(), presented)
+		if errors.Is(err, statestore.ErrBadToken) {
+			writeProblem(rec, r, http.StatusUnauthorized, probUnauthorized, "the token is unknown, wrong or revoked")
+			return
+		}
+		if err != nil {
+			s.unavailable(rec, r, err)
+			return
+		}
+		if ok, wait := s.tokens.allow(tok.ID); !ok {
+			writeProblem(rec, r, http.StatusTooManyRequests, probRateLimited,
+				fmt.Sprintf("token %s made more than %g requests a second (SAS_API_RATE)", tok.Name, s.cfg.Rate), retryAfter(wait))
+			return
+		}
+		c := caller{token: tok}
+		if !c.may(a.roles...) {
+			writeProblem(rec, r, http.StatusForbidden, probForbidden,
+				fmt.Sprintf("token %s is a %s; %s %s needs a %s token", tok.Name, tok.Role, r.Method, label, strings.Join(a.roles, " or ")))
+			return
+		}
+		a.h(rec, r, c)
+	})
+}
+
+// maxHeaderBytes bounds a request's headers; the server reads up to 1
+// MiB of them (http.Server.MaxHeaderBytes), so that more than this is
+// still answered with a problem.
+const maxHeaderBytes = 64 << 10
+
+func headerBytes(h http.Header) int {
+	n := 0
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(v) + 4
+		}
+	}
+	return n
+}
+
+// unavailable answers a failure of the store or the broker: 503, retry.
+func (s *server) unavailable(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
+		return // the client went away
+	}
+	s.logger.Warn("api: store or broker unavailable", "path", r.URL.Path, "err", err)
+	writeProblem(w, r, http.StatusServiceUnavailable, probUnavailable, "the state store or the broker did not answer; try again", retryAfter(0))
+}
+
+// Endpoints lists every route the API serves as "METHOD /path" (paths
+// relative to /api/v1, as docs/api.openapi.yaml writes them).
+func Endpoints() []string {
+	var out []string
+	for _, rt := range (&server{}).routes() {
+		for m := range rt.methods {
+			out = append(out, m+" "+rt.path)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
