@@ -2,6 +2,7 @@ package console
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -12,7 +13,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"sas/internal/broker"
+	"sas/internal/intake"
 	"sas/internal/messages"
+	"sas/internal/orderfilter"
 	"sas/internal/statestore"
 )
 
@@ -26,8 +29,16 @@ type confirmData struct {
 	Button   string
 	Back     string
 	Danger   bool
-	// Payload, when set, labels a field for a JSON payload.
-	Payload string
+	// Payload, when set, labels a field for a JSON payload, filled with
+	// PayloadValue.
+	Payload      string
+	PayloadValue string
+	// StepChoice adds a field for a step number.
+	StepChoice bool
+	// Where are a bulk action's search attribute conditions, and Count
+	// the orders its filter selects now.
+	Where []string
+	Count int
 }
 
 // claimedBy is the name the history records for the console's user (the
@@ -54,7 +65,7 @@ func stepParam(v string) (int, error) {
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil || n < 1 || n > messages.MaxStep {
-		return 0, fmt.Errorf("step %q is not a step number", clip(v, 20))
+		return 0, fmt.Errorf("step %q is not a step number", orderfilter.Clip(v, 20))
 	}
 	return n, nil
 }
@@ -103,7 +114,7 @@ func (s *server) confirmResubmit(w http.ResponseWriter, r *http.Request, rq *req
 func (s *server) resubmit(w http.ResponseWriter, r *http.Request, rq *request) {
 	id := r.PathValue("id")
 	if !validID(id) {
-		s.fail(w, r, rq, http.StatusNotFound, "There is no order "+clip(id, 40)+".")
+		s.fail(w, r, rq, http.StatusNotFound, "There is no order "+orderfilter.Clip(id, 40)+".")
 		return
 	}
 	step, err := stepParam(r.PostForm.Get("step"))
@@ -141,7 +152,7 @@ func (s *server) confirmCancel(w http.ResponseWriter, r *http.Request, rq *reque
 func (s *server) cancel(w http.ResponseWriter, r *http.Request, rq *request) {
 	id := r.PathValue("id")
 	if !validID(id) {
-		s.fail(w, r, rq, http.StatusNotFound, "There is no order "+clip(id, 40)+".")
+		s.fail(w, r, rq, http.StatusNotFound, "There is no order "+orderfilter.Clip(id, 40)+".")
 		return
 	}
 	status, err := s.store.CancelOrder(r.Context(), id, claimedBy(rq))
@@ -159,7 +170,7 @@ func (s *server) confirmAck(w http.ResponseWriter, r *http.Request, rq *request)
 	}
 	id, ok := alertID(r)
 	if !ok {
-		s.fail(w, r, rq, http.StatusNotFound, "There is no alert "+clip(r.PathValue("id"), 20)+".")
+		s.fail(w, r, rq, http.StatusNotFound, "There is no alert "+orderfilter.Clip(r.PathValue("id"), 20)+".")
 		return
 	}
 	alerts, err := s.store.ListAlerts(r.Context(), statestore.AlertFilter{AfterID: id - 1, Limit: 1, Oldest: true})
@@ -185,7 +196,7 @@ func (s *server) confirmAck(w http.ResponseWriter, r *http.Request, rq *request)
 func (s *server) ack(w http.ResponseWriter, r *http.Request, rq *request) {
 	id, ok := alertID(r)
 	if !ok {
-		s.fail(w, r, rq, http.StatusNotFound, "There is no alert "+clip(r.PathValue("id"), 20)+".")
+		s.fail(w, r, rq, http.StatusNotFound, "There is no alert "+orderfilter.Clip(r.PathValue("id"), 20)+".")
 		return
 	}
 	_, already, err := s.store.AckAlert(r.Context(), id, claimedBy(rq))
@@ -229,6 +240,62 @@ func (s *server) awaitingStep(w http.ResponseWriter, r *http.Request, rq *reques
 		return statestore.Step{}, false
 	}
 	return st, true
+}
+
+func (s *server) confirmRerun(w http.ResponseWriter, r *http.Request, rq *request) {
+	if !s.mayAct(w, r, rq) {
+		return
+	}
+	d, ok := s.readOrder(w, r, rq)
+	if !ok {
+		return
+	}
+	id := d.Order.OrderID
+	if d.Order.Status != statestore.OrderError {
+		s.fail(w, r, rq, http.StatusConflict, "Order "+id+" is "+d.Order.Status+": only an order held in error can be re-run with a corrected payload.")
+		return
+	}
+	s.render(w, r, rq, http.StatusOK, "confirm.html", "Re-run", confirmData{
+		Question: "Re-run order " + id + " with a corrected payload?",
+		Details: []string{"The payload is checked against workflow " + d.Order.Workflow + "'s schema as a submit's is; the one it had is kept in its history, with who replaced it.",
+			"Its failed step (or the step you name, and the steps after it) runs again with the corrected payload, under a new idempotency key.",
+			"The history records it as done by " + rq.user.Name + "."},
+		Action: "/orders/" + id + "/rerun", Payload: "Corrected payload (JSON)", PayloadValue: pretty(d.Order.Payload), StepChoice: true,
+		Button: "Re-run", Back: "/orders/" + id,
+	})
+}
+
+func (s *server) rerun(w http.ResponseWriter, r *http.Request, rq *request) {
+	id := r.PathValue("id")
+	if !validID(id) {
+		s.fail(w, r, rq, http.StatusNotFound, "There is no order "+orderfilter.Clip(id, 40)+".")
+		return
+	}
+	step, err := stepParam(strings.TrimSpace(r.PostForm.Get("step")))
+	if err != nil {
+		s.fail(w, r, rq, http.StatusBadRequest, err.Error())
+		return
+	}
+	payload := []byte(strings.TrimSpace(r.PostForm.Get("payload")))
+	if len(payload) == 0 || payload[0] != '{' {
+		s.fail(w, r, rq, http.StatusBadRequest, "The corrected payload must be a JSON object.")
+		return
+	}
+	steps, err := intake.Rerun(r.Context(), s.store, s.workflows, id, step, payload, claimedBy(rq))
+	var ref *intake.Refusal
+	switch {
+	case errors.As(err, &ref) && ref.Reason == intake.ReasonUnknownWorkflow:
+		s.fail(w, r, rq, http.StatusConflict, ref.Detail+".")
+		return
+	case errors.As(err, &ref):
+		s.fail(w, r, rq, http.StatusUnprocessableEntity, "The corrected payload is refused: "+ref.Detail)
+		return
+	case err != nil:
+		s.storeError(w, r, rq, err, "order "+id)
+		return
+	}
+	s.logger.Info("console: order re-run with a corrected payload", "user", rq.user.Name, "order_id", id, "steps", steps)
+	s.redirect(w, r, "/orders/"+id, "rerun")
 }
 
 func (s *server) confirmSignal(w http.ResponseWriter, r *http.Request, rq *request) {

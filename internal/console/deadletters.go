@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"sas/internal/broker"
+	"sas/internal/orderfilter"
 )
 
 // maxListed is how many dead letters of one queue a page reads.
@@ -64,7 +65,7 @@ type queueData struct {
 func viewOf(dl broker.DeadLetter, clipAt int) deadLetterView {
 	v := deadLetterView{DeadLetter: dl, Printable: utf8.Valid(dl.Body)}
 	if v.Printable {
-		v.Body = clip(string(dl.Body), clipAt)
+		v.Body = orderfilter.Clip(string(dl.Body), clipAt)
 	} else {
 		v.Body = fmt.Sprintf("(%d bytes, not UTF-8)", len(dl.Body))
 	}
@@ -75,7 +76,7 @@ func viewOf(dl broker.DeadLetter, clipAt int) deadLetterView {
 func (s *server) queueParam(w http.ResponseWriter, r *http.Request, rq *request) (string, bool) {
 	q := r.PathValue("queue")
 	if !slices.Contains(s.inputs(r.Context()), q) {
-		s.fail(w, r, rq, http.StatusNotFound, "There is no input queue "+clip(q, 60)+".")
+		s.fail(w, r, rq, http.StatusNotFound, "There is no input queue "+orderfilter.Clip(q, 60)+".")
 		return "", false
 	}
 	return q, true
@@ -169,7 +170,7 @@ func (s *server) confirmDeadLetter(w http.ResponseWriter, r *http.Request, rq *r
 	}
 	i := slices.IndexFunc(seen, func(d broker.DeadLetter) bool { return d.MessageID == id })
 	if i < 0 {
-		s.fail(w, r, rq, http.StatusNotFound, "There is no dead letter "+clip(id, 60)+" in "+q+".")
+		s.fail(w, r, rq, http.StatusNotFound, "There is no dead letter "+orderfilter.Clip(id, 60)+" in "+q+".")
 		return
 	}
 	dl := viewOf(seen[i], 2000)
@@ -217,7 +218,7 @@ func (s *server) moveDeadLetter(w http.ResponseWriter, r *http.Request, rq *requ
 		return
 	}
 	if moved == 0 {
-		s.fail(w, r, rq, http.StatusNotFound, "There is no dead letter "+clip(id, 60)+" in "+q+" (moved already?).")
+		s.fail(w, r, rq, http.StatusNotFound, "There is no dead letter "+orderfilter.Clip(id, 60)+" in "+q+" (moved already?).")
 		return
 	}
 	s.redirect(w, r, "/dead-letters/"+q, notice)

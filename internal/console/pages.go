@@ -4,9 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
+	"html/template"
 	"net/http"
-	"net/url"
 	"slices"
 	"sort"
 	"strconv"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"sas/internal/messages"
+	"sas/internal/orderfilter"
 	"sas/internal/statestore"
 	"sas/internal/workflow"
 )
@@ -35,6 +35,8 @@ type overviewData struct {
 	Broker   bool
 	Actions  []statestore.OperatorAction
 	Statuses []string
+	// Charts are the last hour of the busiest workflows.
+	Charts []workflowCharts
 }
 
 func (s *server) readOverview(ctx context.Context) (overviewData, error) {
@@ -50,6 +52,11 @@ func (s *server) readOverview(ctx context.Context) (overviewData, error) {
 		return d, err
 	}
 	d.Queues, d.Broker = s.deadLetterCounts(ctx)
+	rows, now, err := s.store.OverviewMinutes(ctx, chartMinutes*time.Minute)
+	if err != nil {
+		return d, err
+	}
+	d.Charts = buildCharts(rows, now)
 	return d, nil
 }
 
@@ -78,22 +85,31 @@ func (s *server) overviewLive(w http.ResponseWriter, r *http.Request, rq *reques
 }
 
 type ordersData struct {
-	Status, Workflow, From, To, ID string
-	Statuses                       []string
-	Workflows                      []string
-	Orders                         []statestore.OrderRow
-	Next                           string // the next page's query, "" at the end
-	First                          bool
-	FirstURL                       string
-	Error                          string
+	orderfilter.Filter
+	Statuses  []string
+	Workflows []string
+	// Attributes are the search attributes the workflows declare, for
+	// the where field's hints.
+	Attributes []string
+	Orders     []statestore.OrderRow
+	Next       string // the next page's query, "" at the end
+	First      bool
+	FirstURL   string
+	// BulkResubmit and BulkCancel are the bulk actions' links, with the
+	// filter (a URL as it is: html/template would escape a query's = and
+	// & written into a link's query).
+	BulkResubmit, BulkCancel template.URL
+	Error                    string
 }
 
 // orders lists orders, newest first, a page at a time by keyset; every
-// filter is checked before the query.
+// filter (search attributes too) is read as the API reads it, and
+// checked before the query.
 func (s *server) orders(w http.ResponseWriter, r *http.Request, rq *request) {
 	q := r.URL.Query()
-	d := ordersData{Status: q.Get("status"), Workflow: strings.TrimSpace(q.Get("workflow")), From: q.Get("from"), To: q.Get("to"),
-		ID: strings.TrimSpace(q.Get("id")), Statuses: statestore.OrderStatuses(), First: q.Get("after") == ""}
+	f := orderfilter.FromValues(q)
+	f.Where = slices.DeleteFunc(slices.Clone(f.Where), func(w string) bool { return strings.TrimSpace(w) == "" })
+	d := ordersData{Filter: f, Statuses: statestore.OrderStatuses(), First: q.Get("after") == "", Attributes: s.attributeNames()}
 	versions, err := s.store.WorkflowVersions(r.Context())
 	if err != nil {
 		s.storeError(w, r, rq, err, "workflow")
@@ -105,51 +121,49 @@ func (s *server) orders(w http.ResponseWriter, r *http.Request, rq *request) {
 		}
 	}
 	sort.Strings(d.Workflows)
-	oq := statestore.OrderQuery{Status: d.Status, Workflow: d.Workflow, Limit: pageSize}
-	var problems []string
-	if d.Status != "" && !slices.Contains(statestore.OrderStatuses(), d.Status) {
-		problems = append(problems, fmt.Sprintf("status %q: want one of %s", clip(d.Status, 40), strings.Join(statestore.OrderStatuses(), ", ")))
-	}
-	if d.Workflow != "" {
-		if err := messages.CheckName("workflow", d.Workflow); err != nil {
-			problems = append(problems, err.Error())
-		}
-	}
-	if oq.From, err = parseWhen("from", d.From); err != nil {
-		problems = append(problems, err.Error())
-	}
-	if oq.To, err = parseWhen("to", d.To); err != nil {
-		problems = append(problems, err.Error())
-	}
-	if oq.IDLow, oq.IDHigh, err = idRange(d.ID); err != nil {
-		problems = append(problems, err.Error())
-	}
-	if oq.After, err = decodeCursor(q.Get("after")); err != nil {
+	oq, err := f.Query(s.workflows)
+	var problems orderfilter.Problems
+	errors.As(err, &problems)
+	if oq.After, err = orderfilter.DecodeCursor(q.Get("after")); err != nil {
 		problems = append(problems, err.Error())
 	}
 	if len(problems) > 0 {
-		d.Error = strings.Join(problems, "; ")
+		d.Error = problems.Error()
 		s.render(w, r, rq, http.StatusBadRequest, "orders.html", "Orders", d)
 		return
 	}
+	oq.Limit = pageSize
 	var next *statestore.OrderCursor
 	d.Orders, next, err = s.store.OrderPage(r.Context(), oq)
 	if err != nil {
 		s.storeError(w, r, rq, err, "such page")
 		return
 	}
-	nq := url.Values{}
-	for _, k := range []string{"status", "workflow", "from", "to", "id"} {
-		if v := q.Get(k); v != "" {
-			nq.Set(k, v)
-		}
-	}
-	d.FirstURL = "/orders?" + nq.Encode()
+	nq := f.Values()
+	query := nq.Encode()
+	d.FirstURL = "/orders?" + query
+	d.BulkResubmit = template.URL("/bulk/" + statestore.BulkResubmit + "?" + query)
+	d.BulkCancel = template.URL("/bulk/" + statestore.BulkCancel + "?" + query)
 	if next != nil {
-		nq.Set("after", encodeCursor(next))
+		nq.Set("after", orderfilter.EncodeCursor(next))
 		d.Next = "/orders?" + nq.Encode()
 	}
 	s.render(w, r, rq, http.StatusOK, "orders.html", "Orders", d)
+}
+
+// attributeNames are the search attributes the workflows declare, each
+// once, sorted.
+func (s *server) attributeNames() []string {
+	var names []string
+	for _, wf := range s.workflows.All() {
+		for _, a := range wf.SearchAttributes {
+			if !slices.Contains(names, a.Name) {
+				names = append(names, a.Name)
+			}
+		}
+	}
+	sort.Strings(names)
+	return names
 }
 
 type orderData struct {
@@ -158,7 +172,14 @@ type orderData struct {
 	Alerts      []statestore.Alert
 	CanCancel   bool
 	CanResubmit bool
-	Results     json.RawMessage
+	// CanRerun: held in error by a failed action, so it may run again
+	// with a corrected payload.
+	CanRerun bool
+	// Attributes are its search attributes; Payloads the payloads re-runs
+	// replaced, oldest first.
+	Attributes []statestore.Attribute
+	Payloads   []statestore.PayloadChange
+	Results    json.RawMessage
 	// Graph is a graph order's actions by level (nil for a list's).
 	Graph [][]graphNode
 }
@@ -167,7 +188,7 @@ func (s *server) readOrder(w http.ResponseWriter, r *http.Request, rq *request) 
 	var d orderData
 	id := r.PathValue("id")
 	if !validID(id) {
-		s.fail(w, r, rq, http.StatusNotFound, "There is no order "+clip(id, 40)+": an order id is a UUID.")
+		s.fail(w, r, rq, http.StatusNotFound, "There is no order "+orderfilter.Clip(id, 40)+": an order id is a UUID.")
 		return d, false
 	}
 	var err error
@@ -205,6 +226,7 @@ func (s *server) readOrder(w http.ResponseWriter, r *http.Request, rq *request) 
 		d.CanCancel = true
 	case statestore.OrderError:
 		d.CanCancel = !compensationFailed
+		d.CanRerun = !compensationFailed
 	}
 	return d, true
 }
@@ -226,6 +248,14 @@ func mayRunAgain(st statestore.Step) bool {
 func (s *server) order(w http.ResponseWriter, r *http.Request, rq *request) {
 	d, ok := s.readOrder(w, r, rq)
 	if !ok {
+		return
+	}
+	var err error
+	if d.Attributes, err = s.store.Attributes(r.Context(), d.Order.OrderID); err == nil {
+		d.Payloads, err = s.store.PayloadHistory(r.Context(), d.Order.OrderID)
+	}
+	if err != nil {
+		s.storeError(w, r, rq, err, "order "+d.Order.OrderID)
 		return
 	}
 	s.render(w, r, rq, http.StatusOK, "order.html", "Order "+d.Order.OrderID, d)

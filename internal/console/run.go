@@ -48,6 +48,8 @@ type Config struct {
 	TLSCertFile string `envconfig:"CONSOLE_TLS_CERT_FILE"`
 	TLSKeyFile  string `envconfig:"CONSOLE_TLS_KEY_FILE"`
 	DBMaxConns  int32  `envconfig:"DB_MAX_CONNS" default:"4"`
+	// BulkMax is the most orders one bulk job made here may act on.
+	BulkMax int `envconfig:"CONSOLE_BULK_MAX" default:"100000"`
 }
 
 // Check reports settings that cannot work.
@@ -66,6 +68,9 @@ func (c Config) Check() error {
 	}
 	if c.LoginAttempts < 1 || c.LoginWindow <= 0 || c.SessionTTL <= 0 {
 		return errors.New("SAS_CONSOLE_LOGIN_ATTEMPTS, SAS_CONSOLE_LOGIN_WINDOW and SAS_CONSOLE_SESSION_TTL must be positive")
+	}
+	if c.BulkMax < 1 {
+		return errors.New("SAS_CONSOLE_BULK_MAX must be positive")
 	}
 	return nil
 }

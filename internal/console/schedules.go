@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 
+	"sas/internal/orderfilter"
 	"sas/internal/statestore"
 	"sas/internal/workflow"
 )
@@ -51,7 +52,7 @@ func (s *server) scheduleOf(w http.ResponseWriter, r *http.Request, rq *request)
 			return row, verb, true
 		}
 	}
-	s.fail(w, r, rq, http.StatusNotFound, "There is no schedule "+clip(name, 64)+".")
+	s.fail(w, r, rq, http.StatusNotFound, "There is no schedule "+orderfilter.Clip(name, 64)+".")
 	return statestore.ScheduleRow{}, "", false
 }
 
@@ -99,7 +100,7 @@ func (s *server) scheduleAction(w http.ResponseWriter, r *http.Request, rq *requ
 		notice = map[bool]string{true: "paused", false: "resumed"}[pause]
 	}
 	if errors.Is(err, statestore.ErrNoSchedule) {
-		s.fail(w, r, rq, http.StatusNotFound, "There is no schedule "+clip(row.Name, 64)+".")
+		s.fail(w, r, rq, http.StatusNotFound, "There is no schedule "+orderfilter.Clip(row.Name, 64)+".")
 		return
 	}
 	if err != nil {

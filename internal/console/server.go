@@ -138,6 +138,14 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("POST /orders/{id}/cancel", s.action(s.cancel))
 	mux.HandleFunc("GET /orders/{id}/signal", s.authed(s.confirmSignal))
 	mux.HandleFunc("POST /orders/{id}/signal", s.action(s.signal))
+	mux.HandleFunc("GET /orders/{id}/rerun", s.authed(s.confirmRerun))
+	mux.HandleFunc("POST /orders/{id}/rerun", s.action(s.rerun))
+	mux.HandleFunc("GET /bulk", s.authed(s.bulkJobs))
+	mux.HandleFunc("GET /bulk/{action}", s.authed(s.confirmBulk))
+	mux.HandleFunc("POST /bulk/{action}", s.action(s.bulkCreate))
+	mux.HandleFunc("GET /bulk/jobs/{id}", s.authed(s.bulkJob))
+	mux.HandleFunc("GET /bulk/jobs/{id}/stop", s.authed(s.confirmBulkStop))
+	mux.HandleFunc("POST /bulk/jobs/{id}/stop", s.action(s.bulkStop))
 	mux.HandleFunc("GET /alerts", s.authed(s.alerts))
 	mux.HandleFunc("GET /alerts/{id}/ack", s.authed(s.confirmAck))
 	mux.HandleFunc("POST /alerts/{id}/ack", s.action(s.ack))
@@ -311,6 +319,12 @@ func noticeOf(done string) string {
 		return "Signal sent: the step ends once a scheduler applies it (if it is refused, the signals dead-letter queue says why)."
 	case "acknowledged":
 		return "Alert acknowledged."
+	case "rerun":
+		return "Re-run with the corrected payload: its failed step is pending again; the payload it had is in its history."
+	case "bulk":
+		return "Bulk job made: an API replica acts on its orders a batch at a time."
+	case "stopped":
+		return "Bulk job stopped: the orders it had not reached stay as they were."
 	case "requeued":
 		return "Dead letter requeued to its queue."
 	case "discarded":

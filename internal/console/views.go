@@ -3,7 +3,6 @@ package console
 import (
 	"bytes"
 	"cmp"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"html/template"
@@ -78,79 +77,6 @@ var uuidRE = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[
 
 // validID reports whether id is a UUID as orders are keyed.
 func validID(id string) bool { return uuidRE.MatchString(id) }
-
-var hexRE = regexp.MustCompile(`^[0-9a-f]*$`)
-
-// idRange turns an id prefix (hex digits, dashes anywhere) into the
-// range of ids that start with it.
-func idRange(prefix string) (lo, hi string, err error) {
-	p := strings.ToLower(strings.ReplaceAll(strings.TrimSpace(prefix), "-", ""))
-	if p == "" {
-		return "", "", nil
-	}
-	if len(p) > 32 || !hexRE.MatchString(p) {
-		return "", "", fmt.Errorf("the id prefix %q is not the start of an order id (hex digits and dashes)", prefix)
-	}
-	return asUUID(p + strings.Repeat("0", 32-len(p))), asUUID(p + strings.Repeat("f", 32-len(p))), nil
-}
-
-func asUUID(h string) string {
-	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
-}
-
-// encodeCursor writes a page cursor for a link; decodeCursor reads one
-// back, refusing anything it did not write.
-func encodeCursor(c *statestore.OrderCursor) string {
-	if c == nil {
-		return ""
-	}
-	return base64.RawURLEncoding.EncodeToString([]byte(c.CreatedAt.UTC().Format(time.RFC3339Nano) + "|" + c.OrderID))
-}
-
-func decodeCursor(s string) (*statestore.OrderCursor, error) {
-	if s == "" {
-		return nil, nil
-	}
-	bad := fmt.Errorf("the page cursor %q is not one this console wrote: start from the first page", clip(s, 40))
-	if len(s) > 200 {
-		return nil, bad
-	}
-	raw, err := base64.RawURLEncoding.DecodeString(s)
-	if err != nil {
-		return nil, bad
-	}
-	at, id, ok := strings.Cut(string(raw), "|")
-	if !ok || !validID(id) {
-		return nil, bad
-	}
-	t, err := time.Parse(time.RFC3339Nano, at)
-	if err != nil {
-		return nil, bad
-	}
-	return &statestore.OrderCursor{CreatedAt: t, OrderID: strings.ToLower(id)}, nil
-}
-
-func clip(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
-}
-
-// parseWhen reads a time filter: a datetime-local field's value (UTC) or
-// RFC 3339.
-func parseWhen(field, v string) (time.Time, error) {
-	v = strings.TrimSpace(v)
-	if v == "" {
-		return time.Time{}, nil
-	}
-	for _, layout := range []string{"2006-01-02T15:04", "2006-01-02T15:04:05", time.RFC3339Nano, "2006-01-02"} {
-		if t, err := time.Parse(layout, v); err == nil {
-			return t, nil
-		}
-	}
-	return time.Time{}, fmt.Errorf("%s %q is not a time: write 2026-01-31T14:05 (UTC) or RFC 3339", field, clip(v, 40))
-}
 
 // event is one entry of a step's timeline.
 type event struct {
