@@ -48,6 +48,10 @@ type Config struct {
 	// oldest pending and processing ages) are read from the store; each
 	// reading counts the pending and processing steps.
 	StatsInterval time.Duration `envconfig:"SUPERVISOR_STATS_INTERVAL" default:"5s"`
+	// OverviewInterval is how often the leader samples the console's
+	// charts (overview_minutes: per minute and workflow, orders completed
+	// and failed, their latency, steps pending); 0: never.
+	OverviewInterval time.Duration `envconfig:"SUPERVISOR_OVERVIEW_INTERVAL" default:"15s"`
 	// AnalyzeInterval is how often the leader looks for state tables whose
 	// planner statistics are stale (never analyzed, or grown tenfold
 	// since) and analyzes them (0: never).

@@ -47,6 +47,7 @@ type sweeper struct {
 	analyzeBusy chan struct{} // holds a token while a refresh runs
 	lastAnalyze time.Time
 	lastReport  time.Time
+	lastSample  time.Time
 	// Retention too runs beside the sweeps, one at a time.
 	purgeBusy chan struct{}
 	lastPurge time.Time
@@ -103,6 +104,7 @@ func (s *sweeper) tick(ctx context.Context) {
 		s.sweep(ctx)
 		s.maybeAnalyze(ctx)
 		s.maybePurge(ctx)
+		s.maybeSample(ctx)
 	} else {
 		s.metrics.leader.Set(0)
 	}
@@ -291,6 +293,18 @@ func (s *sweeper) report(ctx context.Context) {
 	s.metrics.oldestPending.Set(st.OldestPending.Seconds())
 	s.metrics.oldestProcessing.Set(st.OldestProcessing.Seconds())
 	s.metrics.openAlerts.Set(float64(st.OpenAlerts))
+}
+
+// maybeSample writes the console's charts' rows every OverviewInterval.
+func (s *sweeper) maybeSample(ctx context.Context) {
+	if s.cfg.OverviewInterval <= 0 || time.Since(s.lastSample) < s.cfg.OverviewInterval {
+		return
+	}
+	s.lastSample = time.Now()
+	if _, err := s.store.SampleOverview(ctx, s.me, LeaseName); err != nil && ctx.Err() == nil {
+		s.metrics.errors.Inc()
+		s.logger.Warn("sampling the console's charts failed", "err", err)
+	}
 }
 
 // traceSweep records a swept step in its order's trace: a span from the
