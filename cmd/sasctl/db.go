@@ -52,7 +52,7 @@ func (a *app) dbUsers(ctx context.Context, args []string) error {
 	}
 	defer closeStore()
 	done := 0
-	for _, role := range []string{statestore.RoleSubmitter, statestore.RoleScheduler, statestore.RoleSupervisor, statestore.RoleOperator, statestore.RoleConsole} {
+	for _, role := range []string{statestore.RoleSubmitter, statestore.RoleScheduler, statestore.RoleSupervisor, statestore.RoleOperator, statestore.RoleConsole, statestore.RoleAPI} {
 		service := strings.TrimPrefix(role, "sas_")
 		pw := os.Getenv("SAS_DB_PASSWORD_" + strings.ToUpper(service))
 		if pw == "" {
@@ -66,7 +66,7 @@ func (a *app) dbUsers(ctx context.Context, args []string) error {
 		done++
 	}
 	if done == 0 {
-		return fmt.Errorf("no SAS_DB_PASSWORD_SUBMITTER, _SCHEDULER, _SUPERVISOR, _OPERATOR or _CONSOLE is set")
+		return fmt.Errorf("no SAS_DB_PASSWORD_SUBMITTER, _SCHEDULER, _SUPERVISOR, _OPERATOR, _CONSOLE or _API is set")
 	}
 	return nil
 }

@@ -49,6 +49,7 @@ func (a *app) dev(ctx context.Context, args []string) (err error) {
 	keep := fs.Bool("keep", false, "keep the services running after the orders end, until Ctrl-C")
 	portBase := fs.Int("port-base", 9100, "services listen on 127.0.0.1 from this port up: submitter +1, schedulers +2, +12, …, agents +3, +13, …, supervisor +4, remote +5, console's metrics +6")
 	consolePort := fs.Int("console-port", 8080, "port of the web console on 127.0.0.1 (0: none)")
+	apiPort := fs.Int("api-port", 8090, "port of the HTTP API on 127.0.0.1 (0: none); an operator token for it is made and printed")
 	consoleUsers := fs.String("console-users", "", "the console's users file (default: SAS_CONSOLE_USERS_FILE, else a new one with the operator admin and a random password, printed)")
 	if err := a.parseNoArgs(fs, args); err != nil {
 		return err
@@ -91,7 +92,8 @@ func (a *app) dev(ctx context.Context, args []string) (err error) {
 		temporary = append(temporary, filepath.Dir(users))
 	}
 	st, err := localstack.Start(ctx, localstack.Options{BinDir: *binDir, Schedulers: *schedulers, Agents: *agents, Faults: *faults,
-		PortBase: *portBase, PromPort: *promPort, Rules: *rules, Env: env, ConsolePort: *consolePort, ConsoleUsers: users})
+		PortBase: *portBase, PromPort: *promPort, Rules: *rules, Env: env, ConsolePort: *consolePort, ConsoleUsers: users,
+		APIPort: *apiPort})
 	if err != nil {
 		return err
 	}
@@ -101,6 +103,13 @@ func (a *app) dev(ctx context.Context, args []string) (err error) {
 	}
 	if *consolePort != 0 {
 		fmt.Fprintf(a.stderr, "console: http://localhost:%d/ %s\n", *consolePort, login)
+	}
+	if *apiPort != 0 {
+		token, err := devAPIToken(ctx, store)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(a.stderr, "HTTP API: http://localhost:%d/api/v1 (operator token, shown once: SAS_API_TOKEN=%s)\n", *apiPort, token)
 	}
 	defer func() {
 		fmt.Fprintln(a.stderr, "stopping every service…")
@@ -335,4 +344,15 @@ func devRoutes(reg *workflow.Registry, file string) ([]route, string, error) {
 		routes = append(routes, route{kinds: demo, to: "the demo service"})
 	}
 	return routes, file, nil
+}
+
+// devAPIToken makes an operator token for this run's API, named after
+// the time so that runs never reuse a name.
+func devAPIToken(ctx context.Context, store *statestore.Store) (string, error) {
+	name := "dev-" + time.Now().UTC().Format("20060102-150405.000")
+	_, secret, err := store.CreateAPIToken(ctx, name, statestore.TokenOperator, "sasctl dev")
+	if err != nil {
+		return "", fmt.Errorf("make the API's token: %w", err)
+	}
+	return secret, nil
 }

@@ -141,6 +141,12 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return a.alertsList(ctx, rest)
 	case "alerts ack":
 		return a.alertsAck(ctx, rest)
+	case "api token create":
+		return a.apiTokenCreate(ctx, rest)
+	case "api token list":
+		return a.apiTokenList(ctx, rest)
+	case "api token revoke":
+		return a.apiTokenRevoke(ctx, rest)
 	case "schedules list":
 		return a.schedulesList(ctx, rest)
 	case "schedules pause":

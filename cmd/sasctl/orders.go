@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"sas/internal/messages"
+	"sas/internal/orderfilter"
 	"sas/internal/service"
 	"sas/internal/statestore"
 )
@@ -80,6 +81,9 @@ func (a *app) ordersList(ctx context.Context, args []string) error {
 	since := fs.Duration("since", 0, "only orders created within this long, e.g. 1h")
 	limit := fs.Int("limit", 50, "at most this many orders")
 	asJSON := fs.Bool("json", false, "print JSON")
+	var where stringList
+	fs.Var(&where, "where", "only orders whose search attribute matches, NAME=VALUE (or !=, <, <=, >, >=); repeat for several")
+	workflows := fs.String("workflows", "", "the workflows file that declares the search attributes (default: SAS_WORKFLOWS_FILE, else the built-in one)")
 	if err := a.parseNoArgs(fs, args); err != nil {
 		return err
 	}
@@ -106,7 +110,12 @@ func (a *app) ordersList(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeStore()
-	orders, err := store.ListOrders(ctx, statestore.ListFilter{Status: *status, Workflow: *wf, Since: *since, Limit: *limit})
+	var orders []statestore.Order
+	if len(where) == 0 {
+		orders, err = store.ListOrders(ctx, statestore.ListFilter{Status: *status, Workflow: *wf, Since: *since, Limit: *limit})
+	} else {
+		orders, err = a.ordersWhere(ctx, store, *workflows, orderfilter.Filter{Status: *status, Workflow: *wf, Where: where}, *since, *limit)
+	}
 	if err != nil {
 		return err
 	}
@@ -121,6 +130,43 @@ func (a *app) ordersList(ctx context.Context, args []string) error {
 	}
 	return tw.Flush()
 }
+
+// ordersWhere lists orders by search attributes: a page of the store's
+// keyset list, newest first, as the API and the console read it.
+func (a *app) ordersWhere(ctx context.Context, store *statestore.Store, workflows string, f orderfilter.Filter, since time.Duration, limit int) ([]statestore.Order, error) {
+	reg, err := workflowsFile(workflows)
+	if err != nil {
+		return nil, err
+	}
+	q, err := f.Query(reg)
+	if err != nil {
+		return nil, err
+	}
+	if since > 0 {
+		now, err := store.Now(ctx) // the database clock, as --since means without --where
+		if err != nil {
+			return nil, err
+		}
+		q.From = now.Add(-since)
+	}
+	q.Limit = min(limit, 500)
+	rows, _, err := store.OrderPage(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]statestore.Order, len(rows))
+	for i, r := range rows {
+		out[i] = statestore.Order{OrderID: r.OrderID, Workflow: r.Workflow, WorkflowVersion: r.WorkflowVersion, Status: r.Status,
+			Priority: r.Priority, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt}
+	}
+	return out, nil
+}
+
+// stringList is a flag that may be given several times.
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, ", ") }
+func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
 
 // onOrder is the frame of a command on one order: parse the flags and the
 // order id, open the store, run do.

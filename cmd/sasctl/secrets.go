@@ -27,7 +27,7 @@ const defaultSecretsDir = "/run/secrets/sas"
 // and the console's admin.
 func secretNames() []string {
 	names := []string{"postgres", "rabbitmq"}
-	for _, svc := range []string{"submitter", "scheduler", "supervisor", "operator", "console"} {
+	for _, svc := range []string{"submitter", "scheduler", "supervisor", "operator", "console", "api"} {
 		names = append(names, "db-"+svc)
 	}
 	for _, p := range broker.Permissions("") {
@@ -168,8 +168,11 @@ func (a *app) secretsShow(_ context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if len(rest) != 1 || !slices.Contains(secretNames(), rest[0]) {
-		return a.usageError(fs, "name one secret: %s", strings.Join(secretNames(), ", "))
+	// api-token is not made here: the compose file's api-token job writes
+	// it (sasctl api token create --out).
+	names := append(secretNames(), "api-token")
+	if len(rest) != 1 || !slices.Contains(names, rest[0]) {
+		return a.usageError(fs, "name one secret: %s", strings.Join(names, ", "))
 	}
 	v, err := readSecret(*dir, rest[0])
 	if err != nil {

@@ -22,7 +22,7 @@ type Options struct {
 	Schedulers int
 	Agents     int
 	Faults     string // the remote service's fault injection (JSON)
-	PortBase   int    // submitter +1, schedulers +2, +12, …, agents +3, +13, …, supervisor +4, remote +5, console +6
+	PortBase   int    // submitter +1, schedulers +2, +12, …, agents +3, +13, …, supervisor +4, remote +5, console +6, api +8
 	PromPort   int    // a local Prometheus, if installed (0: none)
 	Rules      string // its alert rules, if the file exists
 	// Env is added to every service's environment (e.g. tuning variables).
@@ -31,6 +31,9 @@ type Options struct {
 	// port base +6), with the users of ConsoleUsers (a users file).
 	ConsolePort  int
 	ConsoleUsers string
+	// APIPort, when not 0, runs the HTTP API there (its metrics on port
+	// base +8).
+	APIPort int
 	// DebugOffset, when not 0, serves each service's profiler on its own
 	// port plus this offset (SAS_DEBUG_ADDR).
 	DebugOffset int
@@ -156,6 +159,11 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 	if o.ConsolePort != 0 {
 		if _, err := start("console", "console", "SAS_METRICS_ADDR", o.PortBase+6,
 			fmt.Sprintf("SAS_CONSOLE_ADDR=127.0.0.1:%d", o.ConsolePort), "SAS_CONSOLE_USERS_FILE="+o.ConsoleUsers); err != nil {
+			return nil, err
+		}
+	}
+	if o.APIPort != 0 {
+		if _, err := start("api", "api", "SAS_METRICS_ADDR", o.PortBase+8, fmt.Sprintf("SAS_API_ADDR=127.0.0.1:%d", o.APIPort)); err != nil {
 			return nil, err
 		}
 	}

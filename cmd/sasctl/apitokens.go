@@ -1,0 +1,114 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	"sas/internal/statestore"
+)
+
+// apiTokenCreate makes an API token and prints it, the only time it is
+// shown.
+func (a *app) apiTokenCreate(ctx context.Context, args []string) error {
+	fs := a.flags()
+	name := fs.String("name", "", "the token's name: who or what uses it (letters, digits, . _ -; never reused)")
+	role := fs.String("role", "", "submitter (submit, and read, await and signal its own orders), viewer (read all) or operator (read and act on all)")
+	as := fs.String("as", "", "the name to record as its maker beside your database login (default: $USER)")
+	out := fs.String("out", "", "write the token to this file (mode 0640: its owner and group) instead of printing it; a file that already holds a token is kept, and nothing is made (a deployment's one-shot job may run again)")
+	if err := a.parseNoArgs(fs, args); err != nil {
+		return err
+	}
+	if *out != "" {
+		if b, err := os.ReadFile(*out); err == nil && strings.HasPrefix(strings.TrimSpace(string(b)), "sas_") {
+			fmt.Fprintf(a.stderr, "%s holds a token already: kept, none made\n", *out)
+			return nil
+		}
+	}
+	if *name == "" {
+		return a.usageError(fs, "--name is required")
+	}
+	if !slices.Contains(statestore.TokenRoles(), *role) {
+		return a.usageError(fs, "--role must be one of %s", strings.Join(statestore.TokenRoles(), ", "))
+	}
+	store, closeStore, err := a.store(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	tok, secret, err := store.CreateAPIToken(ctx, *name, *role, "sasctl:"+claimedName(*as))
+	if err != nil {
+		return err
+	}
+	if *out != "" {
+		if err := os.WriteFile(*out, []byte(secret+"\n"), 0o640); err != nil {
+			// The token is made but nobody has it: revoke it.
+			_, _ = store.RevokeAPIToken(ctx, tok.Name, "sasctl:"+claimedName(*as))
+			return fmt.Errorf("write the token: %w (token %s revoked)", err, tok.Name)
+		}
+		fmt.Fprintf(a.stderr, "token %s (%s) made and written to %s\n", tok.Name, tok.Role, *out)
+		return nil
+	}
+	fmt.Fprintf(a.stderr, "token %s (%s) made; it is shown this once: keep it in a secret store\n", tok.Name, tok.Role)
+	fmt.Fprintln(a.stdout, secret)
+	return nil
+}
+
+func (a *app) apiTokenList(ctx context.Context, args []string) error {
+	fs := a.flags()
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := a.parseNoArgs(fs, args); err != nil {
+		return err
+	}
+	store, closeStore, err := a.store(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	toks, err := store.APITokens(ctx)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return a.printJSON(toks)
+	}
+	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tROLE\tCREATED\tBY\tLAST_USED\tREVOKED")
+	for _, t := range toks {
+		used, revoked := "–", "–"
+		if t.LastUsedAt != nil {
+			used = stamp(*t.LastUsedAt)
+		}
+		if t.RevokedAt != nil {
+			revoked = stamp(*t.RevokedAt) + " by " + t.RevokedBy
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", t.Name, t.Role, stamp(t.CreatedAt), t.CreatedBy, used, revoked)
+	}
+	return tw.Flush()
+}
+
+func (a *app) apiTokenRevoke(ctx context.Context, args []string) error {
+	fs := a.flags()
+	as := fs.String("as", "", "the name to record beside your database login (default: $USER)")
+	rest, err := a.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) != 1 {
+		return a.usageError(fs, "give the name of one token")
+	}
+	store, closeStore, err := a.store(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	tok, err := store.RevokeAPIToken(ctx, rest[0], "sasctl:"+claimedName(*as))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(a.stdout, "token %s revoked at %s by %s: the API refuses it within SAS_API_TOKEN_CACHE\n", tok.Name, stamp(*tok.RevokedAt), tok.RevokedBy)
+	return nil
+}
