@@ -8,7 +8,7 @@ COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
 RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/ \
-	./cmd/submitter ./cmd/scheduler ./cmd/agent ./cmd/supervisor ./cmd/console ./cmd/sasctl
+	./cmd/submitter ./cmd/scheduler ./cmd/agent ./cmd/supervisor ./cmd/console ./cmd/api ./cmd/sasctl
 RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /demo/ ./cmd/remote ./cmd/chaos
 
 # The demo remote service and the chaos harness, with sasctl for the

@@ -123,6 +123,9 @@ may read, and its values.
 {{- if .Values.console.enabled -}}
 {{- $c = append $c (dict "name" "console" "binary" "console" "port" 9106 "role" "console" "amqp" "sasctl" "values" .Values.console) -}}
 {{- end -}}
+{{- if .Values.api.enabled -}}
+{{- $c = append $c (dict "name" "api" "binary" "api" "port" 9107 "role" "api" "amqp" "api" "values" .Values.api) -}}
+{{- end -}}
 {{- range .Values.agents -}}
 {{- $v := merge (dict "replicas" .replicas "kinds" .kinds) (deepCopy $.Values.agent) -}}
 {{- $c = append $c (dict "name" (printf "agent-%s" .name) "binary" "agent" "port" 9103 "role" "" "amqp" "agent" "values" $v "kinds" .kinds) -}}
