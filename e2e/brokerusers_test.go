@@ -28,7 +28,7 @@ func TestServicesRunAsLeastPrivilegeBrokerUsers(t *testing.T) {
 	rabbitmqctl := tool(t, "rabbitmqctl")
 	s := newStack(t)
 	userPrefix := "t-" + testenv.RandomSuffix(8) + "-"
-	services := []string{"submitter", "scheduler", "agent", "sasctl", "app"}
+	services := []string{"submitter", "scheduler", "agent", "sasctl", "app", "api"}
 	env := append([]string{}, s.env...)
 	// Passwords with the characters that break URLs written by hand: the
 	// services take them apart from the URL (SAS_AMQP_PASSWORD).
@@ -82,6 +82,25 @@ func TestServicesRunAsLeastPrivilegeBrokerUsers(t *testing.T) {
 	if al := openAlerts(t, p.env, held); len(al) != 1 {
 		t.Fatalf("open alerts of the held order: %+v", al)
 	}
+	// The API as its own user: it follows status events (an await) and
+	// publishes a signal that ends an order's wait.
+	api := startAPI(t, p.stack, "", settings("api")...)
+	token := apiToken(t, p.stack, "broker-users", "operator")
+	approval := messages.NewID()
+	if code, _, b := api.call(t, apiCall{method: "POST", path: "/api/v1/orders", token: token,
+		body: submitBody(approval, "order_approval", `{"customer":"c","items":[{"sku":"a","qty":1}],"amount":1,"currency":"EUR"}`)}); code != 202 {
+		t.Fatalf("submit through the API: %d %s", code, b)
+	}
+	testenv.Eventually(t, time.Minute, "the order to wait for its approval", func() bool {
+		return p.count(t, `SELECT count(*) FROM steps WHERE order_id = $1 AND process_state = 'awaiting'`, approval) == 1
+	})
+	if code, _, b := api.call(t, apiCall{method: "POST", path: "/api/v1/orders/" + approval + "/signals/approved", token: token, body: `{"by":"ann"}`}); code != 202 {
+		t.Fatalf("signal through the API: %d %s", code, b)
+	}
+	if code, h, b := api.call(t, apiCall{method: "GET", path: "/api/v1/orders/" + approval + "/await?timeout=60s", token: token}); code != 200 ||
+		h.Get("Sas-Ended") != "true" || !strings.Contains(string(b), `"status":"completed"`) {
+		t.Fatalf("await through the API: %d %s", code, b)
+	}
 	// The operator's broker user reads the dead letters, and leaves them.
 	testenv.Eventually(t, 30*time.Second, "the bad submit dead-lettered", func() bool {
 		q, err := ch.QueueDeclarePassive(p.dlq, true, false, false, false, nil)
@@ -109,6 +128,10 @@ func TestServicesRunAsLeastPrivilegeBrokerUsers(t *testing.T) {
 		}
 		_ = ch.Publish("", p.topo.Queue(messages.RequestsQueue("payment")), false, false, amqp.Publishing{Body: []byte("x")})
 		_, err := ch.QueueDeclarePassive(p.topo.Queue(submitter.Input), true, false, false, false, nil)
+		return err
+	})
+	refused("api", func(ch *amqp.Channel) error { // the API does not read orders
+		_, err := ch.Consume(p.submit, "", false, false, false, false, nil)
 		return err
 	})
 	refused("sasctl", func(ch *amqp.Channel) error { // the operator tool does not consume replies

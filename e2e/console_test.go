@@ -184,7 +184,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	t.Parallel()
 	// Traced, so that an order's page has a trace id to show.
 	_, st := tracedStack(t)
-	p := newPipeline(t, pipelineOpts{on: st, supervisors: 1})
+	p := newPipeline(t, pipelineOpts{on: st, supervisors: 1, supervisorEnv: []string{"SAS_SUPERVISOR_OVERVIEW_INTERVAL=1s"}})
 	held, held2, toCancel, script := messages.NewID(), messages.NewID(), messages.NewID(), messages.NewID()
 	p.setFaults(t, `{"reserve_inventory":{"fail_orders":["`+held+`","`+held2+`"]},"charge_payment":{"fail_orders":["`+toCancel+`"]}}`)
 	ch := amqpChannel(t)
@@ -228,6 +228,23 @@ func TestConsoleInABrowser(t *testing.T) {
 		t.Fatalf("overview shows supervisor leader %q", got)
 	}
 	do(t, ctx, "the overview refreshes itself", chromedp.WaitReady(chromedp.CSS(`#live[data-updated]`)))
+	// The last hour's charts, drawn on the server from the store: the 21
+	// orders of workflow order that completed, and the held ones' failed
+	// first steps nowhere (they are in error, not ended).
+	completed := p.count(t, `SELECT count(*) FROM orders WHERE workflow = 'order' AND status = 'completed'`)
+	testenv.Eventually(t, time.Minute, "the charts to count the completed orders", func() bool {
+		do(t, ctx, "reload the overview", chromedp.Navigate(c.url+"/"), chromedp.WaitVisible(chromedp.CSS("#charts")))
+		return eval[int](t, ctx, `+((document.querySelector('#charts .chart-row[data-workflow="order"]') || {dataset: {}}).dataset.completed || 0)`) == completed
+	})
+	if n := eval[int](t, ctx, `document.querySelectorAll('#charts .chart-row[data-workflow="order"] svg polyline').length`); n != 5 || completed < 21 {
+		t.Fatalf("the order workflow's charts have %d lines (want 5) for %d completed orders", n, completed)
+	}
+	if pts := eval[string](t, ctx, `document.querySelector('#charts .chart-row[data-workflow="order"] polyline.line-ok').getAttribute("points")`); len(strings.Fields(pts)) != 60 {
+		t.Fatalf("the completed line has points %q, want one a minute for an hour", pts)
+	}
+	if scripts := eval[int](t, ctx, `document.querySelectorAll("#charts script, svg script").length`); scripts != 0 {
+		t.Fatal("the charts carry script")
+	}
 	shots.take(ctx, "overview")
 
 	// Orders filtered by status.

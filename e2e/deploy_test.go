@@ -78,12 +78,12 @@ func TestComposeFileIsValid(t *testing.T) {
 	}
 	svcs := resolveCompose(t, empty)
 	for _, name := range []string{"secrets", "postgres", "rabbitmq", "migrate", "db-users", "remote", "submitter", "scheduler",
-		"agent", "supervisor", "console", "sasctl", "prometheus", "grafana"} {
+		"agent", "supervisor", "console", "api", "api-token", "sasctl", "prometheus", "grafana"} {
 		if _, ok := svcs[name]; !ok {
 			t.Errorf("service %s is missing", name)
 		}
 	}
-	oneShot := map[string]bool{"secrets": true, "migrate": true, "db-users": true, "sasctl": true}
+	oneShot := map[string]bool{"secrets": true, "migrate": true, "db-users": true, "sasctl": true, "api-token": true}
 	published := map[string]bool{}
 	for name, svc := range svcs {
 		if oneShot[name] {
@@ -131,11 +131,12 @@ func TestComposeFileIsValid(t *testing.T) {
 				t.Errorf("service %s: image %s is not pinned to a version", name, svc.Image)
 			}
 		} else if name != "secrets" && name != "remote" {
-			if _, ok := svc.Environment["SAS_AMQP_URL"]; !ok && name != "supervisor" && name != "migrate" && name != "db-users" {
+			if _, ok := svc.Environment["SAS_AMQP_URL"]; !ok && name != "supervisor" && name != "migrate" && name != "db-users" && name != "api-token" {
 				t.Errorf("service %s has no broker URL", name)
 			}
 		}
-		if name != "secrets" && svc.Build != nil && name != "remote" && !slices.Contains(svc.Volumes, "secrets:/run/secrets/sas:ro") {
+		// api-token writes the API's first token into the volume.
+		if name != "secrets" && name != "api-token" && svc.Build != nil && name != "remote" && !slices.Contains(svc.Volumes, "secrets:/run/secrets/sas:ro") {
 			t.Errorf("service %s does not mount the secrets volume read-only: %v", name, svc.Volumes)
 		}
 	}
@@ -259,7 +260,7 @@ func TestImageCarriesOnlyTheServices(t *testing.T) {
 		}
 	}
 	slices.Sort(built)
-	if want := []string{"agent", "console", "sasctl", "scheduler", "submitter", "supervisor"}; !slices.Equal(built, want) {
+	if want := []string{"agent", "api", "console", "sasctl", "scheduler", "submitter", "supervisor"}; !slices.Equal(built, want) {
 		t.Errorf("the image's binaries: %v, want %v", built, want)
 	}
 	last := stages[len(stages)-1]

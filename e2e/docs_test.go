@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"sas/internal/agent"
+	"sas/internal/api"
 	"sas/internal/console"
 	"sas/internal/remote"
 	"sas/internal/scheduler"
@@ -46,7 +47,7 @@ func TestReadmeDocumentsEveryVariable(t *testing.T) {
 		t.Fatal(err)
 	}
 	readme := string(raw)
-	for _, cfg := range []any{submitter.Config{}, scheduler.Config{}, agent.Config{}, remote.Config{}, supervisor.Config{}, console.Config{}} {
+	for _, cfg := range []any{submitter.Config{}, scheduler.Config{}, agent.Config{}, remote.Config{}, supervisor.Config{}, console.Config{}, api.Config{}} {
 		for _, v := range envVars(reflect.TypeOf(cfg)) {
 			at := strings.Index(readme, "| `"+v.name+"` |")
 			if at < 0 {
@@ -65,7 +66,7 @@ func TestReadmeDocumentsEveryVariable(t *testing.T) {
 // a service at once with exit status 2 and says which.
 func TestServicesRejectBadConfiguration(t *testing.T) {
 	t.Parallel()
-	for _, name := range []string{"submitter", "scheduler", "agent", "remote", "supervisor", "console"} {
+	for _, name := range []string{"submitter", "scheduler", "agent", "remote", "supervisor", "console", "api"} {
 		// Tracing asked for over a protocol sas does not speak.
 		grpc := "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317\x00OTEL_EXPORTER_OTLP_PROTOCOL=grpc"
 		for _, bad := range []string{"SAS_LOG_LEVEL=shout", "SAS_SHUTDOWN_TIMEOUT=soon", grpc} {

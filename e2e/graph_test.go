@@ -512,7 +512,7 @@ func TestYourProcessGraphExamplesRun(t *testing.T) {
 			s := newStackFor(t, reg.Agents())
 			base := portBase(100 * (i + 1))
 			out, errOut, code := sasctl(t, s.env, "dev", "--workflows", file, "--workflow", ex.workflow, "--payload", ex.payload,
-				"--orders", "20", "--bin", binDir, "--prometheus-port", "0", "--port-base", fmt.Sprint(base), "--console-port", fmt.Sprint(base+7))
+				"--orders", "20", "--bin", binDir, "--prometheus-port", "0", "--port-base", fmt.Sprint(base), "--console-port", fmt.Sprint(base+7), "--api-port", "0")
 			if code != 0 || !strings.Contains(out, "orders completed         20") {
 				t.Fatalf("sasctl dev: exit %d\n%s\n%s", code, out, errOut)
 			}

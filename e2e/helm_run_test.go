@@ -80,11 +80,11 @@ agents:
 	}
 	cmd := exec.Command("bash", "-e", "-c", script)
 	cmd.Env = append([]string{}, os.Environ()...)
-	for _, svc := range []string{"submitter", "scheduler", "agent", "sasctl", "app"} {
+	for _, svc := range []string{"submitter", "scheduler", "agent", "sasctl", "app", "api"} {
 		cmd.Env = append(cmd.Env, "SAS_AMQP_PASSWORD_"+strings.ToUpper(svc)+"="+secret["amqp-"+svc])
 	}
 	t.Cleanup(func() {
-		for _, svc := range []string{"submitter", "scheduler", "agent", "sasctl", "app"} {
+		for _, svc := range []string{"submitter", "scheduler", "agent", "sasctl", "app", "api"} {
 			_ = exec.Command(rabbitmqctl, "delete_user", userPrefix+svc).Run()
 		}
 	})
@@ -108,7 +108,7 @@ agents:
 	}
 
 	// Every Deployment, as its pod would run it.
-	var console *proc
+	var console, api *proc
 	started := 0
 	for _, o := range objs {
 		if o["kind"] != "Deployment" {
@@ -118,17 +118,23 @@ agents:
 		c := spec["containers"].([]any)[0].(map[string]any)
 		binary := path.Base(c["command"].([]any)[0].(string))
 		env := podEnv(c, mountSecret(t, spec, secret), name(o))
-		if binary == "console" {
+		switch binary {
+		case "console":
 			env = append(env, "SAS_CONSOLE_ADDR="+freeAddr(t))
+		case "api":
+			env = append(env, "SAS_API_ADDR="+freeAddr(t))
 		}
 		p := start(t, binary, env)
-		if binary == "console" {
+		switch binary {
+		case "console":
 			console = p
+		case "api":
+			api = p
 		}
 		started++
 	}
-	if started != 6 || console == nil {
-		t.Fatalf("started %d deployments (console %v), want 6 with the console", started, console != nil)
+	if started != 7 || console == nil || api == nil {
+		t.Fatalf("started %d deployments (console %v, api %v), want 7 with the console and the API", started, console != nil, api != nil)
 	}
 
 	// Orders through.
@@ -154,6 +160,23 @@ agents:
 		}
 		return true
 	})
+	// The API, with its own database login and broker user: a token
+	// made as NOTES.txt says reads the orders and awaits one.
+	token, errOut, code := sasctl(t, s.env, "api", "token", "create", "--name", "helm", "--role", "viewer")
+	if code != 0 {
+		t.Fatalf("api token create: %s", errOut)
+	}
+	ap := apiProc{proc: api}
+	for _, kv := range api.cmd.Env {
+		if v, ok := strings.CutPrefix(kv, "SAS_API_ADDR="); ok {
+			ap.url = "http://" + v
+		}
+	}
+	first := strings.Fields(ids)[0]
+	if code, h, b := ap.call(t, apiCall{method: "GET", path: "/api/v1/orders/" + first + "/await?timeout=10s", token: strings.TrimSpace(token)}); code != 200 ||
+		h.Get("Sas-Ended") != "true" || !strings.Contains(string(b), `"status":"completed"`) {
+		t.Fatalf("the chart's API: %d %s", code, b)
+	}
 	// The console: admin with the Secret's password.
 	var consoleAddr string
 	for _, kv := range console.cmd.Env {

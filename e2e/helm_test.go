@@ -84,7 +84,7 @@ func TestHelmChart(t *testing.T) {
 	for _, o := range full {
 		kinds[o["kind"].(string)]++
 	}
-	for kind, n := range map[string]int{"Deployment": 7, "Job": 1, "Secret": 1, "PodDisruptionBudget": 5, "NetworkPolicy": 7,
+	for kind, n := range map[string]int{"Deployment": 8, "Job": 1, "Secret": 1, "PodDisruptionBudget": 6, "NetworkPolicy": 8,
 		"ServiceMonitor": 1, "PrometheusRule": 1, "ScaledObject": 3, "TriggerAuthentication": 1, "ConfigMap": 3} {
 		if kinds[kind] != n {
 			t.Errorf("the full set renders %d %s, want %d (all: %v)", kinds[kind], kind, n, kinds)
@@ -121,7 +121,7 @@ func TestHelmChart(t *testing.T) {
 	for _, o := range full {
 		if o["kind"] == "Service" && strings.HasSuffix(name(o), "-metrics") {
 			job := o["metadata"].(map[string]any)["labels"].(map[string]any)["sas.dev/job"]
-			if !slices.Contains([]any{"sas-submitter", "sas-scheduler", "sas-agent", "sas-supervisor", "sas-console"}, job) {
+			if !slices.Contains([]any{"sas-submitter", "sas-scheduler", "sas-agent", "sas-supervisor", "sas-console", "sas-api"}, job) {
 				t.Errorf("service %s: job %v", name(o), job)
 			}
 		}

@@ -124,7 +124,7 @@ func TestSasctlSubmitShowListResubmit(t *testing.T) {
 		{"list an unknown status", []string{"orders", "list", "--status", "lost"}, 1, "unknown status"},
 		{"submit an invalid file", []string{"submit", "--file", writeTemp(t, `{"schema_version":1}`)}, 1, "not a valid order"},
 		{"submit with neither file nor count", []string{"submit"}, 2, "either --file or"},
-		{"submit an unknown workflow", []string{"submit", "--count", "3", "--workflow", "nope"}, 1, `unknown workflow "nope": the workflows of the built-in file (neither --workflows nor SAS_WORKFLOWS_FILE names one) are order, order_hold, single; name another file with --workflows FILE or SAS_WORKFLOWS_FILE: nothing published`},
+		{"submit an unknown workflow", []string{"submit", "--count", "3", "--workflow", "nope"}, 1, `unknown workflow "nope": the workflows of the built-in file (neither --workflows nor SAS_WORKFLOWS_FILE names one) are order, order_approval, order_hold, single; name another file with --workflows FILE or SAS_WORKFLOWS_FILE: nothing published`},
 		{"submit a payload its workflow refuses", []string{"submit", "--count", "1", "--payload", badPayload}, 1, `payload at /: missing properties 'customer', 'items', 'currency': nothing published`},
 		// Any workflow name is listed: orders may run another file's.
 		{"list a workflow that is not a name", []string{"orders", "list", "--workflow", "no pe"}, 1, `--workflow may hold only letters`},
@@ -260,13 +260,16 @@ func TestSasctlDev(t *testing.T) {
 	t.Cleanup(payment.Close)
 	endpoints := writeFile(t, "endpoints.yaml", fmt.Sprintf("endpoints:\n  payment: {url: %q}\n", payment.URL))
 	out, errOut, code := sasctl(t, s.env, "dev", "--orders", "60", "--bin", binDir, "--prometheus-port", "0", "--endpoints", endpoints,
-		"--port-base", strconv.Itoa(base), "--console-port", strconv.Itoa(base+7), "--faults", `{"*":{"error_rate":0.1}}`)
+		"--port-base", strconv.Itoa(base), "--console-port", strconv.Itoa(base+7), "--api-port", strconv.Itoa(base+9), "--faults", `{"*":{"error_rate":0.1}}`)
 	if code != 0 {
 		t.Fatalf("sasctl dev: exit %d\n%s\n%s", code, out, errOut)
 	}
 	if !strings.Contains(errOut, "agent kinds payment: "+payment.URL+" (your service, from ") ||
 		!strings.Contains(errOut, "agent kinds inventory, shipping: the demo service") {
 		t.Errorf("sasctl dev does not say which kinds go where:\n%s", errOut)
+	}
+	if !regexp.MustCompile(`HTTP API: http://localhost:\d+/api/v1 \(operator token, shown once: SAS_API_TOKEN=sas_\d+_\S+\)`).MatchString(errOut) {
+		t.Errorf("sasctl dev does not say where the API is with a token:\n%s", errOut)
 	}
 	if n := charged.Load(); n < 60 {
 		t.Errorf("the payment service of the endpoints file was called %d times for 60 orders", n)

@@ -56,8 +56,8 @@ func TestDeploymentSecretsMadeOnceAndUsedFromFiles(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "made postgres, rabbitmq,") {
 		t.Fatalf("secrets init: exit %d: %s %s", code, out, errOut)
 	}
-	names := []string{"postgres", "rabbitmq", "db-submitter", "db-scheduler", "db-supervisor", "db-operator", "db-console",
-		"amqp-submitter", "amqp-scheduler", "amqp-agent", "amqp-sasctl", "amqp-app", "grafana-admin", "console-admin"}
+	names := []string{"postgres", "rabbitmq", "db-submitter", "db-scheduler", "db-supervisor", "db-operator", "db-console", "db-api",
+		"amqp-submitter", "amqp-scheduler", "amqp-agent", "amqp-sasctl", "amqp-api", "amqp-app", "grafana-admin", "console-admin"}
 	read := func() map[string]string {
 		m := map[string]string{}
 		for _, n := range append(names, "console-users", "rabbitmq.conf", "rabbitmq-definitions.json") {
@@ -97,7 +97,7 @@ func TestDeploymentSecretsMadeOnceAndUsedFromFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, errOut, code = sasctl(t, s.env, initArgs...)
-	if code != 0 || !strings.Contains(out, "made amqp-app; kept 13") {
+	if code != 0 || !strings.Contains(out, "made amqp-app; kept 15") {
 		t.Fatalf("secrets init again: exit %d: %s %s", code, out, errOut)
 	}
 	again := read()
