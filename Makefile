@@ -15,7 +15,7 @@ TOOLS := $(CURDIR)/bin/tools/helm-v3.22.0-kubeconform-v0.8.0
 FUZZTIME ?= 30s
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all build services tools test bench-ab bench-backlog bench-steady lint fmt-check fuzz demo chaos bench clean console-screenshots bench-console ha timers
+.PHONY: all build services tools test bench-ab bench-backlog bench-steady lint fmt-check fuzz demo chaos bench clean console-screenshots bench-console ha timers api-e2e
 
 all: build
 
@@ -84,7 +84,7 @@ chaos: services
 # count each, benchstat-comparable (benchstat old.txt bench.txt), each
 # part alone, then the same parts one at a time at 60 a second (AtLowRate:
 # what each costs an order at low load); then sasctl bench runs the whole system on this machine (database sas_bench, queues
-# bench.*, every run on a fresh schema) in six scenarios, each
+# bench.*, every run on a fresh schema) in its scenarios (docs/BENCHMARKS.md), each
 # BENCH_WARMUP then BENCH_DURATION, and writes a table to the terminal and
 # JSON to bench-*.json.
 BENCH_COUNT ?= 5
@@ -107,6 +107,8 @@ bench: build
 	$(BENCH_RUN) --workflow order --rate 50 --drain 30s --label order-50 --json bench-order-50.json
 	$(BENCH_RUN) --workflow fanout --rate 20 --drain 30s --label fanout-20 --json bench-fanout-20.json
 	$(BENCH_RUN) --workflow foreach --rate 2 --drain 60s --label foreach-2 --json bench-foreach-2.json
+	$(BENCH_RUN) --workflow single --via http --label single-max-http --json bench-single-max-http.json
+	$(BENCH_RUN) --workflow single --rate 60 --via http --await --drain 30s --label single-60-await --json bench-single-60-await.json
 
 # A/B in one sitting (docs/BENCHMARKS.md): BASE's binaries against the
 # working tree's, each scenario run alternately A B A B (AB_ROUNDS each),
@@ -138,7 +140,7 @@ bench-steady: build
 # The console's browser test (headless Chromium) with its screenshots
 # written into docs/console/, the pictures the README shows.
 console-screenshots: services
-	SAS_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console $(GO) test -count=1 -run '^TestConsoleInABrowser$$' ./e2e/
+	SAS_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console $(GO) test -count=1 -run '^(TestConsoleInABrowser|TestConsoleActsInBulkAndReruns)$$' ./e2e/
 
 # The failover tests at full size, HA_ORDERS orders each: through a
 # three-node RabbitMQ cluster (scripts/rabbit-cluster.sh) whose leading node
@@ -158,6 +160,14 @@ ha: services
 TIMERS_ORDERS ?= 10000
 timers: services build
 	SAS_TIMERS_ORDERS=$(TIMERS_ORDERS) $(GO) test -count=1 -timeout 20m -run '^TestTimersFireOnTimeAcrossADatabaseRestart$$' -v ./e2e/
+
+# The HTTP API's end-to-end tests at the issue's sizes: API_ORDERS orders
+# from 20 clients, and a bulk resubmit of API_HELD held orders with the
+# API killed halfway (make test runs 200 and 300).
+API_ORDERS ?= 1000
+API_HELD ?= 2000
+api-e2e: services build
+	SAS_API_ORDERS=$(API_ORDERS) SAS_API_HELD=$(API_HELD) $(GO) test -count=1 -timeout 20m -run '^(TestHTTPAPIServesApplications|TestBulkResubmitSurvivesAKill)$$' -v ./e2e/
 
 # The console's benchmark (docs/BENCHMARKS.md): BENCH_CONSOLE_ORDERS orders
 # written into a schema of sas_test, then the orders list (deep pages,

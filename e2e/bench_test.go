@@ -36,11 +36,13 @@ type benchJSON struct {
 		CPUMSPerOrder float64 `json:"cpu_ms_per_order"`
 		PeakRSSMiB    float64 `json:"peak_rss_mib"`
 	} `json:"processes"`
-	Prefilled     int     `json:"prefilled"`
-	MachineBusy   float64 `json:"machine_cpu_busy_percent"`
-	MachineSteal  float64 `json:"machine_cpu_steal_percent"`
-	CPUMSPerOrder float64 `json:"cpu_ms_per_completed_order"`
-	Window        float64 `json:"window_s"`
+	Prefilled     int           `json:"prefilled"`
+	Via           string        `json:"via"`
+	AwaitOverhead *benchLatency `json:"await_overhead_ms"`
+	MachineBusy   float64       `json:"machine_cpu_busy_percent"`
+	MachineSteal  float64       `json:"machine_cpu_steal_percent"`
+	CPUMSPerOrder float64       `json:"cpu_ms_per_completed_order"`
+	Window        float64       `json:"window_s"`
 	Database      *struct {
 		WALBytes         int64   `json:"wal_bytes"`
 		WALBytesPerOrder float64 `json:"wal_bytes_per_completed_order"`
@@ -330,5 +332,41 @@ func TestSasctlBenchBacklog(t *testing.T) {
 		if !names[want] {
 			t.Errorf("no peak RSS for %s: %+v", want, r.Processes)
 		}
+	}
+}
+
+// TestSasctlBenchOverHTTP: --via http submits through the API service
+// (its own process in the run), and --await awaits every order over HTTP
+// and reports how long after each order's end in the store its await
+// came back.
+func TestSasctlBenchOverHTTP(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	base := portBase(900)
+	report := filepath.Join(t.TempDir(), "bench.json")
+	out, errOut, code := sasctl(t, s.env, "bench", "--bin", binDir, "--port-base", strconv.Itoa(base), "--via", "http", "--await",
+		"--workflow", "single", "--rate", "20", "--warmup", "0s", "--duration", "3s", "--drain", "30s", "--json", report)
+	if code != 0 {
+		t.Fatalf("sasctl bench --via http: exit %d\n%s\n%s", code, out, errOut)
+	}
+	if !strings.Contains(out, "through the HTTP API") || !strings.Contains(out, "await overhead") {
+		t.Errorf("the table does not say the orders went through the API and were awaited:\n%s", out)
+	}
+	b, err := os.ReadFile(report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r benchJSON
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Via != "http" || r.Placed < 30 || r.Ended["completed"] != r.Placed || r.Unended != 0 {
+		t.Fatalf("via %q: placed %d, ended %v, unended %d", r.Via, r.Placed, r.Ended, r.Unended)
+	}
+	if a := r.AwaitOverhead; a == nil || a.N < r.Placed-2 || a.N > r.Placed+2 || !a.ordered() || a.Max > 5000 {
+		t.Fatalf("await overhead %+v for %d orders", a, r.Placed)
+	}
+	if _, errOut, code := sasctl(t, s.env, "bench", "--await"); code != 2 || !strings.Contains(errOut, "--await needs --via http") {
+		t.Fatalf("--await alone: exit %d: %s", code, errOut)
 	}
 }

@@ -57,10 +57,16 @@ func Main(ctx context.Context, a *Tool, args []string) error {
 	backlog := fs.Int("backlog", 0, "instead of a load: queue this many orders with the schedulers and agents stopped, then start them, and report the time to drain and every process's peak memory")
 	var env multiFlag
 	fs.Var(&env, "env", "NAME=VALUE added to every service's environment (repeatable), e.g. SAS_SCHEDULER_BATCH=200 or GOGC=400")
+	fs.StringVar(&o.via, "via", "amqp", "where orders go in: amqp (the submit queue) or http (the API service, POST /api/v1/orders, its per-token rate limit lifted)")
+	fs.BoolVar(&o.await, "await", false, "with --via http: await every order over HTTP too, and report what that adds to its end (the await's return against the order's end in the store)")
 	if err := a.parseNoArgs(fs, args); err != nil {
 		return err
 	}
 	o.env = env
+	if o.via != "amqp" && o.via != "http" || o.await && o.via != "http" {
+		fmt.Fprintln(a.stderr, "sasctl bench: --via is amqp or http; --await needs --via http")
+		return ErrUsage
+	}
 	if o.rate < 0 || o.inflight < 1 || o.duration <= 0 || o.warmup < 0 || *rounds < 1 {
 		fmt.Fprintln(a.stderr, "sasctl bench: --rate must be >= 0, --inflight >= 1, --duration > 0, --warmup >= 0, --rounds >= 1")
 		return ErrUsage
@@ -125,6 +131,8 @@ type benchOptions struct {
 	purge, fresh                bool
 	prefill                     int // orders written before the run (lab.Fill)
 	env                         []string
+	via                         string // amqp or http
+	await                       bool   // with http: await each order
 }
 
 // runBench runs every service under load once and returns what it
@@ -142,13 +150,26 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 		return nil, err
 	}
 	serviceEnv = append(serviceEnv, scenarioEnv...)
+	apiPort := 0
+	if o.via == "http" {
+		apiPort = o.portBase + 9
+		serviceEnv = append(serviceEnv, "SAS_API_RATE=1000000", "SAS_API_BURST=1000000")
+	}
 	st, err := localstack.Start(ctx, localstack.Options{BinDir: o.binDir, Schedulers: o.schedulers, Agents: o.agents,
-		Faults: faults, PortBase: o.portBase, Env: serviceEnv, DebugOffset: o.pprofOffset})
+		Faults: faults, PortBase: o.portBase, Env: serviceEnv, DebugOffset: o.pprofOffset, APIPort: apiPort})
 	if err != nil {
 		return nil, err
 	}
 	defer st.Stop()
 	fmt.Fprintf(a.stderr, "services up (%d processes); logs in %s\n", len(st.Procs), st.Logs)
+	var hl *httpLoad
+	if o.via == "http" {
+		_, token, err := store.CreateAPIToken(ctx, "bench-"+time.Now().UTC().Format("150405.000000"), statestore.TokenSubmitter, "sasctl bench")
+		if err != nil {
+			return nil, err
+		}
+		hl = newHTTPLoad(ctx, fmt.Sprintf("http://127.0.0.1:%d", apiPort), token, o.await)
+	}
 
 	// Ended orders, counted from the status events the system publishes.
 	var ended atomic.Int64
@@ -167,7 +188,7 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 
 	loadCtx, stopLoad := context.WithCancel(ctx)
 	defer stopLoad()
-	gen := &generator{pub: pub, queue: topo.Queue(submitter.Input), sampler: smp}
+	gen := &generator{pub: pub, queue: topo.Queue(submitter.Input), sampler: smp, http: hl}
 	loadDone := make(chan error, 1)
 	loadJoined := make(chan struct{})
 	// However the run ends, the load generator is stopped and waited for.
@@ -271,6 +292,16 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 	}
 	rep := newBenchReport(o.label, o.wf, o.rate, o.inflight, o.warmup, window.to.Sub(window.from), o.schedulers, o.agents, o.latency, o.env)
 	rep.Published, rep.PublishFailures = gen.published.Load(), gen.failed.Load()
+	if o.via == "http" {
+		rep.Via = "http"
+	}
+	if hl != nil && o.await {
+		over, failed, err := hl.overhead(ctx, pool, window.from, window.to)
+		if err != nil {
+			return nil, err
+		}
+		rep.AwaitOverhead, rep.AwaitFailures = &over, failed
+	}
 	rep.fill(timings, window.cpu0, window.cpu1, st, samples)
 	rep.fillDatabase(window.wal0, window.wal1, timings.Completions)
 	if rig.filled != nil {
@@ -450,6 +481,7 @@ func listenEnded(ctx context.Context, conn *broker.Conn, topo broker.Topology, o
 // generator publishes sample orders to the submit queue, keeping many
 // confirms in flight on one channel.
 type generator struct {
+	http      *httpLoad // --via http: through the API instead
 	pub       *broker.Publisher
 	queue     string
 	sampler   *orders
@@ -462,6 +494,9 @@ const confirmWindow = 512
 
 // run publishes one order each time next says so, until ctx ends.
 func (g *generator) run(ctx context.Context, next func(ctx context.Context, started int64) bool) error {
+	if g.http != nil {
+		return g.runHTTP(ctx, next)
+	}
 	pending := make(chan *broker.Pending, confirmWindow)
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -620,6 +655,12 @@ type benchReport struct {
 
 	Published       int64 `json:"published"`
 	PublishFailures int64 `json:"publish_failures"`
+	// Via is "http" when orders went in through the API; AwaitOverhead,
+	// with --await, is how long after an order's end in the store its
+	// await came back.
+	Via           string     `json:"via,omitempty"`
+	AwaitOverhead *latencyMS `json:"await_overhead_ms,omitempty"`
+	AwaitFailures int        `json:"await_failures,omitempty"`
 	// CompletedPerSecond: orders that reached completed inside the window,
 	// per second. PlacedPerSecond: orders placed inside it, per second.
 	CompletedPerSecond float64        `json:"completed_per_s"`
@@ -815,7 +856,14 @@ func (r *benchReport) print(w io.Writer) {
 		r.Workflow, mode, r.Schedulers, r.Agents, r.RemoteLatencyMS, r.WindowSeconds, r.WarmupSeconds)
 	fmt.Fprintf(tw, "completed\t%.0f orders/s sustained (placed %.0f/s; %d placed in the window, %d not ended)\n",
 		r.CompletedPerSecond, r.PlacedPerSecond, r.Placed, r.Unended)
+	if r.Via == "http" {
+		fmt.Fprintf(tw, "submitted\tthrough the HTTP API (POST /api/v1/orders)\n")
+	}
 	fmt.Fprintf(tw, "publish failures\t%d\n", r.PublishFailures)
+	if a := r.AwaitOverhead; a != nil {
+		fmt.Fprintf(tw, "await overhead\tp50 %.1f ms, p95 %.1f ms, p99 %.1f ms, max %.1f ms over %d orders (%d awaits failed)\n",
+			a.P50, a.P95, a.P99, a.Max, a.N, r.AwaitFailures)
+	}
 	if r.Prefilled > 0 {
 		fmt.Fprintf(tw, "store\tprefilled with %d orders (%s), vacuumed\n", r.Prefilled, r.PrefilledSize)
 	}
