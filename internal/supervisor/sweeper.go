@@ -54,14 +54,17 @@ type sweeper struct {
 }
 
 func (s *sweeper) run(ctx context.Context) error {
-	ticker := time.NewTicker(s.cfg.Interval)
-	defer ticker.Stop()
+	next := time.NewTimer(0)
+	defer next.Stop()
 	s.analyzeBusy = make(chan struct{}, 1)
 	s.purgeBusy = make(chan struct{}, 1)
 	defer s.background.Wait()
 	s.background.Go(func() { s.timers(ctx) })
+	// After a failed renewal the next try comes sooner than Interval,
+	// from retryFirst doubling up to it, so that the store's return is
+	// seen at once.
+	retry := time.Duration(0)
 	for {
-		s.tick(ctx)
 		select {
 		case <-ctx.Done():
 			if s.leading {
@@ -74,21 +77,43 @@ func (s *sweeper) run(ctx context.Context) error {
 				s.metrics.leader.Set(0)
 			}
 			return nil
-		case <-ticker.C:
+		case <-next.C:
+		}
+		if s.tick(ctx) {
+			retry = 0
+			next.Reset(s.cfg.Interval)
+		} else {
+			retry = min(max(2*retry, retryFirst), s.cfg.Interval)
+			next.Reset(retry)
 		}
 	}
 }
 
-func (s *sweeper) tick(ctx context.Context) {
+// retryFirst is how soon a failed lease renewal, or a failed firing of
+// timers, is tried again the first time.
+const retryFirst = 25 * time.Millisecond
+
+// retryTimersMax is the longest the timer loop waits between tries while
+// the store is away: a try costs a refused connection, and a timer that
+// fell due meanwhile is late by as much as this past the store's return.
+const retryTimersMax = 100 * time.Millisecond
+
+// tick renews or contends for the lease and, holding it, sweeps; it
+// reports whether the store answered.
+//
+// A renewal that fails (the store restarting, a connection cut) leaves
+// what this supervisor believed as it was: the timer loop goes on firing
+// through the fenced statement, which refuses if the lease was lost
+// meanwhile, so timers fall due on time as soon as the store is back
+// rather than at the next renewal.
+func (s *sweeper) tick(ctx context.Context) bool {
 	lease, err := s.store.AcquireLease(ctx, LeaseName, s.me, s.cfg.LeaseTTL)
 	if err != nil {
 		if ctx.Err() == nil {
 			s.metrics.errors.Inc()
-			s.logger.Warn("lease renewal failed", "err", err)
+			s.logger.Warn("lease renewal failed; will try again", "err", err)
 		}
-		// Without a renewal we may have lost it; the fenced sweep would
-		// refuse anyway.
-		lease.Held = false
+		return false
 	}
 	if lease.Held != s.leading {
 		if lease.Held {
@@ -109,6 +134,7 @@ func (s *sweeper) tick(ctx context.Context) {
 		s.metrics.leader.Set(0)
 	}
 	s.report(ctx)
+	return true
 }
 
 // sweep handles expired steps in batches until none is left.
@@ -156,6 +182,7 @@ func (s *sweeper) sweep(ctx context.Context) {
 func (s *sweeper) timers(ctx context.Context) {
 	wait := time.NewTimer(0)
 	defer wait.Stop()
+	retry := time.Duration(0)
 	for {
 		select {
 		case <-ctx.Done():
@@ -168,12 +195,22 @@ func (s *sweeper) timers(ctx context.Context) {
 		}
 		if s.lead.Load() {
 			s.fireSchedules(ctx)
-			if s.fireTimers(ctx) {
+			full, err := s.fireTimers(ctx)
+			switch {
+			case err != nil:
+				// The store is away: look again soon, so that timers due
+				// meanwhile fire as soon as it is back.
+				retry = min(max(2*retry, retryFirst), s.cfg.TimerPoll, retryTimersMax)
+				next = retry
+			case full:
 				next = 0 // a full batch: more may be due
-			} else if d, ok, err := s.store.NextTimer(ctx); err == nil && ok && d > 0 && d < next {
-				// (An overdue timer is a held order's, which waits for a
-				// resubmit: it does not hurry the next look.)
-				next = d
+			default:
+				retry = 0
+				if d, ok, err := s.store.NextTimer(ctx); err == nil && ok && d > 0 && d < next {
+					// (An overdue timer is a held order's, which waits
+					// for a resubmit: it does not hurry the next look.)
+					next = d
+				}
 			}
 		}
 		wait.Reset(next)
@@ -182,14 +219,14 @@ func (s *sweeper) timers(ctx context.Context) {
 
 // fireTimers fires one batch of due timers; it reports whether the
 // batch was full.
-func (s *sweeper) fireTimers(ctx context.Context) bool {
+func (s *sweeper) fireTimers(ctx context.Context) (bool, error) {
 	fired, err := s.store.FireTimers(ctx, s.me, LeaseName, s.cfg.Batch)
 	if err != nil {
 		if ctx.Err() == nil {
 			s.metrics.errors.Inc()
 			s.logger.Warn("firing timers failed; will try again", "err", err)
 		}
-		return false
+		return false, err
 	}
 	for _, f := range fired {
 		s.metrics.timersFired.Inc()
@@ -198,7 +235,7 @@ func (s *sweeper) fireTimers(ctx context.Context) bool {
 	if len(fired) > 0 {
 		s.logger.Debug("timers fired", "count", len(fired))
 	}
-	return len(fired) >= s.cfg.Batch
+	return len(fired) >= s.cfg.Batch, nil
 }
 
 // maybeAnalyze starts a refresh of stale planner statistics when one is

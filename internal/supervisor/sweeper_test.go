@@ -1,13 +1,17 @@
 package supervisor
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"io"
 	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -55,5 +59,91 @@ func TestReportEveryStatsInterval(t *testing.T) {
 	}
 	if pending(fast) != 2 {
 		t.Fatalf("with no interval: %v pending, want 2", pending(fast))
+	}
+}
+
+// logSink is a log the sweeper's goroutines write to while the test reads.
+type logSink struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logSink) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logSink) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// A leader whose store goes away for a moment (a restart, a cut
+// connection) fires the timers that fell due meanwhile as soon as the
+// store is back, not at its next lease renewal: the failed renewal does
+// not make it give up, and its firing, fenced by the lease, is retried
+// at once.
+func TestTimersFireAsSoonAsTheStoreIsBack(t *testing.T) {
+	t.Parallel()
+	dbURL, pool := testenv.Database(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	proxied, proxy := testenv.Proxied(t, dbURL)
+	through, err := pgxpool.New(ctx, proxied)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer through.Close()
+	direct := statestore.New(pool)
+	var logs logSink
+	s := &sweeper{store: statestore.New(through), me: "test",
+		cfg:     Config{Interval: 3 * time.Second, LeaseTTL: time.Hour, TimerPoll: 200 * time.Millisecond, Batch: 100, StatsInterval: time.Hour},
+		logger:  slog.New(slog.NewTextHandler(&logs, nil)),
+		metrics: newMetrics(prometheus.NewRegistry())}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the sweeper's log:\n%s", logs.String())
+		}
+	})
+	done := make(chan error, 1)
+	go func() { done <- s.run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	testenv.Eventually(t, 10*time.Second, "the sweeper to lead", func() bool { return s.lead.Load() })
+
+	proxy.SetDown(true)
+	testenv.Eventually(t, 10*time.Second, "a lease renewal to fail", func() bool {
+		return strings.Contains(logs.String(), "lease renewal failed")
+	})
+	var dbNow time.Time
+	if err := pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&dbNow); err != nil {
+		t.Fatal(err)
+	}
+	id := messages.NewID()
+	h := sha256.Sum256([]byte(id))
+	startAt := dbNow.Add(200 * time.Millisecond)
+	o := statestore.NewOrder{OrderID: id, Workflow: "test", Payload: []byte(`{}`), PayloadHash: h[:], Actor: "test", FailurePolicy: statestore.PolicyHold,
+		StartAt: &startAt, Steps: []statestore.NewStep{{Name: "s", Agent: "a", Timeout: time.Minute, MaxFailures: 3}}}
+	if _, err := direct.InsertOrder(ctx, o); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the timer to fall due", func() bool {
+		d, ok, err := direct.NextTimer(ctx)
+		return err == nil && ok && d <= 0
+	})
+	proxy.SetDown(false)
+	back := time.Now()
+	testenv.Eventually(t, 10*time.Second, "the timer to fire", func() bool {
+		var state string
+		return pool.QueryRow(ctx, `SELECT process_state FROM steps WHERE order_id = $1`, id).Scan(&state) == nil && state != statestore.StepDelayed
+	})
+	if took := time.Since(back); took > time.Second {
+		t.Fatalf("the timer fired %v after the store came back, want within a second (the lease renews every %v)\n%s", took, s.cfg.Interval, logs.String())
 	}
 }
