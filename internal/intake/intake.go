@@ -55,7 +55,7 @@ func Prepare(reg *workflow.Registry, o messages.SubmitOrder, stepTimeout time.Du
 	return statestore.NewOrder{
 		OrderID: o.OrderID, Workflow: wf.Name, WorkflowVersion: wf.Version(), Payload: payload, Priority: o.Priority, ReplyTo: o.ReplyTo,
 		PlacedAt: o.PlacedAt, StartAt: o.StartAt, PayloadHash: hash[:], Steps: statestore.StepsOf(wf, stepTimeout), Actor: actor,
-		FailurePolicy: wf.Policy, Attributes: Attributes(wf, payload),
+		FailurePolicy: wf.Policy, Attributes: Attributes(wf, payload), Key: Key(wf, payload),
 	}, nil
 }
 
@@ -112,6 +112,16 @@ func Rerun(ctx context.Context, store *statestore.Store, reg *workflow.Registry,
 		return nil, &Refusal{messages.ReasonInvalidPayload, err.Error()}
 	}
 	return store.Rerun(ctx, orderID, step, compact.Bytes(), Attributes(wf, compact.Bytes()), actor)
+}
+
+// Key is the order's concurrency key (wf's concurrency_key over
+// payload), nil when wf declares none.
+func Key(wf workflow.Workflow, payload []byte) *statestore.ConcurrencyKey {
+	k, ok := wf.Key(payload)
+	if !ok {
+		return nil
+	}
+	return &statestore.ConcurrencyKey{Key: k, MaxPerKey: wf.MaxPerKey}
 }
 
 // Attributes are wf's search attributes read from payload, as the state

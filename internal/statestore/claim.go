@@ -46,6 +46,9 @@ type ClaimedStep struct {
 	// element of the list and its position (Index nil otherwise).
 	Item  []byte
 	Index *int
+	// Waited is, for a step claimed under its kind's limits
+	// (ClaimLimited), how long it was pending before this claim.
+	Waited time.Duration
 }
 
 // A claim statement claims up to $2 due pending steps for $1: the
@@ -68,7 +71,7 @@ WITH picked AS (
     CROSS JOIN LATERAL (
         SELECT order_id, step
         FROM steps
-        WHERE process_state = 'pending' AND agent = k.agent AND available_at <= now()
+        WHERE process_state = 'pending' AND agent = k.agent AND fair_key IS NULL AND available_at <= now()
           AND (attempt > 0 OR step > 1 OR EXISTS (SELECT 1 FROM orders o WHERE o.order_id = steps.order_id FOR UPDATE SKIP LOCKED))
         ORDER BY agent, priority DESC, available_at, order_id, step
         LIMIT k.room
@@ -81,7 +84,7 @@ WITH picked AS (
 WITH picked AS (
     SELECT order_id, step
     FROM steps
-    WHERE process_state = 'pending' AND available_at <= now() AND $3::text = ''
+    WHERE process_state = 'pending' AND fair_key IS NULL AND available_at <= now() AND $3::text = ''
       AND (attempt > 0 OR step > 1 OR EXISTS (SELECT 1 FROM orders o WHERE o.order_id = steps.order_id FOR UPDATE SKIP LOCKED))
     ORDER BY priority DESC, available_at, order_id, step
     LIMIT $2
@@ -175,7 +178,16 @@ func (s *Store) claim(ctx context.Context, sql string, args ...any) ([]ClaimedSt
 	if err != nil {
 		return nil, fmt.Errorf("claim pending: %w", err)
 	}
-	steps, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ClaimedStep, error) {
+	steps, err := collectClaimed(rows)
+	if err != nil {
+		return nil, fmt.Errorf("claim pending: %w", err)
+	}
+	return steps, nil
+}
+
+// collectClaimed reads the rows of a claim statement (claimRestSQL).
+func collectClaimed(rows pgx.Rows) ([]ClaimedStep, error) {
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (ClaimedStep, error) {
 		var c ClaimedStep
 		var budgetMS int64
 		var prio int16
@@ -185,10 +197,6 @@ func (s *Store) claim(ctx context.Context, sql string, args ...any) ([]ClaimedSt
 		c.setBudgetPriority(budgetMS, prio)
 		return c, err
 	})
-	if err != nil {
-		return nil, fmt.Errorf("claim pending: %w", err)
-	}
-	return steps, nil
 }
 
 // setBudgetPriority sets the budget and priority read as a claim statement

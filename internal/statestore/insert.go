@@ -49,6 +49,17 @@ type NewOrder struct {
 	// Attributes are the order's search attributes (its workflow's
 	// search_attributes over its payload), written with it.
 	Attributes []Attribute
+	// Key, when its workflow declares a concurrency_key, is the order's:
+	// its steps are served round robin with other keys' (limited_pick).
+	Key *ConcurrencyKey
+}
+
+// ConcurrencyKey is an order's key (its workflow's concurrency_key over
+// its payload) and how many of its steps of one agent kind may be
+// processing at once (0: no bound, only the round robin).
+type ConcurrencyKey struct {
+	Key       string
+	MaxPerKey int
 }
 
 // Failure policies.
@@ -127,7 +138,8 @@ func IdempotencyKey(orderID string, step int, name string) string {
 // 1-based index of its order), then the orders' traceparents ($22) and
 // correlation ids ($23), then the steps' needs and ancestors ($24, $25,
 // as array literals, NULL for a list's steps) and specs ($26), then the
-// orders' start_at ($27). A first step is delayed (due at start_at, plus
+// orders' start_at ($27), and their concurrency keys and max_per_key
+// ($28, $29), written on each of their steps. A first step is delayed (due at start_at, plus
 // its delay) when its order starts later or it has a delay. Order ids must be distinct. It returns the
 // index of every order it wrote. A step created waiting gets no history
 // row: its own row says as much, and its history begins when it leaves
@@ -138,9 +150,9 @@ const insertOrdersSQL = `
 WITH o AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int[],
                          $6::text[], $7::timestamptz[], $8::bytea[], $9::text[], $10::text[], $22::text[], $23::text[],
-                         $27::timestamptz[]) WITH ORDINALITY
+                         $27::timestamptz[], $28::text[], $29::int[]) WITH ORDINALITY
         AS o(order_id, workflow, workflow_version, payload, priority, reply_to, placed_at, payload_hash, failure_policy, actor,
-             traceparent, correlation_id, start_at, idx)
+             traceparent, correlation_id, start_at, fair_key, fair_max, idx)
 ), ins AS (
     INSERT INTO orders (order_id, workflow, workflow_version, payload, priority, reply_to, placed_at, payload_hash, failure_policy,
                         traceparent, start_at)
@@ -153,7 +165,7 @@ WITH o AS (
     SELECT o.* FROM o JOIN ins ON ins.order_id = o.order_id
 ), st AS (
     INSERT INTO steps (order_id, step, name, kind, compensates, agent, process_state, priority, timeout, max_failures, idempotency_key,
-                       backoff_base, backoff_max, needs, ancestors, spec, due_at)
+                       backoff_base, backoff_max, needs, ancestors, spec, due_at, fair_key, fair_max)
     SELECT insd.order_id, s.step, s.name, s.kind, NULLIF(s.compensates, 0), s.agent,
            CASE WHEN s.needs IS NULL AND s.step = 1 OR s.needs = '{}' AND s.kind = 'action' THEN
                     CASE WHEN s.spec ? 'delay_ms' OR insd.start_at > clock_timestamp() THEN 'delayed' ELSE 'pending' END
@@ -164,7 +176,8 @@ WITH o AS (
            CASE WHEN (s.needs IS NULL AND s.step = 1 OR s.needs = '{}' AND s.kind = 'action')
                      AND (s.spec ? 'delay_ms' OR insd.start_at > clock_timestamp())
                 THEN greatest(insd.start_at, clock_timestamp())
-                     + make_interval(secs => coalesce((s.spec->>'delay_ms')::float8, 0) / 1000) END
+                     + make_interval(secs => coalesce((s.spec->>'delay_ms')::float8, 0) / 1000) END,
+           insd.fair_key, insd.fair_max
     FROM unnest($11::int[], $12::text[], $13::text[], $14::bigint[], $15::int[], $16::text[], $17::text[], $18::int[], $19::int[],
                 $20::bigint[], $21::bigint[], $24::text[], $25::text[], $26::jsonb[])
              AS s(order_idx, name, agent, timeout_ms, max_failures, idempotency_key, kind, compensates, step, backoff_base_ms, backoff_max_ms,
@@ -188,14 +201,14 @@ const insertOrdersEnd = `
 SELECT idx::int FROM insd`
 
 // insertAttributesSQL is the part of insertOrdersSQL, present only when a
-// batch has search attributes, that writes them ($28..$33, one element
-// per attribute, $28 the 1-based index of its order) with their order's
+// batch has search attributes, that writes them ($30..$35, one element
+// per attribute, $30 the 1-based index of its order) with their order's
 // created_at (the same now()), which the attribute indexes' keyset order
 // needs.
 const insertAttributesSQL = `, attr AS (
     INSERT INTO order_attributes (order_id, name, created_at, v_text, v_num, v_bool, v_time)
     SELECT insd.order_id, a.name, now(), a.v_text, a.v_num, a.v_bool, a.v_time
-    FROM unnest($28::int[], $29::text[], $30::text[], $31::float8[], $32::bool[], $33::timestamptz[])
+    FROM unnest($30::int[], $31::text[], $32::text[], $33::float8[], $34::bool[], $35::timestamptz[])
              AS a(order_idx, name, v_text, v_num, v_bool, v_time)
     JOIN insd ON insd.idx = a.order_idx
 )`
@@ -285,6 +298,8 @@ type insertArrays struct {
 	priorities                                           []int32
 	placedAt, startAt                                    []*time.Time
 	hashes                                               [][]byte
+	fairKeys                                             []*string
+	fairMax                                              []*int32
 
 	stepOrder, stepNo, maxFailures, compensates []int32
 	names, agents, keys, kinds                  []string
@@ -314,6 +329,16 @@ func (a *insertArrays) add(o NewOrder, idx int) {
 	a.actors = append(a.actors, o.Actor)
 	a.traceparents = append(a.traceparents, o.Traceparent)
 	a.correlations = append(a.correlations, o.CorrelationID)
+	var key *string
+	var perKey *int32
+	if o.Key != nil {
+		key = &o.Key.Key
+		if o.Key.MaxPerKey > 0 {
+			n := int32(o.Key.MaxPerKey)
+			perKey = &n
+		}
+	}
+	a.fairKeys, a.fairMax = append(a.fairKeys, key), append(a.fairMax, perKey)
 	for _, at := range o.Attributes {
 		a.attrOrder = append(a.attrOrder, int32(idx))
 		a.attrNames = append(a.attrNames, at.Name)
@@ -375,6 +400,7 @@ func (a *insertArrays) args() []any {
 		a.hashes, a.policies, a.actors,
 		a.stepOrder, a.names, a.agents, a.timeouts, a.maxFailures, a.keys, a.kinds, a.compensates, a.stepNo,
 		a.backoffBases, a.backoffMaxes, a.traceparents, a.correlations, a.needs, a.ancestors, a.specs, a.startAt}
+	args = append(args, a.fairKeys, a.fairMax)
 	if len(a.attrOrder) > 0 {
 		args = append(args, a.attrOrder, a.attrNames, a.attrText, a.attrNum, a.attrBool, a.attrTime)
 	}

@@ -185,13 +185,14 @@ WITH r AS (
                 THEN jsonb_build_object(cur.name, cur.result) ELSE '{}'::jsonb END AS new_result
     FROM cur JOIN ord ON ord.order_id = cur.order_id
 ), nxt AS (
-    -- The next step becomes pending; if its agent kind is in $10, it is
-    -- claimed for $8 at once instead, as a claim would.
+    -- The next step becomes pending; if its agent kind is in $10 (and
+    -- it has no key: keyed steps are claimed by key), it is claimed for
+    -- $8 at once instead, as a claim would.
     UPDATE steps s SET
-        process_state = CASE WHEN s.agent = ANY($10::text[]) THEN 'processing' ELSE 'pending' END,
-        locked_by = CASE WHEN s.agent = ANY($10::text[]) THEN $8 ELSE s.locked_by END,
-        attempt = CASE WHEN s.agent = ANY($10::text[]) THEN s.attempt + 1 ELSE s.attempt END,
-        complete_by = CASE WHEN s.agent = ANY($10::text[]) THEN clock_timestamp() + s.timeout ELSE s.complete_by END,
+        process_state = CASE WHEN s.agent = ANY($10::text[]) AND s.fair_key IS NULL THEN 'processing' ELSE 'pending' END,
+        locked_by = CASE WHEN s.agent = ANY($10::text[]) AND s.fair_key IS NULL THEN $8 ELSE s.locked_by END,
+        attempt = CASE WHEN s.agent = ANY($10::text[]) AND s.fair_key IS NULL THEN s.attempt + 1 ELSE s.attempt END,
+        complete_by = CASE WHEN s.agent = ANY($10::text[]) AND s.fair_key IS NULL THEN clock_timestamp() + s.timeout ELSE s.complete_by END,
         available_at = now(), updated_at = clock_timestamp()
     FROM dec g
     WHERE g.next = 'next' AND s.order_id = g.order_id AND s.step = g.step + 1 AND s.kind = g.kind AND s.process_state = 'waiting'

@@ -150,6 +150,13 @@ func Open(o Options) (*pgxpool.Pool, error) {
 	if o.LockTimeout > 0 {
 		cfg.ConnConfig.RuntimeParams["lock_timeout"] = strconv.FormatInt(o.LockTimeout.Milliseconds(), 10)
 	}
+	// No JIT: sas's statements are short, and once a table holds enough
+	// rows the planner's estimates pass jit_above_cost, when compiling a
+	// plan costs a second of CPU for a statement that runs in a
+	// millisecond (a limited claim behind a backlog of 20,000 steps).
+	if _, set := cfg.ConnConfig.RuntimeParams["jit"]; !set {
+		cfg.ConnConfig.RuntimeParams["jit"] = "off"
+	}
 	cfg.MaxConnIdleTime = time.Minute
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {

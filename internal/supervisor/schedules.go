@@ -140,7 +140,7 @@ func (s *sweeper) planSchedule(now time.Time, due statestore.ScheduleRow) states
 // derived from name.
 func (s *sweeper) scheduledOrder(sc workflow.Schedule, wf workflow.Workflow, name string, tick time.Time) statestore.ScheduleStart {
 	o := statestore.NewOrder{OrderID: messages.DerivedID(name), Workflow: wf.Name, WorkflowVersion: wf.Version(), Payload: sc.Payload,
-		PayloadHash: statestore.DerivedHash(wf.Name, sc.Payload), FailurePolicy: wf.Policy, Steps: statestore.StepsOf(wf, 0), Attributes: intake.Attributes(wf, sc.Payload),
+		PayloadHash: statestore.DerivedHash(wf.Name, sc.Payload), FailurePolicy: wf.Policy, Steps: statestore.StepsOf(wf, 0), Attributes: intake.Attributes(wf, sc.Payload), Key: intake.Key(wf, sc.Payload),
 		Actor: fmt.Sprintf("schedule:%s (tick %s)", sc.Name, tick.UTC().Format(time.RFC3339))}
 	return statestore.ScheduleStart{Tick: tick, Order: o,
 		Version: statestore.WorkflowVersion{Name: wf.Name, Version: wf.Version(), Definition: wf.Definition(), CreatedBy: s.me}}

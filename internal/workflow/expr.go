@@ -26,6 +26,9 @@ const (
 	UseItemInput = "item_input"
 	// UseAttribute is a search attribute's value: it sees the payload only.
 	UseAttribute = "search attribute"
+	// UseKey is a workflow's concurrency_key: it too sees the payload
+	// only.
+	UseKey = "concurrency_key"
 )
 
 // exprCostLimit bounds the work of one evaluation (CEL's cost units, about
@@ -45,7 +48,7 @@ func newEnv(use string) (*cel.Env, error) {
 		cel.Variable("payload", cel.MapType(cel.StringType, cel.DynType)),
 		cel.CrossTypeNumericComparisons(true),
 	}
-	if use != UseAttribute {
+	if use != UseAttribute && use != UseKey {
 		opts = append(opts, cel.Variable("results", cel.MapType(cel.StringType, cel.DynType)))
 	}
 	if use == UseItemInput {

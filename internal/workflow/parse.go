@@ -128,6 +128,7 @@ func Parse(file string, data []byte) (*Registry, error) {
 			}
 		},
 		"schedules": func(n *yaml.Node) { p.schedules(n, r) },
+		"limits":    func(n *yaml.Node) { p.limits(n, r) },
 	}, "workflows")
 	p.subProcesses(r)
 	p.checkSchedules(r)
@@ -302,7 +303,7 @@ func (p *parser) name(n *yaml.Node, what string, maxLen int, dst *string) {
 func (p *parser) workflow(n *yaml.Node) (Workflow, bool) {
 	wf := Workflow{Policy: Compensate}
 	before := len(p.problems)
-	var stepsNode *yaml.Node
+	var stepsNode, keyNode, maxNode *yaml.Node
 	p.mapping(n, "a workflow", map[string]func(*yaml.Node){
 		"name": func(v *yaml.Node) { p.name(v, "workflow name", maxNameLen, &wf.Name) },
 		"policy": func(v *yaml.Node) {
@@ -321,7 +322,19 @@ func (p *parser) workflow(n *yaml.Node) (Workflow, bool) {
 		},
 		"steps":             func(v *yaml.Node) { stepsNode = v },
 		"search_attributes": func(v *yaml.Node) { wf.SearchAttributes = p.searchAttributes(v) },
+		"concurrency_key":   func(v *yaml.Node) { keyNode = v },
+		"max_per_key":       func(v *yaml.Node) { maxNode = v },
 	}, "name", "steps")
+	if keyNode != nil {
+		wf.concurrencyKey = p.expr(keyNode, UseKey, &wf.ConcurrencyKey)
+	}
+	if maxNode != nil {
+		if keyNode == nil {
+			p.problem(maxNode.Line, "max_per_key bounds the steps of one concurrency key; write concurrency_key (e.g. payload.tenant) too")
+		} else {
+			p.count(maxNode, "max_per_key", 1, MaxInFlightLimit, &wf.MaxPerKey)
+		}
+	}
 	if stepsNode != nil {
 		p.steps(stepsNode, &wf)
 	}
@@ -596,6 +609,8 @@ func exprExample(use string) string {
 		return "a list over payload and results, such as \"payload.parcels\""
 	case UseAttribute:
 		return "a value over the payload, such as \"payload.customer\""
+	case UseKey:
+		return "a value over the payload, such as \"payload.tenant\""
 	}
 	return "a value over payload and results (and item and index in a for_each step), such as \"{'sku': item.sku}\""
 }

@@ -111,10 +111,16 @@ type Workflow struct {
 	// SearchAttributes are what its orders can be found by: each read
 	// from the payload at submit and stored typed.
 	SearchAttributes []SearchAttribute `json:"search_attributes,omitempty"`
+	// ConcurrencyKey, a CEL expression over the payload, is the key its
+	// orders' steps are served by, round robin with other keys'; at most
+	// MaxPerKey steps of one key and agent kind run at once (0: no bound).
+	ConcurrencyKey string `json:"concurrency_key,omitempty"`
+	MaxPerKey      int    `json:"max_per_key,omitempty"`
 
-	schema     *jsonschema.Schema
-	schemaCost *schemaCost // bounds the work of checking a payload
-	version    string      // set by Parse: Version is read for every order
+	concurrencyKey *Expr
+	schema         *jsonschema.Schema
+	schemaCost     *schemaCost // bounds the work of checking a payload
+	version        string      // set by Parse: Version is read for every order
 	// forEach holds, by step index, the for_each expressions that read
 	// only the payload: their lists are bounded at submit.
 	forEach map[int]*Expr
@@ -148,6 +154,8 @@ const DefaultName = "order"
 // Registry holds the workflows a deployment knows.
 type Registry struct {
 	byName map[string]Workflow
+	// limits are the file's limits, by agent kind.
+	limits map[string]Limits
 	// schedules are the file's schedules, by name.
 	schedules map[string]Schedule
 	// Source is the file the workflows came from ("built-in" for Builtin).

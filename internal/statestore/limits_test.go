@@ -1,0 +1,258 @@
+package statestore_test
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"sas/internal/harness/testenv"
+	"sas/internal/statestore"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+// limitedOrders inserts n one-step orders of kind, with key k ("" none).
+func limitedOrders(t *testing.T, b bundle, kind, key string, n, maxPerKey int) []string {
+	t.Helper()
+	orders := make([]statestore.NewOrder, n)
+	ids := make([]string, n)
+	for i := range orders {
+		o := order(1, time.Hour, 3)
+		o.Steps[0].Agent = kind
+		if key != "" {
+			o.Key = &statestore.ConcurrencyKey{Key: key, MaxPerKey: maxPerKey}
+		}
+		orders[i], ids[i] = o, o.OrderID
+	}
+	for start := 0; start < n; start += 1000 {
+		if _, errs := b.store.InsertOrders(ctxFor(t), orders[start:min(start+1000, n)]); len(slices.DeleteFunc(errs, func(e error) bool { return e == nil })) > 0 {
+			t.Fatal(errs)
+		}
+	}
+	return ids
+}
+
+func claimLimited(t *testing.T, b bundle, kind string, room int) statestore.LimitedClaim {
+	t.Helper()
+	c, err := b.store.ClaimLimited(ctxFor(t), "s", kind, room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// A kind's rate holds across claimers: however many claim at once and
+// however often, no more steps are claimed than the burst plus the rate
+// times the time since the first claim (on the database clock), the
+// claimed steps are claimed once, and the steps left wait pending with
+// no complete_by running.
+func TestClaimLimitedHoldsTheRate(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	limitedOrders(t, b, "pay", "", 400, 0)
+	if err := b.store.SyncLimits(ctx, []string{"pay"}, map[string]statestore.Limits{"pay": {Rate: ptr(50.0), Burst: ptr(5)}}); err != nil {
+		t.Fatal(err)
+	}
+	var start time.Time
+	if err := b.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&start); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	claimed := map[string]int{}
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(2 * time.Second)
+	for range 4 {
+		wg.Go(func() {
+			for time.Now().Before(deadline) {
+				c, err := b.store.ClaimLimited(ctx, "s", "pay", 100)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				for _, st := range c.Steps {
+					claimed[st.OrderID]++
+				}
+				mu.Unlock()
+				if c.Held == statestore.HeldRate && c.Retry <= 0 {
+					t.Errorf("held by the rate with no retry hint: %+v", c)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	var elapsed float64
+	if err := b.pool.QueryRow(ctx, `SELECT extract(epoch FROM clock_timestamp() - $1::timestamptz)::float8`, start).Scan(&elapsed); err != nil {
+		t.Fatal(err)
+	}
+	for id, n := range claimed {
+		if n != 1 {
+			t.Fatalf("order %s claimed %d times", id, n)
+		}
+	}
+	bound := 5 + 50*elapsed
+	t.Logf("%d claimed in %.2f s at 50/s, burst 5 (bound %.0f)", len(claimed), elapsed, bound)
+	if float64(len(claimed)) > bound || float64(len(claimed)) < 0.8*50*elapsed {
+		t.Fatalf("%d claimed in %.2f s, want about 50/s and at most %.0f", len(claimed), elapsed, bound)
+	}
+	if n := count(t, b, `SELECT count(*) FROM steps WHERE process_state = 'pending' AND complete_by IS NULL AND attempt = 0`); n != 400-len(claimed) {
+		t.Fatalf("%d steps wait pending without a deadline, want %d", n, 400-len(claimed))
+	}
+}
+
+// max_in_flight bounds the kind's processing steps; a step that ends
+// makes room for one more.
+func TestClaimLimitedHoldsMaxInFlight(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	limitedOrders(t, b, "inv", "", 10, 0)
+	if err := b.store.SyncLimits(ctx, []string{"inv"}, map[string]statestore.Limits{"inv": {MaxInFlight: ptr(3)}}); err != nil {
+		t.Fatal(err)
+	}
+	first := claimLimited(t, b, "inv", 100)
+	if len(first.Steps) != 3 || first.Held != statestore.HeldInFlight {
+		t.Fatalf("claimed %d (held %q), want 3 held by max_in_flight", len(first.Steps), first.Held)
+	}
+	if again := claimLimited(t, b, "inv", 100); len(again.Steps) != 0 || again.Held != statestore.HeldInFlight {
+		t.Fatalf("claimed %d more (held %q) with 3 in flight", len(again.Steps), again.Held)
+	}
+	reply(t, b, first.Steps[0], true, "")
+	if next := claimLimited(t, b, "inv", 100); len(next.Steps) != 1 {
+		t.Fatalf("claimed %d after one ended, want 1", len(next.Steps))
+	}
+	// Raised by an operator: claims obey it at once, and it is recorded.
+	if _, err := b.store.SetLimits(ctx, "inv", statestore.LimitChange{MaxInFlight: ptr(5)}, "ann"); err != nil {
+		t.Fatal(err)
+	}
+	if next := claimLimited(t, b, "inv", 100); len(next.Steps) != 2 {
+		t.Fatalf("claimed %d after max_in_flight was raised to 5, want 2", len(next.Steps))
+	}
+	if n := count(t, b, `SELECT count(*) FROM operator_actions WHERE action = 'limits set' AND target = 'inv' AND detail = 'max_in_flight=5'
+		AND claimed_by = 'ann'`); n != 1 {
+		t.Fatalf("%d operator actions record the change", n)
+	}
+	kl, err := b.store.ResetLimits(ctx, "inv", "ann")
+	if err != nil || kl.Effective.MaxInFlight == nil || *kl.Effective.MaxInFlight != 3 || kl.SetBy != "" || kl.InFlight != 5 {
+		t.Fatalf("reset: %+v %v", kl, err)
+	}
+}
+
+// Keys are served round robin: a key with a long backlog and a key with a
+// few steps both progress from the first claim, and max_per_key bounds
+// each key's steps in flight.
+func TestClaimLimitedServesKeysRoundRobin(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	limitedOrders(t, b, "svc", "big", 2000, 0)
+	var small []string
+	for i := range 10 {
+		small = append(small, limitedOrders(t, b, "svc", fmt.Sprintf("small-%d", i), 2, 0)...)
+	}
+	limitedOrders(t, b, "svc", "", 5, 0) // unkeyed orders take a turn too
+	kinds, err := b.store.ManagedKinds(ctx)
+	if err != nil || !slices.Contains(kinds, "svc") {
+		t.Fatalf("managed kinds %v (%v), want svc: it has keyed steps", kinds, err)
+	}
+	// The regular claim leaves keyed steps alone.
+	if got, err := b.store.ClaimKinds(ctx, "s", map[string]int{"svc": 100}); err != nil || len(got) != 5 {
+		t.Fatalf("a regular claim took %d steps (%v), want the 5 unkeyed ones", len(got), err)
+	}
+	got := claimLimited(t, b, "svc", 11).Steps
+	keys := map[string]int{}
+	for _, st := range got {
+		keys[keyOf(t, b, st)]++
+	}
+	if len(got) != 11 || len(keys) != 11 {
+		t.Fatalf("a claim of 11 served keys %v, want each of the 11 keys once", keys)
+	}
+	// The next round serves each again: the small keys are done in two.
+	for range 3 {
+		claimLimited(t, b, "svc", 11)
+	}
+	if n := count(t, b, `SELECT count(*) FROM steps WHERE order_id = ANY($1) AND process_state = 'pending'`, small); n != 0 {
+		t.Fatalf("%d steps of the small keys still pending after 4 rounds", n)
+	}
+	// max_per_key: at most 3 of a key's steps in flight.
+	capped := limitedOrders(t, b, "cap", "k", 10, 3)
+	if got := claimLimited(t, b, "cap", 100); len(got.Steps) != 3 {
+		t.Fatalf("claimed %d of a key whose max_per_key is 3", len(got.Steps))
+	}
+	if got := claimLimited(t, b, "cap", 100); len(got.Steps) != 0 {
+		t.Fatalf("claimed %d more of a key with 3 in flight", len(got.Steps))
+	}
+	if n := count(t, b, `SELECT count(*) FROM steps WHERE order_id = ANY($1) AND process_state = 'processing'`, capped); n != 3 {
+		t.Fatalf("%d in flight", n)
+	}
+}
+
+func keyOf(t *testing.T, b bundle, st statestore.ClaimedStep) string {
+	t.Helper()
+	var k *string
+	if err := b.pool.QueryRow(ctxFor(t), `SELECT fair_key FROM steps WHERE order_id = $1 AND step = $2`, st.OrderID, st.Step).Scan(&k); err != nil {
+		t.Fatal(err)
+	}
+	if k == nil {
+		return "(none)"
+	}
+	return *k
+}
+
+// A service's 429 halves the kind's rate, not below its floor, at most
+// once a second; a kind without a rate is left alone.
+func TestLowerRateHalvesDownToTheFloor(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	if err := b.store.SyncLimits(ctx, []string{"pay", "inv"}, map[string]statestore.Limits{
+		"pay": {Rate: ptr(100.0), MinRate: ptr(30.0)}, "inv": {MaxInFlight: ptr(2)}}); err != nil {
+		t.Fatal(err)
+	}
+	rate, lowered, err := b.store.LowerRate(ctx, "pay", 2*time.Second)
+	if err != nil || !lowered || rate != 50 {
+		t.Fatalf("first 429: rate %v lowered %v (%v), want 50", rate, lowered, err)
+	}
+	if _, lowered, _ := b.store.LowerRate(ctx, "pay", 2*time.Second); lowered {
+		t.Fatal("lowered twice within a second")
+	}
+	testenv.Eventually(t, 5*time.Second, "a second to pass", func() bool {
+		rate, lowered, err = b.store.LowerRate(ctx, "pay", 2*time.Second)
+		return err == nil && lowered
+	})
+	if rate != 30 {
+		t.Fatalf("second 429: rate %v, want the floor 30 (not 25)", rate)
+	}
+	if _, lowered, _ := b.store.LowerRate(ctx, "inv", time.Second); lowered {
+		t.Fatal("a kind without a rate was lowered")
+	}
+	all, err := b.store.ListLimits(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range all {
+		if k.Agent == "pay" && (k.Effective.Rate == nil || *k.Effective.Rate != 30 || k.LoweredUntil == nil || k.LoweredCount != 2) {
+			t.Fatalf("pay's limits while lowered: %+v", k)
+		}
+	}
+}
+
+// The services' pools never compile plans (JIT): a claim behind a large
+// backlog spent a second of CPU compiling a millisecond's statement.
+func TestPoolsRunWithoutJIT(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pool, err := statestore.Open(statestore.Options{URL: b.url, MaxConns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var jit string
+	if err := pool.QueryRow(ctxFor(t), `SHOW jit`).Scan(&jit); err != nil || jit != "off" {
+		t.Fatalf("jit = %q (%v), want off", jit, err)
+	}
+}
