@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -182,7 +183,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	a := &agent{
 		cfg: cfg, topo: topo, pub: pub, logger: logger, metrics: m, workCtx: workCtx, now: time.Now,
 		endpoints: endpoints, tr: tr, redact: redact,
-		caller: &caller{cfg: cfg, metrics: m, now: time.Now, tr: tr},
+		caller: &caller{cfg: cfg, metrics: m, now: time.Now, tr: tr}, throttleSent: map[string]time.Time{},
 	}
 	var consumers []*broker.Consumer
 	for _, kind := range cfg.Kinds {
@@ -221,6 +222,12 @@ type agent struct {
 	// of any kind, in what a reply carries: a service's answer is kept and
 	// shown to every console viewer, and it may echo the request.
 	redact *secrets.Redactor
+
+	// throttleMu guards throttleSent: when this agent last told the
+	// schedulers, by kind, that a service answered 429 (at most once a
+	// second each: a burst of 429s is one piece of news).
+	throttleMu   sync.Mutex
+	throttleSent map[string]time.Time
 }
 
 // handler is the handler of kind's requests with its middleware:
@@ -273,7 +280,7 @@ func (a *agent) handle(ctx context.Context, kind string, req messages.StepReques
 	defer cancel()
 	callStart := a.now()
 	res := a.caller.call(callCtx, ep, call{action: req.Name, key: req.IdempotencyKey, attempt: req.Attempt, completeBy: req.CompleteBy, body: body,
-		token: req.Token})
+		token: req.Token, throttled: func(after time.Duration) { a.noteThrottled(hctx, kind, req, after) }})
 	res = hideToken(res, req.Token)
 	callTook := a.now().Sub(callStart)
 	failpoint.Inject("agent-after-call")
@@ -361,6 +368,28 @@ func (a *agent) noteAnswer(ctx context.Context, req messages.StepRequest, reply 
 	defer cancel()
 	if err := a.sendReply(nctx, reply); err != nil {
 		a.logger.Info("could not note the last answer before complete_by", "order_id", req.OrderID, "step", req.Step, "err", err)
+	}
+}
+
+// noteThrottled tells the schedulers, before complete_by, that the
+// service answered 429 with a Retry-After of after: a throttled reply,
+// which changes nothing of the step and lowers its kind's rate for a
+// while across every replica. At most one a second per kind is sent.
+func (a *agent) noteThrottled(ctx context.Context, kind string, req messages.StepRequest, after time.Duration) {
+	now := a.now()
+	a.throttleMu.Lock()
+	if last, ok := a.throttleSent[kind]; ok && now.Sub(last) < time.Second {
+		a.throttleMu.Unlock()
+		return
+	}
+	a.throttleSent[kind] = now
+	a.throttleMu.Unlock()
+	reply := messages.StepReply{SchemaVersion: messages.SchemaVersion, OrderID: req.OrderID, Step: req.Step, Attempt: req.Attempt,
+		Outcome: messages.OutcomeThrottled, RetryAfterMS: min(max(after.Milliseconds(), 1), messages.MaxHoldMS)}
+	nctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), req.CompleteBy)
+	defer cancel()
+	if err := a.sendReply(nctx, reply); err != nil {
+		a.logger.Info("could not tell the schedulers of a 429", "order_id", req.OrderID, "step", req.Step, "err", err)
 	}
 }
 

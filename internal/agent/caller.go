@@ -55,6 +55,9 @@ type call struct {
 	body        []byte
 	// token is the step's token, sent as Sas-Step-Token ("": none).
 	token string
+	// throttled, when set, hears of each 429 answered with a
+	// Retry-After, before the wait for it.
+	throttled func(retryAfter time.Duration)
 }
 
 // caller calls the remote services with retries, per-action circuit
@@ -128,6 +131,9 @@ func (c *caller) call(ctx context.Context, ep *endpoint, cl call) callResult {
 			res := c.stopped(ctx)
 			res.lastAnswer = last
 			return res
+		}
+		if a.status == http.StatusTooManyRequests && a.retryAfter > 0 && cl.throttled != nil {
+			cl.throttled(a.retryAfter)
 		}
 		// Full jitter: a uniform wait up to the exponential ceiling.
 		ceiling := min(c.cfg.RetryMax, c.cfg.RetryBase<<min(n, 20))

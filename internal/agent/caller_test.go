@@ -25,6 +25,8 @@ import (
 type testCaller struct {
 	*caller
 	ep *endpoint
+	// throttled hears of the 429s with a Retry-After, as the agent does.
+	throttled func(time.Duration)
 }
 
 func (c testCaller) call(ctx context.Context, action, key string, body []byte) callResult {
@@ -32,7 +34,7 @@ func (c testCaller) call(ctx context.Context, action, key string, body []byte) c
 	if !ok {
 		completeBy = time.Now().Add(time.Hour)
 	}
-	return c.caller.call(ctx, c.ep, call{action: action, key: key, attempt: 1, completeBy: completeBy, body: body})
+	return c.caller.call(ctx, c.ep, call{action: action, key: key, attempt: 1, completeBy: completeBy, body: body, throttled: c.throttled})
 }
 
 func newCaller(t testing.TB, faults remote.FaultConfig) (testCaller, *remote.Service, *metrics) {
@@ -81,6 +83,8 @@ func TestCallRetriesTransientFaults(t *testing.T) {
 func TestCallHonoursRetryAfter(t *testing.T) {
 	t.Parallel()
 	c, svc, m := newCaller(t, remote.FaultConfig{"*": {RateLimitRate: 1, RetryAfterS: 1}})
+	heard := make(chan time.Duration, 100)
+	c.throttled = func(d time.Duration) { heard <- d }
 	ctx := within(t, 10*time.Second)
 	done := make(chan callResult, 1)
 	start := time.Now()
@@ -96,6 +100,11 @@ func TestCallHonoursRetryAfter(t *testing.T) {
 	}
 	if took := time.Since(start); took < time.Second {
 		t.Fatalf("retried after %v, before the 1s Retry-After", took)
+	}
+	// The agent heard of the 429 and its Retry-After (and tells the
+	// schedulers, which lower the kind's rate).
+	if len(heard) == 0 || <-heard != time.Second {
+		t.Fatal("the 429's Retry-After was not passed on")
 	}
 }
 

@@ -322,6 +322,8 @@ func (r *StepReply) decodeMembers(ms []member) bool {
 			ok = rawTimePtr(m.raw, &v.SentAt)
 		case "hold_ms":
 			ok = rawInt64(m.raw, &v.HoldMS)
+		case "retry_after_ms":
+			ok = rawInt64(m.raw, &v.RetryAfterMS)
 		}
 		if !ok {
 			return false

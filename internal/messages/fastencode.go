@@ -263,6 +263,10 @@ func (r StepReply) appendJSON(b []byte) ([]byte, bool) {
 		e.field("hold_ms")
 		e.int(r.HoldMS)
 	}
+	if r.RetryAfterMS != 0 {
+		e.field("retry_after_ms")
+		e.int(r.RetryAfterMS)
+	}
 	e.b = append(e.b, '}')
 	return e.b, e.ok
 }

@@ -571,6 +571,11 @@ const (
 	// attempt open (HoldMS, or the step's timeout) and changes nothing
 	// else.
 	OutcomeAccepted = "accepted"
+	// OutcomeThrottled: the service answered 429 Too Many Requests with
+	// a Retry-After (RetryAfterMS); the agent goes on trying within
+	// complete_by. The reply changes nothing of the step: it lowers its
+	// agent kind's rate for a while, when the kind has one.
+	OutcomeThrottled = "throttled"
 )
 
 // MaxHoldMS bounds a reply's hold_ms: 366 days.
@@ -605,6 +610,9 @@ type StepReply struct {
 	// HoldMS is, with accepted, how long the service asked the step to be
 	// held open (its Sas-Heartbeat answer header); 0: the step's timeout.
 	HoldMS int64 `json:"hold_ms,omitempty"`
+	// RetryAfterMS is, with throttled, the Retry-After the service
+	// answered with its 429.
+	RetryAfterMS int64 `json:"retry_after_ms,omitempty"`
 }
 
 // Type implements Message.
@@ -644,8 +652,18 @@ func (r StepReply) Validate() error {
 		if len(r.Result) > 0 || r.Error != "" {
 			return reject(ReasonInvalidValue, "result and error must be absent when outcome is accepted")
 		}
+	case OutcomeThrottled:
+		if len(r.Result) > 0 || r.Error != "" {
+			return reject(ReasonInvalidValue, "result and error must be absent when outcome is throttled")
+		}
+		if r.RetryAfterMS <= 0 {
+			return reject(ReasonMissingField, "retry_after_ms is required when outcome is throttled")
+		}
 	default:
-		return reject(ReasonInvalidValue, "outcome %q is not ok, failed, abandoned or accepted", truncate(r.Outcome))
+		return reject(ReasonInvalidValue, "outcome %q is not ok, failed, abandoned, accepted or throttled", truncate(r.Outcome))
+	}
+	if r.RetryAfterMS != 0 && (r.Outcome != OutcomeThrottled || r.RetryAfterMS < 0 || r.RetryAfterMS > MaxHoldMS) {
+		return reject(ReasonInvalidValue, "retry_after_ms %d: only with throttled, within [1, %d]", r.RetryAfterMS, int64(MaxHoldMS))
 	}
 	if r.HoldMS != 0 && (r.Outcome != OutcomeAccepted || r.HoldMS < 0 || r.HoldMS > MaxHoldMS) {
 		return reject(ReasonInvalidValue, "hold_ms %d: only with accepted, within [0, %d]", r.HoldMS, int64(MaxHoldMS))

@@ -59,9 +59,22 @@ type claimer struct {
 	tr         *tracing.Tracing
 	tokens     steptoken.Key // mints each request's step token
 
-	mu    sync.Mutex            // guards known: the replier reads it too
+	mu    sync.Mutex            // guards known and managed: the replier reads them too
 	known map[string]queueDepth // the last reading of each kind's queue, and of the replies queue (repliesKey)
+
+	// managed are the kinds claimed through their limits
+	// (statestore.ClaimLimited): those with a limit, or keyed steps.
+	// keyed are those the workflows file keys, managed from the start;
+	// the store's are read every managedTTL.
+	managed   map[string]bool
+	managedAt time.Time
+	keyed     []string
 }
+
+// managedTTL is how long the list of limited kinds read from the store is
+// used: a limit set on a kind that had none holds from at most this
+// later (a change to a limited kind's limits holds at its next claim).
+const managedTTL = time.Second
 
 // repliesKey is the replies queue's entry in claimer.known: no agent kind
 // is named "" (workflow definitions are checked).
@@ -104,10 +117,10 @@ func (c *claimer) run(ctx context.Context) error {
 	ticker := time.NewTicker(c.poll)
 	defer ticker.Stop()
 	for {
-		throttled := c.drain(ctx)
+		soon := c.drain(ctx)
 		var recheck <-chan time.Time
-		if throttled {
-			recheck = time.After(throttledRecheck)
+		if soon > 0 {
+			recheck = time.After(soon)
 		}
 		select {
 		case <-ctx.Done():
@@ -122,16 +135,25 @@ func (c *claimer) run(ctx context.Context) error {
 	}
 }
 
-// drain claims and dispatches, every kind with room in one claim, until
-// no kind has both room and pending steps. It reports whether a full queue
-// held a kind back.
-func (c *claimer) drain(ctx context.Context) (throttled bool) {
+// drain claims and dispatches, every kind with room in one claim (each
+// limited kind in one of its own), until no kind has both room and
+// pending steps. It returns how soon to look again when a full queue or
+// a limit held a kind back (0: at the next wake-up).
+func (c *claimer) drain(ctx context.Context) (soon time.Duration) {
 	shared := false
+	throttled := false
+	defer func() {
+		if throttled && (soon == 0 || soon > throttledRecheck) {
+			soon = throttledRecheck
+		}
+	}()
 	for ctx.Err() == nil {
 		if c.repliesFull(ctx) {
-			return true
+			throttled = true
+			return soon
 		}
 		rooms := make(map[string]int, len(c.kinds))
+		limited := map[string]int{}
 		for _, kind := range c.kinds {
 			queue := c.topo.Queue(messages.RequestsQueue(kind))
 			ready, err := c.ready(ctx, kind, queue, c.maxQueued)
@@ -150,51 +172,154 @@ func (c *claimer) drain(ctx context.Context) (throttled bool) {
 			}
 			rooms[kind] = room
 		}
+		if len(rooms) > 0 {
+			managed := c.managedKinds(ctx)
+			for kind, room := range rooms {
+				if managed[kind] {
+					limited[kind] = room
+					delete(rooms, kind)
+				}
+			}
+		}
 		if c.system {
 			rooms[""] = c.batch // no queue: prepare answers for them
 		}
-		if len(rooms) == 0 {
-			return throttled
-		}
-		start := time.Now()
-		steps, err := c.store.ClaimKinds(ctx, c.me, rooms)
-		c.metrics.claimDuration.Observe(time.Since(start).Seconds())
-		if err != nil {
-			if ctx.Err() == nil {
-				c.logger.Warn("claim failed", "err", err)
-			}
-			return throttled
-		}
-		if len(steps) == 0 {
-			return throttled
-		}
-		c.metrics.claimed.Add(float64(len(steps)))
-		c.metrics.claimSize.Observe(float64(len(steps)))
-		for _, st := range steps {
-			c.countSent(st.Agent)
-		}
-		c.wakeRelay()
-		failpoint.Inject("scheduler-after-claim")
-		c.dispatch(steps, start)
 		more := false
-		claimed := make(map[string]int, len(rooms))
-		for _, st := range steps {
-			claimed[st.Agent]++
-		}
-		for kind, room := range rooms {
-			if claimed[kind] == room {
-				more = true // that kind may have more waiting
+		for kind, room := range limited {
+			full, wait := c.claimLimited(ctx, kind, room)
+			more = more || full
+			if wait > 0 && (soon == 0 || wait < soon) {
+				soon = wait
 			}
+		}
+		if len(rooms) > 0 {
+			full, ok := c.claimKinds(ctx, rooms)
+			if !ok {
+				return soon
+			}
+			more = more || full
 		}
 		if !more {
-			return throttled
+			return soon
 		}
 		if !shared && c.shareMore != nil {
 			shared = true
 			c.shareMore(ctx)
 		}
 	}
-	return throttled
+	return soon
+}
+
+// claimKinds claims, in one statement, up to rooms[kind] steps of each
+// kind and sends their requests. It reports whether a kind took its whole
+// room (more may wait), and false when the claim failed.
+func (c *claimer) claimKinds(ctx context.Context, rooms map[string]int) (full, ok bool) {
+	start := time.Now()
+	steps, err := c.store.ClaimKinds(ctx, c.me, rooms)
+	c.metrics.claimDuration.Observe(time.Since(start).Seconds())
+	if err != nil {
+		if ctx.Err() == nil {
+			c.logger.Warn("claim failed", "err", err)
+		}
+		return false, false
+	}
+	if len(steps) == 0 {
+		return false, true
+	}
+	c.metrics.claimed.Add(float64(len(steps)))
+	c.metrics.claimSize.Observe(float64(len(steps)))
+	for _, st := range steps {
+		c.countSent(st.Agent)
+	}
+	c.wakeRelay()
+	failpoint.Inject("scheduler-after-claim")
+	c.dispatch(steps, start)
+	claimed := make(map[string]int, len(rooms))
+	for _, st := range steps {
+		claimed[st.Agent]++
+	}
+	for kind, room := range rooms {
+		if claimed[kind] == room {
+			full = true // that kind may have more waiting
+		}
+	}
+	return full, true
+}
+
+// claimLimited claims up to room steps of a limited kind and sends their
+// requests. It reports whether it took the whole room (more may wait),
+// and, when a limit cut the claim, how soon to look again: when the next
+// token comes for a rate, throttledRecheck for max_in_flight (a step of
+// the kind ending anywhere makes room).
+func (c *claimer) claimLimited(ctx context.Context, kind string, room int) (full bool, soon time.Duration) {
+	start := time.Now()
+	lc, err := c.store.ClaimLimited(ctx, c.me, kind, room)
+	c.metrics.claimDuration.Observe(time.Since(start).Seconds())
+	if err != nil {
+		if ctx.Err() == nil {
+			c.logger.Warn("claim failed", "kind", kind, "err", err)
+		}
+		return false, throttledRecheck
+	}
+	switch lc.Held {
+	case statestore.HeldRate:
+		c.metrics.limitHeld.WithLabelValues(kind, lc.Held).Inc()
+		soon = min(max(lc.Retry, minLimitRecheck), throttledRecheck)
+	case statestore.HeldInFlight:
+		c.metrics.limitHeld.WithLabelValues(kind, lc.Held).Inc()
+		soon = throttledRecheck
+	}
+	if len(lc.Steps) == 0 {
+		return false, soon
+	}
+	c.metrics.claimed.Add(float64(len(lc.Steps)))
+	c.metrics.claimSize.Observe(float64(len(lc.Steps)))
+	for _, st := range lc.Steps {
+		c.countSent(st.Agent)
+		c.metrics.limitWait.WithLabelValues(kind).Observe(st.Waited.Seconds())
+	}
+	c.wakeRelay()
+	failpoint.Inject("scheduler-after-claim")
+	c.dispatch(lc.Steps, start)
+	return len(lc.Steps) == room && lc.Held == "", soon
+}
+
+// minLimitRecheck is the soonest a claimer held back by a rate looks
+// again, however soon its next token comes.
+const minLimitRecheck = 2 * time.Millisecond
+
+// managedKinds returns the kinds claimed through their limits: the
+// file's keyed kinds and the store's limited or keyed ones, read at most
+// every managedTTL (on an error, the last reading stands).
+func (c *claimer) managedKinds(ctx context.Context) map[string]bool {
+	c.mu.Lock()
+	fresh := c.managed != nil && time.Since(c.managedAt) < managedTTL
+	cur := c.managed
+	c.mu.Unlock()
+	if fresh {
+		return cur
+	}
+	kinds, err := c.store.ManagedKinds(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			c.logger.Warn("cannot read which kinds are limited; using the last reading", "err", err)
+		}
+		if cur == nil {
+			cur = map[string]bool{}
+			for _, k := range c.keyed {
+				cur[k] = true
+			}
+		}
+		return cur
+	}
+	next := make(map[string]bool, len(kinds)+len(c.keyed))
+	for _, k := range append(kinds, c.keyed...) {
+		next[k] = true
+	}
+	c.mu.Lock()
+	c.managed, c.managedAt = next, time.Now()
+	c.mu.Unlock()
+	return next
 }
 
 // repliesFull reports whether the replies queue holds maxReplies or more,
@@ -263,8 +388,9 @@ func (c *claimer) countSent(kind string) {
 // request sent since counts as still waiting.
 const handOffTTL = time.Second
 
-// openKinds lists the agent kinds whose queues have room for at least
-// margin more requests by their last reading (no older than handOffTTL):
+// openKinds lists the agent kinds, not limited, whose queues have room
+// for at least margin more requests by their last reading (no older than
+// handOffTTL):
 // the kinds whose next steps the replier may claim along with the replies
 // before them (statestore.ApplyRepliesClaiming). A kind without a recent
 // reading is left to the claimer, which reads it.
@@ -273,6 +399,9 @@ func (c *claimer) openKinds(margin int) []string {
 	defer c.mu.Unlock()
 	var open []string
 	for _, kind := range c.kinds {
+		if c.managed[kind] {
+			continue // claimed under its limits
+		}
 		if d, ok := c.known[kind]; ok && time.Since(d.at) < handOffTTL && c.maxQueued-(d.ready+d.sent) >= margin {
 			open = append(open, kind)
 		}

@@ -130,6 +130,13 @@ func TestClaimerOpenKinds(t *testing.T) {
 	if got := c.openKinds(15); len(got) != 2 || got[1] != "payment" {
 		t.Fatalf("open kinds for a margin of 15: %v, want [inventory payment]", got)
 	}
+	// A limited (or keyed) kind is never claimed with a reply: only a
+	// claim under its limits takes its steps.
+	c.managed = map[string]bool{"payment": true}
+	if got := c.openKinds(15); len(got) != 1 || got[0] != "inventory" {
+		t.Fatalf("open kinds with payment limited: %v, want [inventory]", got)
+	}
+	c.managed = nil
 	for range 71 {
 		c.countSent("inventory")
 	}
@@ -164,7 +171,7 @@ func TestClaimerStopsWhileRepliesWait(t *testing.T) {
 	}
 
 	c := newClaimer(queueReader{replies: 500, inventory: 0}, 500)
-	if !c.drain(context.Background()) {
+	if c.drain(context.Background()) == 0 {
 		t.Fatal("drain with 500 replies waiting (limit 500) was not held back")
 	}
 	if got := testutil.ToFloat64(c.metrics.repliesFull); got != 1 {
@@ -175,7 +182,7 @@ func TestClaimerStopsWhileRepliesWait(t *testing.T) {
 	}
 	// An unreadable replies queue holds claims back too.
 	c = newClaimer(queueReader{inventory: 0}, 500)
-	if !c.drain(context.Background()) {
+	if c.drain(context.Background()) == 0 {
 		t.Fatal("drain with the replies queue unreadable was not held back")
 	}
 
@@ -183,7 +190,7 @@ func TestClaimerStopsWhileRepliesWait(t *testing.T) {
 	// one is full, so no claim is made either, but for that reason.
 	for _, limit := range []int{501, 0} {
 		c = newClaimer(queueReader{replies: 500, inventory: 100}, limit)
-		if !c.drain(context.Background()) {
+		if c.drain(context.Background()) == 0 {
 			t.Fatalf("limit %d: drain with a full agent queue was not held back", limit)
 		}
 		if got := testutil.ToFloat64(c.metrics.repliesFull); got != 0 {

@@ -25,6 +25,7 @@ type replyStore interface {
 	ApplyReply(ctx context.Context, r statestore.Reply) (statestore.ApplyResult, error)
 	NoteAnswer(ctx context.Context, orderID string, step, attempt int, answer string) (bool, error)
 	HoldStep(ctx context.Context, h statestore.Hold) (time.Time, error)
+	LowerRateOf(ctx context.Context, orderID string, step int, retryAfter time.Duration) (kind string, rate float64, lowered bool, err error)
 }
 
 // replier applies StepReplies from the shared replies queue.
@@ -70,6 +71,8 @@ func (r *replier) handle(ctx context.Context, _ broker.Message, rep messages.Ste
 		return r.noteAnswer(rep, log)
 	case messages.OutcomeAccepted:
 		return r.hold(ctx, rep, log)
+	case messages.OutcomeThrottled:
+		return r.lowerRate(rep, log)
 	}
 	applyStart := time.Now()
 	var res statestore.ApplyResult
@@ -154,6 +157,25 @@ func (r *replier) noteAnswer(rep messages.StepReply, log *slog.Logger) error {
 	default:
 		r.metrics.replies.WithLabelValues("stale").Inc()
 	}
+	return nil
+}
+
+// lowerRate lowers, for a while, the rate of the agent kind whose service
+// answered a step 429 with a Retry-After (statestore.LowerRate): the
+// limit every scheduler's claims obey, so the service is asked less
+// often by every replica. A kind without a rate is left as it is; the
+// agent itself waits out the Retry-After before its next try.
+func (r *replier) lowerRate(rep messages.StepReply, log *slog.Logger) error {
+	after := time.Duration(rep.RetryAfterMS) * time.Millisecond
+	kind, rate, lowered, err := r.store.LowerRateOf(r.workCtx, rep.OrderID, rep.Step, after)
+	switch {
+	case err != nil:
+		log.Warn("could not lower the rate after a 429", "err", err)
+	case lowered:
+		r.metrics.limitLowered.WithLabelValues(kind).Inc()
+		log.Info("a service answered 429: its kind's rate lowered for a while", "kind", kind, "rate", rate, "retry_after", after.String())
+	}
+	r.metrics.replies.WithLabelValues("throttled").Inc()
 	return nil
 }
 

@@ -29,6 +29,7 @@ type fakeReplyStore struct {
 	noted   []string
 	held    []statestore.Hold
 	keep    bool
+	lowered []time.Duration
 }
 
 func (f *fakeReplyStore) ApplyReply(_ context.Context, r statestore.Reply) (statestore.ApplyResult, error) {
@@ -43,6 +44,13 @@ func (f *fakeReplyStore) HoldStep(_ context.Context, h statestore.Hold) (time.Ti
 	defer f.mu.Unlock()
 	f.held = append(f.held, h)
 	return time.Now(), nil
+}
+
+func (f *fakeReplyStore) LowerRateOf(_ context.Context, _ string, _ int, after time.Duration) (string, float64, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.lowered = append(f.lowered, after)
+	return "pay", 25, true, nil
 }
 
 func (f *fakeReplyStore) NoteAnswer(_ context.Context, _ string, _, _ int, answer string) (bool, error) {
@@ -181,6 +189,26 @@ func TestReplierKeepsAnAbandonedAttemptsAnswer(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(rig.replies.WithLabelValues("abandoned")); n != 1 {
 		t.Fatalf("abandoned replies counted: %v", n)
+	}
+}
+
+// A throttled reply (a service's 429) lowers its kind's rate and
+// changes nothing of the step.
+func TestReplierLowersTheRateOnA429(t *testing.T) {
+	store := &fakeReplyStore{apply: noLoneApply}
+	rig := newReplierRig(t, func(statestore.Reply) (statestore.ApplyResult, error) {
+		return statestore.ApplyResult{}, errors.New("a throttled reply went to the batch")
+	}, store)
+	rep := okReply()
+	rep.Outcome, rep.RetryAfterMS = messages.OutcomeThrottled, 3000
+	if err := rig.deliver(t, rep); err != nil {
+		t.Fatalf("verdict %v, want ack", err)
+	}
+	if len(store.lowered) != 1 || store.lowered[0] != 3*time.Second || rig.batchCalls != 0 || len(store.applied) != 0 {
+		t.Fatalf("lowered %v, batch calls %d, applied %v", store.lowered, rig.batchCalls, store.applied)
+	}
+	if n := testutil.ToFloat64(rig.r.metrics.limitLowered.WithLabelValues("pay")); n != 1 {
+		t.Fatalf("sas_limit_lowered_total = %v", n)
 	}
 }
 

@@ -89,6 +89,9 @@ type metrics struct {
 	relayErrors    prometheus.Counter
 	listening      prometheus.Gauge
 	signals        *prometheus.CounterVec
+	limitHeld      *prometheus.CounterVec
+	limitWait      *prometheus.HistogramVec
+	limitLowered   *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -131,7 +134,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "sas_scheduler_wakeups_total", Help: "Times a loop woke, by loop and source (notify, poll, reconnect).",
 		}, []string{"loop", "source"}),
 		replies: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sas_scheduler_replies_total", Help: "Agent replies handled, by result (processed, error, stale, rejected, abandoned: a service's last answer kept, accepted: a 202 held the step open).",
+			Name: "sas_scheduler_replies_total", Help: "Agent replies handled, by result (processed, error, stale, rejected, abandoned: a service's last answer kept, accepted: a 202 held the step open, throttled: a service's 429).",
 		}, []string{"result"}),
 		stale: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sas_stale_replies_total", Help: "Replies that changed nothing, by kind (superseded, late, not_processing, unknown_step, race).",
@@ -169,6 +172,17 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "sas_scheduler_listening", Help: "1 while this scheduler is the one of those claiming its agent kinds that listens for new work (holds their listener lease).",
 		}),
 	}
+	m.limitHeld = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sas_limit_held_total", Help: "Claims of a limited agent kind that its limit cut short, by kind and limit (rate, in_flight).",
+	}, []string{"kind", "limit"})
+	m.limitWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "sas_limit_wait_seconds", Help: "How long steps of a limited (or keyed) agent kind waited pending before their claim, by kind.",
+		Buckets: prometheus.ExponentialBuckets(0.005, 2, 16),
+	}, []string{"kind"})
+	m.limitLowered = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sas_limit_lowered_total", Help: "Times a service's 429 lowered its agent kind's rate, by kind.",
+	}, []string{"kind"})
+	reg.MustRegister(m.limitHeld, m.limitWait, m.limitLowered)
 	reg.MustRegister(m.claimed, m.claimedByReply, m.throttled, m.repliesFull, m.claimDuration, m.claimSize, m.replyBatchSize, m.published, m.publishFailed, m.released, m.wakeups, m.replies,
 		m.stale, m.ordersFinished, m.orderDuration, m.stepDuration, m.queueReady, m.dbRetries, m.outbox, m.unroutable, m.relayErrors, m.listening,
 		m.signals)
@@ -183,6 +197,10 @@ func (m *metrics) initSeries(workflows *workflow.Registry, kinds []string) {
 	for _, kind := range kinds {
 		m.throttled.WithLabelValues(kind)
 		m.queueReady.WithLabelValues(kind)
+		m.limitHeld.WithLabelValues(kind, statestore.HeldRate)
+		m.limitHeld.WithLabelValues(kind, statestore.HeldInFlight)
+		m.limitWait.WithLabelValues(kind)
+		m.limitLowered.WithLabelValues(kind)
 	}
 	for _, name := range workflows.StepNames() {
 		for _, outcome := range []string{messages.OutcomeOK, messages.OutcomeFailed} {
@@ -193,7 +211,7 @@ func (m *metrics) initSeries(workflows *workflow.Registry, kinds []string) {
 		m.ordersFinished.WithLabelValues(status)
 		m.orderDuration.WithLabelValues(status)
 	}
-	for _, result := range []string{statestore.StepProcessed, statestore.StepError, "stale", "rejected", "abandoned", "accepted"} {
+	for _, result := range []string{statestore.StepProcessed, statestore.StepError, "stale", "rejected", "abandoned", "accepted", "throttled"} {
 		m.replies.WithLabelValues(result)
 	}
 	for _, kind := range []string{statestore.StaleUnknownStep, statestore.StaleSuperseded, statestore.StaleNotProcessing, statestore.StaleLate, statestore.StaleRace} {
@@ -220,6 +238,24 @@ func Topology(prefix string, deliveryLimit int, kinds []string) broker.Topology 
 		inputs = append(inputs, messages.RequestsQueue(kind))
 	}
 	return broker.Topology{Prefix: prefix, DeliveryLimit: deliveryLimit, Inputs: inputs, Entrances: []string{messages.SignalsQueue}}
+}
+
+// storeLimits keeps the workflows file's limits of the kinds this
+// scheduler claims in the store, where every replica's claims read them.
+func storeLimits(ctx context.Context, store *statestore.Store, workflows *workflow.Registry, kinds []string, logger *slog.Logger) error {
+	file := map[string]statestore.Limits{}
+	for kind, l := range workflows.Limits() {
+		file[kind] = statestore.LimitsOf(l)
+	}
+	if err := store.SyncLimits(ctx, kinds, file); err != nil {
+		return err
+	}
+	for _, kind := range kinds {
+		if l, ok := file[kind]; ok {
+			logger.Info("agent kind limited", "kind", kind, "limits", l.String())
+		}
+	}
+	return nil
 }
 
 // Run runs the scheduler until ctx is done, then stops claiming, finishes
@@ -273,7 +309,11 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		batch: cfg.BatchSize, maxQueued: cfg.MaxQueued, maxReplies: cfg.MaxRepliesQueued, poll: cfg.PollInterval,
 		wake: w.pending, wakeRelay: func() { nudge(w.outbox) }, shareMore: w.shareMore, workCtx: workCtx, logger: logger, metrics: m,
 		known: map[string]queueDepth{}, tr: tr, tokens: tokens,
-		wakeSelf: func() { nudge(w.pending) }, graph: &graphSteps{store: store, exprs: workflow.NewExprs(1000), me: me, workflows: workflows}}
+		wakeSelf: func() { nudge(w.pending) }, graph: &graphSteps{store: store, exprs: workflow.NewExprs(1000), me: me, workflows: workflows},
+		keyed: workflows.KeyedKinds()}
+	if err := storeLimits(ctx, store, workflows, kinds, logger); err != nil {
+		return err
+	}
 	// Claims and replies do not notify through the database (migration
 	// 0007): what they make pending or write to the outbox, this
 	// scheduler's own claimer and relay are nudged for.
