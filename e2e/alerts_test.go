@@ -194,13 +194,19 @@ func TestEveryAlertRuleFires(t *testing.T) {
 		timeout = interval '70 minutes', complete_by = now() + interval '1 hour' WHERE order_id = $1`, stuck.OrderID); err != nil {
 		t.Fatal(err)
 	}
+	// The kind of the step waiting for two minutes (its budget is one)
+	// is limited: it waits for its limit past its budget.
+	if out, errOut, code := sasctl(t, p.env, "limits", "set", "nobody", "--rate", "1/h"); code != 0 {
+		t.Fatalf("sasctl limits set: %s %s", out, errOut)
+	}
 	// A schedule of another workflows file, due two minutes ago: the
 	// leader (of the built-in file) cannot tell its ticks.
 	if _, err := p.pool.Exec(t.Context(), `INSERT INTO schedules (name, workflow, cron, timezone, payload, overlap, catch_up, version, next_tick)
 		VALUES ('elsewhere', 'order', '* * * * *', 'UTC', '{}', 'skip', 'last', 'another file', now() - interval '2 minutes')`); err != nil {
 		t.Fatal(err)
 	}
-	waitFiring("SasOrderHeldInError", "SasOperatorAlertsOpen", "SasDeadLetters", "SasPendingBacklog", "SasStepsStuckProcessing", "SasScheduleLate")
+	waitFiring("SasOrderHeldInError", "SasOperatorAlertsOpen", "SasDeadLetters", "SasPendingBacklog", "SasStepsStuckProcessing", "SasScheduleLate",
+		"SasStepsWaitOnLimit")
 
 	// Two supervisors sharing an instance id both lead.
 	var leaderID string

@@ -147,6 +147,12 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return a.apiTokenList(ctx, rest)
 	case "api token revoke":
 		return a.apiTokenRevoke(ctx, rest)
+	case "limits list":
+		return a.limitsList(ctx, rest)
+	case "limits set":
+		return a.limitsSet(ctx, rest)
+	case "limits reset":
+		return a.limitsReset(ctx, rest)
 	case "schedules list":
 		return a.schedulesList(ctx, rest)
 	case "schedules pause":

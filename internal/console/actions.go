@@ -39,6 +39,13 @@ type confirmData struct {
 	// the orders its filter selects now.
 	Where []string
 	Count int
+	// Inputs are fields to fill in (a change of limits).
+	Inputs []confirmInput
+}
+
+// confirmInput is one labelled text field of a confirmation's form.
+type confirmInput struct {
+	Name, Label, Value string
 }
 
 // claimedBy is the name the history records for the console's user (the

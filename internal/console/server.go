@@ -157,6 +157,11 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("GET /schedules", s.authed(s.schedulesPage))
 	mux.HandleFunc("GET /schedules/{name}/{verb}", s.authed(s.confirmSchedule))
 	mux.HandleFunc("POST /schedules/{name}/{verb}", s.action(s.scheduleAction))
+	mux.HandleFunc("GET /limits", s.authed(s.limitsPage))
+	mux.HandleFunc("GET /limits/{kind}/set", s.authed(s.confirmLimits))
+	mux.HandleFunc("POST /limits/{kind}/set", s.action(s.setLimits))
+	mux.HandleFunc("GET /limits/{kind}/reset", s.authed(s.confirmLimitsReset))
+	mux.HandleFunc("POST /limits/{kind}/reset", s.action(s.resetLimits))
 	mux.HandleFunc("/", s.notFound)
 	return s.secure(s.origins.only(mux, func(r *http.Request) {
 		s.logger.Warn("console request for another host refused", "host", truncate(r.Host, 100), "addr", clientAddr(r))

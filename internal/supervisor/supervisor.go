@@ -16,6 +16,7 @@ import (
 
 	"sas/internal/service"
 	"sas/internal/statestore"
+	"sas/internal/workflow"
 )
 
 // LeaseName is the supervisor leader's lease.
@@ -88,8 +89,11 @@ type metrics struct {
 	scheduleNext     *prometheus.GaugeVec
 	scheduleLast     *prometheus.GaugeVec
 	scheduleLateness prometheus.Histogram
-	scheduleLate     prometheus.Gauge
-	timerLateness    prometheus.Histogram
+	// The limits of agent kinds and the keys' use (report).
+	limitRate, limitMaxInFlight, limitInFlight, limitWaiting *prometheus.GaugeVec
+	limitOldestWait, limitOverdue, keyWaiting, keyInFlight   *prometheus.GaugeVec
+	scheduleLate                                             prometheus.Gauge
+	timerLateness                                            prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -150,6 +154,30 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		scheduleLate: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "sas_schedule_late_seconds", Help: "How late the most overdue schedule tick is that the leader has not started (0: none; a standby reports 0).",
 		}),
+		limitRate: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sas_limit_rate", Help: "The claims a second a limited agent kind is allowed now (lowered while a service's 429 holds it; absent: no rate), by kind.",
+		}, []string{"kind"}),
+		limitMaxInFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sas_limit_max_in_flight", Help: "A limited agent kind's max_in_flight (absent: none), by kind.",
+		}, []string{"kind"}),
+		limitInFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sas_limit_in_flight", Help: "A limited agent kind's steps processing, by kind.",
+		}, []string{"kind"}),
+		limitWaiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sas_limit_waiting_steps", Help: "A limited agent kind's due steps waiting pending for its limit, by kind.",
+		}, []string{"kind"}),
+		limitOldestWait: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sas_limit_oldest_wait_seconds", Help: "How long the longest-waiting due step of a limited agent kind has waited, by kind.",
+		}, []string{"kind"}),
+		limitOverdue: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sas_limit_overdue_steps", Help: "Steps of a limited agent kind that have waited pending longer than their own timeout (their budget), by kind.",
+		}, []string{"kind"}),
+		keyWaiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sas_limit_key_waiting_steps", Help: "Steps waiting pending, by agent kind and concurrency key (the keys with the most waiting, at most 20).",
+		}, []string{"kind", "key"}),
+		keyInFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sas_limit_key_in_flight", Help: "Steps processing, by agent kind and concurrency key (the same keys as sas_limit_key_waiting_steps).",
+		}, []string{"kind", "key"}),
 		scheduleLateness: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "sas_schedule_tick_lateness_seconds", Help: "How long after a schedule's tick (database clock) the leader started its order.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
@@ -165,8 +193,23 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.steps.WithLabelValues(state)
 	}
 	reg.MustRegister(m.leader, m.sweeps, m.resets, m.failures, m.errors, m.sweepDuration, m.steps, m.oldestPending, m.oldestProcessing,
-		m.openAlerts, m.analyzed, m.purged, m.timersFired, m.timerLateness, m.scheduleTicks, m.scheduleNext, m.scheduleLast, m.scheduleLateness, m.scheduleLate)
+		m.openAlerts, m.analyzed, m.purged, m.timersFired, m.timerLateness, m.scheduleTicks, m.scheduleNext, m.scheduleLast, m.scheduleLateness, m.scheduleLate,
+		m.limitRate, m.limitMaxInFlight, m.limitInFlight, m.limitWaiting, m.limitOldestWait, m.limitOverdue, m.keyWaiting, m.keyInFlight)
 	return m
+}
+
+// initLimits makes the use gauges of the file's agent kinds exist at
+// zero (a rule reads them from the start); a kind's rate and
+// max_in_flight exist only while it has them.
+func (m *metrics) initLimits(workflows *workflow.Registry) {
+	if workflows == nil {
+		return
+	}
+	for _, kind := range workflows.Agents() {
+		for _, g := range []*prometheus.GaugeVec{m.limitInFlight, m.limitWaiting, m.limitOldestWait, m.limitOverdue} {
+			g.WithLabelValues(kind)
+		}
+	}
 }
 
 // Run runs the supervisor until ctx is done, then gives its lease up so a
@@ -204,6 +247,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	m.initLimits(workflows)
 	s := &sweeper{store: store, cfg: cfg, me: me, logger: logger, metrics: m, tr: tr, workflows: workflows}
 	if err := s.syncSchedules(startCtx); err != nil {
 		return err

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
@@ -330,6 +331,56 @@ func (s *sweeper) report(ctx context.Context) {
 	s.metrics.oldestPending.Set(st.OldestPending.Seconds())
 	s.metrics.oldestProcessing.Set(st.OldestProcessing.Seconds())
 	s.metrics.openAlerts.Set(float64(st.OpenAlerts))
+	s.reportLimits(ctx)
+}
+
+// keysReported bounds the keys sas_limit_key_* report: a key is often a
+// tenant or a customer, and there may be millions.
+const keysReported = 20
+
+// reportLimits sets the gauges of the limited kinds and of the keys with
+// the most work.
+func (s *sweeper) reportLimits(ctx context.Context) {
+	kinds, err := s.store.ListLimits(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.logger.Warn("reading the limits failed", "err", err)
+		}
+		return
+	}
+	m := s.metrics
+	for _, g := range []*prometheus.GaugeVec{m.limitRate, m.limitMaxInFlight, m.limitInFlight, m.limitWaiting, m.limitOldestWait, m.limitOverdue} {
+		g.Reset() // a kind whose limits were removed leaves
+	}
+	m.initLimits(s.workflows)
+	for _, k := range kinds {
+		if !k.Effective.Any() {
+			continue
+		}
+		if k.Effective.Rate != nil {
+			m.limitRate.WithLabelValues(k.Agent).Set(*k.Effective.Rate)
+		}
+		if k.Effective.MaxInFlight != nil {
+			m.limitMaxInFlight.WithLabelValues(k.Agent).Set(float64(*k.Effective.MaxInFlight))
+		}
+		m.limitInFlight.WithLabelValues(k.Agent).Set(float64(k.InFlight))
+		m.limitWaiting.WithLabelValues(k.Agent).Set(float64(k.Waiting))
+		m.limitOldestWait.WithLabelValues(k.Agent).Set(k.OldestWait)
+		m.limitOverdue.WithLabelValues(k.Agent).Set(float64(k.Overdue))
+	}
+	keys, err := s.store.KeysInUse(ctx, keysReported)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.logger.Warn("reading the keys in use failed", "err", err)
+		}
+		return
+	}
+	m.keyWaiting.Reset()
+	m.keyInFlight.Reset()
+	for _, k := range keys {
+		m.keyWaiting.WithLabelValues(k.Agent, k.Key).Set(float64(k.Waiting))
+		m.keyInFlight.WithLabelValues(k.Agent, k.Key).Set(float64(k.InFlight))
+	}
 }
 
 // maybeSample writes the console's charts' rows every OverviewInterval.

@@ -147,3 +147,42 @@ func TestTimersFireAsSoonAsTheStoreIsBack(t *testing.T) {
 		t.Fatalf("the timer fired %v after the store came back, want within a second (the lease renews every %v)\n%s", took, s.cfg.Interval, logs.String())
 	}
 }
+
+// The limited kinds' gauges say each kind's limits and use, and the keys
+// with the most work theirs; a kind whose limits are gone leaves them.
+func TestReportLimitsAndKeys(t *testing.T) {
+	t.Parallel()
+	_, pool := testenv.Database(t)
+	store := statestore.New(pool)
+	ctx := context.Background()
+	rate, maxInFlight := 50.0, 2
+	if err := store.SyncLimits(ctx, []string{"pay"}, map[string]statestore.Limits{"pay": {Rate: &rate, MaxInFlight: &maxInFlight}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		id := messages.NewID()
+		h := sha256.Sum256([]byte(id))
+		o := statestore.NewOrder{OrderID: id, Workflow: "test", Payload: []byte(`{}`), PayloadHash: h[:], Actor: "test", FailurePolicy: statestore.PolicyHold,
+			Steps: []statestore.NewStep{{Name: "s", Agent: "pay", Timeout: time.Minute, MaxFailures: 3}}}
+		if i < 3 {
+			o.Key = &statestore.ConcurrencyKey{Key: "tenant-a"}
+		}
+		if _, err := store.InsertOrder(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := &sweeper{store: store, cfg: Config{}, me: "test", logger: slog.New(slog.NewTextHandler(io.Discard, nil)), metrics: newMetrics(prometheus.NewRegistry())}
+	s.report(ctx)
+	m := s.metrics
+	if got := []float64{testutil.ToFloat64(m.limitRate.WithLabelValues("pay")), testutil.ToFloat64(m.limitMaxInFlight.WithLabelValues("pay")),
+		testutil.ToFloat64(m.limitWaiting.WithLabelValues("pay")), testutil.ToFloat64(m.keyWaiting.WithLabelValues("pay", "tenant-a"))}; got[0] != 50 || got[1] != 2 || got[2] != 5 || got[3] != 3 {
+		t.Fatalf("rate, max_in_flight, waiting, tenant-a waiting = %v, want [50 2 5 3]", got)
+	}
+	if err := store.SyncLimits(ctx, []string{"pay"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	s.report(ctx)
+	if n := testutil.CollectAndCount(m.limitRate); n != 0 {
+		t.Fatalf("%d rate series once the limits are gone", n)
+	}
+}

@@ -1,0 +1,143 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"text/tabwriter"
+
+	"sas/internal/statestore"
+	"sas/internal/workflow"
+)
+
+// limitsList lists the agent kinds' limits and their use.
+func (a *app) limitsList(ctx context.Context, args []string) error {
+	fs := a.flags()
+	asJSON := fs.Bool("json", false, "print everything as JSON")
+	if _, err := a.parse(fs, args); err != nil {
+		return err
+	}
+	store, closeStore, err := a.store(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	rows, err := store.ListLimits(ctx)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return a.printJSON(rows)
+	}
+	if len(rows) == 0 {
+		fmt.Fprintln(a.stdout, "no agent kind has limits (a workflows file's limits: section, or sasctl limits set)")
+		return nil
+	}
+	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "KIND\tLIMITS\tFROM\tIN_FLIGHT\tWAITING\tOLDEST_WAIT\tOVER_BUDGET\tLOWERED")
+	for _, r := range rows {
+		from := "file"
+		if r.SetBy != "" {
+			from = r.SetBy + " at " + stamp(*r.SetAt)
+		}
+		lowered := "–"
+		if r.LoweredUntil != nil {
+			lowered = "by a 429 until " + stamp(*r.LoweredUntil)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%.1fs\t%d\t%s\n", r.Agent, r.Effective, from, r.InFlight, r.Waiting, r.OldestWait, r.Overdue, lowered)
+	}
+	return tw.Flush()
+}
+
+// limitsSet changes an agent kind's limits at run time.
+func (a *app) limitsSet(ctx context.Context, args []string) error {
+	fs := a.flags()
+	as := fs.String("as", "", "the name to record beside your database login (default: $USER)")
+	var c statestore.LimitChange
+	fs.Func("rate", "claims a second, e.g. 20/s, 600/m (none: no rate)", func(v string) error {
+		if v == "none" {
+			c.ClearRate = true
+			return nil
+		}
+		r, err := workflow.ParseRate(v)
+		c.Rate = &r
+		return err
+	})
+	fs.Func("min-rate", "the floor a service's 429 lowers the rate to, e.g. 5/s (none: a tenth of the rate)", func(v string) error {
+		if v == "none" {
+			c.ClearMinRate = true
+			return nil
+		}
+		r, err := workflow.ParseRate(v)
+		c.MinRate = &r
+		return err
+	})
+	fs.Func("burst", "claims at once above the rate (none: a tenth of the rate)", countFlag(&c.Burst, &c.ClearBurst))
+	fs.Func("max-in-flight", "steps processing at once (none: no bound)", countFlag(&c.MaxInFlight, &c.ClearMaxInFlight))
+	rest, err := a.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) != 1 {
+		return a.usageError(fs, "give the agent kind, e.g. sasctl limits set inventory --rate 20/s")
+	}
+	if c.String() == "" {
+		return a.usageError(fs, "say what to change: --rate, --burst, --max-in-flight or --min-rate")
+	}
+	store, closeStore, err := a.store(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	k, err := store.SetLimits(ctx, rest[0], c, claimedName(*as))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(a.stdout, "agent %s: %s (set by %s; every scheduler's next claim obeys it; sasctl limits reset %s goes back to the file's)\n",
+		k.Agent, k.Effective, k.SetBy, k.Agent)
+	return nil
+}
+
+// limitsReset puts an agent kind back under the workflows file's limits.
+func (a *app) limitsReset(ctx context.Context, args []string) error {
+	fs := a.flags()
+	as := fs.String("as", "", "the name to record beside your database login (default: $USER)")
+	rest, err := a.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) != 1 {
+		return a.usageError(fs, "give the agent kind (sasctl limits list)")
+	}
+	store, closeStore, err := a.store(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	k, err := store.ResetLimits(ctx, rest[0], claimedName(*as))
+	if errors.Is(err, statestore.ErrNoLimits) {
+		return fmt.Errorf("agent %s has no limits stored (sasctl limits list)", rest[0])
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(a.stdout, "agent %s: back to the workflows file's limits: %s\n", k.Agent, k.Effective)
+	return nil
+}
+
+// countFlag reads a whole number of at least 1, or none.
+func countFlag(dst **int, clear *bool) func(string) error {
+	return func(v string) error {
+		if v == "none" {
+			*clear = true
+			return nil
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > workflow.MaxInFlightLimit {
+			return fmt.Errorf("%q: a whole number from 1 to %d, or none", v, workflow.MaxInFlightLimit)
+		}
+		*dst = &n
+		return nil
+	}
+}

@@ -1,0 +1,177 @@
+package console
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"sas/internal/orderfilter"
+	"sas/internal/statestore"
+	"sas/internal/workflow"
+)
+
+// limitsPage shows each agent kind's limits and their use.
+func (s *server) limitsPage(w http.ResponseWriter, r *http.Request, rq *request) {
+	rows, err := s.store.ListLimits(r.Context())
+	if err != nil {
+		s.storeError(w, r, rq, err, "limits")
+		return
+	}
+	s.render(w, r, rq, http.StatusOK, "limits.html", "Limits", rows)
+}
+
+// limitsOf reads the kind the path names, answering 404 for one the
+// store has no row for.
+func (s *server) limitsOf(w http.ResponseWriter, r *http.Request, rq *request) (statestore.KindLimits, bool) {
+	kind := r.PathValue("kind")
+	rows, err := s.store.ListLimits(r.Context())
+	if err != nil {
+		s.storeError(w, r, rq, err, "limits")
+		return statestore.KindLimits{}, false
+	}
+	for _, row := range rows {
+		if row.Agent == kind {
+			return row, true
+		}
+	}
+	s.fail(w, r, rq, http.StatusNotFound, "There is no agent kind "+orderfilter.Clip(kind, 100)+" with limits.")
+	return statestore.KindLimits{}, false
+}
+
+func (s *server) confirmLimits(w http.ResponseWriter, r *http.Request, rq *request) {
+	if !s.mayAct(w, r, rq) {
+		return
+	}
+	k, ok := s.limitsOf(w, r, rq)
+	if !ok {
+		return
+	}
+	e := k.Effective
+	s.render(w, r, rq, http.StatusOK, "confirm.html", "Limits of "+k.Agent, confirmData{
+		Question: "Change the limits of agent " + k.Agent + "?",
+		Details: []string{"Now: " + e.String() + ", " + from(k) + ".",
+			"Every scheduler's next claim of the kind obeys the new limits, on every replica, until they are changed again or reset to the file's. Empty: no such limit."},
+		Inputs: []confirmInput{
+			{Name: "rate", Label: "Rate (e.g. 50/s, 600/m)", Value: rateText(e.Rate)},
+			{Name: "burst", Label: "Burst (claims at once above the rate)", Value: countText(e.Burst)},
+			{Name: "max_in_flight", Label: "Max in flight", Value: countText(e.MaxInFlight)},
+			{Name: "min_rate", Label: "Min rate (the floor a service's 429 lowers it to)", Value: rateText(e.MinRate)},
+		},
+		Action: "/limits/" + k.Agent + "/set", Button: "Change", Back: "/limits",
+	})
+}
+
+func (s *server) confirmLimitsReset(w http.ResponseWriter, r *http.Request, rq *request) {
+	if !s.mayAct(w, r, rq) {
+		return
+	}
+	k, ok := s.limitsOf(w, r, rq)
+	if !ok {
+		return
+	}
+	s.render(w, r, rq, http.StatusOK, "confirm.html", "Limits of "+k.Agent, confirmData{
+		Question: "Put agent " + k.Agent + " back under the workflows file's limits?",
+		Details:  []string{"Now: " + k.Effective.String() + ", " + from(k) + ".", "The file's: " + k.File.String() + "."},
+		Action:   "/limits/" + k.Agent + "/reset", Button: "Reset", Back: "/limits", Danger: true,
+	})
+}
+
+func (s *server) setLimits(w http.ResponseWriter, r *http.Request, rq *request) {
+	k, ok := s.limitsOf(w, r, rq)
+	if !ok {
+		return
+	}
+	c, err := limitChange(r)
+	if err != nil {
+		s.fail(w, r, rq, http.StatusBadRequest, err.Error())
+		return
+	}
+	if _, err := s.store.SetLimits(r.Context(), k.Agent, c, claimedBy(rq)); err != nil {
+		s.storeError(w, r, rq, err, "limits of "+k.Agent)
+		return
+	}
+	s.logger.Info("console: limits set", "user", rq.user.Name, "kind", k.Agent, "change", c.String())
+	s.redirect(w, r, "/limits", "limits changed")
+}
+
+func (s *server) resetLimits(w http.ResponseWriter, r *http.Request, rq *request) {
+	k, ok := s.limitsOf(w, r, rq)
+	if !ok {
+		return
+	}
+	_, err := s.store.ResetLimits(r.Context(), k.Agent, claimedBy(rq))
+	if errors.Is(err, statestore.ErrNoLimits) {
+		s.fail(w, r, rq, http.StatusNotFound, "There is no agent kind "+orderfilter.Clip(k.Agent, 100)+" with limits.")
+		return
+	}
+	if err != nil {
+		s.storeError(w, r, rq, err, "limits of "+k.Agent)
+		return
+	}
+	s.logger.Info("console: limits reset", "user", rq.user.Name, "kind", k.Agent)
+	s.redirect(w, r, "/limits", "limits reset")
+}
+
+// limitChange reads the form: each field replaces its limit, an empty
+// one removes it.
+func limitChange(r *http.Request) (statestore.LimitChange, error) {
+	var c statestore.LimitChange
+	rate := func(name string, dst **float64, clear *bool) error {
+		v := strings.TrimSpace(r.PostFormValue(name))
+		if v == "" {
+			*clear = true
+			return nil
+		}
+		x, err := workflow.ParseRate(v)
+		if err != nil {
+			return fmt.Errorf("%s: %v", strings.ReplaceAll(name, "_", " "), err)
+		}
+		*dst = &x
+		return nil
+	}
+	count := func(name string, dst **int, clear *bool) error {
+		v := strings.TrimSpace(r.PostFormValue(name))
+		if v == "" {
+			*clear = true
+			return nil
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > workflow.MaxInFlightLimit {
+			return fmt.Errorf("%s %q: a whole number from 1 to %d, or empty for none", strings.ReplaceAll(name, "_", " "), orderfilter.Clip(v, 20), workflow.MaxInFlightLimit)
+		}
+		*dst = &n
+		return nil
+	}
+	err := errors.Join(rate("rate", &c.Rate, &c.ClearRate), rate("min_rate", &c.MinRate, &c.ClearMinRate),
+		count("burst", &c.Burst, &c.ClearBurst), count("max_in_flight", &c.MaxInFlight, &c.ClearMaxInFlight))
+	if err == nil && c.ClearRate && c.ClearMaxInFlight {
+		err = errors.New("give a rate, a max in flight or both: to go back to the workflows file's limits, reset them")
+	}
+	if err == nil && c.Rate == nil && (c.Burst != nil || c.MinRate != nil) {
+		err = errors.New("a burst or a min rate needs a rate")
+	}
+	return c, err
+}
+
+func from(k statestore.KindLimits) string {
+	if k.SetBy == "" {
+		return "from the workflows file"
+	}
+	return "set by " + k.SetBy
+}
+
+func rateText(r *float64) string {
+	if r == nil {
+		return ""
+	}
+	return strconv.FormatFloat(*r, 'g', -1, 64) + "/s"
+}
+
+func countText(n *int) string {
+	if n == nil {
+		return ""
+	}
+	return strconv.Itoa(*n)
+}
