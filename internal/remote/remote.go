@@ -87,6 +87,8 @@ type Service struct {
 	faults FaultConfig
 	rng    *rand.Rand
 	ledger map[string]*Entry
+	// traffic is what each action saw (traffic.go).
+	traffic map[string]*Traffic
 }
 
 // New returns a service with the given faults. seed 0 picks a random seed.
@@ -103,18 +105,21 @@ func New(faults FaultConfig, seed uint64, reg prometheus.Registerer, logger *slo
 		logger: logger, metrics: m, faults: faults,
 		rng:     rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		ledger:  map[string]*Entry{},
+		traffic: map[string]*Traffic{},
 		Tracing: tracing.Off(),
 	}
 }
 
 // Handler serves the API: POST /v1/{action}, GET /ledger, GET and PUT
-// /admin/faults.
+// /admin/faults, GET and DELETE /admin/traffic.
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/{action}", s.call)
 	mux.HandleFunc("GET /ledger", s.getLedger)
 	mux.HandleFunc("GET /admin/faults", s.getFaults)
 	mux.HandleFunc("PUT /admin/faults", s.putFaults)
+	mux.HandleFunc("GET /admin/traffic", s.getTraffic)
+	mux.HandleFunc("DELETE /admin/traffic", s.deleteTraffic)
 	return mux
 }
 
@@ -185,6 +190,9 @@ func (s *Service) call(w http.ResponseWriter, r *http.Request) {
 		span.End()
 		s.metrics.WithLabelValues(action, outcome).Inc()
 	}()
+	if validAction(action) {
+		defer s.enter(action)()
+	}
 	key := r.Header.Get(contract.HeaderIdempotencyKey)
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
 	var req contract.Request
