@@ -28,6 +28,12 @@ CREATE TABLE agent_limits (
     lowered_at         timestamptz,
     lowered_count      bigint      NOT NULL DEFAULT 0,
     fair_cursor        text,
+    -- at least the kind's processing steps: the last count plus the
+    -- claims since (steps enter processing only by a claim); NULL when
+    -- unknown. A claim counts again when the bound leaves too little
+    -- room, or it is a second old.
+    in_flight_bound    integer,
+    counted_at         timestamptz,
     updated_at         timestamptz NOT NULL DEFAULT now()
 );
 
@@ -62,11 +68,11 @@ BEGIN
     -- limits, each change recorded with record_operator_action.
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'sas_operator') THEN
         GRANT SELECT, INSERT ON agent_limits TO sas_operator;
-        GRANT UPDATE (set_max_in_flight, set_rate, set_burst, set_min_rate, set_by, set_at, updated_at) ON agent_limits TO sas_operator;
+        GRANT UPDATE (set_max_in_flight, set_rate, set_burst, set_min_rate, set_by, set_at, updated_at, in_flight_bound) ON agent_limits TO sas_operator;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'sas_console') THEN
         GRANT SELECT, INSERT ON agent_limits TO sas_console;
-        GRANT UPDATE (set_max_in_flight, set_rate, set_burst, set_min_rate, set_by, set_at, updated_at) ON agent_limits TO sas_console;
+        GRANT UPDATE (set_max_in_flight, set_rate, set_burst, set_min_rate, set_by, set_at, updated_at, in_flight_bound) ON agent_limits TO sas_console;
     END IF;
 END
 $$;

@@ -8,7 +8,10 @@
 # Usage: scripts/bench-ab.sh BASE [SCENARIO ...]
 #   scenarios: single-max order-max (as fast as absorbed), single-50 and
 #   order-50 (50 orders/s offered: the idle path's latency), single-RATE
-#   and order-RATE for any other rate.
+#   and order-RATE for any other rate. A scenario ending in -limited runs
+#   B with every agent kind limited far above what it reaches (a rate of
+#   1,000,000/s and as many in flight), A as it is: what declaring a
+#   limit costs.
 # Environment: AB_ROUNDS (2), AB_WARMUP (10s), AB_DURATION (30s), GO.
 set -euo pipefail
 
@@ -35,7 +38,23 @@ echo "bench-ab: building the working tree into $root/bin" >&2
 
 export SAS_DATABASE_URL=${SAS_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/sas_bench?sslmode=disable}
 export SAS_QUEUE_PREFIX=${SAS_QUEUE_PREFIX:-bench.}
+limited="$root/bin/ab/limited-workflows.yaml"
+{
+	cat "$root/deploy/workflows.yaml"
+	echo "limits:"
+	grep -v '^ *#' "$root/deploy/workflows.yaml" | grep -o 'agent: [a-z_]\+' | sort -u | while read -r _ kind; do
+		echo "  $kind: {rate: 1000000/s, burst: 1000000, max_in_flight: 1000000}"
+	done
+} >"$limited"
 for sc in "${scenarios[@]}"; do
+	extra=()
+	case "$sc" in *-limited)
+		sc=${sc%-limited}
+		extra=(--env-b "SAS_WORKFLOWS_FILE=$limited")
+		label="$sc-limited"
+		;;
+	*) label=$sc ;;
+	esac
 	wf=${sc%%-*}
 	load=${sc#*-}
 	case "$wf" in single | order) ;; *)
@@ -47,6 +66,6 @@ for sc in "${scenarios[@]}"; do
 	if [ "$load" != max ]; then
 		flags+=(--rate "$load" --drain 30s)
 	fi
-	"$root/bin/sasctl" bench --against "$adir" --rounds "${AB_ROUNDS:-2}" "${flags[@]}" \
-		--warmup "${AB_WARMUP:-10s}" --duration "${AB_DURATION:-30s}" --label "$sc" --json "bench-ab-$sc.json"
+	"$root/bin/sasctl" bench --against "$adir" --rounds "${AB_ROUNDS:-2}" "${flags[@]}" "${extra[@]}" \
+		--warmup "${AB_WARMUP:-10s}" --duration "${AB_DURATION:-30s}" --label "$label" --json "bench-ab-$label.json"
 done

@@ -75,7 +75,7 @@ func (s *Store) SyncLimits(ctx context.Context, kinds []string, file map[string]
 INSERT INTO agent_limits AS a (agent, file_max_in_flight, file_rate, file_burst, file_min_rate)
 SELECT * FROM unnest($1::text[], $2::int[], $3::float8[], $4::int[], $5::float8[])
 ON CONFLICT (agent) DO UPDATE SET file_max_in_flight = EXCLUDED.file_max_in_flight, file_rate = EXCLUDED.file_rate,
-    file_burst = EXCLUDED.file_burst, file_min_rate = EXCLUDED.file_min_rate, updated_at = now()
+    file_burst = EXCLUDED.file_burst, file_min_rate = EXCLUDED.file_min_rate, updated_at = now(), in_flight_bound = NULL
 WHERE (a.file_max_in_flight, a.file_rate, a.file_burst, a.file_min_rate)
       IS DISTINCT FROM (EXCLUDED.file_max_in_flight, EXCLUDED.file_rate, EXCLUDED.file_burst, EXCLUDED.file_min_rate)`,
 		kinds, maxes, rates, bursts, mins)
@@ -324,7 +324,7 @@ UPDATE agent_limits a SET
     set_burst = CASE WHEN $8 THEN NULL ELSE coalesce($4, CASE WHEN a.set_by IS NULL THEN a.file_burst ELSE a.set_burst END) END,
     set_min_rate = CASE WHEN $9 THEN NULL ELSE coalesce($5, CASE WHEN a.set_by IS NULL THEN a.file_min_rate ELSE a.set_min_rate END) END,
     set_by = 'operator:' || session_user || coalesce(' as ' || NULLIF($10, ''), ''),
-    set_at = clock_timestamp(), updated_at = clock_timestamp()
+    set_at = clock_timestamp(), updated_at = clock_timestamp(), in_flight_bound = NULL
 WHERE a.agent = $1`, kind, int32p(c.MaxInFlight), c.Rate, int32p(c.Burst), c.MinRate,
 			c.ClearMaxInFlight, c.ClearRate, c.ClearBurst, c.ClearMinRate, claimed)
 		if err != nil {
@@ -344,7 +344,7 @@ WHERE a.agent = $1`, kind, int32p(c.MaxInFlight), c.Rate, int32p(c.Burst), c.Min
 func (s *Store) ResetLimits(ctx context.Context, kind, claimed string) (KindLimits, error) {
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `UPDATE agent_limits SET set_max_in_flight = NULL, set_rate = NULL, set_burst = NULL, set_min_rate = NULL,
-			set_by = NULL, set_at = NULL, updated_at = clock_timestamp() WHERE agent = $1`, kind)
+			set_by = NULL, set_at = NULL, updated_at = clock_timestamp(), in_flight_bound = NULL WHERE agent = $1`, kind)
 		if err != nil {
 			return err
 		}

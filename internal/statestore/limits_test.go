@@ -132,6 +132,11 @@ func TestClaimLimitedHoldsMaxInFlight(t *testing.T) {
 	if next := claimLimited(t, b, "inv", 100); len(next.Steps) != 2 {
 		t.Fatalf("claimed %d after max_in_flight was raised to 5, want 2", len(next.Steps))
 	}
+	// The bound a claim keeps instead of counting is never below the
+	// steps processing: here exact, a claim after a count.
+	if n := count(t, b, `SELECT in_flight_bound FROM agent_limits WHERE agent = 'inv'`); n != 5 {
+		t.Fatalf("in_flight_bound %d with 5 processing", n)
+	}
 	if n := count(t, b, `SELECT count(*) FROM operator_actions WHERE action = 'limits set' AND target = 'inv' AND detail = 'max_in_flight=5'
 		AND claimed_by = 'ann'`); n != 1 {
 		t.Fatalf("%d operator actions record the change", n)
@@ -254,5 +259,39 @@ func TestPoolsRunWithoutJIT(t *testing.T) {
 	var jit string
 	if err := pool.QueryRow(ctxFor(t), `SHOW jit`).Scan(&jit); err != nil || jit != "off" {
 		t.Fatalf("jit = %q (%v), want off", jit, err)
+	}
+}
+
+// With room to spare under max_in_flight, claims count the kind's
+// processing steps at most once a second and keep a bound instead (the
+// count plus the claims since); a step claimed elsewhere (a scheduler
+// that has not yet learnt the kind is limited) is counted within the
+// second, and near the limit every claim counts.
+func TestInFlightBoundHoldsWithoutCounting(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	limitedOrders(t, b, "inv", "", 40, 0)
+	if err := b.store.SyncLimits(ctx, []string{"inv"}, map[string]statestore.Limits{"inv": {MaxInFlight: ptr(12)}}); err != nil {
+		t.Fatal(err)
+	}
+	first := claimLimited(t, b, "inv", 2)
+	var counted time.Time
+	if err := b.pool.QueryRow(ctx, `SELECT counted_at FROM agent_limits WHERE agent = 'inv'`).Scan(&counted); err != nil {
+		t.Fatal(err)
+	}
+	claimLimited(t, b, "inv", 2)
+	var again time.Time
+	if err := b.pool.QueryRow(ctx, `SELECT counted_at FROM agent_limits WHERE agent = 'inv'`).Scan(&again); err != nil || !again.Equal(counted) {
+		t.Fatalf("counted again at %v (first %v, %v) with room to spare", again, counted, err)
+	}
+	// Claimed by the plain claim, out of the bound's sight.
+	if got, err := b.store.ClaimKinds(ctx, "stale", map[string]int{"inv": 6}); err != nil || len(got) != 6 {
+		t.Fatalf("plain claim: %d %v", len(got), err)
+	}
+	reply(t, b, first.Steps[0], true, "") // 9 processing now
+	// Near the limit every claim counts: 12 - 9 = 3, not 12 - 4.
+	if got := claimLimited(t, b, "inv", 10); len(got.Steps) != 3 || got.Held != statestore.HeldInFlight {
+		t.Fatalf("claimed %d (held %q) with 9 processing of 12", len(got.Steps), got.Held)
 	}
 }

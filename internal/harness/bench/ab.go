@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"text/tabwriter"
 	"time"
 
@@ -134,6 +135,9 @@ func (a *Tool) benchAB(ctx context.Context, o benchOptions, aDir string, rounds 
 		}{{"A", aDir, &r.ARuns}, {"B", bDir, &r.BRuns}} {
 			so := o
 			so.binDir = side.dir
+			if side.name == "B" {
+				so.env = append(slices.Clone(o.env), o.envB...)
+			}
 			so.label = fmt.Sprintf("%s %s%d", o.label, side.name, i+1)
 			fmt.Fprintf(a.stderr, "%s: %s (%s)\n", so.label, side.dir, o.wf)
 			rep, err := a.runBench(ctx, so)

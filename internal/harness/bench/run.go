@@ -55,14 +55,19 @@ func Main(ctx context.Context, a *Tool, args []string) error {
 	against := fs.String("against", "", "A/B: the directory of another build's binaries (A); runs A and this run's binaries (B, --bin) alternately, --rounds times each, and prints both with the ratio B/A of every figure")
 	rounds := fs.Int("rounds", 2, "with --against: runs of each side")
 	backlog := fs.Int("backlog", 0, "instead of a load: queue this many orders with the schedulers and agents stopped, then start them, and report the time to drain and every process's peak memory")
-	var env multiFlag
+	var env, envB multiFlag
 	fs.Var(&env, "env", "NAME=VALUE added to every service's environment (repeatable), e.g. SAS_SCHEDULER_BATCH=200 or GOGC=400")
+	fs.Var(&envB, "env-b", "with --against: NAME=VALUE added to B's services' environment only (repeatable), e.g. a workflows file A cannot read")
 	fs.StringVar(&o.via, "via", "amqp", "where orders go in: amqp (the submit queue) or http (the API service, POST /api/v1/orders, its per-token rate limit lifted)")
 	fs.BoolVar(&o.await, "await", false, "with --via http: await every order over HTTP too, and report what that adds to its end (the await's return against the order's end in the store)")
 	if err := a.parseNoArgs(fs, args); err != nil {
 		return err
 	}
-	o.env = env
+	o.env, o.envB = env, envB
+	if len(envB) > 0 && *against == "" {
+		fmt.Fprintln(a.stderr, "sasctl bench: --env-b needs --against")
+		return ErrUsage
+	}
 	if o.via != "amqp" && o.via != "http" || o.await && o.via != "http" {
 		fmt.Fprintln(a.stderr, "sasctl bench: --via is amqp or http; --await needs --via http")
 		return ErrUsage
@@ -131,8 +136,9 @@ type benchOptions struct {
 	purge, fresh                bool
 	prefill                     int // orders written before the run (lab.Fill)
 	env                         []string
-	via                         string // amqp or http
-	await                       bool   // with http: await each order
+	envB                        []string // with --against: B's own
+	via                         string   // amqp or http
+	await                       bool     // with http: await each order
 }
 
 // runBench runs every service under load once and returns what it

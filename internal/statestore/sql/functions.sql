@@ -1642,6 +1642,7 @@ DECLARE
     v_tokens double precision;
     v_allowed integer := p_room;
     v_in_flight integer;
+    v_counted timestamptz;
     v_cursor text;
 BEGIN
     held := '';
@@ -1675,7 +1676,17 @@ BEGIN
         END IF;
     END IF;
     IF v_max IS NOT NULL AND v_allowed > 0 THEN
-        v_in_flight := (SELECT count(*) FROM steps s WHERE s.process_state = 'processing' AND s.agent = p_agent);
+        -- Counting the kind's processing steps reads each of them: it is
+        -- done when the bound (the last count plus the claims since)
+        -- leaves less room than this claim's, or is a second old (a step
+        -- that ended makes it high, never low).
+        IF l.in_flight_bound IS NULL OR l.counted_at < v_now - interval '1 second' OR l.in_flight_bound + v_allowed > v_max THEN
+            v_in_flight := (SELECT count(*) FROM steps s WHERE s.process_state = 'processing' AND s.agent = p_agent);
+            v_counted := v_now;
+        ELSE
+            v_in_flight := l.in_flight_bound;
+            v_counted := l.counted_at;
+        END IF;
         IF v_max - v_in_flight < v_allowed THEN
             v_allowed := greatest(v_max - v_in_flight, 0);
             held := 'in_flight';
@@ -1750,11 +1761,13 @@ BEGIN
     IF held = 'rate' THEN
         retry_ms := ceil((1 - (v_tokens - coalesce(cardinality(order_ids), 0))) / v_rate * 1000)::integer;
     END IF;
-    IF v_rate IS NOT NULL OR v_cursor IS NOT NULL THEN
+    IF v_rate IS NOT NULL OR v_cursor IS NOT NULL OR v_in_flight IS NOT NULL THEN
         UPDATE agent_limits a SET
             tokens = CASE WHEN v_rate IS NULL THEN a.tokens ELSE v_tokens - coalesce(cardinality(order_ids), 0) END,
             refilled_at = CASE WHEN v_rate IS NULL THEN a.refilled_at ELSE v_now END,
-            fair_cursor = coalesce(v_cursor, a.fair_cursor)
+            fair_cursor = coalesce(v_cursor, a.fair_cursor),
+            in_flight_bound = CASE WHEN v_in_flight IS NULL THEN a.in_flight_bound ELSE v_in_flight + coalesce(cardinality(order_ids), 0) END,
+            counted_at = coalesce(v_counted, a.counted_at)
         WHERE a.agent = p_agent;
     END IF;
 END;
