@@ -55,24 +55,8 @@ func (a *app) limitsSet(ctx context.Context, args []string) error {
 	fs := a.flags()
 	as := fs.String("as", "", "the name to record beside your database login (default: $USER)")
 	var c statestore.LimitChange
-	fs.Func("rate", "claims a second, e.g. 20/s, 600/m (none: no rate)", func(v string) error {
-		if v == "none" {
-			c.ClearRate = true
-			return nil
-		}
-		r, err := workflow.ParseRate(v)
-		c.Rate = &r
-		return err
-	})
-	fs.Func("min-rate", "the floor a service's 429 lowers the rate to, e.g. 5/s (none: a tenth of the rate)", func(v string) error {
-		if v == "none" {
-			c.ClearMinRate = true
-			return nil
-		}
-		r, err := workflow.ParseRate(v)
-		c.MinRate = &r
-		return err
-	})
+	fs.Func("rate", "claims a second, e.g. 20/s, 600/m (none: no rate)", rateFlag(&c.Rate, &c.ClearRate))
+	fs.Func("min-rate", "the floor a service's 429 lowers the rate to, e.g. 5/s (none: a tenth of the rate)", rateFlag(&c.MinRate, &c.ClearMinRate))
 	fs.Func("burst", "claims at once above the rate (none: a tenth of the rate)", countFlag(&c.Burst, &c.ClearBurst))
 	fs.Func("max-in-flight", "steps processing at once (none: no bound)", countFlag(&c.MaxInFlight, &c.ClearMaxInFlight))
 	rest, err := a.parse(fs, args)
@@ -124,6 +108,19 @@ func (a *app) limitsReset(ctx context.Context, args []string) error {
 	}
 	fmt.Fprintf(a.stdout, "agent %s: back to the workflows file's limits: %s\n", k.Agent, k.Effective)
 	return nil
+}
+
+// rateFlag reads a rate (workflow.ParseRate), or none.
+func rateFlag(dst **float64, clear *bool) func(string) error {
+	return func(v string) error {
+		if v == "none" {
+			*clear = true
+			return nil
+		}
+		r, err := workflow.ParseRate(v)
+		*dst = &r
+		return err
+	}
 }
 
 // countFlag reads a whole number of at least 1, or none.
