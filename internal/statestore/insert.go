@@ -139,7 +139,8 @@ func IdempotencyKey(orderID string, step int, name string) string {
 // correlation ids ($23), then the steps' needs and ancestors ($24, $25,
 // as array literals, NULL for a list's steps) and specs ($26), then the
 // orders' start_at ($27), and their concurrency keys and max_per_key
-// ($28, $29), written on each of their steps. A first step is delayed (due at start_at, plus
+// ($28, $29), written on each of their steps that calls an agent (the
+// steps sas performs itself are claimed as they are). A first step is delayed (due at start_at, plus
 // its delay) when its order starts later or it has a delay. Order ids must be distinct. It returns the
 // index of every order it wrote. A step created waiting gets no history
 // row: its own row says as much, and its history begins when it leaves
@@ -177,7 +178,7 @@ WITH o AS (
                      AND (s.spec ? 'delay_ms' OR insd.start_at > clock_timestamp())
                 THEN greatest(insd.start_at, clock_timestamp())
                      + make_interval(secs => coalesce((s.spec->>'delay_ms')::float8, 0) / 1000) END,
-           insd.fair_key, insd.fair_max
+           CASE WHEN s.agent <> '' THEN insd.fair_key END, CASE WHEN s.agent <> '' THEN insd.fair_max END
     FROM unnest($11::int[], $12::text[], $13::text[], $14::bigint[], $15::int[], $16::text[], $17::text[], $18::int[], $19::int[],
                 $20::bigint[], $21::bigint[], $24::text[], $25::text[], $26::jsonb[])
              AS s(order_idx, name, agent, timeout_ms, max_failures, idempotency_key, kind, compensates, step, backoff_base_ms, backoff_max_ms,

@@ -295,3 +295,21 @@ func TestInFlightBoundHoldsWithoutCounting(t *testing.T) {
 		t.Fatalf("claimed %d (held %q) with 9 processing of 12", len(got.Steps), got.Held)
 	}
 }
+
+// A keyed order's steps that call an agent carry its key; the steps sas
+// performs itself (a wait, a timer, a sub-process: no agent) do not, and
+// are claimed as any other order's.
+func TestOnlyAgentStepsCarryTheKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	o := order(2, time.Hour, 3)
+	o.Steps[1].Agent = ""
+	o.Key = &statestore.ConcurrencyKey{Key: "t-1", MaxPerKey: 2}
+	insert(t, b, o)
+	if n := count(t, b, `SELECT count(*) FROM steps WHERE order_id = $1 AND step = 1 AND fair_key = 't-1' AND fair_max = 2`, o.OrderID); n != 1 {
+		t.Fatal("the agent's step does not carry the key")
+	}
+	if n := count(t, b, `SELECT count(*) FROM steps WHERE order_id = $1 AND step = 2 AND fair_key IS NULL AND fair_max IS NULL`, o.OrderID); n != 1 {
+		t.Fatal("a step with no agent carries the key")
+	}
+}
