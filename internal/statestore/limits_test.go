@@ -313,3 +313,29 @@ func TestOnlyAgentStepsCarryTheKey(t *testing.T) {
 		t.Fatal("a step with no agent carries the key")
 	}
 }
+
+// The key "" (a payload the key's expression failed on) is a key like any
+// other: served from the first claim, alone or among others.
+func TestTheEmptyKeyIsServed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for range 3 {
+		o := order(1, time.Hour, 3)
+		o.Steps[0].Agent = "svc"
+		o.Key = &statestore.ConcurrencyKey{Key: ""}
+		insert(t, b, o)
+	}
+	if got := claimLimited(t, b, "svc", 10); len(got.Steps) != 3 {
+		t.Fatalf("claimed %d of 3 steps keyed \"\"", len(got.Steps))
+	}
+	limitedOrders(t, b, "svc", "a", 2, 0)
+	for range 2 {
+		o := order(1, time.Hour, 3)
+		o.Steps[0].Agent = "svc"
+		o.Key = &statestore.ConcurrencyKey{Key: ""}
+		insert(t, b, o)
+	}
+	if got := claimLimited(t, b, "svc", 10); len(got.Steps) != 4 {
+		t.Fatalf("claimed %d of 4 steps keyed \"\" and \"a\"", len(got.Steps))
+	}
+}

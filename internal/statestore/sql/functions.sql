@@ -1699,7 +1699,8 @@ BEGIN
         -- gets two), with their max_per_key.
         WITH RECURSIVE keys(k, m, d) AS (
             (SELECT s.fair_key, s.fair_max, 1 FROM steps s
-             WHERE s.agent = p_agent AND s.process_state = 'pending' AND s.fair_key IS NOT NULL AND s.fair_key > coalesce(l.fair_cursor, '')
+             WHERE s.agent = p_agent AND s.process_state = 'pending' AND s.fair_key IS NOT NULL
+               AND (l.fair_cursor IS NULL OR s.fair_key > l.fair_cursor)
              ORDER BY s.fair_key LIMIT 1)
             UNION ALL
             SELECT n.fair_key, n.fair_max, keys.d + 1 FROM keys
