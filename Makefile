@@ -15,7 +15,7 @@ TOOLS := $(CURDIR)/bin/tools/helm-v3.22.0-kubeconform-v0.8.0
 FUZZTIME ?= 30s
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all build services tools test bench-ab bench-backlog bench-steady lint fmt-check fuzz demo chaos bench clean console-screenshots bench-console ha timers api-e2e
+.PHONY: all build services tools test bench-ab bench-backlog bench-steady lint fmt-check fuzz demo chaos bench clean console-screenshots bench-console ha timers api-e2e limits-e2e
 
 all: build
 
@@ -168,6 +168,14 @@ API_ORDERS ?= 1000
 API_HELD ?= 2000
 api-e2e: services build
 	SAS_API_ORDERS=$(API_ORDERS) SAS_API_HELD=$(API_HELD) $(GO) test -count=1 -timeout 20m -run '^(TestHTTPAPIServesApplications|TestBulkResubmitSurvivesAKill)$$' -v ./e2e/
+
+# The limits' end-to-end tests at the issue's sizes: a kind at 50/s
+# measured over LIMITS_SECONDS by the service, and a key with a backlog of
+# FAIR_BACKLOG orders before 20 small keys (make test runs 30 s and 5,000).
+LIMITS_SECONDS ?= 60
+FAIR_BACKLOG ?= 20000
+limits-e2e: services build
+	SAS_LIMITS_SECONDS=$(LIMITS_SECONDS) SAS_FAIR_BACKLOG=$(FAIR_BACKLOG) $(GO) test -count=1 -timeout 20m -run '^(TestLimitsHoldAcrossReplicas|TestKeysAreServedFairly)$$' -v ./e2e/
 
 # The console's benchmark (docs/BENCHMARKS.md): BENCH_CONSOLE_ORDERS orders
 # written into a schema of sas_test, then the orders list (deep pages,

@@ -97,14 +97,14 @@ workflows:
 
 // TestLimitsHoldAcrossReplicas: with 4 schedulers and 10 agents, a kind
 // limited to 50 calls a second and 20 in flight is called 45-55 times a
-// second over 60 s, as the service measures it, never more than 20 at
+// second over 30 s (60 s in make limits-e2e), as the service measures it, never more than 20 at
 // once; raised at run time (sasctl limits set), the new rate holds within
 // 2 s, recorded with the operator.
 func TestLimitsHoldAcrossReplicas(t *testing.T) {
 	t.Parallel()
 	g := runFile(t, "limited.yaml", limitedFile, pipelineOpts{schedulers: 4, agents: 10, supervisors: 1,
 		faults: `{"*":{"latency_min_ms":20,"latency_max_ms":80}}`})
-	seconds := scaleFromEnv(t, "SAS_LIMITS_SECONDS", 60)
+	seconds := scaleFromEnv(t, "SAS_LIMITS_SECONDS", 30) // make limits-e2e: 60
 	payloads := make([]string, 50*seconds+1500)
 	for i := range payloads {
 		payloads[i] = fmt.Sprintf(`{"n":%d}`, i)
@@ -174,13 +174,13 @@ workflows:
       - {action: work, agent: svc, timeout: 30s}
 `
 
-// TestKeysAreServedFairly: a key with a backlog of 20,000 orders
-// submitted first, then 20 keys with 20 orders each, a kind at 100/s:
+// TestKeysAreServedFairly: a key with a backlog of 5,000 orders (20,000
+// in make limits-e2e) submitted first, then 20 keys with 20 orders each, a kind at 100/s:
 // every order of a small key completes within 10 s of being written.
 func TestKeysAreServedFairly(t *testing.T) {
 	t.Parallel()
 	g := runFile(t, "fair.yaml", fairFile, pipelineOpts{schedulers: 2, agents: 2, supervisors: 1})
-	big := make([]string, scaleFromEnv(t, "SAS_FAIR_BACKLOG", 20000))
+	big := make([]string, scaleFromEnv(t, "SAS_FAIR_BACKLOG", 5000)) // make limits-e2e: 20,000
 	for i := range big {
 		big[i] = fmt.Sprintf(`{"tenant":"big","n":%d}`, i)
 	}

@@ -339,3 +339,16 @@ func TestTheEmptyKeyIsServed(t *testing.T) {
 		t.Fatalf("claimed %d of 4 steps keyed \"\" and \"a\"", len(got.Steps))
 	}
 }
+
+// An operator who claims no name (sasctl without --as or $USER) is
+// recorded by the database login: the change is not refused.
+func TestAChangeWithoutAClaimedNameIsRecorded(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if _, err := b.store.SetLimits(ctxFor(t), "pay", statestore.LimitChange{Rate: ptr(5.0)}, ""); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, b, `SELECT count(*) FROM operator_actions WHERE action = 'limits set' AND claimed_by = session_user`); n != 1 {
+		t.Fatalf("%d changes recorded by the database login", n)
+	}
+}

@@ -90,14 +90,16 @@ func (s *sweeper) run(ctx context.Context) error {
 	}
 }
 
-// retryFirst is how soon a failed lease renewal, or a failed firing of
-// timers, is tried again the first time.
+// retryFirst is how soon a failed lease renewal is tried again the
+// first time.
 const retryFirst = 25 * time.Millisecond
 
-// retryTimersMax is the longest the timer loop waits between tries while
-// the store is away: a try costs a refused connection, and a timer that
-// fell due meanwhile is late by as much as this past the store's return.
-const retryTimersMax = 100 * time.Millisecond
+// retryTimers is how soon the timer loop tries again after a failed
+// firing, every time: a try costs a refused connection while the store
+// is away, and once it is back each of the pool's connections that died
+// with it fails one try before a new one is made, so a timer that fell
+// due meanwhile is late by about this many tries past the store's return.
+const retryTimers = 20 * time.Millisecond
 
 // tick renews or contends for the lease and, holding it, sweeps; it
 // reports whether the store answered.
@@ -183,7 +185,6 @@ func (s *sweeper) sweep(ctx context.Context) {
 func (s *sweeper) timers(ctx context.Context) {
 	wait := time.NewTimer(0)
 	defer wait.Stop()
-	retry := time.Duration(0)
 	for {
 		select {
 		case <-ctx.Done():
@@ -201,12 +202,10 @@ func (s *sweeper) timers(ctx context.Context) {
 			case err != nil:
 				// The store is away: look again soon, so that timers due
 				// meanwhile fire as soon as it is back.
-				retry = min(max(2*retry, retryFirst), s.cfg.TimerPoll, retryTimersMax)
-				next = retry
+				next = min(retryTimers, s.cfg.TimerPoll)
 			case full:
 				next = 0 // a full batch: more may be due
 			default:
-				retry = 0
 				if d, ok, err := s.store.NextTimer(ctx); err == nil && ok && d > 0 && d < next {
 					// (An overdue timer is a held order's, which waits
 					// for a resubmit: it does not hurry the next look.)

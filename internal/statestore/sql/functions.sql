@@ -1536,14 +1536,15 @@ END;
 $function$;
 
 -- record_operator_action: records an operator's action in operator_actions
--- (the console's and sasctl's audit).
+-- (the console's and sasctl's audit). An operator who claims no name (no
+-- --as and no $USER) is recorded by the database login alone.
 CREATE OR REPLACE FUNCTION record_operator_action(p_action text, p_target text, p_detail text, p_claimed text)
  RETURNS bigint
  LANGUAGE sql
  SECURITY DEFINER
 AS $function$
     INSERT INTO operator_actions (db_user, claimed_by, action, target, detail)
-    VALUES (session_user, left(p_claimed, 100), p_action, left(p_target, 512), left(coalesce(p_detail, ''), 2048))
+    VALUES (session_user, coalesce(NULLIF(left(p_claimed, 100), ''), session_user), p_action, left(p_target, 512), left(coalesce(p_detail, ''), 2048))
     RETURNING id;
 $function$;
 
