@@ -113,7 +113,9 @@ workflows:
 // start_at spread over 60 s and N whose step has a 20 s delay, on a
 // PostgreSQL of the test's own that is restarted while they wait (-m
 // fast, as an upgrade does): every timer fires once, none before its due
-// time, within a second of it at p99, on the database clock.
+// time, within a second of it at p99 on the database clock (of the
+// database's return, for one that fell due while it was down: on a
+// loaded machine the restart alone can take a second).
 func TestTimersFireOnTimeAcrossADatabaseRestart(t *testing.T) {
 	t.Parallel()
 	n := timerOrders()
@@ -171,19 +173,32 @@ func TestTimersFireOnTimeAcrossADatabaseRestart(t *testing.T) {
 	if out, err := exec.Command(script, "restart", dir, "5460").CombinedOutput(); err != nil {
 		t.Fatalf("restart the database: %v\n%s", err, out)
 	}
-	t.Logf("the database restarted in %v", time.Since(restartAt).Round(time.Millisecond))
+	took := time.Since(restartAt)
+	t.Logf("the database restarted in %v", took.Round(time.Millisecond))
 	pool.Reset() // the test's own connections died with it
 	p.waitTerminal(t, ids, 3*time.Minute)
+	// Nothing fires while the database is down: a timer that fell due
+	// then is measured from the database's return (its postmaster's
+	// start, on its own clock) as well as from its due time.
+	var back time.Time
+	if err := pool.QueryRow(context.Background(), `SELECT pg_postmaster_start_time()`).Scan(&back); err != nil {
+		t.Fatal(err)
+	}
 
 	ts := readTimerStats(t, pool, ids)
 	delayed, fired, early, twice, completed, p50, p99, worst := ts.timers, ts.fired, ts.early, ts.twice, ts.completed, ts.p50, ts.p99, ts.worst
-	t.Logf("%d timers (%d start_at over 60 s, %d delays), %d fired once; late by p50 %.0f ms, p99 %.0f ms, at most %.0f ms",
-		delayed, n, n, fired, p50*1000, p99*1000, worst*1000)
+	since := readTimerStatsFrom(t, pool, ids, &back)
+	t.Logf("%d timers (%d start_at over 60 s, %d delays), %d fired once; late by p50 %.0f ms, p99 %.0f ms, at most %.0f ms; "+
+		"from the database's return when it was down at their due time: p99 %.0f ms, at most %.0f ms",
+		delayed, n, n, fired, p50*1000, p99*1000, worst*1000, since.p99*1000, since.worst*1000)
 	if delayed != 2*n || fired != 2*n || early != 0 || twice != 0 || completed != 2*n {
 		t.Fatalf("%d timers of %d orders: %d fired once, %d early, %d twice; %d orders completed", delayed, 2*n, fired, early, twice, completed)
 	}
-	if p99 > 1 {
-		t.Fatalf("timers fired late by %.0f ms at p99 across the restart, want within a second of due", p99*1000)
+	if since.p99 > 1 {
+		t.Fatalf("timers fired late by %.0f ms at p99 (from their due time, or the database's return if it was down then), want within a second", since.p99*1000)
+	}
+	if p99 > 1+took.Seconds() {
+		t.Fatalf("timers fired late by %.0f ms at p99 across a restart of %v, want within a second of it", p99*1000, took.Round(time.Millisecond))
 	}
 }
 
@@ -198,6 +213,15 @@ type timerStats struct {
 func readTimerStats(t *testing.T, pool interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 }, ids []string) timerStats {
+	return readTimerStatsFrom(t, pool, ids, nil)
+}
+
+// readTimerStatsFrom is readTimerStats with lateness counted from back,
+// when set, for a timer that fell due before it: when the database was
+// back, before which nothing can fire.
+func readTimerStatsFrom(t *testing.T, pool interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, ids []string, back *time.Time) timerStats {
 	t.Helper()
 	var s timerStats
 	if err := pool.QueryRow(context.Background(), `
@@ -209,10 +233,10 @@ func readTimerStats(t *testing.T, pool interface {
 		    GROUP BY s.order_id, s.step, s.due_at)
 		SELECT count(*), count(*) FILTER (WHERE n = 1), count(*) FILTER (WHERE at < due_at), count(*) FILTER (WHERE n > 1),
 		       (SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND status = 'completed'),
-		       coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM at - due_at)), 0),
-		       coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM at - due_at)), 0),
-		       coalesce(max(extract(epoch FROM at - due_at)), 0)::float8
-		FROM f`, ids).Scan(&s.timers, &s.fired, &s.early, &s.twice, &s.completed, &s.p50, &s.p99, &s.worst); err != nil {
+		       coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM at - greatest(due_at, coalesce($2, due_at)))), 0),
+		       coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM at - greatest(due_at, coalesce($2, due_at)))), 0),
+		       coalesce(max(extract(epoch FROM at - greatest(due_at, coalesce($2, due_at)))), 0)::float8
+		FROM f`, ids, back).Scan(&s.timers, &s.fired, &s.early, &s.twice, &s.completed, &s.p50, &s.p99, &s.worst); err != nil {
 		t.Fatal(err)
 	}
 	return s
