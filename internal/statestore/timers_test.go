@@ -14,8 +14,8 @@ const delayed = `
 workflows:
   - name: later
     steps:
-      - {action: a, agent: x, delay: 300ms, compensation: {action: undo_a}}
-      - {action: b, agent: x, delay: 300ms}
+      - {action: a, agent: x, delay: 1500ms, compensation: {action: undo_a}}
+      - {action: b, agent: x, delay: 1500ms}
 `
 
 // fireAll fires the due timers as the lease holder would.
@@ -50,8 +50,8 @@ func TestTimersFireOnTheDatabaseClock(t *testing.T) {
 	if _, st := stepStates(t, b, o.OrderID); st["a"] != statestore.StepDelayed {
 		t.Fatalf("the first step is %s, want delayed from the order's start", st["a"])
 	}
-	if d, ok, err := b.store.NextTimer(ctx); err != nil || !ok || d <= 0 || d > 300*time.Millisecond {
-		t.Fatalf("next timer in %v (%v, %v), want within 300ms", d, ok, err)
+	if d, ok, err := b.store.NextTimer(ctx); err != nil || !ok || d <= 0 || d > 1500*time.Millisecond {
+		t.Fatalf("next timer in %v (%v, %v), want within 1.5s", d, ok, err)
 	}
 	if _, err := b.store.AcquireLease(ctx, statestore.SupervisorLease, "sup-1", time.Minute); err != nil {
 		t.Fatal(err)
@@ -151,7 +151,7 @@ func TestOrdersThatStartLater(t *testing.T) {
 		t.Fatal(err)
 	}
 	later, past := sagaOrder(statestore.PolicyCompensate), sagaOrder(statestore.PolicyCompensate)
-	startAt, before := dbNow.Add(400*time.Millisecond), dbNow.Add(-time.Hour)
+	startAt, before := dbNow.Add(3*time.Second), dbNow.Add(-time.Hour) // room for a loaded machine's inserts
 	later.StartAt, past.StartAt = &startAt, &before
 	insert(t, b, later)
 	insert(t, b, past)
