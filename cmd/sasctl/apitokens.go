@@ -93,22 +93,12 @@ func (a *app) apiTokenList(ctx context.Context, args []string) error {
 func (a *app) apiTokenRevoke(ctx context.Context, args []string) error {
 	fs := a.flags()
 	as := fs.String("as", "", "the name to record beside your database login (default: $USER)")
-	rest, err := a.parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(rest) != 1 {
-		return a.usageError(fs, "give the name of one token")
-	}
-	store, closeStore, err := a.store(ctx)
-	if err != nil {
-		return err
-	}
-	defer closeStore()
-	tok, err := store.RevokeAPIToken(ctx, rest[0], "sasctl:"+claimedName(*as))
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(a.stdout, "token %s revoked at %s by %s: the API refuses it within SAS_API_TOKEN_CACHE\n", tok.Name, stamp(*tok.RevokedAt), tok.RevokedBy)
-	return nil
+	return a.onNamed(ctx, fs, args, "give the name of one token", func(store *statestore.Store, name string) error {
+		tok, err := store.RevokeAPIToken(ctx, name, "sasctl:"+claimedName(*as))
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(a.stdout, "token %s revoked at %s by %s: the API refuses it within SAS_API_TOKEN_CACHE\n", tok.Name, stamp(*tok.RevokedAt), tok.RevokedBy)
+		return nil
+	})
 }

@@ -87,27 +87,17 @@ func (a *app) limitsSet(ctx context.Context, args []string) error {
 func (a *app) limitsReset(ctx context.Context, args []string) error {
 	fs := a.flags()
 	as := fs.String("as", "", "the name to record beside your database login (default: $USER)")
-	rest, err := a.parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(rest) != 1 {
-		return a.usageError(fs, "give the agent kind (sasctl limits list)")
-	}
-	store, closeStore, err := a.store(ctx)
-	if err != nil {
-		return err
-	}
-	defer closeStore()
-	k, err := store.ResetLimits(ctx, rest[0], claimedName(*as))
-	if errors.Is(err, statestore.ErrNoLimits) {
-		return fmt.Errorf("agent %s has no limits stored (sasctl limits list)", rest[0])
-	}
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(a.stdout, "agent %s: back to the workflows file's limits: %s\n", k.Agent, k.Effective)
-	return nil
+	return a.onNamed(ctx, fs, args, "give the agent kind (sasctl limits list)", func(store *statestore.Store, kind string) error {
+		k, err := store.ResetLimits(ctx, kind, claimedName(*as))
+		if errors.Is(err, statestore.ErrNoLimits) {
+			return fmt.Errorf("agent %s has no limits stored (sasctl limits list)", kind)
+		}
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(a.stdout, "agent %s: back to the workflows file's limits: %s\n", k.Agent, k.Effective)
+		return nil
+	})
 }
 
 // rateFlag reads a rate (workflow.ParseRate), or none.

@@ -63,7 +63,7 @@ func (a *app) schedulesList(ctx context.Context, args []string) error {
 func (a *app) schedulesPause(ctx context.Context, args []string, pause bool) error {
 	fs := a.flags()
 	as := fs.String("as", "", "the name to record beside your database login (default: $USER)")
-	return a.onSchedule(ctx, fs, args, func(store *statestore.Store, name string) error {
+	return a.onNamed(ctx, fs, args, scheduleName, func(store *statestore.Store, name string) error {
 		row, err := findStored(ctx, store, name)
 		if err != nil {
 			return err
@@ -72,15 +72,19 @@ func (a *app) schedulesPause(ctx context.Context, args []string, pause bool) err
 	})
 }
 
-// onSchedule parses a schedule command's flags and its one argument, the
-// schedule's name, and runs do with the state store.
-func (a *app) onSchedule(ctx context.Context, fs *flag.FlagSet, args []string, do func(*statestore.Store, string) error) error {
+// scheduleName says what a schedule command takes.
+const scheduleName = "give the schedule's name (sasctl schedules list)"
+
+// onNamed parses a command's flags and its one argument, the name of
+// what it acts on (missing says what to give), and runs do with the
+// state store.
+func (a *app) onNamed(ctx context.Context, fs *flag.FlagSet, args []string, missing string, do func(*statestore.Store, string) error) error {
 	rest, err := a.parse(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(rest) != 1 {
-		return a.usageError(fs, "give the schedule's name (sasctl schedules list)")
+		return a.usageError(fs, "%s", missing)
 	}
 	store, closeStore, err := a.store(ctx)
 	if err != nil {
@@ -120,7 +124,7 @@ func (a *app) schedulesTrigger(ctx context.Context, args []string) error {
 	fs := a.flags()
 	as := fs.String("as", "", "the name to record beside your database login (default: $USER)")
 	wait := fs.Duration("wait", 10*time.Second, "how long to wait for the leading supervisor to start the order")
-	return a.onSchedule(ctx, fs, args, func(store *statestore.Store, name string) error {
+	return a.onNamed(ctx, fs, args, scheduleName, func(store *statestore.Store, name string) error {
 		return a.triggerSchedule(ctx, store, name, claimedName(*as), *wait)
 	})
 }

@@ -207,17 +207,22 @@ func (s *Store) LowerRate(ctx context.Context, kind string, retryAfter time.Dura
 }
 
 // LowerRateOf lowers the rate of the kind of an order's step (the step a
-// service answered 429 for), as LowerRate does; kind is that step's.
+// service answered 429 for), as LowerRate does, in one statement; kind
+// is that step's ("" when there is no such step).
 func (s *Store) LowerRateOf(ctx context.Context, orderID string, step int, retryAfter time.Duration) (kind string, rate float64, lowered bool, err error) {
-	err = s.pool.QueryRow(ctx, `SELECT agent FROM steps WHERE order_id = $1 AND step = $2`, orderID, step).Scan(&kind)
+	var r *float64
+	err = s.pool.QueryRow(ctx, `SELECT s.agent, limit_lower(s.agent, $3) FROM steps s WHERE s.order_id = $1 AND s.step = $2`,
+		orderID, step, retryAfter.Milliseconds()).Scan(&kind, &r)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", 0, false, nil
 	}
 	if err != nil {
 		return "", 0, false, fmt.Errorf("lower the rate of order %s step %d: %w", orderID, step, classify(err))
 	}
-	rate, lowered, err = s.LowerRate(ctx, kind, retryAfter)
-	return kind, rate, lowered, err
+	if r == nil {
+		return kind, 0, false, nil
+	}
+	return kind, *r, true, nil
 }
 
 // KindLimits is an agent kind's limits and their use, as sasctl, the

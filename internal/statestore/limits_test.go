@@ -235,6 +235,16 @@ func TestLowerRateHalvesDownToTheFloor(t *testing.T) {
 	if _, lowered, _ := b.store.LowerRate(ctx, "inv", time.Second); lowered {
 		t.Fatal("a kind without a rate was lowered")
 	}
+	// By a step of the kind, as a throttled reply names it.
+	o := order(1, time.Hour, 3)
+	o.Steps[0].Agent = "inv"
+	insert(t, b, o)
+	if kind, _, lowered, err := b.store.LowerRateOf(ctx, o.OrderID, 1, time.Second); err != nil || kind != "inv" || lowered {
+		t.Fatalf("by its step: kind %q lowered %v (%v), want inv, not lowered", kind, lowered, err)
+	}
+	if kind, _, lowered, err := b.store.LowerRateOf(ctx, o.OrderID, 9, time.Second); err != nil || kind != "" || lowered {
+		t.Fatalf("by no step: kind %q lowered %v (%v)", kind, lowered, err)
+	}
 	all, err := b.store.ListLimits(ctx)
 	if err != nil {
 		t.Fatal(err)
