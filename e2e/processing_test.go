@@ -673,9 +673,10 @@ func TestSchedulerHoldsBackWhileAgentsAreAway(t *testing.T) {
 	ids := p.submitOrders(t, 60, "--workflow", "single")
 	queue := p.topo.Queue(messages.RequestsQueue("inventory"))
 	ch := amqpChannel(t)
-	testenv.Eventually(t, 30*time.Second, "the scheduler to hold back at 10 queued requests", func() bool {
+	testenv.Eventually(t, 30*time.Second, "every order written and the scheduler holding back at 10 queued requests", func() bool {
 		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-		return err == nil && q.Messages == 10 && p.schedulers[0].metric(t, `sas_scheduler_throttled_total{kind="inventory"}`) > 0
+		return err == nil && q.Messages == 10 && p.schedulers[0].metric(t, `sas_scheduler_throttled_total{kind="inventory"}`) > 0 &&
+			p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[])`, ids) == len(ids)
 	})
 	if n := p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND process_state = 'processing'`, ids); n != 10 {
 		t.Fatalf("%d steps claimed with room for 10 requests", n)
