@@ -16,8 +16,9 @@ import (
 )
 
 // ordersSignal sends a signal for an order through the signals queue
-// (as an application does), after checking that the order would take it,
-// then says what became of it.
+// (as an application does), after checking that the order would take it
+// and its payload meets the wait's schema (as the API does), then says
+// what became of it.
 func (a *app) ordersSignal(ctx context.Context, args []string) error {
 	fs := a.flags()
 	payload := fs.String("payload", "", "the signal's payload, the wait step's result: any JSON value inline, or @FILE (default: none)")
@@ -53,7 +54,7 @@ func (a *app) ordersSignal(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeStore()
-	check, err := store.SignalCheck(ctx, id, sig.Name)
+	check, err := store.SignalCheckPayload(ctx, id, sig.Name, sig.Payload)
 	if err != nil {
 		return err
 	}

@@ -3,9 +3,12 @@ package api
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
 	"time"
+
+	"sas/internal/messages"
 )
 
 // problem is an RFC 9457 problem document. Type names the kind of
@@ -47,11 +50,24 @@ const (
 	defaultRetrySeconds = 1
 )
 
-// writeProblem answers with a problem document of kind and status.
+// maxProblemErrors bounds the list of a problem's errors.
+const maxProblemErrors = 20
+
+// writeProblem answers with a problem document of kind and status. Its
+// detail, and each of its errors, is bounded as the AMQP entrance bounds
+// a dead letter's (messages.MaxReasonBytes, made to fit by
+// messages.BoundText): what a refusal says never grows with what was sent.
 func writeProblem(w http.ResponseWriter, r *http.Request, status int, kind, detail string, more ...func(*problem)) {
-	p := problem{Type: problemTypePrefix + kind, Title: http.StatusText(status), Status: status, Detail: detail, Instance: r.URL.Path}
+	p := problem{Type: problemTypePrefix + kind, Title: http.StatusText(status), Status: status,
+		Detail: messages.BoundText(detail, messages.MaxReasonBytes), Instance: messages.BoundText(r.URL.Path, 300)}
 	for _, f := range more {
 		f(&p)
+	}
+	if len(p.Errors) > maxProblemErrors {
+		p.Errors = append(p.Errors[:maxProblemErrors:maxProblemErrors], fmt.Sprintf("and %d more", len(p.Errors)-maxProblemErrors))
+	}
+	for i, e := range p.Errors {
+		p.Errors[i] = messages.BoundText(e, messages.MaxReasonBytes)
 	}
 	if p.RetryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(p.RetryAfter))

@@ -354,6 +354,17 @@ func (s *server) signal(w http.ResponseWriter, r *http.Request, rq *request) {
 		s.fail(w, r, rq, http.StatusBadRequest, "Not a signal: "+err.Error())
 		return
 	}
+	// Refused here as the API and sasctl refuse it: a payload the wait's
+	// schema refuses would only reach the dead letters.
+	check, err := s.store.SignalCheckPayload(r.Context(), sig.OrderID, sig.Name, sig.Payload)
+	if err != nil {
+		s.storeError(w, r, rq, err, "order "+sig.OrderID)
+		return
+	}
+	if check.Outcome != "" {
+		s.fail(w, r, rq, http.StatusUnprocessableEntity, "Not sent: "+check.Detail+" ("+check.Outcome+").")
+		return
+	}
 	conn, pub, _ := s.broker()
 	if conn == nil {
 		s.brokerError(w, r, rq, errNoBroker)

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"sas/internal/broker"
+	"sas/internal/messages"
 	"sas/internal/statestore"
 	"sas/internal/workflow"
 )
@@ -349,8 +350,10 @@ type failure struct {
 	Message string
 }
 
+// fail answers status with a page saying msg, bounded as every entrance
+// bounds a refusal's detail (messages.BoundText, messages.MaxReasonBytes).
 func (s *server) fail(w http.ResponseWriter, r *http.Request, rq *request, status int, msg string) {
-	s.render(w, r, rq, status, "error.html", http.StatusText(status), failure{status, msg})
+	s.render(w, r, rq, status, "error.html", http.StatusText(status), failure{status, messages.BoundText(msg, messages.MaxReasonBytes)})
 }
 
 func (s *server) notFound(w http.ResponseWriter, r *http.Request) {

@@ -8,8 +8,6 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-
-	"sas/internal/workflow"
 )
 
 // Signal is a signal for an order, as it arrives.
@@ -61,7 +59,9 @@ func (o SignalOutcome) Refused() bool {
 // ApplySignal applies a signal to its order (see the order_signal
 // function): it ends the step awaiting it, or is kept until the wait
 // begins, or is refused with a reason. A payload that breaks the wait's
-// schema is refused (invalid_payload) before anything changes.
+// schema is refused (invalid_payload) before anything changes: checked
+// under the schema's budget (workflow.Schema), before the transaction
+// that applies it begins, so no lock waits for a validator.
 func (s *Store) ApplySignal(ctx context.Context, sig Signal) (SignalOutcome, error) {
 	var out SignalOutcome
 	var payload *string
@@ -69,12 +69,14 @@ func (s *Store) ApplySignal(ctx context.Context, sig Signal) (SignalOutcome, err
 		p := string(sig.Payload)
 		payload = &p
 	}
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		refused, err := checkWaitSchema(ctx, tx, sig.OrderID, sig.Name, sig.Payload)
-		if err != nil || refused.Outcome != "" {
-			out = refused
-			return err
-		}
+	refused, err := s.checkWaitSchema(ctx, sig.OrderID, sig.Name, sig.Payload)
+	if err != nil {
+		return SignalOutcome{}, fmt.Errorf("signal %s for order %s: %w", sig.Name, sig.OrderID, classify(err))
+	}
+	if refused.Outcome != "" {
+		return refused, nil
+	}
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		return tx.QueryRow(ctx, `SELECT outcome, step, order_status, detail FROM order_signal($1, $2, $3, $4, $5)`,
 			sig.OrderID, sig.ID, sig.Name, payload, sig.Actor).Scan(&out.Outcome, &out.Step, &out.OrderStatus, &out.Detail)
 	})
@@ -116,9 +118,9 @@ func (s *Store) SignalCheck(ctx context.Context, orderID, name string) (SignalOu
 
 // checkWaitSchema refuses (invalid_payload) a signal payload that breaks
 // the schema of the wait it is for, if that wait has one.
-func checkWaitSchema(ctx context.Context, q querier, orderID, name string, payload []byte) (SignalOutcome, error) {
+func (s *Store) checkWaitSchema(ctx context.Context, orderID, name string, payload []byte) (SignalOutcome, error) {
 	var schema []byte
-	err := q.QueryRow(ctx, `SELECT spec->'wait'->'schema' FROM steps
+	err := s.pool.QueryRow(ctx, `SELECT spec->'wait'->'schema' FROM steps
 		WHERE order_id = $1 AND spec->'wait'->>'signal' = $2 AND spec->'wait' ? 'schema' ORDER BY step LIMIT 1`,
 		orderID, name).Scan(&schema)
 	switch {
@@ -131,7 +133,11 @@ func checkWaitSchema(ctx context.Context, q querier, orderID, name string, paylo
 	if doc == nil {
 		doc = []byte("null")
 	}
-	if err := workflow.CheckAgainst(schema, doc); err != nil {
+	sch, err := s.schemas.Get(schema)
+	if err == nil {
+		err = sch.Check(doc)
+	}
+	if err != nil {
 		return SignalOutcome{Outcome: SignalInvalidPayload, Detail: "the signal's payload breaks its wait's schema: " + err.Error()}, nil
 	}
 	return SignalOutcome{}, nil
@@ -144,7 +150,7 @@ func (s *Store) SignalCheckPayload(ctx context.Context, orderID, name string, pa
 	if err != nil || out.Outcome != "" {
 		return out, err
 	}
-	out, err = checkWaitSchema(ctx, s.pool, orderID, name, payload)
+	out, err = s.checkWaitSchema(ctx, orderID, name, payload)
 	if err != nil {
 		return SignalOutcome{}, fmt.Errorf("check signal %s for order %s: %w", name, orderID, classify(err))
 	}

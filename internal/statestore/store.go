@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"sas/internal/secrets"
+	"sas/internal/workflow"
 )
 
 // Errors callers branch on. Wrapped errors keep these as their cause.
@@ -40,12 +41,62 @@ var (
 // classify wraps a database error that retrying cannot fix in
 // ErrInvalidData; other errors (connection loss, timeouts) are returned as
 // they are, for the caller to retry.
+//
+// What it says is for whoever sent the values: a refusal the store's own
+// functions raise keeps their words; any other (a constraint, a type's
+// range) says what kind of value was refused, never the database's text
+// (a constraint's or a column's name), which InvalidDataError keeps for
+// the log. Every value from outside is checked by a rule in Go before it
+// comes here, at every entrance: this is the last line.
 func classify(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23")) {
-		return fmt.Errorf("%w: %s (SQLSTATE %s)", ErrInvalidData, pgErr.Message, pgErr.Code)
+		return &InvalidDataError{PG: pgErr}
 	}
 	return err
+}
+
+// InvalidDataError is a value the database refused (ErrInvalidData).
+type InvalidDataError struct {
+	PG *pgconn.PgError
+}
+
+func (e *InvalidDataError) Error() string {
+	if e.PG.Routine == "exec_stmt_raise" {
+		return ErrInvalidData.Error() + ": " + e.PG.Message // the store's functions' own words
+	}
+	return ErrInvalidData.Error() + ": " + refusedValue(e.PG.Code)
+}
+
+// Is makes errors.Is(err, ErrInvalidData) hold.
+func (e *InvalidDataError) Is(target error) bool { return target == ErrInvalidData }
+
+// Internal says what the database said, for a log line.
+func (e *InvalidDataError) Internal() string {
+	return fmt.Sprintf("%s (SQLSTATE %s, constraint %q)", e.PG.Message, e.PG.Code, e.PG.ConstraintName)
+}
+
+// refusedValue says, by SQLSTATE, what kind of value a database refused.
+func refusedValue(code string) string {
+	switch code {
+	case "22001":
+		return "a text is longer than the state store keeps"
+	case "22003":
+		return "a number is out of range"
+	case "22007", "22008":
+		return "a date or time is out of range"
+	case "22021", "22P05":
+		return "a text holds a NUL or a character that is not UTF-8"
+	case "22P02":
+		return "a value is not of its type"
+	case "23505":
+		return "it exists already"
+	case "23503":
+		return "it names something that does not exist"
+	case "23502":
+		return "a value is missing"
+	}
+	return "a value is outside what the state store keeps"
 }
 
 // Order statuses. The submitter creates an order as received; a scheduler
@@ -101,11 +152,14 @@ type Store struct {
 	pool *pgxpool.Pool
 	// traces: the relay reads each message's order's traceparent.
 	traces bool
+	// schemas are the waits' schemas, compiled once each: a signal's
+	// payload is checked against its wait's.
+	schemas *workflow.Schemas
 }
 
 // New returns a store over an open pool. The caller closes the pool.
 func New(pool *pgxpool.Pool) *Store {
-	return &Store{pool: pool}
+	return &Store{pool: pool, schemas: workflow.NewSchemas(256)}
 }
 
 // TraceOrders makes the relay read each message's order's traceparent

@@ -60,11 +60,11 @@ func TestCheckingAPayloadIsBounded(t *testing.T) {
 			`{"a":` + nest("[", "]", `{"b":1}`, 28) + `}`, true},
 	} {
 		t.Run(c.desc, func(t *testing.T) {
-			sch, err := compileSchema([]byte(c.schema))
+			sch, err := CompileSchema([]byte(c.schema))
 			if err != nil {
 				t.Fatal(err)
 			}
-			wf := Workflow{Name: "w", schema: sch, schemaCost: newSchemaCost(sch)}
+			wf := Workflow{Name: "w", schema: sch}
 			v, err := messages.PayloadValue([]byte(c.payload))
 			if err != nil {
 				t.Fatal(err)

@@ -291,10 +291,30 @@ func editDistance(a, b string) int {
 
 var namePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]*$`)
 
+// CheckName is the rule of every name a workflows file declares (a
+// workflow, an action, an agent kind, a step's id, a signal, a schedule)
+// and of every entrance that names one: lower-case letters, digits, _ .
+// or -, starting with a letter or digit, at most maxLen bytes. The error
+// quotes the name (clipped, escaped) and says what to write.
+func CheckName(what, s string, maxLen int) error {
+	if namePattern.MatchString(s) && len(s) <= maxLen {
+		return nil
+	}
+	shown := s
+	if len(shown) > 80 {
+		shown = strings.ToValidUTF8(shown[:80], "") + "…"
+	}
+	return fmt.Errorf("%s %q is not a name; write lower-case letters, digits, _ . or - (at most %d, starting with a letter or digit)",
+		what, shown, maxLen)
+}
+
 func (p *parser) name(n *yaml.Node, what string, maxLen int, dst *string) {
-	if n.Kind != yaml.ScalarNode || !namePattern.MatchString(n.Value) || len(n.Value) > maxLen {
-		p.problem(n.Line, "%s %q is not a name; write lower-case letters, digits, _ . or - (at most %d, starting with a letter or digit)",
-			what, n.Value, maxLen)
+	if n.Kind != yaml.ScalarNode {
+		p.problem(n.Line, "%s is not a name; write lower-case letters, digits, _ . or - (at most %d, starting with a letter or digit)", what, maxLen)
+		return
+	}
+	if err := CheckName(what, n.Value, maxLen); err != nil {
+		p.problem(n.Line, "%v", err)
 		return
 	}
 	*dst = n.Value
@@ -316,9 +336,6 @@ func (p *parser) workflow(n *yaml.Node) (Workflow, bool) {
 		},
 		"payload_schema": func(v *yaml.Node) {
 			wf.PayloadSchema, wf.schema = p.schema(v, "payload_schema")
-			if wf.schema != nil {
-				wf.schemaCost = newSchemaCost(wf.schema)
-			}
 		},
 		"steps":             func(v *yaml.Node) { stepsNode = v },
 		"search_attributes": func(v *yaml.Node) { wf.SearchAttributes = p.searchAttributes(v) },
@@ -648,7 +665,7 @@ func humanDuration(d time.Duration) string {
 
 // schema reads a payload schema: any YAML mapping, as JSON, compiled as
 // JSON Schema (2020-12 unless its $schema says otherwise).
-func (p *parser) schema(n *yaml.Node, what string) (json.RawMessage, *jsonschema.Schema) {
+func (p *parser) schema(n *yaml.Node, what string) (json.RawMessage, *Schema) {
 	var v any
 	if err := n.Decode(&v); err != nil {
 		p.problem(n.Line, "%s cannot be read: %v; write a JSON Schema as YAML", what, err)
@@ -663,29 +680,12 @@ func (p *parser) schema(n *yaml.Node, what string) (json.RawMessage, *jsonschema
 		p.problem(n.Line, "%s cannot be written as JSON: %v; use only strings, numbers, lists and mappings", what, err)
 		return nil, nil
 	}
-	sch, err := compileSchema(raw)
+	sch, err := CompileSchema(raw)
 	if err != nil {
 		p.problem(n.Line, "%s is not a valid JSON Schema: %s; fix it by the JSON Schema 2020-12 rules", what, oneLine(err.Error()))
 		return nil, nil
 	}
 	return raw, sch
-}
-
-// CheckAgainst checks a JSON document against a JSON Schema the file
-// held (a wait's schema, as the step's spec keeps it).
-func CheckAgainst(schema, doc []byte) error {
-	sch, err := compileSchema(schema)
-	if err != nil {
-		return fmt.Errorf("the schema cannot be compiled: %w", err)
-	}
-	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(doc))
-	if err != nil {
-		return fmt.Errorf("not JSON: %w", err)
-	}
-	if err := sch.Validate(v); err != nil {
-		return errors.New(oneLine(err.Error()))
-	}
-	return nil
 }
 
 func compileSchema(raw []byte) (*jsonschema.Schema, error) {

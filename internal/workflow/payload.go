@@ -1,16 +1,5 @@
 package workflow
 
-import (
-	"bytes"
-	"errors"
-	"fmt"
-	"strings"
-
-	"github.com/santhosh-tekuri/jsonschema/v6"
-	"golang.org/x/text/language"
-	"golang.org/x/text/message"
-)
-
 // PayloadError says where a payload first breaks its workflow's schema.
 type PayloadError struct {
 	// Pointer is the JSON Pointer (RFC 6901) of the offending value; ""
@@ -32,16 +21,12 @@ func (wf Workflow) HasSchema() bool { return wf.schema != nil }
 
 // CheckPayload checks a payload (a JSON object) against the workflow's
 // schema, if it declares one, and returns a *PayloadError for the first
-// violation.
+// violation (Schema.Check).
 func (wf Workflow) CheckPayload(payload []byte) error {
 	if wf.schema == nil {
 		return nil
 	}
-	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(payload))
-	if err != nil {
-		return &PayloadError{Detail: "not JSON: " + err.Error()}
-	}
-	return wf.CheckPayloadValue(v)
+	return wf.schema.Check(payload)
 }
 
 // CheckPayloadValue is CheckPayload for a payload already decoded with
@@ -54,26 +39,5 @@ func (wf Workflow) CheckPayloadValue(v any) error {
 	if wf.schema == nil {
 		return nil
 	}
-	if wf.schemaCost != nil && !wf.schemaCost.within(v, MaxSchemaSteps) {
-		return &PayloadError{Detail: fmt.Sprintf("checking it against the workflow's schema would take more than %d steps "+
-			"(the schema applies itself to this payload's values too many ways, as a recursive anyOf or oneOf does at every level of nesting): "+
-			"nest it less, or simplify the schema", MaxSchemaSteps)}
-	}
-	err := wf.schema.Validate(v)
-	if err == nil {
-		return nil
-	}
-	var ve *jsonschema.ValidationError
-	if !errors.As(err, &ve) {
-		return &PayloadError{Detail: err.Error()}
-	}
-	for len(ve.Causes) > 0 {
-		ve = ve.Causes[0]
-	}
-	var ptr strings.Builder
-	for _, tok := range ve.InstanceLocation {
-		ptr.WriteByte('/')
-		ptr.WriteString(strings.NewReplacer("~", "~0", "/", "~1").Replace(tok))
-	}
-	return &PayloadError{Pointer: ptr.String(), Detail: ve.ErrorKind.LocalizedString(message.NewPrinter(language.English))}
+	return wf.schema.CheckValue(v)
 }

@@ -14,8 +14,6 @@ import (
 	"slices"
 	"sort"
 	"time"
-
-	"github.com/santhosh-tekuri/jsonschema/v6"
 )
 
 // Step is one step of a workflow.
@@ -118,9 +116,8 @@ type Workflow struct {
 	MaxPerKey      int    `json:"max_per_key,omitempty"`
 
 	concurrencyKey *Expr
-	schema         *jsonschema.Schema
-	schemaCost     *schemaCost // bounds the work of checking a payload
-	version        string      // set by Parse: Version is read for every order
+	schema         *Schema
+	version        string // set by Parse: Version is read for every order
 	// forEach holds, by step index, the for_each expressions that read
 	// only the payload: their lists are bounded at submit.
 	forEach map[int]*Expr
