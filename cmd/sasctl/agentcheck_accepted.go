@@ -29,7 +29,7 @@ func (c *agentChecker) checkAccepted(ctx context.Context, a *app, first checkCal
 		report(ok, rule, detail)
 	}
 	fmt.Fprintf(a.stdout, "the service answered 202 Accepted: checking the callback path\n\n")
-	hbOK := a1.heartbeat == "" || contract.RetryAfter(a1.heartbeat, time.Now()) > 0
+	hbOK := a1.heartbeat == "" || contract.Heartbeat(a1.heartbeat, time.Now()) > 0
 	hb := "none"
 	if a1.heartbeat != "" {
 		hb = fmt.Sprintf("%q", a1.heartbeat)

@@ -245,7 +245,7 @@ func (c *caller) classify(status int, header http.Header, respBody []byte, endpo
 	case contract.Accepted:
 		a := attempt{accepted: true, answer: fmt.Sprintf("%d %s: waiting for the callback", status, http.StatusText(status))}
 		if h := header.Get(contract.HeaderHeartbeat); h != "" {
-			a.hold = contract.RetryAfter(h, c.now())
+			a.hold = contract.Heartbeat(h, c.now())
 		}
 		if s := bytes.TrimSpace(respBody); len(s) > 0 {
 			a.answer = fmt.Sprintf("%d %s: %s", status, http.StatusText(status), snippet(s))

@@ -171,13 +171,25 @@ func TestRetryAfterParsing(t *testing.T) {
 		h    string
 		want time.Duration
 	}{
-		{"", 0}, {"3", 3 * time.Second}, {"-1", 0}, {"soon", 0},
+		{"", 0}, {"3", 3 * time.Second}, {"-1", 0}, {"soon", 0}, {" 7 ", 7 * time.Second},
 		{now.Add(5 * time.Second).Format(http.TimeFormat), 5 * time.Second},
 		{now.Add(-5 * time.Second).Format(http.TimeFormat), 0},
+		// Typed and bounded before they act: decades, numbers past any
+		// clock, dates far away, fractions and junk.
+		{"3600", time.Hour}, {"3601", contract.MaxRetryAfter}, {"946080000", contract.MaxRetryAfter},
+		{"99999999999999999999999", contract.MaxRetryAfter}, {"-99999999999999999999999", 0},
+		{now.AddDate(30, 0, 0).Format(http.TimeFormat), contract.MaxRetryAfter},
+		{"1.5", 0}, {"1e9", 0}, {"0x10", 0}, {"5\x00", 0}, {strings.Repeat("9", 100), 0},
 	} {
 		if got := contract.RetryAfter(tc.h, now); got != tc.want {
 			t.Errorf("retryAfter(%q) = %v, want %v", tc.h, got, tc.want)
 		}
+	}
+	if got := contract.Heartbeat("946080000", now); got != contract.MaxHeartbeat {
+		t.Errorf("a heartbeat of 30 years: %v, want %v", got, contract.MaxHeartbeat)
+	}
+	if got := contract.Heartbeat("86400", now); got != 24*time.Hour {
+		t.Errorf("a heartbeat of a day: %v", got)
 	}
 }
 

@@ -144,15 +144,10 @@ func limitChange(r *http.Request) (statestore.LimitChange, error) {
 		*dst = &n
 		return nil
 	}
-	err := errors.Join(rate("rate", &c.Rate, &c.ClearRate), rate("min_rate", &c.MinRate, &c.ClearMinRate),
+	// What the limits may be together is the rule's to say (the state
+	// store's SetLimits holds every change to it): the form only reads.
+	return c, errors.Join(rate("rate", &c.Rate, &c.ClearRate), rate("min_rate", &c.MinRate, &c.ClearMinRate),
 		count("burst", &c.Burst, &c.ClearBurst), count("max_in_flight", &c.MaxInFlight, &c.ClearMaxInFlight))
-	if err == nil && c.ClearRate && c.ClearMaxInFlight {
-		err = errors.New("give a rate, a max in flight or both: to go back to the workflows file's limits, reset them")
-	}
-	if err == nil && c.Rate == nil && (c.Burst != nil || c.MinRate != nil) {
-		err = errors.New("a burst or a min rate needs a rate")
-	}
-	return c, err
 }
 
 func from(k statestore.KindLimits) string {

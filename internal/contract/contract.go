@@ -18,6 +18,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -147,17 +148,45 @@ func Classify(status int) Class {
 	return Transient
 }
 
-// RetryAfter reads a Retry-After header (seconds or an HTTP date) as the
-// wait from now; 0 when absent or unreadable.
-func RetryAfter(h string, now time.Time) time.Duration {
-	if h == "" {
+// MaxRetryAfter is the longest wait a Retry-After asks that sas takes: a
+// service that asks longer (a year, a date decades away) is read as
+// asking this. It bounds both the agent's wait before its next try and
+// how long a 429 lowers its kind's rate.
+const MaxRetryAfter = time.Hour
+
+// MaxHeartbeat is the longest hold a Sas-Heartbeat asks that sas takes
+// (a step's max_duration bounds it further).
+const MaxHeartbeat = 366 * 24 * time.Hour
+
+// RetryAfter reads a Retry-After header (whole seconds, or an HTTP date)
+// as the wait from now, at most MaxRetryAfter; 0 when absent, unreadable,
+// negative or past.
+func RetryAfter(h string, now time.Time) time.Duration { return Delay(h, now, MaxRetryAfter) }
+
+// Heartbeat reads a Sas-Heartbeat header as RetryAfter does, at most
+// MaxHeartbeat.
+func Heartbeat(h string, now time.Time) time.Duration { return Delay(h, now, MaxHeartbeat) }
+
+// Delay reads a header of whole seconds or an HTTP date as the wait from
+// now, typed and bounded before it acts: at most most, 0 when absent,
+// unreadable, negative or past. A number too large for any clock is
+// most, never an overflow.
+func Delay(h string, now time.Time, most time.Duration) time.Duration {
+	h = strings.TrimSpace(h)
+	if h == "" || len(h) > 64 {
 		return 0
 	}
-	if s, err := strconv.Atoi(strings.TrimSpace(h)); err == nil && s >= 0 {
+	if s, err := strconv.ParseInt(h, 10, 64); err == nil || errors.Is(err, strconv.ErrRange) {
+		switch {
+		case s < 0 || strings.HasPrefix(h, "-"):
+			return 0
+		case errors.Is(err, strconv.ErrRange) || s > int64(most/time.Second):
+			return most
+		}
 		return time.Duration(s) * time.Second
 	}
 	if t, err := http.ParseTime(h); err == nil {
-		return max(t.Sub(now), 0)
+		return min(max(t.Sub(now), 0), most)
 	}
 	return 0
 }

@@ -312,44 +312,123 @@ type LimitChange struct {
 // SetLimits changes kind's limits for an operator (claimed: the login
 // the operator claims, as the console's users), from those in force now,
 // recorded with record_operator_action; claims obey them at once, until
-// ResetLimits. A kind not seen before is added.
+// ResetLimits. A kind not seen before is added. The limits the change
+// leaves in force must pass the rule a workflows file's do
+// (workflow.Limits.Check): else nothing changes and the error, an
+// ErrInvalidData, says why in the rule's words. A rate a service's 429
+// lowered is the operator's again.
 func (s *Store) SetLimits(ctx context.Context, kind string, c LimitChange, claimed string) (KindLimits, error) {
-	if kind == "" || len(kind) > 100 {
-		return KindLimits{}, fmt.Errorf("set limits: an agent kind of 1 to 100 characters")
+	if err := workflow.CheckKind(kind); err != nil {
+		return KindLimits{}, fmt.Errorf("set limits: %v: %w", err, ErrInvalidData)
 	}
 	detail := c.String()
+	var refused error
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO agent_limits (agent) VALUES ($1) ON CONFLICT DO NOTHING`, kind); err != nil {
 			return err
 		}
+		var now Limits
+		var maxIn, burst *int32
+		if err := tx.QueryRow(ctx, `
+SELECT CASE WHEN set_by IS NULL THEN file_max_in_flight ELSE set_max_in_flight END,
+       CASE WHEN set_by IS NULL THEN file_rate ELSE set_rate END,
+       CASE WHEN set_by IS NULL THEN file_burst ELSE set_burst END,
+       CASE WHEN set_by IS NULL THEN file_min_rate ELSE set_min_rate END
+FROM agent_limits WHERE agent = $1 FOR UPDATE`, kind).Scan(&maxIn, &now.Rate, &burst, &now.MinRate); err != nil {
+			return err
+		}
+		now.MaxInFlight, now.Burst = intp(maxIn), intp(burst)
+		next := c.apply(now)
+		if err := next.Rule().Check(); err != nil {
+			refused = fmt.Errorf("the limits of agent %s: %v: %w", kind, err, ErrInvalidData)
+			return refused
+		}
 		_, err := tx.Exec(ctx, `
-UPDATE agent_limits a SET
-    set_max_in_flight = CASE WHEN $6 THEN NULL ELSE coalesce($2, CASE WHEN a.set_by IS NULL THEN a.file_max_in_flight ELSE a.set_max_in_flight END) END,
-    set_rate = CASE WHEN $7 THEN NULL ELSE coalesce($3, CASE WHEN a.set_by IS NULL THEN a.file_rate ELSE a.set_rate END) END,
-    set_burst = CASE WHEN $8 THEN NULL ELSE coalesce($4, CASE WHEN a.set_by IS NULL THEN a.file_burst ELSE a.set_burst END) END,
-    set_min_rate = CASE WHEN $9 THEN NULL ELSE coalesce($5, CASE WHEN a.set_by IS NULL THEN a.file_min_rate ELSE a.set_min_rate END) END,
-    set_by = 'operator:' || session_user || coalesce(' as ' || NULLIF($10, ''), ''),
-    set_at = clock_timestamp(), updated_at = clock_timestamp(), in_flight_bound = NULL
-WHERE a.agent = $1`, kind, int32p(c.MaxInFlight), c.Rate, int32p(c.Burst), c.MinRate,
-			c.ClearMaxInFlight, c.ClearRate, c.ClearBurst, c.ClearMinRate, claimed)
+UPDATE agent_limits a SET set_max_in_flight = $2, set_rate = $3, set_burst = $4, set_min_rate = $5,
+    set_by = 'operator:' || session_user || coalesce(' as ' || NULLIF($6, ''), ''),
+    set_at = clock_timestamp(), updated_at = clock_timestamp(), in_flight_bound = NULL,
+    lowered_rate = NULL, lowered_until = NULL
+WHERE a.agent = $1`, kind, int32p(next.MaxInFlight), next.Rate, int32p(next.Burst), next.MinRate, claimed)
 		if err != nil {
 			return err
 		}
 		_, err = tx.Exec(ctx, `SELECT record_operator_action('limits set', $1, $2, $3)`, kind, detail, claimed)
 		return err
 	})
+	if refused != nil {
+		return KindLimits{}, refused
+	}
 	if err != nil {
 		return KindLimits{}, fmt.Errorf("set limits of %s: %w", kind, classify(err))
 	}
 	return s.limitsOf(ctx, kind)
 }
 
+// apply is l with c's changes.
+func (c LimitChange) apply(l Limits) Limits {
+	if c.MaxInFlight != nil {
+		l.MaxInFlight = c.MaxInFlight
+	}
+	if c.Rate != nil {
+		l.Rate = c.Rate
+	}
+	if c.Burst != nil {
+		l.Burst = c.Burst
+	}
+	if c.MinRate != nil {
+		l.MinRate = c.MinRate
+	}
+	if c.ClearMaxInFlight {
+		l.MaxInFlight = nil
+	}
+	if c.ClearRate {
+		l.Rate = nil
+	}
+	if c.ClearBurst {
+		l.Burst = nil
+	}
+	if c.ClearMinRate {
+		l.MinRate = nil
+	}
+	return l
+}
+
+// Rule is l as the workflows file's limits are (0: none), for their rule
+// (workflow.Limits.Check): a limit given as 0 or less is out of range,
+// not none.
+func (l Limits) Rule() workflow.Limits {
+	var w workflow.Limits
+	given := func(v float64) float64 {
+		if v <= 0 || v != v {
+			return -1
+		}
+		return v
+	}
+	if l.MaxInFlight != nil {
+		w.MaxInFlight = int(given(float64(*l.MaxInFlight)))
+	}
+	if l.Rate != nil {
+		w.Rate = given(*l.Rate)
+	}
+	if l.Burst != nil {
+		w.Burst = int(given(float64(*l.Burst)))
+	}
+	if l.MinRate != nil {
+		w.MinRate = given(*l.MinRate)
+	}
+	return w
+}
+
 // ResetLimits puts kind back under the workflows file's limits, recorded
-// as SetLimits is.
+// as SetLimits is; a rate a service's 429 lowered is the file's again.
 func (s *Store) ResetLimits(ctx context.Context, kind, claimed string) (KindLimits, error) {
+	if err := workflow.CheckKind(kind); err != nil {
+		return KindLimits{}, fmt.Errorf("reset limits: %v: %w", err, ErrInvalidData)
+	}
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `UPDATE agent_limits SET set_max_in_flight = NULL, set_rate = NULL, set_burst = NULL, set_min_rate = NULL,
-			set_by = NULL, set_at = NULL, updated_at = clock_timestamp(), in_flight_bound = NULL WHERE agent = $1`, kind)
+			set_by = NULL, set_at = NULL, updated_at = clock_timestamp(), in_flight_bound = NULL,
+			lowered_rate = NULL, lowered_until = NULL WHERE agent = $1`, kind)
 		if err != nil {
 			return err
 		}

@@ -1,8 +1,10 @@
 package statestore_test
 
 import (
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -360,5 +362,95 @@ func TestAChangeWithoutAClaimedNameIsRecorded(t *testing.T) {
 	}
 	if n := count(t, b, `SELECT count(*) FROM operator_actions WHERE action = 'limits set' AND claimed_by = session_user`); n != 1 {
 		t.Fatalf("%d changes recorded by the database login", n)
+	}
+}
+
+// An operator's change is held to the rule a workflows file's limits are
+// (workflow.Limits.Check), once merged with the limits it changes: a
+// floor above the rate, a burst without a rate, limits of nothing, a
+// kind that is no name are refused with the rule's words, and nothing
+// changes; the database's own words never reach the operator.
+func TestSetLimitsHoldsTheFileRule(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	if err := b.store.SyncLimits(ctx, []string{"pay"}, map[string]statestore.Limits{"pay": {Rate: ptr(10.0)}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		desc   string
+		kind   string
+		change statestore.LimitChange
+		want   string
+	}{
+		{"a floor above the rate in force", "pay", statestore.LimitChange{MinRate: ptr(50.0)}, "min_rate (50/s) is above rate (10/s)"},
+		{"a floor above the rate given", "pay", statestore.LimitChange{Rate: ptr(5.0), MinRate: ptr(6.0)}, "above rate"},
+		{"a burst once the rate is gone", "pay", statestore.LimitChange{ClearRate: true, Burst: ptr(3), MaxInFlight: ptr(4)}, "needs a rate"},
+		{"nothing limited", "pay", statestore.LimitChange{ClearRate: true}, "limit nothing"},
+		{"a rate out of range", "pay", statestore.LimitChange{Rate: ptr(-1.0)}, "a positive number"},
+		{"a max in flight out of range", "pay", statestore.LimitChange{MaxInFlight: ptr(0)}, "from 1 to"},
+		{"a kind that is no name", "Pay Ments", statestore.LimitChange{Rate: ptr(5.0)}, "is not a name"},
+		{"a kind of 101 characters", strings.Repeat("k", 101), statestore.LimitChange{Rate: ptr(5.0)}, "is not a name"},
+		{"a kind holding a NUL", "pay\x00", statestore.LimitChange{Rate: ptr(5.0)}, "is not a name"},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			_, err := b.store.SetLimits(ctx, c.kind, c.change, "ann")
+			if !errors.Is(err, statestore.ErrInvalidData) || !strings.Contains(err.Error(), c.want) ||
+				strings.Contains(err.Error(), "constraint") || strings.Contains(err.Error(), "SQLSTATE") {
+				t.Fatalf("%v, want ErrInvalidData saying %q in the rule's words", err, c.want)
+			}
+		})
+	}
+	if n := count(t, b, `SELECT count(*) FROM agent_limits WHERE set_by IS NOT NULL`); n != 0 {
+		t.Fatalf("%d kinds changed by refused changes", n)
+	}
+	if n := count(t, b, `SELECT count(*) FROM operator_actions`); n != 0 {
+		t.Fatalf("%d refused changes recorded", n)
+	}
+	// Within the rule: taken.
+	k, err := b.store.SetLimits(ctx, "pay", statestore.LimitChange{Rate: ptr(100.0), MinRate: ptr(50.0)}, "ann")
+	if err != nil || *k.Effective.Rate != 100 || *k.Effective.MinRate != 50 {
+		t.Fatalf("a good change: %+v %v", k, err)
+	}
+}
+
+// A service's 429 never lowers a rate for more than an hour, however
+// long its Retry-After, and never raises it above what an operator set;
+// an operator's set or reset ends a lowering.
+func TestALoweringIsBoundedAndTheOperatorsWordIsLast(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	if err := b.store.SyncLimits(ctx, []string{"pay"}, map[string]statestore.Limits{"pay": {Rate: ptr(100.0)}}); err != nil {
+		t.Fatal(err)
+	}
+	// Decades: the agent bounds what it reads, and the store bounds what
+	// it is given.
+	if _, lowered, err := b.store.LowerRate(ctx, "pay", 30*365*24*time.Hour); err != nil || !lowered {
+		t.Fatalf("lower: %v %v", lowered, err)
+	}
+	var left float64
+	if err := b.pool.QueryRow(ctx, `SELECT extract(epoch FROM lowered_until - now()) FROM agent_limits WHERE agent = 'pay'`).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left > 3601 || left < 3500 {
+		t.Fatalf("lowered for %.0f s by a Retry-After of decades, want at most an hour", left)
+	}
+	k, err := b.store.ResetLimits(ctx, "pay", "ann")
+	if err != nil || k.LoweredUntil != nil || *k.Effective.Rate != 100 {
+		t.Fatalf("after a reset: %+v %v; want the file's rate, not lowered", k, err)
+	}
+	// A floor set above half the rate: a 429 lowers to the floor, never
+	// above the rate.
+	if _, err := b.store.SetLimits(ctx, "pay", statestore.LimitChange{Rate: ptr(8.0), MinRate: ptr(8.0)}, "ann"); err != nil {
+		t.Fatal(err)
+	}
+	rate, _, err := b.store.LowerRate(ctx, "pay", time.Second)
+	if err != nil || rate > 8 {
+		t.Fatalf("lowered to %v (%v), above the rate 8", rate, err)
+	}
+	k, err = b.store.SetLimits(ctx, "pay", statestore.LimitChange{Rate: ptr(20.0)}, "ann")
+	if err != nil || k.LoweredUntil != nil || *k.Effective.Rate != 20 {
+		t.Fatalf("after a set: %+v %v; want the operator's rate, not lowered", k, err)
 	}
 }

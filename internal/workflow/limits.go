@@ -1,8 +1,10 @@
 package workflow
 
 import (
+	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,10 +30,47 @@ type Limits struct {
 // MaxRate bounds a rate (claims a second), MaxInFlightLimit max_in_flight
 // and burst.
 const (
-	maxKindLen       = 100
 	MaxRate          = 1_000_000
 	MaxInFlightLimit = 1_000_000
 )
+
+// Check is the rule of an agent kind's limits (0: no such limit; a
+// negative value is one given out of range), wherever they are set: a
+// workflows file's limits section, and an operator's change (sasctl
+// limits set, the console) once merged with the limits it changes. Each
+// limit within its range; at least max_in_flight or rate; a burst or a
+// min_rate only with a rate, and the min_rate (the floor a service's 429
+// lowers the rate to) not above the rate. The error says which, in the
+// same words at every entrance.
+func (l Limits) Check() error {
+	switch {
+	case l.MaxInFlight < 0 || l.MaxInFlight > MaxInFlightLimit:
+		return fmt.Errorf("max_in_flight: a whole number from 1 to %d", MaxInFlightLimit)
+	case l.Burst < 0 || l.Burst > MaxInFlightLimit:
+		return fmt.Errorf("burst: a whole number from 1 to %d", MaxInFlightLimit)
+	case !rateInRange(l.Rate):
+		return fmt.Errorf("rate: a positive number per s, m or h, at most %d/s", MaxRate)
+	case !rateInRange(l.MinRate):
+		return fmt.Errorf("min_rate: a positive number per s, m or h, at most %d/s", MaxRate)
+	case l.MaxInFlight == 0 && l.Rate == 0:
+		return errors.New("they limit nothing: give max_in_flight, rate or both")
+	case l.Rate == 0 && (l.Burst != 0 || l.MinRate != 0):
+		return errors.New("a burst or a min_rate needs a rate")
+	case l.MinRate > l.Rate:
+		return fmt.Errorf("min_rate (%g/s) is above rate (%g/s): a service's 429 would raise the rate", l.MinRate, l.Rate)
+	}
+	return nil
+}
+
+// rateInRange: 0 (none), or a positive rate of at most MaxRate.
+func rateInRange(r float64) bool {
+	return r == 0 || r > 0 && r <= MaxRate && !math.IsInf(r, 0)
+}
+
+// CheckKind is the rule of an agent kind's name, wherever one comes from:
+// the workflows file's steps and limits, sasctl, the console, a service's
+// settings (CheckName's).
+func CheckKind(kind string) error { return CheckName("agent kind", kind, maxStepNameLen) }
 
 // Limits returns the file's limits, by agent kind.
 func (r *Registry) Limits() map[string]Limits { return maps.Clone(r.limits) }
@@ -100,7 +139,7 @@ func ParseRate(s string) (float64, error) {
 		}
 	}
 	n, err := strconv.ParseFloat(strings.TrimSpace(num), 64)
-	if err != nil || n <= 0 || n/per > MaxRate || n != n {
+	if err != nil || n <= 0 || n/per > MaxRate || n != n || math.IsInf(n, 0) {
 		return 0, fmt.Errorf("rate %q: write a positive number per s, m or h (at most %d/s), e.g. 50/s", s, MaxRate)
 	}
 	return n / per, nil
@@ -116,8 +155,8 @@ func (p *parser) limits(n *yaml.Node, r *Registry) {
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		kindNode, v := n.Content[i], deref(n.Content[i+1])
 		kind := kindNode.Value
-		if kind == "" || len(kind) > maxKindLen {
-			p.problem(kindNode.Line, "limits: an agent kind of 1 to %d characters", maxKindLen)
+		if err := CheckKind(kind); err != nil {
+			p.problem(kindNode.Line, "limits: %v", err)
 			continue
 		}
 		var l Limits
@@ -127,16 +166,8 @@ func (p *parser) limits(n *yaml.Node, r *Registry) {
 			"rate":          func(x *yaml.Node) { l.Rate = p.rate(x, "rate") },
 			"min_rate":      func(x *yaml.Node) { l.MinRate = p.rate(x, "min_rate") },
 		})
-		if l.MaxInFlight == 0 && l.Rate == 0 {
-			p.problem(v.Line, "the limits of agent %s limit nothing; write max_in_flight, rate or both", kind)
-			continue
-		}
-		if l.Rate == 0 && (l.Burst != 0 || l.MinRate != 0) {
-			p.problem(v.Line, "the limits of agent %s have a burst or min_rate but no rate; write rate: N/s", kind)
-			continue
-		}
-		if l.MinRate > l.Rate {
-			p.problem(v.Line, "the limits of agent %s: min_rate (%g/s) is above rate (%g/s)", kind, l.MinRate, l.Rate)
+		if err := l.Check(); err != nil {
+			p.problem(v.Line, "the limits of agent %s: %v", kind, err)
 			continue
 		}
 		r.limits[kind] = l
