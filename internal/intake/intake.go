@@ -77,7 +77,7 @@ func checkPayload(wf workflow.Workflow, payload []byte) (any, error) {
 		err = wf.CheckPayloadValue(value)
 	}
 	if err == nil {
-		err = wf.ForEachTooLong(payload)
+		err = wf.CheckForEach(payload)
 	}
 	if err != nil {
 		var pe *workflow.PayloadError

@@ -25,6 +25,7 @@ type graphStore interface {
 	StartChild(ctx context.Context, c statestore.ClaimedStep, child statestore.NewOrder, version statestore.WorkflowVersion,
 		actor string) (statestore.GraphResult, error)
 	UndoChild(ctx context.Context, c statestore.ClaimedStep, actor string) (statestore.GraphResult, error)
+	FailUnsent(ctx context.Context, c statestore.ClaimedStep, actor, reason string) (statestore.GraphResult, error)
 	ApplyReply(ctx context.Context, r statestore.Reply) (statestore.ApplyResult, error)
 }
 
@@ -171,7 +172,7 @@ func (g *graphSteps) child(ctx context.Context, s *statestore.ClaimedStep, spec 
 		err = wf.CheckPayloadValue(value)
 	}
 	if err == nil {
-		err = wf.ForEachTooLong(payload)
+		err = wf.CheckForEach(payload)
 	}
 	if err != nil {
 		return g.fail(ctx, s, fmt.Errorf("workflow %s refuses the child's payload: %w", wf.Name, err))
@@ -199,12 +200,13 @@ func (g *graphSteps) expr(text, use string) (*workflow.Expr, error) {
 	return e, nil
 }
 
-// fail fails the step for good with why, through the fenced path of an
-// agent's failed reply.
+// fail fails the step for good with why, fenced as an agent's failed
+// reply is; no request for this attempt left, so the step's compensation
+// will not run unless an earlier attempt's did (FailUnsent).
 func (g *graphSteps) fail(ctx context.Context, s *statestore.ClaimedStep, why error) (outcome, []byte, error) {
 	reason := messages.BoundText(why.Error(), messages.MaxReasonBytes)
 	trace.SpanFromContext(ctx).SetName("fail " + s.Name)
-	_, err := g.store.ApplyReply(ctx, statestore.Reply{OrderID: s.OrderID, Step: s.Step, Attempt: s.Attempt, Error: reason, Actor: g.me})
+	_, err := g.store.FailUnsent(ctx, *s, g.me, reason)
 	return g.done(err)
 }
 

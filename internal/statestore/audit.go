@@ -50,6 +50,10 @@ type AuditStep struct {
 	Wait    bool
 	Child   bool
 	Signals int
+	// UnsentAttempts are the attempts sas answered itself before any
+	// request for them left: an action with Attempt <= UnsentAttempts
+	// never reached its service.
+	UnsentAttempts int
 }
 
 // Audit is the whole store, read in one snapshot.
@@ -85,7 +89,7 @@ func (s *Store) ReadAudit(ctx context.Context) (Audit, error) {
 		rows, err = tx.Query(ctx, `SELECT order_id::text, step, name, kind, coalesce(compensates, 0), process_state, attempt,
 			failure_count, max_failures, idempotency_key, needs, coalesce(parent, 0), coalesce(spec ? 'for_each', false),
 			agent = '', due_at, coalesce(spec ? 'wait', false), coalesce(spec ? 'workflow', false),
-			(SELECT count(*) FROM signals g WHERE g.order_id = steps.order_id AND g.step = steps.step)
+			(SELECT count(*) FROM signals g WHERE g.order_id = steps.order_id AND g.step = steps.step), unsent_attempts
 			FROM steps ORDER BY order_id, step`)
 		if err != nil {
 			return err
@@ -95,7 +99,7 @@ func (s *Store) ReadAudit(ctx context.Context) (Audit, error) {
 			var st AuditStep
 			if err := rows.Scan(&id, &st.Step, &st.Name, &st.Kind, &st.Compensates, &st.ProcessState, &st.Attempt,
 				&st.FailureCount, &st.MaxFailures, &st.IdempotencyKey, &st.Needs, &st.Parent, &st.ForEach,
-				&st.InSystem, &st.DueAt, &st.Wait, &st.Child, &st.Signals); err != nil {
+				&st.InSystem, &st.DueAt, &st.Wait, &st.Child, &st.Signals, &st.UnsentAttempts); err != nil {
 				rows.Close()
 				return err
 			}

@@ -44,6 +44,15 @@ func (s *Store) ExpandStep(ctx context.Context, c ClaimedStep, items []json.RawM
 	return s.answerFor(ctx, c, "expand", `step_expand($1, $2, $3, $4, $5)`, string(list), actor)
 }
 
+// FailUnsent fails a claimed step for good before any request for it
+// left (its when, for_each list or input failed; its child was refused),
+// with reason, as a failed reply fails it; its attempt counts as unsent,
+// so that its compensation does not run for an action that never ran. A
+// claim that is no longer the step's gives a *StaleReplyError.
+func (s *Store) FailUnsent(ctx context.Context, c ClaimedStep, actor, reason string) (GraphResult, error) {
+	return s.answerFor(ctx, c, "fail", `step_fail_unsent($1, $2, $3, $4, $5)`, actor, reason)
+}
+
 // AwaitStep begins a claimed wait step's wait: a signal its order kept
 // for it ends it at once, else it awaits one until its timeout. A claim
 // that is no longer the step's gives a *StaleReplyError.

@@ -204,8 +204,10 @@ func (e *Expr) List(v Vars) ([]json.RawMessage, error) {
 	if err != nil {
 		return nil, fmt.Errorf("for_each %q: %w", e.Text, err)
 	}
+	// A list, and only a list: null (a field set to null) is no list of
+	// nothing, it is a value of another type.
 	var items []json.RawMessage
-	if err := json.Unmarshal(raw, &items); err != nil {
+	if len(raw) == 0 || raw[0] != '[' || json.Unmarshal(raw, &items) != nil {
 		return nil, fmt.Errorf("for_each %q yields %s, not a list", e.Text, out.Type().TypeName())
 	}
 	return items, nil

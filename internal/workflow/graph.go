@@ -339,17 +339,23 @@ func (wf Workflow) Needed() [][]int {
 	return out
 }
 
-// ForEachTooLong checks the payload-only for_each lists of an order's
-// payload against their max_items: an order whose list is too long is
-// refused at submit. Lists that read results, or that fail to evaluate,
-// are left to run time.
-func (wf Workflow) ForEachTooLong(payload []byte) error {
+// CheckForEach checks the payload-only for_each lists of an order's
+// payload: a list that is not one (null, a missing field, an object, a
+// number) or has more items than its max_items refuses the order at
+// submit, where the step has no when (its list is then read at run time
+// from the same payload, and would fail the step there). Lists that read
+// results, and lists of steps with a when (which may skip the step
+// before its list is read), are left to run time, where the same rule
+// fails the step.
+func (wf Workflow) CheckForEach(payload []byte) error {
 	for i, e := range wf.forEach {
+		st := wf.Steps[i]
 		items, err := e.List(Vars{Payload: payload})
-		if err != nil {
-			continue
-		}
-		if st := wf.Steps[i]; len(items) > st.MaxItems {
+		switch {
+		case err != nil && st.When == "":
+			return fmt.Errorf("step %s: %w", st.Ref(), err)
+		case err != nil:
+		case len(items) > st.MaxItems:
 			return fmt.Errorf("step %s: for_each %s has %d items, more than its max_items %d", st.Ref(), st.ForEach, len(items), st.MaxItems)
 		}
 	}

@@ -102,12 +102,56 @@ func TestGraphRowsNeedsAndCompensationOrder(t *testing.T) {
 	if fmt.Sprint(levels) != "[[0 1] [2 3]]" {
 		t.Fatalf("levels %v", levels)
 	}
-	if err := wf.ForEachTooLong([]byte(`{"parcels":[1,2,3]}`)); err != nil {
+	if err := wf.CheckForEach([]byte(`{"parcels":[1,2,3]}`)); err != nil {
 		t.Fatal(err)
 	}
 	long := `{"parcels":[` + strings.TrimSuffix(strings.Repeat("1,", 101), ",") + `]}`
-	if err := wf.ForEachTooLong([]byte(long)); err == nil || !strings.Contains(err.Error(), "101 items") {
+	if err := wf.CheckForEach([]byte(long)); err == nil || !strings.Contains(err.Error(), "101 items") {
 		t.Fatalf("a list of 101 past max_items 100: %v", err)
+	}
+	// A list that is none refuses the order at submit: book_parcel has no
+	// when, so it would fail at run time on the same payload.
+	for _, payload := range []string{`{"parcels":null}`, `{}`, `{"parcels":{"a":1}}`, `{"parcels":"p1"}`, `{"parcels":3}`} {
+		if err := wf.CheckForEach([]byte(payload)); err == nil || !strings.Contains(err.Error(), "step book_parcel") {
+			t.Errorf("for_each over %s: %v, want a refusal naming the step", payload, err)
+		}
+	}
+}
+
+// TestForEachTakesOnlyAList: a for_each expression yields a list or
+// fails with what it yields instead; null is not an empty list.
+func TestForEachTakesOnlyAList(t *testing.T) {
+	t.Parallel()
+	e, err := workflow.CompileExpr("payload.items", workflow.UseForEach)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		desc, payload string
+		items         int
+		want          string
+	}{
+		{"a list", `{"items":[1,{"a":2},null]}`, 3, ""},
+		{"an empty list", `{"items":[]}`, 0, ""},
+		{"null", `{"items":null}`, 0, "yields null_type, not a list"},
+		{"a missing field", `{}`, 0, "no such key: items"},
+		{"an object", `{"items":{"a":1}}`, 0, "not a list"},
+		{"a string", `{"items":"abc"}`, 0, "not a list"},
+		{"a number", `{"items":5}`, 0, "not a list"},
+		{"a bool", `{"items":true}`, 0, "not a list"},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			items, err := e.List(workflow.Vars{Payload: []byte(c.payload)})
+			if c.want == "" {
+				if err != nil || len(items) != c.items {
+					t.Fatalf("%d items, %v; want %d", len(items), err, c.items)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("%d items, %v; want an error saying %q", len(items), err, c.want)
+			}
+		})
 	}
 }
 

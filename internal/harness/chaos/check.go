@@ -85,7 +85,9 @@ func Check(h History, a statestore.Audit, ledger []remote.Entry) Result {
 
 	applied := map[string]remote.Entry{}
 	undone := map[string]int{}
+	called := map[string]int{} // requests that reached the service, by key
 	for _, e := range ledger {
+		called[e.Key] += e.Calls
 		// 3. At most one effect per key.
 		if e.Effects > 1 {
 			add(3, "key %s applied %d times", e.Key, e.Effects)
@@ -121,6 +123,7 @@ func Check(h History, a statestore.Audit, ledger []remote.Entry) Result {
 	for id, o := range orders {
 		if !h.Confirmed[id] && startedBySAS(o, orders) {
 			checkOrder(o, heldChild[id], applied, undone, add)
+			checkNeverRan(o, called, add)
 		}
 	}
 	for id := range h.Confirmed {
@@ -129,6 +132,7 @@ func Check(h History, a statestore.Audit, ledger []remote.Entry) Result {
 			continue
 		}
 		checkOrder(o, heldChild[id], applied, undone, add)
+		checkNeverRan(o, called, add)
 		switch o.Status {
 		case statestore.OrderCompleted:
 			r.Completed++
@@ -221,6 +225,40 @@ func checkOrder(o *statestore.AuditOrder, heldChild bool, applied map[string]rem
 		// 7. No forward call after the order ended.
 		if isApplied && (o.Status == statestore.OrderCompleted || o.Status == statestore.OrderFailed) && e.At.After(o.UpdatedAt.Add(time.Second)) {
 			add(7, "order %s: action %s applied at %s, after the order ended at %s", o.OrderID, st.Name, e.At.Format(time.RFC3339Nano), o.UpdatedAt.Format(time.RFC3339Nano))
+		}
+	}
+}
+
+// checkNeverRan checks the part of invariant 5 that holds for every
+// shape: no compensation of an action that never ran. An action sas
+// answered for before any request of it left, on every attempt (its when
+// false or failing, its for_each list or input failing, its child
+// refused, its claim cancelled: Attempt <= UnsentAttempts), had its
+// compensation never claimed and never called; and the service saw no
+// request of it, so that the store's word for "never ran" is true.
+func checkNeverRan(o *statestore.AuditOrder, called map[string]int, add func(int, string, ...any)) {
+	neverRan := map[int]statestore.AuditStep{}
+	for _, st := range o.Steps {
+		if st.Kind == statestore.KindAction && !st.ForEach && st.Attempt <= st.UnsentAttempts {
+			neverRan[st.Step] = st
+			if !st.InSystem && called[st.IdempotencyKey] > 0 {
+				add(5, "order %s: action %s (step %d) reached its service %d times, yet every attempt of it is recorded as never sent",
+					o.OrderID, st.Name, st.Step, called[st.IdempotencyKey])
+			}
+		}
+	}
+	for _, c := range o.Steps {
+		a, ok := neverRan[c.Compensates]
+		if c.Kind != statestore.KindCompensation || !ok {
+			continue
+		}
+		if c.Attempt > 0 || c.ProcessState == statestore.StepProcessed {
+			add(5, "order %s: compensation %s (step %d) ran (%s, attempt %d) for action %s (step %d), which never ran",
+				o.OrderID, c.Name, c.Step, c.ProcessState, c.Attempt, a.Name, a.Step)
+		}
+		if !c.InSystem && called[c.IdempotencyKey] > 0 {
+			add(5, "order %s: compensation %s (step %d) reached its service for action %s (step %d), which never ran",
+				o.OrderID, c.Name, c.Step, a.Name, a.Step)
 		}
 	}
 }

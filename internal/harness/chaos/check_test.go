@@ -143,6 +143,14 @@ func TestCheckCatchesEachViolation(t *testing.T) {
 		{"completed order undone", 5, func(h *History, a *statestore.Audit, l *[]remote.Entry) {
 			*l = append(*l, remote.Entry{Key: "x", OrderID: "c", Effects: 1, Undoes: "c/1"})
 		}},
+		{"compensation of an action that never ran", 5, func(h *History, a *statestore.Audit, l *[]remote.Entry) {
+			// The charge failed before its request left (its when failed),
+			// yet its refund was called.
+			a.Orders[1].Steps[1].UnsentAttempts = 1
+		}},
+		{"action recorded as never sent reached its service", 5, func(h *History, a *statestore.Audit, l *[]remote.Entry) {
+			a.Orders[0].Steps[0].UnsentAttempts = 1
+		}},
 		{"completed order missing an effect", 5, func(h *History, a *statestore.Audit, l *[]remote.Entry) { (*l)[2].Effects = 0 }},
 		{"too many failures", 6, func(h *History, a *statestore.Audit, l *[]remote.Entry) { a.Orders[0].Steps[0].FailureCount = 6 }},
 		{"forward call after the end", 7, func(h *History, a *statestore.Audit, l *[]remote.Entry) { (*l)[1].At = t0.Add(time.Minute) }},

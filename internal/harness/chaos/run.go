@@ -433,6 +433,25 @@ const graphWorkflowYAML = `
       - {action: reserve_inventory, agent: inventory, compensation: {action: release_inventory}}
       - {action: cooling_off, delay: 300ms}
       - {id: pay_and_ship, workflow: chaos_child}
+  # The fault run's steps that never run (chaos.NeverRanWorkflow).
+  - name: chaos_never
+    steps:
+      - {action: reserve_inventory, agent: inventory, compensation: {action: release_inventory}}
+      - action: charge_payment
+        agent: payment
+        needs: [reserve_inventory]
+        when: "payload.items.size() > 1 || payload.no_such_field"
+        compensation: {action: refund_payment}
+      - action: create_shipment
+        agent: shipping
+        needs: [charge_payment]
+        when: "payload.items.size() > 0"
+        for_each: "payload.items.size() > 2 ? payload.items : payload.customer"
+        compensation: {action: cancel_shipment}
+      - id: follow_up
+        workflow: chaos_child
+        needs: [create_shipment]
+        input: "payload.items.size() > 3 ? {'customer': payload.customer} : payload.items"
   - name: chaos_child
     steps:
       - {action: charge_payment, agent: payment, compensation: {action: refund_payment}}
@@ -442,6 +461,14 @@ const graphWorkflowYAML = `
 // TimeWorkflow is the fault run's workflow with a timer and a child
 // order (a sub-process), on the built-in agent kinds.
 const TimeWorkflow = "chaos_time"
+
+// NeverRanWorkflow is the fault run's graph whose steps sas fails before
+// any request of them leaves, by the order's item count: with one item
+// the charge's when fails; with two the shipments' for_each yields no
+// list; with three the child's input is no object. Each order is undone,
+// and no compensation may run for the step that never ran. With four,
+// every step runs and the order completes.
+const NeverRanWorkflow = "chaos_never"
 
 // startServices starts the remote and two replicas of each service, which
 // reach Postgres, RabbitMQ and the remote through proxies (the harness
@@ -645,17 +672,24 @@ func (r *run) publish(ctx context.Context, pub *broker.Publisher, topo broker.To
 		case <-tick.C:
 		}
 		wf := ""
-		switch r.intn(5) {
+		switch r.intn(6) {
 		case 0:
 			wf = "single"
 		case 1:
 			wf = GraphWorkflow
 		case 2:
 			wf = TimeWorkflow
+		case 3:
+			wf = NeverRanWorkflow
 		}
 		items := []messages.Item{{SKU: "SKU-1", Qty: 1}}
-		if wf == GraphWorkflow {
+		switch wf {
+		case GraphWorkflow:
 			for k := range r.intn(3) {
+				items = append(items, messages.Item{SKU: fmt.Sprintf("SKU-%d", k+2), Qty: 1})
+			}
+		case NeverRanWorkflow:
+			for k := range r.intn(4) {
 				items = append(items, messages.Item{SKU: fmt.Sprintf("SKU-%d", k+2), Qty: 1})
 			}
 		}

@@ -198,8 +198,10 @@ $function$;
 
 -- begin_compensation: the order begins compensating (order_next's
 -- compensate, or an operator's cancel): actions not yet done are
--- cancelled, compensations of actions that never ran too, and the first
--- compensation left becomes pending; with none left, the order fails.
+-- cancelled, compensations of actions that never ran too (every attempt
+-- answered before a request left: attempt <= unsent_attempts), and the
+-- first compensation left becomes pending; with none left, the order
+-- fails.
 -- In a graph, steps in flight are let end and graph_advance starts every
 -- compensation that may run.
 CREATE OR REPLACE FUNCTION begin_compensation(p_order uuid, p_step integer, p_actor text, p_reason text)
@@ -235,7 +237,7 @@ BEGIN
     WITH dead AS (
         SELECT c.step, c.attempt FROM steps c
         JOIN steps a ON a.order_id = c.order_id AND a.step = c.compensates
-        WHERE c.order_id = p_order AND c.kind = 'compensation' AND c.process_state = 'waiting' AND a.attempt = 0
+        WHERE c.order_id = p_order AND c.kind = 'compensation' AND c.process_state = 'waiting' AND a.attempt <= a.unsent_attempts
         FOR UPDATE OF c
     ), upd AS (
         UPDATE steps s SET process_state = 'cancelled', updated_at = now()
@@ -288,8 +290,11 @@ $function$;
 --   if it has one: fire_timers); with no action left to end,
 --   the order completes.
 -- While it is undone (compensating):
---   the compensation of an action that never ran (or was skipped, or is a
---   for_each step, whose instances have their own) is cancelled; every
+--   the compensation of an action that never ran (every attempt answered
+--   before a request left, attempt <= unsent_attempts: never claimed, or
+--   skipped, or failed by its when, for_each or input, or cancelled at
+--   its claim; or a for_each step, whose instances have their own) is
+--   cancelled; every
 --   other waiting compensation becomes pending once its action has ended
 --   (an action in flight is let end) and the compensations it needs (those
 --   of the actions after its own) have; with nothing left to run or end,
@@ -347,8 +352,8 @@ BEGIN
             SELECT c.step FROM steps c
             JOIN steps a ON a.order_id = c.order_id AND a.step = c.compensates
             WHERE c.order_id = p_order AND c.kind = 'compensation' AND c.process_state = 'waiting'
-              AND (a.process_state = 'skipped' OR a.spec ? 'for_each'
-                   OR (a.attempt = 0 AND a.process_state IN ('waiting', 'pending', 'cancelled')))
+              AND (a.spec ? 'for_each'
+                   OR (a.attempt <= a.unsent_attempts AND a.process_state IN ('waiting', 'pending', 'cancelled', 'skipped', 'error')))
         )
         SELECT array_agg(step) INTO v_steps FROM dead;
         IF v_steps IS NOT NULL THEN
@@ -974,7 +979,8 @@ BEGIN
     IF NOT applied THEN
         RETURN;
     END IF;
-    UPDATE steps SET process_state = 'skipped', locked_by = NULL, complete_by = NULL, updated_at = clock_timestamp()
+    UPDATE steps SET process_state = 'skipped', locked_by = NULL, complete_by = NULL, unsent_attempts = unsent_attempts + 1,
+                     updated_at = clock_timestamp()
     WHERE order_id = p_order AND step = p_step;
     INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
     VALUES (p_order, p_step, 'processing', 'skipped', p_attempt, p_actor, p_reason);
@@ -982,15 +988,40 @@ BEGIN
 END;
 $function$;
 
+-- step_fail_unsent: a claimed step failed for good before any request
+-- for it left (its when, for_each list or input failed; its child's
+-- payload was refused): fenced as a reply is, it fails as a failed reply
+-- does (apply_reply), and its attempt is counted as unsent, so that its
+-- compensation never runs for an action that never ran.
+CREATE OR REPLACE FUNCTION step_fail_unsent(p_order uuid, p_step integer, p_attempt integer, p_actor text, p_reason text, OUT applied boolean, OUT next_step integer, OUT order_status text)
+ RETURNS record
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    next_step := 0;
+    order_status := '';
+    UPDATE steps SET unsent_attempts = unsent_attempts + 1
+    WHERE order_id = p_order AND step = p_step AND attempt = p_attempt
+      AND process_state = 'processing' AND complete_by >= clock_timestamp();
+    IF NOT FOUND THEN
+        applied := false;
+        RETURN;
+    END IF;
+    SELECT ar.applied, ar.next_step, ar.order_status INTO applied, next_step, order_status
+    FROM apply_reply(p_order, p_step, p_attempt, false, NULL, p_reason, p_actor, NULL, NULL, 0, true, NULL) ar;
+END;
+$function$;
+
 -- claim_cancelled: a claimed step of an order that no longer runs (its
--- status p_status) is cancelled rather than begun, and the order goes on
--- (graph_advance: its undoing may end).
+-- status p_status) is cancelled rather than begun (its attempt sent
+-- nothing), and the order goes on (graph_advance: its undoing may end).
 CREATE OR REPLACE FUNCTION claim_cancelled(p_order uuid, p_step integer, p_attempt integer, p_actor text, p_status text, OUT next_step integer, OUT order_status text)
  RETURNS record
  LANGUAGE plpgsql
 AS $function$
 BEGIN
-    UPDATE steps SET process_state = 'cancelled', locked_by = NULL, complete_by = NULL, updated_at = clock_timestamp()
+    UPDATE steps SET process_state = 'cancelled', locked_by = NULL, complete_by = NULL, unsent_attempts = unsent_attempts + 1,
+                     updated_at = clock_timestamp()
     WHERE order_id = p_order AND step = p_step;
     INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
     VALUES (p_order, p_step, 'processing', 'cancelled', p_attempt, p_actor, 'the order is ' || p_status);
@@ -1053,7 +1084,8 @@ BEGIN
         VALUES (p_order, v_comp.step, 'waiting', 'cancelled', v_comp.attempt, p_actor,
                 'each of the ' || v_n || ' instances of step ' || p_step || ' has its own compensation');
     END IF;
-    UPDATE steps SET process_state = 'expanded', locked_by = NULL, complete_by = NULL, updated_at = clock_timestamp()
+    UPDATE steps SET process_state = 'expanded', locked_by = NULL, complete_by = NULL, unsent_attempts = unsent_attempts + 1,
+                     updated_at = clock_timestamp()
     WHERE order_id = p_order AND step = p_step;
     INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
     VALUES (p_order, p_step, 'processing', 'expanded', p_attempt, p_actor, v_n || ' instances');
@@ -1778,23 +1810,26 @@ $function$;
 -- limit_lower: a service answered a step of kind p_agent 429 with a
 -- Retry-After of p_retry_ms: the kind's rate, when it has one, is halved
 -- (from what it is now, lowered or not; never below its min_rate, by
--- default a tenth of its rate) until the Retry-After, at least 10 s, has
--- passed. Many calls get their 429 at once: the rate is halved at most
--- once a second. It returns the lowered rate, or NULL when nothing
--- changed.
+-- default a tenth of its rate, and never above its rate) until the
+-- Retry-After, at least 10 s and at most an hour (contract.MaxRetryAfter:
+-- a service asking for a year is read as asking an hour), has passed.
+-- Many calls get their 429 at once: the rate is halved at most once a
+-- second. An operator's limits set or reset ends the lowering. It returns
+-- the lowered rate, or NULL when nothing changed.
 CREATE OR REPLACE FUNCTION limit_lower(p_agent text, p_retry_ms bigint)
  RETURNS double precision
  LANGUAGE sql
 AS $function$
     UPDATE agent_limits a SET
-        lowered_rate = greatest(
+        lowered_rate = least(CASE WHEN a.set_by IS NULL THEN a.file_rate ELSE a.set_rate END, greatest(
             coalesce(CASE WHEN a.set_by IS NULL THEN a.file_min_rate ELSE a.set_min_rate END,
                      CASE WHEN a.set_by IS NULL THEN a.file_rate ELSE a.set_rate END / 10),
             CASE WHEN a.lowered_until > clock_timestamp()
                  THEN least(a.lowered_rate, CASE WHEN a.set_by IS NULL THEN a.file_rate ELSE a.set_rate END)
-                 ELSE CASE WHEN a.set_by IS NULL THEN a.file_rate ELSE a.set_rate END END / 2),
-        lowered_until = greatest(coalesce(a.lowered_until, clock_timestamp()),
-                                 clock_timestamp() + make_interval(secs => greatest(p_retry_ms, 10000) / 1000.0)),
+                 ELSE CASE WHEN a.set_by IS NULL THEN a.file_rate ELSE a.set_rate END END / 2)),
+        lowered_until = least(greatest(coalesce(a.lowered_until, clock_timestamp()),
+                                       clock_timestamp() + make_interval(secs => least(greatest(p_retry_ms, 10000), 3600000) / 1000.0)),
+                              clock_timestamp() + interval '1 hour'),
         lowered_at = clock_timestamp(),
         lowered_count = a.lowered_count + 1,
         updated_at = clock_timestamp()
