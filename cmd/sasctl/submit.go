@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"sas/internal/broker"
+	"sas/internal/intake"
 	"sas/internal/messages"
 	"sas/internal/service"
 	"sas/internal/submitter"
@@ -58,8 +59,9 @@ func (a *app) submit(ctx context.Context, args []string) error {
 		if err := knownWorkflow(reg, o.Workflow); err != nil {
 			return fmt.Errorf("%s: %w: nothing published", *file, err)
 		}
-		if wf, _ := reg.Lookup(o.Workflow); wf.CheckPayload(o.PayloadJSON()) != nil {
-			return fmt.Errorf("%s: %w: nothing published", *file, wf.CheckPayload(o.PayloadJSON()))
+		// The rule every entrance applies to a payload (intake's).
+		if wf, _ := reg.Lookup(o.Workflow); intake.CheckPayload(wf, o.PayloadJSON()) != nil {
+			return fmt.Errorf("%s: %w: nothing published", *file, intake.CheckPayload(wf, o.PayloadJSON()))
 		}
 		n = 1
 		bodies = func(int) (string, []byte, error) { return o.OrderID, body, nil }

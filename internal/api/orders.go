@@ -305,6 +305,9 @@ func awaitTimeout(v string, max time.Duration) (time.Duration, error) {
 		if err2 != nil || secs != secs {
 			return 0, fmt.Errorf("timeout %q is not a duration such as 30s", orderfilter.Clip(v, 20))
 		}
+		if secs < 0 || secs > max.Seconds() {
+			return 0, fmt.Errorf("timeout %q is not between 0 and %s (SAS_API_AWAIT_MAX)", orderfilter.Clip(v, 20), max)
+		}
 		d = time.Duration(secs * float64(time.Second))
 	}
 	if d < 0 || d > max {

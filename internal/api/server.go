@@ -15,6 +15,7 @@ import (
 
 	"sas/internal/batch"
 	"sas/internal/broker"
+	"sas/internal/messages"
 	"sas/internal/statestore"
 	"sas/internal/tracing"
 	"sas/internal/workflow"
@@ -236,12 +237,31 @@ func headerBytes(h http.Header) int {
 }
 
 // unavailable answers a failure of the store or the broker: 503, retry.
+//
+// A value the state store refused (statestore.ErrInvalidData: a rule of
+// the store that an earlier check missed) is not the store being away:
+// the same request can never succeed, so it is the sender's 422, in
+// words that never quote the database.
 func (s *server) unavailable(w http.ResponseWriter, r *http.Request, err error) {
 	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
 		return // the client went away
 	}
+	if errors.Is(err, statestore.ErrInvalidData) {
+		s.logger.Info("api: the state store refused a value", "path", r.URL.Path, "err", internalText(err))
+		writeProblem(w, r, http.StatusUnprocessableEntity, probInvalid, err.Error(), withReason(messages.ReasonInvalidValue))
+		return
+	}
 	s.logger.Warn("api: store or broker unavailable", "path", r.URL.Path, "err", err)
 	writeProblem(w, r, http.StatusServiceUnavailable, probUnavailable, "the state store or the broker did not answer; try again", retryAfter(0))
+}
+
+// internalText is err's text with the database's own words, for a log.
+func internalText(err error) string {
+	var ide *statestore.InvalidDataError
+	if errors.As(err, &ide) {
+		return err.Error() + " [" + ide.Internal() + "]"
+	}
+	return err.Error()
 }
 
 // Endpoints lists every route the API serves as "METHOD /path" (paths

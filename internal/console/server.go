@@ -367,8 +367,10 @@ func (s *server) storeError(w http.ResponseWriter, r *http.Request, rq *request,
 	switch {
 	case errors.Is(err, statestore.ErrNotFound):
 		s.fail(w, r, rq, http.StatusNotFound, "There is no "+what+".")
-	case errors.Is(err, statestore.ErrInvalidState), errors.Is(err, statestore.ErrInvalidData):
+	case errors.Is(err, statestore.ErrInvalidState):
 		s.fail(w, r, rq, http.StatusConflict, errorText(err))
+	case errors.Is(err, statestore.ErrInvalidData):
+		s.fail(w, r, rq, http.StatusUnprocessableEntity, errorText(err))
 	case errors.Is(err, context.Canceled):
 	default:
 		s.logger.Error("console request failed", "path", r.URL.Path, "err", err)

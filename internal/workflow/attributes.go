@@ -4,9 +4,10 @@ import (
 	"encoding/json"
 	"math"
 	"regexp"
+	"strings"
 	"time"
+	"unicode/utf8"
 
-	"github.com/google/cel-go/common/types"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -57,8 +58,10 @@ func (wf Workflow) SearchAttribute(name string) (SearchAttribute, bool) {
 
 // Attributes reads the workflow's search attributes from a payload (a
 // JSON object). An attribute whose expression fails on this payload (a
-// field it lacks) or yields a value of another type is left out: search
-// attributes describe an order, they never refuse one.
+// field it lacks), yields a value of another type, or would take more
+// than the submit's budget of time (SubmitExprTime, for every attribute
+// together) is left out: search attributes describe an order, they never
+// refuse one.
 func (wf Workflow) Attributes(payload []byte) []AttrValue {
 	if len(wf.SearchAttributes) == 0 {
 		return nil
@@ -67,13 +70,15 @@ func (wf Workflow) Attributes(payload []byte) []AttrValue {
 	if err != nil {
 		return nil
 	}
+	ctx, cancel := submitBudget()
+	defer cancel()
 	var out []AttrValue
 	for _, a := range wf.SearchAttributes {
-		if a.expr == nil {
+		if a.expr == nil || ctx.Err() != nil {
 			continue
 		}
-		v, _, err := a.expr.prg.Eval(act)
-		if err != nil || types.IsError(v) {
+		v, err := a.expr.evalIn(ctx, act)
+		if err != nil {
 			continue
 		}
 		if val, ok := ConvertAttr(a.Type, v.Value()); ok {
@@ -90,7 +95,8 @@ func ConvertAttr(t string, v any) (any, bool) {
 	case AttrString:
 		switch x := v.(type) {
 		case string:
-			return x, len(x) <= MaxAttrText
+			// Text the store can keep: UTF-8 without NUL.
+			return x, len(x) <= MaxAttrText && utf8.ValidString(x) && !strings.ContainsRune(x, 0)
 		case int64, uint64, float64, bool:
 			b, _ := json.Marshal(x)
 			return string(b), true

@@ -1,12 +1,14 @@
 package workflow
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"reflect"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/google/cel-go/cel"
 	"github.com/google/cel-go/common/types"
@@ -31,10 +33,30 @@ const (
 	UseKey = "concurrency_key"
 )
 
-// exprCostLimit bounds the work of one evaluation (CEL's cost units, about
-// one per operation): an expression over a payload an application sends
-// cannot run away with a scheduler.
+// exprCostLimit bounds the work of one evaluation of a step's expression
+// (CEL's cost units, about one per operation): an expression over a
+// payload an application sends cannot run away with a scheduler.
 const exprCostLimit = 1_000_000
+
+// submitCostLimit bounds the work of an expression evaluated at every
+// submit, on every entrance (a search attribute, a concurrency key): a
+// tenth of a step's, a few milliseconds.
+const submitCostLimit = 100_000
+
+// ExprTimeLimit bounds the time of one evaluation of a step's
+// expression, and SubmitExprTime that of all the expressions an order is
+// read by at submit (its search attributes and concurrency key). The
+// cost limits count CEL's operations, and decide alike on every machine
+// (a step's limit is about 0.1 s of this machine's core, a submit's
+// 15 ms); these bound the clock, several times above, for what the count
+// underestimates (a long string compared in every iteration): the
+// evaluation is interrupted, every interruptCheck iterations of a
+// comprehension, once its time is up.
+const (
+	ExprTimeLimit  = 500 * time.Millisecond
+	SubmitExprTime = 100 * time.Millisecond
+	interruptCheck = 32
+)
 
 // maxExprLen bounds an expression's text.
 const maxExprLen = 2000
@@ -118,7 +140,11 @@ func CompileExpr(text, use string) (*Expr, error) {
 			return nil, fmt.Errorf("the expression yields %s, not a list", out)
 		}
 	}
-	prg, err := env.Program(ast, cel.CostLimit(exprCostLimit), cel.EvalOptions(cel.OptOptimize))
+	limit := uint64(exprCostLimit)
+	if use == UseAttribute || use == UseKey {
+		limit = submitCostLimit
+	}
+	prg, err := env.Program(ast, cel.CostLimit(limit), cel.EvalOptions(cel.OptOptimize), cel.InterruptCheckFrequency(interruptCheck))
 	if err != nil {
 		return nil, errors.New(oneLine(err.Error()))
 	}
@@ -170,15 +196,54 @@ func (v Vars) activation(use string) (map[string]any, error) {
 }
 
 func (e *Expr) eval(v Vars) (ref.Val, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), ExprTimeLimit)
+	defer cancel()
+	return e.evalVars(ctx, v)
+}
+
+// evalVars evaluates the expression over v until ctx ends.
+func (e *Expr) evalVars(ctx context.Context, v Vars) (ref.Val, error) {
 	act, err := v.activation(e.Use)
 	if err != nil {
 		return nil, err
 	}
-	out, _, err := e.prg.Eval(act)
+	out, err := e.evalIn(ctx, act)
 	if err != nil {
-		return nil, fmt.Errorf("%s %q: %s", strings.TrimPrefix(e.Use, "item_"), e.Text, oneLine(err.Error()))
+		return nil, fmt.Errorf("%s %q: %s", strings.TrimPrefix(e.Use, "item_"), e.Text, err)
 	}
 	return out, nil
+}
+
+// evalIn evaluates the expression over act until ctx ends: an evaluation
+// cut short says it took too long.
+func (e *Expr) evalIn(ctx context.Context, act map[string]any) (ref.Val, error) {
+	out, _, err := e.prg.ContextEval(ctx, act)
+	if err == nil && types.IsError(out) {
+		err = out.(*types.Err)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, errors.New("took longer than it may (" + budgetOf(ctx) + "): make it cheaper")
+		}
+		return nil, errors.New(oneLine(err.Error()))
+	}
+	return out, nil
+}
+
+// budgetOf says the time an evaluation had.
+func budgetOf(ctx context.Context) string {
+	if t, ok := ctx.Value(budgetKey{}).(time.Duration); ok {
+		return t.String()
+	}
+	return ExprTimeLimit.String()
+}
+
+type budgetKey struct{}
+
+// submitBudget is the context the expressions an order is read by at
+// submit share: SubmitExprTime in all.
+func submitBudget() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithValue(context.Background(), budgetKey{}, SubmitExprTime), SubmitExprTime)
 }
 
 // Bool evaluates a when expression.
@@ -196,7 +261,14 @@ func (e *Expr) Bool(v Vars) (bool, error) {
 
 // List evaluates a for_each expression: its elements, each as JSON.
 func (e *Expr) List(v Vars) ([]json.RawMessage, error) {
-	out, err := e.eval(v)
+	ctx, cancel := context.WithTimeout(context.Background(), ExprTimeLimit)
+	defer cancel()
+	return e.listIn(ctx, v)
+}
+
+// listIn is List until ctx ends.
+func (e *Expr) listIn(ctx context.Context, v Vars) ([]json.RawMessage, error) {
+	out, err := e.evalVars(ctx, v)
 	if err != nil {
 		return nil, err
 	}

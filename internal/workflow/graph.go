@@ -346,12 +346,21 @@ func (wf Workflow) Needed() [][]int {
 // from the same payload, and would fail the step there). Lists that read
 // results, and lists of steps with a when (which may skip the step
 // before its list is read), are left to run time, where the same rule
-// fails the step.
+// fails the step. The lists of one payload are read within the submit's
+// budget of time (SubmitExprTime): those it leaves unread are left to
+// run time.
 func (wf Workflow) CheckForEach(payload []byte) error {
+	if len(wf.forEach) == 0 {
+		return nil
+	}
+	ctx, cancel := submitBudget()
+	defer cancel()
 	for i, e := range wf.forEach {
 		st := wf.Steps[i]
-		items, err := e.List(Vars{Payload: payload})
+		items, err := e.listIn(ctx, Vars{Payload: payload})
 		switch {
+		case ctx.Err() != nil:
+			return nil
 		case err != nil && st.When == "":
 			return fmt.Errorf("step %s: %w", st.Ref(), err)
 		case err != nil:

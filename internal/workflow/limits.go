@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/google/cel-go/common/types"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -101,7 +100,8 @@ func (r *Registry) KeyedKinds() []string {
 
 // Key reads the order's concurrency key from its payload: ok is false
 // when the workflow declares none. A payload the expression fails on (a
-// field it lacks) gets the key "": one key shared by every such order.
+// field it lacks, or more than SubmitExprTime of work) gets the key "":
+// one key shared by every such order.
 // A number or bool is written as JSON; a key is at most MaxAttrText bytes.
 func (wf Workflow) Key(payload []byte) (key string, ok bool) {
 	if wf.concurrencyKey == nil {
@@ -111,8 +111,10 @@ func (wf Workflow) Key(payload []byte) (key string, ok bool) {
 	if err != nil {
 		return "", true
 	}
-	v, _, err := wf.concurrencyKey.prg.Eval(act)
-	if err != nil || types.IsError(v) {
+	ctx, cancel := submitBudget()
+	defer cancel()
+	v, err := wf.concurrencyKey.evalIn(ctx, act)
+	if err != nil {
 		return "", true
 	}
 	k, good := ConvertAttr(AttrString, v.Value())

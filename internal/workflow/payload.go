@@ -29,6 +29,17 @@ func (wf Workflow) CheckPayload(payload []byte) error {
 	return wf.schema.Check(payload)
 }
 
+// CheckOrderPayload is the workflow's whole rule for an order's payload,
+// wherever one comes from (a submit on any entrance, a re-run, a child, a
+// schedule of the file): its schema (CheckPayload), then its payload-only
+// for_each lists (CheckForEach).
+func (wf Workflow) CheckOrderPayload(payload []byte) error {
+	if err := wf.CheckPayload(payload); err != nil {
+		return err
+	}
+	return wf.CheckForEach(payload)
+}
+
 // CheckPayloadValue is CheckPayload for a payload already decoded with
 // numbers as json.Number (messages.PayloadValue).
 //

@@ -217,7 +217,7 @@ func (p *parser) checkSchedules(r *Registry) {
 			p.problem(ps.wfLine, "workflow %q is not in the file; write the name of one of its workflows (%s)", ps.s.Workflow, strings.Join(r.Names(), ", "))
 			continue
 		}
-		if err := wf.CheckPayload(ps.s.Payload); err != nil {
+		if err := wf.CheckOrderPayload(ps.s.Payload); err != nil {
 			p.problem(ps.wfLine, "the schedule's payload does not suit workflow %s: %v", wf.Name, err)
 			continue
 		}
