@@ -599,6 +599,9 @@ func (c *Client) deliver(d amqp.Delivery) {
 		c.mu.Unlock()
 		return
 	}
+	if ev.OrderID == "" {
+		return // the refusal of a message that named no order: none of this client's
+	}
 	t := c.track(ev.OrderID)
 	key := d.MessageId
 	if key == "" {

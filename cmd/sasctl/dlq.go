@@ -12,20 +12,13 @@ import (
 
 	"sas/internal/broker"
 	"sas/internal/messages"
-	"sas/internal/submitter"
 	"sas/internal/workflow"
 )
 
 // inputs are the unprefixed names of the queues sas consumes, each with
-// its dead-letter queue: the submit queue, the replies queue and the
-// request queue of every agent kind of the workflows.
-func inputs(reg *workflow.Registry) []string {
-	out := []string{submitter.Input, messages.RepliesQueue}
-	for _, kind := range reg.Agents() {
-		out = append(out, messages.RequestsQueue(kind))
-	}
-	return out
-}
+// its dead-letter queue (messages.Inputs), the agent kinds those of the
+// workflows.
+func inputs(reg *workflow.Registry) []string { return messages.Inputs(reg.Agents()) }
 
 // workflowsFlag adds --workflows to a command that needs the agent kinds:
 // the file the services read (SAS_WORKFLOWS_FILE), the same default.

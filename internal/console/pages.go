@@ -341,7 +341,7 @@ func (s *server) agentsInUse(ctx context.Context) []string {
 		}
 		for _, st := range wf.Steps {
 			for _, k := range []*workflow.Step{&st, st.Compensation} {
-				if k != nil && !slices.Contains(kinds, k.Agent) {
+				if k != nil && k.Agent != "" && !slices.Contains(kinds, k.Agent) {
 					kinds = append(kinds, k.Agent)
 				}
 			}
@@ -354,11 +354,7 @@ func (s *server) agentsInUse(ctx context.Context) []string {
 // inputs are the unprefixed names of the queues whose dead letters the
 // console shows.
 func (s *server) inputs(ctx context.Context) []string {
-	out := []string{messages.SubmitQueue, messages.RepliesQueue}
-	for _, k := range s.agentsInUse(ctx) {
-		out = append(out, messages.RequestsQueue(k))
-	}
-	return out
+	return messages.Inputs(s.agentsInUse(ctx))
 }
 
 var errNoBroker = errors.New("the console is not connected to the broker yet")

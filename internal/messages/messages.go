@@ -753,9 +753,12 @@ const (
 // StatusEvent tells an order's new status to its reply_to queue and the
 // status exchange.
 type StatusEvent struct {
-	SchemaVersion int    `json:"schema_version"`
-	OrderID       string `json:"order_id"`
-	Status        string `json:"status"`
+	SchemaVersion int `json:"schema_version"`
+	// OrderID is the order's; absent only from a rejected event answering
+	// a message that named no order sas could read (a callback whose token
+	// is not one sas made): its correlation_id says what it answers.
+	OrderID string `json:"order_id,omitempty"`
+	Status  string `json:"status"`
 	// Step is the step concerned, if any.
 	Step *int      `json:"step"`
 	At   time.Time `json:"at"`
@@ -801,8 +804,15 @@ func (e StatusEvent) Validate() error {
 	if e.SchemaVersion != SchemaVersion {
 		return reject(ReasonUnsupportedVersion, "schema_version %d is not supported", e.SchemaVersion)
 	}
-	if err := checkID("order_id", e.OrderID); err != nil {
-		return err
+	switch {
+	case e.OrderID == "" && e.Status == StatusRejected:
+		// the refusal of a message that named no order
+	case e.OrderID == "":
+		return reject(ReasonMissingField, "order_id is required but for a rejected event")
+	default:
+		if err := checkID("order_id", e.OrderID); err != nil {
+			return err
+		}
 	}
 	switch e.Status {
 	case StatusReceived, StatusProcessing, StatusCompleted, StatusCompensating, StatusFailed, StatusError:
@@ -852,7 +862,7 @@ func (e StatusEvent) Validate() error {
 func DecodeStatusEvent(body []byte) (StatusEvent, error) { return decodeStatusEvent(body, true) }
 
 func decodeStatusEvent(body []byte, fast bool) (StatusEvent, error) {
-	return decodeValid[StatusEvent](body, []string{"order_id", "status", "at"}, []string{"results"}, fast)
+	return decodeValid[StatusEvent](body, []string{"status", "at"}, []string{"results"}, fast)
 }
 
 // OperatorAlert tells a person that an order needs them.
@@ -911,24 +921,28 @@ func StepRefOf(body []byte) (orderID string, step, attempt int, ok bool) {
 	return id, ref.Step, ref.Attempt, true
 }
 
-// SubmitRefOf reads, as leniently as encoding/json does, the order id and
-// reply_to of a submit that DecodeSubmitOrder refused, so that the
-// submitter can tell its sender why: a refusal made after reply_to could
-// be read reaches it. ok is false when the body names no valid order id
-// and reply_to queue.
-func SubmitRefOf(body []byte) (orderID, replyTo string, ok bool) {
+// RefusedRefOf reads, as leniently as encoding/json does, the reply_to
+// and the order id of a message its decoder refused (a submit, a signal,
+// a callback), so that its sender can be told why: a refusal made after
+// reply_to could be read reaches it. ok is false when the body names no
+// valid reply_to queue; orderID is "" when it names no valid order id
+// (the refusal is then told without one).
+func RefusedRefOf(body []byte) (orderID, replyTo string, ok bool) {
 	var ref struct {
-		OrderID string `json:"order_id"`
-		ReplyTo string `json:"reply_to"`
+		OrderID any `json:"order_id"`
+		ReplyTo any `json:"reply_to"`
 	}
-	if len(body) > MaxBodyBytes || json.Unmarshal(body, &ref) != nil || ref.ReplyTo == "" {
+	if len(body) > MaxBodyBytes || json.Unmarshal(body, &ref) != nil {
 		return "", "", false
 	}
-	id, okID := CanonicalID(ref.OrderID)
-	if !okID || checkName("reply_to", ref.ReplyTo, 255) != nil || checkReplyTo(ref.ReplyTo) != nil {
+	replyTo, _ = ref.ReplyTo.(string)
+	if replyTo == "" || checkName("reply_to", replyTo, 255) != nil || checkReplyTo(replyTo) != nil {
 		return "", "", false
 	}
-	return id, ref.ReplyTo, true
+	if s, isText := ref.OrderID.(string); isText {
+		orderID, _ = CanonicalID(s)
+	}
+	return orderID, replyTo, true
 }
 
 // CorrelationID is the AMQP correlation_id of a submit as sas sends it

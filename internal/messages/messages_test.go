@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -474,5 +475,55 @@ func TestDerivedIDIsStableAndCanonical(t *testing.T) {
 	}
 	if messages.DerivedID("child:x/3/kyc") == a {
 		t.Fatal("two names gave one id")
+	}
+}
+
+// TestEveryRefusalHasItsSender: the reply_to of a message its decoder
+// refused is read whatever else is wrong with it, the order id only when
+// it is one; a rejected event may name no order, no other may.
+func TestEveryRefusalHasItsSender(t *testing.T) {
+	t.Parallel()
+	id := messages.NewID()
+	for _, c := range []struct {
+		desc, body   string
+		order, reply string
+		ok           bool
+	}{
+		{"a submit", `{"order_id":"` + id + `","reply_to":"app.replies","amount":-1}`, id, "app.replies", true},
+		{"a callback without an order", `{"schema_version":1,"token":"forged","name":"complete","reply_to":"svc.replies"}`, "", "svc.replies", true},
+		{"an order id that is none", `{"order_id":42,"reply_to":"q"}`, "", "q", true},
+		{"no reply_to", `{"order_id":"` + id + `"}`, "", "", false},
+		{"a reply_to that is no queue name", `{"order_id":"` + id + `","reply_to":"a b"}`, "", "", false},
+		{"not JSON", `reply_to: q`, "", "", false},
+	} {
+		order, reply, ok := messages.RefusedRefOf([]byte(c.body))
+		if order != c.order || reply != c.reply || ok != c.ok {
+			t.Errorf("%s: %q %q %v, want %q %q %v", c.desc, order, reply, ok, c.order, c.reply, c.ok)
+		}
+	}
+	at := time.Now().UTC()
+	if _, err := messages.Encode(messages.StatusEvent{SchemaVersion: 1, Status: messages.StatusRejected, At: at, Reason: "invalid_token"}); err != nil {
+		t.Fatalf("a rejected event without an order: %v", err)
+	}
+	if _, err := messages.Encode(messages.StatusEvent{SchemaVersion: 1, Status: messages.StatusCompleted, At: at}); err == nil {
+		t.Fatal("a completed event without an order was encoded")
+	}
+	if _, err := messages.DecodeStatusEvent([]byte(`{"schema_version":1,"status":"failed","at":"2026-11-26T10:00:00Z"}`)); err == nil {
+		t.Fatal("a failed event without an order was decoded")
+	}
+	ev, err := messages.DecodeStatusEvent([]byte(`{"schema_version":1,"status":"rejected","reason":"invalid_token","at":"2026-11-26T10:00:00Z"}`))
+	if err != nil || ev.OrderID != "" {
+		t.Fatalf("a rejected event without an order: %+v %v", ev, err)
+	}
+}
+
+// TestInputsNameEveryQueueSASReads: submits, replies, signals and
+// callbacks, and each agent kind's requests.
+func TestInputsNameEveryQueueSASReads(t *testing.T) {
+	t.Parallel()
+	got := messages.Inputs([]string{"inventory", "", "payment"})
+	want := []string{"submit", "replies", "signals", "agent.inventory", "agent.payment"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("inputs %v, want %v", got, want)
 	}
 }

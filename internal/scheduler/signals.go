@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -110,7 +111,9 @@ func (g *signaler) callback(ctx context.Context, m broker.Message, sig messages.
 		g.metrics.signals.WithLabelValues("refused").Inc()
 		orderID := sig.OrderID
 		if orderID == "" {
-			// Only to address the refusal to its sender's reply_to.
+			// Only to say which order the refusal is of, when the token
+			// names one ("" when it names none: the refusal is told
+			// without one).
 			orderID, _ = messages.CanonicalID(steptoken.OrderOf(sig.Token))
 		}
 		g.logger.Info("callback refused", "reason", ReasonInvalidToken, "order_id", orderID)
@@ -183,13 +186,22 @@ func (g *signaler) refuse(orderID, replyTo, corr, reason, detail string) error {
 	return service.Refuse(g.workCtx, g.store, g.logger, orderID, replyTo, corr, reason, detail, g.wakeRelay)
 }
 
-// unreadable refuses a signal whose body could not be read as one, with
-// the decoder's reason; if the body still names an order and a reply_to,
-// that queue is told as for any refusal.
+// unreadable refuses a signal or callback whose body could not be read as
+// one, with the decoder's reason; if the body still names a reply_to,
+// that queue is told as for any refusal (with the order its order_id or
+// its token names, if any).
 func (g *signaler) unreadable(_ context.Context, m broker.Message, err error) error {
 	g.metrics.signals.WithLabelValues("refused").Inc()
 	rej := broker.RejectFor(err, messages.ReasonInvalidValue).(*broker.Rejection)
-	if orderID, replyTo, ok := messages.SubmitRefOf(m.Body); ok {
+	if orderID, replyTo, ok := messages.RefusedRefOf(m.Body); ok {
+		if orderID == "" {
+			var ref struct {
+				Token string `json:"token"`
+			}
+			if json.Unmarshal(m.Body, &ref) == nil {
+				orderID, _ = messages.CanonicalID(steptoken.OrderOf(ref.Token))
+			}
+		}
 		return g.refuse(orderID, replyTo, messages.CorrelationID(m.CorrelationID), rej.Reason, rej.Detail)
 	}
 	return rej

@@ -174,11 +174,13 @@ func (s *Store) OutboxBacklog(ctx context.Context) (int, error) {
 // for the relay to send to replyTo alone with the submit's correlationID
 // (or none), and wakes the relays: the application learns its order does
 // not exist, and the submitter needs no right to publish anywhere but its
-// own queues.
+// own queues. A refusal of a message that named no order (orderID "")
+// is kept under the nil UUID, which no order has.
 func (s *Store) TellRejected(ctx context.Context, orderID, replyTo, correlationID string, body []byte) error {
 	_, err := s.pool.Exec(ctx, `
 WITH ev AS (
-    INSERT INTO outbox (message_type, order_id, reply_to, body, correlation_id) VALUES ('status_event', $1, $2, $3, NULLIF($5, ''))
+    INSERT INTO outbox (message_type, order_id, reply_to, body, correlation_id)
+    VALUES ('status_event', coalesce(NULLIF($1, '')::uuid, '00000000-0000-0000-0000-000000000000'), $2, $3, NULLIF($5, ''))
 )
 SELECT pg_notify($4, current_schema())`, orderID, replyTo, string(body), ChannelOutbox, correlationID)
 	if err != nil {

@@ -240,12 +240,13 @@ func (h *handler) refuse(orderID, replyTo, corr, reason, detail string) error {
 }
 
 // reject refuses a submit whose body could not be read as one: it is
-// dead-lettered with the decoder's reason, and if the body still names an
-// order id and a reply_to, that queue is told as for any refusal.
+// dead-lettered with the decoder's reason, and if the body still names a
+// reply_to, that queue is told as for any refusal (with the order id,
+// when one can be read).
 func (h *handler) reject(_ context.Context, m broker.Message, err error) error {
 	h.metrics.orders.WithLabelValues("rejected").Inc()
 	rej := broker.RejectFor(err, messages.ReasonInvalidValue).(*broker.Rejection)
-	if orderID, replyTo, ok := messages.SubmitRefOf(m.Body); ok {
+	if orderID, replyTo, ok := messages.RefusedRefOf(m.Body); ok {
 		return h.refuse(orderID, replyTo, messages.CorrelationID(m.CorrelationID), rej.Reason, rej.Detail)
 	}
 	return rej
