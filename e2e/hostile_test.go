@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -34,12 +35,15 @@ type hostileCase struct {
 // invalid UTF-8, half a surrogate pair, a key twice, a number past the
 // store's range, nesting too deep: badinput.Answers), redirects to another
 // host, refuses with an error text holding control characters, or echoes
-// the endpoint's credentials in an error or an answer. Through
-// the real submitter, scheduler and agent, each order ends at once (its
-// step's budget is a minute; no supervisor runs) with the true reason on
-// its step, an answer the store can keep completes the order with it as
-// the result, no table of the store holds a credential, no reply is
-// dead-lettered, and the other host is never called.
+// the endpoint's credentials in an error or an answer (as written,
+// JSON-escaped as PHP writes JSON, past the point where an error's text
+// is cut, in a redirect's Location). Through the real submitter,
+// scheduler and agent, tracing on, each order ends at once (its step's
+// budget is a minute; no supervisor runs) with the true reason on its
+// step, an answer the store can keep completes the order with it as the
+// result, no table of the store and no exported span holds a credential
+// in any encoding or any part of one, no reply is dead-lettered, and the
+// other host is never called.
 func TestHostileServiceEndsTheOrderWithTheTrueReason(t *testing.T) {
 	t.Parallel()
 	var strayed atomic.Int64
@@ -73,6 +77,29 @@ func TestHostileServiceEndsTheOrderWithTheTrueReason(t *testing.T) {
 		hostileCase{name: "an answer echoing the credentials", answer: func(w http.ResponseWriter, r *http.Request) {
 			_, _ = fmt.Fprintf(w, `{"seen":{"authorization":%q,"key":%q,"all":%q}}`, r.Header.Get("Authorization"), r.Header.Get("X-Api-Key"), echo(r))
 		}, status: "completed"},
+		hostileCase{name: "a refusal echoing the credentials JSON-escaped", answer: func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusForbidden)
+			// PHP's json_encode: / as \/, and here every other letter as \uXXXX.
+			var esc strings.Builder
+			for i, c := range "bad credentials: " + echo(r) {
+				switch {
+				case c == '/':
+					esc.WriteString(`\/`)
+				case i%2 == 0 && c < 0x80 && c != '"' && c != '\\':
+					fmt.Fprintf(&esc, `\u%04x`, c)
+				default:
+					esc.WriteRune(c)
+				}
+			}
+			_, _ = w.Write([]byte(`{"error":"` + esc.String() + `"}`))
+		}, status: "error", reason: []string{"answered 403: bad credentials"}},
+		hostileCase{name: "a refusal echoing the credentials past the cut", answer: func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusUnauthorized)
+			_, _ = fmt.Fprintf(w, `{"error":%q}`, strings.Repeat("x", 190)+" "+r.Header.Get("X-Api-Key")+" "+r.Header.Get("Authorization"))
+		}, status: "error", reason: []string{"answered 401: xxxx"}},
+		hostileCase{name: "a redirect whose Location echoes the key", answer: func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, other.URL+"/v1/steal?key="+url.QueryEscape(r.Header.Get("X-Api-Key")), http.StatusFound)
+		}, status: "error", reason: []string{"answered 302", other.URL + "/v1/steal?key=" + secrets.Mask}},
 		hostileCase{name: "a redirect to another host", answer: func(w http.ResponseWriter, r *http.Request) {
 			http.Redirect(w, r, other.URL+"/v1/steal", http.StatusTemporaryRedirect)
 		}, status: "error", reason: []string{"answered 307", other.URL + "/v1/steal"}},
@@ -115,6 +142,8 @@ func TestHostileServiceEndsTheOrderWithTheTrueReason(t *testing.T) {
 	file := writeFile(t, "hostile.yaml", wf.String())
 	endpoints := writeFile(t, "endpoints.yaml", fmt.Sprintf("endpoints:\n  hostile: {url: %q, headers_env: HOSTILE_HEADERS}\n", svc.URL))
 	st := newStackFor(t, []string{"hostile"})
+	rcv := newOTLPReceiver(t)
+	st.env = append(st.env, rcv.env()...)
 	wfEnv := "SAS_WORKFLOWS_FILE=" + file
 	p := newPipeline(t, pipelineOpts{on: &st, submitterEnv: []string{wfEnv}, schedulerEnv: []string{wfEnv},
 		agentEnv: []string{wfEnv, "SAS_AGENT_KINDS=hostile", "SAS_AGENT_ENDPOINTS_FILE=" + endpoints,
@@ -169,11 +198,37 @@ func TestHostileServiceEndsTheOrderWithTheTrueReason(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, table := range names {
+	// Whole or in part (a cut before redaction left the start of one),
+	// raw or encoded.
+	held := func(text string) string {
 		for _, secret := range []string{token, apiKey} {
-			if n := p.count(t, `SELECT count(*) FROM `+pgx.Identifier{table}.Sanitize()+` x WHERE x::text LIKE '%' || $1 || '%'`, secret); n != 0 {
-				t.Errorf("%d rows of %s hold the credential %s", n, table, secret)
+			if secrets.Holds(text, secret) || strings.Contains(text, secret[:9]) {
+				return secret
 			}
+		}
+		return ""
+	}
+	for _, table := range names {
+		rows, err := p.pool.Query(context.Background(), `SELECT x::text FROM `+pgx.Identifier{table}.Sanitize()+` x`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		texts, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, text := range texts {
+			if secret := held(text); secret != "" {
+				t.Errorf("a row of %s holds the credential %s: %.300s", table, secret, text)
+			}
+		}
+	}
+	testenv.Eventually(t, 20*time.Second, "the agent's spans exported", func() bool {
+		return strings.Contains(rcv.text(), "sas-agent")
+	})
+	for _, line := range strings.Split(rcv.text(), "\n") {
+		if secret := held(line); secret != "" {
+			t.Errorf("an exported span holds the credential %s: %.300s", secret, line)
 		}
 	}
 	if n := p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND result::text LIKE '%' || $2 || '%'`, ids, secrets.Mask); n != 1 {

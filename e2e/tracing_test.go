@@ -32,6 +32,9 @@ type span struct {
 	instance          string
 	attrs             map[string]string
 	start, end        uint64 // Unix nanoseconds
+	// status is its status message; events its events' names and
+	// attributes, as text.
+	status, events string
 }
 
 // otlpReceiver is a real OTLP/HTTP endpoint: it decodes the protobuf
@@ -72,10 +75,14 @@ func newOTLPReceiver(t *testing.T) *otlpReceiver {
 			res := attrMap(rs.GetResource().GetAttributes())
 			for _, ss := range rs.ScopeSpans {
 				for _, s := range ss.Spans {
+					var events strings.Builder
+					for _, e := range s.Events {
+						fmt.Fprintf(&events, "%s %v; ", e.Name, attrMap(e.Attributes))
+					}
 					got = append(got, span{trace: hex.EncodeToString(s.TraceId), id: hex.EncodeToString(s.SpanId),
 						parent: hex.EncodeToString(s.ParentSpanId), name: s.Name, service: res["service.name"],
 						instance: res["service.instance.id"], attrs: attrMap(s.Attributes),
-						start: s.StartTimeUnixNano, end: s.EndTimeUnixNano})
+						start: s.StartTimeUnixNano, end: s.EndTimeUnixNano, status: s.GetStatus().GetMessage(), events: events.String()})
 				}
 			}
 		}
@@ -109,6 +116,17 @@ func attrMap(kvs []*commonpb.KeyValue) map[string]string {
 		}
 	}
 	return m
+}
+
+// text is everything the receiver got, as text, one span a line.
+func (r *otlpReceiver) text() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var b strings.Builder
+	for _, s := range r.all {
+		fmt.Fprintf(&b, "%s %s %v %s %s\n", s.service, s.name, s.attrs, s.status, s.events)
+	}
+	return b.String()
 }
 
 // trace returns the spans of one trace.

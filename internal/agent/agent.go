@@ -173,7 +173,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	}
 	topo := broker.Topology{Prefix: cfg.QueuePrefix, DeliveryLimit: cfg.DeliveryLimit, Inputs: inputs}
 	sk, err := service.Start(ctx, service.Setup{Name: "agent", Me: me, Common: cfg.Common, OpsAddr: cfg.MetricsAddr, Registry: reg,
-		Topology: &topo, Traced: true}, logger)
+		Topology: &topo, Traced: true, Redact: redact}, logger)
 	if err != nil {
 		return err
 	}
@@ -183,7 +183,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	a := &agent{
 		cfg: cfg, topo: topo, pub: pub, logger: logger, metrics: m, workCtx: workCtx, now: time.Now,
 		endpoints: endpoints, tr: tr, redact: redact,
-		caller: &caller{cfg: cfg, metrics: m, now: time.Now, tr: tr}, throttleSent: map[string]time.Time{},
+		caller: &caller{cfg: cfg, metrics: m, now: time.Now, tr: tr, redact: redact}, throttleSent: map[string]time.Time{},
 	}
 	var consumers []*broker.Consumer
 	for _, kind := range cfg.Kinds {

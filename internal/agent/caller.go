@@ -68,6 +68,11 @@ type caller struct {
 	breakers sync.Map // endpoint -> *breaker
 	now      func() time.Time
 	tr       *tracing.Tracing
+	// redact hides the endpoints' secrets (and any credential) in every
+	// text made of what a service said (an attempt's detail and answer,
+	// a redirect's Location), where the text is made: before it is cut,
+	// logged, put in a span or a reply.
+	redact *secrets.Redactor
 }
 
 func (c *caller) breaker(endpoint string) *breaker {
@@ -219,22 +224,23 @@ func (c *caller) exchange(ctx context.Context, ep *endpoint, cl call) attempt {
 	c.tr.InjectHTTP(ctx, req.Header)
 	resp, err := ep.client.Do(req)
 	if err != nil {
-		reason, answer := "network", "no answer: "+err.Error()
+		reason, answer := "network", "no answer: "+c.redact.String(err.Error())
 		if errors.Is(err, context.DeadlineExceeded) {
 			reason, answer = "timeout", fmt.Sprintf("no answer in time (the call's timeout is %s)", ep.timeout)
 		}
-		return attempt{reason: reason, detail: err.Error(), answer: answer}
+		return attempt{reason: reason, detail: c.redact.String(err.Error()), answer: answer}
 	}
 	defer resp.Body.Close()
 	respBody, err := io.ReadAll(io.LimitReader(resp.Body, c.cfg.MaxResponseBytes+1))
 	if err != nil {
-		return attempt{reason: "network", detail: "read response: " + err.Error()}
+		return attempt{reason: "network", detail: "read response: " + c.redact.String(err.Error())}
 	}
 	status := resp.StatusCode
 	a := c.classify(status, resp.Header, respBody, endpoint)
 	a.status = status
 	if !a.ok && !a.accepted {
-		a.answer = fmt.Sprintf("%d %s: %s", status, http.StatusText(status), respBody)
+		// The whole body, redacted; the reply's bound cuts it after.
+		a.answer = fmt.Sprintf("%d %s: %s", status, http.StatusText(status), c.redact.String(string(respBody)))
 	}
 	return a
 }
@@ -248,7 +254,7 @@ func (c *caller) classify(status int, header http.Header, respBody []byte, endpo
 			a.hold = contract.Heartbeat(h, c.now())
 		}
 		if s := bytes.TrimSpace(respBody); len(s) > 0 {
-			a.answer = fmt.Sprintf("%d %s: %s", status, http.StatusText(status), snippet(s))
+			a.answer = fmt.Sprintf("%d %s: %s", status, http.StatusText(status), c.snippet(s))
 		}
 		return a
 	case contract.OK:
@@ -273,11 +279,11 @@ func (c *caller) classify(status int, header http.Header, respBody []byte, endpo
 	case contract.Permanent:
 		if status >= 300 && status < 400 {
 			return attempt{permanent: true, detail: fmt.Sprintf("%s answered %d, a redirect to %s: the agent follows no redirect (an endpoint may allow a 307 or 308 to its own origin with redirects: same_origin)",
-				endpoint, status, location(header.Get("Location")))}
+				endpoint, status, c.location(header.Get("Location")))}
 		}
-		return attempt{permanent: true, detail: fmt.Sprintf("%s answered %d: %s", endpoint, status, snippet(respBody))}
+		return attempt{permanent: true, detail: fmt.Sprintf("%s answered %d: %s", endpoint, status, c.snippet(respBody))}
 	}
-	a := attempt{reason: "5xx", detail: fmt.Sprintf("%s answered %d: %s", endpoint, status, snippet(respBody))}
+	a := attempt{reason: "5xx", detail: fmt.Sprintf("%s answered %d: %s", endpoint, status, c.snippet(respBody))}
 	switch status {
 	case http.StatusTooManyRequests:
 		a.reason, a.detail = "429", "rate limited"
@@ -290,27 +296,29 @@ func (c *caller) classify(status int, header http.Header, respBody []byte, endpo
 	return a
 }
 
-// location is a redirect's Location for a failure's reason: no user info,
-// at most 300 bytes.
-func location(loc string) string {
+// location is a redirect's Location for a failure's reason: redacted
+// (no user info, no endpoint secret in any encoding), then cut to at
+// most 300 bytes.
+func (c *caller) location(loc string) string {
 	if loc == "" {
 		return "nowhere (no Location)"
 	}
-	return strconv.Quote(messages.BoundText(secrets.Scrub(loc), 300))
+	return strconv.Quote(messages.BoundText(c.redact.String(loc), 300))
 }
 
 // snippet is the start of a response body, for a failure's reason: the
-// remote's "error" field if it has one.
-func snippet(body []byte) string {
+// remote's "error" field if it has one; redacted, then cut to 200 bytes,
+// so that no part of a secret is left by the cut.
+func (c *caller) snippet(body []byte) string {
 	var e struct {
 		Error string `json:"error"`
 	}
 	if json.Unmarshal(body, &e) == nil && e.Error != "" {
 		body = []byte(e.Error)
 	}
-	s := strings.ToValidUTF8(string(body), "?")
+	s := c.redact.String(strings.ToValidUTF8(string(body), "?"))
 	if len(s) > 200 {
-		s = s[:200] + "…"
+		s = strings.ToValidUTF8(s[:200], "") + "…"
 	}
 	return s
 }

@@ -48,7 +48,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	reg := service.NewRegistry()
 	svc := New(faults, cfg.Seed, reg, logger)
 	svc.KeepRequests = cfg.KeepRequests
-	tr, closeTracing, err := service.OpenTracing(ctx, "remote", "remote", logger)
+	tr, closeTracing, err := service.OpenTracing(ctx, "remote", "remote", nil, logger)
 	if err != nil {
 		return err
 	}

@@ -335,7 +335,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	replies := broker.NewConsumer(conn, pub,
 		broker.ConsumerConfig{Input: messages.RepliesQueue, Prefetch: cfg.ReplyPrefetch, Workers: cfg.ReplyWorkers, Reasons: messages.Reasons()},
 		r.handler(), logger, bm)
-	sg := &signaler{store: store, me: me, workCtx: workCtx, logger: logger, metrics: m, tr: tr, tokens: tokens,
+	sg := &signaler{store: store, me: me, workCtx: workCtx, logger: logger, metrics: m, tr: tr, tokens: tokens, redact: cfg.Redactor(),
 		wakeClaimer: func() { nudge(w.pending) }, wakeRelay: func() { nudge(w.outbox) }}
 	signals := broker.NewConsumer(conn, pub,
 		broker.ConsumerConfig{Input: messages.SignalsQueue, Prefetch: cfg.ReplyPrefetch, Workers: max(cfg.SignalWorkers, 1), Reasons: append(messages.Reasons(),

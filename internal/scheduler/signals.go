@@ -13,6 +13,7 @@ import (
 
 	"sas/internal/broker"
 	"sas/internal/messages"
+	"sas/internal/secrets"
 	"sas/internal/service"
 	"sas/internal/statestore"
 	"sas/internal/steptoken"
@@ -34,6 +35,10 @@ type signaler struct {
 	wakeRelay   func()
 	// tokens reads the step tokens of callbacks.
 	tokens steptoken.Key
+	// redact hides credentials (and the scheduler's own secrets), in any
+	// encoding, in what a service's callback says before it is kept: a
+	// callback comes from the service itself, not through an agent.
+	redact *secrets.Redactor
 }
 
 // The reasons a callback is refused for (x-error-reason).
@@ -140,7 +145,7 @@ func (g *signaler) callback(ctx context.Context, m broker.Message, sig messages.
 			return err
 		default:
 			reply := statestore.Reply{OrderID: ref.OrderID, Step: ref.Step, Attempt: ref.Attempt, OK: sig.Name == messages.CallbackComplete,
-				Result: sig.Payload, Error: sig.Error, Actor: actor}
+				Result: g.redact.JSON(sig.Payload), Error: g.redact.String(sig.Error), Actor: actor}
 			if reply.OK && string(reply.Result) == "null" {
 				reply.Result = nil
 			}

@@ -93,7 +93,10 @@ func FromEnviron(environ []string) *Redactor {
 }
 
 // variants adds s as written, percent-encoded the ways a URL encodes it,
-// percent-decoded, and quoted as Go's %q writes it (url.Error does).
+// percent-decoded, quoted as Go's %q writes it (url.Error does), and the
+// parts of its base64 forms that stay the same wherever it stands (a
+// JSON-escaped, percent-encoded or HTML-escaped echo is read back to the
+// secret itself by String).
 func variants(s string, add func(string)) {
 	add(s)
 	add(url.QueryEscape(s))
@@ -107,6 +110,7 @@ func variants(s string, add func(string)) {
 	}
 	q := strconv.Quote(s)
 	add(q[1 : len(q)-1])
+	base64Cores(s, add)
 }
 
 // passwordsIn returns every text a URL or connection string v may hold
@@ -172,16 +176,46 @@ func dsnValue(s string) (string, int) {
 }
 
 // String returns s with every known secret and every password in a URL
-// or connection string replaced by Mask.
+// or connection string (and credential after an auth scheme) replaced by
+// Mask: as written, and as a reader of s would read it once its JSON
+// escapes (\/, \u0050, \"), percent-encodings (%50) and HTML character
+// references (&#80;) are taken for the characters they stand for, to
+// three levels of such encoding, mixed as they may be. What is masked is
+// the text that spells the secret, in whatever form it is written.
 func (r *Redactor) String(s string) string {
-	if r != nil {
-		for _, sec := range r.secrets {
-			if strings.Contains(s, sec) {
-				s = strings.ReplaceAll(s, sec, Mask)
+	spans := r.spans(s, nil)
+	if mayBeEncoded(s) {
+		for _, v := range views(s) {
+			for _, sp := range r.spans(v.text, nil) {
+				spans = append(spans, v.raw(sp))
 			}
 		}
 	}
-	return Scrub(s)
+	return maskSpans(s, spans)
+}
+
+// spans adds to out the spans of s to mask: the known secrets as
+// written, then what Scrub masks.
+func (r *Redactor) spans(s string, out []span) []span {
+	return scrubSpans(s, r.secretSpans(s, out))
+}
+
+// secretSpans adds to out every place a known secret is written in s.
+func (r *Redactor) secretSpans(s string, out []span) []span {
+	if r == nil {
+		return out
+	}
+	for _, sec := range r.secrets {
+		for from := 0; ; {
+			i := strings.Index(s[from:], sec)
+			if i < 0 {
+				break
+			}
+			out = append(out, span{from + i, from + i + len(sec)})
+			from += i + len(sec)
+		}
+	}
+	return out
 }
 
 // Err returns err with its text redacted (errors.Is and errors.As still
@@ -234,17 +268,20 @@ func (r *Redactor) Attr(a slog.Attr) slog.Attr {
 // password is taken to run from the colon after the user name to the last
 // @ before the line or the next URL ends, so a password holding / @ : # %
 // ? or spaces goes whole. At worst it hides more than the password.
-func Scrub(s string) string {
+func Scrub(s string) string { return maskSpans(s, scrubSpans(s, nil)) }
+
+// scrubSpans adds to out the spans of s that Scrub masks.
+func scrubSpans(s string, out []span) []span {
 	if strings.Contains(s, "://") {
-		s = scrubURLs(s)
+		out = urlSpans(s, out)
 	}
 	if strings.Contains(s, "password=") {
-		s = scrubDSN(s)
+		out = dsnSpans(s, out)
 	}
 	if hasAuthScheme(s) {
-		s = scrubAuth(s)
+		out = authSpans(s, out)
 	}
-	return s
+	return out
 }
 
 // authSchemes are the HTTP authorization schemes whose credentials Scrub
@@ -331,10 +368,8 @@ func credentialLike(w string) bool {
 	return digit || sign || upper && lower
 }
 
-// scrubAuth masks the credential after every auth scheme word in s.
-func scrubAuth(s string) string {
-	var b strings.Builder
-	last := 0
+// authSpans adds the credential after every auth scheme word in s.
+func authSpans(s string, out []span) []span {
 	for i := 0; i < len(s); i++ {
 		_, n := authSchemeAt(s, i)
 		if n == 0 {
@@ -347,15 +382,10 @@ func scrubAuth(s string) string {
 		if !credentialLike(s[i+n : j]) {
 			continue
 		}
-		b.WriteString(s[last : i+n])
-		b.WriteString(Mask)
-		last, i = j, j-1
+		out = append(out, span{i + n, j})
+		i = j - 1
 	}
-	if last == 0 {
-		return s
-	}
-	b.WriteString(s[last:])
-	return b.String()
+	return out
 }
 
 // JSON returns raw, a JSON text, with String applied to every string in
@@ -400,17 +430,15 @@ func (r *Redactor) JSON(raw []byte) []byte {
 	return append(out, raw[last:]...)
 }
 
-func scrubURLs(s string) string {
-	var b strings.Builder
-	rest := s
-	for {
-		i := strings.Index(rest, "://")
+// urlSpans adds the password of every URL with user info in s.
+func urlSpans(s string, out []span) []span {
+	for pos := 0; ; {
+		i := strings.Index(s[pos:], "://")
 		if i < 0 {
-			b.WriteString(rest)
-			return b.String()
+			return out
 		}
-		b.WriteString(rest[:i+3])
-		rest = rest[i+3:]
+		start := pos + i + 3
+		rest := s[start:]
 		end := len(rest)
 		if j := strings.Index(rest, "://"); j >= 0 {
 			end = j
@@ -419,6 +447,7 @@ func scrubURLs(s string) string {
 			end = j
 		}
 		seg := rest[:end]
+		pos = start
 		at := strings.LastIndexByte(seg, '@')
 		if at < 0 {
 			continue
@@ -427,26 +456,21 @@ func scrubURLs(s string) string {
 		if colon < 0 || strings.ContainsAny(seg[:colon], " \t\"'`<>") {
 			continue // a user without a password, or no user-info at all
 		}
-		b.WriteString(seg[:colon+1])
-		b.WriteString(Mask)
-		b.WriteByte('@')
-		rest = rest[at+1:]
+		out = append(out, span{start + colon + 1, start + at})
+		pos = start + at + 1
 	}
 }
 
-func scrubDSN(s string) string {
-	var b strings.Builder
-	rest := s
-	for {
-		i := strings.Index(rest, "password=")
+// dsnSpans adds the value of every password= in s.
+func dsnSpans(s string, out []span) []span {
+	for pos := 0; ; {
+		i := strings.Index(s[pos:], "password=")
 		if i < 0 {
-			b.WriteString(rest)
-			return b.String()
+			return out
 		}
-		b.WriteString(rest[:i+len("password=")])
-		rest = rest[i+len("password="):]
-		_, n := dsnValue(rest)
-		b.WriteString(Mask)
-		rest = rest[n:]
+		vs := pos + i + len("password=")
+		_, n := dsnValue(s[vs:])
+		out = append(out, span{vs, vs + n})
+		pos = vs + n
 	}
 }

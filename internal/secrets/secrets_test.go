@@ -1,6 +1,8 @@
 package secrets_test
 
 import (
+	"encoding/base64"
+	"fmt"
 	"net/url"
 	"strings"
 	"testing"
@@ -214,6 +216,74 @@ func TestRedactorRewritesOnlyTheStringsOfJSON(t *testing.T) {
 		got := string(r.JSON([]byte(in)))
 		if got != want {
 			t.Errorf("JSON(%s) = %s, want %s", in, got, want)
+		}
+	}
+}
+
+// TestRedactorReadsThroughEncodings: a secret a service echoes is found
+// however the echo is written (JSON-escaped as PHP and others write
+// JSON, with \/ and \uXXXX; percent-encoded; as HTML character
+// references; any mix of them, up to three levels; inside base64) and
+// masked where it is written, in whatever form, and nothing else is.
+func TestRedactorReadsThroughEncodings(t *testing.T) {
+	t.Parallel()
+	const sec = "Pa55/w0rd-Zq9"
+	r := secrets.New(sec)
+	u := func(s string) string { // every character as \uXXXX
+		var b strings.Builder
+		for _, c := range s {
+			fmt.Fprintf(&b, `\u%04x`, c)
+		}
+		return b.String()
+	}
+	for _, text := range []string{
+		`{"error":"bad key Pa55\/w0rd-Zq9"}`,
+		`{"error":"bad key ` + u(sec) + `"}`,
+		`{"error":"bad key \u0050a55\/w0rd-Zq9 again"}`,
+		`{"error":"{\"h\":\"\\u0050a55\\/w0rd-Zq9\"}"}`,
+		`headers: x-key=Pa55%2Fw0rd%2DZq9; other`,
+		`headers: x-key=%50%61%35%35%2f%77%30%72%64%2d%5a%71%39`,
+		`<p>key &#80;a55&#x2F;w0rd-Zq9</p>`,
+		`echo: "\x50a55/w0rd-Zq9"`,
+		`Authorization: ` + base64.StdEncoding.EncodeToString([]byte("user:"+sec)) + ` was refused`,
+		`x` + base64.RawURLEncoding.EncodeToString([]byte("ab"+sec+"cd")) + `y`,
+		`prefix ` + strings.Repeat("é", 3) + `Pa55\/w0rd-Zq9 and Pa55/w0rd-Zq9 twice`,
+	} {
+		got := r.String(text)
+		for _, part := range []string{"Pa55", "w0rd", "Zq9", `\u0050a55`, "%50%61"} {
+			if strings.Contains(got, part) {
+				t.Errorf("%q\n  gave %q, which holds %q", text, got, part)
+			}
+		}
+		if !strings.Contains(got, secrets.Mask) {
+			t.Errorf("%q: no mask in %q", text, got)
+		}
+	}
+	// What holds no secret is left as written, escapes and all.
+	for _, text := range []string{
+		`{"error":"caf\u00e9 \/ 100% & more &amp; \x41"}`, `50%2F50 &#80;ipe`, "plain text",
+	} {
+		if got := r.String(text); got != text {
+			t.Errorf("%q changed to %q", text, got)
+		}
+	}
+}
+
+// TestRedactorMasksBeforeAnyCut: String sees a whole text; a secret is
+// never left in part because the text was cut first (the caller cuts
+// what String returns).
+func TestRedactorMasksBeforeAnyCut(t *testing.T) {
+	t.Parallel()
+	const sec = "s3cr3t-t0ken-Zq9x"
+	r := secrets.New(sec)
+	body := strings.Repeat("a", 190) + sec + strings.Repeat("b", 50)
+	got := r.String(body)
+	if len(got) > 200 {
+		got = got[:200]
+	}
+	for i := 4; i <= len(sec); i++ {
+		if strings.Contains(got, sec[:i]) {
+			t.Fatalf("the cut text holds %q of the secret: %q", sec[:i], got)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"sas/internal/broker"
+	"sas/internal/secrets"
 	"sas/internal/statestore"
 	"sas/internal/tracing"
 )
@@ -130,10 +131,11 @@ func (d *Deps) Close() {
 }
 
 // OpenTracing sets up the process's traces (tracing.Setup: off unless the
-// OTEL_* variables ask for them) and returns them with the function that
-// exports what is left at the end, within a few seconds.
-func OpenTracing(ctx context.Context, name, me string, logger *slog.Logger) (*tracing.Tracing, func(), error) {
-	tr, err := tracing.Setup(ctx, "sas-"+name, me)
+// OTEL_* variables ask for them), every span's texts through red, and
+// returns them with the function that exports what is left at the end,
+// within a few seconds.
+func OpenTracing(ctx context.Context, name, me string, red *secrets.Redactor, logger *slog.Logger) (*tracing.Tracing, func(), error) {
+	tr, err := tracing.Setup(ctx, "sas-"+name, me, red.String)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"sas/internal/broker"
+	"sas/internal/secrets"
 	"sas/internal/tracing"
 )
 
@@ -29,6 +30,9 @@ type Setup struct {
 	// Traced sets up the process's tracing (OpenTracing); otherwise
 	// Tracing is off.
 	Traced bool
+	// Redact hides secrets in what the spans export (nil: the
+	// configuration's, Common.Redactor).
+	Redact *secrets.Redactor
 }
 
 // Skeleton is a service's lifecycle, written once: its ops server, its
@@ -81,7 +85,11 @@ func Start(ctx context.Context, s Setup, logger *slog.Logger) (sk *Skeleton, err
 	}
 	sk.OnClose(sk.Deps.Close)
 	if s.Traced {
-		tr, closeTracing, err := OpenTracing(ctx, s.Name, s.Me, logger)
+		red := s.Redact
+		if red == nil {
+			red = s.Common.Redactor()
+		}
+		tr, closeTracing, err := OpenTracing(ctx, s.Name, s.Me, red, logger)
 		if err != nil {
 			return sk, err
 		}

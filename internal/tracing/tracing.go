@@ -77,8 +77,9 @@ func Off() *Tracing {
 // Setup returns the process's Tracing: Off when the environment does not
 // ask for traces, otherwise one exporting the spans of service (the
 // resource's service.name unless OTEL_SERVICE_NAME says otherwise) and
-// instance (service.instance.id).
-func Setup(ctx context.Context, service, instance string) (*Tracing, error) {
+// instance (service.instance.id), each span's texts through redact first
+// (nil: as they are).
+func Setup(ctx context.Context, service, instance string, redact func(string) string) (*Tracing, error) {
 	on, err := Enabled(os.Getenv)
 	if err != nil || !on {
 		return Off(), err
@@ -95,7 +96,11 @@ func Setup(ctx context.Context, service, instance string) (*Tracing, error) {
 	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
 		return nil, fmt.Errorf("trace resource: %w", err)
 	}
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	var out sdktrace.SpanExporter = exp
+	if redact != nil {
+		out = redacting{next: exp, redact: redact}
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(out), sdktrace.WithResource(res))
 	return &Tracing{tracer: tp.Tracer("sas"), on: true, shutdown: tp.Shutdown}, nil
 }
 
