@@ -31,6 +31,9 @@ func (a *app) apiTokenCreate(ctx context.Context, args []string) error {
 	if *name == "" {
 		return a.usageError(fs, "--name is required")
 	}
+	if err := statestore.CheckTokenName(*name); err != nil {
+		return a.usageError(fs, "--name: %v", err)
+	}
 	if !slices.Contains(statestore.TokenRoles(), *role) {
 		return a.usageError(fs, "--role must be one of %s", strings.Join(statestore.TokenRoles(), ", "))
 	}

@@ -19,6 +19,7 @@ import (
 	"sas/internal/orderfilter"
 	"sas/internal/service"
 	"sas/internal/statestore"
+	"sas/internal/workflow"
 )
 
 // store opens the state store for a command: it fails at once with one
@@ -93,17 +94,15 @@ func (a *app) ordersList(ctx context.Context, args []string) error {
 	if *since < 0 {
 		return a.usageError(fs, "--since must not be negative")
 	}
-	switch *status {
-	case "", statestore.OrderReceived, statestore.OrderProcessing, statestore.OrderCompleted,
-		statestore.OrderCompensating, statestore.OrderFailed, statestore.OrderError:
-	default:
-		return fmt.Errorf("unknown status %q (received, processing, completed, compensating, failed, error)", *status)
+	// The filter is read as the API and the console read it, with the
+	// same words for what is wrong (orderfilter).
+	f := orderfilter.Filter{Status: *status, Workflow: *wf, Where: where}
+	reg, err := workflowsFile(*workflows)
+	if err != nil {
+		return err
 	}
-	if *wf != "" {
-		// Any name: orders may run workflows of another file than this one's.
-		if err := messages.CheckName("--workflow", *wf); err != nil {
-			return err
-		}
+	if _, err := f.Query(reg); err != nil {
+		return err
 	}
 	store, closeStore, err := a.store(ctx)
 	if err != nil {
@@ -114,7 +113,7 @@ func (a *app) ordersList(ctx context.Context, args []string) error {
 	if len(where) == 0 {
 		orders, err = store.ListOrders(ctx, statestore.ListFilter{Status: *status, Workflow: *wf, Since: *since, Limit: *limit})
 	} else {
-		orders, err = a.ordersWhere(ctx, store, *workflows, orderfilter.Filter{Status: *status, Workflow: *wf, Where: where}, *since, *limit)
+		orders, err = a.ordersWhere(ctx, store, reg, f, *since, *limit)
 	}
 	if err != nil {
 		return err
@@ -133,11 +132,7 @@ func (a *app) ordersList(ctx context.Context, args []string) error {
 
 // ordersWhere lists orders by search attributes: a page of the store's
 // keyset list, newest first, as the API and the console read it.
-func (a *app) ordersWhere(ctx context.Context, store *statestore.Store, workflows string, f orderfilter.Filter, since time.Duration, limit int) ([]statestore.Order, error) {
-	reg, err := workflowsFile(workflows)
-	if err != nil {
-		return nil, err
-	}
+func (a *app) ordersWhere(ctx context.Context, store *statestore.Store, reg *workflow.Registry, f orderfilter.Filter, since time.Duration, limit int) ([]statestore.Order, error) {
 	q, err := f.Query(reg)
 	if err != nil {
 		return nil, err

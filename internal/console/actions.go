@@ -295,7 +295,7 @@ func (s *server) rerun(w http.ResponseWriter, r *http.Request, rq *request) {
 		s.fail(w, r, rq, http.StatusConflict, ref.Detail+".")
 		return
 	case errors.As(err, &ref):
-		s.fail(w, r, rq, http.StatusUnprocessableEntity, "The corrected payload is refused: "+ref.Detail)
+		s.fail(w, r, rq, http.StatusUnprocessableEntity, "The corrected payload is refused: "+ref.Detail+" ("+ref.Reason+").")
 		return
 	case err != nil:
 		s.storeError(w, r, rq, err, "order "+id)

@@ -289,3 +289,30 @@ func TestConsoleRoleRerunsAndMakesBulkJobs(t *testing.T) {
 		}
 	}
 }
+
+// TestRefusalsAreInTheRulesWords: a name or value a rule of the store
+// refuses is refused before the database sees it, in the rule's words;
+// one only the database refuses (a NUL in a text) is refused in words
+// that never quote the database (a constraint's name, SQLSTATE).
+func TestRefusalsAreInTheRulesWords(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	for _, name := range []string{"", "a b", "-lead", strings.Repeat("n", 65), "nul\x00", "Zoë"} {
+		_, _, err := b.store.CreateAPIToken(ctx, name, statestore.TokenViewer, "test")
+		if !errors.Is(err, statestore.ErrInvalidData) || !strings.Contains(err.Error(), "is not a name") || strings.Contains(err.Error(), "constraint") {
+			t.Errorf("token name %q: %v", name, err)
+		}
+	}
+	if _, _, err := b.store.CreateAPIToken(ctx, "ok", "root", "test"); !errors.Is(err, statestore.ErrInvalidData) || !strings.Contains(err.Error(), "one of") {
+		t.Errorf("role root: %v", err)
+	}
+	if n := count(t, b, `SELECT count(*) FROM api_tokens`); n != 0 {
+		t.Fatalf("%d tokens made by refused names", n)
+	}
+	// A value no Go rule checks, which only the database refuses.
+	err := b.store.RecordOperatorAction(ctx, "x\x00", "t", "d", "ann")
+	if !errors.Is(err, statestore.ErrInvalidData) || strings.Contains(err.Error(), "SQLSTATE") || strings.Contains(err.Error(), "\\x00") {
+		t.Fatalf("a NUL only the database refuses: %v", err)
+	}
+}

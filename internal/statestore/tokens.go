@@ -8,6 +8,8 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -46,11 +48,38 @@ const tokenPrefix = "sas_"
 // caller is not told which).
 var ErrBadToken = errors.New("the token is not valid")
 
+// tokenName is the rule of an API token's name (the table's CHECK says
+// the same).
+var tokenName = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,63}$`)
+
+// CheckTokenName is the rule of an API token's name: 1 to 64 letters,
+// digits, . _ or -, starting with a letter or digit.
+func CheckTokenName(name string) error {
+	if tokenName.MatchString(name) {
+		return nil
+	}
+	return fmt.Errorf("token name %q is not a name: write 1 to 64 letters, digits, . _ or -, starting with a letter or digit", clipText(name, 80))
+}
+
+// clipText is s cut to n bytes at a character, for a message.
+func clipText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "") + "…"
+}
+
 // CreateAPIToken makes a token named name with role and returns it with
 // its secret, the only time the secret is seen: sas_<id>_<secret>. Only
 // the SHA-256 of the secret is stored (a secret of 256 random bits needs
 // no slow hash).
 func (s *Store) CreateAPIToken(ctx context.Context, name, role, by string) (APIToken, string, error) {
+	if err := CheckTokenName(name); err != nil {
+		return APIToken{}, "", fmt.Errorf("%v: %w", err, ErrInvalidData)
+	}
+	if !slices.Contains(TokenRoles(), role) {
+		return APIToken{}, "", fmt.Errorf("role %q: one of %s: %w", clipText(role, 40), strings.Join(TokenRoles(), ", "), ErrInvalidData)
+	}
 	raw := make([]byte, 32)
 	if _, err := rand.Read(raw); err != nil {
 		return APIToken{}, "", fmt.Errorf("make a token: %w", err)
