@@ -333,7 +333,7 @@ func TestOneRuleAtEveryEntrance(t *testing.T) {
 			url.Values{"where": {"customer=\xff"}}, []string{"--where", "customer=\xff"}},
 		{hostileValue{desc: "a value holding a NUL", says: "is not a string, the type of customer", saysInJSON: "NUL character"},
 			url.Values{"where": {"customer=a\x00b"}}, nil},
-		{hostileValue{desc: "a status that is none", says: `status "bogus": want one of`}, url.Values{"status": {"bogus"}}, []string{"--status", "bogus"}},
+		{hostileValue{desc: "a status that is none", says: `unknown status "bogus": want one of`}, url.Values{"status": {"bogus"}}, []string{"--status", "bogus"}},
 		{hostileValue{desc: "a time that is none", says: `from "2026-13-45" is not a time`}, url.Values{"from": {"2026-13-45"}}, nil},
 	}
 	for _, c := range filters {

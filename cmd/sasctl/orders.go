@@ -94,6 +94,13 @@ func (a *app) ordersList(ctx context.Context, args []string) error {
 	if *since < 0 {
 		return a.usageError(fs, "--since must not be negative")
 	}
+	if *wf != "" {
+		// Any name: orders may run workflows of another file than this
+		// one's (the rule orderfilter applies, named for the flag).
+		if err := messages.CheckName("--workflow", *wf); err != nil {
+			return err
+		}
+	}
 	// The filter is read as the API and the console read it, with the
 	// same words for what is wrong (orderfilter).
 	f := orderfilter.Filter{Status: *status, Workflow: *wf, Where: where}

@@ -75,7 +75,7 @@ func (f Filter) Query(reg *workflow.Registry) (statestore.OrderQuery, error) {
 	var problems Problems
 	q.Status = f.Status
 	if f.Status != "" && !slices.Contains(statestore.OrderStatuses(), f.Status) {
-		problems = append(problems, fmt.Sprintf("status %q: want one of %s", Clip(f.Status, 40), strings.Join(statestore.OrderStatuses(), ", ")))
+		problems = append(problems, fmt.Sprintf("unknown status %q: want one of %s", Clip(f.Status, 40), strings.Join(statestore.OrderStatuses(), ", ")))
 	}
 	q.Workflow = f.Workflow
 	if f.Workflow != "" {

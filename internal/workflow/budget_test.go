@@ -31,8 +31,8 @@ func TestSubmitExpressionsAreBounded(t *testing.T) {
 workflows:
   - name: w
     search_attributes:
-      - {name: costly, type: number, expr: "`+quadratic+`"}
       - {name: cheap, type: number, expr: "payload.items.size()"}
+      - {name: costly, type: number, expr: "`+quadratic+`"}
     concurrency_key: "string(`+quadratic+`)"
     steps:
       - {action: a, agent: k}

@@ -45,16 +45,18 @@ const submitCostLimit = 100_000
 
 // ExprTimeLimit bounds the time of one evaluation of a step's
 // expression, and SubmitExprTime that of all the expressions an order is
-// read by at submit (its search attributes and concurrency key). The
-// cost limits count CEL's operations, and decide alike on every machine
-// (a step's limit is about 0.1 s of this machine's core, a submit's
-// 15 ms); these bound the clock, several times above, for what the count
-// underestimates (a long string compared in every iteration): the
+// read by at submit, on every entrance (its search attributes and
+// concurrency key). The cost limits count CEL's operations and decide
+// alike on every machine (a step's limit is about 0.3 s of a core, a
+// submit's expression's a few milliseconds); the clock bounds what the
+// count underestimates (a long string compared in every iteration): at
+// submit a few times a submit's cost, for a step far above its cost (a
+// scheduler's step must not fail by the load of its machine). The
 // evaluation is interrupted, every interruptCheck iterations of a
 // comprehension, once its time is up.
 const (
-	ExprTimeLimit  = 500 * time.Millisecond
-	SubmitExprTime = 100 * time.Millisecond
+	ExprTimeLimit  = 10 * time.Second
+	SubmitExprTime = 50 * time.Millisecond
 	interruptCheck = 32
 )
 
