@@ -32,6 +32,7 @@ workflows:
       required: [amount]
       properties:
         amount: {type: number, minimum: 1}
+        code: {type: string, pattern: "^[A-Z]{3}$"}
         tree: {$ref: "#/$defs/n"}
       $defs:
         n:
@@ -204,6 +205,9 @@ func TestOneRuleAtEveryEntrance(t *testing.T) {
 		if got.status >= 500 {
 			t.Errorf("%s %q at %s: %d, a failure of sas, not a refusal: %.300s", group, v.desc, entrance, got.status, got.text)
 		}
+		if len(got.text) > messages.MaxReasonBytes && got.reason != "" {
+			t.Errorf("%s %q at %s: a detail of %d bytes, past the bound of %d", group, v.desc, entrance, len(got.text), messages.MaxReasonBytes)
+		}
 		if !strings.Contains(got.text, v.says) {
 			t.Errorf("%s %q at %s: says %.400q, want it to say %q", group, v.desc, entrance, got.text, v.says)
 		}
@@ -252,6 +256,8 @@ func TestOneRuleAtEveryEntrance(t *testing.T) {
 		{hostileValue{desc: "a payload its schema refuses", reason: messages.ReasonInvalidPayload, says: "at /amount"}, `{"amount":0,"items":[]}`},
 		{hostileValue{desc: "a payload too costly to check", reason: messages.ReasonInvalidPayload, says: "would take more than 50000 steps"},
 			`{"amount":1,"items":[],"tree":` + deep(26) + `}`},
+		{hostileValue{desc: "a violation quoting 20 KB of the payload", reason: messages.ReasonInvalidPayload, says: "at /code"},
+			`{"amount":1,"items":[],"code":"` + strings.Repeat("x", 20000) + `"}`},
 		{hostileValue{desc: "a for_each list that is null", reason: messages.ReasonInvalidPayload, says: "step notify: for_each"}, `{"amount":1,"items":null}`},
 		{hostileValue{desc: "a for_each list that is missing", reason: messages.ReasonInvalidPayload, says: "no such key: items"}, `{"amount":1}`},
 	}

@@ -238,6 +238,10 @@ func (s *server) authed(h handler) http.HandlerFunc {
 	}
 }
 
+// maxFormBytes bounds an action's form: room for a corrected payload of
+// messages.MaxPayloadBytes, URL-encoded (up to three bytes a byte).
+const maxFormBytes = 3*messages.MaxPayloadBytes + 4<<10
+
 // action guards a state-changing request: a session, a request from this
 // site, the session's CSRF token, the operator role, not read-only.
 func (s *server) action(h handler) http.HandlerFunc {
@@ -251,8 +255,14 @@ func (s *server) action(h handler) http.HandlerFunc {
 			s.fail(w, r, rq, http.StatusForbidden, "This request came from another site.")
 			return
 		}
-		r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
-		if err := r.ParseForm(); err != nil || !sameToken(r.PostForm.Get("csrf"), rq.session.csrf) {
+		r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
+		err := r.ParseForm()
+		if tooBig := (*http.MaxBytesError)(nil); errors.As(err, &tooBig) {
+			s.fail(w, r, rq, http.StatusRequestEntityTooLarge, fmt.Sprintf("The form is more than %d bytes: a payload is at most %d bytes of JSON.",
+				maxFormBytes, messages.MaxPayloadBytes))
+			return
+		}
+		if err != nil || !sameToken(r.PostForm.Get("csrf"), rq.session.csrf) {
 			s.fail(w, r, rq, http.StatusForbidden, "The form's security token is missing or wrong: reload the page and try again.")
 			return
 		}
