@@ -37,12 +37,12 @@ func TestSpansLeaveRedacted(t *testing.T) {
 	for _, sp := range got {
 		all := sp.Name + " " + sp.Status.Description
 		for _, a := range sp.Attributes {
-			all += " " + a.Value.Emit()
+			all += " " + a.Value.String()
 		}
 		for _, e := range sp.Events {
 			all += " " + e.Name
 			for _, a := range e.Attributes {
-				all += " " + a.Value.Emit()
+				all += " " + a.Value.String()
 			}
 		}
 		if strings.Contains(all, "hunter2") {
