@@ -24,7 +24,7 @@ import (
 
 	"sas/internal/broker"
 	"sas/internal/contract"
-	"sas/internal/harness/failpoint"
+	"sas/internal/failpoint"
 	"sas/internal/messages"
 	"sas/internal/secrets"
 	"sas/internal/service"

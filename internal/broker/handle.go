@@ -8,7 +8,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"sas/internal/harness/failpoint"
+	"sas/internal/failpoint"
 	"sas/internal/messages"
 )
 

@@ -35,3 +35,25 @@ func TestLayersStayApart(t *testing.T) {
 		}
 	}
 }
+
+// TestServicesDoNotNeedTheLab keeps the lab (internal/harness: chaos,
+// fault proxies, bench, test environments) out of every service and of
+// what they share: what a production process runs is built without it.
+func TestServicesDoNotNeedTheLab(t *testing.T) {
+	t.Parallel()
+	pkgs := []string{"sas/cmd/agent", "sas/cmd/api", "sas/cmd/console", "sas/cmd/scheduler", "sas/cmd/submitter", "sas/cmd/supervisor",
+		"sas/internal/statestore", "sas/internal/broker", "sas/internal/messages", "sas/internal/workflow", "sas/internal/service", "sas/client"}
+	out, err := exec.Command("go", append([]string{"list", "-deps"}, pkgs...)...).Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
+	}
+	deps := strings.Fields(string(out))
+	if len(deps) < len(pkgs) {
+		t.Fatalf("go list -deps listed %v", deps)
+	}
+	for _, d := range deps {
+		if strings.HasPrefix(d, "sas/internal/harness") {
+			t.Errorf("a service depends on the lab package %s", d)
+		}
+	}
+}

@@ -14,7 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"sas/internal/broker"
-	"sas/internal/harness/failpoint"
+	"sas/internal/failpoint"
 	"sas/internal/messages"
 	"sas/internal/statestore"
 	"sas/internal/steptoken"
@@ -480,7 +480,8 @@ func (c *claimer) dispatch(steps []statestore.ClaimedStep, claimedAt time.Time) 
 // made, through the same fenced path as an agent's failed reply.
 func (c *claimer) failUnsendable(s statestore.ClaimedStep, why error) {
 	reason := messages.BoundText("sas could not send the step's request: "+why.Error(), messages.MaxReasonBytes)
-	_, err := c.store.ApplyReply(c.workCtx, statestore.Reply{OrderID: s.OrderID, Step: s.Step, Attempt: s.Attempt, Error: reason, Actor: c.me})
+	// No request left: the step's compensation does not run for it.
+	_, err := c.store.FailUnsent(c.workCtx, s, c.me, reason)
 	if err != nil {
 		c.logger.Warn("could not fail a step whose request cannot be sent; it will run out its time", "order_id", s.OrderID, "step", s.Step, "err", err)
 		return

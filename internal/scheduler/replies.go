@@ -11,7 +11,7 @@ import (
 
 	"sas/internal/batch"
 	"sas/internal/broker"
-	"sas/internal/harness/failpoint"
+	"sas/internal/failpoint"
 	"sas/internal/messages"
 	"sas/internal/service"
 	"sas/internal/statestore"

@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"sas/internal/harness/failpoint"
+	"sas/internal/failpoint"
 )
 
 // Reply is an agent's answer for one attempt of a step.

@@ -19,7 +19,7 @@ import (
 
 	"sas/internal/batch"
 	"sas/internal/broker"
-	"sas/internal/harness/failpoint"
+	"sas/internal/failpoint"
 	"sas/internal/intake"
 	"sas/internal/messages"
 	"sas/internal/service"
@@ -110,7 +110,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	m := newMetrics(reg)
 	topo := broker.Topology{Prefix: cfg.QueuePrefix, DeliveryLimit: cfg.DeliveryLimit, Inputs: []string{Input}, Entrances: []string{Input}}
 	sk, err := service.Start(ctx, service.Setup{Name: "submitter", Me: me, Common: cfg.Common, OpsAddr: cfg.MetricsAddr, Registry: reg,
-		DBMaxConns: cfg.DBMaxConns, Topology: &topo, Traced: true}, logger)
+		DBMaxConns: cfg.DBMaxConns, Topology: &topo, Traced: true, DBKeyed: true}, logger)
 	if err != nil {
 		return err
 	}
