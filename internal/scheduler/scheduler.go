@@ -281,7 +281,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	m.initSeries(workflows, kinds)
 	topo := Topology(cfg.QueuePrefix, cfg.DeliveryLimit, kinds)
 	sk, err := service.Start(ctx, service.Setup{Name: "scheduler", Me: me, Common: cfg.Common, OpsAddr: cfg.MetricsAddr, Registry: reg,
-		DBMaxConns: cfg.DBMaxConns, Topology: &topo, Traced: true}, logger)
+		DBMaxConns: cfg.DBMaxConns, Topology: &topo, Traced: true, DBKeyed: true}, logger)
 	if err != nil {
 		return err
 	}

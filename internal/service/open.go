@@ -32,10 +32,10 @@ type Deps struct {
 // serves /healthz and answers /readyz with what is awaited. On error it
 // closes what it had opened; otherwise the caller closes it all with
 // Close.
-func Open(ctx context.Context, c Common, me string, dbMaxConns int32, topo broker.Topology, reg prometheus.Registerer, ops *OpsServer, logger *slog.Logger) (*Deps, error) {
+func Open(ctx context.Context, c Common, me string, db statestore.Options, topo broker.Topology, reg prometheus.Registerer, ops *OpsServer, logger *slog.Logger) (*Deps, error) {
 	d := &Deps{Metrics: broker.NewMetrics(reg)}
-	if dbMaxConns > 0 {
-		store, closeStore, err := OpenDatabase(ctx, c, dbMaxConns, ops, logger)
+	if db.MaxConns > 0 {
+		store, closeStore, err := OpenDatabase(ctx, db, ops, logger)
 		if err != nil {
 			return nil, err
 		}
@@ -63,8 +63,8 @@ func Open(ctx context.Context, c Common, me string, dbMaxConns int32, topo broke
 // answers, trying again with backoff (100 ms doubling to 5 s, one log line
 // per try) until ctx ends; meanwhile ops answers /readyz with the last
 // error. It returns the store and the function that closes its pool.
-func OpenDatabase(ctx context.Context, c Common, maxConns int32, ops *OpsServer, logger *slog.Logger) (*statestore.Store, func(), error) {
-	pool, err := statestore.Open(c.Database(maxConns))
+func OpenDatabase(ctx context.Context, db statestore.Options, ops *OpsServer, logger *slog.Logger) (*statestore.Store, func(), error) {
+	pool, err := statestore.Open(db)
 	if err != nil {
 		return nil, nil, fmt.Errorf("SAS_DATABASE_URL: %w", err)
 	}

@@ -113,7 +113,7 @@ func startWith(t *testing.T, c service.Common) string {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		deps, err := service.Open(ctx, c, "fuzz", withDB, broker.Topology{Prefix: "fuzz."}, reg, ops, logger)
+		deps, err := service.Open(ctx, c, "fuzz", c.Database(withDB), broker.Topology{Prefix: "fuzz."}, reg, ops, logger)
 		if err == nil {
 			deps.Close()
 			return

@@ -10,6 +10,7 @@ import (
 
 	"sas/internal/broker"
 	"sas/internal/secrets"
+	"sas/internal/statestore"
 	"sas/internal/tracing"
 )
 
@@ -25,6 +26,9 @@ type Setup struct {
 	Registry *prometheus.Registry
 	// DBMaxConns is the database pool's size; 0 opens no database.
 	DBMaxConns int32
+	// DBKeyed: every statement of the service finds its rows by key or
+	// index (statestore.Options.Keyed).
+	DBKeyed bool
 	// Topology is declared on the broker; nil opens no broker.
 	Topology *broker.Topology
 	// Traced sets up the process's tracing (OpenTracing); otherwise
@@ -33,6 +37,13 @@ type Setup struct {
 	// Redact hides secrets in what the spans export (nil: the
 	// configuration's, Common.Redactor).
 	Redact *secrets.Redactor
+}
+
+// database is the pool s asks for.
+func (s Setup) database() statestore.Options {
+	db := s.Common.Database(s.DBMaxConns)
+	db.Keyed = s.DBKeyed
+	return db
 }
 
 // Skeleton is a service's lifecycle, written once: its ops server, its
@@ -68,12 +79,12 @@ func Start(ctx context.Context, s Setup, logger *slog.Logger) (sk *Skeleton, err
 	}
 	sk.OnClose(func() { _ = sk.Ops.Close() })
 	if s.Topology != nil {
-		sk.Deps, err = Open(ctx, s.Common, s.Me, s.DBMaxConns, *s.Topology, s.Registry, sk.Ops, logger)
+		sk.Deps, err = Open(ctx, s.Common, s.Me, s.database(), *s.Topology, s.Registry, sk.Ops, logger)
 	} else {
 		sk.Deps = &Deps{}
 		if s.DBMaxConns > 0 {
 			var closeStore func()
-			sk.Deps.Store, closeStore, err = OpenDatabase(ctx, s.Common, s.DBMaxConns, sk.Ops, logger)
+			sk.Deps.Store, closeStore, err = OpenDatabase(ctx, s.database(), sk.Ops, logger)
 			if err == nil {
 				sk.Deps.close = append(sk.Deps.close, closeStore)
 			}

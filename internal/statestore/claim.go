@@ -109,9 +109,13 @@ const claimRestSQL = `, claimed AS (
     SELECT order_id, step, 'pending', 'processing', attempt, $1, 'claimed'
     FROM claimed
 ), started AS (
+    -- Each order found by its key: its status is compared as an
+    -- expression no index serves, so that no plan walks every received
+    -- order (a backlog of them) to find the few this claim started.
     UPDATE orders o
     SET status = 'processing', updated_at = now()
-    WHERE o.status = 'received' AND o.order_id IN (SELECT order_id FROM claimed)
+    FROM (SELECT DISTINCT order_id FROM claimed) c
+    WHERE o.order_id = c.order_id AND (o.status = 'received') IS TRUE
     RETURNING o.order_id, o.reply_to
 ), order_hist AS (
     INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)

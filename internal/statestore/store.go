@@ -182,6 +182,15 @@ type Options struct {
 	// no transaction of the pool stays open behind a stuck one, and its
 	// now() stays close to the time of its writes.
 	LockTimeout time.Duration
+	// Keyed, for a service whose statements all find their rows by key or
+	// by an index (the submitter, the schedulers, the supervisor), turns
+	// sequential scans off on every connection: a statement's plan is made
+	// once and kept (pgx prepares it; PostgreSQL then keeps a generic
+	// plan), and one made while a table was small and had no statistics
+	// (a new schema; autovacuum off, or not yet run) scanned the steps
+	// table for each reply of a batch, and the received orders for each
+	// claim, long after the table had grown: the claim's slow mode.
+	Keyed bool
 }
 
 // Open returns a pool as o says without connecting: the first statement
@@ -203,6 +212,9 @@ func Open(o Options) (*pgxpool.Pool, error) {
 	}
 	if o.LockTimeout > 0 {
 		cfg.ConnConfig.RuntimeParams["lock_timeout"] = strconv.FormatInt(o.LockTimeout.Milliseconds(), 10)
+	}
+	if o.Keyed {
+		cfg.ConnConfig.RuntimeParams["enable_seqscan"] = "off"
 	}
 	// No JIT: sas's statements are short, and once a table holds enough
 	// rows the planner's estimates pass jit_above_cost, when compiling a

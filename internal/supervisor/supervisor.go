@@ -230,7 +230,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	reg := service.NewRegistry()
 	m := newMetrics(reg)
 	sk, err := service.Start(ctx, service.Setup{Name: "supervisor", Me: me, Common: cfg.Common, OpsAddr: cfg.MetricsAddr, Registry: reg,
-		DBMaxConns: cfg.DBMaxConns, Traced: true}, logger)
+		DBMaxConns: cfg.DBMaxConns, Traced: true, DBKeyed: true}, logger)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,146 @@
+package statestore_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"sas/internal/statestore"
+)
+
+// explainVisits runs the prepared statement name (with args) in a
+// transaction that is rolled back, and returns how many rows its plan
+// visited (every scan's rows, those its filters removed included, and
+// every row a join's filter removed, times its loops) and how many rows
+// its outermost node returned.
+func explainVisits(t *testing.T, ctx context.Context, conn *pgx.Conn, name, args string) (visited, rows int) {
+	t.Helper()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	var out []byte
+	if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE `+name+`(`+args+`)`).Scan(&out); err != nil {
+		t.Fatal(err)
+	}
+	var plan []struct {
+		Plan planNode `json:"Plan"`
+	}
+	if err := json.Unmarshal(out, &plan); err != nil {
+		t.Fatal(err)
+	}
+	return plan[0].Plan.visited(), plan[0].Plan.Rows
+}
+
+type planNode struct {
+	Type          string     `json:"Node Type"`
+	Rows          int        `json:"Actual Rows"`
+	Loops         int        `json:"Actual Loops"`
+	RemovedFilter int        `json:"Rows Removed by Filter"`
+	RemovedJoin   int        `json:"Rows Removed by Join Filter"`
+	Plans         []planNode `json:"Plans"`
+}
+
+func (n planNode) visited() int {
+	v := n.RemovedJoin * max(n.Loops, 1)
+	if strings.HasSuffix(n.Type, "Scan") && n.Type != "CTE Scan" && n.Type != "Function Scan" && n.Type != "Subquery Scan" {
+		v += (n.Rows + n.RemovedFilter) * max(n.Loops, 1)
+	}
+	for _, c := range n.Plans {
+		v += c.visited()
+	}
+	return v
+}
+
+// TestHotStatementsVisitRowsByTheirWork: the claim and the batched reply
+// visit a number of rows that follows the steps they claim or apply, not
+// the rows the tables hold: with 6,000 pending orders they visit no more
+// a step than with 200, through the plans a pool keeps (generic, made
+// when the tables were empty and had no statistics, as a new schema's
+// are with autovacuum off). Such a plan scanned the received orders for
+// each claim, and every step for each reply of a batch: the claim's
+// slow mode.
+func TestHotStatementsVisitRowsByTheirWork(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	pool, err := statestore.Open(statestore.Options{URL: b.url, MaxConns: 1, Keyed: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	// The plans a pool keeps: generic, made once, when the tables were
+	// small and had no statistics, then used as they grow.
+	for _, stmt := range []string{
+		`SET plan_cache_mode = force_generic_plan`,
+		`PREPARE claim(text, int, text[], int[]) AS ` + statestore.ClaimKindsSQL,
+		`PREPARE reply(uuid[], int[], int[], jsonb[], timestamptz[], timestamptz[], bigint[], text, boolean, text[]) AS ` + statestore.ApplyOKRepliesSQL,
+	} {
+		if _, err := conn.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer func() { _, _ = conn.Exec(context.Background(), `DEALLOCATE claim; DEALLOCATE reply; RESET plan_cache_mode`) }()
+	// Their generic plans are made now, for empty tables.
+	explainVisits(t, ctx, conn.Conn(), "claim", `'s', 1, '{k}', '{1}'`)
+	explainVisits(t, ctx, conn.Conn(), "reply", `'{}', '{}', '{}', '{}', '{}', '{}', '{}', 's', true, '{}'`)
+	const batch = 50
+	perStep := map[int][2]float64{}
+	for _, backlog := range []int{200, 6000} {
+		orders := make([]statestore.NewOrder, backlog-count(t, b, `SELECT count(*) FROM orders`))
+		for i := range orders {
+			orders[i] = order(1, time.Hour, 3)
+			orders[i].Steps[0].Agent = "k"
+		}
+		for len(orders) > 0 {
+			n := min(len(orders), 500)
+			if _, errs := b.store.InsertOrders(ctx, orders[:n]); errs[0] != nil {
+				t.Fatal(errs[0])
+			}
+			orders = orders[n:]
+		}
+		claim, claimed := explainVisits(t, ctx, conn.Conn(), "claim", fmt.Sprintf(`'s', %d, '{k}', '{%d}'`, batch, batch))
+		if claimed != batch {
+			t.Fatalf("with %d pending: claimed %d, want %d", backlog, claimed, batch)
+		}
+		// Replies to a batch claimed for real.
+		steps, err := b.store.ClaimKinds(ctx, "s", map[string]int{"k": batch})
+		if err != nil || len(steps) != batch {
+			t.Fatalf("claim: %d %v", len(steps), err)
+		}
+		var ids, nums, attempts []string
+		for _, s := range steps {
+			ids, nums, attempts = append(ids, s.OrderID), append(nums, fmt.Sprint(s.Step)), append(attempts, fmt.Sprint(s.Attempt))
+		}
+		arr := func(xs []string) string { return fmt.Sprintf("'{%s}'", joinComma(xs)) }
+		nulls := make([]string, batch)
+		for i := range nulls {
+			nulls[i] = "NULL"
+		}
+		reply, applied := explainVisits(t, ctx, conn.Conn(), "reply", fmt.Sprintf(`%s, %s, %s, %s, %s, %s, %s, 's', true, '{}'`, arr(ids), arr(nums), arr(attempts), arr(nulls), arr(nulls), arr(nulls), arr(nulls)))
+		if applied != batch {
+			t.Fatalf("with %d pending: applied %d replies, want %d", backlog, applied, batch)
+		}
+		perStep[backlog] = [2]float64{float64(claim) / batch, float64(reply) / batch}
+		t.Logf("%d orders pending: %.1f rows visited a claimed step, %.1f an applied reply", backlog, perStep[backlog][0], perStep[backlog][1])
+	}
+	for i, what := range []string{"claim", "reply"} {
+		small, large := perStep[200][i], perStep[6000][i]
+		if large > 1.3*small+10 {
+			t.Errorf("the %s visits %.1f rows a step with 6,000 orders pending, %.1f with 200: its cost follows the table", what, large, small)
+		}
+	}
+}
+
+func joinComma(xs []string) string { return strings.Join(xs, ",") }
