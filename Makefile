@@ -15,7 +15,7 @@ TOOLS := $(CURDIR)/bin/tools/helm-v3.22.0-kubeconform-v0.8.0
 FUZZTIME ?= 30s
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all build services tools test bench-ab bench-backlog bench-steady lint fmt-check fuzz demo chaos bench clean console-screenshots bench-console ha timers api-e2e limits-e2e
+.PHONY: all build services tools test bench-ab bench-backlog bench-churn bench-steady lint fmt-check fuzz demo chaos bench clean console-screenshots bench-console ha timers api-e2e limits-e2e
 
 all: build
 
@@ -128,6 +128,15 @@ BACKLOG_ORDERS ?= 100000
 bench-backlog: build
 	./scripts/services.sh sas_bench
 	$(BENCH_ENV) bin/sasctl bench --workflow single --backlog $(BACKLOG_ORDERS) --json bench-backlog.json
+
+# A store with a history (docs/BENCHMARKS.md): single-max after
+# CHURN_ORDERS orders have run through the system on a fresh schema and
+# ended, their dead rows never vacuumed (this machine's autovacuum is
+# off): the claim must cost what it costs on a fresh schema.
+CHURN_ORDERS ?= 1000000
+bench-churn: build
+	./scripts/services.sh sas_bench
+	$(BENCH_RUN) --workflow single --churn $(CHURN_ORDERS) --label single-max-churn --json bench-single-max-churn.json
 
 # A store in use (docs/BENCHMARKS.md): single-max on a fresh schema
 # prefilled with STEADY_ORDERS ended orders, their steps and history,

@@ -50,6 +50,7 @@ func Main(ctx context.Context, a *Tool, args []string) error {
 	fs.StringVar(&o.label, "label", "", "a name for this run in the report")
 	fs.BoolVar(&o.purge, "purge", false, "empty the submit, replies and agent queues first (a previous run's leftovers); without it, leftovers stop the run")
 	fs.IntVar(&o.pprofOffset, "pprof-offset", 0, "when not 0, every service serves Go's profiler on its port plus this offset (e.g. 1000: the submitter's on port-base+1001)")
+	fs.IntVar(&o.churn, "churn", 0, "warm up until this many orders have ended as well (claimed, answered, ended, never vacuumed): the store's history of dead rows behind the measured window")
 	fs.IntVar(&o.prefill, "prefill", 0, "before the run, fill the store with this many orders as they look once run (most completed, their steps and history), vacuumed and analyzed: a steady state of a store in use")
 	fs.BoolVar(&o.fresh, "fresh", true, "run on a new schema of the database, migrated by the run's own sasctl and dropped after, so that no earlier run's rows or dead tuples weigh on it (--fresh=false: the database as it is)")
 	against := fs.String("against", "", "A/B: the directory of another build's binaries (A); runs A and this run's binaries (B, --bin) alternately, --rounds times each, and prints both with the ratio B/A of every figure")
@@ -135,6 +136,7 @@ type benchOptions struct {
 	label                       string
 	purge, fresh                bool
 	prefill                     int // orders written before the run (lab.Fill)
+	churn                       int // orders ended before the window opens
 	env                         []string
 	envB                        []string // with --against: B's own
 	via                         string   // amqp or http
@@ -231,7 +233,7 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 	defer tick.Stop()
 	measureAt := began.Add(o.warmup)
 	endAt := measureAt.Add(o.duration)
-	if o.warmup == 0 {
+	if o.warmup == 0 && o.churn == 0 {
 		window.from, err = store.Now(ctx)
 		if err != nil {
 			return nil, err
@@ -257,10 +259,11 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 				samples.take(ctx, now.Sub(measureAt))
 			}
 			switch {
-			case phase == "warm-up" && !now.Before(measureAt):
+			case phase == "warm-up" && !now.Before(measureAt) && ended.Load() >= int64(o.churn):
 				if window.from, err = store.Now(ctx); err != nil {
 					return nil, err
 				}
+				measureAt, endAt = now, now.Add(o.duration)
 				window.cpu0 = takeCPU(st)
 				window.wal0 = readWAL()
 				phase = "measuring"
@@ -298,6 +301,10 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 	}
 	rep := newBenchReport(o.label, o.wf, o.rate, o.inflight, o.warmup, window.to.Sub(window.from), o.schedulers, o.agents, o.latency, o.env)
 	rep.Published, rep.PublishFailures = gen.published.Load(), gen.failed.Load()
+	rep.Churned = o.churn
+	if rep.Postgres, err = postgresSettings(ctx, pool); err != nil {
+		fmt.Fprintf(a.stderr, "the report will lack the database's settings: %v\n", err)
+	}
 	if o.via == "http" {
 		rep.Via = "http"
 	}
@@ -691,6 +698,12 @@ type benchReport struct {
 	// taking PrefilledSize on disk.
 	Prefilled     int           `json:"prefilled,omitempty"`
 	PrefilledSize string        `json:"prefilled_size,omitempty"`
+	// Churned orders ended before the window (--churn), their dead rows
+	// left where they lie.
+	Churned int `json:"churned,omitempty"`
+	// Postgres is what the run's PostgreSQL was, by setting: its version,
+	// and what its figures depend on.
+	Postgres map[string]string `json:"postgres,omitempty"`
 	Queues        []queueDepths `json:"queues"`
 }
 
@@ -873,6 +886,16 @@ func (r *benchReport) print(w io.Writer) {
 	if r.Prefilled > 0 {
 		fmt.Fprintf(tw, "store\tprefilled with %d orders (%s), vacuumed\n", r.Prefilled, r.PrefilledSize)
 	}
+	if r.Churned > 0 {
+		fmt.Fprintf(tw, "store\t%d orders ended before the window, not vacuumed\n", r.Churned)
+	}
+	if len(r.Postgres) > 0 {
+		var kv []string
+		for _, k := range postgresSettingNames() {
+			kv = append(kv, k+"="+r.Postgres[k])
+		}
+		fmt.Fprintf(tw, "postgres\t%s\n", strings.Join(kv, " "))
+	}
 	fmt.Fprintln(tw, "\nLATENCY (ms)\tn\tp50\tp95\tp99\tmax\tmean")
 	row := func(name string, l latencyMS) {
 		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\n", name, l.N, l.P50, l.P95, l.P99, l.Max, l.Mean)
@@ -900,4 +923,23 @@ func (r *benchReport) print(w io.Writer) {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%s\n", q.Queue, q.Max, q.Last, q.Slope, q.Verdict)
 	}
 	_ = tw.Flush()
+}
+
+// postgresSettingNames are the PostgreSQL settings a report records: the
+// figures depend on them (a user's server may differ from this machine's).
+func postgresSettingNames() []string {
+	return []string{"server_version", "autovacuum", "shared_buffers", "synchronous_commit", "jit", "fsync", "max_connections"}
+}
+
+// postgresSettings reads postgresSettingNames from the server.
+func postgresSettings(ctx context.Context, pool *pgxpool.Pool) (map[string]string, error) {
+	out := map[string]string{}
+	for _, name := range postgresSettingNames() {
+		var v string
+		if err := pool.QueryRow(ctx, `SELECT current_setting($1)`, name).Scan(&v); err != nil {
+			return nil, fmt.Errorf("read %s: %w", name, err)
+		}
+		out[name] = v
+	}
+	return out, nil
 }
