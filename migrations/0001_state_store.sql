@@ -1,3 +1,4 @@
+-- History: the function texts below were those of their day; internal/statestore/sql/ holds the current ones.
 -- The state store of the Scheduler Agent Supervisor pattern.
 --
 -- Tables are created unqualified so that the schema is chosen by the

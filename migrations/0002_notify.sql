@@ -1,3 +1,4 @@
+-- History: the function texts below were those of their day; internal/statestore/sql/ holds the current ones.
 -- Wake-ups for schedulers: NOTIFY sas_pending when a statement makes steps
 -- pending, and sas_outbox when it writes outbox rows. Notifications are
 -- sent at commit and folded within a transaction, so a batch costs one.

@@ -1,3 +1,4 @@
+-- History: the function texts below were those of their day; internal/statestore/sql/ holds the current ones.
 -- Compensation: every action step has a compensating step (kind
 -- 'compensation', created waiting with the order) that undoes it. They are
 -- numbered in reverse: for N actions, the one undoing action i is step

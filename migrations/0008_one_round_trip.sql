@@ -1,3 +1,4 @@
+-- History: the function texts below were those of their day; internal/statestore/sql/ holds the current ones.
 -- Fewer round trips and cheaper claims on the hot path.
 --
 -- apply_reply applies an agent's reply in one call: the fenced update of

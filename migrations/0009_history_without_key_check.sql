@@ -1,3 +1,4 @@
+-- History: the function texts below were those of their day; internal/statestore/sql/ holds the current ones.
 -- The history's foreign key to orders, off the hot path.
 --
 -- Every history row is written by a statement that has just changed or

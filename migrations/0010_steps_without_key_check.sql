@@ -1,3 +1,4 @@
+-- History: the function texts below were those of their day; internal/statestore/sql/ holds the current ones.
 -- The steps' foreign key to orders, off the hot path, as the history's
 -- was in 0009.
 --

@@ -1,3 +1,4 @@
+-- History: the function texts below were those of their day; internal/statestore/sql/ holds the current ones.
 -- The history and the fence read the clock when they write, not when
 -- their transaction began.
 --

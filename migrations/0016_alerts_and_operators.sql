@@ -1,3 +1,4 @@
+-- History: the function texts below were those of their day; internal/statestore/sql/ holds the current ones.
 -- Operator alerts kept as rows, and operator actions recorded with an
 -- identity that cannot be forged.
 --

@@ -1,3 +1,4 @@
+-- History: the function texts below were those of their day; internal/statestore/sql/ holds the current ones.
 -- Workflows as data: any process, not only the demo order.
 --
 -- workflow_versions keeps every workflow definition an order was submitted

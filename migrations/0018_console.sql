@@ -1,3 +1,4 @@
+-- History: the function texts below were those of their day; internal/statestore/sql/ holds the current ones.
 -- The web console (cmd/console).
 --
 -- Its database login is a member of sas_console: it reads the state

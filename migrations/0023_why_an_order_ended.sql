@@ -1,3 +1,4 @@
+-- History: the function texts below were those of their day; internal/statestore/sql/ holds the current ones.
 -- Why an order ended, said to the application and the operator.
 --
 -- steps.last_answer is the last answer the step's service gave (its HTTP

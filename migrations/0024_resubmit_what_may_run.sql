@@ -1,3 +1,4 @@
+-- History: the function texts below were those of their day; internal/statestore/sql/ holds the current ones.
 -- operator_resubmit resets only what may run again. Once a compensation
 -- of an order failed, the order is partly undone: only its compensations
 -- in error may be resubmitted (an action resubmitted then would run

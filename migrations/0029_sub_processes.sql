@@ -9,7 +9,7 @@ ALTER TABLE orders ADD COLUMN parent_order uuid, ADD COLUMN parent_step integer,
 ALTER TABLE orders ADD CONSTRAINT orders_parent_step_check CHECK ((parent_order IS NULL) = (parent_step IS NULL));
 CREATE INDEX orders_parent_idx ON orders (parent_order) WHERE parent_order IS NOT NULL;
 
--- Its text is sql/functions.sql's, applied after the migrations; this
+-- Its text is internal/statestore/sql/'s, applied after the migrations; this
 -- stand-in lets the trigger be made first.
 CREATE OR REPLACE FUNCTION child_ended() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
 CREATE TRIGGER orders_child_ended AFTER UPDATE OF status ON orders

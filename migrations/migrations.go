@@ -5,7 +5,7 @@
 // applied file must never be edited, only followed by a new one. They
 // change the schema only (tables, columns, indexes, triggers, roles,
 // grants): the current text of every database function is in
-// internal/statestore/sql/functions.sql, which statestore.Migrate applies
+// internal/statestore/sql/*.sql (a file a topic), which statestore.Migrate applies
 // after them. The functions some files define were the texts of their
 // day; the file's text replaces them.
 package migrations

@@ -14,12 +14,12 @@ import (
 	"sas/migrations"
 )
 
-// fileFunction is one CREATE OR REPLACE FUNCTION of sql/functions.sql.
+// fileFunction is one CREATE OR REPLACE FUNCTION of sql/*.sql.
 type fileFunction struct{ name, body string }
 
 var functionHeader = regexp.MustCompile(`(?m)^CREATE OR REPLACE FUNCTION ([a-z_][a-z0-9_]*)\(`)
 
-// fileFunctions parses sql/functions.sql: each function's name and the
+// fileFunctions parses sql/*.sql: each function's name and the
 // text between its $function$ quotes, as pg_proc.prosrc holds it.
 func fileFunctions(t *testing.T) []fileFunction {
 	t.Helper()
@@ -35,23 +35,23 @@ func fileFunctions(t *testing.T) []fileFunction {
 		const quote = "$function$"
 		open := strings.Index(def, "AS "+quote)
 		if open < 0 {
-			t.Fatalf("functions.sql: %s has no AS %s body", text[h[2]:h[3]], quote)
+			t.Fatalf("sql/: %s has no AS %s body", text[h[2]:h[3]], quote)
 		}
 		rest := def[open+len("AS "+quote):]
 		closing := strings.Index(rest, quote)
 		if closing < 0 {
-			t.Fatalf("functions.sql: %s's body is not closed", text[h[2]:h[3]])
+			t.Fatalf("sql/: %s's body is not closed", text[h[2]:h[3]])
 		}
 		out = append(out, fileFunction{name: text[h[2]:h[3]], body: rest[:closing]})
 	}
 	if len(out) == 0 {
-		t.Fatal("functions.sql defines no function")
+		t.Fatal("sql/ defines no function")
 	}
 	return out
 }
 
 // functionsDiffer lists every way the functions of the current schema
-// differ from sql/functions.sql: a function the file does not define, a
+// differ from sql/*.sql: a function the file does not define, a
 // body other than the file's, a function of the file that is missing, a
 // SECURITY DEFINER function whose search_path is not pinned to the schema.
 func functionsDiffer(ctx context.Context, t *testing.T, q interface {
@@ -91,7 +91,7 @@ func functionsDiffer(ctx context.Context, t *testing.T, q interface {
 			}
 		}
 		if found < 0 {
-			diffs = append(diffs, fmt.Sprintf("%s is defined in the database with a text functions.sql does not hold", f.signature))
+			diffs = append(diffs, fmt.Sprintf("%s is defined in the database with a text sql/ does not hold", f.signature))
 			continue
 		}
 		used[found] = true
@@ -101,7 +101,7 @@ func functionsDiffer(ctx context.Context, t *testing.T, q interface {
 	}
 	for i, ff := range file {
 		if !used[i] {
-			diffs = append(diffs, fmt.Sprintf("functions.sql's %s is not in the database as written", ff.name))
+			diffs = append(diffs, fmt.Sprintf("sql/'s %s is not in the database as written", ff.name))
 		}
 	}
 	return diffs
@@ -112,7 +112,7 @@ func TestFunctionsFileIsTheDefinition(t *testing.T) {
 	b := setup(t)
 	ctx := ctxFor(t)
 	if diffs := functionsDiffer(ctx, t, b.pool); len(diffs) != 0 {
-		t.Fatalf("the migrated schema's functions differ from sql/functions.sql:\n%s", strings.Join(diffs, "\n"))
+		t.Fatalf("the migrated schema's functions differ from sql/*.sql:\n%s", strings.Join(diffs, "\n"))
 	}
 
 	// The check sees a function redefined behind the file's back, one added
@@ -132,7 +132,7 @@ func TestFunctionsFileIsTheDefinition(t *testing.T) {
 		}
 	}
 	diffs := functionsDiffer(ctx, t, tx)
-	for _, want := range []string{"operator_begin(text) is defined", "step_ended_elsewhere() is defined", "functions.sql's operator_begin", "ack_alert(bigint,text) is SECURITY DEFINER"} {
+	for _, want := range []string{"operator_begin(text) is defined", "step_ended_elsewhere() is defined", "sql/'s operator_begin", "ack_alert(bigint,text) is SECURITY DEFINER"} {
 		if !slices.ContainsFunc(diffs, func(d string) bool { return strings.HasPrefix(d, want) }) {
 			t.Errorf("the check missed %q; it found:\n%s", want, strings.Join(diffs, "\n"))
 		}
@@ -160,16 +160,17 @@ func TestMigrateAppliesChangedFunctions(t *testing.T) {
 		t.Fatalf("migrate: ran %v, %v", ran, err)
 	}
 	if diffs := functionsDiffer(ctx, t, b.pool); len(diffs) != 0 {
-		t.Fatalf("after migrate the functions differ from sql/functions.sql:\n%s", strings.Join(diffs, "\n"))
+		t.Fatalf("after migrate the functions differ from sql/*.sql:\n%s", strings.Join(diffs, "\n"))
 	}
 }
 
 // The schema migrations that follow the functions file change the schema
-// only: a function's text lives in sql/functions.sql. The one exception
+// only: a function's text lives in sql/*.sql. The one exception
 // is a trigger's stand-in (a trigger function whose body does nothing,
 // so that a migration can make the trigger before the file is applied),
 // and only for a function the file defines.
 func TestMigrationsAfterTheFunctionsFileDefineNoFunction(t *testing.T) {
+	const historyLine = "-- History: the function texts below were those of their day; internal/statestore/sql/ holds the current ones.\n"
 	ms, err := statestore.LoadMigrations(migrations.FS)
 	if err != nil {
 		t.Fatal(err)
@@ -183,16 +184,20 @@ func TestMigrationsAfterTheFunctionsFileDefineNoFunction(t *testing.T) {
 			t.Fatalf("the pattern does not see the function %s defines", m.Name)
 		}
 		if m.Version <= lastWithFunctions {
+			// Its function texts are history: it says so on its first line.
+			if def.MatchString(m.SQL) && !strings.HasPrefix(m.SQL, historyLine) {
+				t.Errorf("%s defines functions but does not begin %q", m.Name, historyLine)
+			}
 			continue
 		}
 		text := m.SQL
 		for _, sm := range standIn.FindAllStringSubmatch(text, -1) {
 			if !strings.Contains(statestore.FunctionsSQL(), "CREATE OR REPLACE FUNCTION "+sm[1]+"()") {
-				t.Errorf("%s makes a stand-in for %s, which sql/functions.sql does not define", m.Name, sm[1])
+				t.Errorf("%s makes a stand-in for %s, which sql/*.sql does not define", m.Name, sm[1])
 			}
 		}
 		if def.MatchString(standIn.ReplaceAllString(text, "")) {
-			t.Errorf("%s defines a function: put its text in internal/statestore/sql/functions.sql", m.Name)
+			t.Errorf("%s defines a function: put its text in internal/statestore/sql/*.sql", m.Name)
 		}
 	}
 }

@@ -10,7 +10,7 @@ import (
 // claimed it reads its when (false: SkipStep) or its for_each list
 // (ExpandStep) and answers for it, fenced by the attempt as a reply is.
 // What runs next is the graph_advance function's to decide
-// (sql/functions.sql).
+// (sql/20_steps.sql).
 
 // GraphResult says what a scheduler's answer for a claimed step changed.
 type GraphResult struct {

@@ -9,7 +9,7 @@ import (
 )
 
 // TestOrderNextDecides: the order_next function's answer for every kind of
-// step end, as sql/functions.sql documents it.
+// step end, as sql/20_steps.sql documents it.
 func TestOrderNextDecides(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -91,7 +91,9 @@ func TestHotStatementsVisitRowsByTheirWork(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	defer func() { _, _ = conn.Exec(context.Background(), `DEALLOCATE claim; DEALLOCATE reply; RESET plan_cache_mode`) }()
+	defer func() {
+		_, _ = conn.Exec(context.Background(), `DEALLOCATE claim; DEALLOCATE reply; RESET plan_cache_mode`)
+	}()
 	// Their generic plans are made now, for empty tables.
 	explainVisits(t, ctx, conn.Conn(), "claim", `'s', 1, '{k}', '{1}'`)
 	explainVisits(t, ctx, conn.Conn(), "reply", `'{}', '{}', '{}', '{}', '{}', '{}', '{}', 's', true, '{}'`)

@@ -82,7 +82,7 @@ func (e *StaleReplyError) Error() string {
 func (e *StaleReplyError) Unwrap() error { return ErrStale }
 
 // applyReplySQL applies one reply in one round trip (the apply_reply
-// function, sql/functions.sql): the fenced update, its history, and the
+// function, sql/30_replies.sql): the fenced update, its history, and the
 // order moving on or reacting to a failure.
 const applyReplySQL = `SELECT applied, step_state, step_name, took_s, next_step, order_status, order_took_s
 FROM apply_reply($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`
@@ -136,7 +136,7 @@ func (s *Store) applyReplyFunc(ctx context.Context, r Reply) (ApplyResult, error
 // applyOKRepliesSQL applies ok replies, one or many, in one statement, as
 // apply_reply does one by one: the fenced update of each step with its
 // history and timings; then, with each order's row locked, what the
-// order_next function (sql/functions.sql) decides: the next step of the
+// order_next function (sql/20_steps.sql) decides: the next step of the
 // same kind made pending, or, after the last, the order ended (completed
 // after its actions, failed after its compensations) with its history and
 // status event; an order that moved on meanwhile (cancelled, compensating)

@@ -17,7 +17,7 @@ import (
 // error gives ErrInvalidState; the error's text says which.
 //
 // The history records the database login that did it (the session's:
-// see operator_resubmit in sql/functions.sql) and claimed, the name the
+// see operator_resubmit in sql/80_operators.sql) and claimed, the name the
 // operator gave, as a separate label.
 func (s *Store) Resubmit(ctx context.Context, orderID string, step int, claimed string) ([]int, error) {
 	rows, err := s.pool.Query(ctx, `SELECT operator_resubmit($1, $2, $3)`, orderID, step, claimed)

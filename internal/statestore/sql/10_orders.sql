@@ -1,0 +1,163 @@
+-- Orders: their status, the events and alerts they send.
+
+-- order_transition: moves an order to a new status, with its history row
+-- and its status event in the outbox.
+CREATE OR REPLACE FUNCTION order_transition(p_order uuid, p_to text, p_step integer, p_actor text, p_reason text)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_from text;
+    v_reply_to text;
+BEGIN
+    SELECT status, reply_to INTO v_from, v_reply_to FROM orders WHERE order_id = p_order;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'order % does not exist', p_order USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    UPDATE orders SET status = p_to, updated_at = now() WHERE order_id = p_order;
+    INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
+    VALUES (p_order, NULL, v_from, p_to, p_actor, p_reason);
+    INSERT INTO outbox (message_type, order_id, reply_to, body)
+    VALUES ('status_event', p_order, v_reply_to, status_event_body(p_order, p_to, p_step));
+END;
+$function$;
+
+-- status_event_body: the body of a status event, as the outbox publishes
+-- it; an ended order's event comes from the five-argument form below.
+CREATE OR REPLACE FUNCTION status_event_body(p_order_id uuid, p_status text, p_step integer)
+ RETURNS jsonb
+ LANGUAGE sql
+AS $function$
+    SELECT CASE WHEN p_status IN ('completed', 'failed', 'error')
+        THEN status_event_body(p_order_id, p_status, p_step, NULL, NULL)
+        ELSE jsonb_build_object(
+            'schema_version', 1,
+            'order_id', p_order_id,
+            'status', p_status,
+            'step', p_step,
+            'at', to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
+    END
+$function$;
+
+-- status_event_body: the body of a status event with what an ended order
+-- says: its results, the step that failed, the reason, what was undone.
+CREATE OR REPLACE FUNCTION status_event_body(p_order_id uuid, p_status text, p_step integer, p_more_results jsonb, p_undone_step integer)
+ RETURNS jsonb
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_body      jsonb;
+    v_results   jsonb;
+    v_undone    jsonb;
+    v_step      integer;
+    v_name      text;
+    v_error     text;
+    v_answer    text;
+    v_cancelled text;
+    v_reason    text;
+    v_detail    text;
+BEGIN
+    v_body := jsonb_build_object(
+        'schema_version', 1,
+        'order_id', p_order_id,
+        'status', p_status,
+        'step', p_step,
+        'at', to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'));
+    IF p_status NOT IN ('completed', 'failed', 'error') THEN
+        RETURN v_body;
+    END IF;
+    SELECT coalesce(jsonb_object_agg(coalesce(spec->>'id', name), result), '{}'::jsonb) INTO v_results
+    FROM steps WHERE order_id = p_order_id AND kind = 'action' AND result IS NOT NULL AND parent IS NULL;
+    v_results := v_results || coalesce(p_more_results, '{}'::jsonb);
+    IF v_results <> '{}'::jsonb THEN
+        IF octet_length(v_results::text) <= 32768 THEN
+            v_body := v_body || jsonb_build_object('results', v_results);
+        ELSE
+            v_body := v_body || jsonb_build_object('results_truncated', true);
+        END IF;
+    END IF;
+    -- In a graph, the steps whose when was false.
+    SELECT jsonb_agg(coalesce(spec->>'id', name) ORDER BY step) INTO v_undone
+    FROM steps WHERE order_id = p_order_id AND kind = 'action' AND process_state = 'skipped';
+    IF v_undone IS NOT NULL THEN
+        v_body := v_body || jsonb_build_object('skipped', v_undone);
+    END IF;
+    IF p_status = 'completed' THEN
+        RETURN v_body;
+    END IF;
+
+    -- The step that failed: a compensation before an action (it is why
+    -- an order is held partly undone). Its last error says how: the
+    -- supervisor writes "complete_by passed …", a failed reply the
+    -- agent's reason.
+    SELECT s.step, s.name, s.last_error, s.last_answer
+    INTO v_step, v_name, v_error, v_answer
+    FROM steps s
+    WHERE s.order_id = p_order_id AND s.process_state = 'error'
+    ORDER BY s.kind = 'compensation' DESC, s.step
+    LIMIT 1;
+    -- An operator's cancel, when it is what began the undoing.
+    SELECT coalesce(t.claimed_by, t.actor) INTO v_cancelled FROM transitions t
+    WHERE t.order_id = p_order_id AND t.step IS NULL AND t.to_state IN ('compensating', 'failed') AND t.reason LIKE 'operator cancel%'
+    ORDER BY t.id DESC LIMIT 1;
+
+    IF v_step IS NOT NULL AND NOT (p_status = 'failed' AND v_cancelled IS NOT NULL) THEN
+        v_reason := CASE WHEN v_error LIKE 'complete_by passed%' THEN 'timed_out' ELSE 'refused' END;
+        v_detail := v_name || ' (step ' || v_step || ')' || coalesce(': ' || v_error, '')
+                    || coalesce('; the service''s last answer: ' || v_answer, '');
+        v_body := v_body || jsonb_build_object('failed_step', v_name, 'step', coalesce(p_step, v_step));
+    ELSIF v_cancelled IS NOT NULL THEN
+        v_reason := 'cancelled';
+        v_detail := 'cancelled by ' || v_cancelled;
+        IF v_step IS NOT NULL THEN
+            v_detail := v_detail || ' after ' || v_name || ' (step ' || v_step || ') failed' || coalesce(': ' || v_error, '');
+        END IF;
+    END IF;
+    IF v_reason IS NOT NULL THEN
+        -- At most 500 characters: 2,000 bytes, the event's bound.
+        v_body := v_body || jsonb_build_object('reason', v_reason, 'detail',
+            CASE WHEN length(v_detail) > 500 THEN left(v_detail, 499) || '…' ELSE v_detail END);
+    END IF;
+
+    -- Each action once (the instances of a for_each step are one), in
+    -- the order of the steps.
+    SELECT jsonb_agg(u.name ORDER BY u.first) INTO v_undone FROM (
+        SELECT coalesce(a.spec->>'id', a.name) AS name, min(a.step) AS first
+        FROM steps c JOIN steps a ON a.order_id = c.order_id AND a.step = c.compensates
+        WHERE c.order_id = p_order_id AND c.kind = 'compensation'
+          AND (c.process_state = 'processed' OR c.step = p_undone_step)
+        GROUP BY 1) u;
+    IF v_undone IS NOT NULL THEN
+        v_body := v_body || jsonb_build_object('undone', v_undone);
+    END IF;
+    RETURN v_body;
+END;
+$function$;
+
+-- operator_alert_body: the body of an operator alert.
+CREATE OR REPLACE FUNCTION operator_alert_body(p_order_id uuid, p_step integer, p_reason text, p_failure_count integer)
+ RETURNS jsonb
+ LANGUAGE sql
+AS $function$
+    SELECT jsonb_build_object(
+        'schema_version', 1,
+        'order_id', p_order_id,
+        'step', p_step,
+        'reason', p_reason,
+        'failure_count', p_failure_count,
+        'at', to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
+$function$;
+
+-- raise_alert: records an operator alert and queues it for publishing.
+CREATE OR REPLACE FUNCTION raise_alert(p_order uuid, p_step integer, p_reason text, p_failure_count integer, p_actor text)
+ RETURNS void
+ LANGUAGE sql
+AS $function$
+    WITH msg AS (
+        INSERT INTO outbox (message_type, order_id, body)
+        VALUES ('operator_alert', p_order, operator_alert_body(p_order, p_step, p_reason, p_failure_count))
+        RETURNING message_id, body
+    )
+    INSERT INTO alerts (message_id, order_id, step, reason, failure_count, raised_at, raised_by)
+    SELECT message_id, p_order, p_step, p_reason, p_failure_count, (body->>'at')::timestamptz, p_actor FROM msg;
+$function$;

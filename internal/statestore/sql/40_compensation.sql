@@ -1,0 +1,77 @@
+-- Compensation: an order undone.
+
+-- begin_compensation: the order begins compensating (order_next's
+-- compensate, or an operator's cancel): actions not yet done are
+-- cancelled, compensations of actions that never ran too (every attempt
+-- answered before a request left: attempt <= unsent_attempts), and the
+-- first compensation left becomes pending; with none left, the order
+-- fails.
+-- In a graph, steps in flight are let end and graph_advance starts every
+-- compensation that may run.
+CREATE OR REPLACE FUNCTION begin_compensation(p_order uuid, p_step integer, p_actor text, p_reason text)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_first integer;
+    v_status text;
+BEGIN
+    IF EXISTS (SELECT 1 FROM steps WHERE order_id = p_order AND needs IS NOT NULL) THEN
+        -- A graph: what has not started never will; steps in flight are
+        -- let end, and each action's compensation runs once it has, after
+        -- those of the steps that needed it (graph_advance).
+        WITH old AS (
+            SELECT step, process_state, attempt FROM steps
+            WHERE order_id = p_order AND kind = 'action' AND process_state IN ('waiting', 'pending', 'expanded', 'delayed', 'awaiting')
+            FOR UPDATE
+        ), upd AS (
+            UPDATE steps s SET process_state = 'cancelled', locked_by = NULL, complete_by = NULL, due_at = NULL, updated_at = now()
+            FROM old WHERE s.order_id = p_order AND s.step = old.step
+        )
+        INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+        SELECT p_order, step, process_state, 'cancelled', attempt, p_actor, p_reason FROM old;
+        -- Its children that still run are undone with it.
+        IF EXISTS (SELECT 1 FROM orders WHERE parent_order = p_order) THEN
+            PERFORM children_cancel(p_order, p_actor);
+        END IF;
+        PERFORM order_transition(p_order, 'compensating', p_step, p_actor, p_reason);
+        SELECT ga.order_status INTO v_status FROM graph_advance(p_order, p_actor) ga;
+        RETURN coalesce(nullif(v_status, ''), 'compensating');
+    END IF;
+    WITH dead AS (
+        SELECT c.step, c.attempt FROM steps c
+        JOIN steps a ON a.order_id = c.order_id AND a.step = c.compensates
+        WHERE c.order_id = p_order AND c.kind = 'compensation' AND c.process_state = 'waiting' AND a.attempt <= a.unsent_attempts
+        FOR UPDATE OF c
+    ), upd AS (
+        UPDATE steps s SET process_state = 'cancelled', updated_at = now()
+        FROM dead WHERE s.order_id = p_order AND s.step = dead.step
+    )
+    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+    SELECT p_order, step, 'waiting', 'cancelled', attempt, p_actor, 'its action never ran' FROM dead;
+
+    WITH old AS (
+        SELECT step, process_state, attempt FROM steps
+        WHERE order_id = p_order AND kind = 'action' AND process_state IN ('waiting', 'pending', 'processing')
+        FOR UPDATE
+    ), upd AS (
+        UPDATE steps s SET process_state = 'cancelled', locked_by = NULL, complete_by = NULL, updated_at = now()
+        FROM old WHERE s.order_id = p_order AND s.step = old.step
+    )
+    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+    SELECT p_order, step, process_state, 'cancelled', attempt, p_actor, p_reason FROM old;
+
+    SELECT min(step) INTO v_first FROM steps
+    WHERE order_id = p_order AND kind = 'compensation' AND process_state = 'waiting';
+    IF v_first IS NULL THEN
+        PERFORM order_transition(p_order, 'failed', p_step, p_actor, p_reason || '; nothing to undo');
+        RETURN 'failed';
+    END IF;
+    UPDATE steps SET process_state = 'pending', available_at = now(), updated_at = now()
+    WHERE order_id = p_order AND step = v_first;
+    INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
+    VALUES (p_order, v_first, 'waiting', 'pending', p_actor, 'compensation started');
+    PERFORM order_transition(p_order, 'compensating', p_step, p_actor, p_reason);
+    RETURN 'compensating';
+END;
+$function$;

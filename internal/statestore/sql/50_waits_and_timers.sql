@@ -1,0 +1,212 @@
+-- Waits and timers: signals, delays, start_at and wait timeouts on the database clock.
+
+-- fire_timers: the timers that fell due (due_at passed on the database
+-- clock), earliest first, at most p_limit of each sort, if p_holder holds
+-- the lease p_lease (so a supervisor that lost the lead fires nothing),
+-- for orders that still run (a held order's timers wait for its
+-- resubmit; an order undone or cancelled cancelled its steps):
+--   a delayed step becomes pending;
+--   a wait step still awaiting its signal timed out: with on_timeout skip
+--   it is skipped, else it fails for good (step_failed: the workflow's
+--   policy decides).
+-- Two at once never fire one timer twice: rows are taken FOR UPDATE SKIP
+-- LOCKED and re-checked. It returns each step fired and how late, in
+-- seconds.
+CREATE OR REPLACE FUNCTION fire_timers(p_holder text, p_lease text, p_limit integer)
+ RETURNS TABLE(order_id uuid, step integer, late_s double precision)
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    r record;
+    v_reason text;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM leases l WHERE l.name = p_lease AND l.holder = p_holder AND l.expires_at > now()) THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH due AS (
+        SELECT s.order_id, s.step FROM steps s JOIN orders o ON o.order_id = s.order_id
+        WHERE s.process_state = 'delayed' AND s.due_at <= clock_timestamp() AND o.status IN ('received', 'processing')
+        ORDER BY s.due_at
+        LIMIT p_limit
+        FOR UPDATE OF s SKIP LOCKED
+    ), upd AS (
+        UPDATE steps s SET process_state = 'pending', available_at = now(), updated_at = clock_timestamp()
+        FROM due WHERE s.order_id = due.order_id AND s.step = due.step AND s.process_state = 'delayed'
+        RETURNING s.order_id, s.step, s.attempt, s.due_at
+    ), hist AS (
+        INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+        SELECT u.order_id, u.step, 'delayed', 'pending', u.attempt, p_holder, 'its delay ended' FROM upd u
+    )
+    SELECT u.order_id, u.step, extract(epoch FROM clock_timestamp() - u.due_at)::float8 FROM upd u;
+
+    FOR r IN SELECT s.order_id, s.step, s.attempt, s.due_at, s.spec->'wait' AS w FROM steps s JOIN orders o ON o.order_id = s.order_id
+             WHERE s.process_state = 'awaiting' AND s.due_at <= clock_timestamp() AND o.status IN ('received', 'processing')
+             ORDER BY s.due_at
+             LIMIT p_limit
+             FOR UPDATE OF s SKIP LOCKED LOOP
+        v_reason := 'no signal ' || (r.w->>'signal') || ' came within its timeout of '
+                    || ((r.w->>'timeout_ms')::bigint / 1000.0)::text || ' s';
+        IF r.w->>'on_timeout' = 'skip' THEN
+            UPDATE steps s SET process_state = 'skipped', updated_at = clock_timestamp()
+            WHERE s.order_id = r.order_id AND s.step = r.step;
+            INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+            VALUES (r.order_id, r.step, 'awaiting', 'skipped', r.attempt, p_holder, v_reason || ': skipped (on_timeout: skip)');
+            PERFORM graph_advance(r.order_id, p_holder);
+        ELSE
+            UPDATE steps s SET process_state = 'error', failure_count = s.max_failures, last_error = v_reason,
+                               updated_at = clock_timestamp()
+            WHERE s.order_id = r.order_id AND s.step = r.step;
+            INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+            VALUES (r.order_id, r.step, 'awaiting', 'error', r.attempt, p_holder, v_reason);
+            PERFORM step_failed(r.order_id, r.step, p_holder, v_reason,
+                                (SELECT s.max_failures FROM steps s WHERE s.order_id = r.order_id AND s.step = r.step));
+        END IF;
+        order_id := r.order_id;
+        step := r.step;
+        late_s := extract(epoch FROM clock_timestamp() - r.due_at)::float8;
+        RETURN NEXT;
+    END LOOP;
+END;
+$function$;
+
+-- next_timer: seconds until the earliest waiting timer (a delay, a
+-- wait's timeout) falls due on the database clock (negative: overdue,
+-- which a held order's timers may be; NULL: none), read from the
+-- due-time index alone.
+CREATE OR REPLACE FUNCTION next_timer()
+ RETURNS double precision
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT extract(epoch FROM min(due_at) - clock_timestamp())::float8 FROM steps WHERE process_state IN ('delayed', 'awaiting')
+$function$;
+
+-- step_await: a claimed wait step begins to wait (fenced as a reply is):
+-- a signal of its name its order kept (it came before the wait began)
+-- ends it at once, its payload the step's result; otherwise it awaits
+-- one until its timeout (due_at), when fire_timers fails or skips it. An
+-- order undone or ended since the claim cancels the wait instead.
+CREATE OR REPLACE FUNCTION step_await(p_order uuid, p_step integer, p_attempt integer, p_actor text, OUT applied boolean, OUT next_step integer, OUT order_status text)
+ RETURNS record
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_status text;
+    v_wait jsonb;
+    v_signal text;
+    v_payload jsonb;
+    v_due timestamptz;
+BEGIN
+    applied := graph_step_claimed(p_order, p_step, p_attempt);
+    next_step := 0;
+    order_status := '';
+    IF NOT applied THEN
+        RETURN;
+    END IF;
+    SELECT status INTO v_status FROM orders WHERE order_id = p_order FOR UPDATE;
+    IF v_status NOT IN ('received', 'processing', 'error') THEN
+        -- The order is being undone (or ended) since the claim: the wait
+        -- never begins.
+        SELECT c.next_step, c.order_status INTO next_step, order_status FROM claim_cancelled(p_order, p_step, p_attempt, p_actor, v_status) c;
+        RETURN;
+    END IF;
+    SELECT spec->'wait' INTO v_wait FROM steps WHERE order_id = p_order AND step = p_step;
+    SELECT g.signal_id, g.payload INTO v_signal, v_payload FROM signals g
+    WHERE g.order_id = p_order AND g.name = v_wait->>'signal' AND g.step IS NULL
+    ORDER BY g.received_at LIMIT 1 FOR UPDATE;
+    IF FOUND THEN
+        UPDATE signals SET step = p_step WHERE order_id = p_order AND signal_id = v_signal;
+        UPDATE steps SET process_state = 'processed', result = v_payload, locked_by = NULL, complete_by = NULL,
+                         updated_at = clock_timestamp()
+        WHERE order_id = p_order AND step = p_step;
+        INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+        VALUES (p_order, p_step, 'processing', 'processed', p_attempt, p_actor,
+                'signal ' || (v_wait->>'signal') || ' (id ' || v_signal || ') had come before the wait began');
+        SELECT ga.next_step, ga.order_status INTO next_step, order_status FROM graph_advance(p_order, p_actor) ga;
+        RETURN;
+    END IF;
+    v_due := clock_timestamp() + make_interval(secs => (v_wait->>'timeout_ms')::float8 / 1000);
+    UPDATE steps SET process_state = 'awaiting', due_at = v_due, locked_by = NULL, complete_by = NULL,
+                     updated_at = clock_timestamp()
+    WHERE order_id = p_order AND step = p_step;
+    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+    VALUES (p_order, p_step, 'processing', 'awaiting', p_attempt, p_actor,
+            'waiting for signal ' || (v_wait->>'signal') || ' until '
+            || to_char(v_due AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'));
+END;
+$function$;
+
+-- order_signal: a signal for an order, by its id (the same id twice is
+-- applied once). It answers with what became of it:
+--   applied       a step awaiting a signal of its name ended with it (its
+--                 payload the result) and the order went on
+--   kept          its wait has not begun: kept until it does (step_await)
+--   duplicate     this id came before; nothing changed
+--   unknown_order, order_ended (the order completed or failed),
+--   no_such_wait (no step of the order waits for the name), wait_ended
+--   (every step that waits for it has ended): refused, nothing kept
+-- with the step it ended (0: none), the order's new status if it ended
+-- ('' otherwise), and for a refusal what to say.
+CREATE OR REPLACE FUNCTION order_signal(p_order uuid, p_signal_id text, p_name text, p_payload jsonb, p_actor text, OUT outcome text, OUT step integer, OUT order_status text, OUT detail text)
+ RETURNS record
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_status text;
+    v_step integer;
+    v_waits text;
+BEGIN
+    step := 0;
+    order_status := '';
+    detail := '';
+    SELECT o.status INTO v_status FROM orders o WHERE o.order_id = p_order FOR UPDATE;
+    IF NOT FOUND THEN
+        outcome := 'unknown_order';
+        detail := 'order ' || p_order || ' does not exist';
+        RETURN;
+    END IF;
+    SELECT coalesce(g.step, 0) INTO step FROM signals g WHERE g.order_id = p_order AND g.signal_id = p_signal_id;
+    IF FOUND THEN
+        outcome := 'duplicate';
+        RETURN;
+    END IF;
+    step := 0;
+    IF v_status NOT IN ('received', 'processing', 'error') THEN
+        outcome := 'order_ended';
+        detail := 'order ' || p_order || ' is ' || v_status || ': no step of it waits any more';
+        RETURN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM steps s WHERE s.order_id = p_order AND s.spec->'wait'->>'signal' = p_name) THEN
+        SELECT string_agg(DISTINCT s.spec->'wait'->>'signal', ', ') INTO v_waits FROM steps s
+        WHERE s.order_id = p_order AND s.spec ? 'wait';
+        outcome := 'no_such_wait';
+        detail := 'no step of order ' || p_order || ' waits for a signal ' || p_name
+                  || coalesce(' (its steps wait for ' || v_waits || ')', ' (none of its steps waits for a signal)');
+        RETURN;
+    END IF;
+    SELECT s.step INTO v_step FROM steps s
+    WHERE s.order_id = p_order AND s.spec->'wait'->>'signal' = p_name AND s.process_state = 'awaiting'
+    ORDER BY s.step LIMIT 1 FOR UPDATE;
+    IF FOUND THEN
+        INSERT INTO signals (order_id, signal_id, name, payload, actor, step) VALUES (p_order, p_signal_id, p_name, p_payload, p_actor, v_step);
+        UPDATE steps s SET process_state = 'processed', result = p_payload, updated_at = clock_timestamp()
+        WHERE s.order_id = p_order AND s.step = v_step;
+        INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+        SELECT p_order, v_step, 'awaiting', 'processed', s.attempt, p_actor, 'signal ' || p_name || ' (id ' || p_signal_id || ')'
+        FROM steps s WHERE s.order_id = p_order AND s.step = v_step;
+        outcome := 'applied';
+        step := v_step;
+        SELECT ga.order_status INTO order_status FROM graph_advance(p_order, p_actor) ga;
+        RETURN;
+    END IF;
+    IF EXISTS (SELECT 1 FROM steps s WHERE s.order_id = p_order AND s.spec->'wait'->>'signal' = p_name
+                                       AND s.process_state IN ('waiting', 'delayed', 'pending', 'processing')) THEN
+        INSERT INTO signals (order_id, signal_id, name, payload, actor) VALUES (p_order, p_signal_id, p_name, p_payload, p_actor);
+        outcome := 'kept';
+        RETURN;
+    END IF;
+    outcome := 'wait_ended';
+    detail := 'every step of order ' || p_order || ' that waits for ' || p_name || ' has ended';
+END;
+$function$;

@@ -1,0 +1,315 @@
+-- Operators (SECURITY DEFINER: the only way an operator changes state), retention and the console's sample.
+
+-- operator_begin: marks the transaction as an operator's action (the
+-- history rows it writes record the database user) and returns the
+-- actor's name.
+CREATE OR REPLACE FUNCTION operator_begin(p_claimed text)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    PERFORM set_config('sas.operator_action', 'on', true);
+    PERFORM set_config('sas.claimed_by', coalesce(left(p_claimed, 100), ''), true);
+    RETURN 'operator:' || session_user;
+END;
+$function$;
+
+-- operator_resubmit: puts an order held in error back to work. With no
+-- step, or a step in error: its failed step(s) go back to pending, with
+-- their idempotency keys, as a retry of a refused call keeps its key.
+-- With an action that ended (processed or skipped): that action is run
+-- again and so is every action that depends on it (in a graph the steps
+-- that need it, directly or not; in a list the steps after it), each
+-- that had been processed with a new idempotency key (a re-run must not
+-- be answered from the service's memory of the first run), the instances
+-- of a for_each step among them dropped (their history stays) so that
+-- the list is read again. An action re-run is not undone first: its
+-- compensation, if the order is later undone, runs once.
+CREATE OR REPLACE FUNCTION operator_resubmit(p_order uuid, p_step integer, p_claimed text)
+ RETURNS SETOF integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $function$
+DECLARE
+    v_actor text := operator_begin(p_claimed);
+    v_status text;
+    v_state text;
+    v_kind text;
+    v_parent integer;
+    v_graph boolean;
+    v_last integer;
+    v_steps integer[];
+    v_rerun integer[];
+    v_gone integer[];
+    v_busy text;
+    v_compensation boolean;
+    v_undoing boolean;
+    v_may text;
+BEGIN
+    SELECT status INTO v_status FROM orders WHERE order_id = p_order FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'order % not found', p_order USING ERRCODE = 'no_data_found';
+    END IF;
+    IF p_step IS NOT NULL AND p_step <> 0 THEN
+        SELECT process_state, kind, parent INTO v_state, v_kind, v_parent
+        FROM steps WHERE order_id = p_order AND step = p_step;
+        IF NOT FOUND THEN
+            SELECT max(step) INTO v_last FROM steps WHERE order_id = p_order;
+            RAISE EXCEPTION 'order % has no step % (its steps are 1 to %)', p_order, p_step, v_last USING ERRCODE = 'no_data_found';
+        END IF;
+    END IF;
+    IF v_status <> 'error' THEN
+        RAISE EXCEPTION 'order % is %, only an order in error can be resubmitted', p_order, v_status
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    IF v_state IS NOT NULL AND NOT (v_state = 'error'
+                                    OR (v_state IN ('processed', 'skipped') AND v_kind = 'action' AND v_parent IS NULL)) THEN
+        RAISE EXCEPTION 'order % step % is %: a step in error can be resubmitted, or an action that ended (processed or skipped, not one instance of a for_each step: choose the step) to run it again and what depends on it',
+            p_order, p_step, v_state USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    v_undoing := EXISTS (SELECT 1 FROM steps WHERE order_id = p_order AND kind = 'compensation' AND process_state = 'error');
+    IF v_undoing AND v_kind = 'action' THEN
+        SELECT string_agg(step::text, ', ' ORDER BY step) INTO v_may FROM steps
+        WHERE order_id = p_order AND kind = 'compensation' AND process_state = 'error';
+        RAISE EXCEPTION 'order % is partly undone (a compensation failed): resubmit its failed compensation (step %), not action step %',
+            p_order, v_may, p_step USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    v_graph := EXISTS (SELECT 1 FROM steps WHERE order_id = p_order AND needs IS NOT NULL);
+    IF v_state IN ('processed', 'skipped') THEN
+        SELECT array_agg(step ORDER BY step) INTO v_rerun FROM steps
+        WHERE order_id = p_order AND kind = 'action' AND parent IS NULL
+          AND (step = p_step OR (v_graph AND p_step = ANY(ancestors)) OR (NOT v_graph AND step > p_step));
+        SELECT string_agg(format('step %s is %s', step, process_state), ', ' ORDER BY step) INTO v_busy FROM steps
+        WHERE order_id = p_order AND kind = 'action' AND (step = ANY(v_rerun) OR parent = ANY(v_rerun))
+          AND process_state IN ('pending', 'processing');
+        IF v_busy IS NOT NULL THEN
+            RAISE EXCEPTION 'order % cannot run step % again while what depends on it still runs (%): resubmit once it ended',
+                p_order, p_step, v_busy USING ERRCODE = 'object_not_in_prerequisite_state';
+        END IF;
+        -- The instances of a for_each step to run again go, with their own
+        -- compensations; the step's compensation takes their place again.
+        WITH inst AS (
+            DELETE FROM steps WHERE order_id = p_order AND kind = 'action' AND parent = ANY(v_rerun) RETURNING step
+        )
+        SELECT array_agg(step) INTO v_gone FROM inst;
+        IF v_gone IS NOT NULL THEN
+            WITH comp AS (
+                DELETE FROM steps WHERE order_id = p_order AND kind = 'compensation' AND compensates = ANY(v_gone)
+                RETURNING step, parent
+            )
+            SELECT array_agg(step), array_agg(DISTINCT parent) INTO v_gone, v_steps FROM comp;
+            IF v_gone IS NOT NULL THEN
+                UPDATE steps SET needs = ARRAY(SELECT n FROM unnest(needs) n WHERE n <> ALL(v_gone)) || v_steps
+                WHERE order_id = p_order AND kind = 'compensation' AND needs && v_gone;
+                WITH back AS (
+                    UPDATE steps SET process_state = 'waiting', updated_at = clock_timestamp()
+                    WHERE order_id = p_order AND step = ANY(v_steps) AND process_state = 'cancelled'
+                    RETURNING step, attempt
+                )
+                INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+                SELECT p_order, step, 'cancelled', 'waiting', attempt, v_actor,
+                       'operator resubmit of step ' || p_step || ': its for_each step runs again' FROM back;
+            END IF;
+        END IF;
+        WITH reset AS (
+            UPDATE steps s
+            SET process_state = CASE WHEN s.step = p_step THEN 'pending' ELSE 'waiting' END,
+                failure_count = 0, result = NULL, locked_by = NULL, complete_by = NULL, due_at = NULL,
+                idempotency_key = CASE WHEN s.process_state IN ('processed', 'expanded')
+                                       THEN regexp_replace(s.idempotency_key, '/rerun-[0-9]+$', '') || '/rerun-' || s.attempt
+                                       ELSE s.idempotency_key END,
+                available_at = now(), updated_at = clock_timestamp()
+            FROM steps old
+            WHERE s.order_id = p_order AND s.step = ANY(v_rerun) AND old.order_id = s.order_id AND old.step = s.step
+            RETURNING s.step, s.attempt, old.process_state AS was, s.process_state AS now
+        ), hist AS (
+            INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+            SELECT p_order, step, was, now, attempt, v_actor,
+                   CASE WHEN step = p_step THEN 'operator resubmit: run again'
+                        ELSE 'operator resubmit of step ' || p_step || ': it depends on it' END FROM reset
+        )
+        SELECT array_agg(step ORDER BY step) INTO v_steps FROM reset;
+    END IF;
+    -- Every failed step goes back to pending: the one chosen, or with none
+    -- chosen all of them; in a graph all of them whatever was chosen, as
+    -- each branch that failed holds the order (a branch left in error
+    -- would keep it from ever ending).
+    IF v_state IS DISTINCT FROM 'processed' AND v_state IS DISTINCT FROM 'skipped' OR v_graph THEN
+        WITH reset AS (
+            UPDATE steps
+            SET process_state = 'pending', failure_count = 0, locked_by = NULL, complete_by = NULL,
+                available_at = now(), updated_at = clock_timestamp()
+            WHERE order_id = p_order AND process_state = 'error' AND (coalesce(p_step, 0) = 0 OR step = p_step OR v_graph)
+              AND (NOT v_undoing OR kind = 'compensation')
+            RETURNING step, attempt, kind
+        ), hist AS (
+            INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+            SELECT p_order, step, 'error', 'pending', attempt, v_actor, 'operator resubmit' FROM reset
+        )
+        SELECT coalesce(v_steps, '{}') || array_agg(step ORDER BY step), coalesce(bool_or(kind = 'compensation'), false)
+        INTO v_steps, v_compensation FROM reset;
+        IF v_steps IS NULL OR cardinality(v_steps) = 0 THEN
+            RAISE EXCEPTION 'order % has no step in error', p_order USING ERRCODE = 'object_not_in_prerequisite_state';
+        END IF;
+    END IF;
+    PERFORM order_transition(p_order, CASE WHEN v_compensation THEN 'compensating' ELSE 'processing' END,
+                             NULL, v_actor, 'operator resubmit');
+    -- In a graph, steps whose needs ended while the order was held start now.
+    IF v_graph THEN
+        PERFORM graph_advance(p_order, v_actor);
+    END IF;
+    PERFORM pg_notify('sas_pending', current_schema()), pg_notify('sas_outbox', current_schema());
+    RETURN QUERY SELECT n FROM unnest(v_steps) n ORDER BY n;
+END;
+$function$;
+
+-- operator_cancel: cancels an order that has not ended: what was done is
+-- undone (begin_compensation).
+CREATE OR REPLACE FUNCTION operator_cancel(p_order uuid, p_claimed text)
+ RETURNS text
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $function$
+DECLARE
+    v_actor text := operator_begin(p_claimed);
+    v_status text;
+BEGIN
+    SELECT status INTO v_status FROM orders WHERE order_id = p_order FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'order % not found', p_order USING ERRCODE = 'no_data_found';
+    END IF;
+    IF v_status = 'error' AND EXISTS (SELECT 1 FROM steps WHERE order_id = p_order AND kind = 'compensation' AND process_state = 'error') THEN
+        RAISE EXCEPTION 'order %: a compensation failed; fix the cause and resubmit it', p_order
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    IF v_status NOT IN ('received', 'processing', 'error') THEN
+        RAISE EXCEPTION 'order % is % already; only an order that has not ended can be cancelled', p_order, v_status
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    v_status := begin_compensation(p_order, NULL, v_actor, 'operator cancel');
+    PERFORM pg_notify('sas_pending', current_schema()), pg_notify('sas_outbox', current_schema());
+    RETURN v_status;
+END;
+$function$;
+
+-- ack_alert: acknowledges an alert, once.
+CREATE OR REPLACE FUNCTION ack_alert(p_id bigint, p_claimed text, OUT acked_at timestamp with time zone, OUT acked_by text, OUT acked_as text, OUT already boolean)
+ RETURNS record
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $function$
+BEGIN
+    already := false;
+    UPDATE alerts a SET acked_at = clock_timestamp(), acked_by = session_user, acked_as = nullif(left(p_claimed, 100), '')
+    WHERE a.id = p_id AND a.acked_at IS NULL
+    RETURNING a.acked_at, a.acked_by, a.acked_as INTO acked_at, acked_by, acked_as;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    SELECT a.acked_at, a.acked_by, a.acked_as INTO acked_at, acked_by, acked_as FROM alerts a WHERE a.id = p_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'alert % not found', p_id USING ERRCODE = 'no_data_found';
+    END IF;
+    already := true;
+END;
+$function$;
+
+-- record_operator_action: records an operator's action in operator_actions
+-- (the console's and sasctl's audit). An operator who claims no name (no
+-- --as and no $USER) is recorded by the database login alone.
+CREATE OR REPLACE FUNCTION record_operator_action(p_action text, p_target text, p_detail text, p_claimed text)
+ RETURNS bigint
+ LANGUAGE sql
+ SECURITY DEFINER
+AS $function$
+    INSERT INTO operator_actions (db_user, claimed_by, action, target, detail)
+    VALUES (session_user, coalesce(NULLIF(left(p_claimed, 100), ''), session_user), p_action, left(p_target, 512), left(coalesce(p_detail, ''), 2048))
+    RETURNING id;
+$function$;
+
+-- purge_ended_orders: deletes ended orders older than a limit, a batch at
+-- a time (retention).
+CREATE OR REPLACE FUNCTION purge_ended_orders(p_older_than interval, p_statuses text[], p_limit integer, OUT orders_deleted bigint, OUT steps_deleted bigint, OUT transitions_deleted bigint, OUT alerts_deleted bigint)
+ RETURNS record
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $function$
+DECLARE
+    v_ids uuid[];
+BEGIN
+    IF p_older_than < interval '0' THEN
+        RAISE EXCEPTION 'the age % is negative', p_older_than USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_statuses IS NULL OR cardinality(p_statuses) = 0 OR NOT p_statuses <@ ARRAY['completed', 'failed'] THEN
+        RAISE EXCEPTION 'only completed and failed orders are purged, not %', p_statuses USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT array_agg(order_id) INTO v_ids FROM (
+        SELECT order_id FROM orders
+        WHERE created_at < now() - p_older_than AND updated_at < now() - p_older_than AND status = ANY(p_statuses)
+        ORDER BY created_at
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED
+    ) o;
+    orders_deleted := 0;
+    steps_deleted := 0;
+    transitions_deleted := 0;
+    alerts_deleted := 0;
+    IF v_ids IS NULL THEN
+        RETURN;
+    END IF;
+    DELETE FROM steps WHERE order_id = ANY(v_ids);
+    GET DIAGNOSTICS steps_deleted = ROW_COUNT;
+    DELETE FROM transitions WHERE order_id = ANY(v_ids);
+    GET DIAGNOSTICS transitions_deleted = ROW_COUNT;
+    DELETE FROM alerts WHERE order_id = ANY(v_ids);
+    GET DIAGNOSTICS alerts_deleted = ROW_COUNT;
+    DELETE FROM orders WHERE order_id = ANY(v_ids);
+    GET DIAGNOSTICS orders_deleted = ROW_COUNT;
+END;
+$function$;
+
+-- overview_sample: the leading supervisor's sample for the console's
+-- charts (overview_minutes), if p_holder holds the lease p_lease: for each
+-- of the last four minutes and each workflow, of the orders that came in
+-- that minute, how many completed and failed, and the p50 and p95 of the
+-- completed ones' submit-to-end time (an order that ends later than that
+-- is not counted); and the steps pending now, in this minute's row. Rows
+-- older than two hours go. It returns the rows written.
+CREATE OR REPLACE FUNCTION overview_sample(p_holder text, p_lease text)
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_now timestamptz := date_trunc('minute', now());
+    v_ended integer;
+    v_pending integer;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM leases l WHERE l.name = p_lease AND l.holder = p_holder AND l.expires_at > now()) THEN
+        RETURN 0;
+    END IF;
+    INSERT INTO overview_minutes AS m (minute, workflow, completed, failed, p50_ms, p95_ms)
+    SELECT date_trunc('minute', o.created_at), o.workflow,
+           count(*) FILTER (WHERE o.status = 'completed'), count(*) FILTER (WHERE o.status = 'failed'),
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM o.updated_at - o.created_at) * 1000) FILTER (WHERE o.status = 'completed'),
+           percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM o.updated_at - o.created_at) * 1000) FILTER (WHERE o.status = 'completed')
+    FROM orders o
+    WHERE o.status IN ('completed', 'failed') AND o.created_at >= v_now - interval '3 minutes'
+    GROUP BY 1, 2
+    ON CONFLICT (minute, workflow) DO UPDATE
+        SET completed = excluded.completed, failed = excluded.failed, p50_ms = excluded.p50_ms, p95_ms = excluded.p95_ms;
+    GET DIAGNOSTICS v_ended = ROW_COUNT;
+    -- Pending now: this minute's row of each workflow with any, and 0 for
+    -- those that had some earlier in the minute.
+    INSERT INTO overview_minutes AS m (minute, workflow, pending)
+    SELECT v_now, o.workflow, count(*) FROM steps s JOIN orders o ON o.order_id = s.order_id
+    WHERE s.process_state = 'pending' GROUP BY o.workflow
+    ON CONFLICT (minute, workflow) DO UPDATE SET pending = excluded.pending;
+    GET DIAGNOSTICS v_pending = ROW_COUNT;
+    UPDATE overview_minutes m SET pending = 0
+    WHERE m.minute = v_now AND m.pending > 0
+      AND NOT EXISTS (SELECT 1 FROM steps s JOIN orders o ON o.order_id = s.order_id
+                      WHERE s.process_state = 'pending' AND o.workflow = m.workflow);
+    DELETE FROM overview_minutes WHERE minute < v_now - interval '2 hours';
+    RETURN v_ended + v_pending;
+END;
+$function$;
