@@ -696,15 +696,15 @@ type benchReport struct {
 	Database      *databaseUse `json:"database,omitempty"`
 	// Prefilled orders were in the store before the run (--prefill),
 	// taking PrefilledSize on disk.
-	Prefilled     int           `json:"prefilled,omitempty"`
-	PrefilledSize string        `json:"prefilled_size,omitempty"`
+	Prefilled     int    `json:"prefilled,omitempty"`
+	PrefilledSize string `json:"prefilled_size,omitempty"`
 	// Churned orders ended before the window (--churn), their dead rows
 	// left where they lie.
 	Churned int `json:"churned,omitempty"`
 	// Postgres is what the run's PostgreSQL was, by setting: its version,
 	// and what its figures depend on.
 	Postgres map[string]string `json:"postgres,omitempty"`
-	Queues        []queueDepths `json:"queues"`
+	Queues   []queueDepths     `json:"queues"`
 }
 
 // databaseUse is what the database cluster wrote over the window.
