@@ -256,7 +256,14 @@ WITH use AS (
            count(*) FILTER (WHERE process_state = 'pending' AND available_at <= now()) AS waiting,
            coalesce(extract(epoch FROM now() - min(available_at) FILTER (WHERE process_state = 'pending' AND available_at <= now())), 0) AS oldest,
            count(*) FILTER (WHERE process_state = 'pending' AND available_at + timeout < now()) AS overdue
-    FROM steps WHERE process_state IN ('pending', 'processing') AND agent IN (SELECT agent FROM agent_limits)
+    FROM (SELECT agent, process_state, available_at, timeout FROM steps
+          WHERE process_state = 'pending' AND fair_key IS NULL AND agent IN (SELECT agent FROM agent_limits)
+          UNION ALL
+          SELECT agent, process_state, available_at, timeout FROM steps
+          WHERE process_state = 'pending' AND fair_key IS NOT NULL AND agent IN (SELECT agent FROM agent_limits)
+          UNION ALL
+          SELECT agent, process_state, available_at, timeout FROM steps
+          WHERE process_state = 'processing' AND agent IN (SELECT agent FROM agent_limits)) live
     GROUP BY agent
 )
 SELECT a.agent, a.file_max_in_flight, a.file_rate, a.file_burst, a.file_min_rate,

@@ -4,12 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"sas/internal/harness/testenv"
 	"sas/internal/statestore"
 )
 
@@ -146,3 +149,138 @@ func TestHotStatementsVisitRowsByTheirWork(t *testing.T) {
 }
 
 func joinComma(xs []string) string { return strings.Join(xs, ",") }
+
+// indexBuffers runs the prepared statement name (with args) in a
+// transaction that is rolled back and returns how many buffers its index
+// scans read (the index's pages and the rows they lead to).
+func indexBuffers(t *testing.T, ctx context.Context, conn *pgx.Conn, name, args string) int {
+	t.Helper()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	var out []byte
+	if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE `+name+`(`+args+`)`).Scan(&out); err != nil {
+		t.Fatal(err)
+	}
+	type node struct {
+		Type  string `json:"Node Type"`
+		Hit   int    `json:"Shared Hit Blocks"`
+		Read  int    `json:"Shared Read Blocks"`
+		Plans []node `json:"Plans"`
+	}
+	var plan []struct {
+		Plan node `json:"Plan"`
+	}
+	if err := json.Unmarshal(out, &plan); err != nil {
+		t.Fatal(err)
+	}
+	var sum func(n node) int
+	sum = func(n node) int {
+		if strings.HasPrefix(n.Type, "Index") {
+			return n.Hit + n.Read
+		}
+		total := 0
+		for _, c := range n.Plans {
+			total += sum(c)
+		}
+		return total
+	}
+	return sum(plan[0].Plan)
+}
+
+// TestVacuumDeadKeepsTheClaimShort: 4,000 orders run and ended leave
+// their steps' entries dead at the front of the pending index, older than
+// any live one, which a claim reads through page by page; once the
+// leader vacuums the tables with many dead rows (VacuumDead), a claim's
+// pick of the next 50 reads what it reads on a new schema.
+func TestVacuumDeadKeepsTheClaimShort(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	pool, err := statestore.Open(statestore.Options{URL: b.url, MaxConns: 1, Keyed: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	// The claim's pick, alone and without its locks: what it reads of the
+	// pending index.
+	if _, err := conn.Exec(ctx, `PREPARE pick(text, int) AS SELECT order_id, step FROM steps
+		WHERE process_state = 'pending' AND agent = $1 AND fair_key IS NULL AND available_at <= now()
+		ORDER BY agent, priority DESC, available_at, order_id, step LIMIT $2`); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _, _ = conn.Exec(context.Background(), `DEALLOCATE pick`) }()
+	write := func(n int) {
+		t.Helper()
+		orders := make([]statestore.NewOrder, n)
+		for i := range orders {
+			orders[i] = order(1, time.Hour, 3)
+			orders[i].Steps[0].Agent = "k"
+		}
+		for len(orders) > 0 {
+			k := min(len(orders), 500)
+			if _, errs := b.store.InsertOrders(ctx, orders[:k]); errs[0] != nil {
+				t.Fatal(errs[0])
+			}
+			orders = orders[k:]
+		}
+	}
+	write(50)
+	fresh := indexBuffers(t, ctx, conn.Conn(), "pick", `'k', 50`)
+	// A history: 4,000 more orders claimed and answered.
+	write(4000)
+	for {
+		steps, err := b.store.ClaimKinds(ctx, "s", map[string]int{"k": 500})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(steps) == 0 {
+			break
+		}
+		replies := make([]statestore.Reply, len(steps))
+		for i, s := range steps {
+			replies[i] = statestore.Reply{OrderID: s.OrderID, Step: s.Step, Attempt: s.Attempt, OK: true, Actor: "s"}
+		}
+		for _, err := range func() []error { _, errs := b.store.ApplyReplies(ctx, replies); return errs }() {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	write(50)
+	before := indexBuffers(t, ctx, conn.Conn(), "pick", `'k', 50`)
+	waitDeadSteps(ctx, t, b.pool, 4000)
+	vacuumed, err := b.store.VacuumDead(ctx, 1000, 0)
+	if err != nil || !slices.Contains(vacuumed, "steps") {
+		t.Fatalf("vacuumed %v (%v), want steps among them", vacuumed, err)
+	}
+	after := indexBuffers(t, ctx, conn.Conn(), "pick", `'k', 50`)
+
+	t.Logf("a claim's pick of 50 read %d buffers on a new schema, %d behind 4,000 ended orders, %d once vacuumed", fresh, before, after)
+	if after > 2*fresh+2 || before <= 2*after {
+		t.Fatalf("a claim of 50 reads %d buffers once vacuumed (%d before, %d on a new schema)", after, before, fresh)
+	}
+}
+
+// waitDeadSteps waits until the statistics count at least n dead step
+// rows.
+func waitDeadSteps(ctx context.Context, t *testing.T, pool *pgxpool.Pool, n int) {
+	t.Helper()
+	testenv.Eventually(t, 30*time.Second, "dead step rows in the statistics", func() bool {
+		var dead int
+		if _, err := pool.Exec(ctx, "SELECT pg_stat_force_next_flush()"); err != nil {
+			t.Fatal(err)
+		}
+		if err := pool.QueryRow(ctx, `SELECT n_dead_tup FROM pg_stat_user_tables WHERE schemaname = current_schema() AND relname = 'steps'`).Scan(&dead); err != nil {
+			t.Fatal(err)
+		}
+		return dead >= n
+	})
+}

@@ -25,12 +25,16 @@ type StepStats struct {
 	OpenAlerts int
 }
 
+// The pending steps are read in the two halves the partial indexes hold
+// them in (unkeyed and keyed, migration 0032): no index holds them all.
 const statsSQL = `SELECT
-	(SELECT count(*) FROM steps WHERE process_state = 'pending'),
+	(SELECT count(*) FROM steps WHERE process_state = 'pending' AND fair_key IS NULL)
+	  + (SELECT count(*) FROM steps WHERE process_state = 'pending' AND fair_key IS NOT NULL),
 	(SELECT count(*) FROM steps WHERE process_state = 'processing'),
 	(SELECT count(*) FROM orders o JOIN steps s ON s.order_id = o.order_id AND s.process_state = 'error' WHERE o.status = 'error'),
-	coalesce((SELECT (extract(epoch FROM now() - min(available_at)) * 1000)::bigint
-	          FROM steps WHERE process_state = 'pending' AND available_at <= now()), 0),
+	coalesce((SELECT (extract(epoch FROM now() - least(
+	              (SELECT min(available_at) FROM steps WHERE process_state = 'pending' AND fair_key IS NULL AND available_at <= now()),
+	              (SELECT min(available_at) FROM steps WHERE process_state = 'pending' AND fair_key IS NOT NULL AND available_at <= now()))) * 1000)::bigint), 0),
 	coalesce((SELECT (extract(epoch FROM now() - min(CASE WHEN held_attempt = attempt THEN held_since ELSE complete_by - timeout END)) * 1000)::bigint
 	          FROM steps WHERE process_state = 'processing'), 0),
 	(` + openAlertsSQL + `)`

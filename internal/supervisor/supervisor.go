@@ -60,6 +60,13 @@ type Config struct {
 	// AnalyzeMinRows is how many live rows a table needs before it is
 	// worth analyzing.
 	AnalyzeMinRows int64 `envconfig:"SUPERVISOR_ANALYZE_MIN_ROWS" default:"1000"`
+	// VacuumMinDead is how many dead rows a state table (orders, steps,
+	// outbox, signals, order_payloads) collects before the leader vacuums
+	// it, at most once every AnalyzeInterval, when no vacuum has within
+	// it (0: never). The claim, the sweep and the relay walk every dead
+	// index entry older than the live ones: this bounds them by the last
+	// interval's work, not the table's history.
+	VacuumMinDead int64 `envconfig:"SUPERVISOR_VACUUM_MIN_DEAD" default:"20000"`
 	// Retention is how long ended orders (completed, failed) are kept,
 	// from their last change, before the leader deletes them with their
 	// steps, history and alerts (0: for ever).
@@ -83,6 +90,7 @@ type metrics struct {
 	oldestProcessing prometheus.Gauge
 	openAlerts       prometheus.Gauge
 	analyzed         *prometheus.CounterVec
+	vacuumed         *prometheus.CounterVec
 	purged           *prometheus.CounterVec
 	timersFired      prometheus.Counter
 	scheduleTicks    *prometheus.CounterVec
@@ -131,6 +139,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		analyzed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sas_supervisor_tables_analyzed_total", Help: "State tables whose stale planner statistics the leader refreshed, by table.",
+		}, []string{"table"}),
+		vacuumed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sas_supervisor_tables_vacuumed_total", Help: "State tables whose dead rows the leader vacuumed (SAS_SUPERVISOR_VACUUM_MIN_DEAD), by table.",
 		}, []string{"table"}),
 		purged: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sas_retention_deleted_total", Help: "Rows of ended orders deleted after SAS_RETENTION, by table (orders, steps, transitions, alerts).",
@@ -189,11 +200,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, table := range []string{"orders", "steps", "transitions", "outbox"} {
 		m.analyzed.WithLabelValues(table)
 	}
+	for _, table := range []string{"orders", "steps", "outbox", "signals", "order_payloads"} {
+		m.vacuumed.WithLabelValues(table)
+	}
 	for _, state := range statestore.LiveStates {
 		m.steps.WithLabelValues(state)
 	}
 	reg.MustRegister(m.leader, m.sweeps, m.resets, m.failures, m.errors, m.sweepDuration, m.steps, m.oldestPending, m.oldestProcessing,
-		m.openAlerts, m.analyzed, m.purged, m.timersFired, m.timerLateness, m.scheduleTicks, m.scheduleNext, m.scheduleLast, m.scheduleLateness, m.scheduleLate,
+		m.openAlerts, m.analyzed, m.vacuumed, m.purged, m.timersFired, m.timerLateness, m.scheduleTicks, m.scheduleNext, m.scheduleLast, m.scheduleLateness, m.scheduleLate,
 		m.limitRate, m.limitMaxInFlight, m.limitInFlight, m.limitWaiting, m.limitOldestWait, m.limitOverdue, m.keyWaiting, m.keyInFlight)
 	return m
 }
@@ -240,8 +254,8 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	startCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if on, err := store.Autovacuum(startCtx); err == nil && !on {
-		logger.Warn("autovacuum is off on this database: dead rows of the state tables are never vacuumed; the leader still refreshes their planner statistics",
-			"analyze_interval", cfg.AnalyzeInterval.String())
+		logger.Warn("autovacuum is off on this database: the leader vacuums the state tables it owns once their dead rows pass SAS_SUPERVISOR_VACUUM_MIN_DEAD, and refreshes their planner statistics",
+			"analyze_interval", cfg.AnalyzeInterval.String(), "vacuum_min_dead", cfg.VacuumMinDead)
 	}
 	workflows, err := cfg.Workflows()
 	if err != nil {

@@ -238,8 +238,9 @@ func (s *sweeper) fireTimers(ctx context.Context) (bool, error) {
 	return len(fired) >= s.cfg.Batch, nil
 }
 
-// maybeAnalyze starts a refresh of stale planner statistics when one is
-// due and none is running.
+// maybeAnalyze starts the upkeep of the state tables when one is due and
+// none is running: a vacuum of those with many dead rows, then a refresh
+// of stale planner statistics.
 func (s *sweeper) maybeAnalyze(ctx context.Context) {
 	if s.cfg.AnalyzeInterval <= 0 || time.Since(s.lastAnalyze) < s.cfg.AnalyzeInterval {
 		return
@@ -253,6 +254,20 @@ func (s *sweeper) maybeAnalyze(ctx context.Context) {
 	s.background.Go(func() {
 		defer func() { <-s.analyzeBusy }()
 		start := time.Now()
+		if s.cfg.VacuumMinDead > 0 {
+			tables, err := s.store.VacuumDead(ctx, s.cfg.VacuumMinDead, s.cfg.AnalyzeInterval)
+			for _, t := range tables {
+				s.metrics.vacuumed.WithLabelValues(t).Inc()
+			}
+			switch {
+			case err != nil && ctx.Err() == nil:
+				s.metrics.errors.Inc()
+				s.logger.Warn("vacuuming the state tables failed", "err", err, "vacuumed", tables)
+			case len(tables) > 0:
+				s.logger.Info("vacuumed the dead rows of state tables", "tables", tables, "took", time.Since(start).String())
+			}
+		}
+		start = time.Now()
 		tables, err := s.store.RefreshStats(ctx, s.cfg.AnalyzeMinRows, s.cfg.AnalyzeInterval)
 		for _, t := range tables {
 			s.metrics.analyzed.WithLabelValues(t).Inc()

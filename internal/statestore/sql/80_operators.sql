@@ -300,15 +300,23 @@ BEGIN
     GET DIAGNOSTICS v_ended = ROW_COUNT;
     -- Pending now: this minute's row of each workflow with any, and 0 for
     -- those that had some earlier in the minute.
+    -- (The pending steps in the two halves their partial indexes hold.)
     INSERT INTO overview_minutes AS m (minute, workflow, pending)
-    SELECT v_now, o.workflow, count(*) FROM steps s JOIN orders o ON o.order_id = s.order_id
-    WHERE s.process_state = 'pending' GROUP BY o.workflow
+    SELECT v_now, o.workflow, count(*)
+    FROM (SELECT order_id FROM steps WHERE process_state = 'pending' AND fair_key IS NULL
+          UNION ALL
+          SELECT order_id FROM steps WHERE process_state = 'pending' AND fair_key IS NOT NULL) s
+    JOIN orders o ON o.order_id = s.order_id
+    GROUP BY o.workflow
     ON CONFLICT (minute, workflow) DO UPDATE SET pending = excluded.pending;
     GET DIAGNOSTICS v_pending = ROW_COUNT;
     UPDATE overview_minutes m SET pending = 0
-    WHERE m.minute = v_now AND m.pending > 0
-      AND NOT EXISTS (SELECT 1 FROM steps s JOIN orders o ON o.order_id = s.order_id
-                      WHERE s.process_state = 'pending' AND o.workflow = m.workflow);
+    WHERE m.minute = v_now AND m.pending > 0 AND m.workflow NOT IN (
+        SELECT o.workflow
+        FROM (SELECT order_id FROM steps WHERE process_state = 'pending' AND fair_key IS NULL
+              UNION ALL
+              SELECT order_id FROM steps WHERE process_state = 'pending' AND fair_key IS NOT NULL) s
+        JOIN orders o ON o.order_id = s.order_id);
     DELETE FROM overview_minutes WHERE minute < v_now - interval '2 hours';
     RETURN v_ended + v_pending;
 END;
