@@ -15,7 +15,7 @@ TOOLS := $(CURDIR)/bin/tools/helm-v3.22.0-kubeconform-v0.8.0
 FUZZTIME ?= 30s
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all build services tools test bench-ab bench-backlog bench-churn bench-steady lint fmt-check fuzz demo chaos bench clean console-screenshots bench-console ha timers api-e2e limits-e2e
+.PHONY: all build services tools test bench-ab bench-backlog bench-churn bench-timers bench-steady lint fmt-check fuzz demo chaos bench clean console-screenshots bench-console ha timers api-e2e limits-e2e
 
 all: build
 
@@ -169,6 +169,13 @@ ha: services
 TIMERS_ORDERS ?= 10000
 timers: services build
 	SAS_TIMERS_ORDERS=$(TIMERS_ORDERS) $(GO) test -count=1 -timeout 20m -run '^TestTimersFireOnTimeAcrossADatabaseRestart$$' -v ./e2e/
+
+# Timers due at once (docs/BENCHMARKS.md): TIMERS_BURST orders whose one
+# step starts at the same start_at; how late each fires, on the database
+# clock, with binaries built without the race detector.
+TIMERS_BURST ?= 1000
+bench-timers: services
+	SAS_E2E_RACE=off SAS_TIMERS_BURST=$(TIMERS_BURST) $(GO) test -count=1 -timeout 10m -run '^TestTimersDueAtOnce$$' -v ./e2e/ | grep -E 'timers due at once|^(ok|FAIL|---)'
 
 # The HTTP API's end-to-end tests at the issue's sizes: API_ORDERS orders
 # from 20 clients, and a bulk resubmit of API_HELD held orders with the

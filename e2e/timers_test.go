@@ -31,6 +31,9 @@ workflows:
     steps:
       - {action: send_statement, agent: core, timeout: 20s}
       - {action: file_statement, agent: core, timeout: 20s}
+  - name: one_second
+    steps:
+      - {action: ping, agent: core, timeout: 20s, delay: 1s}
 `
 
 // TestTimersFireWithinASecondOfDue: 1,000 orders wait 2 s between their
@@ -240,4 +243,29 @@ func readTimerStatsFrom(t *testing.T, pool interface {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// TestTimersDueAtOnce measures (make bench-timers: SAS_TIMERS_BURST
+// orders, 1,000 by default there; skipped in make test) how late N
+// one-second timers fire when they fall due together: orders published
+// at once whose only step has a delay of a second from when its order was
+// written, so that they fall due over the moments the orders were
+// written, many while the supervisor fires others. A figure for
+// docs/BENCHMARKS.md, not a timed test: it fails only when a timer fires
+// early, twice, or not at all.
+func TestTimersDueAtOnce(t *testing.T) {
+	n, err := strconv.Atoi(os.Getenv("SAS_TIMERS_BURST"))
+	if err != nil || n <= 0 {
+		t.Skip("make bench-timers sets SAS_TIMERS_BURST")
+	}
+	g := runFile(t, "timers.yaml", timersFile, pipelineOpts{supervisors: 1, agents: 2, schedulers: 2})
+	p := g.pipeline
+	ids := g.submit(t, "one_second", slices.Repeat([]string{`{}`}, n))
+	p.waitTerminal(t, ids, 2*time.Minute)
+	ts := readTimerStats(t, p.pool, ids)
+	t.Logf("%d timers due at once: %d fired once, %d early, %d twice; late by p50 %.0f ms, p99 %.0f ms, at most %.0f ms",
+		ts.timers, ts.fired, ts.early, ts.twice, ts.p50*1000, ts.p99*1000, ts.worst*1000)
+	if ts.fired != n || ts.early != 0 || ts.twice != 0 {
+		t.Fatalf("%d timers: %d fired once, %d early, %d twice", n, ts.fired, ts.early, ts.twice)
+	}
 }

@@ -28,12 +28,13 @@ func fireAll(t *testing.T, b bundle, holder string) []statestore.FiredTimer {
 	return fired
 }
 
-// waitDue waits, on the database clock, until the earliest timer is due.
+// waitDue waits, on the database clock, until the earliest timer (of
+// any order, a held one's too) is due.
 func waitDue(t *testing.T, b bundle) {
 	t.Helper()
 	testenv.Eventually(t, 10*time.Second, "the earliest timer to fall due", func() bool {
-		d, ok, err := b.store.NextTimer(ctxFor(t))
-		return err == nil && ok && d <= 0
+		return count(t, b, `SELECT count(*) FROM steps WHERE process_state IN ('delayed', 'awaiting')
+			AND due_at = (SELECT min(due_at) FROM steps WHERE process_state IN ('delayed', 'awaiting')) AND due_at <= clock_timestamp()`) > 0
 	})
 }
 
@@ -225,5 +226,31 @@ workflows:
 	due := plan(`SELECT s.order_id FROM steps s WHERE s.process_state = 'delayed' AND s.due_at <= clock_timestamp() ORDER BY s.due_at LIMIT 500`)
 	if !strings.Contains(due, "steps_due_idx") || !strings.Contains(due, "rows=0 loops=1") || strings.Contains(due, "Seq Scan") {
 		t.Fatalf("looking for due timers reads waiting ones:\n%s", due)
+	}
+}
+
+// TestNextTimerIsOneThatWouldFire: the next timer is the earliest one
+// FireTimers would fire: a held order's overdue timer (which waits for a
+// resubmit) is not it, so that a timer due now can be told from it and
+// fired at once.
+func TestNextTimerIsOneThatWouldFire(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	held := graphOrder(t, delayed, "later", `{}`, statestore.PolicyCompensate)
+	insert(t, b, held)
+	if _, err := b.pool.Exec(ctx, `UPDATE orders SET status = 'error' WHERE order_id = $1`, held.OrderID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `UPDATE steps SET due_at = now() - interval '1 hour' WHERE order_id = $1`, held.OrderID); err != nil {
+		t.Fatal(err)
+	}
+	if d, ok, err := b.store.NextTimer(ctx); err != nil || ok {
+		t.Fatalf("next timer %v %v (%v): a held order's timer counted", d, ok, err)
+	}
+	running := graphOrder(t, delayed, "later", `{}`, statestore.PolicyCompensate)
+	insert(t, b, running)
+	if d, ok, err := b.store.NextTimer(ctx); err != nil || !ok || d <= 0 || d > 1500*time.Millisecond {
+		t.Fatalf("next timer in %v (%v, %v), want the running order's, within 1.5s", d, ok, err)
 	}
 }

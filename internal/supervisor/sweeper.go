@@ -206,16 +206,23 @@ func (s *sweeper) timers(ctx context.Context) {
 			case full:
 				next = 0 // a full batch: more may be due
 			default:
-				if d, ok, err := s.store.NextTimer(ctx); err == nil && ok && d > 0 && d < next {
-					// (An overdue timer is a held order's, which waits
-					// for a resubmit: it does not hurry the next look.)
-					next = d
+				// A timer that fell due while this round fired the others
+				// is fired at once, not a whole TimerPoll later (NextTimer
+				// leaves out held orders' timers, which wait for a
+				// resubmit); minTimerWait keeps a timer another firing
+				// holds from spinning the loop.
+				if d, ok, err := s.store.NextTimer(ctx); err == nil && ok && d < next {
+					next = max(d, minTimerWait)
 				}
 			}
 		}
 		wait.Reset(next)
 	}
 }
+
+// minTimerWait is the least the timer loop waits when a timer is due
+// but was not fired this round (another transaction holds its row).
+const minTimerWait = 5 * time.Millisecond
 
 // fireTimers fires one batch of due timers; it reports whether the
 // batch was full.

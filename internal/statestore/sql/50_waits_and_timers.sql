@@ -70,16 +70,21 @@ BEGIN
 END;
 $function$;
 
--- next_timer: seconds until the earliest waiting timer (a delay, a
--- wait's timeout) falls due on the database clock (negative: overdue,
--- which a held order's timers may be; NULL: none), read from the
--- due-time index alone.
+-- next_timer: seconds until the earliest timer fire_timers would fire
+-- (a delay, a wait's timeout, of an order that runs) falls due on the
+-- database clock (zero or less: due now, fallen due since the last
+-- firing; NULL: none). It walks the due-time index from its start past
+-- the timers of held orders, which wait for a resubmit.
 CREATE OR REPLACE FUNCTION next_timer()
  RETURNS double precision
  LANGUAGE sql
  STABLE
 AS $function$
-    SELECT extract(epoch FROM min(due_at) - clock_timestamp())::float8 FROM steps WHERE process_state IN ('delayed', 'awaiting')
+    SELECT extract(epoch FROM s.due_at - clock_timestamp())::float8
+    FROM steps s JOIN orders o ON o.order_id = s.order_id
+    WHERE s.process_state IN ('delayed', 'awaiting') AND o.status IN ('received', 'processing')
+    ORDER BY s.due_at
+    LIMIT 1
 $function$;
 
 -- step_await: a claimed wait step begins to wait (fenced as a reply is):
