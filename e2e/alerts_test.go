@@ -190,10 +190,8 @@ func TestEveryAlertRuleFires(t *testing.T) {
 	if _, err := p.pool.Exec(t.Context(), `UPDATE steps SET available_at = now() - interval '2 minutes' WHERE order_id = $1`, waiting.OrderID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.pool.Exec(t.Context(), `UPDATE steps SET process_state = 'processing', locked_by = 'scheduler:gone', attempt = 1,
-		timeout = interval '70 minutes', complete_by = now() + interval '1 hour' WHERE order_id = $1`, stuck.OrderID); err != nil {
-		t.Fatal(err)
-	}
+	testenv.Forge(t, p.pool, `UPDATE steps SET process_state = 'processing', locked_by = 'scheduler:gone', attempt = 1,
+		timeout = interval '70 minutes', complete_by = now() + interval '1 hour' WHERE order_id = $1`, stuck.OrderID)
 	// The kind of the step waiting for two minutes (its budget is one)
 	// is limited: it waits for its limit past its budget.
 	if out, errOut, code := sasctl(t, p.env, "limits", "set", "nobody", "--rate", "1/h"); code != 0 {

@@ -484,10 +484,8 @@ func TestSasctlPurgeAsksFirst(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := s.pool.Exec(context.Background(), `UPDATE orders SET status = 'completed', created_at = now() - interval '2 days',
-		updated_at = now() - interval '2 days' WHERE order_id = ANY($1::uuid[])`, ids); err != nil {
-		t.Fatal(err)
-	}
+	testenv.Forge(t, s.pool, `UPDATE orders SET status = 'completed', created_at = now() - interval '2 days',
+		updated_at = now() - interval '2 days' WHERE order_id = ANY($1::uuid[])`, ids)
 	purge := func(stdin string, args ...string) (string, int) {
 		cmd := exec.Command(filepath.Join(binDir, "sasctl"), append([]string{"orders", "purge", "--older-than", "24h"}, args...)...)
 		cmd.Env, cmd.Stdin = s.env, strings.NewReader(stdin)

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"sas/internal/harness/testenv"
 	"sas/internal/statestore"
 )
 
@@ -97,10 +98,8 @@ func TestPurgeEnded(t *testing.T) {
 	mk := func(status string, ago time.Duration) statestore.NewOrder {
 		o := order(2, time.Hour, 3)
 		insert(t, b, o)
-		if _, err := b.pool.Exec(ctx, `UPDATE orders SET status = $2, created_at = now() - make_interval(secs => $3::float8),
-			updated_at = now() - make_interval(secs => $3::float8) WHERE order_id = $1`, o.OrderID, status, ago.Seconds()); err != nil {
-			t.Fatal(err)
-		}
+		testenv.Forge(t, b.pool, `UPDATE orders SET status = $2, created_at = now() - make_interval(secs => $3::float8),
+			updated_at = now() - make_interval(secs => $3::float8) WHERE order_id = $1`, o.OrderID, status, ago.Seconds())
 		return o
 	}
 	oldDone, oldFailed := mk(statestore.OrderCompleted, 2*time.Hour), mk(statestore.OrderFailed, 2*time.Hour)

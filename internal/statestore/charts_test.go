@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"sas/internal/harness/testenv"
 	"sas/internal/statestore"
 )
 
@@ -28,19 +29,11 @@ func TestOverviewSampleCountsEachMinute(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, id := range ids[:4] {
-		if _, err := b.pool.Exec(ctx, `UPDATE orders SET status = 'completed', updated_at = created_at + make_interval(secs => $2) WHERE order_id = $1`, id, i+1); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := b.pool.Exec(ctx, `UPDATE steps SET process_state = 'processed' WHERE order_id = $1`, id); err != nil {
-			t.Fatal(err)
-		}
+		testenv.Forge(t, b.pool, `UPDATE orders SET status = 'completed', updated_at = created_at + make_interval(secs => $2) WHERE order_id = $1`, id, i+1)
+		testenv.Forge(t, b.pool, `UPDATE steps SET process_state = 'processed' WHERE order_id = $1`, id)
 	}
-	if _, err := b.pool.Exec(ctx, `UPDATE orders SET status = 'failed', updated_at = created_at + interval '9 seconds' WHERE order_id = $1`, ids[4]); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.pool.Exec(ctx, `UPDATE steps SET process_state = 'cancelled' WHERE order_id = $1`, ids[4]); err != nil {
-		t.Fatal(err)
-	}
+	testenv.Forge(t, b.pool, `UPDATE orders SET status = 'failed', updated_at = created_at + interval '9 seconds' WHERE order_id = $1`, ids[4])
+	testenv.Forge(t, b.pool, `UPDATE steps SET process_state = 'cancelled' WHERE order_id = $1`, ids[4])
 	if _, err := b.pool.Exec(ctx, `UPDATE orders SET workflow = 'w-b' WHERE order_id = $1`, ids[5]); err != nil {
 		t.Fatal(err)
 	}

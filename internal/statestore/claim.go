@@ -98,29 +98,23 @@ const claimRestSQL = `, claimed AS (
         locked_by = $1,
         attempt = s.attempt + 1,
         complete_by = clock_timestamp() + s.timeout,
-        updated_at = now()
+        updated_at = now(),
+        moves = s.moves + 1, moved_by = $1, moved_why = 'claimed', moved_for = NULL
     FROM picked
     WHERE s.order_id = picked.order_id AND s.step = picked.step
     RETURNING s.order_id, s.step, s.name, s.agent, s.attempt, s.failure_count,
               s.idempotency_key, s.complete_by, s.priority, s.kind, s.compensates,
               s.ancestors, s.spec, s.item, s.item_index
-), step_hist AS (
-    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-    SELECT order_id, step, 'pending', 'processing', attempt, $1, 'claimed'
-    FROM claimed
 ), started AS (
     -- Each order found by its key: its status is compared as an
     -- expression no index serves, so that no plan walks every received
     -- order (a backlog of them) to find the few this claim started.
     UPDATE orders o
-    SET status = 'processing', updated_at = now()
+    SET status = 'processing', updated_at = now(),
+        moves = o.moves + 1, moved_by = $1, moved_why = 'first step claimed'
     FROM (SELECT DISTINCT order_id FROM claimed) c
     WHERE o.order_id = c.order_id AND (o.status = 'received') IS TRUE
     RETURNING o.order_id, o.reply_to
-), order_hist AS (
-    INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
-    SELECT order_id, NULL, 'received', 'processing', $1, 'first step claimed'
-    FROM started
 ), order_ev AS (
     INSERT INTO outbox (message_type, order_id, reply_to, body)
     SELECT 'status_event', order_id, reply_to, status_event_body(started.order_id, 'processing', NULL)

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"sas/internal/harness/testenv"
 	"sas/internal/statestore"
 )
 
@@ -26,9 +27,7 @@ func TestOrderPageWalksEveryOrderOnce(t *testing.T) {
 	if _, err := b.pool.Exec(ctx, `UPDATE orders SET created_at = '2026-01-01T00:00:00Z' WHERE order_id = ANY($1::uuid[])`, ids[5:15]); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.pool.Exec(ctx, `UPDATE orders SET status = 'error' WHERE order_id = ANY($1::uuid[])`, ids[:4]); err != nil {
-		t.Fatal(err)
-	}
+	testenv.Forge(t, b.pool, `UPDATE orders SET status = 'error' WHERE order_id = ANY($1::uuid[])`, ids[:4])
 	walk := func(q statestore.OrderQuery) []statestore.OrderRow {
 		t.Helper()
 		var all []statestore.OrderRow
@@ -105,16 +104,10 @@ func TestOverviewCountsTheLiveAndTheRecent(t *testing.T) {
 		insert(t, b, o)
 		ids = append(ids, o.OrderID)
 	}
-	if _, err := b.pool.Exec(ctx, `UPDATE orders SET status = 'completed', updated_at = created_at + interval '200 milliseconds' WHERE order_id = ANY($1::uuid[])`, ids[:3]); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.pool.Exec(ctx, `UPDATE orders SET status = 'error' WHERE order_id = $1`, ids[3]); err != nil {
-		t.Fatal(err)
-	}
+	testenv.Forge(t, b.pool, `UPDATE orders SET status = 'completed', updated_at = created_at + interval '200 milliseconds' WHERE order_id = ANY($1::uuid[])`, ids[:3])
+	testenv.Forge(t, b.pool, `UPDATE orders SET status = 'error' WHERE order_id = $1`, ids[3])
 	// One order from long ago: not in the recent window.
-	if _, err := b.pool.Exec(ctx, `UPDATE orders SET status = 'completed', created_at = now() - interval '1 day' WHERE order_id = $1`, ids[4]); err != nil {
-		t.Fatal(err)
-	}
+	testenv.Forge(t, b.pool, `UPDATE orders SET status = 'completed', created_at = now() - interval '1 day' WHERE order_id = $1`, ids[4])
 	if _, err := b.store.AcquireLease(ctx, statestore.SupervisorLease, "sup-1", time.Minute); err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"testing"
 
+	"sas/internal/harness/testenv"
 	"sas/internal/statestore"
 )
 
@@ -164,10 +165,8 @@ func TestNothingIsUndoneThatNeverRan(t *testing.T) {
 		insert(t, b, o)
 		reply(t, b, claimAll(t, b, o.OrderID)["a"], true, "")
 		first := claimAll(t, b, o.OrderID)["b"]
-		if _, err := b.pool.Exec(ctx, `UPDATE steps SET process_state = 'pending', locked_by = NULL, complete_by = NULL
-			WHERE order_id = $1 AND step = $2`, o.OrderID, first.Step); err != nil {
-			t.Fatal(err)
-		}
+		testenv.Forge(t, b.pool, `UPDATE steps SET process_state = 'pending', locked_by = NULL, complete_by = NULL
+			WHERE order_id = $1 AND step = $2`, o.OrderID, first.Step)
 		second := claimAll(t, b, o.OrderID)["b"]
 		if second.Attempt != 2 {
 			t.Fatalf("attempt %d", second.Attempt)

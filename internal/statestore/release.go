@@ -13,16 +13,11 @@ import (
 // reports whether the step was released.
 func (s *Store) ReleaseClaim(ctx context.Context, orderID string, step, attempt int, actor, reason string) (bool, error) {
 	tag, err := s.pool.Exec(ctx, `
-		WITH released AS (
-		    UPDATE steps
-		    SET process_state = 'pending', locked_by = NULL, complete_by = NULL,
-		        available_at = now(), updated_at = now()
-		    WHERE order_id = $1 AND step = $2 AND attempt = $3 AND process_state = 'processing'
-		    RETURNING order_id, step, attempt
-		)
-		INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-		SELECT order_id, step, 'processing', 'pending', attempt, $4, 'released: ' || $5
-		FROM released`, orderID, step, attempt, actor, reason)
+		UPDATE steps
+		SET process_state = 'pending', locked_by = NULL, complete_by = NULL,
+		    available_at = now(), updated_at = now(),
+		    moves = moves + 1, moved_by = $4, moved_why = 'released: ' || $5::text
+		WHERE order_id = $1 AND step = $2 AND attempt = $3 AND process_state = 'processing'`, orderID, step, attempt, actor, reason)
 	if err != nil {
 		return false, fmt.Errorf("release claim of order %s step %d: %w", orderID, step, err)
 	}

@@ -155,7 +155,8 @@ WITH r AS (
     UPDATE steps s
     SET process_state = 'processed', result = r.result, last_error = NULL, last_answer = NULL,
         agent_started_at = r.started, agent_sent_at = r.sent, agent_call_us = NULLIF(r.call_us, 0),
-        updated_at = clock_timestamp()
+        updated_at = clock_timestamp(), moves = s.moves + 1, moved_by = $8, moved_why = 'agent replied ok',
+        moved_for = r.attempt
     FROM r
     WHERE s.order_id = r.order_id AND s.step = r.step AND s.needs IS NULL
       AND (NOT $9 OR (s.attempt = r.attempt AND s.process_state = 'processing' AND s.complete_by >= clock_timestamp()))
@@ -193,7 +194,9 @@ WITH r AS (
         locked_by = CASE WHEN s.agent = ANY($10::text[]) AND s.fair_key IS NULL THEN $8 ELSE s.locked_by END,
         attempt = CASE WHEN s.agent = ANY($10::text[]) AND s.fair_key IS NULL THEN s.attempt + 1 ELSE s.attempt END,
         complete_by = CASE WHEN s.agent = ANY($10::text[]) AND s.fair_key IS NULL THEN clock_timestamp() + s.timeout ELSE s.complete_by END,
-        available_at = now(), updated_at = clock_timestamp()
+        available_at = now(), updated_at = clock_timestamp(),
+        moves = s.moves + 1, moved_by = $8, moved_for = NULL,
+        moved_why = CASE WHEN s.agent = ANY($10::text[]) AND s.fair_key IS NULL THEN 'claimed' ELSE 'previous step processed' END
     FROM dec g
     WHERE g.next = 'next' AND s.order_id = g.order_id AND s.step = g.step + 1 AND s.kind = g.kind AND s.process_state = 'waiting'
     RETURNING s.order_id, s.step, s.process_state, s.name, s.agent, s.attempt, s.failure_count,
@@ -204,28 +207,11 @@ WITH r AS (
     FROM dec g
     WHERE g.next IN ('completed', 'failed')
 ), ord_upd AS (
-    UPDATE orders o SET status = e.to_status, updated_at = clock_timestamp() FROM ended e WHERE o.order_id = e.order_id
-), hist AS (
-    -- One insert, in the order the changes happen one by one, so the
-    -- history reads as apply_reply would have written it.
-    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-    SELECT order_id, step, from_state, to_state, attempt, $8, reason FROM (
-        SELECT cur.order_id, cur.step, 'processing' AS from_state, 'processed' AS to_state, cur.attempt,
-               'agent replied ok' AS reason, cur.idx, 1 AS seq
-        FROM cur
-        UNION ALL
-        SELECT nxt.order_id, nxt.step, 'waiting', 'pending', 0, 'previous step processed', cur.idx, 2
-        FROM nxt JOIN cur ON cur.order_id = nxt.order_id
-        UNION ALL
-        SELECT nxt.order_id, nxt.step, 'pending', 'processing', nxt.attempt, 'claimed', cur.idx, 3
-        FROM nxt JOIN cur ON cur.order_id = nxt.order_id
-        WHERE nxt.process_state = 'processing'
-        UNION ALL
-        SELECT e.order_id, NULL, e.from_status, e.to_status, 0,
-               CASE WHEN e.to_status = 'completed' THEN 'last step processed' ELSE 'every compensation processed' END,
-               cur.idx, 4
-        FROM ended e JOIN cur ON cur.order_id = e.order_id
-    ) h ORDER BY idx, seq
+    -- (the doors write the history: sql/05_guards.sql)
+    UPDATE orders o SET status = e.to_status, updated_at = clock_timestamp(),
+                        moves = o.moves + 1, moved_by = $8,
+                        moved_why = CASE WHEN e.to_status = 'completed' THEN 'last step processed' ELSE 'every compensation processed' END
+    FROM ended e WHERE o.order_id = e.order_id
 ), ord_ev AS (
     INSERT INTO outbox (message_type, order_id, reply_to, body)
     SELECT 'status_event', order_id, reply_to, status_event_body(order_id, to_status, NULL, new_result, undone_step) FROM ended

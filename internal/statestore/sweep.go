@@ -80,17 +80,14 @@ WITH expired AS (
             coalesce(extract(epoch FROM s.backoff_max)::float8, $4::float8),
             coalesce(extract(epoch FROM s.backoff_base)::float8, $3::float8) * power(2, s.failure_count))),
         last_error = 'complete_by passed at attempt ' || s.attempt,
-        updated_at = now()
+        updated_at = now(),
+        moves = s.moves + 1, moved_by = $1,
+        moved_why = 'complete_by passed; failure ' || (s.failure_count + 1) || ' of ' || s.max_failures
     FROM expired
     WHERE s.order_id = expired.order_id AND s.step = expired.step
       AND s.process_state = 'processing' AND s.complete_by < now()
     RETURNING s.order_id, s.step, s.attempt, s.failure_count, s.max_failures, s.process_state, s.last_answer,
               s.needs IS NOT NULL AND s.kind = 'action' AS graph_action
-), swept_hist AS (
-    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-    SELECT order_id, step, 'processing', process_state, attempt, $1,
-           'complete_by passed; failure ' || failure_count || ' of ' || max_failures
-    FROM swept
 )
 SELECT sw.order_id::text, sw.step, sw.attempt, sw.failure_count, sw.process_state, coalesce(o.traceparent, ''),
        coalesce(sw.last_answer, ''), sw.graph_action AND o.status NOT IN ('received', 'processing')

@@ -239,9 +239,7 @@ func TestNextTimerIsOneThatWouldFire(t *testing.T) {
 	ctx := ctxFor(t)
 	held := graphOrder(t, delayed, "later", `{}`, statestore.PolicyCompensate)
 	insert(t, b, held)
-	if _, err := b.pool.Exec(ctx, `UPDATE orders SET status = 'error' WHERE order_id = $1`, held.OrderID); err != nil {
-		t.Fatal(err)
-	}
+	testenv.Forge(t, b.pool, `UPDATE orders SET status = 'error' WHERE order_id = $1`, held.OrderID)
 	if _, err := b.pool.Exec(ctx, `UPDATE steps SET due_at = now() - interval '1 hour' WHERE order_id = $1`, held.OrderID); err != nil {
 		t.Fatal(err)
 	}

@@ -60,3 +60,81 @@ BEGIN
     RETURN NULL;
 END;
 $function$;
+
+-- The door (migration 0034): every change of a step's process_state or an
+-- order's status counts the row's moves (moves = moves + 1) and names who
+-- made it and why (moved_by, moved_why); these triggers check each move
+-- against step_moves or order_moves and write it to the history. Nothing
+-- else writes a move's history. They run as the schema's owner: a role
+-- that may move a step (through a function or a grant) need not be able
+-- to write the history itself.
+
+-- sas_refuse_move: fails the statement that made a move the tables do not
+-- hold, or changed a state without counting the move.
+CREATE OR REPLACE FUNCTION sas_refuse_move(p_what text, p_from text, p_to text, p_counted boolean)
+ RETURNS boolean
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF NOT p_counted THEN
+        RAISE EXCEPTION 'the % changed from % to % without passing the door (moves = moves + 1)', p_what, p_from, p_to
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RAISE EXCEPTION 'a % may not move from % to %', p_what, p_from, p_to
+        USING ERRCODE = 'check_violation';
+END;
+$function$;
+
+-- steps_moved: the door of steps, once per statement over the rows it
+-- changed. A move counted is checked and written: one history row, or two
+-- for a move the table tells by way of another state (waiting to
+-- processing by way of pending: made pending and claimed at once). A move
+-- out of processing is written for the attempt a reply named (moved_for,
+-- which a claim clears), else for the row's. Rows
+-- are written per order in the order the changes happen: ends first, then
+-- what became waiting, pending, processing.
+CREATE OR REPLACE FUNCTION steps_moved()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $function$
+BEGIN
+    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
+    SELECT n.order_id, n.step, h.from_state, h.to_state, coalesce(h.attempt, n.attempt), n.moved_by, h.reason
+    FROM new_rows n
+    JOIN old_rows o ON o.order_id = n.order_id AND o.step = n.step
+    LEFT JOIN step_moves d ON d.from_state = o.process_state AND d.to_state = n.process_state
+    CROSS JOIN LATERAL (VALUES (1, o.process_state, d.via, o.attempt, d.via_why),
+                               (2, coalesce(d.via, o.process_state), n.process_state,
+                                CASE WHEN o.process_state = 'processing' THEN n.moved_for END, n.moved_why))
+        AS h(seq, from_state, to_state, attempt, reason)
+    WHERE (n.moves <> o.moves OR n.process_state <> o.process_state)
+      AND (h.seq = 2 OR d.via IS NOT NULL)
+      AND CASE WHEN d.from_state IS NOT NULL AND n.moves = o.moves + 1 THEN true
+               ELSE sas_refuse_move('step', o.process_state, n.process_state, n.moves = o.moves + 1) END
+    ORDER BY n.order_id,
+             CASE n.process_state WHEN 'waiting' THEN 2 WHEN 'pending' THEN 3 WHEN 'delayed' THEN 3
+                                  WHEN 'processing' THEN 4 ELSE 1 END,
+             n.step, h.seq;
+    RETURN NULL;
+END;
+$function$;
+
+-- orders_moved: the door of orders, once per row whose status changed or
+-- whose moves were counted, at the commit (after the moves of the steps
+-- that led to it).
+CREATE OR REPLACE FUNCTION orders_moved()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $function$
+BEGIN
+    IF NEW.moves <> OLD.moves + 1
+       OR NOT EXISTS (SELECT 1 FROM order_moves m WHERE m.from_status = OLD.status AND m.to_status = NEW.status) THEN
+        PERFORM sas_refuse_move('order', OLD.status, NEW.status, NEW.moves = OLD.moves + 1);
+    END IF;
+    INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
+    VALUES (NEW.order_id, NULL, OLD.status, NEW.status, NEW.moved_by, NEW.moved_why);
+    RETURN NULL;
+END;
+$function$;

@@ -1,22 +1,21 @@
 -- Orders: their status, the events and alerts they send.
 
--- order_transition: moves an order to a new status, with its history row
--- and its status event in the outbox.
+-- order_transition: moves an order to a new status through the door
+-- (orders_moved writes its history row), with its status event in the
+-- outbox.
 CREATE OR REPLACE FUNCTION order_transition(p_order uuid, p_to text, p_step integer, p_actor text, p_reason text)
  RETURNS void
  LANGUAGE plpgsql
 AS $function$
 DECLARE
-    v_from text;
     v_reply_to text;
 BEGIN
-    SELECT status, reply_to INTO v_from, v_reply_to FROM orders WHERE order_id = p_order;
+    SELECT reply_to INTO v_reply_to FROM orders WHERE order_id = p_order;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'order % does not exist', p_order USING ERRCODE = 'foreign_key_violation';
     END IF;
-    UPDATE orders SET status = p_to, updated_at = now() WHERE order_id = p_order;
-    INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
-    VALUES (p_order, NULL, v_from, p_to, p_actor, p_reason);
+    UPDATE orders SET status = p_to, updated_at = now(), moves = moves + 1, moved_by = p_actor, moved_why = p_reason
+    WHERE order_id = p_order;
     INSERT INTO outbox (message_type, order_id, reply_to, body)
     VALUES ('status_event', p_order, v_reply_to, status_event_body(p_order, p_to, p_step));
 END;

@@ -55,11 +55,10 @@ BEGIN
                     EXISTS (SELECT 1 FROM steps WHERE order_id = p_order AND step = p_step + 1
                                                   AND kind = v_kind AND process_state = 'waiting'))
     WHEN 'next' THEN
-        UPDATE steps SET process_state = 'pending', available_at = now(), updated_at = now()
+        UPDATE steps SET process_state = 'pending', available_at = now(), updated_at = now(),
+                         moves = moves + 1, moved_by = p_actor, moved_why = 'previous step processed'
         WHERE order_id = p_order AND step = p_step + 1 AND kind = v_kind AND process_state = 'waiting'
         RETURNING step INTO next_step;
-        INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
-        VALUES (p_order, next_step, 'waiting', 'pending', p_actor, 'previous step processed');
     WHEN 'completed' THEN
         order_status := 'completed';
         PERFORM order_transition(p_order, 'completed', NULL, p_actor, 'last step processed');
@@ -162,10 +161,9 @@ BEGIN
             IF v_open = 0 THEN
                 UPDATE steps SET process_state = 'processed', updated_at = clock_timestamp(),
                     result = (SELECT coalesce(jsonb_agg(coalesce(i.result, 'null'::jsonb) ORDER BY i.item_index), '[]'::jsonb)
-                              FROM steps i WHERE i.order_id = p_order AND i.parent = v_parent.step AND i.kind = 'action')
+                              FROM steps i WHERE i.order_id = p_order AND i.parent = v_parent.step AND i.kind = 'action'),
+                    moves = moves + 1, moved_by = p_actor, moved_why = 'every instance processed'
                 WHERE order_id = p_order AND step = v_parent.step;
-                INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-                VALUES (p_order, v_parent.step, 'expanded', 'processed', v_parent.attempt, p_actor, 'every instance processed');
             ELSIF v_busy < v_parent.max_parallel THEN
                 next_step := steps_made_pending(p_order, v_waiting[1:v_parent.max_parallel - v_busy], next_step,
                                                 p_actor, 'an instance may run');
@@ -192,13 +190,9 @@ BEGIN
         )
         SELECT array_agg(step) INTO v_steps FROM dead;
         IF v_steps IS NOT NULL THEN
-            WITH upd AS (
-                UPDATE steps SET process_state = 'cancelled', updated_at = clock_timestamp()
-                WHERE order_id = p_order AND step = ANY(v_steps) AND process_state = 'waiting'
-                RETURNING step, attempt
-            )
-            INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-            SELECT p_order, step, 'waiting', 'cancelled', attempt, p_actor, 'its action never ran' FROM upd;
+            UPDATE steps SET process_state = 'cancelled', updated_at = clock_timestamp(),
+                             moves = moves + 1, moved_by = p_actor, moved_why = 'its action never ran'
+            WHERE order_id = p_order AND step = ANY(v_steps) AND process_state = 'waiting';
         END IF;
 
         SELECT array_agg(c.step) INTO v_steps FROM steps c
@@ -241,15 +235,14 @@ BEGIN
         SET process_state = CASE WHEN spec ? 'delay_ms' THEN 'delayed' ELSE 'pending' END,
             due_at = CASE WHEN spec ? 'delay_ms'
                           THEN clock_timestamp() + make_interval(secs => (spec->>'delay_ms')::float8 / 1000) END,
-            available_at = now(), updated_at = clock_timestamp()
+            available_at = now(), updated_at = clock_timestamp(),
+            moves = moves + 1, moved_by = p_actor,
+            moved_why = CASE WHEN spec ? 'delay_ms'
+                             THEN p_reason || '; due at ' || to_char((clock_timestamp() + make_interval(secs => (spec->>'delay_ms')::float8 / 1000))
+                                                                     AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+                             ELSE p_reason END
         WHERE order_id = p_order AND step = ANY(p_steps) AND process_state = 'waiting'
         RETURNING step, process_state, due_at
-    ), hist AS (
-        INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
-        SELECT p_order, step, 'waiting', process_state, p_actor,
-               CASE WHEN due_at IS NULL THEN p_reason
-                    ELSE p_reason || '; due at ' || to_char(due_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') END
-        FROM upd
     )
     SELECT min(step) FILTER (WHERE process_state = 'pending') INTO v_first FROM upd;
     IF v_first IS NOT NULL AND (p_lowest = 0 OR v_first < p_lowest) THEN
@@ -286,10 +279,8 @@ BEGIN
         RETURN;
     END IF;
     UPDATE steps SET process_state = 'skipped', locked_by = NULL, complete_by = NULL, unsent_attempts = unsent_attempts + 1,
-                     updated_at = clock_timestamp()
+                     updated_at = clock_timestamp(), moves = moves + 1, moved_by = p_actor, moved_why = p_reason
     WHERE order_id = p_order AND step = p_step;
-    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-    VALUES (p_order, p_step, 'processing', 'skipped', p_attempt, p_actor, p_reason);
     SELECT ga.next_step, ga.order_status INTO next_step, order_status FROM graph_advance(p_order, p_actor) ga;
 END;
 $function$;
@@ -327,10 +318,8 @@ CREATE OR REPLACE FUNCTION claim_cancelled(p_order uuid, p_step integer, p_attem
 AS $function$
 BEGIN
     UPDATE steps SET process_state = 'cancelled', locked_by = NULL, complete_by = NULL, unsent_attempts = unsent_attempts + 1,
-                     updated_at = clock_timestamp()
+                     updated_at = clock_timestamp(), moves = moves + 1, moved_by = p_actor, moved_why = 'the order is ' || p_status
     WHERE order_id = p_order AND step = p_step;
-    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-    VALUES (p_order, p_step, 'processing', 'cancelled', p_attempt, p_actor, 'the order is ' || p_status);
     SELECT ga.next_step, ga.order_status INTO next_step, order_status FROM graph_advance(p_order, p_actor) ga;
 END;
 $function$;
@@ -384,17 +373,13 @@ BEGIN
         WHERE order_id = p_order AND parent = v_comp.step AND kind = 'compensation';
         UPDATE steps SET needs = array_remove(needs, v_comp.step) || v_comps
         WHERE order_id = p_order AND kind = 'compensation' AND v_comp.step = ANY(needs);
-        UPDATE steps SET process_state = 'cancelled', updated_at = clock_timestamp()
+        UPDATE steps SET process_state = 'cancelled', updated_at = clock_timestamp(), moves = moves + 1, moved_by = p_actor,
+                         moved_why = 'each of the ' || v_n || ' instances of step ' || p_step || ' has its own compensation'
         WHERE order_id = p_order AND step = v_comp.step;
-        INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-        VALUES (p_order, v_comp.step, 'waiting', 'cancelled', v_comp.attempt, p_actor,
-                'each of the ' || v_n || ' instances of step ' || p_step || ' has its own compensation');
     END IF;
     UPDATE steps SET process_state = 'expanded', locked_by = NULL, complete_by = NULL, unsent_attempts = unsent_attempts + 1,
-                     updated_at = clock_timestamp()
+                     updated_at = clock_timestamp(), moves = moves + 1, moved_by = p_actor, moved_why = v_n || ' instances'
     WHERE order_id = p_order AND step = p_step;
-    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-    VALUES (p_order, p_step, 'processing', 'expanded', p_attempt, p_actor, v_n || ' instances');
     SELECT ga.next_step, ga.order_status INTO next_step, order_status FROM graph_advance(p_order, p_actor) ga;
 END;
 $function$;
@@ -413,13 +398,9 @@ BEGIN
     IF v_status IN ('received', 'processing') THEN
         RETURN v_status;
     END IF;
-    WITH upd AS (
-        UPDATE steps SET process_state = 'cancelled', updated_at = clock_timestamp()
-        WHERE order_id = p_order AND step = p_step AND kind = 'action' AND needs IS NOT NULL AND process_state = 'pending'
-        RETURNING attempt
-    )
-    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-    SELECT p_order, p_step, 'pending', 'cancelled', attempt, p_actor, 'the order is ' || v_status FROM upd;
+    UPDATE steps SET process_state = 'cancelled', updated_at = clock_timestamp(),
+                     moves = moves + 1, moved_by = p_actor, moved_why = 'the order is ' || v_status
+    WHERE order_id = p_order AND step = p_step AND kind = 'action' AND needs IS NOT NULL AND process_state = 'pending';
     RETURN coalesce(nullif((SELECT ga.order_status FROM graph_advance(p_order, p_actor) ga), ''), v_status);
 END;
 $function$;

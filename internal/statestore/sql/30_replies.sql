@@ -26,7 +26,9 @@ BEGIN
         last_error = NULLIF(p_error, ''),
         last_answer = CASE WHEN p_ok THEN NULL ELSE coalesce(NULLIF(p_answer, ''), last_answer) END,
         agent_started_at = p_started, agent_sent_at = p_sent, agent_call_us = NULLIF(p_call_us, 0),
-        updated_at = clock_timestamp()
+        updated_at = clock_timestamp(), moves = moves + 1, moved_by = p_actor, moved_for = p_attempt,
+        moved_why = CASE WHEN p_ok AND agent = '' THEN 'its timer ended'
+                         WHEN p_ok THEN 'agent replied ok' ELSE 'agent replied failed: ' || p_error END
     WHERE order_id = p_order AND step = p_step
       AND (NOT p_fenced OR (attempt = p_attempt AND process_state = 'processing' AND complete_by >= clock_timestamp()))
     RETURNING process_state, failure_count, name, attempt,
@@ -40,10 +42,6 @@ BEGIN
         RETURN;
     END IF;
     applied := true;
-    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-    VALUES (p_order, p_step, 'processing', step_state, v_attempt, p_actor,
-            CASE WHEN p_ok AND v_agent = '' THEN 'its timer ended'
-                 WHEN p_ok THEN 'agent replied ok' ELSE 'agent replied failed: ' || p_error END);
     IF p_ok THEN
         SELECT sp.next_step, sp.order_status INTO next_step, order_status FROM step_processed(p_order, p_step, p_actor) sp;
     ELSE
@@ -86,13 +84,12 @@ AS $function$
 DECLARE
     v_first boolean;
     v_since timestamptz;
-    v_max interval;
+    v_until timestamptz;
 BEGIN
     applied := false;
     SELECT s.held_attempt IS DISTINCT FROM s.attempt,
-           CASE WHEN s.held_attempt = s.attempt THEN s.held_since ELSE s.complete_by - s.timeout END,
-           make_interval(secs => coalesce((s.spec->>'max_duration_ms')::float8, 3600000) / 1000)
-    INTO v_first, v_since, v_max
+           CASE WHEN s.held_attempt = s.attempt THEN s.held_since ELSE s.complete_by - s.timeout END
+    INTO v_first, v_since
     FROM steps s
     WHERE s.order_id = p_order AND s.step = p_step AND s.attempt = p_attempt
       AND s.process_state = 'processing' AND s.complete_by >= clock_timestamp()
@@ -100,24 +97,27 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
+    SELECT greatest(s.complete_by,
+                    least(clock_timestamp() + CASE WHEN p_hold_ms > 0 THEN make_interval(secs => p_hold_ms::float8 / 1000)
+                                                   ELSE s.timeout END,
+                          v_since + make_interval(secs => coalesce((s.spec->>'max_duration_ms')::float8, 3600000) / 1000)))
+    INTO v_until
+    FROM steps s WHERE s.order_id = p_order AND s.step = p_step;
+    -- The first hold of an attempt is a move (processing to processing).
     UPDATE steps s
-    SET held_attempt = p_attempt, held_since = v_since,
-        complete_by = greatest(s.complete_by,
-                               least(clock_timestamp() + CASE WHEN p_hold_ms > 0 THEN make_interval(secs => p_hold_ms::float8 / 1000)
-                                                              ELSE s.timeout END,
-                                     v_since + v_max)),
+    SET held_attempt = p_attempt, held_since = v_since, complete_by = v_until,
         last_answer = coalesce(NULLIF(p_answer, ''), s.last_answer),
-        updated_at = clock_timestamp()
+        updated_at = clock_timestamp(),
+        moves = s.moves + CASE WHEN v_first THEN 1 ELSE 0 END,
+        moved_by = CASE WHEN v_first THEN p_actor ELSE s.moved_by END,
+        moved_why = CASE WHEN v_first
+                         THEN CASE WHEN p_answer IS NULL OR p_answer = '' THEN 'the service sent a heartbeat'
+                                   ELSE 'the service accepted the call (' || p_answer || ')' END
+                              || '; waiting for its callback until '
+                              || to_char(v_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+                         ELSE s.moved_why END
     WHERE s.order_id = p_order AND s.step = p_step
     RETURNING s.complete_by INTO complete_by;
     applied := true;
-    IF v_first THEN
-        INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-        VALUES (p_order, p_step, 'processing', 'processing', p_attempt, p_actor,
-                CASE WHEN p_answer IS NULL OR p_answer = '' THEN 'the service sent a heartbeat'
-                     ELSE 'the service accepted the call (' || p_answer || ')' END
-                || '; waiting for its callback until '
-                || to_char(complete_by AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'));
-    END IF;
 END;
 $function$;

@@ -20,16 +20,9 @@ BEGIN
         -- A graph: what has not started never will; steps in flight are
         -- let end, and each action's compensation runs once it has, after
         -- those of the steps that needed it (graph_advance).
-        WITH old AS (
-            SELECT step, process_state, attempt FROM steps
-            WHERE order_id = p_order AND kind = 'action' AND process_state IN ('waiting', 'pending', 'expanded', 'delayed', 'awaiting')
-            FOR UPDATE
-        ), upd AS (
-            UPDATE steps s SET process_state = 'cancelled', locked_by = NULL, complete_by = NULL, due_at = NULL, updated_at = now()
-            FROM old WHERE s.order_id = p_order AND s.step = old.step
-        )
-        INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-        SELECT p_order, step, process_state, 'cancelled', attempt, p_actor, p_reason FROM old;
+        UPDATE steps SET process_state = 'cancelled', locked_by = NULL, complete_by = NULL, due_at = NULL, updated_at = now(),
+                         moves = moves + 1, moved_by = p_actor, moved_why = p_reason
+        WHERE order_id = p_order AND kind = 'action' AND process_state IN ('waiting', 'pending', 'expanded', 'delayed', 'awaiting');
         -- Its children that still run are undone with it.
         IF EXISTS (SELECT 1 FROM orders WHERE parent_order = p_order) THEN
             PERFORM children_cancel(p_order, p_actor);
@@ -38,28 +31,15 @@ BEGIN
         SELECT ga.order_status INTO v_status FROM graph_advance(p_order, p_actor) ga;
         RETURN coalesce(nullif(v_status, ''), 'compensating');
     END IF;
-    WITH dead AS (
-        SELECT c.step, c.attempt FROM steps c
-        JOIN steps a ON a.order_id = c.order_id AND a.step = c.compensates
-        WHERE c.order_id = p_order AND c.kind = 'compensation' AND c.process_state = 'waiting' AND a.attempt <= a.unsent_attempts
-        FOR UPDATE OF c
-    ), upd AS (
-        UPDATE steps s SET process_state = 'cancelled', updated_at = now()
-        FROM dead WHERE s.order_id = p_order AND s.step = dead.step
-    )
-    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-    SELECT p_order, step, 'waiting', 'cancelled', attempt, p_actor, 'its action never ran' FROM dead;
+    UPDATE steps c SET process_state = 'cancelled', updated_at = now(),
+                       moves = c.moves + 1, moved_by = p_actor, moved_why = 'its action never ran'
+    FROM steps a
+    WHERE c.order_id = p_order AND c.kind = 'compensation' AND c.process_state = 'waiting'
+      AND a.order_id = c.order_id AND a.step = c.compensates AND a.attempt <= a.unsent_attempts;
 
-    WITH old AS (
-        SELECT step, process_state, attempt FROM steps
-        WHERE order_id = p_order AND kind = 'action' AND process_state IN ('waiting', 'pending', 'processing')
-        FOR UPDATE
-    ), upd AS (
-        UPDATE steps s SET process_state = 'cancelled', locked_by = NULL, complete_by = NULL, updated_at = now()
-        FROM old WHERE s.order_id = p_order AND s.step = old.step
-    )
-    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-    SELECT p_order, step, process_state, 'cancelled', attempt, p_actor, p_reason FROM old;
+    UPDATE steps SET process_state = 'cancelled', locked_by = NULL, complete_by = NULL, updated_at = now(),
+                     moves = moves + 1, moved_by = p_actor, moved_why = p_reason
+    WHERE order_id = p_order AND kind = 'action' AND process_state IN ('waiting', 'pending', 'processing');
 
     SELECT min(step) INTO v_first FROM steps
     WHERE order_id = p_order AND kind = 'compensation' AND process_state = 'waiting';
@@ -67,10 +47,9 @@ BEGIN
         PERFORM order_transition(p_order, 'failed', p_step, p_actor, p_reason || '; nothing to undo');
         RETURN 'failed';
     END IF;
-    UPDATE steps SET process_state = 'pending', available_at = now(), updated_at = now()
+    UPDATE steps SET process_state = 'pending', available_at = now(), updated_at = now(),
+                     moves = moves + 1, moved_by = p_actor, moved_why = 'compensation started'
     WHERE order_id = p_order AND step = v_first;
-    INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
-    VALUES (p_order, v_first, 'waiting', 'pending', p_actor, 'compensation started');
     PERFORM order_transition(p_order, 'compensating', p_step, p_actor, p_reason);
     RETURN 'compensating';
 END;

@@ -31,12 +31,10 @@ BEGIN
         LIMIT p_limit
         FOR UPDATE OF s SKIP LOCKED
     ), upd AS (
-        UPDATE steps s SET process_state = 'pending', available_at = now(), updated_at = clock_timestamp()
+        UPDATE steps s SET process_state = 'pending', available_at = now(), updated_at = clock_timestamp(),
+                           moves = s.moves + 1, moved_by = p_holder, moved_why = 'its delay ended'
         FROM due WHERE s.order_id = due.order_id AND s.step = due.step AND s.process_state = 'delayed'
         RETURNING s.order_id, s.step, s.attempt, s.due_at
-    ), hist AS (
-        INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-        SELECT u.order_id, u.step, 'delayed', 'pending', u.attempt, p_holder, 'its delay ended' FROM upd u
     )
     SELECT u.order_id, u.step, extract(epoch FROM clock_timestamp() - u.due_at)::float8 FROM upd u;
 
@@ -48,17 +46,14 @@ BEGIN
         v_reason := 'no signal ' || (r.w->>'signal') || ' came within its timeout of '
                     || ((r.w->>'timeout_ms')::bigint / 1000.0)::text || ' s';
         IF r.w->>'on_timeout' = 'skip' THEN
-            UPDATE steps s SET process_state = 'skipped', updated_at = clock_timestamp()
+            UPDATE steps s SET process_state = 'skipped', updated_at = clock_timestamp(),
+                               moves = s.moves + 1, moved_by = p_holder, moved_why = v_reason || ': skipped (on_timeout: skip)'
             WHERE s.order_id = r.order_id AND s.step = r.step;
-            INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-            VALUES (r.order_id, r.step, 'awaiting', 'skipped', r.attempt, p_holder, v_reason || ': skipped (on_timeout: skip)');
             PERFORM graph_advance(r.order_id, p_holder);
         ELSE
             UPDATE steps s SET process_state = 'error', failure_count = s.max_failures, last_error = v_reason,
-                               updated_at = clock_timestamp()
+                               updated_at = clock_timestamp(), moves = s.moves + 1, moved_by = p_holder, moved_why = v_reason
             WHERE s.order_id = r.order_id AND s.step = r.step;
-            INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-            VALUES (r.order_id, r.step, 'awaiting', 'error', r.attempt, p_holder, v_reason);
             PERFORM step_failed(r.order_id, r.step, p_holder, v_reason,
                                 (SELECT s.max_failures FROM steps s WHERE s.order_id = r.order_id AND s.step = r.step));
         END IF;
@@ -123,22 +118,18 @@ BEGIN
     IF FOUND THEN
         UPDATE signals SET step = p_step WHERE order_id = p_order AND signal_id = v_signal;
         UPDATE steps SET process_state = 'processed', result = v_payload, locked_by = NULL, complete_by = NULL,
-                         updated_at = clock_timestamp()
+                         updated_at = clock_timestamp(), moves = moves + 1, moved_by = p_actor,
+                         moved_why = 'signal ' || (v_wait->>'signal') || ' (id ' || v_signal || ') had come before the wait began'
         WHERE order_id = p_order AND step = p_step;
-        INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-        VALUES (p_order, p_step, 'processing', 'processed', p_attempt, p_actor,
-                'signal ' || (v_wait->>'signal') || ' (id ' || v_signal || ') had come before the wait began');
         SELECT ga.next_step, ga.order_status INTO next_step, order_status FROM graph_advance(p_order, p_actor) ga;
         RETURN;
     END IF;
     v_due := clock_timestamp() + make_interval(secs => (v_wait->>'timeout_ms')::float8 / 1000);
     UPDATE steps SET process_state = 'awaiting', due_at = v_due, locked_by = NULL, complete_by = NULL,
-                     updated_at = clock_timestamp()
+                     updated_at = clock_timestamp(), moves = moves + 1, moved_by = p_actor,
+                     moved_why = 'waiting for signal ' || (v_wait->>'signal') || ' until '
+                                 || to_char(v_due AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
     WHERE order_id = p_order AND step = p_step;
-    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-    VALUES (p_order, p_step, 'processing', 'awaiting', p_attempt, p_actor,
-            'waiting for signal ' || (v_wait->>'signal') || ' until '
-            || to_char(v_due AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'));
 END;
 $function$;
 
@@ -195,11 +186,9 @@ BEGIN
     ORDER BY s.step LIMIT 1 FOR UPDATE;
     IF FOUND THEN
         INSERT INTO signals (order_id, signal_id, name, payload, actor, step) VALUES (p_order, p_signal_id, p_name, p_payload, p_actor, v_step);
-        UPDATE steps s SET process_state = 'processed', result = p_payload, updated_at = clock_timestamp()
+        UPDATE steps s SET process_state = 'processed', result = p_payload, updated_at = clock_timestamp(),
+                           moves = s.moves + 1, moved_by = p_actor, moved_why = 'signal ' || p_name || ' (id ' || p_signal_id || ')'
         WHERE s.order_id = p_order AND s.step = v_step;
-        INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-        SELECT p_order, v_step, 'awaiting', 'processed', s.attempt, p_actor, 'signal ' || p_name || ' (id ' || p_signal_id || ')'
-        FROM steps s WHERE s.order_id = p_order AND s.step = v_step;
         outcome := 'applied';
         step := v_step;
         SELECT ga.order_status INTO order_status FROM graph_advance(p_order, p_actor) ga;

@@ -51,11 +51,9 @@ BEGIN
     WHERE order_id = p_child AND parent_order IS NULL;
     SELECT status, workflow INTO v_child_status, v_workflow FROM orders WHERE order_id = p_child;
     UPDATE steps SET process_state = 'awaiting', due_at = clock_timestamp() + interval '100 years', locked_by = NULL, complete_by = NULL,
-                     updated_at = clock_timestamp()
+                     updated_at = clock_timestamp(), moves = moves + 1, moved_by = p_actor,
+                     moved_why = 'waiting for its child order ' || p_child || ' (workflow ' || v_workflow || ') to end'
     WHERE order_id = p_order AND step = p_step;
-    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-    VALUES (p_order, p_step, 'processing', 'awaiting', p_attempt, p_actor,
-            'waiting for its child order ' || p_child || ' (workflow ' || v_workflow || ') to end');
     IF v_child_status IN ('completed', 'failed') THEN
         SELECT cs.next_step, cs.order_status INTO next_step, order_status FROM child_settle(p_child) cs;
     END IF;
@@ -112,10 +110,9 @@ BEGIN
         IF octet_length(v_results::text) > 262144 THEN
             v_results := jsonb_build_object('results_truncated', true);
         END IF;
-        UPDATE steps SET process_state = 'processed', result = v_results, due_at = NULL, updated_at = clock_timestamp()
+        UPDATE steps SET process_state = 'processed', result = v_results, due_at = NULL, updated_at = clock_timestamp(),
+                         moves = moves + 1, moved_by = v_actor, moved_why = 'its child order ' || p_child || ' completed'
         WHERE order_id = v_parent AND step = v_pstep;
-        INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-        VALUES (v_parent, v_pstep, 'awaiting', 'processed', v_attempt, v_actor, 'its child order ' || p_child || ' completed');
         SELECT ga.next_step, ga.order_status INTO next_step, order_status FROM graph_advance(v_parent, v_actor) ga;
         RETURN;
     ELSIF FOUND THEN
@@ -125,10 +122,8 @@ BEGIN
                            ORDER BY kind = 'compensation' DESC, step LIMIT 1) s ON true;
         v_reason := left(v_reason, 2000);
         UPDATE steps SET process_state = 'error', failure_count = max_failures, last_error = v_reason, due_at = NULL,
-                         updated_at = clock_timestamp()
+                         updated_at = clock_timestamp(), moves = moves + 1, moved_by = v_actor, moved_why = v_reason
         WHERE order_id = v_parent AND step = v_pstep;
-        INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-        VALUES (v_parent, v_pstep, 'awaiting', 'error', v_attempt, v_actor, v_reason);
         order_status := step_failed(v_parent, v_pstep, v_actor, v_reason, v_max);
         IF order_status NOT IN ('completed', 'failed', 'error') THEN
             order_status := '';
@@ -138,10 +133,9 @@ BEGIN
     SELECT step, attempt INTO v_comp, v_attempt FROM steps
     WHERE order_id = v_parent AND compensates = v_pstep AND kind = 'compensation' AND process_state = 'awaiting' FOR UPDATE;
     IF FOUND AND v_status = 'failed' THEN
-        UPDATE steps SET process_state = 'processed', due_at = NULL, updated_at = clock_timestamp()
+        UPDATE steps SET process_state = 'processed', due_at = NULL, updated_at = clock_timestamp(),
+                         moves = moves + 1, moved_by = v_actor, moved_why = 'its child order ' || p_child || ' is undone'
         WHERE order_id = v_parent AND step = v_comp;
-        INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-        VALUES (v_parent, v_comp, 'awaiting', 'processed', v_attempt, v_actor, 'its child order ' || p_child || ' is undone');
         SELECT ga.next_step, ga.order_status INTO next_step, order_status FROM graph_advance(v_parent, v_actor) ga;
     END IF;
 END;
@@ -201,18 +195,16 @@ BEGIN
     IF v_child IS NULL OR v_child_status = 'failed' THEN
         v_reason := CASE WHEN v_child IS NULL THEN 'no child order started: nothing to undo'
                          ELSE 'its child order ' || v_child || ' is undone' END;
-        UPDATE steps SET process_state = 'processed', locked_by = NULL, complete_by = NULL, updated_at = clock_timestamp()
+        UPDATE steps SET process_state = 'processed', locked_by = NULL, complete_by = NULL, updated_at = clock_timestamp(),
+                         moves = moves + 1, moved_by = p_actor, moved_why = v_reason
         WHERE order_id = p_order AND step = p_step;
-        INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-        VALUES (p_order, p_step, 'processing', 'processed', p_attempt, p_actor, v_reason);
         SELECT ga.next_step, ga.order_status INTO next_step, order_status FROM graph_advance(p_order, p_actor) ga;
         RETURN;
     END IF;
     UPDATE steps SET process_state = 'awaiting', due_at = clock_timestamp() + interval '100 years', locked_by = NULL, complete_by = NULL,
-                     updated_at = clock_timestamp()
+                     updated_at = clock_timestamp(), moves = moves + 1, moved_by = p_actor,
+                     moved_why = 'waiting for its child order ' || v_child || ' to be undone'
     WHERE order_id = p_order AND step = p_step;
-    INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-    VALUES (p_order, p_step, 'processing', 'awaiting', p_attempt, p_actor, 'waiting for its child order ' || v_child || ' to be undone');
     PERFORM pg_notify('sas_pending', current_schema());
 END;
 $function$;

@@ -101,14 +101,9 @@ BEGIN
             IF v_gone IS NOT NULL THEN
                 UPDATE steps SET needs = ARRAY(SELECT n FROM unnest(needs) n WHERE n <> ALL(v_gone)) || v_steps
                 WHERE order_id = p_order AND kind = 'compensation' AND needs && v_gone;
-                WITH back AS (
-                    UPDATE steps SET process_state = 'waiting', updated_at = clock_timestamp()
-                    WHERE order_id = p_order AND step = ANY(v_steps) AND process_state = 'cancelled'
-                    RETURNING step, attempt
-                )
-                INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-                SELECT p_order, step, 'cancelled', 'waiting', attempt, v_actor,
-                       'operator resubmit of step ' || p_step || ': its for_each step runs again' FROM back;
+                UPDATE steps SET process_state = 'waiting', updated_at = clock_timestamp(), moves = moves + 1, moved_by = v_actor,
+                                 moved_why = 'operator resubmit of step ' || p_step || ': its for_each step runs again'
+                WHERE order_id = p_order AND step = ANY(v_steps) AND process_state = 'cancelled';
             END IF;
         END IF;
         WITH reset AS (
@@ -118,15 +113,12 @@ BEGIN
                 idempotency_key = CASE WHEN s.process_state IN ('processed', 'expanded')
                                        THEN regexp_replace(s.idempotency_key, '/rerun-[0-9]+$', '') || '/rerun-' || s.attempt
                                        ELSE s.idempotency_key END,
-                available_at = now(), updated_at = clock_timestamp()
-            FROM steps old
-            WHERE s.order_id = p_order AND s.step = ANY(v_rerun) AND old.order_id = s.order_id AND old.step = s.step
-            RETURNING s.step, s.attempt, old.process_state AS was, s.process_state AS now
-        ), hist AS (
-            INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-            SELECT p_order, step, was, now, attempt, v_actor,
-                   CASE WHEN step = p_step THEN 'operator resubmit: run again'
-                        ELSE 'operator resubmit of step ' || p_step || ': it depends on it' END FROM reset
+                available_at = now(), updated_at = clock_timestamp(),
+                moves = s.moves + 1, moved_by = v_actor,
+                moved_why = CASE WHEN s.step = p_step THEN 'operator resubmit: run again'
+                                 ELSE 'operator resubmit of step ' || p_step || ': it depends on it' END
+            WHERE s.order_id = p_order AND s.step = ANY(v_rerun)
+            RETURNING s.step
         )
         SELECT array_agg(step ORDER BY step) INTO v_steps FROM reset;
     END IF;
@@ -138,13 +130,11 @@ BEGIN
         WITH reset AS (
             UPDATE steps
             SET process_state = 'pending', failure_count = 0, locked_by = NULL, complete_by = NULL,
-                available_at = now(), updated_at = clock_timestamp()
+                available_at = now(), updated_at = clock_timestamp(),
+                moves = moves + 1, moved_by = v_actor, moved_why = 'operator resubmit'
             WHERE order_id = p_order AND process_state = 'error' AND (coalesce(p_step, 0) = 0 OR step = p_step OR v_graph)
               AND (NOT v_undoing OR kind = 'compensation')
             RETURNING step, attempt, kind
-        ), hist AS (
-            INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
-            SELECT p_order, step, 'error', 'pending', attempt, v_actor, 'operator resubmit' FROM reset
         )
         SELECT coalesce(v_steps, '{}') || array_agg(step ORDER BY step), coalesce(bool_or(kind = 'compensation'), false)
         INTO v_steps, v_compensation FROM reset;

@@ -1,0 +1,181 @@
+package statestore_test
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"sas/internal/harness/testenv"
+	"sas/internal/workflow"
+)
+
+// TestTheDoorIsTheRegistry: the moves the state store lets a step and an
+// order make (step_moves, order_moves, which its doors check) are those
+// internal/workflow/shapes.go declares, no more and no fewer.
+func TestTheDoorIsTheRegistry(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	var want, got []string
+	for _, m := range workflow.StepMoves() {
+		want = append(want, fmt.Sprintf("%s>%s via %q %q", m.From, m.To, m.Via, m.ViaWhy))
+	}
+	rows, err := b.pool.Query(ctx, `SELECT format('%s>%s via %s %s', from_state, to_state,
+		to_json(coalesce(via, ''))::text, to_json(coalesce(via_why, ''))::text) FROM step_moves`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, s)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(want)
+	slices.Sort(got)
+	if !slices.Equal(want, got) {
+		t.Errorf("step_moves differs from workflow.StepMoves:\n table:    %q\n registry: %q", got, want)
+	}
+	want, got = nil, nil
+	for _, m := range workflow.OrderMoves() {
+		want = append(want, m.From+">"+m.To)
+	}
+	rows, err = b.pool.Query(ctx, `SELECT from_status || '>' || to_status FROM order_moves`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, s)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(want)
+	slices.Sort(got)
+	if !slices.Equal(want, got) {
+		t.Errorf("order_moves differs from workflow.OrderMoves:\n table:    %q\n registry: %q", got, want)
+	}
+}
+
+// refusedMove reports whether err is the door's refusal.
+func refusedMove(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23514" &&
+		(strings.Contains(pgErr.Message, "may not move") || strings.Contains(pgErr.Message, "without passing the door"))
+}
+
+// TestTheDoorWalksEveryShapesPaths walks every path of every shape
+// (workflow.Shapes) through the door of steps, one statement per move,
+// and finds each move written to the history as it was made (a move by
+// way of another state as two); then tries what no path does, directly:
+// a move the table does not hold, and a change of state that does not
+// count the move, for a step and for an order. Both are refused and
+// change nothing.
+func TestTheDoorWalksEveryShapesPaths(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	via := map[[2]string]workflow.StepMove{}
+	for _, m := range workflow.StepMoves() {
+		if m.Via != "" {
+			via[[2]string{m.From, m.To}] = m
+		}
+	}
+	// what every state's row must hold (a claim's holder, a due time)
+	const ready = `locked_by = 'walker', complete_by = now() + interval '1 hour', due_at = now() + interval '1 hour'`
+	walked := 0
+	for _, sh := range workflow.Shapes() {
+		for _, path := range sh.Paths {
+			o := order(1, time.Minute, 3)
+			insert(t, b, o)
+			moves := workflow.PathMoves(path)
+			testenv.Forge(t, b.pool, `UPDATE steps SET process_state = $2, `+ready+` WHERE order_id = $1 AND step = 1`, o.OrderID, moves[0][0])
+			var want []string
+			for i, mv := range moves {
+				why := fmt.Sprintf("%s move %d", sh.Name, i+1)
+				if _, err := b.pool.Exec(ctx, `UPDATE steps SET process_state = $2, moves = moves + 1, moved_by = 'walker', moved_why = $3, `+ready+`
+					WHERE order_id = $1 AND step = 1`, o.OrderID, mv[1], why); err != nil {
+					t.Fatalf("shape %s, path %q: the door refused %s to %s: %v", sh.Name, path, mv[0], mv[1], err)
+				}
+				if v, ok := via[mv]; ok {
+					want = append(want, mv[0]+">"+v.Via+"/"+v.ViaWhy, v.Via+">"+mv[1]+"/"+why)
+				} else {
+					want = append(want, mv[0]+">"+mv[1]+"/"+why)
+				}
+				walked++
+			}
+			var got []string
+			rows, err := b.pool.Query(ctx, `SELECT from_state || '>' || to_state || '/' || reason FROM transitions
+				WHERE order_id = $1 AND step = 1 AND actor = 'walker' ORDER BY id`, o.OrderID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for rows.Next() {
+				var s string
+				if err := rows.Scan(&s); err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, s)
+			}
+			if err := rows.Err(); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("shape %s, path %q: history %q, want %q", sh.Name, path, got, want)
+			}
+		}
+	}
+	if walked < len(workflow.StepMoves()) {
+		t.Fatalf("walked %d moves, fewer than the %d declared", walked, len(workflow.StepMoves()))
+	}
+
+	o := order(2, time.Minute, 3)
+	insert(t, b, o)
+	histRows := func() int {
+		return count(t, b, `SELECT count(*) FROM transitions WHERE order_id = $1`, o.OrderID)
+	}
+	before := histRows()
+	for _, stmt := range []string{
+		// step 1 is pending, step 2 waiting, the order received
+		`UPDATE steps SET process_state = 'processed', moves = moves + 1, moved_by = 'x', moved_why = 'y' WHERE order_id = $1 AND step = 1`,
+		`UPDATE steps SET process_state = 'processed', moves = moves + 1, moved_by = 'x', moved_why = 'y' WHERE order_id = $1 AND step = 2`,
+		`UPDATE steps SET process_state = 'processing', ` + ready + ` WHERE order_id = $1 AND step = 1`,
+		`UPDATE steps SET process_state = 'processing', moves = moves + 2, moved_by = 'x', moved_why = 'y', ` + ready + ` WHERE order_id = $1 AND step = 1`,
+		`UPDATE orders SET status = 'processing' WHERE order_id = $1`,
+		`UPDATE orders SET status = 'received', moves = moves + 1, moved_by = 'x', moved_why = 'y' WHERE order_id = $1`,
+		`UPDATE orders SET status = 'compensating', moves = moves + 1, moved_by = 'x', moved_why = 'y' WHERE order_id = $1;
+		 UPDATE orders SET status = 'processing', moves = moves + 1, moved_by = 'x', moved_why = 'y' WHERE order_id = $1`,
+	} {
+		if strings.Contains(stmt, ";") {
+			_, err := b.pool.Exec(ctx, "BEGIN; "+strings.ReplaceAll(stmt, "$1", "'"+o.OrderID+"'")+"; COMMIT")
+			if !refusedMove(err) {
+				t.Errorf("%s: %v, want the door's refusal", stmt, err)
+			}
+			continue
+		}
+		if _, err := b.pool.Exec(ctx, stmt, o.OrderID); !refusedMove(err) {
+			t.Errorf("%s: %v, want the door's refusal", stmt, err)
+		}
+	}
+	var states, status string
+	if err := b.pool.QueryRow(ctx, `SELECT string_agg(process_state, ' ' ORDER BY step), (SELECT status FROM orders WHERE order_id = $1)
+		FROM steps WHERE order_id = $1`, o.OrderID).Scan(&states, &status); err != nil {
+		t.Fatal(err)
+	}
+	if states != "pending waiting" || status != "received" || histRows() != before {
+		t.Fatalf("a refused move changed something: steps %q, order %q, history %d rows (was %d)", states, status, histRows(), before)
+	}
+}
