@@ -6,8 +6,8 @@
 -- statement that changes a step's process_state, or an order's status,
 -- says so by counting the row's moves (moves = moves + 1: the key to the
 -- door; a change of state without it is refused), and passes a trigger
--- (steps_moved: once per statement, set-based, over the rows it changed;
--- orders_moved: per order moved, at the commit): a move the table does
+-- (steps_moved, orders_moved: once per statement, set-based, over the
+-- rows it changed): a move the table does
 -- not hold fails the statement; each move allowed is written to the
 -- history, with who made it and why (the row's moved_by and moved_why,
 -- which the statement sets). A step's move that changes no state (a
@@ -37,6 +37,11 @@ INSERT INTO step_moves (from_state, to_state, via, via_why) VALUES
     ('waiting', 'pending', NULL, NULL),
     ('waiting', 'delayed', NULL, NULL),
     ('delayed', 'pending', NULL, NULL),
+    -- a step sas performs itself, as it becomes runnable (no claim): a
+    -- wait begins to wait, a timer alone ends
+    ('waiting', 'awaiting', NULL, NULL),
+    ('delayed', 'awaiting', NULL, NULL),
+    ('delayed', 'processed', NULL, NULL),
     -- made pending and claimed by the reply that ended the step before
     ('waiting', 'processing', 'pending', 'previous step processed'),
     -- claimed; handed back (broker unreachable) or reset (complete_by passed)
@@ -111,16 +116,13 @@ ALTER TABLE orders
 CREATE OR REPLACE FUNCTION steps_moved() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
 CREATE OR REPLACE FUNCTION orders_moved() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
 
--- The doors. A step's is one per statement, over the rows it changed; an
--- order's one per row whose status changed, deferred to the commit so that
--- an order's move is written after the moves of its steps that led to it.
+-- The doors: one per statement, over the rows it changed.
 CREATE TRIGGER steps_moved AFTER UPDATE ON steps
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION steps_moved();
-CREATE CONSTRAINT TRIGGER orders_moved AFTER UPDATE ON orders
-    DEFERRABLE INITIALLY DEFERRED
-    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status OR OLD.moves <> NEW.moves)
-    EXECUTE FUNCTION orders_moved();
+CREATE TRIGGER orders_moved AFTER UPDATE ON orders
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION orders_moved();
 
 DO $$
 DECLARE

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"sas/internal/harness/testenv"
+	"sas/internal/statestore"
 	"sas/internal/workflow"
 )
 
@@ -177,5 +178,46 @@ func TestTheDoorWalksEveryShapesPaths(t *testing.T) {
 	}
 	if states != "pending waiting" || status != "received" || histRows() != before {
 		t.Fatalf("a refused move changed something: steps %q, order %q, history %d rows (was %d)", states, status, histRows(), before)
+	}
+}
+
+// TestAnOrdersMoveIsWrittenAfterItsSteps: in the claim's and the batched
+// reply's single statements, which move steps and their order at once,
+// the history tells the order's move after the step's that led to it.
+func TestAnOrdersMoveIsWrittenAfterItsSteps(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	o := order(1, time.Minute, 3)
+	insert(t, b, o)
+	claimed, err := b.store.ClaimPending(ctx, "s1", 10, "")
+	if err != nil || len(claimed) != 1 {
+		t.Fatalf("claim: %v %v", claimed, err)
+	}
+	c := claimed[0]
+	res, errs := b.store.ApplyReplies(ctx, []statestore.Reply{{OrderID: o.OrderID, Step: c.Step, Attempt: c.Attempt, OK: true, Actor: "s1"}})
+	if errs[0] != nil || res[0].OrderStatus != statestore.OrderCompleted {
+		t.Fatalf("reply: %+v %v", res[0], errs[0])
+	}
+	var got []string
+	rows, err := b.pool.Query(ctx, `SELECT coalesce(step::text, 'order') || ' ' || coalesce(from_state, '') || '>' || to_state
+		FROM transitions WHERE order_id = $1 ORDER BY id`, o.OrderID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, s)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"order >received", "1 >pending", "1 pending>processing", "order received>processing",
+		"1 processing>processed", "order processing>completed"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("history %q, want %q", got, want)
 	}
 }

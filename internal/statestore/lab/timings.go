@@ -90,11 +90,16 @@ FROM samples WHERE us IS NOT NULL GROUP BY ord ORDER BY ord`
 // each stage's latency distribution, and the completions inside the
 // window (of orders created up to ten minutes before it).
 //
-// It reads in one transaction with sequential scans off: the window's
-// orders are found by their keys, whatever statistics a store behind a
-// history of millions of orders has (a plan that scanned the history for
-// each order of the window ran for many minutes).
+// It first brings the tables' statistics up to date (a bench's store has
+// just been written, and autovacuum may be off: a plan that guessed two
+// processed steps joined every step to every order of the window, for
+// many minutes), then reads in one transaction with sequential scans off:
+// the window's orders are found by their keys, whatever a store behind a
+// history of millions of orders holds.
 func ReadTimings(ctx context.Context, pool *pgxpool.Pool, from, to time.Time) (t Timings, err error) {
+	if _, err := pool.Exec(ctx, `ANALYZE orders, steps, transitions`); err != nil {
+		return t, fmt.Errorf("timings: analyze: %w", err)
+	}
 	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off`); err != nil {
 			return err

@@ -120,21 +120,26 @@ BEGIN
 END;
 $function$;
 
--- orders_moved: the door of orders, once per row whose status changed or
--- whose moves were counted, at the commit (after the moves of the steps
--- that led to it).
+-- orders_moved: the door of orders, once per statement over the orders
+-- it changed, as steps_moved. An order's move comes after the moves of
+-- its steps that led to it: in a function, its own statement after
+-- theirs; in the claim's and the batched reply's one statement, the
+-- orders' update ends after the steps' (TestAnOrdersMoveIsWrittenAfterItsSteps).
 CREATE OR REPLACE FUNCTION orders_moved()
  RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
 AS $function$
 BEGIN
-    IF NEW.moves <> OLD.moves + 1
-       OR NOT EXISTS (SELECT 1 FROM order_moves m WHERE m.from_status = OLD.status AND m.to_status = NEW.status) THEN
-        PERFORM sas_refuse_move('order', OLD.status, NEW.status, NEW.moves = OLD.moves + 1);
-    END IF;
     INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
-    VALUES (NEW.order_id, NULL, OLD.status, NEW.status, NEW.moved_by, NEW.moved_why);
+    SELECT n.order_id, NULL, o.status, n.status, n.moved_by, n.moved_why
+    FROM new_rows n
+    JOIN old_rows o ON o.order_id = n.order_id
+    LEFT JOIN order_moves m ON m.from_status = o.status AND m.to_status = n.status
+    WHERE (n.moves <> o.moves OR n.status <> o.status)
+      AND CASE WHEN m.from_status IS NOT NULL AND n.moves = o.moves + 1 THEN true
+               ELSE sas_refuse_move('order', o.status, n.status, n.moves = o.moves + 1) END
+    ORDER BY n.order_id;
     RETURN NULL;
 END;
 $function$;
