@@ -141,7 +141,8 @@ func IdempotencyKey(orderID string, step int, name string) string {
 // orders' start_at ($27), and their concurrency keys and max_per_key
 // ($28, $29), written on each of their steps that calls an agent (the
 // steps sas performs itself are claimed as they are). A first step is delayed (due at start_at, plus
-// its delay) when its order starts later or it has a delay. Order ids must be distinct. It returns the
+// its delay) when its order starts later or it has a delay; a first wait
+// (step_settles) begins to wait at once, awaiting until its timeout. Order ids must be distinct. It returns the
 // index of every order it wrote. A step created waiting gets no history
 // row: its own row says as much, and its history begins when it leaves
 // waiting (so a step's history with no creation row starts in waiting).
@@ -169,7 +170,9 @@ WITH o AS (
                        backoff_base, backoff_max, needs, ancestors, spec, due_at, fair_key, fair_max)
     SELECT insd.order_id, s.step, s.name, s.kind, NULLIF(s.compensates, 0), s.agent,
            CASE WHEN s.needs IS NULL AND s.step = 1 OR s.needs = '{}' AND s.kind = 'action' THEN
-                    CASE WHEN s.spec ? 'delay_ms' OR insd.start_at > clock_timestamp() THEN 'delayed' ELSE 'pending' END
+                    CASE WHEN s.spec ? 'delay_ms' OR insd.start_at > clock_timestamp() THEN 'delayed'
+                         WHEN step_settles(s.kind, s.agent, NULL, s.spec) = 'wait' THEN 'awaiting'
+                         ELSE 'pending' END
                 ELSE 'waiting' END,
            insd.priority, make_interval(secs => s.timeout_ms / 1000.0), s.max_failures, s.idempotency_key,
            make_interval(secs => NULLIF(s.backoff_base_ms, 0) / 1000.0), make_interval(secs => NULLIF(s.backoff_max_ms, 0) / 1000.0),
@@ -177,7 +180,10 @@ WITH o AS (
            CASE WHEN (s.needs IS NULL AND s.step = 1 OR s.needs = '{}' AND s.kind = 'action')
                      AND (s.spec ? 'delay_ms' OR insd.start_at > clock_timestamp())
                 THEN greatest(insd.start_at, clock_timestamp())
-                     + make_interval(secs => coalesce((s.spec->>'delay_ms')::float8, 0) / 1000) END,
+                     + make_interval(secs => coalesce((s.spec->>'delay_ms')::float8, 0) / 1000)
+                WHEN (s.needs IS NULL AND s.step = 1 OR s.needs = '{}' AND s.kind = 'action')
+                     AND step_settles(s.kind, s.agent, NULL, s.spec) = 'wait'
+                THEN clock_timestamp() + make_interval(secs => (s.spec->'wait'->>'timeout_ms')::float8 / 1000) END,
            CASE WHEN s.agent <> '' THEN insd.fair_key END, CASE WHEN s.agent <> '' THEN insd.fair_max END
     FROM unnest($11::int[], $12::text[], $13::text[], $14::bigint[], $15::int[], $16::text[], $17::text[], $18::int[], $19::int[],
                 $20::bigint[], $21::bigint[], $24::text[], $25::text[], $26::jsonb[])

@@ -24,6 +24,10 @@ workflows:
       - {action: score, agent: risk, compensation: {action: unscore}}
       - {id: approval, wait: {signal: approved, timeout: 200ms}}
       - {id: optional_ok, wait: {signal: nice, timeout: 200ms, on_timeout: skip}, needs: []}
+  - name: gated
+    steps:
+      - {action: score, agent: risk, compensation: {action: unscore}}
+      - {id: approval, wait: {signal: approved, timeout: 1h}, when: "true"}
 `
 
 func signal(t *testing.T, b bundle, orderID, id, name, payload string) statestore.SignalOutcome {
@@ -40,10 +44,11 @@ func signal(t *testing.T, b bundle, orderID, id, name, payload string) statestor
 }
 
 // TestAWaitEndsWithItsSignal: a wait step awaits its signal once its
-// needs ended; a payload that breaks its schema, an unknown name or
-// order, are refused with a reason; the signal ends the step (its payload
-// the result) and the order goes on; the same id again changes nothing;
-// a timer alone ends with its delay; an ended order refuses signals.
+// needs ended, with no claim; a payload that breaks its schema, an
+// unknown name or order, are refused with a reason; the signal ends the
+// step (its payload the result) and the order goes on; the same id again
+// changes nothing; a timer alone ends with its delay, where it fires (no
+// claim); an ended order refuses signals.
 func TestAWaitEndsWithItsSignal(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -54,16 +59,13 @@ func TestAWaitEndsWithItsSignal(t *testing.T) {
 	o := graphOrder(t, loan, "loan", `{}`, statestore.PolicyCompensate)
 	insert(t, b, o)
 	reply(t, b, claimAll(t, b, o.OrderID)["score"], true, `{"value": 550}`)
-	wait := claimAll(t, b, o.OrderID)["approval"]
-	if wait.Agent != "" {
-		t.Fatalf("the wait step's agent is %q", wait.Agent)
-	}
-	if _, err := b.store.AwaitStep(ctx, wait, "s"); err != nil {
-		t.Fatal(err)
-	}
 	if _, st := stepStates(t, b, o.OrderID); st["approval"] != statestore.StepAwaiting {
-		t.Fatalf("approval is %s, want awaiting", st["approval"])
+		t.Fatalf("approval is %s, want awaiting as soon as score ended", st["approval"])
 	}
+	if _, claimed := claimAll(t, b, o.OrderID)["approval"]; claimed {
+		t.Fatal("a wait step was claimed")
+	}
+	waitStep := count(t, b, `SELECT step FROM steps WHERE order_id = $1 AND name = 'approval'`, o.OrderID)
 	for _, c := range []struct{ id, name, payload, want string }{
 		{"s0", "approved", `{"who": "ann"}`, statestore.SignalInvalidPayload},
 		{"s0", "rejected", `{"by": "ann"}`, statestore.SignalNoSuchWait},
@@ -75,7 +77,7 @@ func TestAWaitEndsWithItsSignal(t *testing.T) {
 	if out := signal(t, b, messages.NewID(), "s0", "approved", `{"by": "ann"}`); out.Outcome != statestore.SignalUnknownOrder {
 		t.Fatalf("a signal for no order: %+v", out)
 	}
-	if out := signal(t, b, o.OrderID, "s1", "approved", `{"by": "ann"}`); out.Outcome != statestore.SignalApplied || out.Step != wait.Step {
+	if out := signal(t, b, o.OrderID, "s1", "approved", `{"by": "ann"}`); out.Outcome != statestore.SignalApplied || out.Step != waitStep {
 		t.Fatalf("the signal: %+v", out)
 	}
 	if out := signal(t, b, o.OrderID, "s1", "approved", `{"by": "bob"}`); out.Outcome != statestore.SignalDuplicate {
@@ -91,10 +93,15 @@ func TestAWaitEndsWithItsSignal(t *testing.T) {
 	}
 	reply(t, b, open, true, "")
 	waitDue(t, b)
-	fireAll(t, b, "sup-1")
-	timer := claimAll(t, b, o.OrderID)["cooling_off"]
-	if res := reply(t, b, timer, true, ""); res.OrderStatus != statestore.OrderCompleted {
-		t.Fatalf("order %q", res.OrderStatus)
+	if fired := fireAll(t, b, "sup-1"); len(fired) != 1 {
+		t.Fatalf("fired %v, want the cooling_off timer", fired)
+	}
+	if status, st := stepStates(t, b, o.OrderID); status != statestore.OrderCompleted || st["cooling_off"] != statestore.StepProcessed {
+		t.Fatalf("order %s, steps %v: the timer alone ends where it fires, and the order with it", status, st)
+	}
+	if n := count(t, b, `SELECT count(*) FROM transitions t JOIN steps s ON s.order_id = t.order_id AND s.step = t.step
+		WHERE t.order_id = $1 AND s.name IN ('approval', 'cooling_off') AND t.to_state IN ('pending', 'processing')`, o.OrderID); n != 0 {
+		t.Fatalf("the wait or the timer went through %d claims' states", n)
 	}
 	if out := signal(t, b, o.OrderID, "s3", "approved", `{"by": "ann"}`); out.Outcome != statestore.SignalOrderEnded {
 		t.Fatalf("a signal for an ended order: %+v", out)
@@ -112,9 +119,6 @@ func TestASignalBeforeItsWaitIsKept(t *testing.T) {
 		t.Fatalf("an early signal: %+v", out)
 	}
 	reply(t, b, claimAll(t, b, o.OrderID)["score"], true, "")
-	if _, err := b.store.AwaitStep(ctxFor(t), claimAll(t, b, o.OrderID)["approval"], "s"); err != nil {
-		t.Fatal(err)
-	}
 	if _, st := stepStates(t, b, o.OrderID); st["approval"] != statestore.StepProcessed || st["open_account"] != statestore.StepPending {
 		t.Fatalf("steps %v: the kept signal ends the wait as it begins", st)
 	}
@@ -133,11 +137,8 @@ func TestAWaitTimesOut(t *testing.T) {
 	insert(t, b, o)
 	first := claimAll(t, b, o.OrderID)
 	reply(t, b, first["score"], true, "")
-	if _, err := b.store.AwaitStep(ctx, first["optional_ok"], "s"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.store.AwaitStep(ctx, claimAll(t, b, o.OrderID)["approval"], "s"); err != nil {
-		t.Fatal(err)
+	if _, st := stepStates(t, b, o.OrderID); st["approval"] != statestore.StepAwaiting || st["optional_ok"] != statestore.StepAwaiting {
+		t.Fatalf("steps %v: both waits await, with no claim", st)
 	}
 	waitDue(t, b)
 	testenv.Eventually(t, 5*time.Second, "both waits to time out", func() bool {
@@ -152,15 +153,19 @@ func TestAWaitTimesOut(t *testing.T) {
 }
 
 // TestAWaitClaimedAsTheOrderIsUndoneNeverBegins: an order cancelled
-// between a wait step's claim and its wait cancels the wait, and ends.
+// between a wait step's claim (a wait with a when is claimed, to read it)
+// and its wait cancels the wait, and ends.
 func TestAWaitClaimedAsTheOrderIsUndoneNeverBegins(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := ctxFor(t)
-	o := graphOrder(t, loan, "loan", `{}`, statestore.PolicyCompensate)
+	o := graphOrder(t, loan, "gated", `{}`, statestore.PolicyCompensate)
 	insert(t, b, o)
 	reply(t, b, claimAll(t, b, o.OrderID)["score"], true, "")
 	wait := claimAll(t, b, o.OrderID)["approval"]
+	if wait.Step == 0 {
+		t.Fatal("the wait with a when was not claimed")
+	}
 	if _, err := b.store.CancelOrder(ctx, o.OrderID, "operator"); err != nil {
 		t.Fatal(err)
 	}

@@ -39,6 +39,9 @@ func StepMoves() []StepMove {
 		{From: StateWaiting, To: StatePending, By: "the step before, or every step it needs, ended (reply, signal, timer, operator)"},
 		{From: StateWaiting, To: StateDelayed, By: "as waiting to pending, for a step with a delay"},
 		{From: StateDelayed, To: StatePending, By: "the supervisor: its delay ended"},
+		{From: StateWaiting, To: StateAwaiting, By: "as waiting to pending, for a wait (no claim: it begins to wait)"},
+		{From: StateDelayed, To: StateAwaiting, By: "the supervisor: a wait's delay ended (no claim: it begins to wait)"},
+		{From: StateDelayed, To: StateProcessed, By: "the supervisor: a timer alone ended (no claim)"},
 		{From: StateWaiting, To: StateProcessing, Via: StatePending, ViaWhy: "previous step processed",
 			By: "a scheduler: the reply that ended the step before claims it at once"},
 		{From: StatePending, To: StateProcessing, By: "a scheduler's claim"},
@@ -133,14 +136,17 @@ func Shapes() []Shape {
 			"waiting pending processing error pending processing processed",
 		}},
 		{Name: "timer", Says: "delay: with no agent", Paths: []string{
-			"waiting delayed pending processing processed",
-			"waiting pending processing processed", // a delay of 0
+			"waiting delayed processed",                    // ends where its delay does, with no claim
+			"waiting delayed pending processing processed", // with a when: read at its claim
 		}},
 		{Name: "wait", Says: "wait: {signal:, timeout:}", Paths: []string{
-			"waiting pending processing awaiting processed",
-			"waiting pending processing processed", // its signal came first
-			"pending processing awaiting skipped",  // on_timeout: skip
-			"pending processing awaiting error",
+			"waiting awaiting processed", // begins to wait as it becomes runnable; its signal came (first, or then)
+			"waiting awaiting skipped",   // on_timeout: skip
+			"waiting awaiting error",
+			"delayed awaiting processed",                    // after its delay
+			"waiting pending processing awaiting processed", // with a when: read at its claim
+			"waiting pending processing processed",          // its signal came first
+			"pending processing awaiting skipped",
 			"awaiting cancelled", "awaiting waiting",
 		}},
 		{Name: "sub-process", Says: "workflow: (a child order)", Paths: []string{

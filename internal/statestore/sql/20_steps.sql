@@ -170,11 +170,17 @@ BEGIN
             END IF;
         END LOOP;
 
-        SELECT array_agg(s.step) INTO v_steps FROM steps s
-        WHERE s.order_id = p_order AND s.kind = 'action' AND s.process_state = 'waiting' AND s.parent IS NULL
-          AND NOT EXISTS (SELECT 1 FROM steps n WHERE n.order_id = p_order AND n.step = ANY(s.needs)
-                                                  AND n.process_state NOT IN ('processed', 'skipped'));
-        next_step := steps_made_pending(p_order, v_steps, next_step, p_actor, 'every step it needs ended');
+        -- A wait whose signal had come ends as it begins: what needed it
+        -- may run too, so again until no step ends so.
+        LOOP
+            SELECT array_agg(s.step) INTO v_steps FROM steps s
+            WHERE s.order_id = p_order AND s.kind = 'action' AND s.process_state = 'waiting' AND s.parent IS NULL
+              AND NOT EXISTS (SELECT 1 FROM steps n WHERE n.order_id = p_order AND n.step = ANY(s.needs)
+                                                      AND n.process_state NOT IN ('processed', 'skipped'));
+            next_step := steps_made_pending(p_order, v_steps, next_step, p_actor, 'every step it needs ended');
+            EXIT WHEN v_steps IS NULL
+                OR NOT EXISTS (SELECT 1 FROM steps WHERE order_id = p_order AND step = ANY(v_steps) AND process_state = 'processed');
+        END LOOP;
 
         IF NOT EXISTS (SELECT 1 FROM steps WHERE order_id = p_order AND kind = 'action' AND process_state NOT IN ('processed', 'skipped')) THEN
             order_status := 'completed';
@@ -213,10 +219,27 @@ BEGIN
 END;
 $function$;
 
+-- step_settles: what a step sas performs itself does as it becomes
+-- runnable, with no claim: 'wait' (it begins to wait), 'timer' (a timer
+-- alone: it ends); '' for a step a scheduler claims (one that calls a
+-- service, or whose when, for_each or child order is read at its claim).
+CREATE OR REPLACE FUNCTION step_settles(p_kind text, p_agent text, p_parent integer, p_spec jsonb)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+    SELECT CASE WHEN p_kind <> 'action' OR p_agent <> '' OR p_parent IS NOT NULL OR p_spec IS NULL
+                     OR p_spec ?| ARRAY['when', 'for_each', 'workflow'] THEN ''
+                WHEN p_spec ? 'wait' THEN 'wait'
+                ELSE 'timer' END
+$function$;
+
 -- steps_made_pending: graph_advance's one way to start steps: the given
 -- waiting steps of the order become pending, each with its history row;
 -- a step with a delay becomes delayed instead, due that long from now on
--- the database clock (fire_timers makes it pending then). It returns the
+-- the database clock (fire_timers makes it pending then); a wait
+-- (step_settles) begins to wait at once, awaiting until its timeout, and
+-- ends at once if its order kept its signal (waits_kept). It returns the
 -- lowest step of p_lowest (0: none) and those it made pending. The steps
 -- come as a list, read before, so that the update is a lookup of each by
 -- its key whatever the planner guesses of an order's size.
@@ -226,25 +249,38 @@ CREATE OR REPLACE FUNCTION steps_made_pending(p_order uuid, p_steps integer[], p
 AS $function$
 DECLARE
     v_first integer;
+    v_waits boolean;
 BEGIN
     IF p_steps IS NULL OR cardinality(p_steps) = 0 THEN
         RETURN p_lowest;
     END IF;
     WITH upd AS (
         UPDATE steps
-        SET process_state = CASE WHEN spec ? 'delay_ms' THEN 'delayed' ELSE 'pending' END,
+        SET process_state = CASE WHEN spec ? 'delay_ms' THEN 'delayed'
+                                 WHEN step_settles(kind, agent, parent, spec) = 'wait' THEN 'awaiting'
+                                 ELSE 'pending' END,
             due_at = CASE WHEN spec ? 'delay_ms'
-                          THEN clock_timestamp() + make_interval(secs => (spec->>'delay_ms')::float8 / 1000) END,
+                          THEN clock_timestamp() + make_interval(secs => (spec->>'delay_ms')::float8 / 1000)
+                          WHEN step_settles(kind, agent, parent, spec) = 'wait'
+                          THEN clock_timestamp() + make_interval(secs => (spec->'wait'->>'timeout_ms')::float8 / 1000) END,
             available_at = now(), updated_at = clock_timestamp(),
             moves = moves + 1, moved_by = p_actor,
             moved_why = CASE WHEN spec ? 'delay_ms'
                              THEN p_reason || '; due at ' || to_char((clock_timestamp() + make_interval(secs => (spec->>'delay_ms')::float8 / 1000))
                                                                      AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+                             WHEN step_settles(kind, agent, parent, spec) = 'wait'
+                             THEN p_reason || '; waiting for signal ' || (spec->'wait'->>'signal') || ' until '
+                                  || to_char((clock_timestamp() + make_interval(secs => (spec->'wait'->>'timeout_ms')::float8 / 1000))
+                                             AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
                              ELSE p_reason END
         WHERE order_id = p_order AND step = ANY(p_steps) AND process_state = 'waiting'
         RETURNING step, process_state, due_at
     )
-    SELECT min(step) FILTER (WHERE process_state = 'pending') INTO v_first FROM upd;
+    SELECT min(step) FILTER (WHERE process_state = 'pending'), bool_or(process_state = 'awaiting')
+    INTO v_first, v_waits FROM upd;
+    IF v_waits THEN
+        PERFORM waits_kept(p_order, p_actor);
+    END IF;
     IF v_first IS NOT NULL AND (p_lowest = 0 OR v_first < p_lowest) THEN
         RETURN v_first;
     END IF;

@@ -5,7 +5,9 @@
 -- the lease p_lease (so a supervisor that lost the lead fires nothing),
 -- for orders that still run (a held order's timers wait for its
 -- resubmit; an order undone or cancelled cancelled its steps):
---   a delayed step becomes pending;
+--   a delayed step becomes pending, or, if sas performs it itself
+--   (step_settles), a timer alone ends there and a wait begins to wait
+--   (and its order goes on: graph_advance), with no claim;
 --   a wait step still awaiting its signal timed out: with on_timeout skip
 --   it is skipped, else it fails for good (step_failed: the workflow's
 --   policy decides).
@@ -19,24 +21,49 @@ AS $function$
 DECLARE
     r record;
     v_reason text;
+    v_orders uuid[];
+    v_steps integer[];
+    v_late float8[];
+    v_settled uuid[];
+    v_order uuid;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM leases l WHERE l.name = p_lease AND l.holder = p_holder AND l.expires_at > now()) THEN
         RETURN;
     END IF;
-    RETURN QUERY
     WITH due AS (
-        SELECT s.order_id, s.step FROM steps s JOIN orders o ON o.order_id = s.order_id
+        SELECT s.order_id, s.step, s.due_at, step_settles(s.kind, s.agent, s.parent, s.spec) AS settles
+        FROM steps s JOIN orders o ON o.order_id = s.order_id
         WHERE s.process_state = 'delayed' AND s.due_at <= clock_timestamp() AND o.status IN ('received', 'processing')
         ORDER BY s.due_at
         LIMIT p_limit
         FOR UPDATE OF s SKIP LOCKED
     ), upd AS (
-        UPDATE steps s SET process_state = 'pending', available_at = now(), updated_at = clock_timestamp(),
-                           moves = s.moves + 1, moved_by = p_holder, moved_why = 'its delay ended'
+        UPDATE steps s
+        SET process_state = CASE due.settles WHEN 'timer' THEN 'processed' WHEN 'wait' THEN 'awaiting' ELSE 'pending' END,
+            due_at = CASE WHEN due.settles = 'wait'
+                          THEN clock_timestamp() + make_interval(secs => (s.spec->'wait'->>'timeout_ms')::float8 / 1000)
+                          ELSE s.due_at END,
+            available_at = now(), updated_at = clock_timestamp(),
+            moves = s.moves + 1, moved_by = p_holder,
+            moved_why = CASE due.settles
+                            WHEN 'timer' THEN 'its timer ended'
+                            WHEN 'wait' THEN 'its delay ended; waiting for signal ' || (s.spec->'wait'->>'signal') || ' until '
+                                             || to_char((clock_timestamp() + make_interval(secs => (s.spec->'wait'->>'timeout_ms')::float8 / 1000))
+                                                        AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+                            ELSE 'its delay ended' END
         FROM due WHERE s.order_id = due.order_id AND s.step = due.step AND s.process_state = 'delayed'
-        RETURNING s.order_id, s.step, s.attempt, s.due_at
+        RETURNING s.order_id, s.step, due.due_at AS was_due, due.settles
     )
-    SELECT u.order_id, u.step, extract(epoch FROM clock_timestamp() - u.due_at)::float8 FROM upd u;
+    SELECT array_agg(u.order_id), array_agg(u.step), array_agg(extract(epoch FROM clock_timestamp() - u.was_due)::float8),
+           array_agg(DISTINCT u.order_id) FILTER (WHERE u.settles <> '')
+    INTO v_orders, v_steps, v_late, v_settled
+    FROM upd u;
+    RETURN QUERY SELECT * FROM unnest(v_orders, v_steps, v_late);
+    -- What a timer's end or a wait's beginning lets run, runs.
+    FOREACH v_order IN ARRAY coalesce(v_settled, '{}') LOOP
+        PERFORM waits_kept(v_order, p_holder);
+        PERFORM graph_advance(v_order, p_holder);
+    END LOOP;
 
     FOR r IN SELECT s.order_id, s.step, s.attempt, s.due_at, s.spec->'wait' AS w FROM steps s JOIN orders o ON o.order_id = s.order_id
              WHERE s.process_state = 'awaiting' AND s.due_at <= clock_timestamp() AND o.status IN ('received', 'processing')
@@ -130,6 +157,41 @@ BEGIN
                      moved_why = 'waiting for signal ' || (v_wait->>'signal') || ' until '
                                  || to_char(v_due AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
     WHERE order_id = p_order AND step = p_step;
+END;
+$function$;
+
+-- waits_kept: the waits of p_order that began with no claim (they became
+-- awaiting as they became runnable: steps_made_pending, fire_timers) and
+-- whose signal the order kept (it came before the wait began) end with it
+-- at once, its payload the step's result, as step_await does for a
+-- claimed wait. It returns how many ended; the caller lets the order go
+-- on (graph_advance).
+CREATE OR REPLACE FUNCTION waits_kept(p_order uuid, p_actor text)
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    r record;
+    v_signal text;
+    v_payload jsonb;
+    v_n integer := 0;
+BEGIN
+    FOR r IN SELECT s.step, s.spec->'wait'->>'signal' AS name FROM steps s
+             WHERE s.order_id = p_order AND s.process_state = 'awaiting' AND s.spec ? 'wait'
+               AND EXISTS (SELECT 1 FROM signals g WHERE g.order_id = p_order AND g.step IS NULL AND g.name = s.spec->'wait'->>'signal')
+             ORDER BY s.step LOOP
+        SELECT g.signal_id, g.payload INTO v_signal, v_payload FROM signals g
+        WHERE g.order_id = p_order AND g.name = r.name AND g.step IS NULL
+        ORDER BY g.received_at LIMIT 1 FOR UPDATE;
+        CONTINUE WHEN NOT FOUND;
+        UPDATE signals SET step = r.step WHERE order_id = p_order AND signal_id = v_signal;
+        UPDATE steps SET process_state = 'processed', result = v_payload, due_at = NULL, updated_at = clock_timestamp(),
+                         moves = moves + 1, moved_by = p_actor,
+                         moved_why = 'signal ' || r.name || ' (id ' || v_signal || ') had come before the wait began'
+        WHERE order_id = p_order AND step = r.step;
+        v_n := v_n + 1;
+    END LOOP;
+    RETURN v_n;
 END;
 $function$;
 
