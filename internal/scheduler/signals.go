@@ -20,12 +20,20 @@ import (
 	"sas/internal/tracing"
 )
 
+// signalStore is what the signaler needs of the state store.
+type signalStore interface {
+	ApplySignal(ctx context.Context, sig statestore.Signal) (statestore.SignalOutcome, error)
+	HoldStep(ctx context.Context, h statestore.Hold) (time.Time, error)
+	ApplyCallback(ctx context.Context, signalID, name string, r statestore.Reply) (statestore.ApplyResult, bool, error)
+	service.Teller
+}
+
 // signaler applies the signals of the signals queue: each ends the wait
 // step of its order that awaits it, or is kept until that wait begins, or
 // is refused: dead-lettered with the reason and, when it names a
 // reply_to, a status event "rejected" sent there.
 type signaler struct {
-	store       *statestore.Store
+	store       signalStore
 	me          string
 	workCtx     context.Context
 	logger      *slog.Logger

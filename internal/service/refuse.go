@@ -7,8 +7,14 @@ import (
 
 	"sas/internal/broker"
 	"sas/internal/messages"
-	"sas/internal/statestore"
 )
+
+// Teller tells a refused message's reply_to queue of its refusal
+// (statestore.Store's TellRejected: the status event goes out through the
+// outbox).
+type Teller interface {
+	TellRejected(ctx context.Context, orderID, replyTo, correlationID string, body []byte) error
+}
 
 // Refuse dead-letters a message an entrance refused (a submit, a signal)
 // and, if it named a reply_to, tells that queue with a status event
@@ -17,7 +23,7 @@ import (
 // reply_to alone). The detail is bounded here, where it is made, so that
 // the event always fits. Telling is best effort: the dead letter is the
 // record. told reports a told refusal (to wake a relay).
-func Refuse(ctx context.Context, store *statestore.Store, logger *slog.Logger, orderID, replyTo, corr, reason, detail string,
+func Refuse(ctx context.Context, store Teller, logger *slog.Logger, orderID, replyTo, corr, reason, detail string,
 	told func()) error {
 	detail = messages.BoundText(detail, messages.MaxReasonBytes)
 	if replyTo != "" {

@@ -1,0 +1,274 @@
+package scheduler
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"sas/internal/broker"
+	"sas/internal/messages"
+	"sas/internal/secrets"
+	"sas/internal/statestore"
+	"sas/internal/steptoken"
+	"sas/internal/tracing"
+)
+
+// fakeSignalStore answers the signaler as the state store would, and
+// records what it was asked.
+type fakeSignalStore struct {
+	outcome   statestore.SignalOutcome
+	signalErr []error // returned by ApplySignal in turn, then nil
+	signals   []statestore.Signal
+	holds     []statestore.Hold
+	callbacks []statestore.Reply
+	dup       bool
+	cbErr     error
+	told      []messages.StatusEvent
+}
+
+func (f *fakeSignalStore) ApplySignal(_ context.Context, sig statestore.Signal) (statestore.SignalOutcome, error) {
+	f.signals = append(f.signals, sig)
+	if len(f.signalErr) > 0 {
+		err := f.signalErr[0]
+		f.signalErr = f.signalErr[1:]
+		return statestore.SignalOutcome{}, err
+	}
+	return f.outcome, nil
+}
+
+func (f *fakeSignalStore) HoldStep(_ context.Context, h statestore.Hold) (time.Time, error) {
+	f.holds = append(f.holds, h)
+	return time.Time{}, f.cbErr
+}
+
+func (f *fakeSignalStore) ApplyCallback(_ context.Context, _, _ string, r statestore.Reply) (statestore.ApplyResult, bool, error) {
+	f.callbacks = append(f.callbacks, r)
+	return statestore.ApplyResult{}, f.dup, f.cbErr
+}
+
+func (f *fakeSignalStore) TellRejected(_ context.Context, _, _, _ string, body []byte) error {
+	var ev messages.StatusEvent
+	if err := json.Unmarshal(body, &ev); err != nil {
+		return err
+	}
+	f.told = append(f.told, ev)
+	return nil
+}
+
+type signalBench struct {
+	store   *fakeSignalStore
+	g       *signaler
+	key     steptoken.Key
+	wakes   int
+	metrics *metrics
+}
+
+func newSignalBench(t *testing.T, st *fakeSignalStore) *signalBench {
+	t.Helper()
+	key, err := steptoken.NewKey(strings.Repeat("k", steptoken.MinKeyLen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &signalBench{store: st, key: key, metrics: newMetrics(prometheus.NewRegistry())}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	b.g = &signaler{store: st, me: "scheduler:test", workCtx: ctx, logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		metrics: b.metrics, tr: tracing.Off(), tokens: key, redact: secrets.New("s3cr3t-value"),
+		wakeClaimer: func() { b.wakes++ }, wakeRelay: func() {}}
+	return b
+}
+
+func (b *signalBench) send(t *testing.T, body any) error {
+	t.Helper()
+	raw, ok := body.([]byte)
+	if !ok {
+		var err error
+		if raw, err = json.Marshal(body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return b.g.handler()(context.Background(), broker.Message{Body: raw, CorrelationID: "corr-1", ContentType: messages.ContentType})
+}
+
+func rejection(err error) *broker.Rejection {
+	var rej *broker.Rejection
+	if errors.As(err, &rej) {
+		return rej
+	}
+	return nil
+}
+
+// TestSignalsAreAppliedOrRefusedWithTheirReason: a signal the store
+// applies wakes the claimer and is acked; one it keeps is acked; one it
+// refuses (or whose payload is invalid) is dead-lettered with the store's
+// reason, and its reply_to told; a transient failure is retried; a body
+// that is no signal is refused with the decoder's reason, its reply_to
+// told with the order it names.
+func TestSignalsAreAppliedOrRefusedWithTheirReason(t *testing.T) {
+	t.Parallel()
+	id := messages.NewID()
+	sig := messages.Signal{SchemaVersion: 1, SignalID: "s-1", OrderID: id, Name: "approved", Payload: json.RawMessage(`{"by":"ann"}`),
+		By: "ann", ReplyTo: "client.replies"}
+	for _, tc := range []struct {
+		name      string
+		store     fakeSignalStore
+		wantErr   string // the rejection's reason, "" for an ack
+		wantWakes int
+		wantTries int
+	}{
+		{name: "applied", store: fakeSignalStore{outcome: statestore.SignalOutcome{Outcome: statestore.SignalApplied, Step: 2}},
+			wantWakes: 1, wantTries: 1},
+		{name: "kept", store: fakeSignalStore{outcome: statestore.SignalOutcome{Outcome: statestore.SignalKept}}, wantTries: 1},
+		{name: "refused", store: fakeSignalStore{outcome: statestore.SignalOutcome{Outcome: statestore.SignalNoSuchWait, Detail: "no step waits for approved"}},
+			wantErr: statestore.SignalNoSuchWait, wantTries: 1},
+		{name: "invalid data", store: fakeSignalStore{signalErr: []error{statestore.ErrInvalidData}},
+			wantErr: messages.ReasonInvalidValue, wantTries: 1},
+		{name: "a transient failure", store: fakeSignalStore{signalErr: []error{errors.New("connection reset")},
+			outcome: statestore.SignalOutcome{Outcome: statestore.SignalApplied, Step: 2}}, wantWakes: 1, wantTries: 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			st := tc.store
+			b := newSignalBench(t, &st)
+			err := b.send(t, sig)
+			if tc.wantErr == "" && err != nil || tc.wantErr != "" && (rejection(err) == nil || rejection(err).Reason != tc.wantErr) {
+				t.Fatalf("verdict %v, want %q", err, tc.wantErr)
+			}
+			if len(st.signals) != tc.wantTries || b.wakes != tc.wantWakes {
+				t.Fatalf("%d tries, %d wakes; want %d, %d", len(st.signals), b.wakes, tc.wantTries, tc.wantWakes)
+			}
+			if got := st.signals[0]; got.OrderID != id || got.ID != "s-1" || got.Name != "approved" || got.Actor != "signal:ann" ||
+				string(got.Payload) != `{"by":"ann"}` {
+				t.Fatalf("signal applied as %+v", got)
+			}
+			if tc.wantErr != "" && (len(st.told) != 1 || st.told[0].Reason != tc.wantErr || st.told[0].OrderID != id ||
+				st.told[0].Status != messages.StatusRejected) {
+				t.Fatalf("reply_to told %+v", st.told)
+			}
+			if tc.wantErr == "" && len(st.told) != 0 {
+				t.Fatalf("an accepted signal told its reply_to %+v", st.told)
+			}
+		})
+	}
+	st := &fakeSignalStore{}
+	b := newSignalBench(t, st)
+	err := b.send(t, []byte(`{"schema_version":1,"order_id":"`+id+`","name":7,"reply_to":"client.replies"}`))
+	if rej := rejection(err); rej == nil || rej.Reason != messages.ReasonInvalidValue || len(st.signals) != 0 {
+		t.Fatalf("an unreadable signal: %v, %d applied", err, len(st.signals))
+	}
+	if len(st.told) != 1 || st.told[0].OrderID != id {
+		t.Fatalf("an unreadable signal's reply_to told %+v", st.told)
+	}
+	if got := testutil.ToFloat64(b.metrics.signals.WithLabelValues("refused")); got != 1 {
+		t.Fatalf("refused signals counted %v, want 1", got)
+	}
+}
+
+// TestCallbacksAreFencedByTheirToken: a callback's token names its
+// attempt: complete and fail are applied as that attempt's reply (its
+// result and error redacted), heartbeat holds it; a token sas did not
+// make, or for another order than the signal's, is refused as invalid,
+// a stale attempt's as stale, and nothing is applied; a repeated
+// callback is acked and wakes nobody.
+func TestCallbacksAreFencedByTheirToken(t *testing.T) {
+	t.Parallel()
+	id := messages.NewID()
+	cb := func(b *signalBench, name string) messages.Signal {
+		s := messages.Signal{SchemaVersion: 1, Name: name, Token: b.key.Mint(steptoken.Ref{OrderID: id, Step: 3, Attempt: 2}),
+			By: "svc", ReplyTo: "client.replies"}
+		switch name {
+		case messages.CallbackComplete:
+			s.Payload = json.RawMessage(`{"note":"s3cr3t-value"}`)
+		case messages.CallbackFail:
+			s.Error = "declined: s3cr3t-value"
+		}
+		return s
+	}
+	t.Run("complete", func(t *testing.T) {
+		t.Parallel()
+		st := &fakeSignalStore{}
+		b := newSignalBench(t, st)
+		if err := b.send(t, cb(b, messages.CallbackComplete)); err != nil {
+			t.Fatal(err)
+		}
+		if len(st.callbacks) != 1 || b.wakes != 1 {
+			t.Fatalf("callbacks %+v, wakes %d", st.callbacks, b.wakes)
+		}
+		r := st.callbacks[0]
+		if r.OrderID != id || r.Step != 3 || r.Attempt != 2 || !r.OK || r.Actor != "callback:svc" || strings.Contains(string(r.Result), "s3cr3t") {
+			t.Fatalf("applied as %+v (%s)", r, r.Result)
+		}
+	})
+	t.Run("fail", func(t *testing.T) {
+		t.Parallel()
+		st := &fakeSignalStore{}
+		b := newSignalBench(t, st)
+		if err := b.send(t, cb(b, messages.CallbackFail)); err != nil {
+			t.Fatal(err)
+		}
+		if len(st.callbacks) != 1 || st.callbacks[0].OK || !strings.HasPrefix(st.callbacks[0].Error, "declined") ||
+			strings.Contains(st.callbacks[0].Error, "s3cr3t") {
+			t.Fatalf("applied as %+v", st.callbacks)
+		}
+	})
+	t.Run("heartbeat", func(t *testing.T) {
+		t.Parallel()
+		st := &fakeSignalStore{}
+		b := newSignalBench(t, st)
+		if err := b.send(t, cb(b, messages.CallbackHeartbeat)); err != nil {
+			t.Fatal(err)
+		}
+		if len(st.holds) != 1 || st.holds[0].Attempt != 2 || len(st.callbacks) != 0 || b.wakes != 0 {
+			t.Fatalf("holds %+v, callbacks %+v, wakes %d", st.holds, st.callbacks, b.wakes)
+		}
+	})
+	t.Run("repeated", func(t *testing.T) {
+		t.Parallel()
+		st := &fakeSignalStore{dup: true}
+		b := newSignalBench(t, st)
+		if err := b.send(t, cb(b, messages.CallbackComplete)); err != nil || b.wakes != 0 {
+			t.Fatalf("%v, wakes %d", err, b.wakes)
+		}
+		if got := testutil.ToFloat64(b.metrics.signals.WithLabelValues(statestore.SignalDuplicate)); got != 1 {
+			t.Fatalf("duplicates counted %v", got)
+		}
+	})
+	for _, tc := range []struct {
+		name   string
+		change func(b *signalBench, s *messages.Signal)
+		store  fakeSignalStore
+		want   string
+	}{
+		{"tampered", func(_ *signalBench, s *messages.Signal) { s.Token = s.Token[:len(s.Token)-2] + "xx" }, fakeSignalStore{}, ReasonInvalidToken},
+		{"another order's", func(_ *signalBench, s *messages.Signal) { s.OrderID = messages.NewID() }, fakeSignalStore{}, ReasonInvalidToken},
+		{"stale", func(*signalBench, *messages.Signal) {},
+			fakeSignalStore{cbErr: &statestore.StaleReplyError{OrderID: id, Step: 3, Attempt: 2, Reason: "a later attempt runs"}}, ReasonStaleToken},
+		{"invalid result", func(*signalBench, *messages.Signal) {}, fakeSignalStore{cbErr: statestore.ErrInvalidData}, messages.ReasonInvalidValue},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			st := tc.store
+			b := newSignalBench(t, &st)
+			s := cb(b, messages.CallbackComplete)
+			tc.change(b, &s)
+			err := b.send(t, s)
+			if rej := rejection(err); rej == nil || rej.Reason != tc.want {
+				t.Fatalf("verdict %v, want %s", err, tc.want)
+			}
+			if b.wakes != 0 || len(st.told) != 1 || st.told[0].Reason != tc.want {
+				t.Fatalf("wakes %d, told %+v", b.wakes, st.told)
+			}
+			if tc.want == ReasonInvalidToken && len(st.callbacks) != 0 {
+				t.Fatalf("a refused token's callback was applied: %+v", st.callbacks)
+			}
+		})
+	}
+}
