@@ -138,8 +138,16 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	return sk.Run(ctx, cfg.ShutdownTimeout, sk.Deps.Ready(consumer), consumer.Run)
 }
 
+// submitStore is what the handler needs of the state store beside its
+// batched inserts: a lone insert (the fault suite's broken build) and
+// telling a refusal's reply_to.
+type submitStore interface {
+	InsertOrder(ctx context.Context, o statestore.NewOrder) (statestore.InsertOutcome, error)
+	service.Teller
+}
+
 type handler struct {
-	store       *statestore.Store
+	store       submitStore
 	inserts     *batch.Batcher[statestore.NewOrder, statestore.InsertOutcome]
 	workflows   *workflow.Registry
 	stepTimeout time.Duration

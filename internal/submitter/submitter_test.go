@@ -1,0 +1,168 @@
+package submitter
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"sas/internal/batch"
+	"sas/internal/broker"
+	"sas/internal/messages"
+	"sas/internal/statestore"
+	"sas/internal/tracing"
+	"sas/internal/workflow"
+)
+
+// fakeSubmitStore records the refusals told; the batched inserts answer
+// from its results in turn.
+type fakeSubmitStore struct {
+	mu       sync.Mutex
+	results  []error // each insert's error in turn (then nil)
+	outcome  statestore.InsertOutcome
+	inserted []statestore.NewOrder
+	told     []messages.StatusEvent
+}
+
+func (f *fakeSubmitStore) InsertOrder(context.Context, statestore.NewOrder) (statestore.InsertOutcome, error) {
+	return 0, errors.New("a lone insert is the broken build's")
+}
+
+func (f *fakeSubmitStore) TellRejected(_ context.Context, _, _, _ string, body []byte) error {
+	var ev messages.StatusEvent
+	if err := json.Unmarshal(body, &ev); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.told = append(f.told, ev)
+	return nil
+}
+
+func (f *fakeSubmitStore) insert(_ context.Context, orders []statestore.NewOrder) ([]statestore.InsertOutcome, []error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	outs, errs := make([]statestore.InsertOutcome, len(orders)), make([]error, len(orders))
+	for i, o := range orders {
+		f.inserted = append(f.inserted, o)
+		if len(f.results) > 0 {
+			errs[i], f.results = f.results[0], f.results[1:]
+		}
+		if errs[i] == nil {
+			outs[i] = f.outcome
+		}
+	}
+	return outs, errs
+}
+
+// storeAnswers are what a fakeSubmitStore answers.
+type storeAnswers struct {
+	outcome statestore.InsertOutcome
+	results []error
+}
+
+const submitFile = `
+workflows:
+  - name: shop
+    payload_schema: {type: object, required: [customer]}
+    steps:
+      - {action: pay, agent: payments}
+`
+
+// newHandler is a submitter's handler over st, its batcher running until
+// the test ends.
+func newHandler(t *testing.T, st *fakeSubmitStore) (*handler, *metrics) {
+	t.Helper()
+	reg, err := workflow.Parse("submit_test.yaml", []byte(submitFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	inserts := batch.New(8, time.Millisecond, st.insert)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		inserts.Run(ctx, 1)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+	})
+	m := newMetrics(prometheus.NewRegistry())
+	return &handler{store: st, inserts: inserts, workflows: reg, actor: "submitter:test", metrics: m,
+		logger: slog.New(slog.NewTextHandler(io.Discard, nil)), workCtx: ctx, tr: tracing.Off()}, m
+}
+
+// TestSubmitsAreWrittenOrRefusedWithTheirReason: a valid submit is written
+// once (by the submitter, with its correlation id) and acked, a duplicate
+// too; a transient failure is retried; an order the store finds a
+// conflict, or invalid, and one its workflow refuses or that names none,
+// are dead-lettered with their reason and their reply_to told; a body
+// that is no submit too.
+func TestSubmitsAreWrittenOrRefusedWithTheirReason(t *testing.T) {
+	t.Parallel()
+	id := messages.NewID()
+	good := `{"schema_version":2,"order_id":"` + id + `","workflow":"shop","payload":{"customer":"c-1"},"reply_to":"client.r"}`
+	for _, tc := range []struct {
+		name    string
+		body    string
+		store   storeAnswers
+		want    string // the rejection's reason; "" for an ack
+		inserts int
+		counted string
+	}{
+		{name: "written", body: good, store: storeAnswers{outcome: statestore.Inserted}, inserts: 1, counted: "inserted"},
+		{name: "a duplicate", body: good, store: storeAnswers{outcome: statestore.Duplicate}, inserts: 1, counted: "duplicate"},
+		{name: "a transient failure", body: good, store: storeAnswers{outcome: statestore.Inserted, results: []error{errors.New("connection reset")}},
+			inserts: 2, counted: "inserted"},
+		{name: "a conflict", body: good, store: storeAnswers{results: []error{statestore.ErrConflict}}, want: ReasonConflict, inserts: 1, counted: "rejected"},
+		{name: "invalid data", body: good, store: storeAnswers{results: []error{statestore.ErrInvalidData}}, want: messages.ReasonInvalidValue,
+			inserts: 1, counted: "rejected"},
+		{name: "no such workflow", body: `{"schema_version":2,"order_id":"` + id + `","workflow":"nope","payload":{},"reply_to":"client.r"}`,
+			want: ReasonUnknownWorkflow, counted: "rejected"},
+		{name: "a payload refused", body: `{"schema_version":2,"order_id":"` + id + `","workflow":"shop","payload":{},"reply_to":"client.r"}`,
+			want: messages.ReasonInvalidPayload, counted: "rejected"},
+		{name: "no submit", body: `{"schema_version":2,"order_id":"` + id + `","workflow":7,"payload":{},"reply_to":"client.r"}`,
+			want: messages.ReasonInvalidValue, counted: "rejected"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			st := &fakeSubmitStore{outcome: tc.store.outcome, results: tc.store.results}
+			h, m := newHandler(t, st)
+			err := h.chain()(context.Background(), broker.Message{Body: []byte(tc.body), CorrelationID: "corr-7", ContentType: messages.ContentType})
+			var rej *broker.Rejection
+			if tc.want == "" && err != nil || tc.want != "" && (!errors.As(err, &rej) || rej.Reason != tc.want) {
+				t.Fatalf("verdict %v, want %q", err, tc.want)
+			}
+			st.mu.Lock()
+			defer st.mu.Unlock()
+			if len(st.inserted) != tc.inserts {
+				t.Fatalf("%d inserts, want %d", len(st.inserted), tc.inserts)
+			}
+			if tc.inserts > 0 {
+				o := st.inserted[0]
+				if o.OrderID != id || o.Actor != "submitter:test" || o.CorrelationID != "corr-7" || o.Workflow != "shop" || len(o.Steps) != 1 {
+					t.Fatalf("written as %+v", o)
+				}
+			}
+			if tc.want != "" && (len(st.told) != 1 || st.told[0].Reason != tc.want || st.told[0].OrderID != id ||
+				st.told[0].Status != messages.StatusRejected || st.told[0].Detail == "") {
+				t.Fatalf("reply_to told %+v", st.told)
+			}
+			if tc.want == "" && len(st.told) != 0 {
+				t.Fatalf("a written order told its reply_to of a refusal: %+v", st.told)
+			}
+			if got := testutil.ToFloat64(m.orders.WithLabelValues(tc.counted)); got != 1 {
+				t.Fatalf("%s counted %v times", tc.counted, got)
+			}
+		})
+	}
+}
