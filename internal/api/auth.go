@@ -26,11 +26,17 @@ func (c caller) actor() string { return "api:" + c.token.Name }
 // may reports whether the caller's role is one of roles.
 func (c caller) may(roles ...string) bool { return slices.Contains(roles, c.token.Role) }
 
+// tokenStore is what tokens needs of the state store.
+type tokenStore interface {
+	APITokenOf(ctx context.Context, presented string) (statestore.APIToken, error)
+	TouchAPITokens(ctx context.Context, ids []int64) error
+}
+
 // tokens checks tokens against the store, trusting a checked one for
 // ttl, limits each token's rate, and notes which were used for the
 // store's last_used_at.
 type tokens struct {
-	store *statestore.Store
+	store tokenStore
 	ttl   time.Duration
 	now   func() time.Time
 	rate  rate.Limit
@@ -47,7 +53,7 @@ type checkedToken struct {
 	until time.Time
 }
 
-func newTokens(store *statestore.Store, ttl time.Duration, perSecond float64, burst int) *tokens {
+func newTokens(store tokenStore, ttl time.Duration, perSecond float64, burst int) *tokens {
 	return &tokens{store: store, ttl: ttl, now: time.Now, rate: rate.Limit(perSecond), burst: burst,
 		checked: map[[32]byte]checkedToken{}, limiters: map[int64]*rate.Limiter{}, used: map[int64]bool{}}
 }
