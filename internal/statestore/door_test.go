@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"sas/internal/harness/testenv"
@@ -21,26 +22,12 @@ import (
 func TestTheDoorIsTheRegistry(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ctx := ctxFor(t)
 	var want, got []string
 	for _, m := range workflow.StepMoves() {
 		want = append(want, fmt.Sprintf("%s>%s via %q %q", m.From, m.To, m.Via, m.ViaWhy))
 	}
-	rows, err := b.pool.Query(ctx, `SELECT format('%s>%s via %s %s', from_state, to_state,
+	got = texts(t, b, `SELECT format('%s>%s via %s %s', from_state, to_state,
 		to_json(coalesce(via, ''))::text, to_json(coalesce(via_why, ''))::text) FROM step_moves`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, s)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
 	slices.Sort(want)
 	slices.Sort(got)
 	if !slices.Equal(want, got) {
@@ -50,25 +37,26 @@ func TestTheDoorIsTheRegistry(t *testing.T) {
 	for _, m := range workflow.OrderMoves() {
 		want = append(want, m.From+">"+m.To)
 	}
-	rows, err = b.pool.Query(ctx, `SELECT from_status || '>' || to_status FROM order_moves`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, s)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
+	got = texts(t, b, `SELECT from_status || '>' || to_status FROM order_moves`)
 	slices.Sort(want)
 	slices.Sort(got)
 	if !slices.Equal(want, got) {
 		t.Errorf("order_moves differs from workflow.OrderMoves:\n table:    %q\n registry: %q", got, want)
 	}
+}
+
+// texts are the rows of a query of one text column.
+func texts(t *testing.T, b bundle, sql string, args ...any) []string {
+	t.Helper()
+	rows, err := b.pool.Query(ctxFor(t), sql, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // refusedMove reports whether err is the door's refusal.
@@ -118,22 +106,8 @@ func TestTheDoorWalksEveryShapesPaths(t *testing.T) {
 				}
 				walked++
 			}
-			var got []string
-			rows, err := b.pool.Query(ctx, `SELECT from_state || '>' || to_state || '/' || reason FROM transitions
+			got := texts(t, b, `SELECT from_state || '>' || to_state || '/' || reason FROM transitions
 				WHERE order_id = $1 AND step = 1 AND actor = 'walker' ORDER BY id`, o.OrderID)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for rows.Next() {
-				var s string
-				if err := rows.Scan(&s); err != nil {
-					t.Fatal(err)
-				}
-				got = append(got, s)
-			}
-			if err := rows.Err(); err != nil {
-				t.Fatal(err)
-			}
 			if !slices.Equal(got, want) {
 				t.Errorf("shape %s, path %q: history %q, want %q", sh.Name, path, got, want)
 			}
@@ -199,22 +173,8 @@ func TestAnOrdersMoveIsWrittenAfterItsSteps(t *testing.T) {
 	if errs[0] != nil || res[0].OrderStatus != statestore.OrderCompleted {
 		t.Fatalf("reply: %+v %v", res[0], errs[0])
 	}
-	var got []string
-	rows, err := b.pool.Query(ctx, `SELECT coalesce(step::text, 'order') || ' ' || coalesce(from_state, '') || '>' || to_state
+	got := texts(t, b, `SELECT coalesce(step::text, 'order') || ' ' || coalesce(from_state, '') || '>' || to_state
 		FROM transitions WHERE order_id = $1 ORDER BY id`, o.OrderID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, s)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
 	want := []string{"order >received", "1 >pending", "1 pending>processing", "order received>processing",
 		"1 processing>processed", "order processing>completed"}
 	if !slices.Equal(got, want) {
