@@ -151,7 +151,7 @@ BEGIN
     order_status := '';
     SELECT status INTO v_status FROM orders WHERE order_id = p_order FOR UPDATE;
     IF v_status IN ('received', 'processing') THEN
-        FOR v_parent IN SELECT step, attempt, coalesce((spec->>'max_parallel')::int, 1) AS max_parallel
+        FOR v_parent IN SELECT step, coalesce((spec->>'max_parallel')::int, 1) AS max_parallel
                         FROM steps WHERE order_id = p_order AND process_state = 'expanded' LOOP
             SELECT count(*) FILTER (WHERE process_state <> 'processed'),
                    count(*) FILTER (WHERE process_state IN ('pending', 'processing', 'error')),

@@ -10,8 +10,6 @@ CREATE OR REPLACE FUNCTION apply_reply(p_order uuid, p_step integer, p_attempt i
 AS $function$
 DECLARE
     v_failures integer;
-    v_attempt integer;
-    v_agent text;
 BEGIN
     applied := false;
     next_step := 0;
@@ -31,10 +29,10 @@ BEGIN
                          WHEN p_ok THEN 'agent replied ok' ELSE 'agent replied failed: ' || p_error END
     WHERE order_id = p_order AND step = p_step
       AND (NOT p_fenced OR (attempt = p_attempt AND process_state = 'processing' AND complete_by >= clock_timestamp()))
-    RETURNING process_state, failure_count, name, attempt,
+    RETURNING process_state, failure_count, name,
               coalesce(extract(epoch FROM clock_timestamp()
-                               - CASE WHEN held_attempt = attempt THEN held_since ELSE complete_by - timeout END), 0), agent
-    INTO step_state, v_failures, step_name, v_attempt, took_s, v_agent;
+                               - CASE WHEN held_attempt = attempt THEN held_since ELSE complete_by - timeout END), 0)
+    INTO step_state, v_failures, step_name, took_s;
     IF NOT FOUND THEN
         step_state := '';
         step_name := '';

@@ -89,7 +89,6 @@ DECLARE
     v_pstep integer;
     v_status text;
     v_actor text := 'child:' || p_child;
-    v_attempt integer;
     v_max integer;
     v_comp integer;
     v_results jsonb;
@@ -102,7 +101,7 @@ BEGIN
         RETURN;
     END IF;
     PERFORM 1 FROM orders WHERE order_id = v_parent FOR UPDATE;
-    SELECT attempt, max_failures INTO v_attempt, v_max FROM steps
+    SELECT max_failures INTO v_max FROM steps
     WHERE order_id = v_parent AND step = v_pstep AND kind = 'action' AND process_state = 'awaiting' FOR UPDATE;
     IF FOUND AND v_status = 'completed' THEN
         SELECT coalesce(jsonb_object_agg(coalesce(spec->>'id', name), result), '{}'::jsonb) INTO v_results
@@ -130,7 +129,7 @@ BEGIN
         END IF;
         RETURN;
     END IF;
-    SELECT step, attempt INTO v_comp, v_attempt FROM steps
+    SELECT step INTO v_comp FROM steps
     WHERE order_id = v_parent AND compensates = v_pstep AND kind = 'compensation' AND process_state = 'awaiting' FOR UPDATE;
     IF FOUND AND v_status = 'failed' THEN
         UPDATE steps SET process_state = 'processed', due_at = NULL, updated_at = clock_timestamp(),
