@@ -61,6 +61,23 @@ func (n planNode) visited() int {
 	return v
 }
 
+// keyedConn is one session of a pool as the services open it (keyed
+// plans), released and closed when the test ends.
+func keyedConn(t *testing.T, b bundle) *pgxpool.Conn {
+	t.Helper()
+	pool, err := statestore.Open(statestore.Options{URL: b.url, MaxConns: 1, Keyed: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	conn, err := pool.Acquire(ctxFor(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Release)
+	return conn
+}
+
 // TestHotStatementsVisitRowsByTheirWork: the claim and the batched reply
 // visit a number of rows that follows the steps they claim or apply, not
 // the rows the tables hold: with 6,000 pending orders they visit no more
@@ -73,16 +90,7 @@ func TestHotStatementsVisitRowsByTheirWork(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := ctxFor(t)
-	pool, err := statestore.Open(statestore.Options{URL: b.url, MaxConns: 1, Keyed: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
+	conn := keyedConn(t, b)
 	// The plans a pool keeps: generic, made once, when the tables were
 	// small and had no statistics, then used as they grow.
 	for _, stmt := range []string{
@@ -199,16 +207,7 @@ func TestVacuumDeadKeepsTheClaimShort(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := ctxFor(t)
-	pool, err := statestore.Open(statestore.Options{URL: b.url, MaxConns: 1, Keyed: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
+	conn := keyedConn(t, b)
 	// The claim's pick, alone and without its locks: what it reads of the
 	// pending index.
 	if _, err := conn.Exec(ctx, `PREPARE pick(text, int) AS SELECT order_id, step FROM steps
@@ -261,7 +260,16 @@ func TestVacuumDeadKeepsTheClaimShort(t *testing.T) {
 	if err != nil || !slices.Contains(vacuumed, "steps") {
 		t.Fatalf("vacuumed %v (%v), want steps among them", vacuumed, err)
 	}
+	// A vacuum removes only the rows no open transaction may still see:
+	// the tests running beside this one hold back that horizon for a
+	// while, so the leader's next rounds remove the rest.
 	after := indexBuffers(t, ctx, conn.Conn(), "pick", `'k', 50`)
+	for deadline := time.Now().Add(20 * time.Second); after > 2*fresh+2 && time.Now().Before(deadline); {
+		if _, err := b.store.VacuumDead(ctx, 1, 0); err != nil {
+			t.Fatal(err)
+		}
+		after = indexBuffers(t, ctx, conn.Conn(), "pick", `'k', 50`)
+	}
 
 	t.Logf("a claim's pick of 50 read %d buffers on a new schema, %d behind 4,000 ended orders, %d once vacuumed", fresh, before, after)
 	if after > 2*fresh+2 || before <= 2*after {
