@@ -72,13 +72,14 @@ def main():
         if time.monotonic() > deadline:
             sys.exit(f"order {order_id} never waited for its approval: {view['order']['status']}")
         time.sleep(0.2)
-    status, _, _ = call("POST", f"/orders/{order_id}/signals/approved", {"by": "python example"})
-    print(f"approved: {status}")
-    # A payload the wait's schema refuses is refused at once, with why.
+    # A payload the wait's schema refuses is refused at once, with why
+    # (sent while the wait awaits: once approved, it has ended).
     try:
         call("POST", f"/orders/{order_id}/signals/approved", {"who": "nobody"})
     except Problem as p:
         print(f"a bad approval is refused: {p.status} {p.doc.get('reason')}")
+    status, _, _ = call("POST", f"/orders/{order_id}/signals/approved", {"by": "python example"})
+    print(f"approved: {status}")
 
     # Await its end (long-poll, up to 30 s a call).
     while True:
