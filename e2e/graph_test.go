@@ -308,6 +308,96 @@ func TestGraphBranchFailingForGoodUndoesTheOtherBranch(t *testing.T) {
 	}
 }
 
+// quoteFile asks three carriers at once and chooses a price once any two
+// answered.
+const quoteFile = `
+workflows:
+  - name: quote
+    steps:
+      - {action: ask_dhl, agent: carriers, timeout: 20s, compensation: {action: forget_dhl}}
+      - {action: ask_ups, agent: carriers, timeout: 20s, needs: [], compensation: {action: forget_ups}}
+      - {action: ask_gls, agent: carriers, timeout: 20s, needs: [], compensation: {action: forget_gls}}
+      - action: choose_price
+        agent: pricing
+        timeout: 20s
+        needs: {any: 2, of: [ask_dhl, ask_ups, ask_gls]}
+`
+
+// TestGraphJoinOfAnyTwoSparesARefusedBranch: a carrier refuses a third of
+// the orders for good, and another a sixth: an order with one refusal
+// completes with the refused branch spared, one with two is undone; the
+// join runs once two branches ended. sasctl and the console draw it.
+func TestGraphJoinOfAnyTwoSparesARefusedBranch(t *testing.T) {
+	t.Parallel()
+	file := writeFile(t, "quote.yaml", quoteFile)
+	reg, err := workflow.Load(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := reg.Agents()
+	st := newStackFor(t, kinds)
+	wf := "SAS_WORKFLOWS_FILE=" + file
+	ids := make([]string, 36)
+	var gls, ups []string
+	for i := range ids {
+		ids[i] = messages.NewID()
+		if i%3 == 0 {
+			gls = append(gls, ids[i])
+		}
+		if i%6 == 0 {
+			ups = append(ups, ids[i])
+		}
+	}
+	glsJSON, _ := json.Marshal(gls)
+	upsJSON, _ := json.Marshal(ups)
+	p := newPipeline(t, pipelineOpts{on: &st, supervisors: 1, agents: 2,
+		faults: `{"*":{"latency_min_ms":5,"latency_max_ms":30},"ask_gls":{"latency_max_ms":30,"fail_orders":` + string(glsJSON) +
+			`},"ask_ups":{"latency_max_ms":30,"fail_orders":` + string(upsJSON) + `}}`,
+		submitterEnv: []string{wf}, schedulerEnv: []string{wf}, supervisorEnv: []string{wf},
+		agentEnv: []string{wf, "SAS_AGENT_KINDS=" + strings.Join(kinds, ",")}})
+	ch := amqpChannel(t)
+	for _, id := range ids {
+		publish(t, ch, p.submit, messages.ContentType, id, []byte(badinput.ValidSubmitV2JSON(id, "quote", `{}`)))
+	}
+	p.waitTerminal(t, ids, 3*time.Minute)
+	completed, failed := p.checkSaga(t, ids)
+	if completed != 30 || failed != 6 {
+		t.Fatalf("%d completed, %d failed; want 30 and 6\n%s", completed, failed, p.stuck(t, ids))
+	}
+	if n := p.count(t, `SELECT count(*) FROM steps s JOIN orders o USING (order_id) WHERE s.order_id = ANY($1::uuid[])
+		AND o.status = 'completed' AND s.name = 'ask_gls' AND s.process_state = 'cancelled' AND s.last_error <> ''`, ids); n != 6 {
+		t.Fatalf("%d completed orders spared their refused ask_gls, want 6", n)
+	}
+	// The join ran once in every completed order, after two branches.
+	if n := p.count(t, `SELECT count(*) FROM transitions j JOIN steps s ON s.order_id = j.order_id AND s.step = j.step AND s.name = 'choose_price'
+		WHERE j.order_id = ANY($1::uuid[]) AND j.to_state = 'processing'
+		  AND (SELECT count(*) FROM transitions n JOIN steps ns ON ns.order_id = n.order_id AND ns.step = n.step
+		       WHERE n.order_id = j.order_id AND ns.name LIKE 'ask_%' AND n.to_state = 'processed' AND n.id < j.id) >= 2`, ids); n != 30 {
+		t.Fatalf("the join was claimed after two branches ended %d times, want 30", n)
+	}
+	spared := gls[1]
+	out, errOut, code := sasctl(t, p.env, "orders", "show", spared)
+	for _, want := range []string{"any 2 of steps 1, 2, 3", "cancelled", "completed"} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Fatalf("orders show lacks %q (exit %d):\n%s%s", want, code, out, errOut)
+		}
+	}
+	out, errOut, code = sasctl(t, env(), "workflows", "check", file)
+	if code != 0 || !strings.Contains(out, "choose_price (joins any 2 of ask_dhl + ask_ups + ask_gls)") {
+		t.Fatalf("workflows check (exit %d):\n%s%s", code, out, errOut)
+	}
+	c := startConsole(t, p.stack)
+	ctx := browser(t)
+	login(t, ctx, c.url, "alice", "alice's password")
+	waitStatus(t, ctx, c.url, spared, "completed")
+	if got := text(t, ctx, "#node-4 .after"); got != "joins any 2 of 1 + 2 + 3" {
+		t.Fatalf("the join shows %q", got)
+	}
+	if got := text(t, ctx, "#node-3 .state"); got != "cancelled" {
+		t.Fatalf("the spared branch shows %q", got)
+	}
+}
+
 // forEachFile books 50 parcels at once; one is refused for good.
 const forEachFile = `
 workflows:

@@ -493,8 +493,8 @@ func (a *app) migrateAndOpen(ctx context.Context) (*statestore.Store, func(), er
 }
 
 // runsAfter says, for a step of a graph, what it waits for: the steps it
-// needs (a join needs more than one), or, for an instance of a for_each
-// step, that step.
+// needs (a join needs more than one; an N-of-M join any N of them), or,
+// for an instance of a for_each step, that step.
 func runsAfter(s statestore.Step) string {
 	if s.Parent > 0 {
 		return fmt.Sprintf("instance %d of step %d", *s.Index, s.Parent)
@@ -507,7 +507,10 @@ func runsAfter(s statestore.Step) string {
 		parts[i] = strconv.Itoa(n)
 	}
 	what := "step "
-	if len(s.Needs) > 1 {
+	switch {
+	case s.NeedsAny > 0:
+		what = fmt.Sprintf("any %d of steps ", s.NeedsAny)
+	case len(s.Needs) > 1:
 		what = "join of steps "
 	}
 	return what + strings.Join(parts, ", ")

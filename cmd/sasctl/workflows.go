@@ -232,7 +232,7 @@ func (s *orderSampler) order(priority int, replyTo string) messages.SubmitOrder 
 
 // printGraph prints a graph workflow level by level: the steps of a level
 // may run at once, each after the steps it needs; a step that needs more
-// than one is a join.
+// than one is a join (of any N of them, for an N-of-M join).
 func printGraph(w io.Writer, wf workflow.Workflow) {
 	for i, level := range wf.Levels() {
 		var parts []string
@@ -241,6 +241,8 @@ func printGraph(w io.Writer, wf workflow.Workflow) {
 			p := st.Ref()
 			var notes []string
 			switch {
+			case st.NeedsAny > 0:
+				notes = append(notes, fmt.Sprintf("joins any %d of %s", st.NeedsAny, strings.Join(st.Needs, " + ")))
 			case len(st.Needs) > 1:
 				notes = append(notes, "joins "+strings.Join(st.Needs, " + "))
 			case len(st.Needs) == 1:

@@ -178,6 +178,7 @@ type graphNode struct {
 	Name      string
 	State     string
 	After     []int // the steps it needs; more than one: a join
+	Any       int   // for an N-of-M join, how many of After must end well
 	Instances []graphNode
 	Index     int
 }
@@ -221,7 +222,7 @@ func graphLevels(steps []statestore.Step) [][]graphNode {
 		for len(levels) <= d {
 			levels = append(levels, nil)
 		}
-		levels[d] = append(levels[d], graphNode{Step: st.Step, Name: cmp.Or(st.ID, st.Name), State: st.ProcessState, After: st.Needs})
+		levels[d] = append(levels[d], graphNode{Step: st.Step, Name: cmp.Or(st.ID, st.Name), State: st.ProcessState, After: st.Needs, Any: st.NeedsAny})
 	}
 	for d := range levels {
 		for i := range levels[d] {

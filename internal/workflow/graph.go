@@ -24,7 +24,7 @@ func (p *parser) graph(wf *Workflow, lines []stepLines) {
 	isGraph := false
 	for i, st := range wf.Steps {
 		ln := lines[i]
-		if st.ID != "" || st.When != "" || st.ForEach != "" || st.Input != "" || st.Delay > 0 || st.Wait != nil || st.InSystem() || (ln.needsGiven && !defaultNeeds(wf.Steps, i)) {
+		if st.ID != "" || st.When != "" || st.ForEach != "" || st.Input != "" || st.Delay > 0 || st.Wait != nil || st.InSystem() || st.NeedsAny > 0 || (ln.needsGiven && !defaultNeeds(wf.Steps, i)) {
 			isGraph = true
 		}
 		if st.ForEach == "" && (st.MaxParallel > 0 || st.MaxItems > 0) {
@@ -76,6 +76,10 @@ func (p *parser) graph(wf *Workflow, lines []stepLines) {
 			resolved = append(resolved, r)
 		}
 		st.Needs = resolved
+		if st.NeedsAny > 0 && st.NeedsAny >= len(resolved) && len(resolved) == len(st.Needs) {
+			p.problem(max(ln.needs, ln.item), "needs {any: %d, of: %d steps}: any must be fewer than the steps it names (any of them may fail while the rest go on); to need every one write \"needs: [%s]\"",
+				st.NeedsAny, len(resolved), strings.Join(resolved, ", "))
+		}
 		if st.Input != "" {
 			use := UseInput
 			if st.ForEach != "" {
@@ -121,10 +125,18 @@ func (p *parser) graph(wf *Workflow, lines []stepLines) {
 				continue
 			}
 		}
+		// A skipped step counts as ended; a step that can never be
+		// reached is one after a step that never exists (for an N-of-M
+		// join, after more of them than it can spare).
+		spare := 0
+		if st.NeedsAny > 0 {
+			spare = len(st.Needs) - st.NeedsAny
+		}
 		for _, n := range st.Needs {
 			if never[n] {
-				// A skipped step counts as ended; a step that can never
-				// be reached is one after a step that never exists.
+				if spare--; spare >= 0 {
+					continue
+				}
 				p.problem(max(lines[j].needs, lines[j].item), "step %q is unreachable: it needs %q, which can never run; change its needs", st.Ref(), n)
 				never[st.Ref()] = true
 				break
@@ -398,6 +410,9 @@ type StepSpec struct {
 	Input       string `json:"input,omitempty"`
 	MaxParallel int    `json:"max_parallel,omitempty"`
 	MaxItems    int    `json:"max_items,omitempty"`
+	// NeedsAny makes the step an N-of-M join (the state store reads it:
+	// the step runs once that many of its needs ended well).
+	NeedsAny int `json:"needs_any,omitempty"`
 	// DelayMS is the step's delay in milliseconds (the state store reads
 	// it when the step's needs end).
 	DelayMS int64 `json:"delay_ms,omitempty"`
@@ -432,7 +447,7 @@ func (r Row) Spec() []byte {
 		return b
 	}
 	sp.ID, sp.When, sp.ForEach, sp.Input, sp.MaxParallel, sp.MaxItems = r.ID, r.When, r.ForEach, r.Input, r.MaxParallel, r.MaxItems
-	sp.DelayMS = r.Delay.Milliseconds()
+	sp.DelayMS, sp.NeedsAny = r.Delay.Milliseconds(), r.NeedsAny
 	if r.Wait != nil {
 		sp.Wait = &SpecWait{Signal: r.Wait.Signal, TimeoutMS: r.Wait.Timeout.Milliseconds(), OnTimeout: r.Wait.OnTimeout, Schema: r.Wait.Schema}
 	}

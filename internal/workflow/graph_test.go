@@ -218,6 +218,26 @@ func TestGraphProblemsAtTheirLines(t *testing.T) {
         compensation: {action: undo}`, 8, "a wait step does nothing to undo"},
 		{"no agent and no delay", `
       - {action: a}`, 6, `a step has no "agent"`},
+		{"N-of-M join needing every one", `
+      - {action: a, agent: x}
+      - {action: b, agent: x, needs: []}
+      - {action: j, agent: x, needs: {any: 2, of: [a, b]}}`, 8, `any must be fewer than the steps it names`},
+		{"N-of-M join without any", `
+      - {action: a, agent: x}
+      - {action: b, agent: x, needs: []}
+      - {action: j, agent: x, needs: {of: [a, b]}}`, 8, `says how many of its steps must end`},
+		{"N-of-M join with an unknown key", `
+      - {action: a, agent: x}
+      - {action: b, agent: x, needs: []}
+      - {action: j, agent: x, needs: {any: 1, of: [a, b], all: 2}}`, 8, `needs has no key "all"`},
+		{"N-of-M join of no list", `
+      - {action: a, agent: x}
+      - {action: j, agent: x, needs: {any: 1, of: a}}`, 7, `needs must be a list`},
+		{"N-of-M join of steps that never run", `
+      - {action: a, agent: x, when: "false"}
+      - {action: b, agent: x, when: "false", needs: []}
+      - {action: c, agent: x, needs: []}
+      - {action: j, agent: x, needs: {any: 2, of: [a, b, c]}}`, 9, `step "j" is unreachable: it needs "b"`},
 		{"action twice without ids", `
       - {action: a, agent: x}
       - {action: a, agent: x, needs: []}`, 7, `or each use of the action its own "id:"`},
@@ -379,6 +399,35 @@ func TestExpressionsEvaluate(t *testing.T) {
 	xs := `{"s":"` + strings.Repeat("a", 100_000) + `","xs":[` + strings.TrimSuffix(strings.Repeat("1,", 300), ",") + `]}`
 	if _, err := heavy.Bool(workflow.Vars{Payload: []byte(xs)}); err == nil || !strings.Contains(err.Error(), "cost") {
 		t.Fatalf("an expression past its cost limit: %v", err)
+	}
+}
+
+// TestJoinOfAnyN: needs {any: N, of: [...]} makes an N-of-M join: a
+// graph whose join row needs every branch and says N in its spec.
+func TestJoinOfAnyN(t *testing.T) {
+	t.Parallel()
+	r, err := workflow.Parse("f.yaml", []byte(`
+workflows:
+  - name: quorum
+    steps:
+      - {action: a, agent: x, when: "payload.go"}
+      - {action: b, agent: x, needs: []}
+      - {action: c, agent: x, needs: []}
+      - {action: j, agent: x, needs: {any: 2, of: [a, b, c]}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf, _ := r.Lookup("quorum")
+	rows := wf.Rows()
+	if !wf.Graph || wf.Steps[3].NeedsAny != 2 || !slices.Equal(rows[3].Needs, []int{1, 2, 3}) {
+		t.Fatalf("graph %v, the join %+v (row needs %v)", wf.Graph, wf.Steps[3], rows[3].Needs)
+	}
+	if got := string(rows[3].Spec()); got != `{"needs_any":2}` {
+		t.Fatalf("the join's spec %s", got)
+	}
+	if got := string(rows[1].Spec()); got != "" {
+		t.Fatalf("a branch's spec %s, want none", got)
 	}
 }
 

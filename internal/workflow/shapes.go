@@ -62,6 +62,7 @@ func StepMoves() []StepMove {
 		{From: StateProcessing, To: StateCancelled, By: "the order is undone (a list's step in flight, a claim of an order no longer running)"},
 		{From: StateAwaiting, To: StateCancelled, By: "the order is undone"},
 		{From: StateExpanded, To: StateCancelled, By: "the order is undone"},
+		{From: StateError, To: StateCancelled, By: "a branch failed for good that an N-of-M join can do without (joins_spare)"},
 		{From: StateError, To: StatePending, By: "an operator's resubmit"},
 		{From: StateProcessed, To: StatePending, By: "an operator runs an ended action again"},
 		{From: StateSkipped, To: StatePending, By: "an operator runs an ended action again"},
@@ -127,6 +128,7 @@ func Shapes() []Shape {
 			"processed waiting pending processing processed", // run again: it depends on a step run again
 			"skipped waiting pending processing processed",   // run again: it depends on a step run again
 			"waiting cancelled", "delayed cancelled", "pending cancelled", "processing cancelled",
+			"pending processing error cancelled", // a branch an N-of-M join spared (needs: {any: N, of: [...]})
 			"error waiting", "waiting waiting", "delayed waiting",
 		}},
 		{Name: "compensation", Says: "compensation: under an action", Paths: []string{
@@ -202,7 +204,7 @@ func (r Row) Shape() string {
 func shapeFields() []string { return []string{"Compensation", "Workflow", "Wait", "ForEach", "Agent"} }
 
 func commonFields() []string {
-	return []string{"Name", "Timeout", "MaxFailures", "BackoffBase", "BackoffMax", "ID", "Needs", "When",
+	return []string{"Name", "Timeout", "MaxFailures", "BackoffBase", "BackoffMax", "ID", "Needs", "NeedsAny", "When",
 		"MaxParallel", "MaxItems", "Input", "Delay", "MaxDuration"}
 }
 

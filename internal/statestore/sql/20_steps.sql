@@ -86,6 +86,10 @@ DECLARE
 BEGIN
     SELECT status, failure_policy INTO v_status, v_policy FROM orders WHERE order_id = p_order FOR UPDATE;
     SELECT kind, needs IS NOT NULL INTO v_kind, v_graph FROM steps WHERE order_id = p_order AND step = p_step;
+    IF v_graph AND v_kind = 'action' AND v_status IN ('received', 'processing') AND joins_spare(p_order, p_step, p_actor) THEN
+        -- an N-of-M join can do without it: the order goes on
+        RETURN coalesce(nullif((SELECT ga.order_status FROM graph_advance(p_order, p_actor) ga), ''), v_status);
+    END IF;
     CASE order_next(v_kind, false, v_status, v_policy, false)
     WHEN 'none' THEN
         IF v_graph THEN
@@ -110,6 +114,51 @@ BEGIN
 END;
 $function$;
 
+-- joins_spare: an action of a graph failed for good (p_step, in error);
+-- can the order do without it? The steps that can no longer run are it
+-- and, again until none is added, every waiting step that needs one of
+-- them, but an N-of-M join (spec needs_any) that can still reach its N
+-- with its other needs. The order can do without them when each leads
+-- into such a join: none of them is a step nothing needs (a leaf of the
+-- graph, whose end the order's own needs). Then the failed step and the
+-- steps that can no longer run are cancelled, and it returns true; else
+-- it changes nothing. A branch a join spared keeps its last_error and
+-- its history, and is compensated, as every action that ran (its
+-- attempts not all unsent), if the order is undone.
+CREATE OR REPLACE FUNCTION joins_spare(p_order uuid, p_step integer, p_actor text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_dead integer[] := ARRAY[p_step];
+    v_more integer[];
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM steps WHERE order_id = p_order AND kind = 'action' AND spec ? 'needs_any') THEN
+        RETURN false;
+    END IF;
+    LOOP
+        SELECT array_agg(s.step) INTO v_more FROM steps s
+        WHERE s.order_id = p_order AND s.kind = 'action' AND s.parent IS NULL AND s.process_state = 'waiting'
+          AND s.step <> ALL(v_dead) AND s.needs && v_dead
+          AND (SELECT count(*) FROM steps n WHERE n.order_id = p_order AND n.step = ANY(s.needs)
+                 AND (n.step = ANY(v_dead) OR n.process_state = 'cancelled'))
+              > cardinality(s.needs) - coalesce((s.spec->>'needs_any')::int, cardinality(s.needs));
+        EXIT WHEN v_more IS NULL;
+        v_dead := v_dead || v_more;
+    END LOOP;
+    IF EXISTS (SELECT 1 FROM steps d WHERE d.order_id = p_order AND d.step = ANY(v_dead)
+                 AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.order_id = p_order AND s.kind = 'action'
+                                   AND s.parent IS NULL AND d.step = ANY(s.needs))) THEN
+        RETURN false;
+    END IF;
+    UPDATE steps SET process_state = 'cancelled', updated_at = clock_timestamp(), moves = moves + 1, moved_by = p_actor,
+                     moved_why = CASE WHEN step = p_step THEN 'failed for good; a join can do without it'
+                                      ELSE 'a join no longer needs it' END
+    WHERE order_id = p_order AND step = ANY(v_dead) AND process_state IN ('waiting', 'error');
+    RETURN true;
+END;
+$function$;
+
 -- graph_advance: what comes next for an order of a graph workflow, once
 -- one of its steps changed; decided here and nowhere else for graphs (a
 -- list's order goes by order_next). It locks the order row first, so its
@@ -120,9 +169,11 @@ $function$;
 --   a for_each step whose instances all ended is processed, its result
 --   the list of theirs in item order; up to max_parallel instances of
 --   each for_each step run; every waiting action whose needs all ended
---   (processed or skipped) becomes pending (delayed, due after its delay,
---   if it has one: fire_timers); with no action left to end,
---   the order completes.
+--   (processed or skipped), or for an N-of-M join (spec needs_any) that
+--   many of them, becomes pending (delayed, due after its delay, if it
+--   has one: fire_timers); with no action left to end, the order
+--   completes (a branch a join spared and the steps after it, cancelled,
+--   have ended: joins_spare).
 -- While it is undone (compensating):
 --   the compensation of an action that never ran (every attempt answered
 --   before a request left, attempt <= unsent_attempts: never claimed, or
@@ -175,14 +226,20 @@ BEGIN
         LOOP
             SELECT array_agg(s.step) INTO v_steps FROM steps s
             WHERE s.order_id = p_order AND s.kind = 'action' AND s.process_state = 'waiting' AND s.parent IS NULL
-              AND NOT EXISTS (SELECT 1 FROM steps n WHERE n.order_id = p_order AND n.step = ANY(s.needs)
-                                                      AND n.process_state NOT IN ('processed', 'skipped'));
+              AND CASE WHEN s.spec ? 'needs_any'
+                       THEN (SELECT count(*) FROM steps n WHERE n.order_id = p_order AND n.step = ANY(s.needs)
+                                                            AND n.process_state IN ('processed', 'skipped')) >= (s.spec->>'needs_any')::int
+                       ELSE NOT EXISTS (SELECT 1 FROM steps n WHERE n.order_id = p_order AND n.step = ANY(s.needs)
+                                                                AND n.process_state NOT IN ('processed', 'skipped')) END;
             next_step := steps_made_pending(p_order, v_steps, next_step, p_actor, 'every step it needs ended');
             EXIT WHEN v_steps IS NULL
                 OR NOT EXISTS (SELECT 1 FROM steps WHERE order_id = p_order AND step = ANY(v_steps) AND process_state = 'processed');
         END LOOP;
 
-        IF NOT EXISTS (SELECT 1 FROM steps WHERE order_id = p_order AND kind = 'action' AND process_state NOT IN ('processed', 'skipped')) THEN
+        -- While the order runs, an action is cancelled only where a join
+        -- spared it (joins_spare).
+        IF NOT EXISTS (SELECT 1 FROM steps WHERE order_id = p_order AND kind = 'action'
+                         AND process_state NOT IN ('processed', 'skipped', 'cancelled')) THEN
             order_status := 'completed';
             PERFORM order_transition(p_order, 'completed', NULL, p_actor, 'every step ended');
         END IF;
