@@ -5,6 +5,7 @@ package chaos
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -37,9 +38,12 @@ func (v Violation) String() string { return fmt.Sprintf("invariant %d: %s", v.In
 type Result struct {
 	Confirmed                    int
 	Completed, Failed, HeldError int
-	Keys, Effects, Requests      int // remote ledger: action keys applied, all effects, requests for those keys
-	UndoEffects                  int
-	Violations                   []Violation
+	// Spared are the completed orders an N-of-M join let end without a
+	// branch that failed for good.
+	Spared                  int
+	Keys, Effects, Requests int // remote ledger: action keys applied, all effects, requests for those keys
+	UndoEffects             int
+	Violations              []Violation
 }
 
 // OK reports whether no invariant was broken.
@@ -136,6 +140,11 @@ func Check(h History, a statestore.Audit, ledger []remote.Entry) Result {
 		switch o.Status {
 		case statestore.OrderCompleted:
 			r.Completed++
+			if slices.ContainsFunc(o.Steps, func(s statestore.AuditStep) bool {
+				return s.Kind == statestore.KindAction && s.ProcessState == statestore.StepCancelled
+			}) {
+				r.Spared++
+			}
 		case statestore.OrderFailed:
 			r.Failed++
 		case statestore.OrderError:
@@ -210,6 +219,9 @@ func checkOrder(o *statestore.AuditOrder, heldChild bool, applied map[string]rem
 		// 5. Saga atomicity.
 		switch o.Status {
 		case statestore.OrderCompleted:
+			if st.ProcessState == statestore.StepCancelled && undone[st.IdempotencyKey] == 0 {
+				break // a branch an N-of-M join spared (checkGraph): applied or not, never undone
+			}
 			if !isApplied || undone[st.IdempotencyKey] != 0 {
 				add(5, "completed order %s: action %s applied %v, undone %d times", o.OrderID, st.Name, isApplied, undone[st.IdempotencyKey])
 			}
@@ -266,9 +278,11 @@ func checkNeverRan(o *statestore.AuditOrder, called map[string]int, add func(int
 // checkGraph checks invariant 10 for an order of a graph workflow: no
 // step was claimed before every step it needs had ended (an action's
 // needs processed or skipped, a compensation's processed, cancelled or
-// skipped), no instance of a for_each step before that step expanded; no
-// step was made pending from waiting twice (a join runs once); and a
-// completed order ended every action (no join was lost).
+// skipped; for an N-of-M join, that many of them), no instance of a
+// for_each step before that step expanded; no step was made pending from
+// waiting twice (a join runs once); and a completed order ended every
+// action (no join was lost) but those an N-of-M join spared, each
+// cancelled for that reason.
 func checkGraph(o *statestore.AuditOrder, add func(int, string, ...any)) {
 	steps := map[int]statestore.AuditStep{}
 	graph := false
@@ -313,6 +327,18 @@ func checkGraph(o *statestore.AuditOrder, add func(int, string, ...any)) {
 		if st.Parent > 0 && st.Kind == statestore.KindAction {
 			needs = []int{st.Parent} // an instance runs once its step expanded
 		}
+		if st.NeedsAny > 0 {
+			before := 0
+			for _, n := range needs {
+				if e, ok := ended[n]; ok && e < c {
+					before++
+				}
+			}
+			if before < st.NeedsAny {
+				add(10, "order %s step %d (%s), a join of any %d, was claimed when %d of its needs had ended", o.OrderID, st.Step, st.Name, st.NeedsAny, before)
+			}
+			continue
+		}
 		for _, n := range needs {
 			if e, ok := ended[n]; !ok || e > c {
 				add(10, "order %s step %d (%s) was claimed before step %d, which it needs, ended", o.OrderID, st.Step, st.Name, n)
@@ -320,8 +346,17 @@ func checkGraph(o *statestore.AuditOrder, add func(int, string, ...any)) {
 		}
 	}
 	if o.Status == statestore.OrderCompleted {
+		spared := map[int]bool{}
+		for _, t := range o.History {
+			if t.Step != nil && t.To == statestore.StepCancelled &&
+				(t.Reason == "failed for good; a join can do without it" || t.Reason == "a join no longer needs it") {
+				spared[*t.Step] = true
+			}
+		}
+		joins := slices.ContainsFunc(o.Steps, func(s statestore.AuditStep) bool { return s.NeedsAny > 0 })
 		for _, st := range o.Steps {
-			if st.Kind == statestore.KindAction && st.ProcessState != statestore.StepProcessed && st.ProcessState != statestore.StepSkipped {
+			if st.Kind == statestore.KindAction && st.ProcessState != statestore.StepProcessed && st.ProcessState != statestore.StepSkipped &&
+				(st.ProcessState != statestore.StepCancelled || !spared[st.Step] || !joins) {
 				add(10, "completed order %s: step %d (%s) is %s", o.OrderID, st.Step, st.Name, st.ProcessState)
 			}
 		}

@@ -2,6 +2,8 @@ package chaos
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -295,6 +297,69 @@ func TestCheckLearnsTheGraph(t *testing.T) {
 				}
 			}
 			t.Fatalf("no violation of invariant %d; got %v", tc.invariant, r.Violations)
+		})
+	}
+}
+
+// TestCheckLearnsTheNOfMJoin: the graph world's join as one of any 1 of
+// its two branches may be claimed once one ended, and a completed order
+// may hold a branch it spared; each has a negative control.
+func TestCheckLearnsTheNOfMJoin(t *testing.T) {
+	t.Parallel()
+	anyOne := func() (History, statestore.Audit, []remote.Entry) {
+		h, a, l := graphWorld()
+		a.Orders[0].Steps[2].NeedsAny = 1
+		return h, a, l
+	}
+	// b's end (history row 9) after the join's claim (row 11).
+	late := func(o *statestore.AuditOrder, row, to int) {
+		tr := o.History[row]
+		o.History = append(o.History[:row], o.History[row+1:]...)
+		o.History = append(o.History[:to], append([]statestore.Transition{tr}, o.History[to:]...)...)
+	}
+	spare := func(o *statestore.AuditOrder, reason string) {
+		o.Steps[1].ProcessState = "cancelled"
+		o.History[9].To = "error"
+		o.History = append(o.History[:10], append([]statestore.Transition{
+			{Step: ip(2), From: "error", To: "cancelled", Attempt: 1, Actor: "scheduler:a", Reason: reason}}, o.History[10:]...)...)
+	}
+	for _, tc := range []struct {
+		desc   string
+		breaks string // what the violation of invariant 10 says ("": none)
+		change func(a *statestore.Audit)
+	}{
+		{"claimed once one of two ended", "", func(a *statestore.Audit) { late(&a.Orders[0], 9, 11) }},
+		{"claimed before any ended", "a join of any 1, was claimed when 0 of its needs had ended", func(a *statestore.Audit) {
+			late(&a.Orders[0], 9, 11)
+			late(&a.Orders[0], 5, 10)
+		}},
+		{"a spared branch in a completed order", "", func(a *statestore.Audit) {
+			spare(&a.Orders[0], "failed for good; a join can do without it")
+		}},
+		{"a branch cancelled for another reason in a completed order", "step 2 (b) is cancelled", func(a *statestore.Audit) {
+			spare(&a.Orders[0], "the order is undone")
+		}},
+		{"a spared branch where no join is of any N", "step 2 (b) is cancelled", func(a *statestore.Audit) {
+			spare(&a.Orders[0], "failed for good; a join can do without it")
+			a.Orders[0].Steps[2].NeedsAny = 0
+		}},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			t.Parallel()
+			h, a, l := anyOne()
+			tc.change(&a)
+			r := Check(h, a, l)
+			if tc.breaks == "" && !r.OK() {
+				t.Fatalf("violations: %v", r.Violations)
+			}
+			if spared := strings.HasPrefix(tc.desc, "a spared branch in"); tc.breaks == "" && (r.Spared == 1) != spared {
+				t.Fatalf("%d orders counted as spared", r.Spared)
+			}
+			if tc.breaks != "" && !slices.ContainsFunc(r.Violations, func(v Violation) bool {
+				return v.Invariant == 10 && strings.Contains(v.Detail, tc.breaks)
+			}) {
+				t.Fatalf("no violation of invariant 10 saying %q; got %v", tc.breaks, r.Violations)
+			}
 		})
 	}
 }

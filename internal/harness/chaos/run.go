@@ -108,7 +108,8 @@ func (r Report) Print(w io.Writer) {
 	fmt.Fprintf(w, "fault run, seed %d\n", r.Seed)
 	fmt.Fprintf(w, "  orders published %d, confirmed %d (of them %d refused for good by the remote); malformed %d; repeated submits %d\n",
 		r.Published, r.Confirmed, r.Refused, r.Malformed, r.Repeats)
-	fmt.Fprintf(w, "  outcomes: completed %d, failed (compensated) %d, held in error %d\n", r.Result.Completed, r.Result.Failed, r.Result.HeldError)
+	fmt.Fprintf(w, "  outcomes: completed %d (%d with a branch an N-of-M join spared), failed (compensated) %d, held in error %d\n",
+		r.Result.Completed, r.Result.Spared, r.Result.Failed, r.Result.HeldError)
 	var kinds []string
 	for k := range r.Faults {
 		kinds = append(kinds, k)
@@ -452,6 +453,18 @@ const graphWorkflowYAML = `
         workflow: chaos_child
         needs: [create_shipment]
         input: "payload.items.size() > 3 ? {'customer': payload.customer} : payload.items"
+  # The fault run's N-of-M join (chaos.QuorumWorkflow): three branches
+  # at once, the confirmation once any two ended well; the charge is
+  # refused for one order in twenty, a branch the join can spare.
+  - name: chaos_quorum
+    steps:
+      - {action: reserve_inventory, agent: inventory, compensation: {action: release_inventory}}
+      - {action: charge_payment, agent: payment, needs: [], compensation: {action: refund_payment}}
+      - {action: create_shipment, agent: shipping, needs: [], compensation: {action: cancel_shipment}}
+      - action: confirm_order
+        agent: inventory
+        needs: {any: 2, of: [reserve_inventory, charge_payment, create_shipment]}
+        compensation: {action: unconfirm_order}
   - name: chaos_child
     steps:
       - {action: charge_payment, agent: payment, compensation: {action: refund_payment}}
@@ -469,6 +482,10 @@ const TimeWorkflow = "chaos_time"
 // and no compensation may run for the step that never ran. With four,
 // every step runs and the order completes.
 const NeverRanWorkflow = "chaos_never"
+
+// QuorumWorkflow is the fault run's graph with an N-of-M join, on the
+// built-in agent kinds.
+const QuorumWorkflow = "chaos_quorum"
 
 // startServices starts the remote and two replicas of each service, which
 // reach Postgres, RabbitMQ and the remote through proxies (the harness
@@ -681,6 +698,8 @@ func (r *run) publish(ctx context.Context, pub *broker.Publisher, topo broker.To
 			wf = TimeWorkflow
 		case 3:
 			wf = NeverRanWorkflow
+		case 4:
+			wf = QuorumWorkflow
 		}
 		items := []messages.Item{{SKU: "SKU-1", Qty: 1}}
 		switch wf {
