@@ -171,3 +171,76 @@ workflows:
 		t.Fatalf("steps %v: a in error and a_note waiting, as a hold leaves them", st)
 	}
 }
+
+// TestAListAdvancesAsTheChainItIs: one machine moves lists and graphs
+// (graph_advance): a list's order, its ok replies applied one by one
+// through apply_reply (the path of a callback, or of a reply the batched
+// statement could not apply), passes through the same moves for the
+// same reasons as the same steps written as a graph's chain, forward and
+// undone: its actions one by one, its compensations last first.
+func TestAListAdvancesAsTheChainItIs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const file = `
+workflows:
+  - name: list
+    steps:
+      - {action: a, agent: x, compensation: {action: undo_a}}
+      - {action: b, agent: x, compensation: {action: undo_b}}
+      - {action: c, agent: x, compensation: {action: undo_c}}
+      - {action: d, agent: x}
+  - name: chain
+    steps:
+      - {id: a, action: a, agent: x, compensation: {action: undo_a}}
+      - {action: b, agent: x, needs: [a], compensation: {action: undo_b}}
+      - {action: c, agent: x, needs: [b], compensation: {action: undo_c}}
+      - {action: d, agent: x, needs: [c]}
+`
+	run := func(name string, failAt string) []string {
+		o := graphOrder(t, file, name, `{}`, statestore.PolicyCompensate)
+		if (o.Steps[1].Needs == nil) != (name == "list") {
+			t.Fatalf("%s: needs %v", name, o.Steps[1].Needs)
+		}
+		insert(t, b, o)
+		for range 8 {
+			claimed := claimAll(t, b, o.OrderID)
+			if len(claimed) > 1 {
+				t.Fatalf("%s: claimed %s at once, want one by one", name, names(claimed))
+			}
+			if len(claimed) == 0 {
+				break
+			}
+			for n, c := range claimed {
+				var applied bool
+				if err := b.pool.QueryRow(ctxFor(t), `SELECT applied FROM apply_reply($1, $2, $3, $4, NULL, $5, 's', now(), now(), 0, true, '')`,
+					c.OrderID, c.Step, c.Attempt, n != failAt, "refused").Scan(&applied); err != nil || !applied {
+					t.Fatalf("%s: reply to %s: %v %v", name, n, applied, err)
+				}
+			}
+		}
+		var moves []string
+		rows, err := b.pool.Query(ctxFor(t), `SELECT coalesce(s.name, 'order') || ' ' || coalesce(t.from_state, '') || '>' || t.to_state || ' ' || t.reason
+			FROM transitions t LEFT JOIN steps s ON s.order_id = t.order_id AND s.step = t.step WHERE t.order_id = $1 ORDER BY t.id`, o.OrderID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var m string
+			if err := rows.Scan(&m); err != nil {
+				t.Fatal(err)
+			}
+			moves = append(moves, m)
+		}
+		return moves
+	}
+	for _, failAt := range []string{"", "c"} {
+		list, chain := run("list", failAt), run("chain", failAt)
+		if strings.Join(list, "\n") != strings.Join(chain, "\n") {
+			t.Fatalf("failing at %q, the list moved\n%s\nthe chain\n%s", failAt, strings.Join(list, "\n"), strings.Join(chain, "\n"))
+		}
+		last := list[len(list)-1]
+		if want := map[string]string{"": "order processing>completed every step ended", "c": "order compensating>failed every compensation processed"}[failAt]; last != want {
+			t.Fatalf("failing at %q, the last move %q, want %q", failAt, last, want)
+		}
+	}
+}

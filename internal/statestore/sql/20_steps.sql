@@ -1,9 +1,10 @@
--- Steps: what comes next when one ends (lists by order_next, graphs by graph_advance), and the steps sas answers for at a claim.
+-- Steps: what comes next when one ends (graph_advance; a list is the graph whose steps each need the one before, with order_next as the batched reply's fast path), and the steps sas answers for at a claim.
 
--- order_next: what comes next for an order when one of its steps ends,
--- decided here and nowhere else. step_processed and step_failed (one
--- reply, and the supervisor's failure path) and the batched reply
--- statement (statestore/reply.go) each act on its answer:
+-- order_next: what comes next for an order of a list when one of its
+-- steps ends, as graph_advance would decide it for the list's chain (each
+-- step needs the one before of its kind): the batched reply statement's
+-- fast path (statestore/reply.go), and step_failed's word on a failure
+-- for lists and graphs alike. Its answers:
 --   none        the order moved on meanwhile (cancelled, compensating,
 --               ended): the step's end changes nothing else
 --   next        the next step of the same kind becomes pending
@@ -32,42 +33,14 @@ AS $function$
     END
 $function$;
 
--- step_processed: a step was processed; does what order_next decides
--- (in a graph, what graph_advance does).
+-- step_processed: a step was processed, in a list or a graph: what
+-- graph_advance does.
 CREATE OR REPLACE FUNCTION step_processed(p_order uuid, p_step integer, p_actor text, OUT next_step integer, OUT order_status text)
  RETURNS record
  LANGUAGE plpgsql
 AS $function$
-DECLARE
-    v_kind text;
-    v_graph boolean;
-    v_status text;
 BEGIN
-    next_step := 0;
-    order_status := '';
-    SELECT kind, needs IS NOT NULL INTO v_kind, v_graph FROM steps WHERE order_id = p_order AND step = p_step;
-    IF v_graph THEN
-        SELECT ga.next_step, ga.order_status INTO next_step, order_status FROM graph_advance(p_order, p_actor) ga;
-        RETURN;
-    END IF;
-    SELECT status INTO v_status FROM orders WHERE order_id = p_order FOR UPDATE;
-    CASE order_next(v_kind, true, v_status, NULL,
-                    EXISTS (SELECT 1 FROM steps WHERE order_id = p_order AND step = p_step + 1
-                                                  AND kind = v_kind AND process_state = 'waiting'))
-    WHEN 'next' THEN
-        UPDATE steps SET process_state = 'pending', available_at = now(), updated_at = now(),
-                         moves = moves + 1, moved_by = p_actor, moved_why = 'previous step processed'
-        WHERE order_id = p_order AND step = p_step + 1 AND kind = v_kind AND process_state = 'waiting'
-        RETURNING step INTO next_step;
-    WHEN 'completed' THEN
-        order_status := 'completed';
-        PERFORM order_transition(p_order, 'completed', NULL, p_actor, 'last step processed');
-    WHEN 'failed' THEN
-        order_status := 'failed';
-        PERFORM order_transition(p_order, 'failed', NULL, p_actor, 'every compensation processed');
-    ELSE
-        -- none: the order moved on meanwhile
-    END CASE;
+    SELECT ga.next_step, ga.order_status INTO next_step, order_status FROM graph_advance(p_order, p_actor) ga;
 END;
 $function$;
 
@@ -82,22 +55,19 @@ DECLARE
     v_status text;
     v_policy text;
     v_kind text;
-    v_graph boolean;
 BEGIN
     SELECT status, failure_policy INTO v_status, v_policy FROM orders WHERE order_id = p_order FOR UPDATE;
-    SELECT kind, needs IS NOT NULL INTO v_kind, v_graph FROM steps WHERE order_id = p_order AND step = p_step;
-    IF v_graph AND v_kind = 'action' AND v_status IN ('received', 'processing') AND joins_spare(p_order, p_step, p_actor) THEN
+    SELECT kind INTO v_kind FROM steps WHERE order_id = p_order AND step = p_step;
+    IF v_kind = 'action' AND v_status IN ('received', 'processing') AND joins_spare(p_order, p_step, p_actor) THEN
         -- an N-of-M join can do without it: the order goes on
         RETURN coalesce(nullif((SELECT ga.order_status FROM graph_advance(p_order, p_actor) ga), ''), v_status);
     END IF;
     CASE order_next(v_kind, false, v_status, v_policy, false)
     WHEN 'none' THEN
-        IF v_graph THEN
-            -- a branch in flight ended while the order is undone: its
-            -- compensation may run now
-            RETURN coalesce(nullif((SELECT ga.order_status FROM graph_advance(p_order, p_actor) ga), ''), v_status);
-        END IF;
-        RETURN v_status;
+        -- a branch in flight ended while the order is undone: its
+        -- compensation may run now (a list's step in flight was
+        -- cancelled, so nothing changes there)
+        RETURN coalesce(nullif((SELECT ga.order_status FROM graph_advance(p_order, p_actor) ga), ''), v_status);
     WHEN 'error' THEN
         IF v_kind = 'compensation' THEN
             PERFORM order_transition(p_order, 'error', p_step, p_actor,
@@ -159,9 +129,13 @@ BEGIN
 END;
 $function$;
 
--- graph_advance: what comes next for an order of a graph workflow, once
--- one of its steps changed; decided here and nowhere else for graphs (a
--- list's order goes by order_next). It locks the order row first, so its
+-- graph_advance: what comes next for an order, once one of its steps
+-- changed; decided here and nowhere else. A list is the graph whose steps
+-- each need the one before of their kind (its rows' needs are NULL:
+-- step_needs), so that its actions run one by one and its compensations,
+-- which come after them last action first, undo them last first; the
+-- batched reply statement is a list's fast path (order_next). It locks
+-- the order row first, so its
 -- later statements see what every transaction that held the row before
 -- committed: of two branches ending at once, the one that ends last sees
 -- the other ended, and its join runs once.
@@ -229,8 +203,8 @@ BEGIN
               AND CASE WHEN s.spec ? 'needs_any'
                        THEN (SELECT count(*) FROM steps n WHERE n.order_id = p_order AND n.step = ANY(s.needs)
                                                             AND n.process_state IN ('processed', 'skipped')) >= (s.spec->>'needs_any')::int
-                       ELSE NOT EXISTS (SELECT 1 FROM steps n WHERE n.order_id = p_order AND n.step = ANY(s.needs)
-                                                                AND n.process_state NOT IN ('processed', 'skipped')) END;
+                       ELSE NOT EXISTS (SELECT 1 FROM steps n WHERE n.order_id = p_order AND n.step = ANY(step_needs(s.needs, s.step))
+                                                                AND n.kind = 'action' AND n.process_state NOT IN ('processed', 'skipped')) END;
             next_step := steps_made_pending(p_order, v_steps, next_step, p_actor, 'every step it needs ended');
             EXIT WHEN v_steps IS NULL
                 OR NOT EXISTS (SELECT 1 FROM steps WHERE order_id = p_order AND step = ANY(v_steps) AND process_state = 'processed');
@@ -262,8 +236,8 @@ BEGIN
         JOIN steps a ON a.order_id = c.order_id AND a.step = c.compensates
         WHERE c.order_id = p_order AND c.kind = 'compensation' AND c.process_state = 'waiting'
           AND a.process_state IN ('processed', 'error', 'cancelled')
-          AND NOT EXISTS (SELECT 1 FROM steps n WHERE n.order_id = p_order AND n.step = ANY(c.needs)
-                                                  AND n.process_state NOT IN ('processed', 'cancelled', 'skipped'));
+          AND NOT EXISTS (SELECT 1 FROM steps n WHERE n.order_id = p_order AND n.step = ANY(step_needs(c.needs, c.step))
+                                                  AND n.kind = 'compensation' AND n.process_state NOT IN ('processed', 'cancelled', 'skipped'));
         next_step := steps_made_pending(p_order, v_steps, next_step, p_actor, 'compensation started');
 
         IF NOT EXISTS (SELECT 1 FROM steps WHERE order_id = p_order
@@ -274,6 +248,18 @@ BEGIN
         END IF;
     END IF;
 END;
+$function$;
+
+-- step_needs: the steps a step needs: a graph's its needs; a list's
+-- (needs NULL) the one before it, which counts only when of its kind (the
+-- first action and the first compensation, undoing the last action, need
+-- none). Pure, so the planner inlines it.
+CREATE OR REPLACE FUNCTION step_needs(p_needs integer[], p_step integer)
+ RETURNS integer[]
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+    SELECT coalesce(p_needs, ARRAY[p_step - 1])
 $function$;
 
 -- step_settles: what a step sas performs itself does as it becomes

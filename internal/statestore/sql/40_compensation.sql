@@ -3,11 +3,11 @@
 -- begin_compensation: the order begins compensating (order_next's
 -- compensate, or an operator's cancel): actions not yet done are
 -- cancelled, compensations of actions that never ran too (every attempt
--- answered before a request left: attempt <= unsent_attempts), and the
--- first compensation left becomes pending; with none left, the order
--- fails.
--- In a graph, steps in flight are let end and graph_advance starts every
--- compensation that may run.
+-- answered before a request left: attempt <= unsent_attempts), and
+-- graph_advance starts the compensations that may run (a list's: the
+-- first left, undoing the last action); with none left, the order fails.
+-- In a list the step in flight is cancelled; in a graph steps in flight
+-- are let end.
 CREATE OR REPLACE FUNCTION begin_compensation(p_order uuid, p_step integer, p_actor text, p_reason text)
  RETURNS text
  LANGUAGE plpgsql
@@ -47,10 +47,8 @@ BEGIN
         PERFORM order_transition(p_order, 'failed', p_step, p_actor, p_reason || '; nothing to undo');
         RETURN 'failed';
     END IF;
-    UPDATE steps SET process_state = 'pending', available_at = now(), updated_at = now(),
-                     moves = moves + 1, moved_by = p_actor, moved_why = 'compensation started'
-    WHERE order_id = p_order AND step = v_first;
     PERFORM order_transition(p_order, 'compensating', p_step, p_actor, p_reason);
-    RETURN 'compensating';
+    SELECT ga.order_status INTO v_status FROM graph_advance(p_order, p_actor) ga;
+    RETURN coalesce(nullif(v_status, ''), 'compensating');
 END;
 $function$;
