@@ -410,27 +410,24 @@ func (c *claimer) openKinds(margin int) []string {
 }
 
 // dispatch sends every claimed step's request, all in flight at once, and
-// hands back to pending those the broker did not confirm. claimedAt is
-// when the claim began, for the claim's span.
+// hands back to pending those the broker did not confirm. A step sent
+// nothing (skipped, expanded, a wait, a child, failed here) is answered
+// for once the batch's requests have left, so that no store round trip
+// holds them back. claimedAt is when the claim began, for the claim's
+// span.
 func (c *claimer) dispatch(steps []statestore.ClaimedStep, claimedAt time.Time) {
 	ctx := c.workCtx
 	pending := make([]*broker.Pending, len(steps))
 	errs := make([]error, len(steps))
 	spans := make([]trace.Span, len(steps))
+	answers := make([]answer, len(steps))
+	ctxs := make([]context.Context, len(steps))
 	for i, s := range steps {
 		sctx, span := traceClaim(ctx, c.tr, s, claimedAt)
 		spans[i] = span
-		out, input, err := c.graph.prepare(sctx, &s)
-		if out != send {
-			// Skipped, expanded or failed here (or, if the store could
-			// not be told, left to run out its claim).
-			if err != nil {
-				c.logger.Warn("could not answer for a step of a graph; the supervisor will retry it", append([]any{"order_id", s.OrderID, "step", s.Step, "err", err}, tracing.LogAttrs(sctx)...)...)
-				span.SetStatus(codes.Error, err.Error())
-			}
-			span.End()
-			c.wakeSelf()
-			c.wakeRelay()
+		input, ans := c.graph.plan(sctx, &s)
+		if ans != nil {
+			answers[i], ctxs[i] = ans, sctx
 			continue
 		}
 		msg, err := request(s, input, c.tokens.Mint(steptoken.Ref{OrderID: s.OrderID, Step: s.Step, Attempt: s.Attempt}))
@@ -447,6 +444,21 @@ func (c *claimer) dispatch(steps []statestore.ClaimedStep, claimedAt time.Time) 
 		}
 		msg.Headers = c.tr.InjectAMQP(sctx, msg.Headers)
 		pending[i], errs[i] = c.pub.Start(ctx, "", c.topo.Queue(messages.RequestsQueue(s.Agent)), msg)
+	}
+	for i, ans := range answers {
+		if ans == nil {
+			continue
+		}
+		// Skipped, expanded or failed here (or, if the store could not
+		// be told, left to run out its claim).
+		if _, _, err := ans(); err != nil {
+			c.logger.Warn("could not answer for a step of a graph; the supervisor will retry it",
+				append([]any{"order_id", steps[i].OrderID, "step", steps[i].Step, "err", err}, tracing.LogAttrs(ctxs[i])...)...)
+			spans[i].SetStatus(codes.Error, err.Error())
+		}
+		spans[i].End()
+		c.wakeSelf()
+		c.wakeRelay()
 	}
 	for i, s := range steps {
 		if pending[i] != nil {

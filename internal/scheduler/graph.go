@@ -53,16 +53,36 @@ const (
 	unsure                  // the store could not be told: the claim runs out and the supervisor retries it
 )
 
-// prepare decides what a claimed step of a graph needs, and sets its
-// request's input. A list's step (no spec, no item) is sent as it is.
+// answer is what a claimed step needs of the store when nothing is to be
+// sent for it: its skip, expansion, wait, child or failure, told to the
+// store when called.
+type answer func() (outcome, []byte, error)
+
+// prepare decides what a claimed step of a graph needs and answers for it
+// at once: its outcome and its request's input.
 func (g *graphSteps) prepare(ctx context.Context, s *statestore.ClaimedStep) (outcome, []byte, error) {
+	input, ans := g.plan(ctx, s)
+	if ans == nil {
+		return send, input, nil
+	}
+	return ans()
+}
+
+// plan decides what a claimed step of a graph needs without a word to the
+// store: its request's input, or (non-nil) the answer that tells the
+// store what became of it, for the caller to run after the requests of
+// its batch have left. A list's step (no spec, no item) is sent as it is.
+func (g *graphSteps) plan(ctx context.Context, s *statestore.ClaimedStep) ([]byte, answer) {
+	fail := func(why error) ([]byte, answer) {
+		return nil, func() (outcome, []byte, error) { return g.fail(ctx, s, why) }
+	}
 	if s.Spec == nil && s.Index == nil {
-		return send, nil, nil
+		return nil, nil
 	}
 	var spec workflow.StepSpec
 	if s.Spec != nil {
 		if err := json.Unmarshal(s.Spec, &spec); err != nil {
-			return g.fail(ctx, s, fmt.Errorf("the step's spec cannot be read: %w", err))
+			return fail(fmt.Errorf("the step's spec cannot be read: %w", err))
 		}
 	}
 	vars := workflow.Vars{Payload: s.Payload, Results: s.Results, Item: s.Item}
@@ -76,13 +96,15 @@ func (g *graphSteps) prepare(ctx context.Context, s *statestore.ClaimedStep) (ou
 			ok, err = e.Bool(vars)
 		}
 		if err != nil {
-			return g.fail(ctx, s, err)
+			return fail(err)
 		}
 		if !ok {
-			// In the trace, the span that would have sent the request.
-			trace.SpanFromContext(ctx).SetName("skip " + s.Name)
-			_, err := g.store.SkipStep(ctx, *s, g.me, "when "+strconv.Quote(spec.When)+" is false")
-			return g.done(err)
+			return nil, func() (outcome, []byte, error) {
+				// In the trace, the span that would have sent the request.
+				trace.SpanFromContext(ctx).SetName("skip " + s.Name)
+				_, err := g.store.SkipStep(ctx, *s, g.me, "when "+strconv.Quote(spec.When)+" is false")
+				return g.done(err)
+			}
 		}
 	}
 	if spec.ForEach != "" && s.Index == nil {
@@ -95,33 +117,37 @@ func (g *graphSteps) prepare(ctx context.Context, s *statestore.ClaimedStep) (ou
 			err = fmt.Errorf("for_each %q has %d items, more than its max_items %d", spec.ForEach, len(items), max(spec.MaxItems, 1))
 		}
 		if err != nil {
-			return g.fail(ctx, s, err)
+			return fail(err)
 		}
-		span := trace.SpanFromContext(ctx)
-		span.SetName("expand " + s.Name)
-		span.SetAttributes(attribute.Int("sas.instances", len(items)))
-		_, err = g.store.ExpandStep(ctx, *s, items, g.me)
-		return g.done(err)
+		return nil, func() (outcome, []byte, error) {
+			span := trace.SpanFromContext(ctx)
+			span.SetName("expand " + s.Name)
+			span.SetAttributes(attribute.Int("sas.instances", len(items)))
+			_, err := g.store.ExpandStep(ctx, *s, items, g.me)
+			return g.done(err)
+		}
 	}
 	if spec.Workflow != "" && s.Index == nil {
-		return g.child(ctx, s, spec, vars)
+		return nil, func() (outcome, []byte, error) { return g.child(ctx, s, spec, vars) }
 	}
 	if s.Agent == "" && s.Index == nil {
 		// A step sas performs itself: a wait begins to wait (or ends at
 		// once with a signal kept for it); a timer alone ended when its
 		// delay did, and so does the step.
-		span := trace.SpanFromContext(ctx)
-		if spec.Wait != nil {
-			span.SetName("await " + s.Name)
-			_, err := g.store.AwaitStep(ctx, *s, g.me)
+		return nil, func() (outcome, []byte, error) {
+			span := trace.SpanFromContext(ctx)
+			if spec.Wait != nil {
+				span.SetName("await " + s.Name)
+				_, err := g.store.AwaitStep(ctx, *s, g.me)
+				return g.done(err)
+			}
+			span.SetName("timer " + s.Name)
+			_, err := g.store.ApplyReply(ctx, statestore.Reply{OrderID: s.OrderID, Step: s.Step, Attempt: s.Attempt, OK: true, Actor: g.me})
 			return g.done(err)
 		}
-		span.SetName("timer " + s.Name)
-		_, err := g.store.ApplyReply(ctx, statestore.Reply{OrderID: s.OrderID, Step: s.Step, Attempt: s.Attempt, OK: true, Actor: g.me})
-		return g.done(err)
 	}
 	if spec.Input == "" {
-		return send, nil, nil
+		return nil, nil
 	}
 	use := workflow.UseInput
 	if s.Index != nil {
@@ -133,9 +159,9 @@ func (g *graphSteps) prepare(ctx context.Context, s *statestore.ClaimedStep) (ou
 		input, err = e.JSON(vars)
 	}
 	if err != nil {
-		return g.fail(ctx, s, err)
+		return fail(err)
 	}
-	return send, input, nil
+	return input, nil
 }
 
 // child answers for a claimed sub-process step: it starts the step's

@@ -79,7 +79,8 @@ func specOf(t *testing.T, sp workflow.StepSpec) []byte {
 	return b
 }
 
-// TestPrepareAnswersForWhatAStepSays: what prepare does with each shape of
+// TestPrepareAnswersForWhatAStepSays: what prepare (plan, then its answer)
+// does with each shape of
 // claimed step, and with the store's answers: a list's step is sent as it
 // is; a when false skips, true sends; a for_each expands (or fails past
 // max_items); an input builds the request (an instance's from its item);
@@ -145,6 +146,11 @@ func TestPrepareAnswersForWhatAStepSays(t *testing.T) {
 			s.Spec = tc.rawSpec
 			if tc.spec != nil {
 				s.Spec = specOf(t, *tc.spec)
+			}
+			// plan decides without a word to the store: the claimer
+			// answers for a batch's steps after its requests have left.
+			if _, ans := g.plan(context.Background(), &s); len(st.calls) != 0 || (ans == nil) != (tc.want == send) {
+				t.Fatalf("plan asked the store %q, answer given %v, for a step whose outcome is %v", st.calls, ans != nil, tc.want)
 			}
 			got, input, err := g.prepare(context.Background(), &s)
 			if err != nil || got != tc.want {
