@@ -226,6 +226,11 @@ func TestGraphProblemsAtTheirLines(t *testing.T) {
       - {action: a, agent: x}
       - {action: b, agent: x, needs: []}
       - {action: j, agent: x, needs: {of: [a, b]}}`, 8, `says how many of its steps must end`},
+		{"N-of-M join with any not a number", `
+      - {action: a, agent: x}
+      - {action: b, agent: x, needs: []}
+      - {action: c, agent: x, needs: []}
+      - {action: j, agent: x, needs: {any: two, of: [a, b, c]}}`, 9, `needs' any "two" is not a whole number from 1 to 1000`},
 		{"N-of-M join with an unknown key", `
       - {action: a, agent: x}
       - {action: b, agent: x, needs: []}

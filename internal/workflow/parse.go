@@ -610,18 +610,25 @@ func (p *parser) count(v *yaml.Node, what string, lo, hi int, dst *int) {
 // node that is no list when there is none.
 func (p *parser) needsAny(v *yaml.Node, dst *int) *yaml.Node {
 	of := &yaml.Node{Kind: yaml.ScalarNode, Line: v.Line}
+	anyGiven := false
 	for k := 0; k+1 < len(v.Content); k += 2 {
-		key, val := v.Content[k], v.Content[k+1]
+		key, val := v.Content[k], deref(v.Content[k+1])
 		switch key.Value {
 		case "any":
-			p.count(val, "needs' any", 1, MaxItemsCap, dst)
+			anyGiven = true
+			n, err := strconv.Atoi(val.Value)
+			if val.Kind != yaml.ScalarNode || err != nil || n < 1 || n > MaxItemsCap {
+				p.problem(val.Line, "needs' any %q is not a whole number from 1 to %d; write for example \"needs: {any: 2, of: [a, b, c]}\"", val.Value, MaxItemsCap)
+				continue
+			}
+			*dst = n
 		case "of":
-			of = deref(val)
+			of = val
 		default:
 			p.problem(key.Line, "needs has no key %q; write \"needs: {any: 2, of: [a, b, c]}\"", key.Value)
 		}
 	}
-	if *dst == 0 {
+	if !anyGiven {
 		p.problem(v.Line, "needs as a mapping says how many of its steps must end: write \"needs: {any: 2, of: [a, b, c]}\"")
 	}
 	return of
