@@ -329,14 +329,8 @@ workflows:
 // join runs once two branches ended. sasctl and the console draw it.
 func TestGraphJoinOfAnyTwoSparesARefusedBranch(t *testing.T) {
 	t.Parallel()
-	file := writeFile(t, "quote.yaml", quoteFile)
-	reg, err := workflow.Load(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kinds := reg.Agents()
-	st := newStackFor(t, kinds)
-	wf := "SAS_WORKFLOWS_FILE=" + file
+	// The refused orders are named in the remote's faults as it starts:
+	// their ids are chosen first.
 	ids := make([]string, 36)
 	var gls, ups []string
 	for i := range ids {
@@ -350,11 +344,10 @@ func TestGraphJoinOfAnyTwoSparesARefusedBranch(t *testing.T) {
 	}
 	glsJSON, _ := json.Marshal(gls)
 	upsJSON, _ := json.Marshal(ups)
-	p := newPipeline(t, pipelineOpts{on: &st, supervisors: 1, agents: 2,
+	g := runFile(t, "quote.yaml", quoteFile, pipelineOpts{supervisors: 1, agents: 2,
 		faults: `{"*":{"latency_min_ms":5,"latency_max_ms":30},"ask_gls":{"latency_max_ms":30,"fail_orders":` + string(glsJSON) +
-			`},"ask_ups":{"latency_max_ms":30,"fail_orders":` + string(upsJSON) + `}}`,
-		submitterEnv: []string{wf}, schedulerEnv: []string{wf}, supervisorEnv: []string{wf},
-		agentEnv: []string{wf, "SAS_AGENT_KINDS=" + strings.Join(kinds, ",")}})
+			`},"ask_ups":{"latency_max_ms":30,"fail_orders":` + string(upsJSON) + `}}`})
+	p := g.pipeline
 	ch := amqpChannel(t)
 	for _, id := range ids {
 		publish(t, ch, p.submit, messages.ContentType, id, []byte(badinput.ValidSubmitV2JSON(id, "quote", `{}`)))
@@ -382,7 +375,7 @@ func TestGraphJoinOfAnyTwoSparesARefusedBranch(t *testing.T) {
 			t.Fatalf("orders show lacks %q (exit %d):\n%s%s", want, code, out, errOut)
 		}
 	}
-	out, errOut, code = sasctl(t, env(), "workflows", "check", file)
+	out, errOut, code = sasctl(t, env(), "workflows", "check", g.file)
 	if code != 0 || !strings.Contains(out, "choose_price (joins any 2 of ask_dhl + ask_ups + ask_gls)") {
 		t.Fatalf("workflows check (exit %d):\n%s%s", code, out, errOut)
 	}
