@@ -421,13 +421,12 @@ func (c *claimer) dispatch(steps []statestore.ClaimedStep, claimedAt time.Time) 
 	errs := make([]error, len(steps))
 	spans := make([]trace.Span, len(steps))
 	answers := make([]answer, len(steps))
-	ctxs := make([]context.Context, len(steps))
 	for i, s := range steps {
 		sctx, span := traceClaim(ctx, c.tr, s, claimedAt)
 		spans[i] = span
 		input, ans := c.graph.plan(sctx, &s)
 		if ans != nil {
-			answers[i], ctxs[i] = ans, sctx
+			answers[i] = ans
 			continue
 		}
 		msg, err := request(s, input, c.tokens.Mint(steptoken.Ref{OrderID: s.OrderID, Step: s.Step, Attempt: s.Attempt}))
@@ -453,7 +452,8 @@ func (c *claimer) dispatch(steps []statestore.ClaimedStep, claimedAt time.Time) 
 		// be told, left to run out its claim).
 		if _, _, err := ans(); err != nil {
 			c.logger.Warn("could not answer for a step of a graph; the supervisor will retry it",
-				append([]any{"order_id", steps[i].OrderID, "step", steps[i].Step, "err", err}, tracing.LogAttrs(ctxs[i])...)...)
+				append([]any{"order_id", steps[i].OrderID, "step", steps[i].Step, "err", err},
+					tracing.LogAttrs(trace.ContextWithSpan(ctx, spans[i]))...)...)
 			spans[i].SetStatus(codes.Error, err.Error())
 		}
 		spans[i].End()

@@ -58,16 +58,6 @@ const (
 // store when called.
 type answer func() (outcome, []byte, error)
 
-// prepare decides what a claimed step of a graph needs and answers for it
-// at once: its outcome and its request's input.
-func (g *graphSteps) prepare(ctx context.Context, s *statestore.ClaimedStep) (outcome, []byte, error) {
-	input, ans := g.plan(ctx, s)
-	if ans == nil {
-		return send, input, nil
-	}
-	return ans()
-}
-
 // plan decides what a claimed step of a graph needs without a word to the
 // store: its request's input, or (non-nil) the answer that tells the
 // store what became of it, for the caller to run after the requests of

@@ -79,6 +79,16 @@ func specOf(t *testing.T, sp workflow.StepSpec) []byte {
 	return b
 }
 
+// prepare plans a claimed step and runs its answer at once, as dispatch
+// does for a batch of one: its outcome and its request's input.
+func (g *graphSteps) prepare(ctx context.Context, s *statestore.ClaimedStep) (outcome, []byte, error) {
+	input, ans := g.plan(ctx, s)
+	if ans == nil {
+		return send, input, nil
+	}
+	return ans()
+}
+
 // TestPrepareAnswersForWhatAStepSays: what prepare (plan, then its answer)
 // does with each shape of
 // claimed step, and with the store's answers: a list's step is sent as it
