@@ -30,12 +30,20 @@ type benchJSON struct {
 		Stage string `json:"stage"`
 		benchLatency
 	} `json:"stages_ms"`
-	Processes []struct {
-		Name          string  `json:"name"`
-		CPUSeconds    float64 `json:"cpu_s"`
-		CPUMSPerOrder float64 `json:"cpu_ms_per_order"`
-		PeakRSSMiB    float64 `json:"peak_rss_mib"`
-	} `json:"processes"`
+	Processes []benchProcess `json:"processes"`
+	Ledger    *struct {
+		Transactions float64 `json:"transactions"`
+		WALFlushes   float64 `json:"wal_flushes"`
+		Published    float64 `json:"messages_published"`
+		Delivered    float64 `json:"messages_delivered"`
+		WakeUps      float64 `json:"wake_ups"`
+		PGPerTxn     float64 `json:"postgres_cpu_ms_per_transaction"`
+		RabbitPerMsg float64 `json:"rabbitmq_cpu_ms_per_message"`
+	} `json:"ledger"`
+	Idle *struct {
+		Seconds   float64        `json:"window_s"`
+		Processes []benchProcess `json:"processes"`
+	} `json:"idle"`
 	Prefilled     int           `json:"prefilled"`
 	Via           string        `json:"via"`
 	AwaitOverhead *benchLatency `json:"await_overhead_ms"`
@@ -55,6 +63,17 @@ type benchJSON struct {
 	} `json:"queues"`
 }
 
+type benchProcess struct {
+	Name              string  `json:"name"`
+	CPUSeconds        float64 `json:"cpu_s"`
+	CPUPercent        float64 `json:"cpu_percent"`
+	CPUMSPerOrder     float64 `json:"cpu_ms_per_order"`
+	PeakRSSMiB        float64 `json:"peak_rss_mib"`
+	WakeUpsPerSecond  float64 `json:"wake_ups_per_s"`
+	PublishedPerOrder float64 `json:"published_per_order"`
+	DeliveredPerOrder float64 `json:"delivered_per_order"`
+}
+
 type benchLatency struct {
 	N                  int
 	P50, P95, P99, Max float64
@@ -67,18 +86,21 @@ func (l benchLatency) ordered() bool {
 // TestSasctlBench: a short benchmark run at a fixed rate reports every
 // order of its window ended, the latency of the whole and of each stage
 // from the store's and the agents' timestamps, every process's CPU and
-// peak memory, and the queues' depths over the window.
+// peak memory, the cost ledger (transactions, WAL flushes, messages and
+// wake-ups per order), what each process does at rest, and the queues'
+// depths over the window.
 func TestSasctlBench(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
 	base := portBase(600)
 	report := filepath.Join(t.TempDir(), "bench.json")
 	out, errOut, code := sasctl(t, s.env, "bench", "--bin", binDir, "--port-base", strconv.Itoa(base),
-		"--workflow", "order", "--rate", "30", "--warmup", "1s", "--duration", "4s", "--remote-latency-ms", "2", "--prefill", "2000", "--json", report)
+		"--workflow", "order", "--rate", "30", "--warmup", "1s", "--duration", "4s", "--remote-latency-ms", "2", "--prefill", "2000", "--idle", "2s", "--json", report)
 	if code != 0 {
 		t.Fatalf("sasctl bench: exit %d\n%s\n%s", code, out, errOut)
 	}
-	for _, want := range []string{"BENCH", "orders/s sustained", "LATENCY (ms)", "remote call", "PROCESS", "CPU ms per order", "DATABASE (whole cluster)", "QUEUE (ready)"} {
+	for _, want := range []string{"BENCH", "orders/s sustained", "LATENCY (ms)", "remote call", "PROCESS", "CPU ms per order", "wake-ups/s",
+		"LEDGER (per completed order)", "AT REST (2s, no load)", "DATABASE (whole cluster)", "QUEUE (ready)"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
@@ -138,6 +160,37 @@ func TestSasctlBench(t *testing.T) {
 	for _, n := range []string{"remote", "submitter", "scheduler-1", "scheduler-2", "agent-1", "agent-2", "supervisor", "postgres (all processes)", "rabbitmq (all processes)"} {
 		if !slices.Contains(names, n) {
 			t.Errorf("no figures for %s in %v", n, names)
+		}
+	}
+	// A three-step order: a submit, three requests and three replies at
+	// least, each delivered once; a transaction for its submit and each
+	// step's claim and reply at least, each flushed. The server's
+	// counters lag by up to a second, so the bounds are loose.
+	if l := r.Ledger; l == nil || l.Published < 5 || l.Delivered < 5 || l.Transactions < 3 || l.WALFlushes < 1 || l.WakeUps <= 0 ||
+		l.PGPerTxn <= 0 || l.RabbitPerMsg <= 0 {
+		t.Errorf("ledger %+v", l)
+	}
+	per := map[string]float64{}
+	for _, p := range r.Processes {
+		per[strings.TrimRight(p.Name, "-0123456789")] += p.PublishedPerOrder
+		if p.WakeUpsPerSecond <= 0 {
+			t.Errorf("process %s: no wake-ups counted", p.Name)
+		}
+	}
+	// The schedulers publish three requests per order, the agents three
+	// replies, the submitter none of either.
+	if per["scheduler"] < 2.5 || per["agent"] < 2.5 || per["agent"] > 4 {
+		t.Errorf("published per order by service %v", per)
+	}
+	if i := r.Idle; i == nil || i.Seconds < 1.5 || len(i.Processes) != len(r.Processes) {
+		t.Errorf("at rest: %+v", i)
+	} else {
+		// A process at rest may not wake at all; RabbitMQ's always does.
+		for _, p := range i.Processes {
+			if p.WakeUpsPerSecond < 0 || p.CPUPercent < 0 || p.CPUPercent > 50 ||
+				strings.HasPrefix(p.Name, "rabbitmq") && p.WakeUpsPerSecond <= 0 {
+				t.Errorf("at rest, process %+v", p)
+			}
 		}
 	}
 	if r.MachineBusy <= 0 || r.MachineBusy > 100 || r.MachineSteal < 0 || r.MachineBusy+r.MachineSteal > 100 {

@@ -97,11 +97,11 @@ func (a *Tool) benchBacklog(ctx context.Context, o benchOptions, n int) (*backlo
 	if err := st.StartWorkers(ctx); err != nil {
 		return nil, err
 	}
-	cpu0 := takeCPU(st)
+	cpu0 := takeCPU(ctx, st)
 	if err := wait("draining, ended", "completed", "failed"); err != nil {
 		return nil, err
 	}
-	cpu1 := takeCPU(st)
+	cpu1 := takeCPU(ctx, st)
 	rep.DrainSeconds = time.Since(drainFrom).Seconds()
 	rep.DrainPerSecond = float64(n) / rep.DrainSeconds
 	if rep.Completed, err = store.CountOrders(ctx, "completed"); err != nil {
@@ -110,7 +110,7 @@ func (a *Tool) benchBacklog(ctx context.Context, o benchOptions, n int) (*backlo
 	wall := cpu1.at.Sub(cpu0.at).Seconds()
 	for _, p := range st.Procs {
 		rss, _ := peakRSS(p.PID())
-		d := cpu1.services[p.Name] - cpu0.services[p.Name]
+		d := cpu1.services[p.Name].sub(cpu0.services[p.Name]).cpu
 		rep.Processes = append(rep.Processes, processUse{Name: p.Name, CPUSeconds: d.Seconds(), CPUPercent: 100 * d.Seconds() / wall,
 			CPUMSPerOrder: float64(d.Microseconds()) / 1000 / float64(n), PeakRSSMiB: rss})
 		if rss > rep.MaxRSSMiB {

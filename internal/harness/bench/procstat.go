@@ -159,3 +159,33 @@ func memTotal() string {
 	}
 	return ""
 }
+
+// contextSwitches is how often pid's threads have left the CPU, voluntarily
+// (to wait: a sleep, a lock, a read with nothing to read) or not: with few
+// threads preempted, how often the process woke. Threads that have ended
+// no longer count.
+func contextSwitches(pid int) (int64, error) {
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/[0-9]*", pid))
+	if err != nil || len(tasks) == 0 {
+		return 0, fmt.Errorf("/proc/%d/task: no threads", pid)
+	}
+	var n int64
+	for _, t := range tasks {
+		b, err := os.ReadFile(filepath.Join(t, "status"))
+		if err != nil {
+			continue // the thread ended meanwhile
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			for _, name := range []string{"voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:"} {
+				if v, ok := strings.CutPrefix(line, name); ok {
+					c, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+					if err != nil {
+						return 0, fmt.Errorf("%s/status: %w", t, err)
+					}
+					n += c
+				}
+			}
+		}
+	}
+	return n, nil
+}

@@ -50,6 +50,7 @@ func Main(ctx context.Context, a *Tool, args []string) error {
 	fs.StringVar(&o.label, "label", "", "a name for this run in the report")
 	fs.BoolVar(&o.purge, "purge", false, "empty the submit, replies and agent queues first (a previous run's leftovers); without it, leftovers stop the run")
 	fs.IntVar(&o.pprofOffset, "pprof-offset", 0, "when not 0, every service serves Go's profiler on its port plus this offset (e.g. 1000: the submitter's on port-base+1001)")
+	fs.DurationVar(&o.idle, "idle", 0, "before the load, measure every process with none for this long: CPU and wake-ups per second of a system at rest")
 	fs.IntVar(&o.churn, "churn", 0, "warm up until this many orders have ended as well (claimed, answered, ended, never vacuumed): the store's history of dead rows behind the measured window")
 	fs.IntVar(&o.prefill, "prefill", 0, "before the run, fill the store with this many orders as they look once run (most completed, their steps and history), vacuumed and analyzed: a steady state of a store in use")
 	fs.BoolVar(&o.fresh, "fresh", true, "run on a new schema of the database, migrated by the run's own sasctl and dropped after, so that no earlier run's rows or dead tuples weigh on it (--fresh=false: the database as it is)")
@@ -130,6 +131,7 @@ type benchOptions struct {
 	rate                        float64
 	inflight                    int
 	warmup, duration, drain     time.Duration
+	idle                        time.Duration // a window with no load first
 	schedulers, agents, latency int
 	binDir                      string
 	portBase, pprofOffset       int
@@ -194,6 +196,14 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 	}
 	defer stopListen()
 
+	var idle *idleUse
+	if o.idle > 0 {
+		fmt.Fprintf(a.stderr, "at rest for %v ...\n", o.idle)
+		if idle, err = measureIdle(ctx, st, o.idle); err != nil {
+			return nil, err
+		}
+	}
+
 	loadCtx, stopLoad := context.WithCancel(ctx)
 	defer stopLoad()
 	gen := &generator{pub: pub, queue: topo.Queue(submitter.Input), sampler: smp, http: hl}
@@ -216,9 +226,10 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 	samples := &sampler{queues: queueNames, depths: depths}
 	began := time.Now()
 	window := struct {
-		from, to   time.Time
-		cpu0, cpu1 cpuSnapshot
-		wal0, wal1 *lab.WALReading
+		from, to     time.Time
+		cpu0, cpu1   cpuSnapshot
+		wal0, wal1   *lab.WALReading
+		sent0, sent1 int64 // orders the load generator had published
 	}{}
 	readWAL := func() *lab.WALReading {
 		r, err := lab.ReadWAL(ctx, pool)
@@ -238,7 +249,7 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 		if err != nil {
 			return nil, err
 		}
-		window.cpu0 = takeCPU(st)
+		window.cpu0, window.sent0 = takeCPU(ctx, st), gen.published.Load()
 		window.wal0 = readWAL()
 		phase = "measuring"
 	}
@@ -264,14 +275,14 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 					return nil, err
 				}
 				measureAt, endAt = now, now.Add(o.duration)
-				window.cpu0 = takeCPU(st)
+				window.cpu0, window.sent0 = takeCPU(ctx, st), gen.published.Load()
 				window.wal0 = readWAL()
 				phase = "measuring"
 			case phase == "measuring" && !now.Before(endAt):
 				if window.to, err = store.Now(ctx); err != nil {
 					return nil, err
 				}
-				window.cpu1 = takeCPU(st)
+				window.cpu1, window.sent1 = takeCPU(ctx, st), gen.published.Load()
 				if window.wal0 != nil {
 					window.wal1 = readWAL()
 				}
@@ -317,6 +328,8 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 	}
 	rep.fill(timings, window.cpu0, window.cpu1, st, samples)
 	rep.fillDatabase(window.wal0, window.wal1, timings.Completions)
+	rep.fillLedger(window.wal0, window.wal1, window.cpu0, window.cpu1, window.sent1-window.sent0, timings.Completions)
+	rep.Idle = idle
 	if rig.filled != nil {
 		rep.Prefilled, rep.PrefilledSize = rig.filled.Orders, rig.filled.Size
 	}
@@ -617,32 +630,87 @@ func (s *sampler) take(ctx context.Context, at time.Duration) {
 	}
 }
 
-// cpuSnapshot is CPU time per process (the services by name, and the
-// PostgreSQL and RabbitMQ servers' processes together) and the machine's.
+// cpuSnapshot is CPU time and context switches per process (the services
+// by name, and the PostgreSQL and RabbitMQ servers' processes together),
+// the machine's CPU, and what each service's metrics say it did with
+// RabbitMQ.
 type cpuSnapshot struct {
 	at       time.Time
-	services map[string]time.Duration
-	servers  map[string]map[int]time.Duration // postgres / rabbitmq: by pid
-	self     time.Duration
+	services map[string]procReading
+	servers  map[string]map[int]procReading // postgres / rabbitmq: by pid
+	self     procReading
 	machine  machineCPU
+	broker   map[string]brokerCounts // by service
 }
 
-func takeCPU(st *localstack.Stack) cpuSnapshot {
-	s := cpuSnapshot{at: time.Now(), services: map[string]time.Duration{}, servers: map[string]map[int]time.Duration{}}
-	for _, p := range st.Procs {
-		s.services[p.Name], _ = processCPU(p.PID())
+// procReading is one process's CPU time and context switches so far.
+type procReading struct {
+	cpu      time.Duration
+	switches int64
+}
+
+func readProc(pid int) (procReading, error) {
+	cpu, err := processCPU(pid)
+	if err != nil {
+		return procReading{}, err
 	}
-	s.self, _ = processCPU(os.Getpid())
+	sw, err := contextSwitches(pid)
+	return procReading{cpu: cpu, switches: sw}, err
+}
+
+// sub is what a process did between an earlier reading and this one.
+func (r procReading) sub(then procReading) procReading {
+	return procReading{cpu: r.cpu - then.cpu, switches: r.switches - then.switches}
+}
+
+func takeCPU(ctx context.Context, st *localstack.Stack) cpuSnapshot {
+	s := cpuSnapshot{at: time.Now(), services: map[string]procReading{}, servers: map[string]map[int]procReading{},
+		broker: map[string]brokerCounts{}}
+	for _, p := range st.Procs {
+		s.services[p.Name], _ = readProc(p.PID())
+	}
+	s.self, _ = readProc(os.Getpid())
 	for name, pids := range serverPIDs() {
-		s.servers[name] = map[int]time.Duration{}
+		s.servers[name] = map[int]procReading{}
 		for _, pid := range pids {
-			if d, err := processCPU(pid); err == nil {
+			if d, err := readProc(pid); err == nil {
 				s.servers[name][pid] = d
 			}
 		}
 	}
 	s.machine, _ = readMachineCPU()
+	for _, p := range st.Procs {
+		if p.Name != "remote" {
+			s.broker[p.Name], _ = brokerCounters(ctx, p.Addr)
+		}
+	}
 	return s
+}
+
+// uses is what each process did between two snapshots, in report order:
+// the services, the load generator, then the servers (every process of
+// each that lived through both snapshots).
+func uses(st *localstack.Stack, c0, c1 cpuSnapshot) []processUse {
+	var out []processUse
+	for _, p := range st.Procs {
+		rss, _ := peakRSS(p.PID())
+		out = append(out, processUse{Name: p.Name, PeakRSSMiB: rss, d: c1.services[p.Name].sub(c0.services[p.Name])})
+	}
+	self, _ := peakRSS(os.Getpid())
+	out = append(out, processUse{Name: "sasctl bench (load and listener)", PeakRSSMiB: self, d: c1.self.sub(c0.self)})
+	for _, name := range []string{"postgres", "rabbitmq"} {
+		var d procReading
+		for pid, end := range c1.servers[name] {
+			if then, ok := c0.servers[name][pid]; ok {
+				e := end.sub(then)
+				d.cpu, d.switches = d.cpu+e.cpu, d.switches+e.switches
+			} else {
+				d.cpu, d.switches = d.cpu+end.cpu, d.switches+end.switches // started within the window
+			}
+		}
+		out = append(out, processUse{Name: name + " (all processes)", server: name, d: d})
+	}
+	return out
 }
 
 // benchReport is what sasctl bench prints and writes as JSON.
@@ -694,6 +762,11 @@ type benchReport struct {
 	// at different rates.
 	CPUMSPerOrder float64      `json:"cpu_ms_per_completed_order,omitempty"`
 	Database      *databaseUse `json:"database,omitempty"`
+	// Ledger is an order's cost in transactions, WAL flushes, messages
+	// and wake-ups.
+	Ledger *ledger `json:"ledger,omitempty"`
+	// Idle is what each process did with no load, before it (--idle).
+	Idle *idleUse `json:"idle,omitempty"`
 	// Prefilled orders were in the store before the run (--prefill),
 	// taking PrefilledSize on disk.
 	Prefilled     int    `json:"prefilled,omitempty"`
@@ -738,6 +811,17 @@ type processUse struct {
 	CPUPercent    float64 `json:"cpu_percent"`
 	CPUMSPerOrder float64 `json:"cpu_ms_per_order,omitempty"` // per order completed in the window
 	PeakRSSMiB    float64 `json:"peak_rss_mib,omitempty"`
+	// WakeUps are context switches (all threads), per second of the
+	// window and per order completed in it.
+	WakeUpsPerSecond float64 `json:"wake_ups_per_s"`
+	WakeUpsPerOrder  float64 `json:"wake_ups_per_order,omitempty"`
+	// Messages the service published and deliveries it handled, per
+	// order (from its own metrics).
+	PublishedPerOrder float64 `json:"published_per_order,omitempty"`
+	DeliveredPerOrder float64 `json:"delivered_per_order,omitempty"`
+
+	server string      // postgres or rabbitmq: a server's processes
+	d      procReading // what it did in the window
 }
 
 type queueDepths struct {
@@ -789,31 +873,20 @@ func (r *benchReport) fill(t lab.Timings, cpu0, cpu1 cpuSnapshot, st *localstack
 	}
 	wall := cpu1.at.Sub(cpu0.at).Seconds()
 	var total time.Duration
-	perOrder := func(d time.Duration) float64 {
+	perOrder := func(d float64) float64 {
 		if t.Completions == 0 {
 			return 0
 		}
-		return float64(d.Microseconds()) / 1000 / float64(t.Completions)
+		return d / float64(t.Completions)
 	}
-	use := func(name string, d time.Duration, rss float64) {
-		total += d
-		r.Processes = append(r.Processes, processUse{Name: name, CPUSeconds: d.Seconds(), CPUPercent: 100 * d.Seconds() / wall,
-			CPUMSPerOrder: perOrder(d), PeakRSSMiB: rss})
+	for _, p := range uses(st, cpu0, cpu1) {
+		total += p.d.cpu
+		p.CPUSeconds, p.CPUPercent = p.d.cpu.Seconds(), 100*p.d.cpu.Seconds()/wall
+		p.CPUMSPerOrder = perOrder(float64(p.d.cpu.Microseconds()) / 1000)
+		p.WakeUpsPerSecond, p.WakeUpsPerOrder = float64(p.d.switches)/wall, perOrder(float64(p.d.switches))
+		r.Processes = append(r.Processes, p)
 	}
-	for _, p := range st.Procs {
-		rss, _ := peakRSS(p.PID())
-		use(p.Name, cpu1.services[p.Name]-cpu0.services[p.Name], rss)
-	}
-	self, _ := peakRSS(os.Getpid())
-	use("sasctl bench (load and listener)", cpu1.self-cpu0.self, self)
-	for _, name := range []string{"postgres", "rabbitmq"} {
-		var d time.Duration
-		for pid, end := range cpu1.servers[name] {
-			d += end - cpu0.servers[name][pid]
-		}
-		use(name+" (all processes)", d, 0)
-	}
-	r.CPUMSPerOrder = perOrder(total)
+	r.CPUMSPerOrder = perOrder(float64(total.Microseconds()) / 1000)
 	r.MachineBusy, r.MachineSteal = cpu1.machine.busySince(cpu0.machine)
 	for i, q := range s.queues {
 		qd := queueDepths{Queue: q, Ready: s.ready[i]}
@@ -913,7 +986,18 @@ func (r *benchReport) print(w io.Writer) {
 		fmt.Fprintf(tw, "%s\t%.1f\t%.0f\t%.2f\t%s\n", p.Name, p.CPUSeconds, p.CPUPercent, p.CPUMSPerOrder, rss)
 	}
 	fmt.Fprintf(tw, "all of the above\t\t\t%.2f\t\n", r.CPUMSPerOrder)
+	fmt.Fprintln(tw, "\nPROCESS\twake-ups/s\twake-ups per order\tpublished per order\tdelivered per order")
+	for _, p := range r.Processes {
+		fmt.Fprintf(tw, "%s\t%.0f\t%.1f\t%.2f\t%.2f\n", p.Name, p.WakeUpsPerSecond, p.WakeUpsPerOrder, p.PublishedPerOrder, p.DeliveredPerOrder)
+	}
 	fmt.Fprintf(tw, "machine (%d CPUs): %.0f%% busy, %.0f%% stolen by the hypervisor\n", r.Machine.CPUs, r.MachineBusy, r.MachineSteal)
+	_ = tw.Flush()
+	if r.Ledger != nil {
+		r.Ledger.print(w)
+	}
+	if r.Idle != nil {
+		r.Idle.print(w)
+	}
 	if d := r.Database; d != nil {
 		fmt.Fprintf(tw, "\nDATABASE (whole cluster)\tWAL %.1f MiB, %.1f KiB per completed order; %d checkpoints in the window\n",
 			float64(d.WALBytes)/(1<<20), d.WALBytesPerOrder/1024, d.Checkpoints)

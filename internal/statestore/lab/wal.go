@@ -16,10 +16,16 @@ type WALReading struct {
 	// Checkpoints the checkpointer has counted, timed and requested (a
 	// timed one on an idle cluster is counted though it writes nothing).
 	Checkpoints int64
+	// Transactions committed and rolled back in every database of the
+	// cluster, and the WAL's records, writes and flushes (fsyncs) from
+	// pg_stat_wal. The server gathers these from its backends about
+	// once a second, so two readings a second apart or less mean little.
+	Transactions, Records, Writes, Flushes int64
 }
 
-// ReadWAL reads the cluster's WAL position and checkpoint count. Both are
-// the whole cluster's, not this schema's.
+// ReadWAL reads the cluster's WAL position, checkpoint count, transaction
+// count and WAL activity. All are the whole cluster's, not this schema's.
+// Before PostgreSQL 14 (no pg_stat_wal) the WAL activity reads 0.
 func ReadWAL(ctx context.Context, pool *pgxpool.Pool) (WALReading, error) {
 	var r WALReading
 	// PostgreSQL 17 moved the checkpoint counts to pg_stat_checkpointer.
@@ -33,6 +39,16 @@ func ReadWAL(ctx context.Context, pool *pgxpool.Pool) (WALReading, error) {
 	}
 	if err := pool.QueryRow(ctx, q).Scan(&r.Bytes, &r.Checkpoints); err != nil {
 		return r, fmt.Errorf("read WAL position: %w", err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT coalesce(sum(xact_commit + xact_rollback), 0)::bigint FROM pg_stat_database`).Scan(&r.Transactions); err != nil {
+		return r, fmt.Errorf("read transaction count: %w", err)
+	}
+	var hasWAL bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass('pg_catalog.pg_stat_wal') IS NOT NULL`).Scan(&hasWAL); err != nil || !hasWAL {
+		return r, err
+	}
+	if err := pool.QueryRow(ctx, `SELECT wal_records, wal_write, wal_sync FROM pg_stat_wal`).Scan(&r.Records, &r.Writes, &r.Flushes); err != nil {
+		return r, fmt.Errorf("read WAL activity: %w", err)
 	}
 	return r, nil
 }

@@ -33,6 +33,12 @@ func TestReadWAL(t *testing.T) {
 	if grew := after.Bytes - before.Bytes; grew < 1024 {
 		t.Fatalf("the WAL grew by %d bytes for ten orders", grew)
 	}
+	// The fill's transactions, records and flushes reach the server's
+	// counters within about a second of its backend going idle.
+	testenv.Eventually(t, 30*time.Second, "the fill's transactions and WAL flushes counted", func() bool {
+		r, err := lab.ReadWAL(ctx, pool)
+		return err == nil && r.Transactions > before.Transactions && r.Records > before.Records && r.Flushes > before.Flushes && r.Writes > before.Writes
+	})
 	if _, err := pool.Exec(ctx, `CHECKPOINT`); err != nil {
 		t.Fatal(err)
 	}
