@@ -5,6 +5,7 @@ import (
 	"fmt"
 	neturl "net/url"
 	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -27,6 +28,9 @@ func TestServicesRunAsLeastPrivilegeBrokerUsers(t *testing.T) {
 	t.Parallel()
 	rabbitmqctl := tool(t, "rabbitmqctl")
 	s := newStack(t)
+	// Classic queues, as a single-node deployment (docker-compose) runs
+	// them: a consumer binds its own queue for counted redeliveries.
+	s.env = append(s.env, "SAS_QUEUE_TYPE=classic")
 	userPrefix := "t-" + testenv.RandomSuffix(8) + "-"
 	services := []string{"submitter", "scheduler", "agent", "sasctl", "app", "api"}
 	env := append([]string{}, s.env...)
@@ -79,6 +83,12 @@ func TestServicesRunAsLeastPrivilegeBrokerUsers(t *testing.T) {
 
 	p.waitTerminal(t, append(ids, held), 2*time.Minute)
 	p.checkSaga(t, ids)
+	// The queues the services declared are classic ones.
+	if out, err := exec.Command(rabbitmqctl, "list_queues", "-q", "--no-table-headers", "name", "type").Output(); err != nil {
+		t.Fatalf("rabbitmqctl list_queues: %v", err)
+	} else if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(p.submit) + `\s+classic$`).Match(out) {
+		t.Fatalf("queue %s is not classic:\n%s", p.submit, out)
+	}
 	if al := openAlerts(t, p.env, held); len(al) != 1 {
 		t.Fatalf("open alerts of the held order: %+v", al)
 	}

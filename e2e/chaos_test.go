@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"sas/internal/broker"
 	"sas/internal/harness/chaos"
 	"sas/internal/harness/testenv"
 )
@@ -17,7 +18,9 @@ func chaosConfig(t *testing.T, seed uint64, orders int) chaos.Config {
 	testenv.Database(t) // skips or fails, as for every test, when the services are away
 	return chaos.Config{
 		BinDir: binDir, DatabaseURL: testenv.DatabaseURL(), AMQPURL: testenv.AMQPURL(),
-		Orders: orders, Rate: 40, Seed: seed, Faults: chaos.ShortFaults(),
+		// One local RabbitMQ node: its shape's default, classic queues.
+		QueueType: broker.QueueClassic,
+		Orders:    orders, Rate: 40, Seed: seed, Faults: chaos.ShortFaults(),
 		StepTimeout: 2 * time.Second,
 		HealTimeout: 2 * time.Minute, LogDir: t.TempDir(),
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"sas/internal/broker"
 	"sas/internal/harness/badinput"
 	"sas/internal/harness/chaos"
 	"sas/internal/harness/testenv"
@@ -140,7 +141,7 @@ func TestBrokerClusterFailover(t *testing.T) {
 	n := haOrders(600)
 	cl := startRabbitCluster(t)
 	dbURL, pool := testenv.Database(t)
-	topo := scheduler.Topology(testenv.Prefix(t), 10, workflow.Builtin().Agents())
+	topo := scheduler.Topology(testenv.Prefix(t), 10, broker.QueueQuorum, workflow.Builtin().Agents())
 	st := stack{dbURL: dbURL, pool: pool, topo: topo,
 		env:    env("SAS_DATABASE_URL="+dbURL, "SAS_AMQP_URL="+cl.urls, "SAS_QUEUE_PREFIX="+topo.Prefix, "SAS_LOG_LEVEL=debug"),
 		submit: topo.Queue(submitter.Input), dlq: topo.DeadLetterQueue(submitter.Input)}
@@ -230,7 +231,7 @@ func distinct(m map[string]string) []string {
 func ownDatabaseStack(t *testing.T, mode, base string, kinds []string) (string, stack) {
 	t.Helper()
 	dir, dbURL := startStandbyPair(t, mode, base)
-	topo := scheduler.Topology(testenv.Prefix(t), 10, kinds)
+	topo := scheduler.Topology(testenv.Prefix(t), 10, broker.QueueQuorum, kinds)
 	topo.Inputs = append(topo.Inputs, submitter.Input)
 	testenv.Broker(t, topo)
 	st := stack{dbURL: dbURL, topo: topo,

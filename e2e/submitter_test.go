@@ -38,7 +38,7 @@ func newStack(t *testing.T) stack {
 func newStackFor(t *testing.T, kinds []string) stack {
 	t.Helper()
 	dbURL, pool := testenv.Database(t)
-	topo := scheduler.Topology(testenv.Prefix(t), 10, kinds)
+	topo := scheduler.Topology(testenv.Prefix(t), 10, broker.QueueQuorum, kinds)
 	topo.Inputs = append(topo.Inputs, submitter.Input)
 	testenv.Broker(t, topo)
 	return stack{

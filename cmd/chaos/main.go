@@ -31,6 +31,7 @@ func run() int {
 	flag.StringVar(&cfg.BinDir, "bin", "bin/failpoints", "directory of the service binaries, built with -tags failpoints")
 	flag.StringVar(&cfg.DatabaseURL, "database-url", "postgres://postgres@127.0.0.1:5432/sas_test?sslmode=disable", "database the run makes its own schema in")
 	flag.StringVar(&cfg.AMQPURL, "amqp-url", "amqp://guest:guest@127.0.0.1:5672/", "broker")
+	flag.StringVar(&cfg.QueueType, "queue-type", "classic", "the services' SAS_QUEUE_TYPE: classic (a single node's default, as here) or quorum")
 	flag.IntVar(&cfg.Orders, "orders", 1000, "orders to submit")
 	flag.Float64Var(&cfg.Rate, "rate", 50, "orders submitted per second")
 	flag.Uint64Var(&cfg.Seed, "seed", uint64(time.Now().UnixNano()%1_000_000), "seed of the fault schedule (print it, replay it)")

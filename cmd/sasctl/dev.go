@@ -18,6 +18,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"sas/internal/broker"
 	"sas/internal/harness/localstack"
 	"sas/internal/harness/proc"
 	"sas/internal/messages"
@@ -67,6 +68,13 @@ func (a *app) dev(ctx context.Context, args []string) (err error) {
 		return err
 	}
 	var env []string
+	// One local RabbitMQ node: classic durable queues keep a confirmed
+	// message on its disk for less than quorum queues cost (queues an
+	// earlier run made keep their type).
+	if os.Getenv("SAS_QUEUE_TYPE") == "" {
+		env = append(env, "SAS_QUEUE_TYPE="+broker.QueueClassic)
+		a.cfg.QueueType = broker.QueueClassic
+	}
 	if path := cmp.Or(*workflows, os.Getenv("SAS_WORKFLOWS_FILE")); path != "" {
 		abs, err := filepath.Abs(path)
 		if err != nil {

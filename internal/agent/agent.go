@@ -171,7 +171,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	for _, k := range cfg.Kinds {
 		inputs = append(inputs, messages.RequestsQueue(k))
 	}
-	topo := broker.Topology{Prefix: cfg.QueuePrefix, DeliveryLimit: cfg.DeliveryLimit, Inputs: inputs}
+	topo := broker.Topology{Prefix: cfg.QueuePrefix, DeliveryLimit: cfg.DeliveryLimit, QueueType: cfg.QueueType, Inputs: inputs}
 	sk, err := service.Start(ctx, service.Setup{Name: "agent", Me: me, Common: cfg.Common, OpsAddr: cfg.MetricsAddr, Registry: reg,
 		Topology: &topo, Traced: true, Redact: redact}, logger)
 	if err != nil {

@@ -30,7 +30,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	m := newMetrics(reg)
 	// The API sends signals to the schedulers' queue and reads the status
 	// exchange: it declares both, as the schedulers do.
-	topo := broker.Topology{Prefix: cfg.QueuePrefix, DeliveryLimit: cfg.DeliveryLimit, Inputs: []string{messages.SignalsQueue}}
+	topo := broker.Topology{Prefix: cfg.QueuePrefix, DeliveryLimit: cfg.DeliveryLimit, QueueType: cfg.QueueType, Inputs: []string{messages.SignalsQueue}}
 	sk, err := service.Start(ctx, service.Setup{Name: "api", Me: me, Common: cfg.Common, OpsAddr: cfg.MetricsAddr, Registry: reg,
 		DBMaxConns: cfg.DBMaxConns, Topology: &topo, Traced: true}, logger)
 	if err != nil {

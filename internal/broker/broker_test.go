@@ -522,3 +522,97 @@ func TestSeveralURLsAreTriedInTurn(t *testing.T) {
 		t.Fatal("the connection did not move to the first node")
 	}
 }
+
+// TestClassicQueueCountsRedeliveries: a classic queue has no delivery
+// limit of its own; the consumer counts a message's deliveries without an
+// ack in the message and dead-letters it at the limit with reason
+// delivery_limit, as RabbitMQ does a quorum queue's. Other messages go
+// through as on a quorum queue.
+func TestClassicQueueCountsRedeliveries(t *testing.T) {
+	t.Parallel()
+	const limit = 3
+	topo := broker.Topology{Prefix: testenv.Prefix(t), DeliveryLimit: limit, QueueType: broker.QueueClassic, Inputs: []string{"in"}}
+	testenv.Broker(t, topo)
+	reg := prometheus.NewRegistry()
+	b := bundle{topo: topo, reg: reg, metrics: broker.NewMetrics(reg), logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	conn := b.open(t, testenv.AMQPURL())
+	pub := broker.NewPublisher(conn, b.metrics)
+	defer pub.Close()
+	var mu sync.Mutex
+	seen := map[string]int{}
+	handler := func(ctx context.Context, d broker.Message) error {
+		mu.Lock()
+		seen[d.ID]++
+		n := seen[d.ID]
+		mu.Unlock()
+		if d.ID == "poison" || d.ID == "retry-once" && n == 1 {
+			return errors.New("fails")
+		}
+		return nil
+	}
+	ctx, cancel := context.WithCancel(ctxFor(t, 60*time.Second))
+	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: "in", Prefetch: 4, Workers: 2}, handler, b.logger, b.metrics)
+	done := make(chan error, 1)
+	go func() { done <- consumer.Run(ctx) }()
+	for _, id := range []string{"ok", "retry-once", "poison"} {
+		publishRetrying(t, pub, b.topo.Queue("in"), id)
+	}
+	ch := rawChannel(t)
+	var dead amqp.Delivery
+	testenv.Eventually(t, 30*time.Second, "poison in the dead-letter queue", func() bool {
+		d, ok, err := ch.Get(b.topo.DeadLetterQueue("in"), true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dead = d
+		return ok
+	})
+	if dead.MessageId != "poison" || dead.Headers[broker.HeaderErrorReason] != broker.ReasonDeliveryLimit || string(dead.Body) != "poison" {
+		t.Fatalf("dead-lettered %s with %v, want poison with reason %s", dead.MessageId, dead.Headers, broker.ReasonDeliveryLimit)
+	}
+	testenv.Eventually(t, 10*time.Second, "ok and retry-once handled", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return seen["ok"] == 1 && seen["retry-once"] == 2
+	})
+	mu.Lock()
+	poison := seen["poison"]
+	mu.Unlock()
+	if poison != limit {
+		t.Fatalf("poison handled %d times, want the limit, %d", poison, limit)
+	}
+	// Counted once the dead-letter's publish is confirmed, a moment after
+	// the message is in the queue.
+	testenv.Eventually(t, 10*time.Second, "the dead letter counted", func() bool { return b.metric(t, "sas_dead_lettered_total") == 1 })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("consumer: %v", err)
+	}
+	q, err := ch.QueueDeclarePassive(b.topo.Queue("in"), true, false, false, false, nil)
+	if err != nil || q.Messages != 0 {
+		t.Fatalf("input left with %d messages (%v)", q.Messages, err)
+	}
+}
+
+// TestExistingQueuesKeepTheirType: RabbitMQ cannot change a queue's type,
+// and the queue may hold messages; a service started with the other
+// SAS_QUEUE_TYPE uses the queues as they are, and counts redeliveries
+// only where it must.
+func TestExistingQueuesKeepTheirType(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 5) // quorum queues
+	b.open(t, testenv.AMQPURL())
+	classic := b.topo
+	classic.QueueType = broker.QueueClassic
+	conn, err := broker.Open(ctxFor(t, 30*time.Second), testenv.AMQPURL(), "classic", classic, b.logger, broker.NewMetrics(nil))
+	if err != nil {
+		t.Fatalf("open with SAS_QUEUE_TYPE classic over quorum queues: %v", err)
+	}
+	defer conn.Close()
+	if got := conn.Topology().QueueType; got != broker.QueueQuorum {
+		t.Fatalf("topology type %q, want the existing queues' quorum", got)
+	}
+	if err := broker.CheckQueueType("stream"); err == nil || !strings.Contains(err.Error(), "SAS_QUEUE_TYPE") {
+		t.Fatalf("CheckQueueType(stream) = %v, want an error naming SAS_QUEUE_TYPE", err)
+	}
+}

@@ -48,6 +48,7 @@ type Conn struct {
 	failFast bool
 	// declareNothing: the topology is the services'; a client only uses it.
 	declareNothing bool
+	typeSettled    bool              // the first dial looked for queues of another type
 	redact         *secrets.Redactor // removes url's password from errors
 
 	mu      sync.Mutex
@@ -242,6 +243,15 @@ func (c *Conn) dial() (*amqp.Connection, error) {
 	defer ch.Close()
 	if c.declareNothing {
 		return conn, nil
+	}
+	if !c.typeSettled {
+		// Before Open returns, so nothing reads c.topo meanwhile.
+		if t := c.topo.existingType(conn); t != "" {
+			c.logger.Warn("the queues exist as another type than SAS_QUEUE_TYPE says; keeping theirs (to change it, drain and delete them)",
+				"queue", c.topo.Queue(c.topo.Inputs[0]), "existing", t, "SAS_QUEUE_TYPE", c.topo.QueueType)
+			c.topo.QueueType = t
+		}
+		c.typeSettled = true
 	}
 	if err := c.topo.Declare(ch); err != nil {
 		conn.Close()

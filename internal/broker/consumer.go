@@ -81,7 +81,11 @@ func NewConsumer(conn *Conn, pub *Publisher, cfg ConsumerConfig, handler Handler
 	cfg.Prefetch = max(cfg.Prefetch, 1)
 	cfg.Workers = max(cfg.Workers, 1)
 	queue := conn.Topology().Queue(cfg.Input)
-	for _, reason := range append([]string{ReasonHandlerPanic}, cfg.Reasons...) {
+	reasons := append([]string{ReasonHandlerPanic}, cfg.Reasons...)
+	if conn.Topology().Classic() {
+		reasons = append(reasons, ReasonDeliveryLimit) // counted here, not by RabbitMQ
+	}
+	for _, reason := range reasons {
 		metrics.deadLettered.WithLabelValues(queue, reason)
 	}
 	for _, result := range []string{"ack", "requeue", "dead_letter"} {
@@ -149,7 +153,14 @@ func (c *Consumer) consume(ctx context.Context) error {
 	if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
 		return fmt.Errorf("set prefetch: %w", err)
 	}
-	queue := c.conn.Topology().Queue(c.cfg.Input)
+	topo := c.conn.Topology()
+	queue := topo.Queue(c.cfg.Input)
+	if topo.Classic() {
+		// The way back in for a delivery the consumer counts (redeliver).
+		if err := ch.QueueBind(queue, queue, topo.DeadLetterExchange(), false, nil); err != nil {
+			return fmt.Errorf("bind %s to %s: %w", queue, topo.DeadLetterExchange(), err)
+		}
+	}
 	tag := fmt.Sprintf("%s-%p", queue, ch)
 	deliveries, err := ch.Consume(queue, tag, false, false, false, false, nil)
 	if err != nil {
@@ -208,6 +219,9 @@ func (c *Consumer) handle(ctx context.Context, queue string, d amqp.Delivery) se
 		c.metrics.consumed.WithLabelValues(queue, "requeue").Inc()
 		return requeue
 	}
+	if d.Redelivered && c.conn.Topology().Classic() {
+		return c.redeliver(ctx, queue, d)
+	}
 	err := c.handler(ctx, Message{ID: d.MessageId, CorrelationID: d.CorrelationId, ContentType: d.ContentType, Headers: d.Headers, Body: d.Body})
 	var rej *Rejection
 	switch {
@@ -231,4 +245,67 @@ func (c *Consumer) handle(ctx context.Context, queue string, d amqp.Delivery) se
 		c.metrics.consumed.WithLabelValues(queue, "requeue").Inc()
 		return requeue
 	}
+}
+
+// HeaderRedeliveries counts, on a message of a classic queue, its
+// deliveries that ended without an ack (a crash, a requeue). A quorum
+// queue counts them itself (x-delivery-limit); a classic one only marks
+// a delivery redelivered.
+const HeaderRedeliveries = "x-sas-redeliveries"
+
+// ReasonDeliveryLimit is the dead-letter reason of a message delivered
+// the delivery limit's number of times without an ack: RabbitMQ's own for
+// a quorum queue, the consumer's for a classic one.
+const ReasonDeliveryLimit = "delivery_limit"
+
+// redeliver counts a redelivered message of a classic queue durably, in
+// the message itself: it publishes a copy with the count one higher,
+// through the dead-letter exchange to the queue it came from, and acks the
+// delivery once the broker confirmed the copy (a failed publish requeues
+// it, uncounted). Past the delivery limit it dead-letters the message
+// instead, with reason delivery_limit. The copy waits its turn at the
+// queue's tail; nothing else sees the difference.
+func (c *Consumer) redeliver(ctx context.Context, queue string, d amqp.Delivery) settlement {
+	topo := c.conn.Topology()
+	n := redeliveries(d.Headers) + 1
+	if n >= int64(max(topo.DeliveryLimit, 1)) {
+		detail := fmt.Sprintf("delivered %d times without an ack (SAS_DELIVERY_LIMIT %d)", n, topo.DeliveryLimit)
+		if err := c.pub.DeadLetter(ctx, topo, c.cfg.Input, d, ReasonDeliveryLimit, detail); err != nil {
+			c.logger.Error("dead-letter failed, requeueing", "queue", queue, "message_id", d.MessageId, "reason", ReasonDeliveryLimit, "err", err)
+			c.metrics.consumed.WithLabelValues(queue, "requeue").Inc()
+			return settlement{tag: d.DeliveryTag, requeue: true}
+		}
+		c.metrics.deadLettered.WithLabelValues(queue, ReasonDeliveryLimit).Inc()
+		c.logger.Warn("message dead-lettered", "queue", queue, "message_id", d.MessageId, "reason", ReasonDeliveryLimit, "detail", detail)
+		c.metrics.consumed.WithLabelValues(queue, "dead_letter").Inc()
+		return settlement{tag: d.DeliveryTag}
+	}
+	headers := amqp.Table{}
+	for k, v := range d.Headers {
+		headers[k] = v
+	}
+	headers[HeaderRedeliveries] = n
+	msgID := d.MessageId
+	if msgID == "" {
+		msgID = fmt.Sprintf("redelivered-%d-%d", time.Now().UnixNano(), d.DeliveryTag)
+	}
+	c.metrics.consumed.WithLabelValues(queue, "requeue").Inc()
+	if err := c.pub.Publish(ctx, topo.DeadLetterExchange(), queue, republished(d, headers, msgID)); err != nil {
+		c.logger.Warn("counting a redelivery failed, requeueing", "queue", queue, "message_id", d.MessageId, "err", err)
+		return settlement{tag: d.DeliveryTag, requeue: true}
+	}
+	return settlement{tag: d.DeliveryTag}
+}
+
+// redeliveries reads HeaderRedeliveries (0 when absent or not a number).
+func redeliveries(h amqp.Table) int64 {
+	switch v := h[HeaderRedeliveries].(type) {
+	case int64:
+		return max(v, 0)
+	case int32:
+		return max(int64(v), 0)
+	case int:
+		return max(int64(v), 0)
+	}
+	return 0
 }

@@ -236,7 +236,7 @@ func requeued(d amqp.Delivery) amqp.Publishing {
 	headers := amqp.Table{}
 	for k, v := range d.Headers {
 		if k == HeaderErrorReason || k == HeaderErrorDetail || k == HeaderOriginalQueue || k == HeaderDeadLetteredAt ||
-			k == "x-death" || strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-") || k == "x-delivery-count" {
+			k == "x-death" || strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-") || k == "x-delivery-count" || k == HeaderRedeliveries {
 			continue
 		}
 		headers[k] = v

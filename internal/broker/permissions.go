@@ -16,7 +16,9 @@ type Permission struct {
 // least each service needs: to declare its topology (configure the
 // exchanges and its queues; write to the dead-letter queues it binds; read
 // the exchanges it binds to; and read every queue it declares, because
-// RabbitMQ asks for read on a queue declared with a dead-letter exchange),
+// RabbitMQ asks for read on a queue declared with a dead-letter exchange;
+// and write on the queues it consumes, to bind a classic one to the
+// dead-letter exchange, its way back for a counted redelivery),
 // to consume its inputs (read) and to publish where it publishes (write;
 // "amq.default" is the default exchange). So a scheduler may read the agent
 // queues it declares: the price of every service declaring what it uses.
@@ -35,13 +37,13 @@ func Permissions(prefix string) []Permission {
 			// signals is an entrance: its own exchange, bound to it.
 			Service:   "scheduler",
 			Configure: `^(` + exchanges + `|` + p + `(replies|signals)(\.dlq)?|` + p + `agent\.[^.]+(\.dlq)?)$`,
-			Write:     `^(amq\.default|` + p + `(dlx|status|alerts|replies\.dlq|signals(\.dlq)?)|` + p + `agent\.[^.]+\.dlq)$`,
+			Write:     `^(amq\.default|` + p + `(dlx|status|alerts|replies(\.dlq)?|signals(\.dlq)?)|` + p + `agent\.[^.]+\.dlq)$`,
 			Read:      `^(` + p + `(dlx|replies|signals)|` + p + `agent\.[^.]+)$`,
 		},
 		{
 			Service:   "agent",
 			Configure: `^(` + exchanges + `|` + p + `replies(\.dlq)?|` + p + `agent\.[^.]+(\.dlq)?)$`,
-			Write:     `^(amq\.default|` + p + `(dlx|replies\.dlq)|` + p + `agent\.[^.]+\.dlq)$`,
+			Write:     `^(amq\.default|` + p + `(dlx|replies\.dlq)|` + p + `agent\.[^.]+(\.dlq)?)$`,
 			Read:      `^(` + p + `(dlx|replies)|` + p + `agent\.[^.]+)$`,
 		},
 		{

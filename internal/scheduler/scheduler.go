@@ -232,12 +232,12 @@ func (m *metrics) initSeries(workflows *workflow.Registry, kinds []string) {
 
 // Topology is the queues and exchanges the scheduler uses: the replies
 // and signals queues and a request queue per agent kind it claims for.
-func Topology(prefix string, deliveryLimit int, kinds []string) broker.Topology {
+func Topology(prefix string, deliveryLimit int, queueType string, kinds []string) broker.Topology {
 	inputs := []string{messages.RepliesQueue, messages.SignalsQueue}
 	for _, kind := range kinds {
 		inputs = append(inputs, messages.RequestsQueue(kind))
 	}
-	return broker.Topology{Prefix: prefix, DeliveryLimit: deliveryLimit, Inputs: inputs, Entrances: []string{messages.SignalsQueue}}
+	return broker.Topology{Prefix: prefix, DeliveryLimit: deliveryLimit, QueueType: queueType, Inputs: inputs, Entrances: []string{messages.SignalsQueue}}
 }
 
 // storeLimits keeps the workflows file's limits of the kinds this
@@ -279,7 +279,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		}
 	}
 	m.initSeries(workflows, kinds)
-	topo := Topology(cfg.QueuePrefix, cfg.DeliveryLimit, kinds)
+	topo := Topology(cfg.QueuePrefix, cfg.DeliveryLimit, cfg.QueueType, kinds)
 	sk, err := service.Start(ctx, service.Setup{Name: "scheduler", Me: me, Common: cfg.Common, OpsAddr: cfg.MetricsAddr, Registry: reg,
 		DBMaxConns: cfg.DBMaxConns, Topology: &topo, Traced: true, DBKeyed: true}, logger)
 	if err != nil {

@@ -48,8 +48,14 @@ type Common struct {
 	AMQPCAFile string `envconfig:"AMQP_CA_FILE"`
 	// QueuePrefix goes before every queue and exchange name.
 	QueuePrefix string `envconfig:"QUEUE_PREFIX" default:"sas."`
-	// DeliveryLimit is x-delivery-limit of every input queue.
+	// DeliveryLimit is how many deliveries without an ack a message of an
+	// input queue gets before it is dead-lettered (x-delivery-limit of a
+	// quorum queue; counted by the consumer on a classic one).
 	DeliveryLimit int `envconfig:"DELIVERY_LIMIT" default:"10"`
+	// QueueType is the type of every queue sas declares: quorum
+	// (replicated across a cluster) or classic (one node's durable
+	// queues, cheaper; the single-node deployments' default).
+	QueueType string `envconfig:"QUEUE_TYPE" default:"quorum"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `envconfig:"LOG_LEVEL" default:"info"`
 	// InstanceID names this process in locked_by and the history; empty
@@ -74,6 +80,9 @@ func (c Common) Check() error {
 		}
 	}
 	if _, err := c.BrokerURL(); err != nil {
+		return err
+	}
+	if err := broker.CheckQueueType(c.QueueType); err != nil {
 		return err
 	}
 	if c.DBLockTimeout < 0 {

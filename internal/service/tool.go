@@ -66,7 +66,7 @@ func MigrateAndOpen(ctx context.Context, cfg Common) (*statestore.Store, func(),
 // BrokerWait, with the topology of inputs (declared when they are not
 // there).
 func ToolBroker(ctx context.Context, cfg Common, name string, logger *slog.Logger, inputs ...string) (*broker.Conn, *broker.Publisher, broker.Topology, error) {
-	topo := broker.Topology{Prefix: cfg.QueuePrefix, DeliveryLimit: cfg.DeliveryLimit, Inputs: inputs}
+	topo := broker.Topology{Prefix: cfg.QueuePrefix, DeliveryLimit: cfg.DeliveryLimit, QueueType: cfg.QueueType, Inputs: inputs}
 	url, err := cfg.BrokerURL()
 	if err != nil {
 		return nil, nil, topo, err

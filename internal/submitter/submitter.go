@@ -108,7 +108,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	}
 	reg := service.NewRegistry()
 	m := newMetrics(reg)
-	topo := broker.Topology{Prefix: cfg.QueuePrefix, DeliveryLimit: cfg.DeliveryLimit, Inputs: []string{Input}, Entrances: []string{Input}}
+	topo := broker.Topology{Prefix: cfg.QueuePrefix, DeliveryLimit: cfg.DeliveryLimit, QueueType: cfg.QueueType, Inputs: []string{Input}, Entrances: []string{Input}}
 	sk, err := service.Start(ctx, service.Setup{Name: "submitter", Me: me, Common: cfg.Common, OpsAddr: cfg.MetricsAddr, Registry: reg,
 		DBMaxConns: cfg.DBMaxConns, Topology: &topo, Traced: true, DBKeyed: true}, logger)
 	if err != nil {

@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -67,6 +68,8 @@ type Config struct {
 	BinDir      string // binaries built with -tags failpoints
 	DatabaseURL string // the run makes its own schema in this database
 	AMQPURL     string
+	// QueueType is the services' SAS_QUEUE_TYPE (quorum or classic).
+	QueueType   string
 	Orders      int
 	Rate        float64 // orders published per second
 	Seed        uint64
@@ -321,7 +324,8 @@ func (r *run) prepare(ctx context.Context) (w *stage, err error) {
 	u.RawQuery = q.Encode()
 	w.dbURL = u.String()
 	w.prefix = strings.ReplaceAll(w.tag, "_", ".") + "."
-	w.topo = scheduler.Topology(w.prefix, 10, workflow.Builtin().Agents())
+	qtype := cmp.Or(cfg.QueueType, broker.QueueQuorum)
+	w.topo = scheduler.Topology(w.prefix, 10, qtype, workflow.Builtin().Agents())
 	w.topo.Inputs = append(w.topo.Inputs, submitter.Input)
 	if w.pool, err = statestore.Connect(ctx, w.dbURL, 4); err != nil {
 		return w, err
@@ -506,6 +510,7 @@ func (r *run) startServices(ctx context.Context, w *stage) error {
 		return err
 	}
 	common := append([]string{"SAS_DATABASE_URL=" + svcDB, "SAS_AMQP_URL=" + svcAMQP, "SAS_QUEUE_PREFIX=" + w.prefix, "SAS_LOG_LEVEL=info",
+		"SAS_QUEUE_TYPE=" + w.topo.QueueType,
 		"SAS_WORKFLOWS_FILE=" + wfFile}, cfg.Env...)
 	port := cfg.PortBase
 	add := func(role, binary, addrVar string, n int, env ...string) error {
