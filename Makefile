@@ -15,7 +15,7 @@ TOOLS := $(CURDIR)/bin/tools/helm-v3.22.0-kubeconform-v0.8.0
 FUZZTIME ?= 30s
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all build services tools test bench-ab bench-backlog bench-churn bench-timers bench-steady lint fmt-check fuzz demo chaos bench clean console-screenshots bench-console ha timers api-e2e limits-e2e
+.PHONY: all build services tools test bench-ab bench-dbos bench-backlog bench-churn bench-timers bench-steady lint fmt-check fuzz demo chaos bench clean console-screenshots bench-console ha timers api-e2e limits-e2e
 
 all: build
 
@@ -116,6 +116,13 @@ bench: build
 #   make bench-ab BASE=main~3 [AB_SCENARIOS="single-max order-50"] [AB_ROUNDS=3]
 AB_SCENARIOS ?= single-max order-max single-50 order-50
 AB_ROUNDS ?= 2
+# sas beside DBOS Transact on the same work, one sitting (docs/BENCHMARKS.md);
+# DBOS is built from bench/dbos, a module of its own.
+DBOS_SCENARIOS ?= one-60 three-60 one-max three-max
+bench-dbos: build
+	./scripts/services.sh sas_bench
+	GO=$(GO) ./scripts/bench-dbos.sh $(DBOS_SCENARIOS)
+
 bench-ab:
 	@test -n "$(BASE)" || { echo "usage: make bench-ab BASE=<commit> [AB_SCENARIOS=...] [AB_ROUNDS=2]"; exit 2; }
 	./scripts/services.sh sas_bench
