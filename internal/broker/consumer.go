@@ -297,15 +297,26 @@ func (c *Consumer) redeliver(ctx context.Context, queue string, d amqp.Delivery)
 	return settlement{tag: d.DeliveryTag}
 }
 
-// redeliveries reads HeaderRedeliveries (0 when absent or not a number).
+// redeliveries reads HeaderRedeliveries: 0 when absent, negative or not a
+// whole number (another client may have set it, in any of AMQP's integer
+// types).
 func redeliveries(h amqp.Table) int64 {
+	var n int64
 	switch v := h[HeaderRedeliveries].(type) {
 	case int64:
-		return max(v, 0)
+		n = v
 	case int32:
-		return max(int64(v), 0)
+		n = int64(v)
+	case int16:
+		n = int64(v)
+	case int8:
+		n = int64(v)
 	case int:
-		return max(int64(v), 0)
+		n = int64(v)
+	case uint16:
+		n = int64(v)
+	case uint8:
+		n = int64(v)
 	}
-	return 0
+	return max(n, 0)
 }
