@@ -607,6 +607,25 @@ func TestSchedulersAndAgentsShareWorkAndEventsArriveInOrder(t *testing.T) {
 			t.Fatalf("event on the completed binding: %s %v", d.Body, err)
 		}
 	}
+	// Nobody was bound for received or processing: the broker returned
+	// them, and the relay marked both unheard (migration 0036); events of
+	// orders without a reply_to are then not written. A queue bound for
+	// one hears it again within SAS_SCHEDULER_SKIP_UNHEARD_EVENTS.
+	if n := p.count(t, `SELECT count(*) FROM status_routes WHERE status IN ('received', 'processing')`); n != 2 {
+		t.Fatalf("%d of received and processing marked unheard, want both", n)
+	}
+	processingQueue := p.topo.Prefix + "processing-events"
+	if _, err := ch.QueueDeclare(processingQueue, false, true, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(processingQueue, "processing", p.topo.StatusExchange(), false, nil); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "a queue bound for processing to hear it", func() bool {
+		p.submitOrders(t, 1)
+		_, ok, err := ch.Get(processingQueue, true)
+		return err == nil && ok
+	})
 	t.Logf("claims per scheduler %v / %v; payments per agent %v / %v / %v",
 		p.schedulers[0].metric(t, "sas_scheduler_claimed_total"), p.schedulers[1].metric(t, "sas_scheduler_claimed_total"),
 		p.agents[0].metric(t, `sas_agent_requests_total{kind="payment",result="ok"}`),

@@ -22,6 +22,10 @@ import (
 // the store again.
 type hub struct {
 	logger *slog.Logger
+	// heard tells the store that every status is heard here, once the
+	// queue is bound: progress events it had stopped writing for want of
+	// a listener are written again (statestore.HearStatusEvents).
+	heard func(context.Context) error
 
 	mu        sync.Mutex
 	followers map[string]map[*follower]struct{}
@@ -35,8 +39,8 @@ type follower struct {
 	lost chan struct{}
 }
 
-func newHub(logger *slog.Logger) *hub {
-	return &hub{logger: logger, followers: map[string]map[*follower]struct{}{}}
+func newHub(logger *slog.Logger, heard func(context.Context) error) *hub {
+	return &hub{logger: logger, heard: heard, followers: map[string]map[*follower]struct{}{}}
 }
 
 // follow registers a follower of orderID; stop unregisters it.
@@ -134,6 +138,9 @@ func (h *hub) consume(ctx context.Context, conn *broker.Conn) error {
 		return err
 	}
 	if err := ch.QueueBind(q.Name, "#", conn.Topology().StatusExchange(), false, nil); err != nil {
+		return err
+	}
+	if err := h.heard(ctx); err != nil {
 		return err
 	}
 	deliveries, err := ch.Consume(q.Name, "", true, true, false, false, nil)

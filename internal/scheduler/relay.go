@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -22,15 +23,19 @@ import (
 // broker confirmed it, so every one is published at least once; its
 // message_id stays the same on a second try, for consumers to spot repeats.
 type relay struct {
-	store   *statestore.Store
-	pub     *broker.Publisher
-	topo    broker.Topology
-	batch   int
-	poll    time.Duration
-	wake    <-chan struct{}
-	logger  *slog.Logger
-	metrics *metrics
-	tr      *tracing.Tracing
+	store *statestore.Store
+	pub   *broker.Publisher
+	topo  broker.Topology
+	batch int
+	poll  time.Duration
+	// unheardFor is how long a progress status the broker returned (no
+	// queue bound for it) is not written for orders without a reply_to;
+	// 0 writes every event.
+	unheardFor time.Duration
+	wake       <-chan struct{}
+	logger     *slog.Logger
+	metrics    *metrics
+	tr         *tracing.Tracing
 }
 
 // busyRecheck is how soon a relay that found another one at work looks
@@ -62,7 +67,7 @@ func (r *relay) run(ctx context.Context) error {
 // scheduler's relay held the outbox.
 func (r *relay) drain(ctx context.Context) (busy bool) {
 	for ctx.Err() == nil {
-		n, err := r.store.RelayOutbox(ctx, r.batch, r.publish)
+		n, err := r.store.RelayOutboxHeard(ctx, r.batch, r.unheardFor, r.publish)
 		switch {
 		case errors.Is(err, statestore.ErrRelayBusy):
 			return true // another scheduler is relaying
@@ -82,15 +87,16 @@ func (r *relay) drain(ctx context.Context) (busy bool) {
 // sent is one publish of an outbox message.
 type sent struct {
 	index   int
-	target  string
+	target  target
 	pending *broker.Pending
 }
 
 // publish starts every message's publishes in order, then waits for their
 // confirms, and returns how many messages from the start were all
 // confirmed. A publish no queue was bound for counts as done: nobody was
-// listening.
-func (r *relay) publish(ctx context.Context, msgs []statestore.OutboxMessage) (int, error) {
+// listening; the statuses of such progress events are returned, for the
+// store to stop writing them a while.
+func (r *relay) publish(ctx context.Context, msgs []statestore.OutboxMessage) (int, []string, error) {
 	var all []sent
 	// Each message of an order with a trace is a span of that trace, its
 	// context in the message's headers, so a listener joins it.
@@ -144,15 +150,19 @@ start:
 				fail(i, err)
 				break start
 			}
-			all = append(all, sent{index: i, target: t.name, pending: p})
+			all = append(all, sent{index: i, target: t, pending: p})
 		}
 	}
+	var unheard []string
 	for _, s := range all {
 		err := s.pending.Wait(ctx)
 		switch {
 		case err == nil:
 		case errors.Is(err, broker.ErrReturned):
-			r.metrics.unroutable.WithLabelValues(s.target).Inc()
+			r.metrics.unroutable.WithLabelValues(s.target.name).Inc()
+			if s.target.progress != "" && !slices.Contains(unheard, s.target.progress) {
+				unheard = append(unheard, s.target.progress)
+			}
 		default:
 			fail(s.index, err)
 		}
@@ -160,11 +170,14 @@ start:
 	for _, m := range msgs[:done] {
 		r.metrics.outbox.WithLabelValues(m.Type).Inc()
 	}
-	return done, firstErr
+	return done, unheard, firstErr
 }
 
 type target struct {
 	name, exchange, key, msgType string
+	// progress is the status of a progress event published to the status
+	// exchange, which the store may stop writing when nobody hears it.
+	progress string
 }
 
 func (r *relay) targets(m statestore.OutboxMessage) ([]target, error) {
@@ -178,17 +191,22 @@ func (r *relay) targets(m statestore.OutboxMessage) ([]target, error) {
 		// A rejected submit is news to its sender only: the order does not
 		// exist.
 		if ev.Status != messages.StatusRejected {
-			ts = append(ts, target{"status_exchange", r.topo.StatusExchange(), ev.Status, messages.TypeStatusEvent})
+			t := target{name: "status_exchange", exchange: r.topo.StatusExchange(), key: ev.Status, msgType: messages.TypeStatusEvent}
+			switch ev.Status {
+			case messages.StatusReceived, messages.StatusProcessing, messages.StatusCompensating:
+				t.progress = ev.Status
+			}
+			ts = append(ts, t)
 		}
 		if m.ReplyTo != "" {
-			ts = append(ts, target{"reply_to", "", m.ReplyTo, messages.TypeStatusEvent})
+			ts = append(ts, target{name: "reply_to", key: m.ReplyTo, msgType: messages.TypeStatusEvent})
 		}
 		return ts, nil
 	case statestore.OutboxOperatorAlert:
 		if _, err := messages.DecodeOperatorAlert(m.Body); err != nil {
 			return nil, err
 		}
-		return []target{{"alerts", r.topo.AlertsExchange(), "", messages.TypeOperatorAlert}}, nil
+		return []target{{name: "alerts", exchange: r.topo.AlertsExchange(), msgType: messages.TypeOperatorAlert}}, nil
 	}
 	return nil, errors.New("unknown outbox message type " + m.Type)
 }

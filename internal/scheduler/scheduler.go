@@ -61,6 +61,12 @@ type Config struct {
 	ReplyWriters int `envconfig:"SCHEDULER_REPLY_WRITERS" default:"1"`
 	// RelayBatch is how many outbox messages one relay round publishes.
 	RelayBatch int `envconfig:"SCHEDULER_RELAY_BATCH" default:"500"`
+	// SkipUnheardEvents is how long a progress event (received,
+	// processing, compensating) that the broker returned, no queue being
+	// bound for its status, is not written for orders without a reply_to;
+	// a queue bound for it hears such events again within that while.
+	// 0 writes and publishes every event.
+	SkipUnheardEvents time.Duration `envconfig:"SCHEDULER_SKIP_UNHEARD_EVENTS" default:"5s"`
 	// DBMaxConns caps the database pool.
 	DBMaxConns int32 `envconfig:"DB_MAX_CONNS" default:"10"`
 }
@@ -342,7 +348,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 			statestore.SignalUnknownOrder, statestore.SignalOrderEnded, statestore.SignalNoSuchWait, statestore.SignalWaitEnded,
 			statestore.SignalInvalidPayload, ReasonInvalidToken, ReasonStaleToken)},
 		sg.handler(), logger, bm)
-	rl := &relay{store: store, pub: pub, topo: topo, batch: cfg.RelayBatch, poll: cfg.PollInterval,
+	rl := &relay{store: store, pub: pub, topo: topo, batch: cfg.RelayBatch, poll: cfg.PollInterval, unheardFor: cfg.SkipUnheardEvents,
 		wake: w.outbox, logger: logger, metrics: m, tr: tr}
 
 	logger.Info("scheduler started", "kinds", kinds, "workflows", workflows.Source, "batch", cfg.BatchSize, "poll_interval", cfg.PollInterval.String())

@@ -119,6 +119,7 @@ const claimRestSQL = `, claimed AS (
     INSERT INTO outbox (message_type, order_id, reply_to, body)
     SELECT 'status_event', order_id, reply_to, status_event_body(started.order_id, 'processing', NULL)
     FROM started
+    WHERE reply_to IS NOT NULL OR status_heard('processing')
 )
 SELECT c.order_id::text, c.step, c.name, c.agent, c.attempt, c.failure_count, c.idempotency_key,
        c.complete_by, (extract(epoch FROM c.complete_by - clock_timestamp()) * 1000)::bigint, c.priority,

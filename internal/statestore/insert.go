@@ -201,6 +201,7 @@ WITH o AS (
     INSERT INTO outbox (message_type, order_id, reply_to, body, correlation_id)
     SELECT 'status_event', order_id, NULLIF(reply_to, ''), status_event_body(order_id, 'received', NULL), NULLIF(correlation_id, '')
     FROM insd
+    WHERE coalesce(reply_to, '') <> '' OR status_heard('received')
 )`
 
 // insertOrdersEnd ends insertOrdersSQL: the index of every order written.

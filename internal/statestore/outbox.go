@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -50,6 +51,19 @@ var ErrRelayBusy = errors.New("another relay holds the outbox")
 // the round trips, each waking a PostgreSQL backend and this process, are
 // most of what relaying costs.
 func (s *Store) RelayOutbox(ctx context.Context, limit int, publish func(context.Context, []OutboxMessage) (int, error)) (int, error) {
+	return s.RelayOutboxHeard(ctx, limit, 0, func(ctx context.Context, msgs []OutboxMessage) (int, []string, error) {
+		n, err := publish(ctx, msgs)
+		return n, nil, err
+	})
+}
+
+// RelayOutboxHeard is RelayOutbox with a publish that also reports the
+// statuses of progress events the broker returned (no queue was bound for
+// them): in the transaction that deletes what was published, each is
+// recorded as unheard for unheardFor (0: none is), and until then the
+// store writes no progress event of that status for an order without a
+// reply_to (status_heard, migration 0036).
+func (s *Store) RelayOutboxHeard(ctx context.Context, limit int, unheardFor time.Duration, publish func(context.Context, []OutboxMessage) (int, []string, error)) (int, error) {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("relay outbox: %w", err)
@@ -58,7 +72,7 @@ func (s *Store) RelayOutbox(ctx context.Context, limit int, publish func(context
 	// closed by the pool, never reused; relay ends its transaction itself
 	// otherwise.
 	defer conn.Release()
-	done, publishErr, err := relay(ctx, conn.Conn(), s.traces, limit, publish)
+	done, publishErr, err := relay(ctx, conn.Conn(), s.traces, limit, unheardFor, publish)
 	if err != nil {
 		return 0, fmt.Errorf("relay outbox: %w", err)
 	}
@@ -68,6 +82,9 @@ func (s *Store) RelayOutbox(ctx context.Context, limit int, publish func(context
 	return done, nil
 }
 
+// relayLockKey is the key of the relay's advisory lock: one a schema.
+const relayLockKey = `hashtextextended('sas.outbox.' || current_schema(), 0)`
+
 // relayLock tries the relay's lock (never waiting for it) and remembers
 // whether it got it for the rest of the transaction; the commit will not
 // wait for its WAL to reach disk: a delete lost in a crash only publishes
@@ -76,7 +93,7 @@ func (s *Store) RelayOutbox(ctx context.Context, limit int, publish func(context
 // is the same). At low load that is one disk flush an order fewer. The
 // read and the delete use their generic plans (see genericPlansExpr).
 const relayLock = `
-SELECT set_config('sas.relay_locked', pg_try_advisory_xact_lock(hashtextextended('sas.outbox.' || current_schema(), 0))::text, true) = 'true',
+SELECT set_config('sas.relay_locked', pg_try_advisory_xact_lock(` + relayLockKey + `)::text, true) = 'true',
        set_config('synchronous_commit', 'off', true),
        ` + genericPlansExpr
 
@@ -98,7 +115,14 @@ FROM (SELECT * FROM outbox WHERE current_setting('sas.relay_locked') = 'true' OR
 LEFT JOIN orders o ON o.order_id = m.order_id
 ORDER BY m.id`
 
-func relay(ctx context.Context, conn *pgx.Conn, traced bool, limit int, publish func(context.Context, []OutboxMessage) (int, error)) (done int, publishErr, err error) {
+// markUnheard records the statuses $1 as unheard for $2 milliseconds.
+const markUnheard = `
+INSERT INTO status_routes (status, unheard_until)
+SELECT k, clock_timestamp() + $2 * interval '1 millisecond' FROM unnest($1::text[]) k
+ON CONFLICT (status) DO UPDATE SET unheard_until = EXCLUDED.unheard_until`
+
+func relay(ctx context.Context, conn *pgx.Conn, traced bool, limit int, unheardFor time.Duration,
+	publish func(context.Context, []OutboxMessage) (int, []string, error)) (done int, publishErr, err error) {
 	take := &pgx.Batch{}
 	take.Queue(`BEGIN`)
 	var (
@@ -137,7 +161,7 @@ func relay(ctx context.Context, conn *pgx.Conn, traced bool, limit int, publish 
 	}
 	// What publish got through is deleted even when it then failed: the
 	// rest is tried again next time.
-	n, publishErr := publish(ctx, msgs)
+	n, unheard, publishErr := publish(ctx, msgs)
 	if n == 0 {
 		return 0, publishErr, rollback(ctx, conn)
 	}
@@ -148,6 +172,9 @@ func relay(ctx context.Context, conn *pgx.Conn, traced bool, limit int, publish 
 	}
 	end := &pgx.Batch{}
 	end.Queue(`DELETE FROM outbox WHERE id = ANY($1)`, ids)
+	if len(unheard) > 0 && unheardFor > 0 {
+		end.Queue(markUnheard, unheard, unheardFor.Milliseconds())
+	}
 	end.Queue(`COMMIT`)
 	if err := conn.SendBatch(ctx, end).Close(); err != nil {
 		return 0, publishErr, err
@@ -158,6 +185,27 @@ func relay(ctx context.Context, conn *pgx.Conn, traced bool, limit int, publish 
 func rollback(ctx context.Context, conn *pgx.Conn) error {
 	_, err := conn.Exec(ctx, `ROLLBACK`)
 	return err
+}
+
+// HearStatusEvents says that a queue was just bound for every status
+// event (the API's, for the orders it follows): every status marked
+// unheard is heard again. It waits for the relay round in flight, if any:
+// that round's returns may be of publishes made before the binding, and
+// its marks must not outlive this; every later round publishes to the
+// bound queue, and hears no return.
+func (s *Store) HearStatusEvents(ctx context.Context) error {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(`+relayLockKey+`)`)
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `UPDATE status_routes SET unheard_until = '-infinity' WHERE unheard_until > '-infinity'`)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("hear status events: %w", err)
+	}
+	return nil
 }
 
 // OutboxBacklog counts unpublished outbox messages.

@@ -94,9 +94,22 @@ func TestRolesHaveOnlyWhatTheyNeed(t *testing.T) {
 	if err := scheduler.ReleaseListenerLease(ctx, listenerLease, "s"); err != nil {
 		t.Fatalf("scheduler listener lease release: %v", err)
 	}
-	// Relaying deletes the published status events (the submitter's).
-	if n, err := scheduler.RelayOutbox(ctx, 10, func(_ context.Context, msgs []statestore.OutboxMessage) (int, error) { return len(msgs), nil }); err != nil || n == 0 {
+	// Relaying deletes the published status events (the submitter's) and
+	// marks the statuses nobody heard (migration 0036), which the
+	// submitter reads when it writes an order; the API clears the marks.
+	if n, err := scheduler.RelayOutboxHeard(ctx, 10, time.Minute, func(_ context.Context, msgs []statestore.OutboxMessage) (int, []string, error) {
+		return len(msgs), []string{"received"}, nil
+	}); err != nil || n == 0 {
 		t.Fatalf("scheduler relay: %d %v", n, err)
+	}
+	if got, err := submitter.InsertOrder(ctx, order(1, time.Minute, 1)); err != nil || got != statestore.Inserted {
+		t.Fatalf("submitter insert while received is unheard: %v %v", got, err)
+	}
+	if err := storeAs(t, b, "sas_api").HearStatusEvents(ctx); err != nil {
+		t.Fatalf("api hears status events: %v", err)
+	}
+	if err := supervisor.HearStatusEvents(ctx); !denied(err) {
+		t.Fatalf("supervisor clearing the marks: %v, want permission denied", err)
 	}
 	// The supervisor sweeps under its lease, and cannot publish the outbox
 	// or hold a scheduler's lease.

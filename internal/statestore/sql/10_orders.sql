@@ -16,9 +16,24 @@ BEGIN
     END IF;
     UPDATE orders SET status = p_to, updated_at = now(), moves = moves + 1, moved_by = p_actor, moved_why = p_reason
     WHERE order_id = p_order;
-    INSERT INTO outbox (message_type, order_id, reply_to, body)
-    VALUES ('status_event', p_order, v_reply_to, status_event_body(p_order, p_to, p_step));
+    IF v_reply_to IS NOT NULL OR status_heard(p_to) THEN
+        INSERT INTO outbox (message_type, order_id, reply_to, body)
+        VALUES ('status_event', p_order, v_reply_to, status_event_body(p_order, p_to, p_step));
+    END IF;
 END;
+$function$;
+
+-- status_heard: whether a status event of this status is to be written
+-- for an order without a reply_to: always for one that ends an order; for
+-- a progress event (received, processing, compensating) unless the relay
+-- found lately that no queue is bound for it (status_routes, 0036).
+CREATE OR REPLACE FUNCTION status_heard(p_status text)
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT p_status NOT IN ('received', 'processing', 'compensating')
+        OR NOT EXISTS (SELECT 1 FROM status_routes WHERE status = p_status AND unheard_until > now())
 $function$;
 
 -- status_event_body: the body of a status event, as the outbox publishes

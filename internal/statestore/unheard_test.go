@@ -1,0 +1,120 @@
+package statestore_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"sas/internal/statestore"
+)
+
+// relayReporting relays the whole outbox, reporting the given statuses as
+// returned by the broker, and fails the test unless every message went.
+func relayReporting(t *testing.T, b bundle, unheardFor time.Duration, unheard ...string) {
+	t.Helper()
+	n, err := b.store.RelayOutboxHeard(ctxFor(t), 100, unheardFor, func(_ context.Context, msgs []statestore.OutboxMessage) (int, []string, error) {
+		return len(msgs), unheard, nil
+	})
+	if err != nil || n == 0 {
+		t.Fatalf("relay: %d, %v", n, err)
+	}
+}
+
+// eventsOf counts an order's status events in the outbox, by status.
+func eventsOf(t *testing.T, b bundle, orderID, status string) int {
+	t.Helper()
+	return count(t, b, `SELECT count(*) FROM outbox WHERE order_id = $1 AND message_type = 'status_event' AND body->>'status' = $2`, orderID, status)
+}
+
+// TestUnheardProgressEventsAreNotWritten: once the relay reports a
+// progress status returned (no queue bound for it), orders without a
+// reply_to get no event of that status until the mark ends or a listener
+// says it hears them; orders with a reply_to, other statuses and events
+// that end an order are written as before.
+func TestUnheardProgressEventsAreNotWritten(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+
+	first := order(1, time.Minute, 1)
+	insert(t, b, first)
+	relayReporting(t, b, time.Hour, "received")
+
+	quiet := order(1, time.Minute, 1)
+	insert(t, b, quiet)
+	if n := eventsOf(t, b, quiet.OrderID, "received"); n != 0 {
+		t.Fatalf("%d received events written while received is unheard, want none", n)
+	}
+	asked := order(1, time.Minute, 1)
+	asked.ReplyTo = "shop.status"
+	insert(t, b, asked)
+	if n := eventsOf(t, b, asked.OrderID, "received"); n != 1 {
+		t.Fatalf("an order with a reply_to: %d received events, want 1", n)
+	}
+
+	// processing is heard: claiming writes it, then the relay marks it.
+	if got, err := b.store.ClaimPending(ctx, "s", 10, ""); err != nil || len(got) != 3 {
+		t.Fatalf("claim: %d steps, %v; want 3", len(got), err)
+	}
+	if n := eventsOf(t, b, quiet.OrderID, "processing"); n != 1 {
+		t.Fatalf("processing, not yet unheard: %d events, want 1", n)
+	}
+	relayReporting(t, b, time.Hour, "processing")
+	later := order(1, time.Minute, 1)
+	insert(t, b, later)
+	steps, err := b.store.ClaimPending(ctx, "s", 10, "")
+	if err != nil || len(steps) != 1 {
+		t.Fatalf("claim: %d steps, %v; want 1", len(steps), err)
+	}
+	if n := count(t, b, `SELECT count(*) FROM outbox WHERE order_id = $1`, later.OrderID); n != 0 {
+		t.Fatalf("%d progress events written while unheard, want none", n)
+	}
+	// An order's end is always told.
+	_, errs := b.store.ApplyReplies(ctx, []statestore.Reply{{OrderID: later.OrderID, Step: 1, Attempt: steps[0].Attempt, OK: true, Result: []byte(`{}`), Actor: "s"}})
+	if errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	if n := eventsOf(t, b, later.OrderID, "completed"); n != 1 {
+		t.Fatalf("%d completed events, want 1", n)
+	}
+	// order_transition, the door of the other moves, skips alike.
+	relayReporting(t, b, time.Hour, "compensating")
+	for _, to := range []string{"compensating", "failed"} {
+		if _, err := b.pool.Exec(ctx, `SELECT order_transition($1, $2, 1, 'test', 'test')`, quiet.OrderID, to); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c, f := eventsOf(t, b, quiet.OrderID, "compensating"), eventsOf(t, b, quiet.OrderID, "failed"); c != 0 || f != 1 {
+		t.Fatalf("compensating (unheard) %d events, failed %d; want 0 and 1", c, f)
+	}
+
+	// A listener that binds every status clears the marks.
+	if err := b.store.HearStatusEvents(ctx); err != nil {
+		t.Fatal(err)
+	}
+	heard := order(1, time.Minute, 1)
+	insert(t, b, heard)
+	if n := eventsOf(t, b, heard.OrderID, "received"); n != 1 {
+		t.Fatalf("after HearStatusEvents: %d received events, want 1", n)
+	}
+
+	// A mark ends by itself: events are written again once it has passed.
+	relayReporting(t, b, 50*time.Millisecond, "received")
+	deadline := time.Now().Add(10 * time.Second)
+	for written := 0; written == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("received events still not written 10 s after a 50 ms mark")
+		}
+		o := order(1, time.Minute, 1)
+		insert(t, b, o)
+		written = eventsOf(t, b, o.OrderID, "received")
+	}
+
+	// 0 marks nothing.
+	relayReporting(t, b, 0, "received")
+	zero := order(1, time.Minute, 1)
+	insert(t, b, zero)
+	if n := eventsOf(t, b, zero.OrderID, "received"); n != 1 {
+		t.Fatalf("after a relay that marks nothing: %d received events, want 1", n)
+	}
+}
