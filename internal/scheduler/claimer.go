@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -231,7 +232,7 @@ func (c *claimer) claimKinds(ctx context.Context, rooms map[string]int) (full, o
 	for _, st := range steps {
 		c.countSent(st.Agent)
 	}
-	c.wakeRelay()
+	c.wakeRelayIfTold(steps)
 	failpoint.Inject("scheduler-after-claim")
 	c.dispatch(steps, start)
 	claimed := make(map[string]int, len(rooms))
@@ -278,10 +279,18 @@ func (c *claimer) claimLimited(ctx context.Context, kind string, room int) (full
 		c.countSent(st.Agent)
 		c.metrics.limitWait.WithLabelValues(kind).Observe(st.Waited.Seconds())
 	}
-	c.wakeRelay()
+	c.wakeRelayIfTold(lc.Steps)
 	failpoint.Inject("scheduler-after-claim")
 	c.dispatch(lc.Steps, start)
 	return len(lc.Steps) == room && lc.Held == "", soon
+}
+
+// wakeRelayIfTold nudges the relay when a claim wrote status events: a
+// round that finds the outbox empty is a transaction for nothing.
+func (c *claimer) wakeRelayIfTold(steps []statestore.ClaimedStep) {
+	if slices.ContainsFunc(steps, func(s statestore.ClaimedStep) bool { return s.Told }) {
+		c.wakeRelay()
+	}
 }
 
 // minLimitRecheck is the soonest a claimer held back by a rate looks

@@ -13,6 +13,7 @@ import (
 
 	"sas/internal/broker"
 	"sas/internal/messages"
+	"sas/internal/statestore"
 )
 
 // countingReader is a depthReader that counts its reads.
@@ -199,5 +200,22 @@ func TestClaimerStopsWhileRepliesWait(t *testing.T) {
 		if got := testutil.ToFloat64(c.metrics.throttled.WithLabelValues("inventory")); got != 1 {
 			t.Fatalf("limit %d: held back by the inventory queue %v times, want 1", limit, got)
 		}
+	}
+}
+
+// The relay is nudged after a claim only when the claim says the outbox
+// may hold something: a round that finds it empty is a transaction for
+// nothing.
+func TestClaimerWakesTheRelayOnlyForEvents(t *testing.T) {
+	t.Parallel()
+	nudged := 0
+	c := &claimer{wakeRelay: func() { nudged++ }}
+	c.wakeRelayIfTold([]statestore.ClaimedStep{{OrderID: "a"}, {OrderID: "b"}})
+	if nudged != 0 {
+		t.Fatalf("nudged %d times for a claim that wrote no event", nudged)
+	}
+	c.wakeRelayIfTold([]statestore.ClaimedStep{{OrderID: "a"}, {OrderID: "b", Told: true}})
+	if nudged != 1 {
+		t.Fatalf("nudged %d times for a claim that wrote an event, want 1", nudged)
 	}
 }

@@ -49,6 +49,11 @@ type ClaimedStep struct {
 	// Waited is, for a step claimed under its kind's limits
 	// (ClaimLimited), how long it was pending before this claim.
 	Waited time.Duration
+	// Told is whether the outbox may hold something for the relay since
+	// this claim: it wrote the order's processing event (its first claim,
+	// the event heard or the order with a reply_to), or received events
+	// are heard, which the submitter wrote for orders this claim started.
+	Told bool
 }
 
 // A claim statement claims up to $2 due pending steps for $1: the
@@ -120,11 +125,13 @@ const claimRestSQL = `, claimed AS (
     SELECT 'status_event', order_id, reply_to, status_event_body(started.order_id, 'processing', NULL)
     FROM started
     WHERE reply_to IS NOT NULL OR status_heard('processing')
+    RETURNING order_id
 )
 SELECT c.order_id::text, c.step, c.name, c.agent, c.attempt, c.failure_count, c.idempotency_key,
        c.complete_by, (extract(epoch FROM c.complete_by - clock_timestamp()) * 1000)::bigint, c.priority,
        coalesce(o.reply_to, ''), o.payload, ` + resultsSQL + `, a.result, c.kind, coalesce(a.idempotency_key, ''),
-       coalesce(o.traceparent, ''), c.spec, c.item, c.item_index
+       coalesce(o.traceparent, ''), c.spec, c.item, c.item_index,
+       EXISTS (SELECT 1 FROM order_ev e WHERE e.order_id = c.order_id) OR status_heard('received')
 FROM claimed c
 JOIN orders o ON o.order_id = c.order_id
 LEFT JOIN steps a ON a.order_id = c.order_id AND a.step = c.compensates
@@ -192,7 +199,7 @@ func collectClaimed(rows pgx.Rows) ([]ClaimedStep, error) {
 		var prio int16
 		err := row.Scan(&c.OrderID, &c.Step, &c.Name, &c.Agent, &c.Attempt, &c.FailureCount, &c.IdempotencyKey,
 			&c.CompleteBy, &budgetMS, &prio, &c.ReplyTo, &c.Payload, &c.Results, &c.UndoneResult, &c.Kind, &c.Undoes, &c.Traceparent,
-			&c.Spec, &c.Item, &c.Index)
+			&c.Spec, &c.Item, &c.Index, &c.Told)
 		c.setBudgetPriority(budgetMS, prio)
 		return c, err
 	})

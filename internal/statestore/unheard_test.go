@@ -52,9 +52,16 @@ func TestUnheardProgressEventsAreNotWritten(t *testing.T) {
 		t.Fatalf("an order with a reply_to: %d received events, want 1", n)
 	}
 
-	// processing is heard: claiming writes it, then the relay marks it.
-	if got, err := b.store.ClaimPending(ctx, "s", 10, ""); err != nil || len(got) != 3 {
+	// processing is heard: claiming writes it (and says so: the relay has
+	// work), then the relay marks it.
+	got, err := b.store.ClaimPending(ctx, "s", 10, "")
+	if err != nil || len(got) != 3 {
 		t.Fatalf("claim: %d steps, %v; want 3", len(got), err)
+	}
+	for _, st := range got {
+		if !st.Told {
+			t.Fatalf("a claim that wrote the processing event of order %s says it did not", st.OrderID)
+		}
 	}
 	if n := eventsOf(t, b, quiet.OrderID, "processing"); n != 1 {
 		t.Fatalf("processing, not yet unheard: %d events, want 1", n)
@@ -68,6 +75,9 @@ func TestUnheardProgressEventsAreNotWritten(t *testing.T) {
 	}
 	if n := count(t, b, `SELECT count(*) FROM outbox WHERE order_id = $1`, later.OrderID); n != 0 {
 		t.Fatalf("%d progress events written while unheard, want none", n)
+	}
+	if steps[0].Told {
+		t.Fatal("a claim that wrote no event says it did: the relay would run for nothing")
 	}
 	// An order's end is always told.
 	_, errs := b.store.ApplyReplies(ctx, []statestore.Reply{{OrderID: later.OrderID, Step: 1, Attempt: steps[0].Attempt, OK: true, Result: []byte(`{}`), Actor: "s"}})
