@@ -1,6 +1,8 @@
 -- Notifications and guards: the triggers' functions.
 
--- notify_pending: wakes the schedulers when a step becomes pending.
+-- notify_pending: wakes the schedulers when new steps are pending, and
+-- the supervisor's timer loop when some wait for a time (a delay, a start
+-- time, a wait's timeout).
 CREATE OR REPLACE FUNCTION notify_pending()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -8,6 +10,9 @@ AS $function$
 BEGIN
     IF EXISTS (SELECT 1 FROM new_rows WHERE process_state = 'pending') THEN
         PERFORM pg_notify('sas_pending', current_schema());
+    END IF;
+    IF EXISTS (SELECT 1 FROM new_rows WHERE process_state IN ('delayed', 'awaiting')) THEN
+        PERFORM pg_notify('sas_timers', current_schema());
     END IF;
     RETURN NULL;
 END;
