@@ -23,7 +23,7 @@ import (
 // broker confirmed it, so every one is published at least once; its
 // message_id stays the same on a second try, for consumers to spot repeats.
 type relay struct {
-	store *statestore.Store
+	store outboxStore
 	pub   *broker.Publisher
 	topo  broker.Topology
 	batch int
@@ -38,25 +38,50 @@ type relay struct {
 	tr         *tracing.Tracing
 }
 
+// outboxStore is what the relay needs of the store.
+type outboxStore interface {
+	RelayOutboxHeard(ctx context.Context, limit int, unheardFor time.Duration,
+		publish func(context.Context, []statestore.OutboxMessage) (int, []string, error)) (int, error)
+}
+
 // busyRecheck is how soon a relay that found another one at work looks
 // again: that one may have read the outbox before this one's nudge.
 const busyRecheck = 25 * time.Millisecond
 
+// relayIdleLongest is how many poll intervals a relay that keeps finding
+// the outbox empty waits at most between looks: its wait doubles from one
+// interval at each empty look, and is one again as soon as it is nudged
+// or finds work. Whatever writes the outbox nudges a relay (a claim that
+// wrote events, an applied reply, a signal) or notifies sas_outbox (the
+// supervisor, operators, a refused submit, an order whose first step
+// waits); the poll only bounds how late a message whose nudge was lost
+// goes out. At rest a relay then costs a transaction every few seconds,
+// not two a second.
+const relayIdleLongest = 8
+
 func (r *relay) run(ctx context.Context) error {
-	ticker := time.NewTicker(r.poll)
-	defer ticker.Stop()
+	idle := r.poll
+	poll := time.NewTimer(idle)
+	defer poll.Stop()
 	for {
 		var recheck <-chan time.Time
-		if busy := r.drain(ctx); busy {
+		busy, found := r.drain(ctx)
+		if busy {
 			recheck = time.After(busyRecheck)
 		}
+		if found {
+			idle = r.poll
+		}
+		poll.Reset(idle)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-r.wake:
 			r.metrics.wakeups.WithLabelValues("relay", "notify").Inc()
-		case <-ticker.C:
+			idle = r.poll
+		case <-poll.C:
 			r.metrics.wakeups.WithLabelValues("relay", "poll").Inc()
+			idle = min(2*idle, relayIdleLongest*r.poll)
 		case <-recheck:
 			r.metrics.wakeups.WithLabelValues("relay", "busy").Inc()
 		}
@@ -64,24 +89,26 @@ func (r *relay) run(ctx context.Context) error {
 }
 
 // drain relays until the outbox is empty; it reports whether another
-// scheduler's relay held the outbox.
-func (r *relay) drain(ctx context.Context) (busy bool) {
+// scheduler's relay held the outbox, and whether it found anything to
+// relay (or failed: a store that failed is looked at again soon).
+func (r *relay) drain(ctx context.Context) (busy, found bool) {
 	for ctx.Err() == nil {
 		n, err := r.store.RelayOutboxHeard(ctx, r.batch, r.unheardFor, r.publish)
 		switch {
 		case errors.Is(err, statestore.ErrRelayBusy):
-			return true // another scheduler is relaying
+			return true, true // another scheduler is relaying
 		case err != nil:
 			if ctx.Err() == nil {
 				r.metrics.relayErrors.Inc()
 				r.logger.Warn("relaying the outbox failed; will try again", "err", err, "published", n)
 			}
-			return false
+			return false, true
 		case n < r.batch:
-			return false
+			return false, found || n > 0
 		}
+		found = true
 	}
-	return false
+	return false, found
 }
 
 // sent is one publish of an outbox message.

@@ -317,3 +317,27 @@ func TestTimerLoopIsToldOfNewTimers(t *testing.T) {
 		t.Fatalf("next timer in %v (%v, %v), want the trigger, due now", d, ok, err)
 	}
 }
+
+// TestOrderWhoseFirstStepWaitsWakesTheRelay: nobody claims such an order
+// now, and a claim is what nudges a relay to publish an order's received
+// event: writing one notifies ChannelOutbox instead.
+func TestOrderWhoseFirstStepWaitsWakesTheRelay(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	l, err := b.store.Listen(ctx, statestore.ChannelOutbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(ctx)
+	schema, err := l.Schema(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	insert(t, b, graphOrder(t, delayed, "later", `{}`, statestore.PolicyCompensate))
+	wait, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if ch, err := l.Wait(wait, schema); err != nil || ch != statestore.ChannelOutbox {
+		t.Fatalf("no notification on %s for an order whose first step waits (%q, %v)", statestore.ChannelOutbox, ch, err)
+	}
+}

@@ -2,7 +2,9 @@
 
 -- notify_pending: wakes the schedulers when new steps are pending, and
 -- the supervisor's timer loop when some wait for a time (a delay, a start
--- time, a wait's timeout).
+-- time, a wait's timeout). An order whose first step waits is claimed by
+-- nobody now, whose claim would nudge the relay to publish its received
+-- event: the relay is woken instead.
 CREATE OR REPLACE FUNCTION notify_pending()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -12,7 +14,7 @@ BEGIN
         PERFORM pg_notify('sas_pending', current_schema());
     END IF;
     IF EXISTS (SELECT 1 FROM new_rows WHERE process_state IN ('delayed', 'awaiting')) THEN
-        PERFORM pg_notify('sas_timers', current_schema());
+        PERFORM pg_notify('sas_timers', current_schema()), pg_notify('sas_outbox', current_schema());
     END IF;
     RETURN NULL;
 END;
