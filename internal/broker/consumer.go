@@ -229,15 +229,7 @@ func (c *Consumer) handle(ctx context.Context, queue string, d amqp.Delivery) se
 		c.metrics.consumed.WithLabelValues(queue, "ack").Inc()
 		return ack
 	case errors.As(err, &rej):
-		if derr := c.pub.DeadLetter(ctx, c.conn.Topology(), c.cfg.Input, d, rej.Reason, rej.Detail); derr != nil {
-			c.logger.Error("dead-letter failed, requeueing", "queue", queue, "message_id", d.MessageId, "reason", rej.Reason, "err", derr)
-			c.metrics.consumed.WithLabelValues(queue, "requeue").Inc()
-			return requeue
-		}
-		c.metrics.deadLettered.WithLabelValues(queue, rej.Reason).Inc()
-		c.logger.Warn("message dead-lettered", "queue", queue, "message_id", d.MessageId, "reason", rej.Reason, "detail", rej.Detail)
-		c.metrics.consumed.WithLabelValues(queue, "dead_letter").Inc()
-		return ack
+		return c.deadLetter(ctx, queue, d, rej.Reason, rej.Detail)
 	default:
 		if ctx.Err() == nil {
 			c.logger.Warn("handler failed, requeueing", "queue", queue, "message_id", d.MessageId, "err", err)
@@ -245,6 +237,21 @@ func (c *Consumer) handle(ctx context.Context, queue string, d amqp.Delivery) se
 		c.metrics.consumed.WithLabelValues(queue, "requeue").Inc()
 		return requeue
 	}
+}
+
+// deadLetter republishes d to its dead-letter queue with the reason and
+// acks it once confirmed; if that fails, it requeues d, so that it is
+// never lost.
+func (c *Consumer) deadLetter(ctx context.Context, queue string, d amqp.Delivery, reason, detail string) settlement {
+	if err := c.pub.DeadLetter(ctx, c.conn.Topology(), c.cfg.Input, d, reason, detail); err != nil {
+		c.logger.Error("dead-letter failed, requeueing", "queue", queue, "message_id", d.MessageId, "reason", reason, "err", err)
+		c.metrics.consumed.WithLabelValues(queue, "requeue").Inc()
+		return settlement{tag: d.DeliveryTag, requeue: true}
+	}
+	c.metrics.deadLettered.WithLabelValues(queue, reason).Inc()
+	c.logger.Warn("message dead-lettered", "queue", queue, "message_id", d.MessageId, "reason", reason, "detail", detail)
+	c.metrics.consumed.WithLabelValues(queue, "dead_letter").Inc()
+	return settlement{tag: d.DeliveryTag}
 }
 
 // HeaderRedeliveries counts, on a message of a classic queue, its
@@ -269,16 +276,8 @@ func (c *Consumer) redeliver(ctx context.Context, queue string, d amqp.Delivery)
 	topo := c.conn.Topology()
 	n := redeliveries(d.Headers) + 1
 	if n >= int64(max(topo.DeliveryLimit, 1)) {
-		detail := fmt.Sprintf("delivered %d times without an ack (SAS_DELIVERY_LIMIT %d)", n, topo.DeliveryLimit)
-		if err := c.pub.DeadLetter(ctx, topo, c.cfg.Input, d, ReasonDeliveryLimit, detail); err != nil {
-			c.logger.Error("dead-letter failed, requeueing", "queue", queue, "message_id", d.MessageId, "reason", ReasonDeliveryLimit, "err", err)
-			c.metrics.consumed.WithLabelValues(queue, "requeue").Inc()
-			return settlement{tag: d.DeliveryTag, requeue: true}
-		}
-		c.metrics.deadLettered.WithLabelValues(queue, ReasonDeliveryLimit).Inc()
-		c.logger.Warn("message dead-lettered", "queue", queue, "message_id", d.MessageId, "reason", ReasonDeliveryLimit, "detail", detail)
-		c.metrics.consumed.WithLabelValues(queue, "dead_letter").Inc()
-		return settlement{tag: d.DeliveryTag}
+		return c.deadLetter(ctx, queue, d, ReasonDeliveryLimit,
+			fmt.Sprintf("delivered %d times without an ack (SAS_DELIVERY_LIMIT %d)", n, topo.DeliveryLimit))
 	}
 	headers := amqp.Table{}
 	for k, v := range d.Headers {
