@@ -263,23 +263,7 @@ func TestTimerLoopIsToldOfNewTimers(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := ctxFor(t)
-	l, err := b.store.Listen(ctx, statestore.ChannelTimers)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close(ctx)
-	schema, err := l.Schema(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	told := func(what string) {
-		t.Helper()
-		wait, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		if ch, err := l.Wait(wait, schema); err != nil || ch != statestore.ChannelTimers {
-			t.Fatalf("%s: no notification on %s (%q, %v)", what, statestore.ChannelTimers, ch, err)
-		}
-	}
+	told := listenTo(t, b, statestore.ChannelTimers)
 	// A new order whose first step waits 1.5 s.
 	o := graphOrder(t, delayed, "later", `{}`, statestore.PolicyCompensate)
 	insert(t, b, o)
@@ -324,20 +308,32 @@ func TestTimerLoopIsToldOfNewTimers(t *testing.T) {
 func TestOrderWhoseFirstStepWaitsWakesTheRelay(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	told := listenTo(t, b, statestore.ChannelOutbox)
+	insert(t, b, graphOrder(t, delayed, "later", `{}`, statestore.PolicyCompensate))
+	told("an order whose first step waits")
+}
+
+// listenTo listens on channel for the rest of the test and returns a
+// check that fails the test unless a notification comes there within 5 s
+// (what names what should have sent it).
+func listenTo(t *testing.T, b bundle, channel string) (told func(what string)) {
+	t.Helper()
 	ctx := ctxFor(t)
-	l, err := b.store.Listen(ctx, statestore.ChannelOutbox)
+	l, err := b.store.Listen(ctx, channel)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close(ctx)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
 	schema, err := l.Schema(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	insert(t, b, graphOrder(t, delayed, "later", `{}`, statestore.PolicyCompensate))
-	wait, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if ch, err := l.Wait(wait, schema); err != nil || ch != statestore.ChannelOutbox {
-		t.Fatalf("no notification on %s for an order whose first step waits (%q, %v)", statestore.ChannelOutbox, ch, err)
+	return func(what string) {
+		t.Helper()
+		wait, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if ch, err := l.Wait(wait, schema); err != nil || ch != channel {
+			t.Fatalf("%s: no notification on %s (%q, %v)", what, channel, ch, err)
+		}
 	}
 }
