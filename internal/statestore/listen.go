@@ -23,11 +23,6 @@ const (
 	// above when a claim took a whole batch: more may be waiting, and the
 	// other schedulers, which do not listen there, help.
 	ChannelMore = "sas_pending_more"
-	// ChannelTimers is notified when steps begin to wait for a time (a
-	// delay, a start time, a wait's timeout) and by the supervisor's and
-	// operators' changes: the supervisor's timer loop sleeps until the
-	// earliest timer it knows of, and looks again when told.
-	ChannelTimers = "sas_timers"
 )
 
 // SchedulerListenerLease names the lease held by the one scheduler, of
@@ -48,18 +43,10 @@ func (s *Store) NotifyMore(ctx context.Context) error {
 	return nil
 }
 
-// wake notifies the schedulers' channels and the timers' at the commit of
-// tx, for changes made outside a scheduler (sweeps, operator actions).
+// wake notifies both channels at the commit of tx, for changes made
+// outside a scheduler (sweeps, operator actions).
 func wake(ctx context.Context, tx pgx.Tx) error {
-	_, err := tx.Exec(ctx, `SELECT pg_notify($1, current_schema()), pg_notify($2, current_schema()), pg_notify($3, current_schema())`,
-		ChannelPending, ChannelOutbox, ChannelTimers)
-	return err
-}
-
-// notifyTimers notifies ChannelTimers at the commit of tx: the
-// supervisor's timer loop looks again for its earliest timer.
-func notifyTimers(ctx context.Context, tx pgx.Tx) error {
-	_, err := tx.Exec(ctx, `SELECT pg_notify($1, current_schema())`, ChannelTimers)
+	_, err := tx.Exec(ctx, `SELECT pg_notify($1, current_schema()), pg_notify($2, current_schema())`, ChannelPending, ChannelOutbox)
 	return err
 }
 

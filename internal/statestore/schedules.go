@@ -223,10 +223,8 @@ func (s *Store) PauseSchedule(ctx context.Context, name string, pause bool, next
 		if tag.RowsAffected() == 0 {
 			return ErrNoSchedule
 		}
-		if _, err := tx.Exec(ctx, `SELECT record_operator_action($1, $2, '', $3)`, action, name, claimed); err != nil {
-			return err
-		}
-		return notifyTimers(ctx, tx)
+		_, err = tx.Exec(ctx, `SELECT record_operator_action($1, $2, '', $3)`, action, name, claimed)
+		return err
 	})
 	if errors.Is(err, ErrNoSchedule) {
 		return fmt.Errorf("schedule %s: %w", name, ErrNoSchedule)
@@ -253,10 +251,8 @@ func (s *Store) TriggerSchedule(ctx context.Context, name, claimed string) (time
 		if err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `SELECT record_operator_action('schedule trigger', $1, '', $2)`, name, claimed); err != nil {
-			return err
-		}
-		return notifyTimers(ctx, tx)
+		_, err = tx.Exec(ctx, `SELECT record_operator_action('schedule trigger', $1, '', $2)`, name, claimed)
+		return err
 	})
 	if errors.Is(err, ErrNoSchedule) {
 		return time.Time{}, fmt.Errorf("schedule %s (in the workflows file): %w", name, ErrNoSchedule)

@@ -45,17 +45,12 @@ func (s *Store) FireTimers(ctx context.Context, holder, lease string, limit int)
 	return fired, nil
 }
 
-// NextTimer says how long until the earliest waiting timer or schedule
-// tick falls due on the database clock (zero or less: due now), and false
-// when none waits. It reads one entry of the due-time index and the
-// schedules.
+// NextTimer says how long until the earliest waiting timer falls due on
+// the database clock (zero or less: due now), and false when none waits.
+// It reads one entry of the due-time index.
 func (s *Store) NextTimer(ctx context.Context) (time.Duration, bool, error) {
 	var secs *float64
-	// A schedule's next tick (or an operator's trigger, due now) is a
-	// timer too.
-	if err := s.pool.QueryRow(ctx, `SELECT least(next_timer(),
-		(SELECT extract(epoch FROM min(CASE WHEN trigger_at IS NOT NULL THEN clock_timestamp() ELSE next_tick END) - clock_timestamp())::float8
-		 FROM schedules WHERE in_file AND (NOT paused OR trigger_at IS NOT NULL)))`).Scan(&secs); err != nil {
+	if err := s.pool.QueryRow(ctx, `SELECT next_timer()`).Scan(&secs); err != nil {
 		return 0, false, fmt.Errorf("next timer: %w", err)
 	}
 	if secs == nil {

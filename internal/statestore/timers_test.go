@@ -254,54 +254,6 @@ func TestNextTimerIsOneThatWouldFire(t *testing.T) {
 	}
 }
 
-// TestTimerLoopIsToldOfNewTimers: the supervisor's timer loop sleeps until
-// the earliest timer, so every statement that makes one notifies
-// ChannelTimers (a new order's delayed step, a graph step becoming
-// delayed, an operator's schedule trigger), and NextTimer counts the
-// schedules' ticks and triggers as timers.
-func TestTimerLoopIsToldOfNewTimers(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	ctx := ctxFor(t)
-	told := listenTo(t, b, statestore.ChannelTimers)
-	// A new order whose first step waits 1.5 s.
-	o := graphOrder(t, delayed, "later", `{}`, statestore.PolicyCompensate)
-	insert(t, b, o)
-	told("a new order's delayed step")
-	// Its second step becomes delayed once the first is done.
-	if _, err := b.store.AcquireLease(ctx, statestore.SupervisorLease, "sup-1", time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	waitDue(t, b)
-	if fired := fireAll(t, b, "sup-1"); len(fired) != 1 {
-		t.Fatalf("fired %+v", fired)
-	}
-	told("the firing") // FireTimers wakes every loop, its own too
-	reply(t, b, claimAll(t, b, o.OrderID)["a"], true, "")
-	told("the next step becoming delayed")
-
-	// A schedule's next tick is a timer; an operator's trigger is due now.
-	now, err := b.store.Now(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	testenv.Forge(t, b.pool, `DELETE FROM steps WHERE order_id = $1`, o.OrderID)
-	if err := b.store.SyncSchedules(ctx, []statestore.ScheduleDef{{Name: "nightly", Workflow: "later", Cron: "@daily", Timezone: "UTC",
-		Payload: []byte(`{}`), Overlap: "skip", CatchUp: "last", Version: "v1", FirstTick: now.Add(10 * time.Minute)}}); err != nil {
-		t.Fatal(err)
-	}
-	if d, ok, err := b.store.NextTimer(ctx); err != nil || !ok || d < 9*time.Minute || d > 10*time.Minute {
-		t.Fatalf("next timer in %v (%v, %v), want the schedule's tick in 10 minutes", d, ok, err)
-	}
-	if _, err := b.store.TriggerSchedule(ctx, "nightly", "ann"); err != nil {
-		t.Fatal(err)
-	}
-	told("an operator's trigger")
-	if d, ok, err := b.store.NextTimer(ctx); err != nil || !ok || d > 0 {
-		t.Fatalf("next timer in %v (%v, %v), want the trigger, due now", d, ok, err)
-	}
-}
-
 // TestOrderWhoseFirstStepWaitsWakesTheRelay: nobody claims such an order
 // now, and a claim is what nudges a relay to publish an order's received
 // event: writing one notifies ChannelOutbox instead.

@@ -33,12 +33,11 @@ type Config struct {
 	// Batch caps the steps one sweep statement handles, and the timers
 	// one firing makes pending.
 	Batch int `envconfig:"SUPERVISOR_BATCH" default:"500"`
-	// TimerPoll is the longest the leader sleeps before it looks again for
-	// the earliest timer (a delayed step's or a wait's due time, a
-	// schedule's tick). It sleeps until the earliest one, and is told of a
-	// new one (ChannelTimers); this bounds how late a timer whose
-	// notification was lost fires, and is how often the loop wakes at rest.
-	TimerPoll time.Duration `envconfig:"SUPERVISOR_TIMER_POLL" default:"5s"`
+	// TimerPoll is the longest the leader waits before it looks again for
+	// the earliest timer (a delayed step's due time): a timer set while it
+	// waits fires at most this late. It waits less when a timer falls due
+	// sooner.
+	TimerPoll time.Duration `envconfig:"SUPERVISOR_TIMER_POLL" default:"200ms"`
 	// BackoffBase and BackoffMax: a reset step waits BackoffBase *
 	// 2^(failure_count-1), at most BackoffMax, before it may be claimed.
 	BackoffBase time.Duration `envconfig:"SUPERVISOR_BACKOFF_BASE" default:"1s"`

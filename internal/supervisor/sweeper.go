@@ -37,11 +37,6 @@ type sweeper struct {
 	tr      *tracing.Tracing
 	// lead mirrors leading for the timer loop, which runs beside tick.
 	lead atomic.Bool
-	// timerWake wakes the timer loop: a timer was set, or this one began
-	// to lead.
-	timerWake chan struct{}
-	// timersHeard is true while listenTimers listens.
-	timersHeard atomic.Bool
 	// workflows are the file's: its schedules, and the workflows their
 	// orders run.
 	workflows *workflow.Registry
@@ -65,8 +60,6 @@ func (s *sweeper) run(ctx context.Context) error {
 	s.analyzeBusy = make(chan struct{}, 1)
 	s.purgeBusy = make(chan struct{}, 1)
 	defer s.background.Wait()
-	s.timerWake = make(chan struct{}, 1)
-	s.background.Go(func() { s.listenTimers(ctx) })
 	s.background.Go(func() { s.timers(ctx) })
 	// After a failed renewal the next try comes sooner than Interval,
 	// from retryFirst doubling up to it, so that the store's return is
@@ -133,10 +126,6 @@ func (s *sweeper) tick(ctx context.Context) bool {
 		}
 		s.leading = lease.Held
 		s.lead.Store(lease.Held)
-		if lease.Held {
-			// What fell due while another led fires now.
-			nudgeTimers(s.timerWake)
-		}
 	}
 	if lease.Held {
 		s.metrics.leader.Set(1)
@@ -189,11 +178,10 @@ func (s *sweeper) sweep(ctx context.Context) {
 }
 
 // timers fires the timers that fall due while this supervisor leads:
-// it makes due delayed steps pending and starts the schedules' due ticks,
-// then sleeps until the earliest waiting timer or tick is due (read on the
-// database clock), until told of a new one (ChannelTimers, listenTimers),
-// or at most TimerPoll, in case a notification was lost. At rest it wakes
-// once a TimerPoll. The firing statement checks the lease itself.
+// it makes due delayed steps pending, then waits until the earliest
+// waiting timer is due (read from the due-time index on the database
+// clock), at most TimerPoll, so that a timer set meanwhile is not missed.
+// The firing statement checks the lease itself.
 func (s *sweeper) timers(ctx context.Context) {
 	wait := time.NewTimer(0)
 	defer wait.Stop()
@@ -202,13 +190,6 @@ func (s *sweeper) timers(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-wait.C:
-		case <-s.timerWake:
-			if !wait.Stop() {
-				select {
-				case <-wait.C:
-				default:
-				}
-			}
 		}
 		next := s.cfg.TimerPoll
 		if !s.lead.Load() {
@@ -453,58 +434,4 @@ func (s *sweeper) traceSweep(ctx context.Context, st statestore.SweptStep, start
 			attribute.String("sas.reason", "complete_by passed"))...))
 	span.End()
 	return sctx
-}
-
-// nudgeTimers wakes the timer loop, unless a wake-up is already waiting.
-func nudgeTimers(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default:
-	}
-}
-
-// listenTimers listens on ChannelTimers on a connection of its own and
-// wakes the timer loop at each notification: a step began to wait for a
-// time, an operator resumed or triggered a schedule or resubmitted an
-// order. After losing and regaining the connection it wakes the loop,
-// since notifications sent meanwhile are gone; meanwhile the loop looks
-// every TimerPoll.
-func (s *sweeper) listenTimers(ctx context.Context) {
-	backoff := 100 * time.Millisecond
-	for ctx.Err() == nil {
-		err := s.listenTimersOnce(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		s.logger.Warn("timer notifications lost; looking every SAS_SUPERVISOR_TIMER_POLL until they are back", "err", err, "retry_in", backoff)
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		backoff = min(backoff*2, 5*time.Second)
-	}
-}
-
-func (s *sweeper) listenTimersOnce(ctx context.Context) error {
-	l, err := s.store.Listen(ctx, statestore.ChannelTimers)
-	if err != nil {
-		return err
-	}
-	defer l.Close(context.WithoutCancel(ctx))
-	schema, err := l.Schema(ctx)
-	if err != nil {
-		return err
-	}
-	s.timersHeard.Store(true)
-	defer s.timersHeard.Store(false)
-	nudgeTimers(s.timerWake) // what was set while not listening
-	for {
-		if _, err := l.Wait(ctx, schema); err != nil {
-			return err
-		}
-		nudgeTimers(s.timerWake)
-	}
 }

@@ -1,10 +1,9 @@
 -- Notifications and guards: the triggers' functions.
 
--- notify_pending: wakes the schedulers when new steps are pending, and
--- the supervisor's timer loop when some wait for a time (a delay, a start
--- time, a wait's timeout). An order whose first step waits is claimed by
--- nobody now, whose claim would nudge the relay to publish its received
--- event: the relay is woken instead.
+-- notify_pending: wakes the schedulers when new steps are pending. An
+-- order whose first step waits (a delay, a start time, a signal) is
+-- claimed by nobody now, whose claim would nudge the relay to publish its
+-- received event: the relay is woken instead.
 CREATE OR REPLACE FUNCTION notify_pending()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -14,7 +13,7 @@ BEGIN
         PERFORM pg_notify('sas_pending', current_schema());
     END IF;
     IF EXISTS (SELECT 1 FROM new_rows WHERE process_state IN ('delayed', 'awaiting')) THEN
-        PERFORM pg_notify('sas_timers', current_schema()), pg_notify('sas_outbox', current_schema());
+        PERFORM pg_notify('sas_outbox', current_schema());
     END IF;
     RETURN NULL;
 END;

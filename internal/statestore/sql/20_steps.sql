@@ -293,7 +293,6 @@ AS $function$
 DECLARE
     v_first integer;
     v_waits boolean;
-    v_timers boolean;
 BEGIN
     IF p_steps IS NULL OR cardinality(p_steps) = 0 THEN
         RETURN p_lowest;
@@ -320,16 +319,10 @@ BEGIN
         WHERE order_id = p_order AND step = ANY(p_steps) AND process_state = 'waiting'
         RETURNING step, process_state, due_at
     )
-    SELECT min(step) FILTER (WHERE process_state = 'pending'), bool_or(process_state = 'awaiting'),
-           bool_or(process_state IN ('delayed', 'awaiting'))
-    INTO v_first, v_waits, v_timers FROM upd;
+    SELECT min(step) FILTER (WHERE process_state = 'pending'), bool_or(process_state = 'awaiting')
+    INTO v_first, v_waits FROM upd;
     IF v_waits THEN
         PERFORM waits_kept(p_order, p_actor);
-    END IF;
-    IF v_timers THEN
-        -- The supervisor's timer loop sleeps until its earliest timer:
-        -- tell it of these.
-        PERFORM pg_notify('sas_timers', current_schema());
     END IF;
     IF v_first IS NOT NULL AND (p_lowest = 0 OR v_first < p_lowest) THEN
         RETURN v_first;

@@ -157,9 +157,6 @@ BEGIN
                      moved_why = 'waiting for signal ' || (v_wait->>'signal') || ' until '
                                  || to_char(v_due AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
     WHERE order_id = p_order AND step = p_step;
-    -- The supervisor's timer loop sleeps until its earliest timer: tell it
-    -- of this one.
-    PERFORM pg_notify('sas_timers', current_schema());
 END;
 $function$;
 
