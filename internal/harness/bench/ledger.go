@@ -164,7 +164,7 @@ func measureIdle(ctx context.Context, st *localstack.Stack, d time.Duration) (*i
 }
 
 func (u *idleUse) print(w io.Writer) {
-	fmt.Fprintf(w, "\nAT REST (%.0fs, no load)\n", u.Seconds)
+	fmt.Fprintf(w, "\nAT REST (%.1f s, no load)\n", u.Seconds)
 	for _, p := range u.Processes {
 		fmt.Fprintf(w, "  %-34s %5.2f %% of a core  %6.0f wake-ups/s\n", p.Name, p.CPUPercent, p.WakeUpsPerSecond)
 	}

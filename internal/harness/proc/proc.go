@@ -6,10 +6,12 @@ package proc
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -100,7 +102,7 @@ func (p *Proc) WaitReady(ctx context.Context, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		if p.Exited() {
-			return fmt.Errorf("%s exited during start: %v (log %s)", p.Name, p.Err(), p.Log)
+			return fmt.Errorf("%s exited during start: %v (log %s, ending:\n%s)", p.Name, p.Err(), p.Log, p.LogTail(2048))
 		}
 		resp, err := http.Get("http://" + p.Addr + "/readyz")
 		if err == nil {
@@ -115,7 +117,23 @@ func (p *Proc) WaitReady(ctx context.Context, timeout time.Duration) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	return fmt.Errorf("%s not ready after %v (log %s)", p.Name, timeout, p.Log)
+	return fmt.Errorf("%s not ready after %v (log %s, ending:\n%s)", p.Name, timeout, p.Log, p.LogTail(2048))
+}
+
+// LogTail is the last n bytes of the process's log, for an error that
+// should say why it ended without sending its reader to a file a test's
+// cleanup may already have removed.
+func (p *Proc) LogTail(n int64) string {
+	f, err := os.Open(p.Log)
+	if err != nil {
+		return err.Error()
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Size() > n {
+		_, _ = f.Seek(fi.Size()-n, io.SeekStart)
+	}
+	b, _ := io.ReadAll(f)
+	return strings.TrimSpace(string(b))
 }
 
 // Kill sends SIGKILL to the process group, as a crash would, and waits.
