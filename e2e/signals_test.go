@@ -53,10 +53,11 @@ func TestSignalsEndWaits(t *testing.T) {
 	p := g.pipeline
 	// ids[:450] are signalled once their waits began, ids[450:900] before
 	// (their first step takes 3 s); the last 100, of approval_short, are
-	// not signalled and time out.
-	ids := g.submit(t, "approval", slices.Repeat([]string{`{}`}, 450))
-	ids = append(ids, g.submit(t, "approval_early", slices.Repeat([]string{`{}`}, 450))...)
-	ids = append(ids, g.submit(t, "approval_short", slices.Repeat([]string{`{}`}, 100))...)
+	// not signalled and time out. The early ones are submitted and
+	// signalled first, so that their signals do not queue behind the
+	// other 550 orders (in a slow hour, with every binary race-built, 64
+	// of them were once applied after their waits began).
+	early := g.submit(t, "approval_early", slices.Repeat([]string{`{}`}, 450))
 	ch := amqpChannel(t)
 	queue := p.topo.Queue(messages.SignalsQueue)
 	send := func(id, sigID, name, payload, replyTo string) {
@@ -71,9 +72,12 @@ func TestSignalsEndWaits(t *testing.T) {
 	}
 	payload := func(i int) string { return fmt.Sprintf(`{"by": "manager-%d"}`, i) }
 	// Half of the 900 at once, before their waits begin.
-	for i := 450; i < 900; i++ {
-		send(ids[i], "early-"+ids[i], "approved", payload(i), "")
+	for i, id := range early {
+		send(id, "early-"+id, "approved", payload(450+i), "")
 	}
+	ids := g.submit(t, "approval", slices.Repeat([]string{`{}`}, 450))
+	ids = append(ids, early...)
+	ids = append(ids, g.submit(t, "approval_short", slices.Repeat([]string{`{}`}, 100))...)
 	testenv.Eventually(t, 3*time.Minute, "the first 450 orders' waits to begin", func() bool {
 		return p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND spec ? 'wait' AND process_state = 'awaiting'`,
 			ids[:450]) == 450

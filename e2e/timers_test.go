@@ -93,13 +93,14 @@ func TestTimersFireWithinASecondOfDue(t *testing.T) {
 }
 
 // timerOrders is how many orders of each kind the timers' restart test
-// runs: SAS_TIMERS_ORDERS (make timers sets 10,000), else a short run
-// for make test.
-func timerOrders() int {
+// runs, and over how long their start_at times are spread:
+// SAS_TIMERS_ORDERS over 60 s (make timers sets 10,000), else a short
+// run for make test, 1,000 over 30 s.
+func timerOrders() (int, time.Duration) {
 	if n, err := strconv.Atoi(os.Getenv("SAS_TIMERS_ORDERS")); err == nil && n > 0 {
-		return n
+		return n, time.Minute
 	}
-	return 2000
+	return 1000, 30 * time.Second
 }
 
 const restartTimersFile = `
@@ -113,7 +114,7 @@ workflows:
 `
 
 // TestTimersFireOnTimeAcrossADatabaseRestart: N orders submitted with
-// start_at spread over 60 s and N whose step has a 20 s delay, on a
+// start_at spread over 60 s (30 in make test) and N whose step has a 20 s delay, on a
 // PostgreSQL of the test's own that is restarted while they wait (-m
 // fast, as an upgrade does): every timer fires once, none before its due
 // time, within a second of it at p99 on the database clock (of the
@@ -121,7 +122,7 @@ workflows:
 // loaded machine the restart alone can take a second).
 func TestTimersFireOnTimeAcrossADatabaseRestart(t *testing.T) {
 	t.Parallel()
-	n := timerOrders()
+	n, spread := timerOrders()
 	dir, st := ownDatabaseStack(t, "async", "5460", []string{"clock"})
 	pool := st.pool
 	script := filepath.Join("..", "scripts", "pg-standby.sh")
@@ -155,7 +156,7 @@ func TestTimersFireOnTimeAcrossADatabaseRestart(t *testing.T) {
 		ids = append(ids, o.OrderID)
 	}
 	for i := range n {
-		startAt := dbNow.Add(5*time.Second + time.Duration(i)*60*time.Second/time.Duration(n))
+		startAt := dbNow.Add(5*time.Second + time.Duration(i)*spread/time.Duration(n))
 		send(messages.SubmitOrder{SchemaVersion: messages.SubmitOrderVersion, OrderID: messages.NewID(), Workflow: "later",
 			Payload: []byte(`{}`), StartAt: &startAt})
 		send(messages.SubmitOrder{SchemaVersion: messages.SubmitOrderVersion, OrderID: messages.NewID(), Workflow: "cool", Payload: []byte(`{}`)})
@@ -191,9 +192,9 @@ func TestTimersFireOnTimeAcrossADatabaseRestart(t *testing.T) {
 	ts := readTimerStats(t, pool, ids)
 	delayed, fired, early, twice, completed, p50, p99, worst := ts.timers, ts.fired, ts.early, ts.twice, ts.completed, ts.p50, ts.p99, ts.worst
 	since := readTimerStatsFrom(t, pool, ids, &back)
-	t.Logf("%d timers (%d start_at over 60 s, %d delays), %d fired once; late by p50 %.0f ms, p99 %.0f ms, at most %.0f ms; "+
+	t.Logf("%d timers (%d start_at over %v, %d delays), %d fired once; late by p50 %.0f ms, p99 %.0f ms, at most %.0f ms; "+
 		"from the database's return when it was down at their due time: p99 %.0f ms, at most %.0f ms",
-		delayed, n, n, fired, p50*1000, p99*1000, worst*1000, since.p99*1000, since.worst*1000)
+		delayed, n, spread, n, fired, p50*1000, p99*1000, worst*1000, since.p99*1000, since.worst*1000)
 	if delayed != 2*n || fired != 2*n || early != 0 || twice != 0 || completed != 2*n {
 		t.Fatalf("%d timers of %d orders: %d fired once, %d early, %d twice; %d orders completed", delayed, 2*n, fired, early, twice, completed)
 	}
