@@ -23,6 +23,11 @@ const (
 	// above when a claim took a whole batch: more may be waiting, and the
 	// other schedulers, which do not listen there, help.
 	ChannelMore = "sas_pending_more"
+	// ChannelTimers tells the leading supervisor's timer loop, which
+	// sleeps until the earliest timer it knows of, of a timer set for
+	// sooner than it looks next (timer_set, timers_watch), and of an
+	// operator's change to schedules or held orders.
+	ChannelTimers = "sas_timers"
 )
 
 // SchedulerListenerLease names the lease held by the one scheduler, of
@@ -47,6 +52,13 @@ func (s *Store) NotifyMore(ctx context.Context) error {
 // outside a scheduler (sweeps, operator actions).
 func wake(ctx context.Context, tx pgx.Tx) error {
 	_, err := tx.Exec(ctx, `SELECT pg_notify($1, current_schema()), pg_notify($2, current_schema())`, ChannelPending, ChannelOutbox)
+	return err
+}
+
+// notifyTimers notifies ChannelTimers at the commit of tx: the
+// supervisor's timer loop looks again for its earliest timer.
+func notifyTimers(ctx context.Context, tx pgx.Tx) error {
+	_, err := tx.Exec(ctx, `SELECT pg_notify($1, current_schema())`, ChannelTimers)
 	return err
 }
 

@@ -111,6 +111,20 @@ func TestRolesHaveOnlyWhatTheyNeed(t *testing.T) {
 	if err := supervisor.HearStatusEvents(ctx); !denied(err) {
 		t.Fatalf("supervisor clearing the marks: %v, want permission denied", err)
 	}
+	// A writer of a timer reads when the supervisor's timer loop looks
+	// next; only the supervisor says when (migration 0037).
+	later := time.Now().Add(time.Hour)
+	delayedOrder := order(1, time.Minute, 1)
+	delayedOrder.StartAt = &later
+	if got, err := submitter.InsertOrder(ctx, delayedOrder); err != nil || got != statestore.Inserted {
+		t.Fatalf("submitter insert of an order that starts later: %v %v", got, err)
+	}
+	if _, _, watched, err := supervisor.WatchTimers(ctx, time.Minute); err != nil || !watched {
+		t.Fatalf("supervisor watching timers: %v %v", watched, err)
+	}
+	if _, _, _, err := scheduler.WatchTimers(ctx, time.Minute); !denied(err) {
+		t.Fatalf("scheduler watching timers: %v, want permission denied", err)
+	}
 	// The supervisor sweeps under its lease, and cannot publish the outbox
 	// or hold a scheduler's lease.
 	if _, err := supervisor.AcquireLease(ctx, "supervisor", "sup", time.Minute); err != nil {

@@ -82,8 +82,10 @@ WHERE schedules.version IS DISTINCT FROM EXCLUDED.version OR NOT schedules.in_fi
 				return err
 			}
 		}
-		_, err := tx.Exec(ctx, `UPDATE schedules SET in_file = false, updated_at = now() WHERE in_file AND name <> ALL($1::text[])`, names)
-		return err
+		if _, err := tx.Exec(ctx, `UPDATE schedules SET in_file = false, updated_at = now() WHERE in_file AND name <> ALL($1::text[])`, names); err != nil {
+			return err
+		}
+		return notifyTimers(ctx, tx) // a new schedule's first tick may come before the timer loop looks again
 	})
 	if err != nil {
 		return fmt.Errorf("sync schedules: %w", classify(err))
@@ -223,8 +225,10 @@ func (s *Store) PauseSchedule(ctx context.Context, name string, pause bool, next
 		if tag.RowsAffected() == 0 {
 			return ErrNoSchedule
 		}
-		_, err = tx.Exec(ctx, `SELECT record_operator_action($1, $2, '', $3)`, action, name, claimed)
-		return err
+		if _, err := tx.Exec(ctx, `SELECT record_operator_action($1, $2, '', $3)`, action, name, claimed); err != nil {
+			return err
+		}
+		return notifyTimers(ctx, tx) // a resumed schedule may tick before the timer loop looks again
 	})
 	if errors.Is(err, ErrNoSchedule) {
 		return fmt.Errorf("schedule %s: %w", name, ErrNoSchedule)
@@ -251,8 +255,10 @@ func (s *Store) TriggerSchedule(ctx context.Context, name, claimed string) (time
 		if err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, `SELECT record_operator_action('schedule trigger', $1, '', $2)`, name, claimed)
-		return err
+		if _, err := tx.Exec(ctx, `SELECT record_operator_action('schedule trigger', $1, '', $2)`, name, claimed); err != nil {
+			return err
+		}
+		return notifyTimers(ctx, tx) // due now
 	})
 	if errors.Is(err, ErrNoSchedule) {
 		return time.Time{}, fmt.Errorf("schedule %s (in the workflows file): %w", name, ErrNoSchedule)

@@ -58,3 +58,21 @@ func (s *Store) NextTimer(ctx context.Context) (time.Duration, bool, error) {
 	}
 	return time.Duration(*secs * float64(time.Second)), true, nil
 }
+
+// WatchTimers is the leading supervisor's look before its timer loop
+// sleeps: how long until the earliest timer or schedule tick still to
+// come falls due on the database clock (false: none), and, when watched,
+// a promise that a timer set from now on for sooner than the loop's next
+// look (that time, at most longest from now) is told on ChannelTimers.
+// Not watched (a writer of timers was between its read of the last
+// promise and its commit), the loop should look again soon.
+func (s *Store) WatchTimers(ctx context.Context, longest time.Duration) (next time.Duration, ok, watched bool, err error) {
+	var secs *float64
+	if err := s.pool.QueryRow(ctx, `SELECT next_s, watched FROM timers_watch($1)`, longest.Seconds()).Scan(&secs, &watched); err != nil {
+		return 0, false, false, fmt.Errorf("watch timers: %w", err)
+	}
+	if secs == nil {
+		return 0, false, watched, nil
+	}
+	return time.Duration(*secs * float64(time.Second)), true, watched, nil
+}

@@ -289,3 +289,111 @@ func listenTo(t *testing.T, b bundle, channel string) (told func(what string)) {
 		}
 	}
 }
+
+// TestTimersAreToldWhenDueBeforeTheNextLook: the leading supervisor's
+// timer loop records when it looks next (WatchTimers: the earliest timer,
+// at most its longest sleep); a timer set for sooner, by an insert or by
+// an update, is told on ChannelTimers, and one set for later is not. A
+// writer of a timer that has not committed keeps the loop from promising
+// anything (not watched), so that its timer cannot go untold.
+func TestTimersAreToldWhenDueBeforeTheNextLook(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	const mark = "sas_test_mark"
+	l, err := b.store.Listen(ctx, statestore.ChannelTimers, mark)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(context.Background())
+	schema, err := l.Schema(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// next is the channel of the next notification; notifications come
+	// in commit order, so a mark sent after a write comes first only if
+	// the write told nothing.
+	next := func() string {
+		t.Helper()
+		wait, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		ch, err := l.Wait(wait, schema)
+		if err != nil {
+			t.Fatalf("no notification: %v", err)
+		}
+		return ch
+	}
+	sendMark := func() {
+		t.Helper()
+		if _, err := b.pool.Exec(ctx, `SELECT pg_notify($1, current_schema())`, mark); err != nil {
+			t.Fatal(err)
+		}
+	}
+	watch := func(want time.Duration) {
+		t.Helper()
+		d, ok, watched, err := b.store.WatchTimers(ctx, time.Hour)
+		if err != nil || !watched || want > 0 && (!ok || d > want+time.Minute || d < want-time.Minute) || want == 0 && ok {
+			t.Fatalf("watch: next in %v (%v), watched %v, %v; want %v", d, ok, watched, err, want)
+		}
+	}
+	startingAt := func(after time.Duration) statestore.NewOrder {
+		now, err := b.store.Now(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := graphOrder(t, delayed, "later", `{}`, statestore.PolicyCompensate)
+		at := now.Add(after)
+		o.StartAt = &at
+		return o
+	}
+
+	watch(0) // nothing waits: the loop looks next in an hour
+	insert(t, b, startingAt(30*time.Minute))
+	if ch := next(); ch != statestore.ChannelTimers {
+		t.Fatalf("a timer due before the next look told %q", ch)
+	}
+	watch(30 * time.Minute) // the loop looks next at that timer (its first step's delay after it)
+	insert(t, b, startingAt(50*time.Minute))
+	sendMark()
+	if ch := next(); ch != mark {
+		t.Fatalf("a timer due after the next look was told (%q)", ch)
+	}
+	// An update: a step that becomes delayed once its need ended.
+	o := graphOrder(t, delayed, "later", `{}`, statestore.PolicyCompensate)
+	insert(t, b, o)
+	if ch := next(); ch != statestore.ChannelTimers {
+		t.Fatalf("an order's first delay (1.5 s, before the next look) told %q", ch)
+	}
+	if _, err := b.store.AcquireLease(ctx, statestore.SupervisorLease, "sup-1", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	waitDue(t, b)
+	if fired := fireAll(t, b, "sup-1"); len(fired) != 1 {
+		t.Fatalf("fired %+v", fired)
+	}
+	watch(30 * time.Minute)
+	reply(t, b, claimAll(t, b, o.OrderID)["a"], true, "")
+	if ch := next(); ch != statestore.ChannelTimers {
+		t.Fatalf("a step that became delayed for 1.5 s told %q", ch)
+	}
+
+	// A writer between its read of the promise and its commit: the loop
+	// promises nothing until it has committed.
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(ctx, `SELECT timer_set(clock_timestamp() + interval '2 hours')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, watched, err := b.store.WatchTimers(ctx, time.Hour); err != nil || watched {
+		t.Fatalf("watched %v (%v) beside a writer that has not committed", watched, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, watched, err := b.store.WatchTimers(ctx, time.Hour); err != nil || !watched {
+		t.Fatalf("watched %v (%v) once the writer committed", watched, err)
+	}
+}

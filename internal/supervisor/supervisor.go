@@ -33,11 +33,14 @@ type Config struct {
 	// Batch caps the steps one sweep statement handles, and the timers
 	// one firing makes pending.
 	Batch int `envconfig:"SUPERVISOR_BATCH" default:"500"`
-	// TimerPoll is the longest the leader waits before it looks again for
-	// the earliest timer (a delayed step's due time): a timer set while it
-	// waits fires at most this late. It waits less when a timer falls due
-	// sooner.
-	TimerPoll time.Duration `envconfig:"SUPERVISOR_TIMER_POLL" default:"200ms"`
+	// TimerPoll is the longest the leader's timer loop sleeps: it sleeps
+	// until the earliest timer (a delayed step's or a wait's due time, a
+	// schedule's tick) and is told of one set meanwhile for sooner
+	// (statestore.WatchTimers); at rest it wakes once a TimerPoll. While
+	// it cannot be told (its listening connection is down, or a writer of
+	// timers held the watch's lock when it looked) it looks again within
+	// 200 ms (or TimerPoll if shorter).
+	TimerPoll time.Duration `envconfig:"SUPERVISOR_TIMER_POLL" default:"5s"`
 	// BackoffBase and BackoffMax: a reset step waits BackoffBase *
 	// 2^(failure_count-1), at most BackoffMax, before it may be claimed.
 	BackoffBase time.Duration `envconfig:"SUPERVISOR_BACKOFF_BASE" default:"1s"`

@@ -37,6 +37,11 @@ type sweeper struct {
 	tr      *tracing.Tracing
 	// lead mirrors leading for the timer loop, which runs beside tick.
 	lead atomic.Bool
+	// timerWake wakes the timer loop: a timer was set for sooner than it
+	// looks next, or this supervisor began to lead.
+	timerWake chan struct{}
+	// timersHeard is true while listenTimers listens.
+	timersHeard atomic.Bool
 	// workflows are the file's: its schedules, and the workflows their
 	// orders run.
 	workflows *workflow.Registry
@@ -60,6 +65,8 @@ func (s *sweeper) run(ctx context.Context) error {
 	s.analyzeBusy = make(chan struct{}, 1)
 	s.purgeBusy = make(chan struct{}, 1)
 	defer s.background.Wait()
+	s.timerWake = make(chan struct{}, 1)
+	s.background.Go(func() { s.listenTimers(ctx) })
 	s.background.Go(func() { s.timers(ctx) })
 	// After a failed renewal the next try comes sooner than Interval,
 	// from retryFirst doubling up to it, so that the store's return is
@@ -126,6 +133,10 @@ func (s *sweeper) tick(ctx context.Context) bool {
 		}
 		s.leading = lease.Held
 		s.lead.Store(lease.Held)
+		if lease.Held {
+			// What fell due while another led fires now.
+			nudgeTimers(s.timerWake)
+		}
 	}
 	if lease.Held {
 		s.metrics.leader.Set(1)
@@ -178,10 +189,13 @@ func (s *sweeper) sweep(ctx context.Context) {
 }
 
 // timers fires the timers that fall due while this supervisor leads:
-// it makes due delayed steps pending, then waits until the earliest
-// waiting timer is due (read from the due-time index on the database
-// clock), at most TimerPoll, so that a timer set meanwhile is not missed.
-// The firing statement checks the lease itself.
+// it makes due delayed steps pending and starts the schedules' due ticks,
+// then sleeps until the earliest waiting timer or tick is due (read on
+// the database clock), at most TimerPoll, woken by listenTimers when a
+// timer is set for sooner than it said it would look (WatchTimers). When
+// it could not say so, or cannot hear, it looks again within
+// unwatchedTimerPoll, as it did every round before it was told. The
+// firing statement checks the lease itself.
 func (s *sweeper) timers(ctx context.Context) {
 	wait := time.NewTimer(0)
 	defer wait.Stop()
@@ -190,6 +204,13 @@ func (s *sweeper) timers(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-wait.C:
+		case <-s.timerWake:
+			if !wait.Stop() {
+				select {
+				case <-wait.C:
+				default:
+				}
+			}
 		}
 		next := s.cfg.TimerPoll
 		if !s.lead.Load() {
@@ -207,11 +228,15 @@ func (s *sweeper) timers(ctx context.Context) {
 				next = 0 // a full batch: more may be due
 			default:
 				// A timer that fell due while this round fired the others
-				// is fired at once, not a whole TimerPoll later (NextTimer
-				// leaves out held orders' timers, which wait for a
-				// resubmit); minTimerWait keeps a timer another firing
-				// holds from spinning the loop.
-				if d, ok, err := s.store.NextTimer(ctx); err == nil && ok && d < next {
+				// is fired at once, not a whole TimerPoll later (held
+				// orders' timers, which wait for a resubmit, are left
+				// out); minTimerWait keeps a timer another firing holds
+				// from spinning the loop.
+				d, ok, watched, err := s.store.WatchTimers(ctx, s.cfg.TimerPoll)
+				if err != nil || !watched || !s.timersHeard.Load() {
+					next = min(next, unwatchedTimerPoll)
+				}
+				if err == nil && ok && d < next {
 					next = max(d, minTimerWait)
 				}
 			}
@@ -219,6 +244,10 @@ func (s *sweeper) timers(ctx context.Context) {
 		wait.Reset(next)
 	}
 }
+
+// unwatchedTimerPoll is the longest the timer loop sleeps while a timer
+// set meanwhile might not be told to it.
+const unwatchedTimerPoll = 200 * time.Millisecond
 
 // minTimerWait is the least the timer loop waits when a timer is due
 // but was not fired this round (another transaction holds its row).
@@ -434,4 +463,56 @@ func (s *sweeper) traceSweep(ctx context.Context, st statestore.SweptStep, start
 			attribute.String("sas.reason", "complete_by passed"))...))
 	span.End()
 	return sctx
+}
+
+// nudgeTimers wakes the timer loop, unless a wake-up is already waiting.
+func nudgeTimers(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// listenTimers listens on ChannelTimers on a connection of its own and
+// wakes the timer loop at each notification. After losing and regaining
+// the connection it wakes the loop, since notifications sent meanwhile
+// are gone; meanwhile the loop looks every unwatchedTimerPoll.
+func (s *sweeper) listenTimers(ctx context.Context) {
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := s.listenTimersOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		s.logger.Warn("timer notifications lost; looking for timers five times a second until they are back", "err", err, "retry_in", backoff)
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+func (s *sweeper) listenTimersOnce(ctx context.Context) error {
+	l, err := s.store.Listen(ctx, statestore.ChannelTimers)
+	if err != nil {
+		return err
+	}
+	defer l.Close(context.WithoutCancel(ctx))
+	schema, err := l.Schema(ctx)
+	if err != nil {
+		return err
+	}
+	s.timersHeard.Store(true)
+	defer s.timersHeard.Store(false)
+	nudgeTimers(s.timerWake) // what was set while not listening
+	for {
+		if _, err := l.Wait(ctx, schema); err != nil {
+			return err
+		}
+		nudgeTimers(s.timerWake)
+	}
 }

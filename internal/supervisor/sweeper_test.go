@@ -186,3 +186,55 @@ func TestReportLimitsAndKeys(t *testing.T) {
 		t.Fatalf("%d rate series once the limits are gone", n)
 	}
 }
+
+// A leader's timer loop sleeps until its earliest timer, however far off
+// (here the whole TimerPoll, an hour, with none waiting), and a timer set
+// meanwhile for sooner wakes it through ChannelTimers: the timer fires at
+// its due time, not at the next poll.
+func TestTimersFireWhenToldWhileTheLoopSleeps(t *testing.T) {
+	t.Parallel()
+	_, pool := testenv.Database(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	store := statestore.New(pool)
+	s := &sweeper{store: store, me: "test",
+		cfg:     Config{Interval: 3 * time.Second, LeaseTTL: time.Hour, TimerPoll: time.Hour, Batch: 100, StatsInterval: time.Hour},
+		logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+		metrics: newMetrics(prometheus.NewRegistry())}
+	done := make(chan error, 1)
+	go func() { done <- s.run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	testenv.Eventually(t, 10*time.Second, "the sweeper to lead and hear of timers", func() bool { return s.lead.Load() && s.timersHeard.Load() })
+	// Two timers one after the other: once the first has fired the loop
+	// finds none waiting and sleeps the whole TimerPoll unless told.
+	for i := range 2 {
+		var dbNow time.Time
+		if err := pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&dbNow); err != nil {
+			t.Fatal(err)
+		}
+		id := messages.NewID()
+		h := sha256.Sum256([]byte(id))
+		startAt := dbNow.Add(300 * time.Millisecond)
+		o := statestore.NewOrder{OrderID: id, Workflow: "test", Payload: []byte(`{}`), PayloadHash: h[:], Actor: "test", FailurePolicy: statestore.PolicyHold,
+			StartAt: &startAt, Steps: []statestore.NewStep{{Name: "s", Agent: "a", Timeout: time.Minute, MaxFailures: 3}}}
+		if _, err := store.InsertOrder(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, 10*time.Second, "the timer to fire", func() bool {
+			var state string
+			return pool.QueryRow(ctx, `SELECT process_state FROM steps WHERE order_id = $1`, id).Scan(&state) == nil && state != statestore.StepDelayed
+		})
+		var late float64
+		if err := pool.QueryRow(ctx, `SELECT extract(epoch FROM updated_at - $2::timestamptz) FROM steps WHERE order_id = $1`, id, startAt).Scan(&late); err != nil {
+			t.Fatal(err)
+		}
+		if late < 0 || late > 2 {
+			t.Fatalf("timer %d fired %.3fs after its due time, want within 2s (told, not polled)", i+1, late)
+		}
+	}
+}

@@ -3,7 +3,9 @@
 -- notify_pending: wakes the schedulers when new steps are pending. An
 -- order whose first step waits (a delay, a start time, a signal) is
 -- claimed by nobody now, whose claim would nudge the relay to publish its
--- received event: the relay is woken instead.
+-- received event: the relay is woken instead, and the supervisor's timer
+-- loop is told of the timer if it falls due before the loop looks next
+-- (timer_set).
 CREATE OR REPLACE FUNCTION notify_pending()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -14,7 +16,36 @@ BEGIN
     END IF;
     IF EXISTS (SELECT 1 FROM new_rows WHERE process_state IN ('delayed', 'awaiting')) THEN
         PERFORM pg_notify('sas_outbox', current_schema());
+        PERFORM timer_set((SELECT min(due_at) FROM new_rows WHERE process_state IN ('delayed', 'awaiting')));
     END IF;
+    RETURN NULL;
+END;
+$function$;
+
+-- timer_set: a timer due at p_due was set. The shared lock is held to
+-- the writer's commit, so that the loop's look (timers_watch, which takes
+-- the lock alone) either sees this timer or was recorded before it was
+-- read here.
+CREATE OR REPLACE FUNCTION timer_set(p_due timestamp with time zone)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(hashtextextended('sas.timers.' || current_schema(), 0));
+    IF p_due < (SELECT next_look FROM timer_watch) THEN
+        PERFORM pg_notify('sas_timers', current_schema());
+    END IF;
+END;
+$function$;
+
+-- steps_timer_set: a step became a timer by an update (trigger
+-- steps_timer_set, whose WHEN clause picks the rows).
+CREATE OR REPLACE FUNCTION steps_timer_set()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    PERFORM timer_set(NEW.due_at);
     RETURN NULL;
 END;
 $function$;

@@ -109,6 +109,32 @@ AS $function$
     LIMIT 1
 $function$;
 
+-- timers_watch: the leading supervisor's look before it sleeps. Seconds
+-- until the earliest timer (next_timer) or schedule tick still to come
+-- (NULL: none); and, when it could take the timers' lock alone, it
+-- records in timer_watch that it looks next then, at most p_longest_s
+-- from now, so that a timer set meanwhile for sooner is told to it
+-- (timer_set). The lock is only tried: a writer that read the last
+-- record and has not committed holds it shared, and the loop then looks
+-- again soon rather than wait for that writer (watched false). Once the
+-- lock is taken, every such writer has committed, and this look sees its
+-- timer.
+CREATE OR REPLACE FUNCTION timers_watch(p_longest_s double precision, OUT next_s double precision, OUT watched boolean)
+ RETURNS record
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    watched := pg_try_advisory_xact_lock(hashtextextended('sas.timers.' || current_schema(), 0));
+    next_s := least(next_timer(),
+                    (SELECT extract(epoch FROM min(next_tick) - clock_timestamp())::float8 FROM schedules
+                     WHERE in_file AND NOT paused AND next_tick > clock_timestamp()));
+    IF watched THEN
+        UPDATE timer_watch SET next_look = clock_timestamp()
+                                           + make_interval(secs => greatest(least(coalesce(next_s, p_longest_s), p_longest_s), 0));
+    END IF;
+END;
+$function$;
+
 -- step_await: a claimed wait step begins to wait (fenced as a reply is):
 -- a signal of its name its order kept (it came before the wait began)
 -- ends it at once, its payload the step's result; otherwise it awaits

@@ -148,7 +148,8 @@ BEGIN
     IF v_graph THEN
         PERFORM graph_advance(p_order, v_actor);
     END IF;
-    PERFORM pg_notify('sas_pending', current_schema()), pg_notify('sas_outbox', current_schema());
+    -- The order's timers, held with it, count again.
+    PERFORM pg_notify('sas_pending', current_schema()), pg_notify('sas_outbox', current_schema()), pg_notify('sas_timers', current_schema());
     RETURN QUERY SELECT n FROM unnest(v_steps) n ORDER BY n;
 END;
 $function$;
