@@ -114,22 +114,72 @@ const depthTrust = time.Second
 // again: agents drain a queue without notifying anyone.
 const throttledRecheck = 50 * time.Millisecond
 
+// claimerIdleLongest is how many poll intervals a claimer whose looks
+// keep finding nothing waits at most between them: its wait doubles from
+// one interval at each look that claimed nothing, and is one again as
+// soon as it is woken or claims. New work notifies a claimer (sas_pending,
+// a nudge from the scheduler's own replies); the poll only bounds how
+// late a step whose notification was lost, or whose order row another
+// transaction held, is claimed, and never waits past the moment the
+// earliest pending step becomes available (a reset step's backoff). At
+// rest a claimer then looks every few seconds, not twice a second, with
+// each look's queue depth reads and claim.
+const claimerIdleLongest = 8
+
+// idleWait is a claimer's wait between looks when nothing wakes it.
+type idleWait struct {
+	poll, cur time.Duration
+}
+
+func (w *idleWait) reset() { w.cur = w.poll }
+func (w *idleWait) grow()  { w.cur = min(2*w.cur, claimerIdleLongest*w.poll) }
+
+// next is the wait before the next look, given how soon the earliest
+// pending step becomes available (ok false: none is pending). A step
+// available now that the last look did not claim (its order row was
+// held) is looked at again after one interval, as it always was.
+func (w *idleWait) next(pending time.Duration, ok bool) time.Duration {
+	switch {
+	case !ok || w.cur <= w.poll:
+		return w.cur
+	case pending <= 0:
+		return w.poll
+	default:
+		return max(min(w.cur, pending), minLimitRecheck)
+	}
+}
+
 func (c *claimer) run(ctx context.Context) error {
-	ticker := time.NewTicker(c.poll)
-	defer ticker.Stop()
+	wait := idleWait{poll: c.poll}
+	wait.reset()
+	poll := time.NewTimer(c.poll)
+	defer poll.Stop()
 	for {
-		soon := c.drain(ctx)
+		soon, claimed := c.drain(ctx)
 		var recheck <-chan time.Time
 		if soon > 0 {
 			recheck = time.After(soon)
 		}
+		if claimed {
+			wait.reset()
+		}
+		d := wait.cur
+		if d > c.poll {
+			pending, ok, err := c.store.NextPending(ctx)
+			if d = wait.next(pending, ok); err != nil {
+				d = c.poll
+			}
+		}
+		poll.Reset(d)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-c.wake:
 			c.metrics.wakeups.WithLabelValues("claimer", "notify").Inc()
-		case <-ticker.C:
+			wait.reset()
+		case <-poll.C:
 			c.metrics.wakeups.WithLabelValues("claimer", "poll").Inc()
+			wait.grow()
 		case <-recheck:
 			c.metrics.wakeups.WithLabelValues("claimer", "throttled").Inc()
 		}
@@ -139,8 +189,9 @@ func (c *claimer) run(ctx context.Context) error {
 // drain claims and dispatches, every kind with room in one claim (each
 // limited kind in one of its own), until no kind has both room and
 // pending steps. It returns how soon to look again when a full queue or
-// a limit held a kind back (0: at the next wake-up).
-func (c *claimer) drain(ctx context.Context) (soon time.Duration) {
+// a limit held a kind back (0: at the next wake-up), and whether it
+// claimed anything.
+func (c *claimer) drain(ctx context.Context) (soon time.Duration, claimed bool) {
 	shared := false
 	throttled := false
 	defer func() {
@@ -151,7 +202,7 @@ func (c *claimer) drain(ctx context.Context) (soon time.Duration) {
 	for ctx.Err() == nil {
 		if c.repliesFull(ctx) {
 			throttled = true
-			return soon
+			return soon, claimed
 		}
 		rooms := make(map[string]int, len(c.kinds))
 		limited := map[string]int{}
@@ -187,34 +238,37 @@ func (c *claimer) drain(ctx context.Context) (soon time.Duration) {
 		}
 		more := false
 		for kind, room := range limited {
-			full, wait := c.claimLimited(ctx, kind, room)
+			n, full, wait := c.claimLimited(ctx, kind, room)
+			claimed = claimed || n > 0
 			more = more || full
 			if wait > 0 && (soon == 0 || wait < soon) {
 				soon = wait
 			}
 		}
 		if len(rooms) > 0 {
-			full, ok := c.claimKinds(ctx, rooms)
+			n, full, ok := c.claimKinds(ctx, rooms)
+			claimed = claimed || n > 0
 			if !ok {
-				return soon
+				return soon, claimed
 			}
 			more = more || full
 		}
 		if !more {
-			return soon
+			return soon, claimed
 		}
 		if !shared && c.shareMore != nil {
 			shared = true
 			c.shareMore(ctx)
 		}
 	}
-	return soon
+	return soon, claimed
 }
 
 // claimKinds claims, in one statement, up to rooms[kind] steps of each
-// kind and sends their requests. It reports whether a kind took its whole
-// room (more may wait), and false when the claim failed.
-func (c *claimer) claimKinds(ctx context.Context, rooms map[string]int) (full, ok bool) {
+// kind and sends their requests. It reports how many it claimed, whether
+// a kind took its whole room (more may wait), and false when the claim
+// failed.
+func (c *claimer) claimKinds(ctx context.Context, rooms map[string]int) (n int, full, ok bool) {
 	start := time.Now()
 	steps, err := c.store.ClaimKinds(ctx, c.me, rooms)
 	c.metrics.claimDuration.Observe(time.Since(start).Seconds())
@@ -222,10 +276,10 @@ func (c *claimer) claimKinds(ctx context.Context, rooms map[string]int) (full, o
 		if ctx.Err() == nil {
 			c.logger.Warn("claim failed", "err", err)
 		}
-		return false, false
+		return 0, false, false
 	}
 	if len(steps) == 0 {
-		return false, true
+		return 0, false, true
 	}
 	c.metrics.claimed.Add(float64(len(steps)))
 	c.metrics.claimSize.Observe(float64(len(steps)))
@@ -244,15 +298,16 @@ func (c *claimer) claimKinds(ctx context.Context, rooms map[string]int) (full, o
 			full = true // that kind may have more waiting
 		}
 	}
-	return full, true
+	return len(steps), full, true
 }
 
 // claimLimited claims up to room steps of a limited kind and sends their
-// requests. It reports whether it took the whole room (more may wait),
+// requests. It reports how many it claimed, whether it took the whole
+// room (more may wait),
 // and, when a limit cut the claim, how soon to look again: when the next
 // token comes for a rate, throttledRecheck for max_in_flight (a step of
 // the kind ending anywhere makes room).
-func (c *claimer) claimLimited(ctx context.Context, kind string, room int) (full bool, soon time.Duration) {
+func (c *claimer) claimLimited(ctx context.Context, kind string, room int) (n int, full bool, soon time.Duration) {
 	start := time.Now()
 	lc, err := c.store.ClaimLimited(ctx, c.me, kind, room)
 	c.metrics.claimDuration.Observe(time.Since(start).Seconds())
@@ -260,7 +315,7 @@ func (c *claimer) claimLimited(ctx context.Context, kind string, room int) (full
 		if ctx.Err() == nil {
 			c.logger.Warn("claim failed", "kind", kind, "err", err)
 		}
-		return false, throttledRecheck
+		return 0, false, throttledRecheck
 	}
 	switch lc.Held {
 	case statestore.HeldRate:
@@ -271,7 +326,7 @@ func (c *claimer) claimLimited(ctx context.Context, kind string, room int) (full
 		soon = throttledRecheck
 	}
 	if len(lc.Steps) == 0 {
-		return false, soon
+		return 0, false, soon
 	}
 	c.metrics.claimed.Add(float64(len(lc.Steps)))
 	c.metrics.claimSize.Observe(float64(len(lc.Steps)))
@@ -282,7 +337,7 @@ func (c *claimer) claimLimited(ctx context.Context, kind string, room int) (full
 	c.wakeRelayIfTold(lc.Steps)
 	failpoint.Inject("scheduler-after-claim")
 	c.dispatch(lc.Steps, start)
-	return len(lc.Steps) == room && lc.Held == "", soon
+	return len(lc.Steps), len(lc.Steps) == room && lc.Held == "", soon
 }
 
 // wakeRelayIfTold nudges the relay when a claim wrote status events: a

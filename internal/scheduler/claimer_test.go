@@ -172,7 +172,7 @@ func TestClaimerStopsWhileRepliesWait(t *testing.T) {
 	}
 
 	c := newClaimer(queueReader{replies: 500, inventory: 0}, 500)
-	if c.drain(context.Background()) == 0 {
+	if soon, _ := c.drain(context.Background()); soon == 0 {
 		t.Fatal("drain with 500 replies waiting (limit 500) was not held back")
 	}
 	if got := testutil.ToFloat64(c.metrics.repliesFull); got != 1 {
@@ -183,7 +183,7 @@ func TestClaimerStopsWhileRepliesWait(t *testing.T) {
 	}
 	// An unreadable replies queue holds claims back too.
 	c = newClaimer(queueReader{inventory: 0}, 500)
-	if c.drain(context.Background()) == 0 {
+	if soon, _ := c.drain(context.Background()); soon == 0 {
 		t.Fatal("drain with the replies queue unreadable was not held back")
 	}
 
@@ -191,7 +191,7 @@ func TestClaimerStopsWhileRepliesWait(t *testing.T) {
 	// one is full, so no claim is made either, but for that reason.
 	for _, limit := range []int{501, 0} {
 		c = newClaimer(queueReader{replies: 500, inventory: 100}, limit)
-		if c.drain(context.Background()) == 0 {
+		if soon, _ := c.drain(context.Background()); soon == 0 {
 			t.Fatalf("limit %d: drain with a full agent queue was not held back", limit)
 		}
 		if got := testutil.ToFloat64(c.metrics.repliesFull); got != 0 {
@@ -217,5 +217,44 @@ func TestClaimerWakesTheRelayOnlyForEvents(t *testing.T) {
 	c.wakeRelayIfTold([]statestore.ClaimedStep{{OrderID: "a"}, {OrderID: "b", Told: true}})
 	if nudged != 1 {
 		t.Fatalf("nudged %d times for a claim that wrote an event, want 1", nudged)
+	}
+}
+
+// A claimer whose looks keep finding nothing waits longer between them,
+// up to claimerIdleLongest intervals, and one interval again once woken
+// or once it claims; backing off it never waits past the moment the
+// earliest pending step becomes available, and a step available now
+// that it did not claim is looked at again after one interval.
+func TestClaimerAtRestLooksLessOften(t *testing.T) {
+	t.Parallel()
+	const poll = 500 * time.Millisecond
+	w := idleWait{poll: poll}
+	w.reset()
+	var waits []time.Duration
+	for range 5 {
+		waits = append(waits, w.next(0, false))
+		w.grow()
+	}
+	want := []time.Duration{poll, 2 * poll, 4 * poll, 8 * poll, 8 * poll}
+	for i := range want {
+		if waits[i] != want[i] {
+			t.Fatalf("waits %v, want %v", waits, want)
+		}
+	}
+	if d := w.next(1500*time.Millisecond, true); d != 1500*time.Millisecond {
+		t.Fatalf("with a step available in 1.5 s the claimer waits %v", d)
+	}
+	if d := w.next(time.Minute, true); d != 8*poll {
+		t.Fatalf("with a step available in a minute the claimer waits %v, want %v", d, 8*poll)
+	}
+	if d := w.next(-time.Second, true); d != poll {
+		t.Fatalf("with a step available and not claimed the claimer waits %v, want %v", d, poll)
+	}
+	if d := w.next(time.Microsecond, true); d != minLimitRecheck {
+		t.Fatalf("with a step available in 1 µs the claimer waits %v, want %v", d, minLimitRecheck)
+	}
+	w.reset()
+	if d := w.next(time.Minute, true); d != poll {
+		t.Fatalf("once woken the claimer waits %v, want %v", d, poll)
 	}
 }

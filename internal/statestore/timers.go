@@ -76,3 +76,20 @@ func (s *Store) WatchTimers(ctx context.Context, longest time.Duration) (next ti
 	}
 	return time.Duration(*secs * float64(time.Second)), true, watched, nil
 }
+
+// NextPending says how soon the earliest pending step becomes available
+// to a claim (zero or less: it is now), and false when none is pending:
+// a claimer at rest waits no longer than that. It reads the pending
+// steps' two partial indexes, which hold only pending rows.
+func (s *Store) NextPending(ctx context.Context) (time.Duration, bool, error) {
+	var secs *float64
+	if err := s.pool.QueryRow(ctx, `SELECT extract(epoch FROM least(
+		(SELECT min(available_at) FROM steps WHERE process_state = 'pending' AND fair_key IS NULL),
+		(SELECT min(available_at) FROM steps WHERE process_state = 'pending' AND fair_key IS NOT NULL)) - now())::float8`).Scan(&secs); err != nil {
+		return 0, false, fmt.Errorf("next pending step: %w", err)
+	}
+	if secs == nil {
+		return 0, false, nil
+	}
+	return time.Duration(*secs * float64(time.Second)), true, nil
+}

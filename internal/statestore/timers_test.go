@@ -397,3 +397,29 @@ func TestTimersAreToldWhenDueBeforeTheNextLook(t *testing.T) {
 		t.Fatalf("watched %v (%v) once the writer committed", watched, err)
 	}
 }
+
+// TestNextPendingIsTheEarliestAvailability: a claimer at rest waits no
+// longer than the earliest pending step's availability: none pending,
+// one available now, one held back by a reset's backoff.
+func TestNextPendingIsTheEarliestAvailability(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	if d, ok, err := b.store.NextPending(ctx); err != nil || ok {
+		t.Fatalf("with nothing pending: %v %v %v", d, ok, err)
+	}
+	o := order(1, time.Minute, 3)
+	insert(t, b, o)
+	if d, ok, err := b.store.NextPending(ctx); err != nil || !ok || d > 0 {
+		t.Fatalf("with a step available now: %v %v %v", d, ok, err)
+	}
+	testenv.Forge(t, b.pool, `UPDATE steps SET available_at = now() + interval '10 seconds' WHERE order_id = $1`, o.OrderID)
+	if d, ok, err := b.store.NextPending(ctx); err != nil || !ok || d < 9*time.Second || d > 10*time.Second {
+		t.Fatalf("with a step available in 10 s: %v %v %v", d, ok, err)
+	}
+	// A step of a fair key is read from its own index.
+	testenv.Forge(t, b.pool, `UPDATE steps SET fair_key = 'k', available_at = now() + interval '3 seconds' WHERE order_id = $1`, o.OrderID)
+	if d, ok, err := b.store.NextPending(ctx); err != nil || !ok || d < 2*time.Second || d > 3*time.Second {
+		t.Fatalf("with a fair key's step available in 3 s: %v %v %v", d, ok, err)
+	}
+}
