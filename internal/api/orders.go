@@ -329,8 +329,12 @@ func (s *server) await(w http.ResponseWriter, r *http.Request, c caller) {
 		writeProblem(w, r, http.StatusBadRequest, probBadRequest, err.Error())
 		return
 	}
-	f, stop := s.hub.follow(id)
+	f, stop, ready := s.hub.follow(id)
 	defer stop()
+	if err := await(r.Context(), ready, followBindWait); err != nil {
+		s.unavailable(w, r, err)
+		return
+	}
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	for {
@@ -379,6 +383,11 @@ func writeEvent(w http.ResponseWriter, body []byte, ended bool) {
 	_, _ = w.Write(body)
 }
 
+// followBindWait is how long a request that follows an order waits for
+// the status queue to be bound (at once when it is; a round trip to the
+// broker for the first follower after a quiet while).
+const followBindWait = 10 * time.Second
+
 // sseKeepAlive is how often a quiet event stream sends a comment, so
 // that proxies keep it open.
 const sseKeepAlive = 15 * time.Second
@@ -396,8 +405,12 @@ func (s *server) events(w http.ResponseWriter, r *http.Request, c caller) {
 		writeProblem(w, r, http.StatusInternalServerError, probInternal, "this server cannot stream")
 		return
 	}
-	f, stop := s.hub.follow(id)
+	f, stop, ready := s.hub.follow(id)
 	defer stop()
+	if err := await(r.Context(), ready, followBindWait); err != nil {
+		s.unavailable(w, r, err)
+		return
+	}
 	status, body, err := s.store.StatusEventOf(r.Context(), id)
 	if s.readFailed(w, r, err, "order "+id) {
 		return

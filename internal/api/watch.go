@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -13,9 +14,13 @@ import (
 )
 
 // hub hands the status events of the status exchange to the requests
-// that await or follow their orders. One exclusive queue per replica,
-// bound to every status, feeds it; an event of an order nobody here
-// follows is dropped unread. A follower registers before it reads the
+// that await or follow their orders. One exclusive queue per replica
+// feeds it, bound to every status only while some request here follows
+// an order (and for hubLinger after the last one left): with nobody
+// following, the events are not routed here at all, so progress events
+// nobody hears stop being written (statestore.HearStatusEvents). An
+// event of an order nobody here follows is dropped unread. A follower
+// registers, then waits until the queue is bound (ready), then reads the
 // order from the store, so an event that comes between the two is never
 // missed; one that could not be handed over (the follower's buffer full,
 // or the queue lost and made again) marks the follower lost, and it reads
@@ -26,10 +31,28 @@ type hub struct {
 	// queue is bound: progress events it had stopped writing for want of
 	// a listener are written again (statestore.HearStatusEvents).
 	heard func(context.Context) error
+	// linger is how long the queue stays bound after the last follower
+	// left (hubLinger).
+	linger time.Duration
 
 	mu        sync.Mutex
 	followers map[string]map[*follower]struct{}
+	count     int // followers, of every order
+	// bound is closed once the queue is bound and heard; a new one is made
+	// when the binding goes (unbound, or the queue lost).
+	bound   chan struct{}
+	isBound bool
+	// want wakes the consuming loop: a first follower came, or the last
+	// one left.
+	want chan struct{}
 }
+
+// hubLinger is how long the status queue stays bound after its last
+// follower: a client that awaits order after order binds once.
+const hubLinger = 30 * time.Second
+
+// errNotBound is why a follower gave up waiting for the binding.
+var errNotBound = errors.New("status events cannot be followed now: the broker is unavailable")
 
 // follower is one request following one order.
 type follower struct {
@@ -40,12 +63,23 @@ type follower struct {
 }
 
 func newHub(logger *slog.Logger, heard func(context.Context) error) *hub {
-	return &hub{logger: logger, heard: heard, followers: map[string]map[*follower]struct{}{}}
+	return &hub{logger: logger, heard: heard, linger: hubLinger, followers: map[string]map[*follower]struct{}{},
+		bound: make(chan struct{}), want: make(chan struct{}, 1)}
 }
 
-// follow registers a follower of orderID; stop unregisters it.
-func (h *hub) follow(orderID string) (*follower, func()) {
-	f := &follower{events: make(chan messages.StatusEvent, 16), lost: make(chan struct{}, 1)}
+// poke wakes the consuming loop.
+func (h *hub) poke() {
+	select {
+	case h.want <- struct{}{}:
+	default:
+	}
+}
+
+// follow registers a follower of orderID and returns it, stop (which
+// unregisters it) and ready (closed once the queue is bound: the
+// follower then reads the store).
+func (h *hub) follow(orderID string) (f *follower, stop func(), ready <-chan struct{}) {
+	f = &follower{events: make(chan messages.StatusEvent, 16), lost: make(chan struct{}, 1)}
 	h.mu.Lock()
 	set := h.followers[orderID]
 	if set == nil {
@@ -53,15 +87,65 @@ func (h *hub) follow(orderID string) (*follower, func()) {
 		h.followers[orderID] = set
 	}
 	set[f] = struct{}{}
+	h.count++
+	ready = h.bound
+	if !h.isBound {
+		h.poke()
+	}
 	h.mu.Unlock()
 	return f, func() {
 		h.mu.Lock()
-		delete(set, f)
+		if _, ok := set[f]; ok {
+			delete(set, f)
+			h.count--
+		}
 		if len(set) == 0 && h.followers[orderID] != nil && len(h.followers[orderID]) == 0 {
 			delete(h.followers, orderID)
 		}
+		last := h.count == 0
 		h.mu.Unlock()
+		if last {
+			h.poke()
+		}
+	}, ready
+}
+
+// await waits until ready is closed (the queue is bound), for at most
+// timeout.
+func await(ctx context.Context, ready <-chan struct{}, timeout time.Duration) error {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-ready:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return errNotBound
 	}
+}
+
+// setBound records the binding: closes bound when it is made, makes a
+// new one when it goes.
+func (h *hub) setBound(b bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if b == h.isBound {
+		return
+	}
+	h.isBound = b
+	if b {
+		close(h.bound)
+	} else {
+		h.bound = make(chan struct{})
+	}
+}
+
+// followed is how many followers there are.
+func (h *hub) followed() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.count
 }
 
 func (f *follower) markLost() {
@@ -107,7 +191,8 @@ func (h *hub) allLost() {
 }
 
 // run consumes the status exchange through a queue of its own until ctx
-// ends, making it again after a broker failure.
+// ends, making it again after a broker failure; the queue is bound while
+// there are followers.
 func (h *hub) run(ctx context.Context, conn *broker.Conn) {
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
@@ -133,14 +218,11 @@ func (h *hub) consume(ctx context.Context, conn *broker.Conn) error {
 		return err
 	}
 	defer ch.Close()
+	// Whatever came while the queue was lost was not seen.
+	defer h.setBound(false)
+	defer h.allLost()
 	q, err := ch.QueueDeclare("", false, true, true, false, nil)
 	if err != nil {
-		return err
-	}
-	if err := ch.QueueBind(q.Name, "#", conn.Topology().StatusExchange(), false, nil); err != nil {
-		return err
-	}
-	if err := h.heard(ctx); err != nil {
 		return err
 	}
 	deliveries, err := ch.Consume(q.Name, "", true, true, false, false, nil)
@@ -149,7 +231,26 @@ func (h *hub) consume(ctx context.Context, conn *broker.Conn) error {
 	}
 	h.allLost()
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	exchange := conn.Topology().StatusExchange()
+	bound := false
+	var unbind <-chan time.Time // the linger after the last follower
 	for {
+		switch n := h.followed(); {
+		case n > 0 && !bound:
+			if err := ch.QueueBind(q.Name, "#", exchange, false, nil); err != nil {
+				return err
+			}
+			if err := h.heard(ctx); err != nil {
+				return err
+			}
+			bound = true
+			h.setBound(true)
+			unbind = nil
+		case n > 0:
+			unbind = nil
+		case bound && unbind == nil:
+			unbind = time.After(h.linger)
+		}
 		select {
 		case <-ctx.Done():
 			return nil
@@ -163,6 +264,24 @@ func (h *hub) consume(ctx context.Context, conn *broker.Conn) error {
 				return errChannelClosed
 			}
 			h.deliver(d.Body)
+		case <-h.want:
+		case <-unbind:
+			unbind = nil
+			// Unbound first in the hub's eyes, so that a follower who
+			// comes now waits for the binding made again.
+			h.mu.Lock()
+			idle := h.count == 0
+			if idle {
+				h.isBound = false
+				h.bound = make(chan struct{})
+			}
+			h.mu.Unlock()
+			if idle {
+				if err := ch.QueueUnbind(q.Name, "#", exchange, nil); err != nil {
+					return err
+				}
+				bound = false
+			}
 		}
 	}
 }

@@ -1,0 +1,124 @@
+package api
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"sas/internal/broker"
+	"sas/internal/harness/testenv"
+	"sas/internal/messages"
+)
+
+// The API's status queue is bound only while a request here follows an
+// order (and for the linger after the last): with nobody following, the
+// status exchange routes nothing to this API, so progress events nobody
+// hears stop being written; a follower waits until the queue is bound
+// (and the store told that every status is heard again), then gets its
+// order's events.
+func TestHubBindsOnlyWhileFollowed(t *testing.T) {
+	t.Parallel()
+	topo := broker.Topology{Prefix: testenv.Prefix(t), DeliveryLimit: 10}
+	testenv.Broker(t, topo)
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx, cancel := context.WithCancel(context.Background())
+	conn, err := broker.Open(ctx, testenv.AMQPURL(), "api-hub-test", topo, logger, broker.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var heard atomic.Int32
+	h := newHub(logger, func(context.Context) error { heard.Add(1); return nil })
+	h.linger = 200 * time.Millisecond
+	var wg sync.WaitGroup
+	wg.Go(func() { h.run(ctx, conn) })
+	defer func() {
+		cancel()
+		wg.Wait()
+		conn.Close()
+	}()
+
+	// routed publishes an event for id, mandatory and confirmed, and says
+	// whether the exchange routed it anywhere (the broker returns an
+	// unroutable one before it confirms it).
+	ac, err := amqp.Dial(testenv.AMQPURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ac.Close()
+	ch, err := ac.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	returns := ch.NotifyReturn(make(chan amqp.Return, 16))
+	routed := func(id string) bool {
+		t.Helper()
+		body, err := messages.Encode(messages.StatusEvent{SchemaVersion: messages.SchemaVersion, OrderID: id,
+			Status: messages.StatusCompleted, At: time.Now()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, topo.StatusExchange(), "completed", true, false,
+			amqp.Publishing{ContentType: messages.ContentType, Body: body})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := dc.WaitContext(ctx); err != nil || !ok {
+			t.Fatalf("publish not confirmed: %v %v", ok, err)
+		}
+		select {
+		case <-returns:
+			return false
+		default:
+			return true
+		}
+	}
+
+	id := messages.NewID()
+	if routed(id) || heard.Load() != 0 {
+		t.Fatalf("with nobody following, an event was routed to the API (heard %d)", heard.Load())
+	}
+	f, stop, ready := h.follow(id)
+	if err := await(ctx, ready, 10*time.Second); err != nil {
+		t.Fatalf("the follower's wait for the binding: %v", err)
+	}
+	if heard.Load() != 1 {
+		t.Fatalf("the store was told %d times that every status is heard, want once", heard.Load())
+	}
+	if !routed(id) {
+		t.Fatal("with a follower, an event was not routed to the API")
+	}
+	select {
+	case ev := <-f.events:
+		if ev.OrderID != id || ev.Status != messages.StatusCompleted {
+			t.Fatalf("the follower got %+v", ev)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the follower got no event")
+	}
+	// A second follower of another order finds it bound already.
+	_, stop2, ready2 := h.follow(messages.NewID())
+	select {
+	case <-ready2:
+	default:
+		t.Fatal("a second follower waits for a binding that is there")
+	}
+	stop2()
+	stop()
+	testenv.Eventually(t, 10*time.Second, "the binding to go once nobody follows", func() bool { return !routed(id) })
+	// Following again binds again.
+	_, stop3, ready3 := h.follow(id)
+	defer stop3()
+	if err := await(ctx, ready3, 10*time.Second); err != nil || !routed(id) || heard.Load() != 2 {
+		t.Fatalf("following again: %v, heard %d", err, heard.Load())
+	}
+}
