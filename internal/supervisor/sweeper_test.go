@@ -121,18 +121,7 @@ func TestTimersFireAsSoonAsTheStoreIsBack(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, "a lease renewal to fail", func() bool {
 		return strings.Contains(logs.String(), "lease renewal failed")
 	})
-	var dbNow time.Time
-	if err := pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&dbNow); err != nil {
-		t.Fatal(err)
-	}
-	id := messages.NewID()
-	h := sha256.Sum256([]byte(id))
-	startAt := dbNow.Add(200 * time.Millisecond)
-	o := statestore.NewOrder{OrderID: id, Workflow: "test", Payload: []byte(`{}`), PayloadHash: h[:], Actor: "test", FailurePolicy: statestore.PolicyHold,
-		StartAt: &startAt, Steps: []statestore.NewStep{{Name: "s", Agent: "a", Timeout: time.Minute, MaxFailures: 3}}}
-	if _, err := direct.InsertOrder(ctx, o); err != nil {
-		t.Fatal(err)
-	}
+	id, _ := startingIn(t, pool, direct, 200*time.Millisecond)
 	testenv.Eventually(t, 10*time.Second, "the timer to fall due", func() bool {
 		d, ok, err := direct.NextTimer(ctx)
 		return err == nil && ok && d <= 0
@@ -213,18 +202,7 @@ func TestTimersFireWhenToldWhileTheLoopSleeps(t *testing.T) {
 	// Two timers one after the other: once the first has fired the loop
 	// finds none waiting and sleeps the whole TimerPoll unless told.
 	for i := range 2 {
-		var dbNow time.Time
-		if err := pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&dbNow); err != nil {
-			t.Fatal(err)
-		}
-		id := messages.NewID()
-		h := sha256.Sum256([]byte(id))
-		startAt := dbNow.Add(300 * time.Millisecond)
-		o := statestore.NewOrder{OrderID: id, Workflow: "test", Payload: []byte(`{}`), PayloadHash: h[:], Actor: "test", FailurePolicy: statestore.PolicyHold,
-			StartAt: &startAt, Steps: []statestore.NewStep{{Name: "s", Agent: "a", Timeout: time.Minute, MaxFailures: 3}}}
-		if _, err := store.InsertOrder(ctx, o); err != nil {
-			t.Fatal(err)
-		}
+		id, startAt := startingIn(t, pool, store, 300*time.Millisecond)
 		testenv.Eventually(t, 10*time.Second, "the timer to fire", func() bool {
 			var state string
 			return pool.QueryRow(ctx, `SELECT process_state FROM steps WHERE order_id = $1`, id).Scan(&state) == nil && state != statestore.StepDelayed
@@ -237,4 +215,24 @@ func TestTimersFireWhenToldWhileTheLoopSleeps(t *testing.T) {
 			t.Fatalf("timer %d fired %.3fs after its due time, want within 2s (told, not polled)", i+1, late)
 		}
 	}
+}
+
+// startingIn inserts an order of one step that starts after, on the
+// database clock, and returns its id and start time.
+func startingIn(t *testing.T, pool *pgxpool.Pool, store *statestore.Store, after time.Duration) (string, time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	var dbNow time.Time
+	if err := pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&dbNow); err != nil {
+		t.Fatal(err)
+	}
+	id := messages.NewID()
+	h := sha256.Sum256([]byte(id))
+	startAt := dbNow.Add(after)
+	o := statestore.NewOrder{OrderID: id, Workflow: "test", Payload: []byte(`{}`), PayloadHash: h[:], Actor: "test", FailurePolicy: statestore.PolicyHold,
+		StartAt: &startAt, Steps: []statestore.NewStep{{Name: "s", Agent: "a", Timeout: time.Minute, MaxFailures: 3}}}
+	if _, err := store.InsertOrder(ctx, o); err != nil {
+		t.Fatal(err)
+	}
+	return id, startAt
 }
