@@ -231,6 +231,16 @@ func TestEveryAlertRuleFires(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.submitOrders(t, 1, "--reply-to", s.topo.Prefix+"outbox-behind")
+	// The relay's failures first, then the rule on them: a timeout says
+	// which of the two never came (and the scheduler's log why).
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the scheduler's log:\n%s", p.schedulers[0].tail())
+		}
+	})
+	testenv.Eventually(t, 90*time.Second, "the relay to fail to publish the new order's events", func() bool {
+		return p.schedulers[0].metric(t, "sas_outbox_relay_errors_total") > 0
+	})
 	waitFiring("SasOutboxBehind")
 	if err := s.topo.Declare(amqpChannel(t)); err != nil {
 		t.Fatal(err)

@@ -98,7 +98,9 @@ func TestClaimLimitedHoldsTheRate(t *testing.T) {
 	}
 	bound := 5 + 50*elapsed
 	t.Logf("%d claimed in %.2f s at 50/s, burst 5 (bound %.0f)", len(claimed), elapsed, bound)
-	if float64(len(claimed)) > bound || float64(len(claimed)) < 0.8*50*elapsed {
+	// The floor is loose: on a loaded machine (the e2e suite beside it)
+	// the four claimers once took 83 of the 110 a rate of 50/s allowed.
+	if float64(len(claimed)) > bound || float64(len(claimed)) < 0.6*50*elapsed {
 		t.Fatalf("%d claimed in %.2f s, want about 50/s and at most %.0f", len(claimed), elapsed, bound)
 	}
 	if n := count(t, b, `SELECT count(*) FROM steps WHERE process_state = 'pending' AND complete_by IS NULL AND attempt = 0`); n != 400-len(claimed) {
