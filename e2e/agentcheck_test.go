@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -135,10 +136,10 @@ func TestPayloadMeansTheSameEverywhere(t *testing.T) {
 }
 
 // asyncCheckService answers every call 202 Accepted and, once a key is
-// called a second time (a later attempt, with a new token), posts the
-// key's callback to queue on ch: with the newest token, or, when stale,
+// called a second time (a later attempt, with a new token), sends the
+// key's heartbeat and callback: with the newest token, or, when stale,
 // with the first.
-func asyncCheckService(t *testing.T, ch *amqp.Channel, queue string, stale bool) *httptest.Server {
+func asyncCheckService(t *testing.T, send func(ctx context.Context, token, name string) error, stale bool) *httptest.Server {
 	var mu sync.Mutex
 	tokens := map[string][]string{}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -162,10 +163,8 @@ func asyncCheckService(t *testing.T, ch *amqp.Channel, queue string, stale bool)
 			tok = seen[0]
 		}
 		for _, name := range []string{"heartbeat", "complete"} {
-			cb, _ := json.Marshal(map[string]any{"schema_version": 1, "token": tok, "name": name})
-			if err := ch.PublishWithContext(r.Context(), "", queue, false, false,
-				amqp.Publishing{ContentType: "application/json", Body: cb}); err != nil {
-				t.Errorf("publish the callback: %v", err)
+			if err := send(r.Context(), tok, name); err != nil {
+				t.Errorf("send the callback: %v", err)
 			}
 		}
 	}))
@@ -175,38 +174,76 @@ func asyncCheckService(t *testing.T, ch *amqp.Channel, queue string, stale bool)
 
 // TestAgentCheckFollowsTheCallbackPath: a service that answers 202
 // Accepted is checked on the callback path: sasctl watches the queue it
-// names for the callback, and passes a service that calls back with the
+// names, or serves the API's callback routes at the address it names,
+// for the callback, and passes a service that calls back with the
 // newest token; one that calls back with an earlier attempt's token
-// fails that rule (sas would refuse it, stale_token), and without the
-// queue the callback rule cannot pass.
+// fails that rule, counted once (sas would refuse it, stale_token), and
+// with neither the callback rule cannot pass.
 func TestAgentCheckFollowsTheCallbackPath(t *testing.T) {
 	t.Parallel()
 	ch := amqpChannel(t)
-	for _, stale := range []bool{false, true} {
-		queue := "e2e-check-callbacks." + messages.NewID()
-		if _, err := ch.QueueDeclare(queue, false, false, false, false, nil); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _, _ = ch.QueueDelete(queue, false, false, false) })
-		srv := asyncCheckService(t, ch, queue, stale)
-		out, errOut, code := sasctl(t, env(), "agent", "check", srv.URL, "--signals-queue", queue, "--callback-wait", "20s")
-		if !strings.Contains(out, "answered 202 Accepted: checking the callback path") {
-			t.Fatalf("stale %v: not checked as a 202 service (exit %d):\n%s%s", stale, code, out, errOut)
-		}
-		switch {
-		case !stale && (code != 0 || strings.Count(out, "PASS") != 5 || strings.Contains(out, "FAIL")):
-			t.Fatalf("a service that calls back with the newest token (exit %d):\n%s%s", code, out, errOut)
-		case stale && (code != 1 || strings.Count(out, "FAIL") != 1 || !strings.Contains(out, "FAIL  the callback comes, with the newest token") ||
-			!strings.Contains(out, "stale_token")):
-			t.Fatalf("a service that calls back with the first token (exit %d):\n%s%s", code, out, errOut)
-		}
-		if !stale && !strings.Contains(out, "after 1 heartbeats") {
-			t.Fatalf("the heartbeat before the callback was not seen:\n%s", out)
+	overQueue := func(queue string) func(ctx context.Context, token, name string) error {
+		return func(ctx context.Context, token, name string) error {
+			cb, _ := json.Marshal(map[string]any{"schema_version": 1, "token": token, "name": name})
+			return ch.PublishWithContext(ctx, "", queue, false, false, amqp.Publishing{ContentType: "application/json", Body: cb})
 		}
 	}
-	srv := asyncCheckService(t, ch, "nowhere."+messages.NewID(), false)
+	overHTTP := func(addr string) func(ctx context.Context, token, name string) error {
+		return func(ctx context.Context, token, name string) error {
+			body := ""
+			if name == "complete" {
+				body = `{"file":"x"}`
+			}
+			req, err := http.NewRequestWithContext(ctx, "POST", "http://"+addr+"/api/v1/steps/"+name, strings.NewReader(body))
+			if err != nil {
+				return err
+			}
+			req.Header.Set("Sas-Step-Token", token)
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return err
+			}
+			resp.Body.Close()
+			return nil
+		}
+	}
+	for _, stale := range []bool{false, true} {
+		for _, how := range []string{"queue", "http"} {
+			var send func(ctx context.Context, token, name string) error
+			var flags []string
+			switch how {
+			case "queue":
+				queue := "e2e-check-callbacks." + messages.NewID()
+				if _, err := ch.QueueDeclare(queue, false, false, false, false, nil); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _, _ = ch.QueueDelete(queue, false, false, false) })
+				send, flags = overQueue(queue), []string{"--signals-queue", queue}
+			case "http":
+				addr := freeAddr(t)
+				send, flags = overHTTP(addr), []string{"--callback-listen", addr}
+			}
+			srv := asyncCheckService(t, send, stale)
+			out, errOut, code := sasctl(t, env(), append([]string{"agent", "check", srv.URL, "--callback-wait", "20s"}, flags...)...)
+			if !strings.Contains(out, "answered 202 Accepted: checking the callback path") {
+				t.Fatalf("%s, stale %v: not checked as a 202 service (exit %d):\n%s%s", how, stale, code, out, errOut)
+			}
+			switch {
+			case !stale && (code != 0 || strings.Count(out, "PASS") != 5 || strings.Contains(out, "FAIL")):
+				t.Fatalf("%s: a service that calls back with the newest token (exit %d):\n%s%s", how, code, out, errOut)
+			case stale && (code != 1 || strings.Count(out, "FAIL") != 1 || !strings.Contains(out, "FAIL  the callback comes, with the newest token") ||
+				!strings.Contains(out, "stale_token") || !strings.Contains(errOut, "1 of 5 rules failed")):
+				t.Fatalf("%s: a service that calls back with the first token (exit %d):\n%s%s", how, code, out, errOut)
+			}
+			if !stale && !strings.Contains(out, "after 1 heartbeats") {
+				t.Fatalf("%s: the heartbeat before the callback was not seen:\n%s", how, out)
+			}
+		}
+	}
+	srv := asyncCheckService(t, overQueue("nowhere."+messages.NewID()), false)
 	out, _, code := sasctl(t, env(), "agent", "check", srv.URL)
-	if code != 1 || !strings.Contains(out, "FAIL  the callback comes") || !strings.Contains(out, "give --signals-queue") {
+	if code != 1 || !strings.Contains(out, "FAIL  the callback comes") || !strings.Contains(out, "give --callback-listen") {
 		t.Fatalf("without a queue to watch (exit %d):\n%s", code, out)
 	}
 }

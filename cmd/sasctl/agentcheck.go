@@ -155,6 +155,7 @@ func (a *app) agentCheck(ctx context.Context, args []string) error {
 	headersFile := fs.String("headers-file", "", "a file of \"Name: value\" lines sent with every call (credentials)")
 	concurrent := fs.Int("concurrent", 8, "calls sent at once with one key")
 	signalsQueue := fs.String("signals-queue", "", "for a service that answers 202 Accepted: the queue it sends its callbacks to, watched here (point the service at a test queue, never at the schedulers' own)")
+	callbackListen := fs.String("callback-listen", "", "for a service that answers 202 Accepted and calls back over HTTP: serve the API's callback routes (POST /api/v1/steps/complete, fail, heartbeat) at this address, and point the service at http://ADDR/api/v1 instead of the sas API")
 	callbackWait := fs.Duration("callback-wait", 30*time.Second, "for a service that answers 202 Accepted: how long to wait for its callback")
 	rest, err := a.parse(fs, args)
 	if err != nil {
@@ -208,7 +209,7 @@ func (a *app) agentCheck(ctx context.Context, args []string) error {
 	first := c.newCall()
 	a1 := c.settle(ctx, first)
 	if a1.err == nil && contract.Classify(a1.status) == contract.Accepted {
-		failed += c.checkAccepted(ctx, a, first, a1, *signalsQueue, *callbackWait, report)
+		c.checkAccepted(ctx, a, first, a1, callbackSources{queue: *signalsQueue, listen: *callbackListen}, *callbackWait, report)
 		if failed > 0 {
 			return fmt.Errorf("%d of %d rules failed", failed, acceptedRules)
 		}

@@ -135,6 +135,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return a.ordersCancel(ctx, rest)
 	case "orders signal":
 		return a.ordersSignal(ctx, rest)
+	case "steps complete", "steps fail", "steps heartbeat":
+		return a.stepsCallback(ctx, strings.TrimPrefix(path, "steps "), rest)
 	case "orders purge":
 		return a.ordersPurge(ctx, rest)
 	case "alerts list":

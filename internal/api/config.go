@@ -32,6 +32,10 @@ type Config struct {
 	// TokenCache is how long a replica trusts a token it checked: a
 	// revoked token is refused at the latest this long after.
 	TokenCache time.Duration `envconfig:"API_TOKEN_CACHE" default:"2s"`
+	// CallbacksNeedAPIToken: a step's callback (POST /steps/...) must
+	// carry an API token (submitter or operator) besides the step's
+	// token, which alone suffices by default.
+	CallbacksNeedAPIToken bool `envconfig:"API_CALLBACKS_NEED_TOKEN" default:"false"`
 	// AwaitMax bounds the timeout an await may ask for.
 	AwaitMax time.Duration `envconfig:"API_AWAIT_MAX" default:"60s"`
 	// BulkMax is how many orders one bulk job may act on at most.

@@ -51,7 +51,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	h := newHub(logger, store.HearStatusEvents)
 	sk.Go(func(ctx context.Context) { h.run(ctx, sk.Deps.Conn) })
 	s := &server{cfg: cfg, me: me, store: store, workflows: workflows, tokens: newTokens(store, cfg.TokenCache, cfg.Rate, cfg.Burst),
-		hub: h, inserts: inserts, pub: sk.Deps.Pub, topo: topo, tr: sk.Tracing, logger: logger, metrics: m}
+		hub: h, inserts: inserts, pub: sk.Deps.Pub, topo: topo, tr: sk.Tracing, redact: cfg.Redactor(), logger: logger, metrics: m}
 
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"sas/internal/batch"
 	"sas/internal/broker"
 	"sas/internal/messages"
+	"sas/internal/secrets"
 	"sas/internal/statestore"
 	"sas/internal/tracing"
 	"sas/internal/workflow"
@@ -35,6 +36,7 @@ type server struct {
 	pub       *broker.Publisher
 	topo      broker.Topology
 	tr        *tracing.Tracing
+	redact    *secrets.Redactor
 	logger    *slog.Logger
 	metrics   *metrics
 }
@@ -79,6 +81,9 @@ type handler func(w http.ResponseWriter, r *http.Request, c caller)
 type route struct {
 	path    string
 	methods map[string]action
+	// stepToken: a step's callback, whose step token is its credential
+	// (an API token too when SAS_API_CALLBACKS_NEED_TOKEN is set).
+	stepToken bool
 }
 
 type action struct {
@@ -90,23 +95,27 @@ func (s *server) routes() []route {
 	all := []string{statestore.TokenSubmitter, statestore.TokenViewer, statestore.TokenOperator}
 	readers := []string{statestore.TokenViewer, statestore.TokenOperator}
 	ops := []string{statestore.TokenOperator}
+	callers := []string{statestore.TokenSubmitter, statestore.TokenOperator}
 	return []route{
-		{"/orders", map[string]action{
-			http.MethodPost: {[]string{statestore.TokenSubmitter, statestore.TokenOperator}, s.submit},
+		{path: "/orders", methods: map[string]action{
+			http.MethodPost: {callers, s.submit},
 			http.MethodGet:  {readers, s.list},
 		}},
-		{"/orders/{id}", map[string]action{http.MethodGet: {all, s.get}}},
-		{"/orders/{id}/await", map[string]action{http.MethodGet: {all, s.await}}},
-		{"/orders/{id}/events", map[string]action{http.MethodGet: {all, s.events}}},
-		{"/orders/{id}/signals/{name}", map[string]action{http.MethodPost: {[]string{statestore.TokenSubmitter, statestore.TokenOperator}, s.signal}}},
-		{"/orders/{id}/resubmit", map[string]action{http.MethodPost: {ops, s.resubmit}}},
-		{"/orders/{id}/cancel", map[string]action{http.MethodPost: {ops, s.cancel}}},
-		{"/orders/{id}/rerun", map[string]action{http.MethodPost: {ops, s.rerun}}},
-		{"/bulk", map[string]action{http.MethodGet: {readers, s.bulkList}}},
+		{path: "/orders/{id}", methods: map[string]action{http.MethodGet: {all, s.get}}},
+		{path: "/orders/{id}/await", methods: map[string]action{http.MethodGet: {all, s.await}}},
+		{path: "/orders/{id}/events", methods: map[string]action{http.MethodGet: {all, s.events}}},
+		{path: "/orders/{id}/signals/{name}", methods: map[string]action{http.MethodPost: {callers, s.signal}}},
+		{path: "/orders/{id}/resubmit", methods: map[string]action{http.MethodPost: {ops, s.resubmit}}},
+		{path: "/orders/{id}/cancel", methods: map[string]action{http.MethodPost: {ops, s.cancel}}},
+		{path: "/orders/{id}/rerun", methods: map[string]action{http.MethodPost: {ops, s.rerun}}},
+		{path: "/bulk", methods: map[string]action{http.MethodGet: {readers, s.bulkList}}},
 		// POST /bulk/resubmit and /bulk/cancel make a job; GET /bulk/ID reads one.
-		{"/bulk/{id}", map[string]action{http.MethodGet: {readers, s.bulkGet}, http.MethodPost: {ops, s.bulkCreate}}},
-		{"/bulk/{id}/orders", map[string]action{http.MethodGet: {readers, s.bulkOrders}}},
-		{"/bulk/{id}/stop", map[string]action{http.MethodPost: {ops, s.bulkStop}}},
+		{path: "/bulk/{id}", methods: map[string]action{http.MethodGet: {readers, s.bulkGet}, http.MethodPost: {ops, s.bulkCreate}}},
+		{path: "/bulk/{id}/orders", methods: map[string]action{http.MethodGet: {readers, s.bulkOrders}}},
+		{path: "/bulk/{id}/stop", methods: map[string]action{http.MethodPost: {ops, s.bulkStop}}},
+		{path: "/steps/complete", methods: map[string]action{http.MethodPost: {callers, s.stepCallback(messages.CallbackComplete)}}, stepToken: true},
+		{path: "/steps/fail", methods: map[string]action{http.MethodPost: {callers, s.stepCallback(messages.CallbackFail)}}, stepToken: true},
+		{path: "/steps/heartbeat", methods: map[string]action{http.MethodPost: {callers, s.stepCallback(messages.CallbackHeartbeat)}}, stepToken: true},
 	}
 }
 
@@ -190,6 +199,15 @@ func (s *server) serve(rt route) http.Handler {
 		if !ok {
 			rec.Header().Set("Allow", strings.Join(allowed, ", "))
 			writeProblem(rec, r, http.StatusMethodNotAllowed, probMethod, fmt.Sprintf("%s %s: use %s", r.Method, label, strings.Join(allowed, " or ")))
+			return
+		}
+		if rt.stepToken && !s.cfg.CallbacksNeedAPIToken {
+			if ok, wait := s.tokens.allow(clientLimit(r)); !ok {
+				writeProblem(rec, r, http.StatusTooManyRequests, probRateLimited,
+					fmt.Sprintf("more than %g requests a second came from %s (SAS_API_RATE)", s.cfg.Rate, clientHost(r)), retryAfter(wait))
+				return
+			}
+			a.h(rec, r, caller{})
 			return
 		}
 		presented, ok := bearer(r)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"time"
 
@@ -23,8 +22,7 @@ import (
 // signalStore is what the signaler needs of the state store.
 type signalStore interface {
 	ApplySignal(ctx context.Context, sig statestore.Signal) (statestore.SignalOutcome, error)
-	HoldStep(ctx context.Context, h statestore.Hold) (time.Time, error)
-	ApplyCallback(ctx context.Context, signalID, name string, r statestore.Reply) (statestore.ApplyResult, bool, error)
+	Callback(ctx context.Context, c statestore.Callback) (statestore.CallbackOutcome, error)
 	service.Teller
 }
 
@@ -141,48 +139,39 @@ func (g *signaler) callback(ctx context.Context, m broker.Message, sig messages.
 	if sig.By != "" {
 		actor = "callback:" + sig.By
 	}
-	id := sig.SignalID
-	if id == "" {
-		id = fmt.Sprintf("callback:%d.%d:%s", ref.Step, ref.Attempt, sig.Name)
+	cb := statestore.Callback{Token: sig.Token, Name: sig.Name, SignalID: sig.SignalID, Actor: actor}
+	if sig.Name == messages.CallbackComplete && len(sig.Payload) > 0 && string(sig.Payload) != "null" {
+		cb.Result = g.redact.JSON(sig.Payload)
 	}
-	outcome := statestore.SignalApplied
+	if sig.Name == messages.CallbackFail {
+		cb.Error = g.redact.String(sig.Error)
+	}
+	var out statestore.CallbackOutcome
 	err = service.Retry(ctx, func() error {
-		switch sig.Name {
-		case messages.CallbackHeartbeat:
-			_, err := g.store.HoldStep(g.workCtx, statestore.Hold{OrderID: ref.OrderID, Step: ref.Step, Attempt: ref.Attempt, Actor: actor})
-			return err
-		default:
-			reply := statestore.Reply{OrderID: ref.OrderID, Step: ref.Step, Attempt: ref.Attempt, OK: sig.Name == messages.CallbackComplete,
-				Result: g.redact.JSON(sig.Payload), Error: g.redact.String(sig.Error), Actor: actor}
-			if reply.OK && string(reply.Result) == "null" {
-				reply.Result = nil
-			}
-			_, dup, err := g.store.ApplyCallback(g.workCtx, id, sig.Name, reply)
-			if dup {
-				outcome = statestore.SignalDuplicate
-			}
-			return err
-		}
+		var err error
+		out, err = g.store.Callback(g.workCtx, cb)
+		return err
 	}, func(err error) bool {
-		return errors.Is(err, statestore.ErrStale) || errors.Is(err, statestore.ErrInvalidData) || g.workCtx.Err() != nil
+		return errors.Is(err, statestore.ErrInvalidData) || g.workCtx.Err() != nil
 	}, func(err error, wait time.Duration) {
 		g.metrics.dbRetries.Inc()
 		log.Warn("applying a callback failed, retrying", "err", err, "retry_in", wait)
 	})
-	var stale *statestore.StaleReplyError
 	switch {
-	case errors.As(err, &stale):
-		g.metrics.signals.WithLabelValues("refused").Inc()
-		span.SetAttributes(attribute.String("sas.outcome", ReasonStaleToken))
-		log.Info("callback of an attempt that no longer runs; nothing changed", "kind", stale.Kind, "reason", stale.Reason)
-		return g.refuse(ref.OrderID, sig.ReplyTo, corr, ReasonStaleToken,
-			fmt.Sprintf("step %d attempt %d of order %s no longer runs (%s): the callback changed nothing", ref.Step, ref.Attempt, ref.OrderID, stale.Reason))
 	case errors.Is(err, statestore.ErrInvalidData):
 		g.metrics.signals.WithLabelValues("refused").Inc()
 		return g.refuse(ref.OrderID, sig.ReplyTo, corr, messages.ReasonInvalidValue, err.Error())
 	case err != nil:
 		return err // shutting down: back to the queue
 	}
+	switch out.Outcome {
+	case statestore.CallbackStaleToken, statestore.CallbackInvalidToken:
+		g.metrics.signals.WithLabelValues("refused").Inc()
+		span.SetAttributes(attribute.String("sas.outcome", out.Outcome))
+		log.Info("callback refused; nothing changed", "reason", out.Outcome, "detail", out.Detail)
+		return g.refuse(ref.OrderID, sig.ReplyTo, corr, out.Outcome, out.Detail)
+	}
+	outcome := out.Outcome
 	g.metrics.signals.WithLabelValues(outcome).Inc()
 	span.SetAttributes(attribute.String("sas.outcome", outcome))
 	if sig.Name != messages.CallbackHeartbeat && outcome == statestore.SignalApplied {

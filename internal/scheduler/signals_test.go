@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,7 +9,6 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -27,9 +27,8 @@ type fakeSignalStore struct {
 	outcome   statestore.SignalOutcome
 	signalErr []error // returned by ApplySignal in turn, then nil
 	signals   []statestore.Signal
-	holds     []statestore.Hold
-	callbacks []statestore.Reply
-	dup       bool
+	callbacks []statestore.Callback
+	cbOut     string // the callbacks' outcome ("": applied)
 	cbErr     error
 	told      []messages.StatusEvent
 }
@@ -44,14 +43,16 @@ func (f *fakeSignalStore) ApplySignal(_ context.Context, sig statestore.Signal) 
 	return f.outcome, nil
 }
 
-func (f *fakeSignalStore) HoldStep(_ context.Context, h statestore.Hold) (time.Time, error) {
-	f.holds = append(f.holds, h)
-	return time.Time{}, f.cbErr
-}
-
-func (f *fakeSignalStore) ApplyCallback(_ context.Context, _, _ string, r statestore.Reply) (statestore.ApplyResult, bool, error) {
-	f.callbacks = append(f.callbacks, r)
-	return statestore.ApplyResult{}, f.dup, f.cbErr
+func (f *fakeSignalStore) Callback(_ context.Context, c statestore.Callback) (statestore.CallbackOutcome, error) {
+	f.callbacks = append(f.callbacks, c)
+	if f.cbErr != nil {
+		return statestore.CallbackOutcome{}, f.cbErr
+	}
+	out := statestore.CallbackOutcome{Outcome: cmp.Or(f.cbOut, statestore.SignalApplied)}
+	if out.Outcome != statestore.SignalApplied {
+		out.Detail = "the store said " + out.Outcome
+	}
+	return out, nil
 }
 
 func (f *fakeSignalStore) TellRejected(_ context.Context, _, _, _ string, body []byte) error {
@@ -203,7 +204,9 @@ func TestCallbacksAreFencedByTheirToken(t *testing.T) {
 			t.Fatalf("callbacks %+v, wakes %d", st.callbacks, b.wakes)
 		}
 		r := st.callbacks[0]
-		if r.OrderID != id || r.Step != 3 || r.Attempt != 2 || !r.OK || r.Actor != "callback:svc" || strings.Contains(string(r.Result), "s3cr3t") {
+		want := b.key.Mint(steptoken.Ref{OrderID: id, Step: 3, Attempt: 2})
+		if r.Token != want || r.Name != messages.CallbackComplete || r.Actor != "callback:svc" || r.Notify ||
+			!strings.Contains(string(r.Result), "note") || strings.Contains(string(r.Result), "s3cr3t") {
 			t.Fatalf("applied as %+v (%s)", r, r.Result)
 		}
 	})
@@ -214,7 +217,7 @@ func TestCallbacksAreFencedByTheirToken(t *testing.T) {
 		if err := b.send(t, cb(b, messages.CallbackFail)); err != nil {
 			t.Fatal(err)
 		}
-		if len(st.callbacks) != 1 || st.callbacks[0].OK || !strings.HasPrefix(st.callbacks[0].Error, "declined") ||
+		if len(st.callbacks) != 1 || st.callbacks[0].Name != messages.CallbackFail || !strings.HasPrefix(st.callbacks[0].Error, "declined") ||
 			strings.Contains(st.callbacks[0].Error, "s3cr3t") {
 			t.Fatalf("applied as %+v", st.callbacks)
 		}
@@ -226,13 +229,13 @@ func TestCallbacksAreFencedByTheirToken(t *testing.T) {
 		if err := b.send(t, cb(b, messages.CallbackHeartbeat)); err != nil {
 			t.Fatal(err)
 		}
-		if len(st.holds) != 1 || st.holds[0].Attempt != 2 || len(st.callbacks) != 0 || b.wakes != 0 {
-			t.Fatalf("holds %+v, callbacks %+v, wakes %d", st.holds, st.callbacks, b.wakes)
+		if len(st.callbacks) != 1 || st.callbacks[0].Name != messages.CallbackHeartbeat || b.wakes != 0 {
+			t.Fatalf("callbacks %+v, wakes %d", st.callbacks, b.wakes)
 		}
 	})
 	t.Run("repeated", func(t *testing.T) {
 		t.Parallel()
-		st := &fakeSignalStore{dup: true}
+		st := &fakeSignalStore{cbOut: statestore.SignalDuplicate}
 		b := newSignalBench(t, st)
 		if err := b.send(t, cb(b, messages.CallbackComplete)); err != nil || b.wakes != 0 {
 			t.Fatalf("%v, wakes %d", err, b.wakes)
@@ -250,7 +253,8 @@ func TestCallbacksAreFencedByTheirToken(t *testing.T) {
 		{"tampered", func(_ *signalBench, s *messages.Signal) { s.Token = s.Token[:len(s.Token)-2] + "xx" }, fakeSignalStore{}, ReasonInvalidToken},
 		{"another order's", func(_ *signalBench, s *messages.Signal) { s.OrderID = messages.NewID() }, fakeSignalStore{}, ReasonInvalidToken},
 		{"stale", func(*signalBench, *messages.Signal) {},
-			fakeSignalStore{cbErr: &statestore.StaleReplyError{OrderID: id, Step: 3, Attempt: 2, Reason: "a later attempt runs"}}, ReasonStaleToken},
+			fakeSignalStore{cbOut: statestore.CallbackStaleToken}, ReasonStaleToken},
+		{"another key's", func(*signalBench, *messages.Signal) {}, fakeSignalStore{cbOut: statestore.CallbackInvalidToken}, ReasonInvalidToken},
 		{"invalid result", func(*signalBench, *messages.Signal) {}, fakeSignalStore{cbErr: statestore.ErrInvalidData}, messages.ReasonInvalidValue},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -266,7 +270,7 @@ func TestCallbacksAreFencedByTheirToken(t *testing.T) {
 			if b.wakes != 0 || len(st.told) != 1 || st.told[0].Reason != tc.want {
 				t.Fatalf("wakes %d, told %+v", b.wakes, st.told)
 			}
-			if tc.want == ReasonInvalidToken && len(st.callbacks) != 0 {
+			if tc.want == ReasonInvalidToken && st.cbOut == "" && len(st.callbacks) != 0 {
 				t.Fatalf("a refused token's callback was applied: %+v", st.callbacks)
 			}
 		})

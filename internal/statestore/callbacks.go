@@ -2,11 +2,11 @@ package statestore
 
 import (
 	"context"
-	"errors"
+	"encoding/json"
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"sas/internal/failpoint"
 )
 
 // StepTokenKey reads the key of the steps' tokens (steptoken), made at
@@ -51,49 +51,87 @@ func (s *Store) HoldStep(ctx context.Context, h Hold) (time.Time, error) {
 	return *completeBy, nil
 }
 
-// ApplyCallback applies a step's completion or failure its service
-// posted later, by the step's token (r names the token's attempt), as
-// the attempt's reply, fenced as one. The callback is recorded among the
-// order's signals under signalID in the same transaction: the same id
-// again is a duplicate (true) that changes nothing. A callback of an
-// attempt that is not the step's running one changes nothing and is a
-// *StaleReplyError.
-func (s *Store) ApplyCallback(ctx context.Context, signalID, name string, r Reply) (ApplyResult, bool, error) {
-	var res ApplyResult
-	duplicate := false
-	var result *string
-	if r.Result != nil {
-		v := string(r.Result)
-		result = &v
-	}
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `INSERT INTO signals (order_id, signal_id, name, payload, actor, step)
-			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING`, r.OrderID, signalID, name, result, r.Actor, r.Step)
-		if err != nil {
-			return err
-		}
-		if tag.RowsAffected() == 0 {
-			duplicate = true
-			return nil
-		}
-		var applied bool
-		res, applied, err = scanApplied(tx.QueryRow(ctx, applyReplySQL, r.args()...))
-		if err != nil {
-			return err
-		}
-		if !applied {
-			return errNotApplied
-		}
-		return nil
-	})
-	switch {
-	case errors.Is(err, errNotApplied):
-		return ApplyResult{}, false, s.staleReason(ctx, r)
-	case err != nil:
-		return ApplyResult{}, false, fmt.Errorf("callback for order %s step %d: %w", r.OrderID, r.Step, classify(err))
-	}
-	return res, duplicate, nil
+// The outcomes of a callback (Callback), besides SignalApplied and
+// SignalDuplicate.
+const (
+	// CallbackInvalidToken: the token is not one this store's key made.
+	CallbackInvalidToken = "invalid_token"
+	// CallbackStaleToken: the token's attempt is not the step's running
+	// one (a later attempt runs, the step ended, or its time ran out):
+	// nothing changed.
+	CallbackStaleToken = "stale_token"
+)
+
+// Callback is a step's callback as any entrance received it: the service
+// of a step that answered its call 202 Accepted completes it ("complete",
+// Result a JSON object or nothing), fails it ("fail", Error) or holds it
+// open ("heartbeat"), presenting the step's token.
+type Callback struct {
+	Token string
+	Name  string
+	// SignalID keys a complete or fail among the order's signals ("":
+	// callback:STEP.ATTEMPT:NAME, so the same callback again is a
+	// duplicate).
+	SignalID string
+	Result   json.RawMessage
+	Error    string
+	Actor    string
+	// Notify wakes the schedulers and the relay: the entrance is not a
+	// scheduler, which wakes its own.
+	Notify bool
 }
 
-// errNotApplied rolls back a callback whose attempt no longer runs.
-var errNotApplied = errors.New("not applied")
+// CallbackOutcome is what became of a callback.
+type CallbackOutcome struct {
+	// Outcome is SignalApplied, SignalDuplicate, CallbackInvalidToken or
+	// CallbackStaleToken; nothing changed unless it is SignalApplied.
+	Outcome string
+	// OrderID, Step and Attempt are what the token names (empty for an
+	// invalid token).
+	OrderID string
+	Step    int
+	Attempt int
+	// CompleteBy is, for an applied heartbeat, the attempt's new
+	// complete_by.
+	CompleteBy time.Time
+	// OrderStatus is the order's status when the callback moved it.
+	OrderStatus string
+	// Detail says why, for any outcome but SignalApplied.
+	Detail string
+}
+
+// Callback applies a step's callback through the store's one door for
+// them (the step_callback function, sql/30_replies.sql), from whichever
+// entrance it came: the token is read with the key only the store's
+// owner and the schedulers read; a complete or fail is recorded among the
+// order's signals and applied as the attempt's reply, fenced as one, in
+// one transaction; a heartbeat holds the attempt open as a 202 does.
+func (s *Store) Callback(ctx context.Context, c Callback) (CallbackOutcome, error) {
+	var out CallbackOutcome
+	var orderID *string
+	var step, attempt *int
+	var completeBy *time.Time
+	var result *string
+	if len(c.Result) > 0 {
+		v := string(c.Result)
+		result = &v
+	}
+	// The fault suite's negative control turns the fence off.
+	fenced := !failpoint.Broken("unfenced-replies")
+	err := s.pool.QueryRow(ctx, `SELECT outcome, order_id::text, step, attempt, complete_by, order_status, detail
+FROM step_callback($1, $2, $3, $4, $5, $6, $7, $8)`, c.Token, c.Name, c.SignalID, result, c.Error, c.Actor, fenced, c.Notify).
+		Scan(&out.Outcome, &orderID, &step, &attempt, &completeBy, &out.OrderStatus, &out.Detail)
+	if err != nil {
+		return CallbackOutcome{}, fmt.Errorf("callback %s: %w", c.Name, classify(err))
+	}
+	if orderID != nil {
+		out.OrderID = *orderID
+	}
+	if step != nil && attempt != nil {
+		out.Step, out.Attempt = *step, *attempt
+	}
+	if completeBy != nil {
+		out.CompleteBy = *completeBy
+	}
+	return out, nil
+}

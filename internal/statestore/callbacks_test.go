@@ -2,9 +2,11 @@ package statestore_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
+	"sas/internal/messages"
 	"sas/internal/statestore"
 	"sas/internal/steptoken"
 )
@@ -92,42 +94,178 @@ func TestHoldsPushCompleteByOutToMaxDuration(t *testing.T) {
 	}
 }
 
+// tokenKey is the store's key of the steps' tokens.
+func tokenKey(t *testing.T, b bundle) steptoken.Key {
+	t.Helper()
+	secret, err := b.store.StepTokenKey(ctxFor(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := steptoken.NewKey(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key
+}
+
 // TestCallbacksAreFencedAndAppliedOnce: a callback ends its attempt as
 // the attempt's reply, once by its id; one of an attempt that no longer
-// runs (superseded, or the step ended) changes nothing and keeps nothing.
+// runs (superseded, or the step ended) changes nothing and keeps nothing;
+// a token the store's key did not make changes nothing.
 func TestCallbacksAreFencedAndAppliedOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := ctxFor(t)
+	key := tokenKey(t, b)
 	o := graphOrder(t, accepting, "slow", `{}`, statestore.PolicyCompensate)
 	insert(t, b, o)
 	c := claimAll(t, b, o.OrderID)["a"]
-	stale := statestore.Reply{OrderID: o.OrderID, Step: 1, Attempt: c.Attempt + 1, OK: true, Result: []byte(`{"n":0}`), Actor: "callback"}
 	before := snapshot(t, b, o.OrderID)
-	if _, _, err := b.store.ApplyCallback(ctx, "cb-0", "complete", stale); !errors.Is(err, statestore.ErrStale) {
-		t.Fatalf("a callback of another attempt: %v", err)
+	staleTok := key.Mint(steptoken.Ref{OrderID: o.OrderID, Step: 1, Attempt: c.Attempt + 1})
+	out, err := b.store.Callback(ctx, statestore.Callback{Token: staleTok, Name: "complete", SignalID: "cb-0", Result: []byte(`{"n":0}`), Actor: "callback"})
+	if err != nil || out.Outcome != statestore.CallbackStaleToken || !strings.Contains(out.Detail, "attempt superseded") {
+		t.Fatalf("a callback of another attempt: %+v %v", out, err)
+	}
+	other, _ := steptoken.NewKey(strings.Repeat("x", 64))
+	for _, tok := range []string{other.Mint(steptoken.Ref{OrderID: o.OrderID, Step: 1, Attempt: c.Attempt}), "st1.nothing", ""} {
+		out, err := b.store.Callback(ctx, statestore.Callback{Token: tok, Name: "complete", Actor: "callback"})
+		if err != nil || out.Outcome != statestore.CallbackInvalidToken || out.OrderID != "" {
+			t.Fatalf("a token of another key %q: %+v %v", tok, out, err)
+		}
 	}
 	if after := snapshot(t, b, o.OrderID); after != before {
-		t.Fatalf("a stale callback changed the order:\nbefore %s\nafter  %s", before, after)
+		t.Fatalf("a stale or foreign callback changed the order:\nbefore %s\nafter  %s", before, after)
 	}
 	if n := count(t, b, `SELECT count(*) FROM signals WHERE order_id = $1`, o.OrderID); n != 0 {
 		t.Fatalf("a stale callback was kept (%d signals)", n)
 	}
-	cur := statestore.Reply{OrderID: o.OrderID, Step: 1, Attempt: c.Attempt, OK: true, Result: []byte(`{"n":1}`), Actor: "callback"}
-	res, dup, err := b.store.ApplyCallback(ctx, "cb-1", "complete", cur)
-	if err != nil || dup || res.StepState != statestore.StepProcessed || res.NextStep != 2 {
-		t.Fatalf("the callback: %+v dup %v %v", res, dup, err)
+	tok := key.Mint(steptoken.Ref{OrderID: o.OrderID, Step: 1, Attempt: c.Attempt})
+	cur := statestore.Callback{Token: tok, Name: "complete", SignalID: "cb-1", Result: []byte(`{"n":1}`), Actor: "callback"}
+	out, err = b.store.Callback(ctx, cur)
+	if err != nil || out.Outcome != statestore.SignalApplied || out.OrderID != o.OrderID || out.Step != 1 || out.Attempt != c.Attempt {
+		t.Fatalf("the callback: %+v %v", out, err)
+	}
+	if n := count(t, b, `SELECT count(*) FROM steps WHERE order_id = $1 AND step = 1 AND process_state = 'processed' AND result = '{"n":1}'`, o.OrderID); n != 1 {
+		t.Fatal("the callback did not complete the step with its result")
+	}
+	if n := count(t, b, `SELECT count(*) FROM steps WHERE order_id = $1 AND step = 2 AND process_state = 'pending'`, o.OrderID); n != 1 {
+		t.Fatal("the order did not move on to step 2")
 	}
 	before = snapshot(t, b, o.OrderID)
-	if _, dup, err := b.store.ApplyCallback(ctx, "cb-1", "complete", cur); err != nil || !dup {
-		t.Fatalf("the same callback again: dup %v %v", dup, err)
+	if out, err := b.store.Callback(ctx, cur); err != nil || out.Outcome != statestore.SignalDuplicate {
+		t.Fatalf("the same callback again: %+v %v", out, err)
 	}
-	if _, _, err := b.store.ApplyCallback(ctx, "cb-2", "fail", statestore.Reply{OrderID: o.OrderID, Step: 1, Attempt: c.Attempt,
-		Error: "too late", Actor: "callback"}); !errors.Is(err, statestore.ErrStale) {
-		t.Fatalf("a second callback of an ended attempt: %v", err)
+	out, err = b.store.Callback(ctx, statestore.Callback{Token: tok, Name: "fail", SignalID: "cb-2", Error: "too late", Actor: "callback"})
+	if err != nil || out.Outcome != statestore.CallbackStaleToken || !strings.Contains(out.Detail, "step is processed") {
+		t.Fatalf("a second callback of an ended attempt: %+v %v", out, err)
+	}
+	if out, err := b.store.Callback(ctx, statestore.Callback{Token: tok, Name: "heartbeat", Actor: "callback"}); err != nil || out.Outcome != statestore.CallbackStaleToken {
+		t.Fatalf("a heartbeat of an ended attempt: %+v %v", out, err)
 	}
 	if after := snapshot(t, b, o.OrderID); after != before {
 		t.Fatalf("a repeated or late callback changed the order:\nbefore %s\nafter  %s", before, after)
+	}
+	// An attempt whose time ran out takes no callback, though the
+	// supervisor has not reset it yet.
+	o2 := graphOrder(t, accepting, "slow", `{}`, statestore.PolicyCompensate)
+	insert(t, b, o2)
+	c2 := claimAll(t, b, o2.OrderID)["a"]
+	if _, err := b.pool.Exec(ctx, `UPDATE steps SET complete_by = clock_timestamp() - interval '1 second' WHERE order_id = $1 AND step = 1`, o2.OrderID); err != nil {
+		t.Fatal(err)
+	}
+	before = snapshot(t, b, o2.OrderID)
+	late := key.Mint(steptoken.Ref{OrderID: o2.OrderID, Step: 1, Attempt: c2.Attempt})
+	for _, name := range []string{"complete", "fail", "heartbeat"} {
+		out, err := b.store.Callback(ctx, statestore.Callback{Token: late, Name: name, Error: map[bool]string{true: "late"}[name == "fail"], Actor: "callback"})
+		if err != nil || out.Outcome != statestore.CallbackStaleToken || !strings.Contains(out.Detail, "complete_by has passed") {
+			t.Fatalf("a %s after complete_by: %+v %v", name, out, err)
+		}
+	}
+	if after := snapshot(t, b, o2.OrderID); after != before {
+		t.Fatalf("a callback after complete_by changed the order:\nbefore %s\nafter  %s", before, after)
+	}
+}
+
+// TestCallbackHeartbeatsAndFailures: a heartbeat holds the running
+// attempt open as a 202 does, and a fail ends it as a failed reply, with
+// its reason.
+func TestCallbackHeartbeatsAndFailures(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	key := tokenKey(t, b)
+	o := graphOrder(t, accepting, "slow", `{}`, statestore.PolicyCompensate)
+	insert(t, b, o)
+	c := claimAll(t, b, o.OrderID)["a"]
+	tok := key.Mint(steptoken.Ref{OrderID: o.OrderID, Step: 1, Attempt: c.Attempt})
+	out, err := b.store.Callback(ctx, statestore.Callback{Token: tok, Name: "heartbeat", Actor: "callback"})
+	if err != nil || out.Outcome != statestore.SignalApplied || out.CompleteBy.IsZero() {
+		t.Fatalf("a heartbeat: %+v %v", out, err)
+	}
+	if cb, _ := completeBy(t, b, o.OrderID, 1); !cb.Equal(out.CompleteBy) {
+		t.Fatalf("complete_by %v, the heartbeat said %v", cb, out.CompleteBy)
+	}
+	out, err = b.store.Callback(ctx, statestore.Callback{Token: tok, Name: "fail", Error: "the card was declined", Actor: "callback:svc"})
+	if err != nil || out.Outcome != statestore.SignalApplied {
+		t.Fatalf("a fail: %+v %v", out, err)
+	}
+	if n := count(t, b, `SELECT count(*) FROM steps WHERE order_id = $1 AND step = 1 AND process_state = 'error' AND last_error = 'the card was declined'`,
+		o.OrderID); n != 1 {
+		t.Fatal("the fail did not end the attempt as failed, with its reason")
+	}
+	if _, err := b.store.Callback(ctx, statestore.Callback{Token: tok, Name: "finish", Actor: "callback"}); !errors.Is(err, statestore.ErrInvalidData) {
+		t.Fatalf("a callback named finish: %v", err)
+	}
+}
+
+// TestTheStoreReadsTokensAsTheSchedulersMintThem: the store's reading of
+// a token (step_token_read) agrees with steptoken's: every minted token
+// reads as its order, step and attempt; any changed character, another
+// key's token or a made-up text reads as none.
+func TestTheStoreReadsTokensAsTheSchedulersMintThem(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	key := tokenKey(t, b)
+	read := func(tok string) (string, int, int, bool) {
+		var id *string
+		var step, attempt *int
+		if err := b.pool.QueryRow(ctx, `SELECT order_id::text, step, attempt FROM step_token_read($1)`, tok).Scan(&id, &step, &attempt); err != nil {
+			t.Fatal(err)
+		}
+		if id == nil {
+			return "", 0, 0, false
+		}
+		return *id, *step, *attempt, true
+	}
+	for _, ref := range []steptoken.Ref{{OrderID: messages.NewID(), Step: 1, Attempt: 1}, {OrderID: messages.NewID(), Step: 2147483647, Attempt: 2147483647},
+		{OrderID: messages.NewID(), Step: 37, Attempt: 4}} {
+		tok := key.Mint(ref)
+		id, step, attempt, ok := read(tok)
+		if !ok || id != ref.OrderID || step != ref.Step || attempt != ref.Attempt {
+			t.Fatalf("%s read as %s %d %d %v, want %+v", tok, id, step, attempt, ok, ref)
+		}
+		for i := range tok {
+			for _, ch := range []byte{'0', 'A', '-', '.'} {
+				if tok[i] == ch {
+					continue
+				}
+				bad := tok[:i] + string(ch) + tok[i+1:]
+				if _, err := key.Read(bad); err == nil {
+					continue // the same token (a MAC's unused last bits)
+				}
+				if _, _, _, ok := read(bad); ok {
+					t.Fatalf("a changed token %s read as one", bad)
+				}
+			}
+		}
+	}
+	other, _ := steptoken.NewKey(strings.Repeat("y", 80))
+	for _, tok := range []string{other.Mint(steptoken.Ref{OrderID: messages.NewID(), Step: 1, Attempt: 1}), "", "st1", "st1.a.b.c.d",
+		strings.Repeat("s", 500), "st1." + messages.NewID() + ".0.1.AAAAAAAAAAAAAAAAAAAAAA", "st1.é" + messages.NewID()} {
+		if _, _, _, ok := read(tok); ok {
+			t.Fatalf("%q read as a token", tok)
+		}
 	}
 }
 

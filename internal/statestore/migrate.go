@@ -28,7 +28,9 @@ import (
 // here, and TestFunctionsFileIsTheDefinition fails when a function in the
 // database has another text than these files', or is not in them. A new
 // function's grants (and REVOKE from PUBLIC) go in a migration, as they
-// are schema; a function dropped from these files is dropped by one.
+// are schema, or, for a function that exists only once these files are
+// applied, in 99_security.sql; a function dropped from these files is
+// dropped by a migration.
 //
 //go:embed sql/*.sql
 var functionFiles embed.FS

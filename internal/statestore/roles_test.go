@@ -111,6 +111,29 @@ func TestRolesHaveOnlyWhatTheyNeed(t *testing.T) {
 	if err := supervisor.HearStatusEvents(ctx); !denied(err) {
 		t.Fatalf("supervisor clearing the marks: %v, want permission denied", err)
 	}
+	// A step's callback goes through its one door (step_callback), which
+	// the entrances' roles call and which reads the tokens' key for them:
+	// the API and operators call it, but cannot read the key; the
+	// submitter and the supervisor cannot call it.
+	for _, role := range []string{"sas_api", "sas_operator", "sas_scheduler"} {
+		out, err := storeAs(t, b, role).Callback(ctx, statestore.Callback{Token: "st1.made-up", Name: "complete", Actor: "t"})
+		if err != nil || out.Outcome != statestore.CallbackInvalidToken {
+			t.Fatalf("%s calling back: %+v %v", role, out, err)
+		}
+	}
+	for _, role := range []string{"sas_submitter", "sas_supervisor", "sas_console"} {
+		if _, err := storeAs(t, b, role).Callback(ctx, statestore.Callback{Token: "st1.made-up", Name: "complete", Actor: "t"}); !denied(err) {
+			t.Fatalf("%s calling back: %v, want permission denied", role, err)
+		}
+	}
+	for _, role := range []string{"sas_api", "sas_operator", "sas_console", "sas_submitter", "sas_supervisor"} {
+		if _, err := asRole(t, b, role, `SELECT key FROM step_token_key`); !denied(err) {
+			t.Fatalf("%s reading the step tokens' key: %v, want permission denied", role, err)
+		}
+		if _, err := asRole(t, b, role, `SELECT step_token_mac('x')`); !denied(err) {
+			t.Fatalf("%s making a token's MAC: %v, want permission denied", role, err)
+		}
+	}
 	// A writer of a timer reads when the supervisor's timer loop looks
 	// next; only the supervisor says when (migration 0037).
 	later := time.Now().Add(time.Hour)

@@ -119,3 +119,152 @@ BEGIN
     applied := true;
 END;
 $function$;
+
+-- step_token_mac: the MAC a step token carries (internal/steptoken): the
+-- first 16 bytes of HMAC-SHA256 (RFC 2104) of p_body under this store's
+-- key. Only the schedulers may read the key; step_callback, which runs as
+-- the store's owner, calls this for the other entrances.
+CREATE OR REPLACE FUNCTION step_token_mac(p_body text)
+ RETURNS bytea
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+DECLARE
+    v_key bytea;
+    v_ipad bytea;
+    v_opad bytea;
+BEGIN
+    SELECT convert_to(k.key, 'UTF8') INTO v_key FROM step_token_key k WHERE k.id = 1;
+    IF length(v_key) > 64 THEN
+        v_key := sha256(v_key);
+    END IF;
+    v_key := v_key || decode(repeat('00', 64 - length(v_key)), 'hex');
+    v_ipad := v_key;
+    v_opad := v_key;
+    FOR i IN 0..63 LOOP
+        v_ipad := set_byte(v_ipad, i, get_byte(v_key, i) # 54);
+        v_opad := set_byte(v_opad, i, get_byte(v_key, i) # 92);
+    END LOOP;
+    RETURN substring(sha256(v_opad || sha256(v_ipad || convert_to(p_body, 'UTF8'))) FROM 1 FOR 16);
+END;
+$function$;
+
+-- step_token_read: the order, step and attempt a step token names when
+-- this store's key made it (st1.ORDER.STEP.ATTEMPT.MAC, as steptoken.Mint
+-- writes it); all NULL for any other text. The MACs are compared by their
+-- hashes, so the time taken says nothing of how much of one matched.
+CREATE OR REPLACE FUNCTION step_token_read(p_token text, OUT order_id uuid, OUT step integer, OUT attempt integer)
+ RETURNS record
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+DECLARE
+    v_body text;
+    v_want text;
+    v_step bigint;
+    v_attempt bigint;
+BEGIN
+    IF p_token IS NULL OR length(p_token) > 120
+       OR p_token !~ '^st1\.[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.[0-9]{1,10}\.[0-9]{1,10}\.[A-Za-z0-9_-]{22}$' THEN
+        RETURN;
+    END IF;
+    v_body := left(p_token, length(p_token) - 23);
+    v_want := rtrim(translate(encode(step_token_mac(v_body), 'base64'), '+/', '-_'), '=');
+    IF sha256(convert_to(right(p_token, 22), 'UTF8')) <> sha256(convert_to(v_want, 'UTF8')) THEN
+        RETURN;
+    END IF;
+    v_step := split_part(v_body, '.', 3)::bigint;
+    v_attempt := split_part(v_body, '.', 4)::bigint;
+    IF v_step NOT BETWEEN 1 AND 2147483647 OR v_attempt NOT BETWEEN 1 AND 2147483647 THEN
+        RETURN;
+    END IF;
+    order_id := split_part(v_body, '.', 2)::uuid;
+    step := v_step;
+    attempt := v_attempt;
+END;
+$function$;
+
+-- step_callback: one door for a step's callback from every entrance (the
+-- signals queue, the HTTP API, sasctl): the service of a step that
+-- answered its call 202 Accepted completes it (p_result, a JSON object or
+-- NULL), fails it (p_error) or holds it open (heartbeat), presenting the
+-- step's token. The token is read here, with the key only the store's
+-- owner and the schedulers may read. A complete or fail is recorded among
+-- the order's signals under p_signal_id (default callback:STEP.ATTEMPT:NAME)
+-- and applied as the attempt's reply, fenced as one, in one transaction:
+-- the same id again is a duplicate that changes nothing. outcome is
+-- applied, duplicate, invalid_token (the token is not one this store's
+-- key made) or stale_token (its attempt no longer runs; detail says why),
+-- and nothing changes unless it is applied. p_notify wakes the schedulers
+-- and the relay (an entrance that is not a scheduler).
+CREATE OR REPLACE FUNCTION step_callback(p_token text, p_name text, p_signal_id text, p_result jsonb, p_error text, p_actor text, p_fenced boolean, p_notify boolean, OUT outcome text, OUT order_id uuid, OUT step integer, OUT attempt integer, OUT complete_by timestamp with time zone, OUT order_status text, OUT detail text)
+ RETURNS record
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $function$
+DECLARE
+    v_order uuid;
+    v_step integer;
+    v_attempt integer;
+    v_applied boolean := false;
+    v_current integer;
+    v_state text;
+    v_in_time boolean;
+BEGIN
+    outcome := 'invalid_token';
+    order_status := '';
+    detail := '';
+    SELECT t.order_id, t.step, t.attempt INTO v_order, v_step, v_attempt FROM step_token_read(p_token) t;
+    IF v_order IS NULL THEN
+        detail := 'the token is not a step token this deployment made (the Sas-Step-Token of a call)';
+        RETURN;
+    END IF;
+    order_id := v_order;
+    step := v_step;
+    attempt := v_attempt;
+    IF p_name = 'heartbeat' THEN
+        SELECT h.applied, h.complete_by INTO v_applied, complete_by FROM step_hold(v_order, v_step, v_attempt, 0, NULL, p_actor) h;
+    ELSIF p_name IN ('complete', 'fail') THEN
+        BEGIN
+            INSERT INTO signals (order_id, signal_id, name, payload, actor, step)
+            VALUES (v_order, coalesce(NULLIF(p_signal_id, ''), format('callback:%s.%s:%s', v_step, v_attempt, p_name)),
+                    p_name, p_result, p_actor, v_step)
+            ON CONFLICT DO NOTHING;
+            IF NOT FOUND THEN
+                outcome := 'duplicate';
+                detail := format('this %s of step %s attempt %s of order %s was received before: nothing changed', p_name, v_step, v_attempt, v_order);
+                RETURN;
+            END IF;
+            SELECT r.applied, r.order_status INTO v_applied, order_status
+            FROM apply_reply(v_order, v_step, v_attempt, p_name = 'complete', p_result, coalesce(p_error, ''), p_actor,
+                             NULL, NULL, 0, p_fenced, NULL) r;
+            IF NOT v_applied THEN
+                RAISE EXCEPTION 'the attempt no longer runs' USING ERRCODE = 'SASNA';
+            END IF;
+        EXCEPTION WHEN SQLSTATE 'SASNA' THEN
+            v_applied := false;
+            order_status := '';
+        END;
+    ELSE
+        RAISE EXCEPTION 'a callback is complete, fail or heartbeat, not %', left(p_name, 40) USING ERRCODE = '22023';
+    END IF;
+    IF v_applied THEN
+        outcome := 'applied';
+        IF p_notify THEN
+            PERFORM pg_notify('sas_pending', current_schema()), pg_notify('sas_outbox', current_schema());
+        END IF;
+        RETURN;
+    END IF;
+    outcome := 'stale_token';
+    complete_by := NULL;
+    SELECT s.attempt, s.process_state, coalesce(s.complete_by >= clock_timestamp(), false)
+    INTO v_current, v_state, v_in_time
+    FROM steps s WHERE s.order_id = v_order AND s.step = v_step;
+    detail := format('step %s attempt %s of order %s no longer runs (%s): the callback changed nothing', v_step, v_attempt, v_order,
+                     CASE WHEN v_state IS NULL THEN 'no such step'
+                          WHEN v_current <> v_attempt THEN format('attempt superseded, current attempt %s', v_current)
+                          WHEN v_state <> 'processing' THEN 'step is ' || v_state
+                          WHEN NOT v_in_time THEN 'complete_by has passed'
+                          ELSE 'step changed concurrently' END);
+END;
+$function$;

@@ -15,3 +15,20 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- step_callback is every entrance's door for a step's callback: run as
+-- the store's owner (it reads the step tokens' key), called only by the
+-- roles of the entrances (the schedulers for the signals queue, the API,
+-- operators through sasctl).
+DO $$
+DECLARE
+    v_role text;
+BEGIN
+    REVOKE EXECUTE ON FUNCTION step_callback(text, text, text, jsonb, text, text, boolean, boolean) FROM PUBLIC;
+    FOREACH v_role IN ARRAY ARRAY['sas_scheduler', 'sas_api', 'sas_operator'] LOOP
+        IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = v_role) THEN
+            EXECUTE format('GRANT EXECUTE ON FUNCTION step_callback(text, text, text, jsonb, text, text, boolean, boolean) TO %I', v_role);
+        END IF;
+    END LOOP;
+END
+$$;
