@@ -1,6 +1,8 @@
 package statestore_test
 
 import (
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -149,6 +151,40 @@ func TestAWaitTimesOut(t *testing.T) {
 	status, st := stepStates(t, b, o.OrderID)
 	if status != statestore.OrderCompensating || st["unscore"] != statestore.StepPending {
 		t.Fatalf("order %s, steps %v: the timed-out wait fails the order, which undoes score", status, st)
+	}
+}
+
+// TestATimedOutWaitEndsItsOrderTimedOut: an order a wait's timeout
+// failed ends with reason timed_out (not refused), its detail saying the
+// timeout as a person writes it.
+func TestATimedOutWaitEndsItsOrderTimedOut(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	if _, err := b.store.AcquireLease(ctx, statestore.SupervisorLease, "sup-1", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	o := graphOrder(t, loan, "quick", `{}`, statestore.PolicyCompensate)
+	insert(t, b, o)
+	reply(t, b, claimAll(t, b, o.OrderID)["score"], true, "")
+	waitDue(t, b)
+	testenv.Eventually(t, 5*time.Second, "the wait to time out", func() bool {
+		fireAll(t, b, "sup-1")
+		_, st := stepStates(t, b, o.OrderID)
+		return st["approval"] == statestore.StepError
+	})
+	reply(t, b, claimAll(t, b, o.OrderID)["unscore"], true, "")
+	ev := endingEvent(t, b, o.OrderID, messages.StatusFailed)
+	if ev.Reason != messages.EndTimedOut || ev.FailedStep != "approval" || !strings.Contains(ev.Detail, "no signal approved came within its timeout of 200 ms") {
+		t.Fatalf("the failed event: %+v", ev)
+	}
+	var texts []string
+	if err := b.pool.QueryRow(ctx, `SELECT array_agg(duration_text(ms) ORDER BY ms) FROM unnest('{200,1000,1500,20000,90000,600000,7200000,5400000}'::bigint[]) ms`).
+		Scan(&texts); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"200 ms", "1 s", "1.5 s", "20 s", "90 s", "10 min", "90 min", "2 h"}; !slices.Equal(texts, want) {
+		t.Fatalf("durations %v, want %v", texts, want)
 	}
 }
 

@@ -116,7 +116,11 @@ BEGIN
     ORDER BY t.id DESC LIMIT 1;
 
     IF v_step IS NOT NULL AND NOT (p_status = 'failed' AND v_cancelled IS NOT NULL) THEN
-        v_reason := CASE WHEN v_error LIKE 'complete_by passed%' THEN 'timed_out' ELSE 'refused' END;
+        -- A step whose time ran out (complete_by) and a wait that no
+        -- signal ended in its time (fire_timers) timed out; every other
+        -- failure was a refusal.
+        v_reason := CASE WHEN v_error LIKE 'complete_by passed%' OR v_error LIKE 'no signal % came within its timeout of %'
+                         THEN 'timed_out' ELSE 'refused' END;
         v_detail := v_name || ' (step ' || v_step || ')' || coalesce(': ' || v_error, '')
                     || coalesce('; the service''s last answer: ' || v_answer, '');
         v_body := v_body || jsonb_build_object('failed_step', v_name, 'step', coalesce(p_step, v_step));

@@ -71,7 +71,7 @@ BEGIN
              LIMIT p_limit
              FOR UPDATE OF s SKIP LOCKED LOOP
         v_reason := 'no signal ' || (r.w->>'signal') || ' came within its timeout of '
-                    || ((r.w->>'timeout_ms')::bigint / 1000.0)::text || ' s';
+                    || duration_text((r.w->>'timeout_ms')::bigint);
         IF r.w->>'on_timeout' = 'skip' THEN
             UPDATE steps s SET process_state = 'skipped', updated_at = clock_timestamp(),
                                moves = s.moves + 1, moved_by = p_holder, moved_why = v_reason || ': skipped (on_timeout: skip)'
@@ -90,6 +90,19 @@ BEGIN
         RETURN NEXT;
     END LOOP;
 END;
+$function$;
+
+-- duration_text: a duration of p_ms milliseconds as a person writes it
+-- (2 h, 10 min, 20 s, 1.5 s, 200 ms).
+CREATE OR REPLACE FUNCTION duration_text(p_ms bigint)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+    SELECT CASE WHEN p_ms >= 3600000 AND p_ms % 3600000 = 0 THEN (p_ms / 3600000)::text || ' h'
+                WHEN p_ms >= 60000 AND p_ms % 60000 = 0 THEN (p_ms / 60000)::text || ' min'
+                WHEN p_ms < 1000 THEN p_ms::text || ' ms'
+                ELSE trim_scale(p_ms / 1000.0)::text || ' s' END
 $function$;
 
 -- next_timer: seconds until the earliest timer fire_timers would fire
