@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -141,6 +142,10 @@ func TestSubProcessesEndWithTheirChildren(t *testing.T) {
 	out, _, code := sasctl(t, p.env, "orders", "show", ids[30])
 	if code != 0 || !strings.Contains(out, children[30]) {
 		t.Fatalf("orders show of a parent does not name its child:\n%s", out)
+	}
+	// Its sub-process step reads as one, not as an action of an agent.
+	if !regexp.MustCompile(`(?m)^2\s+kyc\s+sub-process\s+workflow:kyc_check\s`).MatchString(out) {
+		t.Fatalf("orders show of a parent does not show its sub-process step as one:\n%s", out)
 	}
 	out, _, code = sasctl(t, p.env, "orders", "show", children[30])
 	if code != 0 || !strings.Contains(out, ids[30]) {

@@ -432,3 +432,35 @@ func TestConsoleActionsAreRecorded(t *testing.T) {
 		t.Fatalf("discarding a message that is not there: %d, want 404", status)
 	}
 }
+
+// TestConsoleWorkflowsSayWhatEachStepDoes: the Workflows page says of
+// each step what it is and does (a 10-minute wait reads 10m, not its
+// attempt's budget), and which steps it comes after, a join's as any N
+// of them.
+func TestConsoleWorkflowsSayWhatEachStepDoes(t *testing.T) {
+	t.Parallel()
+	g := runFile(t, "loan.yaml", `
+workflows:
+  - name: loan
+    steps:
+      - {action: score, agent: risk, compensation: {action: unscore}}
+      - {id: approval, wait: {signal: approved, timeout: 10m}, needs: [score]}
+      - {action: cooling_off, delay: 90s, needs: [approval]}
+      - {action: open, agent: core, needs: {any: 1, of: [cooling_off, score]}}
+`, pipelineOpts{agents: 1, schedulers: 1})
+	c := startConsole(t, g.stack, "SAS_WORKFLOWS_FILE="+g.file)
+	alice := newWebClient(t, c.url)
+	if status := alice.login("alice", "alice's password"); status != http.StatusSeeOther {
+		t.Fatalf("login: %d", status)
+	}
+	status, page := alice.do("GET", "/workflows", nil)
+	if status != 200 {
+		t.Fatalf("workflows page: %d", status)
+	}
+	for _, want := range []string{"waits for signal approved, at most 10m, then fails", "<td>wait</td>", "<td>timer</td>", "waits 90s",
+		"any 1 of cooling_off, score", "calls risk (", "unscore"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the workflows page has no %q", want)
+		}
+	}
+}

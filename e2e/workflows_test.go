@@ -317,3 +317,35 @@ func (p pipeline) waitWritten(t *testing.T, ids []string) {
 		return p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[])`, ids) == len(ids)
 	})
 }
+
+// TestWorkflowsListDrawsGraphs: workflows list draws a list as a chain
+// and a graph as each step with the steps it waits for (an N-of-M join
+// as any N of them), and says how long waits and timers last as the file
+// wrote it.
+func TestWorkflowsListDrawsGraphs(t *testing.T) {
+	t.Parallel()
+	file := writeFile(t, "graphs.yaml", `
+workflows:
+  - name: loan
+    steps:
+      - {action: score, agent: risk, compensation: {action: unscore}}
+      - {id: approval, wait: {signal: approved, timeout: 10m}, needs: [score]}
+      - {action: cooling_off, delay: 90s, needs: [approval]}
+      - {id: kyc, workflow: checks, needs: []}
+      - {action: open, agent: core, needs: {any: 2, of: [cooling_off, kyc, score]}}
+  - name: checks
+    steps:
+      - {action: check_id, agent: kyc}
+      - {action: check_address, agent: kyc}
+`)
+	out, errOut, code := sasctl(t, env(), "workflows", "list", "--file", file)
+	if code != 0 {
+		t.Fatalf("workflows list: exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"check_id@kyc → check_address@kyc", "approval@signal:approved(10m) ← score", "cooling_off@timer(90s) ← approval",
+		"kyc@workflow:checks", "open@core ← any 2 of cooling_off, kyc, score"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("workflows list says:\n%s\nwithout %q", out, want)
+		}
+	}
+}

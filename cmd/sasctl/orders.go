@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
@@ -254,10 +255,11 @@ func (a *app) printOrder(d statestore.OrderDetail) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	graph := slices.ContainsFunc(d.Steps, func(s statestore.Step) bool { return s.Needs != nil })
 	if graph {
-		fmt.Fprintln(tw, "STEP\tNAME\tKIND\tAGENT\tSTATE\tATTEMPT\tFAILURES\tRUNS AFTER")
+		fmt.Fprintln(tw, "STEP\tNAME\tKIND\tBY\tSTATE\tATTEMPT\tFAILURES\tRUNS AFTER")
 	} else {
-		fmt.Fprintln(tw, "STEP\tNAME\tKIND\tAGENT\tSTATE\tATTEMPT\tFAILURES")
+		fmt.Fprintln(tw, "STEP\tNAME\tKIND\tBY\tSTATE\tATTEMPT\tFAILURES")
 	}
+	shown := d.ShownStates()
 	for _, s := range d.Steps {
 		// A live step's failures are its current round's, against its
 		// limit; an ended one's, every failure its history holds
@@ -271,11 +273,11 @@ func (a *app) printOrder(d statestore.OrderDetail) error {
 			name = fmt.Sprintf("%s[%d]", s.Name, *s.Index)
 		}
 		if !graph {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\n", s.Step, clip(name, 24), s.Kind, clip(s.Agent, 16), s.ProcessState,
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\n", s.Step, clip(name, 24), s.Sort(), clip(cmp.Or(s.By(), "–"), 24), shown[s.Step],
 				s.Attempt, failures)
 			continue
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", s.Step, clip(name, 24), s.Kind, clip(s.Agent, 16), s.ProcessState,
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", s.Step, clip(name, 24), s.Sort(), clip(cmp.Or(s.By(), "–"), 24), shown[s.Step],
 			s.Attempt, failures, runsAfter(s))
 	}
 	if err := tw.Flush(); err != nil {

@@ -138,30 +138,39 @@ func (a *app) workflowsList(ctx context.Context, args []string) error {
 	return tw.Flush()
 }
 
+// stepList writes a workflow's steps on one line: a list as a chain (a →
+// b), a graph as each step with the steps it waits for (c ← a, b).
 func stepList(wf workflow.Workflow) string {
+	graph := slices.ContainsFunc(wf.Steps, func(st workflow.Step) bool { return len(st.Needs) > 0 })
 	var parts []string
 	for _, st := range wf.Steps {
-		p := st.Name + "@" + performer(st)
+		p := st.Ref() + "@" + performer(st)
 		if st.Compensation != nil {
 			p += "(undo " + st.Compensation.Name + ")"
 		}
+		if after := st.After(); graph && after != "" {
+			p += " ← " + after
+		}
 		parts = append(parts, p)
+	}
+	if graph {
+		return strings.Join(parts, "; ")
 	}
 	return strings.Join(parts, " → ")
 }
 
 // performer is who performs a step: its agent kind, or what sas does
-// itself.
+// itself, with how long it waits.
 func performer(st workflow.Step) string {
-	switch {
-	case st.Agent != "":
+	switch st.Kind() {
+	case "action":
 		return st.Agent
-	case st.Workflow != "":
+	case "sub-process":
 		return "workflow:" + st.Workflow
-	case st.Wait != nil:
-		return "signal:" + st.Wait.Signal
+	case "wait":
+		return "signal:" + st.Wait.Signal + "(" + workflow.DurationText(st.Wait.Timeout) + ")"
 	}
-	return "timer"
+	return "timer(" + workflow.DurationText(st.Delay) + ")"
 }
 
 // orderSampler makes sample orders of a workflow: the payload given (a JSON

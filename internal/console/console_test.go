@@ -331,3 +331,51 @@ func TestConsoleAnswersOnlyForItsOrigins(t *testing.T) {
 		}
 	}
 }
+
+// TestEndedOrdersShowWhatBecameOfEachStep: in an order that ended, a step
+// that never ran is shown not run (not waiting), an action whose
+// compensation ran is undone (not processed, in the graph too), and a
+// failed order says why at once: its failed step, its error and its
+// service's last answer (a compensation's first).
+func TestEndedOrdersShowWhatBecameOfEachStep(t *testing.T) {
+	t.Parallel()
+	steps := []statestore.Step{
+		{Step: 1, Name: "reserve", Kind: statestore.KindAction, Agent: "inv", ProcessState: statestore.StepProcessed, Needs: []int{}},
+		{Step: 2, Name: "charge", Kind: statestore.KindAction, Agent: "pay", ProcessState: statestore.StepError, Needs: []int{1},
+			LastError: "card declined", LastAnswer: "402"},
+		{Step: 3, Name: "unreserve", Kind: statestore.KindCompensation, Compensates: 1, Agent: "inv", ProcessState: statestore.StepProcessed},
+		{Step: 4, Name: "refund", Kind: statestore.KindCompensation, Compensates: 2, Agent: "pay", ProcessState: statestore.StepWaiting},
+	}
+	shown := statestore.OrderDetail{Order: statestore.Order{Status: statestore.OrderFailed}, Steps: steps}.ShownStates()
+	for i, want := range []string{statestore.StateUndone, statestore.StepError, statestore.StepProcessed, statestore.StateNotRun} {
+		if got := shown[i+1]; got != want {
+			t.Errorf("step %d of a failed order shown %s, want %s", i+1, got, want)
+		}
+	}
+	if got := (statestore.OrderDetail{Order: statestore.Order{Status: statestore.OrderCompensating}, Steps: steps}).ShownStates()[4]; got != statestore.StepWaiting {
+		t.Errorf("a compensation of an order being undone shown %s, want waiting", got)
+	}
+	levels := graphLevels(steps, shown)
+	if len(levels) != 2 || levels[0][0].State != statestore.StateUndone || levels[1][0].State != statestore.StepError {
+		t.Fatalf("the graph: %+v", levels)
+	}
+	why := whyEnded(statestore.Order{Status: statestore.OrderFailed}, steps)
+	if why != "step 2 (charge) failed: card declined; the service's last answer: 402" {
+		t.Fatalf("why: %q", why)
+	}
+	if whyEnded(statestore.Order{Status: statestore.OrderCompleted}, steps) != "" {
+		t.Fatal("a completed order says why it failed")
+	}
+	for want, st := range map[string]statestore.Step{
+		"action · agent.inv":                              steps[0],
+		"compensation of step 1 · agent.inv":              steps[2],
+		"wait for signal approved":                        {Kind: statestore.KindAction, Wait: "approved"},
+		"sub-process kyc_check":                           {Kind: statestore.KindAction, Workflow: "kyc_check"},
+		"timer":                                           {Kind: statestore.KindAction},
+		"compensation of step 5 · undoes its child order": {Kind: statestore.KindCompensation, Compensates: 5, Workflow: "kyc_check"},
+	} {
+		if got := st.What(); got != want {
+			t.Errorf("%+v reads %q, want %q", st, got, want)
+		}
+	}
+}

@@ -182,6 +182,8 @@ type orderData struct {
 	Results    json.RawMessage
 	// Graph is a graph order's actions by level (nil for a list's).
 	Graph [][]graphNode
+	// Why says why a failed or held order failed (whyEnded).
+	Why string
 }
 
 func (s *server) readOrder(w http.ResponseWriter, r *http.Request, rq *request) (orderData, bool) {
@@ -209,9 +211,10 @@ func (s *server) readOrder(w http.ResponseWriter, r *http.Request, rq *request) 
 	}
 	// A failure holds the order when its policy says so, and always when
 	// it is a compensation's (the order is then partly undone).
+	shown := d.OrderDetail.ShownStates()
 	for _, st := range d.OrderDetail.Steps {
 		held := d.Order.FailurePolicy == statestore.PolicyHold || st.Kind == statestore.KindCompensation
-		v := stepView{Step: st, Timeline: timeline(st, d.History, held),
+		v := stepView{Step: st, Timeline: timeline(st, d.History, held), Shown: shown[st.Step],
 			Live: st.ProcessState == statestore.StepPending || st.ProcessState == statestore.StepProcessing}
 		v.Failures = failures(v.Timeline)
 		v.CanResubmit = d.Order.Status == statestore.OrderError && resubmittable(st, compensationFailed)
@@ -220,7 +223,8 @@ func (s *server) readOrder(w http.ResponseWriter, r *http.Request, rq *request) 
 		d.CanResubmit = d.CanResubmit || v.CanResubmit
 		d.Steps = append(d.Steps, v)
 	}
-	d.Graph = graphLevels(d.OrderDetail.Steps)
+	d.Graph = graphLevels(d.OrderDetail.Steps, shown)
+	d.Why = whyEnded(d.Order, d.OrderDetail.Steps)
 	switch d.Order.Status {
 	case statestore.OrderReceived, statestore.OrderProcessing:
 		d.CanCancel = true

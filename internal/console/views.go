@@ -103,6 +103,8 @@ type stepView struct {
 	CanRunAgain bool
 	// CanSignal: it awaits a signal an operator may send.
 	CanSignal bool
+	// Shown is the state it is shown in (shownState).
+	Shown string
 }
 
 // timeline reads a step's history into events: each claim (the request
@@ -121,8 +123,12 @@ func timeline(st statestore.Step, history []statestore.Transition, held bool) []
 		switch {
 		case operator:
 			e.Label, e.Class = fmt.Sprintf("%s → %s by %s", dash(t.From), t.To, operatorName(t)), "operator"
-		case t.To == statestore.StepProcessing:
+		case t.To == statestore.StepProcessing && st.Agent != "":
 			e.Label, e.Class = fmt.Sprintf("claimed, attempt %d sent to agent.%s", t.Attempt, st.Agent), "claimed"
+		case t.To == statestore.StepProcessing:
+			e.Label, e.Class = fmt.Sprintf("claimed, attempt %d", t.Attempt), "claimed"
+		case t.To == statestore.StepAwaiting:
+			e.Label, e.Class = "waiting for signal "+st.Wait, "claimed"
 		case t.From == statestore.StepProcessing && t.To == statestore.StepProcessed && st.Kind == "compensation":
 			e.Label, e.Class = "replied: compensated", "compensated"
 		case t.From == statestore.StepProcessing && t.To == statestore.StepProcessed:
@@ -183,11 +189,12 @@ type graphNode struct {
 	Index     int
 }
 
-// graphLevels lays a graph order's actions out by level, branch beside
-// branch: level 0 the steps that need none, then each step one level past
+// graphLevels lays a graph order's actions out by level, each in the
+// state it is shown in (shown: statestore.OrderDetail.ShownStates),
+// branch beside branch: level 0 the steps that need none, then each step one level past
 // the deepest it needs; the instances of a for_each step inside it. A
 // list's order has none (nil).
-func graphLevels(steps []statestore.Step) [][]graphNode {
+func graphLevels(steps []statestore.Step, shown map[int]string) [][]graphNode {
 	byStep := map[int]statestore.Step{}
 	graph := false
 	for _, st := range steps {
@@ -212,6 +219,7 @@ func graphLevels(steps []statestore.Step) [][]graphNode {
 		depth[n] = d
 		return d
 	}
+	state := func(st statestore.Step) string { return cmp.Or(shown[st.Step], st.ProcessState) }
 	var levels [][]graphNode
 	nodes := map[int]*graphNode{}
 	for _, st := range steps {
@@ -222,7 +230,7 @@ func graphLevels(steps []statestore.Step) [][]graphNode {
 		for len(levels) <= d {
 			levels = append(levels, nil)
 		}
-		levels[d] = append(levels[d], graphNode{Step: st.Step, Name: cmp.Or(st.ID, st.Name), State: st.ProcessState, After: st.Needs, Any: st.NeedsAny})
+		levels[d] = append(levels[d], graphNode{Step: st.Step, Name: cmp.Or(st.ID, st.Name), State: state(st), After: st.Needs, Any: st.NeedsAny})
 	}
 	for d := range levels {
 		for i := range levels[d] {
@@ -232,9 +240,39 @@ func graphLevels(steps []statestore.Step) [][]graphNode {
 	for _, st := range steps {
 		if st.Kind == statestore.KindAction && st.Parent > 0 && st.Index != nil {
 			if p := nodes[st.Parent]; p != nil {
-				p.Instances = append(p.Instances, graphNode{Step: st.Step, Name: st.Name, State: st.ProcessState, Index: *st.Index})
+				p.Instances = append(p.Instances, graphNode{Step: st.Step, Name: st.Name, State: state(st), Index: *st.Index})
 			}
 		}
 	}
 	return levels
+}
+
+// whyEnded says why an order failed or is held: its step in error (a
+// compensation's first: it is why an order is held partly undone), with
+// the step's last error and its service's last answer. "" for an order
+// that did not.
+func whyEnded(o statestore.Order, steps []statestore.Step) string {
+	if o.Status != statestore.OrderFailed && o.Status != statestore.OrderError && o.Status != statestore.OrderCompensating {
+		return ""
+	}
+	var failed *statestore.Step
+	for i, st := range steps {
+		if st.ProcessState != statestore.StepError {
+			continue
+		}
+		if failed == nil || st.Kind == statestore.KindCompensation && failed.Kind != statestore.KindCompensation {
+			failed = &steps[i]
+		}
+	}
+	if failed == nil {
+		return ""
+	}
+	why := fmt.Sprintf("step %d (%s) failed", failed.Step, cmp.Or(failed.ID, failed.Name))
+	if failed.LastError != "" {
+		why += ": " + failed.LastError
+	}
+	if failed.LastAnswer != "" {
+		why += "; the service's last answer: " + failed.LastAnswer
+	}
+	return why
 }

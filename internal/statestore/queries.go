@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -71,6 +72,99 @@ type Step struct {
 	DueAt *time.Time `json:"due_at,omitempty"`
 	// Wait is, for a wait step, the signal it waits for.
 	Wait string `json:"wait,omitempty"`
+	// Workflow is, for a sub-process, the workflow of its child order.
+	Workflow string `json:"workflow,omitempty"`
+}
+
+// The states a step is shown in that are not its own (ShownStates).
+const (
+	// StateUndone: an action whose compensation ran.
+	StateUndone = "undone"
+	// StateNotRun: a step still waiting in an order that ended, which
+	// will never run (a compensation of a completed order, an action
+	// after the one that failed).
+	StateNotRun = "not-run"
+)
+
+// ShownStates is each step's state (by step number) as the console and
+// sasctl show it: its own, but StateNotRun for a step still waiting in an
+// order that completed or failed, and StateUndone for an action whose
+// compensation ran.
+func (d OrderDetail) ShownStates() map[int]string {
+	undone := map[int]bool{}
+	for _, st := range d.Steps {
+		if st.Kind == KindCompensation && st.ProcessState == StepProcessed {
+			undone[st.Compensates] = true
+		}
+	}
+	ended := d.Order.Status == OrderCompleted || d.Order.Status == OrderFailed
+	shown := make(map[int]string, len(d.Steps))
+	for _, st := range d.Steps {
+		switch {
+		case ended && st.ProcessState == StepWaiting:
+			shown[st.Step] = StateNotRun
+		case st.Kind == KindAction && undone[st.Step]:
+			shown[st.Step] = StateUndone
+		default:
+			shown[st.Step] = st.ProcessState
+		}
+	}
+	return shown
+}
+
+// Sort is what the step is in a person's words: action, compensation,
+// wait, timer or sub-process.
+func (st Step) Sort() string {
+	switch {
+	case st.Kind == KindCompensation:
+		return KindCompensation
+	case st.Agent != "":
+		return "action"
+	case st.Wait != "":
+		return "wait"
+	case st.Workflow != "":
+		return "sub-process"
+	}
+	return "timer"
+}
+
+// By is who performs the step: its agent kind, the signal it waits for
+// (signal:NAME), the workflow of its child order (workflow:NAME), or ""
+// for a timer.
+func (st Step) By() string {
+	switch {
+	case st.Agent != "":
+		return st.Agent
+	case st.Wait != "":
+		return "signal:" + st.Wait
+	case st.Workflow != "":
+		return "workflow:" + st.Workflow
+	}
+	return ""
+}
+
+// What says what kind of step it is, and who performs it: "action ·
+// agent.payments", "compensation of step 2 · agent.payments", "wait for
+// signal approved", "sub-process kyc_check", "timer".
+func (st Step) What() string {
+	what := st.Kind
+	if st.Compensates > 0 {
+		what += " of step " + strconv.Itoa(st.Compensates)
+	}
+	switch {
+	case st.Agent != "":
+		return what + " · agent." + st.Agent
+	case st.Wait != "":
+		return "wait for signal " + st.Wait
+	case st.Workflow != "":
+		if st.Kind == KindCompensation {
+			return what + " · undoes its child order"
+		}
+		return "sub-process " + st.Workflow
+	case st.Kind == KindCompensation:
+		return what
+	}
+	return "timer"
 }
 
 // Transition is one entry of the history.
@@ -160,7 +254,7 @@ func (s *Store) GetOrder(ctx context.Context, orderID string) (OrderDetail, erro
 			failure_count, max_failures, attempt, idempotency_key, available_at, coalesce(last_error, ''), coalesce(last_answer, ''),
 			result, updated_at, needs, coalesce((spec->>'needs_any')::int, 0), coalesce(spec->>'id', ''), coalesce(parent, 0), item_index, item,
 			CASE WHEN process_state IN ('delayed', 'awaiting') AND NOT coalesce(spec ? 'workflow', false) THEN due_at END,
-			coalesce(spec->'wait'->>'signal', '')
+			coalesce(spec->'wait'->>'signal', ''), coalesce(spec->>'workflow', '')
 			FROM steps WHERE order_id = $1 ORDER BY step`, orderID)
 		if err != nil {
 			return err
@@ -169,7 +263,7 @@ func (s *Store) GetOrder(ctx context.Context, orderID string) (OrderDetail, erro
 			var st Step
 			err := row.Scan(&st.Step, &st.Name, &st.Kind, &st.Compensates, &st.Agent, &st.ProcessState, &st.LockedBy, &st.CompleteBy,
 				&st.FailureCount, &st.MaxFailures, &st.Attempt, &st.IdempotencyKey, &st.AvailableAt, &st.LastError,
-				&st.LastAnswer, &st.Result, &st.UpdatedAt, &st.Needs, &st.NeedsAny, &st.ID, &st.Parent, &st.Index, &st.Item, &st.DueAt, &st.Wait)
+				&st.LastAnswer, &st.Result, &st.UpdatedAt, &st.Needs, &st.NeedsAny, &st.ID, &st.Parent, &st.Index, &st.Item, &st.DueAt, &st.Wait, &st.Workflow)
 			return st, err
 		})
 		if err != nil {

@@ -38,3 +38,50 @@ func TestRowsPutCompensationsInReverse(t *testing.T) {
 		t.Fatalf("order_hold policy %q", hold.Policy)
 	}
 }
+
+// TestStepsSayWhatTheyDo: each kind of step says what it does in a
+// person's words, its durations as they were written (a 10-minute wait
+// reads 10m, not its attempt's budget), and a join which steps it waits
+// for.
+func TestStepsSayWhatTheyDo(t *testing.T) {
+	t.Parallel()
+	reg, err := workflow.Parse("describe.yaml", []byte(`
+workflows:
+  - name: loan
+    steps:
+      - {action: score, agent: risk, timeout: 1500ms}
+      - {id: approval, wait: {signal: approved, timeout: 10m}, needs: [score], when: "payload.amount > 1000"}
+      - {id: nice, wait: {signal: nice, timeout: 2h, on_timeout: skip}, needs: []}
+      - {action: cooling_off, delay: 90s, needs: [approval]}
+      - {id: kyc, workflow: kyc_check, needs: []}
+      - {action: open, agent: core, needs: {any: 2, of: [cooling_off, kyc, nice]}}
+      - {action: notify, agent: mail, for_each: payload.people, needs: [open]}
+  - name: kyc_check
+    steps:
+      - {action: check_id, agent: kyc}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf, _ := reg.Lookup("loan")
+	want := []struct{ kind, does, after string }{
+		{"action", "calls risk (1.5s an attempt)", ""},
+		{"wait", "waits for signal approved, at most 10m, then fails; when payload.amount > 1000", "score"},
+		{"wait", "waits for signal nice, at most 2h, then is skipped", ""},
+		{"timer", "waits 90s", "approval"},
+		{"sub-process", "runs workflow kyc_check", ""},
+		{"action", "calls core (", "any 2 of cooling_off, kyc, nice"},
+		{"action", "; for each of payload.people", "open"},
+	}
+	for i, st := range wf.Steps {
+		if st.Kind() != want[i].kind || !strings.Contains(st.Does(), want[i].does) || st.After() != want[i].after || wf.After(i) != want[i].after {
+			t.Errorf("step %s: %s %q after %q, want %s %q after %q", st.Ref(), st.Kind(), st.Does(), st.After(), want[i].kind, want[i].does, want[i].after)
+		}
+	}
+	// A list: each step after the one before it.
+	kyc, _ := reg.Lookup("kyc_check")
+	kyc.Steps = append(kyc.Steps, workflow.Step{Name: "check_address", Agent: "kyc"})
+	if kyc.Graph || kyc.After(0) != "" || kyc.After(1) != "check_id" {
+		t.Fatalf("a list's steps come after %q and %q", kyc.After(0), kyc.After(1))
+	}
+}
