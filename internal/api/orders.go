@@ -329,7 +329,7 @@ func (s *server) await(w http.ResponseWriter, r *http.Request, c caller) {
 		writeProblem(w, r, http.StatusBadRequest, probBadRequest, err.Error())
 		return
 	}
-	f, stop, ready := s.hub.follow(id)
+	f, stop, ready := s.hub.follow(id, false)
 	defer stop()
 	if err := await(r.Context(), ready, followBindWait); err != nil {
 		s.unavailable(w, r, err)
@@ -394,10 +394,21 @@ const sseKeepAlive = 15 * time.Second
 
 // events streams the order's status events (Server-Sent Events, event
 // type "status", data a StatusEvent): its current one first, then each
-// as it comes, until the order ends or is held in error.
+// as it comes, until the order ends or is held in error. With
+// steps=true, its steps' events too (event type "step", data a
+// StepEvent) from the moment the stream began.
 func (s *server) events(w http.ResponseWriter, r *http.Request, c caller) {
 	id, ok := s.visible(w, r, c)
 	if !ok {
+		return
+	}
+	var steps bool
+	switch v := r.URL.Query().Get("steps"); v {
+	case "", "false":
+	case "true":
+		steps = true
+	default:
+		writeProblem(w, r, http.StatusBadRequest, probBadRequest, fmt.Sprintf("steps=%q: write true or false", orderfilter.Clip(v, 20)))
 		return
 	}
 	fl, canFlush := w.(http.Flusher)
@@ -405,7 +416,7 @@ func (s *server) events(w http.ResponseWriter, r *http.Request, c caller) {
 		writeProblem(w, r, http.StatusInternalServerError, probInternal, "this server cannot stream")
 		return
 	}
-	f, stop, ready := s.hub.follow(id)
+	f, stop, ready := s.hub.follow(id, steps)
 	defer stop()
 	if err := await(r.Context(), ready, followBindWait); err != nil {
 		s.unavailable(w, r, err)
@@ -420,11 +431,12 @@ func (s *server) events(w http.ResponseWriter, r *http.Request, c caller) {
 	w.Header().Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
 	n := 0
-	send := func(body []byte) {
+	sendAs := func(kind string, body []byte) {
 		n++
-		fmt.Fprintf(w, "id: %d\nevent: status\ndata: %s\n\n", n, body)
+		fmt.Fprintf(w, "id: %d\nevent: %s\ndata: %s\n\n", n, kind, body)
 		fl.Flush()
 	}
+	send := func(body []byte) { sendAs("status", body) }
 	send(body)
 	last := status
 	keep := time.NewTicker(sseKeepAlive)
@@ -446,6 +458,10 @@ func (s *server) events(w http.ResponseWriter, r *http.Request, c caller) {
 			if st != last {
 				send(b)
 				last = st
+			}
+		case ev := <-f.steps:
+			if b, err := messages.Encode(ev); err == nil {
+				sendAs("step", b)
 			}
 		case <-keep.C:
 			fmt.Fprint(w, ": keep-alive\n\n")

@@ -48,7 +48,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		return store.InsertOrders(ctx, orders)
 	})
 	sk.Go(func(ctx context.Context) { inserts.Run(ctx, cfg.Writers) })
-	h := newHub(logger, store.HearStatusEvents)
+	h := newHub(logger, store.HearStatusEvents, store.HearStepEvents)
 	sk.Go(func(ctx context.Context) { h.run(ctx, sk.Deps.Conn) })
 	s := &server{cfg: cfg, me: me, store: store, workflows: workflows, tokens: newTokens(store, cfg.TokenCache, cfg.Rate, cfg.Burst),
 		hub: h, inserts: inserts, pub: sk.Deps.Pub, topo: topo, tr: sk.Tracing, redact: cfg.Redactor(), logger: logger, metrics: m}

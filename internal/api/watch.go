@@ -14,37 +14,47 @@ import (
 )
 
 // hub hands the status events of the status exchange to the requests
-// that await or follow their orders. One exclusive queue per replica
-// feeds it, bound to every status only while some request here follows
-// an order (and for hubLinger after the last one left): with nobody
-// following, the events are not routed here at all, so progress events
-// nobody hears stop being written (statestore.HearStatusEvents). An
-// event of an order nobody here follows is dropped unread. A follower
-// registers, then waits until the queue is bound (ready), then reads the
-// order from the store, so an event that comes between the two is never
-// missed; one that could not be handed over (the follower's buffer full,
-// or the queue lost and made again) marks the follower lost, and it reads
-// the store again.
+// that await or follow their orders, and its step events to those that
+// follow their orders' steps. One exclusive queue per replica feeds it,
+// bound to every status (routing key *) only while some request here
+// follows an order, and to every step event (step.#) only while some
+// request follows its steps (each for linger after the last one left):
+// with nobody following, nothing is routed here, so progress events and
+// step events nobody hears stop being written (statestore.HearStatusEvents,
+// HearStepEvents). An event of an order nobody here follows is dropped
+// unread. A follower registers, then waits until what it needs is bound
+// (ready), then reads the order from the store, so an event that comes
+// between the two is never missed; one that could not be handed over (the
+// follower's buffer full, or the queue lost and made again) marks the
+// follower lost, and it reads the store again.
 type hub struct {
 	logger *slog.Logger
-	// heard tells the store that every status is heard here, once the
-	// queue is bound: progress events it had stopped writing for want of
-	// a listener are written again (statestore.HearStatusEvents).
-	heard func(context.Context) error
-	// linger is how long the queue stays bound after the last follower
-	// left (hubLinger).
+	// linger is how long a binding stays after the last follower who
+	// needed it left (hubLinger).
 	linger time.Duration
 
 	mu        sync.Mutex
 	followers map[string]map[*follower]struct{}
-	count     int // followers, of every order
-	// bound is closed once the queue is bound and heard; a new one is made
-	// when the binding goes (unbound, or the queue lost).
-	bound   chan struct{}
-	isBound bool
-	// want wakes the consuming loop: a first follower came, or the last
-	// one left.
+	// statuses and steps are the queue's two bindings: * for every
+	// status event, step.# for every step event.
+	statuses, steps *binding
+	// want wakes the consuming loop: a follower came, or one left.
 	want chan struct{}
+}
+
+// binding is one binding of the hub's queue to the status exchange, made
+// while followers need it.
+type binding struct {
+	key string
+	// heard tells the store, once the binding is made, that the events
+	// it routes are heard: those it had stopped writing for want of a
+	// listener are written again.
+	heard func(context.Context) error
+	count int // followers that need it
+	// ready is closed once it is bound and heard; a new one is made when
+	// it goes (unbound, or the queue lost).
+	ready   chan struct{}
+	isBound bool
 }
 
 // hubLinger is how long the status queue stays bound after its last
@@ -57,14 +67,19 @@ var errNotBound = errors.New("status events cannot be followed now: the broker i
 // follower is one request following one order.
 type follower struct {
 	events chan messages.StatusEvent
+	// steps gets the order's step events, for a follower of its steps
+	// (nil for others).
+	steps chan messages.StepEvent
 	// lost is signalled when an event may have been missed: read the
 	// store again.
 	lost chan struct{}
 }
 
-func newHub(logger *slog.Logger, heard func(context.Context) error) *hub {
-	return &hub{logger: logger, heard: heard, linger: hubLinger, followers: map[string]map[*follower]struct{}{},
-		bound: make(chan struct{}), want: make(chan struct{}, 1)}
+func newHub(logger *slog.Logger, heardStatuses, heardSteps func(context.Context) error) *hub {
+	return &hub{logger: logger, linger: hubLinger, followers: map[string]map[*follower]struct{}{},
+		statuses: &binding{key: "*", heard: heardStatuses, ready: make(chan struct{})},
+		steps:    &binding{key: "step.#", heard: heardSteps, ready: make(chan struct{})},
+		want:     make(chan struct{}, 1)}
 }
 
 // poke wakes the consuming loop.
@@ -75,11 +90,24 @@ func (h *hub) poke() {
 	}
 }
 
-// follow registers a follower of orderID and returns it, stop (which
-// unregisters it) and ready (closed once the queue is bound: the
-// follower then reads the store).
-func (h *hub) follow(orderID string) (f *follower, stop func(), ready <-chan struct{}) {
+// need counts a follower in or out of b; it wakes the loop when that
+// changes what must be bound (the first came while unbound, the last
+// left). Called with h.mu held.
+func (h *hub) need(b *binding, delta int) {
+	b.count += delta
+	if delta > 0 && !b.isBound || delta < 0 && b.count == 0 {
+		h.poke()
+	}
+}
+
+// follow registers a follower of orderID (and of its steps, when steps)
+// and returns it, stop (which unregisters it) and ready (closed once what
+// it needs is bound: the follower then reads the store).
+func (h *hub) follow(orderID string, steps bool) (f *follower, stop func(), ready []<-chan struct{}) {
 	f = &follower{events: make(chan messages.StatusEvent, 16), lost: make(chan struct{}, 1)}
+	if steps {
+		f.steps = make(chan messages.StepEvent, 64)
+	}
 	h.mu.Lock()
 	set := h.followers[orderID]
 	if set == nil {
@@ -87,65 +115,68 @@ func (h *hub) follow(orderID string) (f *follower, stop func(), ready <-chan str
 		h.followers[orderID] = set
 	}
 	set[f] = struct{}{}
-	h.count++
-	ready = h.bound
-	if !h.isBound {
-		h.poke()
+	h.need(h.statuses, 1)
+	ready = append(ready, h.statuses.ready)
+	if steps {
+		h.need(h.steps, 1)
+		ready = append(ready, h.steps.ready)
 	}
 	h.mu.Unlock()
 	return f, func() {
 		h.mu.Lock()
-		if _, ok := set[f]; ok {
-			delete(set, f)
-			h.count--
+		defer h.mu.Unlock()
+		if _, ok := set[f]; !ok {
+			return
 		}
+		delete(set, f)
 		if len(set) == 0 && h.followers[orderID] != nil && len(h.followers[orderID]) == 0 {
 			delete(h.followers, orderID)
 		}
-		last := h.count == 0
-		h.mu.Unlock()
-		if last {
-			h.poke()
+		h.need(h.statuses, -1)
+		if steps {
+			h.need(h.steps, -1)
 		}
 	}, ready
 }
 
-// await waits until ready is closed (the queue is bound), for at most
-// timeout.
-func await(ctx context.Context, ready <-chan struct{}, timeout time.Duration) error {
+// await waits until every one of ready is closed (what a follower needs
+// is bound), for at most timeout.
+func await(ctx context.Context, ready []<-chan struct{}, timeout time.Duration) error {
 	t := time.NewTimer(timeout)
 	defer t.Stop()
-	select {
-	case <-ready:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return errNotBound
+	for _, r := range ready {
+		select {
+		case <-r:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			return errNotBound
+		}
 	}
+	return nil
 }
 
-// setBound records the binding: closes bound when it is made, makes a
-// new one when it goes.
-func (h *hub) setBound(b bool) {
+// setBound records b's binding: closes ready when it is made, makes a new
+// one when it goes.
+func (h *hub) setBound(b *binding, bound bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if b == h.isBound {
+	if bound == b.isBound {
 		return
 	}
-	h.isBound = b
-	if b {
-		close(h.bound)
+	b.isBound = bound
+	if bound {
+		close(b.ready)
 	} else {
-		h.bound = make(chan struct{})
+		b.ready = make(chan struct{})
 	}
 }
 
-// followed is how many followers there are.
-func (h *hub) followed() int {
+// needed is how many followers need b.
+func (h *hub) needed(b *binding) int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.count
+	return b.count
 }
 
 func (f *follower) markLost() {
@@ -155,15 +186,35 @@ func (f *follower) markLost() {
 	}
 }
 
-// deliver hands an event body to its order's followers.
-func (h *hub) deliver(body []byte) {
+// deliver hands an event to its order's followers: a status event to
+// each, a step event to each that follows its steps.
+func (h *hub) deliver(d amqp.Delivery) {
 	h.mu.Lock()
 	empty := len(h.followers) == 0
 	h.mu.Unlock()
 	if empty {
 		return
 	}
-	ev, err := messages.DecodeStatusEvent(body)
+	if d.Type == messages.TypeStepEvent {
+		ev, err := messages.DecodeStepEvent(d.Body)
+		if err != nil {
+			return
+		}
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		for f := range h.followers[ev.OrderID] {
+			if f.steps == nil {
+				continue
+			}
+			select {
+			case f.steps <- ev:
+			default:
+				f.markLost()
+			}
+		}
+		return
+	}
+	ev, err := messages.DecodeStatusEvent(d.Body)
 	if err != nil {
 		return
 	}
@@ -219,7 +270,8 @@ func (h *hub) consume(ctx context.Context, conn *broker.Conn) error {
 	}
 	defer ch.Close()
 	// Whatever came while the queue was lost was not seen.
-	defer h.setBound(false)
+	defer h.setBound(h.steps, false)
+	defer h.setBound(h.statuses, false)
 	defer h.allLost()
 	q, err := ch.QueueDeclare("", false, true, true, false, nil)
 	if err != nil {
@@ -232,25 +284,29 @@ func (h *hub) consume(ctx context.Context, conn *broker.Conn) error {
 	h.allLost()
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	exchange := conn.Topology().StatusExchange()
-	bound := false
-	var unbind <-chan time.Time // the linger after the last follower
+	bindings := []*binding{h.statuses, h.steps}
+	bound := make([]bool, len(bindings))
+	unbind := make([]<-chan time.Time, len(bindings)) // the linger after the last follower
 	for {
-		switch n := h.followed(); {
-		case n > 0 && !bound:
-			if err := ch.QueueBind(q.Name, "#", exchange, false, nil); err != nil {
-				return err
+		for i, b := range bindings {
+			switch n := h.needed(b); {
+			case n > 0 && !bound[i]:
+				if err := ch.QueueBind(q.Name, b.key, exchange, false, nil); err != nil {
+					return err
+				}
+				if err := b.heard(ctx); err != nil {
+					return err
+				}
+				bound[i] = true
+				h.setBound(b, true)
+				unbind[i] = nil
+			case n > 0:
+				unbind[i] = nil
+			case bound[i] && unbind[i] == nil:
+				unbind[i] = time.After(h.linger)
 			}
-			if err := h.heard(ctx); err != nil {
-				return err
-			}
-			bound = true
-			h.setBound(true)
-			unbind = nil
-		case n > 0:
-			unbind = nil
-		case bound && unbind == nil:
-			unbind = time.After(h.linger)
 		}
+		gone := -1
 		select {
 		case <-ctx.Done():
 			return nil
@@ -263,25 +319,32 @@ func (h *hub) consume(ctx context.Context, conn *broker.Conn) error {
 			if !ok {
 				return errChannelClosed
 			}
-			h.deliver(d.Body)
+			h.deliver(d)
 		case <-h.want:
-		case <-unbind:
-			unbind = nil
-			// Unbound first in the hub's eyes, so that a follower who
-			// comes now waits for the binding made again.
-			h.mu.Lock()
-			idle := h.count == 0
-			if idle {
-				h.isBound = false
-				h.bound = make(chan struct{})
+		case <-unbind[0]:
+			gone = 0
+		case <-unbind[1]:
+			gone = 1
+		}
+		if gone < 0 {
+			continue
+		}
+		unbind[gone] = nil
+		// Unbound first in the hub's eyes, so that a follower who comes
+		// now waits for the binding made again.
+		b := bindings[gone]
+		h.mu.Lock()
+		idle := b.count == 0
+		if idle {
+			b.isBound = false
+			b.ready = make(chan struct{})
+		}
+		h.mu.Unlock()
+		if idle {
+			if err := ch.QueueUnbind(q.Name, b.key, exchange, nil); err != nil {
+				return err
 			}
-			h.mu.Unlock()
-			if idle {
-				if err := ch.QueueUnbind(q.Name, "#", exchange, nil); err != nil {
-					return err
-				}
-				bound = false
-			}
+			bound[gone] = false
 		}
 	}
 }

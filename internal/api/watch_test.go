@@ -22,7 +22,8 @@ import (
 // status exchange routes nothing to this API, so progress events nobody
 // hears stop being written; a follower waits until the queue is bound
 // (and the store told that every status is heard again), then gets its
-// order's events.
+// order's events. Step events are bound, and heard, likewise only while a
+// request follows an order's steps, and go only to such followers.
 func TestHubBindsOnlyWhileFollowed(t *testing.T) {
 	t.Parallel()
 	topo := broker.Topology{Prefix: testenv.Prefix(t), DeliveryLimit: 10}
@@ -33,8 +34,8 @@ func TestHubBindsOnlyWhileFollowed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var heard atomic.Int32
-	h := newHub(logger, func(context.Context) error { heard.Add(1); return nil })
+	var heard, heardSteps atomic.Int32
+	h := newHub(logger, func(context.Context) error { heard.Add(1); return nil }, func(context.Context) error { heardSteps.Add(1); return nil })
 	h.linger = 200 * time.Millisecond
 	var wg sync.WaitGroup
 	wg.Go(func() { h.run(ctx, conn) })
@@ -60,15 +61,14 @@ func TestHubBindsOnlyWhileFollowed(t *testing.T) {
 		t.Fatal(err)
 	}
 	returns := ch.NotifyReturn(make(chan amqp.Return, 16))
-	routed := func(id string) bool {
+	publish := func(key, typ string, m messages.Message) bool {
 		t.Helper()
-		body, err := messages.Encode(messages.StatusEvent{SchemaVersion: messages.SchemaVersion, OrderID: id,
-			Status: messages.StatusCompleted, At: time.Now()})
+		body, err := messages.Encode(m)
 		if err != nil {
 			t.Fatal(err)
 		}
-		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, topo.StatusExchange(), "completed", true, false,
-			amqp.Publishing{ContentType: messages.ContentType, Body: body})
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, topo.StatusExchange(), key, true, false,
+			amqp.Publishing{ContentType: messages.ContentType, Type: typ, Body: body})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -82,12 +82,22 @@ func TestHubBindsOnlyWhileFollowed(t *testing.T) {
 			return true
 		}
 	}
+	routed := func(id string) bool {
+		t.Helper()
+		return publish("completed", messages.TypeStatusEvent, messages.StatusEvent{SchemaVersion: messages.SchemaVersion, OrderID: id,
+			Status: messages.StatusCompleted, At: time.Now()})
+	}
+	stepRouted := func(id string) bool {
+		t.Helper()
+		return publish("step.awaiting", messages.TypeStepEvent, messages.StepEvent{SchemaVersion: messages.SchemaVersion, OrderID: id,
+			Step: 2, Name: "approval", Kind: "action", Event: messages.StepAwaiting, State: "awaiting", Wait: "approved", At: time.Now()})
+	}
 
 	id := messages.NewID()
 	if routed(id) || heard.Load() != 0 {
 		t.Fatalf("with nobody following, an event was routed to the API (heard %d)", heard.Load())
 	}
-	f, stop, ready := h.follow(id)
+	f, stop, ready := h.follow(id, false)
 	if err := await(ctx, ready, 10*time.Second); err != nil {
 		t.Fatalf("the follower's wait for the binding: %v", err)
 	}
@@ -106,17 +116,49 @@ func TestHubBindsOnlyWhileFollowed(t *testing.T) {
 		t.Fatal("the follower got no event")
 	}
 	// A second follower of another order finds it bound already.
-	_, stop2, ready2 := h.follow(messages.NewID())
+	_, stop2, ready2 := h.follow(messages.NewID(), false)
 	select {
-	case <-ready2:
+	case <-ready2[0]:
 	default:
 		t.Fatal("a second follower waits for a binding that is there")
 	}
 	stop2()
+	// Step events are routed here only while someone follows steps.
+	if stepRouted(id) || heardSteps.Load() != 0 {
+		t.Fatalf("with nobody following steps, a step event was routed to the API (heard %d)", heardSteps.Load())
+	}
+	fs, stopSteps, readySteps := h.follow(id, true)
+	if err := await(ctx, readySteps, 10*time.Second); err != nil || heardSteps.Load() != 1 {
+		t.Fatalf("the steps follower's wait for the binding: %v (heard %d)", err, heardSteps.Load())
+	}
+	if !stepRouted(id) {
+		t.Fatal("with a steps follower, a step event was not routed to the API")
+	}
+	select {
+	case ev := <-fs.steps:
+		if ev.OrderID != id || ev.Event != messages.StepAwaiting || ev.Wait != "approved" {
+			t.Fatalf("the steps follower got %+v", ev)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the steps follower got no step event")
+	}
+	if f.steps != nil {
+		t.Fatal("a follower of statuses only has a channel of step events")
+	}
+	stopSteps()
+	testenv.Eventually(t, 10*time.Second, "the steps binding to go once nobody follows steps", func() bool { return !stepRouted(id) })
+	if !routed(id) {
+		t.Fatal("the status binding went with the steps binding while a follower of statuses remains")
+	}
+	select {
+	case <-f.events:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the follower of statuses got no event once the steps binding went")
+	}
 	stop()
 	testenv.Eventually(t, 10*time.Second, "the binding to go once nobody follows", func() bool { return !routed(id) })
 	// Following again binds again.
-	_, stop3, ready3 := h.follow(id)
+	_, stop3, ready3 := h.follow(id, false)
 	defer stop3()
 	if err := await(ctx, ready3, 10*time.Second); err != nil || !routed(id) || heard.Load() != 2 {
 		t.Fatalf("following again: %v, heard %d", err, heard.Load())

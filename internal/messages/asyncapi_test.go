@@ -75,6 +75,8 @@ func TestAsyncAPIMatchesTheMessages(t *testing.T) {
 			Priority: 1, ReplyTo: "q", PlacedAt: &at, StartAt: &at}, v1Only},
 		{"SubmitOrderV1", messages.SubmitOrder{SchemaVersion: 1, OrderID: id, Customer: "c", Items: []messages.Item{{SKU: "a", Qty: 1}},
 			Amount: 5, Currency: "EUR", Workflow: "order"}, []string{"payload"}},
+		{"StepEvent", messages.StepEvent{SchemaVersion: 1, OrderID: id, Step: 2, Name: "approval", Kind: "action", Event: messages.StepAwaiting,
+			State: "awaiting", Attempt: 0, Wait: "approved", At: at, Reason: "waiting for signal approved"}, nil},
 		{"StepRequest", messages.StepRequest{SchemaVersion: 2, OrderID: id, Step: 5, Name: "refund", Agent: "payment", Attempt: 1,
 			IdempotencyKey: id + "/5/refund", CompleteBy: at, Payload: json.RawMessage(`{"a":1}`), Results: json.RawMessage(`{"charge":{"id":"c"}}`),
 			Undoes: id + "/2/charge", UndoneResult: json.RawMessage(`{"id":"c"}`)}, nil},

@@ -527,3 +527,26 @@ func TestInputsNameEveryQueueSASReads(t *testing.T) {
 		t.Fatalf("inputs %v, want %v", got, want)
 	}
 }
+
+// TestStepEventsAreChecked: a step event as the store writes it decodes;
+// one whose event, kind or step is out of range is refused.
+func TestStepEventsAreChecked(t *testing.T) {
+	t.Parallel()
+	good := `{"schema_version":1,"order_id":"0b0e1c5e-2c59-4a3e-9d4c-6f2b8f1b2a10","step":2,"name":"approval","kind":"action",` +
+		`"event":"awaiting","state":"awaiting","attempt":1,"wait":"approved","at":"2026-11-27T10:00:00.000001Z","reason":"waiting for signal approved"}`
+	ev, err := messages.DecodeStepEvent([]byte(good))
+	if err != nil || ev.Event != messages.StepAwaiting || ev.Wait != "approved" || messages.StepEventKey(ev.Event) != "step.awaiting" {
+		t.Fatalf("%+v %v", ev, err)
+	}
+	for _, bad := range []string{
+		strings.Replace(good, `"event":"awaiting"`, `"event":"finished"`, 1),
+		strings.Replace(good, `"kind":"action"`, `"kind":"wait"`, 1),
+		strings.Replace(good, `"step":2`, `"step":0`, 1),
+		strings.Replace(good, `"schema_version":1`, `"schema_version":9`, 1),
+		strings.Replace(good, `"order_id":"0b0e1c5e-2c59-4a3e-9d4c-6f2b8f1b2a10",`, ``, 1),
+	} {
+		if _, err := messages.DecodeStepEvent([]byte(bad)); err == nil {
+			t.Errorf("accepted %s", bad)
+		}
+	}
+}

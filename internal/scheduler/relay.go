@@ -229,6 +229,13 @@ func (r *relay) targets(m statestore.OutboxMessage) ([]target, error) {
 			ts = append(ts, target{name: "reply_to", key: m.ReplyTo, msgType: messages.TypeStatusEvent})
 		}
 		return ts, nil
+	case statestore.OutboxStepEvent:
+		ev, err := messages.DecodeStepEvent(m.Body)
+		if err != nil {
+			return nil, err
+		}
+		return []target{{name: "status_exchange", exchange: r.topo.StatusExchange(), key: messages.StepEventKey(ev.Event),
+			msgType: messages.TypeStepEvent, progress: "step"}}, nil
 	case statestore.OutboxOperatorAlert:
 		if _, err := messages.DecodeOperatorAlert(m.Body); err != nil {
 			return nil, err

@@ -10,7 +10,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"sas/internal/broker"
 	"sas/internal/harness/testenv"
+	"sas/internal/messages"
 	"sas/internal/statestore"
 )
 
@@ -82,5 +84,29 @@ func TestRelayAtRestLooksLessOften(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, "a round after the nudge", func() bool { return len(store.gaps()) > before })
 	if took := time.Since(start); took >= relayIdleLongest*poll/2 {
 		t.Fatalf("the nudged round came %v after the nudge, want at once", took)
+	}
+}
+
+// TestStepEventsGoToTheStatusExchangeByEvent: a step event is published
+// on the status exchange under step.EVENT, and counts as a progress
+// event ("step"): returned, it is not written for a while; a status
+// event keeps its one-word key, and also goes to its order's reply_to.
+func TestStepEventsGoToTheStatusExchangeByEvent(t *testing.T) {
+	t.Parallel()
+	r := &relay{topo: broker.Topology{Prefix: "t."}}
+	step := `{"schema_version":1,"order_id":"0b0e1c5e-2c59-4a3e-9d4c-6f2b8f1b2a10","step":2,"name":"approval","kind":"action",` +
+		`"event":"awaiting","state":"awaiting","attempt":1,"wait":"approved","at":"2026-11-27T10:00:00Z"}`
+	ts, err := r.targets(statestore.OutboxMessage{Type: statestore.OutboxStepEvent, ReplyTo: "shop.status", Body: []byte(step)})
+	if err != nil || len(ts) != 1 || ts[0].exchange != "t.status" || ts[0].key != "step.awaiting" || ts[0].progress != "step" ||
+		ts[0].msgType != messages.TypeStepEvent {
+		t.Fatalf("a step event's targets: %+v %v", ts, err)
+	}
+	status := `{"schema_version":1,"order_id":"0b0e1c5e-2c59-4a3e-9d4c-6f2b8f1b2a10","status":"processing","step":1,"at":"2026-11-27T10:00:00Z"}`
+	ts, err = r.targets(statestore.OutboxMessage{Type: statestore.OutboxStatusEvent, ReplyTo: "shop.status", Body: []byte(status)})
+	if err != nil || len(ts) != 2 || ts[0].key != "processing" || ts[1].key != "shop.status" {
+		t.Fatalf("a status event's targets: %+v %v", ts, err)
+	}
+	if _, err := r.targets(statestore.OutboxMessage{Type: statestore.OutboxStepEvent, Body: []byte(`{"schema_version":1}`)}); err == nil {
+		t.Fatal("a step event that does not decode was given targets")
 	}
 }

@@ -67,6 +67,12 @@ type Config struct {
 	// a queue bound for it hears such events again within that while.
 	// 0 writes and publishes every event.
 	SkipUnheardEvents time.Duration `envconfig:"SCHEDULER_SKIP_UNHEARD_EVENTS" default:"5s"`
+	// StepEvents: write step events (messages.StepEvent, routing key
+	// step.EVENT on the status exchange) for queues of the deployment's
+	// own that bind step.#: from the start, then as progress events are
+	// (not while the broker returns them). Off, they are written only
+	// while the API follows some order's steps.
+	StepEvents bool `envconfig:"SCHEDULER_STEP_EVENTS" default:"false"`
 	// DBMaxConns caps the database pool.
 	DBMaxConns int32 `envconfig:"DB_MAX_CONNS" default:"10"`
 }
@@ -351,6 +357,11 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	rl := &relay{store: store, pub: pub, topo: topo, batch: cfg.RelayBatch, poll: cfg.PollInterval, unheardFor: cfg.SkipUnheardEvents,
 		wake: w.outbox, logger: logger, metrics: m, tr: tr}
 
+	if cfg.StepEvents {
+		if err := store.HearStepEvents(ctx); err != nil {
+			return err
+		}
+	}
 	logger.Info("scheduler started", "kinds", kinds, "workflows", workflows.Source, "batch", cfg.BatchSize, "poll_interval", cfg.PollInterval.String())
 	return sk.Run(ctx, cfg.ShutdownTimeout, sk.Deps.Ready(replies),
 		w.run, c.run, replies.Run, signals.Run, rl.run)

@@ -18,16 +18,17 @@ import (
 
 // TestTheDoorIsTheRegistry: the moves the state store lets a step and an
 // order make (step_moves, order_moves, which its doors check) are those
-// internal/workflow/shapes.go declares, no more and no fewer.
+// internal/workflow/shapes.go declares, no more and no fewer, each step
+// move with the step event it tells.
 func TestTheDoorIsTheRegistry(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	var want, got []string
 	for _, m := range workflow.StepMoves() {
-		want = append(want, fmt.Sprintf("%s>%s via %q %q", m.From, m.To, m.Via, m.ViaWhy))
+		want = append(want, fmt.Sprintf("%s>%s via %q %q tells %q", m.From, m.To, m.Via, m.ViaWhy, m.Event))
 	}
-	got = texts(t, b, `SELECT format('%s>%s via %s %s', from_state, to_state,
-		to_json(coalesce(via, ''))::text, to_json(coalesce(via_why, ''))::text) FROM step_moves`)
+	got = texts(t, b, `SELECT format('%s>%s via %s %s tells %s', from_state, to_state,
+		to_json(coalesce(via, ''))::text, to_json(coalesce(via_why, ''))::text, to_json(coalesce(event, ''))::text) FROM step_moves`)
 	slices.Sort(want)
 	slices.Sort(got)
 	if !slices.Equal(want, got) {

@@ -13,13 +13,16 @@ import (
 const (
 	OutboxStatusEvent   = "status_event"
 	OutboxOperatorAlert = "operator_alert"
+	// OutboxStepEvent is a step's move told to subscribers
+	// (messages.StepEvent), written while step events are heard.
+	OutboxStepEvent = "step_event"
 )
 
 // OutboxMessage is a message written with a state change, to be published.
 type OutboxMessage struct {
 	ID        int64
 	MessageID string
-	Type      string // OutboxStatusEvent or OutboxOperatorAlert
+	Type      string // OutboxStatusEvent, OutboxOperatorAlert or OutboxStepEvent
 	OrderID   string
 	ReplyTo   string // the order's status queue, or ""
 	Body      []byte
@@ -199,11 +202,32 @@ func (s *Store) HearStatusEvents(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, `UPDATE status_routes SET unheard_until = '-infinity' WHERE unheard_until > '-infinity'`)
+		_, err = tx.Exec(ctx, `UPDATE status_routes SET unheard_until = '-infinity' WHERE unheard_until > '-infinity' AND status <> 'step'`)
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("hear status events: %w", err)
+	}
+	return nil
+}
+
+// HearStepEvents says that a queue was just bound for step events (step.#
+// on the status exchange): the door of steps writes them from now on
+// (they are written only once some listener has said so), until the
+// broker returns one, and again, as progress events are, once that mark
+// has passed. It waits for the relay round in flight, as HearStatusEvents.
+func (s *Store) HearStepEvents(ctx context.Context) error {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(`+relayLockKey+`)`)
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO status_routes (status, unheard_until) VALUES ('step', '-infinity')
+ON CONFLICT (status) DO UPDATE SET unheard_until = '-infinity' WHERE status_routes.unheard_until > '-infinity'`)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("hear step events: %w", err)
 	}
 	return nil
 }

@@ -2,9 +2,12 @@ package statestore_test
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"sas/internal/messages"
 	"sas/internal/statestore"
 )
 
@@ -126,5 +129,84 @@ func TestUnheardProgressEventsAreNotWritten(t *testing.T) {
 	insert(t, b, zero)
 	if n := eventsOf(t, b, zero.OrderID, "received"); n != 1 {
 		t.Fatalf("after a relay that marks nothing: %d received events, want 1", n)
+	}
+}
+
+// stepEventsOf are an order's step events in the outbox, as
+// "step:event:state[:wait]", in the order they were written.
+func stepEventsOf(t *testing.T, b bundle, orderID string) []string {
+	t.Helper()
+	return texts(t, b, `SELECT concat_ws(':', body->>'name', body->>'event', body->>'state', body->>'wait') FROM outbox
+		WHERE order_id = $1 AND message_type = 'step_event' ORDER BY id`, orderID)
+}
+
+// TestStepEventsAreWrittenWhileHeard: step events are written by the
+// door of steps only once a listener said it hears them (HearStepEvents;
+// hearing every status is not enough), one for each move that tells one:
+// claimed, processed, awaiting with its signal, compensated for a
+// compensation, failed with why; once the broker returns one they are
+// not written until the mark passes.
+func TestStepEventsAreWrittenWhileHeard(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	quiet := graphOrder(t, loan, "loan", `{}`, statestore.PolicyCompensate)
+	insert(t, b, quiet)
+	if err := b.store.HearStatusEvents(ctx); err != nil {
+		t.Fatal(err)
+	}
+	reply(t, b, claimAll(t, b, quiet.OrderID)["score"], true, "")
+	if got := stepEventsOf(t, b, quiet.OrderID); len(got) != 0 {
+		t.Fatalf("step events written before anyone asked: %v", got)
+	}
+
+	if err := b.store.HearStepEvents(ctx); err != nil {
+		t.Fatal(err)
+	}
+	o := graphOrder(t, loan, "loan", `{}`, statestore.PolicyCompensate)
+	insert(t, b, o)
+	reply(t, b, claimAll(t, b, o.OrderID)["score"], true, `{"score":7}`)
+	want := []string{"score:claimed:processing", "score:processed:processed", "approval:awaiting:awaiting:approved"}
+	if got := stepEventsOf(t, b, o.OrderID); !slices.Equal(got, want) {
+		t.Fatalf("step events %v, want %v", got, want)
+	}
+	// The wait began with no claim: attempt 0.
+	var body []byte
+	if err := b.pool.QueryRow(ctx, `SELECT body FROM outbox WHERE order_id = $1 AND message_type = 'step_event' ORDER BY id DESC LIMIT 1`,
+		o.OrderID).Scan(&body); err != nil {
+		t.Fatal(err)
+	}
+	ev, err := messages.DecodeStepEvent(body)
+	if err != nil || ev.OrderID != o.OrderID || ev.Kind != "action" || ev.Attempt != 0 || !strings.Contains(ev.Reason, "approved") {
+		t.Fatalf("the awaiting event %s: %+v %v", body, ev, err)
+	}
+	// A cancel undoes score: its compensation's end is told as compensated,
+	// the wait's as cancelled.
+	if _, err := b.store.CancelOrder(ctx, o.OrderID, "ann"); err != nil {
+		t.Fatal(err)
+	}
+	reply(t, b, claimAll(t, b, o.OrderID)["unscore"], true, "")
+	got := stepEventsOf(t, b, o.OrderID)
+	if !slices.Contains(got, "approval:cancelled:cancelled") || !slices.Contains(got, "unscore:compensated:processed") {
+		t.Fatalf("after the cancel: %v", got)
+	}
+
+	// Returned by the broker: not written while the mark lasts.
+	relayReporting(t, b, time.Hour, "step")
+	later := graphOrder(t, loan, "loan", `{}`, statestore.PolicyCompensate)
+	insert(t, b, later)
+	reply(t, b, claimAll(t, b, later.OrderID)["score"], true, "")
+	if got := stepEventsOf(t, b, later.OrderID); len(got) != 0 {
+		t.Fatalf("step events written while unheard: %v", got)
+	}
+	// Asked for again: written again.
+	if err := b.store.HearStepEvents(ctx); err != nil {
+		t.Fatal(err)
+	}
+	again := graphOrder(t, loan, "loan", `{}`, statestore.PolicyCompensate)
+	insert(t, b, again)
+	claimAll(t, b, again.OrderID)
+	if got := stepEventsOf(t, b, again.OrderID); !slices.Equal(got, []string{"score:claimed:processing"}) {
+		t.Fatalf("after hearing them again: %v", got)
 	}
 }

@@ -26,15 +26,57 @@ const (
 
 // StepMove is a move a step may make. Via, when set, is the state a move
 // made in one write passes through (the history tells it as two moves:
-// From to Via, for ViaWhy, then Via to To). By says who makes it.
+// From to Via, for ViaWhy, then Via to To). By says who makes it. Event
+// is the step event it tells subscribers (StepEvent), "" for none.
 type StepMove struct {
 	From, To    string
 	Via, ViaWhy string
 	By          string
+	Event       string
 }
 
-// StepMoves are the moves a step may make, as step_moves holds them.
+// The step events a move tells subscribers (messages.StepEvent): on the
+// status exchange, routing key step.EVENT.
+const (
+	EventClaimed   = "claimed"   // an attempt was claimed and sent to its agent
+	EventAwaiting  = "awaiting"  // it waits for a signal, or for its child order
+	EventProcessed = "processed" // it ended well ("compensated" for a compensation)
+	EventFailed    = "failed"    // it failed for good
+	EventSkipped   = "skipped"   // it ended doing nothing
+	EventCancelled = "cancelled" // it will not run
+)
+
+// StepEvent is the step event a move from one state to another tells,
+// "" for none: a claim, a wait that begins, and every end.
+func StepEvent(from, to string) string {
+	switch {
+	case to == StateProcessing && from != StateProcessing:
+		return EventClaimed
+	case to == StateAwaiting:
+		return EventAwaiting
+	case to == StateProcessed:
+		return EventProcessed
+	case to == StateError:
+		return EventFailed
+	case to == StateSkipped:
+		return EventSkipped
+	case to == StateCancelled:
+		return EventCancelled
+	}
+	return ""
+}
+
+// StepMoves are the moves a step may make, as step_moves holds them,
+// each with the step event it tells (StepEvent).
 func StepMoves() []StepMove {
+	moves := stepMoves()
+	for i := range moves {
+		moves[i].Event = StepEvent(moves[i].From, moves[i].To)
+	}
+	return moves
+}
+
+func stepMoves() []StepMove {
 	return []StepMove{
 		{From: StateWaiting, To: StatePending, By: "the step before, or every step it needs, ended (reply, signal, timer, operator)"},
 		{From: StateWaiting, To: StateDelayed, By: "as waiting to pending, for a step with a delay"},

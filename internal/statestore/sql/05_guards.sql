@@ -133,11 +133,20 @@ $function$;
 -- before it that one statement made (a reply's, then its claim of the next
 -- step), and the two rows of a move by way of another state in their
 -- order. No sort: it was a tenth of the door's cost.
+--
+-- While step events are heard (status_routes holds 'step' with its mark
+-- passed: a listener said it binds step.#, statestore.HearStepEvents, and
+-- the broker has not returned one lately), each move that tells one
+-- (step_moves.event) is also written to the outbox as a step_event, and
+-- the relay is woken. Else, as until anyone asks for them, this costs one
+-- look at status_routes a statement.
 CREATE OR REPLACE FUNCTION steps_moved()
  RETURNS trigger
  LANGUAGE plpgsql
  SECURITY DEFINER
 AS $function$
+DECLARE
+    v_events integer;
 BEGIN
     INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
     SELECT n.order_id, n.step, h.from_state, h.to_state, coalesce(h.attempt, n.attempt), n.moved_by, h.reason
@@ -152,6 +161,25 @@ BEGIN
       AND (h.seq = 2 OR d.via IS NOT NULL)
       AND CASE WHEN d.from_state IS NOT NULL AND n.moves = o.moves + 1 THEN true
                ELSE sas_refuse_move('step', o.process_state, n.process_state, n.moves = o.moves + 1) END;
+    IF EXISTS (SELECT 1 FROM status_routes r WHERE r.status = 'step' AND r.unheard_until <= now()) THEN
+        INSERT INTO outbox (message_type, order_id, body)
+        SELECT 'step_event', n.order_id, jsonb_strip_nulls(jsonb_build_object(
+            'schema_version', 1, 'order_id', n.order_id, 'step', n.step,
+            'name', coalesce(n.spec->>'id', n.name), 'kind', n.kind,
+            'event', CASE WHEN d.event = 'processed' AND n.kind = 'compensation' THEN 'compensated' ELSE d.event END,
+            'state', n.process_state, 'attempt', n.attempt,
+            'wait', CASE WHEN n.process_state = 'awaiting' THEN n.spec->'wait'->>'signal' END,
+            'at', to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+            'reason', left(n.moved_why, 500)))
+        FROM new_rows n
+        JOIN old_rows o ON o.order_id = n.order_id AND o.step = n.step
+        JOIN step_moves d ON d.from_state = o.process_state AND d.to_state = n.process_state
+        WHERE d.event IS NOT NULL AND n.moves = o.moves + 1;
+        GET DIAGNOSTICS v_events = ROW_COUNT;
+        IF v_events > 0 THEN
+            PERFORM pg_notify('sas_outbox', current_schema());
+        END IF;
+    END IF;
     RETURN NULL;
 END;
 $function$;
