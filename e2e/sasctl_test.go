@@ -513,3 +513,32 @@ func TestSasctlPurgeAsksFirst(t *testing.T) {
 		t.Fatalf("purge with nothing left: exit %d\n%s", code, out)
 	}
 }
+
+// TestDevCountsTheRunsOwnOrders: sasctl dev's progress and summary count
+// the orders it submitted, not the child orders their sub-processes
+// start: with each child done well before its parent (the parent then
+// waits out a timer), it waits for the parents and reports them alone.
+func TestDevCountsTheRunsOwnOrders(t *testing.T) {
+	t.Parallel()
+	file := writeFile(t, "loan.yaml", `
+workflows:
+  - name: loan
+    steps:
+      - {action: score, agent: risk}
+      - {id: kyc, workflow: kyc_check}
+      - {action: cooling_off, delay: 3s}
+  - name: kyc_check
+    steps:
+      - {action: check_id, agent: risk}
+`)
+	s := newStackFor(t, []string{"risk"})
+	base := portBase(750)
+	out, errOut, code := sasctl(t, s.env, "dev", "--workflows", file, "--workflow", "loan", "--payload", `{"applicant":"ann"}`,
+		"--orders", "5", "--bin", binDir, "--prometheus-port", "0", "--port-base", fmt.Sprint(base), "--console-port", fmt.Sprint(base+7), "--api-port", "0")
+	if code != 0 || !strings.Contains(out, "orders completed         5\n") || strings.Contains(out, "orders processing") {
+		t.Fatalf("sasctl dev: exit %d\n%s\n%s", code, out, errOut)
+	}
+	if n := s.count(t, `SELECT count(*) FROM orders WHERE parent_order IS NOT NULL AND status = 'completed'`); n != 5 {
+		t.Fatalf("%d child orders completed, want 5", n)
+	}
+}

@@ -140,14 +140,16 @@ func (a *app) dev(ctx context.Context, args []string) (err error) {
 	procs, byName, logs, promURL := st.Procs, st.ByName, st.Logs, st.PromURL
 	fmt.Fprintf(a.stderr, "services up (%d processes); logs in %s\n", len(procs), logs)
 
-	since, err := store.Now(ctx)
-	if err != nil {
-		return err
-	}
 	began := time.Now()
 	var published atomic.Int64
+	// The run's own orders: not the children their sub-processes start,
+	// nor the orders the file's schedules start meanwhile.
+	ids := make([]string, *orders)
+	for i := range ids {
+		ids[i] = messages.NewID()
+	}
 	submitErr := make(chan error, 1)
-	go func() { submitErr <- a.publishSample(ctx, *orders, smp, &published) }()
+	go func() { submitErr <- a.publishSample(ctx, ids, smp, &published) }()
 
 	ended, stalledSince, last := 0, time.Now(), -1
 	ticker := time.NewTicker(500 * time.Millisecond)
@@ -167,7 +169,7 @@ func (a *app) dev(ctx context.Context, args []string) (err error) {
 		if err := st.Exited(); err != nil {
 			return err
 		}
-		pr, err := store.ProgressSince(ctx, since)
+		pr, err := store.ProgressOf(ctx, ids)
 		if err != nil {
 			return err
 		}
@@ -186,7 +188,7 @@ func (a *app) dev(ctx context.Context, args []string) (err error) {
 	took := time.Since(began)
 	fmt.Fprintln(a.stderr)
 
-	pr, err := store.ProgressSince(ctx, since)
+	pr, err := store.ProgressOf(ctx, ids)
 	if err != nil {
 		return err
 	}
@@ -222,8 +224,9 @@ func (a *app) dev(ctx context.Context, args []string) (err error) {
 	return nil
 }
 
-// publishSample publishes n generated orders with confirms.
-func (a *app) publishSample(ctx context.Context, n int, smp *orderSampler, published *atomic.Int64) error {
+// publishSample publishes a generated order under each of ids, with
+// confirms.
+func (a *app) publishSample(ctx context.Context, ids []string, smp *orderSampler, published *atomic.Int64) error {
 	conn, pub, topo, err := a.openBroker(ctx, submitter.Input)
 	if err != nil {
 		return err
@@ -234,8 +237,9 @@ func (a *app) publishSample(ctx context.Context, n int, smp *orderSampler, publi
 	var wg sync.WaitGroup
 	var once sync.Once
 	var firstErr error
-	for range n {
+	for _, id := range ids {
 		o := smp.order(0, "")
+		o.OrderID = id
 		body, err := messages.Encode(o)
 		if err != nil {
 			return err

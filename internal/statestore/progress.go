@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// Progress is how the orders created since a moment are doing.
+// Progress is how a set of orders is doing.
 type Progress struct {
 	ByStatus map[string]int
 	// P50 and P99 of the time from an order's creation to its last change,
@@ -25,11 +25,12 @@ func (s *Store) Now(ctx context.Context) (time.Time, error) {
 	return t, nil
 }
 
-// ProgressSince reports on the orders created at or after since (a time
-// read with Now).
-func (s *Store) ProgressSince(ctx context.Context, since time.Time) (Progress, error) {
+// ProgressOf reports on the orders ids names (those a run submitted): not
+// on the child orders their sub-processes start, nor on orders a schedule
+// or another client started meanwhile.
+func (s *Store) ProgressOf(ctx context.Context, ids []string) (Progress, error) {
 	p := Progress{ByStatus: map[string]int{}}
-	rows, err := s.pool.Query(ctx, `SELECT status, count(*) FROM orders WHERE created_at >= $1 GROUP BY status`, since)
+	rows, err := s.pool.Query(ctx, `SELECT status, count(*) FROM orders WHERE order_id = ANY($1::uuid[]) GROUP BY status`, ids)
 	if err != nil {
 		return p, fmt.Errorf("progress: %w", err)
 	}
@@ -49,8 +50,8 @@ func (s *Store) ProgressSince(ctx context.Context, since time.Time) (Progress, e
 	err = s.pool.QueryRow(ctx, `
 		SELECT coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at)), 0),
 		       coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at)), 0),
-		       (SELECT count(*) FROM alerts WHERE raised_at >= $1)
-		FROM orders WHERE created_at >= $1 AND status IN ('completed', 'failed', 'error')`, since).Scan(&p50, &p99, &p.Alerts)
+		       (SELECT count(*) FROM alerts WHERE order_id = ANY($1::uuid[]))
+		FROM orders WHERE order_id = ANY($1::uuid[]) AND status IN ('completed', 'failed', 'error')`, ids).Scan(&p50, &p99, &p.Alerts)
 	if err != nil {
 		return p, fmt.Errorf("progress latencies: %w", err)
 	}

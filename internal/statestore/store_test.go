@@ -855,18 +855,18 @@ func TestCancelOrder(t *testing.T) {
 	}
 }
 
-func TestProgressSince(t *testing.T) {
+// TestProgressOf: progress counts the orders named, and no other (one
+// written before, one beside them).
+func TestProgressOf(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := ctxFor(t)
-	insert(t, b, order(1, time.Hour, 3)) // before: not counted
-	since, err := b.store.Now(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	insert(t, b, order(1, time.Hour, 3))
+	insert(t, b, order(1, time.Hour, 3)) // another's: not counted
+	running := order(1, time.Hour, 3)
+	insert(t, b, running)
 	done := order(1, time.Hour, 3)
 	insert(t, b, done)
+	insert(t, b, order(1, time.Hour, 3)) // another's: not counted
 	claimed, err := b.store.ClaimPending(ctx, "s", 10, "")
 	if err != nil {
 		t.Fatal(err)
@@ -878,7 +878,7 @@ func TestProgressSince(t *testing.T) {
 			}
 		}
 	}
-	p, err := b.store.ProgressSince(ctx, since)
+	p, err := b.store.ProgressOf(ctx, []string{running.OrderID, done.OrderID})
 	if err != nil {
 		t.Fatal(err)
 	}
