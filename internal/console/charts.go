@@ -22,6 +22,9 @@ type chartLine struct {
 	Name, Class string
 	Points      string // SVG polyline points
 	Last        string // the last minute's value, as a label
+	// Peak is the hour's largest value, as a label: beside a quiet last
+	// minute it says what the hour held.
+	Peak string
 	// DotX, DotY mark the latest point (a line of one point draws
 	// nothing); HasDot is false for a line without points.
 	DotX, DotY string
@@ -131,7 +134,11 @@ func newChart(title string, label func(float64) string, names, classes []string,
 	c := chart{Title: title, Top: label(top)}
 	for k, s := range series {
 		var b strings.Builder
-		line := chartLine{Name: names[k], Class: classes[k], Last: label(s[len(s)-1])}
+		peak := -1.0
+		for _, v := range s {
+			peak = max(peak, v)
+		}
+		line := chartLine{Name: names[k], Class: classes[k], Last: label(s[len(s)-1]), Peak: label(max(peak, 0))}
 		for i, v := range s {
 			if v < 0 {
 				continue

@@ -59,3 +59,34 @@ func TestChartsDrawTheLastHour(t *testing.T) {
 		t.Fatalf("no rows drew %+v", got)
 	}
 }
+
+// TestChartLegendsSayTheHoursPeak: beside a quiet last minute, a legend
+// says what the hour held: a spike of 3,000 completed orders reads as the
+// peak, not only the last minute's 0.
+func TestChartLegendsSayTheHoursPeak(t *testing.T) {
+	now := time.Date(2026, 11, 24, 12, 30, 20, 0, time.UTC)
+	spike := now.Truncate(time.Minute).Add(-20 * time.Minute)
+	got := buildCharts([]statestore.OverviewMinute{{Minute: spike, Workflow: "shop", Completed: 3000}}, now)
+	if len(got) != 1 {
+		t.Fatalf("workflows %+v", got)
+	}
+	completed := got[0].Charts[0].Lines[0]
+	if completed.Last != "0" || completed.Peak != "3000" {
+		t.Fatalf("the completed line's legend: last %q, peak %q", completed.Last, completed.Peak)
+	}
+}
+
+// TestTimesSayTheirZone: every time the console writes says it is UTC,
+// and a schedule's next tick reads in the schedule's own zone too.
+func TestTimesSayTheirZone(t *testing.T) {
+	at := time.Date(2026, 11, 24, 7, 0, 0, 0, time.UTC)
+	if got := stamp(at); got != "2026-11-24 07:00:00.000 UTC" {
+		t.Fatalf("stamp %q", got)
+	}
+	if got := inZone(at, "Europe/Paris"); got != "2026-11-24 08:00 CET" {
+		t.Fatalf("in Paris %q", got)
+	}
+	if got := inZone(at, "Nowhere/Else"); got != "" {
+		t.Fatalf("in an unknown zone %q", got)
+	}
+}

@@ -17,6 +17,7 @@ import (
 func parsePages() (map[string]*template.Template, error) {
 	funcs := template.FuncMap{
 		"stamp":  stamp,
+		"inZone": inZone,
 		"dur":    dur,
 		"pretty": pretty,
 		"short":  func(id string) string { return id[:min(8, len(id))] },
@@ -47,7 +48,18 @@ func stamp(t time.Time) string {
 	if t.IsZero() {
 		return "–"
 	}
-	return t.UTC().Format("2006-01-02 15:04:05.000")
+	return t.UTC().Format("2006-01-02 15:04:05.000") + " UTC"
+}
+
+// inZone writes t in the time zone zone (an IANA name, as a schedule's
+// timezone), to the minute, with the zone's abbreviation; "" when t is
+// zero or the zone is not known here.
+func inZone(t time.Time, zone string) string {
+	loc, err := time.LoadLocation(zone)
+	if t.IsZero() || err != nil {
+		return ""
+	}
+	return t.In(loc).Format("2006-01-02 15:04 MST")
 }
 
 // dur writes a duration to the millisecond (to the microsecond below one).
