@@ -224,6 +224,15 @@ func TestGraphFulfilRunsBranchesAtOnceUnderFaults(t *testing.T) {
 	if got := text(t, ctx, "#level-0"); !strings.Contains(got, "1. reserve_stock") || !strings.Contains(got, "2. charge_card") {
 		t.Fatalf("level 0 shows %q, want both branches", got)
 	}
+	// Its timeline: a row a step, each with a bar; the parcels' instances
+	// on one row with their count.
+	if rows := eval[int](t, ctx, `document.querySelectorAll("#timeline g.row").length`); rows < 3 ||
+		eval[int](t, ctx, `document.querySelectorAll("#timeline rect").length`) < rows {
+		t.Fatalf("the timeline has %d rows", rows)
+	}
+	if got := text(t, ctx, "#timeline"); !strings.Contains(got, "book_parcel ×") {
+		t.Fatalf("the timeline does not gather the parcels' instances: %q", got)
+	}
 	if got := text(t, ctx, "#node-3 .after"); got != "joins 1 + 2" {
 		t.Fatalf("the join shows %q", got)
 	}

@@ -2,6 +2,7 @@ package console
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -377,5 +378,66 @@ func TestEndedOrdersShowWhatBecameOfEachStep(t *testing.T) {
 		if got := st.What(); got != want {
 			t.Errorf("%+v reads %q, want %q", st, got, want)
 		}
+	}
+}
+
+// TestTheTimelineDrawsEachSpan: a step's attempts (one that ran out, one
+// that ended well), a wait and a timer are each a bar of their own, from
+// the move that began it to the one that ended it; a 202 holding an
+// attempt open begins none; a span still open runs to now; the
+// instances of a for_each step are one bar on its row, with their count.
+func TestTheTimelineDrawsEachSpan(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 11, 27, 10, 0, 0, 0, time.UTC)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	one, two, three, four, five, six := 1, 2, 3, 4, 5, 6
+	mv := func(step *int, from, to string, s, attempt int) statestore.Transition {
+		return statestore.Transition{Step: step, From: from, To: to, At: at(s), Attempt: attempt}
+	}
+	d := statestore.OrderDetail{
+		Order: statestore.Order{CreatedAt: t0},
+		Steps: []statestore.Step{
+			{Step: 1, Name: "charge", Kind: statestore.KindAction},
+			{Step: 2, Name: "approval", Kind: statestore.KindAction, Wait: "approved"},
+			{Step: 3, Name: "cooling_off", Kind: statestore.KindAction},
+			{Step: 4, Name: "notify", Kind: statestore.KindAction},
+			{Step: 5, Name: "notify", Kind: statestore.KindAction, Parent: 4},
+			{Step: 6, Name: "notify", Kind: statestore.KindAction, Parent: 4},
+		},
+		History: []statestore.Transition{
+			mv(&one, "pending", "processing", 0, 1), mv(&one, "processing", "processing", 1, 1), mv(&one, "processing", "pending", 10, 1),
+			mv(&one, "pending", "processing", 12, 2), mv(&one, "processing", "processed", 14, 2),
+			mv(&two, "waiting", "awaiting", 14, 0), mv(&two, "awaiting", "processed", 20, 0),
+			mv(&three, "waiting", "delayed", 20, 0), mv(&three, "delayed", "processed", 30, 0),
+			mv(&four, "pending", "processing", 30, 1), mv(&four, "processing", "expanded", 30, 1),
+			mv(&five, "pending", "processing", 31, 1), mv(&five, "processing", "processed", 33, 1),
+			mv(&six, "pending", "processing", 31, 1),
+		},
+	}
+	g := buildGantt(d, at(40))
+	if g == nil || len(g.Rows) != 4 {
+		t.Fatalf("rows %+v", g)
+	}
+	var classes [][]string
+	for _, r := range g.Rows {
+		var cs []string
+		for _, b := range r.Bars {
+			cs = append(cs, b.Class)
+		}
+		classes = append(classes, cs)
+	}
+	want := [][]string{{"attempt failed", "attempt ok"}, {"wait ok"}, {"timer ok"}, {"attempt ok", "attempt running"}}
+	if fmt.Sprint(classes) != fmt.Sprint(want) {
+		t.Fatalf("bars %v, want %v", classes, want)
+	}
+	if g.Rows[3].Label != "4. notify ×2" || !strings.Contains(g.Rows[3].Bars[1].Title, "2 instances") {
+		t.Fatalf("the for_each row: %+v", g.Rows[3])
+	}
+	// charge's first attempt: 0 s to 10 s of 40, past the labels.
+	if b := g.Rows[0].Bars[0]; b.X != fmt.Sprintf("%.1f", ganttLabel) || b.W != fmt.Sprintf("%.1f", 10.0/40*(ganttW-ganttLabel)) {
+		t.Fatalf("the first bar at %s, %s wide", b.X, b.W)
+	}
+	if g.Span != "40s" && !strings.HasPrefix(g.Span, "40") {
+		t.Fatalf("span %q", g.Span)
 	}
 }

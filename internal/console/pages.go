@@ -184,6 +184,8 @@ type orderData struct {
 	Graph [][]graphNode
 	// Why says why a failed or held order failed (whyEnded).
 	Why string
+	// Timeline draws each step's attempts, waits and timers (buildGantt).
+	Timeline *gantt
 }
 
 func (s *server) readOrder(w http.ResponseWriter, r *http.Request, rq *request) (orderData, bool) {
@@ -225,6 +227,7 @@ func (s *server) readOrder(w http.ResponseWriter, r *http.Request, rq *request) 
 	}
 	d.Graph = graphLevels(d.OrderDetail.Steps, shown)
 	d.Why = whyEnded(d.Order, d.OrderDetail.Steps)
+	d.Timeline = buildGantt(d.OrderDetail, time.Now())
 	switch d.Order.Status {
 	case statestore.OrderReceived, statestore.OrderProcessing:
 		d.CanCancel = true
