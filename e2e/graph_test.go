@@ -230,7 +230,7 @@ func TestGraphFulfilRunsBranchesAtOnceUnderFaults(t *testing.T) {
 		eval[int](t, ctx, `document.querySelectorAll("#timeline rect").length`) < rows {
 		t.Fatalf("the timeline has %d rows", rows)
 	}
-	if got := text(t, ctx, "#timeline"); !strings.Contains(got, "book_parcel ×") {
+	if got := eval[string](t, ctx, `document.querySelector("#timeline").textContent`); !strings.Contains(got, "book_parcel ×") {
 		t.Fatalf("the timeline does not gather the parcels' instances: %q", got)
 	}
 	if got := text(t, ctx, "#node-3 .after"); got != "joins 1 + 2" {

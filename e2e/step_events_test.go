@@ -9,13 +9,15 @@ import (
 	"testing"
 	"time"
 
+	"sas/internal/harness/testenv"
 	"sas/internal/messages"
 )
 
 // TestFollowersSeeEachStep: an application that follows an order's event
 // stream with steps=true sees "now awaiting approval" without polling:
-// the approval wait awaiting its signal (named), then, once signalled,
-// the wait processed and the order completed. A follower of statuses alone gets no step event, and with
+// the approval wait awaiting its signal (named; from the stream's first
+// look at the order when the wait began before it came), then, once
+// signalled, the wait processed and the order completed. A follower of statuses alone gets no step event, and with
 // nobody following steps no step event is written.
 func TestFollowersSeeEachStep(t *testing.T) {
 	t.Parallel()
@@ -128,6 +130,32 @@ func TestFollowersSeeEachStep(t *testing.T) {
 	next("approved:processed")
 	next("completed")
 	following.Wait()
+
+	// A follower who comes after the wait began hears of it first.
+	late := messages.NewID()
+	if code, _, b := api.call(t, apiCall{method: "POST", path: "/api/v1/orders", token: app, body: submitBody(late, "approval", `{}`)}); code != 202 {
+		t.Fatalf("submit: %d %s", code, b)
+	}
+	testenv.Eventually(t, time.Minute, "the late order's wait to begin", func() bool {
+		return g.count(t, `SELECT count(*) FROM steps WHERE order_id = $1 AND process_state = 'awaiting'`, late) == 1
+	})
+	req0, _ := http.NewRequest("GET", api.url+"/api/v1/orders/"+late+"/events?steps=true", nil)
+	req0.Header.Set("Authorization", "Bearer "+app)
+	resp0, err := apiHTTP().Do(req0)
+	if err != nil || resp0.StatusCode != 200 {
+		t.Fatalf("follow the late order: %v", err)
+	}
+	sc0 := bufio.NewScanner(resp0.Body)
+	var firstStep string
+	for sc0.Scan() && firstStep == "" {
+		if data, ok := strings.CutPrefix(sc0.Text(), "data: "); ok && strings.Contains(data, `"event"`) {
+			firstStep = data
+		}
+	}
+	resp0.Body.Close()
+	if ev, err := messages.DecodeStepEvent([]byte(firstStep)); err != nil || ev.Event != messages.StepAwaiting || ev.Wait != "approved" {
+		t.Fatalf("the late follower's first step event: %s (%v)", firstStep, err)
+	}
 
 	// A follower of statuses alone, on another order, gets no step event.
 	other := messages.NewID()

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -396,7 +397,8 @@ const sseKeepAlive = 15 * time.Second
 // type "status", data a StatusEvent): its current one first, then each
 // as it comes, until the order ends or is held in error. With
 // steps=true, its steps' events too (event type "step", data a
-// StepEvent) from the moment the stream began.
+// StepEvent): first one for each step claimed or awaiting when the
+// stream began, then each move as it comes.
 func (s *server) events(w http.ResponseWriter, r *http.Request, c caller) {
 	id, ok := s.visible(w, r, c)
 	if !ok {
@@ -439,6 +441,20 @@ func (s *server) events(w http.ResponseWriter, r *http.Request, c caller) {
 	send := func(body []byte) { sendAs("status", body) }
 	send(body)
 	last := status
+	if steps {
+		// Where each step is now, so that a follower who came after a
+		// wait began still hears of it; later moves come as they happen
+		// (one may come twice).
+		d, err := s.store.GetOrder(r.Context(), id)
+		if err != nil {
+			return
+		}
+		for _, ev := range stepsNow(d) {
+			if b, err := messages.Encode(ev); err == nil {
+				sendAs("step", b)
+			}
+		}
+	}
 	keep := time.NewTicker(sseKeepAlive)
 	defer keep.Stop()
 	for !ended(last) {
@@ -662,4 +678,30 @@ func (s *server) rerun(w http.ResponseWriter, r *http.Request, c caller) {
 	}
 	s.logger.Info("api: re-run with a corrected payload", "token", c.token.Name, "order_id", id, "steps", steps)
 	writeJSON(w, http.StatusOK, acted{OrderID: id, Status: messages.StatusProcessing, Steps: steps})
+}
+
+// stepsNow are the step events that say where an order's running steps
+// are: claimed (an attempt runs) or awaiting (a signal, or a child
+// order), as of their last move.
+func stepsNow(d statestore.OrderDetail) []messages.StepEvent {
+	var out []messages.StepEvent
+	for _, st := range d.Steps {
+		var event string
+		switch st.ProcessState {
+		case statestore.StepProcessing:
+			event = messages.StepClaimed
+		case statestore.StepAwaiting:
+			event = messages.StepAwaiting
+		default:
+			continue
+		}
+		kind := "action"
+		if st.Kind == statestore.KindCompensation {
+			kind = "compensation"
+		}
+		out = append(out, messages.StepEvent{SchemaVersion: messages.SchemaVersion, OrderID: d.Order.OrderID, Step: st.Step,
+			Name: cmp.Or(st.ID, st.Name), Kind: kind, Event: event, State: st.ProcessState, Attempt: st.Attempt, Wait: st.Wait,
+			At: st.UpdatedAt, Reason: "where the step was when the stream began"})
+	}
+	return out
 }

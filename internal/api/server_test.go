@@ -199,3 +199,30 @@ func TestSubmitAnswersAsTheSubmitQueueRefuses(t *testing.T) {
 		})
 	}
 }
+
+// TestStepsNowSayWhereRunningStepsAre: a follower of steps first hears
+// of each step running or waiting when it came (a wait begun before it
+// followed included), and of no step that has not begun or has ended.
+func TestStepsNowSayWhereRunningStepsAre(t *testing.T) {
+	t.Parallel()
+	id := messages.NewID()
+	d := statestore.OrderDetail{Order: statestore.Order{OrderID: id}, Steps: []statestore.Step{
+		{Step: 1, Name: "score", Kind: statestore.KindAction, ProcessState: statestore.StepProcessed, Attempt: 1},
+		{Step: 2, Name: "approval", ID: "approved", Kind: statestore.KindAction, ProcessState: statestore.StepAwaiting, Wait: "approved"},
+		{Step: 3, Name: "charge", Kind: statestore.KindAction, ProcessState: statestore.StepProcessing, Attempt: 2},
+		{Step: 4, Name: "ship", Kind: statestore.KindAction, ProcessState: statestore.StepWaiting},
+	}}
+	for i := range d.Steps {
+		d.Steps[i].UpdatedAt = time.Now()
+	}
+	got := stepsNow(d)
+	if len(got) != 2 || got[0].Name != "approved" || got[0].Event != messages.StepAwaiting || got[0].Wait != "approved" ||
+		got[1].Name != "charge" || got[1].Event != messages.StepClaimed || got[1].Attempt != 2 {
+		t.Fatalf("steps now: %+v", got)
+	}
+	for _, ev := range got {
+		if err := ev.Validate(); err != nil {
+			t.Fatalf("%+v: %v", ev, err)
+		}
+	}
+}

@@ -104,7 +104,9 @@ func buildGantt(d statestore.OrderDetail, now time.Time) *gantt {
 	if total <= 0 {
 		total = time.Millisecond
 	}
-	x := func(t time.Time) float64 { return ganttLabel + float64(t.Sub(begin))/float64(total)*(ganttW-ganttLabel) }
+	x := func(t time.Time) float64 {
+		return ganttLabel + float64(t.Sub(begin))/float64(total)*(ganttW-ganttLabel)
+	}
 	bar := func(s span, title string) ganttBar {
 		x0, x1 := x(s.start), x(s.end)
 		return ganttBar{X: fmt.Sprintf("%.1f", x0), W: fmt.Sprintf("%.1f", max(x1-x0, 2)), Class: s.kind + " " + s.outcome, Title: title}
