@@ -463,4 +463,9 @@ workflows:
 			t.Errorf("the workflows page has no %q", want)
 		}
 	}
+	// Drawn as a graph: four boxes, an arrow from each step needed, the
+	// join's two marked.
+	if n, e, j := strings.Count(page, `class="gnode"`), strings.Count(page, `marker-end="url(#arrow)"`), strings.Count(page, `class="edge join-any"`); n != 4 || e != 4 || j != 2 {
+		t.Errorf("the workflow's drawing has %d boxes, %d arrows, %d join arrows; want 4, 4, 2", n, e, j)
+	}
 }

@@ -224,6 +224,12 @@ func TestGraphFulfilRunsBranchesAtOnceUnderFaults(t *testing.T) {
 	if got := text(t, ctx, "#level-0"); !strings.Contains(got, "1. reserve_stock") || !strings.Contains(got, "2. charge_card") {
 		t.Fatalf("level 0 shows %q, want both branches", got)
 	}
+	// The process drawn with its edges: a box an action, the join's two
+	// arrows.
+	if boxes, arrows := eval[int](t, ctx, `document.querySelectorAll("#process a.gnode").length`),
+		eval[int](t, ctx, `document.querySelectorAll("#process path.edge").length`); boxes < 3 || arrows < 2 {
+		t.Fatalf("the process drawing has %d boxes and %d arrows", boxes, arrows)
+	}
 	// Its timeline: a row a step, each with a bar; the parcels' instances
 	// on one row with their count.
 	if rows := eval[int](t, ctx, `document.querySelectorAll("#timeline g.row").length`); rows < 3 ||

@@ -14,7 +14,9 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"sas/internal/harness/badinput"
+	"sas/internal/messages"
 	"sas/internal/statestore"
+	"sas/internal/workflow"
 )
 
 func TestUsersFile(t *testing.T) {
@@ -439,5 +441,71 @@ func TestTheTimelineDrawsEachSpan(t *testing.T) {
 	}
 	if g.Span != "40s" && !strings.HasPrefix(g.Span, "40") {
 		t.Fatalf("span %q", g.Span)
+	}
+}
+
+// TestProcessesAreDrawnWithTheirEdges: a workflow is drawn a box a step
+// with an arrow from each step it needs (a list's from the step before),
+// every arrow pointing right; an N-of-M join's arrows are marked; an
+// order's for_each step is one box counting its instances (100 items
+// draw one box), its sub-process box links to the child order.
+func TestProcessesAreDrawnWithTheirEdges(t *testing.T) {
+	t.Parallel()
+	reg, err := workflow.Parse("draw.yaml", []byte(`
+workflows:
+  - name: loan
+    steps:
+      - {action: score, agent: risk}
+      - {id: kyc, workflow: kyc_check, needs: []}
+      - {id: approval, wait: {signal: approved, timeout: 10m}, needs: [score]}
+      - {action: open, agent: core, needs: {any: 2, of: [score, kyc, approval]}}
+  - name: kyc_check
+    steps:
+      - {action: check_id, agent: kyc}
+      - {action: check_address, agent: kyc}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	loan, _ := reg.Lookup("loan")
+	g := workflowGraph(loan)
+	if len(g.Nodes) != 4 || len(g.Edges) != 4 {
+		t.Fatalf("loan: %d boxes, %d arrows", len(g.Nodes), len(g.Edges))
+	}
+	joins := 0
+	for _, e := range g.Edges {
+		var x0, y0, x1, y1, a, b, c, d float64
+		if _, err := fmt.Sscanf(e.D, "M%f %f C%f %f, %f %f, %f %f", &x0, &y0, &a, &b, &c, &d, &x1, &y1); err != nil || x1 <= x0 {
+			t.Fatalf("an arrow that does not point right: %q (%v)", e.D, err)
+		}
+		if e.Class == "edge join-any" {
+			joins++
+		}
+	}
+	if joins != 3 || g.Nodes[3].Sub != "core · any 2 of 3" || g.Nodes[2].Class != "kind-wait" || !strings.Contains(g.Nodes[2].Sub, "10m") {
+		t.Fatalf("the join and the wait: %+v", g.Nodes)
+	}
+	kyc, _ := reg.Lookup("kyc_check")
+	if list := workflowGraph(kyc); len(list.Edges) != 1 || list.Nodes[1].X <= list.Nodes[0].X {
+		t.Fatalf("a list as a chain: %+v", list)
+	}
+
+	child := messages.NewID()
+	d := statestore.OrderDetail{Steps: []statestore.Step{
+		{Step: 1, Name: "score", Kind: statestore.KindAction, Agent: "risk", ProcessState: statestore.StepProcessed, Needs: []int{}},
+		{Step: 2, Name: "kyc", Kind: statestore.KindAction, Workflow: "kyc_check", ProcessState: statestore.StepAwaiting, Needs: []int{}},
+		{Step: 3, Name: "notify", Kind: statestore.KindAction, Agent: "mail", ProcessState: statestore.StepExpanded, Needs: []int{1}},
+	}, Children: []statestore.ChildRef{{OrderID: child, Step: 2}}}
+	for i := range 100 {
+		state := statestore.StepPending
+		if i < 40 {
+			state = statestore.StepProcessed
+		}
+		d.Steps = append(d.Steps, statestore.Step{Step: 4 + i, Name: "notify", Kind: statestore.KindAction, Parent: 3, ProcessState: state})
+	}
+	o := orderGraph(d, d.ShownStates())
+	if len(o.Nodes) != 3 || len(o.Edges) != 1 || o.Nodes[2].Sub != "expanded · ×100, 40 done" || o.Nodes[1].Href != "/orders/"+child ||
+		o.Nodes[0].Class != "st-processed" {
+		t.Fatalf("the order's drawing: %+v", o.Nodes)
 	}
 }

@@ -185,7 +185,8 @@ type orderData struct {
 	// Why says why a failed or held order failed (whyEnded).
 	Why string
 	// Timeline draws each step's attempts, waits and timers (buildGantt).
-	Timeline *gantt
+	Timeline *gantt	// Drawing is the process as a graph with its edges (orderGraph).
+	Drawing *graphSVG
 }
 
 func (s *server) readOrder(w http.ResponseWriter, r *http.Request, rq *request) (orderData, bool) {
@@ -226,6 +227,7 @@ func (s *server) readOrder(w http.ResponseWriter, r *http.Request, rq *request) 
 		d.Steps = append(d.Steps, v)
 	}
 	d.Graph = graphLevels(d.OrderDetail.Steps, shown)
+	d.Drawing = orderGraph(d.OrderDetail, shown)
 	d.Why = whyEnded(d.Order, d.OrderDetail.Steps)
 	d.Timeline = buildGantt(d.OrderDetail, time.Now())
 	switch d.Order.Status {
@@ -298,6 +300,8 @@ type workflowView struct {
 	statestore.WorkflowVersion
 	Workflow workflow.Workflow
 	InFile   bool
+	// Drawing is the workflow as a graph with its edges (workflowGraph).
+	Drawing *graphSVG
 }
 
 type workflowsData struct {
@@ -322,6 +326,7 @@ func (s *server) workflowsPage(w http.ResponseWriter, r *http.Request, rq *reque
 		if f, ok := s.workflows.Lookup(v.Name); ok && f.Version() == v.Version {
 			wv.InFile = true
 		}
+		wv.Drawing = workflowGraph(wv.Workflow)
 		stored[v.Name+"@"+v.Version] = true
 		d.Versions = append(d.Versions, wv)
 	}
