@@ -160,7 +160,7 @@ bench-steady: build
 # The console's browser test (headless Chromium) with its screenshots
 # written into docs/console/, the pictures the README shows.
 console-screenshots: services
-	SAS_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console $(GO) test -count=1 -run '^(TestConsoleInABrowser|TestConsoleActsInBulkAndReruns|TestConsoleShowsAndChangesLimits)$$' ./e2e/
+	SAS_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console $(GO) test -count=1 -run '^(TestConsoleInABrowser|TestConsoleActsInBulkAndReruns|TestConsoleShowsAndChangesLimits|TestConsoleDrawsLargeProcesses)$$' ./e2e/
 
 # The failover tests at full size, HA_ORDERS orders each: through a
 # three-node RabbitMQ cluster (scripts/rabbit-cluster.sh) whose leading node

@@ -126,6 +126,18 @@ func (s screenshots) take(ctx context.Context, name string) {
 	}
 }
 
+// takeOf saves a screenshot of the element sel selects (CSS).
+func (s screenshots) takeOf(ctx context.Context, name, sel string) {
+	s.t.Helper()
+	buf, err := chromedp.Run(ctx, chromedp.Screenshot(chromedp.CSS(sel)))
+	if err != nil {
+		s.t.Fatalf("screenshot %s of %s: %v", name, sel, err)
+	}
+	if err := os.WriteFile(filepath.Join(s.dir, name+".png"), buf, 0o644); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
 func do(t *testing.T, ctx context.Context, what string, steps ...chromedp.Action[chromedp.Void]) {
 	t.Helper()
 	if err := chromedp.Do(ctx, steps...); err != nil {
