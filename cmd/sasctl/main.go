@@ -137,6 +137,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return a.ordersSignal(ctx, rest)
 	case "steps complete", "steps fail", "steps heartbeat":
 		return a.stepsCallback(ctx, strings.TrimPrefix(path, "steps "), rest)
+	case "webhooks list":
+		return a.webhooksList(ctx, rest)
+	case "webhooks replay":
+		return a.webhooksReplay(ctx, rest)
 	case "orders purge":
 		return a.ordersPurge(ctx, rest)
 	case "alerts list":

@@ -185,8 +185,8 @@ type orderData struct {
 	// Why says why a failed or held order failed (whyEnded).
 	Why string
 	// Timeline draws each step's attempts, waits and timers (buildGantt).
-	Timeline *gantt	// Drawing is the process as a graph with its edges (orderGraph).
-	Drawing *graphSVG
+	Timeline *gantt // Drawing is the process as a graph with its edges (orderGraph).
+	Drawing  *graphSVG
 }
 
 func (s *server) readOrder(w http.ResponseWriter, r *http.Request, rq *request) (orderData, bool) {

@@ -134,6 +134,23 @@ func TestRolesHaveOnlyWhatTheyNeed(t *testing.T) {
 			t.Fatalf("%s making a token's MAC: %v, want permission denied", role, err)
 		}
 	}
+	// Webhook deliveries: the supervisors send them, operators list and
+	// replay them, the console and the API read them; the schedulers
+	// cannot take them.
+	if _, err := supervisor.ClaimWebhooks(ctx, 5, time.Minute); err != nil {
+		t.Fatalf("supervisor claiming webhooks: %v", err)
+	}
+	if err := operator.ReplayWebhook(ctx, 1<<40); !errors.Is(err, statestore.ErrNotFound) {
+		t.Fatalf("operator replaying a webhook: %v, want not found", err)
+	}
+	for _, role := range []string{"sas_console", "sas_api", "sas_operator"} {
+		if _, err := storeAs(t, b, role).ListWebhooks(ctx, statestore.WebhookFilter{Limit: 1}); err != nil {
+			t.Fatalf("%s listing webhooks: %v", role, err)
+		}
+	}
+	if _, err := scheduler.ClaimWebhooks(ctx, 5, time.Minute); !denied(err) {
+		t.Fatalf("scheduler claiming webhooks: %v, want permission denied", err)
+	}
 	// A writer of a timer reads when the supervisor's timer loop looks
 	// next; only the supervisor says when (migration 0037).
 	later := time.Now().Add(time.Hour)

@@ -78,6 +78,15 @@ type Config struct {
 	// Retention; RetentionBatch how many it deletes per transaction.
 	RetentionInterval time.Duration `envconfig:"RETENTION_INTERVAL" default:"1m"`
 	RetentionBatch    int           `envconfig:"RETENTION_BATCH" default:"500"`
+	// Webhooks (docs/YOUR-PROCESS.md): how often an idle sender looks
+	// for deliveries due (doubling up to 8 times that while none come),
+	// how long one try may take, the backoff between tries and how many
+	// tries make a delivery dead.
+	WebhookPoll       time.Duration `envconfig:"SUPERVISOR_WEBHOOK_POLL" default:"1s"`
+	WebhookTimeout    time.Duration `envconfig:"SUPERVISOR_WEBHOOK_TIMEOUT" default:"10s"`
+	WebhookBackoff    time.Duration `envconfig:"SUPERVISOR_WEBHOOK_BACKOFF" default:"1s"`
+	WebhookBackoffMax time.Duration `envconfig:"SUPERVISOR_WEBHOOK_BACKOFF_MAX" default:"10m"`
+	WebhookAttempts   int           `envconfig:"SUPERVISOR_WEBHOOK_ATTEMPTS" default:"8"`
 	DBMaxConns        int32         `envconfig:"DB_MAX_CONNS" default:"4"`
 }
 
@@ -97,6 +106,7 @@ type metrics struct {
 	purged           *prometheus.CounterVec
 	timersFired      prometheus.Counter
 	scheduleTicks    *prometheus.CounterVec
+	webhooks         *prometheus.CounterVec
 	scheduleNext     *prometheus.GaugeVec
 	scheduleLast     *prometheus.GaugeVec
 	scheduleLateness prometheus.Histogram
@@ -156,6 +166,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "sas_timer_lateness_seconds", Help: "How long after its due time (database clock) a delayed step was made pending.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
 		}),
+		webhooks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sas_webhook_tries_total", Help: "Webhook deliveries tried, by the state each was left in: sent, pending (to be tried again), dead.",
+		}, []string{"state"}),
 		scheduleTicks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sas_schedule_ticks_total", Help: "Schedule ticks the leader handled, by schedule and outcome (started: an order; skipped: overlap or catch-up; triggered: an operator's).",
 		}, []string{"schedule", "outcome"}),
@@ -209,7 +222,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, state := range statestore.LiveStates {
 		m.steps.WithLabelValues(state)
 	}
-	reg.MustRegister(m.leader, m.sweeps, m.resets, m.failures, m.errors, m.sweepDuration, m.steps, m.oldestPending, m.oldestProcessing,
+	for _, state := range []string{statestore.WebhookSent, statestore.WebhookPending, statestore.WebhookDead} {
+		m.webhooks.WithLabelValues(state)
+	}
+	reg.MustRegister(m.webhooks, m.leader, m.sweeps, m.resets, m.failures, m.errors, m.sweepDuration, m.steps, m.oldestPending, m.oldestProcessing,
 		m.openAlerts, m.analyzed, m.vacuumed, m.purged, m.timersFired, m.timerLateness, m.scheduleTicks, m.scheduleNext, m.scheduleLast, m.scheduleLateness, m.scheduleLate,
 		m.limitRate, m.limitMaxInFlight, m.limitInFlight, m.limitWaiting, m.limitOldestWait, m.limitOverdue, m.keyWaiting, m.keyInFlight)
 	return m
@@ -238,6 +254,9 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	}
 	if cfg.TimerPoll <= 0 || cfg.Batch < 1 {
 		return fmt.Errorf("SAS_SUPERVISOR_TIMER_POLL (%v) must be positive and SAS_SUPERVISOR_BATCH (%d) at least 1", cfg.TimerPoll, cfg.Batch)
+	}
+	if cfg.WebhookPoll <= 0 || cfg.WebhookTimeout <= 0 || cfg.WebhookBackoff <= 0 || cfg.WebhookBackoffMax < cfg.WebhookBackoff || cfg.WebhookAttempts < 1 {
+		return fmt.Errorf("SAS_SUPERVISOR_WEBHOOK_POLL, _TIMEOUT and _BACKOFF must be positive, _BACKOFF_MAX at least _BACKOFF, _ATTEMPTS at least 1")
 	}
 	if cfg.LeaseTTL < 2*cfg.Interval {
 		return fmt.Errorf("SAS_SUPERVISOR_LEASE_TTL (%v) must be at least twice SAS_SUPERVISOR_INTERVAL (%v), or the leader loses its lease between renewals", cfg.LeaseTTL, cfg.Interval)

@@ -68,6 +68,11 @@ func (s *sweeper) run(ctx context.Context) error {
 	s.timerWake = make(chan struct{}, 1)
 	s.background.Go(func() { s.listenTimers(ctx) })
 	s.background.Go(func() { s.timers(ctx) })
+	if hasWebhooks(s.workflows) {
+		w := &webhookSender{store: s.store, client: newWebhookClient(s.cfg.WebhookTimeout), cfg: s.cfg, env: lookupEnv, now: time.Now,
+			logger: s.logger, sent: func(state string) { s.metrics.webhooks.WithLabelValues(state).Inc() }}
+		s.background.Go(func() { w.run(ctx) })
+	}
 	// After a failed renewal the next try comes sooner than Interval,
 	// from retryFirst doubling up to it, so that the store's return is
 	// seen at once.

@@ -341,6 +341,7 @@ func (p *parser) workflow(n *yaml.Node) (Workflow, bool) {
 		"search_attributes": func(v *yaml.Node) { wf.SearchAttributes = p.searchAttributes(v) },
 		"concurrency_key":   func(v *yaml.Node) { keyNode = v },
 		"max_per_key":       func(v *yaml.Node) { maxNode = v },
+		"webhooks":          func(v *yaml.Node) { wf.Webhooks = p.webhooks(v) },
 	}, "name", "steps")
 	if keyNode != nil {
 		wf.concurrencyKey = p.expr(keyNode, UseKey, &wf.ConcurrencyKey)

@@ -119,6 +119,8 @@ type Workflow struct {
 	// MaxPerKey steps of one key and agent kind run at once (0: no bound).
 	ConcurrencyKey string `json:"concurrency_key,omitempty"`
 	MaxPerKey      int    `json:"max_per_key,omitempty"`
+	// Webhooks are told of its orders' ends (webhooks.go).
+	Webhooks []Webhook `json:"webhooks,omitempty"`
 
 	concurrencyKey *Expr
 	schema         *Schema

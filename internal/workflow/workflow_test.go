@@ -2,6 +2,7 @@ package workflow_test
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -83,5 +84,52 @@ workflows:
 	kyc.Steps = append(kyc.Steps, workflow.Step{Name: "check_address", Agent: "kyc"})
 	if kyc.Graph || kyc.After(0) != "" || kyc.After(1) != "check_id" {
 		t.Fatalf("a list's steps come after %q and %q", kyc.After(0), kyc.After(1))
+	}
+}
+
+// TestWebhooksAreReadAndChecked: a workflow's webhooks name an http(s)
+// address and the environment variable holding their secret (never the
+// secret), and the order ends they are told of (all three unless said);
+// an address with a user, a fragment or another scheme, a variable that
+// is no name, an event that is not an end, a webhook twice are refused
+// at their line.
+func TestWebhooksAreReadAndChecked(t *testing.T) {
+	t.Parallel()
+	reg, err := workflow.Parse("hooks.yaml", []byte(`
+workflows:
+  - name: shop
+    webhooks:
+      - {url: "https://hooks.example.com/sas", secret_env: SHOP_HOOK_SECRET}
+      - {url: "http://127.0.0.1:9000/failed", secret_env: OPS_HOOK, events: [failed, error]}
+    steps:
+      - {action: charge, agent: pay}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	shop, _ := reg.Lookup("shop")
+	if len(shop.Webhooks) != 2 || !slices.Equal(shop.Webhooks[0].Events, []string{"completed", "failed", "error"}) ||
+		!slices.Equal(shop.Webhooks[1].Events, []string{"failed", "error"}) || shop.Webhooks[0].SecretEnv != "SHOP_HOOK_SECRET" {
+		t.Fatalf("webhooks %+v", shop.Webhooks)
+	}
+	_, err = workflow.Parse("bad.yaml", []byte(`
+workflows:
+  - name: shop
+    webhooks:
+      - {url: "https://user:pw@hooks.example.com/", secret_env: A}
+      - {url: "ftp://hooks.example.com/", secret_env: A}
+      - {url: "https://hooks.example.com/#x", secret_env: A}
+      - {url: "https://hooks.example.com/a", secret_env: "s3cr3t-value"}
+      - {url: "https://hooks.example.com/b", secret_env: B, events: [processing]}
+      - {url: "https://hooks.example.com/c", secret_env: C}
+      - {url: "https://hooks.example.com/c", secret_env: C}
+    steps:
+      - {action: charge, agent: pay}
+`))
+	for _, want := range []string{"bad.yaml:5: url must not carry a user", "bad.yaml:6: url \"ftp://", "bad.yaml:7: url \"https://hooks.example.com/#x\" has a fragment",
+		"bad.yaml:8: secret_env", "bad.yaml:9: event \"processing\"", "bad.yaml:11: webhook \"https://hooks.example.com/c\" is declared twice"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("problems %v, without %q", err, want)
+		}
 	}
 }

@@ -203,6 +203,17 @@ BEGIN
     WHERE (n.moves <> o.moves OR n.status <> o.status)
       AND CASE WHEN m.from_status IS NOT NULL AND n.moves = o.moves + 1 THEN true
                ELSE sas_refuse_move('order', o.status, n.status, n.moves = o.moves + 1) END;
+    -- Webhooks (migration 0039): a delivery for each webhook of an
+    -- ended order's workflow version told of that end.
+    IF EXISTS (SELECT 1 FROM workflow_versions v WHERE v.definition ? 'webhooks') THEN
+        INSERT INTO webhook_deliveries (order_id, workflow, url, secret_env, event, body)
+        SELECT n.order_id, n.workflow, hook->>'url', hook->>'secret_env', n.status, status_event_body(n.order_id, n.status, NULL)
+        FROM new_rows n
+        JOIN old_rows o ON o.order_id = n.order_id
+        JOIN workflow_versions v ON v.name = n.workflow AND v.version = n.workflow_version AND v.definition ? 'webhooks'
+        CROSS JOIN LATERAL jsonb_array_elements(v.definition->'webhooks') hook
+        WHERE n.status <> o.status AND n.status IN ('completed', 'failed', 'error') AND hook->'events' ? n.status;
+    END IF;
     RETURN NULL;
 END;
 $function$;
