@@ -1,9 +1,10 @@
 -- Signed webhooks: a workflow's webhooks (workflow_versions.definition's
--- "webhooks": url, secret_env, events) are told of its orders' ends. The
--- door of orders (orders_moved) writes a delivery for each webhook of an
--- order's workflow version whose events name the status the order ended
--- in, in the transaction that ended it: none is lost, and none is sent
--- for an end that did not commit. The leading supervisor posts them,
+-- "webhooks": url, secret_env, events) are told of its orders' ends, and
+-- of the step events their events name (step.awaiting, ...). The doors
+-- (orders_moved, steps_moved) write a delivery for each webhook of an
+-- order's workflow version whose events name what happened, in the
+-- transaction that did it: none is lost, and none is sent for a change
+-- that did not commit. The leading supervisor posts them,
 -- signed (HMAC-SHA256 under the secret in its environment variable
 -- secret_env: the secret is never stored), with backoff between tries; a
 -- delivery that failed SAS_SUPERVISOR_WEBHOOK_ATTEMPTS times is dead, for
@@ -14,7 +15,8 @@ CREATE TABLE webhook_deliveries (
     workflow   text        NOT NULL,
     url        text        NOT NULL CHECK (length(url) <= 2048),
     secret_env text        NOT NULL CHECK (secret_env ~ '^[A-Z][A-Z0-9_]{0,63}$'),
-    event      text        NOT NULL CHECK (event IN ('completed', 'failed', 'error')),
+    event      text        NOT NULL CHECK (event IN ('completed', 'failed', 'error', 'step.claimed', 'step.awaiting', 'step.processed',
+                                                     'step.compensated', 'step.failed', 'step.skipped', 'step.cancelled')),
     body       jsonb       NOT NULL,
     state      text        NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'sent', 'dead')),
     attempts   integer     NOT NULL DEFAULT 0,

@@ -508,4 +508,12 @@ workflows:
 		o.Nodes[0].Class != "st-processed" {
 		t.Fatalf("the order's drawing: %+v", o.Nodes)
 	}
+	// Once a compensation runs, the path of undoing is drawn.
+	d.Steps = append(d.Steps, statestore.Step{Step: 200, Name: "unscore", Kind: statestore.KindCompensation, Compensates: 1,
+		ProcessState: statestore.StepProcessed}, statestore.Step{Step: 201, Name: "unnotify", Kind: statestore.KindCompensation, Compensates: 3,
+		ProcessState: statestore.StepWaiting})
+	o = orderGraph(d, d.ShownStates())
+	if len(o.Nodes) != 4 || o.Nodes[3].Label != "↺ 200. unscore" || o.Nodes[0].Class != "st-undone" || o.Edges[len(o.Edges)-1].Class != "edge undo" {
+		t.Fatalf("the undoing drawn: %+v %+v", o.Nodes, o.Edges)
+	}
 }

@@ -30,6 +30,7 @@ type gnode struct {
 	after []string // the keys of the boxes it comes after
 	any   int      // for an N-of-M join: N
 	href  string
+	undo  bool // a compensation: its arrow comes from the action it undoes
 }
 
 type svgNode struct {
@@ -100,7 +101,10 @@ func layoutGraph(nodes []gnode) *graphSVG {
 			x1, y1 := x, y+nodeH/2
 			mid := (x0 + x1) / 2
 			class := "edge"
-			if n.any > 0 {
+			switch {
+			case n.undo:
+				class = "edge undo"
+			case n.any > 0:
 				class = "edge join-any"
 			}
 			g.Edges = append(g.Edges, svgEdge{D: fmt.Sprintf("M%s %s C%s %s, %s %s, %s %s", f1(x0), f1(y0), f1(mid), f1(y0), f1(mid), f1(y1), f1(x1-4), f1(y1)),
@@ -116,7 +120,9 @@ func f1(v float64) string { return strconv.FormatFloat(v, 'f', 1, 64) }
 
 // orderGraph draws an order's actions (a list's as the chain it is), each
 // in the state it is shown in (shown), a join's N, a for_each step's
-// instances counted, a sub-process linked to its child order.
+// instances counted, a sub-process linked to its child order; and, once
+// the order is being undone, each compensation made to run, after the
+// action it undoes.
 func orderGraph(d statestore.OrderDetail, shown map[int]string) *graphSVG {
 	instances, done := map[int]int{}, map[int]int{}
 	for _, st := range d.Steps {
@@ -160,6 +166,22 @@ func orderGraph(d statestore.OrderDetail, shown map[int]string) *graphSVG {
 		}
 		prev = key
 		nodes = append(nodes, n)
+	}
+	// The compensation path, once one runs: each compensation that was
+	// made to run, after the action it undoes.
+	for _, st := range d.Steps {
+		if st.Kind != statestore.KindCompensation || st.Parent > 0 {
+			continue
+		}
+		switch st.ProcessState {
+		case statestore.StepPending, statestore.StepProcessing, statestore.StepProcessed, statestore.StepError:
+		default:
+			continue
+		}
+		state := cmp.Or(shown[st.Step], st.ProcessState)
+		nodes = append(nodes, gnode{key: "c" + strconv.Itoa(st.Step), label: fmt.Sprintf("↺ %d. %s", st.Step, st.Name),
+			sub: state + " · undoes " + strconv.Itoa(st.Compensates), class: "st-" + state, after: []string{strconv.Itoa(st.Compensates)},
+			href: "#step-" + strconv.Itoa(st.Step), undo: true})
 	}
 	return layoutGraph(nodes)
 }

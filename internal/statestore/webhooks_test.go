@@ -21,6 +21,12 @@ workflows:
   - name: quiet
     steps:
       - {action: a, agent: x}
+  - name: approval
+    webhooks:
+      - {url: "https://hooks.example.com/approvals", secret_env: HOOK_SECRET, events: [step.awaiting, completed]}
+    steps:
+      - {action: a, agent: x}
+      - {id: approved, wait: {signal: approved, timeout: 1h}}
 `
 
 // hookedOrder is an order of workflow name of hooked, its version stored.
@@ -118,5 +124,27 @@ func TestAnOrdersEndIsDeliveredToItsWebhooks(t *testing.T) {
 		if d.ID == dead[0].ID && (d.State != statestore.WebhookPending || d.Attempts != 0 || d.LastError != "") {
 			t.Fatalf("replayed %+v", d)
 		}
+	}
+}
+
+// TestAStepsEventIsDeliveredToTheWebhooksThatNameIt: a webhook whose
+// events name a step event (step.awaiting) is told of that move, with the
+// step event's body, when it happens.
+func TestAStepsEventIsDeliveredToTheWebhooksThatNameIt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	o := hookedOrder(t, b, "approval")
+	insert(t, b, o)
+	reply(t, b, claimAll(t, b, o.OrderID)["a"], true, "")
+	ds, err := b.store.ListWebhooks(ctx, statestore.WebhookFilter{OrderID: o.OrderID, Limit: 10})
+	if err != nil || len(ds) != 1 || ds[0].Event != "step.awaiting" || ds[0].URL != "https://hooks.example.com/approvals" {
+		t.Fatalf("deliveries %+v %v", ds, err)
+	}
+	var ev struct {
+		Name, Event, Wait string
+	}
+	if err := json.Unmarshal(ds[0].Body, &ev); err != nil || ev.Name != "approved" || ev.Event != "awaiting" || ev.Wait != "approved" {
+		t.Fatalf("the step event %s: %v", ds[0].Body, err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"sas/internal/statestore"
@@ -146,7 +147,11 @@ func (w *webhookSender) try(ctx context.Context, d statestore.WebhookDelivery) (
 		return false, "the supervisor's environment has no " + d.SecretEnv + " (the webhook's secret_env): not sent"
 	}
 	at := w.now()
-	body, err := json.Marshal(envelope{ID: d.ID, Type: "order." + d.Event, OrderID: d.OrderID, At: at.UTC(), Data: d.Body})
+	kind := "order." + d.Event
+	if strings.HasPrefix(d.Event, "step.") {
+		kind = d.Event // a step event: step.awaiting, ...
+	}
+	body, err := json.Marshal(envelope{ID: d.ID, Type: kind, OrderID: d.OrderID, At: at.UTC(), Data: d.Body})
 	if err != nil {
 		return false, "the body could not be written: " + err.Error()
 	}
@@ -179,6 +184,9 @@ func lookupEnv(name string) (string, bool) { return os.LookupEnv(name) }
 // hasWebhooks reports whether a workflow of reg names a webhook: a
 // supervisor without any sends none and never looks.
 func hasWebhooks(reg *workflow.Registry) bool {
+	if reg == nil {
+		return false
+	}
 	for _, wf := range reg.All() {
 		if len(wf.Webhooks) > 0 {
 			return true

@@ -10,18 +10,30 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// Webhook is an HTTP endpoint told of the workflow's orders' ends: the
-// supervisor posts each ending status event there, signed with
-// HMAC-SHA256 under the secret in its environment variable SecretEnv
-// (the file names the variable, never the secret).
+// Webhook is an HTTP endpoint told of the workflow's orders' ends (and,
+// when its events name them, of their steps' moves): the supervisors post
+// each there, signed with HMAC-SHA256 under the secret in their
+// environment variable SecretEnv (the file names the variable, never the
+// secret).
 type Webhook struct {
 	URL       string   `json:"url"`
 	SecretEnv string   `json:"secret_env"`
 	Events    []string `json:"events"`
 }
 
-// The events a webhook may be told of: an order's ends.
+// The events a webhook is told of unless it says: an order's ends.
 var webhookEvents = []string{"completed", "failed", "error"}
+
+// WebhookEvents are every event a webhook may name: an order's ends, and
+// a step's moves as step events tell them (step.claimed, step.awaiting,
+// ...).
+func WebhookEvents() []string {
+	out := slices.Clone(webhookEvents)
+	for _, e := range []string{EventClaimed, EventAwaiting, EventProcessed, "compensated", EventFailed, EventSkipped, EventCancelled} {
+		out = append(out, "step."+e)
+	}
+	return out
+}
 
 // MaxWebhooks bounds a workflow's webhooks.
 const MaxWebhooks = 8
@@ -94,13 +106,13 @@ func (p *parser) webhooks(n *yaml.Node) []Webhook {
 			},
 			"events": func(v *yaml.Node) {
 				if v.Kind != yaml.SequenceNode || len(v.Content) == 0 {
-					p.problem(v.Line, "events must be a list of %s", strings.Join(webhookEvents, ", "))
+					p.problem(v.Line, "events must be a list of %s", strings.Join(WebhookEvents(), ", "))
 					return
 				}
 				w.Events = nil
 				for _, e := range v.Content {
-					if !slices.Contains(webhookEvents, e.Value) {
-						p.problem(e.Line, "event %q is not one a webhook is told of; write %s", clipText(e.Value), strings.Join(webhookEvents, ", "))
+					if !slices.Contains(WebhookEvents(), e.Value) {
+						p.problem(e.Line, "event %q is not one a webhook is told of; write %s", clipText(e.Value), strings.Join(WebhookEvents(), ", "))
 						continue
 					}
 					if !slices.Contains(w.Events, e.Value) {

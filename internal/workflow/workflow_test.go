@@ -100,7 +100,7 @@ workflows:
   - name: shop
     webhooks:
       - {url: "https://hooks.example.com/sas", secret_env: SHOP_HOOK_SECRET}
-      - {url: "http://127.0.0.1:9000/failed", secret_env: OPS_HOOK, events: [failed, error]}
+      - {url: "http://127.0.0.1:9000/failed", secret_env: OPS_HOOK, events: [failed, error, step.awaiting]}
     steps:
       - {action: charge, agent: pay}
 `))
@@ -109,7 +109,7 @@ workflows:
 	}
 	shop, _ := reg.Lookup("shop")
 	if len(shop.Webhooks) != 2 || !slices.Equal(shop.Webhooks[0].Events, []string{"completed", "failed", "error"}) ||
-		!slices.Equal(shop.Webhooks[1].Events, []string{"failed", "error"}) || shop.Webhooks[0].SecretEnv != "SHOP_HOOK_SECRET" {
+		!slices.Equal(shop.Webhooks[1].Events, []string{"failed", "error", "step.awaiting"}) || shop.Webhooks[0].SecretEnv != "SHOP_HOOK_SECRET" {
 		t.Fatalf("webhooks %+v", shop.Webhooks)
 	}
 	_, err = workflow.Parse("bad.yaml", []byte(`

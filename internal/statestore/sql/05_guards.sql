@@ -180,6 +180,26 @@ BEGIN
             PERFORM pg_notify('sas_outbox', current_schema());
         END IF;
     END IF;
+    -- Webhooks told of step events (migration 0039): a delivery for each
+    -- webhook of the order's workflow version whose events name it.
+    IF EXISTS (SELECT 1 FROM workflow_versions v WHERE v.definition ? 'webhooks') THEN
+        INSERT INTO webhook_deliveries (order_id, workflow, url, secret_env, event, body)
+        SELECT n.order_id, ord.workflow, hook->>'url', hook->>'secret_env', 'step.' || ev.event, jsonb_strip_nulls(jsonb_build_object(
+            'schema_version', 1, 'order_id', n.order_id, 'step', n.step,
+            'name', coalesce(n.spec->>'id', n.name), 'kind', n.kind, 'event', ev.event,
+            'state', n.process_state, 'attempt', n.attempt,
+            'wait', CASE WHEN n.process_state = 'awaiting' THEN n.spec->'wait'->>'signal' END,
+            'at', to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+            'reason', left(n.moved_why, 500)))
+        FROM new_rows n
+        JOIN old_rows o ON o.order_id = n.order_id AND o.step = n.step
+        JOIN step_moves d ON d.from_state = o.process_state AND d.to_state = n.process_state AND d.event IS NOT NULL
+        JOIN orders ord ON ord.order_id = n.order_id
+        JOIN workflow_versions v ON v.name = ord.workflow AND v.version = ord.workflow_version AND v.definition ? 'webhooks'
+        CROSS JOIN LATERAL (SELECT CASE WHEN d.event = 'processed' AND n.kind = 'compensation' THEN 'compensated' ELSE d.event END AS event) ev
+        CROSS JOIN LATERAL jsonb_array_elements(v.definition->'webhooks') hook
+        WHERE n.moves = o.moves + 1 AND hook->'events' ? ('step.' || ev.event);
+    END IF;
     RETURN NULL;
 END;
 $function$;
