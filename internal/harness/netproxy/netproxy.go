@@ -89,10 +89,19 @@ func (p *Proxy) isDown() bool {
 	return p.down
 }
 
-func (p *Proxy) track(c net.Conn) {
+// admit tracks a connection's two sides, unless the proxy went down
+// since it was accepted: the check and the tracking under one lock, so
+// that a connection is either cut by SetDown's Sever or refused, never
+// left through while the proxy is down.
+func (p *Proxy) admit(client, server net.Conn) bool {
 	p.mu.Lock()
-	p.conns[c] = struct{}{}
-	p.mu.Unlock()
+	defer p.mu.Unlock()
+	if p.down {
+		return false
+	}
+	p.conns[client] = struct{}{}
+	p.conns[server] = struct{}{}
+	return true
 }
 
 func (p *Proxy) accept() {
@@ -110,8 +119,11 @@ func (p *Proxy) accept() {
 			client.Close()
 			continue
 		}
-		p.track(client)
-		p.track(server)
+		if !p.admit(client, server) {
+			client.Close()
+			server.Close()
+			continue
+		}
 		p.wg.Go(func() { p.pipe(server, client) })
 		p.wg.Go(func() { p.pipe(client, server) })
 	}
