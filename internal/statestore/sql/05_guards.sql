@@ -122,6 +122,23 @@ BEGIN
 END;
 $function$;
 
+-- step_event_body: the step event (messages.StepEvent) a step's move
+-- tells, p_row the step as the move left it and p_event the move's event
+-- (step_moves.event): a compensation that ended well is told compensated.
+CREATE OR REPLACE FUNCTION step_event_body(p_row steps, p_event text)
+ RETURNS jsonb
+ LANGUAGE sql
+AS $function$
+    SELECT jsonb_strip_nulls(jsonb_build_object(
+        'schema_version', 1, 'order_id', p_row.order_id, 'step', p_row.step,
+        'name', coalesce(p_row.spec->>'id', p_row.name), 'kind', p_row.kind,
+        'event', CASE WHEN p_event = 'processed' AND p_row.kind = 'compensation' THEN 'compensated' ELSE p_event END,
+        'state', p_row.process_state, 'attempt', p_row.attempt,
+        'wait', CASE WHEN p_row.process_state = 'awaiting' THEN p_row.spec->'wait'->>'signal' END,
+        'at', to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        'reason', left(p_row.moved_why, 500)))
+$function$;
+
 -- steps_moved: the door of steps, once per statement over the rows it
 -- changed. A move counted is checked and written: one history row, or two
 -- for a move the table tells by way of another state (waiting to
@@ -163,14 +180,7 @@ BEGIN
                ELSE sas_refuse_move('step', o.process_state, n.process_state, n.moves = o.moves + 1) END;
     IF EXISTS (SELECT 1 FROM status_routes r WHERE r.status = 'step' AND r.unheard_until <= now()) THEN
         INSERT INTO outbox (message_type, order_id, body)
-        SELECT 'step_event', n.order_id, jsonb_strip_nulls(jsonb_build_object(
-            'schema_version', 1, 'order_id', n.order_id, 'step', n.step,
-            'name', coalesce(n.spec->>'id', n.name), 'kind', n.kind,
-            'event', CASE WHEN d.event = 'processed' AND n.kind = 'compensation' THEN 'compensated' ELSE d.event END,
-            'state', n.process_state, 'attempt', n.attempt,
-            'wait', CASE WHEN n.process_state = 'awaiting' THEN n.spec->'wait'->>'signal' END,
-            'at', to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-            'reason', left(n.moved_why, 500)))
+        SELECT 'step_event', n.order_id, step_event_body(n, d.event)
         FROM new_rows n
         JOIN old_rows o ON o.order_id = n.order_id AND o.step = n.step
         JOIN step_moves d ON d.from_state = o.process_state AND d.to_state = n.process_state
@@ -184,21 +194,15 @@ BEGIN
     -- webhook of the order's workflow version whose events name it.
     IF EXISTS (SELECT 1 FROM workflow_versions v WHERE v.definition ? 'webhooks') THEN
         INSERT INTO webhook_deliveries (order_id, workflow, url, secret_env, event, body)
-        SELECT n.order_id, ord.workflow, hook->>'url', hook->>'secret_env', 'step.' || ev.event, jsonb_strip_nulls(jsonb_build_object(
-            'schema_version', 1, 'order_id', n.order_id, 'step', n.step,
-            'name', coalesce(n.spec->>'id', n.name), 'kind', n.kind, 'event', ev.event,
-            'state', n.process_state, 'attempt', n.attempt,
-            'wait', CASE WHEN n.process_state = 'awaiting' THEN n.spec->'wait'->>'signal' END,
-            'at', to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-            'reason', left(n.moved_why, 500)))
+        SELECT n.order_id, ord.workflow, hook->>'url', hook->>'secret_env', 'step.' || (ev.body->>'event'), ev.body
         FROM new_rows n
         JOIN old_rows o ON o.order_id = n.order_id AND o.step = n.step
         JOIN step_moves d ON d.from_state = o.process_state AND d.to_state = n.process_state AND d.event IS NOT NULL
         JOIN orders ord ON ord.order_id = n.order_id
         JOIN workflow_versions v ON v.name = ord.workflow AND v.version = ord.workflow_version AND v.definition ? 'webhooks'
-        CROSS JOIN LATERAL (SELECT CASE WHEN d.event = 'processed' AND n.kind = 'compensation' THEN 'compensated' ELSE d.event END AS event) ev
+        CROSS JOIN LATERAL (SELECT step_event_body(n, d.event) AS body) ev
         CROSS JOIN LATERAL jsonb_array_elements(v.definition->'webhooks') hook
-        WHERE n.moves = o.moves + 1 AND hook->'events' ? ('step.' || ev.event);
+        WHERE n.moves = o.moves + 1 AND hook->'events' ? ('step.' || (ev.body->>'event'));
     END IF;
     RETURN NULL;
 END;
