@@ -203,8 +203,18 @@ func TestEveryAlertRuleFires(t *testing.T) {
 		VALUES ('elsewhere', 'order', '* * * * *', 'UTC', '{}', 'skip', 'last', 'another file', now() - interval '2 minutes')`); err != nil {
 		t.Fatal(err)
 	}
+	// An order of the built-in workflow whose own deadline of an hour is
+	// brought to now: the leader fires it.
+	late := orphanOrder()
+	late.Workflow, late.Deadline = "order", time.Hour
+	if got, err := store.InsertOrder(t.Context(), late); err != nil || got != statestore.Inserted {
+		t.Fatalf("insert: %v %v", got, err)
+	}
+	if _, err := p.pool.Exec(t.Context(), `UPDATE order_deadlines SET due_at = now() WHERE order_id = $1`, late.OrderID); err != nil {
+		t.Fatal(err)
+	}
 	waitFiring("SasOrderHeldInError", "SasOperatorAlertsOpen", "SasDeadLetters", "SasPendingBacklog", "SasStepsStuckProcessing", "SasScheduleLate",
-		"SasStepsWaitOnLimit")
+		"SasStepsWaitOnLimit", "SasOrderDeadlinePassed")
 
 	// Two supervisors sharing an instance id both lead.
 	var leaderID string
@@ -222,6 +232,11 @@ func TestEveryAlertRuleFires(t *testing.T) {
 	dbProxy.Sever()
 	waitFiring("SasServiceNotReady")
 	dbProxy.SetDown(false)
+	// Ready again (a scheduler back from its database declares its
+	// topology afresh) before the exchange goes below.
+	testenv.Eventually(t, 60*time.Second, "the scheduler ready again", func() bool {
+		return p.schedulers[0].metric(t, "sas_ready") == 1
+	})
 
 	// The status exchange disappears from the broker: the relay cannot
 	// publish the new order's events. (Its reply_to gets every event, its

@@ -240,6 +240,9 @@ func (a *app) printOrder(d statestore.OrderDetail) error {
 	if o.TraceID != "" {
 		field("trace_id", o.TraceID)
 	}
+	if dl := d.Deadline; dl != nil {
+		field("deadline", dl.Describe())
+	}
 	if p := d.Parent; p != nil {
 		field("parent", fmt.Sprintf("%s (workflow %s, %s): its step %d started this order", p.OrderID, p.Workflow, p.Status, p.Step))
 	}

@@ -29,6 +29,7 @@ func (a *app) submit(ctx context.Context, args []string) error {
 	payload := fs.String("payload", "", "payload of generated orders: "+payloadFlagHelp+" (default: a random demo order)")
 	priority := fs.Int("priority", 0, "priority 0-9 of generated orders")
 	replyTo := fs.String("reply-to", "", "status queue of generated orders")
+	deadline := fs.String("deadline", "", "deadline of generated orders in place of their workflow's (1s to 366d, such as 2h)")
 	concurrency := fs.Int("concurrency", 32, "publishes awaiting their confirm at once")
 	printIDs := fs.Bool("print-ids", false, "print each published order id on stdout")
 	if err := a.parseNoArgs(fs, args); err != nil {
@@ -39,6 +40,12 @@ func (a *app) submit(ctx context.Context, args []string) error {
 	}
 	if *priority < 0 || *priority > 9 || *concurrency < 1 {
 		return a.usageError(fs, "--priority must be 0 to 9 and --concurrency at least 1")
+	}
+	if *deadline != "" {
+		if err := (messages.SubmitOrder{SchemaVersion: messages.SubmitOrderVersion, OrderID: messages.NewID(), Workflow: "w", Payload: []byte(`{}`),
+			Deadline: *deadline}).Validate(); err != nil {
+			return a.usageError(fs, "--deadline: %v", err)
+		}
 	}
 
 	reg, err := workflowsFile(*workflows)
@@ -72,6 +79,7 @@ func (a *app) submit(ctx context.Context, args []string) error {
 		}
 		bodies = func(int) (string, []byte, error) {
 			o := smp.order(*priority, *replyTo)
+			o.Deadline = *deadline
 			body, err := messages.Encode(o)
 			return o.OrderID, body, err
 		}

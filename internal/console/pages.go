@@ -229,6 +229,9 @@ func (s *server) readOrder(w http.ResponseWriter, r *http.Request, rq *request) 
 	d.Graph = graphLevels(d.OrderDetail.Steps, shown)
 	d.Drawing = orderGraph(d.OrderDetail, shown)
 	d.Why = whyEnded(d.Order, d.OrderDetail.Steps)
+	if dl := d.OrderDetail.Deadline; d.Why == "" && dl != nil && dl.Outcome != "" && dl.Outcome != "ended" {
+		d.Why = "its deadline passed: " + dl.Describe()
+	}
 	d.Timeline = buildGantt(d.OrderDetail, time.Now())
 	switch d.Order.Status {
 	case statestore.OrderReceived, statestore.OrderProcessing:

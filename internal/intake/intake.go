@@ -52,10 +52,17 @@ func Prepare(reg *workflow.Registry, o messages.SubmitOrder, stepTimeout time.Du
 		return statestore.NewOrder{}, err
 	}
 	hash := sha256.Sum256(o.CanonicalWith(value))
+	var own time.Duration
+	if o.Deadline != "" {
+		if own, err = messages.ParseDuration(o.Deadline); err != nil {
+			return statestore.NewOrder{}, &Refusal{messages.ReasonInvalidValue, err.Error()}
+		}
+	}
+	deadline, onDeadline := wf.Deadline(own)
 	return statestore.NewOrder{
 		OrderID: o.OrderID, Workflow: wf.Name, WorkflowVersion: wf.Version(), Payload: payload, Priority: o.Priority, ReplyTo: o.ReplyTo,
 		PlacedAt: o.PlacedAt, StartAt: o.StartAt, PayloadHash: hash[:], Steps: statestore.StepsOf(wf, stepTimeout), Actor: actor,
-		FailurePolicy: wf.Policy, Attributes: Attributes(wf, payload), Key: Key(wf, payload),
+		FailurePolicy: wf.Policy, Attributes: Attributes(wf, payload), Key: Key(wf, payload), Deadline: deadline, OnDeadline: onDeadline,
 	}, nil
 }
 

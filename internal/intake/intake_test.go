@@ -183,3 +183,53 @@ func TestAttributeKeepsEachTypeInItsColumn(t *testing.T) {
 		}
 	}
 }
+
+// TestPrepareGivesTheOrderItsDeadline: an order runs under its
+// workflow's deadline and on_deadline, or under its own deadline when
+// it gives one; a deadline that is not a duration from 1s to 366d is
+// refused with why, at every way in (Validate is the submit queue's
+// and the API's check).
+func TestPrepareGivesTheOrderItsDeadline(t *testing.T) {
+	t.Parallel()
+	reg, err := workflow.Parse("w.yaml", []byte(`
+workflows:
+  - name: bounded
+    deadline: 2h
+    on_deadline: hold
+    steps: [{action: a, agent: x}]
+  - name: open
+    steps: [{action: a, agent: x}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		workflow, own string
+		want          time.Duration
+		how           string
+	}{
+		{"bounded", "", 2 * time.Hour, workflow.Hold},
+		{"bounded", "90m", 90 * time.Minute, workflow.Hold},
+		{"open", "", 0, ""},
+		{"open", "14d", 14 * 24 * time.Hour, workflow.Compensate},
+	} {
+		o := messages.SubmitOrder{SchemaVersion: messages.SubmitOrderVersion, OrderID: messages.NewID(), Workflow: tc.workflow,
+			Payload: json.RawMessage(`{}`), Deadline: tc.own}
+		if err := o.Validate(); err != nil {
+			t.Fatalf("%s %q: %v", tc.workflow, tc.own, err)
+		}
+		n, err := Prepare(reg, o, 0, "test")
+		if err != nil || n.Deadline != tc.want || n.OnDeadline != tc.how {
+			t.Fatalf("%s with deadline %q: %v %q (%v), want %v %q", tc.workflow, tc.own, n.Deadline, n.OnDeadline, err, tc.want, tc.how)
+		}
+	}
+	for _, bad := range []string{"soon", "500ms", "367d", "-2h", "2h" + strings.Repeat("0s", 20), "1d2h"} {
+		o := messages.SubmitOrder{SchemaVersion: messages.SubmitOrderVersion, OrderID: messages.NewID(), Workflow: "open",
+			Payload: json.RawMessage(`{}`), Deadline: bad}
+		err := o.Validate()
+		var r *messages.DecodeError
+		if !errors.As(err, &r) || r.Reason != messages.ReasonInvalidValue || !strings.Contains(r.Detail, "not a duration from 1s to 366d") {
+			t.Fatalf("deadline %q: %v, want invalid_value saying what a deadline is", bad, err)
+		}
+	}
+}

@@ -235,6 +235,8 @@ func (o *SubmitOrder) decodeMembers(ms []member) bool {
 			ok = rawTimePtr(m.raw, &v.PlacedAt)
 		case "start_at":
 			ok = rawTimePtr(m.raw, &v.StartAt)
+		case "deadline":
+			ok = rawString(m.raw, &v.Deadline)
 		}
 		if !ok {
 			return false

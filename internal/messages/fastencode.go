@@ -135,6 +135,10 @@ func (o SubmitOrder) appendJSON(b []byte) ([]byte, bool) {
 		e.field("start_at")
 		e.time(*o.StartAt)
 	}
+	if o.Deadline != "" {
+		e.field("deadline")
+		e.str(o.Deadline)
+	}
 	e.b = append(e.b, '}')
 	return e.b, e.ok
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -95,6 +96,10 @@ type SubmitOrder struct {
 	// database clock) its first steps wait, delayed. Past or absent: at
 	// once.
 	StartAt *time.Time `json:"start_at,omitempty"`
+	// Deadline bounds this order as a whole in place of its workflow's
+	// deadline: a duration such as "90m", "2h" or "14d" from its
+	// submit, on the database clock.
+	Deadline string `json:"deadline,omitempty"`
 }
 
 // MarshalJSON writes a version 1 order in its own layout (every payload
@@ -102,9 +107,9 @@ type SubmitOrder struct {
 func (o SubmitOrder) MarshalJSON() ([]byte, error) {
 	if o.SchemaVersion == 1 {
 		return json.Marshal(submitOrderV1{o.SchemaVersion, o.OrderID, o.Customer, o.Items, o.Amount, o.Currency,
-			o.Priority, o.ReplyTo, o.Workflow, o.PlacedAt, o.StartAt})
+			o.Priority, o.ReplyTo, o.Workflow, o.PlacedAt, o.StartAt, o.Deadline})
 	}
-	return json.Marshal(submitOrderV2{o.SchemaVersion, o.OrderID, o.Workflow, o.Payload, o.Priority, o.ReplyTo, o.PlacedAt, o.StartAt})
+	return json.Marshal(submitOrderV2{o.SchemaVersion, o.OrderID, o.Workflow, o.Payload, o.Priority, o.ReplyTo, o.PlacedAt, o.StartAt, o.Deadline})
 }
 
 type submitOrderV1 struct {
@@ -119,6 +124,7 @@ type submitOrderV1 struct {
 	Workflow      string     `json:"workflow,omitempty"`
 	PlacedAt      *time.Time `json:"placed_at,omitempty"`
 	StartAt       *time.Time `json:"start_at,omitempty"`
+	Deadline      string     `json:"deadline,omitempty"`
 }
 
 type submitOrderV2 struct {
@@ -130,6 +136,7 @@ type submitOrderV2 struct {
 	ReplyTo       string          `json:"reply_to,omitempty"`
 	PlacedAt      *time.Time      `json:"placed_at,omitempty"`
 	StartAt       *time.Time      `json:"start_at,omitempty"`
+	Deadline      string          `json:"deadline,omitempty"`
 }
 
 // SubmitOrderVersion is the current SubmitOrder version; 1 is still read.
@@ -195,6 +202,42 @@ func (o SubmitOrder) Validate() error {
 		if err := checkTime("start_at", *o.StartAt); err != nil {
 			return err
 		}
+	}
+	if o.Deadline != "" {
+		if err := checkDeadline(o.Deadline); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Bounds of an order's deadline.
+const (
+	MinDeadline = time.Second
+	MaxDeadline = 366 * 24 * time.Hour
+)
+
+// ParseDuration reads a duration as time.ParseDuration does, and also a
+// whole number of days ("14d"), as workflows files and orders write them.
+func ParseDuration(s string) (time.Duration, error) {
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.Atoi(days)
+		if err != nil || n < 0 || n > 100000 {
+			return 0, fmt.Errorf("%q is not a whole number of days", s)
+		}
+		return time.Duration(n) * 24 * time.Hour, nil
+	}
+	return time.ParseDuration(s)
+}
+
+func checkDeadline(s string) error {
+	d, err := ParseDuration(s)
+	if len(s) > 32 || err != nil || d < MinDeadline || d > MaxDeadline {
+		shown := s
+		if len(shown) > 32 {
+			shown = strings.ToValidUTF8(shown[:32], "") + "…"
+		}
+		return reject(ReasonInvalidValue, "deadline %q is not a duration from 1s to 366d; write a number with a unit, such as 90m, 2h or 14d", shown)
 	}
 	return nil
 }
@@ -769,9 +812,9 @@ type StatusEvent struct {
 	ResultsTruncated bool            `json:"results_truncated,omitempty"`
 	// Reason and Detail, for a rejected submit, are its dead letter's
 	// x-error-reason and x-error-detail. On the event that ends an order
-	// failed or in error they say why: Reason is EndRefused, EndTimedOut
-	// or EndCancelled, Detail the failed step's last error and its
-	// service's last answer.
+	// failed or in error they say why: Reason is EndRefused, EndTimedOut,
+	// EndCancelled or EndDeadline, Detail the failed step's last error and
+	// its service's last answer (or the deadline that passed).
 	Reason string `json:"reason,omitempty"`
 	Detail string `json:"detail,omitempty"`
 	// FailedStep names the step that failed (Step is its number), on the
@@ -794,6 +837,7 @@ const (
 	EndRefused   = "refused"   // a step's service refused it for good
 	EndTimedOut  = "timed_out" // a step's complete_by passed as often as it may
 	EndCancelled = "cancelled" // an operator cancelled the order
+	EndDeadline  = "deadline"  // the order's whole-order deadline passed
 )
 
 // Type implements Message.
@@ -830,8 +874,8 @@ func (e StatusEvent) Validate() error {
 		switch {
 		case e.Status != StatusFailed && e.Status != StatusError:
 			return reject(ReasonInvalidValue, "reason is for a rejected, failed or error event, not %s", e.Status)
-		case e.Reason != EndRefused && e.Reason != EndTimedOut && e.Reason != EndCancelled:
-			return reject(ReasonInvalidValue, "reason %q is not %s, %s or %s", truncate(e.Reason), EndRefused, EndTimedOut, EndCancelled)
+		case e.Reason != EndRefused && e.Reason != EndTimedOut && e.Reason != EndCancelled && e.Reason != EndDeadline:
+			return reject(ReasonInvalidValue, "reason %q is not %s, %s, %s or %s", truncate(e.Reason), EndRefused, EndTimedOut, EndCancelled, EndDeadline)
 		}
 	}
 	if e.FailedStep != "" {

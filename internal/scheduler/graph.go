@@ -196,6 +196,7 @@ func (g *graphSteps) child(ctx context.Context, s *statestore.ClaimedStep, spec 
 	child := statestore.NewOrder{OrderID: messages.DerivedID("child:" + s.IdempotencyKey), Workflow: wf.Name, WorkflowVersion: wf.Version(),
 		Payload: payload, Priority: s.Priority, PayloadHash: statestore.DerivedHash(wf.Name, payload), FailurePolicy: wf.Policy,
 		Steps: statestore.StepsOf(wf, 0), Actor: g.me, Traceparent: s.Traceparent, Attributes: intake.Attributes(wf, payload), Key: intake.Key(wf, payload)}
+	child.Deadline, child.OnDeadline = wf.Deadline(0)
 	version := statestore.WorkflowVersion{Name: wf.Name, Version: wf.Version(), Definition: wf.Definition(), CreatedBy: g.me}
 	span.SetName("start child " + s.Name)
 	span.SetAttributes(attribute.String("sas.child_order_id", child.OrderID), attribute.String("sas.child_workflow", wf.Name))

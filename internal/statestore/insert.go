@@ -52,6 +52,12 @@ type NewOrder struct {
 	// Key, when its workflow declares a concurrency_key, is the order's:
 	// its steps are served round robin with other keys' (limited_pick).
 	Key *ConcurrencyKey
+	// Deadline, when set, bounds the order as a whole from its start
+	// (its submit, or StartAt when later), on the database clock: when it
+	// passes the order follows OnDeadline (workflow.Compensate, Hold or
+	// Fail; fire_deadlines).
+	Deadline   time.Duration
+	OnDeadline string
 }
 
 // ConcurrencyKey is an order's key (its workflow's concurrency_key over
@@ -221,6 +227,17 @@ const insertAttributesSQL = `, attr AS (
     JOIN insd ON insd.idx = a.order_idx
 )`
 
+// insertDeadlinesSQL is the part of insertOrdersSQL, present only when a
+// batch has deadlines, that writes them (%[1]s..%[3]s, one element per
+// deadline, the first the 1-based index of its order), each due its
+// length after the order starts.
+const insertDeadlinesSQL = `, dl AS (
+    INSERT INTO order_deadlines (order_id, due_at, deadline_ms, on_deadline)
+    SELECT insd.order_id, greatest(insd.start_at, now()) + make_interval(secs => d.ms / 1000.0), d.ms, d.how
+    FROM unnest(%[1]s::int[], %[2]s::bigint[], %[3]s::text[]) AS d(order_idx, ms, how)
+    JOIN insd ON insd.idx = d.order_idx
+)`
+
 // InsertOrder writes an order with its steps and their history in one
 // transaction (insertOrdersSQL with one order). The same order id with the
 // same payload hash is a Duplicate and writes nothing; with another hash it
@@ -320,6 +337,10 @@ type insertArrays struct {
 	attrNum   []*float64
 	attrBool  []*bool
 	attrTime  []*time.Time
+
+	deadlineOrder []int32
+	deadlineMs    []int64
+	deadlineHow   []string
 }
 
 // add appends o as the idx-th (1-based) order of the statement.
@@ -347,6 +368,11 @@ func (a *insertArrays) add(o NewOrder, idx int) {
 		}
 	}
 	a.fairKeys, a.fairMax = append(a.fairKeys, key), append(a.fairMax, perKey)
+	if o.Deadline > 0 {
+		a.deadlineOrder = append(a.deadlineOrder, int32(idx))
+		a.deadlineMs = append(a.deadlineMs, max(o.Deadline.Milliseconds(), 1))
+		a.deadlineHow = append(a.deadlineHow, cmp.Or(o.OnDeadline, PolicyCompensate))
+	}
 	for _, at := range o.Attributes {
 		a.attrOrder = append(a.attrOrder, int32(idx))
 		a.attrNames = append(a.attrNames, at.Name)
@@ -395,12 +421,22 @@ func intArray(ns []int) *string {
 }
 
 // sql is insertOrdersSQL, with insertAttributesSQL when any order of the
-// batch has search attributes: orders without any pay nothing for them.
+// batch has search attributes and insertDeadlinesSQL when any has a
+// deadline: orders without any pay nothing for them.
 func (a *insertArrays) sql() string {
-	if len(a.attrOrder) == 0 {
+	if len(a.attrOrder) == 0 && len(a.deadlineOrder) == 0 {
 		return insertOrdersSQL + insertOrdersEnd
 	}
-	return insertOrdersSQL + insertAttributesSQL + insertOrdersEnd
+	q := insertOrdersSQL
+	next := 30
+	if len(a.attrOrder) > 0 {
+		q += insertAttributesSQL
+		next += 6
+	}
+	if len(a.deadlineOrder) > 0 {
+		q += fmt.Sprintf(insertDeadlinesSQL, "$"+strconv.Itoa(next), "$"+strconv.Itoa(next+1), "$"+strconv.Itoa(next+2))
+	}
+	return q + insertOrdersEnd
 }
 
 func (a *insertArrays) args() []any {
@@ -411,6 +447,9 @@ func (a *insertArrays) args() []any {
 	args = append(args, a.fairKeys, a.fairMax)
 	if len(a.attrOrder) > 0 {
 		args = append(args, a.attrOrder, a.attrNames, a.attrText, a.attrNum, a.attrBool, a.attrTime)
+	}
+	if len(a.deadlineOrder) > 0 {
+		args = append(args, a.deadlineOrder, a.deadlineMs, a.deadlineHow)
 	}
 	return args
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -193,6 +194,21 @@ type OrderDetail struct {
 	// started.
 	Parent   *ChildRef  `json:"parent,omitempty"`
 	Children []ChildRef `json:"children,omitempty"`
+	// Deadline is the order's whole-order deadline, if it has one.
+	Deadline *Deadline `json:"deadline,omitempty"`
+}
+
+// Deadline is an order's whole-order deadline: due at DueAt (database
+// clock), its length, what the order does when it passes, and, once it
+// fell due, what it did (Outcome: compensate, hold or fail; "ended" when
+// the order had ended by then) and when.
+type Deadline struct {
+	DueAt      time.Time     `json:"due_at"`
+	Length     time.Duration `json:"-"`
+	LengthMs   int64         `json:"deadline_ms"`
+	OnDeadline string        `json:"on_deadline"`
+	Outcome    string        `json:"outcome,omitempty"`
+	PassedAt   *time.Time    `json:"passed_at,omitempty"`
 }
 
 // ListFilter selects orders for ListOrders.
@@ -274,12 +290,58 @@ func (s *Store) GetOrder(ctx context.Context, orderID string) (OrderDetail, erro
 			return err
 		}
 		d.Parent, d.Children, err = family(ctx, tx, orderID)
+		if err != nil {
+			return err
+		}
+		d.Deadline, err = deadlineOf(ctx, tx, orderID)
 		return err
 	})
 	if err != nil {
 		return d, fmt.Errorf("get order: %w", err)
 	}
 	return d, nil
+}
+
+// Describe says the deadline as a person reads it: its length, when it
+// falls due and what the order does then; or, once it fell due, what
+// became of it.
+func (d Deadline) Describe() string {
+	due := d.DueAt.UTC().Format("2006-01-02T15:04:05Z")
+	length := d.Length.String()
+	switch {
+	case d.Length%(24*time.Hour) == 0:
+		length = strconv.FormatInt(int64(d.Length/(24*time.Hour)), 10) + "d"
+	case d.Length%time.Hour == 0:
+		length = strconv.FormatInt(int64(d.Length/time.Hour), 10) + "h"
+	case d.Length%time.Minute == 0:
+		length = strings.TrimSuffix(length, "0s")
+	}
+	switch d.Outcome {
+	case "":
+		return fmt.Sprintf("%s, due %s; then the order will %s", length, due, d.OnDeadline)
+	case "ended":
+		return fmt.Sprintf("%s, due %s: met (the order had ended, or was being undone, by then)", length, due)
+	}
+	at := due
+	if d.PassedAt != nil {
+		at = d.PassedAt.UTC().Format("2006-01-02T15:04:05Z")
+	}
+	return fmt.Sprintf("%s, due %s: passed while the order ran; at %s it followed on_deadline %s", length, due, at, d.Outcome)
+}
+
+// deadlineOf reads an order's deadline; nil when it has none.
+func deadlineOf(ctx context.Context, q querier, orderID string) (*Deadline, error) {
+	var d Deadline
+	err := q.QueryRow(ctx, `SELECT due_at, deadline_ms, on_deadline, coalesce(outcome, ''), passed_at FROM order_deadlines WHERE order_id = $1`,
+		orderID).Scan(&d.DueAt, &d.LengthMs, &d.OnDeadline, &d.Outcome, &d.PassedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	d.Length = time.Duration(d.LengthMs) * time.Millisecond
+	return &d, nil
 }
 
 // History returns an order's transitions in the order they were written.

@@ -45,6 +45,46 @@ func (s *Store) FireTimers(ctx context.Context, holder, lease string, limit int)
 	return fired, nil
 }
 
+// FiredDeadline is an order's deadline that FireDeadlines fired.
+type FiredDeadline struct {
+	OrderID, Workflow string
+	// OnDeadline is what the order was to do (compensate, hold, fail).
+	OnDeadline string
+	// Applied is false when the order had ended, or was being undone,
+	// by then: nothing was done.
+	Applied bool
+	// Late is how long after its due time it fired, on the database clock.
+	Late time.Duration
+}
+
+// FireDeadlines fires up to limit orders' deadlines whose due time has
+// passed on the database clock, the earliest first, if holder holds the
+// lease (see the fire_deadlines function): each order that still runs
+// has its steps in flight fenced out and follows its on_deadline. It
+// wakes the schedulers and the relay when one was applied.
+func (s *Store) FireDeadlines(ctx context.Context, holder, lease string, limit int) ([]FiredDeadline, error) {
+	var fired []FiredDeadline
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT deadline_order::text, coalesce(deadline_workflow, ''), deadline_how, deadline_applied, deadline_late_s
+			FROM fire_deadlines($1, $2, $3)`, holder, lease, limit)
+		if err != nil {
+			return err
+		}
+		fired, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (FiredDeadline, error) {
+			var f FiredDeadline
+			var late float64
+			err := row.Scan(&f.OrderID, &f.Workflow, &f.OnDeadline, &f.Applied, &late)
+			f.Late = time.Duration(late * float64(time.Second))
+			return f, err
+		})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("fire deadlines: %w", err)
+	}
+	return fired, nil
+}
+
 // NextTimer says how long until the earliest waiting timer falls due on
 // the database clock (zero or less: due now), and false when none waits.
 // It reads one entry of the due-time index.

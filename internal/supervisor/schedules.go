@@ -142,6 +142,7 @@ func (s *sweeper) scheduledOrder(sc workflow.Schedule, wf workflow.Workflow, nam
 	o := statestore.NewOrder{OrderID: messages.DerivedID(name), Workflow: wf.Name, WorkflowVersion: wf.Version(), Payload: sc.Payload,
 		PayloadHash: statestore.DerivedHash(wf.Name, sc.Payload), FailurePolicy: wf.Policy, Steps: statestore.StepsOf(wf, 0), Attributes: intake.Attributes(wf, sc.Payload), Key: intake.Key(wf, sc.Payload),
 		Actor: fmt.Sprintf("schedule:%s (tick %s)", sc.Name, tick.UTC().Format(time.RFC3339))}
+	o.Deadline, o.OnDeadline = wf.Deadline(0)
 	return statestore.ScheduleStart{Tick: tick, Order: o,
 		Version: statestore.WorkflowVersion{Name: wf.Name, Version: wf.Version(), Definition: wf.Definition(), CreatedBy: s.me}}
 }

@@ -105,6 +105,7 @@ type metrics struct {
 	vacuumed         *prometheus.CounterVec
 	purged           *prometheus.CounterVec
 	timersFired      prometheus.Counter
+	deadlines        *prometheus.CounterVec
 	scheduleTicks    *prometheus.CounterVec
 	webhooks         *prometheus.CounterVec
 	scheduleNext     *prometheus.GaugeVec
@@ -166,6 +167,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "sas_timer_lateness_seconds", Help: "How long after its due time (database clock) a delayed step was made pending.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
 		}),
+		deadlines: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sas_order_deadlines_passed_total", Help: "Orders whose whole-order deadline passed while they ran, by workflow and what they did (on_deadline: compensate, hold, fail).",
+		}, []string{"workflow", "on_deadline"}),
 		webhooks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sas_webhook_tries_total", Help: "Webhook deliveries tried, by the state each was left in: sent, pending (to be tried again), dead.",
 		}, []string{"state"}),
@@ -225,7 +229,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, state := range []string{statestore.WebhookSent, statestore.WebhookPending, statestore.WebhookDead} {
 		m.webhooks.WithLabelValues(state)
 	}
-	reg.MustRegister(m.webhooks, m.leader, m.sweeps, m.resets, m.failures, m.errors, m.sweepDuration, m.steps, m.oldestPending, m.oldestProcessing,
+	reg.MustRegister(m.webhooks, m.deadlines, m.leader, m.sweeps, m.resets, m.failures, m.errors, m.sweepDuration, m.steps, m.oldestPending, m.oldestProcessing,
 		m.openAlerts, m.analyzed, m.vacuumed, m.purged, m.timersFired, m.timerLateness, m.scheduleTicks, m.scheduleNext, m.scheduleLast, m.scheduleLateness, m.scheduleLate,
 		m.limitRate, m.limitMaxInFlight, m.limitInFlight, m.limitWaiting, m.limitOldestWait, m.limitOverdue, m.keyWaiting, m.keyInFlight)
 	return m
@@ -242,6 +246,11 @@ func (m *metrics) initLimits(workflows *workflow.Registry) {
 		for _, g := range []*prometheus.GaugeVec{m.limitInFlight, m.limitWaiting, m.limitOldestWait, m.limitOverdue} {
 			g.WithLabelValues(kind)
 		}
+	}
+	// Any order may give its own deadline, under its workflow's on_deadline.
+	for _, wf := range workflows.All() {
+		_, how := wf.Deadline(time.Hour)
+		m.deadlines.WithLabelValues(wf.Name, how)
 	}
 }
 

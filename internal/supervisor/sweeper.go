@@ -194,7 +194,8 @@ func (s *sweeper) sweep(ctx context.Context) {
 }
 
 // timers fires the timers that fall due while this supervisor leads:
-// it makes due delayed steps pending and starts the schedules' due ticks,
+// it makes due delayed steps pending, fires due orders' deadlines and
+// starts the schedules' due ticks,
 // then sleeps until the earliest waiting timer or tick is due (read on
 // the database clock), at most TimerPoll, woken by listenTimers when a
 // timer is set for sooner than it said it would look (WatchTimers). When
@@ -276,7 +277,22 @@ func (s *sweeper) fireTimers(ctx context.Context) (bool, error) {
 	if len(fired) > 0 {
 		s.logger.Debug("timers fired", "count", len(fired))
 	}
-	return len(fired) >= s.cfg.Batch, nil
+	passed, err := s.store.FireDeadlines(ctx, s.me, LeaseName, s.cfg.Batch)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.metrics.errors.Inc()
+			s.logger.Warn("firing deadlines failed; will try again", "err", err)
+		}
+		return false, err
+	}
+	for _, d := range passed {
+		if d.Applied {
+			s.metrics.deadlines.WithLabelValues(d.Workflow, d.OnDeadline).Inc()
+			s.logger.Info("an order's deadline passed", "order_id", d.OrderID, "workflow", d.Workflow, "on_deadline", d.OnDeadline,
+				"late", d.Late.String())
+		}
+	}
+	return len(fired) >= s.cfg.Batch || len(passed) >= s.cfg.Batch, nil
 }
 
 // maybeAnalyze starts the upkeep of the state tables when one is due and

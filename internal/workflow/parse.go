@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"sas/internal/messages"
 	"slices"
 	"strconv"
 	"strings"
@@ -342,6 +343,19 @@ func (p *parser) workflow(n *yaml.Node) (Workflow, bool) {
 		"concurrency_key":   func(v *yaml.Node) { keyNode = v },
 		"max_per_key":       func(v *yaml.Node) { maxNode = v },
 		"webhooks":          func(v *yaml.Node) { wf.Webhooks = p.webhooks(v) },
+		"deadline": func(v *yaml.Node) {
+			var d time.Duration
+			p.duration(v, "deadline", messages.MinDeadline, messages.MaxDeadline, &d)
+			wf.DeadlineMs = d.Milliseconds()
+		},
+		"on_deadline": func(v *yaml.Node) {
+			if v.Value != Compensate && v.Value != Hold && v.Value != Fail {
+				p.problem(v.Line, "on_deadline %q is not known; write %s (undo what was done, the default), %s (hold the order for an operator) or %s (fail it, nothing undone)",
+					v.Value, Compensate, Hold, Fail)
+				return
+			}
+			wf.OnDeadline = v.Value
+		},
 	}, "name", "steps")
 	if keyNode != nil {
 		wf.concurrencyKey = p.expr(keyNode, UseKey, &wf.ConcurrencyKey)
@@ -677,16 +691,7 @@ func (p *parser) duration(n *yaml.Node, what string, lo, hi time.Duration, dst *
 
 // ParseDuration reads a duration as time.ParseDuration does, and also a
 // whole number of days ("14d").
-func ParseDuration(s string) (time.Duration, error) {
-	if days, ok := strings.CutSuffix(s, "d"); ok {
-		n, err := strconv.Atoi(days)
-		if err != nil || n < 0 || n > 100000 {
-			return 0, fmt.Errorf("%q is not a whole number of days", s)
-		}
-		return time.Duration(n) * 24 * time.Hour, nil
-	}
-	return time.ParseDuration(s)
-}
+func ParseDuration(s string) (time.Duration, error) { return messages.ParseDuration(s) }
 
 // humanDuration writes whole days as days (366d, not 8784h0m0s).
 func humanDuration(d time.Duration) string {

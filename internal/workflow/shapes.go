@@ -90,6 +90,7 @@ func stepMoves() []StepMove {
 		{From: StateProcessing, To: StatePending, By: "the supervisor (complete_by passed) or a scheduler handing it back"},
 		{From: StateProcessing, To: StateProcessed, By: "a reply ok; a signal that came before the wait; nothing to undo"},
 		{From: StateProcessing, To: StateError, By: "a reply failed for good; the supervisor at the threshold"},
+		{From: StatePending, To: StateError, By: "the supervisor: its order's deadline passed under on_deadline: hold"},
 		{From: StateProcessing, To: StateSkipped, By: "a scheduler: its when is false"},
 		{From: StateProcessing, To: StateExpanded, By: "a scheduler: its for_each list was read"},
 		{From: StateProcessing, To: StateAwaiting, By: "a scheduler: a wait begins, or a child order is started or undone"},
@@ -161,6 +162,7 @@ func Shapes() []Shape {
 			"waiting pending processing processed",
 			"waiting processing processed",                    // claimed by the reply before it
 			"waiting pending processing error pending",        // failed for good, resubmitted
+			"waiting pending error pending",                   // held at its order's deadline, resubmitted
 			"pending processing pending processing processed", // complete_by passed, or handed back
 			"waiting processing processing processed",         // a service's 202, then its callback
 			"pending processing skipped",                      // when: false

@@ -7,6 +7,7 @@
 package workflow
 
 import (
+	"cmp"
 	"crypto/sha256"
 	_ "embed"
 	"encoding/hex"
@@ -97,6 +98,8 @@ const (
 	// Hold: when an action fails for good, hold the order in error for an
 	// operator to resubmit or cancel (cancel compensates).
 	Hold = "hold"
+	// Fail, as an on_deadline: the order fails with nothing undone.
+	Fail = "fail"
 )
 
 // Workflow is a named, ordered list of steps, its failure policy and the
@@ -121,6 +124,11 @@ type Workflow struct {
 	MaxPerKey      int    `json:"max_per_key,omitempty"`
 	// Webhooks are told of its orders' ends (webhooks.go).
 	Webhooks []Webhook `json:"webhooks,omitempty"`
+	// DeadlineMs bounds each of its orders as a whole (0: no bound; an
+	// order may give its own at submit): when it passes on the database
+	// clock, the order follows OnDeadline (Compensate, Hold or Fail).
+	DeadlineMs int64  `json:"deadline_ms,omitempty"`
+	OnDeadline string `json:"on_deadline,omitempty"`
 
 	concurrencyKey *Expr
 	schema         *Schema
@@ -128,6 +136,20 @@ type Workflow struct {
 	// forEach holds, by step index, the for_each expressions that read
 	// only the payload: their lists are bounded at submit.
 	forEach map[int]*Expr
+}
+
+// Deadline is what bounds an order of the workflow: its own deadline
+// (given at submit) or else the workflow's, and what the order does when
+// it passes (Compensate by default); zero when neither gives one.
+func (wf Workflow) Deadline(own time.Duration) (time.Duration, string) {
+	d := own
+	if d <= 0 {
+		d = time.Duration(wf.DeadlineMs) * time.Millisecond
+	}
+	if d <= 0 {
+		return 0, ""
+	}
+	return d, cmp.Or(wf.OnDeadline, Compensate)
 }
 
 // Definition is the workflow's canonical JSON: what its version hashes

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"sas/internal/workflow"
 )
@@ -130,6 +131,38 @@ workflows:
 		"bad.yaml:8: secret_env", "bad.yaml:9: event \"processing\"", "bad.yaml:11: webhook \"https://hooks.example.com/c\" is declared twice"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("problems %v, without %q", err, want)
+		}
+	}
+}
+
+// TestDeadlineAndOnDeadline: a workflow's deadline and on_deadline are
+// read and kept in its definition (so its version changes with them);
+// a deadline out of bounds or an unknown on_deadline is a problem at its
+// line.
+func TestDeadlineAndOnDeadline(t *testing.T) {
+	t.Parallel()
+	reg, err := workflow.Parse("w.yaml", []byte(`
+workflows:
+  - name: w
+    deadline: 36h
+    on_deadline: fail
+    steps: [{action: a, agent: x}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf, _ := reg.Lookup("w")
+	if d, how := wf.Deadline(0); d != 36*time.Hour || how != workflow.Fail || !strings.Contains(string(wf.Definition()), `"deadline_ms":129600000`) {
+		t.Fatalf("deadline %v %q, definition %s", d, how, wf.Definition())
+	}
+	for _, tc := range []struct{ keys, want string }{
+		{"    deadline: 10ms\n", `deadline "10ms" is not a duration from 1s to 366d`},
+		{"    deadline: 400d\n", `deadline "400d" is not a duration from 1s to 366d`},
+		{"    on_deadline: retry\n", `on_deadline "retry" is not known; write compensate`},
+	} {
+		_, err := workflow.Parse("w.yaml", []byte("workflows:\n  - name: w\n"+tc.keys+"    steps: [{action: a, agent: x}]\n"))
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "w.yaml:3") {
+			t.Fatalf("%q: got %v, want an error at line 3 saying %q", tc.keys, err, tc.want)
 		}
 	}
 }

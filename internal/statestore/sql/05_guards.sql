@@ -50,6 +50,18 @@ BEGIN
 END;
 $function$;
 
+-- deadline_timer_set: an order's deadline was written (trigger
+-- order_deadlines_timer_set): a timer like any other.
+CREATE OR REPLACE FUNCTION deadline_timer_set()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    PERFORM timer_set(NEW.due_at);
+    RETURN NULL;
+END;
+$function$;
+
 -- notify_outbox: wakes the relay when a message is queued.
 CREATE OR REPLACE FUNCTION notify_outbox()
  RETURNS trigger
@@ -83,6 +95,7 @@ BEGIN
     DELETE FROM signals n USING gone g WHERE n.order_id = g.order_id;
     DELETE FROM order_attributes a USING gone g WHERE a.order_id = g.order_id;
     DELETE FROM order_payloads p USING gone g WHERE p.order_id = g.order_id;
+    DELETE FROM order_deadlines d USING gone g WHERE d.order_id = g.order_id;
     RETURN NULL;
 END;
 $function$;
@@ -93,7 +106,7 @@ CREATE OR REPLACE FUNCTION orders_truncate_rows()
  LANGUAGE plpgsql
 AS $function$
 BEGIN
-    TRUNCATE steps, transitions, signals, order_attributes, order_payloads;
+    TRUNCATE steps, transitions, signals, order_attributes, order_payloads, order_deadlines;
     RETURN NULL;
 END;
 $function$;

@@ -70,6 +70,7 @@ DECLARE
     v_cancelled text;
     v_reason    text;
     v_detail    text;
+    v_deadline  text;
 BEGIN
     v_body := jsonb_build_object(
         'schema_version', 1,
@@ -115,7 +116,18 @@ BEGIN
     WHERE t.order_id = p_order_id AND t.step IS NULL AND t.to_state IN ('compensating', 'failed') AND t.reason LIKE 'operator cancel%'
     ORDER BY t.id DESC LIMIT 1;
 
-    IF v_step IS NOT NULL AND NOT (p_status = 'failed' AND v_cancelled IS NOT NULL) THEN
+    -- The order's deadline, when it is what ended or held it.
+    SELECT t.reason INTO v_deadline FROM transitions t
+    WHERE t.order_id = p_order_id AND t.step IS NULL AND t.to_state IN ('compensating', 'failed', 'error') AND t.reason LIKE 'deadline passed%'
+    ORDER BY t.id DESC LIMIT 1;
+
+    IF v_deadline IS NOT NULL THEN
+        v_reason := 'deadline';
+        v_detail := substr(v_deadline, length('deadline passed: ') + 1);
+        IF v_step IS NOT NULL AND v_error NOT LIKE 'deadline passed%' THEN
+            v_detail := v_detail || '; ' || v_name || ' (step ' || v_step || ') had failed' || coalesce(': ' || v_error, '');
+        END IF;
+    ELSIF v_step IS NOT NULL AND NOT (p_status = 'failed' AND v_cancelled IS NOT NULL) THEN
         -- A step whose time ran out (complete_by) and a wait that no
         -- signal ended in its time (fire_timers) timed out; every other
         -- failure was a refusal.

@@ -92,6 +92,99 @@ BEGIN
 END;
 $function$;
 
+-- fire_deadlines: the orders' deadlines that fell due (due_at passed on
+-- the database clock), earliest first, at most p_limit, if p_holder holds
+-- the lease p_lease. Each is fired once (taken FOR UPDATE SKIP LOCKED, its
+-- outcome written): order_deadline_passed applies it to an order that
+-- still runs; an order that ended, or is being undone, by then is left as
+-- it is (outcome 'ended'). It returns each deadline fired, whether it was
+-- applied, and how late, in seconds.
+CREATE OR REPLACE FUNCTION fire_deadlines(p_holder text, p_lease text, p_limit integer)
+ RETURNS TABLE(deadline_order uuid, deadline_workflow text, deadline_how text, deadline_applied boolean, deadline_late_s double precision)
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    r record;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM leases l WHERE l.name = p_lease AND l.holder = p_holder AND l.expires_at > now()) THEN
+        RETURN;
+    END IF;
+    FOR r IN SELECT d.order_id, d.due_at, d.deadline_ms, d.on_deadline FROM order_deadlines d
+             WHERE d.outcome IS NULL AND d.due_at <= clock_timestamp()
+             ORDER BY d.due_at
+             LIMIT p_limit
+             FOR UPDATE OF d SKIP LOCKED LOOP
+        deadline_order := r.order_id;
+        deadline_how := r.on_deadline;
+        deadline_late_s := extract(epoch FROM clock_timestamp() - r.due_at)::float8;
+        deadline_applied := order_deadline_passed(r.order_id, r.on_deadline, r.deadline_ms, p_holder);
+        SELECT o.workflow INTO deadline_workflow FROM orders o WHERE o.order_id = r.order_id;
+        UPDATE order_deadlines d SET outcome = CASE WHEN deadline_applied THEN r.on_deadline ELSE 'ended' END, passed_at = clock_timestamp()
+        WHERE d.order_id = r.order_id;
+        RETURN NEXT;
+    END LOOP;
+END;
+$function$;
+
+-- order_deadline_passed: an order's deadline of p_ms passed. An order that
+-- still runs (received, processing; or held in error, unless what holds
+-- it is a failed compensation, or p_how is hold) has its steps in flight
+-- fenced out (a reply or callback still to come finds its attempt no
+-- longer processing), and then, by p_how:
+--   compensate  its open actions are cancelled and what was done is undone
+--               (begin_compensation), a step in flight as one that ran
+--   fail        its open actions and its compensations are cancelled and
+--               it fails, nothing undone
+--   hold        its steps pending or in flight are held in error, an
+--               operator is alerted, and a resubmit puts them back to work
+--               (its delays and waits keep their due times, and fire once
+--               it runs again)
+-- The history's reason starts "deadline passed", which the ending event
+-- reads (status_event_body). The order's step rows are locked before the
+-- order, as a reply locks them, so that a reply racing the deadline
+-- waits for it (or it for the reply) and exactly one of them acts. It
+-- returns whether the deadline was applied.
+CREATE OR REPLACE FUNCTION order_deadline_passed(p_order uuid, p_how text, p_ms bigint, p_actor text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_status text;
+    v_reason text := 'deadline passed: the order''s deadline of ' || duration_text(p_ms) || ' ended (on_deadline: ' || p_how || ')';
+BEGIN
+    PERFORM 1 FROM steps WHERE order_id = p_order ORDER BY step FOR UPDATE;
+    SELECT status INTO v_status FROM orders WHERE order_id = p_order FOR UPDATE;
+    IF NOT FOUND OR v_status NOT IN ('received', 'processing', 'error')
+       OR v_status = 'error' AND (p_how = 'hold' OR EXISTS (SELECT 1 FROM steps WHERE order_id = p_order AND kind = 'compensation' AND process_state = 'error')) THEN
+        RETURN false;
+    END IF;
+    IF p_how = 'hold' THEN
+        UPDATE steps SET process_state = 'error', last_error = v_reason, locked_by = NULL, complete_by = NULL, updated_at = clock_timestamp(),
+                         moves = moves + 1, moved_by = p_actor, moved_why = v_reason
+        WHERE order_id = p_order AND kind = 'action' AND process_state IN ('pending', 'processing');
+        PERFORM order_transition(p_order, 'error', NULL, p_actor, v_reason);
+        PERFORM raise_alert(p_order, NULL, v_reason, 0, p_actor);
+        RETURN true;
+    END IF;
+    UPDATE steps SET process_state = 'cancelled', locked_by = NULL, complete_by = NULL, due_at = NULL, updated_at = clock_timestamp(),
+                     moves = moves + 1, moved_by = p_actor, moved_why = v_reason
+    WHERE order_id = p_order AND kind = 'action' AND process_state IN ('waiting', 'pending', 'processing', 'delayed', 'awaiting', 'expanded');
+    IF EXISTS (SELECT 1 FROM orders WHERE parent_order = p_order) THEN
+        PERFORM children_cancel(p_order, p_actor);
+    END IF;
+    IF p_how = 'fail' THEN
+        UPDATE steps SET process_state = 'cancelled', updated_at = clock_timestamp(),
+                         moves = moves + 1, moved_by = p_actor, moved_why = v_reason || ': nothing is undone'
+        WHERE order_id = p_order AND kind = 'compensation' AND process_state IN ('waiting', 'pending', 'delayed');
+        PERFORM order_transition(p_order, 'failed', NULL, p_actor, v_reason);
+    ELSE
+        PERFORM begin_compensation(p_order, NULL, p_actor, v_reason);
+    END IF;
+    PERFORM pg_notify('sas_pending', current_schema()), pg_notify('sas_outbox', current_schema());
+    RETURN true;
+END;
+$function$;
+
 -- duration_text: a duration of p_ms milliseconds as a person writes it
 -- (2 h, 10 min, 20 s, 1.5 s, 200 ms).
 CREATE OR REPLACE FUNCTION duration_text(p_ms bigint)
@@ -106,7 +199,8 @@ AS $function$
 $function$;
 
 -- next_timer: seconds until the earliest timer fire_timers would fire
--- (a delay, a wait's timeout, of an order that runs) falls due on the
+-- (a delay, a wait's timeout, of an order that runs) or deadline
+-- fire_deadlines would (of any order: it is fired once) falls due on the
 -- database clock (zero or less: due now, fallen due since the last
 -- firing; NULL: none). It walks the due-time index from its start past
 -- the timers of held orders, which wait for a resubmit.
@@ -115,11 +209,13 @@ CREATE OR REPLACE FUNCTION next_timer()
  LANGUAGE sql
  STABLE
 AS $function$
-    SELECT extract(epoch FROM s.due_at - clock_timestamp())::float8
-    FROM steps s JOIN orders o ON o.order_id = s.order_id
-    WHERE s.process_state IN ('delayed', 'awaiting') AND o.status IN ('received', 'processing')
-    ORDER BY s.due_at
-    LIMIT 1
+    SELECT least(
+        (SELECT extract(epoch FROM s.due_at - clock_timestamp())::float8
+         FROM steps s JOIN orders o ON o.order_id = s.order_id
+         WHERE s.process_state IN ('delayed', 'awaiting') AND o.status IN ('received', 'processing')
+         ORDER BY s.due_at
+         LIMIT 1),
+        (SELECT extract(epoch FROM min(d.due_at) - clock_timestamp())::float8 FROM order_deadlines d WHERE d.outcome IS NULL))
 $function$;
 
 -- timers_watch: the leading supervisor's look before it sleeps. Seconds
