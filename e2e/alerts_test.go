@@ -213,8 +213,12 @@ func TestEveryAlertRuleFires(t *testing.T) {
 	if _, err := p.pool.Exec(t.Context(), `UPDATE order_deadlines SET due_at = now() WHERE order_id = $1`, late.OrderID); err != nil {
 		t.Fatal(err)
 	}
+	// An agent kind paused two hours ago, and not resumed.
+	if _, err := p.pool.Exec(t.Context(), `INSERT INTO kind_pauses (agent, paused_at, paused_by, reason) VALUES ('nobody', now() - interval '2 hours', 'ann', 'incident')`); err != nil {
+		t.Fatal(err)
+	}
 	waitFiring("SasOrderHeldInError", "SasOperatorAlertsOpen", "SasDeadLetters", "SasPendingBacklog", "SasStepsStuckProcessing", "SasScheduleLate",
-		"SasStepsWaitOnLimit", "SasOrderDeadlinePassed")
+		"SasStepsWaitOnLimit", "SasOrderDeadlinePassed", "SasPausedTooLong")
 
 	// Two supervisors sharing an instance id both lead.
 	var leaderID string

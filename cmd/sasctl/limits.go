@@ -55,7 +55,14 @@ func (a *app) limitsSet(ctx context.Context, args []string) error {
 	fs := a.flags()
 	as := fs.String("as", "", "the name to record beside your database login (default: $USER)")
 	var c statestore.LimitChange
-	fs.Func("rate", "claims a second, e.g. 20/s, 600/m (none: no rate)", rateFlag(&c.Rate, &c.ClearRate))
+	var pause bool
+	fs.Func("rate", "claims a second, e.g. 20/s, 600/m (none: no rate; 0: paused, as limits pause)", func(v string) error {
+		if v == "0" || v == "0/s" || v == "0/m" || v == "0/h" {
+			pause = true
+			return nil
+		}
+		return rateFlag(&c.Rate, &c.ClearRate)(v)
+	})
 	fs.Func("min-rate", "the floor a service's 429 lowers the rate to, e.g. 5/s (none: a tenth of the rate)", rateFlag(&c.MinRate, &c.ClearMinRate))
 	fs.Func("burst", "claims at once above the rate (none: a tenth of the rate)", countFlag(&c.Burst, &c.ClearBurst))
 	fs.Func("max-in-flight", "steps processing at once (none: no bound)", countFlag(&c.MaxInFlight, &c.ClearMaxInFlight))
@@ -66,7 +73,10 @@ func (a *app) limitsSet(ctx context.Context, args []string) error {
 	if len(rest) != 1 {
 		return a.usageError(fs, "give the agent kind, e.g. sasctl limits set inventory --rate 20/s")
 	}
-	if c.String() == "" {
+	if pause && c.String() != "" {
+		return a.usageError(fs, "a rate of 0 pauses the kind; give it alone (sasctl limits pause KIND)")
+	}
+	if c.String() == "" && !pause {
 		return a.usageError(fs, "say what to change: --rate, --burst, --max-in-flight or --min-rate")
 	}
 	store, closeStore, err := a.store(ctx)
@@ -74,6 +84,9 @@ func (a *app) limitsSet(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeStore()
+	if pause {
+		return a.pauseKind(ctx, store, rest[0], true, "rate set to 0", claimedName(*as))
+	}
 	k, err := store.SetLimits(ctx, rest[0], c, claimedName(*as))
 	if err != nil {
 		return err

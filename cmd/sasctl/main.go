@@ -135,6 +135,20 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return a.ordersCancel(ctx, rest)
 	case "orders signal":
 		return a.ordersSignal(ctx, rest)
+	case "orders pause":
+		return a.ordersPause(ctx, rest, true)
+	case "orders resume":
+		return a.ordersPause(ctx, rest, false)
+	case "workflows pause":
+		return a.workflowsPause(ctx, rest, true)
+	case "workflows resume":
+		return a.workflowsPause(ctx, rest, false)
+	case "limits pause":
+		return a.limitsPause(ctx, rest, true)
+	case "limits resume":
+		return a.limitsPause(ctx, rest, false)
+	case "pauses list":
+		return a.pausesList(ctx, rest)
 	case "steps complete", "steps fail", "steps heartbeat":
 		return a.stepsCallback(ctx, strings.TrimPrefix(path, "steps "), rest)
 	case "webhooks list":

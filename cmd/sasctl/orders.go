@@ -243,6 +243,14 @@ func (a *app) printOrder(d statestore.OrderDetail) error {
 	if dl := d.Deadline; dl != nil {
 		field("deadline", dl.Describe())
 	}
+	if p := d.Paused; p != nil {
+		with := ""
+		if p.Scope == "workflow" {
+			with = " (with its workflow)"
+		}
+		field("paused", fmt.Sprintf("since %s by %s%s%s; nothing new of it is claimed until sasctl orders resume", stamp(p.Since), p.By, with,
+			map[bool]string{true: "", false: ": " + p.Reason}[p.Reason == ""]))
+	}
 	if p := d.Parent; p != nil {
 		field("parent", fmt.Sprintf("%s (workflow %s, %s): its step %d started this order", p.OrderID, p.Workflow, p.Status, p.Step))
 	}

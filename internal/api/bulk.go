@@ -14,7 +14,7 @@ import (
 	"sas/internal/statestore"
 )
 
-// bulkBody is the body of POST /bulk/resubmit and /bulk/cancel.
+// bulkBody is the body of POST /bulk/resubmit, /bulk/cancel, /bulk/pause and /bulk/resume.
 type bulkBody struct {
 	Filter orderfilter.Filter `json:"filter"`
 	// DryRun counts the orders the filter selects and changes nothing.
@@ -34,8 +34,8 @@ type dryRun struct {
 
 func (s *server) bulkCreate(w http.ResponseWriter, r *http.Request, c caller) {
 	action := r.PathValue("id")
-	if action != statestore.BulkResubmit && action != statestore.BulkCancel {
-		writeProblem(w, r, http.StatusNotFound, probNotFound, fmt.Sprintf("POST %s/bulk/%s: the bulk actions are resubmit and cancel", prefix, orderfilter.Clip(action, 20)))
+	if !statestore.IsBulkAction(action) {
+		writeProblem(w, r, http.StatusNotFound, probNotFound, fmt.Sprintf("POST %s/bulk/%s: the bulk actions are resubmit, cancel, pause and resume", prefix, orderfilter.Clip(action, 20)))
 		return
 	}
 	body, ok := readBody(w, r, maxSmallBody, false)

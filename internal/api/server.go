@@ -65,7 +65,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, o := range []string{"inserted", "duplicate", "rejected"} {
 		m.orders.WithLabelValues(o)
 	}
-	for _, a := range []string{statestore.BulkResubmit, statestore.BulkCancel} {
+	for _, a := range statestore.BulkActions {
 		for _, o := range []string{"done", "failed"} {
 			m.bulk.WithLabelValues(a, o)
 		}
@@ -108,6 +108,13 @@ func (s *server) routes() []route {
 		{path: "/orders/{id}/resubmit", methods: map[string]action{http.MethodPost: {ops, s.resubmit}}},
 		{path: "/orders/{id}/cancel", methods: map[string]action{http.MethodPost: {ops, s.cancel}}},
 		{path: "/orders/{id}/rerun", methods: map[string]action{http.MethodPost: {ops, s.rerun}}},
+		{path: "/orders/{id}/pause", methods: map[string]action{http.MethodPost: {ops, s.pauseOrder(true)}}},
+		{path: "/orders/{id}/resume", methods: map[string]action{http.MethodPost: {ops, s.pauseOrder(false)}}},
+		{path: "/workflows/{id}/pause", methods: map[string]action{http.MethodPost: {ops, s.pauseWorkflow(true)}}},
+		{path: "/workflows/{id}/resume", methods: map[string]action{http.MethodPost: {ops, s.pauseWorkflow(false)}}},
+		{path: "/kinds/{id}/pause", methods: map[string]action{http.MethodPost: {ops, s.pauseKind(true)}}},
+		{path: "/kinds/{id}/resume", methods: map[string]action{http.MethodPost: {ops, s.pauseKind(false)}}},
+		{path: "/pauses", methods: map[string]action{http.MethodGet: {readers, s.pauses}}},
 		{path: "/bulk", methods: map[string]action{http.MethodGet: {readers, s.bulkList}}},
 		// POST /bulk/resubmit and /bulk/cancel make a job; GET /bulk/ID reads one.
 		{path: "/bulk/{id}", methods: map[string]action{http.MethodGet: {readers, s.bulkGet}, http.MethodPost: {ops, s.bulkCreate}}},

@@ -171,6 +171,59 @@ func (s *server) cancel(w http.ResponseWriter, r *http.Request, rq *request) {
 	s.redirect(w, r, "/orders/"+id, "cancelled")
 }
 
+// confirmPause asks before pausing (or resuming) an order.
+func (s *server) confirmPause(pause bool) func(http.ResponseWriter, *http.Request, *request) {
+	return func(w http.ResponseWriter, r *http.Request, rq *request) {
+		if !s.mayAct(w, r, rq) {
+			return
+		}
+		d, ok := s.readOrder(w, r, rq)
+		if !ok {
+			return
+		}
+		id := d.Order.OrderID
+		c := confirmData{Back: "/orders/" + id}
+		if pause {
+			c.Question = "Pause order " + id + "?"
+			c.Details = []string{"The order is " + d.Order.Status + ".",
+				"Its steps in flight end normally, but nothing of it is claimed, its timers and deadline wait and the supervisor does not expire its steps until it is resumed.",
+				"The history records it as done by " + rq.user.Name + "."}
+			c.Action, c.Button = "/orders/"+id+"/pause", "Pause the order"
+		} else {
+			c.Question = "Resume order " + id + "?"
+			c.Details = []string{"Its pending steps are claimed at once and its timers that fell due meanwhile fire; its deadline has moved on by the time it was paused.",
+				"The history records it as done by " + rq.user.Name + "."}
+			c.Action, c.Button = "/orders/"+id+"/resume", "Resume the order"
+		}
+		s.render(w, r, rq, http.StatusOK, "confirm.html", map[bool]string{true: "Pause", false: "Resume"}[pause], c)
+	}
+}
+
+// pause pauses (or resumes) an order.
+func (s *server) pause(pause bool) func(http.ResponseWriter, *http.Request, *request) {
+	return func(w http.ResponseWriter, r *http.Request, rq *request) {
+		id := r.PathValue("id")
+		if !validID(id) {
+			s.fail(w, r, rq, http.StatusNotFound, "There is no order "+orderfilter.Clip(id, 40)+".")
+			return
+		}
+		var err error
+		done := "order-paused"
+		if pause {
+			_, err = s.store.PauseOrder(r.Context(), id, "paused in the console", claimedBy(rq))
+		} else {
+			done = "order-resumed"
+			_, err = s.store.ResumeOrder(r.Context(), id, claimedBy(rq))
+		}
+		if err != nil {
+			s.storeError(w, r, rq, err, "order "+id)
+			return
+		}
+		s.logger.Info("console: order "+done, "user", rq.user.Name, "order_id", id)
+		s.redirect(w, r, "/orders/"+id, done)
+	}
+}
+
 func (s *server) confirmAck(w http.ResponseWriter, r *http.Request, rq *request) {
 	if !s.mayAct(w, r, rq) {
 		return

@@ -33,7 +33,7 @@ type bulkJobData struct {
 // bulkAction reads the action of /bulk/{action}.
 func bulkAction(r *http.Request) (string, bool) {
 	a := r.PathValue("action")
-	return a, a == statestore.BulkResubmit || a == statestore.BulkCancel
+	return a, statestore.IsBulkAction(a)
 }
 
 // bulkQuery reads the filter of a bulk action (the URL's query on the
@@ -88,6 +88,13 @@ func (s *server) confirmBulk(w http.ResponseWriter, r *http.Request, rq *request
 			"The job works in batches and survives a restart; its page shows its progress, and it can be stopped.",
 			"Every order it touches records it as done by " + rq.user.Name + "."}
 		d.Button = fmt.Sprintf("Resubmit %d orders", n)
+	} else if action == statestore.BulkPause || action == statestore.BulkResume {
+		verb := map[string]string{statestore.BulkPause: "Pause", statestore.BulkResume: "Resume"}[action]
+		d.Question = fmt.Sprintf("%s the %d orders this filter selects?", verb, n)
+		d.Details = []string{"A paused order has nothing new claimed: its steps in flight end normally, its timers and deadline wait; resumed, it runs on, its deadline moved on by the time it was paused. An order that does not run, or is not paused, is left as it is.",
+			"The job works in batches; its page shows its progress, and it can be stopped.",
+			"Every order it touches records it as done by " + rq.user.Name + "."}
+		d.Button = fmt.Sprintf("%s %d orders", verb, n)
 	} else {
 		d.Question = fmt.Sprintf("Cancel the %d orders this filter selects?", n)
 		d.Details = []string{"Each order's unfinished actions are cancelled and those attempted are compensated, last first; it ends failed. An order that ended meanwhile is left as it is.",

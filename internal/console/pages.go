@@ -98,8 +98,8 @@ type ordersData struct {
 	// BulkResubmit and BulkCancel are the bulk actions' links, with the
 	// filter (a URL as it is: html/template would escape a query's = and
 	// & written into a link's query).
-	BulkResubmit, BulkCancel template.URL
-	Error                    string
+	BulkResubmit, BulkCancel, BulkPause, BulkResume template.URL
+	Error                                           string
 }
 
 // orders lists orders, newest first, a page at a time by keyset; every
@@ -144,6 +144,8 @@ func (s *server) orders(w http.ResponseWriter, r *http.Request, rq *request) {
 	d.FirstURL = "/orders?" + query
 	d.BulkResubmit = template.URL("/bulk/" + statestore.BulkResubmit + "?" + query)
 	d.BulkCancel = template.URL("/bulk/" + statestore.BulkCancel + "?" + query)
+	d.BulkPause = template.URL("/bulk/" + statestore.BulkPause + "?" + query)
+	d.BulkResume = template.URL("/bulk/" + statestore.BulkResume + "?" + query)
 	if next != nil {
 		nq.Set("after", orderfilter.EncodeCursor(next))
 		d.Next = "/orders?" + nq.Encode()
@@ -168,10 +170,13 @@ func (s *server) attributeNames() []string {
 
 type orderData struct {
 	statestore.OrderDetail
-	Steps       []stepView
-	Alerts      []statestore.Alert
-	CanCancel   bool
-	CanResubmit bool
+	Steps     []stepView
+	Alerts    []statestore.Alert
+	CanCancel bool
+	// CanPause and CanResume: the order runs and is not paused; it is
+	// paused.
+	CanPause, CanResume bool
+	CanResubmit         bool
 	// CanRerun: held in error by a failed action, so it may run again
 	// with a corrected payload.
 	CanRerun bool
@@ -239,6 +244,12 @@ func (s *server) readOrder(w http.ResponseWriter, r *http.Request, rq *request) 
 	case statestore.OrderError:
 		d.CanCancel = !compensationFailed
 		d.CanRerun = !compensationFailed
+	}
+	switch {
+	case d.OrderDetail.Paused != nil:
+		d.CanResume = true
+	case d.Order.Status == statestore.OrderReceived || d.Order.Status == statestore.OrderProcessing || d.Order.Status == statestore.OrderCompensating:
+		d.CanPause = true
 	}
 	return d, true
 }

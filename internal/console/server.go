@@ -137,6 +137,10 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("POST /orders/{id}/resubmit", s.action(s.resubmit))
 	mux.HandleFunc("GET /orders/{id}/cancel", s.authed(s.confirmCancel))
 	mux.HandleFunc("POST /orders/{id}/cancel", s.action(s.cancel))
+	mux.HandleFunc("GET /orders/{id}/pause", s.authed(s.confirmPause(true)))
+	mux.HandleFunc("POST /orders/{id}/pause", s.action(s.pause(true)))
+	mux.HandleFunc("GET /orders/{id}/resume", s.authed(s.confirmPause(false)))
+	mux.HandleFunc("POST /orders/{id}/resume", s.action(s.pause(false)))
 	mux.HandleFunc("GET /orders/{id}/signal", s.authed(s.confirmSignal))
 	mux.HandleFunc("POST /orders/{id}/signal", s.action(s.signal))
 	mux.HandleFunc("GET /orders/{id}/rerun", s.authed(s.confirmRerun))
@@ -331,6 +335,10 @@ func noticeOf(done string) string {
 		return "Resubmitted: the step is pending again."
 	case "cancelled":
 		return "Cancelled: what was done is being undone."
+	case "order-paused":
+		return "Paused: its steps in flight end normally; nothing new of it is claimed until it is resumed."
+	case "order-resumed":
+		return "Resumed: its pending steps are claimed now."
 	case "signalled":
 		return "Signal sent: the step ends once a scheduler applies it (if it is refused, the signals dead-letter queue says why)."
 	case "acknowledged":

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -14,6 +15,8 @@ import (
 const (
 	BulkResubmit = "resubmit"
 	BulkCancel   = "cancel"
+	BulkPause    = "pause"  // migration 0041
+	BulkResume   = "resume" // migration 0041
 
 	BulkRunning = "running" // made; an API replica works on it while it holds its lease
 	BulkStopped = "stopped" // an operator stopped it; the orders not reached stay as they were
@@ -68,13 +71,19 @@ func (s *Store) CountSelected(ctx context.Context, q OrderQuery, max int) (int, 
 	return n, nil
 }
 
+// BulkActions are the bulk actions.
+var BulkActions = []string{BulkResubmit, BulkCancel, BulkPause, BulkResume}
+
+// IsBulkAction says whether a is a bulk action.
+func IsBulkAction(a string) bool { return slices.Contains(BulkActions, a) }
+
 // CreateBulkJob makes a bulk job of action on the orders q selects now,
 // at most max of them (more is ErrInvalidData: narrow the filter), in one
 // transaction: the job, and each order it chose. filter is q as the
 // caller's words, kept to be shown.
 func (s *Store) CreateBulkJob(ctx context.Context, action string, q OrderQuery, filter []byte, by string, max int) (BulkJob, error) {
-	if action != BulkResubmit && action != BulkCancel {
-		return BulkJob{}, fmt.Errorf("bulk action %q is not %s or %s: %w", action, BulkResubmit, BulkCancel, ErrInvalidData)
+	if !IsBulkAction(action) {
+		return BulkJob{}, fmt.Errorf("bulk action %q is not one of %v: %w", action, BulkActions, ErrInvalidData)
 	}
 	q.After = nil
 	w, err := newOrderWhere(q)
@@ -272,6 +281,10 @@ func (s *Store) bulkOne(ctx context.Context, job BulkJob, orderID, holder, claim
 			_, actErr = tx.Exec(ctx, `SELECT operator_resubmit($1, 0, $2)`, orderID, claimed)
 		case BulkCancel:
 			_, actErr = tx.Exec(ctx, `SELECT operator_cancel($1, $2)`, orderID, claimed)
+		case BulkPause:
+			_, actErr = tx.Exec(ctx, `SELECT pause_order($1, 'bulk job ' || $3, $2)`, orderID, claimed, job.ID)
+		case BulkResume:
+			_, actErr = tx.Exec(ctx, `SELECT resume_order($1, $2)`, orderID, claimed)
 		}
 		if actErr != nil {
 			var r *refusal

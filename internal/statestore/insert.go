@@ -208,6 +208,11 @@ WITH o AS (
     SELECT 'status_event', order_id, NULLIF(reply_to, ''), status_event_body(order_id, 'received', NULL), NULLIF(correlation_id, '')
     FROM insd
     WHERE coalesce(reply_to, '') <> '' OR status_heard('received')
+), paused AS (
+    -- An order of a paused workflow waits, paused with it (migration 0041).
+    INSERT INTO order_pauses (order_id, paused_at, paused_by, reason, scope)
+    SELECT insd.order_id, now(), w.paused_by, w.reason, 'workflow'
+    FROM insd JOIN workflow_pauses w ON w.workflow = insd.workflow
 )`
 
 // insertOrdersEnd ends insertOrdersSQL: the index of every order written.

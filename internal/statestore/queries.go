@@ -196,6 +196,8 @@ type OrderDetail struct {
 	Children []ChildRef `json:"children,omitempty"`
 	// Deadline is the order's whole-order deadline, if it has one.
 	Deadline *Deadline `json:"deadline,omitempty"`
+	// Paused says since when and why the order is paused, if it is.
+	Paused *Pause `json:"paused,omitempty"`
 }
 
 // Deadline is an order's whole-order deadline: due at DueAt (database
@@ -293,7 +295,10 @@ func (s *Store) GetOrder(ctx context.Context, orderID string) (OrderDetail, erro
 		if err != nil {
 			return err
 		}
-		d.Deadline, err = deadlineOf(ctx, tx, orderID)
+		if d.Deadline, err = deadlineOf(ctx, tx, orderID); err != nil {
+			return err
+		}
+		d.Paused, err = pauseOf(ctx, tx, orderID)
 		return err
 	})
 	if err != nil {

@@ -178,6 +178,10 @@ WITH r AS (
     -- What comes next for each order: order_next decides, as it does for
     -- one reply (step_processed).
     SELECT cur.order_id, cur.step, cur.kind, ord.reply_to, ord.created_at, ord.status,
+           -- a paused order's next step, or any while a kind is paused,
+           -- becomes pending, for a claim to pass over or take
+           NOT EXISTS (SELECT 1 FROM order_pauses op WHERE op.order_id = cur.order_id)
+               AND NOT EXISTS (SELECT 1 FROM kind_pauses) AS may_claim,
            order_next(cur.kind, true, ord.status, NULL,
                       EXISTS (SELECT 1 FROM steps s WHERE s.order_id = cur.order_id AND s.step = cur.step + 1
                                                       AND s.kind = cur.kind AND s.process_state = 'waiting')) AS next,
@@ -190,13 +194,13 @@ WITH r AS (
     -- it has no key: keyed steps are claimed by key), it is claimed for
     -- $8 at once instead, as a claim would.
     UPDATE steps s SET
-        process_state = CASE WHEN s.agent = ANY($10::text[]) AND s.fair_key IS NULL THEN 'processing' ELSE 'pending' END,
-        locked_by = CASE WHEN s.agent = ANY($10::text[]) AND s.fair_key IS NULL THEN $8 ELSE s.locked_by END,
-        attempt = CASE WHEN s.agent = ANY($10::text[]) AND s.fair_key IS NULL THEN s.attempt + 1 ELSE s.attempt END,
-        complete_by = CASE WHEN s.agent = ANY($10::text[]) AND s.fair_key IS NULL THEN clock_timestamp() + s.timeout ELSE s.complete_by END,
+        process_state = CASE WHEN g.may_claim AND s.agent = ANY($10::text[]) AND s.fair_key IS NULL THEN 'processing' ELSE 'pending' END,
+        locked_by = CASE WHEN g.may_claim AND s.agent = ANY($10::text[]) AND s.fair_key IS NULL THEN $8 ELSE s.locked_by END,
+        attempt = CASE WHEN g.may_claim AND s.agent = ANY($10::text[]) AND s.fair_key IS NULL THEN s.attempt + 1 ELSE s.attempt END,
+        complete_by = CASE WHEN g.may_claim AND s.agent = ANY($10::text[]) AND s.fair_key IS NULL THEN clock_timestamp() + s.timeout ELSE s.complete_by END,
         available_at = now(), updated_at = clock_timestamp(),
         moves = s.moves + 1, moved_by = $8, moved_for = NULL,
-        moved_why = CASE WHEN s.agent = ANY($10::text[]) AND s.fair_key IS NULL THEN 'claimed' ELSE 'previous step processed' END
+        moved_why = CASE WHEN g.may_claim AND s.agent = ANY($10::text[]) AND s.fair_key IS NULL THEN 'claimed' ELSE 'previous step processed' END
     FROM dec g
     WHERE g.next = 'next' AND s.order_id = g.order_id AND s.step = g.step + 1 AND s.kind = g.kind AND s.process_state = 'waiting'
     RETURNING s.order_id, s.step, s.process_state, s.name, s.agent, s.attempt, s.failure_count,

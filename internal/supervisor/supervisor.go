@@ -106,6 +106,8 @@ type metrics struct {
 	purged           *prometheus.CounterVec
 	timersFired      prometheus.Counter
 	deadlines        *prometheus.CounterVec
+	paused           *prometheus.GaugeVec
+	pausedOldest     *prometheus.GaugeVec
 	scheduleTicks    *prometheus.CounterVec
 	webhooks         *prometheus.CounterVec
 	scheduleNext     *prometheus.GaugeVec
@@ -170,6 +172,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		deadlines: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sas_order_deadlines_passed_total", Help: "Orders whose whole-order deadline passed while they ran, by workflow and what they did (on_deadline: compensate, hold, fail).",
 		}, []string{"workflow", "on_deadline"}),
+		paused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sas_paused", Help: "What is paused, by scope: orders (on their own or with their workflow), workflows, agent kinds (the leader's reading; a standby reports 0).",
+		}, []string{"scope"}),
+		pausedOldest: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sas_paused_oldest_seconds", Help: "How long the longest-paused order, workflow or agent kind has been paused, by scope (0: none).",
+		}, []string{"scope"}),
 		webhooks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sas_webhook_tries_total", Help: "Webhook deliveries tried, by the state each was left in: sent, pending (to be tried again), dead.",
 		}, []string{"state"}),
@@ -226,10 +234,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, state := range statestore.LiveStates {
 		m.steps.WithLabelValues(state)
 	}
+	for _, scope := range []string{"order", "workflow", "kind"} {
+		m.paused.WithLabelValues(scope)
+		m.pausedOldest.WithLabelValues(scope)
+	}
 	for _, state := range []string{statestore.WebhookSent, statestore.WebhookPending, statestore.WebhookDead} {
 		m.webhooks.WithLabelValues(state)
 	}
-	reg.MustRegister(m.webhooks, m.deadlines, m.leader, m.sweeps, m.resets, m.failures, m.errors, m.sweepDuration, m.steps, m.oldestPending, m.oldestProcessing,
+	reg.MustRegister(m.webhooks, m.deadlines, m.paused, m.pausedOldest, m.leader, m.sweeps, m.resets, m.failures, m.errors, m.sweepDuration, m.steps, m.oldestPending, m.oldestProcessing,
 		m.openAlerts, m.analyzed, m.vacuumed, m.purged, m.timersFired, m.timerLateness, m.scheduleTicks, m.scheduleNext, m.scheduleLast, m.scheduleLateness, m.scheduleLate,
 		m.limitRate, m.limitMaxInFlight, m.limitInFlight, m.limitWaiting, m.limitOldestWait, m.limitOverdue, m.keyWaiting, m.keyInFlight)
 	return m

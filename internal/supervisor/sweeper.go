@@ -165,6 +165,16 @@ func (s *sweeper) sweep(ctx context.Context) {
 		Actor: s.me, Limit: s.cfg.Batch, Lease: LeaseName,
 		BackoffBase: s.cfg.BackoffBase, BackoffMax: s.cfg.BackoffMax,
 	}
+	// Orders of a paused workflow written as its pause began are paused
+	// too, and steps of paused orders that became pending set aside.
+	if n, err := s.store.SettlePauses(ctx, s.me); err != nil {
+		if ctx.Err() == nil {
+			s.metrics.errors.Inc()
+			s.logger.Warn("settling pauses failed; will try again", "err", err)
+		}
+	} else if n > 0 {
+		s.logger.Info("paused orders of a paused workflow", "count", n)
+	}
 	for ctx.Err() == nil {
 		sweepStart := time.Now()
 		swept, err := s.store.SweepExpired(ctx, params)
@@ -403,6 +413,18 @@ func (s *sweeper) report(ctx context.Context) {
 	s.metrics.oldestProcessing.Set(st.OldestProcessing.Seconds())
 	s.metrics.openAlerts.Set(float64(st.OpenAlerts))
 	s.reportLimits(ctx)
+	if ps, err := s.store.PauseStats(ctx); err != nil {
+		if ctx.Err() == nil {
+			s.logger.Warn("reading pauses failed", "err", err)
+		}
+	} else {
+		s.metrics.paused.WithLabelValues("order").Set(float64(ps.Orders))
+		s.metrics.paused.WithLabelValues("workflow").Set(float64(ps.Workflows))
+		s.metrics.paused.WithLabelValues("kind").Set(float64(ps.Kinds))
+		for scope, d := range ps.Oldest {
+			s.metrics.pausedOldest.WithLabelValues(scope).Set(d.Seconds())
+		}
+	}
 }
 
 // keysReported bounds the keys sas_limit_key_* report: a key is often a

@@ -96,6 +96,7 @@ BEGIN
     DELETE FROM order_attributes a USING gone g WHERE a.order_id = g.order_id;
     DELETE FROM order_payloads p USING gone g WHERE p.order_id = g.order_id;
     DELETE FROM order_deadlines d USING gone g WHERE d.order_id = g.order_id;
+    DELETE FROM order_pauses p USING gone g WHERE p.order_id = g.order_id;
     RETURN NULL;
 END;
 $function$;
@@ -106,7 +107,7 @@ CREATE OR REPLACE FUNCTION orders_truncate_rows()
  LANGUAGE plpgsql
 AS $function$
 BEGIN
-    TRUNCATE steps, transitions, signals, order_attributes, order_payloads, order_deadlines;
+    TRUNCATE steps, transitions, signals, order_attributes, order_payloads, order_deadlines, order_pauses;
     RETURN NULL;
 END;
 $function$;

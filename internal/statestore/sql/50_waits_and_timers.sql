@@ -3,8 +3,9 @@
 -- fire_timers: the timers that fell due (due_at passed on the database
 -- clock), earliest first, at most p_limit of each sort, if p_holder holds
 -- the lease p_lease (so a supervisor that lost the lead fires nothing),
--- for orders that still run (a held order's timers wait for its
--- resubmit; an order undone or cancelled cancelled its steps):
+-- for orders that still run and are not paused (a held order's timers
+-- wait for its resubmit, a paused one's for its resume; an order undone
+-- or cancelled cancelled its steps):
 --   a delayed step becomes pending, or, if sas performs it itself
 --   (step_settles), a timer alone ends there and a wait begins to wait
 --   (and its order goes on: graph_advance), with no claim;
@@ -34,6 +35,7 @@ BEGIN
         SELECT s.order_id, s.step, s.due_at, step_settles(s.kind, s.agent, s.parent, s.spec) AS settles
         FROM steps s JOIN orders o ON o.order_id = s.order_id
         WHERE s.process_state = 'delayed' AND s.due_at <= clock_timestamp() AND o.status IN ('received', 'processing')
+          AND NOT EXISTS (SELECT 1 FROM order_pauses op WHERE op.order_id = s.order_id)
         ORDER BY s.due_at
         LIMIT p_limit
         FOR UPDATE OF s SKIP LOCKED
@@ -67,6 +69,7 @@ BEGIN
 
     FOR r IN SELECT s.order_id, s.step, s.attempt, s.due_at, s.spec->'wait' AS w FROM steps s JOIN orders o ON o.order_id = s.order_id
              WHERE s.process_state = 'awaiting' AND s.due_at <= clock_timestamp() AND o.status IN ('received', 'processing')
+               AND NOT EXISTS (SELECT 1 FROM order_pauses op WHERE op.order_id = s.order_id)
              ORDER BY s.due_at
              LIMIT p_limit
              FOR UPDATE OF s SKIP LOCKED LOOP
@@ -95,7 +98,8 @@ $function$;
 -- fire_deadlines: the orders' deadlines that fell due (due_at passed on
 -- the database clock), earliest first, at most p_limit, if p_holder holds
 -- the lease p_lease. Each is fired once (taken FOR UPDATE SKIP LOCKED, its
--- outcome written): order_deadline_passed applies it to an order that
+-- outcome written; a paused order's waits for its resume, which moves it
+-- on by the time paused): order_deadline_passed applies it to an order that
 -- still runs; an order that ended, or is being undone, by then is left as
 -- it is (outcome 'ended'). It returns each deadline fired, whether it was
 -- applied, and how late, in seconds.
@@ -111,6 +115,7 @@ BEGIN
     END IF;
     FOR r IN SELECT d.order_id, d.due_at, d.deadline_ms, d.on_deadline FROM order_deadlines d
              WHERE d.outcome IS NULL AND d.due_at <= clock_timestamp()
+               AND NOT EXISTS (SELECT 1 FROM order_pauses op WHERE op.order_id = d.order_id)
              ORDER BY d.due_at
              LIMIT p_limit
              FOR UPDATE OF d SKIP LOCKED LOOP
@@ -213,9 +218,11 @@ AS $function$
         (SELECT extract(epoch FROM s.due_at - clock_timestamp())::float8
          FROM steps s JOIN orders o ON o.order_id = s.order_id
          WHERE s.process_state IN ('delayed', 'awaiting') AND o.status IN ('received', 'processing')
+           AND NOT EXISTS (SELECT 1 FROM order_pauses op WHERE op.order_id = s.order_id)
          ORDER BY s.due_at
          LIMIT 1),
-        (SELECT extract(epoch FROM min(d.due_at) - clock_timestamp())::float8 FROM order_deadlines d WHERE d.outcome IS NULL))
+        (SELECT extract(epoch FROM min(d.due_at) - clock_timestamp())::float8 FROM order_deadlines d
+         WHERE d.outcome IS NULL AND NOT EXISTS (SELECT 1 FROM order_pauses op WHERE op.order_id = d.order_id)))
 $function$;
 
 -- timers_watch: the leading supervisor's look before it sleeps. Seconds

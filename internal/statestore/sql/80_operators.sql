@@ -312,3 +312,217 @@ BEGIN
     RETURN v_ended + v_pending;
 END;
 $function$;
+
+-- Pause and resume (migration 0041): nothing of a paused order, workflow
+-- or agent kind is claimed; what is in flight ends normally.
+
+-- pause_order: pauses an order that runs (received, processing,
+-- compensating): its pending steps are set aside (available_at infinity,
+-- so that claims do not walk them; a step that becomes pending while it is
+-- paused is passed over by the claims' look at order_pauses). Returns
+-- 'paused', or 'already' when it was paused.
+CREATE OR REPLACE FUNCTION pause_order(p_order uuid, p_reason text, p_claimed text)
+ RETURNS text
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $function$
+DECLARE
+    v_actor text := operator_begin(p_claimed);
+    v_status text;
+BEGIN
+    SELECT status INTO v_status FROM orders WHERE order_id = p_order FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'order % not found', p_order USING ERRCODE = 'no_data_found';
+    END IF;
+    IF v_status NOT IN ('received', 'processing', 'compensating') THEN
+        RAISE EXCEPTION 'order % is % ; only an order that runs (received, processing, compensating) can be paused', p_order, v_status
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    INSERT INTO order_pauses (order_id, paused_by, reason, scope)
+    VALUES (p_order, coalesce(NULLIF(left(p_claimed, 100), ''), session_user) || ' (' || v_actor || ')', left(coalesce(p_reason, ''), 500), 'order')
+    ON CONFLICT (order_id) DO UPDATE SET scope = 'order' WHERE order_pauses.scope = 'workflow';
+    IF NOT FOUND THEN
+        RETURN 'already';
+    END IF;
+    UPDATE steps SET available_at = 'infinity' WHERE order_id = p_order AND process_state = 'pending';
+    PERFORM record_operator_action('pause', p_order::text, coalesce(p_reason, ''), p_claimed);
+    RETURN 'paused';
+END;
+$function$;
+
+-- order_unpause: takes an order's pause away: its steps set aside are due
+-- now, and its deadline moves on by the time it was paused (a budget does
+-- not run while paused); the schedulers and the timer loop are told.
+-- Returns false when it was not paused.
+CREATE OR REPLACE FUNCTION order_unpause(p_order uuid)
+ RETURNS boolean
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_since timestamptz;
+    v_due timestamptz;
+BEGIN
+    DELETE FROM order_pauses WHERE order_id = p_order RETURNING paused_at INTO v_since;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    UPDATE steps SET available_at = now() WHERE order_id = p_order AND process_state = 'pending' AND available_at = 'infinity';
+    UPDATE order_deadlines SET due_at = due_at + (clock_timestamp() - v_since)
+    WHERE order_id = p_order AND outcome IS NULL
+    RETURNING due_at INTO v_due;
+    IF v_due IS NOT NULL THEN
+        PERFORM timer_set(v_due);
+    END IF;
+    PERFORM pg_notify('sas_pending', current_schema()), pg_notify('sas_timers', current_schema());
+    RETURN true;
+END;
+$function$;
+
+-- resume_order: resumes a paused order (order_unpause), what is due of it
+-- at once: its steps set aside, its timers that fell due meanwhile.
+-- Returns 'resumed', or 'not_paused'.
+CREATE OR REPLACE FUNCTION resume_order(p_order uuid, p_claimed text)
+ RETURNS text
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $function$
+DECLARE
+    v_actor text := operator_begin(p_claimed);
+BEGIN
+    PERFORM 1 FROM orders WHERE order_id = p_order FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'order % not found', p_order USING ERRCODE = 'no_data_found';
+    END IF;
+    IF NOT order_unpause(p_order) THEN
+        RETURN 'not_paused';
+    END IF;
+    PERFORM record_operator_action('resume', p_order::text, 'by ' || v_actor, p_claimed);
+    RETURN 'resumed';
+END;
+$function$;
+
+-- pause_workflow: pauses a workflow: every order of it that runs, and
+-- every order of it written while it is paused (insertOrdersSQL), until
+-- resume_workflow. Returns how many running orders it paused.
+CREATE OR REPLACE FUNCTION pause_workflow(p_workflow text, p_reason text, p_claimed text)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $function$
+DECLARE
+    v_actor text := operator_begin(p_claimed);
+    v_by text := coalesce(NULLIF(left(p_claimed, 100), ''), session_user) || ' (' || v_actor || ')';
+    v_n integer;
+BEGIN
+    INSERT INTO workflow_pauses (workflow, paused_by, reason) VALUES (p_workflow, v_by, left(coalesce(p_reason, ''), 500))
+    ON CONFLICT (workflow) DO NOTHING;
+    v_n := pauses_settle(v_by);
+    PERFORM record_operator_action('pause workflow', p_workflow, coalesce(p_reason, ''), p_claimed);
+    RETURN v_n;
+END;
+$function$;
+
+-- resume_workflow: resumes a paused workflow and every order paused with
+-- it (an order paused on its own stays paused). Returns how many orders
+-- it resumed; -1 when the workflow was not paused.
+CREATE OR REPLACE FUNCTION resume_workflow(p_workflow text, p_claimed text)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $function$
+DECLARE
+    v_actor text := operator_begin(p_claimed);
+    v_n integer := 0;
+    r record;
+BEGIN
+    DELETE FROM workflow_pauses WHERE workflow = p_workflow;
+    IF NOT FOUND THEN
+        RETURN -1;
+    END IF;
+    FOR r IN SELECT p.order_id FROM order_pauses p JOIN orders o ON o.order_id = p.order_id
+             WHERE p.scope = 'workflow' AND o.workflow = p_workflow
+             ORDER BY p.order_id
+             FOR UPDATE OF o LOOP
+        IF order_unpause(r.order_id) THEN
+            v_n := v_n + 1;
+        END IF;
+    END LOOP;
+    PERFORM record_operator_action('resume workflow', p_workflow, v_n || ' orders resumed, by ' || v_actor, p_claimed);
+    RETURN v_n;
+END;
+$function$;
+
+-- pause_kind: pauses an agent kind: none of its steps is claimed, in any
+-- order, until resume_kind. Returns 'paused' or 'already'.
+CREATE OR REPLACE FUNCTION pause_kind(p_agent text, p_reason text, p_claimed text)
+ RETURNS text
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $function$
+DECLARE
+    v_actor text := operator_begin(p_claimed);
+BEGIN
+    INSERT INTO kind_pauses (agent, paused_by, reason)
+    VALUES (p_agent, coalesce(NULLIF(left(p_claimed, 100), ''), session_user) || ' (' || v_actor || ')', left(coalesce(p_reason, ''), 500))
+    ON CONFLICT (agent) DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN 'already';
+    END IF;
+    PERFORM record_operator_action('pause kind', p_agent, coalesce(p_reason, ''), p_claimed);
+    RETURN 'paused';
+END;
+$function$;
+
+-- resume_kind: resumes a paused agent kind. Returns 'resumed' or
+-- 'not_paused'.
+CREATE OR REPLACE FUNCTION resume_kind(p_agent text, p_claimed text)
+ RETURNS text
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $function$
+DECLARE
+    v_actor text := operator_begin(p_claimed);
+BEGIN
+    DELETE FROM kind_pauses WHERE agent = p_agent;
+    IF NOT FOUND THEN
+        RETURN 'not_paused';
+    END IF;
+    PERFORM pg_notify('sas_pending', current_schema());
+    PERFORM record_operator_action('resume kind', p_agent, 'by ' || v_actor, p_claimed);
+    RETURN 'resumed';
+END;
+$function$;
+
+-- pauses_settle: keeps pauses whole, as a workflow's pause and the
+-- leading supervisor's sweep call it: every order of a paused workflow
+-- that runs is paused (an order written as the pause began, which the
+-- insert could not see, is caught here), and the pending steps of paused
+-- orders are set aside (available_at infinity: a step that became pending
+-- while its order was paused), and the pauses of orders that ended while
+-- paused go. Returns how many orders it paused.
+CREATE OR REPLACE FUNCTION pauses_settle(p_by text)
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_n integer := 0;
+BEGIN
+    IF EXISTS (SELECT 1 FROM workflow_pauses) THEN
+        INSERT INTO order_pauses (order_id, paused_at, paused_by, reason, scope)
+        SELECT o.order_id, clock_timestamp(), w.paused_by, w.reason, 'workflow'
+        FROM workflow_pauses w JOIN orders o ON o.workflow = w.workflow
+        WHERE o.status IN ('received', 'processing', 'compensating')
+        ON CONFLICT (order_id) DO NOTHING;
+        GET DIAGNOSTICS v_n = ROW_COUNT;
+    END IF;
+    IF EXISTS (SELECT 1 FROM order_pauses) THEN
+        -- An order that ended while paused has nothing left to hold.
+        DELETE FROM order_pauses p USING orders o
+        WHERE o.order_id = p.order_id AND o.status IN ('completed', 'failed');
+        UPDATE steps s SET available_at = 'infinity'
+        FROM order_pauses p
+        WHERE s.order_id = p.order_id AND s.process_state = 'pending' AND s.available_at <> 'infinity';
+    END IF;
+    RETURN v_n;
+END;
+$function$;

@@ -1,0 +1,129 @@
+package e2e
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"sas/internal/harness/testenv"
+)
+
+const pausesFile = `
+workflows:
+  - name: paced
+    steps:
+      - {action: first, agent: paced, timeout: 20s, compensation: {action: unfirst, agent: paced}}
+      - {action: second, agent: paced, timeout: 20s}
+  - name: cooled
+    deadline: 1h
+    steps:
+      - {action: warm, agent: cool, timeout: 20s}
+      - {action: chill, agent: cool, timeout: 20s, delay: 2s}
+  - name: kinds
+    steps:
+      - {action: stamp, agent: stamper, timeout: 20s}
+`
+
+// TestPauseHoldsAcrossRestartsAndKills, with real binaries: a workflow
+// paused while its first steps are in flight (they end normally), an
+// order paused before its delay falls due, and an agent kind paused by a
+// rate of 0 have nothing claimed, no timer fired and nothing expired,
+// across a SIGKILL of the scheduler and a restart of the supervisor;
+// orders submitted while their workflow is paused wait; resumed, every
+// order completes, each action applied once, and the paused order's
+// deadline has moved on by the time it was paused.
+func TestPauseHoldsAcrossRestartsAndKills(t *testing.T) {
+	t.Parallel()
+	g := runFile(t, "pauses.yaml", pausesFile, pipelineOpts{supervisors: 1, agents: 1, schedulers: 1})
+	p := g.pipeline
+	p.setFaults(t, `{"first":{"latency_min_ms":1500,"latency_max_ms":1500}}`)
+	paced := g.submit(t, "paced", slices.Repeat([]string{`{}`}, 10))
+	cooled := g.submit(t, "cooled", []string{`{}`})
+	testenv.Eventually(t, 30*time.Second, "the first steps in flight and the delay begun", func() bool {
+		return p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND name = 'first' AND process_state = 'processing'`, paced) == len(paced) &&
+			p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND name = 'chill' AND process_state = 'delayed'`, cooled) == 1
+	})
+	ctl := func(args ...string) string {
+		t.Helper()
+		out, errOut, code := sasctl(t, p.env, args...)
+		if code != 0 {
+			t.Fatalf("sasctl %v: exit %d\n%s%s", args, code, out, errOut)
+		}
+		return out
+	}
+	if out := ctl("workflows", "pause", "paced", "--reason", "incident 7", "--as", "ann"); !strings.Contains(out, "paused with 10 running orders") {
+		t.Fatalf("workflows pause: %s", out)
+	}
+	ctl("orders", "pause", cooled[0], "--reason", "checking the rates", "--as", "ann")
+	if out := ctl("limits", "set", "stamper", "--rate", "0", "--as", "ann"); !strings.Contains(out, "paused") {
+		t.Fatalf("limits set --rate 0: %s", out)
+	}
+	var pausedAt time.Time
+	if err := p.pool.QueryRow(t.Context(), `SELECT clock_timestamp()`).Scan(&pausedAt); err != nil {
+		t.Fatal(err)
+	}
+	later := g.submit(t, "paced", slices.Repeat([]string{`{}`}, 5))
+	stamped := g.submit(t, "kinds", slices.Repeat([]string{`{}`}, 5))
+
+	p.schedulers[0].kill(t)
+	p.schedulers = append(p.schedulers[:0], start(t, "scheduler", append(append([]string{}, p.env...), "SAS_WORKFLOWS_FILE="+g.file)))
+	p.supervisors[0].stop(t)
+	p.startSupervisor(t, "SAS_WORKFLOWS_FILE="+g.file)
+
+	// What was in flight ends; the delay falls due on the database clock;
+	// the new orders are written, and a supervisor leads again.
+	all := slices.Concat(paced, cooled, later, stamped)
+	testenv.Eventually(t, time.Minute, "the steps in flight ended, the delay due, the new orders written, a leader", func() bool {
+		return p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND name = 'first' AND process_state = 'processed'`, paced) == len(paced) &&
+			p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND name = 'chill' AND due_at < clock_timestamp()`, cooled) == 1 &&
+			p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[])`, all) == len(all) &&
+			sum(t, p.supervisors[len(p.supervisors)-1:], "sas_supervisor_leader") == 1
+	})
+	// A few sweeps and timer rounds of the new leader pass.
+	sweeps := p.supervisors[len(p.supervisors)-1].metric(t, "sas_supervisor_sweeps_total")
+	testenv.Eventually(t, 30*time.Second, "the new leader to sweep a few times", func() bool {
+		return p.supervisors[len(p.supervisors)-1].metric(t, "sas_supervisor_sweeps_total") >= sweeps+3
+	})
+	if n := p.count(t, `SELECT count(*) FROM transitions WHERE order_id = ANY($1::uuid[]) AND to_state = 'processing' AND at > $2`, all, pausedAt); n != 0 {
+		t.Fatalf("%d steps claimed while paused\n%s", n, p.stuck(t, all))
+	}
+	if n := p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND name = 'chill' AND process_state = 'delayed'`, cooled); n != 1 {
+		t.Fatal("a paused order's timer fired")
+	}
+	out := ctl("pauses", "list")
+	for _, want := range []string{"paced", "kind", "stamper", "rate set to 0", "incident 7", "checking the rates", cooled[0]} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("pauses list lacks %q:\n%s", want, out)
+		}
+	}
+	if got := p.supervisors[len(p.supervisors)-1].metric(t, `sas_paused{scope="order"}`); got != float64(len(paced)+len(later)+1) {
+		t.Errorf("sas_paused{scope=order} = %v, want %d", got, len(paced)+len(later)+1)
+	}
+	if out := ctl("orders", "show", cooled[0]); !strings.Contains(out, "paused") || !strings.Contains(out, "checking the rates") {
+		t.Fatalf("orders show of a paused order:\n%s", out)
+	}
+
+	var dueBefore time.Time
+	if err := p.pool.QueryRow(t.Context(), `SELECT due_at FROM order_deadlines WHERE order_id = $1`, cooled[0]).Scan(&dueBefore); err != nil {
+		t.Fatal(err)
+	}
+	ctl("workflows", "resume", "paced", "--as", "ann")
+	ctl("orders", "resume", cooled[0], "--as", "ann")
+	ctl("limits", "resume", "stamper", "--as", "ann")
+	p.waitTerminal(t, all, 2*time.Minute)
+	if completed, _ := p.checkSaga(t, all); completed != len(all) {
+		t.Fatalf("%d of %d orders completed\n%s", completed, len(all), p.stuck(t, all))
+	}
+	var dueAfter time.Time
+	if err := p.pool.QueryRow(t.Context(), `SELECT due_at FROM order_deadlines WHERE order_id = $1`, cooled[0]).Scan(&dueAfter); err != nil {
+		t.Fatal(err)
+	}
+	if moved := dueAfter.Sub(dueBefore); moved < time.Second {
+		t.Fatalf("the paused order's deadline moved on by %v, want the seconds it was paused", moved)
+	}
+	if n := p.count(t, `SELECT count(*) FROM operator_actions WHERE claimed_by = 'ann' AND action IN ('pause workflow', 'pause', 'pause kind',
+		'resume workflow', 'resume', 'resume kind')`); n != 6 {
+		t.Fatalf("%d pause and resume actions recorded with the operator, want 6", n)
+	}
+}

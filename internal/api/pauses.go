@@ -1,0 +1,133 @@
+package api
+
+import (
+	"net/http"
+
+	"sas/internal/statestore"
+)
+
+// pauseBody is the body of a pause: why, for whoever reads it.
+type pauseBody struct {
+	Reason string `json:"reason"`
+}
+
+// paused is the answer to a pause or a resume.
+type paused struct {
+	// Target is the order id, workflow or agent kind.
+	Target string `json:"target"`
+	Scope  string `json:"scope"`
+	// Outcome is paused, already, resumed or not_paused.
+	Outcome string `json:"outcome"`
+	// Orders is, for a workflow, how many orders it paused or resumed.
+	Orders *int `json:"orders,omitempty"`
+}
+
+// maxReason bounds a pause's reason (the store keeps 500 characters).
+const maxReason = 500
+
+// pauseReason reads a pause's optional body.
+func pauseReason(w http.ResponseWriter, r *http.Request) (string, bool) {
+	body, ok := readBody(w, r, maxSmallBody, true)
+	if !ok {
+		return "", false
+	}
+	var b pauseBody
+	if len(body) > 0 && !decodeInto(w, r, body, &b) {
+		return "", false
+	}
+	if len([]rune(b.Reason)) > maxReason {
+		writeProblem(w, r, http.StatusBadRequest, probBadRequest, "reason is longer than 500 characters")
+		return "", false
+	}
+	return b.Reason, true
+}
+
+// pauseOrder pauses (or resumes) one order.
+func (s *server) pauseOrder(pause bool) handler {
+	return func(w http.ResponseWriter, r *http.Request, c caller) {
+		id, ok := orderID(w, r)
+		if !ok {
+			return
+		}
+		reason, ok := pauseReason(w, r)
+		if !ok {
+			return
+		}
+		var outcome string
+		var err error
+		if pause {
+			outcome, err = s.store.PauseOrder(r.Context(), id, reason, c.actor())
+		} else {
+			outcome, err = s.store.ResumeOrder(r.Context(), id, c.actor())
+		}
+		if err != nil {
+			s.operatorRefusal(w, r, err)
+			return
+		}
+		s.logger.Info("api: "+outcome, "token", c.token.Name, "order_id", id)
+		writeJSON(w, http.StatusOK, paused{Target: id, Scope: "order", Outcome: outcome})
+	}
+}
+
+// pauseWorkflow pauses (or resumes) a workflow and its orders.
+func (s *server) pauseWorkflow(pause bool) handler {
+	return func(w http.ResponseWriter, r *http.Request, c caller) {
+		name := r.PathValue("id")
+		reason, ok := pauseReason(w, r)
+		if !ok {
+			return
+		}
+		var n int
+		var err error
+		outcome := statestore.Paused
+		if pause {
+			n, err = s.store.PauseWorkflow(r.Context(), name, reason, c.actor())
+		} else {
+			outcome = statestore.Resumed
+			n, err = s.store.ResumeWorkflow(r.Context(), name, c.actor())
+		}
+		if err != nil {
+			s.operatorRefusal(w, r, err)
+			return
+		}
+		s.logger.Info("api: workflow "+outcome, "token", c.token.Name, "workflow", name, "orders", n)
+		writeJSON(w, http.StatusOK, paused{Target: name, Scope: "workflow", Outcome: outcome, Orders: &n})
+	}
+}
+
+// pauseKind pauses (or resumes) an agent kind.
+func (s *server) pauseKind(pause bool) handler {
+	return func(w http.ResponseWriter, r *http.Request, c caller) {
+		kind := r.PathValue("id")
+		reason, ok := pauseReason(w, r)
+		if !ok {
+			return
+		}
+		var outcome string
+		var err error
+		if pause {
+			outcome, err = s.store.PauseKind(r.Context(), kind, reason, c.actor())
+		} else {
+			outcome, err = s.store.ResumeKind(r.Context(), kind, c.actor())
+		}
+		if err != nil {
+			s.operatorRefusal(w, r, err)
+			return
+		}
+		s.logger.Info("api: kind "+outcome, "token", c.token.Name, "kind", kind)
+		writeJSON(w, http.StatusOK, paused{Target: kind, Scope: "kind", Outcome: outcome})
+	}
+}
+
+// pauses lists what is paused.
+func (s *server) pauses(w http.ResponseWriter, r *http.Request, _ caller) {
+	ps, err := s.store.Pauses(r.Context(), 500)
+	if err != nil {
+		s.unavailable(w, r, err)
+		return
+	}
+	if ps == nil {
+		ps = []statestore.Pause{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"pauses": ps})
+}

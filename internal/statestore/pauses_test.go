@@ -1,0 +1,211 @@
+package statestore_test
+
+import (
+	"testing"
+	"time"
+
+	"sas/internal/statestore"
+)
+
+const pausable = `
+workflows:
+  - name: pausable
+    steps:
+      - {action: a, agent: x, compensation: {action: undo_a}}
+      - {action: b, agent: x}
+      - {action: c, agent: x, delay: 1ms}
+`
+
+// TestAPausedOrderHasNothingClaimed: a paused order's step in flight ends
+// normally, but nothing of it is claimed (not the step its reply made
+// pending, not by the claim the reply makes at once), its timers and
+// deadline do not fire and the supervisor does not expire its steps;
+// resumed, it runs on, its deadline moved on by the time it was paused.
+func TestAPausedOrderHasNothingClaimed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	o := graphOrder(t, pausable, "pausable", `{}`, statestore.PolicyCompensate)
+	o.Deadline = time.Hour
+	insert(t, b, o)
+	var due0 time.Time
+	if err := b.pool.QueryRow(ctx, `SELECT due_at FROM order_deadlines WHERE order_id = $1`, o.OrderID).Scan(&due0); err != nil {
+		t.Fatal(err)
+	}
+	inFlight := claimAll(t, b, o.OrderID)["a"]
+	if got, err := b.store.PauseOrder(ctx, o.OrderID, "incident 42", "ops"); err != nil || got != statestore.Paused {
+		t.Fatalf("pause: %q %v", got, err)
+	}
+	if got, err := b.store.PauseOrder(ctx, o.OrderID, "again", "ops"); err != nil || got != statestore.AlreadyPaused {
+		t.Fatalf("pause again: %q %v", got, err)
+	}
+	// In flight, it ends normally; b becomes pending, and is not claimed.
+	if res, err := b.store.ApplyRepliesClaiming(ctx, []statestore.Reply{{OrderID: o.OrderID, Step: inFlight.Step, Attempt: inFlight.Attempt,
+		OK: true, Actor: "s"}}, []string{"x"}); err[0] != nil || res[0].Claimed != nil {
+		t.Fatalf("a reply while paused: %+v %v; want applied, nothing claimed with it", res[0], err[0])
+	}
+	if got := claimAll(t, b, o.OrderID); len(got) != 0 {
+		t.Fatalf("claimed %s of a paused order", names(got))
+	}
+	if got, err := b.store.ClaimKinds(ctx, "s", map[string]int{"x": 10}); err != nil || len(got) != 0 {
+		t.Fatalf("claimed by kind %v (%v) of a paused order", got, err)
+	}
+	// Its deadline, due now, waits; the order shows its pause.
+	if _, err := b.pool.Exec(ctx, `UPDATE order_deadlines SET due_at = clock_timestamp() - interval '1 minute' WHERE order_id = $1`, o.OrderID); err != nil {
+		t.Fatal(err)
+	}
+	if fired := passDeadlineNow(t, b); len(fired) != 0 {
+		t.Fatalf("a paused order's deadline fired: %+v", fired)
+	}
+	if _, err := b.pool.Exec(ctx, `UPDATE order_deadlines SET due_at = $2 WHERE order_id = $1`, o.OrderID, due0); err != nil {
+		t.Fatal(err)
+	}
+	d, err := b.store.GetOrder(ctx, o.OrderID)
+	if err != nil || d.Paused == nil || d.Paused.Reason != "incident 42" || d.Paused.Scope != "order" {
+		t.Fatalf("the paused order shows %+v (%v)", d.Paused, err)
+	}
+	if got, err := b.store.ResumeOrder(ctx, o.OrderID, "ops"); err != nil || got != statestore.Resumed {
+		t.Fatalf("resume: %q %v", got, err)
+	}
+	if got, err := b.store.ResumeOrder(ctx, o.OrderID, "ops"); err != nil || got != statestore.NotPaused {
+		t.Fatalf("resume again: %q %v", got, err)
+	}
+	var due1 time.Time
+	if err := b.pool.QueryRow(ctx, `SELECT due_at FROM order_deadlines WHERE order_id = $1`, o.OrderID).Scan(&due1); err != nil {
+		t.Fatal(err)
+	}
+	if moved := due1.Sub(due0); moved <= 0 || moved > time.Minute {
+		t.Fatalf("the deadline moved on by %v after the resume, want the time it was paused", moved)
+	}
+	if names(claimAll(t, b, o.OrderID)) != "b" {
+		t.Fatal("b was not claimed once the order was resumed")
+	}
+	if n := count(t, b, `SELECT count(*) FROM operator_actions WHERE target = $1 AND action IN ('pause', 'resume') AND claimed_by = 'ops'`, o.OrderID); n != 2 {
+		t.Fatalf("%d operator actions recorded, want pause and resume", n)
+	}
+}
+
+// passDeadlineNow fires the due deadlines as the lease holder would.
+func passDeadlineNow(t *testing.T, b bundle) []statestore.FiredDeadline {
+	t.Helper()
+	ctx := ctxFor(t)
+	if _, err := b.store.AcquireLease(ctx, statestore.SupervisorLease, "sup-1", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	fired, err := b.store.FireDeadlines(ctx, "sup-1", statestore.SupervisorLease, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fired
+}
+
+// TestTheSupervisorNeverExpiresPausedWork: a paused order's step past its
+// complete_by is left processing; once resumed, it is reset.
+func TestTheSupervisorNeverExpiresPausedWork(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	o := graphOrder(t, pausable, "pausable", `{}`, statestore.PolicyCompensate)
+	insert(t, b, o)
+	claimAll(t, b, o.OrderID)
+	if _, err := b.store.PauseOrder(ctx, o.OrderID, "", "ops"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `UPDATE steps SET complete_by = now() - interval '1 second' WHERE order_id = $1 AND step = 1`, o.OrderID); err != nil {
+		t.Fatal(err)
+	}
+	sweep := statestore.SweepParams{Actor: "sup", Limit: 100, BackoffBase: time.Millisecond, BackoffMax: time.Millisecond}
+	if swept, err := b.store.SweepExpired(ctx, sweep); err != nil || len(swept) != 0 {
+		t.Fatalf("swept %v (%v) of a paused order", swept, err)
+	}
+	if _, err := b.store.ResumeOrder(ctx, o.OrderID, "ops"); err != nil {
+		t.Fatal(err)
+	}
+	if swept, err := b.store.SweepExpired(ctx, sweep); err != nil || len(swept) != 1 {
+		t.Fatalf("swept %v (%v) once resumed, want its expired step", swept, err)
+	}
+}
+
+// TestPausedWorkflowsAndKinds: a paused workflow pauses its running
+// orders and the orders written while it is paused, and its resume
+// resumes them all but an order paused on its own; a paused agent kind
+// has none of its steps claimed until resumed.
+func TestPausedWorkflowsAndKinds(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	wfName := "pausable-" + time.Now().Format("150405.000000")
+	file := `
+workflows:
+  - name: ` + wfName + `
+    steps:
+      - {action: a, agent: x}
+`
+	running, own := graphOrder(t, file, wfName, `{}`, statestore.PolicyCompensate), graphOrder(t, file, wfName, `{}`, statestore.PolicyCompensate)
+	insert(t, b, running)
+	insert(t, b, own)
+	if _, err := b.store.PauseOrder(ctx, own.OrderID, "its own", "ops"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := b.store.PauseWorkflow(ctx, wfName, "deploying a fix", "ops"); err != nil || n != 1 {
+		t.Fatalf("pause workflow: %d %v, want the one running order not paused yet", n, err)
+	}
+	later := graphOrder(t, file, wfName, `{}`, statestore.PolicyCompensate)
+	insert(t, b, later)
+	for _, id := range []string{running.OrderID, own.OrderID, later.OrderID} {
+		if got := claimAll(t, b, id); len(got) != 0 {
+			t.Fatalf("claimed %s of an order of a paused workflow", names(got))
+		}
+	}
+	if n, err := b.store.ResumeWorkflow(ctx, wfName, "ops"); err != nil || n != 2 {
+		t.Fatalf("resume workflow: %d %v, want the two paused with it", n, err)
+	}
+	if _, err := b.store.ResumeWorkflow(ctx, wfName, "ops"); err == nil {
+		t.Fatal("a workflow not paused was resumed")
+	}
+	claimed, err := b.store.ClaimPending(ctx, "s", 100, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	byOrder := map[string]int{}
+	for _, c := range claimed {
+		byOrder[c.OrderID]++
+	}
+	if byOrder[running.OrderID] != 1 || byOrder[later.OrderID] != 1 || byOrder[own.OrderID] != 0 {
+		t.Fatalf("after the workflow's resume, claimed %v; want its orders claimed but the one paused on its own", byOrder)
+	}
+
+	kind := "kind-" + time.Now().Format("150405.000000")
+	ko := order(1, time.Minute, 3)
+	ko.Steps[0].Agent = kind
+	insert(t, b, ko)
+	if got, err := b.store.PauseKind(ctx, kind, "its service is down", "ops"); err != nil || got != statestore.Paused {
+		t.Fatalf("pause kind: %q %v", got, err)
+	}
+	if got, err := b.store.ClaimKinds(ctx, "s", map[string]int{kind: 10}); err != nil || len(got) != 0 {
+		t.Fatalf("claimed %v (%v) of a paused kind", got, err)
+	}
+	if got := claimAll(t, b, ko.OrderID); len(got) != 0 {
+		t.Fatalf("claimed %s of a paused kind", names(got))
+	}
+	if lc, err := b.store.ClaimLimited(ctx, "s", kind, 10); err != nil || len(lc.Steps) != 0 || lc.Held != "paused" {
+		t.Fatalf("a limited claim of a paused kind: %+v %v", lc, err)
+	}
+	ps, err := b.store.Pauses(ctx, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sawKind bool
+	for _, p := range ps {
+		sawKind = sawKind || p.Scope == "kind" && p.Target == kind && p.Reason == "its service is down"
+	}
+	if !sawKind {
+		t.Fatalf("pauses %+v do not list the kind", ps)
+	}
+	if got, err := b.store.ResumeKind(ctx, kind, "ops"); err != nil || got != statestore.Resumed {
+		t.Fatalf("resume kind: %q %v", got, err)
+	}
+	if got, err := b.store.ClaimKinds(ctx, "s", map[string]int{kind: 10}); err != nil || len(got) != 1 {
+		t.Fatalf("claimed %v (%v) once the kind was resumed", got, err)
+	}
+}
