@@ -105,9 +105,12 @@ func TestEveryAlertRuleFires(t *testing.T) {
 
 	s := newStack(t)
 	viaProxy, dbProxy := testenv.Proxied(t, s.dbURL)
+	// Ended orders are archived to a directory a second after they end.
+	archiveDir := t.TempDir()
 	p := newPipeline(t, pipelineOpts{on: &s, supervisors: 2,
-		schedulerEnv:  []string{"SAS_DATABASE_URL=" + viaProxy},
-		supervisorEnv: []string{"SAS_SUPERVISOR_STATS_INTERVAL=200ms"}})
+		schedulerEnv: []string{"SAS_DATABASE_URL=" + viaProxy},
+		supervisorEnv: []string{"SAS_SUPERVISOR_STATS_INTERVAL=200ms", "SAS_ARCHIVE=" + archiveDir, "SAS_RETENTION=1s",
+			"SAS_RETENTION_INTERVAL=200ms"}})
 	testenv.Eventually(t, 30*time.Second, "a supervisor to lead", func() bool {
 		return sum(t, p.supervisors, "sas_supervisor_leader") == 1
 	})
@@ -213,12 +216,16 @@ func TestEveryAlertRuleFires(t *testing.T) {
 	if _, err := p.pool.Exec(t.Context(), `UPDATE order_deadlines SET due_at = now() WHERE order_id = $1`, late.OrderID); err != nil {
 		t.Fatal(err)
 	}
+	// The archive's directory goes: the ended orders wait.
+	if err := os.Rename(archiveDir, archiveDir+".gone"); err != nil {
+		t.Fatal(err)
+	}
 	// An agent kind paused two hours ago, and not resumed.
 	if _, err := p.pool.Exec(t.Context(), `INSERT INTO kind_pauses (agent, paused_at, paused_by, reason) VALUES ('nobody', now() - interval '2 hours', 'ann', 'incident')`); err != nil {
 		t.Fatal(err)
 	}
 	waitFiring("SasOrderHeldInError", "SasOperatorAlertsOpen", "SasDeadLetters", "SasPendingBacklog", "SasStepsStuckProcessing", "SasScheduleLate",
-		"SasStepsWaitOnLimit", "SasOrderDeadlinePassed", "SasPausedTooLong")
+		"SasStepsWaitOnLimit", "SasOrderDeadlinePassed", "SasPausedTooLong", "SasArchiveDown")
 
 	// Two supervisors sharing an instance id both lead.
 	var leaderID string

@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -15,7 +16,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/kelseyhightower/envconfig"
 
+	"sas/internal/archive"
 	"sas/internal/messages"
 	"sas/internal/orderfilter"
 	"sas/internal/service"
@@ -193,16 +196,72 @@ func (a *app) onOrder(ctx context.Context, fs *flag.FlagSet, args []string, do f
 func (a *app) ordersShow(ctx context.Context, args []string) error {
 	fs := a.flags()
 	asJSON := fs.Bool("json", false, "print everything as JSON")
-	return a.onOrder(ctx, fs, args, func(store *statestore.Store, id string) error {
-		d, err := store.GetOrder(ctx, id)
-		if err != nil {
-			return err
+	archived := fs.Bool("archived", false, "read the order's record from the archive (SAS_ARCHIVE): an order retention deleted")
+	rest, err := a.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	id, err := a.orderID(fs, rest)
+	if err != nil {
+		return err
+	}
+	if *archived {
+		return a.showArchived(ctx, id, *asJSON)
+	}
+	store, closeStore, err := a.store(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	d, err := store.GetOrder(ctx, id)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return a.printJSON(d)
+	}
+	return a.printOrder(d)
+}
+
+// showArchived prints an order's record from the archive.
+func (a *app) showArchived(ctx context.Context, id string, asJSON bool) error {
+	var c archive.Config
+	if err := envconfig.Process("sas", &c); err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
+	arch, err := archive.Open(c)
+	if err != nil {
+		return err
+	}
+	if arch == nil {
+		return fmt.Errorf("no archive: set SAS_ARCHIVE as the supervisor's (a directory or s3://bucket/prefix)")
+	}
+	doc, err := arch.Get(ctx, id)
+	if errors.Is(err, archive.ErrNotArchived) {
+		return fmt.Errorf("order %s is not in the archive (%s): it has not ended and passed SAS_RETENTION yet, or never existed", id, arch)
+	}
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		_, err := a.stdout.Write(append(doc, '\n'))
+		return err
+	}
+	var d statestore.ArchivedOrder
+	if err := json.Unmarshal(doc, &d); err != nil {
+		return fmt.Errorf("order %s's archived record cannot be read: %w", id, err)
+	}
+	fmt.Fprintf(a.stdout, "%-10s%s (%s)\n", "archived", stamp(d.ArchivedAt), arch)
+	if err := a.printOrder(d.OrderDetail); err != nil {
+		return err
+	}
+	if len(d.Alerts) > 0 {
+		fmt.Fprint(a.stdout, "\nalerts\n")
+		for _, al := range d.Alerts {
+			fmt.Fprintf(a.stdout, "%s  %s\n", stamp(al.RaisedAt), wrap(al.Reason, showWidth, "  "))
 		}
-		if *asJSON {
-			return a.printJSON(d)
-		}
-		return a.printOrder(d)
-	})
+	}
+	return nil
 }
 
 func (a *app) printJSON(v any) error {
@@ -444,14 +503,32 @@ func (a *app) ordersPurge(ctx context.Context, args []string) error {
 			return fmt.Errorf("nothing deleted")
 		}
 	}
+	// With an archive, as retention does: each order is archived first,
+	// and deleted once the archive confirmed it.
+	var ac archive.Config
+	if err := envconfig.Process("sas", &ac); err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
+	arch, err := archive.Open(ac)
+	if err != nil {
+		return err
+	}
 	var total statestore.Purged
 	for {
-		p, err := store.PurgeEnded(ctx, *olderThan, statuses, *batch)
+		var p statestore.Purged
+		var err error
+		n := 0
+		if arch != nil {
+			p, n, err = archive.Retain(ctx, store, arch, *olderThan, statuses, *batch)
+		} else {
+			p, err = store.PurgeEnded(ctx, *olderThan, statuses, *batch)
+			n = int(p.Orders)
+		}
 		total.Add(p)
 		if err != nil {
 			return fmt.Errorf("%w (deleted so far: %d orders)", err, total.Orders)
 		}
-		if p.Orders < int64(*batch) {
+		if n < *batch {
 			break
 		}
 	}

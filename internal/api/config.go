@@ -12,6 +12,7 @@ import (
 	"errors"
 	"time"
 
+	"sas/internal/archive"
 	"sas/internal/service"
 )
 
@@ -54,6 +55,9 @@ type Config struct {
 	// StepTimeout, when set, replaces every step's complete-by budget
 	// from the workflow definition (as the submitter's).
 	StepTimeout time.Duration `envconfig:"STEP_TIMEOUT" default:"0s"`
+	// Archive is where retention's archive is, to read archived orders
+	// back (GET /orders/{id}/archived).
+	archive.Config
 }
 
 // Check reports settings that cannot work.

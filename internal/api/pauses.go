@@ -1,7 +1,10 @@
 package api
 
 import (
+	"errors"
 	"net/http"
+
+	"sas/internal/archive"
 
 	"sas/internal/statestore"
 )
@@ -130,4 +133,29 @@ func (s *server) pauses(w http.ResponseWriter, r *http.Request, _ caller) {
 		ps = []statestore.Pause{}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"pauses": ps})
+}
+
+// archived reads an order's record from the archive: an order retention
+// deleted.
+func (s *server) archived(w http.ResponseWriter, r *http.Request, _ caller) {
+	id, ok := orderID(w, r)
+	if !ok {
+		return
+	}
+	if s.archive == nil {
+		writeProblem(w, r, http.StatusNotFound, probNotFound, "this deployment keeps no archive (SAS_ARCHIVE)")
+		return
+	}
+	doc, err := s.archive.Get(r.Context(), id)
+	if errors.Is(err, archive.ErrNotArchived) {
+		writeProblem(w, r, http.StatusNotFound, probNotFound, "order "+id+" is not in the archive")
+		return
+	}
+	if err != nil {
+		s.unavailable(w, r, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(doc)
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"time"
 
+	"sas/internal/archive"
 	"sas/internal/batch"
 	"sas/internal/broker"
 	"sas/internal/intake"
@@ -50,7 +51,11 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	sk.Go(func(ctx context.Context) { inserts.Run(ctx, cfg.Writers) })
 	h := newHub(logger, store.HearStatusEvents, store.HearStepEvents)
 	sk.Go(func(ctx context.Context) { h.run(ctx, sk.Deps.Conn) })
-	s := &server{cfg: cfg, me: me, store: store, workflows: workflows, tokens: newTokens(store, cfg.TokenCache, cfg.Rate, cfg.Burst),
+	arch, err := archive.Open(cfg.Config)
+	if err != nil {
+		return err
+	}
+	s := &server{cfg: cfg, me: me, store: store, workflows: workflows, archive: arch, tokens: newTokens(store, cfg.TokenCache, cfg.Rate, cfg.Burst),
 		hub: h, inserts: inserts, pub: sk.Deps.Pub, topo: topo, tr: sk.Tracing, redact: cfg.Redactor(), logger: logger, metrics: m}
 
 	ln, err := net.Listen("tcp", cfg.Addr)

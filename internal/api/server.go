@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"sas/internal/archive"
 	"sas/internal/batch"
 	"sas/internal/broker"
 	"sas/internal/messages"
@@ -37,6 +38,7 @@ type server struct {
 	topo      broker.Topology
 	tr        *tracing.Tracing
 	redact    *secrets.Redactor
+	archive   archive.Archive // nil: none
 	logger    *slog.Logger
 	metrics   *metrics
 }
@@ -115,6 +117,7 @@ func (s *server) routes() []route {
 		{path: "/kinds/{id}/pause", methods: map[string]action{http.MethodPost: {ops, s.pauseKind(true)}}},
 		{path: "/kinds/{id}/resume", methods: map[string]action{http.MethodPost: {ops, s.pauseKind(false)}}},
 		{path: "/pauses", methods: map[string]action{http.MethodGet: {readers, s.pauses}}},
+		{path: "/orders/{id}/archived", methods: map[string]action{http.MethodGet: {readers, s.archived}}},
 		{path: "/bulk", methods: map[string]action{http.MethodGet: {readers, s.bulkList}}},
 		// POST /bulk/resubmit and /bulk/cancel make a job; GET /bulk/ID reads one.
 		{path: "/bulk/{id}", methods: map[string]action{http.MethodGet: {readers, s.bulkGet}, http.MethodPost: {ops, s.bulkCreate}}},

@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"sas/internal/archive"
 	"sas/internal/service"
 	"sas/internal/statestore"
 	"sas/internal/workflow"
@@ -88,6 +89,9 @@ type Config struct {
 	WebhookBackoffMax time.Duration `envconfig:"SUPERVISOR_WEBHOOK_BACKOFF_MAX" default:"10m"`
 	WebhookAttempts   int           `envconfig:"SUPERVISOR_WEBHOOK_ATTEMPTS" default:"8"`
 	DBMaxConns        int32         `envconfig:"DB_MAX_CONNS" default:"4"`
+	// Archive: where ended orders are archived before retention deletes
+	// them (SAS_ARCHIVE and its S3 settings; docs/OPERATIONS.md).
+	archive.Config
 }
 
 type metrics struct {
@@ -107,6 +111,9 @@ type metrics struct {
 	timersFired      prometheus.Counter
 	deadlines        *prometheus.CounterVec
 	paused           *prometheus.GaugeVec
+	archived         prometheus.Counter
+	archiveErrors    prometheus.Counter
+	archiveUp        prometheus.Gauge
 	pausedOldest     *prometheus.GaugeVec
 	scheduleTicks    *prometheus.CounterVec
 	webhooks         *prometheus.CounterVec
@@ -172,6 +179,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		deadlines: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sas_order_deadlines_passed_total", Help: "Orders whose whole-order deadline passed while they ran, by workflow and what they did (on_deadline: compensate, hold, fail).",
 		}, []string{"workflow", "on_deadline"}),
+		archived: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sas_archived_total", Help: "Ended orders whose whole record the archive (SAS_ARCHIVE) confirmed it keeps, before retention deleted them.",
+		}),
+		archiveErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sas_archive_errors_total", Help: "Retention runs the archive held back: it did not keep an order's record, so nothing more was deleted.",
+		}),
+		archiveUp: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sas_archive_up", Help: "0 while the archive's last write failed and retention waits for it; 1 otherwise (and with no archive).",
+		}),
 		paused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "sas_paused", Help: "What is paused, by scope: orders (on their own or with their workflow), workflows, agent kinds (the leader's reading; a standby reports 0).",
 		}, []string{"scope"}),
@@ -234,6 +250,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, state := range statestore.LiveStates {
 		m.steps.WithLabelValues(state)
 	}
+	m.archiveUp.Set(1)
 	for _, scope := range []string{"order", "workflow", "kind"} {
 		m.paused.WithLabelValues(scope)
 		m.pausedOldest.WithLabelValues(scope)
@@ -241,7 +258,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, state := range []string{statestore.WebhookSent, statestore.WebhookPending, statestore.WebhookDead} {
 		m.webhooks.WithLabelValues(state)
 	}
-	reg.MustRegister(m.webhooks, m.deadlines, m.paused, m.pausedOldest, m.leader, m.sweeps, m.resets, m.failures, m.errors, m.sweepDuration, m.steps, m.oldestPending, m.oldestProcessing,
+	reg.MustRegister(m.webhooks, m.deadlines, m.paused, m.pausedOldest, m.archived, m.archiveErrors, m.archiveUp, m.leader, m.sweeps, m.resets, m.failures, m.errors, m.sweepDuration, m.steps, m.oldestPending, m.oldestProcessing,
 		m.openAlerts, m.analyzed, m.vacuumed, m.purged, m.timersFired, m.timerLateness, m.scheduleTicks, m.scheduleNext, m.scheduleLast, m.scheduleLateness, m.scheduleLate,
 		m.limitRate, m.limitMaxInFlight, m.limitInFlight, m.limitWaiting, m.limitOldestWait, m.limitOverdue, m.keyWaiting, m.keyInFlight)
 	return m
@@ -305,10 +322,18 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		return err
 	}
 	m.initLimits(workflows)
-	s := &sweeper{store: store, cfg: cfg, me: me, logger: logger, metrics: m, tr: tr, workflows: workflows}
+	arch, err := archive.Open(cfg.Config)
+	if err != nil {
+		return err
+	}
+	s := &sweeper{store: store, cfg: cfg, me: me, logger: logger, metrics: m, tr: tr, workflows: workflows, archive: arch}
 	if err := s.syncSchedules(startCtx); err != nil {
 		return err
 	}
-	logger.Info("supervisor started", "interval", cfg.Interval, "lease_ttl", cfg.LeaseTTL, "retention", cfg.Retention)
+	archived := "none"
+	if arch != nil {
+		archived = arch.String()
+	}
+	logger.Info("supervisor started", "interval", cfg.Interval, "lease_ttl", cfg.LeaseTTL, "retention", cfg.Retention, "archive", archived)
 	return sk.Run(ctx, cfg.ShutdownTimeout, store.Ping, s.run)
 }

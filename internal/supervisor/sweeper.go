@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"sas/internal/archive"
 	"sas/internal/statestore"
 	"sas/internal/tracing"
 	"sas/internal/workflow"
@@ -45,6 +46,9 @@ type sweeper struct {
 	// workflows are the file's: its schedules, and the workflows their
 	// orders run.
 	workflows *workflow.Registry
+	// archive, when set, keeps each ended order's record before
+	// retention deletes it.
+	archive archive.Archive
 
 	// The statistics refresh and retention run beside the sweeps (an
 	// ANALYZE of a large table, or a long purge, must not delay them past
@@ -367,7 +371,25 @@ func (s *sweeper) maybePurge(ctx context.Context) {
 		start := time.Now()
 		var total statestore.Purged
 		for ctx.Err() == nil {
-			p, err := s.store.PurgeEnded(ctx, s.cfg.Retention, nil, s.cfg.RetentionBatch)
+			var p statestore.Purged
+			var err error
+			if s.archive != nil {
+				var kept int
+				p, kept, err = archive.Retain(ctx, s.store, s.archive, s.cfg.Retention, nil, s.cfg.RetentionBatch)
+				s.metrics.archived.Add(float64(kept))
+				switch {
+				case err != nil && ctx.Err() == nil:
+					s.metrics.archiveErrors.Inc()
+					s.metrics.archiveUp.Set(0)
+				case err == nil:
+					s.metrics.archiveUp.Set(1)
+				}
+				if kept > 0 && p.Orders < int64(kept) && err == nil {
+					p.Orders = int64(kept) // some changed meanwhile: not a full batch's worth to go on for
+				}
+			} else {
+				p, err = s.store.PurgeEnded(ctx, s.cfg.Retention, nil, s.cfg.RetentionBatch)
+			}
 			if err != nil {
 				if ctx.Err() == nil {
 					s.metrics.errors.Inc()

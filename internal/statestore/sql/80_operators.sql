@@ -219,8 +219,30 @@ AS $function$
 $function$;
 
 -- purge_ended_orders: deletes ended orders older than a limit, a batch at
--- a time (retention).
+-- a time (retention), as purge_orders does, the oldest first.
 CREATE OR REPLACE FUNCTION purge_ended_orders(p_older_than interval, p_statuses text[], p_limit integer, OUT orders_deleted bigint, OUT steps_deleted bigint, OUT transitions_deleted bigint, OUT alerts_deleted bigint)
+ RETURNS record
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $function$
+BEGIN
+    SELECT p.orders_deleted, p.steps_deleted, p.transitions_deleted, p.alerts_deleted
+    INTO orders_deleted, steps_deleted, transitions_deleted, alerts_deleted
+    FROM purge_orders((SELECT array_agg(order_id) FROM (
+                           SELECT order_id FROM orders
+                           WHERE created_at < now() - p_older_than AND updated_at < now() - p_older_than AND status = ANY(p_statuses)
+                           ORDER BY created_at
+                           LIMIT p_limit) o),
+                      p_older_than, p_statuses) p;
+END;
+$function$;
+
+-- purge_orders: deletes the orders of p_ids that ended (p_statuses, of
+-- completed and failed) more than p_older_than ago, with their steps,
+-- history and alerts (their other rows go with them: orders_delete_history):
+-- the orders an archive confirmed it keeps, or a batch of retention's.
+-- Rows another transaction holds are left for later.
+CREATE OR REPLACE FUNCTION purge_orders(p_ids uuid[], p_older_than interval, p_statuses text[], OUT orders_deleted bigint, OUT steps_deleted bigint, OUT transitions_deleted bigint, OUT alerts_deleted bigint)
  RETURNS record
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -236,9 +258,8 @@ BEGIN
     END IF;
     SELECT array_agg(order_id) INTO v_ids FROM (
         SELECT order_id FROM orders
-        WHERE created_at < now() - p_older_than AND updated_at < now() - p_older_than AND status = ANY(p_statuses)
+        WHERE order_id = ANY(p_ids) AND created_at < now() - p_older_than AND updated_at < now() - p_older_than AND status = ANY(p_statuses)
         ORDER BY created_at
-        LIMIT p_limit
         FOR UPDATE SKIP LOCKED
     ) o;
     orders_deleted := 0;

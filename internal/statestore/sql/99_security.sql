@@ -50,3 +50,17 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- purge_orders is retention's door, as purge_ended_orders, which calls it.
+DO $$
+DECLARE
+    v_role text;
+BEGIN
+    REVOKE ALL ON FUNCTION purge_orders(uuid[], interval, text[]) FROM PUBLIC;
+    FOREACH v_role IN ARRAY ARRAY['sas_operator', 'sas_supervisor'] LOOP
+        IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = v_role) THEN
+            EXECUTE format('GRANT EXECUTE ON FUNCTION purge_orders(uuid[], interval, text[]) TO %I', v_role);
+        END IF;
+    END LOOP;
+END
+$$;
