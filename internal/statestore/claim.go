@@ -62,7 +62,8 @@ type ClaimedStep struct {
 // deadline set from the database clock. Orders whose first step this is move
 // from received to processing. Every change is written to the history.
 //
-// A step of a paused order or agent kind (migration 0041) is passed over.
+// A step of a paused order or agent kind (migration 0041) is passed over;
+// while nothing is paused, one look at each table (an InitPlan) says so.
 //
 // An order's first step (step 1, never attempted: its order is received)
 // is picked only if its order's row can be locked at once too, since the
@@ -80,7 +81,7 @@ WITH picked AS (
         FROM steps
         WHERE process_state = 'pending' AND agent = k.agent AND fair_key IS NULL AND available_at <= now()
           AND NOT EXISTS (SELECT 1 FROM kind_pauses kp WHERE kp.agent = k.agent)
-          AND NOT EXISTS (SELECT 1 FROM order_pauses op WHERE op.order_id = steps.order_id)
+          AND ((SELECT NOT EXISTS (SELECT 1 FROM order_pauses)) OR NOT EXISTS (SELECT 1 FROM order_pauses op WHERE op.order_id = steps.order_id))
           AND (attempt > 0 OR step > 1 OR EXISTS (SELECT 1 FROM orders o WHERE o.order_id = steps.order_id FOR UPDATE SKIP LOCKED))
         ORDER BY agent, priority DESC, available_at, order_id, step
         LIMIT k.room
@@ -94,8 +95,8 @@ WITH picked AS (
     SELECT order_id, step
     FROM steps
     WHERE process_state = 'pending' AND fair_key IS NULL AND available_at <= now() AND $3::text = ''
-      AND NOT EXISTS (SELECT 1 FROM kind_pauses kp WHERE kp.agent = steps.agent)
-      AND NOT EXISTS (SELECT 1 FROM order_pauses op WHERE op.order_id = steps.order_id)
+      AND ((SELECT NOT EXISTS (SELECT 1 FROM kind_pauses)) OR NOT EXISTS (SELECT 1 FROM kind_pauses kp WHERE kp.agent = steps.agent))
+      AND ((SELECT NOT EXISTS (SELECT 1 FROM order_pauses)) OR NOT EXISTS (SELECT 1 FROM order_pauses op WHERE op.order_id = steps.order_id))
       AND (attempt > 0 OR step > 1 OR EXISTS (SELECT 1 FROM orders o WHERE o.order_id = steps.order_id FOR UPDATE SKIP LOCKED))
     ORDER BY priority DESC, available_at, order_id, step
     LIMIT $2

@@ -180,8 +180,9 @@ WITH r AS (
     SELECT cur.order_id, cur.step, cur.kind, ord.reply_to, ord.created_at, ord.status,
            -- a paused order's next step, or any while a kind is paused,
            -- becomes pending, for a claim to pass over or take
-           NOT EXISTS (SELECT 1 FROM order_pauses op WHERE op.order_id = cur.order_id)
-               AND NOT EXISTS (SELECT 1 FROM kind_pauses) AS may_claim,
+           (SELECT NOT EXISTS (SELECT 1 FROM kind_pauses))
+               AND ((SELECT NOT EXISTS (SELECT 1 FROM order_pauses))
+                    OR NOT EXISTS (SELECT 1 FROM order_pauses op WHERE op.order_id = cur.order_id)) AS may_claim,
            order_next(cur.kind, true, ord.status, NULL,
                       EXISTS (SELECT 1 FROM steps s WHERE s.order_id = cur.order_id AND s.step = cur.step + 1
                                                       AND s.kind = cur.kind AND s.process_state = 'waiting')) AS next,

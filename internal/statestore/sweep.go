@@ -65,7 +65,7 @@ WITH expired AS (
     SELECT s.order_id, s.step
     FROM steps s JOIN orders o ON o.order_id = s.order_id
     WHERE s.process_state = 'processing' AND s.complete_by < now()
-      AND NOT EXISTS (SELECT 1 FROM order_pauses op WHERE op.order_id = s.order_id)
+      AND ((SELECT NOT EXISTS (SELECT 1 FROM order_pauses)) OR NOT EXISTS (SELECT 1 FROM order_pauses op WHERE op.order_id = s.order_id))
       AND ($5::text = '' OR EXISTS (SELECT 1 FROM leases
                                   WHERE name = $5 AND holder = $1 AND expires_at > now()))
     ORDER BY s.complete_by

@@ -134,7 +134,7 @@ BEGIN
                 SELECT s.order_id, s.step, s.available_at, s.priority FROM steps s
                 WHERE s.agent = p_agent AND s.process_state = 'pending' AND s.fair_key IS NOT NULL AND s.fair_key = room.k
                   AND s.available_at <= now()
-                  AND NOT EXISTS (SELECT 1 FROM order_pauses op WHERE op.order_id = s.order_id)
+                  AND ((SELECT NOT EXISTS (SELECT 1 FROM order_pauses)) OR NOT EXISTS (SELECT 1 FROM order_pauses op WHERE op.order_id = s.order_id))
                   AND (s.attempt > 0 OR s.step > 1 OR EXISTS (SELECT 1 FROM orders o WHERE o.order_id = s.order_id FOR UPDATE SKIP LOCKED))
                 ORDER BY s.priority DESC, s.available_at, s.order_id, s.step
                 LIMIT room.n
@@ -144,7 +144,7 @@ BEGIN
                    row_number() OVER (ORDER BY u.priority DESC, u.available_at, u.order_id, u.step) AS r
             FROM (SELECT s.order_id, s.step, s.available_at, s.priority FROM steps s
                   WHERE s.agent = p_agent AND s.process_state = 'pending' AND s.fair_key IS NULL AND s.available_at <= now()
-                    AND NOT EXISTS (SELECT 1 FROM order_pauses op WHERE op.order_id = s.order_id)
+                    AND ((SELECT NOT EXISTS (SELECT 1 FROM order_pauses)) OR NOT EXISTS (SELECT 1 FROM order_pauses op WHERE op.order_id = s.order_id))
                     AND (s.attempt > 0 OR s.step > 1 OR EXISTS (SELECT 1 FROM orders o WHERE o.order_id = s.order_id FOR UPDATE SKIP LOCKED))
                   ORDER BY s.priority DESC, s.available_at, s.order_id, s.step
                   LIMIT CASE WHEN EXISTS (SELECT 1 FROM ring) THEN (SELECT max(share) FROM ring) ELSE v_allowed END
