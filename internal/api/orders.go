@@ -538,19 +538,28 @@ func (s *server) signal(w http.ResponseWriter, r *http.Request, c caller) {
 		writeProblem(w, r, status, kind, out.Detail, withReason(out.Outcome))
 		return
 	}
+	if !s.publishSignal(w, r, sig) {
+		return
+	}
+	writeJSON(w, http.StatusAccepted, signalSent{SignalID: sig.SignalID, OrderID: id, Name: name})
+}
+
+// publishSignal publishes a checked signal to the signals queue; it
+// answers the request itself when it cannot.
+func (s *server) publishSignal(w http.ResponseWriter, r *http.Request, sig messages.Signal) bool {
 	body, err := messages.Encode(sig)
 	if err != nil {
 		writeDecodeProblem(w, r, http.StatusBadRequest, err)
-		return
+		return false
 	}
 	err = s.pub.Publish(r.Context(), "", s.topo.Queue(messages.SignalsQueue), amqp.Publishing{
 		ContentType: messages.ContentType, Type: messages.TypeSignal, MessageId: sig.SignalID, Timestamp: time.Now(),
 		DeliveryMode: amqp.Persistent, Body: body, Headers: amqp.Table{"schema_version": int32(messages.SignalVersion)}})
 	if err != nil {
 		s.unavailable(w, r, err)
-		return
+		return false
 	}
-	writeJSON(w, http.StatusAccepted, signalSent{SignalID: sig.SignalID, OrderID: id, Name: name})
+	return true
 }
 
 // operatorRefusal answers the store's refusal of an operator's action.

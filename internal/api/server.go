@@ -116,6 +116,7 @@ func (s *server) routes() []route {
 		{path: "/workflows/{id}/resume", methods: map[string]action{http.MethodPost: {ops, s.pauseWorkflow(false)}}},
 		{path: "/kinds/{id}/pause", methods: map[string]action{http.MethodPost: {ops, s.pauseKind(true)}}},
 		{path: "/kinds/{id}/resume", methods: map[string]action{http.MethodPost: {ops, s.pauseKind(false)}}},
+		{path: "/signals", methods: map[string]action{http.MethodPost: {callers, s.signalByKey}}},
 		{path: "/pauses", methods: map[string]action{http.MethodGet: {readers, s.pauses}}},
 		{path: "/orders/{id}/archived", methods: map[string]action{http.MethodGet: {readers, s.archived}}},
 		{path: "/bulk", methods: map[string]action{http.MethodGet: {readers, s.bulkList}}},

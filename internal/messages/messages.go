@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -1034,7 +1035,48 @@ type Signal struct {
 	ReplyTo string `json:"reply_to,omitempty"`
 	// By names who sent it, for the history.
 	By string `json:"by,omitempty"`
+	// Workflow and Where name the order by business key instead of
+	// OrderID: the order of that workflow that runs whose search
+	// attributes have these values (a string, number or boolean each).
+	// Exactly one must match, or every one that matches when All is set;
+	// none, or several without All, is refused with why.
+	Workflow string         `json:"workflow,omitempty"`
+	Where    map[string]any `json:"where,omitempty"`
+	All      bool           `json:"all,omitempty"`
 }
+
+// MaxWhere bounds a signal's business key conditions.
+const MaxWhere = 8
+
+// ByKey says whether the signal names its order by business key.
+func (g Signal) ByKey() bool { return g.Workflow != "" || g.Where != nil }
+
+// CheckWhere checks a signal's business key: at most MaxWhere search
+// attribute names, each with a string (at most 256 bytes), a number or a
+// boolean.
+func CheckWhere(where map[string]any) error {
+	if len(where) == 0 || len(where) > MaxWhere {
+		return reject(ReasonInvalidValue, "where names the order by 1 to %d search attributes, not %d", MaxWhere, len(where))
+	}
+	for k, v := range where {
+		if !attributeName.MatchString(k) {
+			return reject(ReasonInvalidValue, "where: %q is not a search attribute's name", truncate(k))
+		}
+		switch v := v.(type) {
+		case string:
+			if len(v) > 256 {
+				return reject(ReasonInvalidValue, "where.%s is %d bytes, limit 256", k, len(v))
+			}
+		case float64, bool, json.Number:
+		default:
+			return reject(ReasonInvalidValue, "where.%s must be a string, a number or a boolean", k)
+		}
+	}
+	return nil
+}
+
+// attributeName is a search attribute's name (order_attributes.name).
+var attributeName = regexp.MustCompile(`^[a-z][a-z0-9_]{0,62}$`)
 
 // SignalVersion is the current Signal version.
 const SignalVersion = 1
@@ -1048,6 +1090,9 @@ func (g Signal) Validate() error {
 		return reject(ReasonUnsupportedVersion, "schema_version %d is not supported (write %d)", g.SchemaVersion, SignalVersion)
 	}
 	if g.Token != "" {
+		if g.ByKey() {
+			return reject(ReasonInvalidValue, "a callback names its step by its token, not by workflow and where")
+		}
 		if err := g.validateCallback(); err != nil {
 			return err
 		}
@@ -1055,8 +1100,24 @@ func (g Signal) Validate() error {
 		if err := checkName("signal_id", g.SignalID, 200); err != nil {
 			return err
 		}
-		if err := checkID("order_id", g.OrderID); err != nil {
-			return err
+		switch {
+		case g.ByKey():
+			if g.OrderID != "" {
+				return reject(ReasonInvalidValue, "name the order by order_id or by workflow and where, not both")
+			}
+			if err := checkName("workflow", g.Workflow, 64); err != nil {
+				return err
+			}
+			if err := CheckWhere(g.Where); err != nil {
+				return err
+			}
+		default:
+			if err := checkID("order_id", g.OrderID); err != nil {
+				return err
+			}
+			if g.All {
+				return reject(ReasonInvalidValue, "all is for a signal that names its orders by workflow and where")
+			}
 		}
 		if err := checkName("name", g.Name, 100); err != nil {
 			return err

@@ -22,6 +22,7 @@ import (
 // signalStore is what the signaler needs of the state store.
 type signalStore interface {
 	ApplySignal(ctx context.Context, sig statestore.Signal) (statestore.SignalOutcome, error)
+	OrdersByKey(ctx context.Context, workflow string, where map[string]any, limit int) ([]string, error)
 	Callback(ctx context.Context, c statestore.Callback) (statestore.CallbackOutcome, error)
 	service.Teller
 }
@@ -65,6 +66,73 @@ func (g *signaler) handle(ctx context.Context, m broker.Message, sig messages.Si
 	if sig.Token != "" {
 		return g.callback(ctx, m, sig)
 	}
+	if sig.ByKey() {
+		return g.byKey(ctx, m, sig)
+	}
+	return g.apply(ctx, m, sig)
+}
+
+// MaxSignalledByKey bounds the orders one signal by business key with
+// all reaches.
+const MaxSignalledByKey = 1000
+
+// byKey applies a signal that names its order by business key: to the
+// one running order of its workflow whose search attributes have its
+// values, or to each with all; none, or several without all, is refused
+// with why (no_match, ambiguous). Each order gets it under the id
+// SIGNAL_ID:ORDER_ID, so that a repeat is applied once to each.
+func (g *signaler) byKey(ctx context.Context, m broker.Message, sig messages.Signal) error {
+	corr := messages.CorrelationID(m.CorrelationID)
+	limit := 2
+	if sig.All {
+		limit = MaxSignalledByKey
+	}
+	var ids []string
+	err := service.Retry(ctx, func() error {
+		var err error
+		ids, err = g.store.OrdersByKey(g.workCtx, sig.Workflow, sig.Where, limit)
+		return err
+	}, func(err error) bool {
+		return errors.Is(err, statestore.ErrInvalidData) || g.workCtx.Err() != nil
+	}, func(err error, wait time.Duration) {
+		g.metrics.dbRetries.Inc()
+		g.logger.Warn("finding a signal's orders by key failed, retrying", "err", err, "retry_in", wait)
+	})
+	switch {
+	case errors.Is(err, statestore.ErrInvalidData):
+		g.metrics.signals.WithLabelValues("refused").Inc()
+		return g.refuse("", sig.ReplyTo, corr, messages.ReasonInvalidValue, err.Error())
+	case err != nil:
+		return err // shutting down: back to the queue
+	case len(ids) == 0:
+		g.metrics.signals.WithLabelValues("refused").Inc()
+		return g.refuse("", sig.ReplyTo, corr, statestore.SignalNoMatch,
+			"no running order of workflow "+sig.Workflow+" has those search attribute values")
+	case len(ids) > 1 && !sig.All:
+		g.metrics.signals.WithLabelValues("refused").Inc()
+		return g.refuse("", sig.ReplyTo, corr, statestore.SignalAmbiguous,
+			"several running orders of workflow "+sig.Workflow+" have those search attribute values; name one by order_id, or send all: true")
+	}
+	var first error
+	for _, id := range ids {
+		one := sig
+		one.OrderID, one.SignalID, one.Workflow, one.Where, one.All = id, sig.SignalID+":"+id, "", nil, false
+		if err := g.apply(ctx, m, one); err != nil && first == nil {
+			first = err
+		}
+	}
+	if len(ids) == 1 {
+		return first
+	}
+	var rej *broker.Rejection
+	if errors.As(first, &rej) {
+		return nil // each refusal was told to the reply_to; the others were applied
+	}
+	return first
+}
+
+// apply applies a signal to the order it names.
+func (g *signaler) apply(ctx context.Context, m broker.Message, sig messages.Signal) error {
 	actx, span := g.tr.Start(tracing.RemoteParent(g.workCtx, ctx), "signal "+sig.Name, trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(attribute.String("sas.order_id", sig.OrderID), attribute.String("sas.signal_id", sig.SignalID)))
 	defer span.End()

@@ -31,6 +31,13 @@ type fakeSignalStore struct {
 	cbOut     string // the callbacks' outcome ("": applied)
 	cbErr     error
 	told      []messages.StatusEvent
+	byKey     []string // the orders OrdersByKey finds
+	limits    []int    // the limits it was asked with
+}
+
+func (f *fakeSignalStore) OrdersByKey(_ context.Context, _ string, _ map[string]any, limit int) ([]string, error) {
+	f.limits = append(f.limits, limit)
+	return f.byKey[:min(limit, len(f.byKey))], nil
 }
 
 func (f *fakeSignalStore) ApplySignal(_ context.Context, sig statestore.Signal) (statestore.SignalOutcome, error) {
@@ -272,6 +279,53 @@ func TestCallbacksAreFencedByTheirToken(t *testing.T) {
 			}
 			if tc.want == ReasonInvalidToken && st.cbOut == "" && len(st.callbacks) != 0 {
 				t.Fatalf("a refused token's callback was applied: %+v", st.callbacks)
+			}
+		})
+	}
+}
+
+// TestSignalsByKeyReachOneOrEveryMatch: a signal that names its order by
+// business key reaches the one match under SIGNAL_ID:ORDER_ID; with
+// several matches it is refused (ambiguous) unless it asks for all, and
+// then reaches each; with none it is refused (no_match); its reply_to is
+// told of a refusal.
+func TestSignalsByKeyReachOneOrEveryMatch(t *testing.T) {
+	t.Parallel()
+	a, b := messages.NewID(), messages.NewID()
+	sig := messages.Signal{SchemaVersion: 1, SignalID: "s-1", Workflow: "loan", Where: map[string]any{"applicant": "42"}, Name: "approved",
+		ReplyTo: "client.replies"}
+	applied := statestore.SignalOutcome{Outcome: statestore.SignalApplied, Step: 2}
+	for _, tc := range []struct {
+		name    string
+		matches []string
+		all     bool
+		wantErr string
+		want    []string // the signals applied, by id
+	}{
+		{"one match", []string{a}, false, "", []string{"s-1:" + a}},
+		{"two matches", []string{a, b}, false, statestore.SignalAmbiguous, nil},
+		{"two matches, all", []string{a, b}, true, "", []string{"s-1:" + a, "s-1:" + b}},
+		{"no match", nil, false, statestore.SignalNoMatch, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			st := &fakeSignalStore{outcome: applied, byKey: tc.matches}
+			bench := newSignalBench(t, st)
+			one := sig
+			one.All = tc.all
+			err := bench.send(t, one)
+			if got := rejection(err); (tc.wantErr == "") != (err == nil) || (got != nil && got.Reason != tc.wantErr) {
+				t.Fatalf("err %v, want %q", err, tc.wantErr)
+			}
+			var ids []string
+			for _, g := range st.signals {
+				ids = append(ids, g.ID)
+			}
+			if strings.Join(ids, ",") != strings.Join(tc.want, ",") {
+				t.Fatalf("applied %v, want %v", ids, tc.want)
+			}
+			if tc.wantErr != "" && (len(st.told) != 1 || st.told[0].Reason != tc.wantErr) {
+				t.Fatalf("reply_to told %+v, want the refusal %s", st.told, tc.wantErr)
 			}
 		})
 	}

@@ -2,9 +2,12 @@ package statestore
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -173,4 +176,78 @@ func (s *Store) SignalTaken(ctx context.Context, orderID, signalID string) (int,
 		return 0, true, nil
 	}
 	return *step, true, nil
+}
+
+// Why a signal by business key reaches no order (x-error-reason).
+const (
+	SignalNoMatch   = "no_match"  // no running order of the workflow has those values
+	SignalAmbiguous = "ambiguous" // several do, and the signal did not ask for all
+)
+
+// OrdersByKey lists, oldest first, at most limit running orders (received,
+// processing, or held in error) of workflow whose search attributes have
+// every value of where: a string matches a string attribute, a number a
+// number one, a boolean a boolean one.
+func (s *Store) OrdersByKey(ctx context.Context, workflow string, where map[string]any, limit int) ([]string, error) {
+	if len(where) == 0 {
+		return nil, fmt.Errorf("orders by key: no condition: %w", ErrInvalidData)
+	}
+	names := make([]string, 0, len(where))
+	for k := range where {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	args := []any{workflow, limit}
+	var conds []string
+	for i, k := range names {
+		text, num, boolean, err := keyForms(where[k])
+		if err != nil {
+			return nil, fmt.Errorf("orders by key: %s: %v: %w", k, err, ErrInvalidData)
+		}
+		args = append(args, k, text, num, boolean)
+		n := len(args)
+		// A value matches its attribute as written whichever its declared
+		// type: "7" a string 7 or a number 7.
+		match := fmt.Sprintf("%%[1]s.name = $%d AND (%%[1]s.v_text = $%d OR %%[1]s.v_num = $%d OR %%[1]s.v_bool = $%d)", n-3, n-2, n-1, n)
+		if i == 0 {
+			conds = append(conds, fmt.Sprintf(match, "a"))
+			continue
+		}
+		conds = append(conds, "EXISTS (SELECT 1 FROM order_attributes x WHERE x.order_id = a.order_id AND "+fmt.Sprintf(match, "x")+")")
+	}
+	rows, err := s.pool.Query(ctx, `SELECT a.order_id::text FROM order_attributes a JOIN orders o ON o.order_id = a.order_id
+		WHERE `+strings.Join(conds, " AND ")+` AND o.workflow = $1 AND o.status IN ('received', 'processing', 'error')
+		ORDER BY a.created_at, a.order_id LIMIT $2`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("orders by key: %w", classify(err))
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("orders by key: %w", classify(err))
+	}
+	return ids, nil
+}
+
+// keyForms is a business key's value as each typed column may hold it:
+// its text, and its number and boolean when it reads as one.
+func keyForms(v any) (text string, num *float64, boolean *bool, err error) {
+	switch x := v.(type) {
+	case string:
+		text = x
+	case bool:
+		text = strconv.FormatBool(x)
+	case float64:
+		text = strconv.FormatFloat(x, 'f', -1, 64)
+	case json.Number:
+		text = x.String()
+	default:
+		return "", nil, nil, fmt.Errorf("must be a string, a number or a boolean")
+	}
+	if f, err := strconv.ParseFloat(text, 64); err == nil {
+		num = &f
+	}
+	if b, err := strconv.ParseBool(text); err == nil && (text == "true" || text == "false") {
+		boolean = &b
+	}
+	return text, num, boolean, nil
 }
