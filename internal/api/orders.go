@@ -158,7 +158,13 @@ func (s *server) submit(w http.ResponseWriter, r *http.Request, c caller) {
 		writeDecodeProblem(w, r, http.StatusBadRequest, err)
 		return
 	}
-	nw, err := intake.Prepare(s.workflows, o, s.cfg.StepTimeout, c.actor())
+	s.acceptOrder(w, r, o, c.actor())
+}
+
+// acceptOrder writes a checked order as a submit does (the same checks
+// and idempotency as the submit queue) and answers with what came of it.
+func (s *server) acceptOrder(w http.ResponseWriter, r *http.Request, o messages.SubmitOrder, actor string) {
+	nw, err := intake.Prepare(s.workflows, o, s.cfg.StepTimeout, actor)
 	if err != nil {
 		s.metrics.orders.WithLabelValues("rejected").Inc()
 		var rf *intake.Refusal

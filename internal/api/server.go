@@ -86,6 +86,9 @@ type route struct {
 	// stepToken: a step's callback, whose step token is its credential
 	// (an API token too when SAS_API_CALLBACKS_NEED_TOKEN is set).
 	stepToken bool
+	// signed: an inbound route's event, whose signature is its
+	// credential (no API token; limited per client address)
+	signed bool
 }
 
 type action struct {
@@ -116,6 +119,7 @@ func (s *server) routes() []route {
 		{path: "/workflows/{id}/resume", methods: map[string]action{http.MethodPost: {ops, s.pauseWorkflow(false)}}},
 		{path: "/kinds/{id}/pause", methods: map[string]action{http.MethodPost: {ops, s.pauseKind(true)}}},
 		{path: "/kinds/{id}/resume", methods: map[string]action{http.MethodPost: {ops, s.pauseKind(false)}}},
+		{path: "/hooks/{id}/{name}", methods: map[string]action{http.MethodPost: {all, s.hook}}, signed: true},
 		{path: "/signals", methods: map[string]action{http.MethodPost: {callers, s.signalByKey}}},
 		{path: "/pauses", methods: map[string]action{http.MethodGet: {readers, s.pauses}}},
 		{path: "/orders/{id}/archived", methods: map[string]action{http.MethodGet: {readers, s.archived}}},
@@ -212,7 +216,7 @@ func (s *server) serve(rt route) http.Handler {
 			writeProblem(rec, r, http.StatusMethodNotAllowed, probMethod, fmt.Sprintf("%s %s: use %s", r.Method, label, strings.Join(allowed, " or ")))
 			return
 		}
-		if rt.stepToken && !s.cfg.CallbacksNeedAPIToken {
+		if rt.signed || rt.stepToken && !s.cfg.CallbacksNeedAPIToken {
 			if ok, wait := s.tokens.allow(clientLimit(r)); !ok {
 				writeProblem(rec, r, http.StatusTooManyRequests, probRateLimited,
 					fmt.Sprintf("more than %g requests a second came from %s (SAS_API_RATE)", s.cfg.Rate, clientHost(r)), retryAfter(wait))

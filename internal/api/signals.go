@@ -50,6 +50,16 @@ func (s *server) signalByKey(w http.ResponseWriter, r *http.Request, c caller) {
 		writeDecodeProblem(w, r, http.StatusBadRequest, err)
 		return
 	}
+	mine := ""
+	if c.may(statestore.TokenSubmitter) {
+		mine = c.actor()
+	}
+	s.sendByKey(w, r, b, c.actor(), mine)
+}
+
+// sendByKey sends a checked signal by business key to its orders (only
+// those mine submitted, when set) and answers with the orders reached.
+func (s *server) sendByKey(w http.ResponseWriter, r *http.Request, b keySignal, by, mine string) {
 	limit := 2
 	if b.All {
 		limit = 1000
@@ -59,19 +69,19 @@ func (s *server) signalByKey(w http.ResponseWriter, r *http.Request, c caller) {
 		s.operatorRefusal(w, r, err)
 		return
 	}
-	if c.may(statestore.TokenSubmitter) {
-		mine := ids[:0]
+	if mine != "" {
+		kept := ids[:0]
 		for _, id := range ids {
-			by, err := s.store.SubmittedBy(r.Context(), id)
+			owner, err := s.store.SubmittedBy(r.Context(), id)
 			if err != nil {
 				s.unavailable(w, r, err)
 				return
 			}
-			if by == c.actor() {
-				mine = append(mine, id)
+			if owner == mine {
+				kept = append(kept, id)
 			}
 		}
-		ids = mine
+		ids = kept
 	}
 	switch {
 	case len(ids) == 0:
@@ -101,11 +111,11 @@ func (s *server) signalByKey(w http.ResponseWriter, r *http.Request, c caller) {
 	}
 	for _, id := range ids {
 		one := messages.Signal{SchemaVersion: messages.SignalVersion, SignalID: b.SignalID + ":" + id, OrderID: id, Name: b.Name,
-			Payload: b.Payload, By: c.actor()}
+			Payload: b.Payload, By: by}
 		if !s.publishSignal(w, r, one) {
 			return
 		}
 	}
-	s.logger.Info("api: signal by key", "token", c.token.Name, "workflow", b.Workflow, "name", b.Name, "orders", len(ids))
+	s.logger.Info("api: signal by key", "by", by, "workflow", b.Workflow, "name", b.Name, "orders", len(ids))
 	writeJSON(w, http.StatusAccepted, keySignalSent{SignalID: b.SignalID, Name: b.Name, Orders: ids})
 }

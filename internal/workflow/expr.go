@@ -72,7 +72,7 @@ func newEnv(use string) (*cel.Env, error) {
 		cel.Variable("payload", cel.MapType(cel.StringType, cel.DynType)),
 		cel.CrossTypeNumericComparisons(true),
 	}
-	if use != UseAttribute && use != UseKey {
+	if use != UseAttribute && use != UseKey && use != UseInbound {
 		opts = append(opts, cel.Variable("results", cel.MapType(cel.StringType, cel.DynType)))
 	}
 	if use == UseItemInput {
@@ -143,7 +143,7 @@ func CompileExpr(text, use string) (*Expr, error) {
 		}
 	}
 	limit := uint64(exprCostLimit)
-	if use == UseAttribute || use == UseKey {
+	if use == UseAttribute || use == UseKey || use == UseInbound {
 		limit = submitCostLimit
 	}
 	prg, err := env.Program(ast, cel.CostLimit(limit), cel.EvalOptions(cel.OptOptimize), cel.InterruptCheckFrequency(interruptCheck))

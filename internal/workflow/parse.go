@@ -324,7 +324,7 @@ func (p *parser) name(n *yaml.Node, what string, maxLen int, dst *string) {
 func (p *parser) workflow(n *yaml.Node) (Workflow, bool) {
 	wf := Workflow{Policy: Compensate}
 	before := len(p.problems)
-	var stepsNode, keyNode, maxNode *yaml.Node
+	var stepsNode, keyNode, maxNode, inboundNode *yaml.Node
 	p.mapping(n, "a workflow", map[string]func(*yaml.Node){
 		"name": func(v *yaml.Node) { p.name(v, "workflow name", maxNameLen, &wf.Name) },
 		"policy": func(v *yaml.Node) {
@@ -343,6 +343,7 @@ func (p *parser) workflow(n *yaml.Node) (Workflow, bool) {
 		"concurrency_key":   func(v *yaml.Node) { keyNode = v },
 		"max_per_key":       func(v *yaml.Node) { maxNode = v },
 		"webhooks":          func(v *yaml.Node) { wf.Webhooks = p.webhooks(v) },
+		"inbound":           func(v *yaml.Node) { inboundNode = v },
 		"deadline": func(v *yaml.Node) {
 			var d time.Duration
 			p.duration(v, "deadline", messages.MinDeadline, messages.MaxDeadline, &d)
@@ -369,6 +370,9 @@ func (p *parser) workflow(n *yaml.Node) (Workflow, bool) {
 	}
 	if stepsNode != nil {
 		p.steps(stepsNode, &wf)
+	}
+	if inboundNode != nil {
+		wf.Inbound = p.inbound(inboundNode, &wf)
 	}
 	return wf, len(p.problems) == before
 }
@@ -675,6 +679,8 @@ func exprExample(use string) string {
 		return "a value over the payload, such as \"payload.customer\""
 	case UseKey:
 		return "a value over the payload, such as \"payload.tenant\""
+	case UseInbound:
+		return "a value over the event the sender posted, seen as payload, such as \"payload.data.id\""
 	}
 	return "a value over payload and results (and item and index in a for_each step), such as \"{'sku': item.sku}\""
 }

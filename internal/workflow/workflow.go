@@ -129,6 +129,9 @@ type Workflow struct {
 	// clock, the order follows OnDeadline (Compensate, Hold or Fail).
 	DeadlineMs int64  `json:"deadline_ms,omitempty"`
 	OnDeadline string `json:"on_deadline,omitempty"`
+	// Inbound are the routes that turn foreign events into its orders or
+	// signals (inbound.go).
+	Inbound []Inbound `json:"inbound,omitempty"`
 
 	concurrencyKey *Expr
 	schema         *Schema

@@ -166,3 +166,57 @@ workflows:
 		}
 	}
 }
+
+// TestInboundRoutes: an inbound route maps an event to an order (its key
+// and payload) or to a signal by business key, through CEL over the
+// event; a route that says neither or both, names an attribute the
+// workflow lacks, or a secret that is not a variable's name, is a
+// problem at its line.
+func TestInboundRoutes(t *testing.T) {
+	t.Parallel()
+	reg, err := workflow.Parse("w.yaml", []byte(`
+workflows:
+  - name: w
+    search_attributes: [{name: invoice, type: string, expr: payload.invoice}]
+    inbound:
+      - name: created
+        secret_env: HOOK_SECRET
+        start: {key: payload.id, payload: "{'invoice': payload.data.inv}"}
+      - name: paid
+        secret_env: HOOK_SECRET
+        signal: {name: paid, where: {invoice: payload.data.inv}, payload: payload.data}
+    steps: [{action: a, agent: x}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf, _ := reg.Lookup("w")
+	in, ok := wf.InboundRoute("created")
+	if !ok || in.SignatureHeader != "Sas-Signature" {
+		t.Fatalf("route %+v", in)
+	}
+	key, payload, err := in.Start.StartOf([]byte(`{"id": "evt_1", "data": {"inv": "INV-1"}}`))
+	if err != nil || key != "evt_1" || string(payload) != `{"invoice":"INV-1"}` {
+		t.Fatalf("start of the event: %q %s %v", key, payload, err)
+	}
+	if _, _, err := in.Start.StartOf([]byte(`{"data": {}}`)); err == nil {
+		t.Fatal("an event without the key mapped to an order")
+	}
+	paid, _ := wf.InboundRoute("paid")
+	where, p, err := paid.Signal.SignalOf([]byte(`{"data": {"inv": "INV-1", "at": 5}}`))
+	if err != nil || where["invoice"] != "INV-1" || string(p) != `{"at":5,"inv":"INV-1"}` {
+		t.Fatalf("signal of the event: %v %s %v", where, p, err)
+	}
+	for _, tc := range []struct{ route, want string }{
+		{"{name: r, secret_env: S}", "must say either start"},
+		{"{name: r, secret_env: lower, start: {key: payload.id, payload: payload}}", "is not the name of an environment variable"},
+		{"{name: r, secret_env: S, signal: {name: s, where: {nope: payload.x}}}", `"nope", which is not a search attribute`},
+		{"{name: r, secret_env: S, start: {key: 'payload.', payload: payload}}", "does not compile"},
+	} {
+		_, err := workflow.Parse("w.yaml", []byte("workflows:\n  - name: w\n    search_attributes: [{name: invoice, type: string, expr: payload.invoice}]\n    inbound:\n      - "+
+			tc.route+"\n    steps: [{action: a, agent: x}]\n"))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Fatalf("%s: got %v, want %q", tc.route, err, tc.want)
+		}
+	}
+}
