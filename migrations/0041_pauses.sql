@@ -48,8 +48,13 @@ BEGIN
             EXECUTE format('GRANT INSERT ON order_pauses TO %I', v_role);
         END IF;
     END LOOP;
+    -- The leader's sweep keeps pauses whole (pauses_settle): it sets the
+    -- steps of paused orders aside, drops the pauses of ended orders and
+    -- resumes an order its workflow's resume missed.
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'sas_supervisor') THEN
         GRANT UPDATE (available_at) ON steps TO sas_supervisor;
+        GRANT DELETE ON order_pauses TO sas_supervisor;
+        GRANT UPDATE (due_at) ON order_deadlines TO sas_supervisor;
     END IF;
 END
 $$;

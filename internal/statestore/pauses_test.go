@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"sas/internal/harness/testenv"
 	"sas/internal/statestore"
 )
 
@@ -207,5 +208,40 @@ workflows:
 	}
 	if got, err := b.store.ClaimKinds(ctx, "s", map[string]int{kind: 10}); err != nil || len(got) != 1 {
 		t.Fatalf("claimed %v (%v) once the kind was resumed", got, err)
+	}
+}
+
+// TestSettlingPausesResumesWhatAResumeMissed: an order paused with its
+// workflow whose insert committed after the workflow's resume (its pause
+// row the resume could not see) is resumed by the leader's settling; one
+// paused on its own is not, and an ended order's pause goes.
+func TestSettlingPausesResumesWhatAResumeMissed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	missed, own := graphOrder(t, pausable, "pausable", `{}`, statestore.PolicyCompensate), graphOrder(t, pausable, "pausable", `{}`, statestore.PolicyCompensate)
+	insert(t, b, missed)
+	insert(t, b, own)
+	if _, err := b.pool.Exec(ctx, `INSERT INTO order_pauses (order_id, paused_by, scope) VALUES ($1, 'ann', 'workflow')`, missed.OrderID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.PauseOrder(ctx, own.OrderID, "", "ann"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.SettlePauses(ctx, "sup"); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, b, `SELECT count(*) FROM order_pauses WHERE order_id = $1`, missed.OrderID); n != 0 {
+		t.Fatal("an order paused with a workflow no longer paused stayed paused")
+	}
+	if n := count(t, b, `SELECT count(*) FROM order_pauses WHERE order_id = $1`, own.OrderID); n != 1 {
+		t.Fatal("settling resumed an order paused on its own")
+	}
+	testenv.Forge(t, b.pool, `UPDATE orders SET status = 'completed' WHERE order_id = $1`, own.OrderID)
+	if _, err := b.store.SettlePauses(ctx, "sup"); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, b, `SELECT count(*) FROM order_pauses WHERE order_id = $1`, own.OrderID); n != 0 {
+		t.Fatal("an ended order's pause stayed")
 	}
 }

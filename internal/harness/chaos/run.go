@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -46,6 +47,7 @@ const (
 	FaultPoison    = "poison"    // malformed messages on the submit queue
 	FaultDuplicate = "duplicate" // submits delivered again
 	FaultNetwork   = "network"   // cut, slow down or refuse for a while the services' connections to Postgres, RabbitMQ or the remote
+	FaultPause     = "pause"     // pause a workflow (its running orders and those written meanwhile) for up to 2 s, then resume it
 	// Restarts disturb everything else using the broker or the database
 	// on this machine: for dedicated runs (make chaos), not make test.
 	FaultBrokerRestart = "broker-restart" // rabbitmqctl stop_app, then start_app
@@ -60,7 +62,7 @@ func AllFaults() []string {
 // ShortFaults lists the fault kinds that leave the rest of the machine
 // alone (no broker or database restart).
 func ShortFaults() []string {
-	return []string{FaultKill, FaultFailpoint, FaultStop, FaultRemote, FaultPoison, FaultDuplicate, FaultNetwork}
+	return []string{FaultKill, FaultFailpoint, FaultStop, FaultRemote, FaultPoison, FaultDuplicate, FaultNetwork, FaultPause}
 }
 
 // Config configures a run.
@@ -94,13 +96,17 @@ type Report struct {
 	Seed                                     uint64
 	Published, Confirmed, Malformed, Repeats int
 	Refused                                  int // orders the remote refuses for good (they must be compensated)
-	Faults                                   map[string]int
-	Crashes                                  []string // processes that died without being killed
-	HealedToQuiet                            time.Duration
-	DeadLettered                             map[string]int // by reason
-	StaleReplies                             float64        // counted by the schedulers alive at the end
-	Result                                   Result
-	LogDir                                   string
+	// WithDeadline are the orders published with a deadline of their own
+	// (DeadlineEvery); DeadlinePassed those whose deadline passed while
+	// they ran (they were undone).
+	WithDeadline, DeadlinePassed int
+	Faults                       map[string]int
+	Crashes                      []string // processes that died without being killed
+	HealedToQuiet                time.Duration
+	DeadLettered                 map[string]int // by reason
+	StaleReplies                 float64        // counted by the schedulers alive at the end
+	Result                       Result
+	LogDir                       string
 }
 
 // OK reports whether every invariant held and no process crashed.
@@ -113,6 +119,7 @@ func (r Report) Print(w io.Writer) {
 		r.Published, r.Confirmed, r.Refused, r.Malformed, r.Repeats)
 	fmt.Fprintf(w, "  outcomes: completed %d (%d with a branch an N-of-M join spared), failed (compensated) %d, held in error %d\n",
 		r.Result.Completed, r.Result.Spared, r.Result.Failed, r.Result.HeldError)
+	fmt.Fprintf(w, "  deadlines: %d orders with one of their own, %d passed while they ran (undone)\n", r.WithDeadline, r.DeadlinePassed)
 	var kinds []string
 	for k := range r.Faults {
 		kinds = append(kinds, k)
@@ -186,8 +193,9 @@ type run struct {
 	faults   map[string]int
 	crashes  []string
 	healing  sync.WaitGroup
-	watchers sync.WaitGroup // one per started process: reports and restarts it
-	stopping atomic.Bool    // set once the run stops its processes: none is restarted
+	store    *statestore.Store // the harness's own, for the pause fault
+	watchers sync.WaitGroup    // one per started process: reports and restarts it
+	stopping atomic.Bool       // set once the run stops its processes: none is restarted
 }
 
 func (r *run) intn(n int) int {
@@ -266,6 +274,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) (Report, error) {
 		return rep, err
 	}
 	defer w.close(ctx, cfg.Keep, logger)
+	r.store = w.store
 	ids := r.chooseOrders(&rep)
 	defer r.closeProxies()
 	defer r.stopServices()
@@ -659,6 +668,9 @@ func (r *run) gather(ctx context.Context, w *stage, h History, rep *Report) erro
 			rep.StaleReplies += scrape(s.current().Addr, "sas_stale_replies_total")
 		}
 	}
+	if err := w.pool.QueryRow(ctx, `SELECT count(*) FROM order_deadlines WHERE outcome = 'compensate'`).Scan(&rep.DeadlinePassed); err != nil {
+		return err
+	}
 	rep.Confirmed = len(h.Confirmed)
 	rep.Malformed = len(h.Malformed)
 	rep.Result = Check(h, audit, ledger)
@@ -719,6 +731,12 @@ func (r *run) publish(ctx context.Context, pub *broker.Publisher, topo broker.To
 		}
 		o := messages.SubmitOrder{SchemaVersion: 1, OrderID: id, Customer: "chaos", Items: items,
 			Amount: 100, Currency: "EUR", Workflow: wf}
+		if i%DeadlineEvery == DeadlineEvery-1 {
+			// A deadline of its own: under faults some pass while a step
+			// is in flight, and the order is undone.
+			o.Deadline = "2s"
+			rep.WithDeadline++
+		}
 		body, err := messages.Encode(o)
 		if err != nil {
 			return err
@@ -754,10 +772,14 @@ func (r *run) publish(ctx context.Context, pub *broker.Publisher, topo broker.To
 	return nil
 }
 
+// DeadlineEvery: one order in this many is published with a deadline of
+// its own (2 s).
+const DeadlineEvery = 8
+
 // injectFaults injects a fault every 0.3 to 1.5 s until published closes.
 func (r *run) injectFaults(ctx context.Context, enabled map[string]bool, published <-chan struct{}) {
 	var kinds []string
-	for _, k := range []string{FaultKill, FaultFailpoint, FaultStop, FaultRemote, FaultNetwork, FaultBrokerRestart, FaultDBRestart} {
+	for _, k := range []string{FaultKill, FaultFailpoint, FaultStop, FaultRemote, FaultNetwork, FaultBrokerRestart, FaultDBRestart, FaultPause} {
 		if enabled[k] {
 			kinds = append(kinds, k)
 		}
@@ -791,6 +813,28 @@ func (r *run) injectFaults(ctx context.Context, enabled map[string]bool, publish
 		case <-time.After(time.Duration(300+r.intn(1200)) * time.Millisecond):
 		}
 		switch kind := kinds[r.intn(len(kinds))]; kind {
+		case FaultPause:
+			wf := []string{workflow.DefaultName, "single", GraphWorkflow, TimeWorkflow}[r.intn(4)]
+			d := time.Duration(200+r.intn(1800)) * time.Millisecond
+			if _, err := r.store.PauseWorkflow(ctx, wf, "chaos", "chaos"); err != nil {
+				r.logger.Warn("pausing a workflow failed", "workflow", wf, "err", err)
+				continue
+			}
+			r.count(FaultPause + ":" + wf)
+			r.healing.Go(func() {
+				select {
+				case <-ctx.Done():
+				case <-time.After(d):
+				}
+				for {
+					_, err := r.store.ResumeWorkflow(context.WithoutCancel(ctx), wf, "chaos")
+					if err == nil || errors.Is(err, statestore.ErrInvalidState) {
+						return
+					}
+					r.logger.Warn("resuming a workflow failed; again", "workflow", wf, "err", err)
+					time.Sleep(200 * time.Millisecond)
+				}
+			})
 		case FaultKill:
 			roles := r.cfg.KillRoles
 			if len(roles) == 0 {

@@ -519,14 +519,16 @@ $function$;
 -- that runs is paused (an order written as the pause began, which the
 -- insert could not see, is caught here), and the pending steps of paused
 -- orders are set aside (available_at infinity: a step that became pending
--- while its order was paused), and the pauses of orders that ended while
--- paused go. Returns how many orders it paused.
+-- while its order was paused), the pauses of orders that ended while
+-- paused go, and an order paused with a workflow no longer paused (its
+-- insert raced the resume) is resumed. Returns how many orders it paused.
 CREATE OR REPLACE FUNCTION pauses_settle(p_by text)
  RETURNS integer
  LANGUAGE plpgsql
 AS $function$
 DECLARE
     v_n integer := 0;
+    r record;
 BEGIN
     IF EXISTS (SELECT 1 FROM workflow_pauses) THEN
         INSERT INTO order_pauses (order_id, paused_at, paused_by, reason, scope)
@@ -540,6 +542,14 @@ BEGIN
         -- An order that ended while paused has nothing left to hold.
         DELETE FROM order_pauses p USING orders o
         WHERE o.order_id = p.order_id AND o.status IN ('completed', 'failed');
+        -- An order paused with its workflow as the workflow's resume ran
+        -- (its insert had not committed) is resumed now.
+        FOR r IN SELECT p.order_id FROM order_pauses p JOIN orders o ON o.order_id = p.order_id
+                 WHERE p.scope = 'workflow' AND NOT EXISTS (SELECT 1 FROM workflow_pauses w WHERE w.workflow = o.workflow)
+                 ORDER BY p.order_id
+                 FOR UPDATE OF o SKIP LOCKED LOOP
+            PERFORM order_unpause(r.order_id);
+        END LOOP;
         UPDATE steps s SET available_at = 'infinity'
         FROM order_pauses p
         WHERE s.order_id = p.order_id AND s.process_state = 'pending' AND s.available_at <> 'infinity';
