@@ -39,14 +39,7 @@ func passDeadline(t *testing.T, b bundle, orderID string) []statestore.FiredDead
 	if _, err := b.pool.Exec(ctx, `UPDATE order_deadlines SET due_at = clock_timestamp() WHERE order_id = $1`, orderID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.store.AcquireLease(ctx, statestore.SupervisorLease, "sup-1", time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	fired, err := b.store.FireDeadlines(ctx, "sup-1", statestore.SupervisorLease, 100)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fired
+	return passDeadlineNow(t, b)
 }
 
 // fencedOut says whether an ok reply for c is refused as stale.

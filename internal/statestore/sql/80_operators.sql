@@ -356,7 +356,7 @@ BEGIN
         RAISE EXCEPTION 'order % not found', p_order USING ERRCODE = 'no_data_found';
     END IF;
     IF v_status NOT IN ('received', 'processing', 'compensating') THEN
-        RAISE EXCEPTION 'order % is % ; only an order that runs (received, processing, compensating) can be paused', p_order, v_status
+        RAISE EXCEPTION 'order % is %; only an order that runs (received, processing, compensating) can be paused', p_order, v_status
             USING ERRCODE = 'object_not_in_prerequisite_state';
     END IF;
     INSERT INTO order_pauses (order_id, paused_by, reason, scope)
