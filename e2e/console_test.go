@@ -22,6 +22,7 @@ import (
 	"sas/internal/harness/badinput"
 	"sas/internal/harness/testenv"
 	"sas/internal/messages"
+	"sas/internal/statestore"
 )
 
 // consoleUser adds a console user to the users file through sasctl, as an
@@ -305,6 +306,30 @@ func TestConsoleInABrowser(t *testing.T) {
 		t.Fatalf("the cancelled order shows %d compensations, the store has %d, want 2", compensated, want)
 	}
 	shots.take(ctx, "order-cancelled")
+
+	// Pause an order that waits for a kind nobody serves, then resume it.
+	waiting := orphanOrder()
+	if got, err := statestore.New(p.pool).InsertOrder(t.Context(), waiting); err != nil || got != statestore.Inserted {
+		t.Fatalf("insert: %v %v", got, err)
+	}
+	do(t, ctx, "pause", chromedp.Navigate(c.url+"/orders/"+waiting.OrderID), chromedp.Click(chromedp.CSS("#pause")),
+		chromedp.WaitVisible(chromedp.CSS("#confirm-button")), chromedp.Click(chromedp.CSS("#confirm-button")),
+		chromedp.WaitVisible(chromedp.CSS("#paused")))
+	if got := text(t, ctx, "#paused"); !strings.Contains(got, "console:alice") {
+		t.Fatalf("the paused order shows %q", got)
+	}
+	if n := p.count(t, `SELECT count(*) FROM order_pauses WHERE order_id = $1`, waiting.OrderID); n != 1 {
+		t.Fatal("the console's pause left no pause in the store")
+	}
+	do(t, ctx, "resume", chromedp.Click(chromedp.CSS("#resume")), chromedp.WaitVisible(chromedp.CSS("#confirm-button")),
+		chromedp.Click(chromedp.CSS("#confirm-button")), chromedp.WaitVisible(chromedp.CSS("#pause")))
+	if n := p.count(t, `SELECT count(*) FROM order_pauses WHERE order_id = $1`, waiting.OrderID); n != 0 {
+		t.Fatal("the console's resume left the pause in the store")
+	}
+	if n := p.count(t, `SELECT count(*) FROM operator_actions WHERE target = $1 AND action IN ('pause', 'resume') AND claimed_by = 'console:alice'`,
+		waiting.OrderID); n != 2 {
+		t.Fatalf("%d pause and resume actions recorded for alice, want 2", n)
+	}
 
 	// A payload holding a script shows it as text and runs nothing.
 	do(t, ctx, "open the order with a script", chromedp.Navigate(c.url+"/orders/"+script), chromedp.WaitVisible(chromedp.CSS("#payload")))

@@ -1,12 +1,14 @@
 package e2e
 
 import (
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"sas/internal/harness/testenv"
+	"sas/internal/statestore"
 )
 
 const pausesFile = `
@@ -108,9 +110,24 @@ func TestPauseHoldsAcrossRestartsAndKills(t *testing.T) {
 	if err := p.pool.QueryRow(t.Context(), `SELECT due_at FROM order_deadlines WHERE order_id = $1`, cooled[0]).Scan(&dueBefore); err != nil {
 		t.Fatal(err)
 	}
+	// Through the API: what is paused, and the kind's resume.
+	api := startAPI(t, p.stack, "", "SAS_WORKFLOWS_FILE="+g.file)
+	token := apiToken(t, p.stack, "pauses-operator", statestore.TokenOperator)
+	code, _, body := api.call(t, apiCall{method: http.MethodGet, path: "/api/v1/pauses", token: token})
+	if code != http.StatusOK || !strings.Contains(string(body), `"target":"stamper"`) || !strings.Contains(string(body), cooled[0]) {
+		t.Fatalf("GET /pauses: %d %s", code, body)
+	}
+	code, _, body = api.call(t, apiCall{method: http.MethodPost, path: "/api/v1/orders/" + paced[0] + "/pause", token: token,
+		body: `{"reason": "` + strings.Repeat("x", 501) + `"}`})
+	if code != http.StatusBadRequest {
+		t.Fatalf("a pause with a reason too long: %d %s", code, body)
+	}
 	ctl("workflows", "resume", "paced", "--as", "ann")
 	ctl("orders", "resume", cooled[0], "--as", "ann")
-	ctl("limits", "resume", "stamper", "--as", "ann")
+	code, _, body = api.call(t, apiCall{method: http.MethodPost, path: "/api/v1/kinds/stamper/resume", token: token})
+	if code != http.StatusOK || !strings.Contains(string(body), `"outcome":"resumed"`) {
+		t.Fatalf("POST /kinds/stamper/resume: %d %s", code, body)
+	}
 	p.waitTerminal(t, all, 2*time.Minute)
 	if completed, _ := p.checkSaga(t, all); completed != len(all) {
 		t.Fatalf("%d of %d orders completed\n%s", completed, len(all), p.stuck(t, all))
@@ -123,7 +140,10 @@ func TestPauseHoldsAcrossRestartsAndKills(t *testing.T) {
 		t.Fatalf("the paused order's deadline moved on by %v, want the seconds it was paused", moved)
 	}
 	if n := p.count(t, `SELECT count(*) FROM operator_actions WHERE claimed_by = 'ann' AND action IN ('pause workflow', 'pause', 'pause kind',
-		'resume workflow', 'resume', 'resume kind')`); n != 6 {
-		t.Fatalf("%d pause and resume actions recorded with the operator, want 6", n)
+		'resume workflow', 'resume')`); n != 5 {
+		t.Fatalf("%d pause and resume actions recorded with the operator, want 5", n)
+	}
+	if n := p.count(t, `SELECT count(*) FROM operator_actions WHERE claimed_by = 'api:pauses-operator' AND action = 'resume kind'`); n != 1 {
+		t.Fatalf("%d kind resumes recorded with the API's token, want 1", n)
 	}
 }

@@ -135,6 +135,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return a.ordersCancel(ctx, rest)
 	case "orders signal":
 		return a.ordersSignal(ctx, rest)
+	case "orders migrate":
+		return a.ordersMigrate(ctx, rest)
 	case "orders pause":
 		return a.ordersPause(ctx, rest, true)
 	case "orders resume":

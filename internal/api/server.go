@@ -120,6 +120,7 @@ func (s *server) routes() []route {
 		{path: "/kinds/{id}/pause", methods: map[string]action{http.MethodPost: {ops, s.pauseKind(true)}}},
 		{path: "/kinds/{id}/resume", methods: map[string]action{http.MethodPost: {ops, s.pauseKind(false)}}},
 		{path: "/hooks/{id}/{name}", methods: map[string]action{http.MethodPost: {all, s.hook}}, signed: true},
+		{path: "/migrations", methods: map[string]action{http.MethodPost: {ops, s.migrate}}},
 		{path: "/signals", methods: map[string]action{http.MethodPost: {callers, s.signalByKey}}},
 		{path: "/pauses", methods: map[string]action{http.MethodGet: {readers, s.pauses}}},
 		{path: "/orders/{id}/archived", methods: map[string]action{http.MethodGet: {readers, s.archived}}},

@@ -557,3 +557,89 @@ BEGIN
     RETURN v_n;
 END;
 $function$;
+
+-- order_migrate: moves a running order to another version of its
+-- workflow (statestore.MigrateOrder planned it, from the steps it read,
+-- for the version p_from: a plan of the new version's step rows, each
+-- continuing an old step (old) or new (old 0), with p_added the actions
+-- it adds). The order's step rows are locked before the order, as a
+-- reply locks them; the plan is checked again against what it finds (a
+-- step it drops has not begun meanwhile, a step in flight keeps its
+-- position, no compensation or for_each instance has begun). Then the
+-- steps continued keep their state, results, attempts and keys under
+-- their new numbers and definitions, those dropped go, the new version's
+-- other actions and its compensations come waiting, the version p_to
+-- (p_definition) is stored, the order pinned to it and its history
+-- records the move; what may run now becomes pending (graph_advance).
+-- Returns '' once moved, or why it did not (nothing changed).
+CREATE OR REPLACE FUNCTION order_migrate(p_order uuid, p_from text, p_to text, p_definition jsonb, p_plan jsonb, p_added text, p_claimed text)
+ RETURNS text
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $function$
+DECLARE
+    v_actor text := operator_begin(p_claimed);
+    v_status text;
+    v_version text;
+    v_workflow text;
+    v_priority smallint;
+    v_fair_key text;
+    v_fair_max integer;
+BEGIN
+    PERFORM 1 FROM steps WHERE order_id = p_order ORDER BY step FOR UPDATE;
+    SELECT status, coalesce(workflow_version, ''), workflow, priority INTO v_status, v_version, v_workflow, v_priority
+    FROM orders WHERE order_id = p_order FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'order % not found', p_order USING ERRCODE = 'no_data_found';
+    END IF;
+    IF v_version <> p_from OR v_status NOT IN ('received', 'processing') THEN
+        RETURN 'it changed since it was read (now ' || v_status || ', version ' || nullif(v_version, '') || '); look again';
+    END IF;
+    IF EXISTS (SELECT 1 FROM steps s WHERE s.order_id = p_order AND s.kind = 'action' AND s.process_state <> 'waiting'
+                 AND NOT EXISTS (SELECT 1 FROM jsonb_to_recordset(p_plan) AS r(old integer) WHERE r.old = s.step)) THEN
+        RETURN 'a step it would drop has begun meanwhile; look again';
+    END IF;
+    IF EXISTS (SELECT 1 FROM steps s JOIN jsonb_to_recordset(p_plan) AS r(old integer, step integer) ON r.old = s.step
+               WHERE s.order_id = p_order AND s.process_state IN ('processing', 'awaiting') AND r.step <> r.old) THEN
+        RETURN 'a step in flight would change its position; move it once the step has ended';
+    END IF;
+    IF EXISTS (SELECT 1 FROM steps WHERE order_id = p_order AND (parent IS NOT NULL OR (kind = 'compensation' AND process_state <> 'waiting'))) THEN
+        RETURN 'a for_each instance or a compensation has begun meanwhile';
+    END IF;
+    SELECT s.fair_key, s.fair_max INTO v_fair_key, v_fair_max FROM steps s WHERE s.order_id = p_order AND s.fair_key IS NOT NULL LIMIT 1;
+    INSERT INTO workflow_versions (name, version, definition, created_by) VALUES (v_workflow, p_to, p_definition, v_actor)
+    ON CONFLICT (name, version) DO NOTHING;
+
+    -- The steps continued go out of the new numbers' way; the others go.
+    UPDATE steps s SET step = s.step + 1000000
+    WHERE s.order_id = p_order AND s.kind = 'action' AND EXISTS (SELECT 1 FROM jsonb_to_recordset(p_plan) AS r(old integer) WHERE r.old = s.step);
+    DELETE FROM steps WHERE order_id = p_order AND step < 1000000;
+    UPDATE steps s SET step = r.step, name = r.name, compensates = NULLIF(r.compensates, 0), agent = r.agent,
+                       timeout = make_interval(secs => r.timeout_ms / 1000.0), max_failures = r.max_failures,
+                       backoff_base = make_interval(secs => NULLIF(r.backoff_base_ms, 0) / 1000.0),
+                       backoff_max = make_interval(secs => NULLIF(r.backoff_max_ms, 0) / 1000.0),
+                       needs = r.needs, ancestors = r.ancestors, spec = NULLIF(r.spec, 'null'::jsonb), updated_at = clock_timestamp()
+    FROM jsonb_to_recordset(p_plan) AS r(old integer, step integer, name text, compensates integer, agent text, timeout_ms bigint,
+                                          max_failures integer, backoff_base_ms bigint, backoff_max_ms bigint, needs integer[],
+                                          ancestors integer[], spec jsonb)
+    WHERE s.order_id = p_order AND r.old > 0 AND s.step = r.old + 1000000;
+    INSERT INTO steps (order_id, step, name, kind, compensates, agent, process_state, priority, timeout, max_failures, idempotency_key,
+                       backoff_base, backoff_max, needs, ancestors, spec, fair_key, fair_max)
+    SELECT p_order, r.step, r.name, r.kind, NULLIF(r.compensates, 0), r.agent, 'waiting', v_priority, make_interval(secs => r.timeout_ms / 1000.0),
+           r.max_failures, r.idempotency_key, make_interval(secs => NULLIF(r.backoff_base_ms, 0) / 1000.0),
+           make_interval(secs => NULLIF(r.backoff_max_ms, 0) / 1000.0), r.needs, r.ancestors, NULLIF(r.spec, 'null'::jsonb),
+           CASE WHEN r.agent <> '' THEN v_fair_key END, CASE WHEN r.agent <> '' THEN v_fair_max END
+    FROM jsonb_to_recordset(p_plan) AS r(old integer, step integer, name text, kind text, compensates integer, agent text, timeout_ms bigint,
+                                          max_failures integer, backoff_base_ms bigint, backoff_max_ms bigint, needs integer[],
+                                          ancestors integer[], spec jsonb, idempotency_key text)
+    WHERE r.old = 0;
+    UPDATE orders SET workflow_version = p_to, updated_at = clock_timestamp() WHERE order_id = p_order;
+    INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
+    VALUES (p_order, NULL, v_status, v_status, v_actor,
+            'migrated from version ' || coalesce(nullif(p_from, ''), 'none') || ' to ' || p_to || coalesce(' (added: ' || nullif(p_added, '') || ')', ''));
+    PERFORM graph_advance(p_order, v_actor);
+    PERFORM record_operator_action('migrate', p_order::text, 'from ' || coalesce(nullif(p_from, ''), 'none') || ' to ' || p_to, p_claimed);
+    PERFORM pg_notify('sas_pending', current_schema());
+    RETURN '';
+END;
+$function$;

@@ -40,7 +40,8 @@ DECLARE
     v_fn text;
 BEGIN
     FOREACH v_fn IN ARRAY ARRAY['pause_order(uuid, text, text)', 'resume_order(uuid, text)', 'pause_workflow(text, text, text)',
-                                'resume_workflow(text, text)', 'pause_kind(text, text, text)', 'resume_kind(text, text)'] LOOP
+                                'resume_workflow(text, text)', 'pause_kind(text, text, text)', 'resume_kind(text, text)',
+                                'order_migrate(uuid, text, text, jsonb, jsonb, text, text)'] LOOP
         EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', v_fn);
         FOREACH v_role IN ARRAY ARRAY['sas_operator', 'sas_console', 'sas_api'] LOOP
             IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = v_role) THEN

@@ -1,0 +1,142 @@
+package e2e
+
+import (
+	"encoding/json"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"sas/internal/harness/testenv"
+	"sas/internal/statestore"
+	"sas/internal/workflow"
+)
+
+const fixableV1 = `
+workflows:
+  - name: fixable
+    steps:
+      - {action: reserve, agent: shop, timeout: 20s, compensation: {action: release, agent: shop}}
+      - {action: charge, agent: shop, timeout: 20s, delay: 15s, compensation: {action: refund, agent: shop}}
+      - {action: ship, agent: shop, timeout: 20s}
+`
+
+// The fix: a notification the first version forgot, before shipping.
+const fixableV2 = `
+workflows:
+  - name: fixable
+    steps:
+      - {action: reserve, agent: shop, timeout: 20s, compensation: {action: release, agent: shop}}
+      - {action: charge, agent: shop, timeout: 20s, delay: 15s, compensation: {action: refund, agent: shop}}
+      - {action: notify, agent: shop, timeout: 20s}
+      - {action: ship, agent: shop, timeout: 20s}
+`
+
+// TestMigrationOfRunningOrdersUnderLoad, with real binaries: 1,000
+// orders wait on their delay while more orders come in; a dry run says
+// each can move, then sasctl moves them to a fixed version while the
+// load runs; every moved order runs the step the fix adds, each action
+// applied once, the invariant checker clean. The API's dry run says
+// why an order cannot move.
+func TestMigrationOfRunningOrdersUnderLoad(t *testing.T) {
+	t.Parallel()
+	g := runFile(t, "fixable.yaml", fixableV1, pipelineOpts{supervisors: 1, agents: 2, schedulers: 1})
+	p := g.pipeline
+	waiting := g.submit(t, "fixable", slices.Repeat([]string{`{}`}, 1000))
+	testenv.Eventually(t, 2*time.Minute, "the 1,000 orders waiting on their delay", func() bool {
+		return p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND name = 'charge' AND process_state = 'delayed'`,
+			waiting) >= 900
+	})
+	v2File := writeFile(t, "fixable-v2.yaml", fixableV2)
+	reg, err := workflow.Load(v2File)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v2, _ := reg.Lookup("fixable")
+
+	// Load goes on meanwhile, on the first version.
+	var wg sync.WaitGroup
+	var more []string
+	stop := make(chan struct{})
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			more = append(more, g.submit(t, "fixable", []string{`{}`})...)
+		}
+	})
+	out, errOut, code := sasctl(t, p.env, "orders", "migrate", "--workflow", "fixable", "--to", v2.Version(), "--workflows", v2File,
+		"--id", waiting[0], "--id", waiting[1])
+	if code != 0 || !strings.Contains(out, "can move") || !strings.Contains(out, "dry run: 2 of 2 orders can move") {
+		t.Fatalf("dry run: %d\n%s%s", code, out, errOut)
+	}
+	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND workflow_version = $2`, waiting, v2.Version()); n != 0 {
+		t.Fatalf("a dry run moved %d orders", n)
+	}
+	var jsonArgs []string
+	for _, id := range waiting {
+		jsonArgs = append(jsonArgs, "--id", id)
+	}
+	out, errOut, code = sasctl(t, p.env, append([]string{"orders", "migrate", "--workflow", "fixable", "--to", v2.Version(), "--workflows", v2File,
+		"--apply", "--as", "ann", "--json"}, jsonArgs...)...)
+	close(stop)
+	wg.Wait()
+	if code != 0 {
+		t.Fatalf("migrate: %d %s", code, errOut)
+	}
+	var verdicts []statestore.MigrationVerdict
+	if err := json.Unmarshal([]byte(out), &verdicts); err != nil {
+		t.Fatalf("migrate's verdicts: %v\n%s", err, out)
+	}
+	moved := map[string]bool{}
+	whys := map[string]int{}
+	for _, v := range verdicts {
+		switch {
+		case v.Moved:
+			moved[v.OrderID] = true
+		case v.Why == "":
+			t.Fatalf("order %s neither moved nor says why", v.OrderID)
+		default:
+			whys[v.Why]++
+		}
+	}
+	if len(whys) > 0 {
+		t.Logf("left as they were: %v", whys)
+	}
+	t.Logf("%d of %d orders moved while %d more came in", len(moved), len(waiting), len(more))
+	if len(moved) < 950 {
+		t.Fatalf("%d orders moved, want at least 950 (those still waiting on their delay)", len(moved))
+	}
+	all := slices.Concat(waiting, more)
+	p.waitTerminal(t, all, 3*time.Minute)
+	if completed, _ := p.checkSaga(t, all); completed != len(all) {
+		t.Fatalf("%d of %d orders completed\n%s", completed, len(all), p.stuck(t, all))
+	}
+	if n := p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND name = 'notify' AND process_state = 'processed'`,
+		slices.Collect(func(yield func(string) bool) {
+			for id := range moved {
+				if !yield(id) {
+					return
+				}
+			}
+		})); n != len(moved) {
+		t.Fatalf("%d of the %d moved orders ran the step the fix adds", n, len(moved))
+	}
+	if r := p.checkInvariants(t, all); !r.OK() {
+		t.Fatalf("invariants: %v", r.Violations)
+	}
+
+	// The API's dry run of an ended order says why it stays.
+	api := startAPI(t, p.stack, "", "SAS_WORKFLOWS_FILE="+v2File)
+	token := apiToken(t, p.stack, "migrator", statestore.TokenOperator)
+	code, _, body := api.call(t, apiCall{method: http.MethodPost, path: "/api/v1/migrations", token: token,
+		body: `{"workflow": "fixable", "to_version": "` + v2.Version() + `", "ids": ["` + waiting[0] + `"]}`})
+	if code != http.StatusOK || !strings.Contains(string(body), `"can_move":false`) || !strings.Contains(string(body), "only an order that runs") {
+		t.Fatalf("POST /migrations of an ended order: %d %s", code, body)
+	}
+}
