@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -130,6 +131,33 @@ func TestMigrationOfRunningOrdersUnderLoad(t *testing.T) {
 	if r := p.checkInvariants(t, all); !r.OK() {
 		t.Fatalf("invariants: %v", r.Violations)
 	}
+
+	// The console, with the fixed file: a running order of the first
+	// version offers the move, and makes it.
+	last := g.submit(t, "fixable", []string{`{}`})[0]
+	testenv.Eventually(t, 30*time.Second, "the last order waiting on its delay", func() bool {
+		return p.count(t, `SELECT count(*) FROM steps WHERE order_id = $1 AND name = 'charge' AND process_state = 'delayed'`, last) == 1
+	})
+	con := startConsole(t, p.stack, "SAS_WORKFLOWS_FILE="+v2File)
+	alice := newWebClient(t, con.url)
+	if status := alice.login("alice", "alice's password"); status != http.StatusSeeOther {
+		t.Fatalf("login: %d", status)
+	}
+	status, page := alice.do("GET", "/orders/"+last, nil)
+	if status != http.StatusOK || !strings.Contains(page, `id="migrate"`) || !strings.Contains(page, v2.Version()) {
+		t.Fatalf("the order page offers no move: %d", status)
+	}
+	status, page = alice.do("GET", "/orders/"+last+"/migrate", nil)
+	if status != http.StatusOK || !strings.Contains(page, "adds [notify]") {
+		t.Fatalf("the move's confirmation: %d\n%s", status, page)
+	}
+	if status, _ := alice.do("POST", "/orders/"+last+"/migrate", url.Values{"csrf": {csrfOf(t, page)}}); status != http.StatusSeeOther {
+		t.Fatalf("the move: %d", status)
+	}
+	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = $1 AND workflow_version = $2`, last, v2.Version()); n != 1 {
+		t.Fatal("the console's move did not pin the order to the new version")
+	}
+	p.waitTerminal(t, []string{last}, time.Minute)
 
 	// The API's dry run of an ended order says why it stays.
 	api := startAPI(t, p.stack, "", "SAS_WORKFLOWS_FILE="+v2File)

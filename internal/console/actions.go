@@ -224,6 +224,68 @@ func (s *server) pause(pause bool) func(http.ResponseWriter, *http.Request, *req
 	}
 }
 
+// confirmMigrate says whether an order can move to its workflow's version
+// in the console's file, and why not, before it moves.
+func (s *server) confirmMigrate(w http.ResponseWriter, r *http.Request, rq *request) {
+	if !s.mayAct(w, r, rq) {
+		return
+	}
+	d, ok := s.readOrder(w, r, rq)
+	if !ok {
+		return
+	}
+	id := d.Order.OrderID
+	wf, ok := s.workflows.Lookup(d.Order.Workflow)
+	if !ok || wf.Name != d.Order.Workflow {
+		s.fail(w, r, rq, http.StatusNotFound, "The console's workflows file has no workflow "+d.Order.Workflow+".")
+		return
+	}
+	v, err := s.store.MigrateOrder(r.Context(), id, wf, false, claimedBy(rq))
+	if err != nil {
+		s.storeError(w, r, rq, err, "order "+id)
+		return
+	}
+	c := confirmData{Back: "/orders/" + id, Question: "Move order " + id + " to version " + wf.Version() + " of " + wf.Name + "?"}
+	if !v.CanMove {
+		c.Details = []string{"It cannot move: " + v.Why + "."}
+	} else {
+		c.Details = []string{fmt.Sprintf("What ran keeps its state and results; the new version adds %v and drops %v (actions not begun).", v.Added, v.Dropped),
+			"The history records it as done by " + rq.user.Name + "."}
+		c.Action, c.Button = "/orders/"+id+"/migrate", "Move the order"
+	}
+	s.render(w, r, rq, http.StatusOK, "confirm.html", "Move", c)
+}
+
+// migrate moves an order to its workflow's version in the console's file.
+func (s *server) migrate(w http.ResponseWriter, r *http.Request, rq *request) {
+	id := r.PathValue("id")
+	if !validID(id) {
+		s.fail(w, r, rq, http.StatusNotFound, "There is no order "+orderfilter.Clip(id, 40)+".")
+		return
+	}
+	d, err := s.store.GetOrder(r.Context(), id)
+	if err != nil {
+		s.storeError(w, r, rq, err, "order "+id)
+		return
+	}
+	wf, ok := s.workflows.Lookup(d.Order.Workflow)
+	if !ok || wf.Name != d.Order.Workflow {
+		s.fail(w, r, rq, http.StatusNotFound, "The console's workflows file has no workflow "+d.Order.Workflow+".")
+		return
+	}
+	v, err := s.store.MigrateOrder(r.Context(), id, wf, true, claimedBy(rq))
+	if err != nil {
+		s.storeError(w, r, rq, err, "order "+id)
+		return
+	}
+	if !v.Moved {
+		s.fail(w, r, rq, http.StatusConflict, "Order "+id+" was not moved: "+v.Why+".")
+		return
+	}
+	s.logger.Info("console: order moved", "user", rq.user.Name, "order_id", id, "to", v.To)
+	s.redirect(w, r, "/orders/"+id, "migrated")
+}
+
 func (s *server) confirmAck(w http.ResponseWriter, r *http.Request, rq *request) {
 	if !s.mayAct(w, r, rq) {
 		return

@@ -176,6 +176,9 @@ type orderData struct {
 	// CanPause and CanResume: the order runs and is not paused; it is
 	// paused.
 	CanPause, CanResume bool
+	// MoveTo is the version of its workflow the console's file has, when
+	// the order runs another: it may be moved to it.
+	MoveTo string
 	CanResubmit         bool
 	// CanRerun: held in error by a failed action, so it may run again
 	// with a corrected payload.
@@ -244,6 +247,10 @@ func (s *server) readOrder(w http.ResponseWriter, r *http.Request, rq *request) 
 	case statestore.OrderError:
 		d.CanCancel = !compensationFailed
 		d.CanRerun = !compensationFailed
+	}
+	if wf, ok := s.workflows.Lookup(d.Order.Workflow); ok && wf.Name == d.Order.Workflow && wf.Version() != d.Order.WorkflowVersion &&
+		(d.Order.Status == statestore.OrderReceived || d.Order.Status == statestore.OrderProcessing) {
+		d.MoveTo = wf.Version()
 	}
 	switch {
 	case d.OrderDetail.Paused != nil:

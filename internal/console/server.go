@@ -137,6 +137,8 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("POST /orders/{id}/resubmit", s.action(s.resubmit))
 	mux.HandleFunc("GET /orders/{id}/cancel", s.authed(s.confirmCancel))
 	mux.HandleFunc("POST /orders/{id}/cancel", s.action(s.cancel))
+	mux.HandleFunc("GET /orders/{id}/migrate", s.authed(s.confirmMigrate))
+	mux.HandleFunc("POST /orders/{id}/migrate", s.action(s.migrate))
 	mux.HandleFunc("GET /orders/{id}/pause", s.authed(s.confirmPause(true)))
 	mux.HandleFunc("POST /orders/{id}/pause", s.action(s.pause(true)))
 	mux.HandleFunc("GET /orders/{id}/resume", s.authed(s.confirmPause(false)))
@@ -335,6 +337,8 @@ func noticeOf(done string) string {
 		return "Resubmitted: the step is pending again."
 	case "cancelled":
 		return "Cancelled: what was done is being undone."
+	case "migrated":
+		return "Moved: the order runs the new version of its workflow; its history records the move."
 	case "order-paused":
 		return "Paused: its steps in flight end normally; nothing new of it is claimed until it is resumed."
 	case "order-resumed":
