@@ -178,8 +178,8 @@ type orderData struct {
 	CanPause, CanResume bool
 	// MoveTo is the version of its workflow the console's file has, when
 	// the order runs another: it may be moved to it.
-	MoveTo string
-	CanResubmit         bool
+	MoveTo      string
+	CanResubmit bool
 	// CanRerun: held in error by a failed action, so it may run again
 	// with a corrected payload.
 	CanRerun bool
