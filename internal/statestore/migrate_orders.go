@@ -63,9 +63,9 @@ func refOf(name string, spec []byte) string {
 // planMigration decides whether an order (its status and steps) can move
 // to the steps of another version, and how: every action it has begun
 // (any state but waiting) must be in the new version, known by the same
-// id or action, with the same action and agent; a step in flight
-// (processing, or awaiting a signal or a child) must keep its position,
-// which replies, callbacks and children name; it must run (received or
+// id or action, with the same action and agent, at the same position
+// (replies, callbacks, children and the history name a step by its
+// position: a step in flight, or one with a history); it must run (received or
 // processing), have no for_each instances, and no compensation begun.
 // Actions not yet begun and absent from the new version are dropped; the
 // new version's other actions come waiting, and its compensations
@@ -105,8 +105,8 @@ func planMigration(orderID, status string, cur []Step, next []NewStep) (rows []m
 					return refuse("step %s has begun (%s) as action %s of agent %s; the new version makes it action %s of agent %s",
 						ref, st.ProcessState, st.Name, st.Agent, ns.Name, ns.Agent)
 				}
-				if (st.ProcessState == StepProcessing || st.ProcessState == StepAwaiting) && st.Step != i+1 {
-					return refuse("step %s is in flight (%s) at position %d, which the new version moves to %d; move it once it has ended",
+				if st.ProcessState != StepWaiting && st.Step != i+1 {
+					return refuse("step %s has begun (%s) at position %d, which the new version moves to %d (replies, callbacks, children and the history name a step by its position)",
 						ref, st.ProcessState, st.Step, i+1)
 				}
 				r.Old = st.Step

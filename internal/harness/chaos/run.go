@@ -48,6 +48,7 @@ const (
 	FaultDuplicate = "duplicate" // submits delivered again
 	FaultNetwork   = "network"   // cut, slow down or refuse for a while the services' connections to Postgres, RabbitMQ or the remote
 	FaultPause     = "pause"     // pause a workflow (its running orders and those written meanwhile) for up to 2 s, then resume it
+	FaultMigrate   = "migrate"   // move the running orders of the time workflow to a version with one more action (MigratedTimeYAML)
 	// Restarts disturb everything else using the broker or the database
 	// on this machine: for dedicated runs (make chaos), not make test.
 	FaultBrokerRestart = "broker-restart" // rabbitmqctl stop_app, then start_app
@@ -62,7 +63,7 @@ func AllFaults() []string {
 // ShortFaults lists the fault kinds that leave the rest of the machine
 // alone (no broker or database restart).
 func ShortFaults() []string {
-	return []string{FaultKill, FaultFailpoint, FaultStop, FaultRemote, FaultPoison, FaultDuplicate, FaultNetwork, FaultPause}
+	return []string{FaultKill, FaultFailpoint, FaultStop, FaultRemote, FaultPoison, FaultDuplicate, FaultNetwork, FaultPause, FaultMigrate}
 }
 
 // Config configures a run.
@@ -100,13 +101,15 @@ type Report struct {
 	// (DeadlineEvery); DeadlinePassed those whose deadline passed while
 	// they ran (they were undone).
 	WithDeadline, DeadlinePassed int
-	Faults                       map[string]int
-	Crashes                      []string // processes that died without being killed
-	HealedToQuiet                time.Duration
-	DeadLettered                 map[string]int // by reason
-	StaleReplies                 float64        // counted by the schedulers alive at the end
-	Result                       Result
-	LogDir                       string
+	// Migrated are the orders the migrate fault moved to another version.
+	Migrated      int
+	Faults        map[string]int
+	Crashes       []string // processes that died without being killed
+	HealedToQuiet time.Duration
+	DeadLettered  map[string]int // by reason
+	StaleReplies  float64        // counted by the schedulers alive at the end
+	Result        Result
+	LogDir        string
 }
 
 // OK reports whether every invariant held and no process crashed.
@@ -119,7 +122,8 @@ func (r Report) Print(w io.Writer) {
 		r.Published, r.Confirmed, r.Refused, r.Malformed, r.Repeats)
 	fmt.Fprintf(w, "  outcomes: completed %d (%d with a branch an N-of-M join spared), failed (compensated) %d, held in error %d\n",
 		r.Result.Completed, r.Result.Spared, r.Result.Failed, r.Result.HeldError)
-	fmt.Fprintf(w, "  deadlines: %d orders with one of their own, %d passed while they ran (undone)\n", r.WithDeadline, r.DeadlinePassed)
+	fmt.Fprintf(w, "  deadlines: %d orders with one of their own, %d passed while they ran (undone); %d running orders moved to another version\n",
+		r.WithDeadline, r.DeadlinePassed, r.Migrated)
 	var kinds []string
 	for k := range r.Faults {
 		kinds = append(kinds, k)
@@ -193,7 +197,8 @@ type run struct {
 	faults   map[string]int
 	crashes  []string
 	healing  sync.WaitGroup
-	store    *statestore.Store // the harness's own, for the pause fault
+	store    *statestore.Store // the harness's own, for the pause and migrate faults
+	migrated int               // orders the migrate fault moved
 	watchers sync.WaitGroup    // one per started process: reports and restarts it
 	stopping atomic.Bool       // set once the run stops its processes: none is restarted
 }
@@ -676,6 +681,7 @@ func (r *run) gather(ctx context.Context, w *stage, h History, rep *Report) erro
 	rep.Result = Check(h, audit, ledger)
 	r.mu.Lock()
 	rep.Faults, rep.Crashes = r.faults, r.crashes
+	rep.Migrated = r.migrated
 	r.mu.Unlock()
 	return nil
 }
@@ -772,6 +778,50 @@ func (r *run) publish(ctx context.Context, pub *broker.Publisher, topo broker.To
 	return nil
 }
 
+// MigratedTimeYAML is the version of the time workflow the migrate
+// fault moves running orders to: an audit once the child has paid and
+// shipped.
+const MigratedTimeYAML = `
+workflows:
+  - name: chaos_time
+    steps:
+      - {action: reserve_inventory, agent: inventory, compensation: {action: release_inventory}}
+      - {action: cooling_off, delay: 300ms}
+      - {id: pay_and_ship, workflow: chaos_child}
+      - {action: audit_order, agent: inventory, compensation: {action: unaudit_order}}
+  - name: chaos_child
+    steps:
+      - {action: charge_payment, agent: payment, compensation: {action: refund_payment}}
+      - {action: create_shipment, agent: shipping, compensation: {action: cancel_shipment}}
+`
+
+// migrate moves up to 50 running orders of the time workflow to
+// MigratedTimeYAML's version; it returns how many moved and how many
+// stayed (each with why, as MigrateOrder says).
+func (r *run) migrate(ctx context.Context) (moved, left int, err error) {
+	reg, err := workflow.Parse("migrated.yaml", []byte(MigratedTimeYAML))
+	if err != nil {
+		return 0, 0, err
+	}
+	wf, _ := reg.Lookup(TimeWorkflow)
+	ids, err := r.store.RunningOrders(ctx, TimeWorkflow, wf.Version(), 50)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, id := range ids {
+		v, err := r.store.MigrateOrder(ctx, id, wf, true, "chaos")
+		if err != nil {
+			return moved, left, err
+		}
+		if v.Moved {
+			moved++
+		} else {
+			left++
+		}
+	}
+	return moved, left, nil
+}
+
 // DeadlineEvery: one order in this many is published with a deadline of
 // its own (2 s).
 const DeadlineEvery = 8
@@ -779,7 +829,7 @@ const DeadlineEvery = 8
 // injectFaults injects a fault every 0.3 to 1.5 s until published closes.
 func (r *run) injectFaults(ctx context.Context, enabled map[string]bool, published <-chan struct{}) {
 	var kinds []string
-	for _, k := range []string{FaultKill, FaultFailpoint, FaultStop, FaultRemote, FaultNetwork, FaultBrokerRestart, FaultDBRestart, FaultPause} {
+	for _, k := range []string{FaultKill, FaultFailpoint, FaultStop, FaultRemote, FaultNetwork, FaultBrokerRestart, FaultDBRestart, FaultPause, FaultMigrate} {
 		if enabled[k] {
 			kinds = append(kinds, k)
 		}
@@ -813,6 +863,17 @@ func (r *run) injectFaults(ctx context.Context, enabled map[string]bool, publish
 		case <-time.After(time.Duration(300+r.intn(1200)) * time.Millisecond):
 		}
 		switch kind := kinds[r.intn(len(kinds))]; kind {
+		case FaultMigrate:
+			moved, left, err := r.migrate(ctx)
+			if err != nil {
+				r.logger.Warn("moving orders failed", "err", err)
+				continue
+			}
+			r.count(FaultMigrate)
+			r.mu.Lock()
+			r.migrated += moved
+			r.mu.Unlock()
+			r.logger.Info("moved running orders to another version", "workflow", TimeWorkflow, "moved", moved, "left", left)
 		case FaultPause:
 			wf := []string{workflow.DefaultName, "single", GraphWorkflow, TimeWorkflow}[r.intn(4)]
 			d := time.Duration(200+r.intn(1800)) * time.Millisecond

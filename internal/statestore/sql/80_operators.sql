@@ -564,7 +564,7 @@ $function$;
 -- continuing an old step (old) or new (old 0), with p_added the actions
 -- it adds). The order's step rows are locked before the order, as a
 -- reply locks them; the plan is checked again against what it finds (a
--- step it drops has not begun meanwhile, a step in flight keeps its
+-- step it drops has not begun meanwhile, a step that has begun keeps its
 -- position, no compensation or for_each instance has begun). Then the
 -- steps continued keep their state, results, attempts and keys under
 -- their new numbers and definitions, those dropped go, the new version's
@@ -600,8 +600,8 @@ BEGIN
         RETURN 'a step it would drop has begun meanwhile; look again';
     END IF;
     IF EXISTS (SELECT 1 FROM steps s JOIN jsonb_to_recordset(p_plan) AS r(old integer, step integer) ON r.old = s.step
-               WHERE s.order_id = p_order AND s.process_state IN ('processing', 'awaiting') AND r.step <> r.old) THEN
-        RETURN 'a step in flight would change its position; move it once the step has ended';
+               WHERE s.order_id = p_order AND s.process_state <> 'waiting' AND r.step <> r.old) THEN
+        RETURN 'a step that has begun would change its position';
     END IF;
     IF EXISTS (SELECT 1 FROM steps WHERE order_id = p_order AND (parent IS NOT NULL OR (kind = 'compensation' AND process_state <> 'waiting'))) THEN
         RETURN 'a for_each instance or a compensation has begun meanwhile';
