@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 	"text/tabwriter"
 
 	"sas/internal/messages"
@@ -16,8 +17,9 @@ func (a *app) ordersMigrate(ctx context.Context, args []string) error {
 	to := fs.String("to", "", "the version to move to: the workflow's version in the workflows file (sasctl workflows list) (required)")
 	wfName := fs.String("workflow", "", "the workflow whose running orders move (required)")
 	workflows := fs.String("workflows", "", "the workflows file holding the version (default: SAS_WORKFLOWS_FILE, else the built-in one)")
-	var ids stringList
+	var ids, where stringList
 	fs.Var(&ids, "id", "only this order (again for more; default: every running order of the workflow)")
+	fs.Var(&where, "where", "only the running orders whose search attribute has this value, NAME=VALUE (again for more)")
 	limit := fs.Int("limit", 10000, "orders looked at, at most")
 	apply := fs.Bool("apply", false, "move the orders that can move (without it, a dry run: what would move and why not)")
 	as := fs.String("as", "", "the name to record beside your database login (default: $USER)")
@@ -44,7 +46,25 @@ func (a *app) ordersMigrate(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeStore()
-	if len(ids) == 0 {
+	switch {
+	case len(ids) > 0 && len(where) > 0:
+		return a.usageError(fs, "give --id or --where, not both")
+	case len(where) > 0:
+		key := map[string]any{}
+		for _, w := range where {
+			k, v, ok := strings.Cut(w, "=")
+			if !ok {
+				return a.usageError(fs, "--where %q: write NAME=VALUE", w)
+			}
+			key[k] = keyValue(v)
+		}
+		if err := messages.CheckWhere(key); err != nil {
+			return err
+		}
+		if ids, err = store.OrdersByKey(ctx, wf.Name, key, *limit); err != nil {
+			return err
+		}
+	case len(ids) == 0:
 		if ids, err = store.RunningOrders(ctx, wf.Name, wf.Version(), *limit); err != nil {
 			return err
 		}
