@@ -232,3 +232,53 @@ func TestRolesHaveOnlyWhatTheyNeed(t *testing.T) {
 		}
 	}
 }
+
+// TestRolesRunDeadlinesPausesArchivalAndKeys: each service's role can do
+// its part of deadlines, pauses, archival, signals by key and moves, and
+// an entrance that must not pause cannot.
+func TestRolesRunDeadlinesPausesArchivalAndKeys(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	submitter := storeAs(t, b, "sas_submitter")
+	scheduler := storeAs(t, b, "sas_scheduler")
+	supervisor := storeAs(t, b, "sas_supervisor")
+	operator := storeAs(t, b, "sas_operator")
+
+	o := order(1, time.Minute, 1)
+	o.Deadline = time.Hour
+	o.Attributes = []statestore.Attribute{{Name: "applicant", Text: ptr("42")}}
+	if got, err := submitter.InsertOrder(ctx, o); err != nil || got != statestore.Inserted {
+		t.Fatalf("submitter insert with a deadline: %v %v", got, err)
+	}
+	if ids, err := scheduler.OrdersByKey(ctx, "test", map[string]any{"applicant": "42"}, 2); err != nil || len(ids) != 1 {
+		t.Fatalf("scheduler finding an order by key: %v %v", ids, err)
+	}
+	if _, err := submitter.PauseOrder(ctx, o.OrderID, "", "x"); !denied(err) {
+		t.Fatalf("submitter pausing: %v, want permission denied", err)
+	}
+	if got, err := operator.PauseOrder(ctx, o.OrderID, "incident", "ann"); err != nil || got != statestore.Paused {
+		t.Fatalf("operator pausing: %q %v", got, err)
+	}
+	if _, err := supervisor.SettlePauses(ctx, "sup"); err != nil {
+		t.Fatalf("supervisor settling pauses: %v", err)
+	}
+	if got, err := operator.ResumeOrder(ctx, o.OrderID, "ann"); err != nil || got != statestore.Resumed {
+		t.Fatalf("operator resuming: %q %v", got, err)
+	}
+	if _, err := supervisor.AcquireLease(ctx, statestore.SupervisorLease, "sup", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `UPDATE order_deadlines SET due_at = clock_timestamp() WHERE order_id = $1`, o.OrderID); err != nil {
+		t.Fatal(err)
+	}
+	if fired, err := supervisor.FireDeadlines(ctx, "sup", statestore.SupervisorLease, 10); err != nil || len(fired) != 1 || !fired[0].Applied {
+		t.Fatalf("supervisor firing a deadline: %+v %v", fired, err)
+	}
+	if _, err := supervisor.ArchiveDocument(ctx, o.OrderID); err != nil {
+		t.Fatalf("supervisor reading an order's record to archive: %v", err)
+	}
+	if _, err := supervisor.PurgeOrders(ctx, []string{o.OrderID}, 0, nil); err != nil {
+		t.Fatalf("supervisor deleting archived orders: %v", err)
+	}
+}
