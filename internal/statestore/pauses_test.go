@@ -153,6 +153,10 @@ workflows:
 	}
 	later := graphOrder(t, file, wfName, `{}`, statestore.PolicyCompensate)
 	insert(t, b, later)
+	// A paused order with a step set aside reads as any order does.
+	if d, err := b.store.GetOrder(ctx, running.OrderID); err != nil || d.Paused == nil || d.Steps[0].ProcessState != statestore.StepPending {
+		t.Fatalf("reading a paused order: %+v %v", d.Paused, err)
+	}
 	for _, id := range []string{running.OrderID, own.OrderID, later.OrderID} {
 		if got := claimAll(t, b, id); len(got) != 0 {
 			t.Fatalf("claimed %s of an order of a paused workflow", names(got))

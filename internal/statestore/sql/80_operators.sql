@@ -338,7 +338,7 @@ $function$;
 -- or agent kind is claimed; what is in flight ends normally.
 
 -- pause_order: pauses an order that runs (received, processing,
--- compensating): its pending steps are set aside (available_at infinity,
+-- compensating): its pending steps are set aside (available_at 9999-12-31,
 -- so that claims do not walk them; a step that becomes pending while it is
 -- paused is passed over by the claims' look at order_pauses). Returns
 -- 'paused', or 'already' when it was paused.
@@ -365,7 +365,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN 'already';
     END IF;
-    UPDATE steps SET available_at = 'infinity' WHERE order_id = p_order AND process_state = 'pending';
+    UPDATE steps SET available_at = '9999-12-31 00:00:00+00' WHERE order_id = p_order AND process_state = 'pending';
     PERFORM record_operator_action('pause', p_order::text, coalesce(p_reason, ''), p_claimed);
     RETURN 'paused';
 END;
@@ -387,7 +387,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    UPDATE steps SET available_at = now() WHERE order_id = p_order AND process_state = 'pending' AND available_at = 'infinity';
+    UPDATE steps SET available_at = now() WHERE order_id = p_order AND process_state = 'pending' AND available_at = '9999-12-31 00:00:00+00';
     UPDATE order_deadlines SET due_at = due_at + (clock_timestamp() - v_since)
     WHERE order_id = p_order AND outcome IS NULL
     RETURNING due_at INTO v_due;
@@ -518,7 +518,7 @@ $function$;
 -- leading supervisor's sweep call it: every order of a paused workflow
 -- that runs is paused (an order written as the pause began, which the
 -- insert could not see, is caught here), and the pending steps of paused
--- orders are set aside (available_at infinity: a step that became pending
+-- orders are set aside (available_at 9999-12-31: a step that became pending
 -- while its order was paused), the pauses of orders that ended while
 -- paused go, and an order paused with a workflow no longer paused (its
 -- insert raced the resume) is resumed. Returns how many orders it paused.
@@ -550,9 +550,9 @@ BEGIN
                  FOR UPDATE OF o SKIP LOCKED LOOP
             PERFORM order_unpause(r.order_id);
         END LOOP;
-        UPDATE steps s SET available_at = 'infinity'
+        UPDATE steps s SET available_at = '9999-12-31 00:00:00+00'
         FROM order_pauses p
-        WHERE s.order_id = p.order_id AND s.process_state = 'pending' AND s.available_at <> 'infinity';
+        WHERE s.order_id = p.order_id AND s.process_state = 'pending' AND s.available_at <> '9999-12-31 00:00:00+00';
     END IF;
     RETURN v_n;
 END;
