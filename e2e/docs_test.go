@@ -22,17 +22,21 @@ import (
 type envVar struct{ name, def string }
 
 // envVars lists the variables of a configuration struct, including those
-// of embedded structs.
-func envVars(t reflect.Type) []envVar {
+// of embedded structs and of named ones (whose tag prefixes theirs).
+func envVars(t reflect.Type) []envVar { return envVarsUnder(t, "SAS_") }
+
+func envVarsUnder(t reflect.Type, prefix string) []envVar {
 	var out []envVar
 	for i := range t.NumField() {
 		f := t.Field(i)
-		if f.Anonymous && f.Type.Kind() == reflect.Struct {
-			out = append(out, envVars(f.Type)...)
-			continue
-		}
-		if name := f.Tag.Get("envconfig"); name != "" {
-			out = append(out, envVar{"SAS_" + name, f.Tag.Get("default")})
+		name := f.Tag.Get("envconfig")
+		switch {
+		case f.Anonymous && f.Type.Kind() == reflect.Struct:
+			out = append(out, envVarsUnder(f.Type, prefix)...)
+		case name != "" && f.Type.Kind() == reflect.Struct && f.Type.PkgPath() != "time":
+			out = append(out, envVarsUnder(f.Type, prefix+name+"_")...)
+		case name != "":
+			out = append(out, envVar{prefix + name, f.Tag.Get("default")})
 		}
 	}
 	return out

@@ -177,6 +177,17 @@ func TestHelmChart(t *testing.T) {
 
 	// URLs from parts: a multi-host database, every broker node.
 	sched := container(t, find(t, full, "Deployment", "scheduler"))
+	// Single sign-on: the console and the API know the provider; only
+	// the console reads the client's secret, from the Secret.
+	for _, c := range []string{"console", "api"} {
+		e := envOf(container(t, find(t, full, "Deployment", c)))
+		if e["SAS_OIDC_ISSUER"] != "https://idp.example.com/realms/acme" || e["SAS_OIDC_ROLES"] == "" {
+			t.Errorf("the %s's environment has no identity provider: %v", c, e)
+		}
+		if _, ok := e["SAS_OIDC_CLIENT_SECRET_FILE"]; ok != (c == "console") {
+			t.Errorf("the %s reads the client's secret: %v", c, ok)
+		}
+	}
 	env := envOf(sched)
 	if env["SAS_DATABASE_URL"] != "postgres://sas_scheduler_login@pg-1.db.svc:5432,pg-2.db.svc:5432/sas?sslmode=verify-full&sslrootcert=/etc/ssl/certs/ca-certificates.crt&target_session_attrs=read-write" ||
 		strings.Count(env["SAS_AMQP_URL"], "amqps://sas-scheduler@") != 3 || !strings.Contains(env["SAS_AMQP_URL"], "/orders%2Fprod") {

@@ -52,7 +52,7 @@ func buildAndRun(m *testing.M) int {
 	// SAS_E2E_RACE=off builds them without it, for a benchmark's timings
 	// (make bench-console).
 	args := []string{"build", "-race", "-tags", "failpoints", "-o", dir + "/", "./cmd/submitter", "./cmd/sasctl",
-		"./cmd/scheduler", "./cmd/agent", "./cmd/remote", "./cmd/supervisor", "./cmd/console", "./cmd/api"}
+		"./cmd/scheduler", "./cmd/agent", "./cmd/remote", "./cmd/supervisor", "./cmd/console", "./cmd/api", "./internal/harness/idp"}
 	if os.Getenv("SAS_E2E_RACE") == "off" {
 		args = slices.DeleteFunc(args, func(a string) bool { return a == "-race" })
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"hash/fnv"
 	"net/http"
 	"slices"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"sas/internal/oidcauth"
 	"sas/internal/statestore"
 )
 
@@ -25,6 +27,28 @@ func (c caller) actor() string { return "api:" + c.token.Name }
 
 // may reports whether the caller's role is one of roles.
 func (c caller) may(roles ...string) bool { return slices.Contains(roles, c.token.Role) }
+
+// oidcRoles are the roles an identity provider's claim may map to, from
+// the least to the most: of several, the last wins.
+var oidcRoles = []string{statestore.TokenSubmitter, statestore.TokenViewer, statestore.TokenOperator}
+
+// accessToken checks an identity provider's access token: refused (with
+// why, logged without the token) when it is not valid, an error alone
+// when the provider cannot be reached. The caller it makes is named by
+// the provider and the subject, and has an allowance of its own.
+func (s *server) accessToken(r *http.Request, presented string) (statestore.APIToken, bool, error) {
+	id, err := s.idp.VerifyAccess(r.Context(), presented)
+	if errors.Is(err, oidcauth.ErrUnavailable) {
+		return statestore.APIToken{}, false, err
+	}
+	if err != nil {
+		s.logger.Warn("api: access token refused", "err", err, "subject", id.Subject, "addr", clientHost(r))
+		return statestore.APIToken{}, true, err
+	}
+	h := fnv.New64a()
+	h.Write([]byte(id.Actor()))
+	return statestore.APIToken{ID: -int64(h.Sum64()>>1) - 1, Name: id.Actor(), Role: id.Role}, false, nil
+}
 
 // tokenStore is what tokens needs of the state store.
 type tokenStore interface {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"sas/internal/archive"
+	"sas/internal/oidcauth"
 	"sas/internal/service"
 )
 
@@ -58,6 +59,9 @@ type Config struct {
 	// Archive is where retention's archive is, to read archived orders
 	// back (GET /orders/{id}/archived).
 	archive.Config
+	// OIDC: the API also takes the identity provider's access tokens
+	// (JWTs), their roles claim mapped to submitter, viewer or operator.
+	OIDC oidcauth.Config `envconfig:"OIDC"`
 }
 
 // Check reports settings that cannot work.
@@ -73,6 +77,9 @@ func (c Config) Check() error {
 	}
 	if c.AwaitMax <= 0 || c.TokenCache < 0 || c.BulkLease < time.Second {
 		return errors.New("SAS_API_AWAIT_MAX must be positive, SAS_API_TOKEN_CACHE not negative, SAS_API_BULK_LEASE at least 1s")
+	}
+	if err := c.OIDC.Check(false, oidcRoles...); err != nil {
+		return err
 	}
 	if c.BulkMax < 1 || c.BulkBatch < 1 || c.Batch < 1 || c.Writers < 1 {
 		return errors.New("SAS_API_BULK_MAX, SAS_API_BULK_BATCH, SAS_API_BATCH and SAS_API_WRITERS must be at least 1")

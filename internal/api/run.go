@@ -14,6 +14,7 @@ import (
 	"sas/internal/broker"
 	"sas/internal/intake"
 	"sas/internal/messages"
+	"sas/internal/oidcauth"
 	"sas/internal/service"
 	"sas/internal/statestore"
 )
@@ -55,7 +56,13 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	s := &server{cfg: cfg, me: me, store: store, workflows: workflows, archive: arch, tokens: newTokens(store, cfg.TokenCache, cfg.Rate, cfg.Burst),
+	var idp *oidcauth.Provider
+	if cfg.OIDC.On() {
+		if idp, err = oidcauth.NewProvider(cfg.OIDC, nil, oidcRoles...); err != nil {
+			return err
+		}
+	}
+	s := &server{cfg: cfg, idp: idp, me: me, store: store, workflows: workflows, archive: arch, tokens: newTokens(store, cfg.TokenCache, cfg.Rate, cfg.Burst),
 		hub: h, inserts: inserts, pub: sk.Deps.Pub, topo: topo, tr: sk.Tracing, redact: cfg.Redactor(), logger: logger, metrics: m}
 
 	ln, err := net.Listen("tcp", cfg.Addr)

@@ -17,6 +17,7 @@ import (
 	"sas/internal/batch"
 	"sas/internal/broker"
 	"sas/internal/messages"
+	"sas/internal/oidcauth"
 	"sas/internal/secrets"
 	"sas/internal/statestore"
 	"sas/internal/tracing"
@@ -32,6 +33,7 @@ type server struct {
 	store     *statestore.Store
 	workflows *workflow.Registry
 	tokens    *tokens
+	idp       *oidcauth.Provider // nil: API tokens only
 	hub       *hub
 	inserts   *batch.Batcher[statestore.NewOrder, statestore.InsertOutcome]
 	pub       *broker.Publisher
@@ -231,7 +233,17 @@ func (s *server) serve(rt route) http.Handler {
 			writeProblem(rec, r, http.StatusUnauthorized, probUnauthorized, "send an API token: Authorization: Bearer sas_... (sasctl api token create)")
 			return
 		}
-		tok, err := s.tokens.check(r.Context(), presented)
+		var tok statestore.APIToken
+		var err error
+		if s.idp != nil && oidcauth.LooksLikeJWT(presented) {
+			var refused bool
+			if tok, refused, err = s.accessToken(r, presented); refused {
+				writeProblem(rec, r, http.StatusUnauthorized, probUnauthorized, "the access token is not accepted: "+err.Error())
+				return
+			}
+		} else {
+			tok, err = s.tokens.check(r.Context(), presented)
+		}
 		if errors.Is(err, statestore.ErrBadToken) {
 			writeProblem(rec, r, http.StatusUnauthorized, probUnauthorized, "the token is unknown, wrong or revoked")
 			return

@@ -68,7 +68,7 @@ func TestUsersFile(t *testing.T) {
 func TestDirectoryAuthenticates(t *testing.T) {
 	t.Parallel()
 	hash, _ := HashPassword("right", bcrypt.MinCost)
-	d, err := newDirectory("", UserLine("alice", Operator, hash))
+	d, err := newDirectory("", UserLine("alice", Operator, hash), false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func TestDirectoryAuthenticates(t *testing.T) {
 			t.Errorf("%s with %q: in %v, %v", c[0], c[1], ok, err)
 		}
 	}
-	if _, err := newDirectory("", ""); err == nil {
+	if _, err := newDirectory("", "", false); err == nil {
 		t.Error("a console with no user starts")
 	}
 }
@@ -94,7 +94,7 @@ func TestUnknownNameTakesAsLongAsAKnownOne(t *testing.T) {
 	t.Parallel()
 	cheap, _ := HashPassword("alice's", bcrypt.MinCost)
 	dear, _ := HashPassword("bob's", 7)
-	d, err := newDirectory("", UserLine("alice", Operator, cheap)+";"+UserLine("bob", Viewer, dear))
+	d, err := newDirectory("", UserLine("alice", Operator, cheap)+";"+UserLine("bob", Viewer, dear), false)
 	if err != nil {
 		t.Fatal(err)
 	}

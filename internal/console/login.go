@@ -13,6 +13,10 @@ type loginForm struct {
 	Name  string
 	Error string
 	CSRF  string
+	// SSO names the identity provider to sign in with ("" for none);
+	// Passwords: the users file has users.
+	SSO       string
+	Passwords bool
 }
 
 // maxNext bounds the page a login goes to afterwards.
@@ -66,6 +70,10 @@ func (s *server) loginPage(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) showLogin(w http.ResponseWriter, r *http.Request, status int, f loginForm) {
 	f.CSRF = token()
+	f.Passwords = s.cfg.UsersFile != "" || s.cfg.Users != ""
+	if s.idp != nil {
+		f.SSO = s.idp.Name()
+	}
 	setCookie(w, loginCookie, f.CSRF, 600)
 	s.render(w, r, nil, status, "login.html", "Log in", f)
 }

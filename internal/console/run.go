@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"sas/internal/broker"
+	"sas/internal/oidcauth"
 	"sas/internal/service"
 )
 
@@ -50,6 +51,8 @@ type Config struct {
 	DBMaxConns  int32  `envconfig:"DB_MAX_CONNS" default:"4"`
 	// BulkMax is the most orders one bulk job made here may act on.
 	BulkMax int `envconfig:"CONSOLE_BULK_MAX" default:"100000"`
+	// OIDC signs people in at the company's identity provider.
+	OIDC oidcauth.Config `envconfig:"OIDC"`
 }
 
 // Check reports settings that cannot work.
@@ -57,8 +60,14 @@ func (c Config) Check() error {
 	if err := c.Common.Check(); err != nil {
 		return err
 	}
-	if c.UsersFile == "" && c.Users == "" {
-		return errors.New("SAS_CONSOLE_USERS_FILE or SAS_CONSOLE_USERS must name at least one user (sasctl console user add makes one)")
+	if c.UsersFile == "" && c.Users == "" && !c.OIDC.On() {
+		return errors.New("SAS_CONSOLE_USERS_FILE or SAS_CONSOLE_USERS must name at least one user (sasctl console user add makes one), or SAS_OIDC_ISSUER an identity provider")
+	}
+	if err := c.OIDC.Check(true, Viewer, Operator); err != nil {
+		return err
+	}
+	if c.OIDC.On() && c.PublicURL == "" {
+		return errors.New("SAS_CONSOLE_PUBLIC_URL must be set for sign-in at the identity provider: the provider sends people back to it")
 	}
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
 		return errors.New("SAS_CONSOLE_TLS_CERT_FILE and SAS_CONSOLE_TLS_KEY_FILE go together")
@@ -77,7 +86,7 @@ func (c Config) Check() error {
 
 // Run serves the console until ctx ends.
 func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
-	users, err := newDirectory(cfg.UsersFile, cfg.Users)
+	users, err := newDirectory(cfg.UsersFile, cfg.Users, cfg.OIDC.On())
 	if err != nil {
 		return err
 	}

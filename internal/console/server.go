@@ -18,6 +18,7 @@ import (
 
 	"sas/internal/broker"
 	"sas/internal/messages"
+	"sas/internal/oidcauth"
 	"sas/internal/statestore"
 	"sas/internal/workflow"
 )
@@ -44,6 +45,10 @@ type server struct {
 	static    http.Handler
 	workflows *workflow.Registry
 	now       func() time.Time
+	// idp is the identity provider people sign in with (nil: none).
+	idp       *oidcauth.Provider
+	pending   *pendingSSO
+	ssoLogins *prometheus.CounterVec
 
 	mu      sync.Mutex
 	conn    *broker.Conn
@@ -75,14 +80,29 @@ func newServer(cfg Config, store *statestore.Store, users *directory, reg promet
 	for _, r := range []string{"ok", "wrong", "refused", "busy"} {
 		logins.WithLabelValues(r)
 	}
-	if err := reg.Register(logins); err != nil {
-		return nil, err
+	ssoLogins := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sas_console_sso_total",
+		Help: "Console sign-ins at the identity provider by result: ok, refused (state, code or token not accepted), refreshed (a session renewed), ended (the provider did not renew a session).",
+	}, []string{"result"})
+	for _, r := range []string{"ok", "refused", "refreshed", "ended"} {
+		ssoLogins.WithLabelValues(r)
+	}
+	for _, c := range []prometheus.Collector{logins, ssoLogins} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	var idp *oidcauth.Provider
+	if cfg.OIDC.On() {
+		if idp, err = oidcauth.NewProvider(cfg.OIDC, nil, Viewer, Operator); err != nil {
+			return nil, err
+		}
 	}
 	return &server{
 		cfg: cfg, store: store, users: users, logger: logger, pages: pages, workflows: wfs, now: time.Now, origins: origins, logins: logins,
-		sessions: newSessions(cfg.SessionTTL),
-		limiter:  newLimiter(cfg.LoginAttempts, cfg.LoginWindow),
-		static:   http.StripPrefix("/static/", http.FileServerFS(sub)),
+		sessions: newSessions(cfg.SessionTTL), idp: idp, pending: &pendingSSO{m: map[string]pendingSignIn{}}, ssoLogins: ssoLogins,
+		limiter: newLimiter(cfg.LoginAttempts, cfg.LoginWindow),
+		static:  http.StripPrefix("/static/", http.FileServerFS(sub)),
 	}, nil
 }
 
@@ -128,6 +148,8 @@ func (s *server) routes() http.Handler {
 	mux.Handle("GET /static/", s.static)
 	mux.HandleFunc("GET /login", s.loginPage)
 	mux.HandleFunc("POST /login", s.login)
+	mux.HandleFunc("GET /login/oidc", s.ssoBegin)
+	mux.HandleFunc("GET "+ssoCallback, s.ssoFinish)
 	mux.HandleFunc("POST /logout", s.authed(s.logout))
 	mux.HandleFunc("GET /{$}", s.authed(s.overview))
 	mux.HandleFunc("GET /overview/live", s.authed(s.overviewLive))
@@ -213,6 +235,14 @@ func (s *server) current(r *http.Request) *request {
 	ss, ok := s.sessions.get(c.Value, s.now())
 	if !ok {
 		return nil
+	}
+	if ss.sso != nil {
+		id, ok := s.ssoIdentity(r.Context(), ss.sso)
+		if !ok {
+			s.sessions.end(c.Value)
+			return nil
+		}
+		return &request{user: User{Name: id.Actor(), Role: id.Role, Display: id.Display}, session: ss, token: c.Value}
 	}
 	if err := s.users.reload(); err != nil {
 		s.logger.Error("users file", "err", err)
@@ -300,7 +330,7 @@ type page struct {
 func (s *server) render(w http.ResponseWriter, r *http.Request, rq *request, status int, name, title string, data any) {
 	p := page{Title: title, Nav: name, ReadOnly: s.cfg.ReadOnly, Data: data}
 	if rq != nil {
-		p.User, p.Role, p.CSRF, p.CanAct = rq.user.Name, rq.user.Role, rq.session.csrf, s.canAct(rq)
+		p.User, p.Role, p.CSRF, p.CanAct = rq.user.shown(), rq.user.Role, rq.session.csrf, s.canAct(rq)
 	}
 	p.Notice = noticeOf(r.URL.Query().Get("done"))
 	t, ok := s.pages[name]

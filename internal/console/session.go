@@ -26,6 +26,9 @@ type session struct {
 	user    string
 	csrf    string
 	expires time.Time
+	// sso is set for a session signed in at the identity provider: its
+	// role is the provider's, not the users file's.
+	sso *ssoState
 }
 
 // sessions are kept in memory: a restart of the console logs everyone

@@ -32,7 +32,18 @@ const DefaultCost = 12
 type User struct {
 	Name string
 	Role string
-	hash []byte
+	// Display is how a user signed in at the identity provider is shown
+	// (their email); Name is then the provider and the subject.
+	Display string
+	hash    []byte
+}
+
+// shown is the name a page shows.
+func (u User) shown() string {
+	if u.Display != "" {
+		return u.Display
+	}
+	return u.Name
 }
 
 var userNameRE = regexp.MustCompile(`^[A-Za-z0-9._@-]{1,64}$`)
@@ -169,7 +180,7 @@ var errBusy = errors.New("too many logins are being checked at once")
 // checkWait is how long a login waits for a slot before errBusy.
 const checkWait = 10 * time.Second
 
-func newDirectory(file, env string) (*directory, error) {
+func newDirectory(file, env string, allowEmpty bool) (*directory, error) {
 	d := &directory{file: file, env: map[string]User{}, checks: make(chan struct{}, max(1, runtime.GOMAXPROCS(0)/2))}
 	if env != "" {
 		u, err := ParseUsers("SAS_CONSOLE_USERS", []byte(env))
@@ -187,7 +198,7 @@ func newDirectory(file, env string) (*directory, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(d.all()) == 0 {
+	if len(d.all()) == 0 && !allowEmpty {
 		return nil, errors.New("no console user: set SAS_CONSOLE_USERS_FILE or SAS_CONSOLE_USERS (sasctl console user add makes one)")
 	}
 	return d, nil

@@ -8,8 +8,8 @@ import (
 )
 
 // PasswordFiles reads, for every variable of environ (os.Environ's form)
-// named SAS_…PASSWORD…_FILE, the file it names, and returns the
-// variables to set: the same name without _FILE, holding the file's
+// named SAS_…PASSWORD…_FILE or SAS_…SECRET…_FILE, the file it names, and
+// returns the variables to set: the same name without _FILE, holding the file's
 // content less one final line break. A container platform mounts secrets
 // as files; a password read this way is the same as one given in the
 // plain variable, kept out of logs alike. Setting both forms of one
@@ -26,7 +26,7 @@ func PasswordFiles(environ []string) (map[string]string, error) {
 	for _, kv := range environ {
 		k, path, _ := strings.Cut(kv, "=")
 		plain, ok := strings.CutSuffix(k, "_FILE")
-		if !ok || !strings.HasPrefix(k, "SAS_") || !strings.Contains(plain, "PASSWORD") {
+		if !ok || !strings.HasPrefix(k, "SAS_") || !strings.Contains(plain, "PASSWORD") && !strings.Contains(plain, "SECRET") {
 			continue
 		}
 		if set[plain] {

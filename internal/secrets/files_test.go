@@ -25,6 +25,7 @@ func TestPasswordFiles(t *testing.T) {
 		"SAS_DATABASE_PASSWORD_FILE=" + db,
 		"SAS_AMQP_PASSWORD_FILE=" + amqp,
 		"SAS_DB_PASSWORD_SUBMITTER_FILE=" + svc,
+		"SAS_OIDC_CLIENT_SECRET_FILE=" + amqp,
 		// Settings that name files but hold no password are left alone.
 		"SAS_CONSOLE_USERS_FILE=/nowhere",
 		"SAS_WORKFLOWS_FILE=/nowhere",
@@ -37,6 +38,7 @@ func TestPasswordFiles(t *testing.T) {
 		"SAS_DATABASE_PASSWORD":     "not/a#real@Secret:%? ",
 		"SAS_AMQP_PASSWORD":         "crlf",
 		"SAS_DB_PASSWORD_SUBMITTER": "two\nlines",
+		"SAS_OIDC_CLIENT_SECRET":    "crlf",
 	}
 	if len(got) != len(want) {
 		t.Fatalf("got %q, want %q", got, want)

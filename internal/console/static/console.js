@@ -17,3 +17,11 @@ document.addEventListener("DOMContentLoaded", function () {
     }, 2000);
   });
 });
+
+// After a sign-in at the identity provider: go on from this page, a
+// navigation of this site, so the session cookie (SameSite=Strict) goes
+// with it.
+document.addEventListener("DOMContentLoaded", function () {
+  var next = document.querySelector("a[data-follow]");
+  if (next) location.replace(next.getAttribute("href"));
+});
