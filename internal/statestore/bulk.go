@@ -282,7 +282,7 @@ func (s *Store) bulkOne(ctx context.Context, job BulkJob, orderID, holder, claim
 		case BulkCancel:
 			_, actErr = tx.Exec(ctx, `SELECT operator_cancel($1, $2)`, orderID, claimed)
 		case BulkPause:
-			_, actErr = tx.Exec(ctx, `SELECT pause_order($1, 'bulk job ' || $3, $2)`, orderID, claimed, job.ID)
+			_, actErr = tx.Exec(ctx, `SELECT pause_order($1, 'bulk job ' || $3::bigint, $2)`, orderID, claimed, job.ID)
 		case BulkResume:
 			_, actErr = tx.Exec(ctx, `SELECT resume_order($1, $2)`, orderID, claimed)
 		}
