@@ -19,6 +19,8 @@ func (a *app) apiTokenCreate(ctx context.Context, args []string) error {
 	role := fs.String("role", "", "submitter (submit, and read, await and signal its own orders), viewer (read all) or operator (read and act on all)")
 	as := fs.String("as", "", "the name to record as its maker beside your database login (default: $USER)")
 	out := fs.String("out", "", "write the token to this file (mode 0640: its owner and group) instead of printing it; a file that already holds a token is kept, and nothing is made (a deployment's one-shot job may run again)")
+	var namespaces stringList
+	fs.Var(&namespaces, "namespace", "a namespace the token acts in (again for several; '*': every one; default: default)")
 	if err := a.parseNoArgs(fs, args); err != nil {
 		return err
 	}
@@ -42,7 +44,14 @@ func (a *app) apiTokenCreate(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeStore()
-	tok, secret, err := store.CreateAPIToken(ctx, *name, *role, "sasctl:"+claimedName(*as))
+	for _, ns := range namespaces {
+		if ns != statestore.AllNamespaces {
+			if err := statestore.CheckNamespace(ns); err != nil {
+				return a.usageError(fs, "--namespace: %v", err)
+			}
+		}
+	}
+	tok, secret, err := store.CreateAPITokenIn(ctx, *name, *role, "sasctl:"+claimedName(*as), namespaces)
 	if err != nil {
 		return err
 	}
@@ -52,10 +61,10 @@ func (a *app) apiTokenCreate(ctx context.Context, args []string) error {
 			_, _ = store.RevokeAPIToken(ctx, tok.Name, "sasctl:"+claimedName(*as))
 			return fmt.Errorf("write the token: %w (token %s revoked)", err, tok.Name)
 		}
-		fmt.Fprintf(a.stderr, "token %s (%s) made and written to %s\n", tok.Name, tok.Role, *out)
+		fmt.Fprintf(a.stderr, "token %s (%s in %s) made and written to %s\n", tok.Name, tok.Role, strings.Join(tok.Namespaces, ", "), *out)
 		return nil
 	}
-	fmt.Fprintf(a.stderr, "token %s (%s) made; it is shown this once: keep it in a secret store\n", tok.Name, tok.Role)
+	fmt.Fprintf(a.stderr, "token %s (%s in %s) made; it is shown this once: keep it in a secret store\n", tok.Name, tok.Role, strings.Join(tok.Namespaces, ", "))
 	fmt.Fprintln(a.stdout, secret)
 	return nil
 }
@@ -79,7 +88,7 @@ func (a *app) apiTokenList(ctx context.Context, args []string) error {
 		return a.printJSON(toks)
 	}
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tROLE\tCREATED\tBY\tLAST_USED\tREVOKED")
+	fmt.Fprintln(tw, "NAME\tROLE\tNAMESPACES\tCREATED\tBY\tLAST_USED\tREVOKED")
 	for _, t := range toks {
 		used, revoked := "–", "–"
 		if t.LastUsedAt != nil {
@@ -88,7 +97,7 @@ func (a *app) apiTokenList(ctx context.Context, args []string) error {
 		if t.RevokedAt != nil {
 			revoked = stamp(*t.RevokedAt) + " by " + t.RevokedBy
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", t.Name, t.Role, stamp(t.CreatedAt), t.CreatedBy, used, revoked)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Name, t.Role, strings.Join(t.Namespaces, ","), stamp(t.CreatedAt), t.CreatedBy, used, revoked)
 	}
 	return tw.Flush()
 }
@@ -104,4 +113,61 @@ func (a *app) apiTokenRevoke(ctx context.Context, args []string) error {
 		fmt.Fprintf(a.stdout, "token %s revoked at %s by %s: the API refuses it within SAS_API_TOKEN_CACHE\n", tok.Name, stamp(*tok.RevokedAt), tok.RevokedBy)
 		return nil
 	})
+}
+
+// namespacesAdd makes namespaces.
+func (a *app) namespacesAdd(ctx context.Context, args []string) error {
+	fs := a.flags()
+	as := fs.String("as", "", "the name to record as its maker beside your database login (default: $USER)")
+	names, err := a.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(names) == 0 {
+		return a.usageError(fs, "name at least one namespace")
+	}
+	for _, n := range names {
+		if err := statestore.CheckNamespace(n); err != nil {
+			return a.usageError(fs, "%v", err)
+		}
+	}
+	store, closeStore, err := a.store(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	for _, n := range names {
+		if _, err := store.AddNamespace(ctx, n, "sasctl:"+claimedName(*as)); err != nil {
+			return err
+		}
+		fmt.Fprintf(a.stdout, "namespace %s added\n", n)
+	}
+	return nil
+}
+
+// namespacesList lists the namespaces.
+func (a *app) namespacesList(ctx context.Context, args []string) error {
+	fs := a.flags()
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := a.parseNoArgs(fs, args); err != nil {
+		return err
+	}
+	store, closeStore, err := a.store(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	ns, err := store.Namespaces(ctx)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return a.printJSON(ns)
+	}
+	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tCREATED\tBY")
+	for _, n := range ns {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", n.Name, stamp(n.CreatedAt), n.CreatedBy)
+	}
+	return tw.Flush()
 }

@@ -167,6 +167,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return a.apiTokenCreate(ctx, rest)
 	case "api token list":
 		return a.apiTokenList(ctx, rest)
+	case "namespaces add":
+		return a.namespacesAdd(ctx, rest)
+	case "namespaces list":
+		return a.namespacesList(ctx, rest)
 	case "api token revoke":
 		return a.apiTokenRevoke(ctx, rest)
 	case "limits list":

@@ -25,6 +25,17 @@ type caller struct {
 // actor is how the history and the operator actions name the caller.
 func (c caller) actor() string { return "api:" + c.token.Name }
 
+// scoped reports whether the caller acts in some namespaces only.
+func (c caller) scoped() bool { return !c.token.In(statestore.AllNamespaces) }
+
+// namespaces are the namespaces the caller acts in, nil for every one.
+func (c caller) namespaces() []string {
+	if !c.scoped() {
+		return nil
+	}
+	return slices.Clone(c.token.Namespaces)
+}
+
 // may reports whether the caller's role is one of roles.
 func (c caller) may(roles ...string) bool { return slices.Contains(roles, c.token.Role) }
 
@@ -32,22 +43,91 @@ func (c caller) may(roles ...string) bool { return slices.Contains(roles, c.toke
 // the least to the most: of several, the last wins.
 var oidcRoles = []string{statestore.TokenSubmitter, statestore.TokenViewer, statestore.TokenOperator}
 
-// accessToken checks an identity provider's access token: refused (with
-// why, logged without the token) when it is not valid, an error alone
-// when the provider cannot be reached. The caller it makes is named by
-// the provider and the subject, and has an allowance of its own.
-func (s *server) accessToken(r *http.Request, presented string) (statestore.APIToken, bool, error) {
+// accessToken checks an identity provider's access token. Refused, it
+// returns the status to answer with and why (logged without the token):
+// 401 when the token is not valid, 403 when it is but maps to no role;
+// an error and no status when the provider cannot be reached. The caller
+// it makes is named by the provider and the subject, and has an
+// allowance of its own.
+func (s *server) accessToken(r *http.Request, presented string) (statestore.APIToken, int, error) {
 	id, err := s.idp.VerifyAccess(r.Context(), presented)
 	if errors.Is(err, oidcauth.ErrUnavailable) {
-		return statestore.APIToken{}, false, err
+		return statestore.APIToken{}, 0, err
 	}
 	if err != nil {
 		s.logger.Warn("api: access token refused", "err", err, "subject", id.Subject, "addr", clientHost(r))
-		return statestore.APIToken{}, true, err
+		if errors.Is(err, oidcauth.ErrNoRole) {
+			return statestore.APIToken{}, http.StatusForbidden, err
+		}
+		return statestore.APIToken{}, http.StatusUnauthorized, err
 	}
 	h := fnv.New64a()
 	h.Write([]byte(id.Actor()))
-	return statestore.APIToken{ID: -int64(h.Sum64()>>1) - 1, Name: id.Actor(), Role: id.Role}, false, nil
+	// An identity of the provider acts in the default namespace.
+	return statestore.APIToken{ID: -int64(h.Sum64()>>1) - 1, Name: id.Actor(), Role: id.Role,
+		Namespaces: []string{statestore.DefaultNamespace}}, 0, nil
+}
+
+// namespaceCache keeps the deployment's namespaces for a few seconds.
+type namespaceCache struct {
+	mu    sync.Mutex
+	names []string
+	until time.Time
+}
+
+// namespacesFor is how long the namespaces read are trusted: a namespace
+// added is known to every replica within it.
+const namespacesFor = 5 * time.Second
+
+// namespaceNames reads the deployment's namespaces, from the cache while
+// it is fresh (or always, with fresh).
+func (s *server) namespaceNames(ctx context.Context, fresh bool) ([]string, error) {
+	k := &s.known
+	k.mu.Lock()
+	names, ok := k.names, time.Now().Before(k.until)
+	k.mu.Unlock()
+	if ok && !fresh {
+		return names, nil
+	}
+	names, err := s.store.NamespaceNames(ctx)
+	if err != nil {
+		return nil, err
+	}
+	k.mu.Lock()
+	k.names, k.until = names, time.Now().Add(namespacesFor)
+	k.mu.Unlock()
+	return names, nil
+}
+
+// namespaceExists reports whether ns is a namespace (read again when the
+// cache does not know it: one just added is found at once).
+func (s *server) namespaceExists(ctx context.Context, ns string) (bool, error) {
+	for _, fresh := range []bool{false, true} {
+		names, err := s.namespaceNames(ctx, fresh)
+		if err != nil || slices.Contains(names, ns) {
+			return err == nil, err
+		}
+	}
+	return false, nil
+}
+
+// coversAll reports whether the caller acts in every namespace there is:
+// a token of '*', or one granted each namespace (in a deployment that
+// has only the default one, a token of the default namespace).
+func (s *server) coversAll(ctx context.Context, c caller) (bool, error) {
+	if !c.scoped() {
+		return true, nil
+	}
+	names, err := s.namespaceNames(ctx, false)
+	if err != nil {
+		return false, err
+	}
+	for _, ns := range names {
+		if !c.token.In(ns) {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // tokenStore is what tokens needs of the state store.

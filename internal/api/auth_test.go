@@ -35,7 +35,7 @@ func (f *fakeTokenStore) APITokenOf(_ context.Context, presented string) (states
 	if presented != "good" {
 		return statestore.APIToken{}, statestore.ErrBadToken
 	}
-	return statestore.APIToken{ID: 7, Name: "ci", Role: statestore.TokenOperator}, nil
+	return statestore.APIToken{ID: 7, Name: "ci", Role: statestore.TokenOperator, Namespaces: []string{statestore.AllNamespaces}}, nil
 }
 
 func (f *fakeTokenStore) TouchAPITokens(_ context.Context, ids []int64) error {

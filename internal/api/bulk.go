@@ -47,6 +47,8 @@ func (s *server) bulkCreate(w http.ResponseWriter, r *http.Request, c caller) {
 		writeProblem(w, r, http.StatusBadRequest, probBadRequest, "a bulk action needs a filter (status, workflow, from, to, id or where): it never acts on every order")
 		return
 	}
+	// The caller's namespaces, whatever the body said.
+	b.Filter.Namespaces = c.namespaces()
 	q, err := b.Filter.Query(s.workflows)
 	if err != nil {
 		var problems orderfilter.Problems
@@ -89,33 +91,73 @@ func jobID(w http.ResponseWriter, r *http.Request) (int64, bool) {
 	return id, true
 }
 
-func (s *server) bulkGet(w http.ResponseWriter, r *http.Request, _ caller) {
+func (s *server) bulkGet(w http.ResponseWriter, r *http.Request, c caller) {
 	id, ok := jobID(w, r)
 	if !ok {
 		return
 	}
 	job, err := s.store.BulkJobOf(r.Context(), id)
-	if s.readFailed(w, r, err, fmt.Sprintf("bulk job %d", id)) {
+	if s.readFailed(w, r, err, fmt.Sprintf("bulk job %d", id)) || !s.jobVisible(w, r, c, job) {
 		return
 	}
 	writeJSON(w, http.StatusOK, job)
 }
 
-func (s *server) bulkList(w http.ResponseWriter, r *http.Request, _ caller) {
+// jobVisible answers 404 unless the caller may see the job: a caller of
+// every namespace sees every job, another only the jobs made in its
+// namespaces.
+func (s *server) jobVisible(w http.ResponseWriter, r *http.Request, c caller, job statestore.BulkJob) bool {
+	ok, err := s.maySeeJob(r, c, job)
+	if err != nil {
+		s.unavailable(w, r, err)
+		return false
+	}
+	if !ok {
+		writeProblem(w, r, http.StatusNotFound, probNotFound, fmt.Sprintf("bulk job %d does not exist", job.ID))
+	}
+	return ok
+}
+
+func (s *server) maySeeJob(r *http.Request, c caller, job statestore.BulkJob) (bool, error) {
+	all, err := s.coversAll(r.Context(), c)
+	if err != nil || all {
+		return all, err
+	}
+	var f orderfilter.Filter
+	if json.Unmarshal(job.Filter, &f) != nil || f.Namespaces == nil {
+		return false, nil
+	}
+	for _, ns := range f.Namespaces {
+		if !c.token.In(ns) {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+func (s *server) bulkList(w http.ResponseWriter, r *http.Request, c caller) {
 	jobs, err := s.store.BulkJobs(r.Context(), 100)
 	if err != nil {
 		s.unavailable(w, r, err)
 		return
 	}
-	if jobs == nil {
-		jobs = []statestore.BulkJob{}
+	seen := []statestore.BulkJob{}
+	for _, j := range jobs {
+		ok, err := s.maySeeJob(r, c, j)
+		if err != nil {
+			s.unavailable(w, r, err)
+			return
+		}
+		if ok {
+			seen = append(seen, j)
+		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"jobs": jobs})
+	writeJSON(w, http.StatusOK, map[string]any{"jobs": seen})
 }
 
 // bulkOrders lists what a job did to each order, by order id, a page at
 // a time (?after=the last id of the page before).
-func (s *server) bulkOrders(w http.ResponseWriter, r *http.Request, _ caller) {
+func (s *server) bulkOrders(w http.ResponseWriter, r *http.Request, c caller) {
 	id, ok := jobID(w, r)
 	if !ok {
 		return
@@ -129,8 +171,8 @@ func (s *server) bulkOrders(w http.ResponseWriter, r *http.Request, _ caller) {
 		}
 		after = canon
 	}
-	if _, err := s.store.BulkJobOf(r.Context(), id); errors.Is(err, statestore.ErrNotFound) {
-		writeProblem(w, r, http.StatusNotFound, probNotFound, err.Error())
+	job, err := s.store.BulkJobOf(r.Context(), id)
+	if s.readFailed(w, r, err, fmt.Sprintf("bulk job %d", id)) || !s.jobVisible(w, r, c, job) {
 		return
 	}
 	const page = 500
@@ -157,7 +199,11 @@ func (s *server) bulkStop(w http.ResponseWriter, r *http.Request, c caller) {
 	if _, ok := readBody(w, r, maxSmallBody, true); !ok {
 		return
 	}
-	job, err := s.store.StopBulkJob(r.Context(), id, c.actor())
+	job, err := s.store.BulkJobOf(r.Context(), id)
+	if s.readFailed(w, r, err, fmt.Sprintf("bulk job %d", id)) || !s.jobVisible(w, r, c, job) {
+		return
+	}
+	job, err = s.store.StopBulkJob(r.Context(), id, c.actor())
 	if s.readFailed(w, r, err, fmt.Sprintf("bulk job %d", id)) {
 		return
 	}

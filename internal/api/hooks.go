@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"sas/internal/messages"
+	"sas/internal/statestore"
 	"sas/internal/workflow"
 )
 
@@ -64,7 +65,7 @@ func (s *server) hook(w http.ResponseWriter, r *http.Request, _ caller) {
 			writeDecodeProblem(w, r, http.StatusUnprocessableEntity, err)
 			return
 		}
-		s.acceptOrder(w, r, o, actor)
+		s.acceptOrder(w, r, o, actor, statestore.DefaultNamespace, caller{token: statestore.APIToken{Namespaces: []string{statestore.AllNamespaces}}})
 		return
 	}
 	where, payload, err := in.Signal.SignalOf(body)
@@ -82,5 +83,5 @@ func (s *server) hook(w http.ResponseWriter, r *http.Request, _ caller) {
 		writeDecodeProblem(w, r, http.StatusUnprocessableEntity, err)
 		return
 	}
-	s.sendByKey(w, r, b, actor, "")
+	s.sendByKey(w, r, b, actor, "", nil)
 }

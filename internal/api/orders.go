@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -108,28 +109,35 @@ func orderID(w http.ResponseWriter, r *http.Request) (string, bool) {
 	return id, true
 }
 
-// visible reads the order id of the path and answers 404 unless the
-// caller may see that order: a submitter token sees the orders it
-// submitted, any other every order. Others' orders are "not found" to a
-// submitter, so that it learns nothing of them.
-func (s *server) visible(w http.ResponseWriter, r *http.Request, c caller) (string, bool) {
+// reaches reads the order id of the path and answers 404 unless the
+// caller may see that order: one of its namespaces', and for a submitter
+// token one it submitted. Every route of an order goes through it before
+// its handler (route.order). The orders the caller may not see are "not
+// found", as those that do not exist, so that it learns nothing of them.
+func (s *server) reaches(w http.ResponseWriter, r *http.Request, c caller) bool {
 	id, ok := orderID(w, r)
 	if !ok {
-		return "", false
+		return false
 	}
-	if !c.may(statestore.TokenSubmitter) {
-		return id, true
+	submitter := c.may(statestore.TokenSubmitter)
+	if !submitter && !c.scoped() {
+		return true
 	}
-	by, err := s.store.SubmittedBy(r.Context(), id)
+	own, found, err := s.store.OwnerOf(r.Context(), id)
 	if err != nil {
 		s.unavailable(w, r, err)
-		return "", false
+		return false
 	}
-	if by != c.actor() {
-		writeProblem(w, r, http.StatusNotFound, probNotFound, "order "+id+" does not exist, or was not submitted with this token")
-		return "", false
+	if !found || !c.token.In(own.Namespace) || submitter && own.SubmittedBy != c.actor() {
+		writeProblem(w, r, http.StatusNotFound, probNotFound, "order "+id+" does not exist, or is not this token's to see")
+		return false
 	}
-	return id, true
+	return true
+}
+
+// visible reads the order id of the path, which reaches has let through.
+func (s *server) visible(w http.ResponseWriter, r *http.Request, _ caller) (string, bool) {
+	return orderID(w, r)
 }
 
 // accepted is the answer to a submit.
@@ -158,12 +166,53 @@ func (s *server) submit(w http.ResponseWriter, r *http.Request, c caller) {
 		writeDecodeProblem(w, r, http.StatusBadRequest, err)
 		return
 	}
-	s.acceptOrder(w, r, o, c.actor())
+	ns, ok := s.submitNamespace(w, r, c)
+	if !ok {
+		return
+	}
+	s.acceptOrder(w, r, o, c.actor(), ns, c)
 }
 
-// acceptOrder writes a checked order as a submit does (the same checks
-// and idempotency as the submit queue) and answers with what came of it.
-func (s *server) acceptOrder(w http.ResponseWriter, r *http.Request, o messages.SubmitOrder, actor string) {
+// submitNamespace is the namespace a submit goes to: the Sas-Namespace
+// header's, or the token's first (the default one for a token of every
+// namespace); one the token may not act in is refused, and so is one
+// that does not exist.
+func (s *server) submitNamespace(w http.ResponseWriter, r *http.Request, c caller) (string, bool) {
+	ns := strings.TrimSpace(r.Header.Get("Sas-Namespace"))
+	if ns == "" {
+		ns = statestore.DefaultNamespace
+		if c.scoped() && len(c.token.Namespaces) > 0 {
+			ns = c.token.Namespaces[0]
+		}
+	}
+	if err := statestore.CheckNamespace(ns); err != nil {
+		writeProblem(w, r, http.StatusBadRequest, probBadRequest, "Sas-Namespace: "+err.Error(), withReason(messages.ReasonInvalidValue))
+		return "", false
+	}
+	if !c.token.In(ns) {
+		writeProblem(w, r, http.StatusForbidden, probForbidden, fmt.Sprintf("this token may not submit to namespace %q", ns))
+		return "", false
+	}
+	if ns == statestore.DefaultNamespace {
+		return ns, true
+	}
+	known, err := s.namespaceExists(r.Context(), ns)
+	if err != nil {
+		s.unavailable(w, r, err)
+		return "", false
+	}
+	if !known {
+		writeProblem(w, r, http.StatusNotFound, probNotFound, fmt.Sprintf("there is no namespace %q (sasctl namespaces add)", ns))
+		return "", false
+	}
+	return ns, true
+}
+
+// acceptOrder writes a checked order in namespace ns as a submit does
+// (the same checks and idempotency as the submit queue) and answers with
+// what came of it. An order id already taken in a namespace the caller
+// may not see is refused without a word of that order.
+func (s *server) acceptOrder(w http.ResponseWriter, r *http.Request, o messages.SubmitOrder, actor, ns string, c caller) {
 	nw, err := intake.Prepare(s.workflows, o, s.cfg.StepTimeout, actor)
 	if err != nil {
 		s.metrics.orders.WithLabelValues("rejected").Inc()
@@ -180,7 +229,21 @@ func (s *server) acceptOrder(w http.ResponseWriter, r *http.Request, o messages.
 		trace.WithAttributes(attribute.String("sas.order_id", nw.OrderID), attribute.String("sas.workflow", nw.Workflow)))
 	defer span.End()
 	nw.Traceparent = s.tr.Traceparent(ctx)
+	nw.Namespace = ns
 	outcome, err := s.inserts.Do(ctx, nw)
+	if c.scoped() && (err == nil && outcome == statestore.Duplicate || errors.Is(err, statestore.ErrConflict)) {
+		own, found, oerr := s.store.OwnerOf(r.Context(), nw.OrderID)
+		if oerr != nil {
+			s.unavailable(w, r, oerr)
+			return
+		}
+		if found && !c.token.In(own.Namespace) {
+			s.metrics.orders.WithLabelValues("rejected").Inc()
+			writeProblem(w, r, http.StatusConflict, probConflict, fmt.Sprintf("order_id %s cannot be used: choose another", nw.OrderID),
+				withReason(intake.ReasonConflict))
+			return
+		}
+	}
 	switch {
 	case errors.Is(err, statestore.ErrConflict):
 		s.metrics.orders.WithLabelValues("rejected").Inc()
@@ -263,9 +326,11 @@ type orderList struct {
 	Next string `json:"next,omitempty"`
 }
 
-func (s *server) list(w http.ResponseWriter, r *http.Request, _ caller) {
+func (s *server) list(w http.ResponseWriter, r *http.Request, c caller) {
 	qv := r.URL.Query()
-	q, err := orderfilter.FromValues(qv).Query(s.workflows)
+	f := orderfilter.FromValues(qv)
+	f.Namespaces = c.namespaces()
+	q, err := f.Query(s.workflows)
 	var problems orderfilter.Problems
 	errors.As(err, &problems)
 	q.Limit = 50

@@ -1,6 +1,8 @@
 package api
 
 import (
+	"cmp"
+	"encoding/json"
 	"errors"
 	"net/http"
 
@@ -123,8 +125,8 @@ func (s *server) pauseKind(pause bool) handler {
 }
 
 // pauses lists what is paused.
-func (s *server) pauses(w http.ResponseWriter, r *http.Request, _ caller) {
-	ps, err := s.store.Pauses(r.Context(), 500)
+func (s *server) pauses(w http.ResponseWriter, r *http.Request, c caller) {
+	ps, err := s.store.PausesIn(r.Context(), 500, c.namespaces())
 	if err != nil {
 		s.unavailable(w, r, err)
 		return
@@ -137,7 +139,7 @@ func (s *server) pauses(w http.ResponseWriter, r *http.Request, _ caller) {
 
 // archived reads an order's record from the archive: an order retention
 // deleted.
-func (s *server) archived(w http.ResponseWriter, r *http.Request, _ caller) {
+func (s *server) archived(w http.ResponseWriter, r *http.Request, c caller) {
 	id, ok := orderID(w, r)
 	if !ok {
 		return
@@ -153,6 +155,16 @@ func (s *server) archived(w http.ResponseWriter, r *http.Request, _ caller) {
 	}
 	if err != nil {
 		s.unavailable(w, r, err)
+		return
+	}
+	// An archive made before namespaces names none: the default one.
+	var in struct {
+		Order struct {
+			Namespace string `json:"namespace"`
+		} `json:"order"`
+	}
+	if json.Unmarshal(doc, &in) != nil || !c.token.In(cmp.Or(in.Order.Namespace, statestore.DefaultNamespace)) {
+		writeProblem(w, r, http.StatusNotFound, probNotFound, "order "+id+" is not in the archive")
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")

@@ -34,6 +34,7 @@ type server struct {
 	workflows *workflow.Registry
 	tokens    *tokens
 	idp       *oidcauth.Provider // nil: API tokens only
+	known     namespaceCache
 	hub       *hub
 	inserts   *batch.Batcher[statestore.NewOrder, statestore.InsertOutcome]
 	pub       *broker.Publisher
@@ -91,6 +92,12 @@ type route struct {
 	// signed: an inbound route's event, whose signature is its
 	// credential (no API token; limited per client address)
 	signed bool
+	// order: the path's {id} is an order, which the caller must be able
+	// to see (its namespace; a submitter's own) or it does not exist.
+	order bool
+	// everywhere: the route acts on the whole deployment (a workflow, an
+	// agent kind, migrations), for a token of every namespace only.
+	everywhere bool
 }
 
 type action struct {
@@ -108,21 +115,21 @@ func (s *server) routes() []route {
 			http.MethodPost: {callers, s.submit},
 			http.MethodGet:  {readers, s.list},
 		}},
-		{path: "/orders/{id}", methods: map[string]action{http.MethodGet: {all, s.get}}},
-		{path: "/orders/{id}/await", methods: map[string]action{http.MethodGet: {all, s.await}}},
-		{path: "/orders/{id}/events", methods: map[string]action{http.MethodGet: {all, s.events}}},
-		{path: "/orders/{id}/signals/{name}", methods: map[string]action{http.MethodPost: {callers, s.signal}}},
-		{path: "/orders/{id}/resubmit", methods: map[string]action{http.MethodPost: {ops, s.resubmit}}},
-		{path: "/orders/{id}/cancel", methods: map[string]action{http.MethodPost: {ops, s.cancel}}},
-		{path: "/orders/{id}/rerun", methods: map[string]action{http.MethodPost: {ops, s.rerun}}},
-		{path: "/orders/{id}/pause", methods: map[string]action{http.MethodPost: {ops, s.pauseOrder(true)}}},
-		{path: "/orders/{id}/resume", methods: map[string]action{http.MethodPost: {ops, s.pauseOrder(false)}}},
-		{path: "/workflows/{id}/pause", methods: map[string]action{http.MethodPost: {ops, s.pauseWorkflow(true)}}},
-		{path: "/workflows/{id}/resume", methods: map[string]action{http.MethodPost: {ops, s.pauseWorkflow(false)}}},
-		{path: "/kinds/{id}/pause", methods: map[string]action{http.MethodPost: {ops, s.pauseKind(true)}}},
-		{path: "/kinds/{id}/resume", methods: map[string]action{http.MethodPost: {ops, s.pauseKind(false)}}},
+		{path: "/orders/{id}", methods: map[string]action{http.MethodGet: {all, s.get}}, order: true},
+		{path: "/orders/{id}/await", methods: map[string]action{http.MethodGet: {all, s.await}}, order: true},
+		{path: "/orders/{id}/events", methods: map[string]action{http.MethodGet: {all, s.events}}, order: true},
+		{path: "/orders/{id}/signals/{name}", methods: map[string]action{http.MethodPost: {callers, s.signal}}, order: true},
+		{path: "/orders/{id}/resubmit", methods: map[string]action{http.MethodPost: {ops, s.resubmit}}, order: true},
+		{path: "/orders/{id}/cancel", methods: map[string]action{http.MethodPost: {ops, s.cancel}}, order: true},
+		{path: "/orders/{id}/rerun", methods: map[string]action{http.MethodPost: {ops, s.rerun}}, order: true},
+		{path: "/orders/{id}/pause", methods: map[string]action{http.MethodPost: {ops, s.pauseOrder(true)}}, order: true},
+		{path: "/orders/{id}/resume", methods: map[string]action{http.MethodPost: {ops, s.pauseOrder(false)}}, order: true},
+		{path: "/workflows/{id}/pause", methods: map[string]action{http.MethodPost: {ops, s.pauseWorkflow(true)}}, everywhere: true},
+		{path: "/workflows/{id}/resume", methods: map[string]action{http.MethodPost: {ops, s.pauseWorkflow(false)}}, everywhere: true},
+		{path: "/kinds/{id}/pause", methods: map[string]action{http.MethodPost: {ops, s.pauseKind(true)}}, everywhere: true},
+		{path: "/kinds/{id}/resume", methods: map[string]action{http.MethodPost: {ops, s.pauseKind(false)}}, everywhere: true},
 		{path: "/hooks/{id}/{name}", methods: map[string]action{http.MethodPost: {all, s.hook}}, signed: true},
-		{path: "/migrations", methods: map[string]action{http.MethodPost: {ops, s.migrate}}},
+		{path: "/migrations", methods: map[string]action{http.MethodPost: {ops, s.migrate}}, everywhere: true},
 		{path: "/signals", methods: map[string]action{http.MethodPost: {callers, s.signalByKey}}},
 		{path: "/pauses", methods: map[string]action{http.MethodGet: {readers, s.pauses}}},
 		{path: "/orders/{id}/archived", methods: map[string]action{http.MethodGet: {readers, s.archived}}},
@@ -236,9 +243,12 @@ func (s *server) serve(rt route) http.Handler {
 		var tok statestore.APIToken
 		var err error
 		if s.idp != nil && oidcauth.LooksLikeJWT(presented) {
-			var refused bool
-			if tok, refused, err = s.accessToken(r, presented); refused {
-				writeProblem(rec, r, http.StatusUnauthorized, probUnauthorized, "the access token is not accepted: "+err.Error())
+			var refused int
+			if tok, refused, err = s.accessToken(r, presented); refused == http.StatusForbidden {
+				writeProblem(rec, r, refused, probForbidden, "the access token is valid but grants no role: "+err.Error())
+				return
+			} else if refused != 0 {
+				writeProblem(rec, r, refused, probUnauthorized, "the access token is not accepted: "+err.Error())
 				return
 			}
 		} else {
@@ -261,6 +271,21 @@ func (s *server) serve(rt route) http.Handler {
 		if !c.may(a.roles...) {
 			writeProblem(rec, r, http.StatusForbidden, probForbidden,
 				fmt.Sprintf("token %s is a %s; %s %s needs a %s token", tok.Name, tok.Role, r.Method, label, strings.Join(a.roles, " or ")))
+			return
+		}
+		if rt.everywhere {
+			all, err := s.coversAll(r.Context(), c)
+			if err != nil {
+				s.unavailable(rec, r, err)
+				return
+			}
+			if !all {
+				writeProblem(rec, r, http.StatusForbidden, probForbidden,
+					fmt.Sprintf("%s %s acts on the whole deployment: it needs a token of every namespace (sasctl api token create --namespace '*')", r.Method, label))
+				return
+			}
+		}
+		if rt.order && !s.reaches(rec, r, c) {
 			return
 		}
 		a.h(rec, r, c)

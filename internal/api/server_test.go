@@ -75,8 +75,8 @@ func newTestServer(t *testing.T, st *fakeTokenStore, insertErr error) (*server, 
 func TestEveryRouteChecksItsCallerFirst(t *testing.T) {
 	t.Parallel()
 	st := &fakeTokenStore{known: map[string]statestore.APIToken{
-		"viewer":  {ID: 8, Name: "dash", Role: statestore.TokenViewer},
-		"limited": {ID: 9, Name: "busy", Role: statestore.TokenSubmitter},
+		"viewer":  {ID: 8, Name: "dash", Role: statestore.TokenViewer, Namespaces: []string{statestore.AllNamespaces}},
+		"limited": {ID: 9, Name: "busy", Role: statestore.TokenSubmitter, Namespaces: []string{statestore.AllNamespaces}},
 	}}
 	s, written := newTestServer(t, st, nil)
 	h := s.mux()

@@ -54,17 +54,18 @@ func (s *server) signalByKey(w http.ResponseWriter, r *http.Request, c caller) {
 	if c.may(statestore.TokenSubmitter) {
 		mine = c.actor()
 	}
-	s.sendByKey(w, r, b, c.actor(), mine)
+	s.sendByKey(w, r, b, c.actor(), mine, c.namespaces())
 }
 
 // sendByKey sends a checked signal by business key to its orders (only
-// those mine submitted, when set) and answers with the orders reached.
-func (s *server) sendByKey(w http.ResponseWriter, r *http.Request, b keySignal, by, mine string) {
+// those mine submitted, when set; only those of namespaces, when not
+// nil) and answers with the orders reached.
+func (s *server) sendByKey(w http.ResponseWriter, r *http.Request, b keySignal, by, mine string, namespaces []string) {
 	limit := 2
 	if b.All {
 		limit = 1000
 	}
-	ids, err := s.store.OrdersByKey(r.Context(), b.Workflow, b.Where, limit)
+	ids, err := s.store.OrdersByKeyIn(r.Context(), b.Workflow, b.Where, limit, namespaces)
 	if err != nil {
 		s.operatorRefusal(w, r, err)
 		return

@@ -34,6 +34,10 @@ type Filter struct {
 	To       string   `json:"to,omitempty"`   // created before
 	ID       string   `json:"id,omitempty"`   // an order id prefix
 	Where    []string `json:"where,omitempty"`
+	// Namespaces, when not nil, limit the filter to those namespaces'
+	// orders: set by the API from the caller's token, never read from a
+	// query string.
+	Namespaces []string `json:"namespaces,omitempty"`
 }
 
 // FromValues reads a filter from a URL query (status, workflow, from, to,
@@ -107,6 +111,9 @@ func (f Filter) Query(reg *workflow.Registry) (statestore.OrderQuery, error) {
 	}
 	if len(problems) > 0 {
 		return statestore.OrderQuery{}, problems
+	}
+	if f.Namespaces != nil {
+		q.Namespaces = slices.Clone(f.Namespaces)
 	}
 	return q, nil
 }

@@ -130,6 +130,9 @@ func newOrderWhere(q OrderQuery) (*orderWhere, error) {
 		w.add(fmt.Sprintf("EXISTS (SELECT 1 FROM order_attributes a WHERE a.order_id = o.order_id AND a.name = ? AND a.%s %s ?)", col, c.Op),
 			c.Value.Name, c.Value.Value())
 	}
+	if q.Namespaces != nil {
+		w.add("o.namespace = ANY(?::text[])", q.Namespaces)
+	}
 	if q.Status != "" {
 		w.add("o.status = ?", q.Status)
 	}

@@ -89,6 +89,10 @@ func (s *Store) StartChild(ctx context.Context, c ClaimedStep, child NewOrder, v
 		case depth+1 > workflow.MaxDepth:
 			return ErrTooDeep
 		}
+		// A child is in its parent's namespace.
+		if err := tx.QueryRow(ctx, `SELECT namespace FROM orders WHERE order_id = $1`, c.OrderID).Scan(&child.Namespace); err != nil {
+			return err
+		}
 		if _, err := insertOwnOrder(ctx, tx, child, version); err != nil {
 			return err
 		}

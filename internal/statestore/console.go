@@ -43,6 +43,9 @@ type OrderQuery struct {
 	IDLow, IDHigh string
 	After         *OrderCursor // nil: the first page
 	Limit         int          // 1 to 500
+	// Namespaces, when not nil, are the only namespaces whose orders are
+	// selected (none, when empty).
+	Namespaces []string
 }
 
 // OrderPage returns the page of orders q selects, and the cursor of the

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -58,6 +59,9 @@ type NewOrder struct {
 	// Fail; fire_deadlines).
 	Deadline   time.Duration
 	OnDeadline string
+	// Namespace is the tenant the order belongs to; "" is
+	// DefaultNamespace.
+	Namespace string
 }
 
 // ConcurrencyKey is an order's key (its workflow's concurrency_key over
@@ -133,6 +137,10 @@ func (o InsertOutcome) String() string {
 func IdempotencyKey(orderID string, step int, name string) string {
 	return fmt.Sprintf("%s/%d/%s", orderID, step, name)
 }
+
+// DefaultNamespace is the namespace of every order and API token that
+// names none (migration 0043: every one made before namespaces).
+const DefaultNamespace = "default"
 
 // insertOrdersSQL writes orders, their steps, the history of their
 // creation and a "received" status event each in one statement, and so in
@@ -346,6 +354,10 @@ type insertArrays struct {
 	deadlineOrder []int32
 	deadlineMs    []int64
 	deadlineHow   []string
+
+	// namespaces has every order's namespace once any is not the
+	// default; nil while all are.
+	namespaces []string
 }
 
 // add appends o as the idx-th (1-based) order of the statement.
@@ -373,6 +385,12 @@ func (a *insertArrays) add(o NewOrder, idx int) {
 		}
 	}
 	a.fairKeys, a.fairMax = append(a.fairKeys, key), append(a.fairMax, perKey)
+	if ns := cmp.Or(o.Namespace, DefaultNamespace); ns != DefaultNamespace || a.namespaces != nil {
+		for len(a.namespaces) < idx-1 {
+			a.namespaces = append(a.namespaces, DefaultNamespace)
+		}
+		a.namespaces = append(a.namespaces, ns)
+	}
 	if o.Deadline > 0 {
 		a.deadlineOrder = append(a.deadlineOrder, int32(idx))
 		a.deadlineMs = append(a.deadlineMs, max(o.Deadline.Milliseconds(), 1))
@@ -429,7 +447,7 @@ func intArray(ns []int) *string {
 // batch has search attributes and insertDeadlinesSQL when any has a
 // deadline: orders without any pay nothing for them.
 func (a *insertArrays) sql() string {
-	if len(a.attrOrder) == 0 && len(a.deadlineOrder) == 0 {
+	if len(a.attrOrder) == 0 && len(a.deadlineOrder) == 0 && a.namespaces == nil {
 		return insertOrdersSQL + insertOrdersEnd
 	}
 	q := insertOrdersSQL
@@ -440,8 +458,20 @@ func (a *insertArrays) sql() string {
 	}
 	if len(a.deadlineOrder) > 0 {
 		q += fmt.Sprintf(insertDeadlinesSQL, "$"+strconv.Itoa(next), "$"+strconv.Itoa(next+1), "$"+strconv.Itoa(next+2))
+		next += 3
+	}
+	if a.namespaces != nil {
+		q = withNamespaces(q, "$"+strconv.Itoa(next))
 	}
 	return q + insertOrdersEnd
+}
+
+// withNamespaces is insertOrdersSQL writing each order's namespace, the
+// element of the text array p at the order's place (orders of the
+// default namespace write none: the column's default).
+func withNamespaces(q, p string) string {
+	q = strings.Replace(q, "traceparent, start_at)\n", "traceparent, start_at, namespace)\n", 1)
+	return strings.Replace(q, "NULLIF(traceparent, ''), start_at\n", "NULLIF(traceparent, ''), start_at, ("+p+"::text[])[idx]\n", 1)
 }
 
 func (a *insertArrays) args() []any {
@@ -455,6 +485,12 @@ func (a *insertArrays) args() []any {
 	}
 	if len(a.deadlineOrder) > 0 {
 		args = append(args, a.deadlineOrder, a.deadlineMs, a.deadlineHow)
+	}
+	if a.namespaces != nil {
+		for len(a.namespaces) < len(a.ids) {
+			a.namespaces = append(a.namespaces, DefaultNamespace)
+		}
+		args = append(args, a.namespaces)
 	}
 	return args
 }

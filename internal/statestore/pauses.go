@@ -109,13 +109,21 @@ func (s *Store) ResumeKind(ctx context.Context, kind, claimed string) (string, e
 // (those paused with their workflow too), the oldest first, at most limit
 // orders.
 func (s *Store) Pauses(ctx context.Context, limit int) ([]Pause, error) {
+	return s.PausesIn(ctx, limit, nil)
+}
+
+// PausesIn is Pauses with only the orders of namespaces (nil: of every
+// namespace); workflows and kinds are the deployment's, and listed.
+func (s *Store) PausesIn(ctx context.Context, limit int, namespaces []string) ([]Pause, error) {
 	rows, err := s.pool.Query(ctx, `
 (SELECT 'workflow', workflow, paused_at, paused_by, reason FROM workflow_pauses ORDER BY paused_at)
 UNION ALL
 (SELECT 'kind', agent, paused_at, paused_by, reason FROM kind_pauses ORDER BY paused_at)
 UNION ALL
-(SELECT CASE scope WHEN 'order' THEN 'order' ELSE 'workflow order' END, order_id::text, paused_at, paused_by, reason
- FROM order_pauses ORDER BY paused_at LIMIT $1)`, max(limit, 1))
+(SELECT CASE p.scope WHEN 'order' THEN 'order' ELSE 'workflow order' END, p.order_id::text, p.paused_at, p.paused_by, p.reason
+ FROM order_pauses p
+ WHERE $2::text[] IS NULL OR EXISTS (SELECT 1 FROM orders o WHERE o.order_id = p.order_id AND o.namespace = ANY($2))
+ ORDER BY p.paused_at LIMIT $1)`, max(limit, 1), namespaces)
 	if err != nil {
 		return nil, fmt.Errorf("pauses: %w", err)
 	}

@@ -33,6 +33,8 @@ type Order struct {
 	// FailurePolicy is what a step failing for good leads to:
 	// PolicyCompensate or PolicyHold.
 	FailurePolicy string `json:"failure_policy"`
+	// Namespace is the tenant the order belongs to.
+	Namespace string `json:"namespace"`
 }
 
 // Step is a step state row.
@@ -222,13 +224,13 @@ type ListFilter struct {
 }
 
 const orderColumns = `order_id::text, workflow, coalesce(workflow_version, ''), status, priority, payload,
-	coalesce(reply_to, ''), placed_at, created_at, updated_at, coalesce(split_part(traceparent, '-', 2), ''), failure_policy`
+	coalesce(reply_to, ''), placed_at, created_at, updated_at, coalesce(split_part(traceparent, '-', 2), ''), failure_policy, namespace`
 
 func scanOrder(row pgx.Row) (Order, error) {
 	var o Order
 	var prio int16
 	err := row.Scan(&o.OrderID, &o.Workflow, &o.WorkflowVersion, &o.Status, &prio, &o.Payload,
-		&o.ReplyTo, &o.PlacedAt, &o.CreatedAt, &o.UpdatedAt, &o.TraceID, &o.FailurePolicy)
+		&o.ReplyTo, &o.PlacedAt, &o.CreatedAt, &o.UpdatedAt, &o.TraceID, &o.FailurePolicy, &o.Namespace)
 	o.Priority = int(prio)
 	return o, err
 }
@@ -400,6 +402,25 @@ func (s *Store) StatusEventOf(ctx context.Context, orderID string) (string, json
 		return "", nil, fmt.Errorf("status of order %s: %w", orderID, err)
 	}
 	return status, compact.Bytes(), nil
+}
+
+// Owner is who an order belongs to: its namespace and who submitted it.
+type Owner struct {
+	Namespace, SubmittedBy string
+}
+
+// OwnerOf reads an order's namespace and submitter in one read; found is
+// false for an order that does not exist.
+func (s *Store) OwnerOf(ctx context.Context, orderID string) (o Owner, found bool, err error) {
+	err = s.pool.QueryRow(ctx, `SELECT o.namespace, coalesce((SELECT actor FROM transitions t WHERE t.order_id = o.order_id AND t.step IS NULL ORDER BY t.id LIMIT 1), '')
+		FROM orders o WHERE o.order_id = $1`, orderID).Scan(&o.Namespace, &o.SubmittedBy)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Owner{}, false, nil
+	}
+	if err != nil {
+		return Owner{}, false, fmt.Errorf("who owns order %s: %w", orderID, classify(err))
+	}
+	return o, true, nil
 }
 
 // SubmittedBy is the actor that wrote an order (its history's first

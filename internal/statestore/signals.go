@@ -189,6 +189,12 @@ const (
 // every value of where: a string matches a string attribute, a number a
 // number one, a boolean a boolean one.
 func (s *Store) OrdersByKey(ctx context.Context, workflow string, where map[string]any, limit int) ([]string, error) {
+	return s.OrdersByKeyIn(ctx, workflow, where, limit, nil)
+}
+
+// OrdersByKeyIn is OrdersByKey among the orders of namespaces only (nil:
+// of every namespace).
+func (s *Store) OrdersByKeyIn(ctx context.Context, workflow string, where map[string]any, limit int, namespaces []string) ([]string, error) {
 	if len(where) == 0 {
 		return nil, fmt.Errorf("orders by key: no condition: %w", ErrInvalidData)
 	}
@@ -197,7 +203,7 @@ func (s *Store) OrdersByKey(ctx context.Context, workflow string, where map[stri
 		names = append(names, k)
 	}
 	sort.Strings(names)
-	args := []any{workflow, limit}
+	args := []any{workflow, limit, namespaces}
 	var conds []string
 	for i, k := range names {
 		text, num, boolean, err := keyForms(where[k])
@@ -217,6 +223,7 @@ func (s *Store) OrdersByKey(ctx context.Context, workflow string, where map[stri
 	}
 	rows, err := s.pool.Query(ctx, `SELECT a.order_id::text FROM order_attributes a JOIN orders o ON o.order_id = a.order_id
 		WHERE `+strings.Join(conds, " AND ")+` AND o.workflow = $1 AND o.status IN ('received', 'processing', 'error')
+		  AND ($3::text[] IS NULL OR o.namespace = ANY($3))
 		ORDER BY a.created_at, a.order_id LIMIT $2`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("orders by key: %w", classify(err))

@@ -38,6 +38,30 @@ type APIToken struct {
 	RevokedAt  *time.Time `json:"revoked_at,omitempty"`
 	RevokedBy  string     `json:"revoked_by,omitempty"`
 	LastUsedAt *time.Time `json:"last_used_at,omitempty"`
+	// Namespaces are those the token acts in; AllNamespaces among them:
+	// every one.
+	Namespaces []string `json:"namespaces"`
+}
+
+// AllNamespaces, granted to a token, lets it act in every namespace.
+const AllNamespaces = "*"
+
+// In reports whether the token may act in namespace ns.
+func (t APIToken) In(ns string) bool {
+	return slices.Contains(t.Namespaces, ns) || slices.Contains(t.Namespaces, AllNamespaces)
+}
+
+// namespaceName is the rule of a namespace's name (the tables' CHECKs say
+// the same).
+var namespaceName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// CheckNamespace is the rule of a namespace's name: 1 to 63 lower-case
+// letters, digits or '-', starting and ending with a letter or digit.
+func CheckNamespace(ns string) error {
+	if namespaceName.MatchString(ns) {
+		return nil
+	}
+	return fmt.Errorf("namespace %q is not a name: write 1 to 63 lower-case letters, digits or '-', starting and ending with a letter or digit", clipText(ns, 80))
 }
 
 // tokenPrefix starts every token, so that a scanner of leaked secrets
@@ -74,6 +98,39 @@ func clipText(s string, n int) string {
 // the SHA-256 of the secret is stored (a secret of 256 random bits needs
 // no slow hash).
 func (s *Store) CreateAPIToken(ctx context.Context, name, role, by string) (APIToken, string, error) {
+	return s.CreateAPITokenIn(ctx, name, role, by, nil)
+}
+
+// CreateAPITokenIn is CreateAPIToken for a token that acts in namespaces
+// (each one that exists, or AllNamespaces; none: the default one).
+func (s *Store) CreateAPITokenIn(ctx context.Context, name, role, by string, namespaces []string) (APIToken, string, error) {
+	if len(namespaces) == 0 {
+		namespaces = []string{DefaultNamespace}
+	}
+	if len(namespaces) > 64 {
+		return APIToken{}, "", fmt.Errorf("%d namespaces, at most 64: %w", len(namespaces), ErrInvalidData)
+	}
+	var named []string
+	for _, ns := range namespaces {
+		if ns == AllNamespaces {
+			continue
+		}
+		if err := CheckNamespace(ns); err != nil {
+			return APIToken{}, "", fmt.Errorf("%v: %w", err, ErrInvalidData)
+		}
+		named = append(named, ns)
+	}
+	if len(named) > 0 {
+		var known []string
+		if err := s.pool.QueryRow(ctx, `SELECT coalesce(array_agg(name), '{}') FROM namespaces WHERE name = ANY($1)`, named).Scan(&known); err != nil {
+			return APIToken{}, "", fmt.Errorf("read namespaces: %w", classify(err))
+		}
+		for _, ns := range named {
+			if !slices.Contains(known, ns) {
+				return APIToken{}, "", fmt.Errorf("there is no namespace %q (sasctl namespaces add %s): %w", ns, ns, ErrNotFound)
+			}
+		}
+	}
 	if err := CheckTokenName(name); err != nil {
 		return APIToken{}, "", fmt.Errorf("%v: %w", err, ErrInvalidData)
 	}
@@ -87,8 +144,9 @@ func (s *Store) CreateAPIToken(ctx context.Context, name, role, by string) (APIT
 	secret := base64.RawURLEncoding.EncodeToString(raw)
 	sum := sha256.Sum256([]byte(secret))
 	var t APIToken
-	err := s.pool.QueryRow(ctx, `INSERT INTO api_tokens (name, role, secret_hash, created_by) VALUES ($1, $2, $3, $4)
-		RETURNING id, name, role, created_at, created_by`, name, role, sum[:], by).Scan(&t.ID, &t.Name, &t.Role, &t.CreatedAt, &t.CreatedBy)
+	err := s.pool.QueryRow(ctx, `INSERT INTO api_tokens (name, role, secret_hash, created_by, namespaces) VALUES ($1, $2, $3, $4, $5)
+		RETURNING id, name, role, created_at, created_by, namespaces`, name, role, sum[:], by, namespaces).
+		Scan(&t.ID, &t.Name, &t.Role, &t.CreatedAt, &t.CreatedBy, &t.Namespaces)
 	if err != nil {
 		if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "23505" {
 			return APIToken{}, "", fmt.Errorf("a token named %q exists already (names are never reused): %w", name, ErrConflict)
@@ -107,8 +165,8 @@ func (s *Store) APITokenOf(ctx context.Context, token string) (APIToken, error) 
 	}
 	var t APIToken
 	var hash []byte
-	err := s.pool.QueryRow(ctx, `SELECT id, name, role, created_at, created_by, revoked_at, secret_hash FROM api_tokens WHERE id = $1`, id).
-		Scan(&t.ID, &t.Name, &t.Role, &t.CreatedAt, &t.CreatedBy, &t.RevokedAt, &hash)
+	err := s.pool.QueryRow(ctx, `SELECT id, name, role, created_at, created_by, revoked_at, secret_hash, namespaces FROM api_tokens WHERE id = $1`, id).
+		Scan(&t.ID, &t.Name, &t.Role, &t.CreatedAt, &t.CreatedBy, &t.RevokedAt, &hash, &t.Namespaces)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return APIToken{}, ErrBadToken
 	}
@@ -152,14 +210,14 @@ func (s *Store) TouchAPITokens(ctx context.Context, ids []int64) error {
 
 // APITokens lists every token, revoked ones too, oldest first.
 func (s *Store) APITokens(ctx context.Context) ([]APIToken, error) {
-	rows, err := s.pool.Query(ctx, `SELECT id, name, role, created_at, created_by, revoked_at, coalesce(revoked_by, ''), last_used_at
+	rows, err := s.pool.Query(ctx, `SELECT id, name, role, created_at, created_by, revoked_at, coalesce(revoked_by, ''), last_used_at, namespaces
 		FROM api_tokens ORDER BY id`)
 	if err != nil {
 		return nil, fmt.Errorf("list tokens: %w", classify(err))
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (APIToken, error) {
 		var t APIToken
-		err := row.Scan(&t.ID, &t.Name, &t.Role, &t.CreatedAt, &t.CreatedBy, &t.RevokedAt, &t.RevokedBy, &t.LastUsedAt)
+		err := row.Scan(&t.ID, &t.Name, &t.Role, &t.CreatedAt, &t.CreatedBy, &t.RevokedAt, &t.RevokedBy, &t.LastUsedAt, &t.Namespaces)
 		return t, err
 	})
 	if err != nil {
@@ -174,8 +232,8 @@ func (s *Store) APITokens(ctx context.Context) ([]APIToken, error) {
 func (s *Store) RevokeAPIToken(ctx context.Context, name, by string) (APIToken, error) {
 	var t APIToken
 	err := s.pool.QueryRow(ctx, `UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now()), revoked_by = coalesce(revoked_by, $2)
-		WHERE name = $1 RETURNING id, name, role, created_at, created_by, revoked_at, revoked_by`, name, by).
-		Scan(&t.ID, &t.Name, &t.Role, &t.CreatedAt, &t.CreatedBy, &t.RevokedAt, &t.RevokedBy)
+		WHERE name = $1 RETURNING id, name, role, created_at, created_by, revoked_at, revoked_by, namespaces`, name, by).
+		Scan(&t.ID, &t.Name, &t.Role, &t.CreatedAt, &t.CreatedBy, &t.RevokedAt, &t.RevokedBy, &t.Namespaces)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return APIToken{}, fmt.Errorf("no token is named %q: %w", name, ErrNotFound)
 	}

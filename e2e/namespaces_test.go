@@ -1,0 +1,206 @@
+package e2e
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"sas/internal/harness/testenv"
+	"sas/internal/messages"
+)
+
+// nsFile is the workflow both namespaces run: a call, then a wait for
+// an approval, with a search attribute.
+const nsFile = `
+workflows:
+  - name: shop
+    steps:
+      - {action: charge, agent: payments, timeout: 20s}
+  - name: approval
+    payload_schema: {type: object, required: [customer], properties: {customer: {type: string}}}
+    search_attributes:
+      - {name: customer, type: string, expr: payload.customer}
+    steps:
+      - {action: score, agent: payments, timeout: 20s}
+      - {id: approved, wait: {signal: approved, timeout: 5m, schema: {type: object, required: [by]}}}
+`
+
+// nsToken makes an API token of role acting in namespaces.
+func nsToken(t *testing.T, g graphRun, name, role string, namespaces ...string) string {
+	t.Helper()
+	args := []string{"api", "token", "create", "--name", name, "--role", role}
+	for _, ns := range namespaces {
+		args = append(args, "--namespace", ns)
+	}
+	out, errOut, code := sasctl(t, g.stack.env, args...)
+	if code != 0 {
+		t.Fatalf("api token create: exit %d: %s", code, errOut)
+	}
+	return strings.TrimSpace(out)
+}
+
+// TestNamespacesIsolateOrdersOverTheAPI: two namespaces run the same
+// workflow; a token of each tries every route of the API on the other's
+// orders (their ids in every text form a UUID has), its bulk jobs,
+// signals by key and pauses: each is refused as if the thing did not
+// exist, and nothing of the other's changes. Actions on the whole
+// deployment need a token of every namespace; a deployment that names
+// none is unchanged.
+func TestNamespacesIsolateOrdersOverTheAPI(t *testing.T) {
+	t.Parallel()
+	g := runFile(t, "ns.yaml", nsFile, pipelineOpts{schedulers: 1, agents: 1})
+	api := startAPI(t, g.stack, "", "SAS_WORKFLOWS_FILE="+g.file)
+	// Before any namespace is added, a token of the default namespace
+	// acts on the whole deployment as before.
+	plain := nsToken(t, g, "plain-ops", "operator")
+	if code, _, b := api.call(t, apiCall{method: "POST", path: "/api/v1/workflows/shop/pause", token: plain}); code != http.StatusOK {
+		t.Fatalf("a default-namespace operator pausing a workflow in a deployment of one namespace: %d %s", code, b)
+	}
+	if code, _, b := api.call(t, apiCall{method: "POST", path: "/api/v1/workflows/shop/resume", token: plain}); code != http.StatusOK {
+		t.Fatalf("resume: %d %s", code, b)
+	}
+	if out, errOut, code := sasctl(t, g.stack.env, "namespaces", "add", "team-a", "team-b"); code != 0 {
+		t.Fatalf("namespaces add: %s %s", out, errOut)
+	}
+	opsA, opsB := nsToken(t, g, "ops-a", "operator", "team-a"), nsToken(t, g, "ops-b", "operator", "team-b")
+	appA := nsToken(t, g, "app-a", "submitter", "team-a")
+	every := nsToken(t, g, "ops-all", "operator", "*")
+
+	submit := func(token, ns, id, customer string) (int, []byte) {
+		t.Helper()
+		h := map[string]string{}
+		if ns != "" {
+			h["Sas-Namespace"] = ns
+		}
+		code, _, b := api.call(t, apiCall{method: "POST", path: "/api/v1/orders", token: token, header: h,
+			body: submitBody(id, "approval", fmt.Sprintf(`{"customer":%q}`, customer))})
+		return code, b
+	}
+	idA, idB := messages.NewID(), messages.NewID()
+	if code, b := submit(appA, "", idA, "c-1"); code != http.StatusAccepted {
+		t.Fatalf("team-a submits: %d %s", code, b)
+	}
+	if code, b := submit(opsB, "team-b", idB, "c-1"); code != http.StatusAccepted {
+		t.Fatalf("team-b submits: %d %s", code, b)
+	}
+	if code, b := submit(opsA, "team-b", messages.NewID(), "c-1"); code != http.StatusForbidden {
+		t.Fatalf("team-a's token submitting to team-b: %d %s", code, b)
+	}
+	if code, b := submit(every, "team-c", messages.NewID(), "c-1"); code != http.StatusNotFound {
+		t.Fatalf("a submit to a namespace that does not exist: %d %s", code, b)
+	}
+	// team-b takes team-a's order id, in another text form: refused
+	// without a word of that order.
+	for _, form := range []string{idA, strings.ToUpper(idA), "{" + idA + "}", strings.ReplaceAll(idA, "-", "")} {
+		code, b := submit(opsB, "team-b", form, "c-1")
+		if code != http.StatusConflict && code != http.StatusBadRequest || strings.Contains(string(b), "status") && strings.Contains(string(b), "received") {
+			t.Fatalf("team-b submitting team-a's id as %s: %d %s", form, code, b)
+		}
+	}
+	testenv.Eventually(t, time.Minute, "both orders to wait for their approval", func() bool {
+		return g.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND step = 2 AND process_state = 'awaiting'`, []string{idA, idB}) == 2
+	})
+	before := g.count(t, `SELECT count(*) FROM transitions WHERE order_id = $1`, idA)
+
+	// Every route of team-a's order, with team-b's operator token, with
+	// the id as written and in capitals: not found.
+	for _, id := range []string{idA, strings.ToUpper(idA)} {
+		for _, c := range []apiCall{
+			{method: "GET", path: "/api/v1/orders/" + id},
+			{method: "GET", path: "/api/v1/orders/" + id + "/await?timeout=1s"},
+			{method: "GET", path: "/api/v1/orders/" + id + "/events"},
+			{method: "POST", path: "/api/v1/orders/" + id + "/signals/approved", body: `{"payload":{"by":"eve"}}`},
+			{method: "POST", path: "/api/v1/orders/" + id + "/resubmit", body: `{}`},
+			{method: "POST", path: "/api/v1/orders/" + id + "/cancel", body: `{}`},
+			{method: "POST", path: "/api/v1/orders/" + id + "/rerun", body: `{"payload":{"customer":"x"}}`},
+			{method: "POST", path: "/api/v1/orders/" + id + "/pause", body: `{}`},
+			{method: "POST", path: "/api/v1/orders/" + id + "/resume", body: `{}`},
+			{method: "GET", path: "/api/v1/orders/" + id + "/archived"},
+		} {
+			c.token = opsB
+			if code, _, b := api.call(t, c); code != http.StatusNotFound {
+				t.Errorf("team-b: %s %s: %d %s, want 404", c.method, c.path, code, b)
+			}
+		}
+	}
+	// Lists, bulk jobs, signals by key, pauses.
+	if code, _, b := api.call(t, apiCall{method: "GET", path: "/api/v1/orders?workflow=approval", token: opsB}); code != http.StatusOK ||
+		strings.Contains(string(b), idA) || !strings.Contains(string(b), idB) {
+		t.Errorf("team-b's list: %d %s", code, b)
+	}
+	if code, _, b := api.call(t, apiCall{method: "GET", path: "/api/v1/orders?workflow=approval&where=customer%3Dc-1", token: opsA}); code != http.StatusOK ||
+		!strings.Contains(string(b), idA) || strings.Contains(string(b), idB) {
+		t.Errorf("team-a's search: %d %s", code, b)
+	}
+	if code, _, b := api.call(t, apiCall{method: "POST", path: "/api/v1/bulk/cancel", token: opsB,
+		body: `{"filter":{"workflow":"approval","namespaces":["team-a","team-b"]},"dry_run":true}`}); code != http.StatusOK || !strings.Contains(string(b), `"count":1`) {
+		t.Errorf("team-b's bulk dry run counts what is not its own: %d %s", code, b)
+	}
+	code, h, b := api.call(t, apiCall{method: "POST", path: "/api/v1/bulk/pause", token: opsA, body: `{"filter":{"workflow":"approval"}}`})
+	if code != http.StatusAccepted {
+		t.Fatalf("team-a's bulk pause: %d %s", code, b)
+	}
+	jobA := strings.TrimPrefix(h.Get("Location"), "/api/v1/bulk/")
+	for _, c := range []apiCall{{method: "GET", path: "/api/v1/bulk/" + jobA}, {method: "GET", path: "/api/v1/bulk/" + jobA + "/orders"},
+		{method: "POST", path: "/api/v1/bulk/" + jobA + "/stop"}} {
+		c.token = opsB
+		if code, _, b := api.call(t, c); code != http.StatusNotFound {
+			t.Errorf("team-b: %s %s: %d %s, want 404", c.method, c.path, code, b)
+		}
+	}
+	if code, _, b := api.call(t, apiCall{method: "GET", path: "/api/v1/bulk", token: opsB}); code != http.StatusOK || strings.Contains(string(b), `"id":`+jobA+`,`) {
+		t.Errorf("team-b's bulk jobs list team-a's: %d %s", code, b)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the API's log:\n%s", api.tail())
+		}
+	})
+	testenv.Eventually(t, time.Minute, "team-a's bulk pause to pause its order only", func() bool {
+		return g.count(t, `SELECT count(*) FROM order_pauses WHERE order_id = $1`, idA) == 1
+	})
+	if n := g.count(t, `SELECT count(*) FROM order_pauses WHERE order_id = $1`, idB); n != 0 {
+		t.Fatalf("team-a's bulk job paused team-b's order")
+	}
+	if code, _, b := api.call(t, apiCall{method: "GET", path: "/api/v1/pauses", token: opsB}); code != http.StatusOK || strings.Contains(string(b), idA) {
+		t.Errorf("team-b sees team-a's pause: %d %s", code, b)
+	}
+	if code, _, b := api.call(t, apiCall{method: "POST", path: "/api/v1/signals", token: opsB,
+		body: `{"workflow":"approval","where":{"customer":"c-1"},"name":"approved","payload":{"by":"eve"},"all":true}`}); code/100 != 2 ||
+		strings.Contains(string(b), idA) {
+		t.Errorf("team-b's signal by key: %d %s", code, b)
+	}
+	// The deployment's own actions need every namespace.
+	for _, c := range []apiCall{{method: "POST", path: "/api/v1/workflows/approval/pause"}, {method: "POST", path: "/api/v1/kinds/payments/pause"},
+		{method: "POST", path: "/api/v1/migrations", body: `{"workflow":"approval","ids":["` + idA + `"]}`}} {
+		for _, tok := range []string{opsA, plain} {
+			c.token = tok
+			if code, _, b := api.call(t, c); code != http.StatusForbidden {
+				t.Errorf("%s %s with a token of some namespaces: %d %s, want 403", c.method, c.path, code, b)
+			}
+		}
+	}
+	if code, _, b := api.call(t, apiCall{method: "GET", path: "/api/v1/orders/" + idA, token: every}); code != http.StatusOK {
+		t.Errorf("a token of every namespace reads team-a's order: %d %s", code, b)
+	}
+
+	// Nothing of team-a's order changed: still waiting, paused by its
+	// own job only, no signal, and no history written by team-b.
+	if n := g.count(t, `SELECT count(*) FROM steps WHERE order_id = $1 AND step = 2 AND process_state = 'awaiting'`, idA); n != 1 {
+		t.Errorf("team-a's order no longer waits")
+	}
+	if n := g.count(t, `SELECT count(*) FROM signals WHERE order_id = $1`, idA); n != 0 {
+		t.Errorf("team-a's order got %d signals", n)
+	}
+	if n := g.count(t, `SELECT count(*) FROM transitions WHERE order_id = $1 AND actor LIKE '%ops-b%'`, idA); n != 0 {
+		t.Errorf("team-b wrote team-a's history")
+	}
+	if after := g.count(t, `SELECT count(*) FROM transitions WHERE order_id = $1`, idA); after < before {
+		t.Errorf("team-a's history shrank")
+	}
+	if n := g.count(t, `SELECT count(*) FROM orders WHERE order_id = $1 AND namespace = 'team-a'`, idA); n != 1 {
+		t.Errorf("team-a's order is not in team-a")
+	}
+}
