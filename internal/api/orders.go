@@ -120,8 +120,18 @@ func (s *server) reaches(w http.ResponseWriter, r *http.Request, c caller) bool 
 		return false
 	}
 	submitter := c.may(statestore.TokenSubmitter)
-	if !submitter && !c.scoped() {
-		return true
+	if !submitter {
+		// A caller of every namespace (in a deployment of the default
+		// namespace only, every token) sees every order: the handler
+		// answers for one that does not exist, as it always did.
+		all, err := s.coversAll(r.Context(), c)
+		if err != nil {
+			s.unavailable(w, r, err)
+			return false
+		}
+		if all {
+			return true
+		}
 	}
 	own, found, err := s.store.OwnerOf(r.Context(), id)
 	if err != nil {
@@ -129,7 +139,8 @@ func (s *server) reaches(w http.ResponseWriter, r *http.Request, c caller) bool 
 		return false
 	}
 	if !found || !c.token.In(own.Namespace) || submitter && own.SubmittedBy != c.actor() {
-		writeProblem(w, r, http.StatusNotFound, probNotFound, "order "+id+" does not exist, or is not this token's to see")
+		writeProblem(w, r, http.StatusNotFound, probNotFound, "order "+id+" does not exist, or is not this token's to see",
+			withReason(statestore.SignalUnknownOrder))
 		return false
 	}
 	return true
