@@ -55,6 +55,13 @@ func TestPauseHoldsAcrossRestartsAndKills(t *testing.T) {
 		return out
 	}
 	if out := ctl("workflows", "pause", "paced", "--reason", "incident 7", "--as", "ann"); !strings.Contains(out, "paused with 10 running orders") {
+		rows, _ := p.pool.Query(t.Context(), `SELECT o.workflow, o.status, o.namespace, (SELECT count(*) FROM order_pauses x WHERE x.order_id = o.order_id), (SELECT string_agg(workflow, ',') FROM workflow_pauses) FROM orders o WHERE order_id = ANY($1::uuid[])`, paced)
+		for rows.Next() {
+			var a, b, c, e any
+			var d int
+			_ = rows.Scan(&a, &b, &c, &d, &e)
+			t.Logf("%v %v %v %v %v", a, b, c, d, e)
+		}
 		t.Fatalf("workflows pause: %s", out)
 	}
 	ctl("orders", "pause", cooled[0], "--reason", "checking the rates", "--as", "ann")
