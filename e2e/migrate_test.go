@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/url"
@@ -20,7 +21,7 @@ workflows:
   - name: fixable
     steps:
       - {action: reserve, agent: shop, timeout: 20s, compensation: {action: release, agent: shop}}
-      - {action: charge, agent: shop, timeout: 20s, delay: 15s, compensation: {action: refund, agent: shop}}
+      - {action: charge, agent: shop, timeout: 20s, delay: 30s, compensation: {action: refund, agent: shop}}
       - {action: ship, agent: shop, timeout: 20s}
 `
 
@@ -30,7 +31,7 @@ workflows:
   - name: fixable
     steps:
       - {action: reserve, agent: shop, timeout: 20s, compensation: {action: release, agent: shop}}
-      - {action: charge, agent: shop, timeout: 20s, delay: 15s, compensation: {action: refund, agent: shop}}
+      - {action: charge, agent: shop, timeout: 20s, delay: 30s, compensation: {action: refund, agent: shop}}
       - {action: notify, agent: shop, timeout: 20s}
       - {action: ship, agent: shop, timeout: 20s}
 `
@@ -83,12 +84,22 @@ func TestMigrationOfRunningOrdersUnderLoad(t *testing.T) {
 	for _, id := range waiting {
 		jsonArgs = append(jsonArgs, "--id", id)
 	}
+	began := time.Now()
 	out, errOut, code = sasctl(t, p.env, append([]string{"orders", "migrate", "--workflow", "fixable", "--to", v2.Version(), "--workflows", v2File,
 		"--apply", "--as", "ann", "--json"}, jsonArgs...)...)
+	took := time.Since(began)
 	close(stop)
 	wg.Wait()
 	if code != 0 {
 		t.Fatalf("migrate: %d %s", code, errOut)
+	}
+	// The orders whose delay had not run out when the migration ended
+	// were waiting on it throughout: every one of them must move. (The
+	// others may have begun the step the fix moves, and then stay.)
+	var stillWaiting []string
+	if err := p.pool.QueryRow(context.Background(), `SELECT coalesce(array_agg(order_id::text), '{}') FROM steps
+		WHERE order_id = ANY($1::uuid[]) AND name = 'charge' AND due_at > clock_timestamp()`, waiting).Scan(&stillWaiting); err != nil {
+		t.Fatal(err)
 	}
 	var verdicts []statestore.MigrationVerdict
 	if err := json.Unmarshal([]byte(out), &verdicts); err != nil {
@@ -109,9 +120,16 @@ func TestMigrationOfRunningOrdersUnderLoad(t *testing.T) {
 	if len(whys) > 0 {
 		t.Logf("left as they were: %v", whys)
 	}
-	t.Logf("%d of %d orders moved while %d more came in", len(moved), len(waiting), len(more))
-	if len(moved) < 950 {
-		t.Fatalf("%d orders moved, want at least 950 (those still waiting on their delay)", len(moved))
+	t.Logf("%d of %d orders moved in %v while %d more came in; %d were still waiting on their delay when it ended",
+		len(moved), len(waiting), took.Round(time.Millisecond), len(more), len(stillWaiting))
+	for _, id := range stillWaiting {
+		if !moved[id] {
+			t.Fatalf("order %s waited on its delay throughout the migration and did not move", id)
+		}
+	}
+	if len(stillWaiting) < len(waiting)/4 {
+		t.Fatalf("only %d of %d orders were still waiting on their 30 s delay when the migration ended, after %v: it tested too little",
+			len(stillWaiting), len(waiting), took.Round(time.Millisecond))
 	}
 	all := slices.Concat(waiting, more)
 	p.waitTerminal(t, all, 3*time.Minute)

@@ -84,20 +84,23 @@ func TestSignalsEndWaits(t *testing.T) {
 	})
 	p.schedulers[0].kill(t)
 	p.supervisors[0].kill(t)
+	// Refusals, each told to its reply_to; sent to orders whose waits
+	// began and last 5 minutes, before the signals that end them, so that
+	// neither can have ended first (an approval_short order's 5 s wait
+	// can, in a slow hour: then the refusal is order_ended).
+	replies := "e2e-signal-replies." + messages.NewID()
+	if _, err := ch.QueueDeclare(replies, false, true, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	send(messages.NewID(), "r1", "approved", `{"by": "x"}`, replies)
+	send(ids[448], "r2", "rejected", `{"by": "x"}`, replies)
+	send(ids[449], "r3", "approved", `{"who": "x"}`, replies)
 	for i := range 450 {
 		send(ids[i], "late-"+ids[i], "approved", payload(i), "")
 		if i < 50 {
 			send(ids[i], "late-"+ids[i], "approved", payload(i), "") // the same signal again
 		}
 	}
-	// Refusals, each told to its reply_to.
-	replies := "e2e-signal-replies." + messages.NewID()
-	if _, err := ch.QueueDeclare(replies, false, true, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	send(messages.NewID(), "r1", "approved", `{"by": "x"}`, replies)
-	send(ids[950], "r2", "rejected", `{"by": "x"}`, replies)
-	send(ids[1], "r3", "approved", `{"who": "x"}`, replies)
 
 	p.waitTerminal(t, ids, 3*time.Minute)
 	completed, failed := p.checkSaga(t, ids)

@@ -49,6 +49,8 @@ synchronous_standby_names = $sync_names
 synchronous_commit = on
 max_connections = 200
 autovacuum = off
+log_timezone = 'UTC'
+log_line_prefix = '%m [%p] '
 EOF
 	echo "host replication all 127.0.0.1/32 trust" >>"$dir/primary/pg_hba.conf"
 	ctl -D "$dir/primary" -l "$dir/primary.log" -w start >/dev/null
