@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -67,6 +68,14 @@ func TestNamespacesIsolateOrdersOverTheAPI(t *testing.T) {
 	opsA, opsB := nsToken(t, g, "ops-a", "operator", "team-a"), nsToken(t, g, "ops-b", "operator", "team-b")
 	appA := nsToken(t, g, "app-a", "submitter", "team-a")
 	every := nsToken(t, g, "ops-all", "operator", "*")
+	if out, errOut, code := sasctl(t, g.stack.env, "namespaces", "list"); code != 0 ||
+		!regexp.MustCompile(`(?m)^NAME +CREATED +BY\n(?:default .*\n)(?:team-a .*sasctl:.*\n)(?:team-b .*\n)$`).MatchString(out) {
+		t.Fatalf("namespaces list: %d\n%s%s", code, out, errOut)
+	}
+	if out, errOut, code := sasctl(t, g.stack.env, "api", "token", "list"); code != 0 ||
+		!regexp.MustCompile(`(?m)^ops-a +operator +team-a +`).MatchString(out) || !regexp.MustCompile(`(?m)^ops-all +operator +\* +`).MatchString(out) {
+		t.Fatalf("api token list: %d\n%s%s", code, out, errOut)
+	}
 
 	submit := func(token, ns, id, customer string) (int, []byte) {
 		t.Helper()

@@ -70,36 +70,17 @@ func (a *app) apiTokenCreate(ctx context.Context, args []string) error {
 }
 
 func (a *app) apiTokenList(ctx context.Context, args []string) error {
-	fs := a.flags()
-	asJSON := fs.Bool("json", false, "print JSON")
-	if err := a.parseNoArgs(fs, args); err != nil {
-		return err
-	}
-	store, closeStore, err := a.store(ctx)
-	if err != nil {
-		return err
-	}
-	defer closeStore()
-	toks, err := store.APITokens(ctx)
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		return a.printJSON(toks)
-	}
-	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tROLE\tNAMESPACES\tCREATED\tBY\tLAST_USED\tREVOKED")
-	for _, t := range toks {
-		used, revoked := "–", "–"
-		if t.LastUsedAt != nil {
-			used = stamp(*t.LastUsedAt)
-		}
-		if t.RevokedAt != nil {
-			revoked = stamp(*t.RevokedAt) + " by " + t.RevokedBy
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Name, t.Role, strings.Join(t.Namespaces, ","), stamp(t.CreatedAt), t.CreatedBy, used, revoked)
-	}
-	return tw.Flush()
+	return listOf(ctx, a, args, (*statestore.Store).APITokens, "NAME\tROLE\tNAMESPACES\tCREATED\tBY\tLAST_USED\tREVOKED",
+		func(t statestore.APIToken) []string {
+			used, revoked := "–", "–"
+			if t.LastUsedAt != nil {
+				used = stamp(*t.LastUsedAt)
+			}
+			if t.RevokedAt != nil {
+				revoked = stamp(*t.RevokedAt) + " by " + t.RevokedBy
+			}
+			return []string{t.Name, t.Role, strings.Join(t.Namespaces, ","), stamp(t.CreatedAt), t.CreatedBy, used, revoked}
+		})
 }
 
 func (a *app) apiTokenRevoke(ctx context.Context, args []string) error {
@@ -147,6 +128,15 @@ func (a *app) namespacesAdd(ctx context.Context, args []string) error {
 
 // namespacesList lists the namespaces.
 func (a *app) namespacesList(ctx context.Context, args []string) error {
+	return listOf(ctx, a, args, (*statestore.Store).Namespaces, "NAME\tCREATED\tBY",
+		func(n statestore.Namespace) []string { return []string{n.Name, stamp(n.CreatedAt), n.CreatedBy} })
+}
+
+// listOf runs a list command that takes no arguments but --json: it
+// reads the rows from the store and prints them as JSON, or as a table
+// under header (tab-separated names) with a row's cells from row.
+func listOf[T any](ctx context.Context, a *app, args []string, read func(*statestore.Store, context.Context) ([]T, error),
+	header string, row func(T) []string) error {
 	fs := a.flags()
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := a.parseNoArgs(fs, args); err != nil {
@@ -157,17 +147,17 @@ func (a *app) namespacesList(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeStore()
-	ns, err := store.Namespaces(ctx)
+	rows, err := read(store, ctx)
 	if err != nil {
 		return err
 	}
 	if *asJSON {
-		return a.printJSON(ns)
+		return a.printJSON(rows)
 	}
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tCREATED\tBY")
-	for _, n := range ns {
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", n.Name, stamp(n.CreatedAt), n.CreatedBy)
+	fmt.Fprintln(tw, header)
+	for _, r := range rows {
+		fmt.Fprintln(tw, strings.Join(row(r), "\t"))
 	}
 	return tw.Flush()
 }
