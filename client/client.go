@@ -544,8 +544,18 @@ func (c *Client) consume(ctx context.Context) {
 	defer close(c.stopped)
 	for ctx.Err() == nil {
 		ch, err := c.conn.Channel(ctx)
-		if err != nil {
+		if errors.Is(err, broker.ErrClosed) || ctx.Err() != nil {
 			return // closed
+		}
+		if err != nil {
+			// Not closed: the connection failed under us. Stopping here
+			// would leave every Await waiting for events nobody reads.
+			c.logger.Warn("reply queue: no channel; trying again", "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+			continue
 		}
 		if err := c.consumeOn(ctx, ch); err != nil && ctx.Err() == nil {
 			c.logger.Warn("reply queue consumer stopped; consuming again", "err", err)
