@@ -3,9 +3,11 @@ package statestore_test
 import (
 	"errors"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
+	"sas/internal/harness/testenv"
 	"sas/internal/statestore"
 )
 
@@ -111,5 +113,117 @@ func TestNamespacesOfOrdersAndTokens(t *testing.T) {
 	}
 	if _, _, err := b.store.CreateAPITokenIn(ctx, "bad", statestore.TokenViewer, "test", []string{"Team B"}); !errors.Is(err, statestore.ErrInvalidData) {
 		t.Fatalf("a token of a namespace that is not a name: %v", err)
+	}
+}
+
+// A namespace's quotas hold on every write, however many writers race:
+// in flight (a repeat of a written order takes nothing; an order that
+// ends frees its place), the submit rate's bucket, and a payload's size.
+// A refused order is not written. The default namespace takes none.
+func TestNamespaceQuotasHoldOnEveryWrite(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	if _, err := b.store.AddNamespace(ctx, "quota-a", "test"); err != nil {
+		t.Fatal(err)
+	}
+	one, two, three := 1, 2, 3
+	rate := 2.0
+	if err := b.store.SetNamespaceQuotas(ctx, "default", statestore.Quotas{MaxInFlight: &three}, "test"); !errors.Is(err, statestore.ErrInvalidData) {
+		t.Fatalf("quotas for the default namespace: %v", err)
+	}
+	if err := b.store.SetNamespaceQuotas(ctx, "nobody", statestore.Quotas{MaxInFlight: &three}, "test"); !errors.Is(err, statestore.ErrNotFound) {
+		t.Fatalf("quotas for an unknown namespace: %v", err)
+	}
+	if err := b.store.SetNamespaceQuotas(ctx, "quota-a", statestore.Quotas{MaxSubmitBurst: &two}, "test"); !errors.Is(err, statestore.ErrInvalidData) {
+		t.Fatalf("a burst without a rate: %v", err)
+	}
+	in := func(p string) statestore.NewOrder {
+		o := order(1, time.Hour, 3)
+		o.Namespace, o.Payload = "quota-a", []byte(p)
+		return o
+	}
+	written := func(o statestore.NewOrder) bool {
+		_, found, err := b.store.OwnerOf(ctx, o.OrderID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return found
+	}
+
+	// In flight: 3, with 20 writers at once.
+	if err := b.store.SetNamespaceQuotas(ctx, "quota-a", statestore.Quotas{MaxInFlight: &three}, "ann"); err != nil {
+		t.Fatal(err)
+	}
+	orders := make([]statestore.NewOrder, 20)
+	outcomes := make([]statestore.InsertOutcome, 20)
+	refusals := make([]*statestore.QuotaRefusal, 20)
+	errs := make([]error, 20)
+	var wg sync.WaitGroup
+	for i := range orders {
+		orders[i] = in(`{}`)
+		wg.Go(func() { outcomes[i], refusals[i], errs[i] = b.store.InsertOrderWithinQuota(ctx, orders[i]) })
+	}
+	wg.Wait()
+	var kept []statestore.NewOrder
+	for i := range orders {
+		switch {
+		case errs[i] != nil:
+			t.Fatal(errs[i])
+		case refusals[i] == nil && outcomes[i] == statestore.Inserted && written(orders[i]):
+			kept = append(kept, orders[i])
+		case refusals[i] != nil && refusals[i].Quota == statestore.QuotaInFlight && refusals[i].RetryAfter > 0 && !written(orders[i]):
+		default:
+			t.Fatalf("order %d: %v %+v, written %v", i, outcomes[i], refusals[i], written(orders[i]))
+		}
+	}
+	if len(kept) != 3 {
+		t.Fatalf("%d of 20 orders written at once under a quota of 3 in flight", len(kept))
+	}
+	if got, r, err := b.store.InsertOrderWithinQuota(ctx, kept[0]); err != nil || r != nil || got != statestore.Duplicate {
+		t.Fatalf("a repeat of a written order at the quota: %v %+v %v, want a duplicate", got, r, err)
+	}
+	if _, err := b.store.CancelOrder(ctx, kept[0].OrderID, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if got, r, err := b.store.InsertOrderWithinQuota(ctx, in(`{}`)); err != nil || r != nil || got != statestore.Inserted {
+		t.Fatalf("an order once one ended: %v %+v %v", got, r, err)
+	}
+	if _, r, err := b.store.InsertOrderWithinQuota(ctx, in(`{}`)); err != nil || r == nil || r.Quota != statestore.QuotaInFlight {
+		t.Fatalf("past the quota again: %+v %v", r, err)
+	}
+
+	// The rate: 2 a second, a bucket of 1; in flight no more.
+	if err := b.store.SetNamespaceQuotas(ctx, "quota-a", statestore.Quotas{MaxSubmitRate: &rate, MaxSubmitBurst: &one}, "ann"); err != nil {
+		t.Fatal(err)
+	}
+	if _, r, err := b.store.InsertOrderWithinQuota(ctx, in(`{}`)); err != nil || r != nil {
+		t.Fatalf("the bucket's one: %+v %v", r, err)
+	}
+	late := in(`{}`)
+	_, r, err := b.store.InsertOrderWithinQuota(ctx, late)
+	if err != nil || r == nil || r.Quota != statestore.QuotaSubmitRate || r.RetryAfter <= 0 || r.RetryAfter > 500*time.Millisecond || written(late) {
+		t.Fatalf("past the rate: %+v %v, written %v", r, err, written(late))
+	}
+	testenv.Eventually(t, 10*time.Second, "the bucket to fill again", func() bool {
+		_, r, err := b.store.InsertOrderWithinQuota(ctx, late)
+		return err == nil && r == nil
+	})
+
+	// A payload's bytes.
+	if err := b.store.SetNamespaceQuotas(ctx, "quota-a", statestore.Quotas{MaxPayloadBytes: &three}, "ann"); err != nil {
+		t.Fatal(err)
+	}
+	big := in(`{"a":1}`)
+	if _, r, err := b.store.InsertOrderWithinQuota(ctx, big); err != nil || r == nil || r.Quota != statestore.QuotaPayloadBytes || r.RetryAfter != 0 || written(big) {
+		t.Fatalf("a payload past the size: %+v %v", r, err)
+	}
+	if _, r, err := b.store.InsertOrderWithinQuota(ctx, in(`{}`)); err != nil || r != nil {
+		t.Fatalf("a payload within it: %+v %v", r, err)
+	}
+	ns, err := b.store.Namespaces(ctx)
+	if err != nil || len(ns) != 2 || ns[1].Name != "quota-a" || ns[1].MaxPayloadBytes == nil || *ns[1].MaxPayloadBytes != 3 ||
+		ns[1].MaxInFlight != nil || ns[1].QuotasBy != "ann" || ns[1].QuotasAt == nil || ns[0].Quotas.Any() {
+		t.Fatalf("namespaces %+v %v", ns, err)
 	}
 }

@@ -191,3 +191,66 @@ AS $function$
     INSERT INTO alerts (message_id, order_id, step, reason, failure_count, raised_at, raised_by)
     SELECT message_id, p_order, p_step, p_reason, p_failure_count, (body->>'at')::timestamptz, p_actor FROM msg;
 $function$;
+
+-- namespace_admit: whether namespace p_ns, whose order of p_bytes payload
+-- bytes the calling transaction has just written, may keep it by the
+-- namespace's quotas (a NULL quota is none): the size of a payload, the
+-- orders in flight (this one among them) and the rate of submits (a
+-- bucket of max_submit_burst, default the rate rounded up, refilled at
+-- max_submit_rate a second on the database clock; the order takes one).
+-- It locks the namespace's row until the transaction ends, so admissions
+-- to one namespace are one at a time across every replica and each counts
+-- the orders the ones before it wrote. It answers '' or the quota that
+-- refuses ('payload_bytes', 'in_flight', 'submit_rate'), what to say, and
+-- in how many milliseconds to try again (0: not as it is); a refused
+-- order is for the caller to roll back.
+CREATE OR REPLACE FUNCTION namespace_admit(p_ns text, p_bytes integer, OUT quota text, OUT detail text, OUT retry_ms integer)
+ RETURNS record
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $function$
+DECLARE
+    n namespaces%ROWTYPE;
+    v_now timestamptz := clock_timestamp();
+    v_burst double precision;
+    v_tokens double precision;
+    v_open integer;
+BEGIN
+    quota := '';
+    detail := '';
+    retry_ms := 0;
+    SELECT * INTO n FROM namespaces WHERE name = p_ns FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'there is no namespace %', p_ns USING ERRCODE = '22023';
+    END IF;
+    IF n.max_payload_bytes IS NOT NULL AND p_bytes > n.max_payload_bytes THEN
+        quota := 'payload_bytes';
+        detail := format('namespace %s takes payloads of at most %s bytes; this one has %s', p_ns, n.max_payload_bytes, p_bytes);
+        RETURN;
+    END IF;
+    IF n.max_in_flight IS NOT NULL THEN
+        SELECT count(*) INTO v_open FROM (
+            SELECT 1 FROM orders o
+            WHERE o.namespace = p_ns AND o.namespace <> 'default' AND o.status IN ('received', 'processing', 'compensating', 'error')
+            LIMIT n.max_in_flight + 1) open;
+        IF v_open > n.max_in_flight THEN
+            quota := 'in_flight';
+            detail := format('namespace %s has %s orders in flight, its quota', p_ns, n.max_in_flight);
+            retry_ms := 1000;
+            RETURN;
+        END IF;
+    END IF;
+    IF n.max_submit_rate IS NOT NULL THEN
+        v_burst := coalesce(n.max_submit_burst, ceil(n.max_submit_rate));
+        v_tokens := least(v_burst, coalesce(n.rate_tokens, v_burst)
+                                   + n.max_submit_rate * greatest(extract(epoch FROM v_now - coalesce(n.rate_at, v_now)), 0));
+        IF v_tokens < 1 THEN
+            quota := 'submit_rate';
+            detail := format('namespace %s submits at most %s orders a second', p_ns, n.max_submit_rate);
+            retry_ms := ceil(1000 * (1 - v_tokens) / n.max_submit_rate)::integer;
+            RETURN;
+        END IF;
+        UPDATE namespaces SET rate_tokens = v_tokens - 1, rate_at = v_now WHERE name = p_ns;
+    END IF;
+END;
+$function$;
