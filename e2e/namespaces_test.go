@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -69,7 +70,7 @@ func TestNamespacesIsolateOrdersOverTheAPI(t *testing.T) {
 	appA := nsToken(t, g, "app-a", "submitter", "team-a")
 	every := nsToken(t, g, "ops-all", "operator", "*")
 	if out, errOut, code := sasctl(t, g.stack.env, "namespaces", "list"); code != 0 ||
-		!regexp.MustCompile(`(?m)^NAME +CREATED +BY\n(?:default .*\n)(?:team-a .*sasctl:.*\n)(?:team-b .*\n)$`).MatchString(out) {
+		!regexp.MustCompile(`(?m)^NAME +CREATED +BY +QUOTAS +QUOTAS_BY\n(?:default .*\n)(?:team-a .*sasctl:.*\n)(?:team-b .*\n)$`).MatchString(out) {
 		t.Fatalf("namespaces list: %d\n%s%s", code, out, errOut)
 	}
 	if out, errOut, code := sasctl(t, g.stack.env, "api", "token", "list"); code != 0 ||
@@ -211,5 +212,129 @@ func TestNamespacesIsolateOrdersOverTheAPI(t *testing.T) {
 	}
 	if n := g.count(t, `SELECT count(*) FROM orders WHERE order_id = $1 AND namespace = 'team-a'`, idA); n != 1 {
 		t.Errorf("team-a's order is not in team-a")
+	}
+}
+
+// TestNamespaceQuotasOverTheAPI: sasctl sets a namespace's quotas and
+// every submit of it through the API is held to them, a refusal saying
+// which (429 with Retry-After; 413 for a payload) and writing nothing,
+// while another namespace, and the default one, submit on; the refusals
+// are counted by namespace.
+func TestNamespaceQuotasOverTheAPI(t *testing.T) {
+	t.Parallel()
+	g := runFile(t, "ns.yaml", nsFile, pipelineOpts{schedulers: 1, agents: 1})
+	api := startAPI(t, g.stack, "", "SAS_WORKFLOWS_FILE="+g.file)
+	if out, errOut, code := sasctl(t, g.stack.env, "namespaces", "add", "team-q", "team-free"); code != 0 {
+		t.Fatalf("namespaces add: %s %s", out, errOut)
+	}
+	for _, bad := range [][]string{{"default", "--in-flight", "5"}, {"team-q"}, {"team-q", "--burst", "2"},
+		{"team-q", "--in-flight", "0"}, {"team-q", "--rate", "-1/s"}, {"team-q", "--payload-bytes", "99999999"}, {"team-q", "--none", "--in-flight", "3"}} {
+		if _, errOut, code := sasctl(t, g.stack.env, append([]string{"namespaces", "quota"}, bad...)...); code != 2 || errOut == "" {
+			t.Errorf("namespaces quota %v: exit %d, %q; want a usage error", bad, code, errOut)
+		}
+	}
+	if _, errOut, code := sasctl(t, g.stack.env, "namespaces", "quota", "nobody", "--in-flight", "3"); code == 0 || !strings.Contains(errOut, "not found") {
+		t.Errorf("quotas for an unknown namespace: exit %d, %q", code, errOut)
+	}
+	opsQ, opsFree, opsDefault := nsToken(t, g, "ops-q", "operator", "team-q"), nsToken(t, g, "ops-free", "operator", "team-free"), nsToken(t, g, "ops-d", "operator")
+	submit := func(token, ns, customer string) (int, http.Header, string, []byte) {
+		t.Helper()
+		id := messages.NewID()
+		h := map[string]string{}
+		if ns != "" {
+			h["Sas-Namespace"] = ns
+		}
+		code, hdr, b := api.call(t, apiCall{method: "POST", path: "/api/v1/orders", token: token, header: h,
+			body: submitBody(id, "approval", fmt.Sprintf(`{"customer":%q}`, customer))})
+		return code, hdr, id, b
+	}
+	exists := func(id string) bool {
+		return g.count(t, `SELECT count(*) FROM orders WHERE order_id = $1`, id) == 1
+	}
+	reason := func(b []byte) string {
+		return regexp.MustCompile(`"reason":"([a-z_]+)"`).FindStringSubmatch(string(b) + `"reason":"none"`)[1]
+	}
+
+	// In flight: 3 (each order waits for an approval that never comes).
+	if out, errOut, code := sasctl(t, g.stack.env, "namespaces", "quota", "team-q", "--in-flight", "3", "--as", "ann"); code != 0 ||
+		!strings.Contains(out, "in flight 3") {
+		t.Fatalf("namespaces quota: %d %s %s", code, out, errOut)
+	}
+	if out, _, _ := sasctl(t, g.stack.env, "namespaces", "list"); !regexp.MustCompile(`(?m)^team-q .*in flight 3 +sasctl:ann`).MatchString(out) {
+		t.Fatalf("namespaces list shows no quota:\n%s", out)
+	}
+	accepted := 0
+	var refused []byte
+	var refusedID string
+	var refusedHdr http.Header
+	testenv.Eventually(t, 30*time.Second, "the API to hold team-q to 3 orders in flight", func() bool {
+		code, hdr, id, b := submit(opsQ, "team-q", "c")
+		switch code {
+		case http.StatusAccepted:
+			accepted++
+			return false
+		case http.StatusTooManyRequests:
+			refused, refusedID, refusedHdr = b, id, hdr
+			return true
+		}
+		t.Fatalf("a submit to team-q: %d %s", code, b)
+		return false
+	})
+	if accepted < 3 || reason(refused) != "quota_in_flight" || refusedHdr.Get("Retry-After") == "" || exists(refusedID) {
+		t.Fatalf("%d accepted, then %s (Retry-After %q), written %v", accepted, refused, refusedHdr.Get("Retry-After"), exists(refusedID))
+	}
+	// Before the quota reached the API's cache (5 s) more may have come
+	// in; none may once it holds.
+	inFlight := g.count(t, `SELECT count(*) FROM orders WHERE namespace = 'team-q'`)
+	if accepted > 3 {
+		t.Logf("%d orders came in before the quota held", accepted-3)
+	}
+	for range 5 {
+		if code, _, _, b := submit(opsQ, "team-q", "c"); code != http.StatusTooManyRequests || reason(b) != "quota_in_flight" {
+			t.Fatalf("team-q at its quota: %d %s", code, b)
+		}
+	}
+	if n := g.count(t, `SELECT count(*) FROM orders WHERE namespace = 'team-q'`); n != inFlight {
+		t.Fatalf("team-q has %d orders after its refusals, %d before", n, inFlight)
+	}
+	// Another namespace, and the default one, are not held by team-q's.
+	for range 5 {
+		if code, _, _, b := submit(opsFree, "team-free", "c"); code != http.StatusAccepted {
+			t.Fatalf("team-free beside team-q at its quota: %d %s", code, b)
+		}
+		if code, _, _, b := submit(opsDefault, "", "c"); code != http.StatusAccepted {
+			t.Fatalf("the default namespace beside team-q at its quota: %d %s", code, b)
+		}
+	}
+
+	// A payload's bytes, and the submit rate: a bucket of 1, 1 a minute.
+	if _, errOut, code := sasctl(t, g.stack.env, "namespaces", "quota", "team-free", "--payload-bytes", "40", "--rate", "1/m", "--burst", "1"); code != 0 {
+		t.Fatalf("namespaces quota: %s", errOut)
+	}
+	testenv.Eventually(t, 30*time.Second, "the API to hold team-free to 40 bytes of payload", func() bool {
+		code, _, id, b := submit(opsFree, "team-free", strings.Repeat("x", 40))
+		if code == http.StatusRequestEntityTooLarge && (reason(b) != "quota_payload_bytes" || exists(id)) {
+			t.Fatalf("a payload past the size: %s, written %v", b, exists(id))
+		}
+		return code == http.StatusRequestEntityTooLarge
+	})
+	if code, _, _, b := submit(opsFree, "team-free", "c"); code != http.StatusAccepted {
+		t.Fatalf("the bucket's one: %d %s", code, b)
+	}
+	code, hdr, id, b := submit(opsFree, "team-free", "c")
+	if code != http.StatusTooManyRequests || reason(b) != "quota_submit_rate" || exists(id) {
+		t.Fatalf("past the rate: %d %s, written %v", code, b, exists(id))
+	}
+	if ra, err := strconv.Atoi(hdr.Get("Retry-After")); err != nil || ra < 30 || ra > 60 {
+		t.Fatalf("past a rate of 1 a minute: Retry-After %q, want about a minute", hdr.Get("Retry-After"))
+	}
+	for series, least := range map[string]float64{
+		`sas_api_quota_refusals_total{namespace="team-q",quota="in_flight"}`:        6,
+		`sas_api_quota_refusals_total{namespace="team-free",quota="submit_rate"}`:   1,
+		`sas_api_quota_refusals_total{namespace="team-free",quota="payload_bytes"}`: 1,
+	} {
+		if v := api.metric(t, series); v < least {
+			t.Errorf("%s = %v, want at least %v", series, v, least)
+		}
 	}
 }

@@ -1,13 +1,16 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
+	"sas/internal/messages"
 	"sas/internal/statestore"
 )
 
@@ -128,8 +131,77 @@ func (a *app) namespacesAdd(ctx context.Context, args []string) error {
 
 // namespacesList lists the namespaces.
 func (a *app) namespacesList(ctx context.Context, args []string) error {
-	return listOf(ctx, a, args, (*statestore.Store).Namespaces, "NAME\tCREATED\tBY",
-		func(n statestore.Namespace) []string { return []string{n.Name, stamp(n.CreatedAt), n.CreatedBy} })
+	return listOf(ctx, a, args, (*statestore.Store).Namespaces, "NAME\tCREATED\tBY\tQUOTAS\tQUOTAS_BY",
+		func(n statestore.Namespace) []string {
+			return []string{n.Name, stamp(n.CreatedAt), n.CreatedBy, cmp.Or(quotasText(n.Quotas), "–"), cmp.Or(n.QuotasBy, "–")}
+		})
+}
+
+// namespacesQuota sets a namespace's quotas.
+func (a *app) namespacesQuota(ctx context.Context, args []string) error {
+	fs := a.flags()
+	as := fs.String("as", "", "the name to record beside your database login (default: $USER)")
+	none := fs.Bool("none", false, "no quotas")
+	var q statestore.Quotas
+	var unused bool
+	fs.Func("in-flight", "orders in flight (not ended) at most", countFlag(&q.MaxInFlight, &unused))
+	fs.Func("rate", "orders submitted a second at most, e.g. 20/s, 600/m", rateFlag(&q.MaxSubmitRate, &unused))
+	fs.Func("burst", "orders submitted at once above the rate (default: the rate a second, rounded up)", countFlag(&q.MaxSubmitBurst, &unused))
+	fs.Func("payload-bytes", fmt.Sprintf("bytes of one order's payload at most (1 to %d)", messages.MaxBodyBytes), func(v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > messages.MaxBodyBytes {
+			return fmt.Errorf("%q: a whole number of bytes from 1 to %d", v, messages.MaxBodyBytes)
+		}
+		q.MaxPayloadBytes = &n
+		return nil
+	})
+	rest, err := a.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) != 1 {
+		return a.usageError(fs, "give one namespace, e.g. sasctl namespaces quota team-a --in-flight 1000 --rate 50/s")
+	}
+	if unused {
+		return a.usageError(fs, "leave out a quota for none (or --none for no quotas at all)")
+	}
+	if *none == q.Any() {
+		return a.usageError(fs, "say the quotas (--in-flight, --rate, --burst, --payload-bytes; the ones left out are none), or --none")
+	}
+	if q.MaxSubmitBurst != nil && q.MaxSubmitRate == nil {
+		return a.usageError(fs, "--burst is above a rate: give --rate too")
+	}
+	if rest[0] == statestore.DefaultNamespace {
+		return a.usageError(fs, "the default namespace has no quotas: every order that names no namespace is in it")
+	}
+	store, closeStore, err := a.store(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	if err := store.SetNamespaceQuotas(ctx, rest[0], q, "sasctl:"+claimedName(*as)); err != nil {
+		return err
+	}
+	fmt.Fprintf(a.stdout, "namespace %s: %s (the API holds every replica to it within 5 s)\n", rest[0], cmp.Or(quotasText(q), "no quotas"))
+	return nil
+}
+
+// quotasText is a namespace's quotas in a line ("" for none).
+func quotasText(q statestore.Quotas) string {
+	var parts []string
+	if q.MaxInFlight != nil {
+		parts = append(parts, fmt.Sprintf("in flight %d", *q.MaxInFlight))
+	}
+	if q.MaxSubmitRate != nil {
+		parts = append(parts, "rate "+strconv.FormatFloat(*q.MaxSubmitRate, 'g', 6, 64)+"/s")
+	}
+	if q.MaxSubmitBurst != nil {
+		parts = append(parts, fmt.Sprintf("burst %d", *q.MaxSubmitBurst))
+	}
+	if q.MaxPayloadBytes != nil {
+		parts = append(parts, fmt.Sprintf("payload %d bytes", *q.MaxPayloadBytes))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // listOf runs a list command that takes no arguments but --json: it

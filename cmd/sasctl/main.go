@@ -171,6 +171,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return a.namespacesAdd(ctx, rest)
 	case "namespaces list":
 		return a.namespacesList(ctx, rest)
+	case "namespaces quota":
+		return a.namespacesQuota(ctx, rest)
 	case "api token revoke":
 		return a.apiTokenRevoke(ctx, rest)
 	case "limits list":

@@ -68,11 +68,13 @@ func (s *server) accessToken(r *http.Request, presented string) (statestore.APIT
 		Namespaces: []string{statestore.DefaultNamespace}}, 0, nil
 }
 
-// namespaceCache keeps the deployment's namespaces for a few seconds.
+// namespaceCache keeps the deployment's namespaces for a few seconds,
+// and which of them have quotas.
 type namespaceCache struct {
-	mu    sync.Mutex
-	names []string
-	until time.Time
+	mu     sync.Mutex
+	names  []string
+	quotas map[string]bool
+	until  time.Time
 }
 
 // namespacesFor is how long the namespaces read are trusted: a namespace
@@ -89,14 +91,37 @@ func (s *server) namespaceNames(ctx context.Context, fresh bool) ([]string, erro
 	if ok && !fresh {
 		return names, nil
 	}
-	names, err := s.store.NamespaceNames(ctx)
+	all, err := s.store.Namespaces(ctx)
 	if err != nil {
 		return nil, err
 	}
+	names = make([]string, len(all))
+	quotas := map[string]bool{}
+	for i, n := range all {
+		names[i] = n.Name
+		if n.Any() {
+			quotas[n.Name] = true
+		}
+	}
 	k.mu.Lock()
-	k.names, k.until = names, time.Now().Add(namespacesFor)
+	k.names, k.quotas, k.until = names, quotas, time.Now().Add(namespacesFor)
 	k.mu.Unlock()
 	return names, nil
+}
+
+// hasQuotas reports whether namespace ns has quotas, as the cache knows
+// (a quota set holds on every replica within namespacesFor).
+func (s *server) hasQuotas(ctx context.Context, ns string) (bool, error) {
+	if ns == statestore.DefaultNamespace {
+		return false, nil
+	}
+	if _, err := s.namespaceNames(ctx, false); err != nil {
+		return false, err
+	}
+	k := &s.known
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.quotas[ns], nil
 }
 
 // namespaceExists reports whether ns is a namespace (read again when the

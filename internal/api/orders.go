@@ -241,7 +241,24 @@ func (s *server) acceptOrder(w http.ResponseWriter, r *http.Request, o messages.
 	defer span.End()
 	nw.Traceparent = s.tr.Traceparent(ctx)
 	nw.Namespace = ns
-	outcome, err := s.inserts.Do(ctx, nw)
+	quotas, err := s.hasQuotas(ctx, ns)
+	if err != nil {
+		s.unavailable(w, r, err)
+		return
+	}
+	var outcome statestore.InsertOutcome
+	if quotas {
+		// Written alone, in one transaction with the namespace's
+		// admission: never past its quotas, whichever replica writes.
+		var refused *statestore.QuotaRefusal
+		outcome, refused, err = s.store.InsertOrderWithinQuota(ctx, nw)
+		if err == nil && refused != nil {
+			s.quotaRefused(w, r, ns, refused)
+			return
+		}
+	} else {
+		outcome, err = s.inserts.Do(ctx, nw)
+	}
 	if c.scoped() && (err == nil && outcome == statestore.Duplicate || errors.Is(err, statestore.ErrConflict)) {
 		own, found, oerr := s.store.OwnerOf(r.Context(), nw.OrderID)
 		if oerr != nil {
@@ -282,6 +299,19 @@ func (s *server) acceptOrder(w http.ResponseWriter, r *http.Request, o messages.
 		return
 	}
 	writeJSON(w, http.StatusAccepted, accepted{OrderID: nw.OrderID, Status: messages.StatusReceived, Outcome: outcome.String(), Href: href})
+}
+
+// quotaRefused answers a submit its namespace's quota refused: 413 for a
+// payload past the namespace's size, else 429 with Retry-After.
+func (s *server) quotaRefused(w http.ResponseWriter, r *http.Request, ns string, q *statestore.QuotaRefusal) {
+	s.metrics.orders.WithLabelValues("rejected").Inc()
+	s.metrics.quotaRefusals.WithLabelValues(ns, q.Quota).Inc()
+	reason := "quota_" + q.Quota
+	if q.Quota == statestore.QuotaPayloadBytes {
+		writeProblem(w, r, http.StatusRequestEntityTooLarge, probQuota, q.Detail, withReason(reason))
+		return
+	}
+	writeProblem(w, r, http.StatusTooManyRequests, probQuota, q.Detail, withReason(reason), retryAfter(q.RetryAfter))
 }
 
 // orderView is an order as GET /orders/{id} shows it.

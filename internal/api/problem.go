@@ -43,6 +43,7 @@ const (
 	probMediaType       = "unsupported-media-type"
 	probInvalid         = "invalid"
 	probRateLimited     = "rate-limited"
+	probQuota           = "quota-exceeded"
 	probUnavailable     = "unavailable"
 	probInternal        = "internal"
 	problemContentType  = "application/problem+json"

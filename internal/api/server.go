@@ -47,9 +47,10 @@ type server struct {
 }
 
 type metrics struct {
-	requests *prometheus.CounterVec
-	orders   *prometheus.CounterVec
-	bulk     *prometheus.CounterVec
+	requests      *prometheus.CounterVec
+	orders        *prometheus.CounterVec
+	bulk          *prometheus.CounterVec
+	quotaRefusals *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -66,6 +67,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "sas_api_bulk_orders_total",
 			Help: "Orders bulk jobs acted on, by action and outcome (done, failed).",
 		}, []string{"action", "outcome"}),
+		quotaRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sas_api_quota_refusals_total",
+			Help: "Submits a namespace's quota refused, by namespace (only those sasctl namespaces add made) and quota (in_flight, submit_rate, payload_bytes).",
+		}, []string{"namespace", "quota"}),
 	}
 	for _, o := range []string{"inserted", "duplicate", "rejected"} {
 		m.orders.WithLabelValues(o)
@@ -75,7 +80,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			m.bulk.WithLabelValues(a, o)
 		}
 	}
-	reg.MustRegister(m.requests, m.orders, m.bulk)
+	reg.MustRegister(m.requests, m.orders, m.bulk, m.quotaRefusals)
 	return m
 }
 
