@@ -113,6 +113,21 @@ func TestNamespacesIsolateOrdersOverTheAPI(t *testing.T) {
 		return g.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND step = 2 AND process_state = 'awaiting'`, []string{idA, idB}) == 2
 	})
 	before := g.count(t, `SELECT count(*) FROM transitions WHERE order_id = $1`, idA)
+	// sasctl, the deployment's operators' tool, lists a namespace's
+	// orders, and shows an order's namespace.
+	if out, errOut, code := sasctl(t, g.stack.env, "orders", "list", "--namespace", "team-a"); code != 0 || !strings.Contains(out, idA) || strings.Contains(out, idB) {
+		t.Fatalf("orders list --namespace team-a: %d\n%s%s", code, out, errOut)
+	}
+	if out, errOut, code := sasctl(t, g.stack.env, "orders", "list", "--namespace", "team-b", "--where", "customer=c-1", "--json"); code != 0 ||
+		!strings.Contains(out, idB) || strings.Contains(out, idA) || !strings.Contains(out, `"namespace": "team-b"`) {
+		t.Fatalf("orders list --namespace team-b --where: %d\n%s%s", code, out, errOut)
+	}
+	if _, errOut, code := sasctl(t, g.stack.env, "orders", "list", "--namespace", "Team_A"); code != 2 || !strings.Contains(errOut, "--namespace") {
+		t.Fatalf("orders list --namespace Team_A: exit %d, %q; want a usage error", code, errOut)
+	}
+	if out, errOut, code := sasctl(t, g.stack.env, "orders", "show", idA); code != 0 || !regexp.MustCompile(`(?m)^namespace +team-a$`).MatchString(out) {
+		t.Fatalf("orders show: %d\n%s%s", code, out, errOut)
+	}
 
 	// Every route of team-a's order, with team-b's operator token, with
 	// the id as written and in capitals: not found.

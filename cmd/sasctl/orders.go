@@ -89,11 +89,17 @@ func (a *app) ordersList(ctx context.Context, args []string) error {
 	var where stringList
 	fs.Var(&where, "where", "only orders whose search attribute matches, NAME=VALUE (or !=, <, <=, >, >=); repeat for several")
 	workflows := fs.String("workflows", "", "the workflows file that declares the search attributes (default: SAS_WORKFLOWS_FILE, else the built-in one)")
+	namespace := fs.String("namespace", "", "only orders of this namespace (sasctl namespaces list)")
 	if err := a.parseNoArgs(fs, args); err != nil {
 		return err
 	}
 	if err := a.positive(fs, "limit", *limit); err != nil {
 		return err
+	}
+	if *namespace != "" {
+		if err := statestore.CheckNamespace(*namespace); err != nil {
+			return a.usageError(fs, "--namespace: %v", err)
+		}
 	}
 	if *since < 0 {
 		return a.usageError(fs, "--since must not be negative")
@@ -108,6 +114,9 @@ func (a *app) ordersList(ctx context.Context, args []string) error {
 	// The filter is read as the API and the console read it, with the
 	// same words for what is wrong (orderfilter).
 	f := orderfilter.Filter{Status: *status, Workflow: *wf, Where: where}
+	if *namespace != "" {
+		f.Namespaces = []string{*namespace}
+	}
 	reg, err := workflowsFile(*workflows)
 	if err != nil {
 		return err
@@ -121,7 +130,7 @@ func (a *app) ordersList(ctx context.Context, args []string) error {
 	}
 	defer closeStore()
 	var orders []statestore.Order
-	if len(where) == 0 {
+	if len(where) == 0 && *namespace == "" {
 		orders, err = store.ListOrders(ctx, statestore.ListFilter{Status: *status, Workflow: *wf, Since: *since, Limit: *limit})
 	} else {
 		orders, err = a.ordersWhere(ctx, store, reg, f, *since, *limit)
@@ -160,10 +169,14 @@ func (a *app) ordersWhere(ctx context.Context, store *statestore.Store, reg *wor
 	if err != nil {
 		return nil, err
 	}
+	ns := ""
+	if len(f.Namespaces) == 1 {
+		ns = f.Namespaces[0]
+	}
 	out := make([]statestore.Order, len(rows))
 	for i, r := range rows {
 		out[i] = statestore.Order{OrderID: r.OrderID, Workflow: r.Workflow, WorkflowVersion: r.WorkflowVersion, Status: r.Status,
-			Priority: r.Priority, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt}
+			Priority: r.Priority, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, Namespace: ns}
 	}
 	return out, nil
 }
@@ -284,6 +297,9 @@ func (a *app) printOrder(d statestore.OrderDetail) error {
 		fmt.Fprintf(w, "%-10s%s\n", name, wrap(value, showWidth, strings.Repeat(" ", 10)))
 	}
 	field("order", o.OrderID)
+	if o.Namespace != "" && o.Namespace != statestore.DefaultNamespace {
+		field("namespace", o.Namespace)
+	}
 	field("status", o.Status)
 	version := o.WorkflowVersion
 	if version == "" {
