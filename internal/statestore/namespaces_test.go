@@ -210,6 +210,18 @@ func TestNamespaceQuotasHoldOnEveryWrite(t *testing.T) {
 		return err == nil && r == nil
 	})
 
+	// A rate so low that the wait to the next one is years: told a day.
+	slow := 1e-9
+	if err := b.store.SetNamespaceQuotas(ctx, "quota-a", statestore.Quotas{MaxSubmitRate: &slow}, "ann"); err != nil {
+		t.Fatal(err)
+	}
+	if _, r, err := b.store.InsertOrderWithinQuota(ctx, in(`{}`)); err != nil || r != nil {
+		t.Fatalf("the slow bucket's one: %+v %v", r, err)
+	}
+	if _, r, err := b.store.InsertOrderWithinQuota(ctx, in(`{}`)); err != nil || r == nil || r.RetryAfter != 24*time.Hour {
+		t.Fatalf("past a rate of one in 30 years: %+v %v, want a refusal that says a day", r, err)
+	}
+
 	// A payload's bytes.
 	if err := b.store.SetNamespaceQuotas(ctx, "quota-a", statestore.Quotas{MaxPayloadBytes: &three}, "ann"); err != nil {
 		t.Fatal(err)

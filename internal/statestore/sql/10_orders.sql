@@ -247,7 +247,7 @@ BEGIN
         IF v_tokens < 1 THEN
             quota := 'submit_rate';
             detail := format('namespace %s submits at most %s orders a second', p_ns, n.max_submit_rate);
-            retry_ms := ceil(1000 * (1 - v_tokens) / n.max_submit_rate)::integer;
+            retry_ms := least(ceil(1000 * (1 - v_tokens) / n.max_submit_rate), 86400000)::integer; -- a day at most
             RETURN;
         END IF;
         UPDATE namespaces SET rate_tokens = v_tokens - 1, rate_at = v_now WHERE name = p_ns;
