@@ -259,20 +259,33 @@ func (s *Store) InsertOrder(ctx context.Context, o NewOrder) (InsertOutcome, err
 	if len(o.Steps) == 0 {
 		return 0, fmt.Errorf("insert order %s: no steps", o.OrderID)
 	}
+	written, err := insertOne(ctx, s.pool, o)
+	if err != nil {
+		return 0, err
+	}
+	if written {
+		return Inserted, nil
+	}
+	return s.existing(ctx, o)
+}
+
+// insertOne runs insertOrdersSQL for o alone on q (the pool, or a
+// transaction) and reports whether it wrote the order (false: its id
+// was taken).
+func insertOne(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, o NewOrder) (bool, error) {
 	var a insertArrays
 	a.add(o, 1)
-	rows, err := s.pool.Query(ctx, a.sql(), a.args()...)
+	rows, err := q.Query(ctx, a.sql(), a.args()...)
 	var written []int
 	if err == nil {
 		written, err = pgx.CollectRows(rows, pgx.RowTo[int])
 	}
 	if err != nil {
-		return 0, fmt.Errorf("insert order %s: %w", o.OrderID, classify(err))
+		return false, fmt.Errorf("insert order %s: %w", o.OrderID, classify(err))
 	}
-	if len(written) == 1 {
-		return Inserted, nil
-	}
-	return s.existing(ctx, o)
+	return len(written) == 1, nil
 }
 
 // InsertOrders writes many orders in one statement, each as InsertOrder

@@ -91,17 +91,11 @@ func (s *Store) InsertOrderWithinQuota(ctx context.Context, o NewOrder) (InsertO
 		return 0, nil, fmt.Errorf("insert order %s: %w", o.OrderID, err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	var a insertArrays
-	a.add(o, 1)
-	rows, err := tx.Query(ctx, a.sql(), a.args()...)
-	var written []int
-	if err == nil {
-		written, err = pgx.CollectRows(rows, pgx.RowTo[int])
-	}
+	written, err := insertOne(ctx, tx, o)
 	if err != nil {
-		return 0, nil, fmt.Errorf("insert order %s: %w", o.OrderID, classify(err))
+		return 0, nil, err
 	}
-	if len(written) == 0 {
+	if !written {
 		_ = tx.Rollback(ctx)
 		outcome, err := s.existing(ctx, o)
 		return outcome, nil, err
@@ -156,13 +150,4 @@ func (s *Store) Namespaces(ctx context.Context) ([]Namespace, error) {
 		return nil, fmt.Errorf("list namespaces: %w", classify(err))
 	}
 	return out, nil
-}
-
-// NamespaceNames lists every namespace's name.
-func (s *Store) NamespaceNames(ctx context.Context) ([]string, error) {
-	var names []string
-	if err := s.pool.QueryRow(ctx, `SELECT coalesce(array_agg(name ORDER BY name), '{}') FROM namespaces`).Scan(&names); err != nil {
-		return nil, fmt.Errorf("list namespaces: %w", classify(err))
-	}
-	return names, nil
 }

@@ -29,8 +29,8 @@ func TestNamespacesOfOrdersAndTokens(t *testing.T) {
 			t.Errorf("namespace %q: %v", bad, err)
 		}
 	}
-	if names, err := b.store.NamespaceNames(ctx); err != nil || !slices.Equal(names, []string{"default", "team-a"}) {
-		t.Fatalf("namespaces %v %v", names, err)
+	if ns, err := b.store.Namespaces(ctx); err != nil || len(ns) != 2 || ns[0].Name != "default" || ns[1].Name != "team-a" {
+		t.Fatalf("namespaces %+v %v", ns, err)
 	}
 
 	// One batch: default, team-a, default, team-a.
