@@ -3,14 +3,20 @@ package e2e
 import (
 	"fmt"
 	"net/http"
+	"net/url"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
+
 	"sas/internal/harness/testenv"
 	"sas/internal/messages"
+	"sas/internal/statestore"
 )
 
 // nsFile is the workflow both namespaces run: a call, then a wait for
@@ -351,5 +357,163 @@ func TestNamespaceQuotasOverTheAPI(t *testing.T) {
 		if v := api.metric(t, series); v < least {
 			t.Errorf("%s = %v, want at least %v", series, v, least)
 		}
+	}
+}
+
+// nsConsoleUser adds a console user acting in namespaces through sasctl.
+func nsConsoleUser(t *testing.T, file, name, role, password string, namespaces ...string) {
+	t.Helper()
+	args := []string{"console", "user", "add", name, "--role", role, "--file", file, "--cost", "4"}
+	for _, ns := range namespaces {
+		args = append(args, "--namespace", ns)
+	}
+	cmd := exec.Command(filepath.Join(binDir, "sasctl"), args...)
+	cmd.Env = env()
+	cmd.Stdin = strings.NewReader(password + "\n")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("console user add %s: %v\n%s", name, err, out)
+	}
+}
+
+// TestNamespacesIsolateTheConsole: console users act in the namespaces
+// the users file grants them. A user of team-b, on every order page and
+// action of team-a's order (and in its id's other text forms), finds
+// nothing there; its lists, searches and bulk jobs hold team-b's orders
+// alone; the deployment's pages (overview, alerts, dead letters,
+// workflows, schedules, limits) are refused to it. A user of every
+// namespace switches between them in a browser.
+func TestNamespacesIsolateTheConsole(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	if out, errOut, code := sasctl(t, s.env, "namespaces", "add", "team-a", "team-b"); code != 0 {
+		t.Fatalf("namespaces add: %s %s", out, errOut)
+	}
+	store := statestore.New(s.pool)
+	orders := map[string]string{}
+	for _, ns := range []string{"team-a", "team-b", "default"} {
+		o := orphanOrder()
+		o.Namespace = ns
+		if got, err := store.InsertOrder(t.Context(), o); err != nil || got != statestore.Inserted {
+			t.Fatalf("insert: %v %v", got, err)
+		}
+		orders[ns] = o.OrderID
+	}
+	idA, idB := orders["team-a"], orders["team-b"]
+	c := startConsole(t, s)
+	nsConsoleUser(t, c.users, "bea", "operator", "bea's password", "team-b")
+	nsConsoleUser(t, c.users, "root", "operator", "root's password", "*")
+	if _, errOut, code := sasctl(t, s.env, "console", "user", "add", "x", "--role", "viewer", "--namespace", "Team_B"); code != 2 || !strings.Contains(errOut, "--namespace") {
+		t.Fatalf("console user add --namespace Team_B: exit %d %q, want a usage error", code, errOut)
+	}
+	historyA := s.count(t, `SELECT count(*) FROM transitions WHERE order_id = $1`, idA)
+
+	bea := newWebClient(t, c.url)
+	bea.origin = c.url
+	testenv.Eventually(t, 30*time.Second, "the console to read bea from its users file", func() bool { return bea.login("bea", "bea's password") == http.StatusSeeOther })
+	if status, _ := bea.do("GET", "/", nil); status != http.StatusSeeOther || bea.last.Header.Get("Location") != "/orders" {
+		t.Fatalf("bea's overview: %d to %q, want team-b's orders", status, bea.last.Header.Get("Location"))
+	}
+	status, page := bea.do("GET", "/orders", nil)
+	if status != http.StatusOK || !strings.Contains(page, idB) || strings.Contains(page, idA) || strings.Contains(page, orders["default"]) ||
+		strings.Contains(page, `href="/alerts"`) || !strings.Contains(page, `id="namespace-only">team-b<`) {
+		t.Fatalf("bea's orders list: %d\n%s", status, page)
+	}
+	csrf := csrfOf(t, page)
+	for _, q := range []string{"?id=" + idA[:8], "?workflow=orphan", "?status=received"} {
+		if status, page := bea.do("GET", "/orders"+q, nil); status != http.StatusOK || strings.Contains(page, idA) {
+			t.Errorf("bea's orders%s: %d, shows team-a's order", q, status)
+		}
+	}
+	// Every page and action of team-a's order: not found.
+	for _, id := range []string{idA, strings.ToUpper(idA)} {
+		for _, p := range []string{"", "/resubmit", "/cancel", "/migrate", "/pause", "/resume", "/signal", "/rerun"} {
+			if status, page := bea.do("GET", "/orders/"+id+p, nil); status != http.StatusNotFound || strings.Contains(page, "orphan_step") {
+				t.Errorf("bea: GET /orders/%s%s: %d, want 404", id, p, status)
+			}
+			if p == "" {
+				continue
+			}
+			form := url.Values{"csrf": {csrf}, "name": {"approved"}, "payload": {`{"customer":"x"}`}, "version": {"1"}}
+			if status, _ := bea.do("POST", "/orders/"+id+p, form); status != http.StatusNotFound {
+				t.Errorf("bea: POST /orders/%s%s: %d, want 404", id, p, status)
+			}
+		}
+	}
+	// Her own order is hers to act on.
+	if status, _ := bea.do("POST", "/orders/"+idB+"/pause", url.Values{"csrf": {csrf}}); status != http.StatusSeeOther {
+		t.Fatalf("bea pausing team-b's order: %d", status)
+	}
+	// The deployment's pages, and the switcher to what is not hers.
+	for _, p := range []string{"/overview/live", "/alerts", "/dead-letters", "/workflows", "/schedules", "/limits", "/limits/nobody/set"} {
+		if status, _ := bea.do("GET", p, nil); status != http.StatusForbidden {
+			t.Errorf("bea: GET %s: %d, want 403", p, status)
+		}
+	}
+	for _, ns := range []string{"team-a", "*", "default"} {
+		if status, _ := bea.do("POST", "/namespace", url.Values{"csrf": {csrf}, "ns": {ns}}); status != http.StatusForbidden {
+			t.Errorf("bea switching to %q: %d, want 403", ns, status)
+		}
+	}
+	// A bulk job of hers acts on team-b's orders alone, whatever its form
+	// says; root's, made in every namespace, is not hers to see.
+	if status, _ := bea.do("POST", "/bulk/resume", url.Values{"csrf": {csrf}, "workflow": {"orphan"}, "namespaces": {"team-a"}}); status != http.StatusSeeOther {
+		t.Fatalf("bea's bulk resume: %d", status)
+	}
+	beaJob := bea.last.Header.Get("Location")
+	if n := s.count(t, `SELECT total FROM bulk_jobs WHERE id = $1`, strings.TrimPrefix(strings.Split(beaJob, "?")[0], "/bulk/jobs/")); n != 1 {
+		t.Fatalf("bea's bulk job chose %d orders, want team-b's one", n)
+	}
+	root := newWebClient(t, c.url)
+	root.origin = c.url
+	if status := root.login("root", "root's password"); status != http.StatusSeeOther {
+		t.Fatalf("root's login: %d", status)
+	}
+	_, page = root.do("GET", "/orders", nil)
+	if !strings.Contains(page, idA) || !strings.Contains(page, idB) {
+		t.Fatalf("root, in every namespace, does not see both orders:\n%s", page)
+	}
+	if status, _ := root.do("POST", "/bulk/pause", url.Values{"csrf": {csrfOf(t, page)}, "workflow": {"orphan"}}); status != http.StatusSeeOther {
+		t.Fatalf("root's bulk pause: %d", status)
+	}
+	rootJob := strings.Split(root.last.Header.Get("Location"), "?")[0]
+	if status, _ := bea.do("GET", rootJob, nil); status != http.StatusNotFound {
+		t.Errorf("bea: GET %s (root's job): %d, want 404", rootJob, status)
+	}
+	if status, _ := bea.do("POST", rootJob+"/stop", url.Values{"csrf": {csrf}}); status != http.StatusNotFound {
+		t.Errorf("bea: POST %s/stop: %d, want 404", rootJob, status)
+	}
+	if _, page := bea.do("GET", "/bulk", nil); strings.Contains(page, `href="`+rootJob+`"`) {
+		t.Errorf("bea's bulk jobs list root's")
+	}
+
+	// In a browser: root switches to team-a and sees its orders alone,
+	// without the deployment's pages; then back to every namespace.
+	ctx := browser(t)
+	login(t, ctx, c.url, "root", "root's password")
+	if opts := eval[[]string](t, ctx, `Array.from(document.querySelectorAll("#namespace option")).map(o => o.value)`); strings.Join(opts, ",") != "*,default,team-a,team-b" {
+		t.Fatalf("the switcher offers %v", opts)
+	}
+	// Choosing in the list switches (the page's script sends the form).
+	do(t, ctx, "choose team-a", chromedp.SetValue(chromedp.CSS("#namespace"), "team-a"))
+	eval[bool](t, ctx, `document.getElementById("namespace").dispatchEvent(new Event("change")) || true`)
+	do(t, ctx, "team-a's orders", chromedp.WaitVisible(chromedp.CSS("#orders")))
+	if rows := text(t, ctx, "#orders"); !strings.Contains(rows, idA[:8]) || strings.Contains(rows, idB[:8]) {
+		t.Fatalf("root in team-a sees:\n%s", rows)
+	}
+	if n := eval[int](t, ctx, `document.querySelectorAll('nav a[href="/alerts"]').length`); n != 0 {
+		t.Fatalf("the deployment's pages are offered in team-a's view")
+	}
+	do(t, ctx, "back to every namespace", chromedp.SetValue(chromedp.CSS("#namespace"), "*"), chromedp.Click(chromedp.CSS("#switch")),
+		chromedp.WaitVisible(chromedp.CSS("#live")))
+
+	// Nothing of team-a's order changed but root's job.
+	if n := s.count(t, `SELECT count(*) FROM transitions WHERE order_id = $1 AND actor LIKE '%bea%'`, idA); n != 0 {
+		t.Errorf("bea wrote team-a's history")
+	}
+	if n := s.count(t, `SELECT count(*) FROM transitions WHERE order_id = $1`, idA); n < historyA {
+		t.Errorf("team-a's history shrank")
+	}
+	if n := s.count(t, `SELECT count(*) FROM orders WHERE order_id = $1 AND namespace = 'team-a' AND status = 'received'`, idA); n != 1 {
+		t.Errorf("team-a's order changed")
 	}
 }

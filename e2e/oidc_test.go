@@ -36,14 +36,14 @@ type idpProc struct {
 }
 
 // startIdP starts the provider with a client for a console at
-// consoleAddr (and another client), and three people: ann (group
-// sas-operators), bob (sas-viewers) and eve (a group sas maps to
-// nothing). Its ID tokens last idTTL.
+// consoleAddr (and another client), and four people: ann (group
+// sas-operators), bob (sas-viewers), eve (a group sas maps to nothing)
+// and cat (team-a-ops). Its ID tokens last idTTL.
 func startIdP(t *testing.T, consoleAddr, idTTL string) idpProc {
 	t.Helper()
 	p := launch(t, "idp", []string{
 		"IDP_CLIENTS=sas:" + idpSecret + ":http://" + consoleAddr + "/login/oidc/callback,other:other-secret:http://127.0.0.1:9/cb",
-		"IDP_USERS=id1:ann:ann-pw:sas-operators,id2:bob:bob-pw:sas-viewers,id3:eve:eve-pw:elsewhere",
+		"IDP_USERS=id1:ann:ann-pw:sas-operators,id2:bob:bob-pw:sas-viewers,id3:eve:eve-pw:elsewhere,id4:cat:cat-pw:team-a-ops",
 		"IDP_ID_TOKEN_TTL=" + idTTL}, "IDP_ADDR")
 	i := idpProc{proc: p, issuer: "http://" + p.ops + "/"}
 	testenv.Eventually(t, 30*time.Second, "the identity provider to serve", func() bool {
@@ -168,7 +168,7 @@ func TestSingleSignOnAtARealProvider(t *testing.T) {
 	consoleAddr := freeAddr(t)
 	idp := startIdP(t, consoleAddr, "3s")
 	oidcEnv := []string{"SAS_OIDC_ISSUER=" + idp.issuer, "SAS_OIDC_CLIENT_ID=sas", "SAS_OIDC_CLIENT_SECRET=" + idpSecret,
-		"SAS_OIDC_ROLES=sas-operators=operator,sas-viewers=viewer", "SAS_OIDC_NAME=Example SSO"}
+		"SAS_OIDC_ROLES=sas-operators=operator,sas-viewers=viewer,team-a-ops=team-a:operator,every-viewer=*:viewer", "SAS_OIDC_NAME=Example SSO"}
 	base := "http://" + consoleAddr
 	console := start(t, "console", append(append(append([]string{}, s.env...), "SAS_DATABASE_URL="+consoleLogin(t, s),
 		"SAS_CONSOLE_ADDR="+consoleAddr, "SAS_CONSOLE_PUBLIC_URL="+base), oidcEnv...))
@@ -348,6 +348,63 @@ func TestSingleSignOnAtARealProvider(t *testing.T) {
 		!strings.Contains(string(b), "grants no role") {
 		t.Errorf("a valid token that maps to no role: %d %s, want 403", code, b)
 	}
+	// Roles in namespaces: team-a's operators act in team-a alone; with a
+	// role in every namespace too, a request names the namespace it acts
+	// in (Sas-Namespace) and has its role there.
+	if out, errOut, code := sasctl(t, s.env, "namespaces", "add", "team-a"); code != 0 {
+		t.Fatalf("namespaces add: %s %s", out, errOut)
+	}
+	orderA := orphanOrder()
+	orderA.Namespace = "team-a"
+	if got, err := store.InsertOrder(t.Context(), orderA); err != nil || got != statestore.Inserted {
+		t.Fatalf("insert: %v %v", got, err)
+	}
+	teamTok := idp.post(t, "test/mint", claims(map[string]any{"groups": []string{"team-a-ops"}}))
+	bothTok := idp.post(t, "test/mint", claims(map[string]any{"groups": []string{"team-a-ops", "every-viewer"}}))
+	for _, c := range []struct {
+		what, tok, method, id, ns, verb string
+		want                            int
+	}{
+		{"team-a's operator reads team-a's order", teamTok, "GET", orderA.OrderID, "", "", http.StatusOK},
+		{"team-a's operator pauses it", teamTok, "POST", orderA.OrderID, "", "/pause", http.StatusOK},
+		{"team-a's operator reads the default namespace's", teamTok, "GET", order.OrderID, "", "", http.StatusNotFound},
+		{"team-a's operator names the default namespace", teamTok, "GET", order.OrderID, "default", "", http.StatusForbidden},
+		{"a viewer of every namespace, naming none, acts as team-a's operator", bothTok, "GET", order.OrderID, "", "", http.StatusNotFound},
+		{"naming the default namespace, it reads there", bothTok, "GET", order.OrderID, "default", "", http.StatusOK},
+		{"naming the default namespace, it may only read", bothTok, "POST", order.OrderID, "default", "/pause", http.StatusForbidden},
+		{"naming team-a, it acts there", bothTok, "POST", orderA.OrderID, "team-a", "/resume", http.StatusOK},
+		{"naming team-a, not another's order", bothTok, "GET", order.OrderID, "team-a", "", http.StatusNotFound},
+	} {
+		call := apiCall{method: c.method, path: "/api/v1/orders/" + c.id + c.verb, token: c.tok}
+		if c.method == "POST" {
+			call.body = "{}"
+		}
+		if c.ns != "" {
+			call.header = map[string]string{"Sas-Namespace": c.ns}
+		}
+		if code, _, b := api.call(t, call); code != c.want {
+			t.Errorf("%s: %d %s, want %d", c.what, code, b, c.want)
+		}
+	}
+	if n := s.count(t, `SELECT count(*) FROM order_pauses WHERE order_id = $1`, order.OrderID); n != 0 {
+		t.Errorf("a viewer paused the default namespace's order")
+	}
+	// In the console too: cat, of team-a's operators, looks at team-a.
+	cat := newWebClient(t, base)
+	if status, _, _ := ssoSignIn(t, cat, idp, "cat", "cat-pw"); status != http.StatusOK {
+		t.Fatalf("cat's sign-in: %d", status)
+	}
+	if status, page := cat.do("GET", "/orders", nil); status != http.StatusOK || !strings.Contains(page, orderA.OrderID) ||
+		strings.Contains(page, order.OrderID) || !strings.Contains(page, `id="namespace-only">team-a<`) {
+		t.Errorf("cat's orders: %d\n%s", status, page)
+	}
+	if status, _ := cat.do("GET", "/orders/"+order.OrderID, nil); status != http.StatusNotFound {
+		t.Errorf("cat opening the default namespace's order: %d, want 404", status)
+	}
+	if n := s.count(t, `SELECT count(*) FROM operator_actions WHERE target = $1 AND claimed_by LIKE 'api:oidc:id1@%'`, orderA.OrderID); n != 2 {
+		t.Errorf("team-a's order's history records %d actions by the identity, want its pause and resume", n)
+	}
+
 	apiLog := api.logText()
 	if n := strings.Count(apiLog, "access token refused"); n < len(bad)+1 {
 		t.Errorf("the API's log has %d lines of refused tokens, want %d:\n%s", n, len(bad)+1, api.tail())

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"sas/internal/console"
+	"sas/internal/statestore"
 )
 
 // consoleUserAdd makes a console user: the password from the first line
@@ -24,6 +25,8 @@ func (a *app) consoleUserAdd(_ context.Context, args []string) error {
 	role := fs.String("role", "", "viewer (sees) or operator (also acts)")
 	file := fs.String("file", "", "the users file (SAS_CONSOLE_USERS_FILE) to write; without it the line is printed")
 	cost := fs.Int("cost", console.DefaultCost, "the bcrypt cost")
+	var namespaces stringList
+	fs.Var(&namespaces, "namespace", "a namespace the user acts in (again for several; '*': every one; default: default)")
 	rest, err := a.parse(fs, args)
 	if err != nil {
 		return err
@@ -37,6 +40,9 @@ func (a *app) consoleUserAdd(_ context.Context, args []string) error {
 	}
 	if err := console.CheckRole(*role); err != nil {
 		return fmt.Errorf("--role: %w", err)
+	}
+	if err := console.CheckNamespaces(namespaces); err != nil {
+		return a.usageError(fs, "--namespace: %v", err)
 	}
 	if *cost < bcrypt.MinCost || *cost > bcrypt.MaxCost {
 		return fmt.Errorf("--cost %d: want %d to %d", *cost, bcrypt.MinCost, bcrypt.MaxCost)
@@ -52,7 +58,7 @@ func (a *app) consoleUserAdd(_ context.Context, args []string) error {
 		return fmt.Errorf("password: %w", err)
 	}
 	if *file == "" {
-		fmt.Fprintln(a.stdout, console.UserLine(name, *role, hash))
+		fmt.Fprintln(a.stdout, console.UserLine(name, *role, hash, namespaces))
 		return nil
 	}
 	old, err := os.ReadFile(*file)
@@ -64,7 +70,7 @@ func (a *app) consoleUserAdd(_ context.Context, args []string) error {
 			return fmt.Errorf("the users file is invalid, not changing it:\n%w", err)
 		}
 	}
-	data, replaced := console.AddUser(old, name, *role, hash)
+	data, replaced := console.AddUser(old, name, *role, hash, namespaces)
 	// Written whole to a new file, then renamed: a reader sees the old
 	// file or the new one, never half of it.
 	tmp, err := os.CreateTemp(filepath.Dir(*file), ".users-*")
@@ -112,7 +118,7 @@ func devConsoleUser() (file, login string, err error) {
 		return "", "", err
 	}
 	file = filepath.Join(dir, "users")
-	if err := os.WriteFile(file, []byte(console.UserLine("admin", console.Operator, hash)+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(file, []byte(console.UserLine("admin", console.Operator, hash, []string{statestore.AllNamespaces})+"\n"), 0o600); err != nil {
 		return "", "", err
 	}
 	return file, fmt.Sprintf("(log in as admin, password %s; users file %s)", password, file), nil

@@ -16,6 +16,7 @@ import (
 
 	"sas/internal/broker"
 	"sas/internal/console"
+	"sas/internal/statestore"
 )
 
 // defaultSecretsDir is where the compose file mounts the secrets volume.
@@ -120,7 +121,7 @@ func (a *app) secretsInit(_ context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		if err := writeSecret(*dir, "console-users", []byte(console.UserLine("admin", console.Operator, hash)+"\n")); err != nil {
+		if err := writeSecret(*dir, "console-users", []byte(console.UserLine("admin", console.Operator, hash, []string{statestore.AllNamespaces})+"\n")); err != nil {
 			return err
 		}
 	}

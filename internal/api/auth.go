@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"net/http"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"sas/internal/oidcauth"
+	"sas/internal/orderfilter"
 	"sas/internal/statestore"
 )
 
@@ -45,10 +47,13 @@ var oidcRoles = []string{statestore.TokenSubmitter, statestore.TokenViewer, stat
 
 // accessToken checks an identity provider's access token. Refused, it
 // returns the status to answer with and why (logged without the token):
-// 401 when the token is not valid, 403 when it is but maps to no role;
-// an error and no status when the provider cannot be reached. The caller
-// it makes is named by the provider and the subject, and has an
-// allowance of its own.
+// 401 when the token is not valid, 403 when it is but maps to no role
+// (in the namespace the request names, when it names one); an error and
+// no status when the provider cannot be reached. The caller it makes is
+// named by the provider and the subject, and has an allowance of its
+// own. Its role is the one it holds in the namespace the request names
+// (Sas-Namespace); naming none, its highest, in the namespaces where it
+// holds that one.
 func (s *server) accessToken(r *http.Request, presented string) (statestore.APIToken, int, error) {
 	id, err := s.idp.VerifyAccess(r.Context(), presented)
 	if errors.Is(err, oidcauth.ErrUnavailable) {
@@ -63,9 +68,22 @@ func (s *server) accessToken(r *http.Request, presented string) (statestore.APIT
 	}
 	h := fnv.New64a()
 	h.Write([]byte(id.Actor()))
-	// An identity of the provider acts in the default namespace.
-	return statestore.APIToken{ID: -int64(h.Sum64()>>1) - 1, Name: id.Actor(), Role: id.Role,
-		Namespaces: []string{statestore.DefaultNamespace}}, 0, nil
+	tok := statestore.APIToken{ID: -int64(h.Sum64()>>1) - 1, Name: id.Actor(), Role: id.Role, Namespaces: id.Highest()}
+	if ns := requestNamespace(r); ns != "" {
+		if tok.Role = id.RoleIn(ns); tok.Role == "" {
+			err := fmt.Errorf("the roles claim grants no role in namespace %q", orderfilter.Clip(ns, 63))
+			s.logger.Warn("api: access token refused", "err", err, "subject", id.Subject, "addr", clientHost(r))
+			return statestore.APIToken{}, http.StatusForbidden, err
+		}
+		tok.Namespaces = []string{ns}
+	}
+	return tok, 0, nil
+}
+
+// requestNamespace is the namespace a request names (Sas-Namespace), ""
+// for none.
+func requestNamespace(r *http.Request) string {
+	return strings.TrimSpace(r.Header.Get("Sas-Namespace"))
 }
 
 // namespaceCache keeps the deployment's namespaces for a few seconds,

@@ -15,6 +15,7 @@ import (
 	"sas/internal/archive"
 	"sas/internal/oidcauth"
 	"sas/internal/service"
+	"sas/internal/statestore"
 )
 
 // Config is the API service's configuration (environment prefix SAS_).
@@ -78,7 +79,7 @@ func (c Config) Check() error {
 	if c.AwaitMax <= 0 || c.TokenCache < 0 || c.BulkLease < time.Second {
 		return errors.New("SAS_API_AWAIT_MAX must be positive, SAS_API_TOKEN_CACHE not negative, SAS_API_BULK_LEASE at least 1s")
 	}
-	if err := c.OIDC.Check(false, oidcRoles...); err != nil {
+	if err := c.OIDC.Check(false, statestore.CheckNamespace, oidcRoles...); err != nil {
 		return err
 	}
 	if c.BulkMax < 1 || c.BulkBatch < 1 || c.Batch < 1 || c.Writers < 1 {

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -189,7 +188,7 @@ func (s *server) submit(w http.ResponseWriter, r *http.Request, c caller) {
 // namespace); one the token may not act in is refused, and so is one
 // that does not exist.
 func (s *server) submitNamespace(w http.ResponseWriter, r *http.Request, c caller) (string, bool) {
-	ns := strings.TrimSpace(r.Header.Get("Sas-Namespace"))
+	ns := requestNamespace(r)
 	if ns == "" {
 		ns = statestore.DefaultNamespace
 		if c.scoped() && len(c.token.Namespaces) > 0 {

@@ -272,6 +272,18 @@ func (s *server) serve(rt route) http.Handler {
 				fmt.Sprintf("token %s made more than %g requests a second (SAS_API_RATE)", tok.Name, s.cfg.Rate), retryAfter(wait))
 			return
 		}
+		// A request that names a namespace acts in it alone.
+		if ns := requestNamespace(r); ns != "" {
+			if err := statestore.CheckNamespace(ns); err != nil {
+				writeProblem(rec, r, http.StatusBadRequest, probBadRequest, "Sas-Namespace: "+err.Error(), withReason(messages.ReasonInvalidValue))
+				return
+			}
+			if !tok.In(ns) {
+				writeProblem(rec, r, http.StatusForbidden, probForbidden, fmt.Sprintf("token %s may not act in namespace %q", tok.Name, ns))
+				return
+			}
+			tok.Namespaces = []string{ns}
+		}
 		c := caller{token: tok}
 		if !c.may(a.roles...) {
 			writeProblem(rec, r, http.StatusForbidden, probForbidden,

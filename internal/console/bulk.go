@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"html/template"
 	"net/http"
+	"slices"
 	"strconv"
 
 	"sas/internal/orderfilter"
@@ -61,6 +62,7 @@ func (s *server) confirmBulk(w http.ResponseWriter, r *http.Request, rq *request
 		return
 	}
 	f := orderfilter.FromValues(r.URL.Query())
+	f.Namespaces = rq.namespaces()
 	q, ok := s.bulkQuery(w, r, rq, f)
 	if !ok {
 		return
@@ -117,6 +119,8 @@ func (s *server) bulkCreate(w http.ResponseWriter, r *http.Request, rq *request)
 		return
 	}
 	f := orderfilter.FromValues(r.PostForm)
+	// The view's namespace, whatever the form said.
+	f.Namespaces = rq.namespaces()
 	q, ok := s.bulkQuery(w, r, rq, f)
 	if !ok {
 		return
@@ -132,11 +136,12 @@ func (s *server) bulkCreate(w http.ResponseWriter, r *http.Request, rq *request)
 }
 
 func (s *server) bulkJobs(w http.ResponseWriter, r *http.Request, rq *request) {
-	jobs, err := s.store.BulkJobs(r.Context(), 50)
+	all, err := s.store.BulkJobs(r.Context(), 50)
 	if err != nil {
 		s.storeError(w, r, rq, err, "bulk job")
 		return
 	}
+	jobs := slices.DeleteFunc(all, func(j statestore.BulkJob) bool { return !jobInView(rq, j) })
 	s.render(w, r, rq, http.StatusOK, "bulk.html", "Bulk jobs", bulkData{Jobs: jobs})
 }
 
@@ -148,6 +153,9 @@ func (s *server) jobOf(w http.ResponseWriter, r *http.Request, rq *request) (sta
 		return statestore.BulkJob{}, false
 	}
 	job, err := s.store.BulkJobOf(r.Context(), id)
+	if err == nil && !jobInView(rq, job) {
+		err = statestore.ErrNotFound // made in another namespace
+	}
 	if err != nil {
 		s.storeError(w, r, rq, err, fmt.Sprintf("bulk job %d", id))
 		return job, false

@@ -25,12 +25,12 @@ func TestUsersFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, replaced := AddUser(nil, "alice", Operator, hash)
+	data, replaced := AddUser(nil, "alice", Operator, hash, nil)
 	if replaced {
 		t.Fatal("a new user was said to replace one")
 	}
-	data, _ = AddUser(append([]byte("# console users\n"), data...), "bob", Viewer, hash)
-	data, replaced = AddUser(data, "alice", Viewer, hash)
+	data, _ = AddUser(append([]byte("# console users\n"), data...), "bob", Viewer, hash, nil)
+	data, replaced = AddUser(data, "alice", Viewer, hash, nil)
 	if !replaced || strings.Count(string(data), "alice:") != 1 || !strings.HasPrefix(string(data), "# console users\n") {
 		t.Fatalf("replacing alice:\n%s", data)
 	}
@@ -52,6 +52,10 @@ func TestUsersFile(t *testing.T) {
 		"al ice:operator:" + hash,                           // a name with a space
 		"alice:operator:plaintext",                          // not a hash
 		"alice:operator:" + hash + "\nalice:viewer:" + hash, // twice
+		"alice:operator:" + hash + ":",                      // no namespace after the colon
+		"alice:operator:" + hash + ":Team_A",                // not a namespace's name
+		"alice:operator:" + hash + ":team-a,",               // an empty one
+		"alice:operator:" + hash + ":team-a:x",              // a colon in one
 	} {
 		if _, err := ParseUsers("users", []byte(bad)); err == nil {
 			t.Errorf("users file %q accepted", bad)
@@ -68,7 +72,7 @@ func TestUsersFile(t *testing.T) {
 func TestDirectoryAuthenticates(t *testing.T) {
 	t.Parallel()
 	hash, _ := HashPassword("right", bcrypt.MinCost)
-	d, err := newDirectory("", UserLine("alice", Operator, hash), false)
+	d, err := newDirectory("", UserLine("alice", Operator, hash, nil), false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +98,7 @@ func TestUnknownNameTakesAsLongAsAKnownOne(t *testing.T) {
 	t.Parallel()
 	cheap, _ := HashPassword("alice's", bcrypt.MinCost)
 	dear, _ := HashPassword("bob's", 7)
-	d, err := newDirectory("", UserLine("alice", Operator, cheap)+";"+UserLine("bob", Viewer, dear), false)
+	d, err := newDirectory("", UserLine("alice", Operator, cheap, nil)+";"+UserLine("bob", Viewer, dear, nil), false)
 	if err != nil {
 		t.Fatal(err)
 	}

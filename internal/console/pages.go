@@ -61,6 +61,12 @@ func (s *server) readOverview(ctx context.Context) (overviewData, error) {
 }
 
 func (s *server) overview(w http.ResponseWriter, r *http.Request, rq *request) {
+	if !rq.everywhere() {
+		// The overview is the deployment's: a namespace's view starts
+		// at its orders.
+		http.Redirect(w, r, "/orders", http.StatusSeeOther)
+		return
+	}
 	d, err := s.readOverview(r.Context())
 	if err != nil {
 		s.storeError(w, r, rq, err, "overview")
@@ -133,6 +139,7 @@ func (s *server) orders(w http.ResponseWriter, r *http.Request, rq *request) {
 		return
 	}
 	oq.Limit = pageSize
+	oq.Namespaces = rq.namespaces()
 	var next *statestore.OrderCursor
 	d.Orders, next, err = s.store.OrderPage(r.Context(), oq)
 	if err != nil {

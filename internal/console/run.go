@@ -19,6 +19,7 @@ import (
 	"sas/internal/broker"
 	"sas/internal/oidcauth"
 	"sas/internal/service"
+	"sas/internal/statestore"
 )
 
 // Config is the console's configuration (environment prefix SAS_).
@@ -63,7 +64,7 @@ func (c Config) Check() error {
 	if c.UsersFile == "" && c.Users == "" && !c.OIDC.On() {
 		return errors.New("SAS_CONSOLE_USERS_FILE or SAS_CONSOLE_USERS must name at least one user (sasctl console user add makes one), or SAS_OIDC_ISSUER an identity provider")
 	}
-	if err := c.OIDC.Check(true, Viewer, Operator); err != nil {
+	if err := c.OIDC.Check(true, statestore.CheckNamespace, Viewer, Operator); err != nil {
 		return err
 	}
 	if c.OIDC.On() && c.PublicURL == "" {

@@ -49,6 +49,9 @@ type server struct {
 	idp       *oidcauth.Provider
 	pending   *pendingSSO
 	ssoLogins *prometheus.CounterVec
+	// known are the deployment's namespaces, read a few seconds at most
+	// before.
+	known namespaceList
 
 	mu      sync.Mutex
 	conn    *broker.Conn
@@ -130,9 +133,14 @@ func (s *server) closeBroker() {
 
 // request is a logged-in request: who asks, and whether they may act.
 type request struct {
+	// user's Role is its role in the namespace it looks at.
 	user    User
 	session *session
 	token   string
+	// ns is the namespace it looks at (everyNamespace: every one), among
+	// views, those it may look at.
+	ns    string
+	views []string
 }
 
 // canAct: an operator, and the console not read-only.
@@ -150,47 +158,58 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("POST /login", s.login)
 	mux.HandleFunc("GET /login/oidc", s.ssoBegin)
 	mux.HandleFunc("GET "+ssoCallback, s.ssoFinish)
-	mux.HandleFunc("POST /logout", s.authed(s.logout))
+	mux.HandleFunc("POST /logout", s.loggedIn(s.logout, false))
+	mux.HandleFunc("POST /namespace", s.choice(s.switchNamespace))
 	mux.HandleFunc("GET /{$}", s.authed(s.overview))
-	mux.HandleFunc("GET /overview/live", s.authed(s.overviewLive))
+	mux.HandleFunc("GET /overview/live", s.authed(s.deployment(s.overviewLive)))
 	mux.HandleFunc("GET /orders", s.authed(s.orders))
-	mux.HandleFunc("GET /orders/{id}", s.authed(s.order))
-	mux.HandleFunc("GET /orders/{id}/resubmit", s.authed(s.confirmResubmit))
-	mux.HandleFunc("POST /orders/{id}/resubmit", s.action(s.resubmit))
-	mux.HandleFunc("GET /orders/{id}/cancel", s.authed(s.confirmCancel))
-	mux.HandleFunc("POST /orders/{id}/cancel", s.action(s.cancel))
-	mux.HandleFunc("GET /orders/{id}/migrate", s.authed(s.confirmMigrate))
-	mux.HandleFunc("POST /orders/{id}/migrate", s.action(s.migrate))
-	mux.HandleFunc("GET /orders/{id}/pause", s.authed(s.confirmPause(true)))
-	mux.HandleFunc("POST /orders/{id}/pause", s.action(s.pause(true)))
-	mux.HandleFunc("GET /orders/{id}/resume", s.authed(s.confirmPause(false)))
-	mux.HandleFunc("POST /orders/{id}/resume", s.action(s.pause(false)))
-	mux.HandleFunc("GET /orders/{id}/signal", s.authed(s.confirmSignal))
-	mux.HandleFunc("POST /orders/{id}/signal", s.action(s.signal))
-	mux.HandleFunc("GET /orders/{id}/rerun", s.authed(s.confirmRerun))
-	mux.HandleFunc("POST /orders/{id}/rerun", s.action(s.rerun))
+	order := func(method, path string, h handler) {
+		if method == "GET" {
+			mux.HandleFunc(method+" "+path, s.authed(s.inView(h)))
+		} else {
+			mux.HandleFunc(method+" "+path, s.action(s.inView(h)))
+		}
+	}
+	order("GET", "/orders/{id}", s.order)
+	order("GET", "/orders/{id}/resubmit", s.confirmResubmit)
+	order("POST", "/orders/{id}/resubmit", s.resubmit)
+	order("GET", "/orders/{id}/cancel", s.confirmCancel)
+	order("POST", "/orders/{id}/cancel", s.cancel)
+	order("GET", "/orders/{id}/migrate", s.confirmMigrate)
+	order("POST", "/orders/{id}/migrate", s.migrate)
+	order("GET", "/orders/{id}/pause", s.confirmPause(true))
+	order("POST", "/orders/{id}/pause", s.pause(true))
+	order("GET", "/orders/{id}/resume", s.confirmPause(false))
+	order("POST", "/orders/{id}/resume", s.pause(false))
+	order("GET", "/orders/{id}/signal", s.confirmSignal)
+	order("POST", "/orders/{id}/signal", s.signal)
+	order("GET", "/orders/{id}/rerun", s.confirmRerun)
+	order("POST", "/orders/{id}/rerun", s.rerun)
 	mux.HandleFunc("GET /bulk", s.authed(s.bulkJobs))
 	mux.HandleFunc("GET /bulk/{action}", s.authed(s.confirmBulk))
 	mux.HandleFunc("POST /bulk/{action}", s.action(s.bulkCreate))
 	mux.HandleFunc("GET /bulk/jobs/{id}", s.authed(s.bulkJob))
 	mux.HandleFunc("GET /bulk/jobs/{id}/stop", s.authed(s.confirmBulkStop))
 	mux.HandleFunc("POST /bulk/jobs/{id}/stop", s.action(s.bulkStop))
-	mux.HandleFunc("GET /alerts", s.authed(s.alerts))
-	mux.HandleFunc("GET /alerts/{id}/ack", s.authed(s.confirmAck))
-	mux.HandleFunc("POST /alerts/{id}/ack", s.action(s.ack))
-	mux.HandleFunc("GET /dead-letters", s.authed(s.deadLetters))
-	mux.HandleFunc("GET /dead-letters/{queue}", s.authed(s.deadLetterQueue))
-	mux.HandleFunc("GET /dead-letters/{queue}/{id}/{verb}", s.authed(s.confirmDeadLetter))
-	mux.HandleFunc("POST /dead-letters/{queue}/{id}/{verb}", s.action(s.moveDeadLetter))
-	mux.HandleFunc("GET /workflows", s.authed(s.workflowsPage))
-	mux.HandleFunc("GET /schedules", s.authed(s.schedulesPage))
-	mux.HandleFunc("GET /schedules/{name}/{verb}", s.authed(s.confirmSchedule))
-	mux.HandleFunc("POST /schedules/{name}/{verb}", s.action(s.scheduleAction))
-	mux.HandleFunc("GET /limits", s.authed(s.limitsPage))
-	mux.HandleFunc("GET /limits/{kind}/set", s.authed(s.confirmLimits))
-	mux.HandleFunc("POST /limits/{kind}/set", s.action(s.setLimits))
-	mux.HandleFunc("GET /limits/{kind}/reset", s.authed(s.confirmLimitsReset))
-	mux.HandleFunc("POST /limits/{kind}/reset", s.action(s.resetLimits))
+	// The deployment's pages: in the view of every namespace only.
+	page := func(path string, h handler) { mux.HandleFunc("GET "+path, s.authed(s.deployment(h))) }
+	act := func(path string, h handler) { mux.HandleFunc("POST "+path, s.action(s.deployment(h))) }
+	page("/alerts", s.alerts)
+	page("/alerts/{id}/ack", s.confirmAck)
+	act("/alerts/{id}/ack", s.ack)
+	page("/dead-letters", s.deadLetters)
+	page("/dead-letters/{queue}", s.deadLetterQueue)
+	page("/dead-letters/{queue}/{id}/{verb}", s.confirmDeadLetter)
+	act("/dead-letters/{queue}/{id}/{verb}", s.moveDeadLetter)
+	page("/workflows", s.workflowsPage)
+	page("/schedules", s.schedulesPage)
+	page("/schedules/{name}/{verb}", s.confirmSchedule)
+	act("/schedules/{name}/{verb}", s.scheduleAction)
+	page("/limits", s.limitsPage)
+	page("/limits/{kind}/set", s.confirmLimits)
+	act("/limits/{kind}/set", s.setLimits)
+	page("/limits/{kind}/reset", s.confirmLimitsReset)
+	act("/limits/{kind}/reset", s.resetLimits)
 	mux.HandleFunc("/", s.notFound)
 	return s.secure(s.origins.only(mux, func(r *http.Request) {
 		s.logger.Warn("console request for another host refused", "host", truncate(r.Host, 100), "addr", clientAddr(r))
@@ -242,7 +261,7 @@ func (s *server) current(r *http.Request) *request {
 			s.sessions.end(c.Value)
 			return nil
 		}
-		return &request{user: User{Name: id.Actor(), Role: id.Role, Display: id.Display}, session: ss, token: c.Value}
+		return s.scoped(r, &request{user: User{Name: id.Actor(), Role: id.Role, Grants: id.Grants, Display: id.Display}, session: ss, token: c.Value})
 	}
 	if err := s.users.reload(); err != nil {
 		s.logger.Error("users file", "err", err)
@@ -252,14 +271,37 @@ func (s *server) current(r *http.Request) *request {
 		s.sessions.end(c.Value)
 		return nil
 	}
-	return &request{user: u, session: ss, token: c.Value}
+	return s.scoped(r, &request{user: u, session: ss, token: c.Value})
+}
+
+// scoped sets the request's view and role (none, for a user with no role
+// in any namespace there is: every page but the log-out refuses it).
+func (s *server) scoped(r *http.Request, rq *request) *request {
+	if !s.scope(r.Context(), rq) {
+		rq.user.Role, rq.views = "", nil
+	}
+	return rq
+}
+
+// noRole refuses a user with no role in any namespace there is.
+func (s *server) noRole(w http.ResponseWriter, r *http.Request, rq *request) bool {
+	if len(rq.views) > 0 {
+		return false
+	}
+	s.logger.Warn("console: the user has no role in any namespace", "user", rq.user.Name, "addr", clientAddr(r))
+	s.fail(w, r, rq, http.StatusForbidden, "You have no role in any namespace of this deployment.")
+	return true
 }
 
 type handler func(http.ResponseWriter, *http.Request, *request)
 
 // authed lets only a logged-in user through; anyone else goes to the
 // login page (a live fragment gets 401).
-func (s *server) authed(h handler) http.HandlerFunc {
+func (s *server) authed(h handler) http.HandlerFunc { return s.loggedIn(h, true) }
+
+// loggedIn lets only a logged-in user through, and with needsRole one
+// with a role in some namespace.
+func (s *server) loggedIn(h handler, needsRole bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		rq := s.current(r)
 		if rq == nil {
@@ -268,6 +310,9 @@ func (s *server) authed(h handler) http.HandlerFunc {
 				return
 			}
 			http.Redirect(w, r, "/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
+			return
+		}
+		if needsRole && s.noRole(w, r, rq) {
 			return
 		}
 		h(w, r, rq)
@@ -280,7 +325,13 @@ const maxFormBytes = 3*messages.MaxPayloadBytes + 4<<10
 
 // action guards a state-changing request: a session, a request from this
 // site, the session's CSRF token, the operator role, not read-only.
-func (s *server) action(h handler) http.HandlerFunc {
+func (s *server) action(h handler) http.HandlerFunc { return s.posted(h, true) }
+
+// choice guards a form that changes the session alone (the namespace
+// switcher): a session, a request from this site, its CSRF token.
+func (s *server) choice(h handler) http.HandlerFunc { return s.posted(h, false) }
+
+func (s *server) posted(h handler, acts bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		rq := s.current(r)
 		if rq == nil {
@@ -300,6 +351,13 @@ func (s *server) action(h handler) http.HandlerFunc {
 		}
 		if err != nil || !sameToken(r.PostForm.Get("csrf"), rq.session.csrf) {
 			s.fail(w, r, rq, http.StatusForbidden, "The form's security token is missing or wrong: reload the page and try again.")
+			return
+		}
+		if s.noRole(w, r, rq) {
+			return
+		}
+		if !acts {
+			h(w, r, rq)
 			return
 		}
 		if s.cfg.ReadOnly {
@@ -325,12 +383,19 @@ type page struct {
 	ReadOnly bool
 	Notice   string
 	Data     any
+	// Namespace is the namespace the user looks at ("*": every one),
+	// Views those it may choose; Everywhere: the deployment's pages are
+	// shown.
+	Namespace  string
+	Views      []string
+	Everywhere bool
 }
 
 func (s *server) render(w http.ResponseWriter, r *http.Request, rq *request, status int, name, title string, data any) {
 	p := page{Title: title, Nav: name, ReadOnly: s.cfg.ReadOnly, Data: data}
 	if rq != nil {
 		p.User, p.Role, p.CSRF, p.CanAct = rq.user.shown(), rq.user.Role, rq.session.csrf, s.canAct(rq)
+		p.Namespace, p.Views, p.Everywhere = rq.ns, rq.views, rq.everywhere()
 	}
 	p.Notice = noticeOf(r.URL.Query().Get("done"))
 	t, ok := s.pages[name]

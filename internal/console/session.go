@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -29,7 +30,18 @@ type session struct {
 	// sso is set for a session signed in at the identity provider: its
 	// role is the provider's, not the users file's.
 	sso *ssoState
+	// chosen is the namespace the session looks at, as the switcher set
+	// it ("" until then).
+	chosen atomic.Value
 }
+
+// view is the namespace the session chose to look at ("" for none).
+func (s *session) view() string {
+	v, _ := s.chosen.Load().(string)
+	return v
+}
+
+func (s *session) setView(ns string) { s.chosen.Store(ns) }
 
 // sessions are kept in memory: a restart of the console logs everyone
 // out, and replicas need sticky sessions.

@@ -8,11 +8,14 @@ import (
 	"os"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"golang.org/x/crypto/bcrypt"
+
+	"sas/internal/statestore"
 )
 
 // Roles a console user may have.
@@ -31,7 +34,13 @@ const DefaultCost = 12
 // password.
 type User struct {
 	Name string
+	// Role is the user's role in the namespace it is looking at (for a
+	// request), or its highest.
 	Role string
+	// Grants are its role in each namespace it may look at (AllNamespaces:
+	// every one). A users file's user has its role in the namespaces its
+	// line lists (none: the default one).
+	Grants map[string]string
 	// Display is how a user signed in at the identity provider is shown
 	// (their email); Name is then the provider and the subject.
 	Display string
@@ -79,12 +88,34 @@ func HashPassword(password string, cost int) (string, error) {
 	return string(h), nil
 }
 
-// UserLine is the users-file line of a user: NAME:ROLE:HASH.
-func UserLine(name, role, hash string) string { return name + ":" + role + ":" + hash }
+// UserLine is the users-file line of a user: NAME:ROLE:HASH, and
+// :NAMESPACE,NAMESPACE when it acts in other namespaces than the default
+// one ('*': every one).
+func UserLine(name, role, hash string, namespaces []string) string {
+	line := name + ":" + role + ":" + hash
+	if len(namespaces) > 0 && !slices.Equal(namespaces, []string{statestore.DefaultNamespace}) {
+		line += ":" + strings.Join(namespaces, ",")
+	}
+	return line
+}
+
+// CheckNamespaces reports why namespaces cannot be a user's: each a
+// namespace's name or '*'.
+func CheckNamespaces(namespaces []string) error {
+	for _, ns := range namespaces {
+		if ns == statestore.AllNamespaces {
+			continue
+		}
+		if err := statestore.CheckNamespace(ns); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // ParseUsers reads users, one per line (or per ';' in an environment
-// variable) as NAME:ROLE:BCRYPT-HASH; blank lines and lines starting with
-// '#' are skipped. src names the source in errors.
+// variable) as NAME:ROLE:BCRYPT-HASH[:NAMESPACES]; blank lines and lines
+// starting with '#' are skipped. src names the source in errors.
 func ParseUsers(src string, data []byte) (map[string]User, error) {
 	users := map[string]User{}
 	var problems []string
@@ -94,10 +125,18 @@ func ParseUsers(src string, data []byte) (map[string]User, error) {
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 {
-			problems = append(problems, fmt.Sprintf("%s: entry %d: want NAME:ROLE:HASH (sasctl console user add makes one)", src, i+1))
+		parts := strings.SplitN(line, ":", 4)
+		if len(parts) < 3 {
+			problems = append(problems, fmt.Sprintf("%s: entry %d: want NAME:ROLE:HASH[:NAMESPACES] (sasctl console user add makes one)", src, i+1))
 			continue
+		}
+		namespaces := []string{statestore.DefaultNamespace}
+		if len(parts) == 4 {
+			namespaces = strings.Split(parts[3], ",")
+			if err := CheckNamespaces(namespaces); err != nil {
+				problems = append(problems, fmt.Sprintf("%s: entry %d (%s): %v", src, i+1, parts[0], err))
+				continue
+			}
 		}
 		name, role, hash := parts[0], parts[1], parts[2]
 		if err := CheckUserName(name); err != nil {
@@ -116,7 +155,11 @@ func ParseUsers(src string, data []byte) (map[string]User, error) {
 			problems = append(problems, fmt.Sprintf("%s: entry %d: user %s is listed twice", src, i+1, name))
 			continue
 		}
-		users[name] = User{Name: name, Role: role, hash: []byte(hash)}
+		grants := map[string]string{}
+		for _, ns := range namespaces {
+			grants[ns] = role
+		}
+		users[name] = User{Name: name, Role: role, Grants: grants, hash: []byte(hash)}
 	}
 	if len(problems) > 0 {
 		return nil, errors.New(strings.Join(problems, "\n"))
@@ -126,8 +169,8 @@ func ParseUsers(src string, data []byte) (map[string]User, error) {
 
 // AddUser returns the users file data with the user's line set: replaced
 // if the user is there, appended if not.
-func AddUser(data []byte, name, role, hash string) ([]byte, bool) {
-	line := UserLine(name, role, hash)
+func AddUser(data []byte, name, role, hash string, namespaces []string) ([]byte, bool) {
+	line := UserLine(name, role, hash, namespaces)
 	var out bytes.Buffer
 	replaced := false
 	for _, l := range strings.SplitAfter(string(data), "\n") {

@@ -39,9 +39,12 @@ type Config struct {
 	// RolesClaim is the claim read for roles: a name or a dotted path
 	// (groups, roles, realm_access.roles, email), a string or a list.
 	RolesClaim string `envconfig:"ROLES_CLAIM" default:"groups"`
-	// Roles maps the claim's values to sas's roles:
-	// VALUE=ROLE,VALUE=ROLE (sas-operators=operator,sas-viewers=viewer).
-	// A person or program with none of the values is refused.
+	// Roles maps the claim's values to sas's roles, each in a namespace:
+	// VALUE=ROLE (in the default namespace), VALUE=NAMESPACE:ROLE, or
+	// VALUE=*:ROLE (in every namespace), comma-separated; a value may
+	// be listed once per namespace (sas-operators=operator,
+	// team-a=team-a:operator, sas-admins=*:operator). A person or
+	// program with none of the values is refused.
 	Roles string `envconfig:"ROLES"`
 	// Scopes are asked for at sign-in besides openid.
 	Scopes string `envconfig:"SCOPES" default:"profile,email"`
@@ -52,23 +55,44 @@ type Config struct {
 // On reports whether an issuer is set.
 func (c Config) On() bool { return c.Issuer != "" }
 
-// RoleMap reads Roles, checking each role against allowed.
-func (c Config) RoleMap(allowed ...string) (map[string]string, error) {
-	m := map[string]string{}
+// Grant is a role in a namespace (AllNamespaces: every one).
+type Grant struct {
+	Namespace string
+	Role      string
+}
+
+// DefaultNamespace is where a role named without a namespace holds, and
+// AllNamespaces the namespace of a role in every one.
+const (
+	DefaultNamespace = "default"
+	AllNamespaces    = "*"
+)
+
+// RoleMap reads Roles, checking each role against allowed: each value
+// of the claim and the roles it grants.
+func (c Config) RoleMap(allowed ...string) (map[string][]Grant, error) {
+	m := map[string][]Grant{}
 	for _, pair := range strings.Split(c.Roles, ",") {
 		pair = strings.TrimSpace(pair)
 		if pair == "" {
 			continue
 		}
-		value, role, ok := strings.Cut(pair, "=")
-		value, role = strings.TrimSpace(value), strings.TrimSpace(role)
+		value, grant, ok := strings.Cut(pair, "=")
+		value, grant = strings.TrimSpace(value), strings.TrimSpace(grant)
 		if !ok || value == "" {
-			return nil, fmt.Errorf("SAS_OIDC_ROLES: %q is not VALUE=ROLE", pair)
+			return nil, fmt.Errorf("SAS_OIDC_ROLES: %q is not VALUE=ROLE or VALUE=NAMESPACE:ROLE", pair)
 		}
-		if !slices.Contains(allowed, role) {
-			return nil, fmt.Errorf("SAS_OIDC_ROLES: %q: role %q is not one of %s", pair, role, strings.Join(allowed, ", "))
+		g := Grant{Namespace: DefaultNamespace, Role: grant}
+		if ns, role, scoped := strings.Cut(grant, ":"); scoped {
+			g = Grant{Namespace: strings.TrimSpace(ns), Role: strings.TrimSpace(role)}
 		}
-		m[value] = role
+		if !slices.Contains(allowed, g.Role) {
+			return nil, fmt.Errorf("SAS_OIDC_ROLES: %q: role %q is not one of %s", pair, g.Role, strings.Join(allowed, ", "))
+		}
+		if slices.ContainsFunc(m[value], func(o Grant) bool { return o.Namespace == g.Namespace }) {
+			return nil, fmt.Errorf("SAS_OIDC_ROLES: %q: value %q has a role in namespace %q already", pair, value, g.Namespace)
+		}
+		m[value] = append(m[value], g)
 	}
 	if len(m) == 0 {
 		return nil, errors.New("SAS_OIDC_ROLES must map at least one value of the roles claim to a role (sas-operators=operator)")
@@ -77,8 +101,8 @@ func (c Config) RoleMap(allowed ...string) (map[string]string, error) {
 }
 
 // Check reports settings that cannot work; forConsole also needs the
-// client's id and secret.
-func (c Config) Check(forConsole bool, roles ...string) error {
+// client's id and secret. namespace is the rule of a namespace's name.
+func (c Config) Check(forConsole bool, namespace func(string) error, roles ...string) error {
 	if !c.On() {
 		return nil
 	}
@@ -94,8 +118,21 @@ func (c Config) Check(forConsole bool, roles ...string) error {
 	if strings.TrimSpace(c.RolesClaim) == "" {
 		return errors.New("SAS_OIDC_ROLES_CLAIM must name a claim")
 	}
-	_, err := c.RoleMap(roles...)
-	return err
+	m, err := c.RoleMap(roles...)
+	if err != nil {
+		return err
+	}
+	for value, grants := range m {
+		for _, g := range grants {
+			if g.Namespace == AllNamespaces {
+				continue
+			}
+			if err := namespace(g.Namespace); err != nil {
+				return fmt.Errorf("SAS_OIDC_ROLES: value %q: %w", value, err)
+			}
+		}
+	}
+	return nil
 }
 
 // Identity is who a verified token names.
@@ -104,8 +141,11 @@ type Identity struct {
 	Subject string
 	// Display is the email, the preferred user name or the subject.
 	Display string
-	// Role is the highest role the roles claim maps to.
+	// Role is the highest role the roles claim maps to, in any namespace.
 	Role string
+	// Grants are its role in each namespace the claim grants one
+	// (AllNamespaces: in every one), the highest where several apply.
+	Grants map[string]string
 	// Expiry is when the token stops being valid.
 	Expiry time.Time
 }
@@ -146,7 +186,7 @@ var asymmetric = []string{oidc.RS256, oidc.RS384, oidc.RS512, oidc.ES256, oidc.E
 // provider is away.
 type Provider struct {
 	cfg    Config
-	roles  map[string]string
+	roles  map[string][]Grant
 	rank   []string
 	client *http.Client
 	// base carries the HTTP client into go-oidc's key fetches, which
@@ -239,20 +279,26 @@ func (p *Provider) verify(ctx context.Context, raw, audience string) (Identity, 
 			id.Display = s
 		}
 	}
-	id.Role = p.role(claims)
+	id.Grants = p.grants(claims)
+	for _, r := range id.Grants {
+		if id.Role == "" || slices.Index(p.rank, r) > slices.Index(p.rank, id.Role) {
+			id.Role = r
+		}
+	}
 	if id.Role == "" {
 		return id, tok, ErrNoRole
 	}
 	return id, tok, nil
 }
 
-// role is the highest role the roles claim's values map to.
-func (p *Provider) role(claims map[string]any) string {
+// grants are the roles the roles claim's values grant, the highest in
+// each namespace; a role in every namespace raises each namespace's.
+func (p *Provider) grants(claims map[string]any) map[string]string {
 	var v any = claims
 	for _, part := range strings.Split(p.cfg.RolesClaim, ".") {
 		m, ok := v.(map[string]any)
 		if !ok {
-			return ""
+			return nil
 		}
 		v = m[part]
 	}
@@ -267,16 +313,47 @@ func (p *Provider) role(claims map[string]any) string {
 			}
 		}
 	}
-	best := -1
-	for _, val := range values {
-		if r, ok := p.roles[val]; ok {
-			best = max(best, slices.Index(p.rank, r))
+	out := map[string]string{}
+	raise := func(ns, role string) {
+		if cur, ok := out[ns]; !ok || slices.Index(p.rank, role) > slices.Index(p.rank, cur) {
+			out[ns] = role
 		}
 	}
-	if best < 0 {
-		return ""
+	for _, val := range values {
+		for _, g := range p.roles[val] {
+			raise(g.Namespace, g.Role)
+		}
 	}
-	return p.rank[best]
+	if all, ok := out[AllNamespaces]; ok {
+		for ns := range out {
+			raise(ns, all)
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// RoleIn is the identity's role in namespace ns ("" for none).
+func (id Identity) RoleIn(ns string) string {
+	if r, ok := id.Grants[ns]; ok {
+		return r
+	}
+	return id.Grants[AllNamespaces]
+}
+
+// Highest are the namespaces where the identity holds its highest role
+// (AllNamespaces among them when it holds it in every one), sorted.
+func (id Identity) Highest() []string {
+	var out []string
+	for ns, r := range id.Grants {
+		if r == id.Role {
+			out = append(out, ns)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // VerifyAccess checks an API access token: signed by the provider's

@@ -25,3 +25,9 @@ document.addEventListener("DOMContentLoaded", function () {
   var next = document.querySelector("a[data-follow]");
   if (next) location.replace(next.getAttribute("href"));
 });
+
+// The namespace switcher: choosing a namespace switches to it.
+document.addEventListener("DOMContentLoaded", function () {
+  var select = document.getElementById("namespace");
+  if (select && select.form) select.addEventListener("change", function () { select.form.submit(); });
+});
