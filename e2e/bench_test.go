@@ -47,10 +47,15 @@ type benchJSON struct {
 	Prefilled     int           `json:"prefilled"`
 	Via           string        `json:"via"`
 	AwaitOverhead *benchLatency `json:"await_overhead_ms"`
-	MachineBusy   float64       `json:"machine_cpu_busy_percent"`
-	MachineSteal  float64       `json:"machine_cpu_steal_percent"`
-	CPUMSPerOrder float64       `json:"cpu_ms_per_completed_order"`
-	Window        float64       `json:"window_s"`
+	Namespace     string        `json:"namespace"`
+	Neighbour     *struct {
+		Admitted int `json:"admitted"`
+		Refused  int `json:"refused"`
+	} `json:"neighbour"`
+	MachineBusy   float64 `json:"machine_cpu_busy_percent"`
+	MachineSteal  float64 `json:"machine_cpu_steal_percent"`
+	CPUMSPerOrder float64 `json:"cpu_ms_per_completed_order"`
+	Window        float64 `json:"window_s"`
 	Database      *struct {
 		WALBytes         int64   `json:"wal_bytes"`
 		WALBytesPerOrder float64 `json:"wal_bytes_per_completed_order"`
@@ -391,13 +396,16 @@ func TestSasctlBenchBacklog(t *testing.T) {
 // TestSasctlBenchOverHTTP: --via http submits through the API service
 // (its own process in the run), and --await awaits every order over HTTP
 // and reports how long after each order's end in the store its await
-// came back.
+// came back. --namespace sends them to a namespace, and --neighbour-rate
+// offers another namespace ten times its quota beside them: the report
+// times the namespace's orders alone and says what the neighbour had.
 func TestSasctlBenchOverHTTP(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
 	base := portBase(900)
 	report := filepath.Join(t.TempDir(), "bench.json")
 	out, errOut, code := sasctl(t, s.env, "bench", "--bin", binDir, "--port-base", strconv.Itoa(base), "--via", "http", "--await",
+		"--namespace", "team-b", "--neighbour-rate", "40", "--neighbour-quota", "4",
 		"--workflow", "single", "--rate", "20", "--warmup", "0s", "--duration", "3s", "--drain", "30s", "--json", report)
 	if code != 0 {
 		t.Fatalf("sasctl bench --via http: exit %d\n%s\n%s", code, out, errOut)
@@ -413,13 +421,24 @@ func TestSasctlBenchOverHTTP(t *testing.T) {
 	if err := json.Unmarshal(b, &r); err != nil {
 		t.Fatal(err)
 	}
-	if r.Via != "http" || r.Placed < 30 || r.Ended["completed"] != r.Placed || r.Unended != 0 {
+	// 20 a second for 3 s: the neighbour's orders (4 a second, and its
+	// burst of 4) are not among them.
+	if r.Via != "http" || r.Placed < 30 || r.Placed > 64 || r.Ended["completed"] != r.Placed || r.Unended != 0 {
 		t.Fatalf("via %q: placed %d, ended %v, unended %d", r.Via, r.Placed, r.Ended, r.Unended)
+	}
+	if n := r.Neighbour; r.Namespace != "team-b" || n == nil || n.Admitted < 4 || n.Refused < 3*n.Admitted || !strings.Contains(out, "against a quota of 4/s") {
+		t.Fatalf("namespace %q, neighbour %+v\n%s", r.Namespace, n, out)
 	}
 	if a := r.AwaitOverhead; a == nil || a.N < r.Placed-2 || a.N > r.Placed+2 || !a.ordered() || a.Max > 5000 {
 		t.Fatalf("await overhead %+v for %d orders", a, r.Placed)
 	}
 	if _, errOut, code := sasctl(t, s.env, "bench", "--await"); code != 2 || !strings.Contains(errOut, "--await needs --via http") {
 		t.Fatalf("--await alone: exit %d: %s", code, errOut)
+	}
+	for _, bad := range [][]string{{"--namespace", "team-b"}, {"--via", "http", "--neighbour-rate", "10"},
+		{"--via", "http", "--namespace", "Team_B"}, {"--via", "http", "--namespace", "team-b", "--neighbour-rate", "10"}} {
+		if _, errOut, code := sasctl(t, s.env, append([]string{"bench"}, bad...)...); code != 2 || !strings.Contains(errOut, "namespace") {
+			t.Errorf("bench %v: exit %d: %s, want a usage error", bad, code, errOut)
+		}
 	}
 }

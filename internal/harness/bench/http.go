@@ -24,8 +24,10 @@ import (
 // store: what awaiting over HTTP adds.
 type httpLoad struct {
 	base, token string
-	client      *http.Client
-	await       bool
+	// namespace, when set, is where the orders go (Sas-Namespace).
+	namespace string
+	client    *http.Client
+	await     bool
 	// awaitCtx outlives the load: the window's orders are awaited while
 	// they drain.
 	awaitCtx context.Context
@@ -52,6 +54,9 @@ func (h *httpLoad) do(ctx context.Context, method, path string, body []byte) (*h
 		return nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+h.token)
+	if h.namespace != "" {
+		req.Header.Set("Sas-Namespace", h.namespace)
+	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}

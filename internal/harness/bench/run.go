@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"runtime"
 	"slices"
@@ -62,6 +63,9 @@ func Main(ctx context.Context, a *Tool, args []string) error {
 	fs.Var(&envB, "env-b", "with --against: NAME=VALUE added to B's services' environment only (repeatable), e.g. a workflows file A cannot read")
 	fs.StringVar(&o.via, "via", "amqp", "where orders go in: amqp (the submit queue) or http (the API service, POST /api/v1/orders, its per-token rate limit lifted)")
 	fs.BoolVar(&o.await, "await", false, "with --via http: await every order over HTTP too, and report what that adds to its end (the await's return against the order's end in the store)")
+	fs.StringVar(&o.namespace, "namespace", "", "with --via http: submit the load's orders to this namespace (added if it is not there); the report's latencies are its orders'")
+	fs.Float64Var(&o.neighbourRate, "neighbour-rate", 0, "with --namespace: also offer this many orders a second to the namespace \"neighbour\", held to --neighbour-quota: a noisy tenant beside the measured one")
+	fs.Float64Var(&o.neighbourQuota, "neighbour-quota", 0, "with --neighbour-rate: the neighbour's submit rate quota, orders a second (its in-flight quota is 20 times it)")
 	if err := a.parseNoArgs(fs, args); err != nil {
 		return err
 	}
@@ -73,6 +77,17 @@ func Main(ctx context.Context, a *Tool, args []string) error {
 	if o.via != "amqp" && o.via != "http" || o.await && o.via != "http" {
 		fmt.Fprintln(a.stderr, "sasctl bench: --via is amqp or http; --await needs --via http")
 		return ErrUsage
+	}
+	if (o.namespace != "" && o.via != "http") || (o.neighbourRate != 0 && (o.namespace == "" || o.neighbourQuota <= 0 || o.neighbourRate < 0)) ||
+		o.namespace == "neighbour" {
+		fmt.Fprintln(a.stderr, "sasctl bench: --namespace needs --via http (and is not \"neighbour\"); --neighbour-rate needs --namespace and --neighbour-quota > 0")
+		return ErrUsage
+	}
+	if o.namespace != "" {
+		if err := statestore.CheckNamespace(o.namespace); err != nil {
+			fmt.Fprintf(a.stderr, "sasctl bench: --namespace: %v\n", err)
+			return ErrUsage
+		}
 	}
 	if o.rate < 0 || o.inflight < 1 || o.duration <= 0 || o.warmup < 0 || *rounds < 1 {
 		fmt.Fprintln(a.stderr, "sasctl bench: --rate must be >= 0, --inflight >= 1, --duration > 0, --warmup >= 0, --rounds >= 1")
@@ -143,6 +158,10 @@ type benchOptions struct {
 	envB                        []string // with --against: B's own
 	via                         string   // amqp or http
 	await                       bool     // with http: await each order
+	// namespace: with http, where the load goes; neighbourRate orders a
+	// second go to "neighbour" too, held to neighbourQuota a second.
+	namespace                     string
+	neighbourRate, neighbourQuota float64
 }
 
 // runBench runs every service under load once and returns what it
@@ -172,13 +191,25 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 	}
 	defer st.Stop()
 	fmt.Fprintf(a.stderr, "services up (%d processes); logs in %s\n", len(st.Procs), st.Logs)
-	var hl *httpLoad
+	var hl, neighbour *httpLoad
 	if o.via == "http" {
-		_, token, err := store.CreateAPIToken(ctx, "bench-"+time.Now().UTC().Format("150405.000000"), statestore.TokenSubmitter, "sasctl bench")
+		namespaces := []string{statestore.DefaultNamespace}
+		if o.namespace != "" {
+			if namespaces, err = benchNamespaces(ctx, store, o); err != nil {
+				return nil, err
+			}
+		}
+		_, token, err := store.CreateAPITokenIn(ctx, "bench-"+time.Now().UTC().Format("150405.000000"), statestore.TokenSubmitter, "sasctl bench", namespaces)
 		if err != nil {
 			return nil, err
 		}
-		hl = newHTTPLoad(ctx, fmt.Sprintf("http://127.0.0.1:%d", apiPort), token, o.await)
+		base := fmt.Sprintf("http://127.0.0.1:%d", apiPort)
+		hl = newHTTPLoad(ctx, base, token, o.await)
+		hl.namespace = o.namespace
+		if o.neighbourRate > 0 {
+			neighbour = newHTTPLoad(ctx, base, token, false)
+			neighbour.namespace = neighbourNamespace
+		}
 	}
 
 	// Ended orders, counted from the status events the system publishes.
@@ -214,14 +245,35 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 		stopLoad()
 		<-loadJoined
 	}()
+	var noisy *generator
+	if neighbour != nil {
+		other, err := newOrders(o.wf)
+		if err != nil {
+			return nil, err
+		}
+		noisy = &generator{sampler: other, http: neighbour}
+	}
 	go func() {
 		defer close(loadJoined)
+		var wg sync.WaitGroup
+		if noisy != nil {
+			wg.Go(func() { _ = noisy.fixedRate(loadCtx, o.neighbourRate) })
+		}
 		if o.rate > 0 {
 			loadDone <- gen.fixedRate(loadCtx, o.rate)
 		} else {
 			loadDone <- gen.closedLoop(loadCtx, o.inflight, &ended, endedWake)
 		}
+		wg.Wait()
 	}()
+	// published is every order the API or the broker took, the
+	// neighbour's too (ended counts them all).
+	published := func() int64 {
+		if noisy != nil {
+			return gen.published.Load() + noisy.published.Load()
+		}
+		return gen.published.Load()
+	}
 
 	samples := &sampler{queues: queueNames, depths: depths}
 	began := time.Now()
@@ -300,13 +352,13 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 
 	// Wait for the window's orders to end, within --drain.
 	drainUntil := time.Now().Add(o.drain)
-	for ended.Load() < gen.published.Load() && time.Now().Before(drainUntil) && ctx.Err() == nil {
+	for ended.Load() < published() && time.Now().Before(drainUntil) && ctx.Err() == nil {
 		select {
 		case <-ctx.Done():
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-	timings, err := lab.ReadTimings(ctx, pool, window.from, window.to)
+	timings, err := lab.ReadTimings(ctx, pool, window.from, window.to, o.namespace)
 	if err != nil {
 		return nil, err
 	}
@@ -318,6 +370,11 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 	}
 	if o.via == "http" {
 		rep.Via = "http"
+	}
+	rep.Namespace = o.namespace
+	if noisy != nil {
+		rep.Neighbour = &neighbourReport{Rate: o.neighbourRate, Quota: o.neighbourQuota,
+			Admitted: noisy.published.Load(), Refused: noisy.failed.Load()}
 	}
 	if hl != nil && o.await {
 		over, failed, err := hl.overhead(ctx, pool, window.from, window.to)
@@ -334,6 +391,38 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 		rep.Prefilled, rep.PrefilledSize = rig.filled.Orders, rig.filled.Size
 	}
 	return rep, nil
+}
+
+// neighbourReport is what the noisy tenant offered and what came of it.
+type neighbourReport struct {
+	Rate     float64 `json:"rate"`
+	Quota    float64 `json:"quota"`
+	Admitted int64   `json:"admitted"`
+	Refused  int64   `json:"refused"`
+}
+
+// neighbourNamespace is the noisy tenant's namespace (--neighbour-rate).
+const neighbourNamespace = "neighbour"
+
+// benchNamespaces adds the load's namespace, and the neighbour's with its
+// quotas (a rate, and 20 times it in flight), and returns both.
+func benchNamespaces(ctx context.Context, store *statestore.Store, o benchOptions) ([]string, error) {
+	names := []string{o.namespace}
+	if o.neighbourRate > 0 {
+		names = append(names, neighbourNamespace)
+	}
+	for _, ns := range names {
+		if _, err := store.AddNamespace(ctx, ns, "sasctl bench"); err != nil && !errors.Is(err, statestore.ErrConflict) {
+			return nil, err
+		}
+	}
+	if o.neighbourRate > 0 {
+		inFlight := int(math.Ceil(20 * o.neighbourQuota))
+		if err := store.SetNamespaceQuotas(ctx, neighbourNamespace, statestore.Quotas{MaxSubmitRate: &o.neighbourQuota, MaxInFlight: &inFlight}, "sasctl bench"); err != nil {
+			return nil, err
+		}
+	}
+	return names, nil
 }
 
 // benchRig is what a benchmark run sets up before its services start: a
@@ -742,6 +831,10 @@ type benchReport struct {
 	Via           string     `json:"via,omitempty"`
 	AwaitOverhead *latencyMS `json:"await_overhead_ms,omitempty"`
 	AwaitFailures int        `json:"await_failures,omitempty"`
+	// Namespace is where the load went (--namespace); its orders alone
+	// are timed. Neighbour is the noisy tenant beside it.
+	Namespace string           `json:"namespace,omitempty"`
+	Neighbour *neighbourReport `json:"neighbour,omitempty"`
 	// CompletedPerSecond: orders that reached completed inside the window,
 	// per second. PlacedPerSecond: orders placed inside it, per second.
 	CompletedPerSecond float64        `json:"completed_per_s"`
@@ -952,6 +1045,12 @@ func (r *benchReport) print(w io.Writer) {
 		fmt.Fprintf(tw, "submitted\tthrough the HTTP API (POST /api/v1/orders)\n")
 	}
 	fmt.Fprintf(tw, "publish failures\t%d\n", r.PublishFailures)
+	if r.Namespace != "" {
+		fmt.Fprintf(tw, "namespace\t%s (the latencies are its orders')\n", r.Namespace)
+	}
+	if n := r.Neighbour; n != nil {
+		fmt.Fprintf(tw, "neighbour\t%.0f orders/s offered against a quota of %g/s: %d admitted, %d refused\n", n.Rate, n.Quota, n.Admitted, n.Refused)
+	}
 	if a := r.AwaitOverhead; a != nil {
 		fmt.Fprintf(tw, "await overhead\tp50 %.1f ms, p95 %.1f ms, p99 %.1f ms, max %.1f ms over %d orders (%d awaits failed)\n",
 			a.P50, a.P95, a.P99, a.Max, a.N, r.AwaitFailures)

@@ -58,7 +58,7 @@ type StageLatency struct {
 const timingsSQL = `
 WITH o AS (
     SELECT order_id, placed_at, created_at, status FROM orders
-    WHERE placed_at >= $1 AND placed_at < $2
+    WHERE placed_at >= $1 AND placed_at < $2 AND ($3::text = '' OR namespace = $3::text)
 ), st AS (
     SELECT s.order_id, s.step, o.created_at, s.agent_started_at, s.agent_call_us, s.agent_sent_at,
            max(t.at) FILTER (WHERE t.to_state = 'pending') AS pending_at,
@@ -86,9 +86,10 @@ SELECT ord, count(*),
        max(us), avg(us)
 FROM samples WHERE us IS NOT NULL GROUP BY ord ORDER BY ord`
 
-// ReadTimings reports on the orders placed in [from, to): their end states,
-// each stage's latency distribution, and the completions inside the
-// window (of orders created up to ten minutes before it).
+// ReadTimings reports on the orders placed in [from, to) (of namespace,
+// when it is not ""): their end states, each stage's latency
+// distribution, and the completions inside the window (of orders of every
+// namespace created up to ten minutes before it).
 //
 // It first brings the tables' statistics up to date (a bench's store has
 // just been written, and autovacuum may be off: a plan that guessed two
@@ -96,7 +97,7 @@ FROM samples WHERE us IS NOT NULL GROUP BY ord ORDER BY ord`
 // many minutes), then reads in one transaction with sequential scans off:
 // the window's orders are found by their keys, whatever a store behind a
 // history of millions of orders holds.
-func ReadTimings(ctx context.Context, pool *pgxpool.Pool, from, to time.Time) (t Timings, err error) {
+func ReadTimings(ctx context.Context, pool *pgxpool.Pool, from, to time.Time, namespace string) (t Timings, err error) {
 	if _, err := pool.Exec(ctx, `ANALYZE orders, steps, transitions`); err != nil {
 		return t, fmt.Errorf("timings: analyze: %w", err)
 	}
@@ -104,19 +105,19 @@ func ReadTimings(ctx context.Context, pool *pgxpool.Pool, from, to time.Time) (t
 		if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off`); err != nil {
 			return err
 		}
-		t, err = readTimings(ctx, tx, from, to)
+		t, err = readTimings(ctx, tx, from, to, namespace)
 		return err
 	})
 	return t, err
 }
 
-func readTimings(ctx context.Context, pool pgx.Tx, from, to time.Time) (Timings, error) {
+func readTimings(ctx context.Context, pool pgx.Tx, from, to time.Time, namespace string) (Timings, error) {
 	t := Timings{Ended: map[string]int{}}
 	names := []string{StageSubmitToRow, StageRowToClaim, StageClaimToAgent, StageRemoteCall, StageReplyToApplied, StageOrder}
 	for _, n := range names {
 		t.Stages = append(t.Stages, StageLatency{Stage: n})
 	}
-	rows, err := pool.Query(ctx, timingsSQL, from, to)
+	rows, err := pool.Query(ctx, timingsSQL, from, to, namespace)
 	if err != nil {
 		return t, fmt.Errorf("timings: %w", err)
 	}
@@ -137,7 +138,8 @@ func readTimings(ctx context.Context, pool pgx.Tx, from, to time.Time) (Timings,
 	if err := rows.Err(); err != nil {
 		return t, fmt.Errorf("timings: %w", err)
 	}
-	rows, err = pool.Query(ctx, `SELECT status, count(*) FROM orders WHERE placed_at >= $1 AND placed_at < $2 GROUP BY status`, from, to)
+	rows, err = pool.Query(ctx, `SELECT status, count(*) FROM orders WHERE placed_at >= $1 AND placed_at < $2
+		AND ($3::text = '' OR namespace = $3::text) GROUP BY status`, from, to, namespace)
 	if err != nil {
 		return t, fmt.Errorf("timings: %w", err)
 	}
