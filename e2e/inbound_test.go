@@ -32,6 +32,14 @@ workflows:
           name: paid
           where: {invoice: payload.data.invoice}
           payload: "{'paid_at': payload.created}"
+      - name: created-a
+        namespace: team-a
+        secret_env: E2E_PAYMENTS_SECRET
+        start: {key: payload.id, payload: "{'invoice': payload.data.invoice, 'amount': payload.data.amount}"}
+      - name: paid-a
+        namespace: team-a
+        secret_env: E2E_PAYMENTS_SECRET
+        signal: {name: paid, where: {invoice: payload.data.invoice}, payload: "{'paid_at': payload.created}"}
     steps:
       - {action: bill, agent: billing, timeout: 20s}
       - {id: payment, needs: [bill], wait: {signal: paid, timeout: 10m}}
@@ -43,7 +51,9 @@ workflows:
 // secret, starts an order through CEL mappings (the same event again is
 // the same order); a second route's event signals that order by its
 // business key, and the order completes. A wrong or missing signature is
-// refused and changes nothing; an unknown route is a 404.
+// refused and changes nothing; an unknown route is a 404. Routes of a
+// namespace start orders in it and signal its orders alone, however the
+// business keys of other namespaces' orders match.
 func TestInboundEventsStartAndSignalOrders(t *testing.T) {
 	t.Parallel()
 	const secret = "e2e-inbound-secret-value"
@@ -92,9 +102,39 @@ func TestInboundEventsStartAndSignalOrders(t *testing.T) {
 	if err != nil || string(d.Order.Payload) != `{"amount": 1200, "invoice": "INV-7"}` {
 		t.Fatalf("the order's payload %s (%v)", d.Order.Payload, err)
 	}
+	// team-a's routes: its own order of the same invoice, signalled alone.
+	createdA := `{"id": "evt_a1", "data": {"invoice": "INV-7", "amount": 5}}`
+	if code, out := post("created-a", createdA, map[string]string{"Sas-Signature": sign(createdA)}); code != http.StatusNotFound ||
+		!strings.Contains(string(out), "team-a") {
+		t.Fatalf("a route of a namespace that does not exist: %d %s", code, out)
+	}
+	if out, errOut, code := sasctl(t, p.stack.env, "namespaces", "add", "team-a"); code != 0 {
+		t.Fatalf("namespaces add: %s %s", out, errOut)
+	}
+	var accA struct {
+		OrderID string `json:"order_id"`
+	}
+	if code, out := post("created-a", createdA, map[string]string{"Sas-Signature": sign(createdA)}); code != http.StatusAccepted || json.Unmarshal(out, &accA) != nil {
+		t.Fatalf("team-a's created event: %d %s", code, out)
+	}
+	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = $1 AND namespace = 'team-a'`, accA.OrderID); n != 1 {
+		t.Fatalf("team-a's route wrote its order outside team-a")
+	}
+	testenv.Eventually(t, 30*time.Second, "team-a's order awaiting its payment", func() bool {
+		return p.count(t, `SELECT count(*) FROM steps WHERE order_id = $1 AND process_state = 'awaiting'`, accA.OrderID) == 1
+	})
+	paidA := `{"id": "evt_a2", "created": 1767225601, "data": {"invoice": "INV-7"}}`
+	if code, out := post("paid-a", paidA, map[string]string{"Sas-Signature": sign(paidA)}); code != http.StatusAccepted ||
+		!strings.Contains(string(out), accA.OrderID) || strings.Contains(string(out), acc.OrderID) {
+		t.Fatalf("team-a's paid event: %d %s", code, out)
+	}
+	p.waitTerminal(t, []string{accA.OrderID}, time.Minute)
+	if n := p.count(t, `SELECT count(*) FROM steps WHERE order_id = $1 AND process_state = 'awaiting'`, acc.OrderID); n != 1 {
+		t.Fatalf("team-a's payment reached the default namespace's order")
+	}
 	paid := `{"id": "evt_2", "created": 1767225600, "data": {"invoice": "INV-7"}}`
 	if code, out := post("paid", paid, map[string]string{"X-Hub-Signature-256": sign(paid)}); code != http.StatusAccepted ||
-		!strings.Contains(string(out), acc.OrderID) {
+		!strings.Contains(string(out), acc.OrderID) || strings.Contains(string(out), accA.OrderID) {
 		t.Fatalf("the paid event: %d %s", code, out)
 	}
 	p.waitTerminal(t, []string{acc.OrderID}, time.Minute)

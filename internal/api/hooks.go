@@ -1,9 +1,11 @@
 package api
 
 import (
+	"cmp"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"net/http"
 	"os"
 	"strings"
@@ -52,6 +54,19 @@ func (s *server) hook(w http.ResponseWriter, r *http.Request, _ caller) {
 		return
 	}
 	actor := "hook:" + wf.Name + "/" + in.Name
+	// The route's orders and signals are of its namespace alone.
+	ns := cmp.Or(in.Namespace, statestore.DefaultNamespace)
+	if ns != statestore.DefaultNamespace {
+		known, err := s.namespaceExists(r.Context(), ns)
+		if err != nil {
+			s.unavailable(w, r, err)
+			return
+		}
+		if !known {
+			writeProblem(w, r, http.StatusNotFound, probNotFound, fmt.Sprintf("the route's namespace %q does not exist (sasctl namespaces add)", ns))
+			return
+		}
+	}
 	if st := in.Start; st != nil {
 		key, payload, err := st.StartOf(body)
 		if err != nil {
@@ -65,7 +80,7 @@ func (s *server) hook(w http.ResponseWriter, r *http.Request, _ caller) {
 			writeDecodeProblem(w, r, http.StatusUnprocessableEntity, err)
 			return
 		}
-		s.acceptOrder(w, r, o, actor, statestore.DefaultNamespace, caller{token: statestore.APIToken{Namespaces: []string{statestore.AllNamespaces}}})
+		s.acceptOrder(w, r, o, actor, ns, caller{token: statestore.APIToken{Namespaces: []string{ns}}})
 		return
 	}
 	where, payload, err := in.Signal.SignalOf(body)
@@ -83,5 +98,5 @@ func (s *server) hook(w http.ResponseWriter, r *http.Request, _ caller) {
 		writeDecodeProblem(w, r, http.StatusUnprocessableEntity, err)
 		return
 	}
-	s.sendByKey(w, r, b, actor, "", nil)
+	s.sendByKey(w, r, b, actor, "", []string{ns})
 }

@@ -1,6 +1,8 @@
 package messages
 
 import (
+	"fmt"
+	"regexp"
 	"strings"
 	"time"
 	"unicode"
@@ -112,4 +114,17 @@ func BoundText(s string, maxBytes int) string {
 		cut--
 	}
 	return s[:cut] + more
+}
+
+// namespaceName is the rule of a namespace's name (the tables' CHECKs say
+// the same).
+var namespaceName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// CheckNamespace is the rule of a namespace's name: 1 to 63 lower-case
+// letters, digits or '-', starting and ending with a letter or digit.
+func CheckNamespace(ns string) error {
+	if namespaceName.MatchString(ns) {
+		return nil
+	}
+	return fmt.Errorf("namespace %q is not a name: write 1 to 63 lower-case letters, digits or '-', starting and ending with a letter or digit", BoundText(ns, 80))
 }

@@ -16,6 +16,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"sas/internal/messages"
 )
 
 // API token roles (migration 0031): what a token may do.
@@ -51,18 +53,9 @@ func (t APIToken) In(ns string) bool {
 	return slices.Contains(t.Namespaces, ns) || slices.Contains(t.Namespaces, AllNamespaces)
 }
 
-// namespaceName is the rule of a namespace's name (the tables' CHECKs say
-// the same).
-var namespaceName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
-
 // CheckNamespace is the rule of a namespace's name: 1 to 63 lower-case
 // letters, digits or '-', starting and ending with a letter or digit.
-func CheckNamespace(ns string) error {
-	if namespaceName.MatchString(ns) {
-		return nil
-	}
-	return fmt.Errorf("namespace %q is not a name: write 1 to 63 lower-case letters, digits or '-', starting and ending with a letter or digit", clipText(ns, 80))
-}
+func CheckNamespace(ns string) error { return messages.CheckNamespace(ns) }
 
 // tokenPrefix starts every token, so that a scanner of leaked secrets
 // can know one.

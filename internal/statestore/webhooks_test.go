@@ -3,6 +3,7 @@ package statestore_test
 import (
 	"encoding/json"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -19,6 +20,13 @@ workflows:
     steps:
       - {action: a, agent: x}
   - name: quiet
+    steps:
+      - {action: a, agent: x}
+  - name: tenanted
+    webhooks:
+      - {url: "https://hooks.example.com/default", secret_env: HOOK_SECRET}
+      - {url: "https://hooks.example.com/team-a", secret_env: HOOK_SECRET, namespace: team-a, events: [completed, step.claimed]}
+      - {url: "https://hooks.example.com/every", secret_env: HOOK_SECRET, namespace: "*"}
     steps:
       - {action: a, agent: x}
   - name: approval
@@ -146,5 +154,49 @@ func TestAStepsEventIsDeliveredToTheWebhooksThatNameIt(t *testing.T) {
 	}
 	if err := json.Unmarshal(ds[0].Body, &ev); err != nil || ev.Name != "approved" || ev.Event != "awaiting" || ev.Wait != "approved" {
 		t.Fatalf("the step event %s: %v", ds[0].Body, err)
+	}
+}
+
+// TestWebhooksAreToldOfTheirNamespacesOrders: a webhook is told of the
+// orders (and steps) of its namespace alone: none said, the default one's;
+// '*', every namespace's.
+func TestWebhooksAreToldOfTheirNamespacesOrders(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	if _, err := b.store.AddNamespace(ctx, "team-a", "test"); err != nil {
+		t.Fatal(err)
+	}
+	plain, teamA := hookedOrder(t, b, "tenanted"), hookedOrder(t, b, "tenanted")
+	teamA.Namespace = "team-a"
+	insert(t, b, plain)
+	insert(t, b, teamA)
+	claimed, err := b.store.ClaimPending(ctx, "s", 10, "")
+	if err != nil || len(claimed) != 2 {
+		t.Fatalf("claim: %d %v", len(claimed), err)
+	}
+	for _, c := range claimed {
+		reply(t, b, c, true, `{}`)
+	}
+	for _, c := range []struct {
+		order string
+		want  []string
+	}{
+		{plain.OrderID, []string{"completed https://hooks.example.com/default", "completed https://hooks.example.com/every"}},
+		{teamA.OrderID, []string{"completed https://hooks.example.com/every", "completed https://hooks.example.com/team-a",
+			"step.claimed https://hooks.example.com/team-a"}},
+	} {
+		ds, err := b.store.ListWebhooks(ctx, statestore.WebhookFilter{OrderID: c.order, Limit: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, d := range ds {
+			got = append(got, d.Event+" "+d.URL)
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, c.want) {
+			t.Errorf("order %s: deliveries %v, want %v", c.order, got, c.want)
+		}
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"regexp"
 
 	"go.yaml.in/yaml/v3"
+
+	"sas/internal/messages"
 )
 
 // Inbound is a route that turns a foreign JSON event (a payment
@@ -16,9 +18,11 @@ import (
 // to one of its orders. The sender signs the body: HMAC-SHA256 under the
 // secret in the API's environment variable SecretEnv, hex, in the header
 // SignatureHeader after SignaturePrefix. Its mappings are CEL
-// expressions over the event, which they see as payload.
+// expressions over the event, which they see as payload. Its orders and
+// signals are of Namespace ("": the default one) alone.
 type Inbound struct {
 	Name            string         `json:"name"`
+	Namespace       string         `json:"namespace,omitempty"`
 	SecretEnv       string         `json:"secret_env"`
 	SignatureHeader string         `json:"signature_header"`
 	SignaturePrefix string         `json:"signature_prefix,omitempty"`
@@ -148,6 +152,13 @@ func (p *parser) inbound(n *yaml.Node, wf *Workflow) []Inbound {
 		before := len(p.problems)
 		p.mapping(item, "an inbound route", map[string]func(*yaml.Node){
 			"name": func(v *yaml.Node) { p.name(v, "inbound route name", maxNameLen, &in.Name) },
+			"namespace": func(v *yaml.Node) {
+				if err := messages.CheckNamespace(v.Value); err != nil {
+					p.problem(v.Line, "inbound route's %v", err)
+					return
+				}
+				in.Namespace = v.Value
+			},
 			"secret_env": func(v *yaml.Node) {
 				if !secretEnvPattern.MatchString(v.Value) {
 					p.problem(v.Line, "secret_env %q is not the name of an environment variable; write upper-case letters, digits and _ (the API's variable holding the secret, never the secret)", clipText(v.Value))

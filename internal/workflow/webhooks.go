@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"sas/internal/messages"
 )
 
 // Webhook is an HTTP endpoint told of the workflow's orders' ends (and,
@@ -19,6 +21,9 @@ type Webhook struct {
 	URL       string   `json:"url"`
 	SecretEnv string   `json:"secret_env"`
 	Events    []string `json:"events"`
+	// Namespace is the namespace whose orders it is told of ("": the
+	// default one; "*": every one).
+	Namespace string `json:"namespace,omitempty"`
 }
 
 // The events a webhook is told of unless it says: an order's ends.
@@ -103,6 +108,15 @@ func (p *parser) webhooks(n *yaml.Node) []Webhook {
 					return
 				}
 				w.SecretEnv = v.Value
+			},
+			"namespace": func(v *yaml.Node) {
+				if v.Value != "*" {
+					if err := messages.CheckNamespace(v.Value); err != nil {
+						p.problem(v.Line, "webhook's %v (or '*': every namespace)", err)
+						return
+					}
+				}
+				w.Namespace = v.Value
 			},
 			"events": func(v *yaml.Node) {
 				if v.Kind != yaml.SequenceNode || len(v.Content) == 0 {

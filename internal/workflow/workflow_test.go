@@ -101,7 +101,8 @@ workflows:
   - name: shop
     webhooks:
       - {url: "https://hooks.example.com/sas", secret_env: SHOP_HOOK_SECRET}
-      - {url: "http://127.0.0.1:9000/failed", secret_env: OPS_HOOK, events: [failed, error, step.awaiting]}
+      - {url: "http://127.0.0.1:9000/failed", secret_env: OPS_HOOK, events: [failed, error, step.awaiting], namespace: team-a}
+      - {url: "http://127.0.0.1:9000/all", secret_env: OPS_HOOK, namespace: "*"}
     steps:
       - {action: charge, agent: pay}
 `))
@@ -109,6 +110,10 @@ workflows:
 		t.Fatal(err)
 	}
 	shop, _ := reg.Lookup("shop")
+	if len(shop.Webhooks) != 3 || shop.Webhooks[0].Namespace != "" || shop.Webhooks[1].Namespace != "team-a" || shop.Webhooks[2].Namespace != "*" {
+		t.Fatalf("webhooks' namespaces %+v", shop.Webhooks)
+	}
+	shop.Webhooks = shop.Webhooks[:2]
 	if len(shop.Webhooks) != 2 || !slices.Equal(shop.Webhooks[0].Events, []string{"completed", "failed", "error"}) ||
 		!slices.Equal(shop.Webhooks[1].Events, []string{"failed", "error", "step.awaiting"}) || shop.Webhooks[0].SecretEnv != "SHOP_HOOK_SECRET" {
 		t.Fatalf("webhooks %+v", shop.Webhooks)
@@ -124,11 +129,13 @@ workflows:
       - {url: "https://hooks.example.com/b", secret_env: B, events: [processing]}
       - {url: "https://hooks.example.com/c", secret_env: C}
       - {url: "https://hooks.example.com/c", secret_env: C}
+      - {url: "https://hooks.example.com/d", secret_env: D, namespace: Team_A}
     steps:
       - {action: charge, agent: pay}
 `))
 	for _, want := range []string{"bad.yaml:5: url must not carry a user", "bad.yaml:6: url \"ftp://", "bad.yaml:7: url \"https://hooks.example.com/#x\" has a fragment",
-		"bad.yaml:8: secret_env", "bad.yaml:9: event \"processing\"", "bad.yaml:11: webhook \"https://hooks.example.com/c\" is declared twice"} {
+		"bad.yaml:8: secret_env", "bad.yaml:9: event \"processing\"", "bad.yaml:11: webhook \"https://hooks.example.com/c\" is declared twice",
+		"bad.yaml:12: webhook's namespace \"Team_A\" is not a name"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("problems %v, without %q", err, want)
 		}
@@ -184,6 +191,7 @@ workflows:
         start: {key: payload.id, payload: "{'invoice': payload.data.inv}"}
       - name: paid
         secret_env: HOOK_SECRET
+        namespace: team-a
         signal: {name: paid, where: {invoice: payload.data.inv}, payload: payload.data}
     steps: [{action: a, agent: x}]
 `))
@@ -203,12 +211,16 @@ workflows:
 		t.Fatal("an event without the key mapped to an order")
 	}
 	paid, _ := wf.InboundRoute("paid")
+	if in.Namespace != "" || paid.Namespace != "team-a" {
+		t.Fatalf("namespaces %q and %q, want the default one's and team-a", in.Namespace, paid.Namespace)
+	}
 	where, p, err := paid.Signal.SignalOf([]byte(`{"data": {"inv": "INV-1", "at": 5}}`))
 	if err != nil || where["invoice"] != "INV-1" || string(p) != `{"at":5,"inv":"INV-1"}` {
 		t.Fatalf("signal of the event: %v %s %v", where, p, err)
 	}
 	for _, tc := range []struct{ route, want string }{
 		{"{name: r, secret_env: S}", "must say either start"},
+		{"{name: r, secret_env: S, namespace: Team_A, start: {key: payload.id, payload: payload}}", `namespace "Team_A" is not a name`},
 		{"{name: r, secret_env: lower, start: {key: payload.id, payload: payload}}", "is not the name of an environment variable"},
 		{"{name: r, secret_env: S, signal: {name: s, where: {nope: payload.x}}}", `"nope", which is not a search attribute`},
 		{"{name: r, secret_env: S, start: {key: 'payload.', payload: payload}}", "does not compile"},

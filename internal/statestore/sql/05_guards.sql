@@ -205,7 +205,8 @@ BEGIN
         END IF;
     END IF;
     -- Webhooks told of step events (migration 0039): a delivery for each
-    -- webhook of the order's workflow version whose events name it.
+    -- webhook of the order's workflow version whose events name it, and
+    -- whose namespace is the order's (none: default; '*': every one).
     IF EXISTS (SELECT 1 FROM workflow_versions v WHERE v.definition ? 'webhooks') THEN
         INSERT INTO webhook_deliveries (order_id, workflow, url, secret_env, event, body)
         SELECT n.order_id, ord.workflow, hook->>'url', hook->>'secret_env', 'step.' || (ev.body->>'event'), ev.body
@@ -216,7 +217,8 @@ BEGIN
         JOIN workflow_versions v ON v.name = ord.workflow AND v.version = ord.workflow_version AND v.definition ? 'webhooks'
         CROSS JOIN LATERAL (SELECT step_event_body(n, d.event) AS body) ev
         CROSS JOIN LATERAL jsonb_array_elements(v.definition->'webhooks') hook
-        WHERE n.moves = o.moves + 1 AND hook->'events' ? ('step.' || (ev.body->>'event'));
+        WHERE n.moves = o.moves + 1 AND hook->'events' ? ('step.' || (ev.body->>'event'))
+          AND coalesce(hook->>'namespace', 'default') IN (ord.namespace, '*');
     END IF;
     RETURN NULL;
 END;
@@ -242,7 +244,8 @@ BEGIN
       AND CASE WHEN m.from_status IS NOT NULL AND n.moves = o.moves + 1 THEN true
                ELSE sas_refuse_move('order', o.status, n.status, n.moves = o.moves + 1) END;
     -- Webhooks (migration 0039): a delivery for each webhook of an
-    -- ended order's workflow version told of that end.
+    -- ended order's workflow version told of that end, of the order's
+    -- namespace (none: default; '*': every one).
     IF EXISTS (SELECT 1 FROM workflow_versions v WHERE v.definition ? 'webhooks') THEN
         INSERT INTO webhook_deliveries (order_id, workflow, url, secret_env, event, body)
         SELECT n.order_id, n.workflow, hook->>'url', hook->>'secret_env', n.status, status_event_body(n.order_id, n.status, NULL)
@@ -250,7 +253,8 @@ BEGIN
         JOIN old_rows o ON o.order_id = n.order_id
         JOIN workflow_versions v ON v.name = n.workflow AND v.version = n.workflow_version AND v.definition ? 'webhooks'
         CROSS JOIN LATERAL jsonb_array_elements(v.definition->'webhooks') hook
-        WHERE n.status <> o.status AND n.status IN ('completed', 'failed', 'error') AND hook->'events' ? n.status;
+        WHERE n.status <> o.status AND n.status IN ('completed', 'failed', 'error') AND hook->'events' ? n.status
+          AND coalesce(hook->>'namespace', 'default') IN (n.namespace, '*');
     END IF;
     RETURN NULL;
 END;
