@@ -93,6 +93,31 @@ type namespaceCache struct {
 	names  []string
 	quotas map[string]bool
 	until  time.Time
+	// empty holds, for a namespace whose submit rate's bucket was found
+	// empty, until when it stays so: nothing but time refills it, on
+	// any replica, so a submit before then is refused here without the
+	// transaction that would find it empty again.
+	empty map[string]time.Time
+}
+
+// rateEmpty reports how long namespace ns's submit rate's bucket is
+// known to stay empty (0: not known to be).
+func (s *server) rateEmpty(ns string) time.Duration {
+	k := &s.known
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return time.Until(k.empty[ns])
+}
+
+// noteRateEmpty notes that namespace ns's bucket stays empty for d.
+func (s *server) noteRateEmpty(ns string, d time.Duration) {
+	k := &s.known
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.empty == nil {
+		k.empty = map[string]time.Time{}
+	}
+	k.empty[ns] = time.Now().Add(d)
 }
 
 // namespacesFor is how long the namespaces read are trusted: a namespace

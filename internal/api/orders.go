@@ -170,14 +170,16 @@ func (s *server) submit(w http.ResponseWriter, r *http.Request, c caller) {
 	if !ok {
 		return
 	}
-	o, err := messages.DecodeSubmitOrder(body)
-	if err != nil {
-		s.metrics.orders.WithLabelValues("rejected").Inc()
-		writeDecodeProblem(w, r, http.StatusBadRequest, err)
-		return
-	}
+	// The namespace first, so that every order counted is counted in one
+	// the token may act in (the label's values are those namespaces).
 	ns, ok := s.submitNamespace(w, r, c)
 	if !ok {
+		return
+	}
+	o, err := messages.DecodeSubmitOrder(body)
+	if err != nil {
+		s.metrics.orders.WithLabelValues(ns, "rejected").Inc()
+		writeDecodeProblem(w, r, http.StatusBadRequest, err)
 		return
 	}
 	s.acceptOrder(w, r, o, c.actor(), ns, c)
@@ -225,7 +227,7 @@ func (s *server) submitNamespace(w http.ResponseWriter, r *http.Request, c calle
 func (s *server) acceptOrder(w http.ResponseWriter, r *http.Request, o messages.SubmitOrder, actor, ns string, c caller) {
 	nw, err := intake.Prepare(s.workflows, o, s.cfg.StepTimeout, actor)
 	if err != nil {
-		s.metrics.orders.WithLabelValues("rejected").Inc()
+		s.metrics.orders.WithLabelValues(ns, "rejected").Inc()
 		var rf *intake.Refusal
 		if errors.As(err, &rf) {
 			writeProblem(w, r, http.StatusUnprocessableEntity, probInvalid, rf.Detail, withReason(rf.Reason))
@@ -247,10 +249,28 @@ func (s *server) acceptOrder(w http.ResponseWriter, r *http.Request, o messages.
 	}
 	var outcome statestore.InsertOutcome
 	if quotas {
+		if wait := s.rateEmpty(ns); wait > 0 {
+			// Its bucket is empty until then: a new order is refused
+			// as the admission would; one that exists is answered as
+			// always (a duplicate takes nothing of the quotas).
+			_, found, err := s.store.OwnerOf(ctx, nw.OrderID)
+			if err != nil {
+				s.unavailable(w, r, err)
+				return
+			}
+			if !found {
+				s.quotaRefused(w, r, ns, &statestore.QuotaRefusal{Quota: statestore.QuotaSubmitRate, RetryAfter: wait,
+					Detail: fmt.Sprintf("namespace %s's submit rate quota has room for no other order for %v", ns, wait.Round(time.Millisecond))})
+				return
+			}
+		}
 		// Written alone, in one transaction with the namespace's
 		// admission: never past its quotas, whichever replica writes.
 		var refused *statestore.QuotaRefusal
 		outcome, refused, err = s.store.InsertOrderWithinQuota(ctx, nw)
+		if err == nil && refused != nil && refused.Quota == statestore.QuotaSubmitRate {
+			s.noteRateEmpty(ns, refused.RetryAfter)
+		}
 		if err == nil && refused != nil {
 			s.quotaRefused(w, r, ns, refused)
 			return
@@ -265,7 +285,7 @@ func (s *server) acceptOrder(w http.ResponseWriter, r *http.Request, o messages.
 			return
 		}
 		if found && !c.token.In(own.Namespace) {
-			s.metrics.orders.WithLabelValues("rejected").Inc()
+			s.metrics.orders.WithLabelValues(ns, "rejected").Inc()
 			writeProblem(w, r, http.StatusConflict, probConflict, fmt.Sprintf("order_id %s cannot be used: choose another", nw.OrderID),
 				withReason(intake.ReasonConflict))
 			return
@@ -273,19 +293,19 @@ func (s *server) acceptOrder(w http.ResponseWriter, r *http.Request, o messages.
 	}
 	switch {
 	case errors.Is(err, statestore.ErrConflict):
-		s.metrics.orders.WithLabelValues("rejected").Inc()
+		s.metrics.orders.WithLabelValues(ns, "rejected").Inc()
 		writeProblem(w, r, http.StatusConflict, probConflict, fmt.Sprintf("order_id %s was already submitted with other content", nw.OrderID),
 			withReason(intake.ReasonConflict))
 		return
 	case errors.Is(err, statestore.ErrInvalidData):
-		s.metrics.orders.WithLabelValues("rejected").Inc()
+		s.metrics.orders.WithLabelValues(ns, "rejected").Inc()
 		writeProblem(w, r, http.StatusUnprocessableEntity, probInvalid, err.Error(), withReason(messages.ReasonInvalidValue))
 		return
 	case err != nil:
 		s.unavailable(w, r, err)
 		return
 	}
-	s.metrics.orders.WithLabelValues(outcome.String()).Inc()
+	s.metrics.orders.WithLabelValues(ns, outcome.String()).Inc()
 	href := prefix + "/orders/" + nw.OrderID
 	w.Header().Set("Location", href)
 	if outcome == statestore.Duplicate {
@@ -303,7 +323,7 @@ func (s *server) acceptOrder(w http.ResponseWriter, r *http.Request, o messages.
 // quotaRefused answers a submit its namespace's quota refused: 413 for a
 // payload past the namespace's size, else 429 with Retry-After.
 func (s *server) quotaRefused(w http.ResponseWriter, r *http.Request, ns string, q *statestore.QuotaRefusal) {
-	s.metrics.orders.WithLabelValues("rejected").Inc()
+	s.metrics.orders.WithLabelValues(ns, "rejected").Inc()
 	s.metrics.quotaRefusals.WithLabelValues(ns, q.Quota).Inc()
 	reason := "quota_" + q.Quota
 	if q.Quota == statestore.QuotaPayloadBytes {

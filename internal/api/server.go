@@ -61,8 +61,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"route", "code"}),
 		orders: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sas_api_orders_total",
-			Help: "Orders submitted through the API by outcome: inserted, duplicate, rejected.",
-		}, []string{"outcome"}),
+			Help: "Orders submitted through the API by namespace (only those sasctl namespaces add made) and outcome: inserted, duplicate, rejected.",
+		}, []string{"namespace", "outcome"}),
 		bulk: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sas_api_bulk_orders_total",
 			Help: "Orders bulk jobs acted on, by action and outcome (done, failed).",
@@ -73,7 +73,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"namespace", "quota"}),
 	}
 	for _, o := range []string{"inserted", "duplicate", "rejected"} {
-		m.orders.WithLabelValues(o)
+		m.orders.WithLabelValues(statestore.DefaultNamespace, o)
 	}
 	for _, a := range statestore.BulkActions {
 		for _, o := range []string{"done", "failed"} {
