@@ -137,6 +137,9 @@ type ScheduleFired struct {
 	Late time.Duration
 	// Now is the database clock the round was planned at.
 	Now time.Time
+	// NoNamespace is the namespace its orders go to when it does not
+	// exist: its ticks start nothing (they are counted skipped).
+	NoNamespace string
 }
 
 // FireSchedules handles the due schedules, with the lease p_lease held by
@@ -176,6 +179,17 @@ func (s *Store) FireSchedules(ctx context.Context, holder, lease string, plan fu
 			}
 			lastOrder := d.LastOrder
 			for _, st := range round.Starts {
+				if ns := st.Order.Namespace; ns != "" && ns != DefaultNamespace {
+					var known bool
+					if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM namespaces WHERE name = $1)`, ns).Scan(&known); err != nil {
+						return err
+					}
+					if !known {
+						f.NoNamespace = ns
+						f.Skipped++
+						continue
+					}
+				}
 				written, err := insertOwnOrder(ctx, tx, st.Order, st.Version)
 				if err != nil {
 					return err

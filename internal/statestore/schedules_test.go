@@ -79,3 +79,66 @@ schedules:
 		t.Fatalf("schedules %+v %v", rows, err)
 	}
 }
+
+// TestSchedulesStartOrdersInTheirNamespace: a schedule's orders are
+// written in its namespace; while that namespace does not exist, its
+// ticks start nothing and say why.
+func TestSchedulesStartOrdersInTheirNamespace(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	reg, err := workflow.Parse("s.yaml", []byte(`
+workflows:
+  - name: tick
+    steps:
+      - {action: a, agent: x}
+schedules:
+  - {name: teams, cron: "@every 1h", workflow: tick, namespace: team-a}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := reg.Schedules()[0]
+	wf, _ := reg.Lookup("tick")
+	now, err := b.store.Now(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.store.SyncSchedules(ctx, []statestore.ScheduleDef{{Name: sc.Name, Workflow: sc.Workflow, Cron: sc.Cron, Timezone: sc.Timezone,
+		Payload: sc.Payload, Overlap: sc.Overlap, CatchUp: sc.CatchUp, Version: sc.Version(), FirstTick: now.Add(-time.Second)}}); err != nil {
+		t.Fatal(err)
+	}
+	// As the supervisor's role, which must read the namespaces.
+	supervisor := storeAs(t, b, "sas_supervisor")
+	if _, err := supervisor.AcquireLease(ctx, statestore.SupervisorLease, "sup-1", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	id := messages.NewID()
+	plan := func(now time.Time, d statestore.ScheduleRow) statestore.ScheduleRound {
+		last := d.NextTick
+		return statestore.ScheduleRound{LastTick: &last, NextTick: now.Add(time.Hour), Starts: []statestore.ScheduleStart{{Tick: last,
+			Order: statestore.NewOrder{OrderID: id, Workflow: "tick", Payload: sc.Payload, PayloadHash: statestore.DerivedHash("tick", sc.Payload),
+				FailurePolicy: wf.Policy, Steps: statestore.StepsOf(wf, 0), Actor: "test", Namespace: sc.Namespace},
+			Version: statestore.WorkflowVersion{Name: wf.Name, Version: wf.Version(), Definition: wf.Definition(), CreatedBy: "test"}}}}
+	}
+	fired, err := supervisor.FireSchedules(ctx, "sup-1", statestore.SupervisorLease, plan)
+	if err != nil || len(fired) != 1 || len(fired[0].Started) != 0 || fired[0].NoNamespace != "team-a" || fired[0].Skipped != 1 {
+		t.Fatalf("a namespace that does not exist: %+v %v", fired, err)
+	}
+	if n := count(t, b, `SELECT count(*) FROM orders WHERE order_id = $1`, id); n != 0 {
+		t.Fatalf("an order was written in a namespace that does not exist")
+	}
+	if _, err := b.store.AddNamespace(ctx, "team-a", "test"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `UPDATE schedules SET next_tick = now() - interval '1 second'`); err != nil {
+		t.Fatal(err)
+	}
+	fired, err = supervisor.FireSchedules(ctx, "sup-1", statestore.SupervisorLease, plan)
+	if err != nil || len(fired) != 1 || len(fired[0].Started) != 1 || fired[0].NoNamespace != "" {
+		t.Fatalf("in team-a: %+v %v", fired, err)
+	}
+	if n := count(t, b, `SELECT count(*) FROM orders WHERE order_id = $1 AND namespace = 'team-a'`, id); n != 1 {
+		t.Fatalf("the schedule's order is not in team-a")
+	}
+}

@@ -70,6 +70,11 @@ func (s *sweeper) fireSchedules(ctx context.Context) {
 		if len(f.Started) > 0 || f.Skipped > 0 {
 			s.logger.Info("schedule ticked", "schedule", f.Name, "started", f.Started, "skipped", f.Skipped, "next_tick", f.NextTick)
 		}
+		if f.NoNamespace != "" {
+			s.metrics.errors.Inc()
+			s.logger.Error("a schedule's tick started nothing: its namespace does not exist (sasctl namespaces add)",
+				"schedule", f.Name, "namespace", f.NoNamespace)
+		}
 	}
 	s.metrics.scheduleLate.Set(late)
 }
@@ -141,7 +146,7 @@ func (s *sweeper) planSchedule(now time.Time, due statestore.ScheduleRow) states
 func (s *sweeper) scheduledOrder(sc workflow.Schedule, wf workflow.Workflow, name string, tick time.Time) statestore.ScheduleStart {
 	o := statestore.NewOrder{OrderID: messages.DerivedID(name), Workflow: wf.Name, WorkflowVersion: wf.Version(), Payload: sc.Payload,
 		PayloadHash: statestore.DerivedHash(wf.Name, sc.Payload), FailurePolicy: wf.Policy, Steps: statestore.StepsOf(wf, 0), Attributes: intake.Attributes(wf, sc.Payload), Key: intake.Key(wf, sc.Payload),
-		Actor: fmt.Sprintf("schedule:%s (tick %s)", sc.Name, tick.UTC().Format(time.RFC3339))}
+		Actor: fmt.Sprintf("schedule:%s (tick %s)", sc.Name, tick.UTC().Format(time.RFC3339)), Namespace: sc.Namespace}
 	o.Deadline, o.OnDeadline = wf.Deadline(0)
 	return statestore.ScheduleStart{Tick: tick, Order: o,
 		Version: statestore.WorkflowVersion{Name: wf.Name, Version: wf.Version(), Definition: wf.Definition(), CreatedBy: s.me}}

@@ -12,6 +12,8 @@ import (
 
 	cron "github.com/netresearch/go-cron"
 	"go.yaml.in/yaml/v3"
+
+	"sas/internal/messages"
 )
 
 // Schedule starts an order of a workflow at every tick of a cron
@@ -30,6 +32,8 @@ type Schedule struct {
 	// fell behind) still start an order: CatchUpNone, CatchUpLast (the
 	// latest) or CatchUpAll (each, at most MaxCatchUp).
 	CatchUp string `json:"catch_up"`
+	// Namespace is where its orders are written ("": the default one).
+	Namespace string `json:"namespace,omitempty"`
 
 	rule tickRule
 }
@@ -164,6 +168,13 @@ func (p *parser) schedules(n *yaml.Node, r *Registry) {
 					p.problem(v.Line, "overlap %q is not skip or allow; write skip (no tick while the last order runs) or allow", v.Value)
 				}
 				s.Overlap = v.Value
+			},
+			"namespace": func(v *yaml.Node) {
+				if err := messages.CheckNamespace(v.Value); err != nil {
+					p.problem(v.Line, "schedule's %v", err)
+					return
+				}
+				s.Namespace = v.Value
 			},
 			"catch_up": func(v *yaml.Node) {
 				if v.Value != CatchUpNone && v.Value != CatchUpLast && v.Value != CatchUpAll {

@@ -94,14 +94,15 @@ func TestSchedulesInTheFile(t *testing.T) {
     payload: {kind: monthly}
     overlap: allow
     catch_up: all
-  - {name: often, cron: "@every 10m", workflow: statements, payload: {kind: x}}
+  - {name: often, cron: "@every 10m", workflow: statements, payload: {kind: x}, namespace: team-a}
 `))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ss := r.Schedules()
 	if len(ss) != 2 || ss[0].Name != "monthly" || ss[0].Overlap != "allow" || ss[0].CatchUp != "all" || string(ss[0].Payload) != `{"kind":"monthly"}` ||
-		ss[1].Timezone != "UTC" || ss[1].Overlap != "skip" || ss[1].CatchUp != "last" || ss[0].Version() == ss[1].Version() {
+		ss[1].Timezone != "UTC" || ss[1].Overlap != "skip" || ss[1].CatchUp != "last" || ss[0].Version() == ss[1].Version() ||
+		ss[0].Namespace != "" || ss[1].Namespace != "team-a" {
 		t.Fatalf("schedules %+v", ss)
 	}
 	for _, tc := range []struct{ desc, text, want string }{
@@ -110,6 +111,7 @@ func TestSchedulesInTheFile(t *testing.T) {
 		{"bad zone", "schedules:\n  - {name: s, cron: '* * * * *', timezone: Nowhere, workflow: statements, payload: {kind: x}}\n", "IANA"},
 		{"payload against the schema", "schedules:\n  - {name: s, cron: '* * * * *', workflow: statements}\n", "does not suit workflow statements"},
 		{"bad overlap", "schedules:\n  - {name: s, cron: '* * * * *', workflow: statements, payload: {kind: x}, overlap: queue}\n", "not skip or allow"},
+		{"bad namespace", "schedules:\n  - {name: s, cron: '* * * * *', workflow: statements, payload: {kind: x}, namespace: Team_A}\n", `schedule's namespace "Team_A" is not a name`},
 		{"bad catch_up", "schedules:\n  - {name: s, cron: '* * * * *', workflow: statements, payload: {kind: x}, catch_up: some}\n", "not none, last or all"},
 		{"twice", "schedules:\n  - {name: s, cron: '* * * * *', workflow: statements, payload: {kind: x}}\n  - {name: s, cron: '* * * * *', workflow: statements, payload: {kind: x}}\n", "defined twice"},
 	} {
