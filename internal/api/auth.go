@@ -86,97 +86,33 @@ func requestNamespace(r *http.Request) string {
 	return strings.TrimSpace(r.Header.Get("Sas-Namespace"))
 }
 
-// namespaceCache keeps the deployment's namespaces for a few seconds,
-// and which of them have quotas.
-type namespaceCache struct {
-	mu     sync.Mutex
-	names  []string
-	quotas map[string]bool
-	until  time.Time
-	// empty holds, for a namespace whose submit rate's bucket was found
-	// empty, until when it stays so: nothing but time refills it, on
-	// any replica, so a submit before then is refused here without the
-	// transaction that would find it empty again.
+// rateBuckets knows, for a namespace whose submit rate's bucket was
+// found empty, until when it stays so: nothing but time refills it, on
+// any replica, so a submit before then is refused without the
+// transaction that would find it empty again.
+type rateBuckets struct {
+	mu    sync.Mutex
 	empty map[string]time.Time
 }
 
 // rateEmpty reports how long namespace ns's submit rate's bucket is
-// known to stay empty (0: not known to be).
+// known to stay empty (0 or less: not known to be).
 func (s *server) rateEmpty(ns string) time.Duration {
-	k := &s.known
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return time.Until(k.empty[ns])
+	b := &s.buckets
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return time.Until(b.empty[ns])
 }
 
 // noteRateEmpty notes that namespace ns's bucket stays empty for d.
 func (s *server) noteRateEmpty(ns string, d time.Duration) {
-	k := &s.known
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.empty == nil {
-		k.empty = map[string]time.Time{}
+	b := &s.buckets
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.empty == nil {
+		b.empty = map[string]time.Time{}
 	}
-	k.empty[ns] = time.Now().Add(d)
-}
-
-// namespacesFor is how long the namespaces read are trusted: a namespace
-// added is known to every replica within it.
-const namespacesFor = 5 * time.Second
-
-// namespaceNames reads the deployment's namespaces, from the cache while
-// it is fresh (or always, with fresh).
-func (s *server) namespaceNames(ctx context.Context, fresh bool) ([]string, error) {
-	k := &s.known
-	k.mu.Lock()
-	names, ok := k.names, time.Now().Before(k.until)
-	k.mu.Unlock()
-	if ok && !fresh {
-		return names, nil
-	}
-	all, err := s.store.Namespaces(ctx)
-	if err != nil {
-		return nil, err
-	}
-	names = make([]string, len(all))
-	quotas := map[string]bool{}
-	for i, n := range all {
-		names[i] = n.Name
-		if n.Any() {
-			quotas[n.Name] = true
-		}
-	}
-	k.mu.Lock()
-	k.names, k.quotas, k.until = names, quotas, time.Now().Add(namespacesFor)
-	k.mu.Unlock()
-	return names, nil
-}
-
-// hasQuotas reports whether namespace ns has quotas, as the cache knows
-// (a quota set holds on every replica within namespacesFor).
-func (s *server) hasQuotas(ctx context.Context, ns string) (bool, error) {
-	if ns == statestore.DefaultNamespace {
-		return false, nil
-	}
-	if _, err := s.namespaceNames(ctx, false); err != nil {
-		return false, err
-	}
-	k := &s.known
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return k.quotas[ns], nil
-}
-
-// namespaceExists reports whether ns is a namespace (read again when the
-// cache does not know it: one just added is found at once).
-func (s *server) namespaceExists(ctx context.Context, ns string) (bool, error) {
-	for _, fresh := range []bool{false, true} {
-		names, err := s.namespaceNames(ctx, fresh)
-		if err != nil || slices.Contains(names, ns) {
-			return err == nil, err
-		}
-	}
-	return false, nil
+	b.empty[ns] = time.Now().Add(d)
 }
 
 // coversAll reports whether the caller acts in every namespace there is:
@@ -186,7 +122,7 @@ func (s *server) coversAll(ctx context.Context, c caller) (bool, error) {
 	if !c.scoped() {
 		return true, nil
 	}
-	names, err := s.namespaceNames(ctx, false)
+	names, err := s.namespaces.Names(ctx, false)
 	if err != nil {
 		return false, err
 	}

@@ -57,7 +57,7 @@ func (s *server) hook(w http.ResponseWriter, r *http.Request, _ caller) {
 	// The route's orders and signals are of its namespace alone.
 	ns := cmp.Or(in.Namespace, statestore.DefaultNamespace)
 	if ns != statestore.DefaultNamespace {
-		known, err := s.namespaceExists(r.Context(), ns)
+		known, err := s.namespaces.Exists(r.Context(), ns)
 		if err != nil {
 			s.unavailable(w, r, err)
 			return

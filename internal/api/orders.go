@@ -208,7 +208,7 @@ func (s *server) submitNamespace(w http.ResponseWriter, r *http.Request, c calle
 	if ns == statestore.DefaultNamespace {
 		return ns, true
 	}
-	known, err := s.namespaceExists(r.Context(), ns)
+	known, err := s.namespaces.Exists(r.Context(), ns)
 	if err != nil {
 		s.unavailable(w, r, err)
 		return "", false
@@ -242,7 +242,7 @@ func (s *server) acceptOrder(w http.ResponseWriter, r *http.Request, o messages.
 	defer span.End()
 	nw.Traceparent = s.tr.Traceparent(ctx)
 	nw.Namespace = ns
-	quotas, err := s.hasQuotas(ctx, ns)
+	quotas, err := s.namespaces.Quotas(ctx, ns)
 	if err != nil {
 		s.unavailable(w, r, err)
 		return

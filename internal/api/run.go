@@ -63,7 +63,8 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		}
 	}
 	s := &server{cfg: cfg, idp: idp, me: me, store: store, workflows: workflows, archive: arch, tokens: newTokens(store, cfg.TokenCache, cfg.Rate, cfg.Burst),
-		hub: h, inserts: inserts, pub: sk.Deps.Pub, topo: topo, tr: sk.Tracing, redact: cfg.Redactor(), logger: logger, metrics: m}
+		namespaces: intake.NewNamespaces(store.Namespaces),
+		hub:        h, inserts: inserts, pub: sk.Deps.Pub, topo: topo, tr: sk.Tracing, redact: cfg.Redactor(), logger: logger, metrics: m}
 
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {

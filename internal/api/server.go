@@ -16,6 +16,7 @@ import (
 	"sas/internal/archive"
 	"sas/internal/batch"
 	"sas/internal/broker"
+	"sas/internal/intake"
 	"sas/internal/messages"
 	"sas/internal/oidcauth"
 	"sas/internal/secrets"
@@ -34,16 +35,19 @@ type server struct {
 	workflows *workflow.Registry
 	tokens    *tokens
 	idp       *oidcauth.Provider // nil: API tokens only
-	known     namespaceCache
-	hub       *hub
-	inserts   *batch.Batcher[statestore.NewOrder, statestore.InsertOutcome]
-	pub       *broker.Publisher
-	topo      broker.Topology
-	tr        *tracing.Tracing
-	redact    *secrets.Redactor
-	archive   archive.Archive // nil: none
-	logger    *slog.Logger
-	metrics   *metrics
+	// namespaces are the deployment's, read a few seconds at most
+	// before; buckets the submit rates known to be spent.
+	namespaces *intake.Namespaces
+	buckets    rateBuckets
+	hub        *hub
+	inserts    *batch.Batcher[statestore.NewOrder, statestore.InsertOutcome]
+	pub        *broker.Publisher
+	topo       broker.Topology
+	tr         *tracing.Tracing
+	redact     *secrets.Redactor
+	archive    archive.Archive // nil: none
+	logger     *slog.Logger
+	metrics    *metrics
 }
 
 type metrics struct {
