@@ -13,7 +13,9 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	amqp "github.com/rabbitmq/amqp091-go"
 
+	"sas/internal/harness/badinput"
 	"sas/internal/harness/testenv"
 	"sas/internal/messages"
 	"sas/internal/statestore"
@@ -530,4 +532,88 @@ func TestNamespacesIsolateTheConsole(t *testing.T) {
 	if n := s.count(t, `SELECT count(*) FROM orders WHERE order_id = $1 AND namespace = 'team-a' AND status = 'received'`, idA); n != 1 {
 		t.Errorf("team-a's order changed")
 	}
+}
+
+// TestSubmitsReachTheirNamespaceByBrokerLogin: a submit on the queue that
+// names a namespace (header sas-namespace) is written there when the
+// login that published it, which RabbitMQ checks against its user-id, is
+// granted that namespace (SAS_SUBMITTER_NAMESPACES), within its quotas;
+// any other is dead-lettered with its reason. A user-id that is not the
+// publisher's own never reaches the queue.
+func TestSubmitsReachTheirNamespaceByBrokerLogin(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	if out, errOut, code := sasctl(t, s.env, "namespaces", "add", "team-a", "team-b", "team-q"); code != 0 {
+		t.Fatalf("namespaces add: %s %s", out, errOut)
+	}
+	if out, errOut, code := sasctl(t, s.env, "namespaces", "quota", "team-q", "--in-flight", "1"); code != 0 {
+		t.Fatalf("namespaces quota: %s %s", out, errOut)
+	}
+	login := amqpLogin(t)
+	sub := start(t, "submitter", append(append([]string{}, s.env...), "SAS_SUBMITTER_NAMESPACES="+login+"=team-a,"+login+"=team-q"))
+	ch := amqpChannel(t)
+	send := func(user string, ns any) string {
+		t.Helper()
+		id := messages.NewID()
+		p := amqp.Publishing{ContentType: messages.ContentType, MessageId: id, UserId: user, DeliveryMode: amqp.Persistent,
+			Body: []byte(badinput.ValidSubmitJSON(id))}
+		if ns != nil {
+			p.Headers = amqp.Table{"sas-namespace": ns}
+		}
+		dc, err := ch.PublishWithDeferredConfirmWithContext(t.Context(), "", s.submit, true, false, p)
+		if err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+		if ok, err := dc.WaitContext(t.Context()); err != nil || !ok {
+			t.Fatalf("publish not confirmed: %v %v", ok, err)
+		}
+		return id
+	}
+	inA, plain, inQ := send(login, "team-a"), send("", nil), send(login, "team-q")
+	refused := map[string]string{
+		send(login, "team-b"):  "namespace_refused",
+		send("", "team-a"):     "namespace_refused",
+		send(login, "Team_A"):  "invalid_value",
+		send(login, "team-q"):  "quota_in_flight",
+		send(login, "default"): "namespace_refused",
+	}
+	testenv.Eventually(t, 30*time.Second, "the submits handled", func() bool {
+		return sub.metric(t, `sas_submitter_orders_total{outcome="inserted"}`)+sub.metric(t, `sas_submitter_orders_total{outcome="rejected"}`) == 8
+	})
+	for id, ns := range map[string]string{inA: "team-a", plain: "default", inQ: "team-q"} {
+		if n := s.count(t, `SELECT count(*) FROM orders WHERE order_id = $1 AND namespace = $2`, id, ns); n != 1 {
+			t.Errorf("order %s is not in %s", id, ns)
+		}
+	}
+	for _, d := range drain(t, ch, s.dlq, len(refused), 30*time.Second) {
+		if want := refused[d.MessageId]; d.Headers["x-error-reason"] != want {
+			t.Errorf("dead letter %s: reason %v, want %s", d.MessageId, d.Headers["x-error-reason"], want)
+		}
+	}
+	if n := s.count(t, `SELECT count(*) FROM orders WHERE namespace <> 'default'`); n != 2 {
+		t.Errorf("%d orders outside the default namespace, want 2", n)
+	}
+	// A user-id that is not the publisher's login: the broker refuses it.
+	other := amqpChannel(t)
+	closed := other.NotifyClose(make(chan *amqp.Error, 1))
+	_ = other.PublishWithContext(t.Context(), "", s.submit, false, false, amqp.Publishing{ContentType: messages.ContentType, UserId: "someone-else",
+		Headers: amqp.Table{"sas-namespace": "team-a"}, Body: []byte(badinput.ValidSubmitJSON(messages.NewID()))})
+	select {
+	case err := <-closed:
+		if err == nil || err.Code != amqp.PreconditionFailed {
+			t.Fatalf("a forged user-id: the channel closed with %v, want PRECONDITION_FAILED", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("a forged user-id was taken by the broker")
+	}
+}
+
+// amqpLogin is the login of the tests' broker URL.
+func amqpLogin(t *testing.T) string {
+	t.Helper()
+	u, err := url.Parse(testenv.AMQPURL())
+	if err != nil || u.User == nil {
+		t.Fatalf("the broker URL names no login: %v", err)
+	}
+	return u.User.Username()
 }

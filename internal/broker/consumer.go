@@ -222,7 +222,7 @@ func (c *Consumer) handle(ctx context.Context, queue string, d amqp.Delivery) se
 	if d.Redelivered && c.conn.Topology().Classic() {
 		return c.redeliver(ctx, queue, d)
 	}
-	err := c.handler(ctx, Message{ID: d.MessageId, CorrelationID: d.CorrelationId, ContentType: d.ContentType, Headers: d.Headers, Body: d.Body})
+	err := c.handler(ctx, Message{ID: d.MessageId, CorrelationID: d.CorrelationId, ContentType: d.ContentType, UserID: d.UserId, Headers: d.Headers, Body: d.Body})
 	var rej *Rejection
 	switch {
 	case err == nil:

@@ -18,8 +18,11 @@ type Message struct {
 	ID            string // the publisher's message id
 	CorrelationID string
 	ContentType   string
-	Headers       map[string]any
-	Body          []byte
+	// UserID is the message's user-id property: RabbitMQ refuses one
+	// that is not the publisher's own login, so it names who sent it.
+	UserID  string
+	Headers map[string]any
+	Body    []byte
 }
 
 // Handler handles one message. Its result is the verdict on it:

@@ -239,3 +239,31 @@ func TestNamespaceQuotasHoldOnEveryWrite(t *testing.T) {
 		t.Fatalf("namespaces %+v %v", ns, err)
 	}
 }
+
+// TestTheSubmitterWritesWithinQuotas: the submitter's role reads the
+// namespaces and writes an order within its namespace's quotas, as the
+// API's does.
+func TestTheSubmitterWritesWithinQuotas(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	if _, err := b.store.AddNamespace(ctx, "quota-s", "test"); err != nil {
+		t.Fatal(err)
+	}
+	one := 1
+	if err := b.store.SetNamespaceQuotas(ctx, "quota-s", statestore.Quotas{MaxInFlight: &one}, "test"); err != nil {
+		t.Fatal(err)
+	}
+	submitter := storeAs(t, b, "sas_submitter")
+	if ns, err := submitter.Namespaces(ctx); err != nil || len(ns) != 2 {
+		t.Fatalf("the submitter reading the namespaces: %+v %v", ns, err)
+	}
+	for i, want := range []string{"", statestore.QuotaInFlight} {
+		o := order(1, time.Hour, 3)
+		o.Namespace = "quota-s"
+		got, refused, err := submitter.InsertOrderWithinQuota(ctx, o)
+		if err != nil || (refused == nil) != (want == "") || refused != nil && refused.Quota != want || want == "" && got != statestore.Inserted {
+			t.Fatalf("order %d: %v %+v %v, want refused by %q", i, got, refused, err, want)
+		}
+	}
+}

@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -53,6 +55,46 @@ type Config struct {
 	// StepTimeout, when set, replaces every step's complete-by budget from
 	// the workflow definition.
 	StepTimeout time.Duration `envconfig:"STEP_TIMEOUT" default:"0s"`
+	// Namespaces says which broker logins may submit to which namespace
+	// (a submit's sas-namespace header): LOGIN=NAMESPACE,... ('*': every
+	// one), the login being the user-id property RabbitMQ checks against
+	// the publisher's own. A submit naming no namespace goes to default.
+	Namespaces string `envconfig:"SUBMITTER_NAMESPACES"`
+}
+
+// NamespaceHeader is the submit's header naming its namespace.
+const NamespaceHeader = "sas-namespace"
+
+// Reasons of a submit its namespace refuses.
+const (
+	// ReasonNamespaceRefused: its publisher may not submit to the
+	// namespace it names (SAS_SUBMITTER_NAMESPACES).
+	ReasonNamespaceRefused = "namespace_refused"
+	// ReasonUnknownNamespace: the namespace it names does not exist.
+	ReasonUnknownNamespace = "unknown_namespace"
+)
+
+// namespaceGrants reads SAS_SUBMITTER_NAMESPACES: each login's namespaces.
+func namespaceGrants(text string) (map[string][]string, error) {
+	grants := map[string][]string{}
+	for _, pair := range strings.Split(text, ",") {
+		pair = strings.TrimSpace(pair)
+		if pair == "" {
+			continue
+		}
+		login, ns, ok := strings.Cut(pair, "=")
+		login, ns = strings.TrimSpace(login), strings.TrimSpace(ns)
+		if !ok || login == "" {
+			return nil, fmt.Errorf("SAS_SUBMITTER_NAMESPACES: %q is not LOGIN=NAMESPACE", pair)
+		}
+		if ns != statestore.AllNamespaces {
+			if err := messages.CheckNamespace(ns); err != nil {
+				return nil, fmt.Errorf("SAS_SUBMITTER_NAMESPACES: %q: %w", pair, err)
+			}
+		}
+		grants[login] = append(grants[login], ns)
+	}
+	return grants, nil
 }
 
 // Reasons the submitter adds to those of messages.
@@ -106,6 +148,10 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	grants, err := namespaceGrants(cfg.Namespaces)
+	if err != nil {
+		return err
+	}
 	reg := service.NewRegistry()
 	m := newMetrics(reg)
 	topo := broker.Topology{Prefix: cfg.QueuePrefix, DeliveryLimit: cfg.DeliveryLimit, QueueType: cfg.QueueType, Inputs: []string{Input}, Entrances: []string{Input}}
@@ -129,9 +175,11 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	})
 	sk.Go(func(ctx context.Context) { inserts.Run(ctx, cfg.Writers) })
 	h := &handler{store: store, inserts: inserts, workflows: workflows, stepTimeout: cfg.StepTimeout, actor: me, metrics: m, logger: logger,
-		workCtx: workCtx, tr: tr}
+		workCtx: workCtx, tr: tr, grants: grants, namespaces: intake.NewNamespaces(store.Namespaces)}
 	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: Input, Prefetch: cfg.Prefetch, Workers: cfg.Workers,
-		Reasons: append(messages.Reasons(), messages.ReasonInvalidPayload, ReasonConflict, ReasonUnknownWorkflow)}, h.chain(), logger, bm)
+		Reasons: append(messages.Reasons(), messages.ReasonInvalidPayload, ReasonConflict, ReasonUnknownWorkflow, ReasonNamespaceRefused,
+			ReasonUnknownNamespace, quotaReason(statestore.QuotaInFlight), quotaReason(statestore.QuotaSubmitRate), quotaReason(statestore.QuotaPayloadBytes))},
+		h.chain(), logger, bm)
 
 	logger.Info("submitter started", "queue", topo.Queue(Input), "workers", cfg.Workers, "prefetch", cfg.Prefetch,
 		"workflows", workflows.Source)
@@ -143,8 +191,19 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 // telling a refusal's reply_to.
 type submitStore interface {
 	InsertOrder(ctx context.Context, o statestore.NewOrder) (statestore.InsertOutcome, error)
+	InsertOrderWithinQuota(ctx context.Context, o statestore.NewOrder) (statestore.InsertOutcome, *statestore.QuotaRefusal, error)
 	service.Teller
 }
+
+// namespaceIndex is what the handler asks of the deployment's namespaces
+// (intake.Namespaces).
+type namespaceIndex interface {
+	Exists(ctx context.Context, ns string) (bool, error)
+	Quotas(ctx context.Context, ns string) (bool, error)
+}
+
+// quotaReason is the dead letter's reason of a quota's refusal.
+func quotaReason(quota string) string { return "quota_" + quota }
 
 type handler struct {
 	store       submitStore
@@ -156,6 +215,40 @@ type handler struct {
 	logger      *slog.Logger
 	workCtx     context.Context
 	tr          *tracing.Tracing
+	// grants are the namespaces each broker login may submit to.
+	grants     map[string][]string
+	namespaces namespaceIndex
+}
+
+// namespaceOf is the namespace a submit goes to: its header's, when the
+// login that published it (its user-id, which RabbitMQ checked) may
+// submit there and it exists; else the default one. A refusal returns
+// its reason and detail.
+func (h *handler) namespaceOf(ctx context.Context, m broker.Message) (ns, reason, detail string, err error) {
+	v, named := m.Headers[NamespaceHeader]
+	if !named {
+		return statestore.DefaultNamespace, "", "", nil
+	}
+	ns, _ = v.(string)
+	if err := messages.CheckNamespace(ns); err != nil {
+		return "", messages.ReasonInvalidValue, NamespaceHeader + ": " + err.Error(), nil
+	}
+	granted := h.grants[m.UserID]
+	if m.UserID == "" || !slices.Contains(granted, ns) && !slices.Contains(granted, statestore.AllNamespaces) {
+		return "", ReasonNamespaceRefused, fmt.Sprintf("login %q may not submit to namespace %s (set the message's user-id to the login; SAS_SUBMITTER_NAMESPACES grants it)",
+			messages.BoundText(m.UserID, 100), ns), nil
+	}
+	if ns == statestore.DefaultNamespace {
+		return ns, "", "", nil
+	}
+	known, err := h.namespaces.Exists(ctx, ns)
+	if err != nil {
+		return "", "", "", err
+	}
+	if !known {
+		return "", ReasonUnknownNamespace, fmt.Sprintf("there is no namespace %s (sasctl namespaces add)", ns), nil
+	}
+	return ns, "", "", nil
 }
 
 // chain is the submitter's handler with its middleware: failpoints,
@@ -180,6 +273,19 @@ func (h *handler) handle(ctx context.Context, m broker.Message, o messages.Submi
 		return err
 	}
 	nw.CorrelationID = corr
+	ns, reason, detail, err := h.namespaceOf(ctx, m)
+	if err != nil {
+		return err // the namespaces could not be read: back to the queue
+	}
+	if reason != "" {
+		h.metrics.orders.WithLabelValues("rejected").Inc()
+		return h.refuse(o.OrderID, o.ReplyTo, corr, reason, detail)
+	}
+	nw.Namespace = ns
+	quotas, err := h.namespaces.Quotas(ctx, ns)
+	if err != nil {
+		return err
+	}
 	// The order's trace: the application's, when its message carries a
 	// valid traceparent, else a new one. Every later span of the order
 	// joins it through the traceparent stored with the order.
@@ -202,11 +308,18 @@ func (h *handler) handle(ctx context.Context, m broker.Message, o messages.Submi
 	// queue; any other (unreachable, overloaded) keeps the message and is
 	// retried in place rather than requeued towards its delivery limit.
 	var outcome statestore.InsertOutcome
+	var refused *statestore.QuotaRefusal
 	_, ispan := h.tr.Start(sctx, "insert order")
 	err = service.Retry(ctx, func() error {
 		start := time.Now()
 		var err error
-		outcome, err = h.inserts.Do(h.workCtx, nw)
+		if quotas {
+			// Written alone, in one transaction with the namespace's
+			// admission, as the API writes it.
+			outcome, refused, err = h.store.InsertOrderWithinQuota(h.workCtx, nw)
+		} else {
+			outcome, err = h.inserts.Do(h.workCtx, nw)
+		}
 		if err == nil {
 			h.metrics.insertDur.Observe(time.Since(start).Seconds())
 		}
@@ -226,6 +339,9 @@ func (h *handler) handle(ctx context.Context, m broker.Message, o messages.Submi
 	}
 	ispan.End()
 	switch {
+	case err == nil && refused != nil:
+		h.metrics.orders.WithLabelValues("rejected").Inc()
+		return h.refuse(o.OrderID, o.ReplyTo, corr, quotaReason(refused.Quota), refused.Detail)
 	case err == nil:
 		failpoint.Inject("submitter-after-commit")
 		h.metrics.orders.WithLabelValues(outcome.String()).Inc()

@@ -1,6 +1,7 @@
 package submitter
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -29,11 +30,35 @@ type fakeSubmitStore struct {
 	outcome  statestore.InsertOutcome
 	inserted []statestore.NewOrder
 	told     []messages.StatusEvent
+	// alone are the orders written within their namespace's quotas;
+	// refusal is what the quotas answer (nil: admitted).
+	alone   []statestore.NewOrder
+	refusal *statestore.QuotaRefusal
 }
 
 func (f *fakeSubmitStore) InsertOrder(context.Context, statestore.NewOrder) (statestore.InsertOutcome, error) {
 	return 0, errors.New("a lone insert is the broken build's")
 }
+
+func (f *fakeSubmitStore) InsertOrderWithinQuota(_ context.Context, o statestore.NewOrder) (statestore.InsertOutcome, *statestore.QuotaRefusal, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.alone = append(f.alone, o)
+	if f.refusal != nil {
+		return 0, f.refusal, nil
+	}
+	return f.outcome, nil, nil
+}
+
+// fakeNamespaces are namespaces that exist, with quotas or not.
+type fakeNamespaces map[string]bool
+
+func (f fakeNamespaces) Exists(_ context.Context, ns string) (bool, error) {
+	_, ok := f[ns]
+	return ok, nil
+}
+
+func (f fakeNamespaces) Quotas(_ context.Context, ns string) (bool, error) { return f[ns], nil }
 
 func (f *fakeSubmitStore) TellRejected(_ context.Context, _, _, _ string, body []byte) error {
 	var ev messages.StatusEvent
@@ -97,8 +122,13 @@ func newHandler(t *testing.T, st *fakeSubmitStore) (*handler, *metrics) {
 		wg.Wait()
 	})
 	m := newMetrics(prometheus.NewRegistry())
+	grants, err := namespaceGrants("team-a-app=team-a, team-a-app=team-q, platform=*")
+	if err != nil {
+		t.Fatal(err)
+	}
 	return &handler{store: st, inserts: inserts, workflows: reg, actor: "submitter:test", metrics: m,
-		logger: slog.New(slog.NewTextHandler(io.Discard, nil)), workCtx: ctx, tr: tracing.Off()}, m
+		logger: slog.New(slog.NewTextHandler(io.Discard, nil)), workCtx: ctx, tr: tracing.Off(),
+		grants: grants, namespaces: fakeNamespaces{"default": false, "team-a": false, "team-b": false, "team-q": true}}, m
 }
 
 // TestSubmitsAreWrittenOrRefusedWithTheirReason: a valid submit is written
@@ -164,5 +194,73 @@ func TestSubmitsAreWrittenOrRefusedWithTheirReason(t *testing.T) {
 				t.Fatalf("%s counted %v times", tc.counted, got)
 			}
 		})
+	}
+}
+
+// TestSubmitsGoToTheNamespaceTheirLoginMay: a submit naming a namespace
+// (its sas-namespace header) is written there when the login that
+// published it (its user-id) may submit there, and within that
+// namespace's quotas when it has some; any other is dead-lettered with
+// its reason and its reply_to told. One naming none goes to default.
+func TestSubmitsGoToTheNamespaceTheirLoginMay(t *testing.T) {
+	t.Parallel()
+	id := messages.NewID()
+	body := `{"schema_version":2,"order_id":"` + id + `","workflow":"shop","payload":{"customer":"c-1"},"reply_to":"client.r"}`
+	inFlight := &statestore.QuotaRefusal{Quota: statestore.QuotaInFlight, Detail: "namespace team-q has 3 orders in flight, its quota"}
+	for _, tc := range []struct {
+		name, user string
+		header     any // nil: none
+		refusal    *statestore.QuotaRefusal
+		want       string // the rejection's reason; "" for an ack
+		ns         string // where it was written
+		alone      bool   // within quotas
+	}{
+		{name: "no header", user: "", ns: "default"},
+		{name: "its namespace", user: "team-a-app", header: "team-a", ns: "team-a"},
+		{name: "every namespace's login", user: "platform", header: "team-b", ns: "team-b"},
+		{name: "the default one named", user: "platform", header: "default", ns: "default"},
+		{name: "another's namespace", user: "team-a-app", header: "team-b", want: ReasonNamespaceRefused},
+		{name: "no user-id", user: "", header: "team-a", want: ReasonNamespaceRefused},
+		{name: "a login granted nothing", user: "guest", header: "default", want: ReasonNamespaceRefused},
+		{name: "no such namespace", user: "platform", header: "team-z", want: ReasonUnknownNamespace},
+		{name: "not a name", user: "platform", header: "Team_A", want: messages.ReasonInvalidValue},
+		{name: "not text", user: "platform", header: int32(7), want: messages.ReasonInvalidValue},
+		{name: "within its quotas", user: "team-a-app", header: "team-q", ns: "team-q", alone: true},
+		{name: "past its quotas", user: "team-a-app", header: "team-q", refusal: inFlight, want: "quota_in_flight", alone: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			st := &fakeSubmitStore{outcome: statestore.Inserted, refusal: tc.refusal}
+			h, _ := newHandler(t, st)
+			msg := broker.Message{Body: []byte(body), ContentType: messages.ContentType, UserID: tc.user}
+			if tc.header != nil {
+				msg.Headers = map[string]any{NamespaceHeader: tc.header}
+			}
+			err := h.chain()(context.Background(), msg)
+			var rej *broker.Rejection
+			if tc.want == "" && err != nil || tc.want != "" && (!errors.As(err, &rej) || rej.Reason != tc.want) {
+				t.Fatalf("verdict %v, want %q", err, tc.want)
+			}
+			st.mu.Lock()
+			defer st.mu.Unlock()
+			written := st.inserted
+			if tc.alone {
+				written = st.alone
+			}
+			if tc.want != "" {
+				if len(st.inserted) != 0 || len(st.told) != 1 || st.told[0].Reason != tc.want || st.told[0].Detail == "" {
+					t.Fatalf("refused: inserted %d, told %+v", len(st.inserted), st.told)
+				}
+				return
+			}
+			if len(written) != 1 || cmp.Or(written[0].Namespace, "default") != tc.ns || len(st.inserted)+len(st.alone) != 1 {
+				t.Fatalf("written %+v (alone %+v), want one in %s", st.inserted, st.alone, tc.ns)
+			}
+		})
+	}
+	for _, bad := range []string{"team-a-app", "=team-a", "app=Team_A"} {
+		if _, err := namespaceGrants(bad); err == nil {
+			t.Errorf("SAS_SUBMITTER_NAMESPACES=%s accepted", bad)
+		}
 	}
 }

@@ -66,15 +66,15 @@ BEGIN
 END
 $$;
 
--- namespace_admit is the writers' door to a namespace's quotas: the API's
--- role (the one entrance that writes orders of namespaces other than the
--- default) and operators'.
+-- namespace_admit is the writers' door to a namespace's quotas: the roles
+-- of the entrances that write orders of namespaces other than the default
+-- (the API, the submitter) and operators'.
 DO $$
 DECLARE
     v_role text;
 BEGIN
     REVOKE ALL ON FUNCTION namespace_admit(text, integer) FROM PUBLIC;
-    FOREACH v_role IN ARRAY ARRAY['sas_api', 'sas_operator'] LOOP
+    FOREACH v_role IN ARRAY ARRAY['sas_api', 'sas_submitter', 'sas_operator'] LOOP
         IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = v_role) THEN
             EXECUTE format('GRANT EXECUTE ON FUNCTION namespace_admit(text, integer) TO %I', v_role);
         END IF;
