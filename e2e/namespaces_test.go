@@ -570,6 +570,11 @@ func TestSubmitsReachTheirNamespaceByBrokerLogin(t *testing.T) {
 		return id
 	}
 	inA, plain, inQ := send(login, "team-a"), send("", nil), send(login, "team-q")
+	// team-q's one order in flight first: the submitter handles submits
+	// side by side, so the one past its quota is sent after it.
+	testenv.Eventually(t, 30*time.Second, "team-q's first order written", func() bool {
+		return s.count(t, `SELECT count(*) FROM orders WHERE order_id = $1`, inQ) == 1
+	})
 	refused := map[string]string{
 		send(login, "team-b"):  "namespace_refused",
 		send("", "team-a"):     "namespace_refused",
@@ -592,6 +597,18 @@ func TestSubmitsReachTheirNamespaceByBrokerLogin(t *testing.T) {
 	}
 	if n := s.count(t, `SELECT count(*) FROM orders WHERE namespace <> 'default'`); n != 2 {
 		t.Errorf("%d orders outside the default namespace, want 2", n)
+	}
+	// sasctl submit --namespace sends its login as the user-id.
+	out, errOut, code := sasctl(t, s.env, "submit", "--count", "2", "--namespace", "team-a", "--print-ids")
+	if ids := strings.Fields(out); code != 0 || len(ids) != 2 {
+		t.Fatalf("sasctl submit --namespace: exit %d\n%s%s", code, out, errOut)
+	} else {
+		testenv.Eventually(t, 30*time.Second, "sasctl's orders in team-a", func() bool {
+			return s.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND namespace = 'team-a'`, ids) == 2
+		})
+	}
+	if _, errOut, code := sasctl(t, s.env, "submit", "--count", "1", "--namespace", "Team_A"); code != 2 || !strings.Contains(errOut, "--namespace") {
+		t.Errorf("sasctl submit --namespace Team_A: exit %d %q, want a usage error", code, errOut)
 	}
 	// A user-id that is not the publisher's login: the broker refuses it.
 	other := amqpChannel(t)

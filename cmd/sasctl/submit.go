@@ -32,8 +32,20 @@ func (a *app) submit(ctx context.Context, args []string) error {
 	deadline := fs.String("deadline", "", "deadline of generated orders in place of their workflow's (1s to 366d, such as 2h)")
 	concurrency := fs.Int("concurrency", 32, "publishes awaiting their confirm at once")
 	printIDs := fs.Bool("print-ids", false, "print each published order id on stdout")
+	namespace := fs.String("namespace", "", "the namespace the orders go to (header sas-namespace, with the broker login as user-id: SAS_SUBMITTER_NAMESPACES must grant it)")
 	if err := a.parseNoArgs(fs, args); err != nil {
 		return err
+	}
+	var to submitTo
+	if *namespace != "" {
+		if err := messages.CheckNamespace(*namespace); err != nil {
+			return a.usageError(fs, "--namespace: %v", err)
+		}
+		uri, err := amqp.ParseURI(a.cfg.AMQPURL)
+		if err != nil {
+			return fmt.Errorf("SAS_AMQP_URL: %w", err)
+		}
+		to = submitTo{namespace: *namespace, login: uri.Username}
 	}
 	if (*file == "") == (*count == 0) || *count < 0 {
 		return a.usageError(fs, "give either --file or a positive --count")
@@ -110,7 +122,7 @@ func (a *app) submit(ctx context.Context, args []string) error {
 		}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			if err := publishOrder(ctx, pub, topo.Queue(submitter.Input), id, body); err != nil {
+			if err := publishOrder(ctx, pub, topo.Queue(submitter.Input), id, body, to); err != nil {
 				mu.Lock()
 				if firstErr == nil {
 					firstErr = err
@@ -133,17 +145,26 @@ func (a *app) submit(ctx context.Context, args []string) error {
 	return firstErr
 }
 
+// submitTo is the namespace submits go to, and the broker login that
+// sends them ("": the default namespace).
+type submitTo struct{ namespace, login string }
+
 // publishOrder publishes one submit, again if the broker did not confirm it
 // (the submitter treats a repeat as a duplicate).
-func publishOrder(ctx context.Context, pub *broker.Publisher, queue, id string, body []byte) error {
+func publishOrder(ctx context.Context, pub *broker.Publisher, queue, id string, body []byte, to submitTo) error {
+	headers := amqp.Table{"schema_version": int32(schemaVersionOf(body))}
+	if to.namespace != "" {
+		headers[submitter.NamespaceHeader] = to.namespace
+	}
 	var err error
 	for attempt := range 5 {
 		err = pub.Publish(ctx, "", queue, amqp.Publishing{
 			ContentType: messages.ContentType,
 			Type:        messages.TypeSubmitOrder,
 			MessageId:   id,
+			UserId:      to.login,
 			Timestamp:   time.Now(),
-			Headers:     amqp.Table{"schema_version": int32(schemaVersionOf(body))},
+			Headers:     headers,
 			Body:        body,
 		})
 		if err == nil || !errors.Is(err, broker.ErrUnconfirmed) || ctx.Err() != nil {
