@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"slices"
-	"sync"
-	"time"
 
 	"sas/internal/orderfilter"
 	"sas/internal/statestore"
@@ -25,44 +23,24 @@ import (
 // everyNamespace is the view of every namespace.
 const everyNamespace = statestore.AllNamespaces
 
-// namespaceList keeps the deployment's namespaces for a few seconds.
-type namespaceList struct {
-	mu    sync.Mutex
-	names []string
-	until time.Time
-}
-
-// namespacesFor is how long the namespaces read are trusted.
-const namespacesFor = 5 * time.Second
-
 // namespaceNames are the deployment's namespaces, sorted: read again
-// when the list kept is older than namespacesFor, or does not hold one
-// of want (a namespace just added is known at once).
+// when the list kept is older than intake.NamespacesFor, or does not hold
+// one of want (a namespace just added is known at once).
 func (s *server) namespaceNames(ctx context.Context, want map[string]string) ([]string, error) {
-	l := &s.known
-	l.mu.Lock()
-	names, ok := l.names, s.now().Before(l.until)
-	l.mu.Unlock()
-	for ns := range want {
-		if ns != statestore.AllNamespaces && !slices.Contains(names, ns) {
-			ok = false
-		}
-	}
-	if ok {
-		return names, nil
-	}
-	all, err := s.store.Namespaces(ctx)
+	names, err := s.known.Names(ctx, false)
 	if err != nil {
 		return nil, err
 	}
-	names = make([]string, len(all))
-	for i, n := range all {
-		names[i] = n.Name
+	for ns := range want {
+		if ns != statestore.AllNamespaces && !slices.Contains(names, ns) {
+			if names, err = s.known.Names(ctx, true); err != nil {
+				return nil, err
+			}
+			break
+		}
 	}
+	names = slices.Clone(names)
 	slices.Sort(names)
-	l.mu.Lock()
-	l.names, l.until = names, s.now().Add(namespacesFor)
-	l.mu.Unlock()
 	return names, nil
 }
 
@@ -109,8 +87,9 @@ func (u User) views(names []string) (views []string, everyRole string) {
 
 // scope sets the request's view (the session's choice when it may still
 // make it, else its first) and its role in that view. Without the
-// deployment's namespaces (the store did not answer), u's view is one it
-// was granted by name, or every namespace when it has a role in each.
+// deployment's namespaces (the store did not answer), u's views are the
+// namespaces it was granted by name, and every namespace only when it was
+// granted every one: it never sees more for a failed read.
 func (s *server) scope(ctx context.Context, rq *request) bool {
 	names, err := s.namespaceNames(ctx, rq.user.Grants)
 	if err != nil {
@@ -123,6 +102,9 @@ func (s *server) scope(ctx context.Context, rq *request) bool {
 		slices.Sort(names)
 	}
 	views, everyRole := rq.user.views(names)
+	if err != nil && rq.user.Grants[statestore.AllNamespaces] == "" {
+		views = slices.DeleteFunc(views, func(v string) bool { return v == everyNamespace })
+	}
 	if len(views) == 0 {
 		return false
 	}

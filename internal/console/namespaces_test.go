@@ -1,11 +1,18 @@
 package console
 
 import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
 
 	"golang.org/x/crypto/bcrypt"
+
+	"sas/internal/intake"
+	"sas/internal/statestore"
 )
 
 func TestUsersActInTheirNamespaces(t *testing.T) {
@@ -55,5 +62,36 @@ func TestUsersActInTheirNamespaces(t *testing.T) {
 	}
 	if views, _ := (User{Grants: map[string]string{"team-z": Operator}}).views(names); len(views) != 0 {
 		t.Errorf("a user of a namespace that does not exist looks at %v", views)
+	}
+}
+
+// TestAFailedReadOfTheNamespacesShowsNoMore: a user of the default
+// namespace looks at every namespace while it is the only one; when the
+// namespaces cannot be read, it looks at the namespace it was granted by
+// name only, and a user of every namespace still at every one.
+func TestAFailedReadOfTheNamespacesShowsNoMore(t *testing.T) {
+	t.Parallel()
+	down := false
+	read := func(context.Context) ([]statestore.Namespace, error) {
+		if down {
+			return nil, errors.New("the store did not answer")
+		}
+		return []statestore.Namespace{{Name: "default"}}, nil
+	}
+	s := &server{known: intake.NewNamespaces(read), logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	ann := func() *request {
+		return &request{user: User{Name: "ann", Grants: map[string]string{"default": Operator}}, session: &session{}}
+	}
+	if rq := ann(); !s.scope(t.Context(), rq) || !slices.Equal(rq.views, []string{"*", "default"}) || rq.ns != "*" {
+		t.Fatalf("the one namespace's user: views %v, looking at %q", rq.views, rq.ns)
+	}
+	down = true
+	s.known = intake.NewNamespaces(read) // nothing kept
+	if rq := ann(); !s.scope(t.Context(), rq) || !slices.Equal(rq.views, []string{"default"}) || rq.ns != "default" || rq.user.Role != Operator {
+		t.Fatalf("without the namespaces: views %v, looking at %q as %q", rq.views, rq.ns, rq.user.Role)
+	}
+	root := &request{user: User{Name: "root", Grants: map[string]string{"*": Viewer}}, session: &session{}}
+	if !s.scope(t.Context(), root) || !slices.Equal(root.views, []string{"*"}) || root.user.Role != Viewer {
+		t.Fatalf("a user of every namespace without the namespaces: views %v as %q", root.views, root.user.Role)
 	}
 }

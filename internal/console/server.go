@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"sas/internal/broker"
+	"sas/internal/intake"
 	"sas/internal/messages"
 	"sas/internal/oidcauth"
 	"sas/internal/statestore"
@@ -51,7 +52,7 @@ type server struct {
 	ssoLogins *prometheus.CounterVec
 	// known are the deployment's namespaces, read a few seconds at most
 	// before.
-	known namespaceList
+	known *intake.Namespaces
 
 	mu      sync.Mutex
 	conn    *broker.Conn
@@ -103,7 +104,7 @@ func newServer(cfg Config, store *statestore.Store, users *directory, reg promet
 	}
 	return &server{
 		cfg: cfg, store: store, users: users, logger: logger, pages: pages, workflows: wfs, now: time.Now, origins: origins, logins: logins,
-		sessions: newSessions(cfg.SessionTTL), idp: idp, pending: &pendingSSO{m: map[string]pendingSignIn{}}, ssoLogins: ssoLogins,
+		sessions: newSessions(cfg.SessionTTL), idp: idp, known: intake.NewNamespaces(store.Namespaces), pending: &pendingSSO{m: map[string]pendingSignIn{}}, ssoLogins: ssoLogins,
 		limiter: newLimiter(cfg.LoginAttempts, cfg.LoginWindow),
 		static:  http.StripPrefix("/static/", http.FileServerFS(sub)),
 	}, nil
