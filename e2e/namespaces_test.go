@@ -362,6 +362,16 @@ func TestNamespaceQuotasOverTheAPI(t *testing.T) {
 		body: submitBody(oneID, "approval", `{"customer":"c"}`)}); code != http.StatusOK || !strings.Contains(string(b), "duplicate") {
 		t.Fatalf("the order taken, sent again past the rate: %d %s, want 200 duplicate", code, b)
 	}
+	// Its rate raised (which fills its bucket), the namespace submits
+	// again within the time a quota takes to reach a replica (5 s), not
+	// at its old Retry-After.
+	if out, errOut, code := sasctl(t, g.stack.env, "namespaces", "quota", "team-free", "--rate", "100/s"); code != 0 {
+		t.Fatalf("namespaces quota --rate: %s %s", out, errOut)
+	}
+	testenv.Eventually(t, 15*time.Second, "team-free to submit once its rate is raised", func() bool {
+		code, _, _, _ := submit(opsFree, "team-free", "c")
+		return code == http.StatusAccepted
+	})
 	for series, least := range map[string]float64{
 		`sas_api_quota_refusals_total{namespace="team-q",quota="in_flight"}`:        6,
 		`sas_api_quota_refusals_total{namespace="team-free",quota="submit_rate"}`:   1,

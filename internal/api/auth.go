@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"sas/internal/intake"
 	"sas/internal/oidcauth"
 	"sas/internal/orderfilter"
 	"sas/internal/statestore"
@@ -87,32 +88,41 @@ func requestNamespace(r *http.Request) string {
 }
 
 // rateBuckets knows, for a namespace whose submit rate's bucket was
-// found empty, until when it stays so: nothing but time refills it, on
-// any replica, so a submit before then is refused without the
-// transaction that would find it empty again.
+// found empty, until when it stays so: nothing but time (or an operator
+// setting the quotas) refills it, on any replica, so a submit before then
+// is refused without the transaction that would find it empty again.
 type rateBuckets struct {
 	mu    sync.Mutex
-	empty map[string]time.Time
+	empty map[string]emptyBucket
 }
 
-// rateEmpty reports how long namespace ns's submit rate's bucket is
-// known to stay empty (0 or less: not known to be).
-func (s *server) rateEmpty(ns string) time.Duration {
+// emptyBucket: refused here until known (at most intake.NamespacesFor
+// on: an operator who sets the quotas fills the bucket, and every
+// replica must know it as soon as it knows the new quotas); the bucket
+// has room again at refill.
+type emptyBucket struct{ known, refill time.Time }
+
+// rateEmpty reports whether namespace ns's submit rate's bucket is known
+// to be empty, and how long until it has room.
+func (s *server) rateEmpty(ns string) (bool, time.Duration) {
 	b := &s.buckets
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return time.Until(b.empty[ns])
+	e, ok := b.empty[ns]
+	now := time.Now()
+	return ok && now.Before(e.known), e.refill.Sub(now)
 }
 
-// noteRateEmpty notes that namespace ns's bucket stays empty for d.
+// noteRateEmpty notes that namespace ns's bucket has no room for d.
 func (s *server) noteRateEmpty(ns string, d time.Duration) {
 	b := &s.buckets
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.empty == nil {
-		b.empty = map[string]time.Time{}
+		b.empty = map[string]emptyBucket{}
 	}
-	b.empty[ns] = time.Now().Add(d)
+	now := time.Now()
+	b.empty[ns] = emptyBucket{known: now.Add(min(d, intake.NamespacesFor)), refill: now.Add(d)}
 }
 
 // coversAll reports whether the caller acts in every namespace there is:

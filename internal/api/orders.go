@@ -249,7 +249,7 @@ func (s *server) acceptOrder(w http.ResponseWriter, r *http.Request, o messages.
 	}
 	var outcome statestore.InsertOutcome
 	if quotas {
-		if wait := s.rateEmpty(ns); wait > 0 {
+		if empty, wait := s.rateEmpty(ns); empty {
 			// Its bucket is empty until then: a new order is refused
 			// as the admission would; one that exists is answered as
 			// always (a duplicate takes nothing of the quotas).
