@@ -49,14 +49,7 @@ func insertOwnOrder(ctx context.Context, tx pgx.Tx, o NewOrder, version Workflow
 		ON CONFLICT (name, version) DO NOTHING`, version.Name, version.Version, string(version.Definition), version.CreatedBy); err != nil {
 		return false, err
 	}
-	var a insertArrays
-	a.add(o, 1)
-	rows, err := tx.Query(ctx, a.sql(), a.args()...)
-	if err != nil {
-		return false, err
-	}
-	written, err := pgx.CollectRows(rows, pgx.RowTo[int])
-	return len(written) == 1, err
+	return insertOne(ctx, tx, o)
 }
 
 // ErrTooDeep is why a child is not started: its parent is at the deepest
