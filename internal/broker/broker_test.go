@@ -85,7 +85,13 @@ func rawChannel(t testing.TB) *amqp.Channel {
 }
 
 func msg(id string) amqp.Publishing {
-	return amqp.Publishing{ContentType: "text/plain", MessageId: id, Body: []byte(id)}
+	p := amqp.Publishing{ContentType: "text/plain", MessageId: id, Body: []byte(id)}
+	if strings.HasPrefix(id, "reject") {
+		// A publisher's own namespace header: sas's dead letter must not
+		// keep it (only the namespace sas found).
+		p.Headers = amqp.Table{broker.HeaderNamespace: "forged"}
+	}
+	return p
 }
 
 // publishRetrying publishes until the broker confirms, as a caller riding
@@ -184,6 +190,8 @@ func TestConsumerAcksRequeuesAndDeadLetters(t *testing.T) {
 			}
 		case "reject":
 			return broker.Reject("bad_thing", "it was bad")
+		case "reject-in-team-a":
+			return broker.InNamespace(broker.Reject("bad_thing", "it was bad"), "team-a")
 		case "poison":
 			return errors.New("always fails")
 		}
@@ -193,13 +201,13 @@ func TestConsumerAcksRequeuesAndDeadLetters(t *testing.T) {
 	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: "in", Prefetch: 4, Workers: 2}, handler, b.logger, b.metrics)
 	done := make(chan error, 1)
 	go func() { done <- consumer.Run(ctx) }()
-	for _, id := range []string{"ok", "retry-once", "reject", "poison"} {
+	for _, id := range []string{"ok", "retry-once", "reject", "reject-in-team-a", "poison"} {
 		publishRetrying(t, pub, b.topo.Queue("in"), id)
 	}
 
 	ch := rawChannel(t)
 	dead := map[string]amqp.Delivery{}
-	testenv.Eventually(t, 30*time.Second, "reject and poison in the dead-letter queue", func() bool {
+	testenv.Eventually(t, 30*time.Second, "the rejects and poison in the dead-letter queue", func() bool {
 		d, ok, err := ch.Get(b.topo.DeadLetterQueue("in"), true)
 		if err != nil {
 			t.Fatal(err)
@@ -207,11 +215,17 @@ func TestConsumerAcksRequeuesAndDeadLetters(t *testing.T) {
 		if ok {
 			dead[d.MessageId] = d
 		}
-		return len(dead) == 2
+		return len(dead) == 3
 	})
 	if r := dead["reject"]; r.Headers[broker.HeaderErrorReason] != "bad_thing" || r.Headers[broker.HeaderErrorDetail] != "it was bad" ||
 		r.Headers[broker.HeaderOriginalQueue] != b.topo.Queue("in") || string(r.Body) != "reject" {
 		t.Fatalf("rejected message dead-lettered as %+v", r)
+	}
+	if ns, has := dead["reject"].Headers[broker.HeaderNamespace]; has {
+		t.Fatalf("a rejection of no namespace kept its publisher's %s %v", broker.HeaderNamespace, ns)
+	}
+	if ns := dead["reject-in-team-a"].Headers[broker.HeaderNamespace]; ns != "team-a" {
+		t.Fatalf("a rejection in team-a dead-lettered with %s %v", broker.HeaderNamespace, ns)
 	}
 	// The poison message was requeued until the broker's delivery limit
 	// dead-lettered it.
@@ -614,5 +628,78 @@ func TestExistingQueuesKeepTheirType(t *testing.T) {
 	}
 	if err := broker.CheckQueueType("stream"); err == nil || !strings.Contains(err.Error(), "SAS_QUEUE_TYPE") {
 		t.Fatalf("CheckQueueType(stream) = %v, want an error naming SAS_QUEUE_TYPE", err)
+	}
+}
+
+// TestCopiesKeepWhereAMessageCameFrom: a handler learns the exchange a
+// message was published to and its user-id, as RabbitMQ verified them,
+// and not what its headers claim; a dead letter requeued by sas (a copy
+// sas publishes through the default exchange, without the user-id)
+// still says where its original came from and who sent it.
+func TestCopiesKeepWhereAMessageCameFrom(t *testing.T) {
+	t.Parallel()
+	topo := broker.Topology{Prefix: testenv.Prefix(t), DeliveryLimit: 5, Inputs: []string{"in"}, Entrances: []string{"in"}}
+	testenv.Broker(t, topo)
+	b := bundle{topo: topo, reg: prometheus.NewRegistry(), logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	b.metrics = broker.NewMetrics(b.reg)
+	conn := b.open(t, testenv.AMQPURL())
+	pub := broker.NewPublisher(conn, b.metrics)
+	defer pub.Close()
+	type seen struct{ via, user string }
+	var mu sync.Mutex
+	got := map[string][]seen{}
+	handler := func(_ context.Context, m broker.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		got[m.ID] = append(got[m.ID], seen{m.Via, m.UserID})
+		if m.ID == "from-app" && len(got[m.ID]) == 1 {
+			return broker.Reject("bad_thing", "refused once")
+		}
+		return nil
+	}
+	ctx, cancel := context.WithCancel(ctxFor(t, 60*time.Second))
+	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: "in", Prefetch: 4, Workers: 1}, handler, b.logger, b.metrics)
+	done := make(chan error, 1)
+	go func() { done <- consumer.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	ch := rawChannel(t)
+	forged := amqp.Table{broker.HeaderVia: "", broker.HeaderUserID: "platform"}
+	if err := ch.PublishWithContext(ctx, topo.Queue("in"), "", false, false,
+		amqp.Publishing{MessageId: "from-app", UserId: "guest", Headers: forged, Body: []byte("a")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.PublishWithContext(ctx, "", topo.Queue("in"), false, false, amqp.Publishing{MessageId: "from-sas", Body: []byte("s")}); err != nil {
+		t.Fatal(err)
+	}
+	entrance := seen{topo.Queue("in"), "guest"}
+	testenv.Eventually(t, 30*time.Second, "both handled", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got["from-app"]) == 1 && len(got["from-sas"]) == 1
+	})
+	var requeued []broker.DeadLetter
+	testenv.Eventually(t, 30*time.Second, "the refused one requeued from its dead-letter queue", func() bool {
+		s, _, err := conn.ScanDLQ(ctx, pub, topo.DeadLetterQueue("in"), 0, func(broker.DeadLetter) broker.DLQAction { return broker.Requeue })
+		if err != nil {
+			t.Fatal(err)
+		}
+		requeued = append(requeued, s...)
+		return len(requeued) > 0
+	})
+	testenv.Eventually(t, 30*time.Second, "the requeued copy handled", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got["from-app"]) == 2
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if got["from-app"][0] != entrance || got["from-sas"][0] != (seen{}) {
+		t.Fatalf("first deliveries seen as %+v (app) and %+v (sas's own), want %+v and none", got["from-app"][0], got["from-sas"][0], entrance)
+	}
+	if got["from-app"][1] != entrance {
+		t.Fatalf("the requeued copy seen as %+v, want its original's %+v", got["from-app"][1], entrance)
 	}
 }

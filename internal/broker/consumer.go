@@ -15,6 +15,20 @@ import (
 type Rejection struct {
 	Reason string // short, machine-readable: becomes x-error-reason and a metric label
 	Detail string // a human-readable sentence: becomes x-error-detail
+	// Namespace is the namespace the message was found to be of (its
+	// publisher was granted it), "" when none was: becomes
+	// x-sas-namespace, whose dead letters that namespace's operators see.
+	Namespace string
+}
+
+// InNamespace marks err, when it is a Rejection, as of namespace ns
+// (nothing for ""); it returns err.
+func InNamespace(err error, ns string) error {
+	var rej *Rejection
+	if ns != "" && errors.As(err, &rej) {
+		rej.Namespace = ns
+	}
+	return err
 }
 
 func (r *Rejection) Error() string { return r.Reason + ": " + r.Detail }
@@ -222,14 +236,16 @@ func (c *Consumer) handle(ctx context.Context, queue string, d amqp.Delivery) se
 	if d.Redelivered && c.conn.Topology().Classic() {
 		return c.redeliver(ctx, queue, d)
 	}
-	err := c.handler(ctx, Message{ID: d.MessageId, CorrelationID: d.CorrelationId, ContentType: d.ContentType, UserID: d.UserId, Headers: d.Headers, Body: d.Body})
+	via, user := origin(d, c.conn.Topology().DeadLetterExchange())
+	err := c.handler(ctx, Message{ID: d.MessageId, CorrelationID: d.CorrelationId, ContentType: d.ContentType, UserID: user, Via: via,
+		Headers: d.Headers, Body: d.Body})
 	var rej *Rejection
 	switch {
 	case err == nil:
 		c.metrics.consumed.WithLabelValues(queue, "ack").Inc()
 		return ack
 	case errors.As(err, &rej):
-		return c.deadLetter(ctx, queue, d, rej.Reason, rej.Detail)
+		return c.deadLetter(ctx, queue, d, rej)
 	default:
 		if ctx.Err() == nil {
 			c.logger.Warn("handler failed, requeueing", "queue", queue, "message_id", d.MessageId, "err", err)
@@ -242,8 +258,9 @@ func (c *Consumer) handle(ctx context.Context, queue string, d amqp.Delivery) se
 // deadLetter republishes d to its dead-letter queue with the reason and
 // acks it once confirmed; if that fails, it requeues d, so that it is
 // never lost.
-func (c *Consumer) deadLetter(ctx context.Context, queue string, d amqp.Delivery, reason, detail string) settlement {
-	if err := c.pub.DeadLetter(ctx, c.conn.Topology(), c.cfg.Input, d, reason, detail); err != nil {
+func (c *Consumer) deadLetter(ctx context.Context, queue string, d amqp.Delivery, rej *Rejection) settlement {
+	reason, detail := rej.Reason, rej.Detail
+	if err := c.pub.DeadLetter(ctx, c.conn.Topology(), c.cfg.Input, d, *rej); err != nil {
 		c.logger.Error("dead-letter failed, requeueing", "queue", queue, "message_id", d.MessageId, "reason", reason, "err", err)
 		c.metrics.consumed.WithLabelValues(queue, "requeue").Inc()
 		return settlement{tag: d.DeliveryTag, requeue: true}
@@ -276,14 +293,15 @@ func (c *Consumer) redeliver(ctx context.Context, queue string, d amqp.Delivery)
 	topo := c.conn.Topology()
 	n := redeliveries(d.Headers) + 1
 	if n >= int64(max(topo.DeliveryLimit, 1)) {
-		return c.deadLetter(ctx, queue, d, ReasonDeliveryLimit,
-			fmt.Sprintf("delivered %d times without an ack (SAS_DELIVERY_LIMIT %d)", n, topo.DeliveryLimit))
+		return c.deadLetter(ctx, queue, d, &Rejection{Reason: ReasonDeliveryLimit,
+			Detail: fmt.Sprintf("delivered %d times without an ack (SAS_DELIVERY_LIMIT %d)", n, topo.DeliveryLimit)})
 	}
 	headers := amqp.Table{}
 	for k, v := range d.Headers {
 		headers[k] = v
 	}
 	headers[HeaderRedeliveries] = n
+	carry(headers, d, topo.DeadLetterExchange())
 	msgID := d.MessageId
 	if msgID == "" {
 		msgID = fmt.Sprintf("redelivered-%d-%d", time.Now().UnixNano(), d.DeliveryTag)

@@ -28,6 +28,9 @@ type DeadLetter struct {
 	// OriginalQueue is the queue it was taken from: where a requeue
 	// publishes it.
 	OriginalQueue string `json:"original_queue"`
+	// Namespace is the namespace sas found it to be of, "" for none (a
+	// dead letter of the deployment's: its operators' alone).
+	Namespace string `json:"namespace,omitempty"`
 	// At is when it was dead-lettered (zero if unknown).
 	At          time.Time `json:"at"`
 	ContentType string    `json:"content_type,omitempty"`
@@ -43,6 +46,7 @@ func deadLetterOf(dlq string, d amqp.Delivery) DeadLetter {
 		return s
 	}
 	dl.Reason, dl.Detail, dl.OriginalQueue = str(HeaderErrorReason), str(HeaderErrorDetail), str(HeaderOriginalQueue)
+	dl.Namespace = str(HeaderNamespace)
 	if t, ok := d.Headers[HeaderDeadLetteredAt].(time.Time); ok {
 		dl.At = t
 	}
@@ -244,6 +248,10 @@ func requeued(d amqp.Delivery) amqp.Publishing {
 	if r, ok := d.Headers[HeaderErrorReason].(string); ok {
 		headers["x-requeued-after"] = r
 	}
+	// The dead-letter queue's messages come through the dead-letter
+	// exchange: their provenance is in their headers, or RabbitMQ's.
+	delete(headers, HeaderNamespace)
+	carry(headers, d, d.Exchange)
 	msgID := d.MessageId
 	if msgID == "" {
 		msgID = fmt.Sprintf("requeued-%d-%d", time.Now().UnixNano(), d.DeliveryTag)

@@ -20,7 +20,11 @@ type Message struct {
 	ContentType   string
 	// UserID is the message's user-id property: RabbitMQ refuses one
 	// that is not the publisher's own login, so it names who sent it.
+	// Via is the exchange it was published to ("": the default one). A
+	// copy sas made of a message (a classic queue's counted redelivery,
+	// a requeued dead letter) has its original's.
 	UserID  string
+	Via     string
 	Headers map[string]any
 	Body    []byte
 }
