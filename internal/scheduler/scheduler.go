@@ -16,6 +16,7 @@ import (
 
 	"sas/internal/batch"
 	"sas/internal/broker"
+	"sas/internal/intake"
 	"sas/internal/messages"
 	"sas/internal/service"
 	"sas/internal/statestore"
@@ -52,6 +53,11 @@ type Config struct {
 	// SignalWorkers is how many signals (callbacks and heartbeats of
 	// services that answered 202 among them) are applied at once.
 	SignalWorkers int `envconfig:"SCHEDULER_SIGNAL_WORKERS" default:"16"`
+	// Namespaces says which broker logins may signal the orders of which
+	// namespace (a signal's sas-namespace header), as they may submit to
+	// it: LOGIN=NAMESPACE,... A signal naming none reaches default's
+	// orders alone.
+	Namespaces string `envconfig:"SUBMITTER_NAMESPACES"`
 	// ReplyBatch is how many replies handled at once are applied in one
 	// transaction, at most.
 	ReplyBatch int `envconfig:"SCHEDULER_REPLY_BATCH" default:"64"`
@@ -281,6 +287,10 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	grants, err := intake.ParseBrokerGrants(cfg.Namespaces)
+	if err != nil {
+		return err
+	}
 	kinds := cfg.Kinds
 	if len(kinds) == 0 {
 		kinds = workflows.Agents()
@@ -348,11 +358,12 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		broker.ConsumerConfig{Input: messages.RepliesQueue, Prefetch: cfg.ReplyPrefetch, Workers: cfg.ReplyWorkers, Reasons: messages.Reasons()},
 		r.handler(), logger, bm)
 	sg := &signaler{store: store, me: me, workCtx: workCtx, logger: logger, metrics: m, tr: tr, tokens: tokens, redact: cfg.Redactor(),
-		wakeClaimer: func() { nudge(w.pending) }, wakeRelay: func() { nudge(w.outbox) }}
+		wakeClaimer: func() { nudge(w.pending) }, wakeRelay: func() { nudge(w.outbox) },
+		grants: grants, exists: intake.NewNamespaces(store.Namespaces).Exists}
 	signals := broker.NewConsumer(conn, pub,
 		broker.ConsumerConfig{Input: messages.SignalsQueue, Prefetch: cfg.ReplyPrefetch, Workers: max(cfg.SignalWorkers, 1), Reasons: append(messages.Reasons(),
 			statestore.SignalUnknownOrder, statestore.SignalOrderEnded, statestore.SignalNoSuchWait, statestore.SignalWaitEnded,
-			statestore.SignalInvalidPayload, ReasonInvalidToken, ReasonStaleToken)},
+			statestore.SignalInvalidPayload, ReasonInvalidToken, ReasonStaleToken, intake.ReasonNamespaceRefused, intake.ReasonUnknownNamespace)},
 		sg.handler(), logger, bm)
 	rl := &relay{store: store, pub: pub, topo: topo, batch: cfg.RelayBatch, poll: cfg.PollInterval, unheardFor: cfg.SkipUnheardEvents,
 		wake: w.outbox, logger: logger, metrics: m, tr: tr}

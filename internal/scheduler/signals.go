@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"sas/internal/broker"
+	"sas/internal/intake"
 	"sas/internal/messages"
 	"sas/internal/secrets"
 	"sas/internal/service"
@@ -22,7 +23,8 @@ import (
 // signalStore is what the signaler needs of the state store.
 type signalStore interface {
 	ApplySignal(ctx context.Context, sig statestore.Signal) (statestore.SignalOutcome, error)
-	OrdersByKey(ctx context.Context, workflow string, where map[string]any, limit int) ([]string, error)
+	OrdersByKeyIn(ctx context.Context, workflow string, where map[string]any, limit int, namespaces []string) ([]string, error)
+	NamespaceOf(ctx context.Context, orderID string) (string, bool, error)
 	Callback(ctx context.Context, c statestore.Callback) (statestore.CallbackOutcome, error)
 	service.Teller
 }
@@ -46,6 +48,10 @@ type signaler struct {
 	// encoding, in what a service's callback says before it is kept: a
 	// callback comes from the service itself, not through an agent.
 	redact *secrets.Redactor
+	// grants are the namespaces each broker login may signal in
+	// (SAS_SUBMITTER_NAMESPACES); exists says whether a namespace does.
+	grants intake.BrokerGrants
+	exists func(ctx context.Context, ns string) (bool, error)
 }
 
 // The reasons a callback is refused for (x-error-reason).
@@ -62,14 +68,40 @@ func (g *signaler) handler() broker.Handler {
 	return broker.Chain(broker.Decoded(messages.DecodeSignal, g.unreadable, g.handle), broker.Failpoints(), broker.Traced(g.tr))
 }
 
+// handle applies a signal in the namespace it acts in (its header's,
+// granted to its publisher's login, else default): it reaches only that
+// namespace's orders, and a refusal is that namespace's dead letter. A
+// callback's step token is its own credential.
 func (g *signaler) handle(ctx context.Context, m broker.Message, sig messages.Signal) error {
 	if sig.Token != "" {
 		return g.callback(ctx, m, sig)
 	}
-	if sig.ByKey() {
-		return g.byKey(ctx, m, sig)
+	ns, reason, detail, err := g.namespaceOf(ctx, m)
+	if err != nil {
+		return err // the namespaces could not be read: back to the queue
 	}
-	return g.apply(ctx, m, sig)
+	if reason != "" {
+		g.metrics.signals.WithLabelValues("refused").Inc()
+		g.logger.Info("signal refused", "reason", reason, "detail", detail)
+		return g.refuse(sig.OrderID, sig.ReplyTo, messages.CorrelationID(m.CorrelationID), reason, detail)
+	}
+	if sig.ByKey() {
+		return broker.InNamespace(g.byKey(ctx, m, sig, ns), ns)
+	}
+	return g.apply(ctx, m, sig, ns)
+}
+
+// namespaceOf is the namespace a signal acts in. An application's (one
+// that came through the signals queue's exchange) acts in the namespace
+// its header names when its login was granted it, else in default. One
+// of sas's own publishers (through the default exchange: the API, the
+// console, sasctl, which checked the order's namespace against their
+// caller's) acts in any ("").
+func (g *signaler) namespaceOf(ctx context.Context, m broker.Message) (ns, reason, detail string, err error) {
+	if m.Via == "" {
+		return "", "", "", nil
+	}
+	return g.grants.Resolve(ctx, m.Headers, m.UserID, "signal orders of", g.exists)
 }
 
 // MaxSignalledByKey bounds the orders one signal by business key with
@@ -81,7 +113,7 @@ const MaxSignalledByKey = 1000
 // values, or to each with all; none, or several without all, is refused
 // with why (no_match, ambiguous). Each order gets it under the id
 // SIGNAL_ID:ORDER_ID, so that a repeat is applied once to each.
-func (g *signaler) byKey(ctx context.Context, m broker.Message, sig messages.Signal) error {
+func (g *signaler) byKey(ctx context.Context, m broker.Message, sig messages.Signal, ns string) error {
 	corr := messages.CorrelationID(m.CorrelationID)
 	limit := 2
 	if sig.All {
@@ -90,7 +122,7 @@ func (g *signaler) byKey(ctx context.Context, m broker.Message, sig messages.Sig
 	var ids []string
 	err := service.Retry(ctx, func() error {
 		var err error
-		ids, err = g.store.OrdersByKey(g.workCtx, sig.Workflow, sig.Where, limit)
+		ids, err = g.store.OrdersByKeyIn(g.workCtx, sig.Workflow, sig.Where, limit, namespaceList(ns))
 		return err
 	}, func(err error) bool {
 		return errors.Is(err, statestore.ErrInvalidData) || g.workCtx.Err() != nil
@@ -117,7 +149,7 @@ func (g *signaler) byKey(ctx context.Context, m broker.Message, sig messages.Sig
 	for _, id := range ids {
 		one := sig
 		one.OrderID, one.SignalID, one.Workflow, one.Where, one.All = id, sig.SignalID+":"+id, "", nil, false
-		if err := g.apply(ctx, m, one); err != nil && first == nil {
+		if err := g.apply(ctx, m, one, ns); err != nil && first == nil {
 			first = err
 		}
 	}
@@ -131,8 +163,18 @@ func (g *signaler) byKey(ctx context.Context, m broker.Message, sig messages.Sig
 	return first
 }
 
-// apply applies a signal to the order it names.
-func (g *signaler) apply(ctx context.Context, m broker.Message, sig messages.Signal) error {
+// namespaceList is ns as a filter: nil for any.
+func namespaceList(ns string) []string {
+	if ns == "" {
+		return nil
+	}
+	return []string{ns}
+}
+
+// apply applies a signal to the order it names, when that order is in
+// namespace ns ("": any): one of another is unknown, as one that does not
+// exist. A refusal is the order's namespace's dead letter.
+func (g *signaler) apply(ctx context.Context, m broker.Message, sig messages.Signal, ns string) error {
 	actx, span := g.tr.Start(tracing.RemoteParent(g.workCtx, ctx), "signal "+sig.Name, trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(attribute.String("sas.order_id", sig.OrderID), attribute.String("sas.signal_id", sig.SignalID)))
 	defer span.End()
@@ -142,8 +184,19 @@ func (g *signaler) apply(ctx context.Context, m broker.Message, sig messages.Sig
 		actor = "signal:" + sig.By
 	}
 	var out statestore.SignalOutcome
+	stamp := ns
 	err := service.Retry(ctx, func() error {
-		var err error
+		own, found, err := g.store.NamespaceOf(g.workCtx, sig.OrderID)
+		if err != nil {
+			return err
+		}
+		if found && ns == "" {
+			stamp = own
+		}
+		if !found || ns != "" && own != ns {
+			out = statestore.SignalOutcome{Outcome: statestore.SignalUnknownOrder, Detail: "order " + sig.OrderID + " does not exist"}
+			return nil
+		}
 		out, err = g.store.ApplySignal(g.workCtx, statestore.Signal{OrderID: sig.OrderID, ID: sig.SignalID, Name: sig.Name,
 			Payload: sig.Payload, Actor: actor})
 		return err
@@ -167,7 +220,7 @@ func (g *signaler) apply(ctx context.Context, m broker.Message, sig messages.Sig
 	span.SetAttributes(attribute.String("sas.outcome", out.Outcome))
 	if out.Refused() {
 		log.Info("signal refused", "reason", out.Outcome, "detail", out.Detail)
-		return g.refuse(sig.OrderID, sig.ReplyTo, messages.CorrelationID(m.CorrelationID), out.Outcome, out.Detail)
+		return broker.InNamespace(g.refuse(sig.OrderID, sig.ReplyTo, messages.CorrelationID(m.CorrelationID), out.Outcome, out.Detail), stamp)
 	}
 	if out.Outcome == statestore.SignalApplied {
 		g.wakeClaimer()
@@ -260,9 +313,16 @@ func (g *signaler) refuse(orderID, replyTo, corr, reason, detail string) error {
 // one, with the decoder's reason; if the body still names a reply_to,
 // that queue is told as for any refusal (with the order its order_id or
 // its token names, if any).
-func (g *signaler) unreadable(_ context.Context, m broker.Message, err error) error {
+func (g *signaler) unreadable(ctx context.Context, m broker.Message, err error) error {
 	g.metrics.signals.WithLabelValues("refused").Inc()
 	rej := broker.RejectFor(err, messages.ReasonInvalidValue).(*broker.Rejection)
+	// An application's unreadable signal in a namespace its login was
+	// granted is that namespace's dead letter.
+	if m.Via != "" {
+		if ns, reason, _, nerr := g.namespaceOf(ctx, m); nerr == nil && reason == "" {
+			rej.Namespace = ns
+		}
+	}
 	if orderID, replyTo, ok := messages.RefusedRefOf(m.Body); ok {
 		if orderID == "" {
 			var ref struct {
@@ -272,7 +332,7 @@ func (g *signaler) unreadable(_ context.Context, m broker.Message, err error) er
 				orderID, _ = messages.CanonicalID(steptoken.OrderOf(ref.Token))
 			}
 		}
-		return g.refuse(orderID, replyTo, messages.CorrelationID(m.CorrelationID), rej.Reason, rej.Detail)
+		return broker.InNamespace(g.refuse(orderID, replyTo, messages.CorrelationID(m.CorrelationID), rej.Reason, rej.Detail), rej.Namespace)
 	}
 	return rej
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"sas/internal/broker"
+	"sas/internal/intake"
 	"sas/internal/messages"
 	"sas/internal/secrets"
 	"sas/internal/statestore"
@@ -33,11 +34,23 @@ type fakeSignalStore struct {
 	told      []messages.StatusEvent
 	byKey     []string // the orders OrdersByKey finds
 	limits    []int    // the limits it was asked with
+	inNS      [][]string
+	// orders are the orders' namespaces (nil: every order is default's)
+	orders map[string]string
 }
 
-func (f *fakeSignalStore) OrdersByKey(_ context.Context, _ string, _ map[string]any, limit int) ([]string, error) {
+func (f *fakeSignalStore) OrdersByKeyIn(_ context.Context, _ string, _ map[string]any, limit int, namespaces []string) ([]string, error) {
 	f.limits = append(f.limits, limit)
+	f.inNS = append(f.inNS, namespaces)
 	return f.byKey[:min(limit, len(f.byKey))], nil
+}
+
+func (f *fakeSignalStore) NamespaceOf(_ context.Context, orderID string) (string, bool, error) {
+	if f.orders == nil {
+		return statestore.DefaultNamespace, true, nil
+	}
+	ns, ok := f.orders[orderID]
+	return ns, ok, nil
 }
 
 func (f *fakeSignalStore) ApplySignal(_ context.Context, sig statestore.Signal) (statestore.SignalOutcome, error) {
@@ -90,7 +103,9 @@ func newSignalBench(t *testing.T, st *fakeSignalStore) *signalBench {
 	t.Cleanup(cancel)
 	b.g = &signaler{store: st, me: "scheduler:test", workCtx: ctx, logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		metrics: b.metrics, tr: tracing.Off(), tokens: key, redact: secrets.New("s3cr3t-value"),
-		wakeClaimer: func() { b.wakes++ }, wakeRelay: func() {}}
+		wakeClaimer: func() { b.wakes++ }, wakeRelay: func() {},
+		grants: intake.BrokerGrants{"team-a-app": {"team-a"}, "platform": {"*"}},
+		exists: func(_ context.Context, ns string) (bool, error) { return ns == "team-a" || ns == "team-b", nil }}
 	return b
 }
 
@@ -328,5 +343,91 @@ func TestSignalsByKeyReachOneOrEveryMatch(t *testing.T) {
 				t.Fatalf("reply_to told %+v, want the refusal %s", st.told, tc.wantErr)
 			}
 		})
+	}
+}
+
+// TestSignalsActInTheirPublishersNamespace: an application's signal (it
+// came through the signals queue's exchange) reaches the orders of the
+// namespace its header names when its publisher's login (user-id) was
+// granted it, of default when it names none; an order of another
+// namespace is unknown to it, as one that does not exist, and nothing is
+// applied; a namespace not granted, or that does not exist, is refused.
+// One of sas's own publishers (the default exchange: the API, the
+// console, sasctl check the namespace themselves) reaches any order. A
+// refusal is its order's namespace's dead letter.
+func TestSignalsActInTheirPublishersNamespace(t *testing.T) {
+	t.Parallel()
+	inA, inB, inDefault := messages.NewID(), messages.NewID(), messages.NewID()
+	orders := map[string]string{inA: "team-a", inB: "team-b", inDefault: "default"}
+	applied := statestore.SignalOutcome{Outcome: statestore.SignalApplied, Step: 1}
+	for _, tc := range []struct {
+		name, user, header, order string
+		internal                  bool   // through the default exchange
+		want                      string // the refusal's reason; "" for applied
+		ns                        string // the dead letter's namespace
+	}{
+		{name: "sas's own, any order", order: inB, internal: true},
+		{name: "sas's own, any order's refusal", order: inB, internal: true, want: statestore.SignalNoSuchWait, ns: "team-b"},
+		{name: "sas's own, an unknown order", order: messages.NewID(), internal: true, want: statestore.SignalUnknownOrder},
+		{name: "default's order, no header", order: inDefault},
+		{name: "another's order, no header", order: inA, want: statestore.SignalUnknownOrder, ns: "default"},
+		{name: "its namespace's order", user: "team-a-app", header: "team-a", order: inA},
+		{name: "another namespace's order", user: "team-a-app", header: "team-a", order: inB, want: statestore.SignalUnknownOrder, ns: "team-a"},
+		{name: "an order that does not exist", user: "team-a-app", header: "team-a", order: messages.NewID(), want: statestore.SignalUnknownOrder, ns: "team-a"},
+		{name: "a namespace not granted", user: "team-a-app", header: "team-b", order: inB, want: intake.ReasonNamespaceRefused},
+		{name: "no user-id", header: "team-a", order: inA, want: intake.ReasonNamespaceRefused},
+		{name: "every namespace's login", user: "platform", header: "team-b", order: inB},
+		{name: "no such namespace", user: "platform", header: "team-z", order: inB, want: intake.ReasonUnknownNamespace},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			st := &fakeSignalStore{outcome: applied, orders: orders}
+			if tc.want == statestore.SignalNoSuchWait {
+				st.outcome = statestore.SignalOutcome{Outcome: statestore.SignalNoSuchWait, Detail: "no step waits for approved"}
+			}
+			b := newSignalBench(t, st)
+			raw, err := json.Marshal(messages.Signal{SchemaVersion: 1, SignalID: "s-1", OrderID: tc.order, Name: "approved", ReplyTo: "client.r"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := broker.Message{Body: raw, ContentType: messages.ContentType, UserID: tc.user, Via: "sas.signals"}
+			if tc.internal {
+				m.Via = ""
+			}
+			if tc.header != "" {
+				m.Headers = map[string]any{intake.NamespaceHeader: tc.header}
+			}
+			err = b.g.handler()(context.Background(), m)
+			rej := rejection(err)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.want == "" && len(st.signals) != 1:
+				t.Fatalf("applied %d times", len(st.signals))
+			case tc.want != "" && (rej == nil || rej.Reason != tc.want):
+				t.Fatalf("verdict %v, want %s", err, tc.want)
+			case tc.want != "" && tc.want != statestore.SignalNoSuchWait && len(st.signals) != 0:
+				t.Fatalf("a refused signal was applied: %+v", st.signals)
+			case tc.want != "" && rej.Namespace != tc.ns:
+				t.Fatalf("dead letter of namespace %q, want %q", rej.Namespace, tc.ns)
+			case tc.want != "" && (len(st.told) != 1 || st.told[0].Reason != tc.want):
+				t.Fatalf("reply_to told %+v", st.told)
+			}
+		})
+	}
+	// By key: only among the namespace's orders.
+	st := &fakeSignalStore{outcome: applied, orders: orders, byKey: []string{inA}}
+	b := newSignalBench(t, st)
+	raw, err := json.Marshal(messages.Signal{SchemaVersion: 1, SignalID: "s-2", Workflow: "loan", Where: map[string]any{"customer": "c-1"}, Name: "approved"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := broker.Message{Body: raw, ContentType: messages.ContentType, UserID: "team-a-app", Via: "sas.signals",
+		Headers: map[string]any{intake.NamespaceHeader: "team-a"}}
+	if err := b.g.handler()(context.Background(), m); err != nil || len(st.signals) != 1 {
+		t.Fatalf("by key: %v, applied %d", err, len(st.signals))
+	}
+	if len(st.inNS) != 1 || len(st.inNS[0]) != 1 || st.inNS[0][0] != "team-a" {
+		t.Fatalf("orders found by key among namespaces %v, want [team-a]", st.inNS)
 	}
 }

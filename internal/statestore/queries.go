@@ -423,6 +423,19 @@ func (s *Store) OwnerOf(ctx context.Context, orderID string) (o Owner, found boo
 	return o, true, nil
 }
 
+// NamespaceOf is an order's namespace; false for an unknown order.
+func (s *Store) NamespaceOf(ctx context.Context, orderID string) (string, bool, error) {
+	var ns string
+	err := s.pool.QueryRow(ctx, `SELECT namespace FROM orders WHERE order_id = $1`, orderID).Scan(&ns)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("namespace of order %s: %w", orderID, classify(err))
+	}
+	return ns, true, nil
+}
+
 // SubmittedBy is the actor that wrote an order (its history's first
 // row), "" for an unknown order.
 func (s *Store) SubmittedBy(ctx context.Context, orderID string) (string, error) {

@@ -10,8 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -63,39 +61,13 @@ type Config struct {
 }
 
 // NamespaceHeader is the submit's header naming its namespace.
-const NamespaceHeader = "sas-namespace"
+const NamespaceHeader = intake.NamespaceHeader
 
 // Reasons of a submit its namespace refuses.
 const (
-	// ReasonNamespaceRefused: its publisher may not submit to the
-	// namespace it names (SAS_SUBMITTER_NAMESPACES).
-	ReasonNamespaceRefused = "namespace_refused"
-	// ReasonUnknownNamespace: the namespace it names does not exist.
-	ReasonUnknownNamespace = "unknown_namespace"
+	ReasonNamespaceRefused = intake.ReasonNamespaceRefused
+	ReasonUnknownNamespace = intake.ReasonUnknownNamespace
 )
-
-// namespaceGrants reads SAS_SUBMITTER_NAMESPACES: each login's namespaces.
-func namespaceGrants(text string) (map[string][]string, error) {
-	grants := map[string][]string{}
-	for _, pair := range strings.Split(text, ",") {
-		pair = strings.TrimSpace(pair)
-		if pair == "" {
-			continue
-		}
-		login, ns, ok := strings.Cut(pair, "=")
-		login, ns = strings.TrimSpace(login), strings.TrimSpace(ns)
-		if !ok || login == "" {
-			return nil, fmt.Errorf("SAS_SUBMITTER_NAMESPACES: %q is not LOGIN=NAMESPACE", pair)
-		}
-		if ns != statestore.AllNamespaces {
-			if err := messages.CheckNamespace(ns); err != nil {
-				return nil, fmt.Errorf("SAS_SUBMITTER_NAMESPACES: %q: %w", pair, err)
-			}
-		}
-		grants[login] = append(grants[login], ns)
-	}
-	return grants, nil
-}
 
 // Reasons the submitter adds to those of messages.
 const (
@@ -148,7 +120,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	grants, err := namespaceGrants(cfg.Namespaces)
+	grants, err := intake.ParseBrokerGrants(cfg.Namespaces)
 	if err != nil {
 		return err
 	}
@@ -216,7 +188,7 @@ type handler struct {
 	workCtx     context.Context
 	tr          *tracing.Tracing
 	// grants are the namespaces each broker login may submit to.
-	grants     map[string][]string
+	grants     intake.BrokerGrants
 	namespaces namespaceIndex
 }
 
@@ -225,30 +197,7 @@ type handler struct {
 // submit there and it exists; else the default one. A refusal returns
 // its reason and detail.
 func (h *handler) namespaceOf(ctx context.Context, m broker.Message) (ns, reason, detail string, err error) {
-	v, named := m.Headers[NamespaceHeader]
-	if !named {
-		return statestore.DefaultNamespace, "", "", nil
-	}
-	ns, _ = v.(string)
-	if err := messages.CheckNamespace(ns); err != nil {
-		return "", messages.ReasonInvalidValue, NamespaceHeader + ": " + err.Error(), nil
-	}
-	granted := h.grants[m.UserID]
-	if m.UserID == "" || !slices.Contains(granted, ns) && !slices.Contains(granted, statestore.AllNamespaces) {
-		return "", ReasonNamespaceRefused, fmt.Sprintf("login %q may not submit to namespace %s (set the message's user-id to the login; SAS_SUBMITTER_NAMESPACES grants it)",
-			messages.BoundText(m.UserID, 100), ns), nil
-	}
-	if ns == statestore.DefaultNamespace {
-		return ns, "", "", nil
-	}
-	known, err := h.namespaces.Exists(ctx, ns)
-	if err != nil {
-		return "", "", "", err
-	}
-	if !known {
-		return "", ReasonUnknownNamespace, fmt.Sprintf("there is no namespace %s (sasctl namespaces add)", ns), nil
-	}
-	return ns, "", "", nil
+	return h.grants.Resolve(ctx, m.Headers, m.UserID, "submit to", h.namespaces.Exists)
 }
 
 // chain is the submitter's handler with its middleware: failpoints,
@@ -263,16 +212,8 @@ func (h *handler) chain() broker.Handler {
 // (done at SIGTERM) only stops retrying after a database error.
 func (h *handler) handle(ctx context.Context, m broker.Message, o messages.SubmitOrder) error {
 	corr := messages.CorrelationID(m.CorrelationID)
-	nw, err := intake.Prepare(h.workflows, o, h.stepTimeout, h.actor)
-	if err != nil {
-		h.metrics.orders.WithLabelValues("rejected").Inc()
-		var r *intake.Refusal
-		if errors.As(err, &r) {
-			return h.refuse(o.OrderID, o.ReplyTo, corr, r.Reason, r.Detail)
-		}
-		return err
-	}
-	nw.CorrelationID = corr
+	// The namespace first: a refusal after it is that namespace's dead
+	// letter (one of a namespace not granted is the deployment's).
 	ns, reason, detail, err := h.namespaceOf(ctx, m)
 	if err != nil {
 		return err // the namespaces could not be read: back to the queue
@@ -281,6 +222,19 @@ func (h *handler) handle(ctx context.Context, m broker.Message, o messages.Submi
 		h.metrics.orders.WithLabelValues("rejected").Inc()
 		return h.refuse(o.OrderID, o.ReplyTo, corr, reason, detail)
 	}
+	refuse := func(reason, detail string) error {
+		return broker.InNamespace(h.refuse(o.OrderID, o.ReplyTo, corr, reason, detail), ns)
+	}
+	nw, err := intake.Prepare(h.workflows, o, h.stepTimeout, h.actor)
+	if err != nil {
+		h.metrics.orders.WithLabelValues("rejected").Inc()
+		var r *intake.Refusal
+		if errors.As(err, &r) {
+			return refuse(r.Reason, r.Detail)
+		}
+		return err
+	}
+	nw.CorrelationID = corr
 	nw.Namespace = ns
 	quotas, err := h.namespaces.Quotas(ctx, ns)
 	if err != nil {
@@ -341,7 +295,7 @@ func (h *handler) handle(ctx context.Context, m broker.Message, o messages.Submi
 	switch {
 	case err == nil && refused != nil:
 		h.metrics.orders.WithLabelValues("rejected").Inc()
-		return h.refuse(o.OrderID, o.ReplyTo, corr, quotaReason(refused.Quota), refused.Detail)
+		return refuse(quotaReason(refused.Quota), refused.Detail)
 	case err == nil:
 		failpoint.Inject("submitter-after-commit")
 		h.metrics.orders.WithLabelValues(outcome.String()).Inc()
@@ -349,10 +303,10 @@ func (h *handler) handle(ctx context.Context, m broker.Message, o messages.Submi
 		return nil
 	case errors.Is(err, statestore.ErrConflict):
 		h.metrics.orders.WithLabelValues("rejected").Inc()
-		return h.refuse(o.OrderID, o.ReplyTo, corr, ReasonConflict, fmt.Sprintf("order_id %s was already submitted with a different payload", o.OrderID))
+		return refuse(ReasonConflict, fmt.Sprintf("order_id %s was already submitted with a different payload", o.OrderID))
 	case errors.Is(err, statestore.ErrInvalidData):
 		h.metrics.orders.WithLabelValues("rejected").Inc()
-		return h.refuse(o.OrderID, o.ReplyTo, corr, messages.ReasonInvalidValue, err.Error())
+		return refuse(messages.ReasonInvalidValue, err.Error())
 	}
 	return err // shutting down: back to the queue
 }
@@ -367,11 +321,17 @@ func (h *handler) refuse(orderID, replyTo, corr, reason, detail string) error {
 // dead-lettered with the decoder's reason, and if the body still names a
 // reply_to, that queue is told as for any refusal (with the order id,
 // when one can be read).
-func (h *handler) reject(_ context.Context, m broker.Message, err error) error {
+func (h *handler) reject(ctx context.Context, m broker.Message, err error) error {
 	h.metrics.orders.WithLabelValues("rejected").Inc()
 	rej := broker.RejectFor(err, messages.ReasonInvalidValue).(*broker.Rejection)
-	if orderID, replyTo, ok := messages.RefusedRefOf(m.Body); ok {
-		return h.refuse(orderID, replyTo, messages.CorrelationID(m.CorrelationID), rej.Reason, rej.Detail)
+	// A granted namespace's unreadable submit is its dead letter.
+	ns, reason, _, nerr := h.namespaceOf(ctx, m)
+	if nerr != nil || reason != "" {
+		ns = ""
 	}
+	if orderID, replyTo, ok := messages.RefusedRefOf(m.Body); ok {
+		return broker.InNamespace(h.refuse(orderID, replyTo, messages.CorrelationID(m.CorrelationID), rej.Reason, rej.Detail), ns)
+	}
+	rej.Namespace = ns
 	return rej
 }

@@ -16,6 +16,7 @@ import (
 
 	"sas/internal/batch"
 	"sas/internal/broker"
+	"sas/internal/intake"
 	"sas/internal/messages"
 	"sas/internal/statestore"
 	"sas/internal/tracing"
@@ -122,7 +123,7 @@ func newHandler(t *testing.T, st *fakeSubmitStore) (*handler, *metrics) {
 		wg.Wait()
 	})
 	m := newMetrics(prometheus.NewRegistry())
-	grants, err := namespaceGrants("team-a-app=team-a, team-a-app=team-q, platform=*")
+	grants, err := intake.ParseBrokerGrants("team-a-app=team-a, team-a-app=team-q, platform=*")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,6 +173,9 @@ func TestSubmitsAreWrittenOrRefusedWithTheirReason(t *testing.T) {
 			if tc.want == "" && err != nil || tc.want != "" && (!errors.As(err, &rej) || rej.Reason != tc.want) {
 				t.Fatalf("verdict %v, want %q", err, tc.want)
 			}
+			if rej != nil && rej.Namespace != "default" {
+				t.Fatalf("dead letter of namespace %q, want default's (no header)", rej.Namespace)
+			}
 			st.mu.Lock()
 			defer st.mu.Unlock()
 			if len(st.inserted) != tc.inserts {
@@ -209,10 +213,11 @@ func TestSubmitsGoToTheNamespaceTheirLoginMay(t *testing.T) {
 	inFlight := &statestore.QuotaRefusal{Quota: statestore.QuotaInFlight, Detail: "namespace team-q has 3 orders in flight, its quota"}
 	for _, tc := range []struct {
 		name, user string
-		header     any // nil: none
+		body       string // "" for a good one
+		header     any    // nil: none
 		refusal    *statestore.QuotaRefusal
 		want       string // the rejection's reason; "" for an ack
-		ns         string // where it was written
+		ns         string // where it was written, or whose dead letter it is
 		alone      bool   // within quotas
 	}{
 		{name: "no header", user: "", ns: "default"},
@@ -226,13 +231,19 @@ func TestSubmitsGoToTheNamespaceTheirLoginMay(t *testing.T) {
 		{name: "not a name", user: "platform", header: "Team_A", want: messages.ReasonInvalidValue},
 		{name: "not text", user: "platform", header: int32(7), want: messages.ReasonInvalidValue},
 		{name: "within its quotas", user: "team-a-app", header: "team-q", ns: "team-q", alone: true},
-		{name: "past its quotas", user: "team-a-app", header: "team-q", refusal: inFlight, want: "quota_in_flight", alone: true},
+		{name: "past its quotas", user: "team-a-app", header: "team-q", refusal: inFlight, want: "quota_in_flight", ns: "team-q", alone: true},
+		{name: "a granted namespace's bad workflow", user: "team-a-app", header: "team-a", want: ReasonUnknownWorkflow, ns: "team-a",
+			body: `{"schema_version":2,"order_id":"` + id + `","workflow":"nope","payload":{},"reply_to":"client.r"}`},
+		{name: "a granted namespace's unreadable submit", user: "team-a-app", header: "team-a", want: messages.ReasonInvalidValue, ns: "team-a",
+			body: `{"schema_version":2,"order_id":"` + id + `","workflow":7,"payload":{},"reply_to":"client.r"}`},
+		{name: "another's unreadable submit", user: "team-a-app", header: "team-b", want: messages.ReasonInvalidValue,
+			body: `{"schema_version":2,"order_id":"` + id + `","workflow":7,"payload":{},"reply_to":"client.r"}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			st := &fakeSubmitStore{outcome: statestore.Inserted, refusal: tc.refusal}
 			h, _ := newHandler(t, st)
-			msg := broker.Message{Body: []byte(body), ContentType: messages.ContentType, UserID: tc.user}
+			msg := broker.Message{Body: []byte(cmp.Or(tc.body, body)), ContentType: messages.ContentType, UserID: tc.user}
 			if tc.header != nil {
 				msg.Headers = map[string]any{NamespaceHeader: tc.header}
 			}
@@ -251,6 +262,11 @@ func TestSubmitsGoToTheNamespaceTheirLoginMay(t *testing.T) {
 				if len(st.inserted) != 0 || len(st.told) != 1 || st.told[0].Reason != tc.want || st.told[0].Detail == "" {
 					t.Fatalf("refused: inserted %d, told %+v", len(st.inserted), st.told)
 				}
+				// A refusal in a namespace its login was granted is that
+				// namespace's dead letter; any other, the deployment's.
+				if rej.Namespace != tc.ns {
+					t.Fatalf("dead letter of namespace %q, want %q", rej.Namespace, tc.ns)
+				}
 				return
 			}
 			if len(written) != 1 || cmp.Or(written[0].Namespace, "default") != tc.ns || len(st.inserted)+len(st.alone) != 1 {
@@ -259,7 +275,7 @@ func TestSubmitsGoToTheNamespaceTheirLoginMay(t *testing.T) {
 		})
 	}
 	for _, bad := range []string{"team-a-app", "=team-a", "app=Team_A"} {
-		if _, err := namespaceGrants(bad); err == nil {
+		if _, err := intake.ParseBrokerGrants(bad); err == nil {
 			t.Errorf("SAS_SUBMITTER_NAMESPACES=%s accepted", bad)
 		}
 	}
