@@ -380,7 +380,7 @@ func TestSeriesExistFromStart(t *testing.T) {
 		`sas_dead_lettered_total{queue="` + p.topo.Queue("replies") + `",reason="invalid_value"}`,
 		`sas_supervisor_failures_total`,
 		`sas_supervisor_leader`,
-		`sas_alerts_open`,
+		`sas_alerts_open{namespace="default"}`,
 		`sas_ready`,
 		`sas_outbox_relay_errors_total`,
 		`sas_step_duration_seconds_count{name="charge_payment",outcome="ok"}`,

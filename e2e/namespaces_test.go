@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -135,6 +136,26 @@ func TestNamespacesIsolateOrdersOverTheAPI(t *testing.T) {
 	}
 	if out, errOut, code := sasctl(t, g.stack.env, "orders", "show", idA); code != 0 || !regexp.MustCompile(`(?m)^namespace +team-a$`).MatchString(out) {
 		t.Fatalf("orders show: %d\n%s%s", code, out, errOut)
+	}
+	// With --namespace team-b, sasctl finds nothing of team-a's order in
+	// any command, and changes nothing of it; team-b's own is there.
+	for _, id := range []string{idA, strings.ToUpper(idA)} {
+		for _, cmd := range [][]string{
+			{"orders", "show", id}, {"orders", "cancel", id}, {"orders", "resubmit", id}, {"orders", "pause", id},
+			{"orders", "resume", id}, {"orders", "signal", id, "approved"},
+		} {
+			out, errOut, code := sasctl(t, g.stack.env, append(cmd, "--namespace", "team-b")...)
+			if code == 0 || !strings.Contains(errOut, "not found") || strings.Contains(out+errOut, "approval") {
+				t.Errorf("sasctl %s --namespace team-b: exit %d\n%s%s", strings.Join(cmd, " "), code, out, errOut)
+			}
+		}
+	}
+	if out, errOut, code := sasctl(t, g.stack.env, "orders", "show", idB, "--namespace", "team-b"); code != 0 || !strings.Contains(out, idB) {
+		t.Errorf("sasctl orders show --namespace team-b of team-b's order: exit %d\n%s%s", code, out, errOut)
+	}
+	if out, errOut, code := sasctl(t, g.stack.env, "orders", "signal", "--workflow", "approval", "--where", "customer=c-1", "--namespace", "default", "approved"); code == 0 ||
+		!strings.Contains(errOut, statestore.SignalNoMatch) {
+		t.Errorf("sasctl orders signal by key in default, of team-a's and team-b's orders: exit %d\n%s%s", code, out, errOut)
 	}
 
 	// Every route of team-a's order, with team-b's operator token, with
@@ -404,10 +425,11 @@ func nsConsoleUser(t *testing.T, file, name, role, password string, namespaces .
 // TestNamespacesIsolateTheConsole: console users act in the namespaces
 // the users file grants them. A user of team-b, on every order page and
 // action of team-a's order (and in its id's other text forms), finds
-// nothing there; its lists, searches and bulk jobs hold team-b's orders
-// alone; the deployment's pages (overview, alerts, dead letters,
-// workflows, schedules, limits) are refused to it. A user of every
-// namespace switches between them in a browser.
+// nothing there; its lists, searches, alerts, dead letters and bulk jobs
+// hold team-b's alone, and it acknowledges, requeues or discards nothing
+// of another's; the deployment's pages (overview, workflows, schedules,
+// limits) are refused to it. A user of every namespace switches between
+// them in a browser.
 func TestNamespacesIsolateTheConsole(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
@@ -425,6 +447,39 @@ func TestNamespacesIsolateTheConsole(t *testing.T) {
 		orders[ns] = o.OrderID
 	}
 	idA, idB := orders["team-a"], orders["team-b"]
+	alerts := map[string]int{} // by namespace
+	for ns, id := range orders {
+		var alert int
+		if err := s.pool.QueryRow(t.Context(), `INSERT INTO alerts (message_id, order_id, step, reason, failure_count, raised_by)
+			VALUES (gen_random_uuid(), $1, 1, 'the step failed', 1, 'test') RETURNING id`, id).Scan(&alert); err != nil {
+			t.Fatal(err)
+		}
+		alerts[ns] = alert
+	}
+	// Dead letters as sas writes them: of team-a, of team-b, of none (the
+	// deployment's), in the submit and the signals queues; and one of the
+	// replies, which are never a namespace's.
+	ch := amqpChannel(t)
+	if err := s.topo.Declare(ch); err != nil {
+		t.Fatal(err)
+	}
+	deadLetter := func(input, id, ns string) {
+		t.Helper()
+		h := amqp.Table{"x-error-reason": "unknown_workflow", "x-error-detail": "no workflow nope", "x-original-queue": s.topo.Queue(input)}
+		if ns != "" {
+			h["x-sas-namespace"] = ns
+		}
+		if err := ch.PublishWithContext(t.Context(), "", s.topo.DeadLetterQueue(input), false, false,
+			amqp.Publishing{ContentType: messages.ContentType, MessageId: id, Headers: h, Body: []byte(`{"secret of":"` + id + `"}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, in := range []string{messages.SubmitQueue, messages.SignalsQueue} {
+		deadLetter(in, in+"-of-team-a", "team-a")
+		deadLetter(in, in+"-of-team-b", "team-b")
+		deadLetter(in, in+"-of-none", "")
+	}
+	deadLetter(messages.RepliesQueue, "a-reply", "team-b")
 	c := startConsole(t, s)
 	nsConsoleUser(t, c.users, "bea", "operator", "bea's password", "team-b")
 	nsConsoleUser(t, c.users, "root", "operator", "root's password", "*")
@@ -441,7 +496,7 @@ func TestNamespacesIsolateTheConsole(t *testing.T) {
 	}
 	status, page := bea.do("GET", "/orders", nil)
 	if status != http.StatusOK || !strings.Contains(page, idB) || strings.Contains(page, idA) || strings.Contains(page, orders["default"]) ||
-		strings.Contains(page, `href="/alerts"`) || !strings.Contains(page, `id="namespace-only">team-b<`) {
+		strings.Contains(page, `href="/workflows"`) || !strings.Contains(page, `id="namespace-only">team-b<`) {
 		t.Fatalf("bea's orders list: %d\n%s", status, page)
 	}
 	csrf := csrfOf(t, page)
@@ -469,8 +524,64 @@ func TestNamespacesIsolateTheConsole(t *testing.T) {
 	if status, _ := bea.do("POST", "/orders/"+idB+"/pause", url.Values{"csrf": {csrf}}); status != http.StatusSeeOther {
 		t.Fatalf("bea pausing team-b's order: %d", status)
 	}
+	// Her alerts, not team-a's: seen, acknowledged.
+	if status, page := bea.do("GET", "/alerts?all=1", nil); status != http.StatusOK || !strings.Contains(page, idB[:8]) ||
+		strings.Contains(page, idA[:8]) || strings.Contains(page, orders["default"][:8]) {
+		t.Errorf("bea's alerts: %d\n%s", status, page)
+	}
+	for _, method := range []string{"GET", "POST"} {
+		if status, _ := bea.do(method, fmt.Sprintf("/alerts/%d/ack", alerts["team-a"]), url.Values{"csrf": {csrf}}); status != http.StatusNotFound {
+			t.Errorf("bea: %s team-a's alert's ack: %d, want 404", method, status)
+		}
+	}
+	if status, _ := bea.do("POST", fmt.Sprintf("/alerts/%d/ack", alerts["team-b"]), url.Values{"csrf": {csrf}}); status != http.StatusSeeOther {
+		t.Errorf("bea acknowledging team-b's alert: %d", status)
+	}
+	if n := s.count(t, `SELECT count(*) FROM alerts WHERE acked_at IS NULL`); n != 2 {
+		t.Errorf("%d alerts open, want team-a's and default's", n)
+	}
+	// Her dead letters, in the queues where a namespace's can be.
+	if status, page := bea.do("GET", "/dead-letters", nil); status != http.StatusOK || !strings.Contains(page, `href="/dead-letters/submit"`) ||
+		strings.Contains(page, `href="/dead-letters/replies"`) {
+		t.Errorf("bea's dead letters: %d\n%s", status, page)
+	}
+	for _, in := range []string{messages.SubmitQueue, messages.SignalsQueue} {
+		status, page := bea.do("GET", "/dead-letters/"+in, nil)
+		if status != http.StatusOK || !strings.Contains(page, in+"-of-team-b") || strings.Contains(page, in+"-of-team-a") || strings.Contains(page, in+"-of-none") {
+			t.Errorf("bea's dead letters of %s: %d\n%s", in, status, page)
+		}
+		for _, other := range []string{in + "-of-team-a", in + "-of-none"} {
+			for _, verb := range []string{"requeue", "discard"} {
+				if status, _ := bea.do("GET", "/dead-letters/"+in+"/"+other+"/"+verb, nil); status != http.StatusNotFound {
+					t.Errorf("bea: GET %s's %s %s: %d, want 404", in, other, verb, status)
+				}
+				if status, _ := bea.do("POST", "/dead-letters/"+in+"/"+other+"/"+verb, url.Values{"csrf": {csrf}}); status != http.StatusNotFound {
+					t.Errorf("bea: POST %s's %s %s: %d, want 404", in, other, verb, status)
+				}
+			}
+		}
+	}
+	if status, _ := bea.do("POST", "/dead-letters/submit/submit-of-team-b/discard", url.Values{"csrf": {csrf}}); status != http.StatusSeeOther {
+		t.Errorf("bea discarding her own dead letter: %d", status)
+	}
+	for _, p := range []string{"/dead-letters/replies", "/dead-letters/replies/a-reply/discard"} {
+		if status, _ := bea.do("GET", p, nil); status != http.StatusNotFound {
+			t.Errorf("bea: GET %s: %d, want 404", p, status)
+		}
+	}
+	left := map[string]bool{}
+	for _, in := range []string{messages.SubmitQueue, messages.SignalsQueue, messages.RepliesQueue} {
+		for _, d := range drain(t, ch, s.topo.DeadLetterQueue(in), map[string]int{messages.SubmitQueue: 2, messages.SignalsQueue: 3, messages.RepliesQueue: 1}[in], 30*time.Second) {
+			left[d.MessageId] = true
+		}
+	}
+	for _, id := range []string{"submit-of-team-a", "submit-of-none", "signals-of-team-a", "signals-of-team-b", "signals-of-none", "a-reply"} {
+		if !left[id] {
+			t.Errorf("dead letter %s is gone", id)
+		}
+	}
 	// The deployment's pages, and the switcher to what is not hers.
-	for _, p := range []string{"/overview/live", "/alerts", "/dead-letters", "/workflows", "/schedules", "/limits", "/limits/nobody/set"} {
+	for _, p := range []string{"/overview/live", "/workflows", "/schedules", "/limits", "/limits/nobody/set"} {
 		if status, _ := bea.do("GET", p, nil); status != http.StatusForbidden {
 			t.Errorf("bea: GET %s: %d, want 403", p, status)
 		}
@@ -526,8 +637,11 @@ func TestNamespacesIsolateTheConsole(t *testing.T) {
 	if rows := text(t, ctx, "#orders"); !strings.Contains(rows, idA[:8]) || strings.Contains(rows, idB[:8]) {
 		t.Fatalf("root in team-a sees:\n%s", rows)
 	}
-	if n := eval[int](t, ctx, `document.querySelectorAll('nav a[href="/alerts"]').length`); n != 0 {
+	if n := eval[int](t, ctx, `document.querySelectorAll('nav a[href="/workflows"]').length`); n != 0 {
 		t.Fatalf("the deployment's pages are offered in team-a's view")
+	}
+	if n := eval[int](t, ctx, `document.querySelectorAll('nav a[href="/alerts"], nav a[href="/dead-letters"]').length`); n != 2 {
+		t.Fatalf("team-a's alerts and dead letters are not offered in its view")
 	}
 	// And back with the button (the form without its script): the value
 	// set without an event, then Switch.
@@ -564,13 +678,23 @@ func TestSubmitsReachTheirNamespaceByBrokerLogin(t *testing.T) {
 	login := amqpLogin(t)
 	sub := start(t, "submitter", append(append([]string{}, s.env...), "SAS_SUBMITTER_NAMESPACES="+login+"=team-a,"+login+"=team-q"))
 	ch := amqpChannel(t)
-	send := func(user string, ns any) string {
+	// sendWith publishes a submit (body: "" for a valid one) with the
+	// headers given beside its namespace's.
+	sendWith := func(user string, ns any, body string, headers amqp.Table) string {
 		t.Helper()
 		id := messages.NewID()
+		if body == "" {
+			body = badinput.ValidSubmitJSON(id)
+		} else {
+			body = strings.ReplaceAll(body, "ID", id)
+		}
 		p := amqp.Publishing{ContentType: messages.ContentType, MessageId: id, UserId: user, DeliveryMode: amqp.Persistent,
-			Body: []byte(badinput.ValidSubmitJSON(id))}
+			Body: []byte(body), Headers: amqp.Table{}}
+		for k, v := range headers {
+			p.Headers[k] = v
+		}
 		if ns != nil {
-			p.Headers = amqp.Table{"sas-namespace": ns}
+			p.Headers["sas-namespace"] = ns
 		}
 		dc, err := ch.PublishWithDeferredConfirmWithContext(t.Context(), "", s.submit, true, false, p)
 		if err != nil {
@@ -581,34 +705,118 @@ func TestSubmitsReachTheirNamespaceByBrokerLogin(t *testing.T) {
 		}
 		return id
 	}
+	send := func(user string, ns any) string { return sendWith(user, ns, "", nil) }
 	inA, plain, inQ := send(login, "team-a"), send("", nil), send(login, "team-q")
 	// team-q's one order in flight first: the submitter handles submits
 	// side by side, so the one past its quota is sent after it.
 	testenv.Eventually(t, 30*time.Second, "team-q's first order written", func() bool {
 		return s.count(t, `SELECT count(*) FROM orders WHERE order_id = $1`, inQ) == 1
 	})
-	refused := map[string]string{
-		send(login, "team-b"):  "namespace_refused",
-		send("", "team-a"):     "namespace_refused",
-		send(login, "Team_A"):  "invalid_value",
-		send(login, "team-q"):  "quota_in_flight",
-		send(login, "default"): "namespace_refused",
+	// Each refusal's reason, and the namespace whose dead letter it is:
+	// the one its login was granted, none for a namespace not granted
+	// (whatever x-sas-namespace the publisher wrote itself).
+	type refusal struct{ reason, ns string }
+	forged := amqp.Table{"x-sas-namespace": "team-b"}
+	refused := map[string]refusal{
+		send(login, "team-b"):  {"namespace_refused", ""},
+		send("", "team-a"):     {"namespace_refused", ""},
+		send(login, "Team_A"):  {"invalid_value", ""},
+		send(login, "team-q"):  {"quota_in_flight", "team-q"},
+		send(login, "default"): {"namespace_refused", ""},
+		sendWith(login, "team-a", `{"schema_version":2,"order_id":"ID","workflow":"nope","payload":{}}`, forged): {"unknown_workflow", "team-a"},
+		sendWith(login, "team-b", `{"schema_version":2,"order_id":"ID","workflow":"nope","payload":{}}`, forged): {"namespace_refused", ""},
 	}
 	testenv.Eventually(t, 30*time.Second, "the submits handled", func() bool {
-		return sub.metric(t, `sas_submitter_orders_total{outcome="inserted"}`)+sub.metric(t, `sas_submitter_orders_total{outcome="rejected"}`) == 8
+		return sub.metric(t, `sas_submitter_orders_total{outcome="inserted"}`)+sub.metric(t, `sas_submitter_orders_total{outcome="rejected"}`) == 10
 	})
 	for id, ns := range map[string]string{inA: "team-a", plain: "default", inQ: "team-q"} {
 		if n := s.count(t, `SELECT count(*) FROM orders WHERE order_id = $1 AND namespace = $2`, id, ns); n != 1 {
 			t.Errorf("order %s is not in %s", id, ns)
 		}
 	}
+	// sasctl dlq list --namespace shows each namespace's alone.
+	for _, ns := range []string{"team-a", "team-q"} {
+		out, errOut, code := sasctl(t, s.env, "dlq", "list", "submit", "--namespace", ns, "--json")
+		var listed []struct {
+			MessageID string `json:"message_id"`
+			Namespace string `json:"namespace"`
+		}
+		if err := json.Unmarshal([]byte(out), &listed); code != 0 || err != nil || len(listed) != 1 || listed[0].Namespace != ns {
+			t.Errorf("sasctl dlq list --namespace %s: exit %d %v\n%s%s", ns, code, err, out, errOut)
+		} else if want := refused[listed[0].MessageID]; want.ns != ns {
+			t.Errorf("sasctl dlq list --namespace %s listed %+v", ns, listed[0])
+		}
+	}
 	for _, d := range drain(t, ch, s.dlq, len(refused), 30*time.Second) {
-		if want := refused[d.MessageId]; d.Headers["x-error-reason"] != want {
-			t.Errorf("dead letter %s: reason %v, want %s", d.MessageId, d.Headers["x-error-reason"], want)
+		want := refused[d.MessageId]
+		if d.Headers["x-error-reason"] != want.reason {
+			t.Errorf("dead letter %s: reason %v, want %s", d.MessageId, d.Headers["x-error-reason"], want.reason)
+		}
+		if ns, _ := d.Headers["x-sas-namespace"].(string); ns != want.ns {
+			t.Errorf("dead letter %s (%s): namespace %q, want %q", d.MessageId, want.reason, ns, want.ns)
 		}
 	}
 	if n := s.count(t, `SELECT count(*) FROM orders WHERE namespace <> 'default'`); n != 2 {
 		t.Errorf("%d orders outside the default namespace, want 2", n)
+	}
+
+	// Signals on the queue: an application's (through the signals
+	// queue's exchange) reach the orders of the namespace its login was
+	// granted, named in its header, or default's; one of sas's own
+	// publishers (the default exchange) any order. Team-a's order waits
+	// for nothing: a signal that reached it is refused no_such_wait, one
+	// that did not, unknown_order, as for an order that does not exist.
+	start(t, "scheduler", append(append([]string{}, s.env...), "SAS_SUBMITTER_NAMESPACES="+login+"=team-a"))
+	signal := func(exchange, user string, ns any, order string) string {
+		t.Helper()
+		id := messages.NewID()
+		body, err := messages.Encode(messages.Signal{SchemaVersion: messages.SignalVersion, SignalID: id, OrderID: order, Name: "nothing_waits_for_this"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := amqp.Publishing{ContentType: messages.ContentType, MessageId: id, UserId: user, DeliveryMode: amqp.Persistent, Body: body,
+			Headers: amqp.Table{"x-sas-namespace": "team-b"}}
+		if ns != nil {
+			p.Headers["sas-namespace"] = ns
+		}
+		key := ""
+		if exchange == "" {
+			key = s.topo.Queue(messages.SignalsQueue)
+		}
+		dc, err := ch.PublishWithDeferredConfirmWithContext(t.Context(), exchange, key, true, false, p)
+		if err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+		if ok, err := dc.WaitContext(t.Context()); err != nil || !ok {
+			t.Fatalf("publish not confirmed: %v %v", ok, err)
+		}
+		return id
+	}
+	app := s.topo.Queue(messages.SignalsQueue) // the signals queue's own exchange
+	signals := map[string]refusal{
+		signal(app, login, "team-a", inA): {"no_such_wait", "team-a"},
+		signal(app, "", nil, inA):         {"unknown_order", "default"},
+		signal(app, login, nil, plain):    {"no_such_wait", "default"},
+		signal(app, login, "team-b", inA): {"namespace_refused", ""},
+		signal(app, login, "team-a", inQ): {"unknown_order", "team-a"},
+		signal("", "", nil, inA):          {"no_such_wait", "team-a"},
+		signal(app, login, "team-z", inA): {"namespace_refused", ""},
+		signal(app, login, "Team_A", inA): {"invalid_value", ""},
+	}
+	// An unreadable one, in a namespace its login was granted: that
+	// namespace's dead letter.
+	unreadable := messages.NewID()
+	if err := ch.PublishWithContext(t.Context(), app, "", false, false, amqp.Publishing{ContentType: messages.ContentType, MessageId: unreadable,
+		UserId: login, Headers: amqp.Table{"sas-namespace": "team-a"}, Body: []byte(`{"schema_version":1,"nothing":"`)}); err != nil {
+		t.Fatal(err)
+	}
+	signals[unreadable] = refusal{"not_json", "team-a"}
+	for _, d := range drain(t, ch, s.topo.DeadLetterQueue(messages.SignalsQueue), len(signals), 30*time.Second) {
+		want := signals[d.MessageId]
+		ns, _ := d.Headers["x-sas-namespace"].(string)
+		if d.Headers["x-error-reason"] != want.reason || ns != want.ns {
+			t.Errorf("signal %s: dead-lettered for %v in namespace %q, want %s in %q", d.MessageId, d.Headers["x-error-reason"], ns, want.reason, want.ns)
+		}
 	}
 	// sasctl submit --namespace sends its login as the user-id.
 	out, errOut, code := sasctl(t, s.env, "submit", "--count", "2", "--namespace", "team-a", "--print-ids")

@@ -22,10 +22,15 @@ func (a *app) alertsList(ctx context.Context, args []string) error {
 	order := fs.String("order", "", "only this order's alerts")
 	limit := fs.Int("limit", 50, "at most this many alerts")
 	asJSON := fs.Bool("json", false, "print JSON")
+	namespace := namespaceFlag(fs)
 	if err := a.parseNoArgs(fs, args); err != nil {
 		return err
 	}
 	if err := a.positive(fs, "limit", *limit); err != nil {
+		return err
+	}
+	namespaces, err := a.namespaceOf(fs, *namespace)
+	if err != nil {
 		return err
 	}
 	if *since < 0 {
@@ -43,7 +48,7 @@ func (a *app) alertsList(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeStore()
-	alerts, err := store.ListAlerts(ctx, statestore.AlertFilter{OpenOnly: *open, Since: *since, OrderID: *order, Limit: *limit})
+	alerts, err := store.ListAlerts(ctx, statestore.AlertFilter{OpenOnly: *open, Since: *since, OrderID: *order, Limit: *limit, Namespaces: namespaces})
 	if err != nil {
 		return err
 	}
@@ -89,12 +94,17 @@ func acked(al statestore.Alert) string {
 func (a *app) alertsAck(ctx context.Context, args []string) error {
 	fs := a.flags()
 	as := fs.String("as", "", "the name to record beside your database login (default: $USER)")
+	namespace := namespaceFlag(fs)
 	rest, err := a.parse(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(rest) == 0 {
 		return a.usageError(fs, "give the id of the alert(s) to acknowledge")
+	}
+	namespaces, err := a.namespaceOf(fs, *namespace)
+	if err != nil {
+		return err
 	}
 	var ids []int64
 	for _, r := range rest {
@@ -110,7 +120,7 @@ func (a *app) alertsAck(ctx context.Context, args []string) error {
 	}
 	defer closeStore()
 	for _, id := range ids {
-		al, already, err := store.AckAlert(ctx, id, claimedName(*as))
+		al, already, err := store.AckAlert(ctx, id, claimedName(*as), namespaces)
 		if err != nil {
 			return err
 		}
@@ -130,7 +140,12 @@ func (a *app) alertsTail(ctx context.Context, args []string) error {
 	timeout := fs.Duration("timeout", 0, "stop after this long (0: no limit)")
 	since := fs.Duration("since", 0, "first print the alerts raised within this long")
 	poll := fs.Duration("poll", time.Second, "how often to look for new alerts")
+	namespace := namespaceFlag(fs)
 	if err := a.parseNoArgs(fs, args); err != nil {
+		return err
+	}
+	namespaces, err := a.namespaceOf(fs, *namespace)
+	if err != nil {
 		return err
 	}
 	if *count < 0 || *timeout < 0 || *since < 0 || *poll <= 0 {
@@ -148,7 +163,7 @@ func (a *app) alertsTail(ctx context.Context, args []string) error {
 	}
 	var after int64
 	if *since > 0 {
-		past, err := store.ListAlerts(ctx, statestore.AlertFilter{Since: *since, Limit: 1000})
+		past, err := store.ListAlerts(ctx, statestore.AlertFilter{Since: *since, Limit: 1000, Namespaces: namespaces})
 		if err != nil {
 			return err
 		}
@@ -165,7 +180,7 @@ func (a *app) alertsTail(ctx context.Context, args []string) error {
 	ticker := time.NewTicker(*poll)
 	defer ticker.Stop()
 	for {
-		alerts, err := store.ListAlerts(ctx, statestore.AlertFilter{AfterID: after, Oldest: true, Limit: 1000})
+		alerts, err := store.ListAlerts(ctx, statestore.AlertFilter{AfterID: after, Oldest: true, Limit: 1000, Namespaces: namespaces})
 		if err != nil && ctx.Err() == nil {
 			return err
 		}

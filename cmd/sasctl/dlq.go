@@ -80,12 +80,17 @@ func (a *app) dlqList(ctx context.Context, args []string) error {
 	limit := fs.Int("limit", 1000, "look at most at this many messages per queue")
 	asJSON := fs.Bool("json", false, "print JSON, bodies included")
 	workflows := workflowsFlag(fs)
+	namespace := namespaceFlag(fs)
 	rest, err := a.parse(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(rest) > 1 {
 		return a.usageError(fs, "give at most one queue")
+	}
+	in, err := a.deadLettersIn(fs, *namespace)
+	if err != nil {
+		return err
 	}
 	if err := a.positive(fs, "limit", *limit); err != nil {
 		return err
@@ -100,7 +105,7 @@ func (a *app) dlqList(ctx context.Context, args []string) error {
 	}
 	var shown []broker.DeadLetter
 	for _, d := range seen {
-		if *reason == "" || d.Reason == *reason {
+		if (*reason == "" || d.Reason == *reason) && in(d) {
 			shown = append(shown, d)
 		}
 	}
@@ -124,12 +129,17 @@ func (a *app) dlqShow(ctx context.Context, args []string) error {
 	fs := a.flags()
 	queue := fs.String("queue", "", "look only in this queue's dead letters")
 	workflows := workflowsFlag(fs)
+	namespace := namespaceFlag(fs)
 	rest, err := a.parse(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(rest) != 1 {
 		return a.usageError(fs, "give one message id")
+	}
+	in, err := a.deadLettersIn(fs, *namespace)
+	if err != nil {
+		return err
 	}
 	queues, err := a.deadLetterQueues(*queue, *workflows)
 	if err != nil {
@@ -141,12 +151,12 @@ func (a *app) dlqShow(ctx context.Context, args []string) error {
 	}
 	found := 0
 	for _, d := range seen {
-		if d.MessageID != rest[0] {
+		if d.MessageID != rest[0] || !in(d) {
 			continue
 		}
 		found++
-		fmt.Fprintf(a.stdout, "message   %s\nqueue     %s\nfrom      %s\nreason    %s\ndetail    %s\nat        %s (%s ago)\ntype      %s\ncontent   %s\n\n%s\n\n",
-			d.MessageID, d.DLQ, dash(d.OriginalQueue), d.Reason, wrap(d.Detail, showWidth, strings.Repeat(" ", 10)),
+		fmt.Fprintf(a.stdout, "message   %s\nqueue     %s\nnamespace %s\nfrom      %s\nreason    %s\ndetail    %s\nat        %s (%s ago)\ntype      %s\ncontent   %s\n\n%s\n\n",
+			d.MessageID, d.DLQ, dash(d.Namespace), dash(d.OriginalQueue), d.Reason, wrap(d.Detail, showWidth, strings.Repeat(" ", 10)),
 			stamp(d.At), age(d.At), dash(d.Type), dash(d.ContentType), d.Body)
 	}
 	if found == 0 {
@@ -163,6 +173,7 @@ func (a *app) dlqMove(ctx context.Context, args []string, action broker.DLQActio
 	workflows := workflowsFlag(fs)
 	reason := fs.String("reason", "", "every dead letter with this reason")
 	all := fs.Bool("all", false, "every dead letter")
+	namespace := namespaceFlag(fs)
 	var yes *bool
 	if action == broker.Drop {
 		yes = fs.Bool("yes", false, "do not ask for confirmation")
@@ -180,9 +191,13 @@ func (a *app) dlqMove(ctx context.Context, args []string, action broker.DLQActio
 	if chosen != 1 || len(rest) > 1 {
 		return a.usageError(fs, "give one message id, --reason R or --all")
 	}
+	in, err := a.deadLettersIn(fs, *namespace)
+	if err != nil {
+		return err
+	}
 	id := strings.Join(rest, "")
 	match := func(d broker.DeadLetter) bool {
-		return *all || (id != "" && d.MessageID == id) || (*reason != "" && d.Reason == *reason)
+		return in(d) && (*all || (id != "" && d.MessageID == id) || (*reason != "" && d.Reason == *reason))
 	}
 	queues, err := a.deadLetterQueues(*queue, *workflows)
 	if err != nil {
@@ -225,6 +240,16 @@ func (a *app) dlqMove(ctx context.Context, args []string, action broker.DLQActio
 		return fmt.Errorf("no dead letter matched in %s", strings.Join(queues, ", "))
 	}
 	return nil
+}
+
+// deadLettersIn is --namespace for dead letters: those sas found to be
+// of the namespace (x-sas-namespace), or every one.
+func (a *app) deadLettersIn(fs *flag.FlagSet, ns string) (func(broker.DeadLetter) bool, error) {
+	namespaces, err := a.namespaceOf(fs, ns)
+	if err != nil {
+		return nil, err
+	}
+	return func(d broker.DeadLetter) bool { return namespaces == nil || d.Namespace == namespaces[0] }, nil
 }
 
 // confirmDiscard lists what a discard would drop and asks.

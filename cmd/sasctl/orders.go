@@ -89,17 +89,16 @@ func (a *app) ordersList(ctx context.Context, args []string) error {
 	var where stringList
 	fs.Var(&where, "where", "only orders whose search attribute matches, NAME=VALUE (or !=, <, <=, >, >=); repeat for several")
 	workflows := fs.String("workflows", "", "the workflows file that declares the search attributes (default: SAS_WORKFLOWS_FILE, else the built-in one)")
-	namespace := fs.String("namespace", "", "only orders of this namespace (sasctl namespaces list)")
+	namespace := namespaceFlag(fs)
 	if err := a.parseNoArgs(fs, args); err != nil {
 		return err
 	}
 	if err := a.positive(fs, "limit", *limit); err != nil {
 		return err
 	}
-	if *namespace != "" {
-		if err := statestore.CheckNamespace(*namespace); err != nil {
-			return a.usageError(fs, "--namespace: %v", err)
-		}
+	namespaces, err := a.namespaceOf(fs, *namespace)
+	if err != nil {
+		return err
 	}
 	if *since < 0 {
 		return a.usageError(fs, "--since must not be negative")
@@ -113,10 +112,7 @@ func (a *app) ordersList(ctx context.Context, args []string) error {
 	}
 	// The filter is read as the API and the console read it, with the
 	// same words for what is wrong (orderfilter).
-	f := orderfilter.Filter{Status: *status, Workflow: *wf, Where: where}
-	if *namespace != "" {
-		f.Namespaces = []string{*namespace}
-	}
+	f := orderfilter.Filter{Status: *status, Workflow: *wf, Where: where, Namespaces: namespaces}
 	reg, err := workflowsFile(*workflows)
 	if err != nil {
 		return err
@@ -187,9 +183,11 @@ type stringList []string
 func (l *stringList) String() string     { return strings.Join(*l, ", ") }
 func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
 
-// onOrder is the frame of a command on one order: parse the flags and the
-// order id, open the store, run do.
+// onOrder is the frame of a command on one order: parse the flags (with
+// --namespace) and the order id, open the store, and run do when the
+// order is in the namespace asked for.
 func (a *app) onOrder(ctx context.Context, fs *flag.FlagSet, args []string, do func(*statestore.Store, string) error) error {
+	namespace := namespaceFlag(fs)
 	rest, err := a.parse(fs, args)
 	if err != nil {
 		return err
@@ -198,11 +196,18 @@ func (a *app) onOrder(ctx context.Context, fs *flag.FlagSet, args []string, do f
 	if err != nil {
 		return err
 	}
+	namespaces, err := a.namespaceOf(fs, *namespace)
+	if err != nil {
+		return err
+	}
 	store, closeStore, err := a.store(ctx)
 	if err != nil {
 		return err
 	}
 	defer closeStore()
+	if err := orderIn(ctx, store, id, namespaces); err != nil {
+		return err
+	}
 	return do(store, id)
 }
 
@@ -210,6 +215,7 @@ func (a *app) ordersShow(ctx context.Context, args []string) error {
 	fs := a.flags()
 	asJSON := fs.Bool("json", false, "print everything as JSON")
 	archived := fs.Bool("archived", false, "read the order's record from the archive (SAS_ARCHIVE): an order retention deleted")
+	namespace := namespaceFlag(fs)
 	rest, err := a.parse(fs, args)
 	if err != nil {
 		return err
@@ -218,7 +224,14 @@ func (a *app) ordersShow(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	namespaces, err := a.namespaceOf(fs, *namespace)
+	if err != nil {
+		return err
+	}
 	if *archived {
+		if namespaces != nil {
+			return a.usageError(fs, "--archived reads the archive, which keeps no namespace: leave out --namespace")
+		}
 		return a.showArchived(ctx, id, *asJSON)
 	}
 	store, closeStore, err := a.store(ctx)
@@ -226,6 +239,9 @@ func (a *app) ordersShow(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeStore()
+	if err := orderIn(ctx, store, id, namespaces); err != nil {
+		return err
+	}
 	d, err := store.GetOrder(ctx, id)
 	if err != nil {
 		return err

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -24,7 +25,12 @@ func (a *app) ordersMigrate(ctx context.Context, args []string) error {
 	apply := fs.Bool("apply", false, "move the orders that can move (without it, a dry run: what would move and why not)")
 	as := fs.String("as", "", "the name to record beside your database login (default: $USER)")
 	asJSON := fs.Bool("json", false, "print each order's verdict as JSON")
+	namespace := namespaceFlag(fs)
 	if err := a.parseNoArgs(fs, args); err != nil {
+		return err
+	}
+	namespaces, err := a.namespaceOf(fs, *namespace)
+	if err != nil {
 		return err
 	}
 	if *to == "" || *wfName == "" {
@@ -46,6 +52,7 @@ func (a *app) ordersMigrate(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeStore()
+	named := len(ids) > 0 // --id: each must be in the namespace
 	switch {
 	case len(ids) > 0 && len(where) > 0:
 		return a.usageError(fs, "give --id or --where, not both")
@@ -61,7 +68,7 @@ func (a *app) ordersMigrate(ctx context.Context, args []string) error {
 		if err := messages.CheckWhere(key); err != nil {
 			return err
 		}
-		if ids, err = store.OrdersByKey(ctx, wf.Name, key, *limit); err != nil {
+		if ids, err = store.OrdersByKeyIn(ctx, wf.Name, key, *limit, namespaces); err != nil {
 			return err
 		}
 	case len(ids) == 0:
@@ -69,12 +76,31 @@ func (a *app) ordersMigrate(ctx context.Context, args []string) error {
 			return err
 		}
 	}
+	if !named && namespaces != nil && len(where) == 0 {
+		// Every running order of the workflow: the namespace's only.
+		var ours []string
+		for _, id := range ids {
+			err := orderIn(ctx, store, id, namespaces)
+			if err != nil && !errors.Is(err, statestore.ErrNotFound) {
+				return err
+			}
+			if err == nil {
+				ours = append(ours, id)
+			}
+		}
+		ids = ours
+	}
 	var verdicts []statestore.MigrationVerdict
 	moved, left := 0, 0
 	for _, raw := range ids {
 		id, ok := messages.CanonicalID(raw)
 		if !ok {
 			return fmt.Errorf("%q is not an order id (a UUID)", raw)
+		}
+		if named {
+			if err := orderIn(ctx, store, id, namespaces); err != nil {
+				return err
+			}
 		}
 		v, err := store.MigrateOrder(ctx, id, wf, *apply, claimedName(*as))
 		if err != nil {

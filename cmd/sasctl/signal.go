@@ -31,7 +31,12 @@ func (a *app) ordersSignal(ctx context.Context, args []string) error {
 	var where stringList
 	fs.Var(&where, "where", "with --workflow, a search attribute's value, NAME=VALUE (a number, true or false, else text); again for more")
 	all := fs.Bool("all", false, "with --workflow, send it to every running order that matches")
+	namespace := namespaceFlag(fs)
 	rest, err := a.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	namespaces, err := a.namespaceOf(fs, *namespace)
 	if err != nil {
 		return err
 	}
@@ -71,7 +76,7 @@ func (a *app) ordersSignal(ctx context.Context, args []string) error {
 		if *all {
 			limit = 1000
 		}
-		if ids, err = store.OrdersByKey(ctx, *wf, key.Where, limit); err != nil {
+		if ids, err = store.OrdersByKeyIn(ctx, *wf, key.Where, limit, namespaces); err != nil {
 			return err
 		}
 		switch {
@@ -85,6 +90,9 @@ func (a *app) ordersSignal(ctx context.Context, args []string) error {
 		id, ok := messages.CanonicalID(rest[0])
 		if !ok {
 			return fmt.Errorf("%q is not an order id (a UUID)", rest[0])
+		}
+		if err := orderIn(ctx, store, id, namespaces); err != nil {
+			return err
 		}
 		ids = []string{id}
 	}

@@ -295,7 +295,7 @@ func (s *server) confirmAck(w http.ResponseWriter, r *http.Request, rq *request)
 		s.fail(w, r, rq, http.StatusNotFound, "There is no alert "+orderfilter.Clip(r.PathValue("id"), 20)+".")
 		return
 	}
-	alerts, err := s.store.ListAlerts(r.Context(), statestore.AlertFilter{AfterID: id - 1, Limit: 1, Oldest: true})
+	alerts, err := s.store.ListAlerts(r.Context(), statestore.AlertFilter{AfterID: id - 1, Limit: 1, Oldest: true, Namespaces: rq.namespaces()})
 	if err != nil {
 		s.storeError(w, r, rq, err, "alert")
 		return
@@ -321,7 +321,7 @@ func (s *server) ack(w http.ResponseWriter, r *http.Request, rq *request) {
 		s.fail(w, r, rq, http.StatusNotFound, "There is no alert "+orderfilter.Clip(r.PathValue("id"), 20)+".")
 		return
 	}
-	_, already, err := s.store.AckAlert(r.Context(), id, claimedBy(rq))
+	_, already, err := s.store.AckAlert(r.Context(), id, claimedBy(rq), rq.namespaces())
 	if err != nil {
 		s.storeError(w, r, rq, err, fmt.Sprintf("alert %d", id))
 		return

@@ -13,11 +13,57 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"sas/internal/broker"
+	"sas/internal/messages"
 	"sas/internal/orderfilter"
 )
 
-// maxListed is how many dead letters of one queue a page reads.
-const maxListed = 200
+// maxListed is how many dead letters of one queue a page reads; in a
+// namespace's view, it reads up to maxScanned to find as many of that
+// namespace's.
+const (
+	maxListed  = 200
+	maxScanned = 5000
+)
+
+// namespaceInputs are the inputs whose dead letters may be a namespace's:
+// the entrances where sas learns a message's namespace from its
+// publisher's grant (x-sas-namespace). Every other input's are the
+// deployment's alone.
+func namespaceInputs() []string { return []string{messages.SubmitQueue, messages.SignalsQueue} }
+
+// inputsIn are the inputs whose dead letters the request may see.
+func (s *server) inputsIn(ctx context.Context, rq *request) []string {
+	if rq.everywhere() {
+		return s.inputs(ctx)
+	}
+	return namespaceInputs()
+}
+
+// ours reports whether a dead letter is in the request's view.
+func ours(rq *request, dl broker.DeadLetter) bool {
+	return rq.everywhere() || dl.Namespace == rq.ns
+}
+
+// namespaceCounts counts the dead letters of the request's namespace in
+// each input that may hold them (of the first maxScanned of each).
+func (s *server) namespaceCounts(ctx context.Context, rq *request) ([]queueCount, bool) {
+	conn, _, _ := s.broker()
+	var out []queueCount
+	for _, in := range namespaceInputs() {
+		qc := queueCount{Queue: in}
+		seen, _, err := s.scan(ctx, in, maxScanned, keep)
+		if err != nil {
+			qc.Error = err.Error()
+		}
+		for _, dl := range seen {
+			if ours(rq, dl) {
+				qc.Count++
+			}
+		}
+		out = append(out, qc)
+	}
+	return out, conn != nil
+}
 
 // deadLetterCounts counts each input's dead letters; false when the
 // console has no broker connection.
@@ -46,7 +92,11 @@ type deadLettersData struct {
 
 func (s *server) deadLetters(w http.ResponseWriter, r *http.Request, rq *request) {
 	var d deadLettersData
-	d.Queues, d.Broker = s.deadLetterCounts(r.Context())
+	if rq.everywhere() {
+		d.Queues, d.Broker = s.deadLetterCounts(r.Context())
+	} else {
+		d.Queues, d.Broker = s.namespaceCounts(r.Context(), rq)
+	}
 	s.render(w, r, rq, http.StatusOK, "deadletters.html", "Dead letters", d)
 }
 
@@ -72,23 +122,51 @@ func viewOf(dl broker.DeadLetter, clipAt int) deadLetterView {
 	return v
 }
 
-// queueParam reads the {queue} of a path: one of the inputs.
+// queueParam reads the {queue} of a path: one of the inputs whose dead
+// letters the request may see.
 func (s *server) queueParam(w http.ResponseWriter, r *http.Request, rq *request) (string, bool) {
 	q := r.PathValue("queue")
-	if !slices.Contains(s.inputs(r.Context()), q) {
+	if !slices.Contains(s.inputsIn(r.Context(), rq), q) {
 		s.fail(w, r, rq, http.StatusNotFound, "There is no input queue "+orderfilter.Clip(q, 60)+".")
 		return "", false
 	}
 	return q, true
 }
 
-// scan reads one input's dead-letter queue, doing what decide says.
-func (s *server) scan(ctx context.Context, queue string, decide func(broker.DeadLetter) broker.DLQAction) ([]broker.DeadLetter, []broker.DLQAction, error) {
+// scan reads at most limit dead letters of one input's dead-letter
+// queue, doing what decide says.
+func (s *server) scan(ctx context.Context, queue string, limit int, decide func(broker.DeadLetter) broker.DLQAction) ([]broker.DeadLetter, []broker.DLQAction, error) {
 	conn, pub, _ := s.broker()
 	if conn == nil {
 		return nil, nil, errNoBroker
 	}
-	return conn.ScanDLQ(ctx, pub, broker.Topology{Prefix: s.cfg.QueuePrefix}.DeadLetterQueue(queue), maxListed, decide)
+	return conn.ScanDLQ(ctx, pub, broker.Topology{Prefix: s.cfg.QueuePrefix}.DeadLetterQueue(queue), limit, decide)
+}
+
+// scanFor reads the dead letters of one input the request may see: up
+// to maxListed of the queue, or in a namespace's view up to maxListed of
+// that namespace's among the first maxScanned; decide acts on those alone.
+func (s *server) scanFor(ctx context.Context, rq *request, queue string, decide func(broker.DeadLetter) broker.DLQAction) ([]broker.DeadLetter, []broker.DLQAction, error) {
+	limit := maxListed
+	if !rq.everywhere() {
+		limit = maxScanned
+	}
+	listed := 0
+	seen, done, err := s.scan(ctx, queue, limit, func(dl broker.DeadLetter) broker.DLQAction {
+		if !ours(rq, dl) || listed >= maxListed {
+			return broker.Keep
+		}
+		listed++
+		return decide(dl)
+	})
+	var mine []broker.DeadLetter
+	var acts []broker.DLQAction
+	for i, dl := range seen {
+		if ours(rq, dl) && len(mine) < maxListed {
+			mine, acts = append(mine, dl), append(acts, done[i])
+		}
+	}
+	return mine, acts, err
 }
 
 func keep(broker.DeadLetter) broker.DLQAction { return broker.Keep }
@@ -98,7 +176,7 @@ func (s *server) deadLetterQueue(w http.ResponseWriter, r *http.Request, rq *req
 	if !ok {
 		return
 	}
-	seen, _, err := s.scan(r.Context(), q, keep)
+	seen, _, err := s.scanFor(r.Context(), rq, q, keep)
 	if err != nil {
 		s.brokerError(w, r, rq, err)
 		return
@@ -163,7 +241,7 @@ func (s *server) confirmDeadLetter(w http.ResponseWriter, r *http.Request, rq *r
 	if !ok {
 		return
 	}
-	seen, _, err := s.scan(r.Context(), q, keep)
+	seen, _, err := s.scanFor(r.Context(), rq, q, keep)
 	if err != nil {
 		s.brokerError(w, r, rq, err)
 		return
@@ -192,7 +270,7 @@ func (s *server) moveDeadLetter(w http.ResponseWriter, r *http.Request, rq *requ
 	if !ok {
 		return
 	}
-	seen, done, err := s.scan(r.Context(), q, func(d broker.DeadLetter) broker.DLQAction {
+	seen, done, err := s.scanFor(r.Context(), rq, q, func(d broker.DeadLetter) broker.DLQAction {
 		if d.MessageID == id {
 			return action
 		}

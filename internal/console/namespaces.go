@@ -16,9 +16,10 @@ import (
 // (for every one, the lowest it holds in any). In a namespace's view the
 // orders list, the order pages and their actions and the bulk jobs are
 // that namespace's alone; an order of another is "not found", as one that
-// does not exist. The overview, alerts, dead letters, workflows,
-// schedules and limits are the deployment's: they are shown in the view
-// of every namespace only.
+// does not exist. Alerts are their order's namespace's, and dead letters
+// the namespace sas found them to be of (x-sas-namespace; the others are
+// the deployment's). The overview, workflows, schedules and limits are
+// the deployment's: they are shown in the view of every namespace only.
 
 // everyNamespace is the view of every namespace.
 const everyNamespace = statestore.AllNamespaces

@@ -311,7 +311,7 @@ func (s *server) alerts(w http.ResponseWriter, r *http.Request, rq *request) {
 	}
 	d := alertsData{All: all == "1"}
 	var err error
-	if d.Alerts, err = s.store.ListAlerts(r.Context(), statestore.AlertFilter{OpenOnly: !d.All, Limit: 200}); err != nil {
+	if d.Alerts, err = s.store.ListAlerts(r.Context(), statestore.AlertFilter{OpenOnly: !d.All, Limit: 200, Namespaces: rq.namespaces()}); err != nil {
 		s.storeError(w, r, rq, err, "alert")
 		return
 	}

@@ -192,16 +192,17 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("GET /bulk/jobs/{id}", s.authed(s.bulkJob))
 	mux.HandleFunc("GET /bulk/jobs/{id}/stop", s.authed(s.confirmBulkStop))
 	mux.HandleFunc("POST /bulk/jobs/{id}/stop", s.action(s.bulkStop))
+	// Alerts and dead letters: each namespace's in its view.
+	mux.HandleFunc("GET /alerts", s.authed(s.alerts))
+	mux.HandleFunc("GET /alerts/{id}/ack", s.authed(s.confirmAck))
+	mux.HandleFunc("POST /alerts/{id}/ack", s.action(s.ack))
+	mux.HandleFunc("GET /dead-letters", s.authed(s.deadLetters))
+	mux.HandleFunc("GET /dead-letters/{queue}", s.authed(s.deadLetterQueue))
+	mux.HandleFunc("GET /dead-letters/{queue}/{id}/{verb}", s.authed(s.confirmDeadLetter))
+	mux.HandleFunc("POST /dead-letters/{queue}/{id}/{verb}", s.action(s.moveDeadLetter))
 	// The deployment's pages: in the view of every namespace only.
 	page := func(path string, h handler) { mux.HandleFunc("GET "+path, s.authed(s.deployment(h))) }
 	act := func(path string, h handler) { mux.HandleFunc("POST "+path, s.action(s.deployment(h))) }
-	page("/alerts", s.alerts)
-	page("/alerts/{id}/ack", s.confirmAck)
-	act("/alerts/{id}/ack", s.ack)
-	page("/dead-letters", s.deadLetters)
-	page("/dead-letters/{queue}", s.deadLetterQueue)
-	page("/dead-letters/{queue}/{id}/{verb}", s.confirmDeadLetter)
-	act("/dead-letters/{queue}/{id}/{verb}", s.moveDeadLetter)
 	page("/workflows", s.workflowsPage)
 	page("/schedules", s.schedulesPage)
 	page("/schedules/{name}/{verb}", s.confirmSchedule)

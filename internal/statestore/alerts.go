@@ -15,9 +15,11 @@ import (
 // its order ends after it was raised (resubmitted and completed, or
 // cancelled and undone): then it is resolved, and says how.
 type Alert struct {
-	ID           int64      `json:"id"`
-	MessageID    string     `json:"message_id"`
-	OrderID      string     `json:"order_id"`
+	ID        int64  `json:"id"`
+	MessageID string `json:"message_id"`
+	OrderID   string `json:"order_id"`
+	// Namespace is its order's namespace: who may see it.
+	Namespace    string     `json:"namespace"`
 	Step         *int       `json:"step"`
 	Reason       string     `json:"reason"`
 	FailureCount int        `json:"failure_count"`
@@ -53,19 +55,22 @@ type AlertFilter struct {
 	Since    time.Duration // raised within this long (database clock); 0 for any
 	AfterID  int64         // only ids above this one (to follow new ones)
 	OrderID  string        // only this order's; "" for any
-	Limit    int           // <= 0 for 100
+	// Namespaces: only the alerts of these namespaces' orders; nil for
+	// every namespace. An alert whose order is gone is in none.
+	Namespaces []string
+	Limit      int // <= 0 for 100
 	// Oldest lists oldest first (to follow); otherwise newest first.
 	Oldest bool
 }
 
-const alertColumns = `a.id, a.message_id::text, a.order_id::text, a.step, a.reason, a.failure_count, a.raised_at, a.raised_by,
+const alertColumns = `a.id, a.message_id::text, a.order_id::text, coalesce(o.namespace, ''), a.step, a.reason, a.failure_count, a.raised_at, a.raised_by,
 	a.acked_at, coalesce(a.acked_by, ''), coalesce(a.acked_as, ''),
 	CASE WHEN ` + alertResolved + ` THEN o.updated_at END, coalesce(o.status, '')`
 
 func scanAlert(row pgx.Row) (Alert, error) {
 	var a Alert
 	var status string
-	err := row.Scan(&a.ID, &a.MessageID, &a.OrderID, &a.Step, &a.Reason, &a.FailureCount, &a.RaisedAt, &a.RaisedBy,
+	err := row.Scan(&a.ID, &a.MessageID, &a.OrderID, &a.Namespace, &a.Step, &a.Reason, &a.FailureCount, &a.RaisedAt, &a.RaisedBy,
 		&a.AckedAt, &a.AckedBy, &a.AckedAs, &a.ResolvedAt, &status)
 	if a.ResolvedAt != nil {
 		a.Resolution = "the order completed"
@@ -93,8 +98,9 @@ func (s *Store) ListAlerts(ctx context.Context, f AlertFilter) ([]Alert, error) 
 		  AND ($2::float8 = 0 OR a.raised_at >= now() - make_interval(secs => $2::float8))
 		  AND a.id > $3
 		  AND ($4 = '' OR a.order_id = $4::uuid)
+		  AND ($6::text[] IS NULL OR o.namespace = ANY($6))
 		ORDER BY a.id `+order+`
-		LIMIT $5`, f.OpenOnly, f.Since.Seconds(), f.AfterID, f.OrderID, limit)
+		LIMIT $5`, f.OpenOnly, f.Since.Seconds(), f.AfterID, f.OrderID, limit, f.Namespaces)
 	if err != nil {
 		return nil, fmt.Errorf("list alerts: %w", err)
 	}
@@ -118,11 +124,22 @@ func (s *Store) LastAlertID(ctx context.Context) (int64, error) {
 // AckAlert acknowledges an open alert as the session's database login,
 // with claimed as the name it gives. It returns the alert as it is now
 // and whether it had been acknowledged already (by whom is in the
-// alert). Unknown ids give ErrNotFound.
-func (s *Store) AckAlert(ctx context.Context, id int64, claimed string) (Alert, bool, error) {
+// alert). Unknown ids, and with namespaces (nil: every one) an alert of
+// another namespace's order, give ErrNotFound.
+func (s *Store) AckAlert(ctx context.Context, id int64, claimed string, namespaces []string) (Alert, bool, error) {
 	var already bool
 	var a Alert
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if namespaces != nil {
+			var ours bool
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1`+alertsFrom+`WHERE a.id = $1 AND o.namespace = ANY($2))`, id, namespaces).
+				Scan(&ours); err != nil {
+				return err
+			}
+			if !ours {
+				return pgx.ErrNoRows
+			}
+		}
 		var ackedAt time.Time
 		var by, as *string
 		if err := tx.QueryRow(ctx, `SELECT acked_at, acked_by, acked_as, already FROM ack_alert($1, $2)`, id, claimed).
@@ -145,6 +162,11 @@ func (s *Store) AckAlert(ctx context.Context, id int64, claimed string) (Alert, 
 // openAlertsSQL counts the alerts that still need a person: neither
 // acknowledged nor resolved (their order ended since).
 const openAlertsSQL = `SELECT count(*)` + alertsFrom + `WHERE a.acked_at IS NULL AND NOT coalesce(` + alertResolved + `, false)`
+
+// openAlertsByNamespaceSQL counts them by their order's namespace (ns,
+// open); one whose order is gone counts in default.
+const openAlertsByNamespaceSQL = `SELECT coalesce(o.namespace, 'default') AS ns, count(*) AS open` + alertsFrom +
+	`WHERE a.acked_at IS NULL AND NOT coalesce(` + alertResolved + `, false) GROUP BY 1`
 
 // OpenAlerts counts the alerts that still need a person: neither
 // acknowledged nor resolved.

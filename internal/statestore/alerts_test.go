@@ -50,11 +50,11 @@ func TestAlertsAreKeptAndAcknowledged(t *testing.T) {
 	if err := b.pool.QueryRow(ctx, `SELECT session_user`).Scan(&login); err != nil {
 		t.Fatal(err)
 	}
-	a, already, err := b.store.AckAlert(ctx, all[0].ID, "alice")
+	a, already, err := b.store.AckAlert(ctx, all[0].ID, "alice", nil)
 	if err != nil || already || a.AckedAt == nil || a.AckedBy != login || a.AckedAs != "alice" {
 		t.Fatalf("ack: %+v %v %v", a, already, err)
 	}
-	again, already, err := b.store.AckAlert(ctx, all[0].ID, "mallory")
+	again, already, err := b.store.AckAlert(ctx, all[0].ID, "mallory", nil)
 	if err != nil || !already || again.AckedAs != "alice" || !again.AckedAt.Equal(*a.AckedAt) {
 		t.Fatalf("second ack: %+v %v %v", again, already, err)
 	}
@@ -64,7 +64,7 @@ func TestAlertsAreKeptAndAcknowledged(t *testing.T) {
 	if all, err := b.store.ListAlerts(ctx, statestore.AlertFilter{Since: time.Hour}); err != nil || len(all) != 1 || all[0].AckedBy != login {
 		t.Fatalf("alerts of the last hour: %+v %v", all, err)
 	}
-	if _, _, err := b.store.AckAlert(ctx, all[0].ID+1000, "alice"); !errors.Is(err, statestore.ErrNotFound) {
+	if _, _, err := b.store.AckAlert(ctx, all[0].ID+1000, "alice", nil); !errors.Is(err, statestore.ErrNotFound) {
 		t.Fatalf("ack of an unknown alert: %v", err)
 	}
 
@@ -191,5 +191,72 @@ func TestAlertResolvedWhenItsOrderEnds(t *testing.T) {
 	stats, err = b.store.Stats(ctx)
 	if n, _ := b.store.OpenAlerts(ctx); err != nil || n != 0 || stats.OpenAlerts != 0 || stats.ByState[statestore.StepError] != 0 {
 		t.Fatalf("after: open alerts %d, stats %+v %v", n, stats, err)
+	}
+}
+
+// TestAlertsBelongToTheirOrdersNamespace: an alert is its order's
+// namespace's: a list of some namespaces shows only theirs, an
+// acknowledgement within namespaces cannot reach another's (it is not
+// found, and stays open), and the open alerts are counted by namespace,
+// with every namespace of the deployment.
+func TestAlertsBelongToTheirOrdersNamespace(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	for _, ns := range []string{"team-a", "team-b"} {
+		if _, err := b.store.AddNamespace(ctx, ns, "test"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inA, inDefault := order(1, time.Hour, 3), order(1, time.Hour, 3)
+	inA.Namespace = "team-a"
+	insert(t, b, inA)
+	insert(t, b, inDefault)
+	claimed, err := b.store.ClaimPending(ctx, "s", 2, "")
+	if err != nil || len(claimed) != 2 {
+		t.Fatalf("claim: %v %v", claimed, err)
+	}
+	for _, o := range []statestore.NewOrder{inA, inDefault} {
+		if _, err := b.store.ApplyReply(ctx, statestore.Reply{OrderID: o.OrderID, Step: 1, Attempt: 1, OK: false, Error: "400 no", Actor: "s"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	alertOf := map[string]statestore.Alert{}
+	for _, ns := range []string{"team-a", "default"} {
+		got, err := b.store.ListAlerts(ctx, statestore.AlertFilter{Namespaces: []string{ns}})
+		if err != nil || len(got) != 1 || got[0].Namespace != ns {
+			t.Fatalf("alerts of %s: %+v %v", ns, got, err)
+		}
+		alertOf[ns] = got[0]
+	}
+	if alertOf["team-a"].OrderID != inA.OrderID || alertOf["default"].OrderID != inDefault.OrderID {
+		t.Fatalf("alerts by namespace %+v", alertOf)
+	}
+	if got, err := b.store.ListAlerts(ctx, statestore.AlertFilter{Namespaces: []string{"team-b"}}); err != nil || len(got) != 0 {
+		t.Fatalf("team-b sees alerts %+v %v", got, err)
+	}
+	if got, err := b.store.ListAlerts(ctx, statestore.AlertFilter{}); err != nil || len(got) != 2 {
+		t.Fatalf("every namespace's alerts %+v %v", got, err)
+	}
+	if _, _, err := b.store.AckAlert(ctx, alertOf["default"].ID, "mallory", []string{"team-a"}); !errors.Is(err, statestore.ErrNotFound) {
+		t.Fatalf("team-a acknowledged default's alert: %v", err)
+	}
+	if a, _, err := b.store.AckAlert(ctx, alertOf["team-a"].ID, "ann", []string{"team-a"}); err != nil || a.AckedAs != "ann" || a.Namespace != "team-a" {
+		t.Fatalf("team-a's own alert: %+v %v", a, err)
+	}
+	open, err := b.store.ListAlerts(ctx, statestore.AlertFilter{OpenOnly: true})
+	if err != nil || len(open) != 1 || open[0].ID != alertOf["default"].ID {
+		t.Fatalf("open after the acks: %+v %v", open, err)
+	}
+	stats, err := b.store.Stats(ctx)
+	if err != nil || stats.OpenAlerts != 1 || len(stats.OpenAlertsIn) != 3 ||
+		stats.OpenAlertsIn["default"] != 1 || stats.OpenAlertsIn["team-a"] != 0 || stats.OpenAlertsIn["team-b"] != 0 {
+		t.Fatalf("open alerts counted %d, by namespace %v (%v)", stats.OpenAlerts, stats.OpenAlertsIn, err)
+	}
+	if ns, found, err := b.store.NamespaceOf(ctx, inA.OrderID); err != nil || !found || ns != "team-a" {
+		t.Fatalf("namespace of team-a's order: %q %v %v", ns, found, err)
+	}
+	if _, found, err := b.store.NamespaceOf(ctx, "00000000-0000-4000-8000-000000000000"); err != nil || found {
+		t.Fatalf("namespace of an unknown order: found %v, %v", found, err)
 	}
 }

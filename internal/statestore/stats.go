@@ -21,8 +21,11 @@ type StepStats struct {
 	OldestPending    time.Duration
 	OldestProcessing time.Duration
 	// OpenAlerts counts the operator alerts that still need a person:
-	// not acknowledged, and their order has not ended since.
-	OpenAlerts int
+	// not acknowledged, and their order has not ended since;
+	// OpenAlertsIn counts them by their order's namespace, with every
+	// namespace of the deployment (0 for one with none).
+	OpenAlerts   int
+	OpenAlertsIn map[string]int
 }
 
 // The pending steps are read in the two halves the partial indexes hold
@@ -37,7 +40,7 @@ const statsSQL = `SELECT
 	              (SELECT min(available_at) FROM steps WHERE process_state = 'pending' AND fair_key IS NOT NULL AND available_at <= now()))) * 1000)::bigint), 0),
 	coalesce((SELECT (extract(epoch FROM now() - min(CASE WHEN held_attempt = attempt THEN held_since ELSE complete_by - timeout END)) * 1000)::bigint
 	          FROM steps WHERE process_state = 'processing'), 0),
-	(` + openAlertsSQL + `)`
+	(SELECT jsonb_object_agg(n.name, coalesce(x.open, 0)) FROM namespaces n LEFT JOIN (` + openAlertsByNamespaceSQL + `) x ON x.ns = n.name)`
 
 // LiveStates are the states Stats counts.
 var LiveStates = []string{StepPending, StepProcessing, StepError}
@@ -49,9 +52,12 @@ func (s *Store) Stats(ctx context.Context) (StepStats, error) {
 	st := StepStats{ByState: map[string]int{}}
 	var pending, processing, errored int
 	var pendingMS, processingMS int64
-	err := s.pool.QueryRow(ctx, statsSQL).Scan(&pending, &processing, &errored, &pendingMS, &processingMS, &st.OpenAlerts)
+	err := s.pool.QueryRow(ctx, statsSQL).Scan(&pending, &processing, &errored, &pendingMS, &processingMS, &st.OpenAlertsIn)
 	if err != nil {
 		return st, fmt.Errorf("step stats: %w", err)
+	}
+	for _, n := range st.OpenAlertsIn {
+		st.OpenAlerts += n
 	}
 	st.ByState[StepPending], st.ByState[StepProcessing], st.ByState[StepError] = pending, processing, errored
 	st.OldestPending = time.Duration(pendingMS) * time.Millisecond

@@ -104,7 +104,7 @@ type metrics struct {
 	steps            *prometheus.GaugeVec
 	oldestPending    prometheus.Gauge
 	oldestProcessing prometheus.Gauge
-	openAlerts       prometheus.Gauge
+	openAlerts       *prometheus.GaugeVec
 	analyzed         *prometheus.CounterVec
 	vacuumed         *prometheus.CounterVec
 	purged           *prometheus.CounterVec
@@ -157,9 +157,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		oldestProcessing: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "sas_oldest_processing_step_age_seconds", Help: "How long ago the oldest processing step was claimed.",
 		}),
-		openAlerts: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "sas_alerts_open", Help: "Operator alerts that still need a person: not acknowledged, and their order has not ended since (sasctl alerts list --open).",
-		}),
+		openAlerts: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sas_alerts_open", Help: "Operator alerts that still need a person: not acknowledged, and their order has not ended since (sasctl alerts list --open), by their order's namespace.",
+		}, []string{"namespace"}),
 		analyzed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sas_supervisor_tables_analyzed_total", Help: "State tables whose stale planner statistics the leader refreshed, by table.",
 		}, []string{"table"}),
@@ -258,6 +258,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, state := range []string{statestore.WebhookSent, statestore.WebhookPending, statestore.WebhookDead} {
 		m.webhooks.WithLabelValues(state)
 	}
+	// The default namespace's open alerts from the start (a rule reads
+	// them); every other namespace's from the first statistics read.
+	m.openAlerts.WithLabelValues(statestore.DefaultNamespace)
 	reg.MustRegister(m.webhooks, m.deadlines, m.paused, m.pausedOldest, m.archived, m.archiveErrors, m.archiveUp, m.leader, m.sweeps, m.resets, m.failures, m.errors, m.sweepDuration, m.steps, m.oldestPending, m.oldestProcessing,
 		m.openAlerts, m.analyzed, m.vacuumed, m.purged, m.timersFired, m.timerLateness, m.scheduleTicks, m.scheduleNext, m.scheduleLast, m.scheduleLateness, m.scheduleLate,
 		m.limitRate, m.limitMaxInFlight, m.limitInFlight, m.limitWaiting, m.limitOldestWait, m.limitOverdue, m.keyWaiting, m.keyInFlight)

@@ -433,7 +433,9 @@ func (s *sweeper) report(ctx context.Context) {
 	}
 	s.metrics.oldestPending.Set(st.OldestPending.Seconds())
 	s.metrics.oldestProcessing.Set(st.OldestProcessing.Seconds())
-	s.metrics.openAlerts.Set(float64(st.OpenAlerts))
+	for ns, n := range st.OpenAlertsIn {
+		s.metrics.openAlerts.WithLabelValues(ns).Set(float64(n))
+	}
 	s.reportLimits(ctx)
 	if ps, err := s.store.PauseStats(ctx); err != nil {
 		if ctx.Err() == nil {
