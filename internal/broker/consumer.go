@@ -83,6 +83,7 @@ type Consumer struct {
 	handler Handler
 	logger  *slog.Logger
 	metrics *Metrics
+	dlx     string // the dead-letter exchange: sas's own copies come through it
 
 	mu      sync.Mutex
 	running bool
@@ -108,7 +109,7 @@ func NewConsumer(conn *Conn, pub *Publisher, cfg ConsumerConfig, handler Handler
 	panics := metrics.panics.WithLabelValues(queue)
 	metrics.ackFrames.WithLabelValues(queue)
 	handler = Chain(handler, Recover(logger, queue, panics.Inc))
-	return &Consumer{conn: conn, pub: pub, cfg: cfg, handler: handler, logger: logger, metrics: metrics}
+	return &Consumer{conn: conn, pub: pub, cfg: cfg, handler: handler, logger: logger, metrics: metrics, dlx: conn.Topology().DeadLetterExchange()}
 }
 
 // Running reports whether the consumer is subscribed now.
@@ -236,7 +237,7 @@ func (c *Consumer) handle(ctx context.Context, queue string, d amqp.Delivery) se
 	if d.Redelivered && c.conn.Topology().Classic() {
 		return c.redeliver(ctx, queue, d)
 	}
-	via, user := origin(d, c.conn.Topology().DeadLetterExchange())
+	via, user := origin(d, c.dlx)
 	err := c.handler(ctx, Message{ID: d.MessageId, CorrelationID: d.CorrelationId, ContentType: d.ContentType, UserID: user, Via: via,
 		Headers: d.Headers, Body: d.Body})
 	var rej *Rejection

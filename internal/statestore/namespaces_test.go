@@ -192,6 +192,18 @@ func TestNamespaceQuotasHoldOnEveryWrite(t *testing.T) {
 	if _, r, err := b.store.InsertOrderWithinQuota(ctx, in(`{}`)); err != nil || r == nil || r.Quota != statestore.QuotaInFlight {
 		t.Fatalf("past the quota again: %+v %v", r, err)
 	}
+	// The supervisor's reading: each namespace's orders in flight, and
+	// its quota of them.
+	stats, err := b.store.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := stats.InFlightIn["quota-a"]; l.InFlight != 3 || l.MaxInFlight == nil || *l.MaxInFlight != 3 {
+		t.Fatalf("quota-a's load %+v, want 3 in flight of 3", l)
+	}
+	if l, ok := stats.InFlightIn["default"]; !ok || l.InFlight != 0 || l.MaxInFlight != nil {
+		t.Fatalf("default's load %+v (%v), want none of no quota", l, ok)
+	}
 
 	// The rate: 2 a second, a bucket of 1; in flight no more.
 	if err := b.store.SetNamespaceQuotas(ctx, "quota-a", statestore.Quotas{MaxSubmitRate: &rate, MaxSubmitBurst: &one}, "ann"); err != nil {

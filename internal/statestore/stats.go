@@ -26,6 +26,16 @@ type StepStats struct {
 	// namespace of the deployment (0 for one with none).
 	OpenAlerts   int
 	OpenAlertsIn map[string]int
+	// InFlightIn are each namespace's orders in flight (received,
+	// processing, compensating, held in error) and its quota of them.
+	InFlightIn map[string]NamespaceLoad
+}
+
+// NamespaceLoad is a namespace's orders in flight, and its quota of them
+// (nil: none).
+type NamespaceLoad struct {
+	InFlight    int
+	MaxInFlight *int
 }
 
 // The pending steps are read in the two halves the partial indexes hold
@@ -40,7 +50,10 @@ const statsSQL = `SELECT
 	              (SELECT min(available_at) FROM steps WHERE process_state = 'pending' AND fair_key IS NOT NULL AND available_at <= now()))) * 1000)::bigint), 0),
 	coalesce((SELECT (extract(epoch FROM now() - min(CASE WHEN held_attempt = attempt THEN held_since ELSE complete_by - timeout END)) * 1000)::bigint
 	          FROM steps WHERE process_state = 'processing'), 0),
-	(SELECT jsonb_object_agg(n.name, coalesce(x.open, 0)) FROM namespaces n LEFT JOIN (` + openAlertsByNamespaceSQL + `) x ON x.ns = n.name)`
+	(SELECT jsonb_object_agg(n.name, coalesce(x.open, 0)) FROM namespaces n LEFT JOIN (` + openAlertsByNamespaceSQL + `) x ON x.ns = n.name),
+	(SELECT jsonb_object_agg(n.name, jsonb_build_array(coalesce(x.n, 0), n.max_in_flight)) FROM namespaces n
+	 LEFT JOIN (SELECT namespace AS ns, count(*) AS n FROM orders WHERE status IN ('received', 'processing', 'compensating', 'error')
+	            GROUP BY 1) x ON x.ns = n.name)`
 
 // LiveStates are the states Stats counts.
 var LiveStates = []string{StepPending, StepProcessing, StepError}
@@ -52,9 +65,18 @@ func (s *Store) Stats(ctx context.Context) (StepStats, error) {
 	st := StepStats{ByState: map[string]int{}}
 	var pending, processing, errored int
 	var pendingMS, processingMS int64
-	err := s.pool.QueryRow(ctx, statsSQL).Scan(&pending, &processing, &errored, &pendingMS, &processingMS, &st.OpenAlertsIn)
+	var loads map[string][2]*int
+	err := s.pool.QueryRow(ctx, statsSQL).Scan(&pending, &processing, &errored, &pendingMS, &processingMS, &st.OpenAlertsIn, &loads)
 	if err != nil {
 		return st, fmt.Errorf("step stats: %w", err)
+	}
+	st.InFlightIn = make(map[string]NamespaceLoad, len(loads))
+	for ns, l := range loads {
+		var n int
+		if l[0] != nil {
+			n = *l[0]
+		}
+		st.InFlightIn[ns] = NamespaceLoad{InFlight: n, MaxInFlight: l[1]}
 	}
 	for _, n := range st.OpenAlertsIn {
 		st.OpenAlerts += n

@@ -105,6 +105,8 @@ type metrics struct {
 	oldestPending    prometheus.Gauge
 	oldestProcessing prometheus.Gauge
 	openAlerts       *prometheus.GaugeVec
+	inFlight         *prometheus.GaugeVec
+	quotaInFlight    *prometheus.GaugeVec
 	analyzed         *prometheus.CounterVec
 	vacuumed         *prometheus.CounterVec
 	purged           *prometheus.CounterVec
@@ -159,6 +161,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		openAlerts: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "sas_alerts_open", Help: "Operator alerts that still need a person: not acknowledged, and their order has not ended since (sasctl alerts list --open), by their order's namespace.",
+		}, []string{"namespace"}),
+		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sas_orders_in_flight", Help: "Orders in flight (received, processing, compensating, held in error), by namespace (the leader's reading, every SAS_SUPERVISOR_STATS_INTERVAL).",
+		}, []string{"namespace"}),
+		quotaInFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sas_namespace_max_in_flight", Help: "A namespace's quota of orders in flight (sasctl namespaces quota --in-flight; absent: none), by namespace.",
 		}, []string{"namespace"}),
 		analyzed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sas_supervisor_tables_analyzed_total", Help: "State tables whose stale planner statistics the leader refreshed, by table.",
@@ -261,8 +269,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	// The default namespace's open alerts from the start (a rule reads
 	// them); every other namespace's from the first statistics read.
 	m.openAlerts.WithLabelValues(statestore.DefaultNamespace)
+	m.inFlight.WithLabelValues(statestore.DefaultNamespace)
 	reg.MustRegister(m.webhooks, m.deadlines, m.paused, m.pausedOldest, m.archived, m.archiveErrors, m.archiveUp, m.leader, m.sweeps, m.resets, m.failures, m.errors, m.sweepDuration, m.steps, m.oldestPending, m.oldestProcessing,
-		m.openAlerts, m.analyzed, m.vacuumed, m.purged, m.timersFired, m.timerLateness, m.scheduleTicks, m.scheduleNext, m.scheduleLast, m.scheduleLateness, m.scheduleLate,
+		m.openAlerts, m.inFlight, m.quotaInFlight, m.analyzed, m.vacuumed, m.purged, m.timersFired, m.timerLateness, m.scheduleTicks, m.scheduleNext, m.scheduleLast, m.scheduleLateness, m.scheduleLate,
 		m.limitRate, m.limitMaxInFlight, m.limitInFlight, m.limitWaiting, m.limitOldestWait, m.limitOverdue, m.keyWaiting, m.keyInFlight)
 	return m
 }

@@ -436,6 +436,14 @@ func (s *sweeper) report(ctx context.Context) {
 	for ns, n := range st.OpenAlertsIn {
 		s.metrics.openAlerts.WithLabelValues(ns).Set(float64(n))
 	}
+	for ns, l := range st.InFlightIn {
+		s.metrics.inFlight.WithLabelValues(ns).Set(float64(l.InFlight))
+		if l.MaxInFlight != nil {
+			s.metrics.quotaInFlight.WithLabelValues(ns).Set(float64(*l.MaxInFlight))
+		} else {
+			s.metrics.quotaInFlight.DeleteLabelValues(ns)
+		}
+	}
 	s.reportLimits(ctx)
 	if ps, err := s.store.PauseStats(ctx); err != nil {
 		if ctx.Err() == nil {
