@@ -115,6 +115,17 @@ func TestServicesCallBackOverHTTP(t *testing.T) {
 	} else {
 		problemOf(t, h, b)
 	}
+	// Where an API token is asked, one of another namespace than the
+	// step's order's reaches nothing with a valid step token.
+	if out, errOut, code := sasctl(t, g.stack.env, "namespaces", "add", "team-a"); code != 0 {
+		t.Fatalf("namespaces add: %s %s", out, errOut)
+	}
+	svcA, errOut, exit := sasctl(t, g.stack.env, "api", "token", "create", "--name", "svc-a", "--role", "submitter", "--namespace", "team-a")
+	if exit != 0 {
+		t.Fatalf("api token create: %s", errOut)
+	}
+	code, h, b = callback(strict, "complete", tok, strings.TrimSpace(svcA), `{"file":"another namespace's"}`)
+	refused("an API token of another namespace", code, h, b, 403, "invalid_token")
 	if after := state(first); after != before {
 		t.Fatalf("hostile callbacks changed the step: %s → %s", before, after)
 	}

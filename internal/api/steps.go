@@ -9,6 +9,7 @@ import (
 	"sas/internal/contract"
 	"sas/internal/messages"
 	"sas/internal/statestore"
+	"sas/internal/steptoken"
 )
 
 // Callbacks over HTTP: the service of a step that answered its call 202
@@ -79,6 +80,9 @@ func (s *server) stepCallback(name string) handler {
 		if c.token.Name != "" {
 			actor = c.actor()
 		}
+		if c.token.Name != "" && !s.callbackReaches(w, r, c, token) {
+			return
+		}
 		cb := statestore.Callback{Token: token, Name: name, SignalID: sig.SignalID, Actor: actor, Notify: true}
 		if len(sig.Payload) > 0 && string(sig.Payload) != "null" {
 			cb.Result = s.redact.JSON(sig.Payload)
@@ -108,6 +112,36 @@ func (s *server) stepCallback(name string) handler {
 			writeProblem(w, r, http.StatusConflict, probConflict, out.Detail, withReason(out.Outcome))
 		}
 	}
+}
+
+// callbackReaches lets a callback that came with an API token
+// (SAS_API_CALLBACKS_NEED_TOKEN) through when that token may act in its
+// step's order's namespace; one of another namespace's order is refused
+// as a step token that is not valid, and changes nothing. The step token
+// names its order in clear; the store still checks all of it.
+func (s *server) callbackReaches(w http.ResponseWriter, r *http.Request, c caller, token string) bool {
+	all, err := s.coversAll(r.Context(), c)
+	if err != nil {
+		s.unavailable(w, r, err)
+		return false
+	}
+	if all {
+		return true
+	}
+	if id, ok := messages.CanonicalID(steptoken.OrderOf(token)); ok {
+		own, found, err := s.store.OwnerOf(r.Context(), id)
+		if err != nil {
+			s.unavailable(w, r, err)
+			return false
+		}
+		if found && c.token.In(own.Namespace) {
+			return true
+		}
+	}
+	s.logger.Info("api: callback refused", "reason", statestore.CallbackInvalidToken, "token", c.token.Name, "remote", clientHost(r))
+	writeProblem(w, r, http.StatusForbidden, probForbidden, "the step token is not one of a step this API token may act on",
+		withReason(statestore.CallbackInvalidToken))
+	return false
 }
 
 // clientHost is the address a request came from, without its port.
