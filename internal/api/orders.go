@@ -2,6 +2,7 @@ package api
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -118,31 +119,37 @@ func (s *server) reaches(w http.ResponseWriter, r *http.Request, c caller) bool 
 	if !ok {
 		return false
 	}
-	submitter := c.may(statestore.TokenSubmitter)
-	if !submitter {
-		// A caller of every namespace (in a deployment of the default
-		// namespace only, every token) sees every order: the handler
-		// answers for one that does not exist, as it always did.
-		all, err := s.coversAll(r.Context(), c)
-		if err != nil {
-			s.unavailable(w, r, err)
-			return false
-		}
-		if all {
-			return true
-		}
-	}
-	own, found, err := s.store.OwnerOf(r.Context(), id)
+	// A caller of every namespace (in a deployment of the default
+	// namespace only, every token) but a submitter sees every order: the
+	// handler answers for one that does not exist, as it always did.
+	ok, err := s.mayReach(r.Context(), c, id, c.may(statestore.TokenSubmitter))
 	if err != nil {
 		s.unavailable(w, r, err)
 		return false
 	}
-	if !found || !c.token.In(own.Namespace) || submitter && own.SubmittedBy != c.actor() {
+	if !ok {
 		writeProblem(w, r, http.StatusNotFound, probNotFound, "order "+id+" does not exist, or is not this token's to see",
 			withReason(statestore.SignalUnknownOrder))
-		return false
 	}
-	return true
+	return ok
+}
+
+// mayReach reports whether caller c may act on order id: true without a
+// read for a caller of every namespace (unless ownOnly), else when the
+// order exists in one of c's namespaces, and with ownOnly was submitted
+// by c.
+func (s *server) mayReach(ctx context.Context, c caller, id string, ownOnly bool) (bool, error) {
+	if !ownOnly {
+		all, err := s.coversAll(ctx, c)
+		if err != nil || all {
+			return all, err
+		}
+	}
+	own, found, err := s.store.OwnerOf(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	return found && c.token.In(own.Namespace) && (!ownOnly || own.SubmittedBy == c.actor()), nil
 }
 
 // visible reads the order id of the path, which reaches has let through.

@@ -186,23 +186,25 @@ func (s *server) routes() http.Handler {
 	order("POST", "/orders/{id}/signal", s.signal)
 	order("GET", "/orders/{id}/rerun", s.confirmRerun)
 	order("POST", "/orders/{id}/rerun", s.rerun)
-	mux.HandleFunc("GET /bulk", s.authed(s.bulkJobs))
-	mux.HandleFunc("GET /bulk/{action}", s.authed(s.confirmBulk))
-	mux.HandleFunc("POST /bulk/{action}", s.action(s.bulkCreate))
-	mux.HandleFunc("GET /bulk/jobs/{id}", s.authed(s.bulkJob))
-	mux.HandleFunc("GET /bulk/jobs/{id}/stop", s.authed(s.confirmBulkStop))
-	mux.HandleFunc("POST /bulk/jobs/{id}/stop", s.action(s.bulkStop))
-	// Alerts and dead letters: each namespace's in its view.
-	mux.HandleFunc("GET /alerts", s.authed(s.alerts))
-	mux.HandleFunc("GET /alerts/{id}/ack", s.authed(s.confirmAck))
-	mux.HandleFunc("POST /alerts/{id}/ack", s.action(s.ack))
-	mux.HandleFunc("GET /dead-letters", s.authed(s.deadLetters))
-	mux.HandleFunc("GET /dead-letters/{queue}", s.authed(s.deadLetterQueue))
-	mux.HandleFunc("GET /dead-letters/{queue}/{id}/{verb}", s.authed(s.confirmDeadLetter))
-	mux.HandleFunc("POST /dead-letters/{queue}/{id}/{verb}", s.action(s.moveDeadLetter))
+	// Bulk jobs, alerts and dead letters: each namespace's in its view.
+	get := func(path string, h handler) { mux.HandleFunc("GET "+path, s.authed(h)) }
+	post := func(path string, h handler) { mux.HandleFunc("POST "+path, s.action(h)) }
+	get("/bulk", s.bulkJobs)
+	get("/bulk/{action}", s.confirmBulk)
+	post("/bulk/{action}", s.bulkCreate)
+	get("/bulk/jobs/{id}", s.bulkJob)
+	get("/bulk/jobs/{id}/stop", s.confirmBulkStop)
+	post("/bulk/jobs/{id}/stop", s.bulkStop)
+	get("/alerts", s.alerts)
+	get("/alerts/{id}/ack", s.confirmAck)
+	post("/alerts/{id}/ack", s.ack)
+	get("/dead-letters", s.deadLetters)
+	get("/dead-letters/{queue}", s.deadLetterQueue)
+	get("/dead-letters/{queue}/{id}/{verb}", s.confirmDeadLetter)
+	post("/dead-letters/{queue}/{id}/{verb}", s.moveDeadLetter)
 	// The deployment's pages: in the view of every namespace only.
-	page := func(path string, h handler) { mux.HandleFunc("GET "+path, s.authed(s.deployment(h))) }
-	act := func(path string, h handler) { mux.HandleFunc("POST "+path, s.action(s.deployment(h))) }
+	page := func(path string, h handler) { get(path, s.deployment(h)) }
+	act := func(path string, h handler) { post(path, s.deployment(h)) }
 	page("/workflows", s.workflowsPage)
 	page("/schedules", s.schedulesPage)
 	page("/schedules/{name}/{verb}", s.confirmSchedule)
