@@ -374,7 +374,7 @@ func TestSeriesExistFromStart(t *testing.T) {
 		t.Errorf("read by a rule or panel, absent at start: %v", missing)
 	}
 	for _, want := range []string{
-		`sas_orders_finished_total{status="error"}`,
+		`sas_orders_finished_total{namespace="default",status="error"}`,
 		`sas_dead_lettered_total{queue="` + p.submit + `",reason="not_json"}`,
 		`sas_dead_lettered_total{queue="` + p.submit + `",reason="handler_panic"}`,
 		`sas_dead_lettered_total{queue="` + p.topo.Queue("replies") + `",reason="invalid_value"}`,

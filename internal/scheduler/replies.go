@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -136,8 +137,10 @@ func (r *replier) handle(ctx context.Context, _ broker.Message, rep messages.Ste
 	// The latency histograms carry the trace as their exemplar.
 	tracing.Observe(actx, r.metrics.stepDuration.WithLabelValues(res.StepName, rep.Outcome), res.StepTook.Seconds())
 	if res.OrderTook > 0 {
-		r.metrics.ordersFinished.WithLabelValues(res.OrderStatus).Inc()
-		tracing.Observe(actx, r.metrics.orderDuration.WithLabelValues(res.OrderStatus), res.OrderTook.Seconds())
+		// The namespace label takes only the namespaces operators made.
+		ns := cmp.Or(res.OrderNamespace, statestore.DefaultNamespace)
+		r.metrics.ordersFinished.WithLabelValues(res.OrderStatus, ns).Inc()
+		tracing.Observe(actx, r.metrics.orderDuration.WithLabelValues(res.OrderStatus, ns), res.OrderTook.Seconds())
 	}
 	log.Debug("reply applied", "step_state", res.StepState, "next_step", res.NextStep, "order_status", res.OrderStatus)
 	return nil

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -71,6 +72,7 @@ type replierRig struct {
 	stop                func()
 	metricsRegistry     *prometheus.Registry
 	replies, staleKinds *prometheus.CounterVec
+	finished            *prometheus.CounterVec
 }
 
 func newReplierRig(t *testing.T, batchApply func(statestore.Reply) (statestore.ApplyResult, error), store *fakeReplyStore) *replierRig {
@@ -95,7 +97,7 @@ func newReplierRig(t *testing.T, batchApply func(statestore.Reply) (statestore.A
 		logger: slog.New(slog.NewTextHandler(io.Discard, nil)), metrics: m, tr: tracing.Off(),
 		wakeClaimer: func() { rig.wokeClaimer++ }, wakeRelay: func() { rig.relay++ },
 		dispatch: func(cs []statestore.ClaimedStep, _ time.Time) { rig.dispatched = append(rig.dispatched, cs...) }}
-	rig.replies, rig.staleKinds = m.replies, m.stale
+	rig.replies, rig.staleKinds, rig.finished = m.replies, m.stale, m.ordersFinished
 	return rig
 }
 
@@ -155,6 +157,24 @@ func TestReplierActsOnWhatTheStoreDecided(t *testing.T) {
 				t.Fatalf("stale replies counted as superseded: %v", n)
 			}
 		})
+	}
+}
+
+// An order a reply ended is counted in its namespace (default's when
+// the store names none).
+func TestReplierCountsEndedOrdersByNamespace(t *testing.T) {
+	for _, ns := range []string{"team-a", ""} {
+		rig := newReplierRig(t, func(statestore.Reply) (statestore.ApplyResult, error) {
+			return statestore.ApplyResult{StepState: statestore.StepProcessed, OrderStatus: statestore.OrderCompleted, OrderTook: time.Second,
+				OrderNamespace: ns}, nil
+		}, &fakeReplyStore{apply: noLoneApply})
+		if err := rig.deliver(t, okReply()); err != nil {
+			t.Fatalf("verdict %v, want ack", err)
+		}
+		want := cmp.Or(ns, statestore.DefaultNamespace)
+		if n := testutil.ToFloat64(rig.finished.WithLabelValues(statestore.OrderCompleted, want)); n != 1 {
+			t.Fatalf("orders completed in %s: %v, want 1", want, n)
+		}
 	}
 }
 

@@ -158,12 +158,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "sas_stale_replies_total", Help: "Replies that changed nothing, by kind (superseded, late, not_processing, unknown_step, race).",
 		}, []string{"kind"}),
 		ordersFinished: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sas_orders_finished_total", Help: "Orders that reached a terminal status through a reply, by status.",
-		}, []string{"status"}),
+			Name: "sas_orders_finished_total", Help: "Orders that reached a terminal status through a reply, by status and namespace.",
+		}, []string{"status", "namespace"}),
 		orderDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "sas_order_duration_seconds", Help: "Time from submission to the reply that ended the order, by final status.",
+			Name: "sas_order_duration_seconds", Help: "Time from submission to the reply that ended the order, by final status and namespace.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 16),
-		}, []string{"status"}),
+		}, []string{"status", "namespace"}),
 		stepDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "sas_step_duration_seconds", Help: "Time from a step's claim to its reply, by step name and outcome.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
@@ -226,8 +226,8 @@ func (m *metrics) initSeries(workflows *workflow.Registry, kinds []string) {
 		}
 	}
 	for _, status := range []string{statestore.OrderCompleted, statestore.OrderFailed, statestore.OrderError} {
-		m.ordersFinished.WithLabelValues(status)
-		m.orderDuration.WithLabelValues(status)
+		m.ordersFinished.WithLabelValues(status, statestore.DefaultNamespace)
+		m.orderDuration.WithLabelValues(status, statestore.DefaultNamespace)
 	}
 	for _, result := range []string{statestore.StepProcessed, statestore.StepError, "stale", "rejected", "abandoned", "accepted", "throttled"} {
 		m.replies.WithLabelValues(result)

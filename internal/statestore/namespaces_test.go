@@ -279,3 +279,43 @@ func TestTheSubmitterWritesWithinQuotas(t *testing.T) {
 		}
 	}
 }
+
+// TestRepliesSayTheNamespaceOfTheOrderTheyEnd: a reply that ends an
+// order says its namespace, through the batched statement of ok replies
+// and through apply_reply (a failed reply); one that does not end it
+// says none.
+func TestRepliesSayTheNamespaceOfTheOrderTheyEnd(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	if _, err := b.store.AddNamespace(ctx, "team-a", "test"); err != nil {
+		t.Fatal(err)
+	}
+	done, held, going := order(1, time.Hour, 1), order(1, time.Hour, 1), order(2, time.Hour, 1)
+	for _, o := range []*statestore.NewOrder{&done, &held, &going} {
+		o.Namespace = "team-a"
+		insert(t, b, *o)
+	}
+	if claimed, err := b.store.ClaimPending(ctx, "s", 3, ""); err != nil || len(claimed) != 3 {
+		t.Fatalf("claim: %v %v", claimed, err)
+	}
+	res, errs := b.store.ApplyReplies(ctx, []statestore.Reply{
+		{OrderID: done.OrderID, Step: 1, Attempt: 1, OK: true, Result: []byte(`{}`), Actor: "s"},
+		{OrderID: going.OrderID, Step: 1, Attempt: 1, OK: true, Result: []byte(`{}`), Actor: "s"},
+		{OrderID: held.OrderID, Step: 1, Attempt: 1, OK: false, Error: "400 no", Actor: "s"},
+	})
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("reply %d: %v", i, err)
+		}
+	}
+	if res[0].OrderStatus != statestore.OrderCompleted || res[0].OrderNamespace != "team-a" {
+		t.Errorf("the batched reply that ended its order: %q in %q", res[0].OrderStatus, res[0].OrderNamespace)
+	}
+	if res[1].OrderStatus != "" || res[1].OrderNamespace != "" {
+		t.Errorf("a reply that moved its order on: %q in %q", res[1].OrderStatus, res[1].OrderNamespace)
+	}
+	if res[2].OrderStatus != statestore.OrderError || res[2].OrderNamespace != "team-a" {
+		t.Errorf("the failed reply that held its order: %q in %q", res[2].OrderStatus, res[2].OrderNamespace)
+	}
+}

@@ -51,6 +51,8 @@ type ApplyResult struct {
 	// submission (both on the database clock).
 	StepTook  time.Duration
 	OrderTook time.Duration
+	// OrderNamespace is, when the reply ended the order, its namespace.
+	OrderNamespace string
 	// Claimed is the next step when the same statement claimed it for the
 	// reply's actor (ApplyRepliesClaiming): its request is the caller's to
 	// send, as after a claim. NextStep is then its number too.
@@ -84,7 +86,7 @@ func (e *StaleReplyError) Unwrap() error { return ErrStale }
 // applyReplySQL applies one reply in one round trip (the apply_reply
 // function, sql/30_replies.sql): the fenced update, its history, and the
 // order moving on or reacting to a failure.
-const applyReplySQL = `SELECT applied, step_state, step_name, took_s, next_step, order_status, order_took_s
+const applyReplySQL = `SELECT applied, step_state, step_name, took_s, next_step, order_status, order_took_s, order_namespace
 FROM apply_reply($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`
 
 func (r Reply) args() []any {
@@ -98,7 +100,7 @@ func scanApplied(row pgx.Row) (ApplyResult, bool, error) {
 	var res ApplyResult
 	var applied bool
 	var took, orderTook float64
-	err := row.Scan(&applied, &res.StepState, &res.StepName, &took, &res.NextStep, &res.OrderStatus, &orderTook)
+	err := row.Scan(&applied, &res.StepState, &res.StepName, &took, &res.NextStep, &res.OrderStatus, &orderTook, &res.OrderNamespace)
 	res.StepTook = time.Duration(took * float64(time.Second))
 	res.OrderTook = time.Duration(orderTook * float64(time.Second))
 	return res, applied, err
@@ -171,13 +173,13 @@ WITH r AS (
     -- reply through apply_reply, which locks first).
     SELECT sas_refuse_late_apply(coalesce(bool_or(late), false)) AS ok FROM cur
 ), ord AS (
-    SELECT o.order_id, o.status, o.reply_to, o.created_at FROM orders o
+    SELECT o.order_id, o.status, o.reply_to, o.created_at, o.namespace FROM orders o
     WHERE o.order_id IN (SELECT order_id FROM cur)
     FOR UPDATE
 ), dec AS (
     -- What comes next for each order: order_next decides, as it does for
     -- one reply (step_processed).
-    SELECT cur.order_id, cur.step, cur.kind, ord.reply_to, ord.created_at, ord.status,
+    SELECT cur.order_id, cur.step, cur.kind, ord.reply_to, ord.created_at, ord.status, ord.namespace,
            -- a paused order's next step, or any while a kind is paused,
            -- becomes pending, for a claim to pass over or take
            (SELECT NOT EXISTS (SELECT 1 FROM kind_pauses))
@@ -207,7 +209,7 @@ WITH r AS (
     RETURNING s.order_id, s.step, s.process_state, s.name, s.agent, s.attempt, s.failure_count,
               s.idempotency_key, s.complete_by, s.priority, s.kind, s.compensates
 ), ended AS (
-    SELECT g.order_id, g.reply_to, g.status AS from_status, g.created_at, g.new_result, g.next AS to_status,
+    SELECT g.order_id, g.reply_to, g.status AS from_status, g.created_at, g.namespace, g.new_result, g.next AS to_status,
            CASE WHEN g.kind = 'compensation' THEN g.step END AS undone_step
     FROM dec g
     WHERE g.next IN ('completed', 'failed')
@@ -233,7 +235,7 @@ SELECT cur.idx::int, cur.name, cur.took::float8, coalesce(nxt.step, 0), coalesce
                             WHERE p.order_id = nxt.order_id AND p.step < nxt.step AND p.kind = 'action' AND p.result IS NOT NULL),
                            '{}'::jsonb) || g.new_result, '{}'::jsonb)
        END,
-       a.result, coalesce(nxt.kind, ''), coalesce(a.idempotency_key, ''), coalesce(o.traceparent, '')
+       a.result, coalesce(nxt.kind, ''), coalesce(a.idempotency_key, ''), coalesce(o.traceparent, ''), coalesce(e.namespace, '')
 FROM cur CROSS JOIN in_time LEFT JOIN nxt ON nxt.order_id = cur.order_id LEFT JOIN ended e ON e.order_id = cur.order_id
 LEFT JOIN dec g ON g.order_id = cur.order_id
 LEFT JOIN orders o ON o.order_id = nxt.order_id AND nxt.process_state = 'processing'
@@ -317,7 +319,7 @@ func (s *Store) ApplyRepliesClaiming(ctx context.Context, rs []Reply, claimFor [
 				var prio int16
 				if err = rows.Scan(&idx, &res.StepName, &took, &res.NextStep, &res.OrderStatus, &orderTook,
 					&claimed, &c.Name, &c.Agent, &c.Attempt, &c.FailureCount, &c.IdempotencyKey, &completeBy,
-					&budgetMS, &prio, &c.ReplyTo, &c.Payload, &c.Results, &c.UndoneResult, &c.Kind, &c.Undoes, &c.Traceparent); err != nil {
+					&budgetMS, &prio, &c.ReplyTo, &c.Payload, &c.Results, &c.UndoneResult, &c.Kind, &c.Undoes, &c.Traceparent, &res.OrderNamespace); err != nil {
 					break
 				}
 				if idx < 1 || idx > len(batched) {

@@ -4,7 +4,12 @@
 -- complete_by: the step's new state and history, then step_processed or
 -- step_failed. Failed replies come here; ok replies come here only when
 -- their batched statement (statestore/reply.go) could not apply them.
-CREATE OR REPLACE FUNCTION apply_reply(p_order uuid, p_step integer, p_attempt integer, p_ok boolean, p_result jsonb, p_error text, p_actor text, p_started timestamp with time zone, p_sent timestamp with time zone, p_call_us bigint, p_fenced boolean, p_answer text, OUT applied boolean, OUT step_state text, OUT step_name text, OUT took_s double precision, OUT next_step integer, OUT order_status text, OUT order_took_s double precision)
+-- When the reply ended the order, order_took_s and order_namespace say
+-- how long it ran and whose it was. (Dropped first: its results changed
+-- with order_namespace, which CREATE OR REPLACE cannot do; this file is
+-- applied in one transaction.)
+DROP FUNCTION IF EXISTS apply_reply(uuid, integer, integer, boolean, jsonb, text, text, timestamp with time zone, timestamp with time zone, bigint, boolean, text);
+CREATE OR REPLACE FUNCTION apply_reply(p_order uuid, p_step integer, p_attempt integer, p_ok boolean, p_result jsonb, p_error text, p_actor text, p_started timestamp with time zone, p_sent timestamp with time zone, p_call_us bigint, p_fenced boolean, p_answer text, OUT applied boolean, OUT step_state text, OUT step_name text, OUT took_s double precision, OUT next_step integer, OUT order_status text, OUT order_took_s double precision, OUT order_namespace text)
  RETURNS record
  LANGUAGE plpgsql
 AS $function$
@@ -16,6 +21,7 @@ BEGIN
     order_status := '';
     took_s := 0;
     order_took_s := 0;
+    order_namespace := '';
     PERFORM 1 FROM steps WHERE order_id = p_order AND step = p_step FOR UPDATE;
     UPDATE steps
     SET process_state = CASE WHEN p_ok THEN 'processed' ELSE 'error' END,
@@ -46,7 +52,7 @@ BEGIN
         order_status := step_failed(p_order, p_step, p_actor, 'agent replied failed: ' || p_error, v_failures);
     END IF;
     IF order_status IN ('completed', 'failed', 'error') THEN
-        SELECT extract(epoch FROM clock_timestamp() - created_at) INTO order_took_s FROM orders WHERE order_id = p_order;
+        SELECT extract(epoch FROM clock_timestamp() - created_at), namespace INTO order_took_s, order_namespace FROM orders WHERE order_id = p_order;
     END IF;
 END;
 $function$;
