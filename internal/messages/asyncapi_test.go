@@ -85,6 +85,7 @@ func TestAsyncAPIMatchesTheMessages(t *testing.T) {
 		{"StatusEvent", messages.StatusEvent{SchemaVersion: 1, OrderID: id, Status: messages.StatusCompleted, Step: &step, At: at,
 			Results: json.RawMessage(`{"a":{"id":1}}`)}, nil},
 		{"OperatorAlert", messages.OperatorAlert{SchemaVersion: 1, OrderID: id, Step: 2, Reason: "r", FailureCount: 5, At: at}, nil},
+		{"OperatorAlert", messages.OperatorAlert{SchemaVersion: 1, OrderID: id, Step: 2, Reason: "r", FailureCount: 5, At: at, Namespace: "team-a"}, nil},
 		{"Signal", messages.Signal{SchemaVersion: 1, SignalID: "sig-1", OrderID: id, Name: "approved", Payload: json.RawMessage(`{"by":"ann"}`),
 			ReplyTo: "q", By: "ann"}, nil},
 		{"Signal", messages.Signal{SchemaVersion: 1, Name: messages.CallbackFail, Token: "st1." + id + ".1.2.mac", Error: "card declined",

@@ -918,6 +918,9 @@ type OperatorAlert struct {
 	Reason        string    `json:"reason"`
 	FailureCount  int       `json:"failure_count"`
 	At            time.Time `json:"at"`
+	// Namespace is the order's namespace when it is not the default one
+	// (absent for the default's, as before namespaces).
+	Namespace string `json:"namespace,omitempty"`
 }
 
 // Type implements Message.
@@ -939,6 +942,11 @@ func (a OperatorAlert) Validate() error {
 	}
 	if a.FailureCount < 0 {
 		return reject(ReasonInvalidValue, "failure_count %d is negative", a.FailureCount)
+	}
+	if a.Namespace != "" {
+		if err := CheckNamespace(a.Namespace); err != nil {
+			return reject(ReasonInvalidValue, "namespace: %v", err)
+		}
 	}
 	return checkTime("at", a.At)
 }

@@ -169,6 +169,8 @@ func TestRoundTrips(t *testing.T) {
 			func(b []byte) (messages.Message, error) { return messages.DecodeStatusEvent(b) }},
 		{messages.OperatorAlert{SchemaVersion: 1, OrderID: id, Step: 2, Reason: "threshold", FailureCount: 5, At: at},
 			func(b []byte) (messages.Message, error) { return messages.DecodeOperatorAlert(b) }},
+		{messages.OperatorAlert{SchemaVersion: 1, OrderID: id, Step: 2, Reason: "threshold", FailureCount: 5, At: at, Namespace: "team-a"},
+			func(b []byte) (messages.Message, error) { return messages.DecodeOperatorAlert(b) }},
 	}
 	for _, tc := range cases {
 		body, err := messages.Encode(tc.msg)
@@ -547,6 +549,21 @@ func TestStepEventsAreChecked(t *testing.T) {
 	} {
 		if _, err := messages.DecodeStepEvent([]byte(bad)); err == nil {
 			t.Errorf("accepted %s", bad)
+		}
+	}
+}
+
+// An operator alert's namespace, when it has one, is a namespace's name.
+func TestOperatorAlertNamespaceIsAName(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 11, 28, 8, 0, 0, 0, time.UTC)
+	for _, ns := range []string{"Team_A", "-a", strings.Repeat("a", 64)} {
+		body, err := json.Marshal(messages.OperatorAlert{SchemaVersion: 1, OrderID: messages.NewID(), Step: 1, Reason: "r", At: at, Namespace: ns})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := messages.DecodeOperatorAlert(body); err == nil {
+			t.Errorf("an alert of namespace %q decoded", ns)
 		}
 	}
 }

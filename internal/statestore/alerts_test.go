@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"sas/internal/harness/testenv"
+	"sas/internal/messages"
 	"sas/internal/statestore"
 )
 
@@ -231,6 +232,18 @@ func TestAlertsBelongToTheirOrdersNamespace(t *testing.T) {
 	}
 	if alertOf["team-a"].OrderID != inA.OrderID || alertOf["default"].OrderID != inDefault.OrderID {
 		t.Fatalf("alerts by namespace %+v", alertOf)
+	}
+	// The message on the alerts exchange names team-a's; default's is as
+	// it was before namespaces.
+	for ns, a := range alertOf {
+		var body []byte
+		if err := b.pool.QueryRow(ctx, `SELECT body FROM outbox WHERE message_id = $1`, a.MessageID).Scan(&body); err != nil {
+			t.Fatal(err)
+		}
+		msg, err := messages.DecodeOperatorAlert(body)
+		if want := map[string]string{"team-a": "team-a"}[ns]; err != nil || msg.Namespace != want {
+			t.Fatalf("the alert message of %s's order names namespace %q (%v), want %q: %s", ns, msg.Namespace, err, want, body)
+		}
 	}
 	if got, err := b.store.ListAlerts(ctx, statestore.AlertFilter{Namespaces: []string{"team-b"}}); err != nil || len(got) != 0 {
 		t.Fatalf("team-b sees alerts %+v %v", got, err)

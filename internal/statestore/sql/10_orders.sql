@@ -164,7 +164,9 @@ BEGIN
 END;
 $function$;
 
--- operator_alert_body: the body of an operator alert.
+-- operator_alert_body: the body of an operator alert, with its order's
+-- namespace when that is not the default one (a paging integration
+-- routes by it; the default's body is as it was before namespaces).
 CREATE OR REPLACE FUNCTION operator_alert_body(p_order_id uuid, p_step integer, p_reason text, p_failure_count integer)
  RETURNS jsonb
  LANGUAGE sql
@@ -176,6 +178,8 @@ AS $function$
         'reason', p_reason,
         'failure_count', p_failure_count,
         'at', to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
+        || coalesce((SELECT jsonb_build_object('namespace', o.namespace) FROM orders o
+                     WHERE o.order_id = p_order_id AND o.namespace <> 'default'), '{}'::jsonb)
 $function$;
 
 -- raise_alert: records an operator alert and queues it for publishing.
