@@ -36,6 +36,10 @@ workflows:
     steps:
       - {action: score, agent: payments, timeout: 20s}
       - {id: approved, wait: {signal: approved, timeout: 5m, schema: {type: object, required: [by]}}}
+  - name: team-a-only
+    namespaces: [team-a]
+    steps:
+      - {action: charge, agent: payments, timeout: 20s}
 `
 
 // nsToken makes an API token of role acting in namespaces.
@@ -109,6 +113,20 @@ func TestNamespacesIsolateOrdersOverTheAPI(t *testing.T) {
 	}
 	if code, b := submit(every, "team-c", messages.NewID(), "c-1"); code != http.StatusNotFound {
 		t.Fatalf("a submit to a namespace that does not exist: %d %s", code, b)
+	}
+	// A workflow of team-a alone does not exist for team-b's submits.
+	only := func(token, ns string) (int, []byte) {
+		t.Helper()
+		code, _, b := api.call(t, apiCall{method: "POST", path: "/api/v1/orders", token: token, header: map[string]string{"Sas-Namespace": ns},
+			body: submitBody(messages.NewID(), "team-a-only", `{}`)})
+		return code, b
+	}
+	if code, b := only(opsB, "team-b"); code != http.StatusUnprocessableEntity || !strings.Contains(string(b), "unknown_workflow") ||
+		!strings.Contains(string(b), "known: [approval shop]") {
+		t.Fatalf("team-b submitting team-a's workflow: %d %s", code, b)
+	}
+	if code, b := only(opsA, "team-a"); code != http.StatusAccepted {
+		t.Fatalf("team-a submitting its workflow: %d %s", code, b)
 	}
 	// team-b takes team-a's order id, in another text form: refused
 	// without a word of that order.

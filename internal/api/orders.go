@@ -232,7 +232,7 @@ func (s *server) submitNamespace(w http.ResponseWriter, r *http.Request, c calle
 // what came of it. An order id already taken in a namespace the caller
 // may not see is refused without a word of that order.
 func (s *server) acceptOrder(w http.ResponseWriter, r *http.Request, o messages.SubmitOrder, actor, ns string, c caller) {
-	nw, err := intake.Prepare(s.workflows, o, s.cfg.StepTimeout, actor)
+	nw, err := intake.Prepare(s.workflows, o, ns, s.cfg.StepTimeout, actor)
 	if err != nil {
 		s.metrics.orders.WithLabelValues(ns, "rejected").Inc()
 		var rf *intake.Refusal

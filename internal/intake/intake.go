@@ -35,15 +35,17 @@ type Refusal struct {
 
 func (r *Refusal) Error() string { return r.Reason + ": " + r.Detail }
 
-// Prepare checks o against its workflow in reg (known, payload valid for
-// its schema, for_each lists within bounds) and returns the order to
-// write, with its search attributes; a *Refusal when it cannot be taken.
+// Prepare checks o against its workflow in reg (known, and run in
+// namespace ns; payload valid for its schema, for_each lists within
+// bounds) and returns the order to write, with its search attributes; a
+// *Refusal when it cannot be taken.
 // stepTimeout, when set, replaces every step's budget; actor is who
 // writes it, as the history records.
-func Prepare(reg *workflow.Registry, o messages.SubmitOrder, stepTimeout time.Duration, actor string) (statestore.NewOrder, error) {
+func Prepare(reg *workflow.Registry, o messages.SubmitOrder, ns string, stepTimeout time.Duration, actor string) (statestore.NewOrder, error) {
 	wf, ok := reg.Lookup(o.Workflow)
-	if !ok {
-		return statestore.NewOrder{}, &Refusal{ReasonUnknownWorkflow, fmt.Sprintf("workflow %q is not defined (known: %v)", o.Workflow, reg.Names())}
+	if !ok || !wf.In(ns) {
+		// A workflow of other namespaces does not exist in this one.
+		return statestore.NewOrder{}, &Refusal{ReasonUnknownWorkflow, fmt.Sprintf("workflow %q is not defined (known: %v)", o.Workflow, reg.NamesIn(ns))}
 	}
 	payload := o.PayloadJSON()
 	// Decoded once: for the schema and for the canonical form's hash.

@@ -34,6 +34,10 @@ workflows:
   - name: parcels
     steps:
       - {action: label, agent: shipping, for_each: payload.parcels, max_items: 2}
+  - name: team-b-only
+    namespaces: [team-b]
+    steps:
+      - {action: label, agent: shipping}
 `
 
 func registry(t *testing.T) *workflow.Registry {
@@ -64,6 +68,7 @@ func TestPrepareRefusesWhatItsWorkflowRefuses(t *testing.T) {
 		name, workflow, payload, reason, detail string
 	}{
 		{"no such workflow", "nope", `{}`, ReasonUnknownWorkflow, `workflow "nope" is not defined (known: [parcels shop])`},
+		{"another namespace's workflow", "team-b-only", `{}`, ReasonUnknownWorkflow, `workflow "team-b-only" is not defined (known: [parcels shop])`},
 		{"a required key missing", "shop", `{"customer": "c-1"}`, messages.ReasonInvalidPayload, "at /: "},
 		{"a wrong type", "shop", `{"customer": "c-1", "amount": "ten"}`, messages.ReasonInvalidPayload, "at /amount: "},
 		{"a list too long", "parcels", `{"parcels": [1, 2, 3]}`, messages.ReasonInvalidPayload, "max_items"},
@@ -72,7 +77,7 @@ func TestPrepareRefusesWhatItsWorkflowRefuses(t *testing.T) {
 			t.Parallel()
 			o := messages.SubmitOrder{SchemaVersion: messages.SubmitOrderVersion, OrderID: messages.NewID(), Workflow: tc.workflow,
 				Payload: json.RawMessage(tc.payload)}
-			_, err := Prepare(reg, o, 0, "test")
+			_, err := Prepare(reg, o, "", 0, "test")
 			r := refusal(t, err)
 			if r.Reason != tc.reason || !strings.Contains(r.Detail, tc.detail) {
 				t.Fatalf("refusal %q %q, want %q containing %q", r.Reason, r.Detail, tc.reason, tc.detail)
@@ -93,7 +98,7 @@ func TestPrepareMakesTheSameOrderEitherWay(t *testing.T) {
 	at := time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
 	o := messages.SubmitOrder{SchemaVersion: messages.SubmitOrderVersion, OrderID: id, Workflow: "shop", Priority: 3, ReplyTo: "client.r",
 		PlacedAt: &at, Payload: json.RawMessage(`{"customer": "c-1", "amount": 12.5, "express": true}`)}
-	got, err := Prepare(reg, o, 0, "submitter:1")
+	got, err := Prepare(reg, o, "", 0, "submitter:1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +116,7 @@ func TestPrepareMakesTheSameOrderEitherWay(t *testing.T) {
 	if len(got.Attributes) != 3 || *got.Attributes[0].Text != "c-1" || *got.Attributes[1].Num != 12.5 || !*got.Attributes[2].Bool {
 		t.Fatalf("attributes %+v", got.Attributes)
 	}
-	budget, err := Prepare(reg, o, 5*time.Second, "submitter:1")
+	budget, err := Prepare(reg, o, "", 5*time.Second, "submitter:1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +126,7 @@ func TestPrepareMakesTheSameOrderEitherWay(t *testing.T) {
 		}
 	}
 	o.Payload = json.RawMessage(`{ "express":true,"amount":12.5,  "customer":"c-1" }`)
-	again, err := Prepare(reg, o, 0, "api:1")
+	again, err := Prepare(reg, o, "", 0, "api:1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +134,7 @@ func TestPrepareMakesTheSameOrderEitherWay(t *testing.T) {
 		t.Fatal("the same payload, spaced and ordered otherwise, hashes otherwise")
 	}
 	o.Payload = json.RawMessage(`{"customer": "c-1", "amount": 13}`)
-	other, err := Prepare(reg, o, 0, "api:1")
+	other, err := Prepare(reg, o, "", 0, "api:1")
 	if err != nil || bytes.Equal(other.PayloadHash, got.PayloadHash) {
 		t.Fatalf("another payload hashes the same (%v)", err)
 	}
@@ -218,7 +223,7 @@ workflows:
 		if err := o.Validate(); err != nil {
 			t.Fatalf("%s %q: %v", tc.workflow, tc.own, err)
 		}
-		n, err := Prepare(reg, o, 0, "test")
+		n, err := Prepare(reg, o, "", 0, "test")
 		if err != nil || n.Deadline != tc.want || n.OnDeadline != tc.how {
 			t.Fatalf("%s with deadline %q: %v %q (%v), want %v %q", tc.workflow, tc.own, n.Deadline, n.OnDeadline, err, tc.want, tc.how)
 		}
@@ -230,6 +235,22 @@ workflows:
 		var r *messages.DecodeError
 		if !errors.As(err, &r) || r.Reason != messages.ReasonInvalidValue || !strings.Contains(r.Detail, "not a duration from 1s to 366d") {
 			t.Fatalf("deadline %q: %v, want invalid_value saying what a deadline is", bad, err)
+		}
+	}
+}
+
+// A workflow of some namespaces is there for their submits alone.
+func TestPrepareTakesAWorkflowInItsNamespaces(t *testing.T) {
+	t.Parallel()
+	reg := registry(t)
+	o := messages.SubmitOrder{SchemaVersion: messages.SubmitOrderVersion, OrderID: messages.NewID(), Workflow: "team-b-only", Payload: json.RawMessage(`{}`)}
+	if n, err := Prepare(reg, o, "team-b", 0, "test"); err != nil || n.Workflow != "team-b-only" {
+		t.Fatalf("team-b's submit: %+v %v", n, err)
+	}
+	for _, ns := range []string{"", "default", "team-a"} {
+		if r := refusal(t, func() error { _, err := Prepare(reg, o, ns, 0, "test"); return err }()); r.Reason != ReasonUnknownWorkflow ||
+			strings.Contains(r.Detail, "known: [parcels shop team-b-only]") {
+			t.Fatalf("namespace %q's submit: %q %q", ns, r.Reason, r.Detail)
 		}
 	}
 }

@@ -150,6 +150,9 @@ func (s *Store) MigrateOrder(ctx context.Context, orderID string, wf workflow.Wo
 	if v.CanMove && v.From == v.To {
 		v.CanMove, v.Why = false, "it runs that version already"
 	}
+	if v.CanMove && !wf.In(d.Order.Namespace) {
+		v.CanMove, v.Why = false, fmt.Sprintf("that version does not run in namespace %s, the order's", d.Order.Namespace)
+	}
 	if !apply || !v.CanMove {
 		return v, nil
 	}

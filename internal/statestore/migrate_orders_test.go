@@ -67,6 +67,13 @@ func TestARunningOrderMovesToAFixedVersion(t *testing.T) {
 	if err != nil || !dry.CanMove || dry.Moved || strings.Join(dry.Added, ",") != "notify" {
 		t.Fatalf("dry run: %+v %v", dry, err)
 	}
+	// A version that does not run in the order's namespace takes it not.
+	elsewhere := v2
+	elsewhere.Namespaces = []string{"team-a"}
+	if v, err := b.store.MigrateOrder(ctx, o.OrderID, elsewhere, true, "ops"); err != nil || v.CanMove || v.Moved ||
+		!strings.Contains(v.Why, "does not run in namespace default") {
+		t.Fatalf("a version of another namespace: %+v %v", v, err)
+	}
 	if _, after := stepsByName(t, b, o.OrderID); len(after) != len(before) {
 		t.Fatal("a dry run changed the order")
 	}

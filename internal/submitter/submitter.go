@@ -225,7 +225,7 @@ func (h *handler) handle(ctx context.Context, m broker.Message, o messages.Submi
 	refuse := func(reason, detail string) error {
 		return broker.InNamespace(h.refuse(o.OrderID, o.ReplyTo, corr, reason, detail), ns)
 	}
-	nw, err := intake.Prepare(h.workflows, o, h.stepTimeout, h.actor)
+	nw, err := intake.Prepare(h.workflows, o, ns, h.stepTimeout, h.actor)
 	if err != nil {
 		h.metrics.orders.WithLabelValues("rejected").Inc()
 		var r *intake.Refusal

@@ -2,10 +2,12 @@ package workflow
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"strings"
 
 	"go.yaml.in/yaml/v3"
 
@@ -235,6 +237,11 @@ func (p *parser) inbound(n *yaml.Node, wf *Workflow) []Inbound {
 		}
 		if first, dup := seen[in.Name]; dup {
 			p.problem(item.Line, "inbound route %q is declared twice (first at line %d)", in.Name, first)
+			continue
+		}
+		if !wf.In(in.Namespace) {
+			p.problem(item.Line, "inbound route %q acts in namespace %s, where workflow %q does not run; give the route one of %s",
+				in.Name, cmp.Or(in.Namespace, defaultNamespace), wf.Name, strings.Join(wf.Namespaces, ", "))
 			continue
 		}
 		seen[in.Name] = item.Line

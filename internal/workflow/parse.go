@@ -165,9 +165,24 @@ const MaxDepth = 5
 func (p *parser) subProcesses(r *Registry) {
 	starts := map[string][]subRef{}
 	for _, s := range p.subs {
-		if _, ok := r.byName[s.to]; !ok {
+		child, ok := r.byName[s.to]
+		if !ok {
 			p.problem(s.line, "workflow %q is not in the file; write the name of one of its workflows (%s)", s.to, strings.Join(r.Names(), ", "))
 			continue
+		}
+		// A child is written in its parent's namespace: the child must
+		// run in every namespace the parent does.
+		if parent := r.byName[s.from]; len(child.Namespaces) > 0 {
+			if len(parent.Namespaces) == 0 {
+				p.problem(s.line, "workflow %q runs in every namespace, but its sub-process %q only in %s; give %q namespaces: among those",
+					s.from, s.to, strings.Join(child.Namespaces, ", "), s.from)
+			}
+			for _, ns := range parent.Namespaces {
+				if !child.In(ns) {
+					p.problem(s.line, "workflow %q runs in namespace %s, but its sub-process %q does not; add %s to %q's namespaces",
+						s.from, ns, s.to, ns, s.to)
+				}
+			}
 		}
 		starts[s.from] = append(starts[s.from], s)
 	}
@@ -344,6 +359,7 @@ func (p *parser) workflow(n *yaml.Node) (Workflow, bool) {
 		"max_per_key":       func(v *yaml.Node) { maxNode = v },
 		"webhooks":          func(v *yaml.Node) { wf.Webhooks = p.webhooks(v) },
 		"inbound":           func(v *yaml.Node) { inboundNode = v },
+		"namespaces":        func(v *yaml.Node) { wf.Namespaces = p.namespaces(v) },
 		"deadline": func(v *yaml.Node) {
 			var d time.Duration
 			p.duration(v, "deadline", messages.MinDeadline, messages.MaxDeadline, &d)
@@ -375,6 +391,32 @@ func (p *parser) workflow(n *yaml.Node) (Workflow, bool) {
 		wf.Inbound = p.inbound(inboundNode, &wf)
 	}
 	return wf, len(p.problems) == before
+}
+
+// MaxNamespaces bounds the namespaces a workflow lists.
+const MaxNamespaces = 64
+
+// namespaces reads a workflow's namespaces: a list of namespaces' names,
+// each once.
+func (p *parser) namespaces(n *yaml.Node) []string {
+	if n.Kind != yaml.SequenceNode || len(n.Content) == 0 || len(n.Content) > MaxNamespaces {
+		p.problem(n.Line, "namespaces must be a list of 1 to %d namespaces whose orders may run the workflow (leave it out for every namespace)", MaxNamespaces)
+		return nil
+	}
+	var out []string
+	for _, item := range n.Content {
+		item = deref(item)
+		if err := messages.CheckNamespace(item.Value); item.Kind != yaml.ScalarNode || err != nil {
+			p.problem(item.Line, "namespaces: %v", err)
+			continue
+		}
+		if slices.Contains(out, item.Value) {
+			p.problem(item.Line, "namespace %q is listed twice", item.Value)
+			continue
+		}
+		out = append(out, item.Value)
+	}
+	return out
 }
 
 func (p *parser) steps(n *yaml.Node, wf *Workflow) {

@@ -132,18 +132,25 @@ func TestInvalidFilesAreRejectedAtTheirLines(t *testing.T) {
 		{"max_duration of a wait", head + "      - id: w\n        wait: {signal: s, timeout: 1h}\n        max_duration: 2h\n", 4, "remove for_each, input and max_duration"},
 		{"empty", "", 0, "empty"},
 	} {
-		_, err := workflow.Parse("w.yaml", []byte(tc.file))
-		ps, ok := workflow.AsProblems(err)
-		if !ok || len(ps) == 0 {
-			t.Errorf("%s: accepted (%v)", tc.desc, err)
-			continue
-		}
-		if ps[0].Line != tc.line || !strings.Contains(ps[0].Msg, tc.want) {
-			t.Errorf("%s: got %q, want line %d with %q", tc.desc, ps.Error(), tc.line, tc.want)
-		}
-		if tc.line > 0 && !strings.HasPrefix(ps[0].String(), "w.yaml:") {
-			t.Errorf("%s: %q does not start with the file name", tc.desc, ps[0])
-		}
+		refused(t, tc.desc, tc.file, tc.line, tc.want)
+	}
+}
+
+// refused checks that Parse refuses file, its first problem at line
+// with want in its words, named by the file's name.
+func refused(t *testing.T, desc, file string, line int, want string) {
+	t.Helper()
+	_, err := workflow.Parse("w.yaml", []byte(file))
+	ps, ok := workflow.AsProblems(err)
+	if !ok || len(ps) == 0 {
+		t.Errorf("%s: accepted (%v)", desc, err)
+		return
+	}
+	if ps[0].Line != line || !strings.Contains(ps[0].Msg, want) {
+		t.Errorf("%s: got %q, want line %d with %q", desc, ps.Error(), line, want)
+	}
+	if line > 0 && !strings.HasPrefix(ps[0].String(), "w.yaml:") {
+		t.Errorf("%s: %q does not start with the file name", desc, ps[0])
 	}
 }
 
@@ -154,5 +161,63 @@ func TestEveryProblemIsListed(t *testing.T) {
 	ps, _ := workflow.AsProblems(err)
 	if len(ps) != 3 || ps[0].Line != 3 || ps[1].Line != 5 || ps[2].Line != 6 {
 		t.Fatalf("problems:\n%v", err)
+	}
+}
+
+// A workflow may list the namespaces whose orders may run it: to any
+// other it does not exist, and what starts its orders (a schedule, an
+// inbound route, a parent) must be of one of them.
+func TestWorkflowsRunInTheirNamespaces(t *testing.T) {
+	t.Parallel()
+	const file = `
+workflows:
+  - name: open
+    steps:
+      - {action: a, agent: x}
+  - name: team-a-only
+    namespaces: [team-a, team-b]
+    steps:
+      - {action: a, agent: x}
+  - name: parent
+    namespaces: [team-a]
+    steps:
+      - {id: child, workflow: team-a-only}
+`
+	r, err := workflow.Parse("ns.yaml", []byte(file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf, _ := r.Lookup("team-a-only")
+	open, _ := r.Lookup("open")
+	if !wf.In("team-a") || !wf.In("team-b") || wf.In("default") || wf.In("") || wf.In("team-c") || !open.In("team-c") || !open.In("") {
+		t.Fatalf("In: %v", wf.Namespaces)
+	}
+	if got := strings.Join(r.NamesIn("team-c"), ","); got != "open" {
+		t.Fatalf("team-c's workflows: %s", got)
+	}
+	if got := strings.Join(r.NamesIn("team-a"), ","); got != "open,parent,team-a-only" {
+		t.Fatalf("team-a's workflows: %s", got)
+	}
+	const head = "workflows:\n  - name: w\n"
+	for _, tc := range []struct {
+		desc, file string
+		line       int
+		want       string
+	}{
+		{"a bad name", head + "    namespaces: [Team_A]\n    steps:\n      - {action: a, agent: x}\n", 3, "namespaces:"},
+		{"an empty list", head + "    namespaces: []\n    steps:\n      - {action: a, agent: x}\n", 3, "list of 1 to"},
+		{"a name twice", head + "    namespaces: [a, a]\n    steps:\n      - {action: a, agent: x}\n", 3, "listed twice"},
+		{"a schedule of another namespace", head + "    namespaces: [team-a]\n    steps:\n      - {action: a, agent: x}\n" +
+			"schedules:\n  - {name: s, cron: '@hourly', workflow: w, namespace: team-b}\n", 7, "does not run in namespace team-b"},
+		{"a schedule of the default namespace", head + "    namespaces: [team-a]\n    steps:\n      - {action: a, agent: x}\n" +
+			"schedules:\n  - {name: s, cron: '@hourly', workflow: w}\n", 7, "does not run in namespace default"},
+		{"an inbound route of another namespace", head + "    namespaces: [team-a]\n    steps:\n      - {action: a, agent: x}\n" +
+			"    inbound:\n      - {name: r, namespace: team-b, secret_env: S, start: {key: payload.id, payload: payload}}\n", 7, "where workflow \"w\" does not run"},
+		{"a child of fewer namespaces than its parent", head + "    namespaces: [team-a, team-b]\n    steps:\n      - {id: c, workflow: child}\n" +
+			"  - name: child\n    namespaces: [team-a]\n    steps:\n      - {action: a, agent: x}\n", 5, "add team-b to \"child\"'s namespaces"},
+		{"a child of some namespaces, a parent of every one", head + "    steps:\n      - {id: c, workflow: child}\n" +
+			"  - name: child\n    namespaces: [team-a]\n    steps:\n      - {action: a, agent: x}\n", 4, "runs in every namespace"},
+	} {
+		refused(t, tc.desc, tc.file, tc.line, tc.want)
 	}
 }

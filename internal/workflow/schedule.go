@@ -232,6 +232,11 @@ func (p *parser) checkSchedules(r *Registry) {
 			p.problem(ps.wfLine, "the schedule's payload does not suit workflow %s: %v", wf.Name, err)
 			continue
 		}
+		if !wf.In(ps.s.Namespace) {
+			p.problem(ps.wfLine, "workflow %s does not run in namespace %s, the schedule's; add it to the workflow's namespaces, or give the schedule one of %s",
+				wf.Name, cmp.Or(ps.s.Namespace, defaultNamespace), strings.Join(wf.Namespaces, ", "))
+			continue
+		}
 		if r.schedules == nil {
 			r.schedules = map[string]Schedule{}
 		}

@@ -132,6 +132,9 @@ type Workflow struct {
 	// Inbound are the routes that turn foreign events into its orders or
 	// signals (inbound.go).
 	Inbound []Inbound `json:"inbound,omitempty"`
+	// Namespaces are the namespaces whose orders it may run (none: every
+	// namespace); to a submit of any other it does not exist.
+	Namespaces []string `json:"namespaces,omitempty"`
 
 	concurrencyKey *Expr
 	schema         *Schema
@@ -224,6 +227,27 @@ func (r *Registry) Lookup(name string) (Workflow, bool) {
 	}
 	wf, ok := r.byName[name]
 	return wf, ok
+}
+
+// defaultNamespace is the namespace of whatever names none.
+const defaultNamespace = "default"
+
+// In reports whether the workflow's orders may be of namespace ns (""
+// is the default one).
+func (wf Workflow) In(ns string) bool {
+	return len(wf.Namespaces) == 0 || slices.Contains(wf.Namespaces, cmp.Or(ns, defaultNamespace))
+}
+
+// NamesIn lists, in alphabetical order, the workflows namespace ns may
+// run.
+func (r *Registry) NamesIn(ns string) []string {
+	var names []string
+	for _, n := range r.Names() {
+		if r.byName[n].In(ns) {
+			names = append(names, n)
+		}
+	}
+	return names
 }
 
 // Names lists the workflows in alphabetical order.
