@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -72,23 +71,9 @@ func (a *app) ordersMigrate(ctx context.Context, args []string) error {
 			return err
 		}
 	case len(ids) == 0:
-		if ids, err = store.RunningOrders(ctx, wf.Name, wf.Version(), *limit); err != nil {
+		if ids, err = store.RunningOrdersIn(ctx, wf.Name, wf.Version(), *limit, namespaces); err != nil {
 			return err
 		}
-	}
-	if !named && namespaces != nil && len(where) == 0 {
-		// Every running order of the workflow: the namespace's only.
-		var ours []string
-		for _, id := range ids {
-			err := orderIn(ctx, store, id, namespaces)
-			if err != nil && !errors.Is(err, statestore.ErrNotFound) {
-				return err
-			}
-			if err == nil {
-				ours = append(ours, id)
-			}
-		}
-		ids = ours
 	}
 	var verdicts []statestore.MigrationVerdict
 	moved, left := 0, 0

@@ -36,7 +36,6 @@ func (p *Publisher) DeadLetter(ctx context.Context, topo Topology, input string,
 	for k, v := range d.Headers {
 		headers[k] = v
 	}
-	delete(headers, HeaderNamespace)
 	carry(headers, d, topo.DeadLetterExchange())
 	if rej.Namespace != "" {
 		headers[HeaderNamespace] = rej.Namespace
@@ -118,10 +117,13 @@ func origin(d amqp.Delivery, dlx string) (via, user string) {
 	return via, user
 }
 
-// carry writes d's provenance into the headers of a copy of it.
+// carry writes d's provenance into the headers of a copy of it, in
+// place of every header of sas's own that d carried (a publisher may
+// have written any of them; a dead letter sets its namespace after).
 func carry(headers amqp.Table, d amqp.Delivery, dlx string) {
 	delete(headers, HeaderVia)
 	delete(headers, HeaderUserID)
+	delete(headers, HeaderNamespace)
 	via, user := origin(d, dlx)
 	if via != "" {
 		headers[HeaderVia] = via

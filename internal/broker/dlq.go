@@ -250,7 +250,6 @@ func requeued(d amqp.Delivery) amqp.Publishing {
 	}
 	// The dead-letter queue's messages come through the dead-letter
 	// exchange: their provenance is in their headers, or RabbitMQ's.
-	delete(headers, HeaderNamespace)
 	carry(headers, d, d.Exchange)
 	msgID := d.MessageId
 	if msgID == "" {

@@ -184,19 +184,18 @@ func (g *signaler) apply(ctx context.Context, m broker.Message, sig messages.Sig
 		actor = "signal:" + sig.By
 	}
 	var out statestore.SignalOutcome
-	stamp := ns
 	err := service.Retry(ctx, func() error {
-		own, found, err := g.store.NamespaceOf(g.workCtx, sig.OrderID)
-		if err != nil {
-			return err
+		if ns != "" {
+			own, found, err := g.store.NamespaceOf(g.workCtx, sig.OrderID)
+			if err != nil {
+				return err
+			}
+			if !found || own != ns {
+				out = statestore.SignalOutcome{Outcome: statestore.SignalUnknownOrder, Detail: "order " + sig.OrderID + " does not exist"}
+				return nil
+			}
 		}
-		if found && ns == "" {
-			stamp = own
-		}
-		if !found || ns != "" && own != ns {
-			out = statestore.SignalOutcome{Outcome: statestore.SignalUnknownOrder, Detail: "order " + sig.OrderID + " does not exist"}
-			return nil
-		}
+		var err error
 		out, err = g.store.ApplySignal(g.workCtx, statestore.Signal{OrderID: sig.OrderID, ID: sig.SignalID, Name: sig.Name,
 			Payload: sig.Payload, Actor: actor})
 		return err
@@ -220,6 +219,14 @@ func (g *signaler) apply(ctx context.Context, m broker.Message, sig messages.Sig
 	span.SetAttributes(attribute.String("sas.outcome", out.Outcome))
 	if out.Refused() {
 		log.Info("signal refused", "reason", out.Outcome, "detail", out.Detail)
+		// The dead letter of one of sas's own publishers' signals is its
+		// order's namespace's: read only for a refusal.
+		stamp := ns
+		if stamp == "" {
+			if own, found, err := g.store.NamespaceOf(g.workCtx, sig.OrderID); err == nil && found {
+				stamp = own
+			}
+		}
 		return broker.InNamespace(g.refuse(sig.OrderID, sig.ReplyTo, messages.CorrelationID(m.CorrelationID), out.Outcome, out.Detail), stamp)
 	}
 	if out.Outcome == statestore.SignalApplied {

@@ -54,6 +54,10 @@ func (f *fakeSignalStore) NamespaceOf(_ context.Context, orderID string) (string
 }
 
 func (f *fakeSignalStore) ApplySignal(_ context.Context, sig statestore.Signal) (statestore.SignalOutcome, error) {
+	if _, known := f.orders[sig.OrderID]; f.orders != nil && !known {
+		// as the store answers for an order that does not exist
+		return statestore.SignalOutcome{Outcome: statestore.SignalUnknownOrder, Detail: "order " + sig.OrderID + " does not exist"}, nil
+	}
 	f.signals = append(f.signals, sig)
 	if len(f.signalErr) > 0 {
 		err := f.signalErr[0]

@@ -182,9 +182,16 @@ func (s *Store) MigrateOrder(ctx context.Context, orderID string, wf workflow.Wo
 // that run (received, processing) on another version than version: the
 // orders a migration to it looks at.
 func (s *Store) RunningOrders(ctx context.Context, workflow, version string, limit int) ([]string, error) {
+	return s.RunningOrdersIn(ctx, workflow, version, limit, nil)
+}
+
+// RunningOrdersIn is RunningOrders among the orders of namespaces only
+// (nil: every namespace).
+func (s *Store) RunningOrdersIn(ctx context.Context, workflow, version string, limit int, namespaces []string) ([]string, error) {
 	rows, err := s.pool.Query(ctx, `SELECT order_id::text FROM orders
 		WHERE workflow = $1 AND status IN ('received', 'processing') AND workflow_version IS DISTINCT FROM $2
-		ORDER BY created_at, order_id LIMIT $3`, workflow, version, limit)
+		  AND ($4::text[] IS NULL OR namespace = ANY($4))
+		ORDER BY created_at, order_id LIMIT $3`, workflow, version, limit, namespaces)
 	if err != nil {
 		return nil, fmt.Errorf("running orders: %w", err)
 	}
