@@ -294,7 +294,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) (Report, error) {
 	}
 	r.heal(ctx)
 	healed := time.Now()
-	if err := r.waitQuiet(ctx, w.store, healed.Add(cfg.HealTimeout)); err != nil {
+	if err := r.waitQuiet(ctx, w.store, h.Confirmed, healed.Add(cfg.HealTimeout)); err != nil {
 		return rep, err
 	}
 	rep.HealedToQuiet = time.Since(healed)
@@ -625,20 +625,32 @@ func (r *run) heal(ctx context.Context) {
 
 // waitQuiet waits until every order and outbox row has ended, or the
 // deadline passes (which the check then reports as unended orders).
-func (r *run) waitQuiet(ctx context.Context, store *statestore.Store, deadline time.Time) error {
-	r.logger.Info("faults healed; waiting for every order to end")
+func (r *run) waitQuiet(ctx context.Context, store *statestore.Store, confirmed map[string]bool, deadline time.Time) error {
+	r.logger.Info("faults healed; waiting for every order to be written and to end")
+	// The orders the broker confirmed and the store does not hold yet: a
+	// submitter riding out the faults may still have them in hand, and
+	// every order ended means theirs too.
+	coming := make(map[string]bool, len(confirmed))
+	for id := range confirmed {
+		coming[id] = true
+	}
 	for {
+		for id := range coming {
+			if _, found, err := store.NamespaceOf(ctx, id); err == nil && found {
+				delete(coming, id)
+			}
+		}
 		orders, outbox, err := store.Unfinished(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return err
 			}
 			r.logger.Warn("reading progress failed; again", "err", err)
-		} else if orders == 0 && outbox == 0 {
+		} else if orders == 0 && outbox == 0 && len(coming) == 0 {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			r.logger.Error("orders did not all end in time", "unfinished", orders, "outbox", outbox)
+			r.logger.Error("orders did not all end in time", "unfinished", orders, "outbox", outbox, "not_written", len(coming))
 			return nil
 		}
 		select {
