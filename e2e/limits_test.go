@@ -356,6 +356,33 @@ func TestConsoleShowsAndChangesLimits(t *testing.T) {
 	// Raised twentyfold, the backlog is gone in seconds.
 	g.waitTerminal(t, ids, time.Minute)
 
+	// A namespace's own limits on the kind: set, refused for the default
+	// namespace, shown, removed.
+	if out, errOut, code := sasctl(t, g.stack.env, "namespaces", "add", "team-a"); code != 0 {
+		t.Fatalf("namespaces add: %s %s", out, errOut)
+	}
+	do(t, ctx, "limit a namespace", chromedp.Navigate(c.url+"/limits"), chromedp.Click(chromedp.CSS(`#limit-slow a[href$="/namespace"]`)),
+		chromedp.WaitVisible(chromedp.CSS("#for_namespace")), chromedp.SetValue(chromedp.CSS("#for_namespace"), "default"),
+		chromedp.SetValue(chromedp.CSS("#max_in_flight"), "3"), chromedp.Click(chromedp.CSS("#confirm-button")), chromedp.WaitVisible(chromedp.CSS("#failure")))
+	if body := text(t, ctx, "#failure"); !strings.Contains(body, "422") || !strings.Contains(body, "default namespace has no limits of its own") {
+		t.Fatalf("limits of the default namespace answered:\n%s", body)
+	}
+	do(t, ctx, "limit team-a", chromedp.Navigate(c.url+"/limits/slow/namespace"), chromedp.WaitVisible(chromedp.CSS("#for_namespace")),
+		chromedp.SetValue(chromedp.CSS("#for_namespace"), "team-a"), chromedp.SetValue(chromedp.CSS("#max_in_flight"), "3"),
+		chromedp.Click(chromedp.CSS("#confirm-button")), chromedp.WaitVisible(chromedp.CSS("#limit-slow-team-a")))
+	if row := text(t, ctx, "#limit-slow-team-a"); !strings.Contains(row, "max_in_flight=3") || !strings.Contains(row, "as console:alice") {
+		t.Fatalf("team-a's limits row: %q", row)
+	}
+	shots.take(ctx, "namespace-limits")
+	do(t, ctx, "remove team-a's", chromedp.Click(chromedp.CSS(`#limit-slow-team-a a[href*="/namespace/reset"]`)), chromedp.WaitVisible(chromedp.CSS("#confirm-button")),
+		chromedp.Click(chromedp.CSS("#confirm-button")), chromedp.WaitVisible(chromedp.CSS("#namespace-limits")))
+	if n := eval[int](t, ctx, `document.querySelectorAll('#namespace-limits tr.namespace-limit').length`); n != 0 {
+		t.Fatalf("%d namespace limits rows after the removal", n)
+	}
+	if n := g.count(t, `SELECT count(*) FROM operator_actions WHERE target = 'slow in team-a' AND claimed_by = 'console:alice'`); n != 2 {
+		t.Fatalf("%d operator actions record team-a's limits set and removed, want 2", n)
+	}
+
 	// A viewer sees the limits, not the button, and may not post.
 	vctx := browser(t)
 	login(t, vctx, c.url, "victor", "victor's password")
@@ -366,7 +393,10 @@ func TestConsoleShowsAndChangesLimits(t *testing.T) {
 	if status := post(t, vctx, "/limits/slow/set", "rate=1/s"); status != http.StatusForbidden {
 		t.Fatalf("a viewer's change answered %d, want 403", status)
 	}
-	if n := g.count(t, `SELECT count(*) FROM operator_actions WHERE action = 'limits set'`); n != 1 {
+	if status := post(t, vctx, "/limits/slow/namespace", "for_namespace=team-a&max_in_flight=1"); status != http.StatusForbidden {
+		t.Fatalf("a viewer's change of a namespace's limits answered %d, want 403", status)
+	}
+	if n := g.count(t, `SELECT count(*) FROM operator_actions WHERE action = 'limits set' AND target = 'slow'`); n != 1 {
 		t.Fatalf("%d changes recorded, want only alice's", n)
 	}
 }

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"sas/internal/harness/badinput"
@@ -871,4 +873,86 @@ func amqpLogin(t *testing.T) string {
 		t.Fatalf("the broker URL names no login: %v", err)
 	}
 	return u.User.Username()
+}
+
+const nsLimitFile = `
+workflows:
+  - name: shop
+    steps:
+      - {action: charge, agent: payments, timeout: 20s}
+`
+
+// TestANamespaceAtItsLimitLeavesTheKindToOthers: sasctl sets team-a's own
+// max_in_flight of 1 on a kind; team-a's orders, submitted first, run one
+// at a time (no two of its calls overlap, on the database clock), while
+// team-b's, submitted after, are claimed beside them and all end while
+// team-a's backlog still waits. The default namespace takes no limits of
+// its own, nor does a namespace that does not exist; the set and the
+// reset are recorded with the operator.
+func TestANamespaceAtItsLimitLeavesTheKindToOthers(t *testing.T) {
+	t.Parallel()
+	g := runFile(t, "nslimit.yaml", nsLimitFile, pipelineOpts{schedulers: 2, agents: 1,
+		faults: `{"charge":{"latency_min_ms":300,"latency_max_ms":300}}`})
+	api := startAPI(t, g.stack, "", "SAS_WORKFLOWS_FILE="+g.file)
+	if out, errOut, code := sasctl(t, g.stack.env, "namespaces", "add", "team-a", "team-b"); code != 0 {
+		t.Fatalf("namespaces add: %s %s", out, errOut)
+	}
+	for _, bad := range [][]string{{"--namespace", "default", "--max-in-flight", "1"}, {"--namespace", "team-c", "--max-in-flight", "1"},
+		{"--namespace", "team-a", "--min-rate", "1/s"}, {"--namespace", "team-a", "--rate", "0"}, {"--namespace", "Team A", "--max-in-flight", "1"}} {
+		if out, errOut, code := sasctl(t, g.stack.env, append([]string{"limits", "set", "payments"}, bad...)...); code == 0 || errOut == "" {
+			t.Errorf("limits set payments %v: exit %d, %q %q; want refused", bad, code, out, errOut)
+		}
+	}
+	if out, errOut, code := sasctl(t, g.stack.env, "limits", "set", "payments", "--namespace", "team-a", "--max-in-flight", "1", "--as", "ann"); code != 0 ||
+		!strings.Contains(out, "agent payments in namespace team-a: max_in_flight=1") {
+		t.Fatalf("limits set --namespace: %d %s %s", code, out, errOut)
+	}
+	appA, appB := nsToken(t, g, "app-a", "submitter", "team-a"), nsToken(t, g, "app-b", "submitter", "team-b")
+	submit := func(token string, n int) []string {
+		t.Helper()
+		var ids []string
+		for range n {
+			id := messages.NewID()
+			if code, _, b := api.call(t, apiCall{method: "POST", path: "/api/v1/orders", token: token, body: submitBody(id, "shop", `{}`)}); code != http.StatusAccepted {
+				t.Fatalf("submit: %d %s", code, b)
+			}
+			ids = append(ids, id)
+		}
+		return ids
+	}
+	a := submit(appA, 20)
+	b := submit(appB, 6)
+	g.waitTerminal(t, b, time.Minute)
+	if left := g.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND status <> 'completed'`, a); left < 5 {
+		t.Fatalf("team-b's orders ended when %d of team-a's 20 (one at a time, 300 ms each) were left: team-b waited behind them", left)
+	}
+	if out, _, _ := sasctl(t, g.stack.env, "limits", "list", "--namespace", "team-a"); !regexp.MustCompile(`(?m)^payments +team-a +max_in_flight=1 +operator:\S+ as ann`).MatchString(out) {
+		t.Fatalf("limits list --namespace team-a:\n%s", out)
+	}
+	g.waitTerminal(t, a, 2*time.Minute)
+	// No two of team-a's calls overlapped.
+	rows, err := g.pool.Query(context.Background(), `
+		SELECT s.at, e.at FROM transitions s JOIN transitions e ON e.order_id = s.order_id AND e.step = 1 AND e.to_state = 'processed'
+		WHERE s.order_id = ANY($1::uuid[]) AND s.step = 1 AND s.to_state = 'processing' ORDER BY s.at`, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spans, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([2]time.Time, error) {
+		var s [2]time.Time
+		return s, r.Scan(&s[0], &s[1])
+	})
+	if err != nil || len(spans) != len(a) {
+		t.Fatalf("%d spans of team-a's calls (%v), want %d", len(spans), err, len(a))
+	}
+	for i := 1; i < len(spans); i++ {
+		if spans[i][0].Before(spans[i-1][1]) {
+			t.Fatalf("team-a's calls %d and %d overlapped (%v < %v): its max_in_flight of 1 did not hold", i-1, i, spans[i][0], spans[i-1][1])
+		}
+	}
+	if out, errOut, code := sasctl(t, g.stack.env, "limits", "reset", "payments", "--namespace", "team-a"); code != 0 || !strings.Contains(out, "no limits of its own") {
+		t.Fatalf("limits reset --namespace: %d %s %s", code, out, errOut)
+	}
+	if n := g.count(t, `SELECT count(*) FROM operator_actions WHERE target = 'payments in team-a' AND action IN ('limits set', 'limits reset')`); n != 2 {
+		t.Fatalf("%d operator actions record team-a's limits set and reset, want 2", n)
+	}
 }

@@ -15,7 +15,11 @@ import (
 func (a *app) limitsList(ctx context.Context, args []string) error {
 	fs := a.flags()
 	asJSON := fs.Bool("json", false, "print everything as JSON")
+	nsFlag := fs.String("namespace", "", "only this namespace's own limits on kinds")
 	if _, err := a.parse(fs, args); err != nil {
+		return err
+	}
+	if _, err := a.namespaceOf(fs, *nsFlag); err != nil {
 		return err
 	}
 	store, closeStore, err := a.store(ctx)
@@ -23,16 +27,32 @@ func (a *app) limitsList(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeStore()
+	scoped, err := store.ListNamespaceLimits(ctx, *nsFlag)
+	if err != nil {
+		return err
+	}
+	if *nsFlag != "" {
+		if *asJSON {
+			return a.printJSON(scoped)
+		}
+		return a.printNamespaceLimits(scoped, *nsFlag)
+	}
 	rows, err := store.ListLimits(ctx)
 	if err != nil {
 		return err
 	}
 	if *asJSON {
-		return a.printJSON(rows)
+		return a.printJSON(struct {
+			Kinds      []statestore.KindLimits      `json:"kinds"`
+			Namespaces []statestore.NamespaceLimits `json:"namespaces"`
+		}{rows, scoped})
 	}
-	if len(rows) == 0 {
+	if len(rows) == 0 && len(scoped) == 0 {
 		fmt.Fprintln(a.stdout, "no agent kind has limits (a workflows file's limits: section, or sasctl limits set)")
 		return nil
+	}
+	if len(rows) == 0 {
+		return a.printNamespaceLimits(scoped, "")
 	}
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "KIND\tLIMITS\tFROM\tIN_FLIGHT\tWAITING\tOLDEST_WAIT\tOVER_BUDGET\tLOWERED")
@@ -46,6 +66,24 @@ func (a *app) limitsList(ctx context.Context, args []string) error {
 			lowered = "by a 429 until " + stamp(*r.LoweredUntil)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%.1fs\t%d\t%s\n", r.Agent, r.Effective, from, r.InFlight, r.Waiting, r.OldestWait, r.Overdue, lowered)
+	}
+	if err := tw.Flush(); err != nil || len(scoped) == 0 {
+		return err
+	}
+	fmt.Fprintln(a.stdout)
+	return a.printNamespaceLimits(scoped, "")
+}
+
+// printNamespaceLimits prints the namespaces' own limits on kinds.
+func (a *app) printNamespaceLimits(rows []statestore.NamespaceLimits, ns string) error {
+	if len(rows) == 0 {
+		fmt.Fprintf(a.stdout, "namespace %s has no limits of its own (sasctl limits set KIND --namespace %s …); the kinds' limits hold its steps\n", ns, ns)
+		return nil
+	}
+	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "KIND\tNAMESPACE\tLIMITS\tSET_BY\tIN_FLIGHT\tWAITING\tOLDEST_WAIT")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s at %s\t%d\t%d\t%.1fs\n", r.Agent, r.Namespace, r.Limits, r.SetBy, stamp(r.SetAt), r.InFlight, r.Waiting, r.OldestWait)
 	}
 	return tw.Flush()
 }
@@ -66,8 +104,12 @@ func (a *app) limitsSet(ctx context.Context, args []string) error {
 	fs.Func("min-rate", "the floor a service's 429 lowers the rate to, e.g. 5/s (none: a tenth of the rate)", rateFlag(&c.MinRate, &c.ClearMinRate))
 	fs.Func("burst", "claims at once above the rate (none: a tenth of the rate)", countFlag(&c.Burst, &c.ClearBurst))
 	fs.Func("max-in-flight", "steps processing at once (none: no bound)", countFlag(&c.MaxInFlight, &c.ClearMaxInFlight))
+	nsFlag := fs.String("namespace", "", "set this namespace's own limits on the kind, within the kind's (--rate, --burst, --max-in-flight)")
 	rest, err := a.parse(fs, args)
 	if err != nil {
+		return err
+	}
+	if _, err := a.namespaceOf(fs, *nsFlag); err != nil {
 		return err
 	}
 	if len(rest) != 1 {
@@ -84,8 +126,20 @@ func (a *app) limitsSet(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeStore()
+	if pause && *nsFlag != "" {
+		return a.usageError(fs, "a namespace's rate is a positive number; pause its orders (sasctl orders pause) or the kind (sasctl limits pause KIND)")
+	}
 	if pause {
 		return a.pauseKind(ctx, store, rest[0], true, "rate set to 0", claimedName(*as))
+	}
+	if *nsFlag != "" {
+		n, err := store.SetNamespaceLimits(ctx, *nsFlag, rest[0], c, claimedName(*as))
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(a.stdout, "agent %s in namespace %s: %s (set by %s; every scheduler's next claim obeys it, within the kind's limits; "+
+			"sasctl limits reset %s --namespace %s removes it)\n", n.Agent, n.Namespace, n.Limits, n.SetBy, n.Agent, n.Namespace)
+		return nil
 	}
 	k, err := store.SetLimits(ctx, rest[0], c, claimedName(*as))
 	if err != nil {
@@ -100,7 +154,22 @@ func (a *app) limitsSet(ctx context.Context, args []string) error {
 func (a *app) limitsReset(ctx context.Context, args []string) error {
 	fs := a.flags()
 	as := fs.String("as", "", "the name to record beside your database login (default: $USER)")
+	nsFlag := fs.String("namespace", "", "remove this namespace's own limits on the kind (the kind's then hold its steps alone)")
 	return a.onNamed(ctx, fs, args, "give the agent kind (sasctl limits list)", func(store *statestore.Store, kind string) error {
+		if _, err := a.namespaceOf(fs, *nsFlag); err != nil {
+			return err
+		}
+		if *nsFlag != "" {
+			err := store.ResetNamespaceLimits(ctx, *nsFlag, kind, claimedName(*as))
+			if errors.Is(err, statestore.ErrNoLimits) {
+				return fmt.Errorf("agent %s has no limits of namespace %s (sasctl limits list --namespace %s)", kind, *nsFlag, *nsFlag)
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "agent %s in namespace %s: no limits of its own; the kind's hold its steps\n", kind, *nsFlag)
+			return nil
+		}
 		k, err := store.ResetLimits(ctx, kind, claimedName(*as))
 		if errors.Is(err, statestore.ErrNoLimits) {
 			return fmt.Errorf("agent %s has no limits stored (sasctl limits list)", kind)

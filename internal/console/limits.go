@@ -12,14 +12,147 @@ import (
 	"sas/internal/workflow"
 )
 
-// limitsPage shows each agent kind's limits and their use.
+// limitsData is the limits page's: each kind's limits, and the
+// namespaces' own limits on kinds.
+type limitsData struct {
+	Kinds  []statestore.KindLimits
+	Scoped []statestore.NamespaceLimits
+}
+
+// limitsPage shows each agent kind's limits and their use, then the
+// namespaces' own.
 func (s *server) limitsPage(w http.ResponseWriter, r *http.Request, rq *request) {
 	rows, err := s.store.ListLimits(r.Context())
 	if err != nil {
 		s.storeError(w, r, rq, err, "limits")
 		return
 	}
-	s.render(w, r, rq, http.StatusOK, "limits.html", "Limits", rows)
+	scoped, err := s.store.ListNamespaceLimits(r.Context(), "")
+	if err != nil {
+		s.storeError(w, r, rq, err, "limits")
+		return
+	}
+	s.render(w, r, rq, http.StatusOK, "limits.html", "Limits", limitsData{rows, scoped})
+}
+
+// scopedOf reads the kind the path names and the namespace the query or
+// form names ("" when none), and that namespace's limits on the kind
+// (nil when it has none); a kind or namespace out of their rules is 400.
+func (s *server) scopedOf(w http.ResponseWriter, r *http.Request, rq *request) (kind, ns string, now *statestore.NamespaceLimits, ok bool) {
+	kind = r.PathValue("kind")
+	ns = strings.TrimSpace(r.FormValue("for_namespace"))
+	if err := workflow.CheckKind(kind); err != nil {
+		s.fail(w, r, rq, http.StatusBadRequest, err.Error())
+		return "", "", nil, false
+	}
+	if ns == "" {
+		return kind, "", nil, true
+	}
+	if err := statestore.CheckNamespace(ns); err != nil {
+		s.fail(w, r, rq, http.StatusBadRequest, "namespace: "+err.Error())
+		return "", "", nil, false
+	}
+	rows, err := s.store.ListNamespaceLimits(r.Context(), ns)
+	if err != nil {
+		s.storeError(w, r, rq, err, "limits")
+		return "", "", nil, false
+	}
+	for i := range rows {
+		if rows[i].Agent == kind {
+			return kind, ns, &rows[i], true
+		}
+	}
+	return kind, ns, nil, true
+}
+
+// confirmScoped asks for a namespace's own limits on a kind: the
+// namespace's now when the query names one that has them.
+func (s *server) confirmScoped(w http.ResponseWriter, r *http.Request, rq *request) {
+	if !s.mayAct(w, r, rq) {
+		return
+	}
+	kind, ns, now, ok := s.scopedOf(w, r, rq)
+	if !ok {
+		return
+	}
+	var l statestore.Limits
+	details := []string{"A namespace's own limits hold its steps of the kind within the kind's: the other namespaces' steps are claimed beside them. The default namespace has none of its own. Empty: no such limit."}
+	if now != nil {
+		l = now.Limits
+		details = append([]string{"Now: " + l.String() + ", set by " + now.SetBy + "."}, details...)
+	}
+	s.render(w, r, rq, http.StatusOK, "confirm.html", "Limits of "+kind+" in a namespace", confirmData{
+		Question: "Set a namespace's own limits on agent " + kind + "?",
+		Details:  details,
+		Inputs: []confirmInput{
+			{Name: "for_namespace", Label: "Namespace", Value: ns},
+			{Name: "rate", Label: "Rate (e.g. 50/s, 600/m)", Value: rateText(l.Rate)},
+			{Name: "burst", Label: "Burst (claims at once above the rate)", Value: countText(l.Burst)},
+			{Name: "max_in_flight", Label: "Max in flight", Value: countText(l.MaxInFlight)},
+		},
+		Action: "/limits/" + kind + "/namespace", Button: "Set", Back: "/limits",
+	})
+}
+
+func (s *server) setScoped(w http.ResponseWriter, r *http.Request, rq *request) {
+	kind, ns, _, ok := s.scopedOf(w, r, rq)
+	if !ok {
+		return
+	}
+	if ns == "" {
+		s.fail(w, r, rq, http.StatusBadRequest, "Name the namespace whose limits these are.")
+		return
+	}
+	c, err := limitChange(r)
+	if err != nil {
+		s.fail(w, r, rq, http.StatusBadRequest, err.Error())
+		return
+	}
+	c.ClearMinRate = false // a namespace has none
+	if _, err := s.store.SetNamespaceLimits(r.Context(), ns, kind, c, claimedBy(rq)); err != nil {
+		s.storeError(w, r, rq, err, "limits of "+kind+" in namespace "+ns)
+		return
+	}
+	s.logger.Info("console: namespace limits set", "user", rq.user.Name, "kind", kind, "namespace", ns, "change", c.String())
+	s.redirect(w, r, "/limits", "limits changed")
+}
+
+func (s *server) confirmScopedReset(w http.ResponseWriter, r *http.Request, rq *request) {
+	if !s.mayAct(w, r, rq) {
+		return
+	}
+	kind, ns, now, ok := s.scopedOf(w, r, rq)
+	if !ok {
+		return
+	}
+	if now == nil {
+		s.fail(w, r, rq, http.StatusNotFound, "Namespace "+ns+" has no limits of its own on agent "+kind+".")
+		return
+	}
+	s.render(w, r, rq, http.StatusOK, "confirm.html", "Limits of "+kind+" in "+ns, confirmData{
+		Question: "Remove namespace " + ns + "'s own limits on agent " + kind + "?",
+		Details:  []string{"Now: " + now.Limits.String() + ", set by " + now.SetBy + ".", "The kind's limits alone then hold its steps."},
+		Fields:   map[string]string{"for_namespace": ns},
+		Action:   "/limits/" + kind + "/namespace/reset", Button: "Remove", Back: "/limits", Danger: true,
+	})
+}
+
+func (s *server) resetScoped(w http.ResponseWriter, r *http.Request, rq *request) {
+	kind, ns, _, ok := s.scopedOf(w, r, rq)
+	if !ok {
+		return
+	}
+	err := s.store.ResetNamespaceLimits(r.Context(), ns, kind, claimedBy(rq))
+	if errors.Is(err, statestore.ErrNoLimits) {
+		s.fail(w, r, rq, http.StatusNotFound, "Namespace "+ns+" has no limits of its own on agent "+kind+".")
+		return
+	}
+	if err != nil {
+		s.storeError(w, r, rq, err, "limits of "+kind+" in namespace "+ns)
+		return
+	}
+	s.logger.Info("console: namespace limits reset", "user", rq.user.Name, "kind", kind, "namespace", ns)
+	s.redirect(w, r, "/limits", "limits reset")
 }
 
 // limitsOf reads the kind the path names, answering 404 for one the

@@ -214,6 +214,10 @@ func (s *server) routes() http.Handler {
 	act("/limits/{kind}/set", s.setLimits)
 	page("/limits/{kind}/reset", s.confirmLimitsReset)
 	act("/limits/{kind}/reset", s.resetLimits)
+	page("/limits/{kind}/namespace", s.confirmScoped)
+	act("/limits/{kind}/namespace", s.setScoped)
+	page("/limits/{kind}/namespace/reset", s.confirmScopedReset)
+	act("/limits/{kind}/namespace/reset", s.resetScoped)
 	mux.HandleFunc("/", s.notFound)
 	return s.secure(s.origins.only(mux, func(r *http.Request) {
 		s.logger.Warn("console request for another host refused", "host", truncate(r.Host, 100), "addr", clientAddr(r))

@@ -324,6 +324,13 @@ func (c *claimer) claimLimited(ctx context.Context, kind string, room int) (n in
 	case statestore.HeldInFlight:
 		c.metrics.limitHeld.WithLabelValues(kind, lc.Held).Inc()
 		soon = throttledRecheck
+	case statestore.HeldNamespace:
+		// A namespace at its own limit: the others' steps were claimed.
+		c.metrics.limitHeld.WithLabelValues(kind, lc.Held).Inc()
+		soon = throttledRecheck
+		if lc.Retry > 0 {
+			soon = min(max(lc.Retry, minLimitRecheck), throttledRecheck)
+		}
 	}
 	if len(lc.Steps) == 0 {
 		return 0, false, soon

@@ -191,7 +191,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	m.limitHeld = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "sas_limit_held_total", Help: "Claims of a limited agent kind that its limit cut short, by kind and limit (rate, in_flight).",
+		Name: "sas_limit_held_total", Help: "Claims of a limited agent kind that its limit cut short, by kind and limit (rate, in_flight, namespace: a namespace's own).",
 	}, []string{"kind", "limit"})
 	m.limitWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "sas_limit_wait_seconds", Help: "How long steps of a limited (or keyed) agent kind waited pending before their claim, by kind.",
@@ -217,6 +217,7 @@ func (m *metrics) initSeries(workflows *workflow.Registry, kinds []string) {
 		m.queueReady.WithLabelValues(kind)
 		m.limitHeld.WithLabelValues(kind, statestore.HeldRate)
 		m.limitHeld.WithLabelValues(kind, statestore.HeldInFlight)
+		m.limitHeld.WithLabelValues(kind, statestore.HeldNamespace)
 		m.limitWait.WithLabelValues(kind)
 		m.limitLowered.WithLabelValues(kind)
 	}

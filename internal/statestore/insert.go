@@ -481,10 +481,17 @@ func (a *insertArrays) sql() string {
 
 // withNamespaces is insertOrdersSQL writing each order's namespace, the
 // element of the text array p at the order's place (orders of the
-// default namespace write none: the column's default).
+// default namespace write none: the column's default), on the order and
+// on its steps, whose fair_key it then holds (step_fair_key: a
+// namespace's key is never another's, and a kind it has limits on is
+// claimed by it).
 func withNamespaces(q, p string) string {
 	q = strings.Replace(q, "traceparent, start_at)\n", "traceparent, start_at, namespace)\n", 1)
-	return strings.Replace(q, "NULLIF(traceparent, ''), start_at\n", "NULLIF(traceparent, ''), start_at, ("+p+"::text[])[idx]\n", 1)
+	q = strings.Replace(q, "NULLIF(traceparent, ''), start_at\n", "NULLIF(traceparent, ''), start_at, ("+p+"::text[])[idx]\n", 1)
+	q = strings.Replace(q, "due_at, fair_key, fair_max)\n", "due_at, fair_key, fair_max, namespace)\n", 1)
+	ns := "(" + p + "::text[])[insd.idx]"
+	return strings.Replace(q, "CASE WHEN s.agent <> '' THEN insd.fair_key END, CASE WHEN s.agent <> '' THEN insd.fair_max END\n",
+		"step_fair_key("+ns+", s.agent, insd.fair_key), CASE WHEN s.agent <> '' THEN insd.fair_max END, NULLIF("+ns+", 'default')\n", 1)
 }
 
 func (a *insertArrays) args() []any {

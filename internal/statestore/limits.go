@@ -94,12 +94,15 @@ func int32p(v *int) *int32 {
 }
 
 // ManagedKinds lists the agent kinds whose steps are claimed through
-// ClaimLimited: those with a limit (the file's or an operator's), and
-// those with keyed steps pending (a workflow's concurrency_key).
+// ClaimLimited: those with a limit (the file's or an operator's, the
+// kind's or a namespace's), and those with keyed steps pending (a
+// workflow's concurrency_key, or a namespace's).
 func (s *Store) ManagedKinds(ctx context.Context) ([]string, error) {
 	rows, err := s.pool.Query(ctx, `
 SELECT agent FROM agent_limits
 WHERE CASE WHEN set_by IS NULL THEN num_nonnulls(file_max_in_flight, file_rate) ELSE num_nonnulls(set_max_in_flight, set_rate) END > 0
+UNION
+SELECT agent FROM namespace_limits
 UNION
 SELECT k FROM (
     WITH RECURSIVE kinds(k) AS (
@@ -122,6 +125,9 @@ SELECT k FROM (
 const (
 	HeldRate     = "rate"      // the token bucket was empty
 	HeldInFlight = "in_flight" // max_in_flight steps were processing
+	// HeldNamespace: a namespace's own limits on the kind held some of
+	// its steps back (the kind's held none); Retry is set for a rate.
+	HeldNamespace = "namespace"
 )
 
 // LimitedClaim is what ClaimLimited did: the steps claimed (each with
@@ -492,25 +498,28 @@ func fmtPtr[T int | float64](v *T, format string) string {
 	return fmt.Sprintf(format, *v)
 }
 
-// KeyUse is one concurrency key's work on an agent kind.
+// KeyUse is one concurrency key's work on an agent kind, in its
+// namespace (a namespace's key is never another's).
 type KeyUse struct {
-	Agent, Key        string
-	Waiting, InFlight int
+	Agent, Namespace, Key string
+	Waiting, InFlight     int
 }
 
 // KeysInUse reads the keys with the most steps waiting (then in flight),
 // at most limit of them.
 func (s *Store) KeysInUse(ctx context.Context, limit int) ([]KeyUse, error) {
 	rows, err := s.pool.Query(ctx, `
-SELECT agent, fair_key, count(*) FILTER (WHERE process_state = 'pending')::int, count(*) FILTER (WHERE process_state = 'processing')::int
+SELECT agent, coalesce(namespace, 'default'), fair_key_base(fair_key, namespace),
+       count(*) FILTER (WHERE process_state = 'pending')::int, count(*) FILTER (WHERE process_state = 'processing')::int
 FROM steps WHERE process_state IN ('pending', 'processing') AND fair_key IS NOT NULL
-GROUP BY agent, fair_key ORDER BY 3 DESC, 4 DESC, 1, 2 LIMIT $1`, limit)
+  AND (namespace IS NULL OR fair_key <> namespace || E'\x1e')
+GROUP BY agent, namespace, fair_key ORDER BY 4 DESC, 5 DESC, 1, 2, 3 LIMIT $1`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("read keys in use: %w", classify(err))
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (KeyUse, error) {
 		var k KeyUse
-		return k, row.Scan(&k.Agent, &k.Key, &k.Waiting, &k.InFlight)
+		return k, row.Scan(&k.Agent, &k.Namespace, &k.Key, &k.Waiting, &k.InFlight)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read keys in use: %w", classify(err))

@@ -15,25 +15,11 @@ import (
 
 func ptr[T any](v T) *T { return &v }
 
-// limitedOrders inserts n one-step orders of kind, with key k ("" none).
+// limitedOrders inserts n one-step orders of kind, with key k ("" none),
+// in the default namespace.
 func limitedOrders(t *testing.T, b bundle, kind, key string, n, maxPerKey int) []string {
 	t.Helper()
-	orders := make([]statestore.NewOrder, n)
-	ids := make([]string, n)
-	for i := range orders {
-		o := order(1, time.Hour, 3)
-		o.Steps[0].Agent = kind
-		if key != "" {
-			o.Key = &statestore.ConcurrencyKey{Key: key, MaxPerKey: maxPerKey}
-		}
-		orders[i], ids[i] = o, o.OrderID
-	}
-	for start := 0; start < n; start += 1000 {
-		if _, errs := b.store.InsertOrders(ctxFor(t), orders[start:min(start+1000, n)]); len(slices.DeleteFunc(errs, func(e error) bool { return e == nil })) > 0 {
-			t.Fatal(errs)
-		}
-	}
-	return ids
+	return nsOrders(t, b, kind, "", key, n, maxPerKey)
 }
 
 func claimLimited(t *testing.T, b bundle, kind string, room int) statestore.LimitedClaim {

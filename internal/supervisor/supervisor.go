@@ -125,8 +125,10 @@ type metrics struct {
 	// The limits of agent kinds and the keys' use (report).
 	limitRate, limitMaxInFlight, limitInFlight, limitWaiting *prometheus.GaugeVec
 	limitOldestWait, limitOverdue, keyWaiting, keyInFlight   *prometheus.GaugeVec
-	scheduleLate                                             prometheus.Gauge
-	timerLateness                                            prometheus.Histogram
+	// a namespace's own limits on a kind and their use
+	nsLimitRate, nsLimitMaxInFlight, nsLimitInFlight, nsLimitWaiting *prometheus.GaugeVec
+	scheduleLate                                                     prometheus.Gauge
+	timerLateness                                                    prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -236,11 +238,23 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "sas_limit_overdue_steps", Help: "Steps of a limited agent kind that have waited pending longer than their own timeout (their budget), by kind.",
 		}, []string{"kind"}),
 		keyWaiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "sas_limit_key_waiting_steps", Help: "Steps waiting pending, by agent kind and concurrency key (the keys with the most waiting, at most 20).",
-		}, []string{"kind", "key"}),
+			Name: "sas_limit_key_waiting_steps", Help: "Steps waiting pending, by agent kind, namespace and concurrency key (the keys with the most waiting, at most 20).",
+		}, []string{"kind", "namespace", "key"}),
 		keyInFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "sas_limit_key_in_flight", Help: "Steps processing, by agent kind and concurrency key (the same keys as sas_limit_key_waiting_steps).",
-		}, []string{"kind", "key"}),
+			Name: "sas_limit_key_in_flight", Help: "Steps processing, by agent kind, namespace and concurrency key (the same keys as sas_limit_key_waiting_steps).",
+		}, []string{"kind", "namespace", "key"}),
+		nsLimitRate: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sas_limit_namespace_rate", Help: "A namespace's own rate limit on an agent kind (claims a second), by kind and namespace.",
+		}, []string{"kind", "namespace"}),
+		nsLimitMaxInFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sas_limit_namespace_max_in_flight", Help: "A namespace's own max_in_flight on an agent kind, by kind and namespace.",
+		}, []string{"kind", "namespace"}),
+		nsLimitInFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sas_limit_namespace_in_flight", Help: "A namespace's steps processing of an agent kind it has limits on, by kind and namespace.",
+		}, []string{"kind", "namespace"}),
+		nsLimitWaiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sas_limit_namespace_waiting_steps", Help: "A namespace's due steps waiting pending of an agent kind it has limits on, by kind and namespace.",
+		}, []string{"kind", "namespace"}),
 		scheduleLateness: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "sas_schedule_tick_lateness_seconds", Help: "How long after a schedule's tick (database clock) the leader started its order.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
@@ -272,7 +286,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.inFlight.WithLabelValues(statestore.DefaultNamespace)
 	reg.MustRegister(m.webhooks, m.deadlines, m.paused, m.pausedOldest, m.archived, m.archiveErrors, m.archiveUp, m.leader, m.sweeps, m.resets, m.failures, m.errors, m.sweepDuration, m.steps, m.oldestPending, m.oldestProcessing,
 		m.openAlerts, m.inFlight, m.quotaInFlight, m.analyzed, m.vacuumed, m.purged, m.timersFired, m.timerLateness, m.scheduleTicks, m.scheduleNext, m.scheduleLast, m.scheduleLateness, m.scheduleLate,
-		m.limitRate, m.limitMaxInFlight, m.limitInFlight, m.limitWaiting, m.limitOldestWait, m.limitOverdue, m.keyWaiting, m.keyInFlight)
+		m.limitRate, m.limitMaxInFlight, m.limitInFlight, m.limitWaiting, m.limitOldestWait, m.limitOverdue, m.keyWaiting, m.keyInFlight,
+		m.nsLimitRate, m.nsLimitMaxInFlight, m.nsLimitInFlight, m.nsLimitWaiting)
 	return m
 }
 

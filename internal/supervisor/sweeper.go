@@ -503,8 +503,28 @@ func (s *sweeper) reportLimits(ctx context.Context) {
 	m.keyWaiting.Reset()
 	m.keyInFlight.Reset()
 	for _, k := range keys {
-		m.keyWaiting.WithLabelValues(k.Agent, k.Key).Set(float64(k.Waiting))
-		m.keyInFlight.WithLabelValues(k.Agent, k.Key).Set(float64(k.InFlight))
+		m.keyWaiting.WithLabelValues(k.Agent, k.Namespace, k.Key).Set(float64(k.Waiting))
+		m.keyInFlight.WithLabelValues(k.Agent, k.Namespace, k.Key).Set(float64(k.InFlight))
+	}
+	scoped, err := s.store.ListNamespaceLimits(ctx, "")
+	if err != nil {
+		if ctx.Err() == nil {
+			s.logger.Warn("reading the namespaces' limits failed", "err", err)
+		}
+		return
+	}
+	for _, g := range []*prometheus.GaugeVec{m.nsLimitRate, m.nsLimitMaxInFlight, m.nsLimitInFlight, m.nsLimitWaiting} {
+		g.Reset()
+	}
+	for _, n := range scoped {
+		if n.Limits.Rate != nil {
+			m.nsLimitRate.WithLabelValues(n.Agent, n.Namespace).Set(*n.Limits.Rate)
+		}
+		if n.Limits.MaxInFlight != nil {
+			m.nsLimitMaxInFlight.WithLabelValues(n.Agent, n.Namespace).Set(float64(*n.Limits.MaxInFlight))
+		}
+		m.nsLimitInFlight.WithLabelValues(n.Agent, n.Namespace).Set(float64(n.InFlight))
+		m.nsLimitWaiting.WithLabelValues(n.Agent, n.Namespace).Set(float64(n.Waiting))
 	}
 }
 

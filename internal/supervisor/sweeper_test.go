@@ -164,13 +164,41 @@ func TestReportLimitsAndKeys(t *testing.T) {
 	s.report(ctx)
 	m := s.metrics
 	if got := []float64{testutil.ToFloat64(m.limitRate.WithLabelValues("pay")), testutil.ToFloat64(m.limitMaxInFlight.WithLabelValues("pay")),
-		testutil.ToFloat64(m.limitWaiting.WithLabelValues("pay")), testutil.ToFloat64(m.keyWaiting.WithLabelValues("pay", "tenant-a"))}; got[0] != 50 || got[1] != 2 || got[2] != 5 || got[3] != 3 {
+		testutil.ToFloat64(m.limitWaiting.WithLabelValues("pay")), testutil.ToFloat64(m.keyWaiting.WithLabelValues("pay", "default", "tenant-a"))}; got[0] != 50 || got[1] != 2 || got[2] != 5 || got[3] != 3 {
 		t.Fatalf("rate, max_in_flight, waiting, tenant-a waiting = %v, want [50 2 5 3]", got)
+	}
+	// A namespace's own limits on the kind, and its key, are its own.
+	if _, err := store.AddNamespace(ctx, "team-a", "test"); err != nil {
+		t.Fatal(err)
+	}
+	one := 1
+	if _, err := store.SetNamespaceLimits(ctx, "team-a", "pay", statestore.LimitChange{MaxInFlight: &one}, ""); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		id := messages.NewID()
+		h := sha256.Sum256([]byte(id))
+		if _, err := store.InsertOrder(ctx, statestore.NewOrder{OrderID: id, Workflow: "test", Payload: []byte(`{}`), PayloadHash: h[:], Actor: "test",
+			FailurePolicy: statestore.PolicyHold, Namespace: "team-a", Key: &statestore.ConcurrencyKey{Key: "tenant-a"},
+			Steps: []statestore.NewStep{{Name: "s", Agent: "pay", Timeout: time.Minute, MaxFailures: 3}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.report(ctx)
+	if got := []float64{testutil.ToFloat64(m.nsLimitMaxInFlight.WithLabelValues("pay", "team-a")), testutil.ToFloat64(m.nsLimitWaiting.WithLabelValues("pay", "team-a")),
+		testutil.ToFloat64(m.keyWaiting.WithLabelValues("pay", "team-a", "tenant-a")), testutil.ToFloat64(m.keyWaiting.WithLabelValues("pay", "default", "tenant-a"))}; got[0] != 1 || got[1] != 2 || got[2] != 2 || got[3] != 3 {
+		t.Fatalf("team-a's max_in_flight, waiting, its key's waiting, default's key's waiting = %v, want [1 2 2 3]", got)
+	}
+	if err := store.ResetNamespaceLimits(ctx, "team-a", "pay", ""); err != nil {
+		t.Fatal(err)
 	}
 	if err := store.SyncLimits(ctx, []string{"pay"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	s.report(ctx)
+	if n := testutil.CollectAndCount(m.nsLimitMaxInFlight); n != 0 {
+		t.Fatalf("%d namespace max_in_flight series once its limits are gone", n)
+	}
 	if n := testutil.CollectAndCount(m.limitRate); n != 0 {
 		t.Fatalf("%d rate series once the limits are gone", n)
 	}

@@ -434,19 +434,20 @@ BEGIN
     END IF;
     SELECT max(step) INTO v_last FROM steps WHERE order_id = p_order;
     INSERT INTO steps (order_id, step, name, kind, agent, process_state, priority, timeout, max_failures, idempotency_key,
-                       backoff_base, backoff_max, needs, ancestors, spec, parent, item_index, item)
+                       backoff_base, backoff_max, needs, ancestors, spec, parent, item_index, item, fair_key, fair_max, namespace)
     SELECT p.order_id, v_last + 1 + it.i, p.name, 'action', p.agent, 'waiting', p.priority, p.timeout, p.max_failures,
            p.idempotency_key || '/' || it.i, p.backoff_base, p.backoff_max, '{}', p.ancestors,
-           p.spec - 'for_each' - 'when' - 'delay_ms', p.step, it.i, it.item
+           p.spec - 'for_each' - 'when' - 'delay_ms', p.step, it.i, it.item, p.fair_key, p.fair_max, p.namespace
     FROM steps p, jsonb_array_elements(p_items) WITH ORDINALITY AS it0(item, n), LATERAL (SELECT (it0.n - 1)::int AS i, it0.item) it
     WHERE p.order_id = p_order AND p.step = p_step;
     SELECT * INTO v_comp FROM steps WHERE order_id = p_order AND compensates = p_step;
     IF FOUND THEN
         INSERT INTO steps (order_id, step, name, kind, compensates, agent, process_state, priority, timeout, max_failures,
-                           idempotency_key, backoff_base, backoff_max, needs, ancestors, parent, item_index, item)
+                           idempotency_key, backoff_base, backoff_max, needs, ancestors, parent, item_index, item, fair_key, fair_max, namespace)
         SELECT v_comp.order_id, v_last + 1 + v_n + i.item_index, v_comp.name, 'compensation', i.step, v_comp.agent, 'waiting',
                v_comp.priority, v_comp.timeout, v_comp.max_failures, v_comp.idempotency_key || '/' || i.item_index,
-               v_comp.backoff_base, v_comp.backoff_max, v_comp.needs, v_comp.ancestors, v_comp.step, i.item_index, i.item
+               v_comp.backoff_base, v_comp.backoff_max, v_comp.needs, v_comp.ancestors, v_comp.step, i.item_index, i.item,
+               v_comp.fair_key, v_comp.fair_max, v_comp.namespace
         FROM steps i WHERE i.order_id = p_order AND i.parent = p_step AND i.kind = 'action';
         SELECT coalesce(array_agg(step ORDER BY step), '{}') INTO v_comps FROM steps
         WHERE order_id = p_order AND parent = v_comp.step AND kind = 'compensation';

@@ -15,6 +15,13 @@
 -- room, so its cost follows its room, not the backlog or the keys. held says which
 -- limit cut the room ('rate', 'in_flight', or '' when none did), and for
 -- 'rate' retry_ms how soon the bucket holds a whole token again.
+-- A namespace's own limits on the kind (namespace_limits) cut its steps'
+-- share of the room the same way, its steps being keyed by it
+-- (step_fair_key): a namespace with no room left is passed over in the
+-- round (its keys are probed, at most 256 beyond the room, never its
+-- steps), the round goes on past it, and the claim takes the others'.
+-- held is then 'namespace' when the kind's own limits held nothing, with
+-- retry_ms for a namespace's rate.
 -- Its plans are made for each call's values (how much room, which
 -- cursor), and never compiled: with a backlog of thousands the planner's
 -- estimates pass jit_above_cost, and compiling them took a second of CPU
@@ -36,6 +43,15 @@ DECLARE
     v_in_flight integer;
     v_counted timestamptz;
     v_cursor text;
+    v_nl namespace_limits;
+    v_ns text[] := '{}';
+    v_ns_room integer[] := '{}';
+    v_ns_tokens double precision[] := '{}';
+    v_ns_rate double precision[] := '{}';
+    v_held_ns text[] := '{}';
+    v_room integer;
+    v_tok double precision;
+    v_picked_ns text[];
 BEGIN
     held := '';
     retry_ms := 0;
@@ -90,48 +106,80 @@ BEGIN
         END IF;
     END IF;
     IF v_allowed > 0 THEN
+        -- Each namespace's room under its own limits on the kind.
+        FOR v_nl IN SELECT * FROM namespace_limits nl WHERE nl.agent = p_agent ORDER BY nl.namespace LOOP
+            v_room := v_allowed;
+            v_tok := NULL;
+            IF v_nl.rate IS NOT NULL THEN
+                v_tok := least(coalesce(v_nl.burst, greatest(1, ceil(v_nl.rate / 10))),
+                               v_nl.tokens + v_nl.rate * greatest(extract(epoch FROM v_now - v_nl.refilled_at), 0));
+                v_room := least(v_room, greatest(floor(v_tok)::integer, 0));
+            END IF;
+            IF v_nl.max_in_flight IS NOT NULL AND v_room > 0 THEN
+                v_room := least(v_room, greatest(v_nl.max_in_flight - (SELECT count(*) FROM steps s
+                    WHERE s.agent = p_agent AND s.namespace = v_nl.namespace AND s.process_state = 'processing')::integer, 0));
+            END IF;
+            v_ns := v_ns || v_nl.namespace;
+            v_ns_room := v_ns_room || v_room;
+            v_ns_tokens := v_ns_tokens || v_tok;
+            v_ns_rate := v_ns_rate || v_nl.rate;
+            IF v_room = 0 THEN
+                v_held_ns := v_held_ns || v_nl.namespace;
+            END IF;
+        END LOOP;
+    END IF;
+    IF v_allowed > 0 THEN
         -- The keys with pending steps, each found by one probe of the
         -- keyed index: those after the last one served, then from the
         -- first, at most v_allowed in all (each gets a turn before any
-        -- gets two), with their max_per_key.
-        WITH RECURSIVE keys(k, m, d) AS (
-            (SELECT s.fair_key, s.fair_max, 1 FROM steps s
+        -- gets two), with their max_per_key and namespace. Keys of a
+        -- namespace with no room (v_held_ns) take no turn (d counts the
+        -- others), and at most 256 of them are probed beyond the room (t
+        -- counts every key, its place in the round).
+        WITH RECURSIVE keys(k, m, ns, d, t) AS (
+            (SELECT s.fair_key, s.fair_max, s.namespace, CASE WHEN s.namespace = ANY(v_held_ns) THEN 0 ELSE 1 END, 1 FROM steps s
              WHERE s.agent = p_agent AND s.process_state = 'pending' AND s.fair_key IS NOT NULL
                AND (l.fair_cursor IS NULL OR s.fair_key > l.fair_cursor)
              ORDER BY s.fair_key LIMIT 1)
             UNION ALL
-            SELECT n.fair_key, n.fair_max, keys.d + 1 FROM keys
-            CROSS JOIN LATERAL (SELECT s.fair_key, s.fair_max FROM steps s
+            SELECT n.fair_key, n.fair_max, n.namespace, keys.d + CASE WHEN n.namespace = ANY(v_held_ns) THEN 0 ELSE 1 END, keys.t + 1
+            FROM keys
+            CROSS JOIN LATERAL (SELECT s.fair_key, s.fair_max, s.namespace FROM steps s
                                 WHERE s.agent = p_agent AND s.process_state = 'pending' AND s.fair_key IS NOT NULL AND s.fair_key > keys.k
                                 ORDER BY s.fair_key LIMIT 1) n
-            WHERE keys.d < v_allowed
-        ), wrapped(k, m, d) AS (
-            (SELECT s.fair_key, s.fair_max, (SELECT count(*) FROM keys)::integer + 1 FROM steps s
+            WHERE keys.d < v_allowed AND keys.t < v_allowed + 256
+        ), wrapped(k, m, ns, d, t) AS (
+            (SELECT s.fair_key, s.fair_max, s.namespace,
+                    (SELECT coalesce(max(keys.d), 0) FROM keys)::integer + CASE WHEN s.namespace = ANY(v_held_ns) THEN 0 ELSE 1 END,
+                    (SELECT coalesce(max(keys.t), 0) FROM keys)::integer + 1
+             FROM steps s
              WHERE s.agent = p_agent AND s.process_state = 'pending' AND s.fair_key IS NOT NULL AND s.fair_key <= l.fair_cursor
-               AND (SELECT count(*) FROM keys) < v_allowed
+               AND (SELECT coalesce(max(keys.d), 0) FROM keys) < v_allowed AND (SELECT coalesce(max(keys.t), 0) FROM keys) < v_allowed + 256
              ORDER BY s.fair_key LIMIT 1)
             UNION ALL
-            SELECT n.fair_key, n.fair_max, wrapped.d + 1 FROM wrapped
-            CROSS JOIN LATERAL (SELECT s.fair_key, s.fair_max FROM steps s
+            SELECT n.fair_key, n.fair_max, n.namespace, wrapped.d + CASE WHEN n.namespace = ANY(v_held_ns) THEN 0 ELSE 1 END, wrapped.t + 1
+            FROM wrapped
+            CROSS JOIN LATERAL (SELECT s.fair_key, s.fair_max, s.namespace FROM steps s
                                 WHERE s.agent = p_agent AND s.process_state = 'pending' AND s.fair_key IS NOT NULL
                                   AND s.fair_key > wrapped.k AND s.fair_key <= l.fair_cursor
                                 ORDER BY s.fair_key LIMIT 1) n
-            WHERE wrapped.d < v_allowed
+            WHERE wrapped.d < v_allowed AND wrapped.t < v_allowed + 256
         ), ring AS (
-            SELECT k, m, d AS pos, ceil(v_allowed::numeric / count(*) OVER ())::integer AS share
+            SELECT k, m, ns, t AS pos, coalesce(ns = ANY(v_held_ns), false) AS held,
+                   ceil(v_allowed::numeric / greatest(count(*) FILTER (WHERE NOT coalesce(ns = ANY(v_held_ns), false)) OVER (), 1))::integer AS share
             FROM (SELECT * FROM keys UNION ALL SELECT * FROM wrapped) x
         ), room AS (
-            SELECT ring.k, ring.pos, greatest(0, least(ring.share, coalesce(
+            SELECT ring.k, ring.ns, ring.pos, CASE WHEN ring.held THEN 0 ELSE greatest(0, least(ring.share, coalesce(
                        ring.m - (SELECT count(*) FROM steps s WHERE s.agent = p_agent AND s.process_state = 'processing'
                                                                  AND s.fair_key IS NOT NULL AND s.fair_key = ring.k)::integer,
-                       v_allowed))) AS n
+                       v_allowed), coalesce(v_ns_room[array_position(v_ns, ring.ns)], v_allowed))) END AS n
             FROM ring
         ), keyed AS (
-            SELECT c.order_id, c.step, c.available_at, room.k, room.pos,
+            SELECT c.order_id, c.step, c.available_at, room.k, room.pos, c.namespace AS ns,
                    row_number() OVER (PARTITION BY room.k ORDER BY c.priority DESC, c.available_at, c.order_id, c.step) AS r
             FROM room
             CROSS JOIN LATERAL (
-                SELECT s.order_id, s.step, s.available_at, s.priority FROM steps s
+                SELECT s.order_id, s.step, s.available_at, s.priority, s.namespace FROM steps s
                 WHERE s.agent = p_agent AND s.process_state = 'pending' AND s.fair_key IS NOT NULL AND s.fair_key = room.k
                   AND s.available_at <= now()
                   AND ((SELECT NOT EXISTS (SELECT 1 FROM order_pauses)) OR NOT EXISTS (SELECT 1 FROM order_pauses op WHERE op.order_id = s.order_id))
@@ -140,23 +188,56 @@ BEGIN
                 LIMIT room.n
                 FOR UPDATE SKIP LOCKED) c
         ), plain AS (
-            SELECT u.order_id, u.step, u.available_at, NULL::text AS k, 0::bigint AS pos,
+            SELECT u.order_id, u.step, u.available_at, NULL::text AS k, 0::bigint AS pos, NULL::text AS ns,
                    row_number() OVER (ORDER BY u.priority DESC, u.available_at, u.order_id, u.step) AS r
             FROM (SELECT s.order_id, s.step, s.available_at, s.priority FROM steps s
                   WHERE s.agent = p_agent AND s.process_state = 'pending' AND s.fair_key IS NULL AND s.available_at <= now()
                     AND ((SELECT NOT EXISTS (SELECT 1 FROM order_pauses)) OR NOT EXISTS (SELECT 1 FROM order_pauses op WHERE op.order_id = s.order_id))
                     AND (s.attempt > 0 OR s.step > 1 OR EXISTS (SELECT 1 FROM orders o WHERE o.order_id = s.order_id FOR UPDATE SKIP LOCKED))
                   ORDER BY s.priority DESC, s.available_at, s.order_id, s.step
-                  LIMIT CASE WHEN EXISTS (SELECT 1 FROM ring) THEN (SELECT max(share) FROM ring) ELSE v_allowed END
+                  LIMIT CASE WHEN EXISTS (SELECT 1 FROM ring WHERE NOT ring.held) THEN (SELECT max(share) FROM ring) ELSE v_allowed END
                   FOR UPDATE SKIP LOCKED) u
+        ), cut AS (
+            -- A namespace's steps beyond its room (its keys each had it).
+            SELECT x.*, row_number() OVER (PARTITION BY x.ns ORDER BY x.r, x.pos) AS nr
+            FROM (SELECT * FROM keyed UNION ALL SELECT * FROM plain) x
         ), chosen AS (
-            SELECT * FROM (SELECT * FROM keyed UNION ALL SELECT * FROM plain) x ORDER BY x.r, x.pos LIMIT v_allowed
+            SELECT * FROM cut
+            WHERE cut.ns IS NULL OR cut.nr <= coalesce(v_ns_room[array_position(v_ns, cut.ns)], v_allowed)
+            ORDER BY cut.r, cut.pos LIMIT v_allowed
         )
         SELECT array_agg(c.order_id ORDER BY c.r, c.pos), array_agg(c.step ORDER BY c.r, c.pos),
                array_agg(greatest(extract(epoch FROM v_now - c.available_at), 0)::float8 ORDER BY c.r, c.pos),
-               (array_agg(c.k ORDER BY c.r DESC, c.pos DESC) FILTER (WHERE c.k IS NOT NULL))[1]
-        INTO order_ids, steps, waited, v_cursor
+               -- The round goes on after the last key served, or passed
+               -- over in the last round served.
+               (SELECT z.k FROM (SELECT c2.k, c2.r, c2.pos FROM chosen c2 WHERE c2.k IS NOT NULL
+                                 UNION ALL
+                                 SELECT ring.k, coalesce((SELECT max(c3.r) FROM chosen c3 WHERE c3.k IS NOT NULL), 1), ring.pos
+                                 FROM ring WHERE ring.held) z
+                ORDER BY z.r DESC, z.pos DESC LIMIT 1),
+               array_agg(c.ns) FILTER (WHERE c.ns IS NOT NULL)
+        INTO order_ids, steps, waited, v_cursor, v_picked_ns
         FROM chosen c;
+    END IF;
+    IF held = '' AND cardinality(v_ns) > 0 THEN
+        -- A namespace's limits held some of its steps back: one with no
+        -- room for a step it has pending, or that took all its room.
+        SELECT CASE WHEN count(*) > 0 THEN 'namespace' ELSE '' END,
+               coalesce(min(ceil((1 - (x.tok - x.took)) / x.rate * 1000)::integer) FILTER (WHERE x.rate IS NOT NULL AND x.tok - x.took < 1), 0)
+        INTO held, retry_ms
+        FROM (SELECT u.ns, u.room, u.tok, u.rate,
+                     (SELECT count(*) FROM unnest(v_picked_ns) p WHERE p = u.ns)::integer AS took
+              FROM unnest(v_ns, v_ns_room, v_ns_tokens, v_ns_rate) AS u(ns, room, tok, rate)) x
+        WHERE x.took >= x.room AND x.room < v_allowed
+          AND EXISTS (SELECT 1 FROM steps s WHERE s.agent = p_agent AND s.namespace = x.ns AND s.process_state = 'pending'
+                                              AND s.available_at <= now() AND s.fair_key IS NOT NULL LIMIT 1);
+    END IF;
+    IF cardinality(v_ns_tokens) > 0 THEN
+        UPDATE namespace_limits nl SET
+            tokens = u.tok - (SELECT count(*) FROM unnest(v_picked_ns) p WHERE p = u.ns),
+            refilled_at = v_now
+        FROM unnest(v_ns, v_ns_tokens) AS u(ns, tok)
+        WHERE nl.agent = p_agent AND nl.namespace = u.ns AND u.tok IS NOT NULL;
     END IF;
     IF held = 'rate' THEN
         retry_ms := ceil((1 - (v_tokens - coalesce(cardinality(order_ids), 0))) / v_rate * 1000)::integer;
@@ -202,4 +283,98 @@ AS $function$
     WHERE a.agent = p_agent AND CASE WHEN a.set_by IS NULL THEN a.file_rate ELSE a.set_rate END IS NOT NULL
       AND (a.lowered_at IS NULL OR a.lowered_at < clock_timestamp() - interval '1 second')
     RETURNING a.lowered_rate
+$function$;
+
+-- step_fair_key: the fair_key of a step of kind p_agent (none for a step
+-- sas performs itself, p_agent '') in an order of namespace p_ns whose
+-- concurrency key is p_key (NULL: none). The default namespace's steps
+-- carry the key as it is. Another namespace's carry it after the
+-- namespace and a unit separator (a tenant's key is never another's);
+-- with no key, those of a kind the namespace has limits on carry the
+-- namespace and a record separator, so that limited_pick serves them by
+-- it; the others none, claimed as the default's are.
+CREATE OR REPLACE FUNCTION step_fair_key(p_ns text, p_agent text, p_key text)
+ RETURNS text
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT CASE WHEN p_agent = '' THEN NULL
+                WHEN p_ns IS NULL OR p_ns = 'default' THEN p_key
+                WHEN p_key IS NOT NULL THEN p_ns || E'\x1f' || p_key
+                WHEN EXISTS (SELECT 1 FROM namespace_limits nl WHERE nl.agent = p_agent AND nl.namespace = p_ns) THEN p_ns || E'\x1e'
+           END
+$function$;
+
+-- fair_key_base: the concurrency key a fair_key of a step of namespace
+-- p_ns (NULL: the default) holds, NULL when none (step_fair_key's
+-- inverse).
+CREATE OR REPLACE FUNCTION fair_key_base(p_key text, p_ns text)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+    SELECT CASE WHEN p_ns IS NULL OR p_key IS NULL THEN p_key
+                WHEN p_key = p_ns || E'\x1e' THEN NULL
+                WHEN starts_with(p_key, p_ns || E'\x1f') THEN substr(p_key, length(p_ns) + 2)
+                ELSE p_key END
+$function$;
+
+-- namespace_limits_set: an operator sets namespace p_ns's limits on kind
+-- p_agent (each NULL for none; the caller has applied its change to the
+-- limits in force and checked the rule), recorded with p_detail; the
+-- namespace's live steps of the kind with no key are keyed by it from now
+-- (step_fair_key), so that the next claim obeys them.
+CREATE OR REPLACE FUNCTION namespace_limits_set(p_ns text, p_agent text, p_max integer, p_rate double precision, p_burst integer,
+                                                p_detail text, p_claimed text)
+ RETURNS void
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $function$
+DECLARE
+    v_actor text := operator_begin(p_claimed);
+BEGIN
+    IF p_ns = 'default' THEN
+        RAISE EXCEPTION 'the default namespace has no limits of its own: the kind''s limits hold its steps (sasctl limits set %)', p_agent
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM 1 FROM namespaces WHERE name = p_ns FOR SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'there is no namespace %', p_ns USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO namespace_limits AS nl (agent, namespace, max_in_flight, rate, burst, tokens, refilled_at, set_by, set_at)
+    VALUES (p_agent, p_ns, p_max, p_rate, p_burst, coalesce(p_burst, greatest(1, ceil(p_rate / 10))), clock_timestamp(),
+            v_actor || coalesce(' as ' || NULLIF(left(p_claimed, 100), ''), ''), clock_timestamp())
+    ON CONFLICT (agent, namespace) DO UPDATE SET max_in_flight = EXCLUDED.max_in_flight, rate = EXCLUDED.rate, burst = EXCLUDED.burst,
+        tokens = least(nl.tokens, coalesce(EXCLUDED.burst, greatest(1, ceil(EXCLUDED.rate / 10)))), set_by = EXCLUDED.set_by, set_at = EXCLUDED.set_at;
+    UPDATE steps s SET fair_key = p_ns || E'\x1e'
+    WHERE s.agent = p_agent AND s.namespace = p_ns AND s.fair_key IS NULL
+      AND s.process_state IN ('waiting', 'pending', 'delayed', 'awaiting', 'processing');
+    PERFORM record_operator_action('limits set', p_agent || ' in ' || p_ns, p_detail, p_claimed);
+    PERFORM pg_notify('sas_pending', current_schema());
+END;
+$function$;
+
+-- namespace_limits_reset: an operator removes namespace p_ns's limits on
+-- kind p_agent: its steps of the kind are held by the kind's limits alone
+-- again, and those keyed by the namespace alone are unkeyed. Returns
+-- false when it had none.
+CREATE OR REPLACE FUNCTION namespace_limits_reset(p_ns text, p_agent text, p_claimed text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $function$
+DECLARE
+    v_actor text := operator_begin(p_claimed);
+BEGIN
+    DELETE FROM namespace_limits WHERE agent = p_agent AND namespace = p_ns;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    UPDATE steps s SET fair_key = NULL
+    WHERE s.agent = p_agent AND s.namespace = p_ns AND s.fair_key = p_ns || E'\x1e'
+      AND s.process_state IN ('waiting', 'pending', 'delayed', 'awaiting', 'processing');
+    PERFORM record_operator_action('limits reset', p_agent || ' in ' || p_ns, 'by ' || v_actor, p_claimed);
+    PERFORM pg_notify('sas_pending', current_schema());
+    RETURN true;
+END;
 $function$;

@@ -585,6 +585,7 @@ DECLARE
     v_priority smallint;
     v_fair_key text;
     v_fair_max integer;
+    v_ns text;
 BEGIN
     PERFORM 1 FROM steps WHERE order_id = p_order ORDER BY step FOR UPDATE;
     SELECT status, coalesce(workflow_version, ''), workflow, priority INTO v_status, v_version, v_workflow, v_priority
@@ -606,7 +607,9 @@ BEGIN
     IF EXISTS (SELECT 1 FROM steps WHERE order_id = p_order AND (parent IS NOT NULL OR (kind = 'compensation' AND process_state <> 'waiting'))) THEN
         RETURN 'a for_each instance or a compensation has begun meanwhile';
     END IF;
-    SELECT s.fair_key, s.fair_max INTO v_fair_key, v_fair_max FROM steps s WHERE s.order_id = p_order AND s.fair_key IS NOT NULL LIMIT 1;
+    SELECT NULLIF(o.namespace, 'default') INTO v_ns FROM orders o WHERE o.order_id = p_order;
+    SELECT fair_key_base(s.fair_key, v_ns), s.fair_max INTO v_fair_key, v_fair_max FROM steps s
+    WHERE s.order_id = p_order AND s.fair_key IS NOT NULL ORDER BY s.fair_key = v_ns || E'\x1e' LIMIT 1;
     INSERT INTO workflow_versions (name, version, definition, created_by) VALUES (v_workflow, p_to, p_definition, v_actor)
     ON CONFLICT (name, version) DO NOTHING;
 
@@ -624,11 +627,11 @@ BEGIN
                                           ancestors integer[], spec jsonb)
     WHERE s.order_id = p_order AND r.old > 0 AND s.step = r.old + 1000000;
     INSERT INTO steps (order_id, step, name, kind, compensates, agent, process_state, priority, timeout, max_failures, idempotency_key,
-                       backoff_base, backoff_max, needs, ancestors, spec, fair_key, fair_max)
+                       backoff_base, backoff_max, needs, ancestors, spec, fair_key, fair_max, namespace)
     SELECT p_order, r.step, r.name, r.kind, NULLIF(r.compensates, 0), r.agent, 'waiting', v_priority, make_interval(secs => r.timeout_ms / 1000.0),
            r.max_failures, r.idempotency_key, make_interval(secs => NULLIF(r.backoff_base_ms, 0) / 1000.0),
            make_interval(secs => NULLIF(r.backoff_max_ms, 0) / 1000.0), r.needs, r.ancestors, NULLIF(r.spec, 'null'::jsonb),
-           CASE WHEN r.agent <> '' THEN v_fair_key END, CASE WHEN r.agent <> '' THEN v_fair_max END
+           step_fair_key(v_ns, r.agent, v_fair_key), CASE WHEN r.agent <> '' THEN v_fair_max END, v_ns
     FROM jsonb_to_recordset(p_plan) AS r(old integer, step integer, name text, kind text, compensates integer, agent text, timeout_ms bigint,
                                           max_failures integer, backoff_base_ms bigint, backoff_max_ms bigint, needs integer[],
                                           ancestors integer[], spec jsonb, idempotency_key text)

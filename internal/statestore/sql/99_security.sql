@@ -81,3 +81,21 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- A namespace's limits: operators' doors (they key the namespace's steps).
+DO $$
+DECLARE
+    v_role text;
+    v_fn text;
+BEGIN
+    FOREACH v_fn IN ARRAY ARRAY['namespace_limits_set(text, text, integer, double precision, integer, text, text)',
+                                'namespace_limits_reset(text, text, text)'] LOOP
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', v_fn);
+        FOREACH v_role IN ARRAY ARRAY['sas_operator', 'sas_console'] LOOP
+            IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = v_role) THEN
+                EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', v_fn, v_role);
+            END IF;
+        END LOOP;
+    END LOOP;
+END
+$$;

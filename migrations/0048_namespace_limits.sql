@@ -1,0 +1,71 @@
+-- Tenants, limits: a namespace's own limits on an agent kind, within the
+-- kind's. The kind's limits (agent_limits) bound every namespace's steps
+-- together; a namespace's (namespace_limits) bound its steps alone, so
+-- that one namespace at its limit leaves the rest of the kind's capacity
+-- to the others. The default namespace has none: its steps are bounded by
+-- the kind's limits.
+--
+-- A step of an order of a namespace other than the default carries the
+-- namespace (steps.namespace, NULL for the default's: no row of a
+-- deployment without namespaces changes). Its fair_key, when it has one,
+-- begins with the namespace and a unit separator: its order's concurrency
+-- key (a tenant's key is never another's), or none but the prefix when the
+-- namespace has limits on the step's kind (step_fair_key): such steps are
+-- claimed by key (limited_pick), each namespace one more key of the
+-- kind's round robin, and never by the regular claim.
+ALTER TABLE steps ADD COLUMN namespace text;
+
+-- The namespace (63), the separator and a key of 256.
+ALTER TABLE steps DROP CONSTRAINT steps_fair_key_check,
+    ADD CONSTRAINT steps_fair_key_check CHECK (length(fair_key) <= 320);
+
+-- A namespace's live steps by kind: its processing ones counted for its
+-- max_in_flight at each claim, and those to key when it gets limits.
+CREATE INDEX steps_namespace_live_idx ON steps (agent, namespace, process_state)
+    WHERE namespace IS NOT NULL AND process_state IN ('waiting', 'pending', 'delayed', 'awaiting', 'processing');
+
+-- The live steps of orders written before this migration.
+UPDATE steps s SET namespace = o.namespace,
+                   fair_key = CASE WHEN s.fair_key IS NOT NULL THEN o.namespace || E'\x1f' || s.fair_key END
+FROM orders o
+WHERE o.order_id = s.order_id AND o.namespace <> 'default'
+  AND s.process_state IN ('waiting', 'pending', 'delayed', 'awaiting', 'processing');
+
+-- A namespace's limits on a kind: at most max_in_flight of its steps of
+-- the kind processing, at most rate claims of them a second (a token
+-- bucket of burst, its level in tokens as of refilled_at), each NULL for
+-- none; set by an operator (sasctl limits set --namespace, the console),
+-- recorded in set_by and set_at.
+CREATE TABLE namespace_limits (
+    agent         text             NOT NULL CHECK (length(agent) BETWEEN 1 AND 100),
+    namespace     text             NOT NULL REFERENCES namespaces (name) ON DELETE CASCADE CHECK (namespace <> 'default'),
+    max_in_flight integer          CHECK (max_in_flight >= 1),
+    rate          double precision CHECK (rate > 0),
+    burst         integer          CHECK (burst >= 1),
+    tokens        double precision NOT NULL DEFAULT 0,
+    refilled_at   timestamptz      NOT NULL DEFAULT now(),
+    set_by        text             NOT NULL,
+    set_at        timestamptz      NOT NULL,
+    PRIMARY KEY (agent, namespace),
+    CHECK (num_nonnulls(max_in_flight, rate) > 0),
+    CHECK (burst IS NULL OR rate IS NOT NULL)
+);
+
+DO $$
+DECLARE
+    v_role text;
+BEGIN
+    -- Every writer of steps keys a namespace's steps by its limits
+    -- (step_fair_key); the schedulers spend its tokens.
+    FOREACH v_role IN ARRAY ARRAY['sas_api', 'sas_submitter', 'sas_scheduler', 'sas_supervisor', 'sas_operator', 'sas_console'] LOOP
+        IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = v_role) THEN
+            EXECUTE format('GRANT SELECT ON namespace_limits TO %I', v_role);
+        END IF;
+    END LOOP;
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'sas_scheduler') THEN
+        GRANT UPDATE (tokens, refilled_at) ON namespace_limits TO sas_scheduler;
+    END IF;
+    -- Operators set and reset them through namespace_limits_set and
+    -- namespace_limits_reset (sql/70_limits.sql), which key the steps.
+END
+$$;
