@@ -34,21 +34,28 @@ WHERE o.order_id = s.order_id AND o.namespace <> 'default'
 -- A namespace's limits on a kind: at most max_in_flight of its steps of
 -- the kind processing, at most rate claims of them a second (a token
 -- bucket of burst, its level in tokens as of refilled_at), each NULL for
--- none; set by an operator (sasctl limits set --namespace, the console),
--- recorded in set_by and set_at.
+-- none. The workflows file's (file_*, kept by the schedulers of the kind)
+-- hold unless an operator set others (set_*, sasctl limits set
+-- --namespace, the console), recorded in set_by and set_at. A row with
+-- neither is removed. The namespace need not exist yet: a file may name
+-- one before sasctl namespaces add makes it.
 CREATE TABLE namespace_limits (
-    agent         text             NOT NULL CHECK (length(agent) BETWEEN 1 AND 100),
-    namespace     text             NOT NULL REFERENCES namespaces (name) ON DELETE CASCADE CHECK (namespace <> 'default'),
-    max_in_flight integer          CHECK (max_in_flight >= 1),
-    rate          double precision CHECK (rate > 0),
-    burst         integer          CHECK (burst >= 1),
-    tokens        double precision NOT NULL DEFAULT 0,
-    refilled_at   timestamptz      NOT NULL DEFAULT now(),
-    set_by        text             NOT NULL,
-    set_at        timestamptz      NOT NULL,
+    agent              text             NOT NULL CHECK (length(agent) BETWEEN 1 AND 100),
+    namespace          text             NOT NULL CHECK (namespace ~ '^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$' AND namespace <> 'default'),
+    file_max_in_flight integer          CHECK (file_max_in_flight >= 1),
+    file_rate          double precision CHECK (file_rate > 0),
+    file_burst         integer          CHECK (file_burst >= 1),
+    set_max_in_flight  integer          CHECK (set_max_in_flight >= 1),
+    set_rate           double precision CHECK (set_rate > 0),
+    set_burst          integer          CHECK (set_burst >= 1),
+    set_by             text,
+    set_at             timestamptz,
+    tokens             double precision NOT NULL DEFAULT 0,
+    refilled_at        timestamptz      NOT NULL DEFAULT now(),
     PRIMARY KEY (agent, namespace),
-    CHECK (num_nonnulls(max_in_flight, rate) > 0),
-    CHECK (burst IS NULL OR rate IS NOT NULL)
+    CHECK (file_burst IS NULL OR file_rate IS NOT NULL),
+    CHECK (set_burst IS NULL OR set_rate IS NOT NULL),
+    CHECK ((set_by IS NULL) = (set_at IS NULL))
 );
 
 DO $$
@@ -66,6 +73,7 @@ BEGIN
         GRANT UPDATE (tokens, refilled_at) ON namespace_limits TO sas_scheduler;
     END IF;
     -- Operators set and reset them through namespace_limits_set and
-    -- namespace_limits_reset (sql/70_limits.sql), which key the steps.
+    -- namespace_limits_reset, the schedulers keep the file's through
+    -- namespace_limits_sync (sql/70_limits.sql): each keys the steps.
 END
 $$;

@@ -81,9 +81,13 @@ func (a *app) printNamespaceLimits(rows []statestore.NamespaceLimits, ns string)
 		return nil
 	}
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "KIND\tNAMESPACE\tLIMITS\tSET_BY\tIN_FLIGHT\tWAITING\tOLDEST_WAIT")
+	fmt.Fprintln(tw, "KIND\tNAMESPACE\tLIMITS\tFROM\tIN_FLIGHT\tWAITING\tOLDEST_WAIT")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s at %s\t%d\t%d\t%.1fs\n", r.Agent, r.Namespace, r.Limits, r.SetBy, stamp(r.SetAt), r.InFlight, r.Waiting, r.OldestWait)
+		from := "file"
+		if r.SetBy != "" {
+			from = r.SetBy + " at " + stamp(*r.SetAt)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%.1fs\n", r.Agent, r.Namespace, r.Limits, from, r.InFlight, r.Waiting, r.OldestWait)
 	}
 	return tw.Flush()
 }
@@ -162,12 +166,12 @@ func (a *app) limitsReset(ctx context.Context, args []string) error {
 		if *nsFlag != "" {
 			err := store.ResetNamespaceLimits(ctx, *nsFlag, kind, claimedName(*as))
 			if errors.Is(err, statestore.ErrNoLimits) {
-				return fmt.Errorf("agent %s has no limits of namespace %s (sasctl limits list --namespace %s)", kind, *nsFlag, *nsFlag)
+				return fmt.Errorf("agent %s has no limits an operator set in namespace %s (sasctl limits list --namespace %s)", kind, *nsFlag, *nsFlag)
 			}
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(a.stdout, "agent %s in namespace %s: no limits of its own; the kind's hold its steps\n", kind, *nsFlag)
+			fmt.Fprintf(a.stdout, "agent %s in namespace %s: back to the workflows file's limits of the namespace, if it gives any, else the kind's alone\n", kind, *nsFlag)
 			return nil
 		}
 		k, err := store.ResetLimits(ctx, kind, claimedName(*as))

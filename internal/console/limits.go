@@ -79,7 +79,7 @@ func (s *server) confirmScoped(w http.ResponseWriter, r *http.Request, rq *reque
 	details := []string{"A namespace's own limits hold its steps of the kind within the kind's: the other namespaces' steps are claimed beside them. The default namespace has none of its own. Empty: no such limit."}
 	if now != nil {
 		l = now.Limits
-		details = append([]string{"Now: " + l.String() + ", set by " + now.SetBy + "."}, details...)
+		details = append([]string{"Now: " + l.String() + ", " + scopedFrom(*now) + "."}, details...)
 	}
 	s.render(w, r, rq, http.StatusOK, "confirm.html", "Limits of "+kind+" in a namespace", confirmData{
 		Question: "Set a namespace's own limits on agent " + kind + "?",
@@ -125,13 +125,17 @@ func (s *server) confirmScopedReset(w http.ResponseWriter, r *http.Request, rq *
 	if !ok {
 		return
 	}
-	if now == nil {
-		s.fail(w, r, rq, http.StatusNotFound, "Namespace "+ns+" has no limits of its own on agent "+kind+".")
+	if now == nil || now.SetBy == "" {
+		s.fail(w, r, rq, http.StatusNotFound, "Namespace "+ns+" has no limits an operator set on agent "+kind+".")
 		return
 	}
+	then := "The kind's limits alone then hold its steps."
+	if now.File.Any() {
+		then = "The workflows file's then hold its steps: " + now.File.String() + "."
+	}
 	s.render(w, r, rq, http.StatusOK, "confirm.html", "Limits of "+kind+" in "+ns, confirmData{
-		Question: "Remove namespace " + ns + "'s own limits on agent " + kind + "?",
-		Details:  []string{"Now: " + now.Limits.String() + ", set by " + now.SetBy + ".", "The kind's limits alone then hold its steps."},
+		Question: "Remove the limits an operator set on namespace " + ns + "'s steps of agent " + kind + "?",
+		Details:  []string{"Now: " + now.Limits.String() + ", " + scopedFrom(*now) + ".", then},
 		Fields:   map[string]string{"for_namespace": ns},
 		Action:   "/limits/" + kind + "/namespace/reset", Button: "Remove", Back: "/limits", Danger: true,
 	})
@@ -144,7 +148,7 @@ func (s *server) resetScoped(w http.ResponseWriter, r *http.Request, rq *request
 	}
 	err := s.store.ResetNamespaceLimits(r.Context(), ns, kind, claimedBy(rq))
 	if errors.Is(err, statestore.ErrNoLimits) {
-		s.fail(w, r, rq, http.StatusNotFound, "Namespace "+ns+" has no limits of its own on agent "+kind+".")
+		s.fail(w, r, rq, http.StatusNotFound, "Namespace "+ns+" has no limits an operator set on agent "+kind+".")
 		return
 	}
 	if err != nil {
@@ -281,6 +285,13 @@ func limitChange(r *http.Request) (statestore.LimitChange, error) {
 	// store's SetLimits holds every change to it): the form only reads.
 	return c, errors.Join(rate("rate", &c.Rate, &c.ClearRate), rate("min_rate", &c.MinRate, &c.ClearMinRate),
 		count("burst", &c.Burst, &c.ClearBurst), count("max_in_flight", &c.MaxInFlight, &c.ClearMaxInFlight))
+}
+
+func scopedFrom(n statestore.NamespaceLimits) string {
+	if n.SetBy == "" {
+		return "from the workflows file"
+	}
+	return "set by " + n.SetBy
 }
 
 func from(k statestore.KindLimits) string {

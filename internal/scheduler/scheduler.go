@@ -274,6 +274,26 @@ func storeLimits(ctx context.Context, store *statestore.Store, workflows *workfl
 			logger.Info("agent kind limited", "kind", kind, "limits", l.String())
 		}
 	}
+	scoped := map[string]map[string]statestore.Limits{}
+	for kind, byNS := range workflows.NamespaceLimits() {
+		scoped[kind] = map[string]statestore.Limits{}
+		for ns, l := range byNS {
+			scoped[kind][ns] = statestore.LimitsOf(l)
+		}
+	}
+	missing, err := store.SyncNamespaceLimits(ctx, kinds, scoped)
+	if err != nil {
+		return err
+	}
+	for _, kind := range kinds {
+		for ns, l := range scoped[kind] {
+			logger.Info("agent kind limited in a namespace", "kind", kind, "namespace", ns, "limits", l.String())
+		}
+	}
+	if len(missing) > 0 {
+		logger.Warn("the workflows file limits namespaces that do not exist; their limits hold once sasctl namespaces add makes them",
+			"namespaces", missing)
+	}
 	return nil
 }
 

@@ -17,11 +17,14 @@ import (
 // (bursts of Burst). The default namespace has none: the kind's limits
 // hold its steps.
 type NamespaceLimits struct {
-	Agent     string    `json:"agent"`
-	Namespace string    `json:"namespace"`
-	Limits    Limits    `json:"limits"`
-	SetBy     string    `json:"set_by"`
-	SetAt     time.Time `json:"set_at"`
+	Agent     string `json:"agent"`
+	Namespace string `json:"namespace"`
+	// File are the workflows file's; Limits what claims obey now (an
+	// operator's, if SetBy is set).
+	File   Limits     `json:"file"`
+	Limits Limits     `json:"limits"`
+	SetBy  string     `json:"set_by,omitempty"`
+	SetAt  *time.Time `json:"set_at,omitempty"`
 	// InFlight are the namespace's steps of the kind processing; Waiting
 	// its due pending ones, the oldest pending for OldestWait.
 	InFlight   int     `json:"in_flight"`
@@ -33,7 +36,11 @@ type NamespaceLimits struct {
 // their use, of namespace ns alone when it is not "".
 func (s *Store) ListNamespaceLimits(ctx context.Context, ns string) ([]NamespaceLimits, error) {
 	rows, err := s.pool.Query(ctx, `
-SELECT nl.agent, nl.namespace, nl.max_in_flight, nl.rate, nl.burst, nl.set_by, nl.set_at,
+SELECT nl.agent, nl.namespace, nl.file_max_in_flight, nl.file_rate, nl.file_burst,
+       CASE WHEN nl.set_by IS NULL THEN nl.file_max_in_flight ELSE nl.set_max_in_flight END,
+       CASE WHEN nl.set_by IS NULL THEN nl.file_rate ELSE nl.set_rate END,
+       CASE WHEN nl.set_by IS NULL THEN nl.file_burst ELSE nl.set_burst END,
+       coalesce(nl.set_by, ''), nl.set_at,
        (SELECT count(*) FROM steps s WHERE s.agent = nl.agent AND s.namespace = nl.namespace AND s.process_state = 'processing')::int,
        u.waiting, u.oldest
 FROM namespace_limits nl
@@ -47,8 +54,10 @@ ORDER BY nl.agent, nl.namespace`, ns)
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (NamespaceLimits, error) {
 		var n NamespaceLimits
-		var maxIn, burst *int32
-		err := row.Scan(&n.Agent, &n.Namespace, &maxIn, &n.Limits.Rate, &burst, &n.SetBy, &n.SetAt, &n.InFlight, &n.Waiting, &n.OldestWait)
+		var fileMax, fileBurst, maxIn, burst *int32
+		err := row.Scan(&n.Agent, &n.Namespace, &fileMax, &n.File.Rate, &fileBurst, &maxIn, &n.Limits.Rate, &burst, &n.SetBy, &n.SetAt,
+			&n.InFlight, &n.Waiting, &n.OldestWait)
+		n.File.MaxInFlight, n.File.Burst = intp(fileMax), intp(fileBurst)
 		n.Limits.MaxInFlight, n.Limits.Burst = intp(maxIn), intp(burst)
 		return n, err
 	})
@@ -78,8 +87,12 @@ func (s *Store) SetNamespaceLimits(ctx context.Context, ns, kind string, c Limit
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var now Limits
 		var maxIn, burst *int32
-		err := tx.QueryRow(ctx, `SELECT max_in_flight, rate, burst FROM namespace_limits WHERE agent = $1 AND namespace = $2`,
-			kind, ns).Scan(&maxIn, &now.Rate, &burst)
+		// Two operators at once: the last one's limits stand, each whole.
+		err := tx.QueryRow(ctx, `
+SELECT CASE WHEN set_by IS NULL THEN file_max_in_flight ELSE set_max_in_flight END,
+       CASE WHEN set_by IS NULL THEN file_rate ELSE set_rate END,
+       CASE WHEN set_by IS NULL THEN file_burst ELSE set_burst END
+FROM namespace_limits WHERE agent = $1 AND namespace = $2`, kind, ns).Scan(&maxIn, &now.Rate, &burst)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return err
 		}
@@ -102,9 +115,10 @@ func (s *Store) SetNamespaceLimits(ctx context.Context, ns, kind string, c Limit
 	return s.namespaceLimitsOf(ctx, ns, kind)
 }
 
-// ResetNamespaceLimits removes namespace ns's own limits on kind,
-// recorded as SetNamespaceLimits is: the kind's limits alone hold its
-// steps again. ErrNoLimits when it had none.
+// ResetNamespaceLimits removes an operator's limits of namespace ns on
+// kind, recorded as SetNamespaceLimits is: the workflows file's hold
+// again, or, when it gives none, the kind's alone. ErrNoLimits when no
+// operator had set any.
 func (s *Store) ResetNamespaceLimits(ctx context.Context, ns, kind, claimed string) error {
 	var had bool
 	if err := s.pool.QueryRow(ctx, `SELECT namespace_limits_reset($1, $2, $3)`, ns, kind, claimed).Scan(&had); err != nil {
@@ -127,4 +141,30 @@ func (s *Store) namespaceLimitsOf(ctx context.Context, ns, kind string) (Namespa
 		}
 	}
 	return NamespaceLimits{}, fmt.Errorf("limits of %s in namespace %s: %w", kind, ns, ErrNoLimits)
+}
+
+// SyncNamespaceLimits stores the workflows file's namespaces' own limits
+// on the kinds a scheduler claims (file: kind -> namespace -> limits;
+// those of these kinds it does not name are removed, an operator's
+// staying), keying the namespaces' steps to match. It returns the
+// namespaces named that do not exist yet (their limits hold once they
+// do).
+func (s *Store) SyncNamespaceLimits(ctx context.Context, kinds []string, file map[string]map[string]Limits) ([]string, error) {
+	if len(kinds) == 0 {
+		return nil, nil
+	}
+	var ks, nss []string
+	var maxes, bursts []*int32
+	var rates []*float64
+	for _, k := range kinds {
+		for ns, l := range file[k] {
+			ks, nss = append(ks, k), append(nss, ns)
+			maxes, bursts, rates = append(maxes, int32p(l.MaxInFlight)), append(bursts, int32p(l.Burst)), append(rates, l.Rate)
+		}
+	}
+	var missing []string
+	if err := s.pool.QueryRow(ctx, `SELECT namespace_limits_sync($1, $2, $3, $4, $5, $6)`, kinds, ks, nss, maxes, rates, bursts).Scan(&missing); err != nil {
+		return nil, fmt.Errorf("store the file's namespace limits: %w", classify(err))
+	}
+	return missing, nil
 }

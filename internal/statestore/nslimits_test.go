@@ -256,4 +256,74 @@ func TestNamespaceLimitsByRole(t *testing.T) {
 	if err := storeAs(t, b, "sas_console").ResetNamespaceLimits(ctx, "team-z", "zsvc", "alice"); err != nil {
 		t.Fatal(err)
 	}
+	// The schedulers keep the file's; nobody else does.
+	file := map[string]map[string]statestore.Limits{"zsvc": {"team-z": {MaxInFlight: ptr(2)}}}
+	if _, err := storeAs(t, b, "sas_scheduler").SyncNamespaceLimits(ctx, []string{"zsvc"}, file); err != nil {
+		t.Fatalf("the scheduler keeps the file's: %v", err)
+	}
+	for _, role := range []string{"sas_operator", "sas_api", "sas_submitter"} {
+		if _, err := storeAs(t, b, role).SyncNamespaceLimits(ctx, []string{"zsvc"}, nil); !denied(errors.Unwrap(err)) {
+			t.Fatalf("%s syncs the file's namespace limits: %v, want permission denied", role, err)
+		}
+	}
+}
+
+// The workflows file's namespaces' limits, as a scheduler keeps them:
+// they key the namespace's steps and hold; an operator's replace them
+// until reset, which goes back to the file's; a file that drops them
+// leaves an operator's and unkeys the steps of what is gone; a namespace
+// not made yet is named.
+func TestTheFilesNamespaceLimits(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	addNamespaces(t, b, "team-f")
+	ids := nsOrders(t, b, "fsvc", "team-f", "", 6, 0)
+	file := map[string]map[string]statestore.Limits{"fsvc": {"team-f": {MaxInFlight: ptr(1)}, "team-later": {Rate: ptr(5.0)}}}
+	missing, err := b.store.SyncNamespaceLimits(ctx, []string{"fsvc"}, file)
+	if err != nil || len(missing) != 1 || missing[0] != "team-later" {
+		t.Fatalf("sync: missing %v (%v), want team-later", missing, err)
+	}
+	if c := claimLimited(t, b, "fsvc", 10); len(c.Steps) != 1 {
+		t.Fatalf("claimed %d under the file's max_in_flight of 1 for team-f", len(c.Steps))
+	}
+	if _, err := b.store.SetNamespaceLimits(ctx, "team-f", "fsvc", statestore.LimitChange{MaxInFlight: ptr(3)}, "ann"); err != nil {
+		t.Fatal(err)
+	}
+	if c := claimLimited(t, b, "fsvc", 10); len(c.Steps) != 2 {
+		t.Fatalf("claimed %d more under the operator's 3, want 2", len(c.Steps))
+	}
+	if err := b.store.ResetNamespaceLimits(ctx, "team-f", "fsvc", "ann"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.store.ListNamespaceLimits(ctx, "team-f")
+	if err != nil || len(got) != 1 || got[0].SetBy != "" || *got[0].Limits.MaxInFlight != 1 || *got[0].File.MaxInFlight != 1 {
+		t.Fatalf("after the reset %+v (%v), want the file's again", got, err)
+	}
+	if err := b.store.ResetNamespaceLimits(ctx, "team-f", "fsvc", "ann"); !errors.Is(err, statestore.ErrNoLimits) {
+		t.Fatalf("a reset of the file's own: %v, want ErrNoLimits", err)
+	}
+	// An operator's, then a file without any: the operator's stay, and the
+	// steps stay keyed; syncing twice changes nothing more.
+	if _, err := b.store.SetNamespaceLimits(ctx, "team-f", "fsvc", statestore.LimitChange{MaxInFlight: ptr(4)}, ""); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := b.store.SyncNamespaceLimits(ctx, []string{"fsvc"}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, err := b.store.ListNamespaceLimits(ctx, ""); err != nil || len(got) != 1 || *got[0].Limits.MaxInFlight != 4 || got[0].File.Any() {
+		t.Fatalf("after a file without them %+v (%v), want the operator's alone", got, err)
+	}
+	// Its reset leaves none: the steps are unkeyed, the regular claim's.
+	if err := b.store.ResetNamespaceLimits(ctx, "team-f", "fsvc", ""); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, b, `SELECT count(*) FROM steps WHERE order_id = ANY($1) AND fair_key IS NOT NULL`, ids); n != 0 {
+		t.Fatalf("%d steps still keyed with no limits left", n)
+	}
+	if got, err := b.store.ClaimKinds(ctx, "s", map[string]int{"fsvc": 10}); err != nil || len(got) != 3 {
+		t.Fatalf("the regular claim took %d (%v), want the 3 left", len(got), err)
+	}
 }

@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"sas/internal/messages"
 )
 
 // Limits are what the file's limits section says of an agent kind: at
@@ -162,18 +164,75 @@ func (p *parser) limits(n *yaml.Node, r *Registry) {
 			continue
 		}
 		var l Limits
+		var scoped *yaml.Node
 		p.mapping(v, "the limits of agent "+kind, map[string]func(*yaml.Node){
 			"max_in_flight": func(x *yaml.Node) { p.count(x, "max_in_flight", 1, MaxInFlightLimit, &l.MaxInFlight) },
 			"burst":         func(x *yaml.Node) { p.count(x, "burst", 1, MaxInFlightLimit, &l.Burst) },
 			"rate":          func(x *yaml.Node) { l.Rate = p.rate(x, "rate") },
 			"min_rate":      func(x *yaml.Node) { l.MinRate = p.rate(x, "min_rate") },
+			"namespaces":    func(x *yaml.Node) { scoped = x },
 		})
+		if scoped != nil {
+			p.namespaceLimits(scoped, kind, r)
+			if l == (Limits{}) {
+				continue // the namespaces' alone
+			}
+		}
 		if err := l.Check(); err != nil {
 			p.problem(v.Line, "the limits of agent %s: %v", kind, err)
 			continue
 		}
 		r.limits[kind] = l
 	}
+}
+
+// namespaceLimits reads a kind's namespaces: namespace -> its own limits
+// on the kind (max_in_flight, rate, burst), within the kind's.
+func (p *parser) namespaceLimits(n *yaml.Node, kind string, r *Registry) {
+	n = deref(n)
+	if n.Kind != yaml.MappingNode || len(n.Content) == 0 {
+		p.problem(n.Line, "the namespaces of agent %s's limits must map namespaces to their own limits, e.g. \"namespaces: {team-a: {max_in_flight: 5}}\"", kind)
+		return
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		nsNode, v := n.Content[i], deref(n.Content[i+1])
+		ns := nsNode.Value
+		if err := messages.CheckNamespace(ns); err != nil {
+			p.problem(nsNode.Line, "the limits of agent %s: namespaces: %v", kind, err)
+			continue
+		}
+		if ns == defaultNamespace {
+			p.problem(nsNode.Line, "the limits of agent %s: the default namespace has no limits of its own: the kind's hold its steps", kind)
+			continue
+		}
+		var l Limits
+		p.mapping(v, "the limits of agent "+kind+" in namespace "+ns, map[string]func(*yaml.Node){
+			"max_in_flight": func(x *yaml.Node) { p.count(x, "max_in_flight", 1, MaxInFlightLimit, &l.MaxInFlight) },
+			"burst":         func(x *yaml.Node) { p.count(x, "burst", 1, MaxInFlightLimit, &l.Burst) },
+			"rate":          func(x *yaml.Node) { l.Rate = p.rate(x, "rate") },
+		})
+		if err := l.Check(); err != nil {
+			p.problem(v.Line, "the limits of agent %s in namespace %s: %v", kind, ns, err)
+			continue
+		}
+		if r.scopedLimits == nil {
+			r.scopedLimits = map[string]map[string]Limits{}
+		}
+		if r.scopedLimits[kind] == nil {
+			r.scopedLimits[kind] = map[string]Limits{}
+		}
+		r.scopedLimits[kind][ns] = l
+	}
+}
+
+// NamespaceLimits returns the file's namespaces' own limits, by agent kind
+// then namespace.
+func (r *Registry) NamespaceLimits() map[string]map[string]Limits {
+	out := make(map[string]map[string]Limits, len(r.scopedLimits))
+	for kind, m := range r.scopedLimits {
+		out[kind] = maps.Clone(m)
+	}
+	return out
 }
 
 func (p *parser) rate(n *yaml.Node, what string) float64 {

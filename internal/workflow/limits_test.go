@@ -8,8 +8,15 @@ import (
 )
 
 const withLimits = `limits:
-  payments: {max_in_flight: 20, rate: 3000/m, burst: 10, min_rate: 5/s}
+  payments:
+    max_in_flight: 20
+    rate: 3000/m
+    burst: 10
+    min_rate: 5/s
+    namespaces:
+      team-a: {max_in_flight: 5, rate: 10/s, burst: 2}
   stock: {max_in_flight: 4}
+  refunds: {namespaces: {team-b: {max_in_flight: 1}}}
 workflows:
   - name: shop
     concurrency_key: payload.tenant
@@ -36,6 +43,13 @@ func TestLimitsAndKeysAreRead(t *testing.T) {
 	}
 	if got := l["stock"]; got != (workflow.Limits{MaxInFlight: 4}) {
 		t.Fatalf("stock: %+v", got)
+	}
+	scoped := r.NamespaceLimits()
+	if got := scoped["payments"]["team-a"]; got != (workflow.Limits{MaxInFlight: 5, Rate: 10, Burst: 2}) || len(scoped) != 2 {
+		t.Fatalf("namespaces' limits %+v", scoped)
+	}
+	if got, ok := l["refunds"]; ok || scoped["refunds"]["team-b"] != (workflow.Limits{MaxInFlight: 1}) {
+		t.Fatalf("refunds: the kind's %+v (%v), its namespaces' %+v; want team-b's alone", got, ok, scoped["refunds"])
 	}
 	if kinds := r.KeyedKinds(); strings.Join(kinds, ",") != "payments,refunds" {
 		t.Fatalf("keyed kinds %v, want the shop's (its compensation's too)", kinds)
@@ -64,6 +78,11 @@ func TestBadLimitsAreRefusedAtTheirLines(t *testing.T) {
 		{"max_in_flight zero", "limits:\n  p: {max_in_flight: 0}\n", `max_in_flight "0" is not a whole number`},
 		{"an unknown field", "limits:\n  p: {rate: 5/s, speed: 3}\n", `speed`},
 		{"not a mapping", "limits:\n  - p\n", `must map agent kinds`},
+		{"a namespace's min_rate", "limits:\n  p: {namespaces: {team-a: {rate: 5/s, min_rate: 1/s}}}\n", `min_rate`},
+		{"the default namespace's", "limits:\n  p: {namespaces: {default: {max_in_flight: 2}}}\n", `default namespace has no limits of its own`},
+		{"a namespace out of the rule", "limits:\n  p: {namespaces: {Team_A: {max_in_flight: 2}}}\n", `namespaces:`},
+		{"a namespace limiting nothing", "limits:\n  p: {namespaces: {team-a: {burst: 2}}}\n", `limit nothing`},
+		{"namespaces not a mapping", "limits:\n  p: {namespaces: [team-a]}\n", `must map namespaces`},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			file := tc.file + "workflows:\n  - name: shop\n    steps:\n      - {action: pay, agent: p}\n"

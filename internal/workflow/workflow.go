@@ -188,6 +188,8 @@ type Registry struct {
 	byName map[string]Workflow
 	// limits are the file's limits, by agent kind.
 	limits map[string]Limits
+	// scopedLimits are the namespaces' own, by agent kind then namespace.
+	scopedLimits map[string]map[string]Limits
 	// schedules are the file's schedules, by name.
 	schedules map[string]Schedule
 	// Source is the file the workflows came from ("built-in" for Builtin).

@@ -43,7 +43,7 @@ DECLARE
     v_in_flight integer;
     v_counted timestamptz;
     v_cursor text;
-    v_nl namespace_limits;
+    v_nl record;
     v_ns text[] := '{}';
     v_ns_room integer[] := '{}';
     v_ns_tokens double precision[] := '{}';
@@ -107,7 +107,12 @@ BEGIN
     END IF;
     IF v_allowed > 0 THEN
         -- Each namespace's room under its own limits on the kind.
-        FOR v_nl IN SELECT * FROM namespace_limits nl WHERE nl.agent = p_agent ORDER BY nl.namespace LOOP
+        FOR v_nl IN SELECT nl.namespace,
+                           CASE WHEN nl.set_by IS NULL THEN nl.file_max_in_flight ELSE nl.set_max_in_flight END AS max_in_flight,
+                           CASE WHEN nl.set_by IS NULL THEN nl.file_rate ELSE nl.set_rate END AS rate,
+                           CASE WHEN nl.set_by IS NULL THEN nl.file_burst ELSE nl.set_burst END AS burst,
+                           nl.tokens, nl.refilled_at
+                    FROM namespace_limits nl WHERE nl.agent = p_agent ORDER BY nl.namespace LOOP
             v_room := v_allowed;
             v_tok := NULL;
             IF v_nl.rate IS NOT NULL THEN
@@ -321,9 +326,10 @@ $function$;
 
 -- namespace_limits_set: an operator sets namespace p_ns's limits on kind
 -- p_agent (each NULL for none; the caller has applied its change to the
--- limits in force and checked the rule), recorded with p_detail; the
--- namespace's live steps of the kind with no key are keyed by it from now
--- (step_fair_key), so that the next claim obeys them.
+-- limits in force and checked the rule), in place of the file's until
+-- namespace_limits_reset, recorded with p_detail; the namespace's live
+-- steps of the kind with no key are keyed by it from now (step_fair_key),
+-- so that the next claim obeys them.
 CREATE OR REPLACE FUNCTION namespace_limits_set(p_ns text, p_agent text, p_max integer, p_rate double precision, p_burst integer,
                                                 p_detail text, p_claimed text)
  RETURNS void
@@ -341,11 +347,12 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'there is no namespace %', p_ns USING ERRCODE = '22023';
     END IF;
-    INSERT INTO namespace_limits AS nl (agent, namespace, max_in_flight, rate, burst, tokens, refilled_at, set_by, set_at)
+    INSERT INTO namespace_limits AS nl (agent, namespace, set_max_in_flight, set_rate, set_burst, tokens, refilled_at, set_by, set_at)
     VALUES (p_agent, p_ns, p_max, p_rate, p_burst, coalesce(p_burst, greatest(1, ceil(p_rate / 10))), clock_timestamp(),
             v_actor || coalesce(' as ' || NULLIF(left(p_claimed, 100), ''), ''), clock_timestamp())
-    ON CONFLICT (agent, namespace) DO UPDATE SET max_in_flight = EXCLUDED.max_in_flight, rate = EXCLUDED.rate, burst = EXCLUDED.burst,
-        tokens = least(nl.tokens, coalesce(EXCLUDED.burst, greatest(1, ceil(EXCLUDED.rate / 10)))), set_by = EXCLUDED.set_by, set_at = EXCLUDED.set_at;
+    ON CONFLICT (agent, namespace) DO UPDATE SET set_max_in_flight = EXCLUDED.set_max_in_flight, set_rate = EXCLUDED.set_rate,
+        set_burst = EXCLUDED.set_burst, tokens = least(nl.tokens, coalesce(EXCLUDED.set_burst, greatest(1, ceil(EXCLUDED.set_rate / 10)))),
+        set_by = EXCLUDED.set_by, set_at = EXCLUDED.set_at;
     UPDATE steps s SET fair_key = p_ns || E'\x1e'
     WHERE s.agent = p_agent AND s.namespace = p_ns AND s.fair_key IS NULL
       AND s.process_state IN ('waiting', 'pending', 'delayed', 'awaiting', 'processing');
@@ -354,10 +361,24 @@ BEGIN
 END;
 $function$;
 
--- namespace_limits_reset: an operator removes namespace p_ns's limits on
--- kind p_agent: its steps of the kind are held by the kind's limits alone
--- again, and those keyed by the namespace alone are unkeyed. Returns
--- false when it had none.
+-- namespace_limits_unkey: the live steps of namespace p_ns and kind
+-- p_agent keyed by the namespace alone lose the key, once the namespace
+-- has no limits on the kind: the regular claim takes them again.
+CREATE OR REPLACE FUNCTION namespace_limits_unkey(p_ns text, p_agent text)
+ RETURNS void
+ LANGUAGE sql
+AS $function$
+    UPDATE steps s SET fair_key = NULL
+    WHERE s.agent = p_agent AND s.namespace = p_ns AND s.fair_key = p_ns || E'\x1e'
+      AND s.process_state IN ('waiting', 'pending', 'delayed', 'awaiting', 'processing')
+      AND NOT EXISTS (SELECT 1 FROM namespace_limits nl WHERE nl.agent = p_agent AND nl.namespace = p_ns)
+$function$;
+
+-- namespace_limits_reset: an operator removes the limits it set on
+-- namespace p_ns's steps of kind p_agent: the workflows file's hold
+-- again, or, when the file gives none, the kind's alone (and the steps
+-- keyed by the namespace alone are unkeyed). Returns false when no
+-- operator had set any.
 CREATE OR REPLACE FUNCTION namespace_limits_reset(p_ns text, p_agent text, p_claimed text)
  RETURNS boolean
  LANGUAGE plpgsql
@@ -366,15 +387,56 @@ AS $function$
 DECLARE
     v_actor text := operator_begin(p_claimed);
 BEGIN
-    DELETE FROM namespace_limits WHERE agent = p_agent AND namespace = p_ns;
+    UPDATE namespace_limits SET set_max_in_flight = NULL, set_rate = NULL, set_burst = NULL, set_by = NULL, set_at = NULL
+    WHERE agent = p_agent AND namespace = p_ns AND set_by IS NOT NULL;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    UPDATE steps s SET fair_key = NULL
-    WHERE s.agent = p_agent AND s.namespace = p_ns AND s.fair_key = p_ns || E'\x1e'
-      AND s.process_state IN ('waiting', 'pending', 'delayed', 'awaiting', 'processing');
+    DELETE FROM namespace_limits WHERE agent = p_agent AND namespace = p_ns AND num_nonnulls(file_max_in_flight, file_rate) = 0;
+    PERFORM namespace_limits_unkey(p_ns, p_agent);
     PERFORM record_operator_action('limits reset', p_agent || ' in ' || p_ns, 'by ' || v_actor, p_claimed);
     PERFORM pg_notify('sas_pending', current_schema());
     RETURN true;
+END;
+$function$;
+
+-- namespace_limits_sync: a scheduler keeps the workflows file's
+-- namespaces' limits on the kinds it claims (p_agents): for each entry
+-- (p_kinds[i], p_ns[i]) its limits, the others of those kinds removed
+-- (a row left with an operator's alone stays), the steps keyed or
+-- unkeyed to match. Returns the namespaces named that do not exist (yet).
+CREATE OR REPLACE FUNCTION namespace_limits_sync(p_agents text[], p_kinds text[], p_ns text[], p_max integer[],
+                                                 p_rate double precision[], p_burst integer[])
+ RETURNS text[]
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $function$
+DECLARE
+    v_gone record;
+    v_missing text[];
+BEGIN
+    UPDATE namespace_limits nl SET file_max_in_flight = NULL, file_rate = NULL, file_burst = NULL
+    WHERE nl.agent = ANY(p_agents) AND num_nonnulls(nl.file_max_in_flight, nl.file_rate) > 0
+      AND NOT EXISTS (SELECT 1 FROM unnest(p_kinds, p_ns) AS f(k, n) WHERE f.k = nl.agent AND f.n = nl.namespace);
+    FOR v_gone IN DELETE FROM namespace_limits nl
+                  WHERE nl.agent = ANY(p_agents) AND nl.set_by IS NULL AND num_nonnulls(nl.file_max_in_flight, nl.file_rate) = 0
+                  RETURNING nl.agent, nl.namespace LOOP
+        PERFORM namespace_limits_unkey(v_gone.namespace, v_gone.agent);
+    END LOOP;
+    -- Only rows that change are written: every scheduler does this at
+    -- start.
+    INSERT INTO namespace_limits AS nl (agent, namespace, file_max_in_flight, file_rate, file_burst, tokens, refilled_at)
+    SELECT f.k, f.n, f.m, f.r, f.b, coalesce(f.b, greatest(1, ceil(f.r / 10))), clock_timestamp()
+    FROM unnest(p_kinds, p_ns, p_max, p_rate, p_burst) AS f(k, n, m, r, b)
+    ON CONFLICT (agent, namespace) DO UPDATE SET file_max_in_flight = EXCLUDED.file_max_in_flight, file_rate = EXCLUDED.file_rate,
+        file_burst = EXCLUDED.file_burst
+    WHERE (nl.file_max_in_flight, nl.file_rate, nl.file_burst) IS DISTINCT FROM (EXCLUDED.file_max_in_flight, EXCLUDED.file_rate, EXCLUDED.file_burst);
+    UPDATE steps s SET fair_key = s.namespace || E'\x1e'
+    FROM unnest(p_kinds, p_ns) AS f(k, n)
+    WHERE s.agent = f.k AND s.namespace = f.n AND s.fair_key IS NULL
+      AND s.process_state IN ('waiting', 'pending', 'delayed', 'awaiting', 'processing');
+    SELECT array_agg(DISTINCT f.n ORDER BY f.n) INTO v_missing FROM unnest(p_ns) AS f(n)
+    WHERE NOT EXISTS (SELECT 1 FROM namespaces WHERE name = f.n);
+    RETURN coalesce(v_missing, '{}');
 END;
 $function$;

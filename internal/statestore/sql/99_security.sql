@@ -99,3 +99,15 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- namespace_limits_sync is the schedulers' door to the file's
+-- namespaces' limits (it keys their steps).
+DO $$
+BEGIN
+    REVOKE ALL ON FUNCTION namespace_limits_sync(text[], text[], text[], integer[], double precision[], integer[]) FROM PUBLIC;
+    REVOKE ALL ON FUNCTION namespace_limits_unkey(text, text) FROM PUBLIC;
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'sas_scheduler') THEN
+        GRANT EXECUTE ON FUNCTION namespace_limits_sync(text[], text[], text[], integer[], double precision[], integer[]) TO sas_scheduler;
+    END IF;
+END
+$$;
