@@ -928,6 +928,21 @@ func TestANamespaceAtItsLimitLeavesTheKindToOthers(t *testing.T) {
 	if out, _, _ := sasctl(t, g.stack.env, "limits", "list", "--namespace", "team-a"); !regexp.MustCompile(`(?m)^payments +team-a +max_in_flight=1 +file `).MatchString(out) {
 		t.Fatalf("limits list --namespace team-a:\n%s", out)
 	}
+	// --json: each kind's entry, as before, with its namespaces' own.
+	out, _, _ := sasctl(t, g.stack.env, "limits", "list", "--json")
+	var kinds []struct {
+		Agent      string `json:"agent"`
+		Namespaces []struct {
+			Namespace string `json:"namespace"`
+			File      struct {
+				MaxInFlight int `json:"max_in_flight"`
+			} `json:"file"`
+		} `json:"namespaces"`
+	}
+	if err := json.Unmarshal([]byte(out), &kinds); err != nil || len(kinds) != 1 || kinds[0].Agent != "payments" || len(kinds[0].Namespaces) != 1 ||
+		kinds[0].Namespaces[0].Namespace != "team-a" || kinds[0].Namespaces[0].File.MaxInFlight != 1 {
+		t.Fatalf("limits list --json (%v):\n%s", err, out)
+	}
 	g.waitTerminal(t, a, 2*time.Minute)
 	// No two of team-a's calls overlapped.
 	rows, err := g.pool.Query(context.Background(), `

@@ -58,10 +58,24 @@ CREATE TABLE namespace_limits (
     CHECK ((set_by IS NULL) = (set_at IS NULL))
 );
 
+-- A namespace's orders in flight, as namespace_admit last counted them
+-- (counted_at) plus the orders it admitted since: at least the orders in
+-- flight, since an order that ends only makes it high. An admission
+-- counts again when the bound leaves no room, or is a second old; a
+-- writer of the namespace's orders that is not admitted (sas's own: a
+-- child, a schedule's, an inbound route's) clears it. Counting read every
+-- order in flight, at each admission.
+ALTER TABLE namespaces ADD COLUMN in_flight_bound integer, ADD COLUMN counted_at timestamptz;
+
 DO $$
 DECLARE
     v_role text;
 BEGIN
+    FOREACH v_role IN ARRAY ARRAY['sas_api', 'sas_submitter', 'sas_scheduler', 'sas_supervisor', 'sas_operator', 'sas_console'] LOOP
+        IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = v_role) THEN
+            EXECUTE format('GRANT UPDATE (in_flight_bound) ON namespaces TO %I', v_role);
+        END IF;
+    END LOOP;
     -- Every writer of steps keys a namespace's steps by its limits
     -- (step_fair_key); the schedulers spend its tokens.
     FOREACH v_role IN ARRAY ARRAY['sas_api', 'sas_submitter', 'sas_scheduler', 'sas_supervisor', 'sas_operator', 'sas_console'] LOOP

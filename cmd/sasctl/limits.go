@@ -42,10 +42,7 @@ func (a *app) limitsList(ctx context.Context, args []string) error {
 		return err
 	}
 	if *asJSON {
-		return a.printJSON(struct {
-			Kinds      []statestore.KindLimits      `json:"kinds"`
-			Namespaces []statestore.NamespaceLimits `json:"namespaces"`
-		}{rows, scoped})
+		return a.printJSON(withNamespaces(rows, scoped))
 	}
 	if len(rows) == 0 && len(scoped) == 0 {
 		fmt.Fprintln(a.stdout, "no agent kind has limits (a workflows file's limits: section, or sasctl limits set)")
@@ -72,6 +69,33 @@ func (a *app) limitsList(ctx context.Context, args []string) error {
 	}
 	fmt.Fprintln(a.stdout)
 	return a.printNamespaceLimits(scoped, "")
+}
+
+// kindJSON is a kind's limits as limits list --json prints them: with
+// the namespaces' own on it.
+type kindJSON struct {
+	statestore.KindLimits
+	Namespaces []statestore.NamespaceLimits `json:"namespaces,omitempty"`
+}
+
+// withNamespaces puts each namespace's limits beside its kind's (a kind
+// with a namespace's alone gets an entry of its own).
+func withNamespaces(rows []statestore.KindLimits, scoped []statestore.NamespaceLimits) []kindJSON {
+	out := make([]kindJSON, 0, len(rows))
+	at := map[string]int{}
+	for _, r := range rows {
+		at[r.Agent] = len(out)
+		out = append(out, kindJSON{KindLimits: r})
+	}
+	for _, n := range scoped {
+		i, ok := at[n.Agent]
+		if !ok {
+			i, at[n.Agent] = len(out), len(out)
+			out = append(out, kindJSON{KindLimits: statestore.KindLimits{Agent: n.Agent}})
+		}
+		out[i].Namespaces = append(out[i].Namespaces, n)
+	}
+	return out
 }
 
 // printNamespaceLimits prints the namespaces' own limits on kinds.

@@ -63,13 +63,21 @@ type claimer struct {
 	mu    sync.Mutex            // guards known and managed: the replier reads them too
 	known map[string]queueDepth // the last reading of each kind's queue, and of the replies queue (repliesKey)
 
-	// managed are the kinds claimed through their limits
-	// (statestore.ClaimLimited): those with a limit, or keyed steps.
-	// keyed are those the workflows file keys, managed from the start;
-	// the store's are read every managedTTL.
+	// managed are the kinds whose keyed steps are claimed through their
+	// limits (statestore.ClaimLimited), true for those whose own limits
+	// hold every step of them (else only keys do: a concurrency_key, a
+	// namespace's limits; their unkeyed steps are claimed as an
+	// unlimited kind's). keyed are those the workflows file keys,
+	// managed from the start; the store's are read every managedTTL.
 	managed   map[string]bool
 	managedAt time.Time
 	keyed     []string
+
+	// heldUntil is, by kind, when a rate that held its last limited
+	// claim has a token again: no limited claim of it is tried before
+	// (a wake-up by other work would find it held again). The claimer's
+	// goroutine alone uses it.
+	heldUntil map[string]time.Time
 }
 
 // managedTTL is how long the list of limited kinds read from the store is
@@ -227,9 +235,13 @@ func (c *claimer) drain(ctx context.Context) (soon time.Duration, claimed bool) 
 		if len(rooms) > 0 {
 			managed := c.managedKinds(ctx)
 			for kind, room := range rooms {
-				if managed[kind] {
-					limited[kind] = room
-					delete(rooms, kind)
+				own, ok := managed[kind]
+				if !ok {
+					continue
+				}
+				limited[kind] = room
+				if own {
+					delete(rooms, kind) // every step of it under its limits
 				}
 			}
 		}
@@ -237,21 +249,40 @@ func (c *claimer) drain(ctx context.Context) (soon time.Duration, claimed bool) 
 			rooms[""] = c.batch // no queue: prepare answers for them
 		}
 		more := false
-		for kind, room := range limited {
-			n, full, wait := c.claimLimited(ctx, kind, room)
-			claimed = claimed || n > 0
-			more = more || full
-			if wait > 0 && (soon == 0 || wait < soon) {
-				soon = wait
-			}
-		}
+		// The regular claim first: it takes the unkeyed steps of kinds
+		// managed by keys alone too, which nothing bounds.
+		var took map[string]int
 		if len(rooms) > 0 {
-			n, full, ok := c.claimKinds(ctx, rooms)
+			n, byKind, full, ok := c.claimKinds(ctx, rooms)
 			claimed = claimed || n > 0
 			if !ok {
 				return soon, claimed
 			}
 			more = more || full
+			took = byKind
+		}
+		now := time.Now()
+		for kind, room := range limited {
+			if room -= took[kind]; room <= 0 {
+				continue // the regular claim took its room: more comes round
+			}
+			if until, held := c.heldUntil[kind]; held && now.Before(until) {
+				if wait := until.Sub(now); soon == 0 || wait < soon {
+					soon = wait
+				}
+				continue
+			}
+			n, full, wait, rateHeld := c.claimLimited(ctx, kind, room)
+			claimed = claimed || n > 0
+			more = more || full
+			if wait > 0 && (soon == 0 || wait < soon) {
+				soon = wait
+			}
+			if rateHeld {
+				c.heldUntil[kind] = now.Add(wait)
+			} else {
+				delete(c.heldUntil, kind)
+			}
 		}
 		if !more {
 			return soon, claimed
@@ -265,10 +296,10 @@ func (c *claimer) drain(ctx context.Context) (soon time.Duration, claimed bool) 
 }
 
 // claimKinds claims, in one statement, up to rooms[kind] steps of each
-// kind and sends their requests. It reports how many it claimed, whether
-// a kind took its whole room (more may wait), and false when the claim
-// failed.
-func (c *claimer) claimKinds(ctx context.Context, rooms map[string]int) (n int, full, ok bool) {
+// kind and sends their requests. It reports how many it claimed, and of
+// each kind, whether a kind took its whole room (more may wait), and
+// false when the claim failed.
+func (c *claimer) claimKinds(ctx context.Context, rooms map[string]int) (n int, byKind map[string]int, full, ok bool) {
 	start := time.Now()
 	steps, err := c.store.ClaimKinds(ctx, c.me, rooms)
 	c.metrics.claimDuration.Observe(time.Since(start).Seconds())
@@ -276,10 +307,10 @@ func (c *claimer) claimKinds(ctx context.Context, rooms map[string]int) (n int, 
 		if ctx.Err() == nil {
 			c.logger.Warn("claim failed", "err", err)
 		}
-		return 0, false, false
+		return 0, nil, false, false
 	}
 	if len(steps) == 0 {
-		return 0, false, true
+		return 0, nil, false, true
 	}
 	c.metrics.claimed.Add(float64(len(steps)))
 	c.metrics.claimSize.Observe(float64(len(steps)))
@@ -298,7 +329,7 @@ func (c *claimer) claimKinds(ctx context.Context, rooms map[string]int) (n int, 
 			full = true // that kind may have more waiting
 		}
 	}
-	return len(steps), full, true
+	return len(steps), claimed, full, true
 }
 
 // claimLimited claims up to room steps of a limited kind and sends their
@@ -306,8 +337,10 @@ func (c *claimer) claimKinds(ctx context.Context, rooms map[string]int) (n int, 
 // room (more may wait),
 // and, when a limit cut the claim, how soon to look again: when the next
 // token comes for a rate, throttledRecheck for max_in_flight (a step of
-// the kind ending anywhere makes room).
-func (c *claimer) claimLimited(ctx context.Context, kind string, room int) (n int, full bool, soon time.Duration) {
+// the kind ending anywhere makes room); rateHeld when no claim of the kind
+// can take more before then (its rate held it, or a namespace's rate did
+// and nothing else was there to claim).
+func (c *claimer) claimLimited(ctx context.Context, kind string, room int) (n int, full bool, soon time.Duration, rateHeld bool) {
 	start := time.Now()
 	lc, err := c.store.ClaimLimited(ctx, c.me, kind, room)
 	c.metrics.claimDuration.Observe(time.Since(start).Seconds())
@@ -315,25 +348,31 @@ func (c *claimer) claimLimited(ctx context.Context, kind string, room int) (n in
 		if ctx.Err() == nil {
 			c.logger.Warn("claim failed", "kind", kind, "err", err)
 		}
-		return 0, false, throttledRecheck
+		return 0, false, throttledRecheck, false
 	}
 	switch lc.Held {
 	case statestore.HeldRate:
 		c.metrics.limitHeld.WithLabelValues(kind, lc.Held).Inc()
 		soon = min(max(lc.Retry, minLimitRecheck), throttledRecheck)
+		rateHeld = true
 	case statestore.HeldInFlight:
 		c.metrics.limitHeld.WithLabelValues(kind, lc.Held).Inc()
 		soon = throttledRecheck
 	case statestore.HeldNamespace:
-		// A namespace at its own limit: the others' steps were claimed.
+		// A namespace at its own limit: the others' steps were claimed,
+		// every one there was unless the room ran out. Held by its rate
+		// with room left, the kind is not tried again until that
+		// namespace's next token (a wake-up by other work meanwhile would
+		// find its steps alone; the unkeyed are the regular claim's).
 		c.metrics.limitHeld.WithLabelValues(kind, lc.Held).Inc()
 		soon = throttledRecheck
 		if lc.Retry > 0 {
-			soon = min(max(lc.Retry, minLimitRecheck), throttledRecheck)
+			soon = min(max(lc.Retry, minLimitRecheck), namespaceRecheck)
+			rateHeld = len(lc.Steps) < room
 		}
 	}
 	if len(lc.Steps) == 0 {
-		return 0, false, soon
+		return 0, false, soon, rateHeld
 	}
 	c.metrics.claimed.Add(float64(len(lc.Steps)))
 	c.metrics.claimSize.Observe(float64(len(lc.Steps)))
@@ -344,8 +383,12 @@ func (c *claimer) claimLimited(ctx context.Context, kind string, room int) (n in
 	c.wakeRelayIfTold(lc.Steps)
 	failpoint.Inject("scheduler-after-claim")
 	c.dispatch(lc.Steps, start)
-	return len(lc.Steps), len(lc.Steps) == room && lc.Held == "", soon
+	return len(lc.Steps), len(lc.Steps) == room && lc.Held == "", soon, rateHeld
 }
+
+// namespaceRecheck bounds how long a kind whose namespace's rate held its
+// claim waits for that namespace's next token before it is tried again.
+const namespaceRecheck = time.Second
 
 // wakeRelayIfTold nudges the relay when a claim wrote status events: a
 // round that finds the outbox empty is a transaction for nothing.
@@ -359,9 +402,10 @@ func (c *claimer) wakeRelayIfTold(steps []statestore.ClaimedStep) {
 // again, however soon its next token comes.
 const minLimitRecheck = 2 * time.Millisecond
 
-// managedKinds returns the kinds claimed through their limits: the
-// file's keyed kinds and the store's limited or keyed ones, read at most
-// every managedTTL (on an error, the last reading stands).
+// managedKinds returns the kinds whose keyed steps are claimed through
+// their limits, true for those whose every step is: the file's keyed
+// kinds and the store's limited or keyed ones, read at most every
+// managedTTL (on an error, the last reading stands).
 func (c *claimer) managedKinds(ctx context.Context) map[string]bool {
 	c.mu.Lock()
 	fresh := c.managed != nil && time.Since(c.managedAt) < managedTTL
@@ -378,14 +422,17 @@ func (c *claimer) managedKinds(ctx context.Context) map[string]bool {
 		if cur == nil {
 			cur = map[string]bool{}
 			for _, k := range c.keyed {
-				cur[k] = true
+				cur[k] = false
 			}
 		}
 		return cur
 	}
 	next := make(map[string]bool, len(kinds)+len(c.keyed))
-	for _, k := range append(kinds, c.keyed...) {
-		next[k] = true
+	for _, k := range c.keyed {
+		next[k] = false
+	}
+	for k, own := range kinds {
+		next[k] = own
 	}
 	c.mu.Lock()
 	c.managed, c.managedAt = next, time.Now()
@@ -471,7 +518,7 @@ func (c *claimer) openKinds(margin int) []string {
 	var open []string
 	for _, kind := range c.kinds {
 		if c.managed[kind] {
-			continue // claimed under its limits
+			continue // every step of it claimed under its limits
 		}
 		if d, ok := c.known[kind]; ok && time.Since(d.at) < handOffTTL && c.maxQueued-(d.ready+d.sent) >= margin {
 			open = append(open, kind)

@@ -131,11 +131,17 @@ func TestClaimerOpenKinds(t *testing.T) {
 	if got := c.openKinds(15); len(got) != 2 || got[1] != "payment" {
 		t.Fatalf("open kinds for a margin of 15: %v, want [inventory payment]", got)
 	}
-	// A limited (or keyed) kind is never claimed with a reply: only a
-	// claim under its limits takes its steps.
+	// A limited kind is never claimed with a reply: only a claim under
+	// its limits takes its steps. A kind managed by keys alone is: its
+	// unkeyed steps are bounded by nothing (the hand-off leaves keyed
+	// steps pending).
 	c.managed = map[string]bool{"payment": true}
 	if got := c.openKinds(15); len(got) != 1 || got[0] != "inventory" {
 		t.Fatalf("open kinds with payment limited: %v, want [inventory]", got)
+	}
+	c.managed = map[string]bool{"payment": false}
+	if got := c.openKinds(15); len(got) != 2 || got[1] != "payment" {
+		t.Fatalf("open kinds with payment keyed: %v, want [inventory payment]", got)
 	}
 	c.managed = nil
 	for range 71 {

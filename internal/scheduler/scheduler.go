@@ -348,7 +348,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		me: me, lease: statestore.SchedulerListenerLease(kinds), gauge: m.listening}
 	depths := broker.NewQueueInspector(conn)
 	defer depths.Close()
-	c := &claimer{store: store, pub: pub, depths: depths, topo: topo, kinds: kinds, system: workflows.HasSystemSteps(), me: me,
+	c := &claimer{store: store, pub: pub, depths: depths, topo: topo, kinds: kinds, system: workflows.HasSystemSteps(), me: me, heldUntil: map[string]time.Time{},
 		batch: cfg.BatchSize, maxQueued: cfg.MaxQueued, maxReplies: cfg.MaxRepliesQueued, poll: cfg.PollInterval,
 		wake: w.pending, wakeRelay: func() { nudge(w.outbox) }, shareMore: w.shareMore, workCtx: workCtx, logger: logger, metrics: m,
 		known: map[string]queueDepth{}, tr: tr, tokens: tokens,

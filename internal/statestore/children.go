@@ -49,7 +49,7 @@ func insertOwnOrder(ctx context.Context, tx pgx.Tx, o NewOrder, version Workflow
 		ON CONFLICT (name, version) DO NOTHING`, version.Name, version.Version, string(version.Definition), version.CreatedBy); err != nil {
 		return false, err
 	}
-	return insertOne(ctx, tx, o)
+	return insertOne(ctx, tx, o, false)
 }
 
 // ErrTooDeep is why a child is not started: its parent is at the deepest

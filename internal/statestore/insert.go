@@ -259,7 +259,7 @@ func (s *Store) InsertOrder(ctx context.Context, o NewOrder) (InsertOutcome, err
 	if len(o.Steps) == 0 {
 		return 0, fmt.Errorf("insert order %s: no steps", o.OrderID)
 	}
-	written, err := insertOne(ctx, s.pool, o)
+	written, err := insertOne(ctx, s.pool, o, false)
 	if err != nil {
 		return 0, err
 	}
@@ -274,8 +274,8 @@ func (s *Store) InsertOrder(ctx context.Context, o NewOrder) (InsertOutcome, err
 // was taken).
 func insertOne(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, o NewOrder) (bool, error) {
-	var a insertArrays
+}, o NewOrder, admitted bool) (bool, error) {
+	a := insertArrays{admitted: admitted}
 	a.add(o, 1)
 	rows, err := q.Query(ctx, a.sql(), a.args()...)
 	var written []int
@@ -371,7 +371,19 @@ type insertArrays struct {
 	// namespaces has every order's namespace once any is not the
 	// default; nil while all are.
 	namespaces []string
+	// admitted: the statement's order is admitted after it
+	// (namespace_admit), which counts it.
+	admitted bool
 }
+
+// unboundSQL is the part of a statement writing orders of namespaces
+// other than the default (%[1]s their names) that were not admitted
+// (namespace_admit): the bound of each one's orders in flight no longer
+// holds, and its next admission counts them.
+const unboundSQL = `, unbound AS (
+    UPDATE namespaces n SET in_flight_bound = NULL
+    WHERE n.in_flight_bound IS NOT NULL AND n.name = ANY(%[1]s::text[]) AND EXISTS (SELECT 1 FROM insd)
+)`
 
 // add appends o as the idx-th (1-based) order of the statement.
 func (a *insertArrays) add(o NewOrder, idx int) {
@@ -475,6 +487,9 @@ func (a *insertArrays) sql() string {
 	}
 	if a.namespaces != nil {
 		q = withNamespaces(q, "$"+strconv.Itoa(next))
+		if !a.admitted {
+			q += fmt.Sprintf(unboundSQL, "$"+strconv.Itoa(next))
+		}
 	}
 	return q + insertOrdersEnd
 }

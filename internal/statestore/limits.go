@@ -93,32 +93,41 @@ func int32p(v *int) *int32 {
 	return &n
 }
 
-// ManagedKinds lists the agent kinds whose steps are claimed through
-// ClaimLimited: those with a limit (the file's or an operator's, the
-// kind's or a namespace's), and those with keyed steps pending (a
-// workflow's concurrency_key, or a namespace's).
-func (s *Store) ManagedKinds(ctx context.Context) ([]string, error) {
+// ManagedKinds says, of the agent kinds whose keyed steps are claimed
+// through ClaimLimited, whether the kind's own limits (the file's or an
+// operator's) hold all its steps (true: every step of it is claimed
+// there), or only keys do (false: a workflow's concurrency_key, or a
+// namespace's limits or key, on keyed steps pending; its unkeyed steps
+// are bounded by nothing and may be claimed as an unlimited kind's).
+func (s *Store) ManagedKinds(ctx context.Context) (map[string]bool, error) {
 	rows, err := s.pool.Query(ctx, `
-SELECT agent FROM agent_limits
-WHERE CASE WHEN set_by IS NULL THEN num_nonnulls(file_max_in_flight, file_rate) ELSE num_nonnulls(set_max_in_flight, set_rate) END > 0
-UNION
-SELECT agent FROM namespace_limits
-UNION
-SELECT k FROM (
-    WITH RECURSIVE kinds(k) AS (
-        (SELECT agent FROM steps WHERE process_state = 'pending' AND fair_key IS NOT NULL ORDER BY agent LIMIT 1)
-        UNION ALL
-        SELECT (SELECT agent FROM steps WHERE process_state = 'pending' AND fair_key IS NOT NULL AND agent > kinds.k ORDER BY agent LIMIT 1)
-        FROM kinds WHERE kinds.k IS NOT NULL
-    ) SELECT k FROM kinds WHERE k IS NOT NULL) keyed`)
+SELECT agent, bool_or(limited) FROM (
+    SELECT agent, true AS limited FROM agent_limits
+    WHERE CASE WHEN set_by IS NULL THEN num_nonnulls(file_max_in_flight, file_rate) ELSE num_nonnulls(set_max_in_flight, set_rate) END > 0
+    UNION ALL
+    SELECT agent, false FROM namespace_limits
+    UNION ALL
+    SELECT k, false FROM (
+        WITH RECURSIVE kinds(k) AS (
+            (SELECT agent FROM steps WHERE process_state = 'pending' AND fair_key IS NOT NULL ORDER BY agent LIMIT 1)
+            UNION ALL
+            SELECT (SELECT agent FROM steps WHERE process_state = 'pending' AND fair_key IS NOT NULL AND agent > kinds.k ORDER BY agent LIMIT 1)
+            FROM kinds WHERE kinds.k IS NOT NULL
+        ) SELECT k FROM kinds WHERE k IS NOT NULL) keyed
+) m GROUP BY agent`)
 	if err != nil {
 		return nil, fmt.Errorf("read limited kinds: %w", classify(err))
 	}
-	kinds, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
+	out := map[string]bool{}
+	var kind string
+	var limited bool
+	if _, err := pgx.ForEachRow(rows, []any{&kind, &limited}, func() error {
+		out[kind] = limited
+		return nil
+	}); err != nil {
 		return nil, fmt.Errorf("read limited kinds: %w", classify(err))
 	}
-	return kinds, nil
+	return out, nil
 }
 
 // Held says what held a limited claim back.

@@ -3,7 +3,6 @@ package statestore_test
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -104,6 +103,9 @@ func TestClaimLimitedHoldsMaxInFlight(t *testing.T) {
 	if err := b.store.SyncLimits(ctx, []string{"inv"}, map[string]statestore.Limits{"inv": {MaxInFlight: ptr(3)}}); err != nil {
 		t.Fatal(err)
 	}
+	if kinds, err := b.store.ManagedKinds(ctx); err != nil || !kinds["inv"] {
+		t.Fatalf("managed kinds %v (%v), want inv held by its own limits", kinds, err)
+	}
 	first := claimLimited(t, b, "inv", 100)
 	if len(first.Steps) != 3 || first.Held != statestore.HeldInFlight {
 		t.Fatalf("claimed %d (held %q), want 3 held by max_in_flight", len(first.Steps), first.Held)
@@ -151,8 +153,8 @@ func TestClaimLimitedServesKeysRoundRobin(t *testing.T) {
 	}
 	limitedOrders(t, b, "svc", "", 5, 0) // unkeyed orders take a turn too
 	kinds, err := b.store.ManagedKinds(ctx)
-	if err != nil || !slices.Contains(kinds, "svc") {
-		t.Fatalf("managed kinds %v (%v), want svc: it has keyed steps", kinds, err)
+	if limited, ok := kinds["svc"]; err != nil || !ok || limited {
+		t.Fatalf("managed kinds %v (%v), want svc, by its keys alone", kinds, err)
 	}
 	// The regular claim leaves keyed steps alone.
 	if got, err := b.store.ClaimKinds(ctx, "s", map[string]int{"svc": 100}); err != nil || len(got) != 5 {

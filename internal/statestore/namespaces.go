@@ -66,7 +66,7 @@ func (s *Store) SetNamespaceQuotas(ctx context.Context, name string, q Quotas, b
 		return fmt.Errorf("a submit burst needs a submit rate: %w", ErrInvalidData)
 	}
 	tag, err := s.pool.Exec(ctx, `UPDATE namespaces SET max_in_flight = $2, max_submit_rate = $3, max_submit_burst = $4,
-		max_payload_bytes = $5, rate_tokens = NULL, rate_at = NULL, quotas_by = $6, quotas_at = now() WHERE name = $1`,
+		max_payload_bytes = $5, rate_tokens = NULL, rate_at = NULL, in_flight_bound = NULL, quotas_by = $6, quotas_at = now() WHERE name = $1`,
 		name, q.MaxInFlight, q.MaxSubmitRate, q.MaxSubmitBurst, q.MaxPayloadBytes, by)
 	if err != nil {
 		return fmt.Errorf("set the quotas of namespace %q: %w", name, classify(err))
@@ -91,7 +91,7 @@ func (s *Store) InsertOrderWithinQuota(ctx context.Context, o NewOrder) (InsertO
 		return 0, nil, fmt.Errorf("insert order %s: %w", o.OrderID, err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	written, err := insertOne(ctx, tx, o)
+	written, err := insertOne(ctx, tx, o, true)
 	if err != nil {
 		return 0, nil, err
 	}

@@ -72,8 +72,8 @@ func TestNamespaceLimitsHoldTheirStepsAlone(t *testing.T) {
 	nsOrders(t, b, "nsvc", "team-b", "", 5, 0)
 	nsOrders(t, b, "nsvc", "", "", 3, 0)
 	kinds, err := b.store.ManagedKinds(ctx)
-	if err != nil || !slices.Contains(kinds, "nsvc") {
-		t.Fatalf("managed kinds %v (%v), want nsvc: a namespace has limits on it", kinds, err)
+	if limited, ok := kinds["nsvc"]; err != nil || !ok || limited {
+		t.Fatalf("managed kinds %v (%v), want nsvc, by a namespace's limits alone", kinds, err)
 	}
 	// team-a's steps are keyed by it; team-b's (no limits) and the
 	// default's are not.
@@ -325,5 +325,62 @@ func TestTheFilesNamespaceLimits(t *testing.T) {
 	}
 	if got, err := b.store.ClaimKinds(ctx, "s", map[string]int{"fsvc": 10}); err != nil || len(got) != 3 {
 		t.Fatalf("the regular claim took %d (%v), want the 3 left", len(got), err)
+	}
+}
+
+// A namespace's orders in flight are counted once a second, or when the
+// bound (the last count plus the admissions since) leaves no room; an
+// order written without an admission (sas's own: a child, a schedule's)
+// clears the bound, so the quota is never passed.
+func TestTheInFlightQuotaCountsOnlyWhenItMust(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	addNamespaces(t, b, "quota-b")
+	three := 3
+	if err := b.store.SetNamespaceQuotas(ctx, "quota-b", statestore.Quotas{MaxInFlight: &three}, "test"); err != nil {
+		t.Fatal(err)
+	}
+	admit := func() *statestore.QuotaRefusal {
+		t.Helper()
+		o := order(1, time.Hour, 3)
+		o.Namespace = "quota-b"
+		_, refused, err := b.store.InsertOrderWithinQuota(ctx, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return refused
+	}
+	bound := func() (n *int, at *time.Time) {
+		t.Helper()
+		if err := b.pool.QueryRow(ctx, `SELECT in_flight_bound, counted_at FROM namespaces WHERE name = 'quota-b'`).Scan(&n, &at); err != nil {
+			t.Fatal(err)
+		}
+		return n, at
+	}
+	if r := admit(); r != nil {
+		t.Fatalf("the first order refused: %+v", r)
+	}
+	_, first := bound()
+	if r := admit(); r != nil {
+		t.Fatalf("the second order refused: %+v", r)
+	}
+	if n, at := bound(); n == nil || *n != 2 || first == nil || at == nil || !at.Equal(*first) {
+		t.Fatalf("after two admissions the bound is %v counted at %v, want 2 as counted at the first (%v)", n, at, first)
+	}
+	// sas writes one itself: the bound no longer holds.
+	own := order(1, time.Hour, 3)
+	own.Namespace = "quota-b"
+	if _, err := b.store.InsertOrder(ctx, own); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := bound(); n != nil {
+		t.Fatalf("the bound %d stands after an order written without an admission", *n)
+	}
+	if r := admit(); r == nil || r.Quota != "in_flight" {
+		t.Fatalf("a fourth order in flight: %+v, want refused by the in-flight quota of 3", r)
+	}
+	if n := count(t, b, `SELECT count(*) FROM orders WHERE namespace = 'quota-b'`); n != 3 {
+		t.Fatalf("%d orders in quota-b, want 3", n)
 	}
 }

@@ -204,7 +204,11 @@ $function$;
 -- max_submit_rate a second on the database clock; the order takes one).
 -- It locks the namespace's row until the transaction ends, so admissions
 -- to one namespace are one at a time across every replica and each counts
--- the orders the ones before it wrote. It answers '' or the quota that
+-- the orders the ones before it wrote. The orders in flight are counted
+-- when the bound (in_flight_bound: the last count plus the admissions
+-- since; cleared by any other writer of the namespace's orders) leaves no
+-- room or is a second old, so that a backlog is not read at every
+-- admission. It answers '' or the quota that
 -- refuses ('payload_bytes', 'in_flight', 'submit_rate'), what to say, and
 -- in how many milliseconds to try again (0: not as it is); a refused
 -- order is for the caller to roll back.
@@ -219,6 +223,7 @@ DECLARE
     v_burst double precision;
     v_tokens double precision;
     v_open integer;
+    v_counted timestamptz;
 BEGIN
     quota := '';
     detail := '';
@@ -233,10 +238,17 @@ BEGIN
         RETURN;
     END IF;
     IF n.max_in_flight IS NOT NULL THEN
-        SELECT count(*) INTO v_open FROM (
-            SELECT 1 FROM orders o
-            WHERE o.namespace = p_ns AND o.namespace <> 'default' AND o.status IN ('received', 'processing', 'compensating', 'error')
-            LIMIT n.max_in_flight + 1) open;
+        IF n.in_flight_bound IS NULL OR n.counted_at < v_now - interval '1 second' OR n.in_flight_bound + 1 > n.max_in_flight THEN
+            -- (this order, written by the calling transaction, among them)
+            SELECT count(*) INTO v_open FROM (
+                SELECT 1 FROM orders o
+                WHERE o.namespace = p_ns AND o.namespace <> 'default' AND o.status IN ('received', 'processing', 'compensating', 'error')
+                LIMIT n.max_in_flight + 1) open;
+            v_counted := v_now;
+        ELSE
+            v_open := n.in_flight_bound + 1;
+            v_counted := n.counted_at;
+        END IF;
         IF v_open > n.max_in_flight THEN
             quota := 'in_flight';
             detail := format('namespace %s has %s orders in flight, its quota', p_ns, n.max_in_flight);
@@ -254,7 +266,12 @@ BEGIN
             retry_ms := least(ceil(1000 * (1 - v_tokens) / n.max_submit_rate), 86400000)::integer; -- a day at most
             RETURN;
         END IF;
-        UPDATE namespaces SET rate_tokens = v_tokens - 1, rate_at = v_now WHERE name = p_ns;
+    END IF;
+    IF v_tokens IS NOT NULL OR v_open IS NOT NULL THEN
+        UPDATE namespaces SET rate_tokens = CASE WHEN v_tokens IS NULL THEN rate_tokens ELSE v_tokens - 1 END,
+                              rate_at = CASE WHEN v_tokens IS NULL THEN rate_at ELSE v_now END,
+                              in_flight_bound = v_open, counted_at = v_counted
+        WHERE name = p_ns;
     END IF;
 END;
 $function$;
