@@ -49,8 +49,9 @@ type benchJSON struct {
 	AwaitOverhead *benchLatency `json:"await_overhead_ms"`
 	Namespace     string        `json:"namespace"`
 	Neighbour     *struct {
-		Admitted int `json:"admitted"`
-		Refused  int `json:"refused"`
+		Admitted int     `json:"admitted"`
+		Refused  int     `json:"refused"`
+		KindRate float64 `json:"kind_rate"`
 	} `json:"neighbour"`
 	MachineBusy   float64 `json:"machine_cpu_busy_percent"`
 	MachineSteal  float64 `json:"machine_cpu_steal_percent"`
@@ -397,15 +398,16 @@ func TestSasctlBenchBacklog(t *testing.T) {
 // (its own process in the run), and --await awaits every order over HTTP
 // and reports how long after each order's end in the store its await
 // came back. --namespace sends them to a namespace, and --neighbour-rate
-// offers another namespace ten times its quota beside them: the report
-// times the namespace's orders alone and says what the neighbour had.
+// offers another namespace ten times its quota beside them, held to its
+// own rate on every kind too (--neighbour-kind-rate): the report times the
+// namespace's orders alone and says what the neighbour had.
 func TestSasctlBenchOverHTTP(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
 	base := portBase(900)
 	report := filepath.Join(t.TempDir(), "bench.json")
 	out, errOut, code := sasctl(t, s.env, "bench", "--bin", binDir, "--port-base", strconv.Itoa(base), "--via", "http", "--await",
-		"--namespace", "team-b", "--neighbour-rate", "40", "--neighbour-quota", "4",
+		"--namespace", "team-b", "--neighbour-rate", "40", "--neighbour-quota", "4", "--neighbour-kind-rate", "8",
 		"--workflow", "single", "--rate", "20", "--warmup", "0s", "--duration", "3s", "--drain", "30s", "--json", report)
 	if code != 0 {
 		t.Fatalf("sasctl bench --via http: exit %d\n%s\n%s", code, out, errOut)
@@ -426,7 +428,8 @@ func TestSasctlBenchOverHTTP(t *testing.T) {
 	if r.Via != "http" || r.Placed < 30 || r.Placed > 64 || r.Ended["completed"] != r.Placed || r.Unended != 0 {
 		t.Fatalf("via %q: placed %d, ended %v, unended %d", r.Via, r.Placed, r.Ended, r.Unended)
 	}
-	if n := r.Neighbour; r.Namespace != "team-b" || n == nil || n.Admitted < 4 || n.Refused < 3*n.Admitted || !strings.Contains(out, "against a quota of 4/s") {
+	if n := r.Neighbour; r.Namespace != "team-b" || n == nil || n.Admitted < 4 || n.Refused < 3*n.Admitted || !strings.Contains(out, "against a quota of 4/s") ||
+		n.KindRate != 8 || !strings.Contains(out, "its own rate of 8/s on every agent kind") {
 		t.Fatalf("namespace %q, neighbour %+v\n%s", r.Namespace, n, out)
 	}
 	if a := r.AwaitOverhead; a == nil || a.N < r.Placed-2 || a.N > r.Placed+2 || !a.ordered() || a.Max > 5000 {

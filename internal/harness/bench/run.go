@@ -66,6 +66,7 @@ func Main(ctx context.Context, a *Tool, args []string) error {
 	fs.StringVar(&o.namespace, "namespace", "", "with --via http: submit the load's orders to this namespace (added if it is not there); the report's latencies are its orders'")
 	fs.Float64Var(&o.neighbourRate, "neighbour-rate", 0, "with --namespace: also offer this many orders a second to the namespace \"neighbour\", held to --neighbour-quota: a noisy tenant beside the measured one")
 	fs.Float64Var(&o.neighbourQuota, "neighbour-quota", 0, "with --neighbour-rate: the neighbour's submit rate quota, orders a second (its in-flight quota is 20 times it)")
+	fs.Float64Var(&o.neighbourKindRate, "neighbour-kind-rate", 0, "with --neighbour-rate: the neighbour's own rate limit on every agent kind (sasctl limits set KIND --namespace neighbour), claims a second: its orders past it wait in the store")
 	if err := a.parseNoArgs(fs, args); err != nil {
 		return err
 	}
@@ -79,8 +80,8 @@ func Main(ctx context.Context, a *Tool, args []string) error {
 		return ErrUsage
 	}
 	if (o.namespace != "" && o.via != "http") || (o.neighbourRate != 0 && (o.namespace == "" || o.neighbourQuota <= 0 || o.neighbourRate < 0)) ||
-		o.namespace == "neighbour" {
-		fmt.Fprintln(a.stderr, "sasctl bench: --namespace needs --via http (and is not \"neighbour\"); --neighbour-rate needs --namespace and --neighbour-quota > 0")
+		o.namespace == "neighbour" || o.neighbourKindRate < 0 || (o.neighbourKindRate > 0 && o.neighbourRate <= 0) {
+		fmt.Fprintln(a.stderr, "sasctl bench: --namespace needs --via http (and is not \"neighbour\"); --neighbour-rate needs --namespace and --neighbour-quota > 0; --neighbour-kind-rate needs --neighbour-rate")
 		return ErrUsage
 	}
 	if o.namespace != "" {
@@ -162,6 +163,8 @@ type benchOptions struct {
 	// second go to "neighbour" too, held to neighbourQuota a second.
 	namespace                     string
 	neighbourRate, neighbourQuota float64
+	// neighbourKindRate: the neighbour's own rate limit on every kind.
+	neighbourKindRate float64
 }
 
 // runBench runs every service under load once and returns what it
@@ -373,7 +376,7 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 	}
 	rep.Namespace = o.namespace
 	if noisy != nil {
-		rep.Neighbour = &neighbourReport{Rate: o.neighbourRate, Quota: o.neighbourQuota,
+		rep.Neighbour = &neighbourReport{Rate: o.neighbourRate, Quota: o.neighbourQuota, KindRate: o.neighbourKindRate,
 			Admitted: noisy.published.Load(), Refused: noisy.failed.Load()}
 	}
 	if hl != nil && o.await {
@@ -397,6 +400,7 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 type neighbourReport struct {
 	Rate     float64 `json:"rate"`
 	Quota    float64 `json:"quota"`
+	KindRate float64 `json:"kind_rate,omitempty"` // its own rate limit on every kind
 	Admitted int64   `json:"admitted"`
 	Refused  int64   `json:"refused"`
 }
@@ -420,6 +424,14 @@ func benchNamespaces(ctx context.Context, store *statestore.Store, o benchOption
 		inFlight := int(math.Ceil(20 * o.neighbourQuota))
 		if err := store.SetNamespaceQuotas(ctx, neighbourNamespace, statestore.Quotas{MaxSubmitRate: &o.neighbourQuota, MaxInFlight: &inFlight}, "sasctl bench"); err != nil {
 			return nil, err
+		}
+	}
+	if o.neighbourKindRate > 0 {
+		for _, kind := range workflow.Builtin().Agents() {
+			r := o.neighbourKindRate
+			if _, err := store.SetNamespaceLimits(ctx, neighbourNamespace, kind, statestore.LimitChange{Rate: &r}, "sasctl bench"); err != nil {
+				return nil, err
+			}
 		}
 	}
 	return names, nil
@@ -1050,6 +1062,9 @@ func (r *benchReport) print(w io.Writer) {
 	}
 	if n := r.Neighbour; n != nil {
 		fmt.Fprintf(tw, "neighbour\t%.0f orders/s offered against a quota of %g/s: %d admitted, %d refused\n", n.Rate, n.Quota, n.Admitted, n.Refused)
+		if n.KindRate > 0 {
+			fmt.Fprintf(tw, "neighbour's limit\tits own rate of %g/s on every agent kind: its steps past it wait in the store\n", n.KindRate)
+		}
 	}
 	if a := r.AwaitOverhead; a != nil {
 		fmt.Fprintf(tw, "await overhead\tp50 %.1f ms, p95 %.1f ms, p99 %.1f ms, max %.1f ms over %d orders (%d awaits failed)\n",
