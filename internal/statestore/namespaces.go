@@ -1,6 +1,7 @@
 package statestore
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -85,6 +86,29 @@ func (s *Store) SetNamespaceQuotas(ctx context.Context, name string, q Quotas, b
 func (s *Store) InsertOrderWithinQuota(ctx context.Context, o NewOrder) (InsertOutcome, *QuotaRefusal, error) {
 	if len(o.Steps) == 0 {
 		return 0, nil, fmt.Errorf("insert order %s: no steps", o.OrderID)
+	}
+	// A submit the quotas refuse as they read now is not written at all,
+	// unless it repeats an order written before (a duplicate takes
+	// nothing of the quotas).
+	var pre QuotaRefusal
+	var preMS int
+	if err := s.pool.QueryRow(ctx, `SELECT quota, detail, retry_ms FROM namespace_precheck($1, $2)`, cmp.Or(o.Namespace, DefaultNamespace),
+		len(o.Payload)).Scan(&pre.Quota, &pre.Detail, &preMS); err != nil {
+		return 0, nil, fmt.Errorf("admit order %s: %w", o.OrderID, classify(err))
+	}
+	if pre.Quota != "" {
+		var hash []byte
+		err := s.pool.QueryRow(ctx, `SELECT payload_hash FROM orders WHERE order_id = $1`, o.OrderID).Scan(&hash)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			pre.RetryAfter = time.Duration(preMS) * time.Millisecond
+			return 0, &pre, nil
+		case err != nil:
+			return 0, nil, fmt.Errorf("read existing order %s: %w", o.OrderID, err)
+		case !bytes.Equal(hash, o.PayloadHash):
+			return 0, nil, fmt.Errorf("insert order %s: %w", o.OrderID, ErrConflict)
+		}
+		return Duplicate, nil, nil
 	}
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {

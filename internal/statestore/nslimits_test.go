@@ -384,3 +384,39 @@ func TestTheInFlightQuotaCountsOnlyWhenItMust(t *testing.T) {
 		t.Fatalf("%d orders in quota-b, want 3", n)
 	}
 }
+
+// A submit the rate quota refuses as it reads is not written at all (no
+// insert rolled back: the history's identity does not move), and a
+// repeat of an order already written is still a duplicate.
+func TestASubmitPastTheRateIsNotWritten(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	addNamespaces(t, b, "quota-r")
+	rate, burst := 0.001, 1
+	if err := b.store.SetNamespaceQuotas(ctx, "quota-r", statestore.Quotas{MaxSubmitRate: &rate, MaxSubmitBurst: &burst}, "test"); err != nil {
+		t.Fatal(err)
+	}
+	first := order(1, time.Hour, 3)
+	first.Namespace = "quota-r"
+	if _, r, err := b.store.InsertOrderWithinQuota(ctx, first); err != nil || r != nil {
+		t.Fatalf("the first order: %+v %v", r, err)
+	}
+	// The identity of the history's rows, which a rolled-back insert
+	// moves on too.
+	seq := func() int {
+		return count(t, b, `SELECT last_value::int FROM pg_sequences WHERE schemaname || '.' || sequencename = pg_get_serial_sequence('transitions', 'id')`)
+	}
+	last := seq()
+	second := order(1, time.Hour, 3)
+	second.Namespace = "quota-r"
+	if _, r, err := b.store.InsertOrderWithinQuota(ctx, second); err != nil || r == nil || r.Quota != "submit_rate" || r.RetryAfter <= 0 {
+		t.Fatalf("the second order: %+v %v, want refused by the submit rate with a retry", r, err)
+	}
+	if after := seq(); after != last {
+		t.Fatalf("the history's identity moved from %d to %d: the refused order was written and rolled back", last, after)
+	}
+	if got, r, err := b.store.InsertOrderWithinQuota(ctx, first); err != nil || r != nil || got != statestore.Duplicate {
+		t.Fatalf("a repeat of the first order past the rate: %v %+v %v, want a duplicate", got, r, err)
+	}
+}

@@ -196,6 +196,51 @@ AS $function$
     SELECT message_id, p_order, p_step, p_reason, p_failure_count, (body->>'at')::timestamptz, p_actor FROM msg;
 $function$;
 
+-- namespace_precheck: whether an order of p_bytes payload bytes to
+-- namespace p_ns would be refused by its quotas as they read now, without
+-- waiting for the namespace's row or changing it: a submit it refuses is
+-- not written at all (a noisy tenant's refused orders cost a read, not an
+-- insert rolled back). It reads the payload's size and the submit rate;
+-- the orders in flight are namespace_admit's to count. Answers as
+-- namespace_admit does; '' does not admit (namespace_admit, after the
+-- write, has the last word).
+CREATE OR REPLACE FUNCTION namespace_precheck(p_ns text, p_bytes integer, OUT quota text, OUT detail text, OUT retry_ms integer)
+ RETURNS record
+ LANGUAGE plpgsql
+ STABLE
+ SECURITY DEFINER
+AS $function$
+DECLARE
+    n namespaces%ROWTYPE;
+    v_now timestamptz := clock_timestamp();
+    v_burst double precision;
+    v_tokens double precision;
+BEGIN
+    quota := '';
+    detail := '';
+    retry_ms := 0;
+    SELECT * INTO n FROM namespaces WHERE name = p_ns;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF n.max_payload_bytes IS NOT NULL AND p_bytes > n.max_payload_bytes THEN
+        quota := 'payload_bytes';
+        detail := format('namespace %s takes payloads of at most %s bytes; this one has %s', p_ns, n.max_payload_bytes, p_bytes);
+        RETURN;
+    END IF;
+    IF n.max_submit_rate IS NOT NULL THEN
+        v_burst := coalesce(n.max_submit_burst, ceil(n.max_submit_rate));
+        v_tokens := least(v_burst, coalesce(n.rate_tokens, v_burst)
+                                   + n.max_submit_rate * greatest(extract(epoch FROM v_now - coalesce(n.rate_at, v_now)), 0));
+        IF v_tokens < 1 THEN
+            quota := 'submit_rate';
+            detail := format('namespace %s submits at most %s orders a second', p_ns, n.max_submit_rate);
+            retry_ms := least(ceil(1000 * (1 - v_tokens) / n.max_submit_rate), 86400000)::integer;
+        END IF;
+    END IF;
+END;
+$function$;
+
 -- namespace_admit: whether namespace p_ns, whose order of p_bytes payload
 -- bytes the calling transaction has just written, may keep it by the
 -- namespace's quotas (a NULL quota is none): the size of a payload, the

@@ -77,6 +77,13 @@ BEGIN
         v_max := l.set_max_in_flight;
         v_burst := l.set_burst;
     END IF;
+    -- A kind without limits of its own is claimed here for its keyed
+    -- steps alone (the regular claim takes the others): with none
+    -- pending there is nothing to plan the pick for.
+    IF v_rate IS NULL AND v_max IS NULL
+       AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.agent = p_agent AND s.process_state = 'pending' AND s.fair_key IS NOT NULL) THEN
+        RETURN;
+    END IF;
     IF v_rate IS NOT NULL AND l.lowered_until > v_now THEN
         v_rate := least(v_rate, l.lowered_rate);
     END IF;

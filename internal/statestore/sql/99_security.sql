@@ -74,9 +74,11 @@ DECLARE
     v_role text;
 BEGIN
     REVOKE ALL ON FUNCTION namespace_admit(text, integer) FROM PUBLIC;
+    REVOKE ALL ON FUNCTION namespace_precheck(text, integer) FROM PUBLIC;
     FOREACH v_role IN ARRAY ARRAY['sas_api', 'sas_submitter', 'sas_operator'] LOOP
         IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = v_role) THEN
             EXECUTE format('GRANT EXECUTE ON FUNCTION namespace_admit(text, integer) TO %I', v_role);
+            EXECUTE format('GRANT EXECUTE ON FUNCTION namespace_precheck(text, integer) TO %I', v_role);
         END IF;
     END LOOP;
 END
