@@ -196,49 +196,59 @@ AS $function$
     SELECT message_id, p_order, p_step, p_reason, p_failure_count, (body->>'at')::timestamptz, p_actor FROM msg;
 $function$;
 
--- namespace_precheck: whether an order of p_bytes payload bytes to
--- namespace p_ns would be refused by its quotas as they read now, without
--- waiting for the namespace's row or changing it: a submit it refuses is
--- not written at all (a noisy tenant's refused orders cost a read, not an
--- insert rolled back). It reads the payload's size and the submit rate;
--- the orders in flight are namespace_admit's to count. Answers as
--- namespace_admit does; '' does not admit (namespace_admit, after the
--- write, has the last word).
-CREATE OR REPLACE FUNCTION namespace_precheck(p_ns text, p_bytes integer, OUT quota text, OUT detail text, OUT retry_ms integer)
+-- namespace_quotas_read: what namespace row n's payload and rate quotas
+-- say of an order of p_bytes payload bytes at p_now: '' or the quota
+-- that refuses ('payload_bytes' first, then 'submit_rate'), what to say
+-- and in how many milliseconds to try again, and the rate's bucket then
+-- (tokens, NULL without a rate: a bucket of max_submit_burst, default
+-- the rate rounded up, refilled at max_submit_rate a second). It reads
+-- nothing but n: namespace_precheck and namespace_admit share it.
+CREATE OR REPLACE FUNCTION namespace_quotas_read(n namespaces, p_bytes integer, p_now timestamptz,
+                                                 OUT quota text, OUT detail text, OUT retry_ms integer, OUT tokens double precision)
  RETURNS record
  LANGUAGE plpgsql
- STABLE
- SECURITY DEFINER
+ IMMUTABLE
 AS $function$
 DECLARE
-    n namespaces%ROWTYPE;
-    v_now timestamptz := clock_timestamp();
     v_burst double precision;
-    v_tokens double precision;
 BEGIN
     quota := '';
     detail := '';
     retry_ms := 0;
-    SELECT * INTO n FROM namespaces WHERE name = p_ns;
-    IF NOT FOUND THEN
-        RETURN;
+    IF n.max_submit_rate IS NOT NULL THEN
+        v_burst := coalesce(n.max_submit_burst, ceil(n.max_submit_rate));
+        tokens := least(v_burst, coalesce(n.rate_tokens, v_burst)
+                                 + n.max_submit_rate * greatest(extract(epoch FROM p_now - coalesce(n.rate_at, p_now)), 0));
     END IF;
     IF n.max_payload_bytes IS NOT NULL AND p_bytes > n.max_payload_bytes THEN
         quota := 'payload_bytes';
-        detail := format('namespace %s takes payloads of at most %s bytes; this one has %s', p_ns, n.max_payload_bytes, p_bytes);
-        RETURN;
-    END IF;
-    IF n.max_submit_rate IS NOT NULL THEN
-        v_burst := coalesce(n.max_submit_burst, ceil(n.max_submit_rate));
-        v_tokens := least(v_burst, coalesce(n.rate_tokens, v_burst)
-                                   + n.max_submit_rate * greatest(extract(epoch FROM v_now - coalesce(n.rate_at, v_now)), 0));
-        IF v_tokens < 1 THEN
-            quota := 'submit_rate';
-            detail := format('namespace %s submits at most %s orders a second', p_ns, n.max_submit_rate);
-            retry_ms := least(ceil(1000 * (1 - v_tokens) / n.max_submit_rate), 86400000)::integer;
-        END IF;
+        detail := format('namespace %s takes payloads of at most %s bytes; this one has %s', n.name, n.max_payload_bytes, p_bytes);
+    ELSIF tokens < 1 THEN
+        quota := 'submit_rate';
+        detail := format('namespace %s submits at most %s orders a second', n.name, n.max_submit_rate);
+        retry_ms := least(ceil(1000 * (1 - tokens) / n.max_submit_rate), 86400000)::integer; -- a day at most
     END IF;
 END;
+$function$;
+
+-- namespace_precheck: whether an order of p_bytes payload bytes to
+-- namespace p_ns would be refused by its quotas as they read now, without
+-- waiting for the namespace's row or changing it: a submit it refuses is
+-- not written at all (a noisy tenant's refused orders cost a read, not an
+-- insert rolled back). It reads the payload's size and the submit rate
+-- (namespace_quotas_read); the orders in flight are namespace_admit's to
+-- count. Answers as namespace_admit does; '' does not admit
+-- (namespace_admit, after the write, has the last word).
+CREATE OR REPLACE FUNCTION namespace_precheck(p_ns text, p_bytes integer, OUT quota text, OUT detail text, OUT retry_ms integer)
+ RETURNS record
+ LANGUAGE sql
+ STABLE
+ SECURITY DEFINER
+AS $function$
+    SELECT coalesce(q.quota, ''), coalesce(q.detail, ''), coalesce(q.retry_ms, 0)
+    FROM (SELECT 1) one
+    LEFT JOIN namespaces n ON n.name = p_ns
+    LEFT JOIN LATERAL namespace_quotas_read(n, p_bytes, clock_timestamp()) q ON n.name IS NOT NULL
 $function$;
 
 -- namespace_admit: whether namespace p_ns, whose order of p_bytes payload
@@ -265,10 +275,10 @@ AS $function$
 DECLARE
     n namespaces%ROWTYPE;
     v_now timestamptz := clock_timestamp();
-    v_burst double precision;
     v_tokens double precision;
     v_open integer;
     v_counted timestamptz;
+    r record;
 BEGIN
     quota := '';
     detail := '';
@@ -277,9 +287,10 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'there is no namespace %', p_ns USING ERRCODE = '22023';
     END IF;
-    IF n.max_payload_bytes IS NOT NULL AND p_bytes > n.max_payload_bytes THEN
-        quota := 'payload_bytes';
-        detail := format('namespace %s takes payloads of at most %s bytes; this one has %s', p_ns, n.max_payload_bytes, p_bytes);
+    r := namespace_quotas_read(n, p_bytes, v_now);
+    IF r.quota = 'payload_bytes' THEN
+        quota := r.quota;
+        detail := r.detail;
         RETURN;
     END IF;
     IF n.max_in_flight IS NOT NULL THEN
@@ -301,17 +312,13 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    IF n.max_submit_rate IS NOT NULL THEN
-        v_burst := coalesce(n.max_submit_burst, ceil(n.max_submit_rate));
-        v_tokens := least(v_burst, coalesce(n.rate_tokens, v_burst)
-                                   + n.max_submit_rate * greatest(extract(epoch FROM v_now - coalesce(n.rate_at, v_now)), 0));
-        IF v_tokens < 1 THEN
-            quota := 'submit_rate';
-            detail := format('namespace %s submits at most %s orders a second', p_ns, n.max_submit_rate);
-            retry_ms := least(ceil(1000 * (1 - v_tokens) / n.max_submit_rate), 86400000)::integer; -- a day at most
-            RETURN;
-        END IF;
+    IF r.quota = 'submit_rate' THEN
+        quota := r.quota;
+        detail := r.detail;
+        retry_ms := r.retry_ms;
+        RETURN;
     END IF;
+    v_tokens := r.tokens;
     IF v_tokens IS NOT NULL OR v_open IS NOT NULL THEN
         UPDATE namespaces SET rate_tokens = CASE WHEN v_tokens IS NULL THEN rate_tokens ELSE v_tokens - 1 END,
                               rate_at = CASE WHEN v_tokens IS NULL THEN rate_at ELSE v_now END,
