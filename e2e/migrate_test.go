@@ -21,7 +21,7 @@ workflows:
   - name: fixable
     steps:
       - {action: reserve, agent: shop, timeout: 20s, compensation: {action: release, agent: shop}}
-      - {action: charge, agent: shop, timeout: 20s, delay: 20s, compensation: {action: refund, agent: shop}}
+      - {action: charge, agent: shop, timeout: 20s, delay: 30s, compensation: {action: refund, agent: shop}}
       - {action: ship, agent: shop, timeout: 20s}
 `
 
@@ -31,12 +31,12 @@ workflows:
   - name: fixable
     steps:
       - {action: reserve, agent: shop, timeout: 20s, compensation: {action: release, agent: shop}}
-      - {action: charge, agent: shop, timeout: 20s, delay: 20s, compensation: {action: refund, agent: shop}}
+      - {action: charge, agent: shop, timeout: 20s, delay: 30s, compensation: {action: refund, agent: shop}}
       - {action: notify, agent: shop, timeout: 20s}
       - {action: ship, agent: shop, timeout: 20s}
 `
 
-// TestMigrationOfRunningOrdersUnderLoad, with real binaries: 500
+// TestMigrationOfRunningOrdersUnderLoad, with real binaries: 1,000
 // orders wait on their delay while more orders come in; a dry run says
 // each can move, then sasctl moves them to a fixed version while the
 // load runs; every moved order runs the step the fix adds, each action
@@ -46,10 +46,10 @@ func TestMigrationOfRunningOrdersUnderLoad(t *testing.T) {
 	t.Parallel()
 	g := runFile(t, "fixable.yaml", fixableV1, pipelineOpts{supervisors: 1, agents: 2, schedulers: 1})
 	p := g.pipeline
-	waiting := g.submit(t, "fixable", slices.Repeat([]string{`{}`}, 500))
-	testenv.Eventually(t, 2*time.Minute, "the 500 orders waiting on their delay", func() bool {
+	waiting := g.submit(t, "fixable", slices.Repeat([]string{`{}`}, 1000))
+	testenv.Eventually(t, 2*time.Minute, "the 1,000 orders waiting on their delay", func() bool {
 		return p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND name = 'charge' AND process_state = 'delayed'`,
-			waiting) >= 450
+			waiting) >= 900
 	})
 	v2File := writeFile(t, "fixable-v2.yaml", fixableV2)
 	reg, err := workflow.Load(v2File)
@@ -128,7 +128,7 @@ func TestMigrationOfRunningOrdersUnderLoad(t *testing.T) {
 		}
 	}
 	if len(stillWaiting) < len(waiting)/4 {
-		t.Fatalf("only %d of %d orders were still waiting on their 20 s delay when the migration ended, after %v: it tested too little",
+		t.Fatalf("only %d of %d orders were still waiting on their 30 s delay when the migration ended, after %v: it tested too little",
 			len(stillWaiting), len(waiting), took.Round(time.Millisecond))
 	}
 	all := slices.Concat(waiting, more)

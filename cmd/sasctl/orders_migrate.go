@@ -7,7 +7,6 @@ import (
 	"text/tabwriter"
 
 	"sas/internal/messages"
-	"sas/internal/statestore"
 )
 
 // ordersMigrate moves running orders of a workflow to the version of it
@@ -75,9 +74,7 @@ func (a *app) ordersMigrate(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	var verdicts []statestore.MigrationVerdict
-	moved, left := 0, 0
-	for _, raw := range ids {
+	for i, raw := range ids {
 		id, ok := messages.CanonicalID(raw)
 		if !ok {
 			return fmt.Errorf("%q is not an order id (a UUID)", raw)
@@ -87,16 +84,19 @@ func (a *app) ordersMigrate(ctx context.Context, args []string) error {
 				return err
 			}
 		}
-		v, err := store.MigrateOrder(ctx, id, wf, *apply, claimedName(*as))
-		if err != nil {
-			return err
-		}
+		ids[i] = id
+	}
+	verdicts, err := store.MigrateOrders(ctx, ids, wf, *apply, claimedName(*as))
+	if err != nil {
+		return err
+	}
+	moved, left := 0, 0
+	for _, v := range verdicts {
 		if v.Moved {
 			moved++
 		} else if !v.CanMove {
 			left++
 		}
-		verdicts = append(verdicts, v)
 	}
 	if *asJSON {
 		return a.printJSON(verdicts)

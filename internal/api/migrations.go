@@ -6,7 +6,6 @@ import (
 
 	"sas/internal/messages"
 	"sas/internal/orderfilter"
-	"sas/internal/statestore"
 )
 
 // migrationBody is the body of POST /migrations: move the running orders
@@ -54,19 +53,19 @@ func (s *server) migrate(w http.ResponseWriter, r *http.Request, c caller) {
 			return
 		}
 	}
-	verdicts := []statestore.MigrationVerdict{}
-	for _, raw := range ids {
+	canonical := make([]string, len(ids))
+	for i, raw := range ids {
 		id, ok := messages.CanonicalID(raw)
 		if !ok {
 			writeProblem(w, r, http.StatusBadRequest, probBadRequest, fmt.Sprintf("%q is not an order id", orderfilter.Clip(raw, 64)))
 			return
 		}
-		v, err := s.store.MigrateOrder(r.Context(), id, wf, b.Apply, c.actor())
-		if err != nil {
-			s.operatorRefusal(w, r, err)
-			return
-		}
-		verdicts = append(verdicts, v)
+		canonical[i] = id
+	}
+	verdicts, err := s.store.MigrateOrders(r.Context(), canonical, wf, b.Apply, c.actor())
+	if err != nil {
+		s.operatorRefusal(w, r, err)
+		return
 	}
 	s.logger.Info("api: migration", "token", c.token.Name, "workflow", wf.Name, "to", wf.Version(), "orders", len(verdicts), "apply", b.Apply)
 	writeJSON(w, http.StatusOK, map[string]any{"workflow": wf.Name, "to_version": wf.Version(), "applied": b.Apply, "orders": verdicts})

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"golang.org/x/sync/errgroup"
 
 	"sas/internal/workflow"
 )
@@ -176,6 +177,33 @@ func (s *Store) MigrateOrder(ctx context.Context, orderID string, wf workflow.Wo
 	}
 	v.Moved = v.CanMove
 	return v, nil
+}
+
+// migrateAtOnce is how many orders MigrateOrders moves at once: each
+// order is its own transaction, so a few at a time keep a bulk move of
+// thousands of orders within seconds without taking the pool.
+const migrateAtOnce = 4
+
+// MigrateOrders is MigrateOrder for each of ids (canonical order ids),
+// a few at a time; the verdicts come in ids' order. The first error
+// stops what has not begun and is returned with no verdicts: orders
+// already moved stay moved (each move is its own transaction), and a
+// run again looks at them as at any other order.
+func (s *Store) MigrateOrders(ctx context.Context, ids []string, wf workflow.Workflow, apply bool, claimed string) ([]MigrationVerdict, error) {
+	verdicts := make([]MigrationVerdict, len(ids))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(migrateAtOnce)
+	for i, id := range ids {
+		g.Go(func() error {
+			v, err := s.MigrateOrder(gctx, id, wf, apply, claimed)
+			verdicts[i] = v
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	return verdicts, nil
 }
 
 // RunningOrders lists, oldest first, at most limit orders of workflow

@@ -139,3 +139,49 @@ func TestARunningOrderMovesToAFixedVersion(t *testing.T) {
 		t.Fatalf("the moved order ended %s", status)
 	}
 }
+
+// TestMigrateOrdersAnswersEachInItsPlace: a bulk move of many orders,
+// a few at a time, answers each order's verdict at its id's place;
+// an order that cannot move says why among those that moved; an id the
+// store does not hold is an error.
+func TestMigrateOrdersAnswersEachInItsPlace(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	v1, v2 := lookup(t, versions), lookup(t, fixed)
+	if err := b.store.StoreWorkflowVersions(ctx, []statestore.WorkflowVersion{{Name: "fixme", Version: v1.Version(), Definition: v1.Definition(), CreatedBy: "t"}}); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for range 24 {
+		o := graphOrder(t, versions, "fixme", `{}`, statestore.PolicyCompensate)
+		o.WorkflowVersion = v1.Version()
+		insert(t, b, o)
+		ids = append(ids, o.OrderID)
+	}
+	ended := ids[7]
+	if _, err := b.store.CancelOrder(ctx, ended, "ops"); err != nil {
+		t.Fatal(err)
+	}
+	verdicts, err := b.store.MigrateOrders(ctx, ids, v2, true, "ops")
+	if err != nil || len(verdicts) != len(ids) {
+		t.Fatalf("%d verdicts for %d orders: %v", len(verdicts), len(ids), err)
+	}
+	for i, v := range verdicts {
+		switch {
+		case v.OrderID != ids[i]:
+			t.Fatalf("verdict %d is of order %s, want %s", i, v.OrderID, ids[i])
+		case ids[i] == ended && (v.Moved || v.Why == ""):
+			t.Fatalf("the cancelled order: %+v", v)
+		case ids[i] != ended && !v.Moved:
+			t.Fatalf("order %d did not move: %+v", i, v)
+		}
+	}
+	var pinned int
+	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND workflow_version = $2`, ids, v2.Version()).Scan(&pinned); err != nil || pinned != len(ids)-1 {
+		t.Fatalf("%d orders pinned to the new version (%v), want %d", pinned, err, len(ids)-1)
+	}
+	if _, err := b.store.MigrateOrders(ctx, []string{ids[0], "00000000-0000-4000-8000-000000000001"}, v2, true, "ops"); err == nil {
+		t.Fatal("an order the store does not hold gave no error")
+	}
+}

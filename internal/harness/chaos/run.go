@@ -820,11 +820,11 @@ func (r *run) migrate(ctx context.Context) (moved, left int, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	for _, id := range ids {
-		v, err := r.store.MigrateOrder(ctx, id, wf, true, "chaos")
-		if err != nil {
-			return moved, left, err
-		}
+	verdicts, err := r.store.MigrateOrders(ctx, ids, wf, true, "chaos")
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, v := range verdicts {
 		if v.Moved {
 			moved++
 		} else {
