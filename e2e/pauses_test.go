@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -152,5 +153,98 @@ func TestPauseHoldsAcrossRestartsAndKills(t *testing.T) {
 	}
 	if n := p.count(t, `SELECT count(*) FROM operator_actions WHERE claimed_by = 'api:pauses-operator' AND action = 'resume kind'`); n != 1 {
 		t.Fatalf("%d kind resumes recorded with the API's token, want 1", n)
+	}
+}
+
+// TestConsolePausesWorkflowsAndKinds, with real binaries: from the
+// console's Pauses page an operator pauses an agent kind and a workflow,
+// each behind a confirmation and recorded with the console user; the
+// page lists them with why; an order of the paused workflow waits, its
+// kind's step unclaimed; resumed from the page, it completes. A viewer
+// may not act, and a name out of its rules, an unknown scope or a reason
+// too long or with a NUL is refused and changes nothing.
+func TestConsolePausesWorkflowsAndKinds(t *testing.T) {
+	t.Parallel()
+	g := runFile(t, "pauses.yaml", pausesFile, pipelineOpts{supervisors: 1, agents: 1, schedulers: 1})
+	p := g.pipeline
+	c := startConsole(t, p.stack, "SAS_WORKFLOWS_FILE="+g.file)
+	alice := newWebClient(t, c.url)
+	if status := alice.login("alice", "alice's password"); status != http.StatusSeeOther {
+		t.Fatalf("login: %d", status)
+	}
+	if status, page := alice.do("GET", "/pauses", nil); status != http.StatusOK || !strings.Contains(page, "Nothing is paused") ||
+		!strings.Contains(page, `<option value="kinds">`) {
+		t.Fatalf("the pauses page: %d", status)
+	}
+	if _, page := alice.do("GET", "/workflows", nil); !strings.Contains(page, `href="/pauses/workflow/pause?name=kinds"`) {
+		t.Fatal("the workflows page offers no pause")
+	}
+	act := func(path, reason string, want int) {
+		t.Helper()
+		status, page := alice.do("GET", path, nil)
+		if status != http.StatusOK || !strings.Contains(page, `id="confirm-button"`) {
+			t.Fatalf("the confirmation of %s: %d", path, status)
+		}
+		target, _, _ := strings.Cut(path, "?")
+		name := path[strings.Index(path, "name=")+len("name="):]
+		if status, _ := alice.do("POST", target, url.Values{"csrf": {csrfOf(t, page)}, "name": {name}, "reason": {reason}}); status != want {
+			t.Fatalf("POST %s: %d, want %d", path, status, want)
+		}
+	}
+	act("/pauses/kind/pause?name=stamper", "incident 9", http.StatusSeeOther)
+	act("/pauses/workflow/pause?name=kinds", "incident 9 too", http.StatusSeeOther)
+	for _, bad := range []struct {
+		path, reason string
+		want         int
+	}{
+		{"/pauses/kind/pause?name=cool", strings.Repeat("x", 501), http.StatusBadRequest},
+		{"/pauses/kind/pause?name=cool", "a\x00b", http.StatusBadRequest},
+	} {
+		act(bad.path, bad.reason, bad.want)
+	}
+	if status, _ := alice.do("GET", "/pauses/kind/pause?name=no%20such%20kind!", nil); status != http.StatusBadRequest {
+		t.Fatalf("a kind out of its rules: %d, want 400", status)
+	}
+	if status, _ := alice.do("GET", "/pauses/team/pause?name=cool", nil); status != http.StatusNotFound {
+		t.Fatalf("an unknown scope: %d, want 404", status)
+	}
+	victor := newWebClient(t, c.url)
+	if status := victor.login("victor", "victor's password"); status != http.StatusSeeOther {
+		t.Fatalf("login: %d", status)
+	}
+	if status, _ := victor.do("GET", "/pauses/kind/pause?name=cool", nil); status != http.StatusForbidden {
+		t.Fatalf("a viewer's pause: %d, want 403", status)
+	}
+	if n := p.count(t, `SELECT count(*) FROM kind_pauses WHERE agent = 'cool'`); n != 0 {
+		t.Fatal("a refused pause paused the kind")
+	}
+	if n := p.count(t, `SELECT count(*) FROM operator_actions WHERE claimed_by = 'console:alice' AND action IN ('pause kind', 'pause workflow') AND detail LIKE 'incident 9%'`); n != 2 {
+		t.Fatalf("%d pauses recorded with the console user, want 2", n)
+	}
+	_, page := alice.do("GET", "/pauses", nil)
+	for _, want := range []string{`data-target="stamper"`, `data-target="kinds"`, "incident 9 too", "console:alice",
+		`href="/pauses/kind/resume?name=stamper"`, `href="/pauses/workflow/resume?name=kinds"`} {
+		if !strings.Contains(page, want) {
+			t.Fatalf("the pauses page lacks %q", want)
+		}
+	}
+
+	// An order of the paused workflow waits; resumed, it completes.
+	stamped := g.submit(t, "kinds", []string{`{}`})
+	testenv.Eventually(t, 30*time.Second, "the order written, paused with its workflow", func() bool {
+		return p.count(t, `SELECT count(*) FROM order_pauses WHERE order_id = $1`, stamped[0]) == 1
+	})
+	act("/pauses/workflow/resume?name=kinds", "", http.StatusSeeOther)
+	if n := p.count(t, `SELECT count(*) FROM steps WHERE order_id = $1 AND process_state IN ('processing', 'processed')`, stamped[0]); n != 0 {
+		t.Fatal("a step of a paused kind was claimed")
+	}
+	act("/pauses/kind/resume?name=stamper", "", http.StatusSeeOther)
+	p.waitTerminal(t, stamped, time.Minute)
+	if completed, _ := p.checkSaga(t, stamped); completed != 1 {
+		t.Fatalf("the resumed order did not complete\n%s", p.stuck(t, stamped))
+	}
+	act("/pauses/kind/resume?name=stamper", "", http.StatusConflict)
+	if n := p.count(t, `SELECT count(*) FROM operator_actions WHERE claimed_by = 'console:alice' AND action IN ('resume kind', 'resume workflow')`); n != 2 {
+		t.Fatalf("%d resumes recorded with the console user, want 2", n)
 	}
 }

@@ -209,6 +209,9 @@ func (s *server) routes() http.Handler {
 	page("/schedules", s.schedulesPage)
 	page("/schedules/{name}/{verb}", s.confirmSchedule)
 	act("/schedules/{name}/{verb}", s.scheduleAction)
+	page("/pauses", s.pausesPage)
+	page("/pauses/{scope}/{verb}", s.confirmPauseTarget)
+	act("/pauses/{scope}/{verb}", s.pauseTargetAction)
 	page("/limits", s.limitsPage)
 	page("/limits/{kind}/set", s.confirmLimits)
 	act("/limits/{kind}/set", s.setLimits)
@@ -464,6 +467,14 @@ func noticeOf(done string) string {
 		return "Schedule paused: its ticks start nothing until it is resumed."
 	case "resumed":
 		return "Schedule resumed: it ticks again from its next tick."
+	case "workflow-paused":
+		return "Workflow paused: nothing new of its orders is claimed; orders of it submitted meanwhile wait."
+	case "workflow-resumed":
+		return "Workflow resumed: the orders paused with it run on."
+	case "kind-paused":
+		return "Agent kind paused: none of its steps is claimed until it is resumed."
+	case "kind-resumed":
+		return "Agent kind resumed: its pending steps are claimed again."
 	case "triggered":
 		return "Schedule triggered: the leading supervisor starts its order."
 	}
