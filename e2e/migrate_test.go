@@ -177,6 +177,33 @@ func TestMigrationOfRunningOrdersUnderLoad(t *testing.T) {
 	}
 	p.waitTerminal(t, []string{last}, time.Minute)
 
+	// The console moves a workflow's running orders at once: a dry run
+	// that counts them, then the move.
+	three := g.submit(t, "fixable", slices.Repeat([]string{`{}`}, 3))
+	testenv.Eventually(t, 30*time.Second, "three more orders waiting on their delay", func() bool {
+		return p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND name = 'charge' AND process_state = 'delayed'`, three) == 3
+	})
+	if _, page := alice.do("GET", "/workflows", nil); !strings.Contains(page, `href="/workflows/fixable/migrate"`) {
+		t.Fatal("the workflows page offers no move of running orders")
+	}
+	status, page = alice.do("GET", "/workflows/fixable/migrate", nil)
+	if status != http.StatusOK || !strings.Contains(page, "Move 3 running orders of fixable to version "+v2.Version()) {
+		t.Fatalf("the dry run of moving the workflow's orders: %d\n%s", status, page)
+	}
+	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND workflow_version = $2`, three, v2.Version()); n != 0 {
+		t.Fatalf("the console's dry run moved %d orders", n)
+	}
+	status, page = alice.do("POST", "/workflows/fixable/migrate", url.Values{"csrf": {csrfOf(t, page)}})
+	if status != http.StatusOK || !strings.Contains(page, "3 orders of fixable moved to version "+v2.Version()) {
+		t.Fatalf("the console's move of the workflow's orders: %d\n%s", status, page)
+	}
+	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND workflow_version = $2`, three, v2.Version()); n != 3 {
+		t.Fatalf("the console moved %d of 3 orders", n)
+	}
+	if status, _ := alice.do("GET", "/workflows/no_such_workflow/migrate", nil); status != http.StatusNotFound {
+		t.Fatalf("moving the orders of a workflow the file lacks: %d, want 404", status)
+	}
+
 	// The API's dry run of an ended order says why it stays.
 	api := startAPI(t, p.stack, "", "SAS_WORKFLOWS_FILE="+v2File)
 	token := apiToken(t, p.stack, "migrator", statestore.TokenOperator)

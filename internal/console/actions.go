@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -17,6 +18,7 @@ import (
 	"sas/internal/messages"
 	"sas/internal/orderfilter"
 	"sas/internal/statestore"
+	"sas/internal/workflow"
 )
 
 // confirmData is an action's confirmation page: what will happen, and the
@@ -494,4 +496,84 @@ func (s *server) signal(w http.ResponseWriter, r *http.Request, rq *request) {
 	}
 	s.logger.Info("console: signal sent", "user", rq.user.Name, "order_id", sig.OrderID, "step", st.Step, "signal", sig.Name, "signal_id", sig.SignalID)
 	s.redirect(w, r, "/orders/"+sig.OrderID, "signalled")
+}
+
+// maxMovedAtOnce bounds the running orders one move of a workflow's
+// orders looks at, the oldest first: the same move again goes on with
+// the next ones.
+const maxMovedAtOnce = 1000
+
+// workflowMove reads the workflow the path names from the console's
+// file and its running orders on other versions (the oldest
+// maxMovedAtOnce), and says of each whether it moves (apply: moves it).
+func (s *server) workflowMove(w http.ResponseWriter, r *http.Request, rq *request, apply bool) (workflow.Workflow, []statestore.MigrationVerdict, bool) {
+	name := r.PathValue("name")
+	wf, ok := s.workflows.Lookup(name)
+	if !ok || wf.Name != name {
+		s.fail(w, r, rq, http.StatusNotFound, "The console's workflows file has no workflow "+orderfilter.Clip(name, 64)+".")
+		return workflow.Workflow{}, nil, false
+	}
+	ids, err := s.store.RunningOrders(r.Context(), wf.Name, wf.Version(), maxMovedAtOnce)
+	if err != nil {
+		s.storeError(w, r, rq, err, "workflow "+wf.Name)
+		return workflow.Workflow{}, nil, false
+	}
+	verdicts, err := s.store.MigrateOrders(r.Context(), ids, wf, apply, claimedBy(rq))
+	if err != nil {
+		s.storeError(w, r, rq, err, "order of workflow "+wf.Name)
+		return workflow.Workflow{}, nil, false
+	}
+	return wf, verdicts, true
+}
+
+// moveSummary says how many orders move (or can) and, by reason, how
+// many stay.
+func moveSummary(verdicts []statestore.MigrationVerdict, apply bool) (moving int, details []string) {
+	whys := map[string]int{}
+	for _, v := range verdicts {
+		if v.Moved || (!apply && v.CanMove) {
+			moving++
+		} else {
+			whys[v.Why]++
+		}
+	}
+	for _, why := range slices.Sorted(maps.Keys(whys)) {
+		details = append(details, fmt.Sprintf("%d stay: %s.", whys[why], why))
+	}
+	return moving, details
+}
+
+// confirmWorkflowMove is the dry run of moving a workflow's running
+// orders to its version in the console's file: how many can move, and
+// why the others cannot.
+func (s *server) confirmWorkflowMove(w http.ResponseWriter, r *http.Request, rq *request) {
+	if !s.mayAct(w, r, rq) {
+		return
+	}
+	wf, verdicts, ok := s.workflowMove(w, r, rq, false)
+	if !ok {
+		return
+	}
+	can, stay := moveSummary(verdicts, false)
+	c := confirmData{Back: "/workflows", Question: fmt.Sprintf("Move %d running orders of %s to version %s?", can, wf.Name, wf.Version())}
+	c.Details = append([]string{fmt.Sprintf("%d running orders run another version (the oldest %d looked at).", len(verdicts), maxMovedAtOnce)}, stay...)
+	if can > 0 {
+		c.Details = append(c.Details, "Each order moves in one transaction: what ran keeps its state and results; its history records the move as done by "+rq.user.Name+".")
+		c.Action, c.Button, c.Count = "/workflows/"+wf.Name+"/migrate", "Move them", can
+	}
+	s.render(w, r, rq, http.StatusOK, "confirm.html", "Move", c)
+}
+
+// workflowMoveAction moves a workflow's running orders that can move to
+// its version in the console's file, and says how many moved and why the
+// others stayed.
+func (s *server) workflowMoveAction(w http.ResponseWriter, r *http.Request, rq *request) {
+	wf, verdicts, ok := s.workflowMove(w, r, rq, true)
+	if !ok {
+		return
+	}
+	moved, stay := moveSummary(verdicts, true)
+	s.logger.Info("console: orders moved", "user", rq.user.Name, "workflow", wf.Name, "to", wf.Version(), "moved", moved, "stayed", len(verdicts)-moved)
+	s.render(w, r, rq, http.StatusOK, "confirm.html", "Moved", confirmData{Back: "/workflows",
+		Question: fmt.Sprintf("%d orders of %s moved to version %s.", moved, wf.Name, wf.Version()), Details: stay})
 }

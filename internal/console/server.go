@@ -206,6 +206,8 @@ func (s *server) routes() http.Handler {
 	page := func(path string, h handler) { get(path, s.deployment(h)) }
 	act := func(path string, h handler) { post(path, s.deployment(h)) }
 	page("/workflows", s.workflowsPage)
+	page("/workflows/{name}/migrate", s.confirmWorkflowMove)
+	act("/workflows/{name}/migrate", s.workflowMoveAction)
 	page("/schedules", s.schedulesPage)
 	page("/schedules/{name}/{verb}", s.confirmSchedule)
 	act("/schedules/{name}/{verb}", s.scheduleAction)
