@@ -21,6 +21,7 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -47,6 +48,13 @@ type Config struct {
 	CAFile string
 	// QueuePrefix is the deployment's SAS_QUEUE_PREFIX; "" means "sas.".
 	QueuePrefix string
+	// SubmitExchange, when set, is where submits go instead of the
+	// submit queue's own exchange: a partitioned deployment's routing
+	// exchange (its layout's exchange), which takes the order id as
+	// routing key and sends each order to its partition. Status events
+	// come back to this client's reply queue from whichever partition
+	// holds the order.
+	SubmitExchange string
 	// ReplyQueueTTL is how long the reply queue lives unused (after the
 	// client is gone); 0 means 30 minutes.
 	ReplyQueueTTL time.Duration
@@ -219,7 +227,7 @@ func Connect(ctx context.Context, cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("client: %w", err)
 	}
 	c := &Client{cfg: cfg, conn: conn, pub: broker.NewPublisher(conn, bm), logger: logger,
-		submit: cfg.QueuePrefix + "submit", signals: cfg.QueuePrefix + messages.SignalsQueue, replyQueue: cfg.QueuePrefix + "client." + messages.NewID(),
+		submit: cmp.Or(cfg.SubmitExchange, cfg.QueuePrefix+"submit"), signals: cfg.QueuePrefix + messages.SignalsQueue, replyQueue: cfg.QueuePrefix + "client." + messages.NewID(),
 		orders: map[string]*tracked{}, refusedSignals: map[string]*RejectedError{}, stopped: make(chan struct{})}
 	// The queue exists before the first order names it.
 	if err := c.declare(ctx); err != nil {
@@ -288,7 +296,9 @@ func (c *Client) Submit(ctx context.Context, o Order) (string, error) {
 		pub.Timestamp = time.Now()
 		// Through the submit queue's own exchange: an application's
 		// login may publish there and nowhere else (sasctl broker users).
-		err = c.pub.Publish(ctx, c.submit, "", pub)
+		// A partitioned deployment's routing exchange takes the order id
+		// as routing key; the submit queue's fanout exchange ignores it.
+		err = c.pub.Publish(ctx, c.submit, id, pub)
 		if err == nil {
 			return id, nil
 		}

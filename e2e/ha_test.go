@@ -60,12 +60,13 @@ type rabbitCluster struct {
 // startRabbitCluster starts three nodes, sasha1-3, clustered.
 func startRabbitCluster(t *testing.T) rabbitCluster {
 	t.Helper()
-	return startRabbitNodes(t, "sasha", "5700", 3, "")
+	return startRabbitNodes(t, "sasha", "5700", 3, "", "")
 }
 
 // startRabbitNodes starts n nodes named name1… with AMQP on base+1…,
-// clustered, conf (if not "") added to each node's configuration.
-func startRabbitNodes(t *testing.T, name, base string, n int, conf string) rabbitCluster {
+// clustered, conf (if not "") added to each node's configuration and
+// plugins (a list separated by commas, or "") enabled.
+func startRabbitNodes(t *testing.T, name, base string, n int, conf, plugins string) rabbitCluster {
 	t.Helper()
 	if _, err := exec.LookPath("rabbitmq-server"); err != nil {
 		testenv.Unavailable(t, "rabbitmq-server (scripts/services.sh installs it)", err)
@@ -75,7 +76,7 @@ func startRabbitNodes(t *testing.T, name, base string, n int, conf string) rabbi
 	// A run killed before its cleanup leaves its nodes: stop them first.
 	_ = exec.Command(script, "stop", c.dir, c.base, c.name).Run()
 	cmd := exec.Command(script, "start", c.dir, c.base, c.name)
-	cmd.Env = append(os.Environ(), fmt.Sprintf("NODES=%d", n), "CONF="+conf)
+	cmd.Env = append(os.Environ(), fmt.Sprintf("NODES=%d", n), "CONF="+conf, "PLUGINS="+plugins)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -96,6 +97,15 @@ func startRabbitNodes(t *testing.T, name, base string, n int, conf string) rabbi
 }
 
 func (c rabbitCluster) node(n int) string { return fmt.Sprintf("%s%d@localhost", c.name, n) }
+
+// restart stops node n and starts it again, its data kept.
+func (c rabbitCluster) restart(t *testing.T, n int) {
+	t.Helper()
+	script := filepath.Join("..", "scripts", "rabbit-cluster.sh")
+	if out, err := exec.Command(script, "restart", c.dir, c.base, c.name, strconv.Itoa(n)).CombinedOutput(); err != nil {
+		t.Fatalf("restart %s: %v\n%s", c.node(n), err, out)
+	}
+}
 
 // leaders returns each queue with the given prefix and the node that
 // leads it.
@@ -251,10 +261,16 @@ func ownDatabaseStack(t *testing.T, mode, base string, kinds []string) (string, 
 
 func startStandbyPair(t *testing.T, mode, base string) (dir, url string) {
 	t.Helper()
+	return startPostgresServers(t, mode, base, filepath.Join(os.TempDir(), "sas-pg-standby-"+mode))
+}
+
+// startPostgresServers starts scripts/pg-standby.sh's servers in dir
+// (mode sync, async or alone) and returns their URL.
+func startPostgresServers(t *testing.T, mode, base, dir string) (string, string) {
+	t.Helper()
 	if _, err := exec.LookPath("pg_ctlcluster"); err != nil {
 		testenv.Unavailable(t, "PostgreSQL (scripts/services.sh installs it)", err)
 	}
-	dir = filepath.Join(os.TempDir(), "sas-pg-standby-"+mode)
 	script := filepath.Join("..", "scripts", "pg-standby.sh")
 	_ = exec.Command(script, "stop", dir, base).Run()
 	cmd := exec.Command(script, "start", dir, base, mode)

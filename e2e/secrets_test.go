@@ -109,7 +109,7 @@ func TestDeploymentSecretsMadeOnceAndUsedFromFiles(t *testing.T) {
 	pw := func(n string) string { return strings.TrimSuffix(again[n], "\n") }
 
 	// The broker, booted with the written configuration.
-	node := startRabbitNodes(t, "sassecret", "5720", 1, filepath.Join(secrets, "rabbitmq.conf"))
+	node := startRabbitNodes(t, "sassecret", "5720", 1, filepath.Join(secrets, "rabbitmq.conf"), "")
 	nodeURL := func(user string) string {
 		return "amqp://" + user + "@" + strings.TrimPrefix(node.urls, "amqp://guest:guest@")
 	}

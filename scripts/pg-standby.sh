@@ -3,9 +3,10 @@
 # fixture: the primary on port BASE+1, the standby (made with
 # pg_basebackup) on BASE+2, data under DIR, run as the postgres user. With
 # MODE sync the primary waits for the standby to flush every commit
-# (synchronous_standby_names); with async it does not.
+# (synchronous_standby_names); with async it does not; with alone there is
+# no standby (a server of its own, as a partition's store in a test).
 #
-# Usage: scripts/pg-standby.sh start DIR BASE sync|async   (prints the multi-host URL)
+# Usage: scripts/pg-standby.sh start DIR BASE sync|async|alone   (prints the (multi-host) URL)
 #        scripts/pg-standby.sh crash DIR BASE              stop the primary with -m immediate (a crash)
 #        scripts/pg-standby.sh restart DIR BASE            restart the primary (-m fast: what an upgrade or a
 #                                                          configuration change does)
@@ -13,7 +14,7 @@
 #        scripts/pg-standby.sh stop DIR BASE               stop both and remove DIR
 set -euo pipefail
 
-cmd=${1:?usage: pg-standby.sh start|crash|restart|promote|stop DIR BASE [sync|async]}
+cmd=${1:?usage: pg-standby.sh start|crash|restart|promote|stop DIR BASE [sync|async|alone]}
 dir=${2:?DIR}
 base=${3:?BASE}
 bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n1)
@@ -54,6 +55,11 @@ log_line_prefix = '%m [%p] '
 EOF
 	echo "host replication all 127.0.0.1/32 trust" >>"$dir/primary/pg_hba.conf"
 	ctl -D "$dir/primary" -l "$dir/primary.log" -w start >/dev/null
+	if [ "$mode" = alone ]; then
+		log "server on $((base + 1))"
+		echo "postgres://postgres@127.0.0.1:$((base + 1))/postgres?sslmode=disable"
+		exit 0
+	fi
 	as_postgres "$bin/pg_basebackup" -h 127.0.0.1 -p $((base + 1)) -U postgres -D "$dir/standby" -R -X stream >/dev/null
 	# Promoted, it has no standby of its own: it must not wait for one
 	# (the copied configuration names one), or every commit would hang.
@@ -99,7 +105,7 @@ stop)
 	rm -rf "$dir"
 	;;
 *)
-	echo "usage: pg-standby.sh start|crash|promote|stop DIR BASE [sync|async]" >&2
+	echo "usage: pg-standby.sh start|crash|restart|promote|stop DIR BASE [sync|async|alone]" >&2
 	exit 2
 	;;
 esac

@@ -6,14 +6,16 @@
 # and epmd with any other RabbitMQ here.
 #
 # NODES=1 starts one node alone; CONF names a file whose lines are added to
-# every node's configuration (rabbitmq.conf form).
+# every node's configuration (rabbitmq.conf form); PLUGINS, a list of
+# plugins separated by commas, enables them on every node (none by default).
 #
-# Usage: scripts/rabbit-cluster.sh start DIR BASE NAME   start the nodes and join them (prints the AMQP URLs)
-#        scripts/rabbit-cluster.sh stop DIR BASE NAME    stop them and remove DIR
-#        scripts/rabbit-cluster.sh pid DIR BASE NAME N   the OS process id of node N
+# Usage: scripts/rabbit-cluster.sh start DIR BASE NAME     start the nodes and join them (prints the AMQP URLs)
+#        scripts/rabbit-cluster.sh stop DIR BASE NAME      stop them and remove DIR
+#        scripts/rabbit-cluster.sh restart DIR BASE NAME N stop node N and start it again, its data kept
+#        scripts/rabbit-cluster.sh pid DIR BASE NAME N     the OS process id of node N
 set -euo pipefail
 
-cmd=${1:?usage: rabbit-cluster.sh start|stop|pid DIR BASE NAME [N]}
+cmd=${1:?usage: rabbit-cluster.sh start|stop|restart|pid DIR BASE NAME [N]}
 dir=${2:?DIR}
 base=${3:?BASE}
 name=${4:?NAME}
@@ -50,7 +52,7 @@ ctl() { # N args...: rabbitmqctl against node N
 case "$cmd" in
 start)
 	mkdir -p "$dir/mnesia" "$dir/log"
-	echo '[].' >"$dir/enabled_plugins"
+	echo "[${PLUGINS:-}]." >"$dir/enabled_plugins"
 	echo '[].' >"$dir/advanced.config"
 	for n in $(seq "$nodes"); do
 		# guest may log in from loopback; a minority side pauses.
@@ -98,12 +100,19 @@ stop)
 	done
 	rm -rf "$dir"
 	;;
+restart)
+	n=${5:?N}
+	log "restarting $(node "$n")"
+	ctl "$n" stop >&2
+	env $(node_env "$n") rabbitmq-server -detached
+	ctl "$n" wait "$dir/node$n.pid" --timeout 120 >/dev/null
+	;;
 pid)
 	n=${5:?N}
 	cat "$dir/node$n.pid"
 	;;
 *)
-	echo "usage: rabbit-cluster.sh start|stop|pid DIR BASE NAME [N]" >&2
+	echo "usage: rabbit-cluster.sh start|stop|restart|pid DIR BASE NAME [N]" >&2
 	exit 2
 	;;
 esac

@@ -252,7 +252,7 @@ func (a *app) publishSample(ctx context.Context, ids []string, smp *orderSampler
 		}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			if err := publishOrder(ctx, pub, topo.Queue(submitter.Input), o.OrderID, body, submitTo{}); err != nil {
+			if err := publishOrder(ctx, pub, o.OrderID, body, submitTo{key: topo.Queue(submitter.Input)}); err != nil {
 				once.Do(func() { firstErr = err })
 				return
 			}

@@ -181,6 +181,12 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return a.limitsSet(ctx, rest)
 	case "limits reset":
 		return a.limitsReset(ctx, rest)
+	case "partitions show":
+		return a.partitionsShow(ctx, rest)
+	case "partitions setup":
+		return a.partitionsSetup(ctx, rest)
+	case "partitions of":
+		return a.partitionsOf(ctx, rest)
 	case "schedules list":
 		return a.schedulesList(ctx, rest)
 	case "schedules pause":

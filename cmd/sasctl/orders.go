@@ -120,28 +120,49 @@ func (a *app) ordersList(ctx context.Context, args []string) error {
 	if _, err := f.Query(reg); err != nil {
 		return err
 	}
-	store, closeStore, err := a.store(ctx)
+	// Every partition's newest page (one store's alone, unpartitioned),
+	// merged newest first: no partition is read past the limit.
+	stores, closeStores, err := a.everyStore(ctx)
 	if err != nil {
 		return err
 	}
-	defer closeStore()
-	var orders []statestore.Order
-	if len(where) == 0 && *namespace == "" {
-		orders, err = store.ListOrders(ctx, statestore.ListFilter{Status: *status, Workflow: *wf, Since: *since, Limit: *limit})
-	} else {
-		orders, err = a.ordersWhere(ctx, store, reg, f, *since, *limit)
+	defer closeStores()
+	pages := make([][]statestore.Order, len(stores))
+	partitionOf := map[string]string{}
+	for i, ps := range stores {
+		if len(where) == 0 && *namespace == "" {
+			pages[i], err = ps.store.ListOrders(ctx, statestore.ListFilter{Status: *status, Workflow: *wf, Since: *since, Limit: *limit})
+		} else {
+			pages[i], err = a.ordersWhere(ctx, ps.store, reg, f, *since, *limit)
+		}
+		if err != nil {
+			if ps.name != "" {
+				return fmt.Errorf("partition %s: %w", ps.name, err)
+			}
+			return err
+		}
+		for _, o := range pages[i] {
+			partitionOf[o.OrderID] = ps.name
+		}
 	}
-	if err != nil {
-		return err
-	}
+	orders := newestFirst(pages, *limit)
 	if *asJSON {
 		return a.printJSON(orders)
 	}
+	partitioned := stores[0].name != ""
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ORDER_ID\tSTATUS\tWORKFLOW\tPRIO\tCREATED\tUPDATED")
+	header := "ORDER_ID\tSTATUS\tWORKFLOW\tPRIO\tCREATED\tUPDATED"
+	if partitioned {
+		header += "\tPARTITION"
+	}
+	fmt.Fprintln(tw, header)
 	for _, o := range orders {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", o.OrderID, o.Status, o.Workflow, o.Priority,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s", o.OrderID, o.Status, o.Workflow, o.Priority,
 			clock(o.CreatedAt), clock(o.UpdatedAt))
+		if partitioned {
+			fmt.Fprintf(tw, "\t%s", partitionOf[o.OrderID])
+		}
+		fmt.Fprintln(tw)
 	}
 	return tw.Flush()
 }
@@ -200,7 +221,7 @@ func (a *app) onOrder(ctx context.Context, fs *flag.FlagSet, args []string, do f
 	if err != nil {
 		return err
 	}
-	store, closeStore, err := a.store(ctx)
+	store, closeStore, err := a.storeOf(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -234,7 +255,7 @@ func (a *app) ordersShow(ctx context.Context, args []string) error {
 		}
 		return a.showArchived(ctx, id, *asJSON)
 	}
-	store, closeStore, err := a.store(ctx)
+	store, closeStore, err := a.storeOf(ctx, id)
 	if err != nil {
 		return err
 	}

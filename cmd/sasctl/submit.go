@@ -16,6 +16,7 @@ import (
 	"sas/internal/broker"
 	"sas/internal/intake"
 	"sas/internal/messages"
+	"sas/internal/partition"
 	"sas/internal/service"
 	"sas/internal/submitter"
 )
@@ -32,6 +33,7 @@ func (a *app) submit(ctx context.Context, args []string) error {
 	deadline := fs.String("deadline", "", "deadline of generated orders in place of their workflow's (1s to 366d, such as 2h)")
 	concurrency := fs.Int("concurrency", 32, "publishes awaiting their confirm at once")
 	printIDs := fs.Bool("print-ids", false, "print each published order id on stdout")
+	partitions := fs.String("partitions", os.Getenv("SAS_PARTITIONS_FILE"), "a partitions layout: publish to its routing exchange, the order id as routing key, so that each order reaches its partition (default: SAS_PARTITIONS_FILE)")
 	namespace := fs.String("namespace", "", "the namespace the orders go to (header sas-namespace, with the broker login as user-id: SAS_SUBMITTER_NAMESPACES must grant it)")
 	if err := a.parseNoArgs(fs, args); err != nil {
 		return err
@@ -97,12 +99,30 @@ func (a *app) submit(ctx context.Context, args []string) error {
 		}
 	}
 
-	conn, pub, topo, err := a.openBroker(ctx, submitter.Input)
+	var layout *partition.Layout
+	if *partitions != "" {
+		l, err := partition.Load(*partitions)
+		if err != nil {
+			return err
+		}
+		layout = &l
+	}
+	var inputs []string
+	if layout == nil {
+		inputs = []string{submitter.Input}
+	}
+	conn, pub, topo, err := a.openBroker(ctx, inputs...)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
 	defer pub.Close()
+	// Where each order goes: the submit queue, or through the partitions'
+	// routing exchange by its id.
+	to.exchange, to.key, to.where = "", topo.Queue(submitter.Input), topo.Queue(submitter.Input)
+	if layout != nil {
+		to.exchange, to.key, to.where = layout.Exchange, "", "the partitions of exchange "+layout.Exchange
+	}
 
 	start := time.Now()
 	var published atomic.Int64
@@ -122,7 +142,7 @@ func (a *app) submit(ctx context.Context, args []string) error {
 		}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			if err := publishOrder(ctx, pub, topo.Queue(submitter.Input), id, body, to); err != nil {
+			if err := publishOrder(ctx, pub, id, body, to); err != nil {
 				mu.Lock()
 				if firstErr == nil {
 					firstErr = err
@@ -141,24 +161,34 @@ func (a *app) submit(ctx context.Context, args []string) error {
 	wg.Wait()
 	took := time.Since(start)
 	fmt.Fprintf(a.stderr, "published %d of %d orders to %s, all confirmed by the broker, in %v (%.0f/s)\n",
-		published.Load(), n, topo.Queue(submitter.Input), took.Round(time.Millisecond), float64(published.Load())/took.Seconds())
+		published.Load(), n, to.where, took.Round(time.Millisecond), float64(published.Load())/took.Seconds())
 	return firstErr
 }
 
-// submitTo is the namespace submits go to, and the broker login that
-// sends them ("": the default namespace).
-type submitTo struct{ namespace, login string }
+// submitTo is where submits go: the namespace ("": the default one) and
+// the broker login that sends them; the exchange and routing key they are
+// published with (a partitions' routing exchange takes the order id as
+// key: key ""), and how to name it.
+type submitTo struct {
+	namespace, login string
+	exchange, key    string
+	where            string
+}
 
 // publishOrder publishes one submit, again if the broker did not confirm it
 // (the submitter treats a repeat as a duplicate).
-func publishOrder(ctx context.Context, pub *broker.Publisher, queue, id string, body []byte, to submitTo) error {
+func publishOrder(ctx context.Context, pub *broker.Publisher, id string, body []byte, to submitTo) error {
+	key := to.key
+	if key == "" {
+		key = id
+	}
 	headers := amqp.Table{"schema_version": int32(schemaVersionOf(body))}
 	if to.namespace != "" {
 		headers[submitter.NamespaceHeader] = to.namespace
 	}
 	var err error
 	for attempt := range 5 {
-		err = pub.Publish(ctx, "", queue, amqp.Publishing{
+		err = pub.Publish(ctx, to.exchange, key, amqp.Publishing{
 			ContentType: messages.ContentType,
 			Type:        messages.TypeSubmitOrder,
 			MessageId:   id,

@@ -235,7 +235,8 @@ func scanOrder(row pgx.Row) (Order, error) {
 	return o, err
 }
 
-// ListOrders returns the newest orders first.
+// ListOrders returns the newest orders first, by (created_at, order_id)
+// descending as every keyset list of orders.
 func (s *Store) ListOrders(ctx context.Context, f ListFilter) ([]Order, error) {
 	limit := f.Limit
 	if limit <= 0 {
@@ -245,7 +246,7 @@ func (s *Store) ListOrders(ctx context.Context, f ListFilter) ([]Order, error) {
 		WHERE ($1 = '' OR status = $1)
 		  AND ($3 = '' OR workflow = $3)
 		  AND ($4::float8 = 0 OR created_at >= now() - make_interval(secs => $4::float8))
-		ORDER BY created_at DESC, order_id
+		ORDER BY created_at DESC, order_id DESC
 		LIMIT $2`, f.Status, limit, f.Workflow, f.Since.Seconds())
 	if err != nil {
 		return nil, fmt.Errorf("list orders: %w", err)

@@ -10,9 +10,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -22,6 +24,7 @@ import (
 	"sas/internal/failpoint"
 	"sas/internal/intake"
 	"sas/internal/messages"
+	"sas/internal/partition"
 	"sas/internal/service"
 	"sas/internal/statestore"
 	"sas/internal/tracing"
@@ -58,6 +61,35 @@ type Config struct {
 	// one), the login being the user-id property RabbitMQ checks against
 	// the publisher's own. A submit naming no namespace goes to default.
 	Namespaces string `envconfig:"SUBMITTER_NAMESPACES"`
+	// PartitionsFile is a partitioned deployment's layout, and Partition
+	// this submitter's partition in it: a submit whose order id's bucket
+	// another partition owns is passed to that partition's submit
+	// entrance, never written here.
+	PartitionsFile string `envconfig:"PARTITIONS_FILE"`
+	Partition      string `envconfig:"PARTITION"`
+}
+
+// ownPartition reads the layout and finds this submitter's partition in
+// it (nil, 0 when the deployment is not partitioned).
+func (c Config) ownPartition() (*partition.Layout, int, error) {
+	if c.PartitionsFile == "" {
+		if c.Partition != "" {
+			return nil, 0, fmt.Errorf("SAS_PARTITION %q needs SAS_PARTITIONS_FILE, the layout it is a partition of", c.Partition)
+		}
+		return nil, 0, nil
+	}
+	l, err := partition.Load(c.PartitionsFile)
+	if err != nil {
+		return nil, 0, err
+	}
+	i := slices.IndexFunc(l.Partitions, func(p partition.Partition) bool { return p.Name == c.Partition })
+	if i < 0 {
+		return nil, 0, fmt.Errorf("SAS_PARTITION %q is not a partition of %s (%d partitions)", c.Partition, c.PartitionsFile, len(l.Partitions))
+	}
+	if l.Partitions[i].QueuePrefix != c.QueuePrefix {
+		return nil, 0, fmt.Errorf("partition %s's queue_prefix is %q in %s, but SAS_QUEUE_PREFIX is %q", c.Partition, l.Partitions[i].QueuePrefix, c.PartitionsFile, c.QueuePrefix)
+	}
+	return &l, i, nil
 }
 
 // NamespaceHeader is the submit's header naming its namespace.
@@ -86,7 +118,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		orders: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sas_submitter_orders_total",
-			Help: "Submit messages handled, by outcome (inserted, duplicate, rejected).",
+			Help: "Submit messages handled, by outcome (inserted, duplicate, rejected, forwarded: passed to the partition owning the order).",
 		}, []string{"outcome"}),
 		insertDur: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "sas_submitter_insert_duration_seconds",
@@ -103,7 +135,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Order writes retried after a database error.",
 		}),
 	}
-	for _, outcome := range []string{"inserted", "duplicate", "rejected"} {
+	for _, outcome := range []string{"inserted", "duplicate", "rejected", "forwarded"} {
 		m.orders.WithLabelValues(outcome)
 	}
 	reg.MustRegister(m.orders, m.insertDur, m.batchSize, m.dbRetries)
@@ -121,6 +153,10 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		return err
 	}
 	grants, err := intake.ParseBrokerGrants(cfg.Namespaces)
+	if err != nil {
+		return err
+	}
+	layout, own, err := cfg.ownPartition()
 	if err != nil {
 		return err
 	}
@@ -147,9 +183,9 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	})
 	sk.Go(func(ctx context.Context) { inserts.Run(ctx, cfg.Writers) })
 	h := &handler{store: store, inserts: inserts, workflows: workflows, stepTimeout: cfg.StepTimeout, actor: me, metrics: m, logger: logger,
-		workCtx: workCtx, tr: tr, grants: grants, namespaces: intake.NewNamespaces(store.Namespaces)}
+		workCtx: workCtx, tr: tr, grants: grants, namespaces: intake.NewNamespaces(store.Namespaces), partitions: layout, partition: own, pub: pub}
 	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: Input, Prefetch: cfg.Prefetch, Workers: cfg.Workers,
-		Reasons: append(messages.Reasons(), messages.ReasonInvalidPayload, ReasonConflict, ReasonUnknownWorkflow, ReasonNamespaceRefused,
+		Reasons: append(messages.Reasons(), messages.ReasonInvalidPayload, ReasonConflict, ReasonUnknownWorkflow, ReasonNamespaceRefused, ReasonWrongPartition,
 			ReasonUnknownNamespace, quotaReason(statestore.QuotaInFlight), quotaReason(statestore.QuotaSubmitRate), quotaReason(statestore.QuotaPayloadBytes))},
 		h.chain(), logger, bm)
 
@@ -190,7 +226,48 @@ type handler struct {
 	// grants are the namespaces each broker login may submit to.
 	grants     intake.BrokerGrants
 	namespaces namespaceIndex
+	// partitions, in a partitioned deployment, is its layout and
+	// partition this submitter's index in it; pub passes on what another
+	// partition owns.
+	partitions *partition.Layout
+	partition  int
+	pub        forwarder
 }
+
+// forwarder publishes a message and waits for the broker's confirm
+// (broker.Publisher).
+type forwarder interface {
+	Publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error
+}
+
+// forward passes a submit whose order another partition owns to that
+// partition's submit entrance, as it came (its id, correlation id,
+// headers and body; the publisher's user-id cannot be carried, so a
+// namespace its header names is judged there without it), and acks it
+// here once the broker confirmed the copy.
+func (h *handler) forward(ctx context.Context, m broker.Message, o messages.SubmitOrder, owner partition.Partition) error {
+	headers := amqp.Table{}
+	for k, v := range m.Headers {
+		headers[k] = v
+	}
+	headers[ForwardedHeader] = h.partitions.Partitions[h.partition].Name
+	if err := h.pub.Publish(ctx, owner.SubmitEntrance(), o.OrderID, amqp.Publishing{
+		ContentType: m.ContentType, Type: messages.TypeSubmitOrder, MessageId: m.ID, CorrelationId: m.CorrelationID,
+		Timestamp: time.Now(), Headers: headers, Body: m.Body,
+	}); err != nil {
+		return fmt.Errorf("pass order %s to partition %s: %w", o.OrderID, owner.Name, err) // back to the queue
+	}
+	h.metrics.orders.WithLabelValues("forwarded").Inc()
+	h.logger.Debug("order passed to its partition", "order_id", o.OrderID, "partition", owner.Name)
+	return nil
+}
+
+// ForwardedHeader names the partition that passed a submit on.
+const ForwardedHeader = "sas-forwarded-by"
+
+// ReasonWrongPartition dead-letters a submit passed on to a partition
+// that does not own it either (the submitters' layouts differ).
+const ReasonWrongPartition = "wrong_partition"
 
 // namespaceOf is the namespace a submit goes to: its header's, when the
 // login that published it (its user-id, which RabbitMQ checked) may
@@ -211,6 +288,22 @@ func (h *handler) chain() broker.Handler {
 // A write in progress runs under workCtx, so SIGTERM lets it finish; ctx
 // (done at SIGTERM) only stops retrying after a database error.
 func (h *handler) handle(ctx context.Context, m broker.Message, o messages.SubmitOrder) error {
+	if h.partitions != nil {
+		// The order's partition is its id's bucket's owner, whatever way
+		// the submit came (a broker's ring numbered afresh after a
+		// restart, a publisher that named another key).
+		if _, owner := h.partitions.Of(o.OrderID); owner.Name != h.partitions.Partitions[h.partition].Name {
+			if by, passed := m.Headers[ForwardedHeader]; passed {
+				// Passed on once already: the partitions' layouts differ,
+				// and passing it again could go round for ever.
+				h.metrics.orders.WithLabelValues("rejected").Inc()
+				return h.refuse(o.OrderID, o.ReplyTo, messages.CorrelationID(m.CorrelationID), ReasonWrongPartition,
+					fmt.Sprintf("order %s is partition %s's by this submitter's layout, and partition %v passed it here: give every submitter the same SAS_PARTITIONS_FILE",
+						o.OrderID, owner.Name, by))
+			}
+			return h.forward(ctx, m, o, owner)
+		}
+	}
 	corr := messages.CorrelationID(m.CorrelationID)
 	// The namespace first: a refusal after it is that namespace's dead
 	// letter (one of a namespace not granted is the deployment's).

@@ -7,17 +7,21 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"sas/internal/batch"
 	"sas/internal/broker"
 	"sas/internal/intake"
 	"sas/internal/messages"
+	"sas/internal/partition"
 	"sas/internal/statestore"
 	"sas/internal/tracing"
 	"sas/internal/workflow"
@@ -277,6 +281,136 @@ func TestSubmitsGoToTheNamespaceTheirLoginMay(t *testing.T) {
 	for _, bad := range []string{"team-a-app", "=team-a", "app=Team_A"} {
 		if _, err := intake.ParseBrokerGrants(bad); err == nil {
 			t.Errorf("SAS_SUBMITTER_NAMESPACES=%s accepted", bad)
+		}
+	}
+}
+
+// fakeForwarder records what a submitter passes on.
+type fakeForwarder struct {
+	mu   sync.Mutex
+	sent []forwarded
+	err  error
+}
+
+type forwarded struct {
+	exchange, key string
+	msg           amqp.Publishing
+}
+
+func (f *fakeForwarder) Publish(_ context.Context, exchange, key string, msg amqp.Publishing) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err != nil {
+		return f.err
+	}
+	f.sent = append(f.sent, forwarded{exchange, key, msg})
+	return nil
+}
+
+// TestASubmitOfAnotherPartitionIsPassedOn: in a partitioned deployment a
+// submit whose order id's bucket this submitter's partition owns is
+// written; one another partition owns is passed to that partition's
+// submit entrance as it came (id, correlation id, headers, body) and not
+// written here; a failed pass goes back to the queue; one already passed
+// on that is not this partition's either is dead-lettered
+// wrong_partition, never passed round again.
+func TestASubmitOfAnotherPartitionIsPassedOn(t *testing.T) {
+	t.Parallel()
+	l, err := partition.Parse([]byte("exchange: sas.route\npartitions:\n" +
+		"  - {name: p1, queue_prefix: sas.p1., database_url_env: SAS_P1_URL}\n" +
+		"  - {name: p2, queue_prefix: sas.p2., database_url_env: SAS_P2_URL}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One order id of each partition.
+	var ours, theirs string
+	for ours == "" || theirs == "" {
+		id := messages.NewID()
+		if _, p := l.Of(id); p.Name == "p1" {
+			ours = cmp.Or(ours, id)
+		} else {
+			theirs = cmp.Or(theirs, id)
+		}
+	}
+	body := func(id string) []byte {
+		return []byte(`{"schema_version":2,"order_id":"` + id + `","workflow":"shop","payload":{"customer":"c-1"},"reply_to":"client.r"}`)
+	}
+	setup := func(pubErr error) (*handler, *fakeSubmitStore, *fakeForwarder, *metrics) {
+		st := &fakeSubmitStore{outcome: statestore.Inserted}
+		h, m := newHandler(t, st)
+		fw := &fakeForwarder{err: pubErr}
+		h.partitions, h.partition, h.pub = &l, 0, fw
+		return h, st, fw, m
+	}
+
+	h, st, fw, m := setup(nil)
+	if err := h.chain()(context.Background(), broker.Message{ID: ours, Body: body(ours), ContentType: messages.ContentType}); err != nil {
+		t.Fatalf("its own order: %v", err)
+	}
+	msg := broker.Message{ID: theirs, CorrelationID: "corr-9", Body: body(theirs), ContentType: messages.ContentType,
+		Headers: map[string]any{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}
+	if err := h.chain()(context.Background(), msg); err != nil {
+		t.Fatalf("another partition's order: %v", err)
+	}
+	st.mu.Lock()
+	if len(st.inserted) != 1 || st.inserted[0].OrderID != ours {
+		t.Fatalf("written here: %+v, want only its own order", st.inserted)
+	}
+	st.mu.Unlock()
+	if len(fw.sent) != 1 {
+		t.Fatalf("%d passed on, want 1", len(fw.sent))
+	}
+	got := fw.sent[0]
+	if got.exchange != "sas.p2.submit" || got.key != theirs || got.msg.MessageId != theirs || got.msg.CorrelationId != "corr-9" ||
+		string(got.msg.Body) != string(body(theirs)) || got.msg.Headers[ForwardedHeader] != "p1" || got.msg.Headers["traceparent"] == nil {
+		t.Fatalf("passed on as %+v", got)
+	}
+	if n := testutil.ToFloat64(m.orders.WithLabelValues("forwarded")); n != 1 {
+		t.Fatalf("forwarded counted %v times", n)
+	}
+
+	h, _, _, _ = setup(errors.New("broker gone"))
+	var rej *broker.Rejection
+	if err := h.chain()(context.Background(), msg); err == nil || errors.As(err, &rej) {
+		t.Fatalf("a pass that failed: %v, want an error that requeues", err)
+	}
+
+	h, st, fw, _ = setup(nil)
+	msg.Headers = map[string]any{ForwardedHeader: "p2"}
+	err = h.chain()(context.Background(), msg)
+	if !errors.As(err, &rej) || rej.Reason != ReasonWrongPartition {
+		t.Fatalf("passed on twice: %v, want %s", err, ReasonWrongPartition)
+	}
+	if len(fw.sent) != 0 || len(st.inserted) != 0 || len(st.told) != 1 || st.told[0].Reason != ReasonWrongPartition {
+		t.Fatalf("passed %d, written %d, told %+v", len(fw.sent), len(st.inserted), st.told)
+	}
+}
+
+// TestAPartitionsSubmitterChecksItsPlace: SAS_PARTITION must name a
+// partition of the layout whose queue prefix is the submitter's own, and
+// needs the layout.
+func TestAPartitionsSubmitterChecksItsPlace(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "partitions.yaml")
+	if err := os.WriteFile(file, []byte("exchange: sas.route\npartitions:\n"+
+		"  - {name: p1, queue_prefix: sas.p1., database_url_env: SAS_P1_URL}\n"+
+		"  - {name: p2, queue_prefix: sas.p2., database_url_env: SAS_P2_URL}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := func(file, name, prefix string) Config {
+		var c Config
+		c.PartitionsFile, c.Partition, c.QueuePrefix = file, name, prefix
+		return c
+	}
+	if l, i, err := cfg(file, "p2", "sas.p2.").ownPartition(); err != nil || l == nil || i != 1 {
+		t.Fatalf("p2: %v %d %v", l, i, err)
+	}
+	if l, _, err := cfg("", "", "sas.").ownPartition(); err != nil || l != nil {
+		t.Fatalf("no layout: %v %v", l, err)
+	}
+	for _, bad := range []Config{cfg(file, "p3", "sas.p3."), cfg(file, "p2", "sas."), cfg("", "p1", "sas.p1.")} {
+		if _, _, err := bad.ownPartition(); err == nil {
+			t.Errorf("%+v: no error", bad)
 		}
 	}
 }

@@ -1,0 +1,251 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	"sas/internal/messages"
+	"sas/internal/partition"
+	"sas/internal/service"
+	"sas/internal/statestore"
+)
+
+// partitionsFlag adds --file, the partitions layout (default:
+// SAS_PARTITIONS_FILE).
+func (a *app) partitionsFlag(fs *flag.FlagSet) func() (partition.Layout, error) {
+	file := fs.String("file", os.Getenv("SAS_PARTITIONS_FILE"), "the partitions layout (default: SAS_PARTITIONS_FILE)")
+	return func() (partition.Layout, error) {
+		if *file == "" {
+			return partition.Layout{}, a.usageError(fs, "give the partitions layout: --file FILE or SAS_PARTITIONS_FILE")
+		}
+		return partition.Load(*file)
+	}
+}
+
+// runs writes buckets as runs: 0-85, 90.
+func runs(buckets []int) string {
+	var parts []string
+	for i := 0; i < len(buckets); {
+		j := i
+		for j+1 < len(buckets) && buckets[j+1] == buckets[j]+1 {
+			j++
+		}
+		if i == j {
+			parts = append(parts, fmt.Sprint(buckets[i]))
+		} else {
+			parts = append(parts, fmt.Sprintf("%d-%d", buckets[i], buckets[j]))
+		}
+		i = j + 1
+	}
+	return strings.Join(parts, ", ")
+}
+
+// partitionRow is one partition as partitions show prints it.
+type partitionRow struct {
+	partition.Partition
+	Buckets []int `json:"buckets"`
+}
+
+// partitionsShow prints the layout: each partition, its queue prefix,
+// the variable holding its database URL and the buckets it owns.
+func (a *app) partitionsShow(_ context.Context, args []string) error {
+	fs := a.flags()
+	load := a.partitionsFlag(fs)
+	asJSON := fs.Bool("json", false, "print the layout as JSON")
+	if err := a.parseNoArgs(fs, args); err != nil {
+		return err
+	}
+	l, err := load()
+	if err != nil {
+		return err
+	}
+	rows := make([]partitionRow, len(l.Partitions))
+	for i, p := range l.Partitions {
+		rows[i] = partitionRow{p, l.Owned(i)}
+	}
+	if *asJSON {
+		return a.printJSON(map[string]any{"exchange": l.Exchange, "buckets": l.Buckets, "partitions": rows})
+	}
+	fmt.Fprintf(a.stdout, "routing exchange %s, %d buckets\n", l.Exchange, l.Buckets)
+	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PARTITION\tQUEUE PREFIX\tDATABASE URL IN\tBUCKETS\tOWNED")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", r.Name, r.QueuePrefix, r.DatabaseURLEnv, len(r.Buckets), runs(r.Buckets))
+	}
+	return tw.Flush()
+}
+
+// partitionsSetup declares the layout on the broker: the routing
+// exchange, a bucket exchange per bucket, each bound to its partition's
+// submit entrance.
+func (a *app) partitionsSetup(ctx context.Context, args []string) error {
+	fs := a.flags()
+	load := a.partitionsFlag(fs)
+	if err := a.parseNoArgs(fs, args); err != nil {
+		return err
+	}
+	l, err := load()
+	if err != nil {
+		return err
+	}
+	conn, pub, _, err := a.openBroker(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	defer pub.Close()
+	ch, err := conn.Channel(ctx)
+	if err != nil {
+		return fmt.Errorf("broker: %w", err)
+	}
+	defer ch.Close()
+	if err := l.Declare(ch); err != nil {
+		return err
+	}
+	fmt.Fprintf(a.stdout, "declared exchange %s (x-consistent-hash) with %d buckets:\n", l.Exchange, l.Buckets)
+	for i, p := range l.Partitions {
+		owned := l.Owned(i)
+		fmt.Fprintf(a.stdout, "  %s: %d buckets (%s) to %s\n", p.Name, len(owned), runs(owned), p.SubmitEntrance())
+	}
+	return nil
+}
+
+// partitionsOf says which bucket and partition each order id belongs to.
+func (a *app) partitionsOf(_ context.Context, args []string) error {
+	fs := a.flags()
+	load := a.partitionsFlag(fs)
+	ids, err := a.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(ids) == 0 {
+		return a.usageError(fs, "give one order id or more")
+	}
+	l, err := load()
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ORDER\tBUCKET\tPARTITION")
+	for _, raw := range ids {
+		id, ok := messages.CanonicalID(raw)
+		if !ok {
+			return fmt.Errorf("%q is not an order id (a UUID)", raw)
+		}
+		b, p := l.Of(id)
+		fmt.Fprintf(tw, "%s\t%d\t%s\n", id, b, p.Name)
+	}
+	return tw.Flush()
+}
+
+// layout is the deployment's partitions layout (SAS_PARTITIONS_FILE), or
+// nil for a deployment of one state store.
+func (a *app) layout() (*partition.Layout, error) {
+	file := os.Getenv("SAS_PARTITIONS_FILE")
+	if file == "" {
+		return nil, nil
+	}
+	l, err := partition.Load(file)
+	if err != nil {
+		return nil, err
+	}
+	return &l, nil
+}
+
+// partitionStore opens partition p's state store, its URL in the
+// variable the layout names.
+func (a *app) partitionStore(ctx context.Context, p partition.Partition) (*statestore.Store, func(), error) {
+	url := os.Getenv(p.DatabaseURLEnv)
+	if url == "" {
+		return nil, nil, fmt.Errorf("partition %s: %s is not set: it holds the partition's database URL", p.Name, p.DatabaseURLEnv)
+	}
+	o := a.cfg.Database(2)
+	o.URL, o.Password = url, ""
+	pool, err := a.poolWith(ctx, o)
+	if err != nil {
+		return nil, nil, fmt.Errorf("partition %s: %w", p.Name, err)
+	}
+	store := statestore.New(pool)
+	checkCtx, cancel := context.WithTimeout(ctx, service.DatabaseWait)
+	defer cancel()
+	if err := store.CheckSchema(checkCtx); err != nil {
+		pool.Close()
+		return nil, nil, fmt.Errorf("partition %s: %w", p.Name, err)
+	}
+	return store, pool.Close, nil
+}
+
+// storeOf opens the state store holding order id: in a partitioned
+// deployment its partition's, else SAS_DATABASE_URL's.
+func (a *app) storeOf(ctx context.Context, id string) (*statestore.Store, func(), error) {
+	l, err := a.layout()
+	if err != nil || l == nil {
+		if err != nil {
+			return nil, nil, err
+		}
+		return a.store(ctx)
+	}
+	_, p := l.Of(id)
+	return a.partitionStore(ctx, p)
+}
+
+// partitionedStore is one partition's open store.
+type partitionedStore struct {
+	name  string
+	store *statestore.Store
+}
+
+// everyStore opens every partition's store in a partitioned deployment
+// (each named), else SAS_DATABASE_URL's alone (named "").
+func (a *app) everyStore(ctx context.Context) ([]partitionedStore, func(), error) {
+	l, err := a.layout()
+	if err != nil {
+		return nil, nil, err
+	}
+	if l == nil {
+		store, closeStore, err := a.store(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		return []partitionedStore{{"", store}}, closeStore, nil
+	}
+	var out []partitionedStore
+	var closers []func()
+	closeAll := func() {
+		for _, c := range closers {
+			c()
+		}
+	}
+	for _, p := range l.Partitions {
+		store, closeStore, err := a.partitionStore(ctx, p)
+		if err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		out = append(out, partitionedStore{p.Name, store})
+		closers = append(closers, closeStore)
+	}
+	return out, closeAll, nil
+}
+
+// newestFirst merges pages of orders, each newest first, into one page
+// of at most limit, newest first: (created_at, order_id) descending, the
+// order every keyset list of orders keeps.
+func newestFirst(pages [][]statestore.Order, limit int) []statestore.Order {
+	var all []statestore.Order
+	for _, p := range pages {
+		all = append(all, p...)
+	}
+	slices.SortStableFunc(all, func(x, y statestore.Order) int {
+		if c := y.CreatedAt.Compare(x.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(y.OrderID, x.OrderID)
+	})
+	return all[:min(limit, len(all))]
+}
