@@ -31,9 +31,10 @@ import (
 // well. Then three state stores, each its own PostgreSQL server with a
 // whole sas on it, and the broker restarted under them (its ring
 // renumbered): 3,000 orders each written and ended once in the store its
-// id names, those the ring sent astray passed on by the submitters;
-// sasctl shows an order from its store and lists the newest of all three
-// merged.
+// id names, those the ring sent astray passed on by the submitters, and
+// none once sasctl partitions setup --renumber has bound the buckets in
+// order again; sasctl shows an order from its store and lists the newest
+// of all three merged.
 func TestPartitionsRouteByOrderID(t *testing.T) {
 	t.Parallel()
 	node := startRabbitNodes(t, "saschx", "5740", 1, "", "rabbitmq_consistent_hash_exchange")
@@ -225,6 +226,29 @@ func TestPartitionsRouteByOrderID(t *testing.T) {
 	}
 	t.Logf("3,000 orders over three stores after the broker's restart: %d, %d, %d; %.0f passed on by a submitter to their partition",
 		len(mine[0]), len(mine[1]), len(mine[2]), forwarded)
+
+	// Renumbered, the ring sends every submit to its own partition again:
+	// none is passed on.
+	if out, errOut, code := sasctl(t, environ, "partitions", "setup", "--renumber"); code != 0 || !strings.Contains(out, "renumbered the 256 buckets") {
+		t.Fatalf("partitions setup --renumber: exit %d\n%s%s", code, out, errOut)
+	}
+	again := submit(600)
+	for i, pp := range pipes {
+		var its []string
+		for _, id := range again {
+			if _, p := l.Of(id); p.Name == l.Partitions[i].Name {
+				its = append(its, id)
+			}
+		}
+		pp.waitTerminal(t, its, 2*time.Minute)
+	}
+	after := 0.0
+	for _, pp := range pipes {
+		after += pp.submitter.metric(t, `sas_submitter_orders_total{outcome="forwarded"}`)
+	}
+	if after != forwarded {
+		t.Fatalf("%.0f of 600 submits passed on after the ring was renumbered, want none", after-forwarded)
+	}
 
 	// sasctl reads across them: an order from its own store, and the
 	// newest orders of all three merged newest first.

@@ -86,6 +86,7 @@ func (a *app) partitionsShow(_ context.Context, args []string) error {
 func (a *app) partitionsSetup(ctx context.Context, args []string) error {
 	fs := a.flags()
 	load := a.partitionsFlag(fs)
+	renumber := fs.Bool("renumber", false, "bind every bucket to the routing exchange again in bucket order: after a broker node restarted, which numbers them in an order of its own")
 	if err := a.parseNoArgs(fs, args); err != nil {
 		return err
 	}
@@ -106,6 +107,12 @@ func (a *app) partitionsSetup(ctx context.Context, args []string) error {
 	defer ch.Close()
 	if err := l.Declare(ch); err != nil {
 		return err
+	}
+	if *renumber {
+		if err := l.Renumber(ch); err != nil {
+			return err
+		}
+		fmt.Fprintf(a.stdout, "renumbered the %d buckets of %s\n", l.Buckets, l.Exchange)
 	}
 	fmt.Fprintf(a.stdout, "declared exchange %s (x-consistent-hash) with %d buckets:\n", l.Exchange, l.Buckets)
 	for i, p := range l.Partitions {

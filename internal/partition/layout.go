@@ -207,3 +207,23 @@ func (l Layout) Declare(ch *amqp.Channel) error {
 	}
 	return nil
 }
+
+// Renumber rebinds every bucket exchange to the routing exchange in
+// number order, so that the plugin's numbering of the buckets is the
+// bucket numbers again: RabbitMQ (3.10) numbers them afresh when a node
+// restarts, in an order of its own. While it runs, a submit may find
+// fewer buckets bound (routed to another bucket, whose partition passes
+// it on) or none (returned to its publisher, who publishes it again).
+func (l Layout) Renumber(ch *amqp.Channel) error {
+	for b := range l.Buckets {
+		if err := ch.ExchangeUnbind(l.BucketExchange(b), bucketWeight, l.Exchange, false, nil); err != nil {
+			return fmt.Errorf("unbind bucket %d from %s: %w", b, l.Exchange, err)
+		}
+	}
+	for b := range l.Buckets {
+		if err := ch.ExchangeBind(l.BucketExchange(b), bucketWeight, l.Exchange, false, nil); err != nil {
+			return fmt.Errorf("bind bucket %d to %s: %w", b, l.Exchange, err)
+		}
+	}
+	return nil
+}
