@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,8 +16,10 @@ import (
 
 	"sas/client"
 	"sas/internal/broker"
+	"sas/internal/messages"
 	"sas/internal/partition"
 	"sas/internal/scheduler"
+	"sas/internal/statestore"
 	"sas/internal/submitter"
 	"sas/internal/workflow"
 )
@@ -177,6 +181,7 @@ func TestPartitionsRouteByOrderID(t *testing.T) {
 	// written in the store its id names, ends there once, and no other
 	// store holds it.
 	var pipes []*pipeline
+	var stacks []stack
 	for i, p := range l.Partitions {
 		base := fmt.Sprint(5470 + 10*i)
 		_, dbURL := startPostgresServers(t, "alone", base, filepath.Join(os.TempDir(), "sas-pg-partition-"+base))
@@ -195,6 +200,7 @@ func TestPartitionsRouteByOrderID(t *testing.T) {
 		t.Cleanup(pool.Close)
 		st.pool = pool
 		pipes = append(pipes, newPipeline(t, pipelineOpts{on: &st, supervisors: 1}))
+		stacks = append(stacks, st)
 	}
 	// The node restarts under them: RabbitMQ 3.10's plugin numbers the
 	// buckets afresh from its bindings, not in the order setup made them,
@@ -220,9 +226,13 @@ func TestPartitionsRouteByOrderID(t *testing.T) {
 			t.Fatalf("partition %s: invariants: %v", l.Partitions[i].Name, r.Violations)
 		}
 	}
+	// Each partition's processes label their metrics with its name.
 	forwarded := 0.0
-	for _, pp := range pipes {
-		forwarded += pp.submitter.metric(t, `sas_submitter_orders_total{outcome="forwarded"}`)
+	for i, pp := range pipes {
+		forwarded += pp.submitter.metric(t, `sas_submitter_orders_total{outcome="forwarded",partition="`+l.Partitions[i].Name+`"}`)
+	}
+	if forwarded == 0 {
+		t.Fatal("no submit was passed on by the submitters (sas_submitter_orders_total{outcome=\"forwarded\",partition=...}) after the ring was renumbered by the restart")
 	}
 	t.Logf("3,000 orders over three stores after the broker's restart: %d, %d, %d; %.0f passed on by a submitter to their partition",
 		len(mine[0]), len(mine[1]), len(mine[2]), forwarded)
@@ -243,8 +253,8 @@ func TestPartitionsRouteByOrderID(t *testing.T) {
 		pp.waitTerminal(t, its, 2*time.Minute)
 	}
 	after := 0.0
-	for _, pp := range pipes {
-		after += pp.submitter.metric(t, `sas_submitter_orders_total{outcome="forwarded"}`)
+	for i, pp := range pipes {
+		after += pp.submitter.metric(t, `sas_submitter_orders_total{outcome="forwarded",partition="`+l.Partitions[i].Name+`"}`)
 	}
 	if after != forwarded {
 		t.Fatalf("%.0f of 600 submits passed on after the ring was renumbered, want none", after-forwarded)
@@ -304,4 +314,145 @@ func TestPartitionsRouteByOrderID(t *testing.T) {
 	if b, p := l.Of(ids[0]); code != 0 || !strings.Contains(out, fmt.Sprintf("%s  %d", ids[0], b)) || !strings.Contains(out, p.Name) {
 		t.Fatalf("partitions of %s: exit %d\n%s", ids[0], code, out)
 	}
+
+	checkAPIAcrossPartitions(t, l, stacks, pipes)
+}
+
+// checkAPIAcrossPartitions: one API over the three partitions (its own
+// store p1's, for its tokens) writes each order it is given in the
+// partition its id names, reads and awaits an order of every partition
+// from there, pauses a workflow in all of them, and pages through every
+// order of all three in (created_at, order_id) order, each once.
+func checkAPIAcrossPartitions(t *testing.T, l partition.Layout, stacks []stack, pipes []*pipeline) {
+	t.Helper()
+	extra := []string{"SAS_PARTITION="}
+	for i, p := range l.Partitions {
+		login := apiLogin(t, stacks[i])
+		if i == 0 {
+			extra = append(extra, "SAS_DATABASE_URL="+login)
+		}
+		extra = append(extra, p.DatabaseURLEnv+"="+login)
+	}
+	api := startAPI(t, stacks[0], "", extra...)
+	token := apiToken(t, stacks[0], "across", statestore.TokenOperator)
+
+	var submitted []string
+	for len(submitted) < 30 {
+		id := messages.NewID()
+		code, _, body := api.call(t, apiCall{method: "POST", path: "/api/v1/orders", token: token,
+			body: submitBody(id, "order", `{"customer":"c","items":[{"sku":"S","qty":1}],"amount":1,"currency":"EUR"}`)})
+		if code != 202 {
+			t.Fatalf("submit through the API: %d %s", code, body)
+		}
+		submitted = append(submitted, id)
+	}
+	for _, id := range submitted {
+		_, owner := l.Of(id)
+		for i, pp := range pipes {
+			n := pp.count(t, `SELECT count(*) FROM orders WHERE order_id = '`+id+`'`)
+			if mine := l.Partitions[i].Name == owner.Name; mine != (n == 1) {
+				t.Fatalf("order %s submitted through the API: %d rows in partition %s; it is %s's", id, n, l.Partitions[i].Name, owner.Name)
+			}
+		}
+	}
+	// Read and awaited from its own partition, whichever it is.
+	seen := map[string]bool{}
+	for _, id := range submitted {
+		_, owner := l.Of(id)
+		if seen[owner.Name] {
+			continue
+		}
+		seen[owner.Name] = true
+		code, hdr, body := api.call(t, apiCall{method: "GET", path: "/api/v1/orders/" + id + "/await?timeout=60s", token: token})
+		if code != 200 || hdr.Get("Sas-Ended") != "true" {
+			t.Fatalf("await order %s of partition %s: %d %s %s", id, owner.Name, code, hdr.Get("Sas-Ended"), body)
+		}
+		code, _, body = api.call(t, apiCall{method: "GET", path: "/api/v1/orders/" + id, token: token})
+		if code != 200 || !strings.Contains(string(body), id) {
+			t.Fatalf("get order %s of partition %s: %d %s", id, owner.Name, code, body)
+		}
+	}
+	if len(seen) != len(l.Partitions) {
+		t.Fatalf("30 orders reached only partitions %v", seen)
+	}
+	// A workflow paused through the API is paused in every partition.
+	code, _, body := api.call(t, apiCall{method: "POST", path: "/api/v1/workflows/order_hold/pause", token: token, body: `{"reason":"across"}`})
+	if code != 200 {
+		t.Fatalf("pause a workflow across partitions: %d %s", code, body)
+	}
+	for i, pp := range pipes {
+		if n := pp.count(t, `SELECT count(*) FROM workflow_pauses WHERE workflow = 'order_hold'`); n != 1 {
+			t.Fatalf("partition %s: workflow order_hold paused %d times, want once", l.Partitions[i].Name, n)
+		}
+	}
+	if code, _, body := api.call(t, apiCall{method: "POST", path: "/api/v1/workflows/order_hold/resume", token: token}); code != 200 {
+		t.Fatalf("resume a workflow across partitions: %d %s", code, body)
+	}
+
+	// The merged list: every order of the three, newest first, each once,
+	// each named with its partition.
+	type row struct {
+		id      string
+		created time.Time
+	}
+	var want []row
+	for _, pp := range pipes {
+		rows, err := pp.pool.Query(t.Context(), `SELECT order_id::text, created_at FROM orders`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var o row
+			if err := rows.Scan(&o.id, &o.created); err != nil {
+				t.Fatal(err)
+			}
+			want = append(want, o)
+		}
+		rows.Close()
+	}
+	slices.SortFunc(want, func(x, y row) int {
+		if c := y.created.Compare(x.created); c != 0 {
+			return c
+		}
+		return strings.Compare(y.id, x.id)
+	})
+	var got []string
+	after, pages := "", 0
+	for {
+		path := "/api/v1/orders?limit=500"
+		if after != "" {
+			path += "&after=" + after
+		}
+		code, _, body := api.call(t, apiCall{method: "GET", path: path, token: token})
+		var page struct {
+			Orders []struct {
+				OrderID   string `json:"order_id"`
+				Partition string `json:"partition"`
+			} `json:"orders"`
+			Next string `json:"next"`
+		}
+		if code != 200 || json.Unmarshal(body, &page) != nil {
+			t.Fatalf("list page %d: %d %.300s", pages+1, code, body)
+		}
+		pages++
+		for _, o := range page.Orders {
+			if _, p := l.Of(o.OrderID); p.Name != o.Partition {
+				t.Fatalf("the list says order %s is %q's; its bucket is %s's", o.OrderID, o.Partition, p.Name)
+			}
+			got = append(got, o.OrderID)
+		}
+		if page.Next == "" {
+			break
+		}
+		after = url.QueryEscape(page.Next)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("the merged list has %d orders in %d pages, the partitions %d", len(got), pages, len(want))
+	}
+	for i := range want {
+		if got[i] != want[i].id {
+			t.Fatalf("the merged list's order %d is %s, want %s: (created_at, order_id) newest first across partitions", i, got[i], want[i].id)
+		}
+	}
+	t.Logf("the API listed %d orders of three partitions in %d pages of 500, in order", len(got), pages)
 }

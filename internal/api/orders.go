@@ -145,7 +145,7 @@ func (s *server) mayReach(ctx context.Context, c caller, id string, ownOnly bool
 			return all, err
 		}
 	}
-	own, found, err := s.store.OwnerOf(ctx, id)
+	own, found, err := s.partOf(id).store.OwnerOf(ctx, id)
 	if err != nil {
 		return false, err
 	}
@@ -249,6 +249,9 @@ func (s *server) acceptOrder(w http.ResponseWriter, r *http.Request, o messages.
 	defer span.End()
 	nw.Traceparent = s.tr.Traceparent(ctx)
 	nw.Namespace = ns
+	// Written in the partition owning the id, as the submit queue's
+	// routing exchange would send it.
+	p := s.partOf(nw.OrderID)
 	quotas, err := s.namespaces.Quotas(ctx, ns)
 	if err != nil {
 		s.unavailable(w, r, err)
@@ -260,7 +263,7 @@ func (s *server) acceptOrder(w http.ResponseWriter, r *http.Request, o messages.
 			// Its bucket is empty until then: a new order is refused
 			// as the admission would; one that exists is answered as
 			// always (a duplicate takes nothing of the quotas).
-			_, found, err := s.store.OwnerOf(ctx, nw.OrderID)
+			_, found, err := p.store.OwnerOf(ctx, nw.OrderID)
 			if err != nil {
 				s.unavailable(w, r, err)
 				return
@@ -274,7 +277,7 @@ func (s *server) acceptOrder(w http.ResponseWriter, r *http.Request, o messages.
 		// Written alone, in one transaction with the namespace's
 		// admission: never past its quotas, whichever replica writes.
 		var refused *statestore.QuotaRefusal
-		outcome, refused, err = s.store.InsertOrderWithinQuota(ctx, nw)
+		outcome, refused, err = p.store.InsertOrderWithinQuota(ctx, nw)
 		if err == nil && refused != nil && refused.Quota == statestore.QuotaSubmitRate {
 			s.noteRateEmpty(ns, refused.RetryAfter)
 		}
@@ -283,10 +286,10 @@ func (s *server) acceptOrder(w http.ResponseWriter, r *http.Request, o messages.
 			return
 		}
 	} else {
-		outcome, err = s.inserts.Do(ctx, nw)
+		outcome, err = p.inserts.Do(ctx, nw)
 	}
 	if c.scoped() && (err == nil && outcome == statestore.Duplicate || errors.Is(err, statestore.ErrConflict)) {
-		own, found, oerr := s.store.OwnerOf(r.Context(), nw.OrderID)
+		own, found, oerr := p.store.OwnerOf(r.Context(), nw.OrderID)
 		if oerr != nil {
 			s.unavailable(w, r, oerr)
 			return
@@ -316,7 +319,7 @@ func (s *server) acceptOrder(w http.ResponseWriter, r *http.Request, o messages.
 	href := prefix + "/orders/" + nw.OrderID
 	w.Header().Set("Location", href)
 	if outcome == statestore.Duplicate {
-		status, _, err := s.store.StatusEventOf(r.Context(), nw.OrderID)
+		status, _, err := p.store.StatusEventOf(r.Context(), nw.OrderID)
 		if err != nil {
 			s.unavailable(w, r, err)
 			return
@@ -355,17 +358,18 @@ func (s *server) get(w http.ResponseWriter, r *http.Request, c caller) {
 		return
 	}
 	ctx := r.Context()
-	d, err := s.store.GetOrder(ctx, id)
+	st := s.partOf(id).store
+	d, err := st.GetOrder(ctx, id)
 	if s.readFailed(w, r, err, "order "+id) {
 		return
 	}
 	v := orderView{OrderDetail: d}
-	attrs, err := s.store.Attributes(ctx, id)
+	attrs, err := st.Attributes(ctx, id)
 	if err == nil {
-		v.Payloads, err = s.store.PayloadHistory(ctx, id)
+		v.Payloads, err = st.PayloadHistory(ctx, id)
 	}
 	if err == nil {
-		_, v.Event, err = s.store.StatusEventOf(ctx, id)
+		_, v.Event, err = st.StatusEventOf(ctx, id)
 	}
 	if err != nil {
 		s.unavailable(w, r, err)
@@ -415,7 +419,7 @@ func (s *server) list(w http.ResponseWriter, r *http.Request, c caller) {
 		writeProblem(w, r, http.StatusBadRequest, probBadRequest, problems.Error(), withErrors(problems))
 		return
 	}
-	rows, next, err := s.store.OrderPage(r.Context(), q)
+	rows, next, err := s.orderPage(r.Context(), q)
 	if err != nil {
 		s.unavailable(w, r, err)
 		return
@@ -468,7 +472,8 @@ func (s *server) await(w http.ResponseWriter, r *http.Request, c caller) {
 		writeProblem(w, r, http.StatusBadRequest, probBadRequest, err.Error())
 		return
 	}
-	f, stop, ready := s.hub.follow(id, false)
+	p := s.partOf(id)
+	f, stop, ready := p.hub.follow(id, false)
 	defer stop()
 	if err := await(r.Context(), ready, followBindWait); err != nil {
 		s.unavailable(w, r, err)
@@ -477,7 +482,7 @@ func (s *server) await(w http.ResponseWriter, r *http.Request, c caller) {
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	for {
-		status, body, err := s.store.StatusEventOf(r.Context(), id)
+		status, body, err := p.store.StatusEventOf(r.Context(), id)
 		if s.readFailed(w, r, err, "order "+id) {
 			return
 		}
@@ -500,7 +505,7 @@ func (s *server) await(w http.ResponseWriter, r *http.Request, c caller) {
 			case <-f.lost:
 				break wait // read the store again
 			case <-deadline.C:
-				_, body, err := s.store.StatusEventOf(r.Context(), id)
+				_, body, err := p.store.StatusEventOf(r.Context(), id)
 				if err != nil {
 					s.unavailable(w, r, err)
 					return
@@ -556,13 +561,14 @@ func (s *server) events(w http.ResponseWriter, r *http.Request, c caller) {
 		writeProblem(w, r, http.StatusInternalServerError, probInternal, "this server cannot stream")
 		return
 	}
-	f, stop, ready := s.hub.follow(id, steps)
+	p := s.partOf(id)
+	f, stop, ready := p.hub.follow(id, steps)
 	defer stop()
 	if err := await(r.Context(), ready, followBindWait); err != nil {
 		s.unavailable(w, r, err)
 		return
 	}
-	status, body, err := s.store.StatusEventOf(r.Context(), id)
+	status, body, err := p.store.StatusEventOf(r.Context(), id)
 	if s.readFailed(w, r, err, "order "+id) {
 		return
 	}
@@ -583,7 +589,7 @@ func (s *server) events(w http.ResponseWriter, r *http.Request, c caller) {
 		// Where each step is now, so that a follower who came after a
 		// wait began still hears of it; later moves come as they happen
 		// (one may come twice).
-		d, err := s.store.GetOrder(r.Context(), id)
+		d, err := p.store.GetOrder(r.Context(), id)
 		if err != nil {
 			return
 		}
@@ -605,7 +611,7 @@ func (s *server) events(w http.ResponseWriter, r *http.Request, c caller) {
 			send(b)
 			last = ev.Status
 		case <-f.lost:
-			st, b, err := s.store.StatusEventOf(r.Context(), id)
+			st, b, err := p.store.StatusEventOf(r.Context(), id)
 			if err != nil {
 				return
 			}
@@ -660,7 +666,7 @@ func (s *server) signal(w http.ResponseWriter, r *http.Request, c caller) {
 		writeDecodeProblem(w, r, http.StatusBadRequest, err)
 		return
 	}
-	out, err := s.store.SignalCheckPayload(r.Context(), id, name, payload)
+	out, err := s.partOf(id).store.SignalCheckPayload(r.Context(), id, name, payload)
 	if err != nil {
 		s.unavailable(w, r, err)
 		return
@@ -690,7 +696,8 @@ func (s *server) publishSignal(w http.ResponseWriter, r *http.Request, sig messa
 		writeDecodeProblem(w, r, http.StatusBadRequest, err)
 		return false
 	}
-	err = s.pub.Publish(r.Context(), "", s.topo.Queue(messages.SignalsQueue), amqp.Publishing{
+	// To the schedulers of the order's partition.
+	err = s.pub.Publish(r.Context(), "", s.partOf(sig.OrderID).topo.Queue(messages.SignalsQueue), amqp.Publishing{
 		ContentType: messages.ContentType, Type: messages.TypeSignal, MessageId: sig.SignalID, Timestamp: time.Now(),
 		DeliveryMode: amqp.Persistent, Body: body, Headers: amqp.Table{"schema_version": int32(messages.SignalVersion)}})
 	if err != nil {
@@ -768,7 +775,7 @@ func (s *server) resubmit(w http.ResponseWriter, r *http.Request, c caller) {
 	if !ok {
 		return
 	}
-	steps, err := s.store.Resubmit(r.Context(), id, b.Step, c.actor())
+	steps, err := s.partOf(id).store.Resubmit(r.Context(), id, b.Step, c.actor())
 	if err != nil {
 		s.operatorRefusal(w, r, err)
 		return
@@ -785,7 +792,7 @@ func (s *server) cancel(w http.ResponseWriter, r *http.Request, c caller) {
 	if _, ok := readBody(w, r, maxSmallBody, true); !ok {
 		return
 	}
-	status, err := s.store.CancelOrder(r.Context(), id, c.actor())
+	status, err := s.partOf(id).store.CancelOrder(r.Context(), id, c.actor())
 	if err != nil {
 		s.operatorRefusal(w, r, err)
 		return
@@ -813,7 +820,7 @@ func (s *server) rerun(w http.ResponseWriter, r *http.Request, c caller) {
 		writeProblem(w, r, http.StatusBadRequest, probBadRequest, "payload must be the corrected payload, a JSON object", withReason(messages.ReasonMissingField))
 		return
 	}
-	steps, err := intake.Rerun(r.Context(), s.store, s.workflows, id, b.Step, b.Payload, c.actor())
+	steps, err := intake.Rerun(r.Context(), s.partOf(id).store, s.workflows, id, b.Step, b.Payload, c.actor())
 	var ref *intake.Refusal
 	if errors.As(err, &ref) {
 		writeProblem(w, r, http.StatusUnprocessableEntity, probInvalid, ref.Detail, withReason(ref.Reason))

@@ -46,12 +46,41 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	if err := intake.StoreVersions(ctx, store, workflows, me, logger); err != nil {
 		return err
 	}
-	inserts := batch.New(cfg.Batch, cfg.BatchLinger, func(ctx context.Context, orders []statestore.NewOrder) ([]statestore.InsertOutcome, []error) {
-		return store.InsertOrders(ctx, orders)
-	})
-	sk.Go(func(ctx context.Context) { inserts.Run(ctx, cfg.Writers) })
-	h := newHub(logger, store.HearStatusEvents, store.HearStepEvents)
-	sk.Go(func(ctx context.Context) { h.run(ctx, sk.Deps.Conn) })
+	layout, err := cfg.Layout()
+	if err != nil {
+		return err
+	}
+	parts := []*part{{store: store, topo: topo}}
+	if layout != nil {
+		// Every partition's store, each holding its own orders; the
+		// API's own (SAS_DATABASE_URL) keeps tokens and bulk jobs.
+		opened, closeParts, err := service.OpenPartitions(ctx, layout, cfg.Database(cfg.DBMaxConns), sk.Ops, logger)
+		if err != nil {
+			return err
+		}
+		sk.OnClose(closeParts)
+		parts = parts[:0]
+		for _, o := range opened {
+			if err := o.Store.CheckSchema(ctx); err != nil {
+				return fmt.Errorf("partition %s: %w", o.Name, err)
+			}
+			if err := intake.StoreVersions(ctx, o.Store, workflows, me, logger.With("partition", o.Name)); err != nil {
+				return fmt.Errorf("partition %s: %w", o.Name, err)
+			}
+			pt := topo
+			pt.Prefix = o.QueuePrefix
+			parts = append(parts, &part{name: o.Name, store: o.Store, topo: pt})
+		}
+	}
+	for _, p := range parts {
+		st := p.store
+		p.inserts = batch.New(cfg.Batch, cfg.BatchLinger, func(ctx context.Context, orders []statestore.NewOrder) ([]statestore.InsertOutcome, []error) {
+			return st.InsertOrders(ctx, orders)
+		})
+		sk.Go(func(ctx context.Context) { p.inserts.Run(ctx, cfg.Writers) })
+		p.hub = newHub(logger.With("partition", p.name), p.topo.StatusExchange(), st.HearStatusEvents, st.HearStepEvents)
+		sk.Go(func(ctx context.Context) { p.hub.run(ctx, sk.Deps.Conn) })
+	}
 	arch, err := archive.Open(cfg.Config)
 	if err != nil {
 		return err
@@ -64,7 +93,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	}
 	s := &server{cfg: cfg, idp: idp, me: me, store: store, workflows: workflows, archive: arch, tokens: newTokens(store, cfg.TokenCache, cfg.Rate, cfg.Burst),
 		namespaces: intake.NewNamespaces(store.Namespaces),
-		hub:        h, inserts: inserts, pub: sk.Deps.Pub, topo: topo, tr: sk.Tracing, redact: cfg.Redactor(), logger: logger, metrics: m}
+		layout:     layout, parts: parts, pub: sk.Deps.Pub, topo: topo, tr: sk.Tracing, redact: cfg.Redactor(), logger: logger, metrics: m}
 
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {

@@ -14,11 +14,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"sas/internal/archive"
-	"sas/internal/batch"
 	"sas/internal/broker"
 	"sas/internal/intake"
 	"sas/internal/messages"
 	"sas/internal/oidcauth"
+	"sas/internal/partition"
 	"sas/internal/secrets"
 	"sas/internal/statestore"
 	"sas/internal/tracing"
@@ -39,15 +39,19 @@ type server struct {
 	// before; buckets the submit rates known to be spent.
 	namespaces *intake.Namespaces
 	buckets    rateBuckets
-	hub        *hub
-	inserts    *batch.Batcher[statestore.NewOrder, statestore.InsertOutcome]
-	pub        *broker.Publisher
-	topo       broker.Topology
-	tr         *tracing.Tracing
-	redact     *secrets.Redactor
-	archive    archive.Archive // nil: none
-	logger     *slog.Logger
-	metrics    *metrics
+	// layout is a partitioned deployment's (nil: one state store), and
+	// parts its partitions in the layout's order (one store: store alone).
+	// store is SAS_DATABASE_URL's, which keeps the deployment's tokens,
+	// namespaces and bulk jobs.
+	layout  *partition.Layout
+	parts   []*part
+	pub     *broker.Publisher
+	topo    broker.Topology
+	tr      *tracing.Tracing
+	redact  *secrets.Redactor
+	archive archive.Archive // nil: none
+	logger  *slog.Logger
+	metrics *metrics
 }
 
 type metrics struct {

@@ -62,7 +62,7 @@ func newTestServer(t *testing.T, st *fakeTokenStore, insertErr error) (*server, 
 		wg.Wait()
 	})
 	s := &server{cfg: Config{Rate: 1000, Burst: 1000}, me: "api:test", workflows: reg, tokens: newTokens(st, time.Minute, 1000, 1000),
-		inserts: inserts, tr: tracing.Off(), logger: slog.New(slog.NewTextHandler(io.Discard, nil)), metrics: newMetrics(prometheus.NewRegistry())}
+		parts: []*part{{inserts: inserts}}, tr: tracing.Off(), logger: slog.New(slog.NewTextHandler(io.Discard, nil)), metrics: newMetrics(prometheus.NewRegistry())}
 	return s, &written
 }
 

@@ -1,9 +1,11 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 
 	"sas/internal/messages"
 	"sas/internal/statestore"
@@ -65,15 +67,22 @@ func (s *server) sendByKey(w http.ResponseWriter, r *http.Request, b keySignal, 
 	if b.All {
 		limit = 1000
 	}
-	ids, err := s.store.OrdersByKeyIn(r.Context(), b.Workflow, b.Where, limit, namespaces)
+	// Every partition's orders with those values.
+	lists := make([][]string, len(s.parts))
+	err := s.everyPart(r.Context(), func(ctx context.Context, i int, p *part) (err error) {
+		lists[i], err = p.store.OrdersByKeyIn(ctx, b.Workflow, b.Where, limit, namespaces)
+		return err
+	})
 	if err != nil {
 		s.operatorRefusal(w, r, err)
 		return
 	}
+	ids := slices.Concat(lists...)
+	ids = ids[:min(len(ids), limit)]
 	if mine != "" {
 		kept := ids[:0]
 		for _, id := range ids {
-			owner, err := s.store.SubmittedBy(r.Context(), id)
+			owner, err := s.partOf(id).store.SubmittedBy(r.Context(), id)
 			if err != nil {
 				s.unavailable(w, r, err)
 				return
@@ -96,7 +105,7 @@ func (s *server) sendByKey(w http.ResponseWriter, r *http.Request, b keySignal, 
 		return
 	}
 	for _, id := range ids {
-		out, err := s.store.SignalCheckPayload(r.Context(), id, b.Name, b.Payload)
+		out, err := s.partOf(id).store.SignalCheckPayload(r.Context(), id, b.Name, b.Payload)
 		if err != nil {
 			s.unavailable(w, r, err)
 			return

@@ -90,7 +90,9 @@ func (s *server) stepCallback(name string) handler {
 		if sig.Error != "" {
 			cb.Error = s.redact.String(sig.Error)
 		}
-		out, err := s.store.Callback(r.Context(), cb)
+		// In the partition of the order the token names (the store
+		// checks all of the token there).
+		out, err := s.partOf(steptoken.OrderOf(token)).store.Callback(r.Context(), cb)
 		if err != nil {
 			s.unavailable(w, r, err)
 			return

@@ -29,6 +29,8 @@ import (
 // follower lost, and it reads the store again.
 type hub struct {
 	logger *slog.Logger
+	// exchange is the status exchange followed: its partition's.
+	exchange string
 	// linger is how long a binding stays after the last follower who
 	// needed it left (hubLinger).
 	linger time.Duration
@@ -75,8 +77,8 @@ type follower struct {
 	lost chan struct{}
 }
 
-func newHub(logger *slog.Logger, heardStatuses, heardSteps func(context.Context) error) *hub {
-	return &hub{logger: logger, linger: hubLinger, followers: map[string]map[*follower]struct{}{},
+func newHub(logger *slog.Logger, exchange string, heardStatuses, heardSteps func(context.Context) error) *hub {
+	return &hub{logger: logger, exchange: exchange, linger: hubLinger, followers: map[string]map[*follower]struct{}{},
 		statuses: &binding{key: "*", heard: heardStatuses, ready: make(chan struct{})},
 		steps:    &binding{key: "step.#", heard: heardSteps, ready: make(chan struct{})},
 		want:     make(chan struct{}, 1)}
@@ -283,7 +285,7 @@ func (h *hub) consume(ctx context.Context, conn *broker.Conn) error {
 	}
 	h.allLost()
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
-	exchange := conn.Topology().StatusExchange()
+	exchange := h.exchange
 	bindings := []*binding{h.statuses, h.steps}
 	bound := make([]bool, len(bindings))
 	unbind := make([]<-chan time.Time, len(bindings)) // the linger after the last follower

@@ -35,7 +35,7 @@ func TestHubBindsOnlyWhileFollowed(t *testing.T) {
 		t.Fatal(err)
 	}
 	var heard, heardSteps atomic.Int32
-	h := newHub(logger, func(context.Context) error { heard.Add(1); return nil }, func(context.Context) error { heardSteps.Add(1); return nil })
+	h := newHub(logger, topo.StatusExchange(), func(context.Context) error { heard.Add(1); return nil }, func(context.Context) error { heardSteps.Add(1); return nil })
 	h.linger = 200 * time.Millisecond
 	var wg sync.WaitGroup
 	wg.Go(func() { h.run(ctx, conn) })

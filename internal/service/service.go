@@ -66,6 +66,9 @@ type Common struct {
 	// DebugAddr, when set, serves Go's profiler (/debug/pprof/) there;
 	// empty (the default) serves nothing.
 	DebugAddr string `envconfig:"DEBUG_ADDR"`
+	// Partitioned: a partitioned deployment's layout and this process's
+	// partition in it (SAS_PARTITIONS_FILE, SAS_PARTITION).
+	Partitioned
 }
 
 // Check reports settings that cannot work, naming them: a database or
@@ -88,7 +91,15 @@ func (c Common) Check() error {
 	if c.DBLockTimeout < 0 {
 		return fmt.Errorf("SAS_DB_LOCK_TIMEOUT %v is negative", c.DBLockTimeout)
 	}
-	return nil
+	// A process of one partition must be one of the layout's, under its
+	// prefix; one of the whole deployment (the API, the console) needs
+	// a layout it can read.
+	if c.Partition != "" {
+		_, _, err := c.Own(c.QueuePrefix)
+		return err
+	}
+	_, err := c.Layout()
+	return err
 }
 
 // BrokerURL is SAS_AMQP_URL with SAS_AMQP_PASSWORD set in it, encoded
@@ -174,6 +185,12 @@ func NotReady(why string) func(context.Context) error {
 // serve /healthz while it waits for its dependencies. It registers
 // sas_ready on reg: the readiness check's answer at each scrape.
 func ListenOps(addr string, reg *prometheus.Registry, ready func(context.Context) error, logger *slog.Logger) (*OpsServer, error) {
+	return listenOps(addr, reg, reg, ready, logger)
+}
+
+// listenOps is ListenOps serving what gather gathers (reg's, with labels
+// added).
+func listenOps(addr string, reg *prometheus.Registry, gather prometheus.Gatherer, ready func(context.Context) error, logger *slog.Logger) (*OpsServer, error) {
 	s := &OpsServer{ready: ready}
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "sas_ready",
@@ -187,7 +204,7 @@ func ListenOps(addr string, reg *prometheus.Registry, ready func(context.Context
 		return 1
 	}))
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(gather, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, "ok\n")
 	})

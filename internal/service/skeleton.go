@@ -74,7 +74,11 @@ func Start(ctx context.Context, s Setup, logger *slog.Logger) (sk *Skeleton, err
 			sk.Close()
 		}
 	}()
-	if sk.Ops, err = ListenOps(s.OpsAddr, s.Registry, NotReady("starting"), logger); err != nil {
+	var gather prometheus.Gatherer = s.Registry
+	if s.Common.Partition != "" {
+		gather = labelled{g: s.Registry, name: "partition", value: s.Common.Partition}
+	}
+	if sk.Ops, err = listenOps(s.OpsAddr, s.Registry, gather, NotReady("starting"), logger); err != nil {
 		return sk, err
 	}
 	sk.OnClose(func() { _ = sk.Ops.Close() })

@@ -21,6 +21,9 @@ type OrderRow struct {
 	// Failure, for an order failed or in error because a step failed, is
 	// why: the step's name and last error, and its service's last answer.
 	Failure string `json:"failure,omitempty"`
+	// Partition, in a partitioned deployment's merged lists, is the
+	// partition holding the order (the store leaves it empty).
+	Partition string `json:"partition,omitempty"`
 }
 
 // OrderCursor is where a page of orders, newest first, ends: the next

@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -61,35 +60,6 @@ type Config struct {
 	// one), the login being the user-id property RabbitMQ checks against
 	// the publisher's own. A submit naming no namespace goes to default.
 	Namespaces string `envconfig:"SUBMITTER_NAMESPACES"`
-	// PartitionsFile is a partitioned deployment's layout, and Partition
-	// this submitter's partition in it: a submit whose order id's bucket
-	// another partition owns is passed to that partition's submit
-	// entrance, never written here.
-	PartitionsFile string `envconfig:"PARTITIONS_FILE"`
-	Partition      string `envconfig:"PARTITION"`
-}
-
-// ownPartition reads the layout and finds this submitter's partition in
-// it (nil, 0 when the deployment is not partitioned).
-func (c Config) ownPartition() (*partition.Layout, int, error) {
-	if c.PartitionsFile == "" {
-		if c.Partition != "" {
-			return nil, 0, fmt.Errorf("SAS_PARTITION %q needs SAS_PARTITIONS_FILE, the layout it is a partition of", c.Partition)
-		}
-		return nil, 0, nil
-	}
-	l, err := partition.Load(c.PartitionsFile)
-	if err != nil {
-		return nil, 0, err
-	}
-	i := slices.IndexFunc(l.Partitions, func(p partition.Partition) bool { return p.Name == c.Partition })
-	if i < 0 {
-		return nil, 0, fmt.Errorf("SAS_PARTITION %q is not a partition of %s (%d partitions)", c.Partition, c.PartitionsFile, len(l.Partitions))
-	}
-	if l.Partitions[i].QueuePrefix != c.QueuePrefix {
-		return nil, 0, fmt.Errorf("partition %s's queue_prefix is %q in %s, but SAS_QUEUE_PREFIX is %q", c.Partition, l.Partitions[i].QueuePrefix, c.PartitionsFile, c.QueuePrefix)
-	}
-	return &l, i, nil
 }
 
 // NamespaceHeader is the submit's header naming its namespace.
@@ -156,7 +126,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	layout, own, err := cfg.ownPartition()
+	layout, own, err := cfg.Own(cfg.QueuePrefix)
 	if err != nil {
 		return err
 	}

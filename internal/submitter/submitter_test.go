@@ -7,8 +7,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -383,34 +381,5 @@ func TestASubmitOfAnotherPartitionIsPassedOn(t *testing.T) {
 	}
 	if len(fw.sent) != 0 || len(st.inserted) != 0 || len(st.told) != 1 || st.told[0].Reason != ReasonWrongPartition {
 		t.Fatalf("passed %d, written %d, told %+v", len(fw.sent), len(st.inserted), st.told)
-	}
-}
-
-// TestAPartitionsSubmitterChecksItsPlace: SAS_PARTITION must name a
-// partition of the layout whose queue prefix is the submitter's own, and
-// needs the layout.
-func TestAPartitionsSubmitterChecksItsPlace(t *testing.T) {
-	t.Parallel()
-	file := filepath.Join(t.TempDir(), "partitions.yaml")
-	if err := os.WriteFile(file, []byte("exchange: sas.route\npartitions:\n"+
-		"  - {name: p1, queue_prefix: sas.p1., database_url_env: SAS_P1_URL}\n"+
-		"  - {name: p2, queue_prefix: sas.p2., database_url_env: SAS_P2_URL}\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg := func(file, name, prefix string) Config {
-		var c Config
-		c.PartitionsFile, c.Partition, c.QueuePrefix = file, name, prefix
-		return c
-	}
-	if l, i, err := cfg(file, "p2", "sas.p2.").ownPartition(); err != nil || l == nil || i != 1 {
-		t.Fatalf("p2: %v %d %v", l, i, err)
-	}
-	if l, _, err := cfg("", "", "sas.").ownPartition(); err != nil || l != nil {
-		t.Fatalf("no layout: %v %v", l, err)
-	}
-	for _, bad := range []Config{cfg(file, "p3", "sas.p3."), cfg(file, "p2", "sas."), cfg("", "p1", "sas.p1.")} {
-		if _, _, err := bad.ownPartition(); err == nil {
-			t.Errorf("%+v: no error", bad)
-		}
 	}
 }
