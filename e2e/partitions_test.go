@@ -16,6 +16,7 @@ import (
 
 	"sas/client"
 	"sas/internal/broker"
+	"sas/internal/harness/testenv"
 	"sas/internal/messages"
 	"sas/internal/partition"
 	"sas/internal/scheduler"
@@ -375,17 +376,79 @@ func checkAPIAcrossPartitions(t *testing.T, l partition.Layout, stacks []stack, 
 	if len(seen) != len(l.Partitions) {
 		t.Fatalf("30 orders reached only partitions %v", seen)
 	}
-	// A workflow paused through the API is paused in every partition.
-	code, _, body := api.call(t, apiCall{method: "POST", path: "/api/v1/workflows/order_hold/pause", token: token, body: `{"reason":"across"}`})
+	// A workflow paused through the API is paused in every partition;
+	// orders submitted meanwhile are written and held, and a bulk cancel
+	// by filter reaches each in its own partition, and no other order.
+	code, _, body := api.call(t, apiCall{method: "POST", path: "/api/v1/workflows/order/pause", token: token, body: `{"reason":"across"}`})
 	if code != 200 {
 		t.Fatalf("pause a workflow across partitions: %d %s", code, body)
 	}
 	for i, pp := range pipes {
-		if n := pp.count(t, `SELECT count(*) FROM workflow_pauses WHERE workflow = 'order_hold'`); n != 1 {
-			t.Fatalf("partition %s: workflow order_hold paused %d times, want once", l.Partitions[i].Name, n)
+		if n := pp.count(t, `SELECT count(*) FROM workflow_pauses WHERE workflow = 'order'`); n != 1 {
+			t.Fatalf("partition %s: workflow order paused %d times, want once", l.Partitions[i].Name, n)
 		}
 	}
-	if code, _, body := api.call(t, apiCall{method: "POST", path: "/api/v1/workflows/order_hold/resume", token: token}); code != 200 {
+	held := map[string]bool{}
+	for len(held) < 45 {
+		id := messages.NewID()
+		code, _, body := api.call(t, apiCall{method: "POST", path: "/api/v1/orders", token: token,
+			body: submitBody(id, "order", `{"customer":"c","items":[{"sku":"S","qty":1}],"amount":1,"currency":"EUR"}`)})
+		if code != 202 {
+			t.Fatalf("submit while paused: %d %s", code, body)
+		}
+		held[id] = true
+	}
+	code, _, body = api.call(t, apiCall{method: "POST", path: "/api/v1/bulk/cancel", token: token, body: `{"filter":{"workflow":"order","status":"received"},"dry_run":true}`})
+	if code != 200 || !strings.Contains(string(body), `"count":45`) {
+		t.Fatalf("bulk cancel dry run across partitions: %d %s", code, body)
+	}
+	code, _, body = api.call(t, apiCall{method: "POST", path: "/api/v1/bulk/cancel", token: token, body: `{"filter":{"workflow":"order","status":"received"}}`})
+	var job struct {
+		ID    int64  `json:"id"`
+		State string `json:"state"`
+		Total int    `json:"total"`
+		Done  int    `json:"done"`
+	}
+	if code != 202 || json.Unmarshal(body, &job) != nil || job.Total != 45 {
+		t.Fatalf("bulk cancel across partitions: %d %s", code, body)
+	}
+	testenv.Eventually(t, time.Minute, "the bulk cancel to end in every partition", func() bool {
+		code, _, body := api.call(t, apiCall{method: "GET", path: fmt.Sprintf("/api/v1/bulk/%d", job.ID), token: token})
+		return code == 200 && json.Unmarshal(body, &job) == nil && job.State == "done"
+	})
+	if job.Done != 45 {
+		t.Fatalf("bulk cancel across partitions: %+v, want 45 done", job)
+	}
+	code, _, body = api.call(t, apiCall{method: "GET", path: fmt.Sprintf("/api/v1/bulk/%d/orders", job.ID), token: token})
+	var acted struct {
+		Orders []struct {
+			OrderID string `json:"order_id"`
+			Outcome string `json:"outcome"`
+		} `json:"orders"`
+	}
+	if code != 200 || json.Unmarshal(body, &acted) != nil || len(acted.Orders) != 45 {
+		t.Fatalf("bulk job's orders across partitions: %d %.300s", code, body)
+	}
+	for i, o := range acted.Orders {
+		if !held[o.OrderID] || o.Outcome != "done" || i > 0 && o.OrderID <= acted.Orders[i-1].OrderID {
+			t.Fatalf("bulk job's order %d: %+v (want each held order once, by id, done)", i, o)
+		}
+	}
+	for i, pp := range pipes {
+		mine := 0
+		for id := range held {
+			if _, p := l.Of(id); p.Name == l.Partitions[i].Name {
+				mine++
+			}
+		}
+		if n := pp.count(t, `SELECT count(DISTINCT order_id) FROM transitions WHERE reason = 'operator cancel'`); n != mine {
+			t.Fatalf("partition %s: the bulk job acted on %d orders, want its %d held ones", l.Partitions[i].Name, n, mine)
+		}
+		if n := pp.count(t, `SELECT count(*) FROM orders WHERE workflow = 'order' AND status = 'received'`); n != 0 {
+			t.Fatalf("partition %s: %d held orders left after the bulk cancel", l.Partitions[i].Name, n)
+		}
+	}
+	if code, _, body := api.call(t, apiCall{method: "POST", path: "/api/v1/workflows/order/resume", token: token}); code != 200 {
 		t.Fatalf("resume a workflow across partitions: %d %s", code, body)
 	}
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 
 	"golang.org/x/sync/errgroup"
 
@@ -82,20 +81,6 @@ func (s *server) orderPage(ctx context.Context, q statestore.OrderQuery) ([]stat
 	if err != nil {
 		return nil, nil, err
 	}
-	var all []statestore.OrderRow
-	for _, p := range pages {
-		all = append(all, p...)
-	}
-	slices.SortStableFunc(all, func(x, y statestore.OrderRow) int {
-		if c := y.CreatedAt.Compare(x.CreatedAt); c != 0 {
-			return c
-		}
-		return strings.Compare(y.OrderID, x.OrderID)
-	})
-	if len(all) <= q.Limit && !slices.Contains(more, true) {
-		return all, nil, nil
-	}
-	all = all[:min(q.Limit, len(all))]
-	last := all[len(all)-1]
-	return all, &statestore.OrderCursor{CreatedAt: last.CreatedAt, OrderID: last.OrderID}, nil
+	rows, next := statestore.MergeOrderPages(pages, slices.Contains(more, true), q.Limit)
+	return rows, next, nil
 }

@@ -237,6 +237,38 @@ func TestBulkJobActsOnEachOrderOnce(t *testing.T) {
 	}
 }
 
+// TestABulkJobsShareIsFoundByItsOrigin: a partition's share of a job
+// made across partitions names the first partition's id as its origin,
+// by which it is found; a job of its own has none, and an origin is
+// taken once.
+func TestABulkJobsShareIsFoundByItsOrigin(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	for range 3 {
+		heldOrder(t, b)
+	}
+	q := statestore.OrderQuery{Status: statestore.OrderError}
+	own, err := b.store.CreateBulkJob(ctx, statestore.BulkResubmit, q, []byte(`{}`), "api:ops", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	part, err := b.store.CreateBulkJobPart(ctx, 9041, statestore.BulkResubmit, q, []byte(`{}`), "api:ops", 10)
+	if err != nil || part.Total != 3 || part.ID == 9041 {
+		t.Fatalf("a share: %+v %v", part, err)
+	}
+	if _, err := b.store.CreateBulkJobPart(ctx, 9041, statestore.BulkCancel, q, []byte(`{}`), "api:ops", 10); err == nil {
+		t.Fatal("a second share of the same origin was made")
+	}
+	if _, err := b.store.CreateBulkJobPart(ctx, 0, statestore.BulkCancel, q, []byte(`{}`), "api:ops", 10); !errors.Is(err, statestore.ErrInvalidData) {
+		t.Fatalf("a share of no origin: %v", err)
+	}
+	found, err := b.store.BulkJobsOf(ctx, []int64{9041, own.ID, 777})
+	if err != nil || len(found) != 1 || found[9041].ID != part.ID || found[9041].Total != 3 {
+		t.Fatalf("by origin: %+v %v", found, err)
+	}
+}
+
 // TestStatusEventOfIsCompact: an order's status event as the API serves
 // it reads as the events sent on the exchange do, without jsonb's spaces.
 func TestStatusEventOfIsCompact(t *testing.T) {

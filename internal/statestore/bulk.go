@@ -82,6 +82,20 @@ func IsBulkAction(a string) bool { return slices.Contains(BulkActions, a) }
 // transaction: the job, and each order it chose. filter is q as the
 // caller's words, kept to be shown.
 func (s *Store) CreateBulkJob(ctx context.Context, action string, q OrderQuery, filter []byte, by string, max int) (BulkJob, error) {
+	return s.createBulkJob(ctx, 0, action, q, filter, by, max)
+}
+
+// CreateBulkJobPart is CreateBulkJob for one partition's share of a job
+// made across partitions: origin is the job's id in the first partition,
+// by which BulkJobsOf finds this one.
+func (s *Store) CreateBulkJobPart(ctx context.Context, origin int64, action string, q OrderQuery, filter []byte, by string, max int) (BulkJob, error) {
+	if origin < 1 {
+		return BulkJob{}, fmt.Errorf("bulk job: origin %d: %w", origin, ErrInvalidData)
+	}
+	return s.createBulkJob(ctx, origin, action, q, filter, by, max)
+}
+
+func (s *Store) createBulkJob(ctx context.Context, origin int64, action string, q OrderQuery, filter []byte, by string, max int) (BulkJob, error) {
 	if !IsBulkAction(action) {
 		return BulkJob{}, fmt.Errorf("bulk action %q is not one of %v: %w", action, BulkActions, ErrInvalidData)
 	}
@@ -93,8 +107,8 @@ func (s *Store) CreateBulkJob(ctx context.Context, action string, q OrderQuery, 
 	var job BulkJob
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var id int64
-		if err := tx.QueryRow(ctx, `INSERT INTO bulk_jobs (action, filter, total, created_by) VALUES ($1, $2, 0, $3) RETURNING id`,
-			action, string(filter), by).Scan(&id); err != nil {
+		if err := tx.QueryRow(ctx, `INSERT INTO bulk_jobs (action, filter, total, created_by, origin) VALUES ($1, $2, 0, $3, nullif($4, 0)) RETURNING id`,
+			action, string(filter), by, origin).Scan(&id); err != nil {
 			return err
 		}
 		args := append(append([]any{id}, w.args...), max+1)
@@ -149,6 +163,27 @@ func (s *Store) BulkJobOf(ctx context.Context, id int64) (BulkJob, error) {
 		return BulkJob{}, fmt.Errorf("bulk job %d: %w", id, classify(err))
 	}
 	return j, nil
+}
+
+// BulkJobsOf reads the partitions' shares of the jobs made across
+// partitions whose first partition's ids are origins, by origin.
+func (s *Store) BulkJobsOf(ctx context.Context, origins []int64) (map[int64]BulkJob, error) {
+	rows, err := s.pool.Query(ctx, `SELECT origin, `+bulkJobColumns+` FROM bulk_jobs WHERE origin = ANY($1)`, origins)
+	if err != nil {
+		return nil, fmt.Errorf("bulk jobs: %w", classify(err))
+	}
+	out := map[int64]BulkJob{}
+	var origin int64
+	var j BulkJob
+	_, err = pgx.ForEachRow(rows, []any{&origin, &j.ID, &j.Action, &j.Filter, &j.State, &j.Total, &j.Done, &j.Failed, &j.CreatedBy, &j.CreatedAt, &j.UpdatedAt, &j.StoppedBy},
+		func() error {
+			out[origin] = j
+			return nil
+		})
+	if err != nil {
+		return nil, fmt.Errorf("bulk jobs: %w", classify(err))
+	}
+	return out, nil
 }
 
 // BulkJobs lists the newest bulk jobs, newest first.

@@ -3,6 +3,7 @@ package statestore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -101,6 +102,31 @@ func (s *Store) OrderPage(ctx context.Context, q OrderQuery) ([]OrderRow, *Order
 	out = out[:q.Limit]
 	last := out[len(out)-1]
 	return out, &OrderCursor{CreatedAt: last.CreatedAt, OrderID: last.OrderID}, nil
+}
+
+// MergeOrderPages merges pages of orders read after the same cursor
+// from several stores (a partitioned deployment's), each newest first,
+// into one page of at most limit, newest first by (created_at, order_id);
+// more says some store had rows past its page. The cursor is the last
+// row's, nil when no store has more: paging with it never skips nor
+// repeats an order of any store, and no store is read past limit+1 rows.
+func MergeOrderPages(pages [][]OrderRow, more bool, limit int) ([]OrderRow, *OrderCursor) {
+	all := slices.Concat(pages...)
+	slices.SortStableFunc(all, func(x, y OrderRow) int {
+		if c := y.CreatedAt.Compare(x.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(y.OrderID, x.OrderID)
+	})
+	if len(all) <= limit && !more {
+		return all, nil
+	}
+	all = all[:min(limit, len(all))]
+	if len(all) == 0 {
+		return all, nil
+	}
+	last := all[len(all)-1]
+	return all, &OrderCursor{CreatedAt: last.CreatedAt, OrderID: last.OrderID}
 }
 
 // Overview is the state store's picture for the console's first page.
