@@ -3,9 +3,12 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"html"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -518,4 +521,50 @@ func checkAPIAcrossPartitions(t *testing.T, l partition.Layout, stacks []stack, 
 		}
 	}
 	t.Logf("the API listed %d orders of three partitions in %d pages of 500, in order", len(got), pages)
+
+	// The console too: an order of every partition shown from its own
+	// store, and the orders list merged, page after page, in order.
+	cextra := []string{"SAS_PARTITION="}
+	for i, p := range l.Partitions {
+		cextra = append(cextra, p.DatabaseURLEnv+"="+consoleLogin(t, stacks[i]))
+	}
+	c := startConsole(t, stacks[0], cextra...)
+	alice := newWebClient(t, c.url)
+	if status := alice.login("alice", "alice's password"); status != http.StatusSeeOther {
+		t.Fatalf("alice logs in: %d", status)
+	}
+	for _, id := range submitted[:6] {
+		if status, page := alice.do("GET", "/orders/"+id, nil); status != 200 || !strings.Contains(page, id) {
+			t.Fatalf("the console's page of order %s: %d", id, status)
+		}
+	}
+	rowID := regexp.MustCompile(`<a href="/orders/([0-9a-f-]{36})" class="mono">`)
+	rowPartition := regexp.MustCompile(`<td class="partition">([a-z0-9-]*)</td>`)
+	nextLink := regexp.MustCompile(`<a href="([^"]+)" id="next">`)
+	var shown []string
+	path := "/orders"
+	for pages = 0; path != ""; pages++ {
+		status, page := alice.do("GET", path, nil)
+		if status != 200 {
+			t.Fatalf("the console's orders page %d: %d %.2000s\n%s", pages+1, status, page, c.logText())
+		}
+		ids, parts := rowID.FindAllStringSubmatch(page, -1), rowPartition.FindAllStringSubmatch(page, -1)
+		if len(ids) != len(parts) {
+			t.Fatalf("the console's orders page %d: %d orders, %d partitions named", pages+1, len(ids), len(parts))
+		}
+		for k, m := range ids {
+			if _, p := l.Of(m[1]); p.Name != parts[k][1] {
+				t.Fatalf("the console says order %s is %q's; its bucket is %s's", m[1], parts[k][1], p.Name)
+			}
+			shown = append(shown, m[1])
+		}
+		path = ""
+		if m := nextLink.FindStringSubmatch(page); m != nil {
+			path = html.UnescapeString(m[1])
+		}
+	}
+	if !slices.Equal(shown, got) {
+		t.Fatalf("the console's merged list shows %d orders in %d pages; the API's %d differ in order or content", len(shown), pages, len(got))
+	}
+	t.Logf("the console listed the same %d orders in %d pages", len(shown), pages)
 }

@@ -6,16 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"sas/internal/messages"
 	"sas/internal/orderfilter"
 	"sas/internal/statestore"
-
-	"golang.org/x/sync/errgroup"
 )
 
 // bulkBody is the body of POST /bulk/resubmit, /bulk/cancel, /bulk/pause and /bulk/resume.
@@ -60,35 +56,19 @@ func (s *server) bulkCreate(w http.ResponseWriter, r *http.Request, c caller) {
 		writeProblem(w, r, http.StatusBadRequest, probBadRequest, err.Error(), withErrors(problems))
 		return
 	}
-	if b.DryRun || len(s.parts) > 1 {
-		// Every partition's count; across partitions, the job is not
-		// made when together they pass the bound.
-		counts := make([]int, len(s.parts))
-		err := s.everyPart(r.Context(), func(ctx context.Context, i int, p *part) (err error) {
-			counts[i], err = p.store.CountSelected(ctx, q, s.cfg.BulkMax)
-			return err
-		})
+	if b.DryRun {
+		// Every partition's count, summed.
+		n, err := s.stores.CountSelected(r.Context(), q, s.cfg.BulkMax)
 		if err != nil {
 			s.unavailable(w, r, err)
 			return
 		}
-		n := 0
-		for _, k := range counts {
-			n += k
-		}
-		n = min(n, s.cfg.BulkMax+1)
-		if b.DryRun {
-			writeJSON(w, http.StatusOK, dryRun{Action: action, Filter: b.Filter, Count: n, TooMany: n > s.cfg.BulkMax})
-			return
-		}
-		if n > s.cfg.BulkMax {
-			writeProblem(w, r, http.StatusUnprocessableEntity, probInvalid,
-				fmt.Sprintf("the filter selects more than %d orders across the partitions: narrow it (a bulk job acts on at most %d)", s.cfg.BulkMax, s.cfg.BulkMax))
-			return
-		}
+		writeJSON(w, http.StatusOK, dryRun{Action: action, Filter: b.Filter, Count: n, TooMany: n > s.cfg.BulkMax})
+		return
 	}
 	filter, _ := json.Marshal(b.Filter)
-	job, err := s.createJob(r.Context(), action, q, filter, c.actor())
+	// One job in every partition, reported as one.
+	job, err := s.stores.CreateBulkJob(r.Context(), action, q, filter, c.actor(), s.cfg.BulkMax)
 	if errors.Is(err, statestore.ErrInvalidData) {
 		writeProblem(w, r, http.StatusUnprocessableEntity, probInvalid, err.Error())
 		return
@@ -118,7 +98,7 @@ func (s *server) bulkGet(w http.ResponseWriter, r *http.Request, c caller) {
 	if !ok {
 		return
 	}
-	job, _, err := s.jobOf(r.Context(), id)
+	job, _, err := s.stores.BulkJob(r.Context(), id)
 	if s.readFailed(w, r, err, fmt.Sprintf("bulk job %d", id)) || !s.jobVisible(w, r, c, job) {
 		return
 	}
@@ -158,7 +138,7 @@ func (s *server) maySeeJob(r *http.Request, c caller, job statestore.BulkJob) (b
 }
 
 func (s *server) bulkList(w http.ResponseWriter, r *http.Request, c caller) {
-	jobs, err := s.jobs(r.Context(), 100)
+	jobs, err := s.stores.BulkJobs(r.Context(), 100)
 	if err != nil {
 		s.unavailable(w, r, err)
 		return
@@ -193,12 +173,12 @@ func (s *server) bulkOrders(w http.ResponseWriter, r *http.Request, c caller) {
 		}
 		after = canon
 	}
-	job, shares, err := s.jobOf(r.Context(), id)
+	job, shares, err := s.stores.BulkJob(r.Context(), id)
 	if s.readFailed(w, r, err, fmt.Sprintf("bulk job %d", id)) || !s.jobVisible(w, r, c, job) {
 		return
 	}
 	const page = 500
-	orders, err := s.jobOrders(r.Context(), shares, after, page)
+	orders, err := s.stores.BulkJobOrders(r.Context(), shares, after, page)
 	if err != nil {
 		s.unavailable(w, r, err)
 		return
@@ -221,18 +201,14 @@ func (s *server) bulkStop(w http.ResponseWriter, r *http.Request, c caller) {
 	if _, ok := readBody(w, r, maxSmallBody, true); !ok {
 		return
 	}
-	job, shares, err := s.jobOf(r.Context(), id)
+	job, shares, err := s.stores.BulkJob(r.Context(), id)
 	if s.readFailed(w, r, err, fmt.Sprintf("bulk job %d", id)) || !s.jobVisible(w, r, c, job) {
 		return
 	}
-	for i := range shares {
-		sh := &shares[i]
-		if sh.job, err = sh.p.store.StopBulkJob(r.Context(), sh.job.ID, c.actor()); err != nil {
-			s.unavailable(w, r, sh.p.inPartition(err))
-			return
-		}
+	job, err = s.stores.StopBulkJob(r.Context(), shares, c.actor())
+	if s.readFailed(w, r, err, fmt.Sprintf("bulk job %d", id)) {
+		return
 	}
-	job = merged(shares)
 	s.logger.Info("api: bulk job stopped", "token", c.token.Name, "job", id, "state", job.State)
 	writeJSON(w, http.StatusOK, job)
 }
@@ -249,8 +225,8 @@ func (s *server) runBulk(ctx context.Context, poll time.Duration) {
 			return
 		case <-t.C:
 		}
-		for _, p := range s.parts {
-			for s.bulkStep(ctx, p) {
+		for i := range s.stores.Parts {
+			for s.bulkStep(ctx, i) {
 			}
 		}
 		t.Reset(poll)
@@ -259,17 +235,18 @@ func (s *server) runBulk(ctx context.Context, poll time.Duration) {
 
 // bulkStep takes (or renews) a job and acts on one batch of it; true
 // while there is more to do at once.
-func (s *server) bulkStep(ctx context.Context, p *part) bool {
-	job, ok, err := p.store.TakeBulkJob(ctx, s.me, s.cfg.BulkLease)
+func (s *server) bulkStep(ctx context.Context, i int) bool {
+	p := s.stores.Parts[i]
+	job, ok, err := p.Store.TakeBulkJob(ctx, s.me, s.cfg.BulkLease)
 	if err != nil || !ok {
 		if err != nil && ctx.Err() == nil {
-			s.logger.Warn("api: taking a bulk job", "err", p.inPartition(err))
+			s.logger.Warn("api: taking a bulk job", "err", s.stores.Parts[i].Named(err))
 		}
 		return false
 	}
-	n, err := p.store.RunBulkBatch(ctx, job, s.me, fmt.Sprintf("bulk job %d by %s", job.ID, job.CreatedBy), s.cfg.BulkBatch)
+	n, err := p.Store.RunBulkBatch(ctx, job, s.me, fmt.Sprintf("bulk job %d by %s", job.ID, job.CreatedBy), s.cfg.BulkBatch)
 	if n > 0 {
-		after, err := p.store.BulkJobOf(ctx, job.ID)
+		after, err := p.Store.BulkJobOf(ctx, job.ID)
 		if err == nil {
 			s.metrics.bulk.WithLabelValues(job.Action, "done").Add(float64(after.Done - job.Done))
 			s.metrics.bulk.WithLabelValues(job.Action, "failed").Add(float64(after.Failed - job.Failed))
@@ -280,151 +257,11 @@ func (s *server) bulkStep(ctx context.Context, p *part) bool {
 		return true // another job, or none
 	case err != nil:
 		if ctx.Err() == nil {
-			s.logger.Warn("api: bulk job", "job", job.ID, "err", p.inPartition(err))
+			s.logger.Warn("api: bulk job", "job", job.ID, "err", s.stores.Parts[i].Named(err))
 		}
 		return false
 	case n == 0:
-		s.logger.Info("api: bulk job done", "job", job.ID, "action", job.Action, "partition", p.name)
+		s.logger.Info("api: bulk job done", "job", job.ID, "action", job.Action, "partition", p.Name)
 	}
 	return true
-}
-
-// share is one partition's part of a bulk job.
-type share struct {
-	p   *part
-	job statestore.BulkJob
-}
-
-// createJob makes a bulk job in every partition: the first partition's
-// gives the id, every other's names it as its origin. When one cannot be
-// made, those made are stopped before any order is reached (the runner
-// takes a job a poll after it is made at the soonest).
-func (s *server) createJob(ctx context.Context, action string, q statestore.OrderQuery, filter []byte, by string) (statestore.BulkJob, error) {
-	first, err := s.parts[0].store.CreateBulkJob(ctx, action, q, filter, by, s.cfg.BulkMax)
-	if err != nil || len(s.parts) == 1 {
-		return first, s.parts[0].inPartition(err)
-	}
-	shares := make([]share, len(s.parts))
-	shares[0] = share{s.parts[0], first}
-	err = s.everyPart(ctx, func(ctx context.Context, i int, p *part) (err error) {
-		if i > 0 {
-			shares[i].p = p
-			shares[i].job, err = p.store.CreateBulkJobPart(ctx, first.ID, action, q, filter, by, s.cfg.BulkMax)
-		}
-		return err
-	})
-	if err != nil {
-		for _, sh := range shares {
-			if sh.p != nil && sh.job.ID > 0 {
-				if _, serr := sh.p.store.StopBulkJob(context.WithoutCancel(ctx), sh.job.ID, by); serr != nil {
-					s.logger.Warn("api: stopping a bulk job made in part", "job", first.ID, "err", sh.p.inPartition(serr))
-				}
-			}
-		}
-		return statestore.BulkJob{}, err
-	}
-	return merged(shares), nil
-}
-
-// jobOf reads bulk job id and its share in every partition holding one.
-func (s *server) jobOf(ctx context.Context, id int64) (statestore.BulkJob, []share, error) {
-	first, err := s.parts[0].store.BulkJobOf(ctx, id)
-	if err != nil {
-		return first, nil, err
-	}
-	shares := []share{{s.parts[0], first}}
-	if len(s.parts) > 1 {
-		others := make([]map[int64]statestore.BulkJob, len(s.parts))
-		if err := s.everyPart(ctx, func(ctx context.Context, i int, p *part) (err error) {
-			if i > 0 {
-				others[i], err = p.store.BulkJobsOf(ctx, []int64{id})
-			}
-			return err
-		}); err != nil {
-			return statestore.BulkJob{}, nil, err
-		}
-		for i, o := range others {
-			if j, ok := o[id]; ok {
-				shares = append(shares, share{s.parts[i], j})
-			}
-		}
-	}
-	return merged(shares), shares, nil
-}
-
-// jobs lists the newest bulk jobs, newest first, each summed over the
-// partitions.
-func (s *server) jobs(ctx context.Context, limit int) ([]statestore.BulkJob, error) {
-	firsts, err := s.parts[0].store.BulkJobs(ctx, limit)
-	if err != nil || len(s.parts) == 1 || len(firsts) == 0 {
-		return firsts, s.parts[0].inPartition(err)
-	}
-	ids := make([]int64, len(firsts))
-	for i, j := range firsts {
-		ids[i] = j.ID
-	}
-	others := make([]map[int64]statestore.BulkJob, len(s.parts))
-	if err := s.everyPart(ctx, func(ctx context.Context, i int, p *part) (err error) {
-		if i > 0 {
-			others[i], err = p.store.BulkJobsOf(ctx, ids)
-		}
-		return err
-	}); err != nil {
-		return nil, err
-	}
-	out := make([]statestore.BulkJob, len(firsts))
-	for k, first := range firsts {
-		shares := []share{{s.parts[0], first}}
-		for i, o := range others {
-			if j, ok := o[first.ID]; ok {
-				shares = append(shares, share{s.parts[i], j})
-			}
-		}
-		out[k] = merged(shares)
-	}
-	return out, nil
-}
-
-// merged is a job as one: the first partition's, its counts summed over
-// every share, running while any share runs, else stopped when one was.
-func merged(shares []share) statestore.BulkJob {
-	j := shares[0].job
-	for _, sh := range shares[1:] {
-		o := sh.job
-		j.Total += o.Total
-		j.Done += o.Done
-		j.Failed += o.Failed
-		if o.UpdatedAt.After(j.UpdatedAt) {
-			j.UpdatedAt = o.UpdatedAt
-		}
-		if j.StoppedBy == "" {
-			j.StoppedBy = o.StoppedBy
-		}
-		switch {
-		case o.State == statestore.BulkRunning:
-			j.State = statestore.BulkRunning
-		case o.State == statestore.BulkStopped && j.State == statestore.BulkDone:
-			j.State = statestore.BulkStopped
-		}
-	}
-	return j
-}
-
-// jobOrders is a page of what a job did to its orders in every partition,
-// by order id from after: each share's page after the same id, merged.
-func (s *server) jobOrders(ctx context.Context, shares []share, after string, page int) ([]statestore.BulkOrder, error) {
-	lists := make([][]statestore.BulkOrder, len(shares))
-	g, gctx := errgroup.WithContext(ctx)
-	for i, sh := range shares {
-		g.Go(func() (err error) {
-			lists[i], err = sh.p.store.BulkJobOrders(gctx, sh.job.ID, after, page)
-			return sh.p.inPartition(err)
-		})
-	}
-	if err := g.Wait(); err != nil {
-		return nil, err
-	}
-	all := slices.Concat(lists...)
-	slices.SortFunc(all, func(x, y statestore.BulkOrder) int { return strings.Compare(x.OrderID, y.OrderID) })
-	return all[:min(len(all), page)], nil
 }

@@ -1,14 +1,11 @@
 package api
 
 import (
-	"context"
 	"fmt"
 	"net/http"
-	"slices"
 
 	"sas/internal/messages"
 	"sas/internal/orderfilter"
-	"sas/internal/statestore"
 )
 
 // migrationBody is the body of POST /migrations: move the running orders
@@ -51,17 +48,11 @@ func (s *server) migrate(w http.ResponseWriter, r *http.Request, c caller) {
 	}
 	if len(ids) == 0 {
 		// The oldest of every partition, an even share of each.
-		share := (maxMigrated + len(s.parts) - 1) / len(s.parts)
-		lists := make([][]string, len(s.parts))
-		err := s.everyPart(r.Context(), func(ctx context.Context, i int, p *part) (err error) {
-			lists[i], err = p.store.RunningOrders(ctx, wf.Name, wf.Version(), share)
-			return err
-		})
-		if err != nil {
+		var err error
+		if ids, err = s.stores.RunningOrders(r.Context(), wf.Name, wf.Version(), maxMigrated); err != nil {
 			s.unavailable(w, r, err)
 			return
 		}
-		ids = slices.Concat(lists...)
 	}
 	canonical := make([]string, len(ids))
 	for i, raw := range ids {
@@ -73,24 +64,7 @@ func (s *server) migrate(w http.ResponseWriter, r *http.Request, c caller) {
 		canonical[i] = id
 	}
 	// Each partition moves its own; the verdicts keep the ids' order.
-	verdicts := make([]statestore.MigrationVerdict, len(canonical))
-	err := s.everyPart(r.Context(), func(ctx context.Context, _ int, p *part) error {
-		var mine []int
-		var theirs []string
-		for i, id := range canonical {
-			if s.partOf(id) == p {
-				mine, theirs = append(mine, i), append(theirs, id)
-			}
-		}
-		if len(theirs) == 0 {
-			return nil
-		}
-		vs, err := p.store.MigrateOrders(ctx, theirs, wf, b.Apply, c.actor())
-		for k, v := range vs {
-			verdicts[mine[k]] = v
-		}
-		return err
-	})
+	verdicts, err := s.stores.MigrateOrders(r.Context(), canonical, wf, b.Apply, c.actor())
 	if err != nil {
 		s.operatorRefusal(w, r, err)
 		return

@@ -419,7 +419,7 @@ func (s *server) list(w http.ResponseWriter, r *http.Request, c caller) {
 		writeProblem(w, r, http.StatusBadRequest, probBadRequest, problems.Error(), withErrors(problems))
 		return
 	}
-	rows, next, err := s.orderPage(r.Context(), q)
+	rows, next, err := s.stores.OrderPage(r.Context(), q)
 	if err != nil {
 		s.unavailable(w, r, err)
 		return

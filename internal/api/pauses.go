@@ -2,11 +2,9 @@ package api
 
 import (
 	"cmp"
-	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
-	"slices"
 
 	"sas/internal/archive"
 
@@ -86,22 +84,14 @@ func (s *server) pauseWorkflow(pause bool) handler {
 		}
 		// In every partition: the orders of each, and those written
 		// there while it is paused.
-		counts := make([]int, len(s.parts))
+		var n int
+		var err error
 		outcome := statestore.Paused
-		if !pause {
+		if pause {
+			n, err = s.stores.PauseWorkflow(r.Context(), name, reason, c.actor())
+		} else {
 			outcome = statestore.Resumed
-		}
-		err := s.everyPart(r.Context(), func(ctx context.Context, i int, p *part) (err error) {
-			if pause {
-				counts[i], err = p.store.PauseWorkflow(ctx, name, reason, c.actor())
-			} else {
-				counts[i], err = p.store.ResumeWorkflow(ctx, name, c.actor())
-			}
-			return err
-		})
-		n := 0
-		for _, k := range counts {
-			n += k
+			n, err = s.stores.ResumeWorkflow(r.Context(), name, c.actor())
 		}
 		if err != nil {
 			s.operatorRefusal(w, r, err)
@@ -120,21 +110,12 @@ func (s *server) pauseKind(pause bool) handler {
 		if !ok {
 			return
 		}
-		// In every partition; the outcome is a change when any
-		// partition changed (one added later is paused or resumed by
-		// the same call again).
-		outcomes := make([]string, len(s.parts))
-		err := s.everyPart(r.Context(), func(ctx context.Context, i int, p *part) (err error) {
-			if pause {
-				outcomes[i], err = p.store.PauseKind(ctx, kind, reason, c.actor())
-			} else {
-				outcomes[i], err = p.store.ResumeKind(ctx, kind, c.actor())
-			}
-			return err
-		})
-		outcome := outcomes[0]
-		if i := slices.IndexFunc(outcomes, func(o string) bool { return o == statestore.Paused || o == statestore.Resumed }); i >= 0 {
-			outcome = outcomes[i]
+		var outcome string
+		var err error
+		if pause {
+			outcome, err = s.stores.PauseKind(r.Context(), kind, reason, c.actor())
+		} else {
+			outcome, err = s.stores.ResumeKind(r.Context(), kind, c.actor())
 		}
 		if err != nil {
 			s.operatorRefusal(w, r, err)
@@ -147,22 +128,7 @@ func (s *server) pauseKind(pause bool) handler {
 
 // pauses lists what is paused.
 func (s *server) pauses(w http.ResponseWriter, r *http.Request, c caller) {
-	// Every partition's, a workflow or kind paused in several once.
-	lists := make([][]statestore.Pause, len(s.parts))
-	err := s.everyPart(r.Context(), func(ctx context.Context, i int, p *part) (err error) {
-		lists[i], err = p.store.PausesIn(ctx, 500, c.namespaces())
-		return err
-	})
-	var ps []statestore.Pause
-	seen := map[[2]string]bool{}
-	for _, l := range lists {
-		for _, p := range l {
-			if k := [2]string{p.Scope, p.Target}; !seen[k] && len(ps) < 500 {
-				seen[k] = true
-				ps = append(ps, p)
-			}
-		}
-	}
+	ps, err := s.stores.PausesIn(r.Context(), 500, c.namespaces())
 	if err != nil {
 		s.unavailable(w, r, err)
 		return

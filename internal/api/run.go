@@ -15,6 +15,7 @@ import (
 	"sas/internal/intake"
 	"sas/internal/messages"
 	"sas/internal/oidcauth"
+	"sas/internal/partition"
 	"sas/internal/service"
 	"sas/internal/statestore"
 )
@@ -50,27 +51,26 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	parts := []*part{{store: store, topo: topo}}
+	stores := partition.One(store)
 	if layout != nil {
 		// Every partition's store, each holding its own orders; the
-		// API's own (SAS_DATABASE_URL) keeps tokens and bulk jobs.
-		opened, closeParts, err := service.OpenPartitions(ctx, layout, cfg.Database(cfg.DBMaxConns), sk.Ops, logger)
-		if err != nil {
+		// API's own (SAS_DATABASE_URL) keeps tokens and namespaces.
+		var closeParts func()
+		if stores, closeParts, err = service.OpenPartitions(ctx, layout, cfg.Database(cfg.DBMaxConns), sk.Ops, logger); err != nil {
 			return err
 		}
 		sk.OnClose(closeParts)
-		parts = parts[:0]
-		for _, o := range opened {
-			if err := o.Store.CheckSchema(ctx); err != nil {
-				return fmt.Errorf("partition %s: %w", o.Name, err)
+	}
+	var parts []*part
+	for i, ps := range stores.Parts {
+		pt := topo
+		if layout != nil {
+			pt.Prefix = layout.Partitions[i].QueuePrefix
+			if err := intake.StoreVersions(ctx, ps.Store, workflows, me, logger.With("partition", ps.Name)); err != nil {
+				return ps.Named(err)
 			}
-			if err := intake.StoreVersions(ctx, o.Store, workflows, me, logger.With("partition", o.Name)); err != nil {
-				return fmt.Errorf("partition %s: %w", o.Name, err)
-			}
-			pt := topo
-			pt.Prefix = o.QueuePrefix
-			parts = append(parts, &part{name: o.Name, store: o.Store, topo: pt})
 		}
+		parts = append(parts, &part{name: ps.Name, store: ps.Store, topo: pt})
 	}
 	for _, p := range parts {
 		st := p.store
@@ -93,7 +93,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	}
 	s := &server{cfg: cfg, idp: idp, me: me, store: store, workflows: workflows, archive: arch, tokens: newTokens(store, cfg.TokenCache, cfg.Rate, cfg.Burst),
 		namespaces: intake.NewNamespaces(store.Namespaces),
-		layout:     layout, parts: parts, pub: sk.Deps.Pub, topo: topo, tr: sk.Tracing, redact: cfg.Redactor(), logger: logger, metrics: m}
+		stores:     stores, parts: parts, pub: sk.Deps.Pub, topo: topo, tr: sk.Tracing, redact: cfg.Redactor(), logger: logger, metrics: m}
 
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {

@@ -39,11 +39,11 @@ type server struct {
 	// before; buckets the submit rates known to be spent.
 	namespaces *intake.Namespaces
 	buckets    rateBuckets
-	// layout is a partitioned deployment's (nil: one state store), and
-	// parts its partitions in the layout's order (one store: store alone).
-	// store is SAS_DATABASE_URL's, which keeps the deployment's tokens,
-	// namespaces and bulk jobs.
-	layout  *partition.Layout
+	// stores are the deployment's state stores (a partitioned one's, or
+	// store alone), and parts what the API keeps for each, in the same
+	// order. store is SAS_DATABASE_URL's, which keeps the deployment's
+	// tokens and namespaces.
+	stores  partition.Stores
 	parts   []*part
 	pub     *broker.Publisher
 	topo    broker.Topology

@@ -17,6 +17,7 @@ import (
 
 	"sas/internal/batch"
 	"sas/internal/messages"
+	"sas/internal/partition"
 	"sas/internal/statestore"
 	"sas/internal/tracing"
 	"sas/internal/workflow"
@@ -62,7 +63,7 @@ func newTestServer(t *testing.T, st *fakeTokenStore, insertErr error) (*server, 
 		wg.Wait()
 	})
 	s := &server{cfg: Config{Rate: 1000, Burst: 1000}, me: "api:test", workflows: reg, tokens: newTokens(st, time.Minute, 1000, 1000),
-		parts: []*part{{inserts: inserts}}, tr: tracing.Off(), logger: slog.New(slog.NewTextHandler(io.Discard, nil)), metrics: newMetrics(prometheus.NewRegistry())}
+		stores: partition.One(nil), parts: []*part{{inserts: inserts}}, tr: tracing.Off(), logger: slog.New(slog.NewTextHandler(io.Discard, nil)), metrics: newMetrics(prometheus.NewRegistry())}
 	return s, &written
 }
 

@@ -1,11 +1,9 @@
 package api
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"slices"
 
 	"sas/internal/messages"
 	"sas/internal/statestore"
@@ -68,17 +66,11 @@ func (s *server) sendByKey(w http.ResponseWriter, r *http.Request, b keySignal, 
 		limit = 1000
 	}
 	// Every partition's orders with those values.
-	lists := make([][]string, len(s.parts))
-	err := s.everyPart(r.Context(), func(ctx context.Context, i int, p *part) (err error) {
-		lists[i], err = p.store.OrdersByKeyIn(ctx, b.Workflow, b.Where, limit, namespaces)
-		return err
-	})
+	ids, err := s.stores.OrdersByKeyIn(r.Context(), b.Workflow, b.Where, limit, namespaces)
 	if err != nil {
 		s.operatorRefusal(w, r, err)
 		return
 	}
-	ids := slices.Concat(lists...)
-	ids = ids[:min(len(ids), limit)]
 	if mine != "" {
 		kept := ids[:0]
 		for _, id := range ids {

@@ -131,7 +131,7 @@ func (s *server) resubmit(w http.ResponseWriter, r *http.Request, rq *request) {
 		s.fail(w, r, rq, http.StatusBadRequest, err.Error())
 		return
 	}
-	steps, err := s.store.Resubmit(r.Context(), id, step, claimedBy(rq))
+	steps, err := s.stores.Of(id).Resubmit(r.Context(), id, step, claimedBy(rq))
 	if err != nil {
 		s.storeError(w, r, rq, err, "order "+id)
 		return
@@ -164,7 +164,7 @@ func (s *server) cancel(w http.ResponseWriter, r *http.Request, rq *request) {
 		s.fail(w, r, rq, http.StatusNotFound, "There is no order "+orderfilter.Clip(id, 40)+".")
 		return
 	}
-	status, err := s.store.CancelOrder(r.Context(), id, claimedBy(rq))
+	status, err := s.stores.Of(id).CancelOrder(r.Context(), id, claimedBy(rq))
 	if err != nil {
 		s.storeError(w, r, rq, err, "order "+id)
 		return
@@ -212,10 +212,10 @@ func (s *server) pause(pause bool) func(http.ResponseWriter, *http.Request, *req
 		var err error
 		done := "order-paused"
 		if pause {
-			_, err = s.store.PauseOrder(r.Context(), id, "paused in the console", claimedBy(rq))
+			_, err = s.stores.Of(id).PauseOrder(r.Context(), id, "paused in the console", claimedBy(rq))
 		} else {
 			done = "order-resumed"
-			_, err = s.store.ResumeOrder(r.Context(), id, claimedBy(rq))
+			_, err = s.stores.Of(id).ResumeOrder(r.Context(), id, claimedBy(rq))
 		}
 		if err != nil {
 			s.storeError(w, r, rq, err, "order "+id)
@@ -242,7 +242,7 @@ func (s *server) confirmMigrate(w http.ResponseWriter, r *http.Request, rq *requ
 		s.fail(w, r, rq, http.StatusNotFound, "The console's workflows file has no workflow "+d.Order.Workflow+".")
 		return
 	}
-	v, err := s.store.MigrateOrder(r.Context(), id, wf, false, claimedBy(rq))
+	v, err := s.stores.Of(id).MigrateOrder(r.Context(), id, wf, false, claimedBy(rq))
 	if err != nil {
 		s.storeError(w, r, rq, err, "order "+id)
 		return
@@ -265,7 +265,7 @@ func (s *server) migrate(w http.ResponseWriter, r *http.Request, rq *request) {
 		s.fail(w, r, rq, http.StatusNotFound, "There is no order "+orderfilter.Clip(id, 40)+".")
 		return
 	}
-	d, err := s.store.GetOrder(r.Context(), id)
+	d, err := s.stores.Of(id).GetOrder(r.Context(), id)
 	if err != nil {
 		s.storeError(w, r, rq, err, "order "+id)
 		return
@@ -275,7 +275,7 @@ func (s *server) migrate(w http.ResponseWriter, r *http.Request, rq *request) {
 		s.fail(w, r, rq, http.StatusNotFound, "The console's workflows file has no workflow "+d.Order.Workflow+".")
 		return
 	}
-	v, err := s.store.MigrateOrder(r.Context(), id, wf, true, claimedBy(rq))
+	v, err := s.stores.Of(id).MigrateOrder(r.Context(), id, wf, true, claimedBy(rq))
 	if err != nil {
 		s.storeError(w, r, rq, err, "order "+id)
 		return
@@ -473,7 +473,7 @@ func (s *server) signal(w http.ResponseWriter, r *http.Request, rq *request) {
 	}
 	// Refused here as the API and sasctl refuse it: a payload the wait's
 	// schema refuses would only reach the dead letters.
-	check, err := s.store.SignalCheckPayload(r.Context(), sig.OrderID, sig.Name, sig.Payload)
+	check, err := s.stores.Of(sig.OrderID).SignalCheckPayload(r.Context(), sig.OrderID, sig.Name, sig.Payload)
 	if err != nil {
 		s.storeError(w, r, rq, err, "order "+sig.OrderID)
 		return
@@ -487,7 +487,7 @@ func (s *server) signal(w http.ResponseWriter, r *http.Request, rq *request) {
 		s.brokerError(w, r, rq, errNoBroker)
 		return
 	}
-	err = pub.Publish(r.Context(), "", broker.Topology{Prefix: s.cfg.QueuePrefix}.Queue(messages.SignalsQueue), amqp.Publishing{
+	err = pub.Publish(r.Context(), "", broker.Topology{Prefix: s.prefixOf(sig.OrderID)}.Queue(messages.SignalsQueue), amqp.Publishing{
 		ContentType: messages.ContentType, Type: messages.TypeSignal, MessageId: sig.SignalID, Timestamp: time.Now(),
 		DeliveryMode: amqp.Persistent, Body: body, Headers: amqp.Table{"schema_version": int32(messages.SignalVersion)}})
 	if err != nil {
@@ -513,12 +513,12 @@ func (s *server) workflowMove(w http.ResponseWriter, r *http.Request, rq *reques
 		s.fail(w, r, rq, http.StatusNotFound, "The console's workflows file has no workflow "+orderfilter.Clip(name, 64)+".")
 		return workflow.Workflow{}, nil, false
 	}
-	ids, err := s.store.RunningOrders(r.Context(), wf.Name, wf.Version(), maxMovedAtOnce)
+	ids, err := s.stores.RunningOrders(r.Context(), wf.Name, wf.Version(), maxMovedAtOnce)
 	if err != nil {
 		s.storeError(w, r, rq, err, "workflow "+wf.Name)
 		return workflow.Workflow{}, nil, false
 	}
-	verdicts, err := s.store.MigrateOrders(r.Context(), ids, wf, apply, claimedBy(rq))
+	verdicts, err := s.stores.MigrateOrders(r.Context(), ids, wf, apply, claimedBy(rq))
 	if err != nil {
 		s.storeError(w, r, rq, err, "order of workflow "+wf.Name)
 		return workflow.Workflow{}, nil, false

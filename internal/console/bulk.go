@@ -9,6 +9,7 @@ import (
 	"strconv"
 
 	"sas/internal/orderfilter"
+	"sas/internal/partition"
 	"sas/internal/statestore"
 )
 
@@ -67,7 +68,7 @@ func (s *server) confirmBulk(w http.ResponseWriter, r *http.Request, rq *request
 	if !ok {
 		return
 	}
-	n, err := s.store.CountSelected(r.Context(), q, s.cfg.BulkMax)
+	n, err := s.stores.CountSelected(r.Context(), q, s.cfg.BulkMax)
 	if err != nil {
 		s.storeError(w, r, rq, err, "such orders")
 		return
@@ -126,7 +127,8 @@ func (s *server) bulkCreate(w http.ResponseWriter, r *http.Request, rq *request)
 		return
 	}
 	filter, _ := json.Marshal(f)
-	job, err := s.store.CreateBulkJob(r.Context(), action, q, filter, claimedBy(rq), s.cfg.BulkMax)
+	// One job in every partition, shown as one.
+	job, err := s.stores.CreateBulkJob(r.Context(), action, q, filter, claimedBy(rq), s.cfg.BulkMax)
 	if err != nil {
 		s.storeError(w, r, rq, err, "such orders")
 		return
@@ -136,7 +138,7 @@ func (s *server) bulkCreate(w http.ResponseWriter, r *http.Request, rq *request)
 }
 
 func (s *server) bulkJobs(w http.ResponseWriter, r *http.Request, rq *request) {
-	all, err := s.store.BulkJobs(r.Context(), 50)
+	all, err := s.stores.BulkJobs(r.Context(), 50)
 	if err != nil {
 		s.storeError(w, r, rq, err, "bulk job")
 		return
@@ -145,26 +147,27 @@ func (s *server) bulkJobs(w http.ResponseWriter, r *http.Request, rq *request) {
 	s.render(w, r, rq, http.StatusOK, "bulk.html", "Bulk jobs", bulkData{Jobs: jobs})
 }
 
-// jobOf reads the job of /bulk/jobs/{id}.
-func (s *server) jobOf(w http.ResponseWriter, r *http.Request, rq *request) (statestore.BulkJob, bool) {
+// jobOf reads the job of /bulk/jobs/{id}, as one, and its share in each
+// partition.
+func (s *server) jobOf(w http.ResponseWriter, r *http.Request, rq *request) (statestore.BulkJob, []partition.BulkShare, bool) {
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
 	if err != nil || id < 1 {
 		s.fail(w, r, rq, http.StatusNotFound, "There is no bulk job "+orderfilter.Clip(r.PathValue("id"), 20)+".")
-		return statestore.BulkJob{}, false
+		return statestore.BulkJob{}, nil, false
 	}
-	job, err := s.store.BulkJobOf(r.Context(), id)
+	job, shares, err := s.stores.BulkJob(r.Context(), id)
 	if err == nil && !jobInView(rq, job) {
 		err = statestore.ErrNotFound // made in another namespace
 	}
 	if err != nil {
 		s.storeError(w, r, rq, err, fmt.Sprintf("bulk job %d", id))
-		return job, false
+		return job, nil, false
 	}
-	return job, true
+	return job, shares, true
 }
 
 func (s *server) bulkJob(w http.ResponseWriter, r *http.Request, rq *request) {
-	job, ok := s.jobOf(w, r, rq)
+	job, shares, ok := s.jobOf(w, r, rq)
 	if !ok {
 		return
 	}
@@ -173,7 +176,7 @@ func (s *server) bulkJob(w http.ResponseWriter, r *http.Request, rq *request) {
 		d.OrdersURL = template.URL("/orders?" + d.Filter.Values().Encode())
 	}
 	var err error
-	if d.Orders, err = s.store.BulkJobOrders(r.Context(), job.ID, "", 100); err != nil {
+	if d.Orders, err = s.stores.BulkJobOrders(r.Context(), shares, "", 100); err != nil {
 		s.storeError(w, r, rq, err, "bulk job")
 		return
 	}
@@ -184,7 +187,7 @@ func (s *server) confirmBulkStop(w http.ResponseWriter, r *http.Request, rq *req
 	if !s.mayAct(w, r, rq) {
 		return
 	}
-	job, ok := s.jobOf(w, r, rq)
+	job, _, ok := s.jobOf(w, r, rq)
 	if !ok {
 		return
 	}
@@ -198,11 +201,11 @@ func (s *server) confirmBulkStop(w http.ResponseWriter, r *http.Request, rq *req
 }
 
 func (s *server) bulkStop(w http.ResponseWriter, r *http.Request, rq *request) {
-	job, ok := s.jobOf(w, r, rq)
+	job, shares, ok := s.jobOf(w, r, rq)
 	if !ok {
 		return
 	}
-	after, err := s.store.StopBulkJob(r.Context(), job.ID, claimedBy(rq))
+	after, err := s.stores.StopBulkJob(r.Context(), shares, claimedBy(rq))
 	if err != nil {
 		s.storeError(w, r, rq, err, fmt.Sprintf("bulk job %d", job.ID))
 		return

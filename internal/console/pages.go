@@ -106,6 +106,8 @@ type ordersData struct {
 	// & written into a link's query).
 	BulkResubmit, BulkCancel, BulkPause, BulkResume template.URL
 	Error                                           string
+	// Partitioned: the deployment is, and each row names its partition.
+	Partitioned bool
 }
 
 // orders lists orders, newest first, a page at a time by keyset; every
@@ -115,7 +117,8 @@ func (s *server) orders(w http.ResponseWriter, r *http.Request, rq *request) {
 	q := r.URL.Query()
 	f := orderfilter.FromValues(q)
 	f.Where = slices.DeleteFunc(slices.Clone(f.Where), func(w string) bool { return strings.TrimSpace(w) == "" })
-	d := ordersData{Filter: f, Statuses: statestore.OrderStatuses(), First: q.Get("after") == "", Attributes: s.attributeNames()}
+	d := ordersData{Filter: f, Statuses: statestore.OrderStatuses(), First: q.Get("after") == "", Attributes: s.attributeNames(),
+		Partitioned: s.stores.Layout != nil}
 	versions, err := s.store.WorkflowVersions(r.Context())
 	if err != nil {
 		s.storeError(w, r, rq, err, "workflow")
@@ -141,7 +144,7 @@ func (s *server) orders(w http.ResponseWriter, r *http.Request, rq *request) {
 	oq.Limit = pageSize
 	oq.Namespaces = rq.namespaces()
 	var next *statestore.OrderCursor
-	d.Orders, next, err = s.store.OrderPage(r.Context(), oq)
+	d.Orders, next, err = s.stores.OrderPage(r.Context(), oq)
 	if err != nil {
 		s.storeError(w, r, rq, err, "such page")
 		return
@@ -212,12 +215,14 @@ func (s *server) readOrder(w http.ResponseWriter, r *http.Request, rq *request) 
 		return d, false
 	}
 	var err error
-	d.OrderDetail, err = s.store.GetOrder(r.Context(), id)
+	// In the partition its id names (the only store, unpartitioned).
+	store := s.stores.Of(id)
+	d.OrderDetail, err = store.GetOrder(r.Context(), id)
 	if err != nil {
 		s.storeError(w, r, rq, err, "order "+id)
 		return d, false
 	}
-	if d.Alerts, err = s.store.ListAlerts(r.Context(), statestore.AlertFilter{OrderID: id, Limit: 100}); err != nil {
+	if d.Alerts, err = store.ListAlerts(r.Context(), statestore.AlertFilter{OrderID: id, Limit: 100}); err != nil {
 		s.storeError(w, r, rq, err, "alert")
 		return d, false
 	}
@@ -288,8 +293,8 @@ func (s *server) order(w http.ResponseWriter, r *http.Request, rq *request) {
 		return
 	}
 	var err error
-	if d.Attributes, err = s.store.Attributes(r.Context(), d.Order.OrderID); err == nil {
-		d.Payloads, err = s.store.PayloadHistory(r.Context(), d.Order.OrderID)
+	if d.Attributes, err = s.stores.Of(d.Order.OrderID).Attributes(r.Context(), d.Order.OrderID); err == nil {
+		d.Payloads, err = s.stores.Of(d.Order.OrderID).PayloadHistory(r.Context(), d.Order.OrderID)
 	}
 	if err != nil {
 		s.storeError(w, r, rq, err, "order "+d.Order.OrderID)

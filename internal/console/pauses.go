@@ -24,7 +24,7 @@ type pausesData struct {
 // pausesPage lists what is paused (workflows and agent kinds, then
 // orders) and offers to pause a workflow or an agent kind.
 func (s *server) pausesPage(w http.ResponseWriter, r *http.Request, rq *request) {
-	rows, err := s.store.Pauses(r.Context(), 200)
+	rows, err := s.stores.PausesIn(r.Context(), 200, nil)
 	if err != nil {
 		s.storeError(w, r, rq, err, "pauses")
 		return
@@ -113,14 +113,14 @@ func (s *server) pauseTargetAction(w http.ResponseWriter, r *http.Request, rq *r
 	done := scope + map[bool]string{true: "-paused", false: "-resumed"}[pause]
 	switch {
 	case scope == "workflow" && pause:
-		_, err = s.store.PauseWorkflow(r.Context(), name, reason, claimedBy(rq))
+		_, err = s.stores.PauseWorkflow(r.Context(), name, reason, claimedBy(rq))
 	case scope == "workflow":
-		_, err = s.store.ResumeWorkflow(r.Context(), name, claimedBy(rq))
+		_, err = s.stores.ResumeWorkflow(r.Context(), name, claimedBy(rq))
 	case pause:
-		_, err = s.store.PauseKind(r.Context(), name, reason, claimedBy(rq))
+		_, err = s.stores.PauseKind(r.Context(), name, reason, claimedBy(rq))
 	default:
 		var outcome string
-		if outcome, err = s.store.ResumeKind(r.Context(), name, claimedBy(rq)); err == nil && outcome == statestore.NotPaused {
+		if outcome, err = s.stores.ResumeKind(r.Context(), name, claimedBy(rq)); err == nil && outcome == statestore.NotPaused {
 			s.fail(w, r, rq, http.StatusConflict, "Agent kind "+orderfilter.Clip(name, 64)+" is not paused.")
 			return
 		}

@@ -106,6 +106,20 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	layout, err := cfg.Layout()
+	if err != nil {
+		return err
+	}
+	if layout != nil {
+		// Every partition's store: an order's pages in its own, the
+		// orders list merged (SAS_DATABASE_URL's keeps the rest).
+		stores, closeParts, err := service.OpenPartitions(ctx, layout, cfg.Database(cfg.DBMaxConns), ops, logger)
+		if err != nil {
+			return err
+		}
+		sk.OnClose(closeParts)
+		srv.stores = stores
+	}
 	// Closed after the dial below has ended (Close waits for it first).
 	sk.OnClose(srv.closeBroker)
 	url, err := cfg.BrokerURL()

@@ -20,6 +20,7 @@ import (
 	"sas/internal/intake"
 	"sas/internal/messages"
 	"sas/internal/oidcauth"
+	"sas/internal/partition"
 	"sas/internal/statestore"
 	"sas/internal/workflow"
 )
@@ -34,8 +35,12 @@ var staticFS embed.FS
 const pageSize = 50
 
 type server struct {
-	cfg       Config
-	store     *statestore.Store
+	cfg   Config
+	store *statestore.Store
+	// stores are the deployment's state stores: a partitioned one's
+	// (SAS_PARTITIONS_FILE), or store alone. An order's pages and
+	// actions go to its own; the orders list merges every one's.
+	stores    partition.Stores
 	users     *directory
 	sessions  *sessions
 	limiter   *limiter
@@ -103,11 +108,20 @@ func newServer(cfg Config, store *statestore.Store, users *directory, reg promet
 		}
 	}
 	return &server{
-		cfg: cfg, store: store, users: users, logger: logger, pages: pages, workflows: wfs, now: time.Now, origins: origins, logins: logins,
+		cfg: cfg, store: store, stores: partition.One(store), users: users, logger: logger, pages: pages, workflows: wfs, now: time.Now, origins: origins, logins: logins,
 		sessions: newSessions(cfg.SessionTTL), idp: idp, known: intake.NewNamespaces(store.Namespaces), pending: &pendingSSO{m: map[string]pendingSignIn{}}, ssoLogins: ssoLogins,
 		limiter: newLimiter(cfg.LoginAttempts, cfg.LoginWindow),
 		static:  http.StripPrefix("/static/", http.FileServerFS(sub)),
 	}, nil
+}
+
+// prefixOf is the queue prefix of the partition holding order id (the
+// console's own, unpartitioned).
+func (s *server) prefixOf(id string) string {
+	if s.stores.Layout == nil {
+		return s.cfg.QueuePrefix
+	}
+	return s.stores.Layout.Partitions[s.stores.Index(id)].QueuePrefix
 }
 
 func (s *server) setBroker(conn *broker.Conn) {

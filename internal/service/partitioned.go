@@ -64,18 +64,12 @@ func (p Partitioned) Own(queuePrefix string) (*partition.Layout, int, error) {
 	return l, i, nil
 }
 
-// PartitionStore is one partition's open state store.
-type PartitionStore struct {
-	partition.Partition
-	Store *statestore.Store
-}
-
 // OpenPartitions opens every partition's state store of layout l, each
 // URL read from the variable the layout names, with db's other settings;
 // each is waited for as OpenDatabase does. It returns them in the
 // layout's order and the function that closes them all.
-func OpenPartitions(ctx context.Context, l *partition.Layout, db statestore.Options, ops *OpsServer, logger *slog.Logger) ([]PartitionStore, func(), error) {
-	var out []PartitionStore
+func OpenPartitions(ctx context.Context, l *partition.Layout, db statestore.Options, ops *OpsServer, logger *slog.Logger) (partition.Stores, func(), error) {
+	out := partition.Stores{Layout: l}
 	var closers []func()
 	closeAll := func() {
 		for _, c := range closers {
@@ -86,16 +80,21 @@ func OpenPartitions(ctx context.Context, l *partition.Layout, db statestore.Opti
 		url := os.Getenv(p.DatabaseURLEnv)
 		if url == "" {
 			closeAll()
-			return nil, nil, fmt.Errorf("partition %s: %s is not set: it holds the partition's database URL", p.Name, p.DatabaseURLEnv)
+			return partition.Stores{}, nil, fmt.Errorf("partition %s: %s is not set: it holds the partition's database URL", p.Name, p.DatabaseURLEnv)
 		}
 		o := db
 		o.URL, o.Password = url, ""
 		store, closeStore, err := OpenDatabase(ctx, o, ops, logger.With("partition", p.Name))
 		if err != nil {
 			closeAll()
-			return nil, nil, fmt.Errorf("partition %s: %w", p.Name, err)
+			return partition.Stores{}, nil, fmt.Errorf("partition %s: %w", p.Name, err)
 		}
-		out = append(out, PartitionStore{Partition: p, Store: store})
+		if err := store.CheckSchema(ctx); err != nil {
+			closeStore()
+			closeAll()
+			return partition.Stores{}, nil, fmt.Errorf("partition %s: %w", p.Name, err)
+		}
+		out.Parts = append(out.Parts, partition.Store{Name: p.Name, Store: store})
 		closers = append(closers, closeStore)
 	}
 	return out, closeAll, nil
