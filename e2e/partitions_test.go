@@ -313,6 +313,26 @@ func TestPartitionsRouteByOrderID(t *testing.T) {
 		}
 	}
 
+	// A kind's limits set from sasctl hold across the partitions: each
+	// keeps its share, so that together they do not pass them.
+	out, errOut, code = sasctl(t, environ, "limits", "set", "shipping", "--rate", "3000/s", "--max-in-flight", "900")
+	if code != 0 || strings.Count(out, "agent shipping: ") != 3 {
+		t.Fatalf("limits set across partitions: exit %d\n%s%s", code, out, errOut)
+	}
+	for i, pp := range pipes {
+		if n := pp.count(t, `SELECT count(*) FROM agent_limits WHERE agent = 'shipping' AND set_rate = 1000 AND set_max_in_flight = 300`); n != 1 {
+			t.Fatalf("partition %s does not keep its third of shipping's limits (1000/s, 300 in flight)", l.Partitions[i].Name)
+		}
+	}
+	if out, errOut, code := sasctl(t, environ, "limits", "reset", "shipping"); code != 0 {
+		t.Fatalf("limits reset across partitions: exit %d\n%s%s", code, out, errOut)
+	}
+	for i, pp := range pipes {
+		if n := pp.count(t, `SELECT count(*) FROM agent_limits WHERE agent = 'shipping' AND set_rate IS NOT NULL`); n != 0 {
+			t.Fatalf("partition %s keeps shipping's limits after the reset", l.Partitions[i].Name)
+		}
+	}
+
 	// sasctl says where an order lives as the exchange does.
 	out, _, code = sasctl(t, environ, "partitions", "of", ids[0])
 	if b, p := l.Of(ids[0]); code != 0 || !strings.Contains(out, fmt.Sprintf("%s  %d", ids[0], b)) || !strings.Contains(out, p.Name) {

@@ -149,32 +149,45 @@ func (a *app) limitsSet(ctx context.Context, args []string) error {
 	if c.String() == "" && !pause {
 		return a.usageError(fs, "say what to change: --rate, --burst, --max-in-flight or --min-rate")
 	}
-	store, closeStore, err := a.store(ctx)
-	if err != nil {
-		return err
-	}
-	defer closeStore()
 	if pause && *nsFlag != "" {
 		return a.usageError(fs, "a namespace's rate is a positive number; pause its orders (sasctl orders pause) or the kind (sasctl limits pause KIND)")
 	}
-	if pause {
-		return a.pauseKind(ctx, store, rest[0], true, "rate set to 0", claimedName(*as))
-	}
-	if *nsFlag != "" {
-		n, err := store.SetNamespaceLimits(ctx, *nsFlag, rest[0], c, claimedName(*as))
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(a.stdout, "agent %s in namespace %s: %s (set by %s; every scheduler's next claim obeys it, within the kind's limits; "+
-			"sasctl limits reset %s --namespace %s removes it)\n", n.Agent, n.Namespace, n.Limits, n.SetBy, n.Agent, n.Namespace)
-		return nil
-	}
-	k, err := store.SetLimits(ctx, rest[0], c, claimedName(*as))
+	// In a partitioned deployment, each partition's share of the change
+	// in its own store: together they hold the limits given.
+	stores, closeStores, err := a.everyStore(ctx)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(a.stdout, "agent %s: %s (set by %s; every scheduler's next claim obeys it; sasctl limits reset %s goes back to the file's)\n",
-		k.Agent, k.Effective, k.SetBy, k.Agent)
+	defer closeStores()
+	share := c.Share(len(stores))
+	for _, ps := range stores {
+		where := ""
+		if ps.name != "" {
+			where = "partition " + ps.name + ": "
+		}
+		if pause {
+			fmt.Fprint(a.stdout, where)
+			if err := a.pauseKind(ctx, ps.store, rest[0], true, "rate set to 0", claimedName(*as)); err != nil {
+				return err
+			}
+			continue
+		}
+		if *nsFlag != "" {
+			n, err := ps.store.SetNamespaceLimits(ctx, *nsFlag, rest[0], share, claimedName(*as))
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "%sagent %s in namespace %s: %s (set by %s; every scheduler's next claim obeys it, within the kind's limits; "+
+				"sasctl limits reset %s --namespace %s removes it)\n", where, n.Agent, n.Namespace, n.Limits, n.SetBy, n.Agent, n.Namespace)
+			continue
+		}
+		k, err := ps.store.SetLimits(ctx, rest[0], share, claimedName(*as))
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(a.stdout, "%sagent %s: %s (set by %s; every scheduler's next claim obeys it; sasctl limits reset %s goes back to the file's)\n",
+			where, k.Agent, k.Effective, k.SetBy, k.Agent)
+	}
 	return nil
 }
 
@@ -183,7 +196,7 @@ func (a *app) limitsReset(ctx context.Context, args []string) error {
 	fs := a.flags()
 	as := fs.String("as", "", "the name to record beside your database login (default: $USER)")
 	nsFlag := fs.String("namespace", "", "remove this namespace's own limits on the kind (the kind's then hold its steps alone)")
-	return a.onNamed(ctx, fs, args, "give the agent kind (sasctl limits list)", func(store *statestore.Store, kind string) error {
+	return a.onNamedEverywhere(ctx, fs, args, "give the agent kind (sasctl limits list)", func(store *statestore.Store, kind string) error {
 		if _, err := a.namespaceOf(fs, *nsFlag); err != nil {
 			return err
 		}

@@ -43,7 +43,7 @@ func (a *app) workflowsPause(ctx context.Context, args []string, pause bool) err
 	fs := a.flags()
 	as := fs.String("as", "", "the name to record beside your database login (default: $USER)")
 	reason := fs.String("reason", "", "why, for whoever reads the pause (at most 500 characters)")
-	return a.onNamed(ctx, fs, args, "give the workflow's name (sasctl workflows list)", func(store *statestore.Store, name string) error {
+	return a.onNamedEverywhere(ctx, fs, args, "give the workflow's name (sasctl workflows list)", func(store *statestore.Store, name string) error {
 		if !pause {
 			n, err := store.ResumeWorkflow(ctx, name, claimedName(*as))
 			if err != nil {
@@ -67,7 +67,7 @@ func (a *app) limitsPause(ctx context.Context, args []string, pause bool) error 
 	fs := a.flags()
 	as := fs.String("as", "", "the name to record beside your database login (default: $USER)")
 	reason := fs.String("reason", "", "why, for whoever reads the pause (at most 500 characters)")
-	return a.onNamed(ctx, fs, args, "give the agent kind (sasctl limits list)", func(store *statestore.Store, kind string) error {
+	return a.onNamedEverywhere(ctx, fs, args, "give the agent kind (sasctl limits list)", func(store *statestore.Store, kind string) error {
 		return a.pauseKind(ctx, store, kind, pause, *reason, claimedName(*as))
 	})
 }

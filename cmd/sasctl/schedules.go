@@ -63,7 +63,7 @@ func (a *app) schedulesList(ctx context.Context, args []string) error {
 func (a *app) schedulesPause(ctx context.Context, args []string, pause bool) error {
 	fs := a.flags()
 	as := fs.String("as", "", "the name to record beside your database login (default: $USER)")
-	return a.onNamed(ctx, fs, args, scheduleName, func(store *statestore.Store, name string) error {
+	return a.onSchedule(ctx, fs, args, func(store *statestore.Store, name string) error {
 		row, err := findStored(ctx, store, name)
 		if err != nil {
 			return err
@@ -87,6 +87,66 @@ func (a *app) onNamed(ctx context.Context, fs *flag.FlagSet, args []string, miss
 		return a.usageError(fs, "%s", missing)
 	}
 	store, closeStore, err := a.store(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	return do(store, rest[0])
+}
+
+// onNamedEverywhere is onNamed in every partition's store of a
+// partitioned deployment (what concerns the whole deployment: a
+// workflow, an agent kind), each line of a partition's after its name.
+func (a *app) onNamedEverywhere(ctx context.Context, fs *flag.FlagSet, args []string, missing string, do func(*statestore.Store, string) error) error {
+	rest, err := a.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) != 1 {
+		return a.usageError(fs, "%s", missing)
+	}
+	stores, closeStores, err := a.everyStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeStores()
+	var errs []error
+	for _, ps := range stores {
+		if ps.name != "" {
+			fmt.Fprintf(a.stdout, "partition %s: ", ps.name)
+		}
+		if err := do(ps.store, rest[0]); err != nil {
+			if ps.name == "" {
+				return err
+			}
+			fmt.Fprintln(a.stdout, err)
+			errs = append(errs, fmt.Errorf("partition %s: %w", ps.name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// onSchedule is onNamed in the store keeping schedule name: in a
+// partitioned deployment, its partition's (partition.Layout.ScheduleOwner).
+func (a *app) onSchedule(ctx context.Context, fs *flag.FlagSet, args []string, do func(*statestore.Store, string) error) error {
+	rest, err := a.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) != 1 {
+		return a.usageError(fs, "%s", scheduleName)
+	}
+	l, err := a.layout()
+	if err != nil {
+		return err
+	}
+	store, closeStore, err := a.store(ctx)
+	if l != nil {
+		if err == nil {
+			closeStore()
+		}
+		store, closeStore, err = a.partitionStore(ctx, l.Partitions[l.ScheduleOwner(rest[0])])
+	}
 	if err != nil {
 		return err
 	}
@@ -124,7 +184,7 @@ func (a *app) schedulesTrigger(ctx context.Context, args []string) error {
 	fs := a.flags()
 	as := fs.String("as", "", "the name to record beside your database login (default: $USER)")
 	wait := fs.Duration("wait", 10*time.Second, "how long to wait for the leading supervisor to start the order")
-	return a.onNamed(ctx, fs, args, scheduleName, func(store *statestore.Store, name string) error {
+	return a.onSchedule(ctx, fs, args, func(store *statestore.Store, name string) error {
 		return a.triggerSchedule(ctx, store, name, claimedName(*as), *wait)
 	})
 }

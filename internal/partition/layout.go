@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"sas/internal/messages"
 	"strconv"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -139,6 +140,13 @@ func (l Layout) Owner(b int) int {
 func (l Layout) Of(orderID string) (bucket int, p Partition) {
 	b := BucketOf(orderID, l.Buckets)
 	return b, l.Partitions[l.Owner(b)]
+}
+
+// ScheduleOwner is the index in Partitions of the partition that keeps
+// and fires schedule name (its supervisor alone keeps it): the one owning
+// the bucket of an id derived from its name.
+func (l Layout) ScheduleOwner(name string) int {
+	return l.Owner(BucketOf(messages.DerivedID("schedule:"+name), l.Buckets))
 }
 
 // Owned is the buckets of partition i, first to last.

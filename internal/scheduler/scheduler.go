@@ -260,25 +260,27 @@ func Topology(prefix string, deliveryLimit int, queueType string, kinds []string
 }
 
 // storeLimits keeps the workflows file's limits of the kinds this
-// scheduler claims in the store, where every replica's claims read them.
-func storeLimits(ctx context.Context, store *statestore.Store, workflows *workflow.Registry, kinds []string, logger *slog.Logger) error {
+// scheduler claims in the store, where every replica's claims read them:
+// in a deployment of partitions, this partition's share of each
+// (workflow.Limits.Share), so that the partitions together hold them.
+func storeLimits(ctx context.Context, store *statestore.Store, workflows *workflow.Registry, kinds []string, partitions int, logger *slog.Logger) error {
 	file := map[string]statestore.Limits{}
 	for kind, l := range workflows.Limits() {
-		file[kind] = statestore.LimitsOf(l)
+		file[kind] = statestore.LimitsOf(l.Share(partitions))
 	}
 	if err := store.SyncLimits(ctx, kinds, file); err != nil {
 		return err
 	}
 	for _, kind := range kinds {
 		if l, ok := file[kind]; ok {
-			logger.Info("agent kind limited", "kind", kind, "limits", l.String())
+			logger.Info("agent kind limited", "kind", kind, "limits", l.String(), "partitions", partitions)
 		}
 	}
 	scoped := map[string]map[string]statestore.Limits{}
 	for kind, byNS := range workflows.NamespaceLimits() {
 		scoped[kind] = map[string]statestore.Limits{}
 		for ns, l := range byNS {
-			scoped[kind][ns] = statestore.LimitsOf(l)
+			scoped[kind][ns] = statestore.LimitsOf(l.Share(partitions))
 		}
 	}
 	missing, err := store.SyncNamespaceLimits(ctx, kinds, scoped)
@@ -354,7 +356,15 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		known: map[string]queueDepth{}, tr: tr, tokens: tokens,
 		wakeSelf: func() { nudge(w.pending) }, graph: &graphSteps{store: store, exprs: workflow.NewExprs(1000), me: me, workflows: workflows},
 		keyed: workflows.KeyedKinds()}
-	if err := storeLimits(ctx, store, workflows, kinds, logger); err != nil {
+	layout, err := cfg.Layout()
+	if err != nil {
+		return err
+	}
+	partitions := 1
+	if layout != nil {
+		partitions = len(layout.Partitions)
+	}
+	if err := storeLimits(ctx, store, workflows, kinds, partitions, logger); err != nil {
 		return err
 	}
 	// Claims and replies do not notify through the database (migration

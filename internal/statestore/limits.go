@@ -331,6 +331,42 @@ type LimitChange struct {
 	ClearBurst, ClearMinRate    bool
 }
 
+// Share is one partition's share of a change in a deployment of n
+// partitions, split as workflow.Limits.Share splits the file's limits.
+func (c LimitChange) Share(n int) LimitChange {
+	if n <= 1 {
+		return c
+	}
+	out := c
+	var l workflow.Limits
+	if c.MaxInFlight != nil {
+		l.MaxInFlight = *c.MaxInFlight
+	}
+	if c.Burst != nil {
+		l.Burst = *c.Burst
+	}
+	if c.Rate != nil {
+		l.Rate = *c.Rate
+	}
+	if c.MinRate != nil {
+		l.MinRate = *c.MinRate
+	}
+	sh := l.Share(n)
+	if c.MaxInFlight != nil {
+		out.MaxInFlight = &sh.MaxInFlight
+	}
+	if c.Burst != nil {
+		out.Burst = &sh.Burst
+	}
+	if c.Rate != nil {
+		out.Rate = &sh.Rate
+	}
+	if c.MinRate != nil {
+		out.MinRate = &sh.MinRate
+	}
+	return out
+}
+
 // SetLimits changes kind's limits for an operator (claimed: the login
 // the operator claims, as the console's users), from those in force now,
 // recorded with record_operator_action; claims obey them at once, until

@@ -15,8 +15,14 @@ import (
 
 // syncSchedules copies the workflows file's schedules into the state
 // store (a new or changed one ticks from now, on the database clock),
-// retrying while the database is unreachable.
+// retrying while the database is unreachable. In a partitioned deployment
+// a schedule is kept, and fires, in one partition only (partition.Layout.ScheduleOwner):
+// the others' supervisors leave it out, so each tick starts one order.
 func (s *sweeper) syncSchedules(ctx context.Context) error {
+	layout, own, err := s.cfg.Own(s.cfg.QueuePrefix)
+	if err != nil {
+		return err
+	}
 	return service.Retry(ctx, func() error {
 		now, err := s.store.Now(ctx)
 		if err != nil {
@@ -24,6 +30,9 @@ func (s *sweeper) syncSchedules(ctx context.Context) error {
 		}
 		var defs []statestore.ScheduleDef
 		for _, sc := range s.workflows.Schedules() {
+			if layout != nil && layout.ScheduleOwner(sc.Name) != own {
+				continue
+			}
 			defs = append(defs, statestore.ScheduleDef{Name: sc.Name, Workflow: sc.Workflow, Cron: sc.Cron, Timezone: sc.Timezone,
 				Payload: sc.Payload, Overlap: sc.Overlap, CatchUp: sc.CatchUp, Version: sc.Version(), FirstTick: sc.Next(now)})
 			s.metrics.scheduleTicks.WithLabelValues(sc.Name, "started")

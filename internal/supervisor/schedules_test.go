@@ -2,12 +2,20 @@ package supervisor
 
 import (
 	"cmp"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
+	"sas/internal/harness/testenv"
 	"sas/internal/messages"
 	"sas/internal/statestore"
 	"sas/internal/workflow"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // TestPlanScheduleFollowsOverlapAndCatchUp: on a fixed clock, the ticks
@@ -91,5 +99,56 @@ schedules:
 	if len(round.Starts) != 1 || !round.ClearTrigger || round.Starts[0].Order.OrderID != messages.DerivedID("schedule:m:trigger:"+trig.UTC().Format(time.RFC3339Nano)) ||
 		!round.NextTick.Equal(d.NextTick) {
 		t.Fatalf("a trigger: %+v", round)
+	}
+}
+
+// TestASchedulesKeptInOnePartition: the supervisors of three partitions
+// each keep only the schedules their partition owns, so that every
+// schedule of the file is kept, and fires, in exactly one of them.
+func TestASchedulesKeptInOnePartition(t *testing.T) {
+	t.Parallel()
+	yaml := "workflows:\n  - name: tick\n    steps:\n      - {action: a, agent: inventory}\nschedules:\n"
+	var names []string
+	for i := range 12 {
+		name := fmt.Sprintf("every-%d", i)
+		names = append(names, name)
+		yaml += fmt.Sprintf("  - {name: %s, workflow: tick, cron: \"*/5 * * * *\"}\n", name)
+	}
+	r, err := workflow.Parse("s.yaml", []byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "partitions.yaml")
+	layout := "exchange: sas.route\npartitions:\n"
+	for i := 1; i <= 3; i++ {
+		layout += fmt.Sprintf("  - {name: p%d, queue_prefix: sas.p%d., database_url_env: SAS_P%d_URL}\n", i, i, i)
+	}
+	if err := os.WriteFile(file, []byte(layout), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	kept := map[string]int{}
+	for i := 1; i <= 3; i++ {
+		_, pool := testenv.Database(t)
+		var cfg Config
+		cfg.PartitionsFile, cfg.Partition, cfg.QueuePrefix = file, fmt.Sprintf("p%d", i), fmt.Sprintf("sas.p%d.", i)
+		s := &sweeper{store: statestore.New(pool), cfg: cfg, workflows: r, me: "test",
+			logger: slog.New(slog.NewTextHandler(io.Discard, nil)), metrics: newMetrics(prometheus.NewRegistry())}
+		if err := s.syncSchedules(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		rows, err := s.store.Schedules(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, row := range rows {
+			if row.InFile {
+				kept[row.Name]++
+			}
+		}
+	}
+	for _, name := range names {
+		if kept[name] != 1 {
+			t.Errorf("schedule %s is kept in %d partitions, want 1", name, kept[name])
+		}
 	}
 }

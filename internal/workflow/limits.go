@@ -28,6 +28,26 @@ type Limits struct {
 	MinRate     float64
 }
 
+// Share is one partition's share of a kind's limits in a deployment of n
+// partitions (docs/SCALING.md): each partition's schedulers claim within
+// it, so that together they hold the kind's limits, not n times them. A
+// rate, its floor and a burst are split evenly; max_in_flight too, but
+// never below 1 a partition (a kind allowed fewer in flight than there
+// are partitions has at most n). n of 1 or less changes nothing.
+func (l Limits) Share(n int) Limits {
+	if n <= 1 {
+		return l
+	}
+	out := Limits{Rate: l.Rate / float64(n), MinRate: l.MinRate / float64(n)}
+	if l.MaxInFlight > 0 {
+		out.MaxInFlight = max(1, l.MaxInFlight/n)
+	}
+	if l.Burst > 0 {
+		out.Burst = max(1, l.Burst/n)
+	}
+	return out
+}
+
 // MaxRate bounds a rate (claims a second), MaxInFlightLimit max_in_flight
 // and burst.
 const (

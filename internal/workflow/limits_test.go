@@ -106,3 +106,29 @@ func TestBadLimitsAreRefusedAtTheirLines(t *testing.T) {
 		})
 	}
 }
+
+// TestALimitsShareNeverPassesTheWhole: n partitions' shares of a kind's
+// limits add up to at most the limits (max_in_flight at least 1 a
+// partition), and one partition's share is the whole.
+func TestALimitsShareNeverPassesTheWhole(t *testing.T) {
+	t.Parallel()
+	whole := workflow.Limits{MaxInFlight: 20, Rate: 50, Burst: 7, MinRate: 5}
+	if got := whole.Share(1); got != whole {
+		t.Fatalf("one partition: %+v", got)
+	}
+	for n := 2; n <= 30; n++ {
+		s := whole.Share(n)
+		if s.Rate*float64(n) > whole.Rate+1e-9 || s.MinRate*float64(n) > whole.MinRate+1e-9 || s.MinRate > s.Rate {
+			t.Fatalf("%d partitions: rate %v, min %v", n, s.Rate, s.MinRate)
+		}
+		if s.MaxInFlight < 1 || n <= whole.MaxInFlight && s.MaxInFlight*n > whole.MaxInFlight {
+			t.Fatalf("%d partitions: max_in_flight %d", n, s.MaxInFlight)
+		}
+		if s.Burst < 1 || n <= whole.Burst && s.Burst*n > whole.Burst {
+			t.Fatalf("%d partitions: burst %d", n, s.Burst)
+		}
+	}
+	if s := (workflow.Limits{Rate: 10}).Share(4); s.MaxInFlight != 0 || s.Burst != 0 {
+		t.Fatalf("limits not set stay unset: %+v", s)
+	}
+}
