@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sas/internal/partition"
 	"slices"
 	"strings"
 	"testing"
@@ -89,6 +90,35 @@ func TestHelmChart(t *testing.T) {
 		if kinds[kind] != n {
 			t.Errorf("the full set renders %d %s, want %d (all: %v)", kinds[kind], kind, n, kinds)
 		}
+	}
+
+	// A list of partitions: each partition's processes under its prefix,
+	// on its database, naming it; the console and the API once, with
+	// every partition's database; a migration job a partition; the
+	// layout every process reads.
+	parts := rendered["partitions"]
+	for _, p := range []string{"p1", "p2", "p3"} {
+		for _, comp := range []string{"submitter", "scheduler", "supervisor", "agent-payment"} {
+			env := envOf(container(t, find(t, parts, "Deployment", "-"+comp+"-"+p)))
+			if env["SAS_PARTITION"] != p || env["SAS_QUEUE_PREFIX"] != "sas."+p+"." || !strings.Contains(env["SAS_DATABASE_URL"], "@pg-"+p+":5432/") && comp != "agent-payment" ||
+				env["SAS_PARTITIONS_FILE"] == "" {
+				t.Errorf("%s of partition %s: %v", comp, p, env)
+			}
+		}
+		find(t, parts, "Job", "-migrate-"+p)
+		for _, comp := range []string{"-api", "-console"} {
+			env := envOf(container(t, find(t, parts, "Deployment", comp)))
+			if !strings.Contains(env["SAS_"+strings.ToUpper(p)+"_DATABASE_URL"], "@pg-"+p+":5432/") || env["SAS_PARTITION"] != "" {
+				t.Errorf("%s reads partition %s's store from %q", comp, p, env["SAS_"+strings.ToUpper(p)+"_DATABASE_URL"])
+			}
+		}
+	}
+	layout := find(t, parts, "ConfigMap", "-partitions")["data"].(map[string]any)["partitions.yaml"].(string)
+	if l, err := partition.Parse([]byte(layout)); err != nil || len(l.Partitions) != 3 || l.Partitions[1].DatabaseURLEnv != "SAS_P2_DATABASE_URL" {
+		t.Errorf("the rendered layout: %v\n%s", err, layout)
+	}
+	if n := len(rendered["minimal"]); n == 0 || slices.ContainsFunc(rendered["minimal"], func(o map[string]any) bool { return strings.Contains(name(o), "partition") }) {
+		t.Errorf("a deployment of one state store renders partitions objects")
 	}
 
 	// The alert rules and the dashboard are the compose deployment's.

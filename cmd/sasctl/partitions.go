@@ -172,7 +172,7 @@ func (a *app) partitionStore(ctx context.Context, p partition.Partition) (*state
 		return nil, nil, fmt.Errorf("partition %s: %s is not set: it holds the partition's database URL", p.Name, p.DatabaseURLEnv)
 	}
 	o := a.cfg.Database(2)
-	o.URL, o.Password = url, ""
+	o.URL = url // with SAS_DATABASE_PASSWORD, when set, as every service
 	pool, err := a.poolWith(ctx, o)
 	if err != nil {
 		return nil, nil, fmt.Errorf("partition %s: %w", p.Name, err)

@@ -65,7 +65,8 @@ func (p Partitioned) Own(queuePrefix string) (*partition.Layout, int, error) {
 }
 
 // OpenPartitions opens every partition's state store of layout l, each
-// URL read from the variable the layout names, with db's other settings;
+// URL read from the variable the layout names, with db's other settings
+// (its password too, replacing the URL's when set);
 // each is waited for as OpenDatabase does. It returns them in the
 // layout's order and the function that closes them all.
 func OpenPartitions(ctx context.Context, l *partition.Layout, db statestore.Options, ops *OpsServer, logger *slog.Logger) (partition.Stores, func(), error) {
@@ -82,8 +83,10 @@ func OpenPartitions(ctx context.Context, l *partition.Layout, db statestore.Opti
 			closeAll()
 			return partition.Stores{}, nil, fmt.Errorf("partition %s: %s is not set: it holds the partition's database URL", p.Name, p.DatabaseURLEnv)
 		}
+		// The process's password (SAS_DATABASE_PASSWORD), when it has
+		// one, is its login's in every partition's database too.
 		o := db
-		o.URL, o.Password = url, ""
+		o.URL = url
 		store, closeStore, err := OpenDatabase(ctx, o, ops, logger.With("partition", p.Name))
 		if err != nil {
 			closeAll()

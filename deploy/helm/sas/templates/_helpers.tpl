@@ -30,10 +30,10 @@ app.kubernetes.io/component: {{ .component }}
 {{- .Values.secrets.existingSecret | default (printf "%s-secrets" (include "sas.fullname" .)) -}}
 {{- end -}}
 
-{{/* A database URL for a login: (dict "root" $ "user" "sas_scheduler_login"). No password: it is a file. */}}
+{{/* A database URL for a login: (dict "root" $ "user" "sas_scheduler_login"), with "hosts" a partition's. No password: it is a file. */}}
 {{- define "sas.databaseURL" -}}
 {{- $db := .root.Values.database -}}
-{{- printf "postgres://%s@%s/%s" (.user | urlquery) $db.hosts ($db.name | urlquery) -}}
+{{- printf "postgres://%s@%s/%s" (.user | urlquery) (.hosts | default $db.hosts) ($db.name | urlquery) -}}
 {{- with $db.params }}?{{ . }}{{ end -}}
 {{- end -}}
 
@@ -49,21 +49,43 @@ app.kubernetes.io/component: {{ .component }}
 {{- join "," $urls -}}
 {{- end -}}
 
-{{/* The settings every sas container shares. */}}
+{{/* The variable holding a partition's database URL, as the layout names it. */}}
+{{- define "sas.partitionURLEnv" -}}
+{{- printf "SAS_%s_DATABASE_URL" (. | upper | replace "-" "_") -}}
+{{- end -}}
+
+{{/* The partitions layout (SAS_PARTITIONS_FILE). */}}
+{{- define "sas.partitionsLayout" -}}
+exchange: {{ .Values.partitions.exchange | quote }}
+buckets: {{ .Values.partitions.buckets }}
+partitions:
+{{- range .Values.partitions.items }}
+  - name: {{ .name | quote }}
+    queue_prefix: {{ .queuePrefix | quote }}
+    database_url_env: {{ include "sas.partitionURLEnv" .name }}
+{{- end }}
+{{- end -}}
+
+{{/* The settings every sas container shares: (dict "root" $ "prefix" a partition's queue prefix, or none). */}}
 {{- define "sas.commonEnv" -}}
+{{- $root := .root -}}
 - name: SAS_QUEUE_PREFIX
-  value: {{ .Values.queuePrefix | quote }}
+  value: {{ .prefix | default $root.Values.queuePrefix | quote }}
 - name: SAS_LOG_LEVEL
-  value: {{ .Values.logLevel | quote }}
+  value: {{ $root.Values.logLevel | quote }}
 - name: SAS_INSTANCE_ID
   valueFrom:
     fieldRef:
       fieldPath: metadata.name
-{{- if .Values.workflows }}
+{{- if $root.Values.workflows }}
 - name: SAS_WORKFLOWS_FILE
   value: /etc/sas/workflows/workflows.yaml
 {{- end }}
-{{- include "sas.tracingEnv" . }}
+{{- if $root.Values.partitions.items }}
+- name: SAS_PARTITIONS_FILE
+  value: /etc/sas/partitions/partitions.yaml
+{{- end }}
+{{- include "sas.tracingEnv" $root }}
 {{- end -}}
 
 {{/* OpenTelemetry: traces over OTLP/HTTP when tracing.endpoint is set. */}}
@@ -117,18 +139,23 @@ may read, and its values.
 */}}
 {{- define "sas.components" -}}
 {{- $c := list -}}
-{{- $c = append $c (dict "name" "submitter" "binary" "submitter" "port" 9101 "role" "submitter" "amqp" "submitter" "values" .Values.submitter) -}}
-{{- $c = append $c (dict "name" "scheduler" "binary" "scheduler" "port" 9102 "role" "scheduler" "amqp" "scheduler" "values" .Values.scheduler) -}}
-{{- $c = append $c (dict "name" "supervisor" "binary" "supervisor" "port" 9104 "role" "supervisor" "amqp" "" "values" .Values.supervisor) -}}
+{{- $parts := .Values.partitions.items | default (list (dict "name" "" "queuePrefix" "" "hosts" "")) -}}
+{{- range $parts -}}
+{{- $sfx := ternary "" (printf "-%s" .name) (eq .name "") -}}
+{{- $p := dict "partition" .name "prefix" .queuePrefix "hosts" .hosts "userPrefix" (.brokerUserPrefix | default "") -}}
+{{- $c = append $c (merge (dict "name" (printf "submitter%s" $sfx) "binary" "submitter" "port" 9101 "role" "submitter" "amqp" "submitter" "values" $.Values.submitter) $p) -}}
+{{- $c = append $c (merge (dict "name" (printf "scheduler%s" $sfx) "binary" "scheduler" "port" 9102 "role" "scheduler" "amqp" "scheduler" "values" $.Values.scheduler) $p) -}}
+{{- $c = append $c (merge (dict "name" (printf "supervisor%s" $sfx) "binary" "supervisor" "port" 9104 "role" "supervisor" "amqp" "" "values" $.Values.supervisor) $p) -}}
+{{- range $.Values.agents -}}
+{{- $v := merge (dict "replicas" .replicas "kinds" .kinds) (deepCopy $.Values.agent) -}}
+{{- $c = append $c (merge (dict "name" (printf "agent-%s%s" .name $sfx) "binary" "agent" "port" 9103 "role" "" "amqp" "agent" "values" $v "kinds" .kinds) $p) -}}
+{{- end -}}
+{{- end -}}
 {{- if .Values.console.enabled -}}
 {{- $c = append $c (dict "name" "console" "binary" "console" "port" 9106 "role" "console" "amqp" "sasctl" "values" .Values.console) -}}
 {{- end -}}
 {{- if .Values.api.enabled -}}
 {{- $c = append $c (dict "name" "api" "binary" "api" "port" 9107 "role" "api" "amqp" "api" "values" .Values.api) -}}
-{{- end -}}
-{{- range .Values.agents -}}
-{{- $v := merge (dict "replicas" .replicas "kinds" .kinds) (deepCopy $.Values.agent) -}}
-{{- $c = append $c (dict "name" (printf "agent-%s" .name) "binary" "agent" "port" 9103 "role" "" "amqp" "agent" "values" $v "kinds" .kinds) -}}
 {{- end -}}
 {{- toJson (dict "items" $c) -}}
 {{- end -}}
