@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -18,10 +19,12 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.yaml.in/yaml/v3"
 
 	"sas/internal/broker"
 	"sas/internal/harness/localstack"
 	"sas/internal/messages"
+	"sas/internal/partition"
 	"sas/internal/statestore"
 	"sas/internal/statestore/lab"
 	"sas/internal/submitter"
@@ -61,7 +64,7 @@ func Main(ctx context.Context, a *Tool, args []string) error {
 	var env, envB multiFlag
 	fs.Var(&env, "env", "NAME=VALUE added to every service's environment (repeatable), e.g. SAS_SCHEDULER_BATCH=200 or GOGC=400")
 	fs.Var(&envB, "env-b", "with --against: NAME=VALUE added to B's services' environment only (repeatable), e.g. a workflows file A cannot read")
-	fs.StringVar(&o.via, "via", "amqp", "where orders go in: amqp (the submit queue) or http (the API service, POST /api/v1/orders, its per-token rate limit lifted)")
+	fs.StringVar(&o.via, "via", "amqp", "where orders go in: amqp (the submit queue), routed (a partitions layout's consistent-hash exchange, the order id as routing key, to the one partition this run is: the broker needs the rabbitmq_consistent_hash_exchange plugin) or http (the API service, POST /api/v1/orders, its per-token rate limit lifted)")
 	fs.BoolVar(&o.await, "await", false, "with --via http: await every order over HTTP too, and report what that adds to its end (the await's return against the order's end in the store)")
 	fs.StringVar(&o.namespace, "namespace", "", "with --via http: submit the load's orders to this namespace (added if it is not there); the report's latencies are its orders'")
 	fs.Float64Var(&o.neighbourRate, "neighbour-rate", 0, "with --namespace: also offer this many orders a second to the namespace \"neighbour\", held to --neighbour-quota: a noisy tenant beside the measured one")
@@ -75,8 +78,8 @@ func Main(ctx context.Context, a *Tool, args []string) error {
 		fmt.Fprintln(a.stderr, "sasctl bench: --env-b needs --against")
 		return ErrUsage
 	}
-	if o.via != "amqp" && o.via != "http" || o.await && o.via != "http" {
-		fmt.Fprintln(a.stderr, "sasctl bench: --via is amqp or http; --await needs --via http")
+	if o.via != "amqp" && o.via != "http" && o.via != "routed" || o.await && o.via != "http" {
+		fmt.Fprintln(a.stderr, "sasctl bench: --via is amqp, routed or http; --await needs --via http")
 		return ErrUsage
 	}
 	if (o.namespace != "" && o.via != "http") || (o.neighbourRate != 0 && (o.namespace == "" || o.neighbourQuota <= 0 || o.neighbourRate < 0)) ||
@@ -182,6 +185,23 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 		return nil, err
 	}
 	serviceEnv = append(serviceEnv, scenarioEnv...)
+	var routed *partition.Layout
+	if o.via == "routed" {
+		// One partition, this run, behind the routing exchange: every
+		// submit goes through the exchange and its bucket's exchange,
+		// and the submitter checks each order's bucket is its own.
+		routed = &partition.Layout{Exchange: topo.Prefix + "route", Buckets: partition.DefaultBuckets,
+			Partitions: []partition.Partition{{Name: "p1", QueuePrefix: topo.Prefix, DatabaseURLEnv: "SAS_BENCH_P1_DATABASE_URL"}}}
+		raw, err := yaml.Marshal(routed)
+		if err != nil {
+			return nil, err
+		}
+		file := filepath.Join(rig.dir, "partitions.yaml")
+		if err := os.WriteFile(file, raw, 0o600); err != nil {
+			return nil, err
+		}
+		serviceEnv = append(serviceEnv, "SAS_PARTITIONS_FILE="+file, "SAS_PARTITION=p1")
+	}
 	apiPort := 0
 	if o.via == "http" {
 		apiPort = o.portBase + 9
@@ -194,6 +214,17 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 	}
 	defer st.Stop()
 	fmt.Fprintf(a.stderr, "services up (%d processes); logs in %s\n", len(st.Procs), st.Logs)
+	if routed != nil {
+		ch, err := conn.Channel(ctx)
+		if err != nil {
+			return nil, err
+		}
+		err = routed.Declare(ch)
+		_ = ch.Close()
+		if err != nil {
+			return nil, fmt.Errorf("--via routed: %w (rabbitmq-plugins enable rabbitmq_consistent_hash_exchange)", err)
+		}
+	}
 	var hl, neighbour *httpLoad
 	if o.via == "http" {
 		namespaces := []string{statestore.DefaultNamespace}
@@ -241,6 +272,9 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 	loadCtx, stopLoad := context.WithCancel(ctx)
 	defer stopLoad()
 	gen := &generator{pub: pub, queue: topo.Queue(submitter.Input), sampler: smp, http: hl}
+	if routed != nil {
+		gen.exchange = routed.Exchange
+	}
 	loadDone := make(chan error, 1)
 	loadJoined := make(chan struct{})
 	// However the run ends, the load generator is stopped and waited for.
@@ -608,12 +642,14 @@ func listenEnded(ctx context.Context, conn *broker.Conn, topo broker.Topology, o
 // generator publishes sample orders to the submit queue, keeping many
 // confirms in flight on one channel.
 type generator struct {
-	http      *httpLoad // --via http: through the API instead
-	pub       *broker.Publisher
-	queue     string
-	sampler   *orders
-	published atomic.Int64 // confirmed by the broker
-	failed    atomic.Int64
+	http *httpLoad // --via http: through the API instead
+	pub  *broker.Publisher
+	// queue is the submit queue; exchange, when set, the routing
+	// exchange published to instead, the order id as routing key.
+	queue, exchange string
+	sampler         *orders
+	published       atomic.Int64 // confirmed by the broker
+	failed          atomic.Int64
 }
 
 // confirmWindow is how many publishes may await their confirm at once.
@@ -646,7 +682,11 @@ func (g *generator) run(ctx context.Context, next func(ctx context.Context, star
 		if err != nil {
 			return err
 		}
-		p, err := g.pub.Start(ctx, "", g.queue, amqp.Publishing{
+		exchange, key := "", g.queue
+		if g.exchange != "" {
+			exchange, key = g.exchange, o.OrderID
+		}
+		p, err := g.pub.Start(ctx, exchange, key, amqp.Publishing{
 			ContentType: messages.ContentType,
 			Type:        messages.TypeSubmitOrder,
 			MessageId:   o.OrderID,
