@@ -24,7 +24,7 @@ TEST_TIMEOUT ?= 18m
 # build and run as many at once as there are cores.
 E2E := sas/e2e
 
-.PHONY: all build services tools test bench-ab bench-dbos bench-backlog bench-churn bench-timers bench-steady lint fmt-check fuzz demo chaos bench clean console-screenshots bench-console ha timers api-e2e limits-e2e
+.PHONY: bench-partition-outage all build services tools test bench-ab bench-dbos bench-backlog bench-churn bench-timers bench-steady lint fmt-check fuzz demo chaos bench clean console-screenshots bench-console ha timers api-e2e limits-e2e
 
 all: build
 
@@ -212,6 +212,11 @@ LIMITS_SECONDS ?= 60
 FAIR_BACKLOG ?= 20000
 limits-e2e: services build
 	SAS_LIMITS_SECONDS=$(LIMITS_SECONDS) SAS_FAIR_BACKLOG=$(FAIR_BACKLOG) $(GO) test -count=1 -timeout 20m -run '^(TestLimitsHoldAcrossReplicas|TestKeysAreServedFairly)$$' -v ./e2e/
+
+# A partition's outage (docs/SCALING.md): three partitions, each its own
+# PostgreSQL server, under 30 orders a second; one server stopped for 30 s.
+bench-partition-outage: services build
+	SAS_PARTITION_OUTAGE=1 $(GO) test -count=1 -timeout 20m -run '^TestAPartitionsOutageSparesTheOthers$$' -v ./e2e/
 
 # The console's benchmark (docs/BENCHMARKS.md): BENCH_CONSOLE_ORDERS orders
 # written into a schema of sas_test, then the orders list (deep pages,

@@ -313,6 +313,21 @@ func TestPartitionsRouteByOrderID(t *testing.T) {
 		}
 	}
 
+	// Alerts are read from every partition, each named.
+	out, errOut, code = sasctl(t, environ, "alerts", "list", "--json")
+	var alerts []struct {
+		Partition string `json:"partition"`
+		OrderID   string `json:"order_id"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &alerts) != nil {
+		t.Fatalf("alerts list across partitions: exit %d\n%s%s", code, out, errOut)
+	}
+	for _, al := range alerts {
+		if _, p := l.Of(al.OrderID); p.Name != al.Partition {
+			t.Fatalf("alert of order %s named partition %q; its bucket is %s's", al.OrderID, al.Partition, p.Name)
+		}
+	}
+
 	// A kind's limits set from sasctl hold across the partitions: each
 	// keeps its share, so that together they do not pass them.
 	out, errOut, code = sasctl(t, environ, "limits", "set", "shipping", "--rate", "3000/s", "--max-in-flight", "900")

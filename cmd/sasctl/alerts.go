@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"text/tabwriter"
 	"time"
@@ -43,22 +44,51 @@ func (a *app) alertsList(ctx context.Context, args []string) error {
 		}
 		*order = id
 	}
-	store, closeStore, err := a.store(ctx)
+	// Every partition's newest (one store's, unpartitioned), merged
+	// newest first: no partition is read past the limit.
+	stores, closeStores, err := a.everyStore(ctx)
 	if err != nil {
 		return err
 	}
-	defer closeStore()
-	alerts, err := store.ListAlerts(ctx, statestore.AlertFilter{OpenOnly: *open, Since: *since, OrderID: *order, Limit: *limit, Namespaces: namespaces})
-	if err != nil {
-		return err
+	defer closeStores()
+	var alerts []partitionAlert
+	for _, ps := range stores {
+		its, err := ps.store.ListAlerts(ctx, statestore.AlertFilter{OpenOnly: *open, Since: *since, OrderID: *order, Limit: *limit, Namespaces: namespaces})
+		if err != nil {
+			if ps.name != "" {
+				return fmt.Errorf("partition %s: %w", ps.name, err)
+			}
+			return err
+		}
+		for _, al := range its {
+			alerts = append(alerts, partitionAlert{Partition: ps.name, Alert: al})
+		}
 	}
+	slices.SortStableFunc(alerts, func(x, y partitionAlert) int { return y.RaisedAt.Compare(x.RaisedAt) })
+	alerts = alerts[:min(len(alerts), *limit)]
 	if *asJSON {
+		if stores[0].name == "" {
+			plain := make([]statestore.Alert, len(alerts))
+			for i, al := range alerts {
+				plain[i] = al.Alert
+			}
+			return a.printJSON(plain)
+		}
 		return a.printJSON(alerts)
 	}
+	partitioned := stores[0].name != ""
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tRAISED\tORDER_ID\tSTEP\tFAILURES\tACKNOWLEDGED")
+	header := "ID\tRAISED\tORDER_ID\tSTEP\tFAILURES\tACKNOWLEDGED"
+	if partitioned {
+		header += "\tPARTITION"
+	}
+	fmt.Fprintln(tw, header)
 	for _, al := range alerts {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\n", al.ID, clock(al.RaisedAt), al.OrderID, stepOf(al.Step), al.FailureCount, acked(al))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s", al.ID, clock(al.RaisedAt), al.OrderID, stepOf(al.Step), al.FailureCount, acked(al.Alert))
+		if partitioned {
+			fmt.Fprintf(tw, "\t%s", al.Partition)
+		}
+		fmt.Fprintln(tw)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -68,6 +98,13 @@ func (a *app) alertsList(ctx context.Context, args []string) error {
 		fmt.Fprintf(a.stdout, "%s\n", wrap(fmt.Sprintf("%d: %s", al.ID, al.Reason), showWidth, "    "))
 	}
 	return nil
+}
+
+// partitionAlert is an alert and, in a partitioned deployment, the
+// partition that raised it (alert ids are each partition's own).
+type partitionAlert struct {
+	Partition string `json:"partition,omitempty"`
+	statestore.Alert
 }
 
 func stepOf(step *int) string {

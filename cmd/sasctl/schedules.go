@@ -20,25 +20,54 @@ func (a *app) schedulesList(ctx context.Context, args []string) error {
 	if _, err := a.parse(fs, args); err != nil {
 		return err
 	}
-	store, closeStore, err := a.store(ctx)
+	// A schedule is kept by one partition's supervisor: every
+	// partition's, named with it.
+	stores, closeStores, err := a.everyStore(ctx)
 	if err != nil {
 		return err
 	}
-	defer closeStore()
-	rows, err := store.Schedules(ctx)
-	if err != nil {
-		return err
+	defer closeStores()
+	var rows []statestore.ScheduleRow
+	var partitionOf []string
+	for _, ps := range stores {
+		its, err := ps.store.Schedules(ctx)
+		if err != nil {
+			if ps.name != "" {
+				return fmt.Errorf("partition %s: %w", ps.name, err)
+			}
+			return err
+		}
+		rows = append(rows, its...)
+		for range its {
+			partitionOf = append(partitionOf, ps.name)
+		}
 	}
+	partitioned := stores[0].name != ""
 	if *asJSON {
-		return a.printJSON(rows)
+		if !partitioned {
+			return a.printJSON(rows)
+		}
+		type partitionSchedule struct {
+			Partition string `json:"partition"`
+			statestore.ScheduleRow
+		}
+		out := make([]partitionSchedule, len(rows))
+		for i, r := range rows {
+			out[i] = partitionSchedule{partitionOf[i], r}
+		}
+		return a.printJSON(out)
 	}
 	if len(rows) == 0 {
 		fmt.Fprintln(a.stdout, "no schedules (the workflows file the supervisors read has none)")
 		return nil
 	}
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SCHEDULE\tCRON\tTIMEZONE\tWORKFLOW\tOVERLAP\tCATCH_UP\tSTATE\tNEXT_TICK\tLAST_TICK\tLAST_ORDER")
-	for _, r := range rows {
+	header := "SCHEDULE\tCRON\tTIMEZONE\tWORKFLOW\tOVERLAP\tCATCH_UP\tSTATE\tNEXT_TICK\tLAST_TICK\tLAST_ORDER"
+	if partitioned {
+		header += "\tPARTITION"
+	}
+	fmt.Fprintln(tw, header)
+	for i, r := range rows {
 		state := "active"
 		switch {
 		case !r.InFile:
@@ -53,8 +82,12 @@ func (a *app) schedulesList(ctx context.Context, args []string) error {
 		if r.LastOrder != "" {
 			order = r.LastOrder + " (" + r.LastOrderStatus + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.Cron, r.Timezone, r.Workflow, r.Overlap, r.CatchUp, state,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", r.Name, r.Cron, r.Timezone, r.Workflow, r.Overlap, r.CatchUp, state,
 			stamp(r.NextTick), last, order)
+		if partitioned {
+			fmt.Fprintf(tw, "\t%s", partitionOf[i])
+		}
+		fmt.Fprintln(tw)
 	}
 	return tw.Flush()
 }
