@@ -313,6 +313,26 @@ func TestPartitionsRouteByOrderID(t *testing.T) {
 		}
 	}
 
+	// Dead letters are read from every partition's queues.
+	pubConn, err := amqp.Dial(node.urls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pubCh, err := pubConn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	badID := messages.NewID()
+	if err := pubCh.PublishWithContext(t.Context(), "", l.Partitions[1].QueuePrefix+submitter.Input, false, false,
+		amqp.Publishing{MessageId: badID, Body: []byte("not an order")}); err != nil {
+		t.Fatal(err)
+	}
+	pubConn.Close()
+	testenv.Eventually(t, 30*time.Second, "the bad submit dead-lettered in partition p2 and listed", func() bool {
+		out, _, code := sasctl(t, environ, "dlq", "list")
+		return code == 0 && strings.Contains(out, badID) && strings.Contains(out, l.Partitions[1].QueuePrefix+submitter.Input)
+	})
+
 	// Alerts are read from every partition, each named.
 	out, errOut, code = sasctl(t, environ, "alerts", "list", "--json")
 	var alerts []struct {

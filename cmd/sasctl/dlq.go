@@ -5,6 +5,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -35,20 +36,42 @@ func (a *app) deadLetterQueues(queue, workflows string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	topo := broker.Topology{Prefix: a.cfg.QueuePrefix}
+	// In a partitioned deployment, every partition's queues (a queue
+	// named with a partition's prefix: that partition's alone).
+	prefixes := []string{a.cfg.QueuePrefix}
+	l, err := a.layout()
+	if err != nil {
+		return nil, err
+	}
+	if l != nil {
+		prefixes = prefixes[:0]
+		for _, p := range l.Partitions {
+			prefixes = append(prefixes, p.QueuePrefix)
+		}
+	}
 	all := inputs(reg)
 	if queue == "" {
-		out := make([]string, len(all))
-		for i, in := range all {
-			out[i] = topo.DeadLetterQueue(in)
+		var out []string
+		for _, prefix := range prefixes {
+			for _, in := range all {
+				out = append(out, broker.Topology{Prefix: prefix}.DeadLetterQueue(in))
+			}
 		}
 		return out, nil
 	}
-	name := strings.TrimSuffix(strings.TrimPrefix(queue, a.cfg.QueuePrefix), ".dlq")
-	for _, in := range all {
-		if in == name {
-			return []string{topo.DeadLetterQueue(in)}, nil
+	var out []string
+	for _, prefix := range prefixes {
+		name := strings.TrimSuffix(queue, ".dlq")
+		if l != nil && !strings.HasPrefix(name, prefix) && slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(name, p) }) {
+			continue // another partition's
 		}
+		name = strings.TrimPrefix(name, prefix)
+		if slices.Contains(all, name) {
+			out = append(out, broker.Topology{Prefix: prefix}.DeadLetterQueue(name))
+		}
+	}
+	if len(out) > 0 {
+		return out, nil
 	}
 	return nil, fmt.Errorf("no input queue %q: the queues of %s are %s (with or without the prefix %q and .dlq); %s",
 		queue, sourceName(reg), strings.Join(all, ", "), a.cfg.QueuePrefix, nameAnother)
@@ -112,10 +135,15 @@ func (a *app) dlqList(ctx context.Context, args []string) error {
 	if *asJSON {
 		return a.printJSON(deadLettersJSON(shown))
 	}
+	// In a partitioned deployment FROM keeps the partition's prefix.
+	from := func(q string) string { return strings.TrimPrefix(q, a.cfg.QueuePrefix) }
+	if l, err := a.layout(); err == nil && l != nil {
+		from = func(q string) string { return q }
+	}
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "MESSAGE_ID\tREASON\tFROM\tAGE\tDETAIL\tBODY")
 	for _, d := range shown {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", clip(d.MessageID, 36), d.Reason, strings.TrimPrefix(d.OriginalQueue, a.cfg.QueuePrefix),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", clip(d.MessageID, 36), d.Reason, from(d.OriginalQueue),
 			age(d.At), preview([]byte(d.Detail), 28), preview(d.Body, 20))
 	}
 	if err := tw.Flush(); err != nil {
