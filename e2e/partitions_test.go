@@ -622,4 +622,35 @@ func checkAPIAcrossPartitions(t *testing.T, l partition.Layout, stacks []stack, 
 		t.Fatalf("the console's merged list shows %d orders in %d pages; the API's %d differ in order or content", len(shown), pages, len(got))
 	}
 	t.Logf("the console listed the same %d orders in %d pages", len(shown), pages)
+
+	// Alerts of every partition on one page, each acknowledged in its own
+	// partition: the same alert id in p1 and p2 are two alerts.
+	var alertIDs [2]int64
+	for i := range 2 {
+		if err := pipes[i].pool.QueryRow(t.Context(), `INSERT INTO alerts (message_id, order_id, step, reason, failure_count, raised_by)
+			VALUES (gen_random_uuid(), $1, 1, 'partition `+l.Partitions[i].Name+`''s alert', 1, 'test') RETURNING id`, submitted[0]).Scan(&alertIDs[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	status, page := alice.do("GET", "/alerts", nil)
+	if status != 200 || !strings.Contains(page, "partition p1&#39;s alert") || !strings.Contains(page, "partition p2&#39;s alert") ||
+		!strings.Contains(page, `<td class="partition">p2</td>`) {
+		t.Fatalf("the console's alerts across partitions: %d\n%.3000s", status, page)
+	}
+	ackPath := fmt.Sprintf("/alerts/%d/ack?partition=p2", alertIDs[1])
+	status, page = alice.do("GET", ackPath, nil)
+	if status != 200 || !strings.Contains(page, "partition p2&#39;s alert") {
+		t.Fatalf("confirm the ack of p2's alert: %d\n%.2000s", status, page)
+	}
+	if status, _ := alice.do("POST", ackPath, url.Values{"csrf": {csrfOf(t, page)}}); status != http.StatusSeeOther {
+		t.Fatalf("ack p2's alert: %d", status)
+	}
+	for i, want := range []int{0, 1} {
+		if n := pipes[i].count(t, `SELECT count(*) FROM alerts WHERE id = $1 AND acked_at IS NOT NULL`, alertIDs[i]); n != want {
+			t.Fatalf("partition %s's alert %d: acked %d, want %d (only p2's)", l.Partitions[i].Name, alertIDs[i], n, want)
+		}
+	}
+	if status, _ := alice.do("GET", "/alerts/1/ack?partition=p9", nil); status != http.StatusNotFound {
+		t.Fatalf("an alert of no partition: %d, want 404", status)
+	}
 }

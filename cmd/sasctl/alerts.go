@@ -51,7 +51,7 @@ func (a *app) alertsList(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeStores()
-	var alerts []partitionAlert
+	var alerts []statestore.Alert
 	for _, ps := range stores {
 		its, err := ps.store.ListAlerts(ctx, statestore.AlertFilter{OpenOnly: *open, Since: *since, OrderID: *order, Limit: *limit, Namespaces: namespaces})
 		if err != nil {
@@ -61,19 +61,13 @@ func (a *app) alertsList(ctx context.Context, args []string) error {
 			return err
 		}
 		for _, al := range its {
-			alerts = append(alerts, partitionAlert{Partition: ps.name, Alert: al})
+			al.Partition = ps.name
+			alerts = append(alerts, al)
 		}
 	}
-	slices.SortStableFunc(alerts, func(x, y partitionAlert) int { return y.RaisedAt.Compare(x.RaisedAt) })
+	slices.SortStableFunc(alerts, func(x, y statestore.Alert) int { return y.RaisedAt.Compare(x.RaisedAt) })
 	alerts = alerts[:min(len(alerts), *limit)]
 	if *asJSON {
-		if stores[0].name == "" {
-			plain := make([]statestore.Alert, len(alerts))
-			for i, al := range alerts {
-				plain[i] = al.Alert
-			}
-			return a.printJSON(plain)
-		}
 		return a.printJSON(alerts)
 	}
 	partitioned := stores[0].name != ""
@@ -84,7 +78,7 @@ func (a *app) alertsList(ctx context.Context, args []string) error {
 	}
 	fmt.Fprintln(tw, header)
 	for _, al := range alerts {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s", al.ID, clock(al.RaisedAt), al.OrderID, stepOf(al.Step), al.FailureCount, acked(al.Alert))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s", al.ID, clock(al.RaisedAt), al.OrderID, stepOf(al.Step), al.FailureCount, acked(al))
 		if partitioned {
 			fmt.Fprintf(tw, "\t%s", al.Partition)
 		}
@@ -98,13 +92,6 @@ func (a *app) alertsList(ctx context.Context, args []string) error {
 		fmt.Fprintf(a.stdout, "%s\n", wrap(fmt.Sprintf("%d: %s", al.ID, al.Reason), showWidth, "    "))
 	}
 	return nil
-}
-
-// partitionAlert is an alert and, in a partitioned deployment, the
-// partition that raised it (alert ids are each partition's own).
-type partitionAlert struct {
-	Partition string `json:"partition,omitempty"`
-	statestore.Alert
 }
 
 func stepOf(step *int) string {

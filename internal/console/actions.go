@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -297,7 +298,13 @@ func (s *server) confirmAck(w http.ResponseWriter, r *http.Request, rq *request)
 		s.fail(w, r, rq, http.StatusNotFound, "There is no alert "+orderfilter.Clip(r.PathValue("id"), 20)+".")
 		return
 	}
-	alerts, err := s.store.ListAlerts(r.Context(), statestore.AlertFilter{AfterID: id - 1, Limit: 1, Oldest: true, Namespaces: rq.namespaces()})
+	// Alert ids are each partition's own: ?partition= names it.
+	store, ok := s.stores.Named(r.URL.Query().Get("partition"))
+	if !ok {
+		s.fail(w, r, rq, http.StatusNotFound, "There is no partition "+orderfilter.Clip(r.URL.Query().Get("partition"), 40)+".")
+		return
+	}
+	alerts, err := store.ListAlerts(r.Context(), statestore.AlertFilter{AfterID: id - 1, Limit: 1, Oldest: true, Namespaces: rq.namespaces()})
 	if err != nil {
 		s.storeError(w, r, rq, err, "alert")
 		return
@@ -313,8 +320,16 @@ func (s *server) confirmAck(w http.ResponseWriter, r *http.Request, rq *request)
 	}
 	s.render(w, r, rq, http.StatusOK, "confirm.html", "Acknowledge", confirmData{
 		Question: fmt.Sprintf("Acknowledge alert %d?", id), Details: details,
-		Action: fmt.Sprintf("/alerts/%d/ack", id), Button: "Acknowledge", Back: "/alerts",
+		Action: fmt.Sprintf("/alerts/%d/ack", id) + partitionQuery(r.URL.Query().Get("partition")), Button: "Acknowledge", Back: "/alerts",
 	})
+}
+
+// partitionQuery is the query naming an alert's partition ("" for none).
+func partitionQuery(name string) string {
+	if name == "" {
+		return ""
+	}
+	return "?" + url.Values{"partition": {name}}.Encode()
 }
 
 func (s *server) ack(w http.ResponseWriter, r *http.Request, rq *request) {
@@ -323,7 +338,12 @@ func (s *server) ack(w http.ResponseWriter, r *http.Request, rq *request) {
 		s.fail(w, r, rq, http.StatusNotFound, "There is no alert "+orderfilter.Clip(r.PathValue("id"), 20)+".")
 		return
 	}
-	_, already, err := s.store.AckAlert(r.Context(), id, claimedBy(rq), rq.namespaces())
+	store, ok := s.stores.Named(r.URL.Query().Get("partition"))
+	if !ok {
+		s.fail(w, r, rq, http.StatusNotFound, "There is no partition "+orderfilter.Clip(r.URL.Query().Get("partition"), 40)+".")
+		return
+	}
+	_, already, err := store.AckAlert(r.Context(), id, claimedBy(rq), rq.namespaces())
 	if err != nil {
 		s.storeError(w, r, rq, err, fmt.Sprintf("alert %d", id))
 		return

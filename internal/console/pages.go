@@ -45,7 +45,7 @@ func (s *server) readOverview(ctx context.Context) (overviewData, error) {
 	if d.Overview, err = s.store.ReadOverview(ctx, overviewWindow, statestore.SupervisorLease); err != nil {
 		return d, err
 	}
-	if d.Alerts, err = s.store.ListAlerts(ctx, statestore.AlertFilter{OpenOnly: true, Limit: 10}); err != nil {
+	if d.Alerts, err = s.stores.ListAlerts(ctx, statestore.AlertFilter{OpenOnly: true, Limit: 10}); err != nil {
 		return d, err
 	}
 	if d.Actions, err = s.store.OperatorActions(ctx, 10); err != nil {
@@ -226,6 +226,9 @@ func (s *server) readOrder(w http.ResponseWriter, r *http.Request, rq *request) 
 		s.storeError(w, r, rq, err, "alert")
 		return d, false
 	}
+	for i := range d.Alerts {
+		d.Alerts[i].Partition = s.stores.Parts[s.stores.Index(id)].Name
+	}
 	compensationFailed := false
 	for _, st := range d.OrderDetail.Steps {
 		if st.Kind == statestore.KindCompensation && st.ProcessState == statestore.StepError {
@@ -306,6 +309,8 @@ func (s *server) order(w http.ResponseWriter, r *http.Request, rq *request) {
 type alertsData struct {
 	All    bool
 	Alerts []statestore.Alert
+	// Partitioned: each alert names its partition.
+	Partitioned bool
 }
 
 func (s *server) alerts(w http.ResponseWriter, r *http.Request, rq *request) {
@@ -314,9 +319,9 @@ func (s *server) alerts(w http.ResponseWriter, r *http.Request, rq *request) {
 		s.fail(w, r, rq, http.StatusBadRequest, "all= takes 1 or nothing.")
 		return
 	}
-	d := alertsData{All: all == "1"}
+	d := alertsData{All: all == "1", Partitioned: s.stores.Layout != nil}
 	var err error
-	if d.Alerts, err = s.store.ListAlerts(r.Context(), statestore.AlertFilter{OpenOnly: !d.All, Limit: 200, Namespaces: rq.namespaces()}); err != nil {
+	if d.Alerts, err = s.stores.ListAlerts(r.Context(), statestore.AlertFilter{OpenOnly: !d.All, Limit: 200, Namespaces: rq.namespaces()}); err != nil {
 		s.storeError(w, r, rq, err, "alert")
 		return
 	}

@@ -96,6 +96,41 @@ func (s Stores) OrderPage(ctx context.Context, q statestore.OrderQuery) ([]state
 	return rows, next, nil
 }
 
+// Named is the store of the partition named name ("" or, unpartitioned,
+// the only one: the first).
+func (s Stores) Named(name string) (*statestore.Store, bool) {
+	if name == "" {
+		return s.Parts[0].Store, true
+	}
+	i := slices.IndexFunc(s.Parts, func(p Store) bool { return p.Name == name })
+	if i < 0 {
+		return nil, false
+	}
+	return s.Parts[i].Store, true
+}
+
+// ListAlerts lists every store's alerts f selects, newest first, each
+// naming its partition, at most f.Limit.
+func (s Stores) ListAlerts(ctx context.Context, f statestore.AlertFilter) ([]statestore.Alert, error) {
+	if len(s.Parts) == 1 {
+		return s.Parts[0].Store.ListAlerts(ctx, f)
+	}
+	lists := make([][]statestore.Alert, len(s.Parts))
+	err := s.Each(ctx, func(ctx context.Context, i int, st *statestore.Store) (err error) {
+		lists[i], err = st.ListAlerts(ctx, f)
+		for j := range lists[i] {
+			lists[i][j].Partition = s.Parts[i].Name
+		}
+		return err
+	})
+	all := slices.Concat(lists...)
+	slices.SortStableFunc(all, func(x, y statestore.Alert) int { return y.RaisedAt.Compare(x.RaisedAt) })
+	if f.Limit > 0 {
+		all = all[:min(len(all), f.Limit)]
+	}
+	return all, err
+}
+
 // CountSelected is the orders q selects in every store, up to max+1.
 func (s Stores) CountSelected(ctx context.Context, q statestore.OrderQuery, max int) (int, error) {
 	counts := make([]int, len(s.Parts))

@@ -15,7 +15,11 @@ import (
 // its order ends after it was raised (resubmitted and completed, or
 // cancelled and undone): then it is resolved, and says how.
 type Alert struct {
-	ID        int64  `json:"id"`
+	ID int64 `json:"id"`
+	// Partition, in a partitioned deployment's merged lists, is the
+	// partition that raised it: ids are each partition's own (the store
+	// leaves it empty).
+	Partition string `json:"partition,omitempty"`
 	MessageID string `json:"message_id"`
 	OrderID   string `json:"order_id"`
 	// Namespace is its order's namespace: who may see it.
