@@ -368,6 +368,19 @@ func TestPartitionsRouteByOrderID(t *testing.T) {
 		}
 	}
 
+	// A namespace is made in every partition, and its quotas shared.
+	if out, errOut, code := sasctl(t, environ, "namespaces", "add", "team-x"); code != 0 {
+		t.Fatalf("namespaces add across partitions: exit %d\n%s%s", code, out, errOut)
+	}
+	if out, errOut, code := sasctl(t, environ, "namespaces", "quota", "team-x", "--in-flight", "30", "--rate", "30/s", "--payload-bytes", "4096"); code != 0 {
+		t.Fatalf("namespaces quota across partitions: exit %d\n%s%s", code, out, errOut)
+	}
+	for i, pp := range pipes {
+		if n := pp.count(t, `SELECT count(*) FROM namespaces WHERE name = 'team-x' AND max_in_flight = 10 AND max_submit_rate = 10 AND max_payload_bytes = 4096`); n != 1 {
+			t.Fatalf("partition %s does not hold team-x with its third of the quotas", l.Partitions[i].Name)
+		}
+	}
+
 	// sasctl says where an order lives as the exchange does.
 	out, _, code = sasctl(t, environ, "partitions", "of", ids[0])
 	if b, p := l.Of(ids[0]); code != 0 || !strings.Contains(out, fmt.Sprintf("%s  %d", ids[0], b)) || !strings.Contains(out, p.Name) {
@@ -393,7 +406,12 @@ func checkAPIAcrossPartitions(t *testing.T, l partition.Layout, stacks []stack, 
 		extra = append(extra, p.DatabaseURLEnv+"="+login)
 	}
 	api := startAPI(t, stacks[0], "", extra...)
-	token := apiToken(t, stacks[0], "across", statestore.TokenOperator)
+	// Of every namespace: team-x exists by now.
+	out, errOut, code := sasctl(t, stacks[0].env, "api", "token", "create", "--name", "across", "--role", statestore.TokenOperator, "--namespace", "*")
+	if code != 0 {
+		t.Fatalf("api token create: exit %d: %s", code, errOut)
+	}
+	token := strings.TrimSpace(out)
 
 	var submitted []string
 	for len(submitted) < 30 {
@@ -627,8 +645,9 @@ func checkAPIAcrossPartitions(t *testing.T, l partition.Layout, stacks []stack, 
 	// partition: the same alert id in p1 and p2 are two alerts.
 	var alertIDs [2]int64
 	for i := range 2 {
+		k := slices.IndexFunc(submitted, func(id string) bool { _, p := l.Of(id); return p.Name == l.Partitions[i].Name })
 		if err := pipes[i].pool.QueryRow(t.Context(), `INSERT INTO alerts (message_id, order_id, step, reason, failure_count, raised_by)
-			VALUES (gen_random_uuid(), $1, 1, 'partition `+l.Partitions[i].Name+`''s alert', 1, 'test') RETURNING id`, submitted[0]).Scan(&alertIDs[i]); err != nil {
+			VALUES (gen_random_uuid(), $1, 1, 'partition `+l.Partitions[i].Name+`''s alert', 1, 'test') RETURNING id`, submitted[k]).Scan(&alertIDs[i]); err != nil {
 			t.Fatal(err)
 		}
 	}

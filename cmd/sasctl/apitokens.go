@@ -115,14 +115,20 @@ func (a *app) namespacesAdd(ctx context.Context, args []string) error {
 			return a.usageError(fs, "%v", err)
 		}
 	}
-	store, closeStore, err := a.store(ctx)
+	// In every partition of a partitioned deployment.
+	stores, closeStores, err := a.everyStore(ctx)
 	if err != nil {
 		return err
 	}
-	defer closeStore()
+	defer closeStores()
 	for _, n := range names {
-		if _, err := store.AddNamespace(ctx, n, "sasctl:"+claimedName(*as)); err != nil {
-			return err
+		for _, ps := range stores {
+			if _, err := ps.store.AddNamespace(ctx, n, "sasctl:"+claimedName(*as)); err != nil {
+				if ps.name != "" {
+					return fmt.Errorf("partition %s: %w", ps.name, err)
+				}
+				return err
+			}
 		}
 		fmt.Fprintf(a.stdout, "namespace %s added\n", n)
 	}
@@ -174,13 +180,19 @@ func (a *app) namespacesQuota(ctx context.Context, args []string) error {
 	if rest[0] == statestore.DefaultNamespace {
 		return a.usageError(fs, "the default namespace has no quotas: every order that names no namespace is in it")
 	}
-	store, closeStore, err := a.store(ctx)
+	// Each partition holds its orders to its share of the quotas.
+	stores, closeStores, err := a.everyStore(ctx)
 	if err != nil {
 		return err
 	}
-	defer closeStore()
-	if err := store.SetNamespaceQuotas(ctx, rest[0], q, "sasctl:"+claimedName(*as)); err != nil {
-		return err
+	defer closeStores()
+	for _, ps := range stores {
+		if err := ps.store.SetNamespaceQuotas(ctx, rest[0], q.Share(len(stores)), "sasctl:"+claimedName(*as)); err != nil {
+			if ps.name != "" {
+				return fmt.Errorf("partition %s: %w", ps.name, err)
+			}
+			return err
+		}
 	}
 	fmt.Fprintf(a.stdout, "namespace %s: %s (the API holds every replica to it within 5 s)\n", rest[0], cmp.Or(quotasText(q), "no quotas"))
 	return nil

@@ -88,3 +88,22 @@ func TestMergedPagesWalkEveryStoreInOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestAQuotasShareNeverPassesTheWhole: three partitions' shares of a
+// namespace's quotas add up to at most them; the payload's bound is each
+// partition's whole; one partition's share is the whole.
+func TestAQuotasShareNeverPassesTheWhole(t *testing.T) {
+	t.Parallel()
+	inFlight, rate, burst, payload := 31, 30.0, 5, 4096
+	q := statestore.Quotas{MaxInFlight: &inFlight, MaxSubmitRate: &rate, MaxSubmitBurst: &burst, MaxPayloadBytes: &payload}
+	if got := q.Share(1); got.MaxInFlight != q.MaxInFlight {
+		t.Fatal("one partition's share is not the whole")
+	}
+	s := q.Share(3)
+	if *s.MaxInFlight != 10 || *s.MaxSubmitRate != 10 || *s.MaxSubmitBurst != 1 || *s.MaxPayloadBytes != 4096 || *q.MaxInFlight != 31 {
+		t.Fatalf("a third: %d %v %d %d (the whole left %d)", *s.MaxInFlight, *s.MaxSubmitRate, *s.MaxSubmitBurst, *s.MaxPayloadBytes, *q.MaxInFlight)
+	}
+	if n := (statestore.Quotas{}).Share(3); n.Any() {
+		t.Fatalf("no quotas shared: %+v", n)
+	}
+}

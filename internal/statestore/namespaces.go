@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sas/internal/workflow"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -33,6 +34,39 @@ type Quotas struct {
 	MaxSubmitRate   *float64 `json:"max_submit_rate,omitempty"`
 	MaxSubmitBurst  *int     `json:"max_submit_burst,omitempty"`
 	MaxPayloadBytes *int     `json:"max_payload_bytes,omitempty"`
+}
+
+// Share is one partition's share of a namespace's quotas in a
+// deployment of n partitions, each partition holding its orders to it:
+// in flight, rate and burst split as workflow.Limits.Share splits a
+// kind's limits (at least 1 each); a payload's size is every
+// partition's.
+func (q Quotas) Share(n int) Quotas {
+	if n <= 1 {
+		return q
+	}
+	var l workflow.Limits
+	if q.MaxInFlight != nil {
+		l.MaxInFlight = *q.MaxInFlight
+	}
+	if q.MaxSubmitRate != nil {
+		l.Rate = *q.MaxSubmitRate
+	}
+	if q.MaxSubmitBurst != nil {
+		l.Burst = *q.MaxSubmitBurst
+	}
+	sh := l.Share(n)
+	out := q
+	if q.MaxInFlight != nil {
+		out.MaxInFlight = &sh.MaxInFlight
+	}
+	if q.MaxSubmitRate != nil {
+		out.MaxSubmitRate = &sh.Rate
+	}
+	if q.MaxSubmitBurst != nil {
+		out.MaxSubmitBurst = &sh.Burst
+	}
+	return out
 }
 
 // Any reports whether any quota is set.
