@@ -10,14 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"sas/client"
-	"sas/internal/broker"
 	"sas/internal/partition"
-	"sas/internal/scheduler"
-	"sas/internal/submitter"
-	"sas/internal/workflow"
 )
 
 // TestAPartitionsOutageSparesTheOthers (make bench-partition-outage):
@@ -46,28 +40,7 @@ func TestAPartitionsOutageSparesTheOthers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var pipes []*pipeline
-	var pgDirs, bases []string
-	for i, p := range l.Partitions {
-		base := fmt.Sprint(5570 + 10*i)
-		pgDir, dbURL := startPostgresServers(t, "alone", base, filepath.Join(os.TempDir(), "sas-pg-outage-"+base))
-		pgDirs, bases = append(pgDirs, pgDir), append(bases, base)
-		topo := scheduler.Topology(p.QueuePrefix, 10, broker.QueueClassic, workflow.Builtin().Agents())
-		topo.Inputs = append(topo.Inputs, submitter.Input)
-		st := stack{dbURL: dbURL, topo: topo, submit: topo.Queue(submitter.Input), dlq: topo.DeadLetterQueue(submitter.Input),
-			env: env("SAS_DATABASE_URL="+dbURL, "SAS_AMQP_URL="+node.urls, "SAS_QUEUE_PREFIX="+p.QueuePrefix, "SAS_QUEUE_TYPE=classic",
-				"SAS_PARTITIONS_FILE="+file, "SAS_PARTITION="+p.Name)}
-		if out, errOut, code := sasctl(t, st.env, "migrate"); code != 0 {
-			t.Fatalf("migrate partition %s: exit %d: %s %s", p.Name, code, out, errOut)
-		}
-		pool, err := pgxpool.New(t.Context(), dbURL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
-		st.pool = pool
-		pipes = append(pipes, newPipeline(t, pipelineOpts{on: &st, supervisors: 1}))
-	}
+	_, pipes, servers := startPartitions(t, l, file, node.urls, 5570, "outage")
 	if out, errOut, code := sasctl(t, env("SAS_AMQP_URL="+node.urls, "SAS_PARTITIONS_FILE="+file), "partitions", "setup"); code != 0 {
 		t.Fatalf("partitions setup: exit %d\n%s%s", code, out, errOut)
 	}
@@ -115,12 +88,12 @@ func TestAPartitionsOutageSparesTheOthers(t *testing.T) {
 	// Each phase lasts a fixed time: the load's windows are the measure.
 	script := filepath.Join("..", "scripts", "pg-standby.sh")
 	time.Sleep(30 * time.Second)
-	if out, err := exec.Command(script, "crash", pgDirs[1], bases[1]).CombinedOutput(); err != nil {
+	if out, err := exec.Command(script, "crash", servers[1].dir, servers[1].base).CombinedOutput(); err != nil {
 		t.Fatalf("stop partition p2's server: %v\n%s", err, out)
 	}
 	setPhase(1)
 	time.Sleep(30 * time.Second)
-	if out, err := exec.Command(script, "restart", pgDirs[1], bases[1]).CombinedOutput(); err != nil {
+	if out, err := exec.Command(script, "restart", servers[1].dir, servers[1].base).CombinedOutput(); err != nil {
 		t.Fatalf("start partition p2's server again: %v\n%s", err, out)
 	}
 	setPhase(2)

@@ -184,28 +184,7 @@ func TestPartitionsRouteByOrderID(t *testing.T) {
 	// whole sas on each under its partition's prefix: every order is
 	// written in the store its id names, ends there once, and no other
 	// store holds it.
-	var pipes []*pipeline
-	var stacks []stack
-	for i, p := range l.Partitions {
-		base := fmt.Sprint(5470 + 10*i)
-		_, dbURL := startPostgresServers(t, "alone", base, filepath.Join(os.TempDir(), "sas-pg-partition-"+base))
-		topo := scheduler.Topology(p.QueuePrefix, 10, broker.QueueClassic, workflow.Builtin().Agents())
-		topo.Inputs = append(topo.Inputs, submitter.Input)
-		st := stack{dbURL: dbURL, topo: topo, submit: topo.Queue(submitter.Input), dlq: topo.DeadLetterQueue(submitter.Input),
-			env: env("SAS_DATABASE_URL="+dbURL, "SAS_AMQP_URL="+node.urls, "SAS_QUEUE_PREFIX="+p.QueuePrefix, "SAS_QUEUE_TYPE=classic",
-				"SAS_PARTITIONS_FILE="+file, "SAS_PARTITION="+p.Name)}
-		if out, errOut, code := sasctl(t, st.env, "migrate"); code != 0 {
-			t.Fatalf("migrate partition %s: exit %d: %s %s", p.Name, code, out, errOut)
-		}
-		pool, err := pgxpool.New(t.Context(), dbURL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
-		st.pool = pool
-		pipes = append(pipes, newPipeline(t, pipelineOpts{on: &st, supervisors: 1}))
-		stacks = append(stacks, st)
-	}
+	stacks, pipes, _ := startPartitions(t, l, file, node.urls, 5470, "partition")
 	// The node restarts under them: RabbitMQ 3.10's plugin numbers the
 	// buckets afresh from its bindings, not in the order setup made them,
 	// so most submits now reach a partition that does not own them; its
@@ -672,4 +651,41 @@ func checkAPIAcrossPartitions(t *testing.T, l partition.Layout, stacks []stack, 
 	if status, _ := alice.do("GET", "/alerts/1/ack?partition=p9", nil); status != http.StatusNotFound {
 		t.Fatalf("an alert of no partition: %d, want 404", status)
 	}
+}
+
+// partitionServer is a partition's PostgreSQL server, as pg-standby.sh
+// names it.
+type partitionServer struct{ dir, base string }
+
+// startPartitions starts, for each partition of layout l (file), a
+// PostgreSQL server of its own (ports from base, ten apart) and a whole
+// sas on it under the partition's prefix, given the layout and its
+// partition, on the broker at urls.
+func startPartitions(t *testing.T, l partition.Layout, file, urls string, base int, name string) ([]stack, []*pipeline, []partitionServer) {
+	t.Helper()
+	var stacks []stack
+	var pipes []*pipeline
+	var servers []partitionServer
+	for i, p := range l.Partitions {
+		port := fmt.Sprint(base + 10*i)
+		dir, dbURL := startPostgresServers(t, "alone", port, filepath.Join(os.TempDir(), "sas-pg-"+name+"-"+port))
+		servers = append(servers, partitionServer{dir, port})
+		topo := scheduler.Topology(p.QueuePrefix, 10, broker.QueueClassic, workflow.Builtin().Agents())
+		topo.Inputs = append(topo.Inputs, submitter.Input)
+		st := stack{dbURL: dbURL, topo: topo, submit: topo.Queue(submitter.Input), dlq: topo.DeadLetterQueue(submitter.Input),
+			env: env("SAS_DATABASE_URL="+dbURL, "SAS_AMQP_URL="+urls, "SAS_QUEUE_PREFIX="+p.QueuePrefix, "SAS_QUEUE_TYPE=classic",
+				"SAS_PARTITIONS_FILE="+file, "SAS_PARTITION="+p.Name)}
+		if out, errOut, code := sasctl(t, st.env, "migrate"); code != 0 {
+			t.Fatalf("migrate partition %s: exit %d: %s %s", p.Name, code, out, errOut)
+		}
+		pool, err := pgxpool.New(t.Context(), dbURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		st.pool = pool
+		pipes = append(pipes, newPipeline(t, pipelineOpts{on: &st, supervisors: 1}))
+		stacks = append(stacks, st)
+	}
+	return stacks, pipes, servers
 }
