@@ -113,6 +113,13 @@ func TestHelmChart(t *testing.T) {
 			}
 		}
 	}
+	for _, p := range []string{"p1", "p2", "p3"} {
+		sched := fmt.Sprint(find(t, parts, "ScaledObject", "-scheduler-"+p)["spec"])
+		agent := fmt.Sprint(find(t, parts, "ScaledObject", "-agent-payment-"+p)["spec"])
+		if !strings.Contains(sched, `partition="`+p+`"`) || !strings.Contains(sched, "-scheduler-"+p) || !strings.Contains(agent, "sas."+p+".agent.payment") {
+			t.Errorf("partition %s's KEDA objects:\n%s\n%s", p, sched, agent)
+		}
+	}
 	layout := find(t, parts, "ConfigMap", "-partitions")["data"].(map[string]any)["partitions.yaml"].(string)
 	if l, err := partition.Parse([]byte(layout)); err != nil || len(l.Partitions) != 3 || l.Partitions[1].DatabaseURLEnv != "SAS_P2_DATABASE_URL" {
 		t.Errorf("the rendered layout: %v\n%s", err, layout)
