@@ -42,7 +42,7 @@ type overviewData struct {
 func (s *server) readOverview(ctx context.Context) (overviewData, error) {
 	d := overviewData{Statuses: statestore.OrderStatuses()}
 	var err error
-	if d.Overview, err = s.store.ReadOverview(ctx, overviewWindow, statestore.SupervisorLease); err != nil {
+	if d.Overview, err = s.stores.ReadOverview(ctx, overviewWindow, statestore.SupervisorLease); err != nil {
 		return d, err
 	}
 	if d.Alerts, err = s.stores.ListAlerts(ctx, statestore.AlertFilter{OpenOnly: true, Limit: 10}); err != nil {

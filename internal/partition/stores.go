@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"golang.org/x/sync/errgroup"
 
@@ -452,4 +453,75 @@ func (s Stores) OrdersByKeyIn(ctx context.Context, wf string, where map[string]a
 	})
 	ids := slices.Concat(lists...)
 	return ids[:min(len(ids), limit)], err
+}
+
+// ReadOverview is every store's overview as one: counts summed, the
+// oldest steps and the latencies the slowest partition's (percentiles do
+// not add up), the supervisor leader named for each partition.
+func (s Stores) ReadOverview(ctx context.Context, window time.Duration, lease string) (statestore.Overview, error) {
+	if len(s.Parts) == 1 {
+		return s.Parts[0].Store.ReadOverview(ctx, window, lease)
+	}
+	ovs := make([]statestore.Overview, len(s.Parts))
+	if err := s.Each(ctx, func(ctx context.Context, i int, st *statestore.Store) (err error) {
+		ovs[i], err = st.ReadOverview(ctx, window, lease)
+		return err
+	}); err != nil {
+		return statestore.Overview{}, err
+	}
+	out := statestore.Overview{Live: map[string]int64{}, Recent: map[string]int64{}, Window: window, TotalEstimate: -1,
+		Steps: statestore.StepStats{ByState: map[string]int{}, OpenAlertsIn: map[string]int{}, InFlightIn: map[string]statestore.NamespaceLoad{}}}
+	var leaders []string
+	led := false
+	for i, ov := range ovs {
+		for k, v := range ov.Live {
+			out.Live[k] += v
+		}
+		for k, v := range ov.Recent {
+			out.Recent[k] += v
+		}
+		out.CompletedPerSecond += ov.CompletedPerSecond
+		out.LatencyP50, out.LatencyP95 = max(out.LatencyP50, ov.LatencyP50), max(out.LatencyP95, ov.LatencyP95)
+		if ov.TotalEstimate >= 0 {
+			out.TotalEstimate = max(out.TotalEstimate, 0) + ov.TotalEstimate
+		}
+		for k, v := range ov.Steps.ByState {
+			out.Steps.ByState[k] += v
+		}
+		out.Steps.OldestPending = max(out.Steps.OldestPending, ov.Steps.OldestPending)
+		out.Steps.OldestProcessing = max(out.Steps.OldestProcessing, ov.Steps.OldestProcessing)
+		out.Steps.OpenAlerts += ov.Steps.OpenAlerts
+		for k, v := range ov.Steps.OpenAlertsIn {
+			out.Steps.OpenAlertsIn[k] += v
+		}
+		for k, v := range ov.Steps.InFlightIn {
+			l := out.Steps.InFlightIn[k]
+			l.InFlight += v.InFlight
+			if v.MaxInFlight != nil { // each partition's share: together, the quota
+				sum := *v.MaxInFlight
+				if l.MaxInFlight != nil {
+					sum += *l.MaxInFlight
+				}
+				l.MaxInFlight = &sum
+			}
+			out.Steps.InFlightIn[k] = l
+		}
+		leader := ov.Leader
+		if leader == "" {
+			leader = "none"
+		} else {
+			led = true
+		}
+		leaders = append(leaders, s.Parts[i].Name+": "+leader)
+		if out.LeaderUntil.IsZero() || !ov.LeaderUntil.IsZero() && ov.LeaderUntil.Before(out.LeaderUntil) {
+			out.LeaderUntil = ov.LeaderUntil
+		}
+		if ov.At.After(out.At) {
+			out.At = ov.At
+		}
+	}
+	if led {
+		out.Leader = strings.Join(leaders, "; ")
+	}
+	return out, nil
 }
