@@ -158,6 +158,12 @@ ensure_rabbitmq() {
 		rabbitmq-server -detached || true
 		wait_for RabbitMQ 120 rabbit_up
 	fi
+	# Partitions route submits through its consistent-hash exchange
+	# (docs/SCALING.md): shipped with RabbitMQ, disabled by default.
+	if ! rabbitmq-plugins -q list -e rabbitmq_consistent_hash_exchange 2>/dev/null | grep -q consistent_hash; then
+		log "enabling rabbitmq_consistent_hash_exchange"
+		rabbitmq-plugins -q enable rabbitmq_consistent_hash_exchange >/dev/null
+	fi
 }
 
 ensure_postgres "$@"

@@ -187,6 +187,12 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return a.partitionsSetup(ctx, rest)
 	case "partitions of":
 		return a.partitionsOf(ctx, rest)
+	case "partitions add":
+		return a.partitionsAdd(ctx, rest)
+	case "partitions move":
+		return a.partitionsMove(ctx, rest)
+	case "partitions moves":
+		return a.partitionsMoves(ctx, rest)
 	case "schedules list":
 		return a.schedulesList(ctx, rest)
 	case "schedules pause":

@@ -52,8 +52,10 @@ type partitionRow struct {
 }
 
 // partitionsShow prints the layout: each partition, its queue prefix,
-// the variable holding its database URL and the buckets it owns.
-func (a *app) partitionsShow(_ context.Context, args []string) error {
+// the variable holding its database URL and the buckets it owns (as
+// moved since the file split them, when the first partition's store is
+// reachable).
+func (a *app) partitionsShow(ctx context.Context, args []string) error {
 	fs := a.flags()
 	load := a.partitionsFlag(fs)
 	asJSON := fs.Bool("json", false, "print the layout as JSON")
@@ -64,14 +66,21 @@ func (a *app) partitionsShow(_ context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	followed, err := a.followMoves(ctx, &l)
+	if err != nil {
+		return err
+	}
 	rows := make([]partitionRow, len(l.Partitions))
 	for i, p := range l.Partitions {
 		rows[i] = partitionRow{p, l.Owned(i)}
 	}
 	if *asJSON {
-		return a.printJSON(map[string]any{"exchange": l.Exchange, "buckets": l.Buckets, "partitions": rows})
+		return a.printJSON(map[string]any{"exchange": l.Exchange, "buckets": l.Buckets, "partitions": rows, "moves_followed": followed})
 	}
 	fmt.Fprintf(a.stdout, "routing exchange %s, %d buckets\n", l.Exchange, l.Buckets)
+	if !followed {
+		fmt.Fprintf(a.stdout, "as the file splits them (set %s to see the buckets moved since)\n", l.Partitions[0].DatabaseURLEnv)
+	}
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "PARTITION\tQUEUE PREFIX\tDATABASE URL IN\tBUCKETS\tOWNED")
 	for _, r := range rows {
@@ -93,6 +102,16 @@ func (a *app) partitionsSetup(ctx context.Context, args []string) error {
 	l, err := load()
 	if err != nil {
 		return err
+	}
+	// Buckets moved since the file split them are bound to their owner
+	// now; the file alone would send them back to their first owner,
+	// which passes their submits on.
+	followed, err := a.followMoves(ctx, &l)
+	if err != nil {
+		return err
+	}
+	if !followed {
+		fmt.Fprintf(a.stdout, "binding the buckets as the file splits them (set %s to bind those moved since to their owner)\n", l.Partitions[0].DatabaseURLEnv)
 	}
 	conn, pub, _, err := a.openBroker(ctx)
 	if err != nil {
@@ -197,8 +216,38 @@ func (a *app) storeOf(ctx context.Context, id string) (*statestore.Store, func()
 		}
 		return a.store(ctx)
 	}
-	_, p := l.Of(id)
-	return a.partitionStore(ctx, p)
+	stores, closeStores, err := a.partitionStores(ctx, l)
+	if err != nil {
+		return nil, nil, err
+	}
+	return stores.Of(ctx, id), closeStores, nil
+}
+
+// partitionStores opens every partition's store of layout l as one,
+// following the buckets moved.
+func (a *app) partitionStores(ctx context.Context, l *partition.Layout) (partition.Stores, func(), error) {
+	var parts []partition.Store
+	var closers []func()
+	closeAll := func() {
+		for _, c := range closers {
+			c()
+		}
+	}
+	for _, p := range l.Partitions {
+		store, closeStore, err := a.partitionStore(ctx, p)
+		if err != nil {
+			closeAll()
+			return partition.Stores{}, nil, err
+		}
+		parts = append(parts, partition.Store{Name: p.Name, Store: store})
+		closers = append(closers, closeStore)
+	}
+	stores := partition.NewStores(l, parts)
+	if err := stores.Follow(ctx); err != nil {
+		closeAll()
+		return partition.Stores{}, nil, err
+	}
+	return stores, closeAll, nil
 }
 
 // partitionedStore is one partition's open store.

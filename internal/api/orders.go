@@ -145,7 +145,7 @@ func (s *server) mayReach(ctx context.Context, c caller, id string, ownOnly bool
 			return all, err
 		}
 	}
-	own, found, err := s.partOf(id).store.OwnerOf(ctx, id)
+	own, found, err := s.partOf(ctx, id).store.OwnerOf(ctx, id)
 	if err != nil {
 		return false, err
 	}
@@ -250,8 +250,9 @@ func (s *server) acceptOrder(w http.ResponseWriter, r *http.Request, o messages.
 	nw.Traceparent = s.tr.Traceparent(ctx)
 	nw.Namespace = ns
 	// Written in the partition owning the id, as the submit queue's
-	// routing exchange would send it.
-	p := s.partOf(nw.OrderID)
+	// routing exchange would send it; an order written before is read
+	// where it is.
+	p := s.partOf(r.Context(), nw.OrderID)
 	quotas, err := s.namespaces.Quotas(ctx, ns)
 	if err != nil {
 		s.unavailable(w, r, err)
@@ -274,19 +275,18 @@ func (s *server) acceptOrder(w http.ResponseWriter, r *http.Request, o messages.
 				return
 			}
 		}
-		// Written alone, in one transaction with the namespace's
-		// admission: never past its quotas, whichever replica writes.
-		var refused *statestore.QuotaRefusal
-		outcome, refused, err = p.store.InsertOrderWithinQuota(ctx, nw)
-		if err == nil && refused != nil && refused.Quota == statestore.QuotaSubmitRate {
+	}
+	var refused *statestore.QuotaRefusal
+	outcome, refused, err = s.insert(ctx, nw, quotas)
+	if err == nil && refused != nil {
+		if refused.Quota == statestore.QuotaSubmitRate {
 			s.noteRateEmpty(ns, refused.RetryAfter)
 		}
-		if err == nil && refused != nil {
-			s.quotaRefused(w, r, ns, refused)
-			return
-		}
-	} else {
-		outcome, err = p.inserts.Do(ctx, nw)
+		s.quotaRefused(w, r, ns, refused)
+		return
+	}
+	if err == nil && outcome == statestore.Duplicate || errors.Is(err, statestore.ErrConflict) {
+		p = s.partOf(r.Context(), nw.OrderID) // where the first write is
 	}
 	if c.scoped() && (err == nil && outcome == statestore.Duplicate || errors.Is(err, statestore.ErrConflict)) {
 		own, found, oerr := p.store.OwnerOf(r.Context(), nw.OrderID)
@@ -358,7 +358,7 @@ func (s *server) get(w http.ResponseWriter, r *http.Request, c caller) {
 		return
 	}
 	ctx := r.Context()
-	st := s.partOf(id).store
+	st := s.partOf(r.Context(), id).store
 	d, err := st.GetOrder(ctx, id)
 	if s.readFailed(w, r, err, "order "+id) {
 		return
@@ -472,7 +472,7 @@ func (s *server) await(w http.ResponseWriter, r *http.Request, c caller) {
 		writeProblem(w, r, http.StatusBadRequest, probBadRequest, err.Error())
 		return
 	}
-	p := s.partOf(id)
+	p := s.partOf(r.Context(), id)
 	f, stop, ready := p.hub.follow(id, false)
 	defer stop()
 	if err := await(r.Context(), ready, followBindWait); err != nil {
@@ -561,7 +561,7 @@ func (s *server) events(w http.ResponseWriter, r *http.Request, c caller) {
 		writeProblem(w, r, http.StatusInternalServerError, probInternal, "this server cannot stream")
 		return
 	}
-	p := s.partOf(id)
+	p := s.partOf(r.Context(), id)
 	f, stop, ready := p.hub.follow(id, steps)
 	defer stop()
 	if err := await(r.Context(), ready, followBindWait); err != nil {
@@ -666,7 +666,7 @@ func (s *server) signal(w http.ResponseWriter, r *http.Request, c caller) {
 		writeDecodeProblem(w, r, http.StatusBadRequest, err)
 		return
 	}
-	out, err := s.partOf(id).store.SignalCheckPayload(r.Context(), id, name, payload)
+	out, err := s.partOf(r.Context(), id).store.SignalCheckPayload(r.Context(), id, name, payload)
 	if err != nil {
 		s.unavailable(w, r, err)
 		return
@@ -697,7 +697,7 @@ func (s *server) publishSignal(w http.ResponseWriter, r *http.Request, sig messa
 		return false
 	}
 	// To the schedulers of the order's partition.
-	err = s.pub.Publish(r.Context(), "", s.partOf(sig.OrderID).topo.Queue(messages.SignalsQueue), amqp.Publishing{
+	err = s.pub.Publish(r.Context(), "", s.partOf(r.Context(), sig.OrderID).topo.Queue(messages.SignalsQueue), amqp.Publishing{
 		ContentType: messages.ContentType, Type: messages.TypeSignal, MessageId: sig.SignalID, Timestamp: time.Now(),
 		DeliveryMode: amqp.Persistent, Body: body, Headers: amqp.Table{"schema_version": int32(messages.SignalVersion)}})
 	if err != nil {
@@ -775,7 +775,7 @@ func (s *server) resubmit(w http.ResponseWriter, r *http.Request, c caller) {
 	if !ok {
 		return
 	}
-	steps, err := s.partOf(id).store.Resubmit(r.Context(), id, b.Step, c.actor())
+	steps, err := s.partOf(r.Context(), id).store.Resubmit(r.Context(), id, b.Step, c.actor())
 	if err != nil {
 		s.operatorRefusal(w, r, err)
 		return
@@ -792,7 +792,7 @@ func (s *server) cancel(w http.ResponseWriter, r *http.Request, c caller) {
 	if _, ok := readBody(w, r, maxSmallBody, true); !ok {
 		return
 	}
-	status, err := s.partOf(id).store.CancelOrder(r.Context(), id, c.actor())
+	status, err := s.partOf(r.Context(), id).store.CancelOrder(r.Context(), id, c.actor())
 	if err != nil {
 		s.operatorRefusal(w, r, err)
 		return
@@ -820,7 +820,7 @@ func (s *server) rerun(w http.ResponseWriter, r *http.Request, c caller) {
 		writeProblem(w, r, http.StatusBadRequest, probBadRequest, "payload must be the corrected payload, a JSON object", withReason(messages.ReasonMissingField))
 		return
 	}
-	steps, err := intake.Rerun(r.Context(), s.partOf(id).store, s.workflows, id, b.Step, b.Payload, c.actor())
+	steps, err := intake.Rerun(r.Context(), s.partOf(r.Context(), id).store, s.workflows, id, b.Step, b.Payload, c.actor())
 	var ref *intake.Refusal
 	if errors.As(err, &ref) {
 		writeProblem(w, r, http.StatusUnprocessableEntity, probInvalid, ref.Detail, withReason(ref.Reason))
@@ -858,4 +858,47 @@ func stepsNow(d statestore.OrderDetail) []messages.StepEvent {
 			At: st.UpdatedAt, Reason: "where the step was when the stream began"})
 	}
 	return out
+}
+
+// movingWait is how long a write waits, at most, for a bucket moving to
+// its partition (statestore.ErrMoving): a move holds its bucket's
+// submits for the time it takes to copy the ids written since it began.
+const movingWait = 15 * time.Second
+
+// insert writes a new order in the partition owning its bucket: alone
+// within its namespace's quotas (in one transaction with the admission:
+// never past them, whichever replica writes), else batched with others.
+// A bucket moved away is written where the store says it went; one
+// moving here waits for its move (movingWait at most).
+func (s *server) insert(ctx context.Context, nw statestore.NewOrder, quotas bool) (statestore.InsertOutcome, *statestore.QuotaRefusal, error) {
+	i, _ := s.stores.Owner(ctx, nw.OrderID)
+	deadline := time.Now().Add(movingWait)
+	for hops := 0; ; {
+		p := s.parts[i]
+		var outcome statestore.InsertOutcome
+		var refused *statestore.QuotaRefusal
+		var err error
+		if quotas {
+			outcome, refused, err = p.store.InsertOrderWithinQuota(ctx, nw)
+		} else {
+			outcome, err = p.inserts.Do(ctx, nw)
+		}
+		var away *statestore.ElsewhereError
+		switch {
+		case errors.As(err, &away) && hops < len(s.parts):
+			hops++
+			_ = s.stores.Follow(ctx)
+			if i = s.stores.Layout.Index(away.Owner); i < 0 {
+				return 0, nil, fmt.Errorf("order %s: its bucket is partition %s's, which this API's layout lacks", nw.OrderID, away.Owner)
+			}
+		case errors.Is(err, statestore.ErrMoving) && time.Now().Before(deadline):
+			select {
+			case <-ctx.Done():
+				return 0, nil, ctx.Err()
+			case <-time.After(50 * time.Millisecond):
+			}
+		default:
+			return outcome, refused, err
+		}
+	}
 }

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"sas/internal/batch"
 	"sas/internal/broker"
 	"sas/internal/statestore"
@@ -20,4 +21,6 @@ type part struct {
 }
 
 // partOf is the partition holding order id.
-func (s *server) partOf(id string) *part { return s.parts[s.stores.Index(id)] }
+func (s *server) partOf(ctx context.Context, id string) *part {
+	return s.parts[s.stores.Index(ctx, id)]
+}

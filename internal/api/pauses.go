@@ -61,9 +61,9 @@ func (s *server) pauseOrder(pause bool) handler {
 		var outcome string
 		var err error
 		if pause {
-			outcome, err = s.partOf(id).store.PauseOrder(r.Context(), id, reason, c.actor())
+			outcome, err = s.partOf(r.Context(), id).store.PauseOrder(r.Context(), id, reason, c.actor())
 		} else {
-			outcome, err = s.partOf(id).store.ResumeOrder(r.Context(), id, c.actor())
+			outcome, err = s.partOf(r.Context(), id).store.ResumeOrder(r.Context(), id, c.actor())
 		}
 		if err != nil {
 			s.operatorRefusal(w, r, err)

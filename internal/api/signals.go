@@ -74,7 +74,7 @@ func (s *server) sendByKey(w http.ResponseWriter, r *http.Request, b keySignal, 
 	if mine != "" {
 		kept := ids[:0]
 		for _, id := range ids {
-			owner, err := s.partOf(id).store.SubmittedBy(r.Context(), id)
+			owner, err := s.partOf(r.Context(), id).store.SubmittedBy(r.Context(), id)
 			if err != nil {
 				s.unavailable(w, r, err)
 				return
@@ -97,7 +97,7 @@ func (s *server) sendByKey(w http.ResponseWriter, r *http.Request, b keySignal, 
 		return
 	}
 	for _, id := range ids {
-		out, err := s.partOf(id).store.SignalCheckPayload(r.Context(), id, b.Name, b.Payload)
+		out, err := s.partOf(r.Context(), id).store.SignalCheckPayload(r.Context(), id, b.Name, b.Payload)
 		if err != nil {
 			s.unavailable(w, r, err)
 			return

@@ -92,7 +92,7 @@ func (s *server) stepCallback(name string) handler {
 		}
 		// In the partition of the order the token names (the store
 		// checks all of the token there).
-		out, err := s.partOf(steptoken.OrderOf(token)).store.Callback(r.Context(), cb)
+		out, err := s.partOf(r.Context(), steptoken.OrderOf(token)).store.Callback(r.Context(), cb)
 		if err != nil {
 			s.unavailable(w, r, err)
 			return

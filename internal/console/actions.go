@@ -132,7 +132,7 @@ func (s *server) resubmit(w http.ResponseWriter, r *http.Request, rq *request) {
 		s.fail(w, r, rq, http.StatusBadRequest, err.Error())
 		return
 	}
-	steps, err := s.stores.Of(id).Resubmit(r.Context(), id, step, claimedBy(rq))
+	steps, err := s.stores.Of(r.Context(), id).Resubmit(r.Context(), id, step, claimedBy(rq))
 	if err != nil {
 		s.storeError(w, r, rq, err, "order "+id)
 		return
@@ -165,7 +165,7 @@ func (s *server) cancel(w http.ResponseWriter, r *http.Request, rq *request) {
 		s.fail(w, r, rq, http.StatusNotFound, "There is no order "+orderfilter.Clip(id, 40)+".")
 		return
 	}
-	status, err := s.stores.Of(id).CancelOrder(r.Context(), id, claimedBy(rq))
+	status, err := s.stores.Of(r.Context(), id).CancelOrder(r.Context(), id, claimedBy(rq))
 	if err != nil {
 		s.storeError(w, r, rq, err, "order "+id)
 		return
@@ -213,10 +213,10 @@ func (s *server) pause(pause bool) func(http.ResponseWriter, *http.Request, *req
 		var err error
 		done := "order-paused"
 		if pause {
-			_, err = s.stores.Of(id).PauseOrder(r.Context(), id, "paused in the console", claimedBy(rq))
+			_, err = s.stores.Of(r.Context(), id).PauseOrder(r.Context(), id, "paused in the console", claimedBy(rq))
 		} else {
 			done = "order-resumed"
-			_, err = s.stores.Of(id).ResumeOrder(r.Context(), id, claimedBy(rq))
+			_, err = s.stores.Of(r.Context(), id).ResumeOrder(r.Context(), id, claimedBy(rq))
 		}
 		if err != nil {
 			s.storeError(w, r, rq, err, "order "+id)
@@ -243,7 +243,7 @@ func (s *server) confirmMigrate(w http.ResponseWriter, r *http.Request, rq *requ
 		s.fail(w, r, rq, http.StatusNotFound, "The console's workflows file has no workflow "+d.Order.Workflow+".")
 		return
 	}
-	v, err := s.stores.Of(id).MigrateOrder(r.Context(), id, wf, false, claimedBy(rq))
+	v, err := s.stores.Of(r.Context(), id).MigrateOrder(r.Context(), id, wf, false, claimedBy(rq))
 	if err != nil {
 		s.storeError(w, r, rq, err, "order "+id)
 		return
@@ -266,7 +266,7 @@ func (s *server) migrate(w http.ResponseWriter, r *http.Request, rq *request) {
 		s.fail(w, r, rq, http.StatusNotFound, "There is no order "+orderfilter.Clip(id, 40)+".")
 		return
 	}
-	d, err := s.stores.Of(id).GetOrder(r.Context(), id)
+	d, err := s.stores.Of(r.Context(), id).GetOrder(r.Context(), id)
 	if err != nil {
 		s.storeError(w, r, rq, err, "order "+id)
 		return
@@ -276,7 +276,7 @@ func (s *server) migrate(w http.ResponseWriter, r *http.Request, rq *request) {
 		s.fail(w, r, rq, http.StatusNotFound, "The console's workflows file has no workflow "+d.Order.Workflow+".")
 		return
 	}
-	v, err := s.stores.Of(id).MigrateOrder(r.Context(), id, wf, true, claimedBy(rq))
+	v, err := s.stores.Of(r.Context(), id).MigrateOrder(r.Context(), id, wf, true, claimedBy(rq))
 	if err != nil {
 		s.storeError(w, r, rq, err, "order "+id)
 		return
@@ -493,7 +493,7 @@ func (s *server) signal(w http.ResponseWriter, r *http.Request, rq *request) {
 	}
 	// Refused here as the API and sasctl refuse it: a payload the wait's
 	// schema refuses would only reach the dead letters.
-	check, err := s.stores.Of(sig.OrderID).SignalCheckPayload(r.Context(), sig.OrderID, sig.Name, sig.Payload)
+	check, err := s.stores.Of(r.Context(), sig.OrderID).SignalCheckPayload(r.Context(), sig.OrderID, sig.Name, sig.Payload)
 	if err != nil {
 		s.storeError(w, r, rq, err, "order "+sig.OrderID)
 		return
@@ -507,7 +507,7 @@ func (s *server) signal(w http.ResponseWriter, r *http.Request, rq *request) {
 		s.brokerError(w, r, rq, errNoBroker)
 		return
 	}
-	err = pub.Publish(r.Context(), "", broker.Topology{Prefix: s.prefixOf(sig.OrderID)}.Queue(messages.SignalsQueue), amqp.Publishing{
+	err = pub.Publish(r.Context(), "", broker.Topology{Prefix: s.prefixOf(r.Context(), sig.OrderID)}.Queue(messages.SignalsQueue), amqp.Publishing{
 		ContentType: messages.ContentType, Type: messages.TypeSignal, MessageId: sig.SignalID, Timestamp: time.Now(),
 		DeliveryMode: amqp.Persistent, Body: body, Headers: amqp.Table{"schema_version": int32(messages.SignalVersion)}})
 	if err != nil {

@@ -157,7 +157,7 @@ func (s *server) inView(h handler) handler {
 				h(w, r, rq) // which says an order id is a UUID
 				return
 			}
-			own, found, err := s.stores.Of(id).OwnerOf(r.Context(), id) // its partition's
+			own, found, err := s.stores.Of(r.Context(), id).OwnerOf(r.Context(), id) // its partition's
 			if err != nil {
 				s.storeError(w, r, rq, err, "order")
 				return

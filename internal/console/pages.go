@@ -216,7 +216,7 @@ func (s *server) readOrder(w http.ResponseWriter, r *http.Request, rq *request) 
 	}
 	var err error
 	// In the partition its id names (the only store, unpartitioned).
-	store := s.stores.Of(id)
+	store := s.stores.Of(r.Context(), id)
 	d.OrderDetail, err = store.GetOrder(r.Context(), id)
 	if err != nil {
 		s.storeError(w, r, rq, err, "order "+id)
@@ -227,7 +227,7 @@ func (s *server) readOrder(w http.ResponseWriter, r *http.Request, rq *request) 
 		return d, false
 	}
 	for i := range d.Alerts {
-		d.Alerts[i].Partition = s.stores.Parts[s.stores.Index(id)].Name
+		d.Alerts[i].Partition = s.stores.Parts[s.stores.Index(r.Context(), id)].Name
 	}
 	compensationFailed := false
 	for _, st := range d.OrderDetail.Steps {
@@ -296,8 +296,8 @@ func (s *server) order(w http.ResponseWriter, r *http.Request, rq *request) {
 		return
 	}
 	var err error
-	if d.Attributes, err = s.stores.Of(d.Order.OrderID).Attributes(r.Context(), d.Order.OrderID); err == nil {
-		d.Payloads, err = s.stores.Of(d.Order.OrderID).PayloadHistory(r.Context(), d.Order.OrderID)
+	if d.Attributes, err = s.stores.Of(r.Context(), d.Order.OrderID).Attributes(r.Context(), d.Order.OrderID); err == nil {
+		d.Payloads, err = s.stores.Of(r.Context(), d.Order.OrderID).PayloadHistory(r.Context(), d.Order.OrderID)
 	}
 	if err != nil {
 		s.storeError(w, r, rq, err, "order "+d.Order.OrderID)

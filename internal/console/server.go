@@ -117,11 +117,11 @@ func newServer(cfg Config, store *statestore.Store, users *directory, reg promet
 
 // prefixOf is the queue prefix of the partition holding order id (the
 // console's own, unpartitioned).
-func (s *server) prefixOf(id string) string {
+func (s *server) prefixOf(ctx context.Context, id string) string {
 	if s.stores.Layout == nil {
 		return s.cfg.QueuePrefix
 	}
-	return s.stores.Layout.Partitions[s.stores.Index(id)].QueuePrefix
+	return s.stores.Layout.Partitions[s.stores.Index(ctx, id)].QueuePrefix
 }
 
 func (s *server) setBroker(conn *broker.Conn) {

@@ -15,8 +15,11 @@ import (
 	"fmt"
 	"os"
 	"regexp"
-	"sas/internal/messages"
+	"slices"
 	"strconv"
+	"sync"
+
+	"sas/internal/messages"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.yaml.in/yaml/v3"
@@ -39,6 +42,9 @@ type Partition struct {
 	// URL, SAS_…_URL (the file holds no secret, and sas redacts such
 	// variables' values wherever they could show).
 	DatabaseURLEnv string `yaml:"database_url_env" json:"database_url_env"`
+	// Added marks a partition added after the buckets were first split
+	// (sasctl partitions add): it owns only the buckets moved to it.
+	Added bool `yaml:"added,omitempty" json:"added,omitempty"`
 }
 
 // SubmitEntrance is the fanout exchange bound to its submit queue, which
@@ -53,6 +59,16 @@ type Layout struct {
 	// Buckets is the fixed number of logical buckets.
 	Buckets    int         `yaml:"buckets" json:"buckets"`
 	Partitions []Partition `yaml:"partitions" json:"partitions"`
+
+	// moved are the buckets moved since the file split them (the stores'
+	// partition_buckets, Follow), shared by every copy of the layout.
+	moved *moved
+}
+
+// moved is each moved bucket's owner now, by its index in Partitions.
+type moved struct {
+	mu     sync.RWMutex
+	owners map[int]int
 }
 
 var (
@@ -87,6 +103,7 @@ func Parse(raw []byte) (Layout, error) {
 	if l.Buckets == 0 {
 		l.Buckets = DefaultBuckets
 	}
+	l.moved = &moved{}
 	return l, l.Check()
 }
 
@@ -104,6 +121,11 @@ func (l Layout) Check() error {
 	}
 	if len(l.Partitions) > l.Buckets && l.Buckets > 0 {
 		errs = append(errs, fmt.Errorf("%d partitions for %d buckets: each needs one at least", len(l.Partitions), l.Buckets))
+	}
+	if initial := l.initial(); initial == 0 && len(l.Partitions) > 0 {
+		errs = append(errs, errors.New("every partition is added: the first must own the buckets the file splits"))
+	} else if slices.ContainsFunc(l.Partitions[initial:], func(p Partition) bool { return !p.Added }) {
+		errs = append(errs, errors.New("a partition added (added: true) comes before one that is not: added partitions go last"))
 	}
 	names, prefixes := map[string]bool{}, map[string]bool{}
 	for i, p := range l.Partitions {
@@ -129,12 +151,78 @@ func (l Layout) Check() error {
 	return errors.Join(errs...)
 }
 
-// Owner is the index in Partitions of bucket b's partition: the buckets
-// are split in even contiguous runs, the first partitions taking one more
-// when they do not divide evenly.
-func (l Layout) Owner(b int) int {
-	return b * len(l.Partitions) / l.Buckets
+// initial is how many partitions split the buckets: those not added.
+func (l Layout) initial() int {
+	n := slices.IndexFunc(l.Partitions, func(p Partition) bool { return p.Added })
+	if n < 0 {
+		return len(l.Partitions)
+	}
+	return n
 }
+
+// Owner is the index in Partitions of bucket b's partition: its owner
+// since it moved (Follow), else as the file splits the buckets, in even
+// contiguous runs over the partitions not added later, the first taking
+// one more when they do not divide evenly.
+func (l Layout) Owner(b int) int {
+	if l.moved != nil {
+		l.moved.mu.RLock()
+		i, ok := l.moved.owners[b]
+		l.moved.mu.RUnlock()
+		if ok {
+			return i
+		}
+	}
+	return l.FirstOwner(b)
+}
+
+// FirstOwner is the index in Partitions of bucket b's partition as the
+// file splits the buckets, whatever moved since.
+func (l Layout) FirstOwner(b int) int {
+	return b * l.initial() / l.Buckets
+}
+
+// Moved reports whether bucket b has moved since the file split the
+// buckets (Follow).
+func (l Layout) Moved(b int) bool {
+	if l.moved == nil {
+		return false
+	}
+	l.moved.mu.RLock()
+	defer l.moved.mu.RUnlock()
+	_, ok := l.moved.owners[b]
+	return ok
+}
+
+// Follow makes the layout (and every copy of it) own the buckets as
+// owners (bucket to partition name: the stores' partition_buckets)
+// says, in place of its earlier moves. A name not in the layout is an
+// error, and leaves the layout as it was.
+func (l Layout) Follow(owners map[int]string) error {
+	next := make(map[int]int, len(owners))
+	for b, name := range owners {
+		i := l.Index(name)
+		if i < 0 || b < 0 || b >= l.Buckets {
+			return fmt.Errorf("bucket %d is partition %q's, which is not in the layout: give every process the same SAS_PARTITIONS_FILE", b, name)
+		}
+		next[b] = i
+	}
+	if l.moved == nil {
+		return errors.New("a layout made without Parse cannot follow moves")
+	}
+	l.moved.mu.Lock()
+	l.moved.owners = next
+	l.moved.mu.Unlock()
+	return nil
+}
+
+// Index is the index in Partitions of the partition named name, or -1.
+func (l Layout) Index(name string) int {
+	return slices.IndexFunc(l.Partitions, func(p Partition) bool { return p.Name == name })
+}
+
+// BucketOf is an order's bucket.
+func (l Layout) BucketOf(orderID string) int { return BucketOf(orderID, l.Buckets) }
 
 // Of is an order's bucket and its partition.
 func (l Layout) Of(orderID string) (bucket int, p Partition) {
@@ -145,8 +233,10 @@ func (l Layout) Of(orderID string) (bucket int, p Partition) {
 // ScheduleOwner is the index in Partitions of the partition that keeps
 // and fires schedule name (its supervisor alone keeps it): the one owning
 // the bucket of an id derived from its name.
+// The file's split decides it, so that a schedule stays where its
+// orders and ticks are when buckets move.
 func (l Layout) ScheduleOwner(name string) int {
-	return l.Owner(BucketOf(messages.DerivedID("schedule:"+name), l.Buckets))
+	return l.FirstOwner(BucketOf(messages.DerivedID("schedule:"+name), l.Buckets))
 }
 
 // Owned is the buckets of partition i, first to last.
@@ -197,20 +287,35 @@ func (l Layout) Declare(ch *amqp.Channel) error {
 		if err := ch.ExchangeBind(name, bucketWeight, l.Exchange, false, nil); err != nil {
 			return fmt.Errorf("bind bucket %d to %s: %w", b, l.Exchange, err)
 		}
-		owner := l.Owner(b)
-		for i, p := range l.Partitions {
-			if i == owner {
-				if err := ch.ExchangeBind(p.SubmitEntrance(), "", name, false, nil); err != nil {
-					return fmt.Errorf("bind bucket %d to partition %s: %w", b, p.Name, err)
-				}
-				continue
-			}
-			// A bucket is bound to its owner alone, whatever an earlier
-			// declaration bound (unbinding what is not bound changes
-			// nothing).
-			if err := ch.ExchangeUnbind(p.SubmitEntrance(), "", name, false, nil); err != nil {
-				return fmt.Errorf("unbind bucket %d from partition %s: %w", b, p.Name, err)
-			}
+		if err := l.BindBucket(ch, b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Binder binds and unbinds exchanges (amqp.Channel).
+type Binder interface {
+	ExchangeBind(destination, key, source string, noWait bool, args amqp.Table) error
+	ExchangeUnbind(destination, key, source string, noWait bool, args amqp.Table) error
+}
+
+// BindBucket binds bucket b's exchange to its owner's submit entrance,
+// then unbinds it from every other partition's: while both are bound a
+// submit reaches both (the other passes it on), never neither.
+// Unbinding what is not bound changes nothing.
+func (l Layout) BindBucket(ch Binder, b int) error {
+	name := l.BucketExchange(b)
+	owner := l.Owner(b)
+	if err := ch.ExchangeBind(l.Partitions[owner].SubmitEntrance(), "", name, false, nil); err != nil {
+		return fmt.Errorf("bind bucket %d to partition %s: %w", b, l.Partitions[owner].Name, err)
+	}
+	for i, p := range l.Partitions {
+		if i == owner {
+			continue
+		}
+		if err := ch.ExchangeUnbind(p.SubmitEntrance(), "", name, false, nil); err != nil {
+			return fmt.Errorf("unbind bucket %d from partition %s: %w", b, p.Name, err)
 		}
 	}
 	return nil

@@ -182,6 +182,9 @@ func TestLayoutRefusesWhatCannotWork(t *testing.T) {
 		{"a URL in place of a variable", "exchange: x\npartitions: [{name: p1, queue_prefix: a., database_url_env: 'postgres://u:secret@h/db'}]", "database_url_env"},
 		{"an unknown field", "exchange: x\npartitions: [{name: p1, queue_prefix: a., database_url_env: A, database_url: 'postgres://h/db'}]", "database_url"},
 		{"not YAML", "{", "not a partitions layout"},
+		{"every partition added", "exchange: x\npartitions: [{name: p1, queue_prefix: a., database_url_env: SAS_A_URL, added: true}]", "every partition is added"},
+		{"an added partition first", "exchange: x\npartitions: [{name: p1, queue_prefix: a., database_url_env: SAS_A_URL, added: true}, {name: p2, queue_prefix: b., database_url_env: SAS_B_URL}]", "every partition is added"},
+		{"an added partition between", "exchange: x\npartitions: [{name: p1, queue_prefix: a., database_url_env: SAS_A_URL}, {name: p2, queue_prefix: b., database_url_env: SAS_B_URL, added: true}, {name: p3, queue_prefix: c., database_url_env: SAS_C_URL}]", "added partitions go last"},
 	} {
 		_, err := Parse([]byte(tc.file))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -190,5 +193,54 @@ func TestLayoutRefusesWhatCannotWork(t *testing.T) {
 		if err != nil && strings.Contains(err.Error(), "secret") {
 			t.Errorf("%s: the error shows a password: %v", tc.name, err)
 		}
+	}
+}
+
+// A partition added to a layout owns no bucket, and the others keep
+// theirs; a layout following moved buckets gives each its owner now, in
+// every copy of it, while schedules stay where the file puts them.
+func TestAddedPartitionsAndMovedBuckets(t *testing.T) {
+	t.Parallel()
+	two, err := Parse([]byte("exchange: x\nbuckets: 16\npartitions: [{name: p1, queue_prefix: a., database_url_env: SAS_A_URL}, {name: p2, queue_prefix: b., database_url_env: SAS_B_URL}]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := Parse([]byte("exchange: x\nbuckets: 16\npartitions: [{name: p1, queue_prefix: a., database_url_env: SAS_A_URL}, " +
+		"{name: p2, queue_prefix: b., database_url_env: SAS_B_URL}, {name: p3, queue_prefix: c., database_url_env: SAS_C_URL, added: true}]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for b := range l.Buckets {
+		if l.Owner(b) != two.Owner(b) || l.Moved(b) {
+			t.Fatalf("bucket %d: owner %d with p3 added, %d without", b, l.Owner(b), two.Owner(b))
+		}
+	}
+	if owned := l.Owned(2); len(owned) != 0 {
+		t.Fatalf("the added partition owns %v", owned)
+	}
+	copied := l
+	if err := l.Follow(map[int]string{3: "p3", 12: "p1"}); err != nil {
+		t.Fatal(err)
+	}
+	if copied.Owner(3) != 2 || copied.Owner(12) != 0 || !copied.Moved(3) || copied.Owner(4) != 0 || copied.FirstOwner(3) != 0 {
+		t.Fatalf("after the moves: bucket 3's owner %d, 12's %d, 4's %d", copied.Owner(3), copied.Owner(12), copied.Owner(4))
+	}
+	if got := l.Owned(2); !slices.Equal(got, []int{3}) {
+		t.Fatalf("p3 owns %v, want [3]", got)
+	}
+	for i := range 50 {
+		name := fmt.Sprint("schedule-", i)
+		if l.ScheduleOwner(name) != two.ScheduleOwner(name) {
+			t.Fatalf("schedule %s moved with its bucket", name)
+		}
+	}
+	if err := l.Follow(map[int]string{5: "p9"}); err == nil || !strings.Contains(err.Error(), "p9") {
+		t.Fatalf("a move to a partition not in the layout: %v", err)
+	}
+	if l.Owner(3) != 2 || l.Moved(5) {
+		t.Fatal("a refused follow changed the layout")
+	}
+	if err := l.Follow(nil); err != nil || l.Moved(3) || l.Owner(3) != 0 {
+		t.Fatalf("following no moves: %v, bucket 3's owner %d", err, l.Owner(3))
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -31,21 +32,135 @@ type Store struct {
 type Stores struct {
 	Layout *Layout
 	Parts  []Store
+	// follower keeps the layout following the first store's moved
+	// buckets; nil in a Stores made by hand.
+	follower *Follower
+}
+
+// Follower keeps a layout owning the buckets as a store's
+// partition_buckets says (every partition's store holds the same
+// moves), looking again at most every followEvery.
+type Follower struct {
+	layout *Layout
+	owners func(context.Context) (map[int]statestore.BucketOwner, error)
+	mu     sync.Mutex
+	at     time.Time
+}
+
+// followEvery bounds how stale a process's view of moved buckets is.
+const followEvery = 2 * time.Second
+
+// NewFollower keeps l following st's moved buckets.
+func NewFollower(l *Layout, st *statestore.Store) *Follower {
+	return &Follower{layout: l, owners: st.BucketOwners}
+}
+
+// Now makes the layout own the buckets as the store says now.
+func (f *Follower) Now(ctx context.Context) error {
+	owners, err := f.owners(ctx)
+	if err != nil {
+		return err
+	}
+	names := make(map[int]string, len(owners))
+	for b, o := range owners {
+		names[b] = o.Owner
+	}
+	f.mu.Lock()
+	f.at = time.Now()
+	f.mu.Unlock()
+	return f.layout.Follow(names)
+}
+
+// Fresh follows the store's moves when the last look is older than
+// followEvery; an error leaves the layout as it was, to look again on
+// the next call after followEvery.
+func (f *Follower) Fresh(ctx context.Context) {
+	f.mu.Lock()
+	stale := time.Since(f.at) >= followEvery
+	if stale {
+		f.at = time.Now()
+	}
+	f.mu.Unlock()
+	if stale {
+		_ = f.Now(ctx)
+	}
+}
+
+// NewStores is the stores of partitioned deployment l, each partition's
+// in l's order: each writes only the orders of the buckets its
+// partition owns (statestore.Store.FenceAs), and l follows the moved
+// buckets.
+func NewStores(l *Layout, parts []Store) Stores {
+	for _, p := range parts {
+		p.Store.FenceAs(p.Name, l.BucketOf)
+	}
+	return Stores{Layout: l, Parts: parts, follower: NewFollower(l, parts[0].Store)}
 }
 
 // One is the stores of a deployment that is not partitioned.
 func One(s *statestore.Store) Stores { return Stores{Parts: []Store{{Store: s}}} }
 
-// Index is the index in Parts of the store holding order id.
-func (s Stores) Index(id string) int {
+// Follow makes the layout own the buckets as the stores say now.
+func (s Stores) Follow(ctx context.Context) error {
+	if s.follower == nil {
+		return nil
+	}
+	return s.Parts[0].Named(s.follower.Now(ctx))
+}
+
+// follow follows the stores' moves when the last look is stale.
+func (s Stores) follow(ctx context.Context) {
+	if s.follower != nil {
+		s.follower.Fresh(ctx)
+	}
+}
+
+// Index is the index in Parts of the store holding order id: its
+// bucket's owner, or, for a bucket moved since the file split them, the
+// store that holds it (an order stays where it was written), else the
+// owner.
+func (s Stores) Index(ctx context.Context, id string) int {
 	if s.Layout == nil {
 		return 0
 	}
-	return s.Layout.Owner(BucketOf(id, s.Layout.Buckets))
+	s.follow(ctx)
+	b := BucketOf(id, s.Layout.Buckets)
+	owner := s.Layout.Owner(b)
+	if !s.Layout.Moved(b) {
+		return owner
+	}
+	order := append([]int{owner}, slices.DeleteFunc(seq(len(s.Parts)), func(i int) bool { return i == owner })...)
+	for _, i := range order {
+		if found, err := s.Parts[i].Store.HasOrder(ctx, id); err == nil && found {
+			return i
+		}
+	}
+	return owner
+}
+
+func seq(n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i
+	}
+	return out
 }
 
 // Of is the store holding order id.
-func (s Stores) Of(id string) *statestore.Store { return s.Parts[s.Index(id)].Store }
+func (s Stores) Of(ctx context.Context, id string) *statestore.Store {
+	return s.Parts[s.Index(ctx, id)].Store
+}
+
+// Owner is the store that writes order id now (its bucket's owner, as
+// last followed), and its index in Parts.
+func (s Stores) Owner(ctx context.Context, id string) (int, *statestore.Store) {
+	if s.Layout == nil {
+		return 0, s.Parts[0].Store
+	}
+	s.follow(ctx)
+	i := s.Layout.Owner(BucketOf(id, s.Layout.Buckets))
+	return i, s.Parts[i].Store
+}
 
 // Named names the partition in an error of a partitioned deployment.
 func (p Store) Named(err error) error {
@@ -427,7 +542,7 @@ func (s Stores) MigrateOrders(ctx context.Context, ids []string, wf workflow.Wor
 		var at []int
 		var mine []string
 		for k, id := range ids {
-			if s.Index(id) == i {
+			if s.Index(ctx, id) == i {
 				at, mine = append(at, k), append(mine, id)
 			}
 		}

@@ -70,7 +70,7 @@ func (p Partitioned) Own(queuePrefix string) (*partition.Layout, int, error) {
 // each is waited for as OpenDatabase does. It returns them in the
 // layout's order and the function that closes them all.
 func OpenPartitions(ctx context.Context, l *partition.Layout, db statestore.Options, ops *OpsServer, logger *slog.Logger) (partition.Stores, func(), error) {
-	out := partition.Stores{Layout: l}
+	var parts []partition.Store
 	var closers []func()
 	closeAll := func() {
 		for _, c := range closers {
@@ -97,8 +97,13 @@ func OpenPartitions(ctx context.Context, l *partition.Layout, db statestore.Opti
 			closeAll()
 			return partition.Stores{}, nil, fmt.Errorf("partition %s: %w", p.Name, err)
 		}
-		out.Parts = append(out.Parts, partition.Store{Name: p.Name, Store: store})
+		parts = append(parts, partition.Store{Name: p.Name, Store: store})
 		closers = append(closers, closeStore)
+	}
+	out := partition.NewStores(l, parts)
+	if err := out.Follow(ctx); err != nil {
+		closeAll()
+		return partition.Stores{}, nil, err
 	}
 	return out, closeAll, nil
 }

@@ -49,7 +49,13 @@ func insertOwnOrder(ctx context.Context, tx pgx.Tx, o NewOrder, version Workflow
 		ON CONFLICT (name, version) DO NOTHING`, version.Name, version.Version, string(version.Definition), version.CreatedBy); err != nil {
 		return false, err
 	}
-	return insertOne(ctx, tx, o, false)
+	a := insertArrays{}
+	a.add(o, 1)
+	idxs, err := runInsert(ctx, tx, &a)
+	if err != nil {
+		return false, fmt.Errorf("insert order %s: %w", o.OrderID, classify(err))
+	}
+	return len(idxs) == 1, nil
 }
 
 // ErrTooDeep is why a child is not started: its parent is at the deepest

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // NewOrder is an order as the submitter writes it.
@@ -259,7 +261,7 @@ func (s *Store) InsertOrder(ctx context.Context, o NewOrder) (InsertOutcome, err
 	if len(o.Steps) == 0 {
 		return 0, fmt.Errorf("insert order %s: no steps", o.OrderID)
 	}
-	written, err := insertOne(ctx, s.pool, o, false)
+	written, err := s.insertOne(ctx, s.pool, o, false)
 	if err != nil {
 		return 0, err
 	}
@@ -272,20 +274,78 @@ func (s *Store) InsertOrder(ctx context.Context, o NewOrder) (InsertOutcome, err
 // insertOne runs insertOrdersSQL for o alone on q (the pool, or a
 // transaction) and reports whether it wrote the order (false: its id
 // was taken).
-func insertOne(ctx context.Context, q interface {
-	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, o NewOrder, admitted bool) (bool, error) {
+// In a partition's store (Store.FenceAs) it writes o only if the
+// partition owns its bucket (else ElsewhereError or ErrMoving).
+func (s *Store) insertOne(ctx context.Context, q execQuerier, o NewOrder, admitted bool) (bool, error) {
 	a := insertArrays{admitted: admitted}
-	a.add(o, 1)
-	rows, err := q.Query(ctx, a.sql(), a.args()...)
-	var written []int
-	if err == nil {
-		written, err = pgx.CollectRows(rows, pgx.RowTo[int])
-	}
+	s.add(&a, o, 1)
+	idxs, err := runInsert(ctx, q, &a)
 	if err != nil {
 		return false, fmt.Errorf("insert order %s: %w", o.OrderID, classify(err))
 	}
-	return len(written) == 1, nil
+	if len(idxs) == 1 && idxs[0] < 0 {
+		return false, s.elsewhere(ctx, o.OrderID, a.buckets[0])
+	}
+	return len(idxs) == 1, nil
+}
+
+// execQuerier is the pool or a transaction.
+type execQuerier interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}
+
+// add appends o to a as its idx-th order, with its bucket in a
+// partition's store.
+func (s *Store) add(a *insertArrays, o NewOrder, idx int) {
+	a.add(o, idx)
+	if s.fence != nil {
+		a.buckets = append(a.buckets, int32(s.fence.bucketOf(o.OrderID)))
+		a.partition = s.fence.name
+	}
+}
+
+// runInsert runs a's statement on q and returns the indexes it reports
+// (insertOrdersEnd, insertFencedEnd). In a partition's store the
+// buckets' locks are taken shared first, in a statement of the same
+// transaction: on the pool, both go in one round trip (a pipeline is one
+// implicit transaction).
+func runInsert(ctx context.Context, q execQuerier, a *insertArrays) ([]int, error) {
+	if a.buckets == nil {
+		rows, err := q.Query(ctx, a.sql(), a.args()...)
+		if err != nil {
+			return nil, err
+		}
+		return pgx.CollectRows(rows, pgx.RowTo[int])
+	}
+	pool, isPool := q.(*pgxpool.Pool)
+	if !isPool {
+		if _, err := q.Exec(ctx, lockBucketsSQL, a.buckets); err != nil {
+			return nil, err
+		}
+		rows, err := q.Query(ctx, a.sql(), a.args()...)
+		if err != nil {
+			return nil, err
+		}
+		return pgx.CollectRows(rows, pgx.RowTo[int])
+	}
+	b := &pgx.Batch{}
+	b.Queue(lockBucketsSQL, a.buckets)
+	b.Queue(a.sql(), a.args()...)
+	br := pool.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return nil, err
+	}
+	rows, err := br.Query()
+	var idxs []int
+	if err == nil {
+		idxs, err = pgx.CollectRows(rows, pgx.RowTo[int])
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return idxs, err
 }
 
 // InsertOrders writes many orders in one statement, each as InsertOrder
@@ -308,15 +368,17 @@ func (s *Store) InsertOrders(ctx context.Context, orders []NewOrder) ([]InsertOu
 		}
 		seen[o.OrderID] = true
 		sent = append(sent, i)
-		a.add(o, len(sent))
+		s.add(&a, o, len(sent))
 	}
 	written := make(map[int]bool, len(sent))
 	if len(sent) > 0 {
-		rows, err := s.pool.Query(ctx, a.sql(), a.args()...)
+		idxs, err := runInsert(ctx, s.pool, &a)
 		if err == nil {
-			var idxs []int
-			idxs, err = pgx.CollectRows(rows, pgx.RowTo[int])
 			for _, idx := range idxs {
+				if idx < 0 {
+					errs[sent[-idx-1]] = s.elsewhere(ctx, orders[sent[-idx-1]].OrderID, a.buckets[-idx-1])
+					continue
+				}
 				written[sent[idx-1]] = true
 			}
 		}
@@ -374,6 +436,11 @@ type insertArrays struct {
 	// admitted: the statement's order is admitted after it
 	// (namespace_admit), which counts it.
 	admitted bool
+
+	// buckets are the orders' buckets and partition the store's name,
+	// in a partition's store (Store.FenceAs); nil otherwise.
+	buckets   []int32
+	partition string
 }
 
 // unboundSQL is the part of a statement writing orders of namespaces
@@ -472,10 +539,11 @@ func intArray(ns []int) *string {
 // batch has search attributes and insertDeadlinesSQL when any has a
 // deadline: orders without any pay nothing for them.
 func (a *insertArrays) sql() string {
-	if len(a.attrOrder) == 0 && len(a.deadlineOrder) == 0 && a.namespaces == nil {
+	if len(a.attrOrder) == 0 && len(a.deadlineOrder) == 0 && a.namespaces == nil && a.buckets == nil {
 		return insertOrdersSQL + insertOrdersEnd
 	}
 	q := insertOrdersSQL
+	end := insertOrdersEnd
 	next := 30
 	if len(a.attrOrder) > 0 {
 		q += insertAttributesSQL
@@ -490,9 +558,51 @@ func (a *insertArrays) sql() string {
 		if !a.admitted {
 			q += fmt.Sprintf(unboundSQL, "$"+strconv.Itoa(next))
 		}
+		next++
 	}
-	return q + insertOrdersEnd
+	if a.buckets != nil {
+		q = strings.Replace(q, "WITH o AS (", "WITH o_all AS (", 1)
+		q = strings.Replace(q, "\n), ins AS (", fmt.Sprintf(fencedSQL, "$"+strconv.Itoa(next), "$"+strconv.Itoa(next+1))+"\n), ins AS (", 1)
+		end = insertFencedEnd
+	}
+	return q + end
 }
+
+// fencedSQL is the part of insertOrdersSQL, in a partition's store
+// (Store.FenceAs), that keeps out of the write every order whose bucket
+// (%[1]s, one element per order) this partition (%[2]s) does not own as
+// partition_buckets says (moved away, or moving here and not yet
+// accepted) and every order whose id a bucket's earlier owner wrote
+// (moved_orders: a retry across a move, settled as a duplicate or a
+// conflict by existing). The statement before it in the same
+// transaction took each bucket's lock shared (lockBucketsSQL), which a
+// move takes alone as it fences the bucket: this statement's snapshot,
+// taken after, sees the move.
+const fencedSQL = `
+), away AS (
+    SELECT b.idx FROM unnest(%[1]s::int[]) WITH ORDINALITY AS b(bucket, idx)
+    JOIN partition_buckets pb ON pb.bucket = b.bucket
+    WHERE pb.owner <> %[2]s OR pb.state = 'moving'
+), o AS (
+    SELECT * FROM o_all
+    WHERE idx NOT IN (SELECT idx FROM away)
+      AND NOT EXISTS (SELECT 1 FROM moved_orders m WHERE m.order_id = o_all.order_id)`
+
+// insertFencedEnd ends a fenced insertOrdersSQL: the index of every
+// order written, and the negated index of every order its partition does
+// not own now.
+const insertFencedEnd = `
+SELECT idx::int FROM insd UNION ALL SELECT -idx::int FROM away`
+
+// lockBucketsSQL takes the locks of buckets $1 shared until the
+// transaction ends: a move fencing one of them (FenceBucket) waits for
+// the writes in flight, and writes after it see the bucket moved.
+const lockBucketsSQL = `
+SELECT count(pg_advisory_xact_lock_shared(` + bucketLockKey + `))
+FROM (SELECT DISTINCT b FROM unnest($1::int[]) AS b ORDER BY b) s`
+
+// bucketLockKey is bucket b's lock, one per schema.
+const bucketLockKey = `hashtextextended('sas.bucket.' || current_schema() || '.' || b, 0)`
 
 // withNamespaces is insertOrdersSQL writing each order's namespace, the
 // element of the text array p at the order's place (orders of the
@@ -527,6 +637,9 @@ func (a *insertArrays) args() []any {
 		}
 		args = append(args, a.namespaces)
 	}
+	if a.buckets != nil {
+		args = append(args, a.buckets, a.partition)
+	}
 	return args
 }
 
@@ -536,7 +649,12 @@ func (s *Store) existing(ctx context.Context, o NewOrder) (InsertOutcome, error)
 	// The statement's snapshot may predate a concurrent insert of the same
 	// id that it waited for, so read the existing row in a new statement.
 	var hash []byte
-	err := s.pool.QueryRow(ctx, `SELECT payload_hash FROM orders WHERE order_id = $1`, o.OrderID).Scan(&hash)
+	q := `SELECT payload_hash FROM orders WHERE order_id = $1`
+	if s.fence != nil {
+		// Or written by an earlier owner of its bucket.
+		q += ` UNION ALL SELECT payload_hash FROM moved_orders WHERE order_id = $1 LIMIT 1`
+	}
+	err := s.pool.QueryRow(ctx, q, o.OrderID).Scan(&hash)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// Deleted between the two statements (retention): nothing of ours
 		// was written, so let the caller retry.

@@ -149,7 +149,7 @@ func (s *Store) InsertOrderWithinQuota(ctx context.Context, o NewOrder) (InsertO
 		return 0, nil, fmt.Errorf("insert order %s: %w", o.OrderID, err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	written, err := insertOne(ctx, tx, o, true)
+	written, err := s.insertOne(ctx, tx, o, true)
 	if err != nil {
 		return 0, nil, err
 	}

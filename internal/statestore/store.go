@@ -155,6 +155,9 @@ type Store struct {
 	// schemas are the waits' schemas, compiled once each: a signal's
 	// payload is checked against its wait's.
 	schemas *workflow.Schemas
+	// fence, in a partition's store, keeps out the orders of buckets it
+	// does not own (FenceAs).
+	fence *fence
 }
 
 // New returns a store over an open pool. The caller closes the pool.

@@ -140,6 +140,16 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	}
 	defer sk.Close()
 	store, conn, pub, bm, tr := sk.Deps.Store, sk.Deps.Conn, sk.Deps.Pub, sk.Deps.Metrics, sk.Tracing
+	var follower *partition.Follower
+	if layout != nil {
+		// Its store writes only the orders of the buckets it owns now,
+		// and it passes on the others where they moved.
+		store.FenceAs(layout.Partitions[own].Name, layout.BucketOf)
+		follower = partition.NewFollower(layout, store)
+		if err := follower.Now(ctx); err != nil {
+			return err
+		}
+	}
 	if err := intake.StoreVersions(ctx, store, workflows, me, logger); err != nil {
 		return err
 	}
@@ -153,7 +163,8 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	})
 	sk.Go(func(ctx context.Context) { inserts.Run(ctx, cfg.Writers) })
 	h := &handler{store: store, inserts: inserts, workflows: workflows, stepTimeout: cfg.StepTimeout, actor: me, metrics: m, logger: logger,
-		workCtx: workCtx, tr: tr, grants: grants, namespaces: intake.NewNamespaces(store.Namespaces), partitions: layout, partition: own, pub: pub}
+		workCtx: workCtx, tr: tr, grants: grants, namespaces: intake.NewNamespaces(store.Namespaces), partitions: layout, partition: own, pub: pub,
+		follower: follower}
 	consumer := broker.NewConsumer(conn, pub, broker.ConsumerConfig{Input: Input, Prefetch: cfg.Prefetch, Workers: cfg.Workers,
 		Reasons: append(messages.Reasons(), messages.ReasonInvalidPayload, ReasonConflict, ReasonUnknownWorkflow, ReasonNamespaceRefused, ReasonWrongPartition,
 			ReasonUnknownNamespace, quotaReason(statestore.QuotaInFlight), quotaReason(statestore.QuotaSubmitRate), quotaReason(statestore.QuotaPayloadBytes))},
@@ -202,6 +213,16 @@ type handler struct {
 	partitions *partition.Layout
 	partition  int
 	pub        forwarder
+	// follower keeps partitions following the buckets moved (nil in a
+	// test's handler: the layout's split alone).
+	follower moveFollower
+}
+
+// moveFollower keeps a layout following the moved buckets
+// (partition.Follower).
+type moveFollower interface {
+	Fresh(ctx context.Context)
+	Now(ctx context.Context) error
 }
 
 // forwarder publishes a message and waits for the broker's confirm
@@ -214,13 +235,24 @@ type forwarder interface {
 // partition's submit entrance, as it came (its id, correlation id,
 // headers and body; the publisher's user-id cannot be carried, so a
 // namespace its header names is judged there without it), and acks it
-// here once the broker confirmed the copy.
+// here once the broker confirmed the copy. A submit passed on
+// maxForwards times already is refused: the partitions disagree on who
+// owns it (their layouts differ), and passing it again could go round
+// for ever.
 func (h *handler) forward(ctx context.Context, m broker.Message, o messages.SubmitOrder, owner partition.Partition) error {
+	hops := forwards(m.Headers)
+	if hops >= maxForwards {
+		h.metrics.orders.WithLabelValues("rejected").Inc()
+		return h.refuse(o.OrderID, o.ReplyTo, messages.CorrelationID(m.CorrelationID), ReasonWrongPartition,
+			fmt.Sprintf("order %s is partition %s's by this submitter's layout, and partition %v passed it here: give every submitter the same SAS_PARTITIONS_FILE",
+				o.OrderID, owner.Name, m.Headers[ForwardedHeader]))
+	}
 	headers := amqp.Table{}
 	for k, v := range m.Headers {
 		headers[k] = v
 	}
 	headers[ForwardedHeader] = h.partitions.Partitions[h.partition].Name
+	headers[ForwardsHeader] = int32(hops + 1)
 	if err := h.pub.Publish(ctx, owner.SubmitEntrance(), o.OrderID, amqp.Publishing{
 		ContentType: m.ContentType, Type: messages.TypeSubmitOrder, MessageId: m.ID, CorrelationId: m.CorrelationID,
 		Timestamp: time.Now(), Headers: headers, Body: m.Body,
@@ -232,8 +264,31 @@ func (h *handler) forward(ctx context.Context, m broker.Message, o messages.Subm
 	return nil
 }
 
-// ForwardedHeader names the partition that passed a submit on.
-const ForwardedHeader = "sas-forwarded-by"
+// ForwardedHeader names the partition that passed a submit on last;
+// ForwardsHeader counts how many times it was passed on.
+const (
+	ForwardedHeader = "sas-forwarded-by"
+	ForwardsHeader  = "sas-forwards"
+)
+
+// maxForwards bounds how often a submit is passed on: once after a
+// broker's ring was renumbered, once more when its bucket moved between
+// a layout's split and the move's owner.
+const maxForwards = 2
+
+// forwards is how many times a submit was passed on.
+func forwards(headers amqp.Table) int {
+	switch n := headers[ForwardsHeader].(type) {
+	case int32:
+		return int(n)
+	case int64:
+		return int(n)
+	}
+	if _, passed := headers[ForwardedHeader]; passed {
+		return 1 // passed on by a submitter before the count
+	}
+	return 0
+}
 
 // ReasonWrongPartition dead-letters a submit passed on to a partition
 // that does not own it either (the submitters' layouts differ).
@@ -261,19 +316,29 @@ func (h *handler) handle(ctx context.Context, m broker.Message, o messages.Submi
 	if h.partitions != nil {
 		// The order's partition is its id's bucket's owner, whatever way
 		// the submit came (a broker's ring numbered afresh after a
-		// restart, a publisher that named another key).
+		// restart, a publisher that named another key, a bucket moved).
+		if h.follower != nil {
+			h.follower.Fresh(ctx)
+		}
 		if _, owner := h.partitions.Of(o.OrderID); owner.Name != h.partitions.Partitions[h.partition].Name {
-			if by, passed := m.Headers[ForwardedHeader]; passed {
-				// Passed on once already: the partitions' layouts differ,
-				// and passing it again could go round for ever.
-				h.metrics.orders.WithLabelValues("rejected").Inc()
-				return h.refuse(o.OrderID, o.ReplyTo, messages.CorrelationID(m.CorrelationID), ReasonWrongPartition,
-					fmt.Sprintf("order %s is partition %s's by this submitter's layout, and partition %v passed it here: give every submitter the same SAS_PARTITIONS_FILE",
-						o.OrderID, owner.Name, by))
+			if _, passed := m.Headers[ForwardedHeader]; passed && h.follower != nil {
+				// Passed here by a partition that thinks it ours: look
+				// at the moves again before passing it on.
+				if err := h.follower.Now(ctx); err != nil {
+					return err // back to the queue
+				}
+				if _, owner = h.partitions.Of(o.OrderID); owner.Name == h.partitions.Partitions[h.partition].Name {
+					return h.write(ctx, m, o)
+				}
 			}
 			return h.forward(ctx, m, o, owner)
 		}
 	}
+	return h.write(ctx, m, o)
+}
+
+// write writes an order this partition owns (or, unpartitioned, any).
+func (h *handler) write(ctx context.Context, m broker.Message, o messages.SubmitOrder) error {
 	corr := messages.CorrelationID(m.CorrelationID)
 	// The namespace first: a refusal after it is that namespace's dead
 	// letter (one of a namespace not granted is the deployment's).
@@ -342,7 +407,8 @@ func (h *handler) handle(ctx context.Context, m broker.Message, o messages.Submi
 		}
 		return err
 	}, func(err error) bool {
-		return errors.Is(err, statestore.ErrConflict) || errors.Is(err, statestore.ErrInvalidData) || h.workCtx.Err() != nil
+		var away *statestore.ElsewhereError
+		return errors.Is(err, statestore.ErrConflict) || errors.Is(err, statestore.ErrInvalidData) || errors.As(err, &away) || h.workCtx.Err() != nil
 	}, func(err error, wait time.Duration) {
 		h.metrics.dbRetries.Inc()
 		ispan.AddEvent("retry", trace.WithAttributes(attribute.String("error", err.Error())))
@@ -370,6 +436,16 @@ func (h *handler) handle(ctx context.Context, m broker.Message, o messages.Submi
 	case errors.Is(err, statestore.ErrInvalidData):
 		h.metrics.orders.WithLabelValues("rejected").Inc()
 		return refuse(messages.ReasonInvalidValue, err.Error())
+	}
+	if away := (*statestore.ElsewhereError)(nil); errors.As(err, &away) {
+		// Its bucket moved away: pass it on to the owner the store names.
+		if h.follower != nil {
+			_ = h.follower.Now(ctx)
+		}
+		if i := h.partitions.Index(away.Owner); i >= 0 {
+			return h.forward(ctx, m, o, h.partitions.Partitions[i])
+		}
+		return fmt.Errorf("order %s: its bucket is partition %s's, which this submitter's layout lacks", o.OrderID, away.Owner)
 	}
 	return err // shutting down: back to the queue
 }

@@ -310,8 +310,10 @@ func (f *fakeForwarder) Publish(_ context.Context, exchange, key string, msg amq
 // written; one another partition owns is passed to that partition's
 // submit entrance as it came (id, correlation id, headers, body) and not
 // written here; a failed pass goes back to the queue; one already passed
-// on that is not this partition's either is dead-lettered
-// wrong_partition, never passed round again.
+// on that is not this partition's either is passed on once more, with
+// its count, and one passed on twice is dead-lettered wrong_partition,
+// never passed round again; an order whose bucket the store says moved
+// is passed on to the owner the store names.
 func TestASubmitOfAnotherPartitionIsPassedOn(t *testing.T) {
 	t.Parallel()
 	l, err := partition.Parse([]byte("exchange: sas.route\npartitions:\n" +
@@ -373,8 +375,24 @@ func TestASubmitOfAnotherPartitionIsPassedOn(t *testing.T) {
 		t.Fatalf("a pass that failed: %v, want an error that requeues", err)
 	}
 
-	h, st, fw, _ = setup(nil)
+	h, _, fw, _ = setup(nil)
 	msg.Headers = map[string]any{ForwardedHeader: "p2"}
+	if err := h.chain()(context.Background(), msg); err != nil || len(fw.sent) != 1 || fw.sent[0].msg.Headers[ForwardsHeader] != int32(2) {
+		t.Fatalf("passed on once before: %v, sent %+v", err, fw.sent)
+	}
+
+	// The store says the bucket of an order of ours moved to p2.
+	h, st, fw, _ = setup(nil)
+	st.results = []error{&statestore.ElsewhereError{OrderID: ours, Owner: "p2"}}
+	if err := h.chain()(context.Background(), broker.Message{ID: ours, Body: body(ours), ContentType: messages.ContentType}); err != nil {
+		t.Fatalf("an order whose bucket moved: %v", err)
+	}
+	if len(fw.sent) != 1 || fw.sent[0].exchange != "sas.p2.submit" || len(st.inserted) != 1 {
+		t.Fatalf("an order whose bucket moved: passed on %+v, tried %d times, want once", fw.sent, len(st.inserted))
+	}
+
+	h, st, fw, _ = setup(nil)
+	msg.Headers = map[string]any{ForwardedHeader: "p2", ForwardsHeader: int32(2)}
 	err = h.chain()(context.Background(), msg)
 	if !errors.As(err, &rej) || rej.Reason != ReasonWrongPartition {
 		t.Fatalf("passed on twice: %v, want %s", err, ReasonWrongPartition)
