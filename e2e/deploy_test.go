@@ -311,3 +311,100 @@ func TestBrokerUsersScriptIsCurrent(t *testing.T) {
 		t.Fatalf("deploy/rabbitmq/users.sh is out of date; regenerate it with\n  SAS_QUEUE_PREFIX=sas. bin/sasctl broker users > deploy/rabbitmq/users.sh")
 	}
 }
+
+// TestComposeTakesAListOfPartitions: sasctl partitions compose turns a
+// layout of three partitions into a file laid over
+// deploy/docker-compose.yml: the base services are the first
+// partition's, each other partition has its own PostgreSQL (and volume),
+// migration, logins, submitter, scheduler, agent and supervisor, made
+// from the base file's and waiting for its own database; the console,
+// the API and sasctl read every partition's store; the broker users are
+// made with rights under every prefix; a one-shot service declares the
+// routing, on a broker whose plugins include the consistent-hash
+// exchange.
+func TestComposeTakesAListOfPartitions(t *testing.T) {
+	t.Parallel()
+	compose := tool(t, "docker-compose")
+	dir := t.TempDir()
+	layout := filepath.Join(dir, "partitions.yaml")
+	if err := os.WriteFile(layout, []byte("exchange: sas.route\npartitions:\n"+
+		"  - {name: p1, queue_prefix: sas.p1., database_url_env: SAS_P1_DATABASE_URL}\n"+
+		"  - {name: p2, queue_prefix: sas.p2., database_url_env: SAS_P2_DATABASE_URL}\n"+
+		"  - {name: p3, queue_prefix: sas.p3., database_url_env: SAS_P3_DATABASE_URL}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	over := filepath.Join(dir, "partitions.yml")
+	if out, errOut, code := sasctl(t, env(), "partitions", "compose", "--file", layout, "--base", "../deploy/docker-compose.yml", "--out", over); code != 0 {
+		t.Fatalf("partitions compose: exit %d\n%s%s", code, out, errOut)
+	}
+	empty := filepath.Join(dir, "empty.env")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(compose, "-f", "../deploy/docker-compose.yml", "-f", over, "--env-file", empty, "config").CombinedOutput()
+	if err != nil {
+		t.Fatalf("docker-compose config with the partitions: %v\n%s", err, out)
+	}
+	var doc struct {
+		Services map[string]composeService
+		Volumes  map[string]any
+	}
+	if err := yaml.Unmarshal(out, &doc); err != nil {
+		t.Fatal(err)
+	}
+	svcs := doc.Services
+	for _, p := range []string{"p2", "p3"} {
+		for _, name := range []string{"postgres-", "migrate-", "db-users-", "submitter-", "scheduler-", "agent-", "supervisor-"} {
+			if _, ok := svcs[name+p]; !ok {
+				t.Errorf("service %s%s is missing", name, p)
+			}
+		}
+		if _, ok := doc.Volumes["pgdata-"+p]; !ok || !slices.Contains(svcs["postgres-"+p].Volumes, "pgdata-"+p+":/var/lib/postgresql/data:rw") {
+			t.Errorf("postgres-%s's data: volumes %v", p, svcs["postgres-"+p].Volumes)
+		}
+		sub := svcs["submitter-"+p]
+		if sub.Environment["SAS_PARTITION"] != p || sub.Environment["SAS_QUEUE_PREFIX"] != "sas."+p+"." ||
+			!strings.Contains(sub.Environment["SAS_DATABASE_URL"], "@postgres-"+p+":") || sub.DependsOn["db-users-"+p] == nil ||
+			sub.Entrypoint[0] != "/usr/local/bin/submitter" || sub.Healthcheck["test"] == nil {
+			t.Errorf("submitter-%s: %+v", p, sub)
+		}
+		if mig := svcs["migrate-"+p]; !strings.Contains(mig.Environment["SAS_DATABASE_URL"], "@postgres-"+p+":") || mig.DependsOn["postgres-"+p] == nil {
+			t.Errorf("migrate-%s: %+v", p, mig)
+		}
+		if ag := svcs["agent-"+p]; ag.Environment["SAS_QUEUE_PREFIX"] != "sas."+p+"." || ag.Environment["SAS_DATABASE_URL"] != "" {
+			t.Errorf("agent-%s: %+v", p, ag)
+		}
+	}
+	if sub := svcs["submitter"]; sub.Environment["SAS_PARTITION"] != "p1" || sub.Environment["SAS_QUEUE_PREFIX"] != "sas.p1." {
+		t.Errorf("the base submitter is not p1's: %v", sub.Environment)
+	}
+	for _, name := range []string{"api", "console", "sasctl", "partitions-setup"} {
+		e := svcs[name].Environment
+		for i, host := range []string{"postgres", "postgres-p2", "postgres-p3"} {
+			if v := e[fmt.Sprintf("SAS_P%d_DATABASE_URL", i+1)]; !strings.Contains(v, "@"+host+":") {
+				t.Errorf("%s: SAS_P%d_DATABASE_URL %q, want %s's", name, i+1, v, host)
+			}
+		}
+		if e["SAS_PARTITIONS_FILE"] == "" {
+			t.Errorf("%s has no layout", name)
+		}
+	}
+	if setup := svcs["partitions-setup"]; setup.Restart != "no" || !slices.Equal(setup.Command, []string{"partitions", "setup"}) ||
+		setup.DependsOn["db-users-p3"] == nil || setup.DependsOn["rabbitmq"] == nil {
+		t.Errorf("partitions-setup: %+v", setup)
+	}
+	if svcs["secrets"].Environment["SAS_PARTITIONS_FILE"] == "" {
+		t.Error("the broker users are not made for every partition's prefix")
+	}
+	for name, svc := range svcs {
+		for k := range svc.Environment {
+			if strings.Contains(k, "PASSWORD") && !strings.HasSuffix(k, "_FILE") {
+				t.Errorf("service %s is given a password in %s", name, k)
+			}
+		}
+	}
+	plugins, err := os.ReadFile("../deploy/rabbitmq/enabled_plugins")
+	if err != nil || !strings.Contains(string(plugins), "rabbitmq_consistent_hash_exchange") {
+		t.Errorf("the broker's plugins: %s %v", plugins, err)
+	}
+}

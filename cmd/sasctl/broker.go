@@ -18,8 +18,12 @@ func (a *app) brokerUsers(_ context.Context, args []string) error {
 	if err := a.parseNoArgs(fs, args); err != nil {
 		return err
 	}
-	fmt.Fprintf(a.stdout, "# RabbitMQ users for sas (queue prefix %q). Set the password variables, then run these lines.\n", a.cfg.QueuePrefix)
-	for _, p := range broker.Permissions(a.cfg.QueuePrefix) {
+	perms, what, err := a.brokerPermissions()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(a.stdout, "# RabbitMQ users for sas (%s). Set the password variables, then run these lines.\n", what)
+	for _, p := range perms {
 		user := *userPrefix + p.Service
 		pw := "SAS_AMQP_PASSWORD_" + strings.ToUpper(p.Service)
 		fmt.Fprintf(a.stdout, "rabbitmqctl add_user %s \"$%s\" || rabbitmqctl change_password %s \"$%s\"\n", shellQuote(user), pw, shellQuote(user), pw)
@@ -27,6 +31,21 @@ func (a *app) brokerUsers(_ context.Context, args []string) error {
 			shellQuote(p.Configure), shellQuote(p.Write), shellQuote(p.Read))
 	}
 	return nil
+}
+
+// brokerPermissions is what each service's broker user may do: in a
+// partitioned deployment (SAS_PARTITIONS_FILE), under every partition's
+// prefix and on the routing exchange; else under SAS_QUEUE_PREFIX.
+func (a *app) brokerPermissions() ([]broker.Permission, string, error) {
+	l, err := a.layout()
+	if err != nil || l == nil {
+		return broker.Permissions(a.cfg.QueuePrefix), fmt.Sprintf("queue prefix %q", a.cfg.QueuePrefix), err
+	}
+	var prefixes []string
+	for _, p := range l.Partitions {
+		prefixes = append(prefixes, p.QueuePrefix)
+	}
+	return broker.PartitionedPermissions(prefixes, l.Exchange), fmt.Sprintf("partitions %s, routing exchange %q", strings.Join(prefixes, " "), l.Exchange), nil
 }
 
 func shellQuote(s string) string {

@@ -193,6 +193,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return a.partitionsMove(ctx, rest)
 	case "partitions moves":
 		return a.partitionsMoves(ctx, rest)
+	case "partitions compose":
+		return a.partitionsCompose(ctx, rest)
 	case "schedules list":
 		return a.schedulesList(ctx, rest)
 	case "schedules pause":

@@ -125,7 +125,11 @@ func (a *app) secretsInit(_ context.Context, args []string) error {
 			return err
 		}
 	}
-	defs, err := rabbitDefinitions(pw, a.cfg.QueuePrefix, *userPrefix, *adminUser)
+	perms, _, err := a.brokerPermissions()
+	if err != nil {
+		return err
+	}
+	defs, err := rabbitDefinitions(pw, perms, *userPrefix, *adminUser)
 	if err != nil {
 		return err
 	}
@@ -235,7 +239,7 @@ func writeSecret(dir, name string, data []byte) error {
 // rabbitDefinitions is a RabbitMQ definitions document: the vhost "/",
 // the administrator and one user per service of broker.Permissions with
 // those rights, each password as RabbitMQ's salted SHA-256 hash.
-func rabbitDefinitions(pw map[string]string, prefix, userPrefix, admin string) ([]byte, error) {
+func rabbitDefinitions(pw map[string]string, services []broker.Permission, userPrefix, admin string) ([]byte, error) {
 	type user struct {
 		Name             string `json:"name"`
 		PasswordHash     string `json:"password_hash"`
@@ -263,7 +267,7 @@ func rabbitDefinitions(pw map[string]string, prefix, userPrefix, admin string) (
 	}
 	users := []user{{admin, h, "rabbit_password_hashing_sha256", "administrator"}}
 	perms := []permission{{admin, "/", ".*", ".*", ".*"}}
-	for _, p := range broker.Permissions(prefix) {
+	for _, p := range services {
 		h, err := hash(pw["amqp-"+p.Service])
 		if err != nil {
 			return nil, err

@@ -1,6 +1,9 @@
 package broker
 
-import "regexp"
+import (
+	"regexp"
+	"strings"
+)
 
 // Permission is what one service's RabbitMQ user may do, as the three
 // regular expressions of `rabbitmqctl set_permissions` (configure, write,
@@ -23,7 +26,42 @@ type Permission struct {
 // "amq.default" is the default exchange). So a scheduler may read the agent
 // queues it declares: the price of every service declaring what it uses.
 func Permissions(prefix string) []Permission {
-	p := regexp.QuoteMeta(prefix)
+	return permissions(regexp.QuoteMeta(prefix))
+}
+
+// PartitionedPermissions is Permissions for a partitioned deployment
+// (docs/SCALING.md) whose services share one set of users: each may do
+// under every partition's prefix what it may under its own (a submitter
+// passes a submit on to the partition owning it; the API and the console
+// signal and follow orders in every partition), applications and sasctl
+// publish to the routing exchange, and sasctl declares and binds the
+// routing exchange and its buckets' (partitions setup, move).
+func PartitionedPermissions(prefixes []string, routing string) []Permission {
+	quoted := make([]string, len(prefixes))
+	for i, p := range prefixes {
+		quoted[i] = regexp.QuoteMeta(p)
+	}
+	out := permissions(`(?:` + strings.Join(quoted, `|`) + `)`)
+	r := regexp.QuoteMeta(routing)
+	for i := range out {
+		switch out[i].Service {
+		case "app":
+			out[i].Write = `^(` + r + `|` + strings.TrimPrefix(strings.TrimSuffix(out[i].Write, `$`), `^`) + `)$`
+		case "sasctl":
+			route := r + `(\.bucket\.[0-9]+)?`
+			out[i].Configure = `^(` + route + `|` + strings.TrimPrefix(strings.TrimSuffix(out[i].Configure, `$`), `^`) + `)$`
+			// Binding writes the destination (a bucket's exchange, a
+			// partition's submit entrance) and reads the source.
+			out[i].Write = `^(` + route + `|(?:` + strings.Join(quoted, `|`) + `)submit|` + strings.TrimPrefix(strings.TrimSuffix(out[i].Write, `$`), `^`) + `)$`
+			out[i].Read = `^(` + route + `|` + strings.TrimPrefix(strings.TrimSuffix(out[i].Read, `$`), `^`) + `)$`
+		}
+	}
+	return out
+}
+
+// permissions is Permissions for names starting with p, a regular
+// expression.
+func permissions(p string) []Permission {
 	exchanges := p + `(dlx|status|alerts)`
 	return []Permission{
 		{
