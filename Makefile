@@ -24,7 +24,7 @@ TEST_TIMEOUT ?= 18m
 # build and run as many at once as there are cores.
 E2E := sas/e2e
 
-.PHONY: bench-partition-outage all build services tools test bench-ab bench-dbos bench-backlog bench-churn bench-timers bench-steady lint fmt-check fuzz demo chaos bench clean console-screenshots bench-console ha timers api-e2e limits-e2e
+.PHONY: bench-partitions bench-partition-outage all build services tools test bench-ab bench-dbos bench-backlog bench-churn bench-timers bench-steady lint fmt-check fuzz demo chaos bench clean console-screenshots bench-console ha timers api-e2e limits-e2e
 
 all: build
 
@@ -217,6 +217,13 @@ limits-e2e: services build
 # PostgreSQL server, under 30 orders a second; one server stopped for 30 s.
 bench-partition-outage: services build
 	SAS_PARTITION_OUTAGE=1 $(GO) test -count=1 -timeout 20m -run '^TestAPartitionsOutageSparesTheOthers$$' -v ./e2e/
+
+# Partitions on one machine (docs/SCALING.md): one, two and three, each
+# its own PostgreSQL server, single-step orders as fast as absorbed
+# through the routing exchange; binaries without the race detector.
+PARTITION_BENCH_ORDERS ?= 20000
+bench-partitions: services build
+	SAS_E2E_RACE=off SAS_PARTITION_BENCH=1 SAS_PARTITION_BENCH_ORDERS=$(PARTITION_BENCH_ORDERS) $(GO) test -count=1 -timeout 30m -run '^TestPartitionsThroughput$$' -v ./e2e/
 
 # The console's benchmark (docs/BENCHMARKS.md): BENCH_CONSOLE_ORDERS orders
 # written into a schema of sas_test, then the orders list (deep pages,

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -650,6 +651,68 @@ func checkAPIAcrossPartitions(t *testing.T, l partition.Layout, stacks []stack, 
 	}
 	if status, _ := alice.do("GET", "/alerts/1/ack?partition=p9", nil); status != http.StatusNotFound {
 		t.Fatalf("an alert of no partition: %d, want 404", status)
+	}
+
+	// Dead letters per partition and in sum: the bad submit is p2's.
+	status, page = alice.do("GET", "/dead-letters", nil)
+	if status != 200 || !strings.Contains(page, `<td class="partition">p2</td><td><a href="/dead-letters/submit?partition=p2">submit</a></td><td class="num">1</td>`) ||
+		!regexp.MustCompile(`id="dead-letters-total">[1-9]`).MatchString(page) {
+		t.Fatalf("the console's dead letters across partitions: %d\n%.3000s", status, page)
+	}
+	if status, page := alice.do("GET", "/dead-letters/submit?partition=p2", nil); status != 200 || !strings.Contains(page, "not an order") {
+		t.Fatalf("p2's dead letters of submit: %d\n%.2000s", status, page)
+	}
+	if status, page := alice.do("GET", "/dead-letters/submit?partition=p1", nil); status != 200 || strings.Contains(page, "not an order") {
+		t.Fatalf("p1's dead letters of submit show p2's: %d", status)
+	}
+	if status, _ := alice.do("GET", "/dead-letters/submit?partition=p9", nil); status != http.StatusNotFound {
+		t.Fatalf("the dead letters of no partition: %d, want 404", status)
+	}
+
+	// Limits: the deployment's (every partition's share summed) and each
+	// partition's; a change from the console gives each its share. A
+	// deployment's page: an operator of every namespace's.
+	cmd := exec.Command(filepath.Join(binDir, "sasctl"), "console", "user", "add", "olga", "--role", "operator", "--namespace", "*", "--file", c.users, "--cost", "4")
+	cmd.Env, cmd.Stdin = env(), strings.NewReader("olga's password\n")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("console user add olga: %v\n%s", err, out)
+	}
+	alice = newWebClient(t, c.url)
+	if status := alice.login("olga", "olga's password"); status != http.StatusSeeOther {
+		t.Fatalf("olga logs in: %d", status)
+	}
+	for _, pp := range pipes {
+		// Each partition's share of 300/s, as sasctl limits set leaves it.
+		if _, err := pp.pool.Exec(t.Context(), `INSERT INTO agent_limits (agent, set_rate, set_by, set_at) VALUES ('shipping', 100, 'test', now())
+			ON CONFLICT (agent) DO UPDATE SET set_rate = 100, set_by = 'test', set_at = now()`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	status, page = alice.do("GET", "/limits", nil)
+	if status != 200 || !strings.Contains(page, "300/s") || strings.Count(page, "100/s") != 3 || !strings.Contains(page, "p3: ") {
+		t.Fatalf("the console's limits across partitions: %d\n%.3000s", status, page)
+	}
+	status, page = alice.do("GET", "/limits/shipping/set", nil)
+	if status != 200 {
+		t.Fatalf("confirm a limits change: %d", status)
+	}
+	if status, _ := alice.do("POST", "/limits/shipping/set", url.Values{"csrf": {csrfOf(t, page)}, "rate": {"600/s"}}); status != http.StatusSeeOther {
+		t.Fatalf("change shipping's limits from the console: %d", status)
+	}
+	for i, pp := range pipes {
+		if n := pp.count(t, `SELECT count(*) FROM agent_limits WHERE agent = 'shipping' AND set_rate = 200`); n != 1 {
+			t.Fatalf("partition %s does not keep its third of the console's 600/s", l.Partitions[i].Name)
+		}
+	}
+
+	// Schedules: each kept by one partition, listed together, each
+	// naming its partition.
+	if _, err := pipes[1].pool.Exec(t.Context(), `INSERT INTO schedules (name, workflow, cron, timezone, payload, overlap, catch_up, version, in_file, next_tick)
+		VALUES ('nightly-p2', 'single', '0 3 * * *', 'UTC', '{}', 'skip', 'none', 'v', false, now() + interval '1 day')`); err != nil {
+		t.Fatal(err)
+	}
+	if status, page := alice.do("GET", "/schedules", nil); status != 200 || !strings.Contains(page, "nightly-p2<br><span class=\"muted partition\">partition p2</span>") {
+		t.Fatalf("the console's schedules across partitions: %d\n%.3000s", status, page)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"unicode"
@@ -49,20 +50,57 @@ func ours(rq *request, dl broker.DeadLetter) bool {
 func (s *server) namespaceCounts(ctx context.Context, rq *request) ([]queueCount, bool) {
 	conn, _, _ := s.broker()
 	var out []queueCount
-	for _, in := range namespaceInputs() {
-		qc := queueCount{Queue: in}
-		seen, _, err := s.scan(ctx, in, maxScanned, keep)
-		if err != nil {
-			qc.Error = err.Error()
-		}
-		for _, dl := range seen {
-			if ours(rq, dl) {
-				qc.Count++
+	for _, part := range s.dlqPartitions() {
+		for _, in := range namespaceInputs() {
+			qc := queueCount{Queue: in, Partition: part.name}
+			seen, _, err := s.scan(ctx, part.prefix, in, maxScanned, keep)
+			if err != nil {
+				qc.Error = err.Error()
 			}
+			for _, dl := range seen {
+				if ours(rq, dl) {
+					qc.Count++
+				}
+			}
+			out = append(out, qc)
 		}
-		out = append(out, qc)
 	}
 	return out, conn != nil
+}
+
+// dlqPartition is a partition's name and queue prefix.
+type dlqPartition struct{ name, prefix string }
+
+// dlqPartitions are the partitions whose dead letters the console shows:
+// every one of a partitioned deployment, else its own prefix alone.
+func (s *server) dlqPartitions() []dlqPartition {
+	if s.stores.Layout == nil {
+		return []dlqPartition{{"", s.cfg.QueuePrefix}}
+	}
+	var out []dlqPartition
+	for _, p := range s.stores.Layout.Partitions {
+		out = append(out, dlqPartition{p.Name, p.QueuePrefix})
+	}
+	return out
+}
+
+// partitionParam reads the partition a dead letters path names
+// (?partition=), answering 404 for one not in the layout: its name and
+// queue prefix ("" and the console's own when the deployment is not
+// partitioned; the first partition when none is named).
+func (s *server) partitionParam(w http.ResponseWriter, r *http.Request, rq *request) (dlqPartition, bool) {
+	parts := s.dlqPartitions()
+	name := r.URL.Query().Get("partition")
+	if name == "" {
+		return parts[0], true
+	}
+	for _, p := range parts {
+		if p.name != "" && p.name == name {
+			return p, true
+		}
+	}
+	s.fail(w, r, rq, http.StatusNotFound, "There is no partition "+orderfilter.Clip(name, 40)+".")
+	return dlqPartition{}, false
 }
 
 // deadLetterCounts counts each input's dead letters; false when the
@@ -70,17 +108,19 @@ func (s *server) namespaceCounts(ctx context.Context, rq *request) ([]queueCount
 func (s *server) deadLetterCounts(ctx context.Context) ([]queueCount, bool) {
 	_, _, inspect := s.broker()
 	var out []queueCount
-	topo := broker.Topology{Prefix: s.cfg.QueuePrefix}
-	for _, in := range s.inputs(ctx) {
-		qc := queueCount{Queue: in}
-		if inspect == nil {
-			qc.Error = errNoBroker.Error()
-		} else if n, err := inspect.Ready(ctx, topo.DeadLetterQueue(in)); err == nil {
-			qc.Count = n
-		} else if ae := (*amqp.Error)(nil); !errors.As(err, &ae) || ae.Code != amqp.NotFound {
-			qc.Error = err.Error()
+	for _, part := range s.dlqPartitions() {
+		topo := broker.Topology{Prefix: part.prefix}
+		for _, in := range s.inputs(ctx) {
+			qc := queueCount{Queue: in, Partition: part.name}
+			if inspect == nil {
+				qc.Error = errNoBroker.Error()
+			} else if n, err := inspect.Ready(ctx, topo.DeadLetterQueue(in)); err == nil {
+				qc.Count = n
+			} else if ae := (*amqp.Error)(nil); !errors.As(err, &ae) || ae.Code != amqp.NotFound {
+				qc.Error = err.Error()
+			}
+			out = append(out, qc)
 		}
-		out = append(out, qc)
 	}
 	return out, inspect != nil
 }
@@ -88,6 +128,9 @@ func (s *server) deadLetterCounts(ctx context.Context) ([]queueCount, bool) {
 type deadLettersData struct {
 	Queues []queueCount
 	Broker bool
+	// Total sums every partition's, in a partitioned deployment.
+	Total       int
+	Partitioned bool
 }
 
 func (s *server) deadLetters(w http.ResponseWriter, r *http.Request, rq *request) {
@@ -96,6 +139,10 @@ func (s *server) deadLetters(w http.ResponseWriter, r *http.Request, rq *request
 		d.Queues, d.Broker = s.deadLetterCounts(r.Context())
 	} else {
 		d.Queues, d.Broker = s.namespaceCounts(r.Context(), rq)
+	}
+	d.Partitioned = s.stores.Layout != nil
+	for _, q := range d.Queues {
+		d.Total += q.Count
 	}
 	s.render(w, r, rq, http.StatusOK, "deadletters.html", "Dead letters", d)
 }
@@ -110,6 +157,8 @@ type queueData struct {
 	Queue   string
 	Letters []deadLetterView
 	Limit   int
+	// Partition names the partition whose queue it is ("" unpartitioned).
+	Partition string
 }
 
 func viewOf(dl broker.DeadLetter, clipAt int) deadLetterView {
@@ -135,24 +184,24 @@ func (s *server) queueParam(w http.ResponseWriter, r *http.Request, rq *request)
 
 // scan reads at most limit dead letters of one input's dead-letter
 // queue, doing what decide says.
-func (s *server) scan(ctx context.Context, queue string, limit int, decide func(broker.DeadLetter) broker.DLQAction) ([]broker.DeadLetter, []broker.DLQAction, error) {
+func (s *server) scan(ctx context.Context, prefix, queue string, limit int, decide func(broker.DeadLetter) broker.DLQAction) ([]broker.DeadLetter, []broker.DLQAction, error) {
 	conn, pub, _ := s.broker()
 	if conn == nil {
 		return nil, nil, errNoBroker
 	}
-	return conn.ScanDLQ(ctx, pub, broker.Topology{Prefix: s.cfg.QueuePrefix}.DeadLetterQueue(queue), limit, decide)
+	return conn.ScanDLQ(ctx, pub, broker.Topology{Prefix: prefix}.DeadLetterQueue(queue), limit, decide)
 }
 
 // scanFor reads the dead letters of one input the request may see: up
 // to maxListed of the queue, or in a namespace's view up to maxListed of
 // that namespace's among the first maxScanned; decide acts on those alone.
-func (s *server) scanFor(ctx context.Context, rq *request, queue string, decide func(broker.DeadLetter) broker.DLQAction) ([]broker.DeadLetter, []broker.DLQAction, error) {
+func (s *server) scanFor(ctx context.Context, rq *request, prefix, queue string, decide func(broker.DeadLetter) broker.DLQAction) ([]broker.DeadLetter, []broker.DLQAction, error) {
 	limit := maxListed
 	if !rq.everywhere() {
 		limit = maxScanned
 	}
 	listed := 0
-	seen, done, err := s.scan(ctx, queue, limit, func(dl broker.DeadLetter) broker.DLQAction {
+	seen, done, err := s.scan(ctx, prefix, queue, limit, func(dl broker.DeadLetter) broker.DLQAction {
 		if !ours(rq, dl) || listed >= maxListed {
 			return broker.Keep
 		}
@@ -176,12 +225,16 @@ func (s *server) deadLetterQueue(w http.ResponseWriter, r *http.Request, rq *req
 	if !ok {
 		return
 	}
-	seen, _, err := s.scanFor(r.Context(), rq, q, keep)
+	part, ok := s.partitionParam(w, r, rq)
+	if !ok {
+		return
+	}
+	seen, _, err := s.scanFor(r.Context(), rq, part.prefix, q, keep)
 	if err != nil {
 		s.brokerError(w, r, rq, err)
 		return
 	}
-	d := queueData{Queue: q, Limit: maxListed}
+	d := queueData{Queue: q, Limit: maxListed, Partition: part.name}
 	for _, dl := range seen {
 		d.Letters = append(d.Letters, viewOf(dl, 200))
 	}
@@ -218,8 +271,11 @@ func verbAction(verb string) (broker.DLQAction, string, bool) {
 
 // deadLetterTarget reads a dead letter's path: its input queue, verb and
 // message id, answering the request itself when one is not there.
-func (s *server) deadLetterTarget(w http.ResponseWriter, r *http.Request, rq *request) (q, verb string, action broker.DLQAction, notice, id string, ok bool) {
+func (s *server) deadLetterTarget(w http.ResponseWriter, r *http.Request, rq *request) (part dlqPartition, q, verb string, action broker.DLQAction, notice, id string, ok bool) {
 	if q, ok = s.queueParam(w, r, rq); !ok {
+		return
+	}
+	if part, ok = s.partitionParam(w, r, rq); !ok {
 		return
 	}
 	verb = r.PathValue("verb")
@@ -237,11 +293,11 @@ func (s *server) confirmDeadLetter(w http.ResponseWriter, r *http.Request, rq *r
 	if !s.mayAct(w, r, rq) {
 		return
 	}
-	q, verb, _, _, id, ok := s.deadLetterTarget(w, r, rq)
+	part, q, verb, _, _, id, ok := s.deadLetterTarget(w, r, rq)
 	if !ok {
 		return
 	}
-	seen, _, err := s.scanFor(r.Context(), rq, q, keep)
+	seen, _, err := s.scanFor(r.Context(), rq, part.prefix, q, keep)
 	if err != nil {
 		s.brokerError(w, r, rq, err)
 		return
@@ -260,17 +316,17 @@ func (s *server) confirmDeadLetter(w http.ResponseWriter, r *http.Request, rq *r
 	s.render(w, r, rq, http.StatusOK, "confirm.html", strings.ToUpper(verb[:1])+verb[1:], confirmData{
 		Question: fmt.Sprintf("%s dead letter %s of %s?", strings.ToUpper(verb[:1])+verb[1:], id, q),
 		Details:  append(details, what, "Recorded as done by "+rq.user.Name+"."),
-		Action:   "/dead-letters/" + q + "/" + id + "/" + verb, Button: strings.ToUpper(verb[:1]) + verb[1:],
-		Back: "/dead-letters/" + q, Danger: verb == "discard",
+		Action:   "/dead-letters/" + q + "/" + id + "/" + verb + inPartition(part), Button: strings.ToUpper(verb[:1]) + verb[1:],
+		Back: "/dead-letters/" + q + inPartition(part), Danger: verb == "discard",
 	})
 }
 
 func (s *server) moveDeadLetter(w http.ResponseWriter, r *http.Request, rq *request) {
-	q, verb, action, notice, id, ok := s.deadLetterTarget(w, r, rq)
+	part, q, verb, action, notice, id, ok := s.deadLetterTarget(w, r, rq)
 	if !ok {
 		return
 	}
-	seen, done, err := s.scanFor(r.Context(), rq, q, func(d broker.DeadLetter) broker.DLQAction {
+	seen, done, err := s.scanFor(r.Context(), rq, part.prefix, q, func(d broker.DeadLetter) broker.DLQAction {
 		if d.MessageID == id {
 			return action
 		}
@@ -286,7 +342,7 @@ func (s *server) moveDeadLetter(w http.ResponseWriter, r *http.Request, rq *requ
 	}
 	if moved > 0 {
 		detail := fmt.Sprintf("%d message(s), reason %s", moved, reason)
-		if rerr := s.store.RecordOperatorAction(r.Context(), "dead letter "+verb, q+"/"+id, detail, claimedBy(rq)); rerr != nil {
+		if rerr := s.store.RecordOperatorAction(r.Context(), "dead letter "+verb, partitionLabel(part)+q+"/"+id, detail, claimedBy(rq)); rerr != nil {
 			s.logger.Error("console: record operator action", "err", rerr)
 		}
 		s.logger.Info("console: dead letter "+verb, "user", rq.user.Name, "queue", q, "message_id", id, "count", moved)
@@ -299,5 +355,22 @@ func (s *server) moveDeadLetter(w http.ResponseWriter, r *http.Request, rq *requ
 		s.fail(w, r, rq, http.StatusNotFound, "There is no dead letter "+orderfilter.Clip(id, 60)+" in "+q+" (moved already?).")
 		return
 	}
-	s.redirect(w, r, "/dead-letters/"+q, notice)
+	s.redirect(w, r, "/dead-letters/"+q+inPartition(part), notice)
+}
+
+// partitionLabel names a partition's queue in the operators' record.
+func partitionLabel(p dlqPartition) string {
+	if p.name == "" {
+		return ""
+	}
+	return p.name + ":"
+}
+
+// inPartition is the query naming a partition's dead letters ("" for
+// an unpartitioned deployment's).
+func inPartition(p dlqPartition) string {
+	if p.name == "" {
+		return ""
+	}
+	return "?partition=" + url.QueryEscape(p.name)
 }

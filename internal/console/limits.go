@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -15,24 +16,26 @@ import (
 // limitsData is the limits page's: each kind's limits, and the
 // namespaces' own limits on kinds.
 type limitsData struct {
-	Kinds  []statestore.KindLimits
-	Scoped []statestore.NamespaceLimits
+	Kinds  []kindLimits
+	Scoped []scopedLimits
+	// Partitioned: each row lists every partition's share.
+	Partitioned bool
 }
 
 // limitsPage shows each agent kind's limits and their use, then the
 // namespaces' own.
 func (s *server) limitsPage(w http.ResponseWriter, r *http.Request, rq *request) {
-	rows, err := s.store.ListLimits(r.Context())
+	rows, err := s.listLimits(r.Context())
 	if err != nil {
 		s.storeError(w, r, rq, err, "limits")
 		return
 	}
-	scoped, err := s.store.ListNamespaceLimits(r.Context(), "")
+	scoped, err := s.listScoped(r.Context(), "")
 	if err != nil {
 		s.storeError(w, r, rq, err, "limits")
 		return
 	}
-	s.render(w, r, rq, http.StatusOK, "limits.html", "Limits", limitsData{rows, scoped})
+	s.render(w, r, rq, http.StatusOK, "limits.html", "Limits", limitsData{rows, scoped, s.stores.Layout != nil})
 }
 
 // scopedOf reads the kind the path names and the namespace the query or
@@ -52,14 +55,14 @@ func (s *server) scopedOf(w http.ResponseWriter, r *http.Request, rq *request) (
 		s.fail(w, r, rq, http.StatusBadRequest, "namespace: "+err.Error())
 		return "", "", nil, false
 	}
-	rows, err := s.store.ListNamespaceLimits(r.Context(), ns)
+	rows, err := s.listScoped(r.Context(), ns)
 	if err != nil {
 		s.storeError(w, r, rq, err, "limits")
 		return "", "", nil, false
 	}
 	for i := range rows {
 		if rows[i].Agent == kind {
-			return kind, ns, &rows[i], true
+			return kind, ns, &rows[i].NamespaceLimits, true
 		}
 	}
 	return kind, ns, nil, true
@@ -109,7 +112,10 @@ func (s *server) setScoped(w http.ResponseWriter, r *http.Request, rq *request) 
 		return
 	}
 	c.ClearMinRate = false // a namespace has none
-	if _, err := s.store.SetNamespaceLimits(r.Context(), ns, kind, c, claimedBy(rq)); err != nil {
+	if err := s.eachShare(r.Context(), c, func(st *statestore.Store, share statestore.LimitChange) error {
+		_, err := st.SetNamespaceLimits(r.Context(), ns, kind, share, claimedBy(rq))
+		return err
+	}); err != nil {
 		s.storeError(w, r, rq, err, "limits of "+kind+" in namespace "+ns)
 		return
 	}
@@ -146,7 +152,9 @@ func (s *server) resetScoped(w http.ResponseWriter, r *http.Request, rq *request
 	if !ok {
 		return
 	}
-	err := s.store.ResetNamespaceLimits(r.Context(), ns, kind, claimedBy(rq))
+	err := s.stores.Each(r.Context(), func(ctx context.Context, _ int, st *statestore.Store) error {
+		return st.ResetNamespaceLimits(ctx, ns, kind, claimedBy(rq))
+	})
 	if errors.Is(err, statestore.ErrNoLimits) {
 		s.fail(w, r, rq, http.StatusNotFound, "Namespace "+ns+" has no limits an operator set on agent "+kind+".")
 		return
@@ -163,14 +171,14 @@ func (s *server) resetScoped(w http.ResponseWriter, r *http.Request, rq *request
 // store has no row for.
 func (s *server) limitsOf(w http.ResponseWriter, r *http.Request, rq *request) (statestore.KindLimits, bool) {
 	kind := r.PathValue("kind")
-	rows, err := s.store.ListLimits(r.Context())
+	rows, err := s.listLimits(r.Context())
 	if err != nil {
 		s.storeError(w, r, rq, err, "limits")
 		return statestore.KindLimits{}, false
 	}
 	for _, row := range rows {
 		if row.Agent == kind {
-			return row, true
+			return row.KindLimits, true
 		}
 	}
 	s.fail(w, r, rq, http.StatusNotFound, "There is no agent kind "+orderfilter.Clip(kind, 100)+" with limits.")
@@ -225,7 +233,10 @@ func (s *server) setLimits(w http.ResponseWriter, r *http.Request, rq *request) 
 		s.fail(w, r, rq, http.StatusBadRequest, err.Error())
 		return
 	}
-	if _, err := s.store.SetLimits(r.Context(), k.Agent, c, claimedBy(rq)); err != nil {
+	if err := s.eachShare(r.Context(), c, func(st *statestore.Store, share statestore.LimitChange) error {
+		_, err := st.SetLimits(r.Context(), k.Agent, share, claimedBy(rq))
+		return err
+	}); err != nil {
 		s.storeError(w, r, rq, err, "limits of "+k.Agent)
 		return
 	}
@@ -238,7 +249,10 @@ func (s *server) resetLimits(w http.ResponseWriter, r *http.Request, rq *request
 	if !ok {
 		return
 	}
-	_, err := s.store.ResetLimits(r.Context(), k.Agent, claimedBy(rq))
+	err := s.stores.Each(r.Context(), func(ctx context.Context, _ int, st *statestore.Store) error {
+		_, err := st.ResetLimits(ctx, k.Agent, claimedBy(rq))
+		return err
+	})
 	if errors.Is(err, statestore.ErrNoLimits) {
 		s.fail(w, r, rq, http.StatusNotFound, "There is no agent kind "+orderfilter.Clip(k.Agent, 100)+" with limits.")
 		return

@@ -26,6 +26,9 @@ type queueCount struct {
 	Queue string // unprefixed input name
 	Count int
 	Error string
+	// Partition names the partition whose queue it is, in a
+	// partitioned deployment ("" otherwise).
+	Partition string
 }
 
 type overviewData struct {

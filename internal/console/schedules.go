@@ -1,17 +1,55 @@
 package console
 
 import (
+	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
+	"strings"
 
 	"sas/internal/orderfilter"
 	"sas/internal/statestore"
 	"sas/internal/workflow"
 )
 
+// schedules are the deployment's schedules by name: in a partitioned
+// deployment every partition's (each schedule kept by one), each naming
+// its partition.
+func (s *server) schedules(ctx context.Context) ([]statestore.ScheduleRow, error) {
+	if s.stores.Layout == nil {
+		return s.store.Schedules(ctx)
+	}
+	var all []statestore.ScheduleRow
+	for _, p := range s.stores.Parts {
+		rows, err := p.Store.Schedules(ctx)
+		if err != nil {
+			return nil, p.Named(err)
+		}
+		for i := range rows {
+			rows[i].Partition = p.Name
+		}
+		all = append(all, rows...)
+	}
+	slices.SortStableFunc(all, func(a, b statestore.ScheduleRow) int {
+		return cmp.Or(strings.Compare(a.Name, b.Name), strings.Compare(a.Partition, b.Partition))
+	})
+	return all, nil
+}
+
+// scheduleStore is the store keeping schedule row.
+func (s *server) scheduleStore(row statestore.ScheduleRow) *statestore.Store {
+	for _, p := range s.stores.Parts {
+		if row.Partition != "" && p.Name == row.Partition {
+			return p.Store
+		}
+	}
+	return s.store
+}
+
 func (s *server) schedulesPage(w http.ResponseWriter, r *http.Request, rq *request) {
-	rows, err := s.store.Schedules(r.Context())
+	rows, err := s.schedules(r.Context())
 	if err != nil {
 		s.storeError(w, r, rq, err, "schedule")
 		return
@@ -42,7 +80,7 @@ func (s *server) scheduleOf(w http.ResponseWriter, r *http.Request, rq *request)
 		return statestore.ScheduleRow{}, "", false
 	}
 	name := r.PathValue("name")
-	rows, err := s.store.Schedules(r.Context())
+	rows, err := s.schedules(r.Context())
 	if err != nil {
 		s.storeError(w, r, rq, err, "schedule")
 		return statestore.ScheduleRow{}, "", false
@@ -81,7 +119,7 @@ func (s *server) scheduleAction(w http.ResponseWriter, r *http.Request, rq *requ
 	notice := ""
 	switch verb {
 	case "trigger":
-		_, err = s.store.TriggerSchedule(r.Context(), row.Name, claimedBy(rq))
+		_, err = s.scheduleStore(row).TriggerSchedule(r.Context(), row.Name, claimedBy(rq))
 		notice = "triggered"
 	default:
 		pause := verb == "pause"
@@ -90,12 +128,12 @@ func (s *server) scheduleAction(w http.ResponseWriter, r *http.Request, rq *requ
 			var sc workflow.Schedule
 			sc, err = workflow.ParseTicks(row.Cron, row.Timezone)
 			if err == nil {
-				now, nerr := s.store.Now(r.Context())
+				now, nerr := s.scheduleStore(row).Now(r.Context())
 				next, err = sc.Next(now), nerr
 			}
 		}
 		if err == nil {
-			err = s.store.PauseSchedule(r.Context(), row.Name, pause, next, claimedBy(rq))
+			err = s.scheduleStore(row).PauseSchedule(r.Context(), row.Name, pause, next, claimedBy(rq))
 		}
 		notice = map[bool]string{true: "paused", false: "resumed"}[pause]
 	}

@@ -541,5 +541,9 @@ func errorText(err error) string {
 }
 
 func (s *server) redirect(w http.ResponseWriter, r *http.Request, to, done string) {
-	http.Redirect(w, r, fmt.Sprintf("%s?done=%s", to, url.QueryEscape(done)), http.StatusSeeOther)
+	sep := "?"
+	if strings.Contains(to, "?") {
+		sep = "&"
+	}
+	http.Redirect(w, r, fmt.Sprintf("%s%sdone=%s", to, sep, url.QueryEscape(done)), http.StatusSeeOther)
 }

@@ -39,6 +39,9 @@ type ScheduleRow struct {
 	LastOrderStatus string     `json:"last_order_status,omitempty"`
 	TriggerAt       *time.Time `json:"trigger_at,omitempty"`
 	TriggerBy       string     `json:"trigger_by,omitempty"`
+	// Partition, in a partitioned deployment, is the partition keeping
+	// the schedule (set by whoever reads several).
+	Partition string `json:"partition,omitempty"`
 }
 
 // Running reports whether the schedule's last order has not ended.
