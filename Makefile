@@ -85,11 +85,13 @@ demo: build
 # (make test runs a short one: TestChaosShortRun.) Replay a run with its seed.
 CHAOS_ORDERS ?= 10000
 CHAOS_RATE ?= 50
+# CHAOS_PARTITIONS=3: the run across three partitions (docs/SCALING.md).
+CHAOS_PARTITIONS ?= 1
 CHAOS_FLAGS ?=
 chaos: services
 	$(GO) build -tags failpoints -o bin/failpoints/ ./cmd/...
 	$(GO) build -o bin/ ./cmd/chaos
-	bin/chaos --bin bin/failpoints --orders $(CHAOS_ORDERS) --rate $(CHAOS_RATE) $(CHAOS_FLAGS)
+	bin/chaos --bin bin/failpoints --orders $(CHAOS_ORDERS) --rate $(CHAOS_RATE) --partitions $(CHAOS_PARTITIONS) $(CHAOS_FLAGS)
 
 # The benchmark (docs/BENCHMARKS.md): first Go benchmarks of the state
 # store's hot operations against the real PostgreSQL, of one message

@@ -89,3 +89,22 @@ func TestChaosCatchesBrokenBuilds(t *testing.T) {
 		})
 	}
 }
+
+// TestChaosAcrossPartitions is the short fault run across two
+// partitions: every order published through the routing exchange, every
+// fault striking either partition's processes (the network fault either
+// partition's database), and every invariant checked in each partition
+// and across them: each order in exactly one store, the one its id
+// names.
+func TestChaosAcrossPartitions(t *testing.T) {
+	t.Parallel()
+	cfg := chaosConfig(t, 54, 240)
+	cfg.Partitions = 2
+	rep := runChaos(t, cfg)
+	if !rep.OK() {
+		t.Fatal("invariants broken under faults across partitions (report above)")
+	}
+	if rep.Confirmed != 240 || rep.Malformed == 0 || len(rep.Faults) < 4 || rep.Result.Completed+rep.Result.Failed+rep.Result.HeldError < 240 {
+		t.Fatalf("the run did not do what it should: %+v", rep)
+	}
+}

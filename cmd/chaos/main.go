@@ -40,6 +40,7 @@ func run() int {
 	flag.DurationVar(&cfg.StepTimeout, "step-timeout", 2*time.Second, "budget of one attempt")
 	flag.DurationVar(&cfg.HealTimeout, "heal-timeout", 3*time.Minute, "how long orders may take to end after the faults stop")
 	flag.BoolVar(&cfg.Keep, "keep", false, "keep the run's schema and queues")
+	flag.IntVar(&cfg.Partitions, "partitions", 1, "run this many partitions (a schema, queue prefix and services each), orders routed by id through the consistent-hash exchange (the broker needs rabbitmq_consistent_hash_exchange); invariants checked in each and across")
 	flag.Parse()
 	cfg.Faults = strings.Split(faults, ",")
 	dir, err := os.MkdirTemp("", "sas-chaos-")

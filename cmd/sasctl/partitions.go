@@ -9,6 +9,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"sas/internal/messages"
 	"sas/internal/partition"
 	"sas/internal/service"
@@ -113,17 +115,11 @@ func (a *app) partitionsSetup(ctx context.Context, args []string) error {
 	if !followed {
 		fmt.Fprintf(a.stdout, "binding the buckets as the file splits them (set %s to bind those moved since to their owner)\n", l.Partitions[0].DatabaseURLEnv)
 	}
-	conn, pub, _, err := a.openBroker(ctx)
+	ch, closeChannel, err := a.brokerChannel(ctx)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	defer pub.Close()
-	ch, err := conn.Channel(ctx)
-	if err != nil {
-		return fmt.Errorf("broker: %w", err)
-	}
-	defer ch.Close()
+	defer closeChannel()
 	if err := l.Declare(ch); err != nil {
 		return err
 	}
@@ -139,6 +135,26 @@ func (a *app) partitionsSetup(ctx context.Context, args []string) error {
 		fmt.Fprintf(a.stdout, "  %s: %d buckets (%s) to %s\n", p.Name, len(owned), runs(owned), p.SubmitEntrance())
 	}
 	return nil
+}
+
+// brokerChannel opens a channel on the broker, for declaring and
+// binding exchanges, and the function that closes it and its connection.
+func (a *app) brokerChannel(ctx context.Context) (*amqp.Channel, func(), error) {
+	conn, pub, _, err := a.openBroker(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	ch, err := conn.Channel(ctx)
+	if err != nil {
+		pub.Close()
+		conn.Close()
+		return nil, nil, fmt.Errorf("broker: %w", err)
+	}
+	return ch, func() {
+		ch.Close()
+		pub.Close()
+		conn.Close()
+	}, nil
 }
 
 // partitionsOf says which bucket and partition each order id belongs to.
@@ -270,21 +286,13 @@ func (a *app) everyStore(ctx context.Context) ([]partitionedStore, func(), error
 		}
 		return []partitionedStore{{"", store}}, closeStore, nil
 	}
-	var out []partitionedStore
-	var closers []func()
-	closeAll := func() {
-		for _, c := range closers {
-			c()
-		}
+	stores, closeAll, err := a.partitionStores(ctx, l)
+	if err != nil {
+		return nil, nil, err
 	}
-	for _, p := range l.Partitions {
-		store, closeStore, err := a.partitionStore(ctx, p)
-		if err != nil {
-			closeAll()
-			return nil, nil, err
-		}
-		out = append(out, partitionedStore{p.Name, store})
-		closers = append(closers, closeStore)
+	out := make([]partitionedStore, len(stores.Parts))
+	for i, p := range stores.Parts {
+		out[i] = partitionedStore{p.Name, p.Store}
 	}
 	return out, closeAll, nil
 }

@@ -124,17 +124,11 @@ func (a *app) partitionsMove(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeStores()
-	conn, pub, _, err := a.openBroker(ctx)
+	ch, closeChannel, err := a.brokerChannel(ctx)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	defer pub.Close()
-	ch, err := conn.Channel(ctx)
-	if err != nil {
-		return fmt.Errorf("broker: %w", err)
-	}
-	defer ch.Close()
+	defer closeChannel()
 	m, err := stores.Move(ctx, ch, b, rest[1], "sasctl:"+claimedName(*as), !*noWait, func(m statestore.BucketMove) {
 		fmt.Fprintf(a.stdout, "move %d of bucket %d from %s to %s: %s, %d ids copied, %d of its orders running in %s\n",
 			m.ID, m.Bucket, m.From, m.To, m.State, m.Copied, m.Running, m.From)

@@ -22,7 +22,7 @@ import (
 //     the others pass them to it.
 //  2. The ids the old owner wrote in the bucket are copied to the new
 //     owner's moved_orders.
-//  3. The old owner is fenced: under the bucket's lock, taken alone once
+//  3. The old owner is fenced: under its fence lock, taken alone once
 //     its writes in flight have ended, it records the new owner; it never
 //     writes an order of the bucket again, and passes its submits on.
 //  4. The ids are copied again: now every id the old owner will ever

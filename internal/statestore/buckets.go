@@ -26,7 +26,7 @@ type fence struct {
 // FenceAs makes s partition name's store: every submitted order it
 // writes (InsertOrder, InsertOrders, InsertOrderWithinQuota) is written
 // only while the partition owns the order's bucket (bucketOf), as
-// partition_buckets says under the bucket's lock, and never when an
+// partition_buckets says under the fence lock, and never when an
 // earlier owner of its bucket wrote its id. Call it before the store is
 // used.
 func (s *Store) FenceAs(name string, bucketOf func(orderID string) int) {
@@ -98,17 +98,17 @@ func (s *Store) SetBucketOwner(ctx context.Context, bucket int, owner string, mo
 }
 
 // FenceBucket records, in the store of the partition a bucket leaves,
-// that owner has it now (moving), once every write of its orders in
-// flight has ended: it takes the bucket's lock alone, which each write
-// takes shared, so no order of the bucket is written here after it
-// returns.
+// that owner has it now (moving), once every write of orders in flight
+// has ended: it takes the fence lock alone, which each write takes
+// shared (holding the partition's writes for the one upsert), so no
+// order of the bucket is written here after it returns.
 func (s *Store) FenceBucket(ctx context.Context, bucket int, owner string) error {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("fence bucket %d: %w", bucket, err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(`+bucketLockKey+`) FROM (SELECT $1::int AS b) s`, bucket); err != nil {
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(`+fenceLockKey+`)`); err != nil {
 		return fmt.Errorf("fence bucket %d: %w", bucket, err)
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO partition_buckets (bucket, owner, state) VALUES ($1, $2, 'moving')

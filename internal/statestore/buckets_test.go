@@ -35,13 +35,13 @@ func TestFencedWritesFollowTheBucketsOwner(t *testing.T) {
 		t.Fatalf("first order: %v %v", got, err)
 	}
 
-	// A write of bucket 7 in flight holds its lock shared: the fence
-	// waits for it.
+	// A write in flight holds the fence lock shared: the fence waits
+	// for it.
 	tx, err := p1.pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock_shared(hashtextextended('sas.bucket.' || current_schema() || '.' || 7, 0))`); err != nil {
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock_shared(hashtextextended('sas.fence.' || current_schema(), 0))`); err != nil {
 		t.Fatal(err)
 	}
 	fenced := make(chan error, 1)
@@ -49,7 +49,7 @@ func TestFencedWritesFollowTheBucketsOwner(t *testing.T) {
 	waitFor(t, "the fence to wait for the write in flight", func() bool {
 		var n int
 		_ = p1.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'
-			AND datname = current_database() AND query LIKE '%sas.bucket.%' AND pid <> pg_backend_pid()`).Scan(&n)
+			AND datname = current_database() AND query LIKE '%sas.fence.%' AND pid <> pg_backend_pid()`).Scan(&n)
 		return n == 1
 	})
 	select {

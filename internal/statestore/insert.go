@@ -306,8 +306,8 @@ func (s *Store) add(a *insertArrays, o NewOrder, idx int) {
 }
 
 // runInsert runs a's statement on q and returns the indexes it reports
-// (insertOrdersEnd, insertFencedEnd). In a partition's store the
-// buckets' locks are taken shared first, in a statement of the same
+// (insertOrdersEnd, insertFencedEnd). In a partition's store the fence
+// lock is taken shared first, in a statement of the same
 // transaction: on the pool, both go in one round trip (a pipeline is one
 // implicit transaction).
 func runInsert(ctx context.Context, q execQuerier, a *insertArrays) ([]int, error) {
@@ -320,7 +320,7 @@ func runInsert(ctx context.Context, q execQuerier, a *insertArrays) ([]int, erro
 	}
 	pool, isPool := q.(*pgxpool.Pool)
 	if !isPool {
-		if _, err := q.Exec(ctx, lockBucketsSQL, a.buckets); err != nil {
+		if _, err := q.Exec(ctx, lockBucketsSQL); err != nil {
 			return nil, err
 		}
 		rows, err := q.Query(ctx, a.sql(), a.args()...)
@@ -330,7 +330,7 @@ func runInsert(ctx context.Context, q execQuerier, a *insertArrays) ([]int, erro
 		return pgx.CollectRows(rows, pgx.RowTo[int])
 	}
 	b := &pgx.Batch{}
-	b.Queue(lockBucketsSQL, a.buckets)
+	b.Queue(lockBucketsSQL)
 	b.Queue(a.sql(), a.args()...)
 	br := pool.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
@@ -575,9 +575,9 @@ func (a *insertArrays) sql() string {
 // accepted) and every order whose id a bucket's earlier owner wrote
 // (moved_orders: a retry across a move, settled as a duplicate or a
 // conflict by existing). The statement before it in the same
-// transaction took each bucket's lock shared (lockBucketsSQL), which a
-// move takes alone as it fences the bucket: this statement's snapshot,
-// taken after, sees the move.
+// transaction took the fence lock shared (lockBucketsSQL), which a move
+// takes alone as it fences a bucket: this statement's snapshot, taken
+// after, sees the move.
 const fencedSQL = `
 ), away AS (
     SELECT b.idx FROM unnest(%[1]s::int[]) WITH ORDINALITY AS b(bucket, idx)
@@ -594,15 +594,15 @@ const fencedSQL = `
 const insertFencedEnd = `
 SELECT idx::int FROM insd UNION ALL SELECT -idx::int FROM away`
 
-// lockBucketsSQL takes the locks of buckets $1 shared until the
-// transaction ends: a move fencing one of them (FenceBucket) waits for
-// the writes in flight, and writes after it see the bucket moved.
-const lockBucketsSQL = `
-SELECT count(pg_advisory_xact_lock_shared(` + bucketLockKey + `))
-FROM (SELECT DISTINCT b FROM unnest($1::int[]) AS b ORDER BY b) s`
+// lockBucketsSQL takes the partition's fence lock shared until the
+// transaction ends: a move fencing a bucket (FenceBucket) takes it alone,
+// so it waits for the writes in flight, and writes after it see the
+// bucket moved. One lock for every bucket keeps a write's cost the same
+// whatever buckets its batch holds; a fence holds it for one upsert.
+const lockBucketsSQL = `SELECT pg_advisory_xact_lock_shared(` + fenceLockKey + `)`
 
-// bucketLockKey is bucket b's lock, one per schema.
-const bucketLockKey = `hashtextextended('sas.bucket.' || current_schema() || '.' || b, 0)`
+// fenceLockKey is a partition's fence lock, one per schema.
+const fenceLockKey = `hashtextextended('sas.fence.' || current_schema(), 0)`
 
 // withNamespaces is insertOrdersSQL writing each order's namespace, the
 // element of the text array p at the order's place (orders of the

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -30,6 +32,7 @@ import (
 	"sas/internal/harness/netproxy"
 	"sas/internal/harness/proc"
 	"sas/internal/messages"
+	"sas/internal/partition"
 	"sas/internal/remote"
 	"sas/internal/scheduler"
 	"sas/internal/statestore"
@@ -90,6 +93,13 @@ type Config struct {
 	// fault freezes (default: scheduler, agent).
 	KillRoles []string
 	StopRoles []string
+	// Partitions, above 1, runs that many partitions (docs/SCALING.md):
+	// each a schema, a queue prefix and its services of its own, orders
+	// published through a routing exchange of the consistent-hash
+	// plugin; every fault may strike any partition's processes (the
+	// network fault any partition's database), and the invariants are
+	// checked in each partition and across them.
+	Partitions int
 }
 
 // Report is a run's outcome.
@@ -274,36 +284,95 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) (Report, error) {
 		enabled[f] = true
 	}
 
-	w, err := r.prepare(ctx)
+	var stages []*stage
+	for range max(cfg.Partitions, 1) {
+		w, err := r.prepare(ctx)
+		if err != nil {
+			return rep, err
+		}
+		defer w.close(ctx, cfg.Keep, logger)
+		stages = append(stages, w)
+	}
+	w := stages[0]
+	r.store = w.store
+	layout, err := r.partitionLayout(ctx, stages)
 	if err != nil {
 		return rep, err
 	}
-	defer w.close(ctx, cfg.Keep, logger)
-	r.store = w.store
 	ids := r.chooseOrders(&rep)
 	defer r.closeProxies()
 	defer r.stopServices()
-	if err := r.startServices(ctx, w); err != nil {
+	if err := r.startServices(ctx, stages, layout); err != nil {
 		return rep, err
 	}
-	logger.Info("services up", "processes", len(r.slots), "schema", w.tag)
+	logger.Info("services up", "processes", len(r.slots), "schema", w.tag, "partitions", len(stages))
 
 	h := History{Confirmed: map[string]bool{}, Malformed: map[string]string{}}
-	if err := r.publishUnderFaults(ctx, w, ids, enabled, &h, &rep); err != nil {
+	if err := r.publishUnderFaults(ctx, w, layout, ids, enabled, &h, &rep); err != nil {
 		return rep, err
 	}
 	r.heal(ctx)
 	healed := time.Now()
-	if err := r.waitQuiet(ctx, w.store, h.Confirmed, healed.Add(cfg.HealTimeout)); err != nil {
-		return rep, err
+	for i, st := range stages {
+		if err := r.waitQuiet(ctx, st.store, ownedBy(layout, i, h.Confirmed), healed.Add(cfg.HealTimeout)); err != nil {
+			return rep, err
+		}
 	}
 	rep.HealedToQuiet = time.Since(healed)
-	return rep, r.gather(ctx, w, h, &rep)
+	return rep, r.gather(ctx, stages, layout, h, &rep)
+}
+
+// partitionLayout writes, for a run of several partitions, their layout
+// (each stage a partition) and declares its routing exchange; nil for a
+// run of one state store.
+func (r *run) partitionLayout(ctx context.Context, stages []*stage) (*partition.Layout, error) {
+	if len(stages) < 2 {
+		return nil, nil
+	}
+	raw := fmt.Sprintf("exchange: %sroute\nbuckets: 256\npartitions:\n", stages[0].prefix)
+	for i, st := range stages {
+		raw += fmt.Sprintf("  - {name: p%d, queue_prefix: %s, database_url_env: SAS_CHAOS_P%d_URL}\n", i+1, st.prefix, i+1)
+	}
+	file := filepath.Join(r.cfg.LogDir, "partitions.yaml")
+	if err := os.WriteFile(file, []byte(raw), 0o644); err != nil {
+		return nil, err
+	}
+	l, err := partition.Load(file)
+	if err != nil {
+		return nil, err
+	}
+	ch, err := stages[0].conn.Channel(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer ch.Close()
+	if err := l.Declare(ch); err != nil {
+		return nil, fmt.Errorf("%w (rabbitmq-plugins enable rabbitmq_consistent_hash_exchange)", err)
+	}
+	stages[0].routing = &l
+	return &l, nil
+}
+
+// ownedBy is the ids of ids partition i owns (all of them, unpartitioned).
+func ownedBy(l *partition.Layout, i int, ids map[string]bool) map[string]bool {
+	if l == nil {
+		return ids
+	}
+	out := map[string]bool{}
+	for id, v := range ids {
+		if l.Owner(l.BucketOf(id)) == i {
+			out[id] = v
+		}
+	}
+	return out
 }
 
 // stage is what a run sets up before its services start: a schema and a
 // queue prefix of its own, migrated, and the harness's own connections.
 type stage struct {
+	// routing, on the first stage of a partitioned run, is the layout
+	// whose exchange and buckets close deletes.
+	routing            *partition.Layout
 	tag, dbURL, prefix string
 	topo               broker.Topology
 	admin              *pgxpool.Pool // on the configured search path: creates and drops the schema
@@ -370,6 +439,12 @@ func (w *stage) close(ctx context.Context, keep bool, logger *slog.Logger) {
 			cleanup := context.WithoutCancel(ctx)
 			if ch, err := w.conn.Channel(cleanup); err == nil {
 				_ = w.topo.Delete(ch)
+				if w.routing != nil {
+					for b := range w.routing.Buckets {
+						_ = ch.ExchangeDelete(w.routing.BucketExchange(b), false, false)
+					}
+					_ = ch.ExchangeDelete(w.routing.Exchange, false, false)
+				}
 				ch.Close()
 			}
 			_, _ = w.admin.Exec(cleanup, `DROP SCHEMA `+w.tag+` CASCADE`)
@@ -508,12 +583,8 @@ const QuorumWorkflow = "chaos_quorum"
 // startServices starts the remote and two replicas of each service, which
 // reach Postgres, RabbitMQ and the remote through proxies (the harness
 // itself connects directly), and waits until each is ready.
-func (r *run) startServices(ctx context.Context, w *stage) error {
+func (r *run) startServices(ctx context.Context, stages []*stage, layout *partition.Layout) error {
 	cfg := r.cfg
-	svcDB, err := r.viaProxy("postgres", w.dbURL)
-	if err != nil {
-		return err
-	}
 	svcAMQP, err := r.viaProxy("rabbitmq", cfg.AMQPURL)
 	if err != nil {
 		return err
@@ -523,11 +594,8 @@ func (r *run) startServices(ctx context.Context, w *stage) error {
 	if err := os.WriteFile(wfFile, append(workflow.BuiltinYAML(), graphWorkflowYAML...), 0o644); err != nil {
 		return err
 	}
-	common := append([]string{"SAS_DATABASE_URL=" + svcDB, "SAS_AMQP_URL=" + svcAMQP, "SAS_QUEUE_PREFIX=" + w.prefix, "SAS_LOG_LEVEL=info",
-		"SAS_QUEUE_TYPE=" + w.topo.QueueType,
-		"SAS_WORKFLOWS_FILE=" + wfFile}, cfg.Env...)
 	port := cfg.PortBase
-	add := func(role, binary, addrVar string, n int, env ...string) error {
+	add := func(common []string, role, suffix, binary, addrVar string, n int, env ...string) error {
 		for i := range n {
 			addr := ""
 			if cfg.PortBase == 0 {
@@ -538,32 +606,52 @@ func (r *run) startServices(ctx context.Context, w *stage) error {
 				port++
 				addr = fmt.Sprintf("127.0.0.1:%d", port)
 			}
-			name := fmt.Sprintf("%s-%d", role, i+1)
+			name := fmt.Sprintf("%s-%d%s", role, i+1, suffix)
 			r.slots = append(r.slots, &slot{role: role, name: name, binary: binary, addrVar: addrVar,
 				addr: addr, env: append(append(append([]string{}, common...), "SAS_INSTANCE_ID="+name), env...)})
 		}
 		return nil
 	}
-	if err := add("remote", "remote", "SAS_REMOTE_ADDR", 1, "SAS_REMOTE_FAULTS="+r.baseFaults, fmt.Sprintf("SAS_REMOTE_SEED=%d", cfg.Seed)); err != nil {
-		return err
-	}
-	r.remote = r.slots[0]
-	remoteURL, err := r.viaProxy("remote", "http://"+r.remote.addr)
-	if err != nil {
-		return err
-	}
-	for _, a := range []struct {
-		role, addrVar string
-		env           []string
-	}{
-		{"submitter", "SAS_METRICS_ADDR", []string{"SAS_STEP_TIMEOUT=" + cfg.StepTimeout.String()}},
-		{"scheduler", "SAS_METRICS_ADDR", []string{"SAS_SCHEDULER_POLL_INTERVAL=200ms"}},
-		{"agent", "SAS_METRICS_ADDR", []string{"SAS_REMOTE_URL=" + remoteURL}},
-		{"supervisor", "SAS_METRICS_ADDR", []string{"SAS_SUPERVISOR_INTERVAL=200ms", "SAS_SUPERVISOR_LEASE_TTL=1s",
-			"SAS_SUPERVISOR_BACKOFF_BASE=100ms", "SAS_SUPERVISOR_BACKOFF_MAX=1s"}},
-	} {
-		if err := add(a.role, a.role, a.addrVar, 2, a.env...); err != nil {
+	var remoteURL string
+	for i, w := range stages {
+		// Each partition's database behind a proxy of its own.
+		proxy, suffix := "postgres", ""
+		if layout != nil && i > 0 {
+			proxy, suffix = fmt.Sprintf("postgres-p%d", i+1), fmt.Sprintf("-p%d", i+1)
+		}
+		svcDB, err := r.viaProxy(proxy, w.dbURL)
+		if err != nil {
 			return err
+		}
+		common := append([]string{"SAS_DATABASE_URL=" + svcDB, "SAS_AMQP_URL=" + svcAMQP, "SAS_QUEUE_PREFIX=" + w.prefix, "SAS_LOG_LEVEL=info",
+			"SAS_QUEUE_TYPE=" + w.topo.QueueType,
+			"SAS_WORKFLOWS_FILE=" + wfFile}, cfg.Env...)
+		if layout != nil {
+			common = append(common, "SAS_PARTITIONS_FILE="+filepath.Join(cfg.LogDir, "partitions.yaml"), fmt.Sprintf("SAS_PARTITION=p%d", i+1))
+		}
+		if i == 0 {
+			// One remote service for every partition.
+			if err := add(common, "remote", "", "remote", "SAS_REMOTE_ADDR", 1, "SAS_REMOTE_FAULTS="+r.baseFaults, fmt.Sprintf("SAS_REMOTE_SEED=%d", cfg.Seed)); err != nil {
+				return err
+			}
+			r.remote = r.slots[0]
+			if remoteURL, err = r.viaProxy("remote", "http://"+r.remote.addr); err != nil {
+				return err
+			}
+		}
+		for _, a := range []struct {
+			role, addrVar string
+			env           []string
+		}{
+			{"submitter", "SAS_METRICS_ADDR", []string{"SAS_STEP_TIMEOUT=" + cfg.StepTimeout.String()}},
+			{"scheduler", "SAS_METRICS_ADDR", []string{"SAS_SCHEDULER_POLL_INTERVAL=200ms"}},
+			{"agent", "SAS_METRICS_ADDR", []string{"SAS_REMOTE_URL=" + remoteURL}},
+			{"supervisor", "SAS_METRICS_ADDR", []string{"SAS_SUPERVISOR_INTERVAL=200ms", "SAS_SUPERVISOR_LEASE_TTL=1s",
+				"SAS_SUPERVISOR_BACKOFF_BASE=100ms", "SAS_SUPERVISOR_BACKOFF_MAX=1s"}},
+		} {
+			if err := add(common, a.role, suffix, a.role, a.addrVar, 2, a.env...); err != nil {
+				return err
+			}
 		}
 	}
 	for _, s := range r.slots {
@@ -593,12 +681,12 @@ func (r *run) stopServices() {
 
 // publishUnderFaults publishes the orders while faults are injected, and
 // returns when both are done.
-func (r *run) publishUnderFaults(ctx context.Context, w *stage, ids []string, enabled map[string]bool, h *History, rep *Report) error {
+func (r *run) publishUnderFaults(ctx context.Context, w *stage, layout *partition.Layout, ids []string, enabled map[string]bool, h *History, rep *Report) error {
 	published := make(chan struct{})
 	var pubErr error
 	go func() {
 		defer close(published)
-		pubErr = r.publish(ctx, w.pub, w.topo, ids, enabled, h.Confirmed, h.Malformed, rep)
+		pubErr = r.publish(ctx, w.pub, w.topo, layout, ids, enabled, h.Confirmed, h.Malformed, rep)
 	}()
 	r.injectFaults(ctx, enabled, published)
 	<-published
@@ -663,18 +751,17 @@ func (r *run) waitQuiet(ctx context.Context, store *statestore.Store, confirmed 
 
 // gather reads the run's history (dead letters, the audit, the remote's
 // ledger, the schedulers' stale-reply counts) and checks it.
-func (r *run) gather(ctx context.Context, w *stage, h History, rep *Report) error {
-	dead, err := drainDeadLetters(ctx, w.conn, w.topo.DeadLetterQueue(submitter.Input))
-	if err != nil {
-		return err
-	}
-	for _, reason := range dead {
-		rep.DeadLettered[reason]++
-	}
-	h.DeadLettered = dead
-	audit, err := w.store.ReadAudit(ctx)
-	if err != nil {
-		return err
+func (r *run) gather(ctx context.Context, stages []*stage, layout *partition.Layout, h History, rep *Report) error {
+	h.DeadLettered = map[string]string{}
+	for _, w := range stages {
+		dead, err := drainDeadLetters(ctx, w.conn, w.topo.DeadLetterQueue(submitter.Input))
+		if err != nil {
+			return err
+		}
+		for id, reason := range dead {
+			rep.DeadLettered[reason]++
+			h.DeadLettered[id] = reason
+		}
 	}
 	ledger, err := fetchLedger(ctx, r.remote.addr)
 	if err != nil {
@@ -685,12 +772,62 @@ func (r *run) gather(ctx context.Context, w *stage, h History, rep *Report) erro
 			rep.StaleReplies += scrape(s.current().Addr, "sas_stale_replies_total")
 		}
 	}
-	if err := w.pool.QueryRow(ctx, `SELECT count(*) FROM order_deadlines WHERE outcome = 'compensate'`).Scan(&rep.DeadlinePassed); err != nil {
-		return err
+	audits := make([]statestore.Audit, len(stages))
+	where := map[string]int{} // order id: the partition holding it
+	var across []Violation
+	for i, w := range stages {
+		if audits[i], err = w.store.ReadAudit(ctx); err != nil {
+			return err
+		}
+		var passed int
+		if err := w.pool.QueryRow(ctx, `SELECT count(*) FROM order_deadlines WHERE outcome = 'compensate'`).Scan(&passed); err != nil {
+			return err
+		}
+		rep.DeadlinePassed += passed
+		for _, o := range audits[i].Orders {
+			if j, twice := where[o.OrderID]; twice {
+				across = append(across, Violation{1, fmt.Sprintf("order %s is in partitions p%d and p%d", o.OrderID, j+1, i+1)})
+			}
+			where[o.OrderID] = i
+			// A submitted order is in the partition its id names (a
+			// child is in its parent's).
+			if layout != nil && h.Confirmed[o.OrderID] && layout.Owner(layout.BucketOf(o.OrderID)) != i {
+				across = append(across, Violation{1, fmt.Sprintf("order %s is in partition p%d, its id names %s", o.OrderID, i+1, layout.Partitions[layout.Owner(layout.BucketOf(o.OrderID))].Name)})
+			}
+		}
 	}
 	rep.Confirmed = len(h.Confirmed)
 	rep.Malformed = len(h.Malformed)
-	rep.Result = Check(h, audit, ledger)
+	if layout == nil {
+		rep.Result = Check(h, audits[0], ledger)
+	} else {
+		// Each partition's history against its own store and the
+		// ledger's effects on its orders; the malformed messages in the
+		// first's (their dead letters gathered from every partition).
+		for i := range stages {
+			mine := History{Confirmed: ownedBy(layout, i, h.Confirmed), Malformed: map[string]string{}, DeadLettered: h.DeadLettered}
+			if i == 0 {
+				mine.Malformed = h.Malformed
+			}
+			var effects []remote.Entry
+			for _, e := range ledger {
+				if j, ok := where[e.OrderID]; ok && j == i {
+					effects = append(effects, e)
+				}
+			}
+			res := Check(mine, audits[i], effects)
+			for k := range res.Violations {
+				res.Violations[k].Detail = fmt.Sprintf("partition p%d: %s", i+1, res.Violations[k].Detail)
+			}
+			rep.Result = sumResults(rep.Result, res)
+		}
+		for _, e := range ledger {
+			if _, ok := where[e.OrderID]; !ok {
+				across = append(across, Violation{7, fmt.Sprintf("effect %s for order %s that is in no partition", e.Key, e.OrderID)})
+			}
+		}
+		rep.Result.Violations = append(rep.Result.Violations, across...)
+	}
 	r.mu.Lock()
 	rep.Faults, rep.Crashes = r.faults, r.crashes
 	rep.Migrated = r.migrated
@@ -698,9 +835,24 @@ func (r *run) gather(ctx context.Context, w *stage, h History, rep *Report) erro
 	return nil
 }
 
+// sumResults adds one partition's result to the others'.
+func sumResults(a, b Result) Result {
+	a.Confirmed += b.Confirmed
+	a.Completed += b.Completed
+	a.Failed += b.Failed
+	a.HeldError += b.HeldError
+	a.Spared += b.Spared
+	a.Keys += b.Keys
+	a.Effects += b.Effects
+	a.Requests += b.Requests
+	a.UndoEffects += b.UndoEffects
+	a.Violations = append(a.Violations, b.Violations...)
+	return a
+}
+
 // publish sends the orders at cfg.Rate with publisher confirms, with
 // malformed messages and repeated submits mixed in.
-func (r *run) publish(ctx context.Context, pub *broker.Publisher, topo broker.Topology, ids []string, enabled map[string]bool,
+func (r *run) publish(ctx context.Context, pub *broker.Publisher, topo broker.Topology, layout *partition.Layout, ids []string, enabled map[string]bool,
 	confirmed map[string]bool, malformed map[string]string, rep *Report) error {
 	queue := topo.Queue(submitter.Input)
 	tick := time.NewTicker(time.Duration(float64(time.Second) / r.cfg.Rate))
@@ -708,7 +860,12 @@ func (r *run) publish(ctx context.Context, pub *broker.Publisher, topo broker.To
 	catalogue := badinput.SubmitOrders(messages.NewID)
 	send := func(id, contentType string, body []byte) error {
 		for {
-			err := pub.Publish(ctx, "", queue, amqp.Publishing{ContentType: contentType, MessageId: id, Body: body})
+			exchange, key := "", queue
+			if layout != nil {
+				// Through the routing exchange, the id as routing key.
+				exchange, key = layout.Exchange, id
+			}
+			err := pub.Publish(ctx, exchange, key, amqp.Publishing{ContentType: contentType, MessageId: id, Body: body})
 			if err == nil || ctx.Err() != nil {
 				return err
 			}
@@ -966,7 +1123,7 @@ func (r *run) injectFaults(ctx context.Context, enabled map[string]bool, publish
 				_ = p.Signal(syscall.SIGCONT)
 			}()
 		case FaultNetwork:
-			names := []string{"postgres", "rabbitmq", "remote"}
+			names := slices.Sorted(maps.Keys(r.proxies))
 			name := names[r.intn(len(names))]
 			p := r.proxies[name]
 			switch r.intn(3) {
