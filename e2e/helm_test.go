@@ -97,7 +97,7 @@ func TestHelmChart(t *testing.T) {
 	// every partition's database; a migration job a partition; the
 	// layout every process reads.
 	parts := rendered["partitions"]
-	for _, p := range []string{"p1", "p2", "p3"} {
+	for _, p := range []string{"p1", "p2", "p3", "p4"} {
 		for _, comp := range []string{"submitter", "scheduler", "supervisor", "agent-payment"} {
 			env := envOf(container(t, find(t, parts, "Deployment", "-"+comp+"-"+p)))
 			if env["SAS_PARTITION"] != p || env["SAS_QUEUE_PREFIX"] != "sas."+p+"." || !strings.Contains(env["SAS_DATABASE_URL"], "@pg-"+p+":5432/") && comp != "agent-payment" ||
@@ -121,7 +121,9 @@ func TestHelmChart(t *testing.T) {
 		}
 	}
 	layout := find(t, parts, "ConfigMap", "-partitions")["data"].(map[string]any)["partitions.yaml"].(string)
-	if l, err := partition.Parse([]byte(layout)); err != nil || len(l.Partitions) != 3 || l.Partitions[1].DatabaseURLEnv != "SAS_P2_DATABASE_URL" {
+	// p4, added later, owns no bucket; the others keep their thirds.
+	if l, err := partition.Parse([]byte(layout)); err != nil || len(l.Partitions) != 4 || l.Partitions[1].DatabaseURLEnv != "SAS_P2_DATABASE_URL" ||
+		!l.Partitions[3].Added || len(l.Owned(3)) != 0 || len(l.Owned(0)) != 86 {
 		t.Errorf("the rendered layout: %v\n%s", err, layout)
 	}
 	if n := len(rendered["minimal"]); n == 0 || slices.ContainsFunc(rendered["minimal"], func(o map[string]any) bool { return strings.Contains(name(o), "partition") }) {

@@ -171,9 +171,5 @@ func StoreVersions(ctx context.Context, store *statestore.Store, workflows *work
 	for _, wf := range workflows.All() {
 		vs = append(vs, statestore.WorkflowVersion{Name: wf.Name, Version: wf.Version(), Definition: wf.Definition(), CreatedBy: me})
 	}
-	return service.Retry(ctx, func() error { return store.StoreWorkflowVersions(ctx, vs) },
-		func(err error) bool { return errors.Is(err, statestore.ErrInvalidData) },
-		func(err error, wait time.Duration) {
-			logger.Warn("storing the workflow versions failed, retrying", "err", err, "retry_in", wait)
-		})
+	return service.RetryDB(ctx, logger, "storing the workflow versions", func() error { return store.StoreWorkflowVersions(ctx, vs) })
 }

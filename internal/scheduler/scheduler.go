@@ -336,8 +336,11 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		store.TraceOrders()
 	}
 
-	secret, err := store.StepTokenKey(ctx)
-	if err != nil {
+	var secret string
+	if err := service.RetryDB(ctx, logger, "reading the step token key", func() (err error) {
+		secret, err = store.StepTokenKey(ctx)
+		return err
+	}); err != nil {
 		return err
 	}
 	tokens, err := steptoken.NewKey(secret)
@@ -400,7 +403,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		wake: w.outbox, logger: logger, metrics: m, tr: tr}
 
 	if cfg.StepEvents {
-		if err := store.HearStepEvents(ctx); err != nil {
+		if err := service.RetryDB(ctx, logger, "turning step events on", func() error { return store.HearStepEvents(ctx) }); err != nil {
 			return err
 		}
 	}

@@ -2,7 +2,11 @@ package service
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"time"
+
+	"sas/internal/statestore"
 )
 
 // Retry calls fn until it returns nil or an error isPermanent accepts,
@@ -29,4 +33,17 @@ func Retry(stop context.Context, fn func() error, isPermanent func(error) bool, 
 		}
 		wait = min(wait*2, 5*time.Second)
 	}
+}
+
+// RetryDB runs fn, a read or write a service makes as it starts, until
+// it succeeds, retrying with Retry's backoff after an error the database
+// may get over (a connection cut or refused) and returning one that
+// retrying cannot fix (statestore.ErrInvalidData) or the one in hand when
+// stop is done: a database that blinks while a service starts delays it
+// rather than stopping it.
+func RetryDB(stop context.Context, logger *slog.Logger, what string, fn func() error) error {
+	return Retry(stop, fn, func(err error) bool { return errors.Is(err, statestore.ErrInvalidData) },
+		func(err error, wait time.Duration) {
+			logger.Warn(what+" failed, retrying", "err", err, "retry_in", wait)
+		})
 }

@@ -146,7 +146,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		// and it passes on the others where they moved.
 		store.FenceAs(layout.Partitions[own].Name, layout.BucketOf)
 		follower = partition.NewFollower(layout, store)
-		if err := follower.Now(ctx); err != nil {
+		if err := service.RetryDB(ctx, logger, "reading the buckets moved", func() error { return follower.Now(ctx) }); err != nil {
 			return err
 		}
 	}

@@ -63,6 +63,9 @@ partitions:
   - name: {{ .name | quote }}
     queue_prefix: {{ .queuePrefix | quote }}
     database_url_env: {{ include "sas.partitionURLEnv" .name }}
+{{- if .added }}
+    added: true
+{{- end }}
 {{- end }}
 {{- end -}}
 
