@@ -48,8 +48,11 @@ BEGIN
             EXECUTE format('GRANT SELECT ON partition_buckets, moved_orders, partition_moves TO %I', v_role);
         END IF;
     END LOOP;
+    -- sasctl partitions move, as an operator's login.
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'sas_operator') THEN
         GRANT SELECT, INSERT, UPDATE ON partition_buckets, moved_orders, partition_moves TO sas_operator;
+        GRANT USAGE ON SEQUENCE partition_moves_id_seq TO sas_operator;
+        GRANT SELECT ON orders TO sas_operator;
     END IF;
 END
 $$;

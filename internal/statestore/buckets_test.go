@@ -162,3 +162,54 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 	}
 }
+
+// The roles that move buckets and write orders may do their part of a
+// move: an operator records and fences it and copies the ids; the
+// submitter's and the API's fenced writes read who owns a bucket and the
+// copied ids.
+func TestRolesMoveBuckets(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	operator := storeAs(t, b, "sas_operator")
+	m, err := operator.StartMove(ctx, 3, "p1", "p2", "test")
+	if err != nil {
+		t.Fatalf("operator records a move: %v", err)
+	}
+	if err := operator.SetBucketOwner(ctx, 4, "p2", true); err != nil {
+		t.Fatalf("operator sets an owner: %v", err)
+	}
+	if err := operator.FenceBucket(ctx, 3, "p2"); err != nil {
+		t.Fatalf("operator fences: %v", err)
+	}
+	if _, err := operator.OrderIDs(ctx, "", 10); err != nil {
+		t.Fatalf("operator reads order ids: %v", err)
+	}
+	if _, err := operator.RunningOrderIDs(ctx, "", 10); err != nil {
+		t.Fatalf("operator reads running order ids: %v", err)
+	}
+	h := sha256.Sum256([]byte("x"))
+	moved := order(1, time.Hour, 3)
+	if err := operator.CopyMovedOrders(ctx, "p1", []statestore.OrderID{{OrderID: moved.OrderID, PayloadHash: h[:]}}); err != nil {
+		t.Fatalf("operator copies ids: %v", err)
+	}
+	if err := operator.SetBucketOwner(ctx, 3, "p2", false); err != nil {
+		t.Fatalf("operator sets a bucket moved: %v", err)
+	}
+	if err := operator.UpdateMove(ctx, m.ID, "done", 1, 0); err != nil {
+		t.Fatalf("operator records the move done: %v", err)
+	}
+	for _, role := range []string{"sas_submitter", "sas_api"} {
+		st := storeAs(t, b, role)
+		st.FenceAs("p2", func(string) int { return 3 })
+		if got, err := st.InsertOrder(ctx, order(1, time.Hour, 3)); err != nil || got != statestore.Inserted {
+			t.Fatalf("%s writes an order of a bucket moved to it: %v %v", role, got, err)
+		}
+		if _, err := st.InsertOrder(ctx, moved); !errors.Is(err, statestore.ErrConflict) {
+			t.Fatalf("%s writes a copied id again: %v, want a conflict (its hash differs)", role, err)
+		}
+		if _, err := st.BucketOwners(ctx); err != nil {
+			t.Fatalf("%s reads the owners: %v", role, err)
+		}
+	}
+}
