@@ -34,8 +34,9 @@ CREATE TABLE partition_moves (
     ended_at       timestamptz,
     started_by     text        NOT NULL CHECK (length(started_by) BETWEEN 1 AND 200)
 );
--- One move of a bucket at a time.
-CREATE UNIQUE INDEX partition_moves_one_at_a_time ON partition_moves (bucket) WHERE state <> 'done';
+-- One move of a bucket copying at a time (a move draining, its new owner
+-- writing the bucket's orders, lets the bucket move on).
+CREATE UNIQUE INDEX partition_moves_one_at_a_time ON partition_moves (bucket) WHERE state = 'copying';
 
 DO $$
 DECLARE

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -163,6 +164,18 @@ func (a *app) partitionsMoves(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeFirst()
+	if !slices.ContainsFunc(l.Partitions, func(p partition.Partition) bool { return os.Getenv(p.DatabaseURLEnv) == "" }) {
+		// Every partition's store at hand: the draining moves' counts as
+		// they are now, and those drained recorded done.
+		stores, closeStores, err := a.partitionStores(ctx, &l)
+		if err != nil {
+			return err
+		}
+		defer closeStores()
+		if err := stores.SettleMoves(ctx); err != nil {
+			return err
+		}
+	}
 	moves, err := first.Moves(ctx, max(*limit, 1))
 	if err != nil {
 		return err

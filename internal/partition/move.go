@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"sas/internal/failpoint"
@@ -61,6 +62,9 @@ func (s Stores) Move(ctx context.Context, ch Binder, b int, to, by string, wait 
 		return statestore.BucketMove{}, err
 	}
 	home := s.Parts[0]
+	if err := s.SettleMoves(ctx); err != nil {
+		return statestore.BucketMove{}, err
+	}
 	m, open, err := home.Store.OpenMove(ctx, b)
 	if err != nil {
 		return statestore.BucketMove{}, home.Named(err)
@@ -69,7 +73,16 @@ func (s Stores) Move(ctx context.Context, ch Binder, b int, to, by string, wait 
 	case open && m.To != to:
 		return m, fmt.Errorf("bucket %d is moving from %s to %s (move %d): finish that move first", b, m.From, m.To, m.ID)
 	case !open && l.Owner(b) == ti:
-		return statestore.BucketMove{}, fmt.Errorf("bucket %d is partition %s's already", b, to)
+		// Moved there already: wait for its drain, if it drains still.
+		draining, err := home.Store.DrainingMoves(ctx)
+		if err != nil {
+			return statestore.BucketMove{}, home.Named(err)
+		}
+		i := slices.IndexFunc(draining, func(d statestore.BucketMove) bool { return d.Bucket == b && d.To == to })
+		if i < 0 {
+			return statestore.BucketMove{}, fmt.Errorf("bucket %d is partition %s's already", b, to)
+		}
+		m = draining[i]
 	case !open:
 		if m, err = home.Store.StartMove(ctx, b, l.Partitions[l.Owner(b)].Name, to, by); err != nil {
 			return m, home.Named(err)
@@ -153,6 +166,34 @@ func (s Stores) Move(ctx context.Context, ch Binder, b int, to, by string, wait 
 	}
 }
 
+// SettleMoves records how far every draining move got, and those whose
+// bucket's orders have all ended in the old owner as done.
+func (s Stores) SettleMoves(ctx context.Context) error {
+	home := s.Parts[0]
+	draining, err := home.Store.DrainingMoves(ctx)
+	if err != nil {
+		return home.Named(err)
+	}
+	for _, m := range draining {
+		fi := s.Layout.Index(m.From)
+		if fi < 0 {
+			continue
+		}
+		running, err := s.runningIn(ctx, s.Parts[fi], m.Bucket)
+		if err != nil {
+			return err
+		}
+		state := "draining"
+		if running == 0 {
+			state = "done"
+		}
+		if err := home.Store.UpdateMove(ctx, m.ID, state, m.Copied, running); err != nil {
+			return home.Named(err)
+		}
+	}
+	return nil
+}
+
 // others is 0..n-1 without skip.
 func others(n, skip int) []int {
 	var out []int
@@ -164,32 +205,37 @@ func others(n, skip int) []int {
 	return out
 }
 
-// copyIDs copies the ids of bucket b's orders in from's store to dest's
-// moved_orders, and counts them and those still running.
+// copyIDs copies the ids of bucket b's orders in from's store, and
+// those its earlier owners wrote (its moved_orders: a bucket moved on
+// again takes them along), to dest's moved_orders, and counts them and
+// those still running in from.
 func (s Stores) copyIDs(ctx context.Context, from, dest Store, b int) (copied, running int64, err error) {
-	for after := ""; ; {
-		page, err := from.Store.OrderIDs(ctx, after, moveIDPage)
-		if err != nil {
-			return 0, 0, from.Named(err)
-		}
-		var mine []statestore.OrderID
-		for _, o := range page {
-			if s.Layout.BucketOf(o.OrderID) == b {
-				mine = append(mine, o)
-				if !o.Ended {
-					running++
+	for _, read := range []func(context.Context, string, int) ([]statestore.OrderID, error){from.Store.OrderIDs, from.Store.MovedOrderIDs} {
+		for after := ""; ; {
+			page, err := read(ctx, after, moveIDPage)
+			if err != nil {
+				return 0, 0, from.Named(err)
+			}
+			var mine []statestore.OrderID
+			for _, o := range page {
+				if s.Layout.BucketOf(o.OrderID) == b {
+					mine = append(mine, o)
+					if !o.Ended {
+						running++
+					}
 				}
 			}
+			if err := dest.Store.CopyMovedOrders(ctx, from.Name, mine); err != nil {
+				return 0, 0, dest.Named(err)
+			}
+			copied += int64(len(mine))
+			if len(page) < moveIDPage {
+				break
+			}
+			after = page[len(page)-1].OrderID
 		}
-		if err := dest.Store.CopyMovedOrders(ctx, from.Name, mine); err != nil {
-			return 0, 0, dest.Named(err)
-		}
-		copied += int64(len(mine))
-		if len(page) < moveIDPage {
-			return copied, running, nil
-		}
-		after = page[len(page)-1].OrderID
 	}
+	return copied, running, nil
 }
 
 // runningIn counts bucket b's orders still running in from's store.

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"sas/internal/harness/testenv"
 	"sas/internal/messages"
 	"sas/internal/partition"
@@ -54,5 +56,65 @@ func TestTheOverviewOfEveryPartition(t *testing.T) {
 	}
 	if ov.Leader != "p1: none; p2: supervisor-b" || !strings.Contains(ov.Leader, "supervisor-b") {
 		t.Fatalf("leader %q", ov.Leader)
+	}
+}
+
+// noBroker binds nothing: a move's store side alone.
+type noBroker struct{}
+
+func (noBroker) ExchangeBind(string, string, string, bool, amqp.Table) error   { return nil }
+func (noBroker) ExchangeUnbind(string, string, string, bool, amqp.Table) error { return nil }
+
+// A bucket moved on again takes along the ids its first owner wrote: an
+// order written in p1 before the bucket went to p2 and then to p3 is a
+// duplicate in p3, never a second order.
+func TestABucketMovedTwiceKeepsItsFirstIDs(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	l, err := partition.Parse([]byte("exchange: x\nbuckets: 4\npartitions:\n" +
+		"  - {name: p1, queue_prefix: a., database_url_env: SAS_A_URL}\n" +
+		"  - {name: p2, queue_prefix: b., database_url_env: SAS_B_URL, added: true}\n" +
+		"  - {name: p3, queue_prefix: c., database_url_env: SAS_C_URL, added: true}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parts []partition.Store
+	for _, name := range []string{"p1", "p2", "p3"} {
+		_, pool := testenv.Database(t)
+		parts = append(parts, partition.Store{Name: name, Store: statestore.New(pool)})
+	}
+	stores := partition.NewStores(&l, parts)
+	newOrder := func() statestore.NewOrder {
+		for {
+			id := messages.NewID()
+			if l.BucketOf(id) != 2 {
+				continue
+			}
+			h := sha256.Sum256([]byte(id))
+			return statestore.NewOrder{OrderID: id, Workflow: "test", Payload: []byte(`{}`), PayloadHash: h[:], Actor: "test",
+				FailurePolicy: statestore.PolicyHold, Steps: []statestore.NewStep{{Name: "a", Agent: "agent", Timeout: time.Minute, MaxFailures: 3}}}
+		}
+	}
+	first := newOrder()
+	if got, err := parts[0].Store.InsertOrder(ctx, first); err != nil || got != statestore.Inserted {
+		t.Fatalf("p1 writes bucket 2's order: %v %v", got, err)
+	}
+	for _, to := range []string{"p2", "p3"} {
+		if m, err := stores.Move(ctx, noBroker{}, 2, to, "test", false, nil); err != nil || m.State == "copying" {
+			t.Fatalf("move bucket 2 to %s: %+v %v", to, m, err)
+		}
+	}
+	if _, err := parts[0].Store.InsertOrder(ctx, first); err == nil {
+		t.Fatal("p1 writes the moved bucket's order again")
+	}
+	if got, err := parts[2].Store.InsertOrder(ctx, first); err != nil || got != statestore.Duplicate {
+		t.Fatalf("p3 writes p1's order again: %v %v, want a duplicate", got, err)
+	}
+	if got, err := parts[2].Store.InsertOrder(ctx, newOrder()); err != nil || got != statestore.Inserted {
+		t.Fatalf("p3 writes a new order of bucket 2: %v %v", got, err)
+	}
+	if i := stores.Index(ctx, first.OrderID); i != 0 {
+		t.Fatalf("p1's order found in partition %d", i)
 	}
 }

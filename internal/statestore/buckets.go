@@ -159,6 +159,22 @@ func (s *Store) RunningOrderIDs(ctx context.Context, after string, limit int) ([
 	return out, nil
 }
 
+// MovedOrderIDs is a page of the ids earlier owners of buckets wrote
+// and this store holds in moved_orders, after after ("" from the
+// first), at most limit: a bucket moved on again takes them along.
+func (s *Store) MovedOrderIDs(ctx context.Context, after string, limit int) ([]OrderID, error) {
+	rows, err := s.pool.Query(ctx, `SELECT order_id::text, payload_hash, true FROM moved_orders
+		WHERE ($1 = '' OR order_id > $1::uuid) ORDER BY order_id LIMIT $2`, after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("read moved order ids: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[OrderID])
+	if err != nil {
+		return nil, fmt.Errorf("read moved order ids: %w", err)
+	}
+	return out, nil
+}
+
 // CopyMovedOrders records ids an earlier owner of their bucket (from)
 // wrote, so that this store never writes them again.
 func (s *Store) CopyMovedOrders(ctx context.Context, from string, ids []OrderID) error {
@@ -194,9 +210,9 @@ type BucketMove struct {
 
 const bucketMoveColumns = `id, bucket, from_partition, to_partition, state, copied, running, started_at, updated_at, ended_at, started_by`
 
-// OpenMove is bucket's move in progress, if any.
+// OpenMove is bucket's move still copying, if any.
 func (s *Store) OpenMove(ctx context.Context, bucket int) (BucketMove, bool, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+bucketMoveColumns+` FROM partition_moves WHERE bucket = $1 AND state <> 'done'`, bucket)
+	rows, err := s.pool.Query(ctx, `SELECT `+bucketMoveColumns+` FROM partition_moves WHERE bucket = $1 AND state = 'copying'`, bucket)
 	if err != nil {
 		return BucketMove{}, false, fmt.Errorf("read moves: %w", err)
 	}
@@ -208,11 +224,11 @@ func (s *Store) OpenMove(ctx context.Context, bucket int) (BucketMove, bool, err
 }
 
 // StartMove records a move of bucket from one partition to another. A
-// bucket moves once at a time: while another move of it is in
-// progress, it is refused (ErrInvalidState).
+// bucket moves once at a time: while another move of it is copying, it
+// is refused (ErrInvalidState).
 func (s *Store) StartMove(ctx context.Context, bucket int, from, to, by string) (BucketMove, error) {
 	rows, err := s.pool.Query(ctx, `INSERT INTO partition_moves (bucket, from_partition, to_partition, state, started_by)
-		VALUES ($1, $2, $3, 'copying', $4) ON CONFLICT (bucket) WHERE state <> 'done' DO NOTHING RETURNING `+bucketMoveColumns, bucket, from, to, by)
+		VALUES ($1, $2, $3, 'copying', $4) ON CONFLICT (bucket) WHERE state = 'copying' DO NOTHING RETURNING `+bucketMoveColumns, bucket, from, to, by)
 	if err != nil {
 		return BucketMove{}, fmt.Errorf("record move: %w", classify(err))
 	}
@@ -234,6 +250,20 @@ func (s *Store) UpdateMove(ctx context.Context, id int64, state string, copied, 
 		return fmt.Errorf("record move %d: %w", id, classify(err))
 	}
 	return nil
+}
+
+// DrainingMoves is every move draining: its new owner writes the
+// bucket's orders, and its old owner's are not all ended yet.
+func (s *Store) DrainingMoves(ctx context.Context) ([]BucketMove, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+bucketMoveColumns+` FROM partition_moves WHERE state = 'draining' ORDER BY id`)
+	if err != nil {
+		return nil, fmt.Errorf("read moves: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[BucketMove])
+	if err != nil {
+		return nil, fmt.Errorf("read moves: %w", err)
+	}
+	return out, nil
 }
 
 // Moves is every move, newest first, at most limit.
