@@ -62,9 +62,9 @@ func TestABucketMovesToANewPartitionUnderLoad(t *testing.T) {
 		st := stack{dbURL: dbURL, pool: pool, topo: topo, submit: topo.Queue(submitter.Input), dlq: topo.DeadLetterQueue(submitter.Input),
 			env: env("SAS_DATABASE_URL="+dbURL, "SAS_AMQP_URL="+testenv.AMQPURL(), "SAS_QUEUE_PREFIX="+p.QueuePrefix, "SAS_QUEUE_TYPE=classic",
 				"SAS_PARTITIONS_FILE="+file, "SAS_PARTITION="+p.Name)}
-		// Each call takes a second or two: the moved buckets' orders are
+		// Each call takes about a second: the moved buckets' orders are
 		// running in their old partition as they move.
-		pipes = append(pipes, newPipeline(t, pipelineOpts{on: &st, faults: `{"*":{"latency_min_ms":1000,"latency_max_ms":2000}}`}))
+		pipes = append(pipes, newPipeline(t, pipelineOpts{on: &st, faults: `{"*":{"latency_min_ms":800,"latency_max_ms":1500}}`}))
 		tool = append(tool, p.DatabaseURLEnv+"="+dbURL)
 	}
 	t.Cleanup(func() {
@@ -110,9 +110,9 @@ func TestABucketMovesToANewPartitionUnderLoad(t *testing.T) {
 	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	// The load: new orders, 100 a second.
+	// The load: new orders, 50 a second.
 	wg.Go(func() {
-		tick := time.NewTicker(10 * time.Millisecond)
+		tick := time.NewTicker(20 * time.Millisecond)
 		defer tick.Stop()
 		for {
 			select {
@@ -131,14 +131,14 @@ func TestABucketMovesToANewPartitionUnderLoad(t *testing.T) {
 		}
 	})
 	// The retries: every order of the moving buckets submitted again,
-	// over and over, while they move.
+	// over and over (every 50 ms), while they move.
 	retried := 0
 	wg.Go(func() {
 		for {
 			select {
 			case <-stop:
 				return
-			default:
+			case <-time.After(50 * time.Millisecond):
 			}
 			for _, id := range sentOf(moving) {
 				if _, err := cl.Submit(t.Context(), client.Order{ID: id, Workflow: "single", Payload: payload}); err != nil {
