@@ -18,11 +18,10 @@ import (
 // What must never happen is a submit retried across the move written
 // twice, once by each owner; the move makes that impossible:
 //
-//  1. Every partition but the old owner records the new owner, moving:
-//     the new owner holds the bucket's submits (statestore.ErrMoving),
-//     the others pass them to it.
-//  2. The ids the old owner wrote in the bucket are copied to the new
-//     owner's moved_orders.
+//  1. The ids the old owner wrote in the bucket (and those its earlier
+//     owners wrote) are copied to the new owner's moved_orders.
+//  2. The new owner records itself the owner, moving: it holds the
+//     bucket's submits (statestore.ErrMoving) until step 5.
 //  3. The old owner is fenced: under its fence lock, taken alone once
 //     its writes in flight have ended, it records the new owner; it never
 //     writes an order of the bucket again, and passes its submits on.
@@ -102,22 +101,19 @@ func (s Stores) Move(ctx context.Context, ch Binder, b int, to, by string, wait 
 	}
 
 	if m.State == "copying" {
-		// 1. The new owner holds the bucket's submits; the others pass
-		// theirs to it.
-		for i, p := range s.Parts {
-			if i != fi {
-				if err := p.Store.SetBucketOwner(ctx, b, to, true); err != nil {
-					return m, p.Named(err)
-				}
-			}
-		}
-		// 2. The ids written so far.
+		// 1. The ids written so far, while the old owner writes on.
 		copied, _, err := s.copyIDs(ctx, from, dest, b)
 		if err != nil {
 			return m, err
 		}
 		if err := note("copying", copied, 0); err != nil {
 			return m, err
+		}
+		// 2. The new owner holds the bucket's submits from now until it
+		// writes them (the others pass theirs to the old owner, which
+		// passes them on once fenced).
+		if err := dest.Store.SetBucketOwner(ctx, b, to, true); err != nil {
+			return m, dest.Named(err)
 		}
 		// 3. The fence.
 		if err := from.Store.FenceBucket(ctx, b, to); err != nil {
