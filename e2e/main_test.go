@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -146,13 +147,24 @@ func (p *proc) signal(t *testing.T, sig syscall.Signal) {
 // freeAddr returns a loopback address with a port free right now.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		// The kernel may give a port just closed again to the next
+		// caller: a console's address and its ops server's once came
+		// out the same. Each address is handed out once per run.
+		if _, taken := handedOut.LoadOrStore(addr, true); !taken {
+			return addr
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
+
+// handedOut are the addresses freeAddr gave this test binary's tests.
+var handedOut sync.Map
 
 // start runs a service binary with env and an ops server on a free port,
 // waits until it is ready, and stops it (SIGTERM, expecting a clean exit)
