@@ -70,13 +70,10 @@ type BucketOwner struct {
 
 // BucketOwners is every moved bucket's owner, by bucket.
 func (s *Store) BucketOwners(ctx context.Context) (map[int]BucketOwner, error) {
-	rows, err := s.pool.Query(ctx, `SELECT bucket, owner, state = 'moving', updated_at FROM partition_buckets`)
+	list, err := queryAll(ctx, s, "bucket owners", pgx.RowToStructByPos[BucketOwner],
+		`SELECT bucket, owner, state = 'moving', updated_at FROM partition_buckets`)
 	if err != nil {
-		return nil, fmt.Errorf("read bucket owners: %w", err)
-	}
-	list, err := pgx.CollectRows(rows, pgx.RowToStructByPos[BucketOwner])
-	if err != nil {
-		return nil, fmt.Errorf("read bucket owners: %w", err)
+		return nil, err
 	}
 	out := make(map[int]BucketOwner, len(list))
 	for _, b := range list {
@@ -133,46 +130,22 @@ type OrderID struct {
 func (s *Store) OrderIDs(ctx context.Context, after string, limit int) ([]OrderID, error) {
 	q := `SELECT order_id::text, payload_hash, status IN ('completed', 'failed')
 		FROM orders WHERE ($1 = '' OR order_id > $1::uuid) ORDER BY order_id LIMIT $2`
-	rows, err := s.pool.Query(ctx, q, after, limit)
-	if err != nil {
-		return nil, fmt.Errorf("read order ids: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[OrderID])
-	if err != nil {
-		return nil, fmt.Errorf("read order ids: %w", err)
-	}
-	return out, nil
+	return queryAll(ctx, s, "order ids", pgx.RowToStructByPos[OrderID], q, after, limit)
 }
 
 // RunningOrderIDs is a page of the ids of the store's orders that have
 // not ended, after after ("" from the first), at most limit.
 func (s *Store) RunningOrderIDs(ctx context.Context, after string, limit int) ([]string, error) {
-	rows, err := s.pool.Query(ctx, `SELECT order_id::text FROM orders
+	return queryAll(ctx, s, "running order ids", pgx.RowTo[string], `SELECT order_id::text FROM orders
 		WHERE status NOT IN ('completed', 'failed') AND ($1 = '' OR order_id > $1::uuid) ORDER BY order_id LIMIT $2`, after, limit)
-	if err != nil {
-		return nil, fmt.Errorf("read running order ids: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("read running order ids: %w", err)
-	}
-	return out, nil
 }
 
 // MovedOrderIDs is a page of the ids earlier owners of buckets wrote
 // and this store holds in moved_orders, after after ("" from the
 // first), at most limit: a bucket moved on again takes them along.
 func (s *Store) MovedOrderIDs(ctx context.Context, after string, limit int) ([]OrderID, error) {
-	rows, err := s.pool.Query(ctx, `SELECT order_id::text, payload_hash, true FROM moved_orders
+	return queryAll(ctx, s, "moved order ids", pgx.RowToStructByPos[OrderID], `SELECT order_id::text, payload_hash, true FROM moved_orders
 		WHERE ($1 = '' OR order_id > $1::uuid) ORDER BY order_id LIMIT $2`, after, limit)
-	if err != nil {
-		return nil, fmt.Errorf("read moved order ids: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[OrderID])
-	if err != nil {
-		return nil, fmt.Errorf("read moved order ids: %w", err)
-	}
-	return out, nil
 }
 
 // CopyMovedOrders records ids an earlier owner of their bucket (from)
@@ -212,11 +185,8 @@ const bucketMoveColumns = `id, bucket, from_partition, to_partition, state, copi
 
 // OpenMove is bucket's move still copying, if any.
 func (s *Store) OpenMove(ctx context.Context, bucket int) (BucketMove, bool, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+bucketMoveColumns+` FROM partition_moves WHERE bucket = $1 AND state = 'copying'`, bucket)
-	if err != nil {
-		return BucketMove{}, false, fmt.Errorf("read moves: %w", err)
-	}
-	open, err := pgx.CollectRows(rows, pgx.RowToStructByPos[BucketMove])
+	open, err := queryAll(ctx, s, "moves", pgx.RowToStructByPos[BucketMove],
+		`SELECT `+bucketMoveColumns+` FROM partition_moves WHERE bucket = $1 AND state = 'copying'`, bucket)
 	if err != nil || len(open) == 0 {
 		return BucketMove{}, false, err
 	}
@@ -255,26 +225,26 @@ func (s *Store) UpdateMove(ctx context.Context, id int64, state string, copied, 
 // DrainingMoves is every move draining: its new owner writes the
 // bucket's orders, and its old owner's are not all ended yet.
 func (s *Store) DrainingMoves(ctx context.Context) ([]BucketMove, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+bucketMoveColumns+` FROM partition_moves WHERE state = 'draining' ORDER BY id`)
-	if err != nil {
-		return nil, fmt.Errorf("read moves: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[BucketMove])
-	if err != nil {
-		return nil, fmt.Errorf("read moves: %w", err)
-	}
-	return out, nil
+	return queryAll(ctx, s, "moves", pgx.RowToStructByPos[BucketMove],
+		`SELECT `+bucketMoveColumns+` FROM partition_moves WHERE state = 'draining' ORDER BY id`)
 }
 
 // Moves is every move, newest first, at most limit.
 func (s *Store) Moves(ctx context.Context, limit int) ([]BucketMove, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+bucketMoveColumns+` FROM partition_moves ORDER BY id DESC LIMIT $1`, limit)
+	return queryAll(ctx, s, "moves", pgx.RowToStructByPos[BucketMove],
+		`SELECT `+bucketMoveColumns+` FROM partition_moves ORDER BY id DESC LIMIT $1`, limit)
+}
+
+// queryAll runs q and collects its rows with scan, naming what it read
+// in an error.
+func queryAll[T any](ctx context.Context, s *Store, what string, scan pgx.RowToFunc[T], q string, args ...any) ([]T, error) {
+	rows, err := s.pool.Query(ctx, q, args...)
 	if err != nil {
-		return nil, fmt.Errorf("read moves: %w", err)
+		return nil, fmt.Errorf("read %s: %w", what, err)
 	}
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[BucketMove])
+	out, err := pgx.CollectRows(rows, scan)
 	if err != nil {
-		return nil, fmt.Errorf("read moves: %w", err)
+		return nil, fmt.Errorf("read %s: %w", what, err)
 	}
 	return out, nil
 }
