@@ -229,3 +229,42 @@ func TestChildTooDeepIsRefused(t *testing.T) {
 		t.Fatalf("%d children written", n)
 	}
 }
+
+// TestAParentFailingLaterUndoesItsCompletedChild: a child that completed
+// is undone when a later step of its parent fails for good: the parent's
+// undo of it begins the child's compensation (completed to compensating,
+// a move the door refused before migration 0051) and awaits it; the
+// parent fails once the child is undone.
+func TestAParentFailingLaterUndoesItsCompletedChild(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	o := graphOrder(t, family, "loan", `{"who":"dan"}`, statestore.PolicyCompensate)
+	insert(t, b, o)
+	reply(t, b, claimAll(t, b, o.OrderID)["score"], true, `{"value":700}`)
+	childID, _, err := startChild(t, b, claimAll(t, b, o.OrderID)["kyc"], `{"person":"dan"}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := runChild(t, b, childID, "")
+	if status, _ := stepStates(t, b, childID); status != statestore.OrderCompleted {
+		t.Fatalf("the child is %s, want completed", status)
+	}
+	reply(t, b, next["open_account"], false, "")
+	// open_account's request left: its own undo first, then the child's.
+	reply(t, b, claimAll(t, b, o.OrderID)["close_account"], true, "")
+	undo := claimAll(t, b, o.OrderID)["undo_kyc"]
+	if _, err := b.store.UndoChild(ctxFor(t), undo, "s"); err != nil {
+		t.Fatalf("undo a completed child: %v", err)
+	}
+	if status, _ := stepStates(t, b, childID); status != statestore.OrderCompensating {
+		t.Fatalf("the child of a parent undone is %s, want compensating", status)
+	}
+	rest := runChild(t, b, childID, "")
+	if status, _ := stepStates(t, b, childID); status != statestore.OrderFailed {
+		t.Fatalf("the child is %s, want failed (undone)", status)
+	}
+	reply(t, b, rest["unscore"], true, "")
+	if status, st := stepStates(t, b, o.OrderID); status != statestore.OrderFailed || st["undo_kyc"] != statestore.StepProcessed {
+		t.Fatalf("the parent is %s, its undo of the child %s", status, st["undo_kyc"])
+	}
+}

@@ -139,6 +139,7 @@ func OrderMoves() []OrderMove {
 		{From: "processing", To: "compensating", By: "a step failed for good; an operator's cancel"},
 		{From: "processing", To: "failed", By: "undone with nothing to undo"},
 		{From: "processing", To: "error", By: "a step failed for good under hold"},
+		{From: "completed", To: "compensating", By: "a sub-process's parent undone after the child completed"},
 		{From: "compensating", To: "failed", By: "its last compensation ended"},
 		{From: "compensating", To: "error", By: "a compensation failed for good"},
 		{From: "error", To: "processing", By: "an operator's resubmit"},
