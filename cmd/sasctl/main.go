@@ -219,6 +219,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return a.workflowsCheck(ctx, rest)
 	case "workflows list":
 		return a.workflowsList(ctx, rest)
+	case "workflows test":
+		return a.workflowsTest(ctx, rest)
 	case "dev":
 		return a.dev(ctx, rest)
 	case "bench":

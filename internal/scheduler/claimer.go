@@ -650,7 +650,27 @@ func traceClaim(ctx context.Context, tr *tracing.Tracing, s statestore.ClaimedSt
 // AMQP expiration set to the budget left, so a request nobody took in
 // time dies in the queue instead of reaching an agent too late.
 func request(s statestore.ClaimedStep, input []byte, token string) (amqp.Publishing, error) {
-	body, err := messages.Encode(messages.StepRequest{
+	body, err := messages.Encode(stepRequest(s, input, token))
+	if err != nil {
+		return amqp.Publishing{}, err
+	}
+	if len(body) > messages.MaxBodyBytes {
+		return amqp.Publishing{}, fmt.Errorf("the request would be %d bytes, more than an agent reads (%d): the payload and the results of the steps before it are too large together",
+			len(body), messages.MaxBodyBytes)
+	}
+	return amqp.Publishing{
+		ContentType: messages.ContentType,
+		Type:        messages.TypeStepRequest,
+		MessageId:   fmt.Sprintf("%s/%d/%d", s.OrderID, s.Step, s.Attempt),
+		Priority:    uint8(s.Priority),
+		Expiration:  strconv.FormatInt(max(s.Budget.Milliseconds(), 1), 10),
+		Body:        body,
+	}, nil
+}
+
+// stepRequest is a claimed step's StepRequest.
+func stepRequest(s statestore.ClaimedStep, input []byte, token string) messages.StepRequest {
+	return messages.StepRequest{
 		SchemaVersion:  messages.StepRequestVersion,
 		OrderID:        s.OrderID,
 		Step:           s.Step,
@@ -667,20 +687,5 @@ func request(s statestore.ClaimedStep, input []byte, token string) (amqp.Publish
 		Item:           s.Item,
 		Index:          s.Index,
 		Token:          token,
-	})
-	if err != nil {
-		return amqp.Publishing{}, err
 	}
-	if len(body) > messages.MaxBodyBytes {
-		return amqp.Publishing{}, fmt.Errorf("the request would be %d bytes, more than an agent reads (%d): the payload and the results of the steps before it are too large together",
-			len(body), messages.MaxBodyBytes)
-	}
-	return amqp.Publishing{
-		ContentType: messages.ContentType,
-		Type:        messages.TypeStepRequest,
-		MessageId:   fmt.Sprintf("%s/%d/%d", s.OrderID, s.Step, s.Attempt),
-		Priority:    uint8(s.Priority),
-		Expiration:  strconv.FormatInt(max(s.Budget.Milliseconds(), 1), 10),
-		Body:        body,
-	}, nil
 }
