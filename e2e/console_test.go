@@ -27,9 +27,13 @@ import (
 
 // consoleUser adds a console user to the users file through sasctl, as an
 // operator would make one.
-func consoleUser(t *testing.T, file, name, role, password string) {
+func consoleUser(t *testing.T, file, name, role, password string, namespaces ...string) {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(binDir, "sasctl"), "console", "user", "add", name, "--role", role, "--file", file, "--cost", "4")
+	args := []string{"console", "user", "add", name, "--role", role, "--file", file, "--cost", "4"}
+	for _, ns := range namespaces {
+		args = append(args, "--namespace", ns)
+	}
+	cmd := exec.Command(filepath.Join(binDir, "sasctl"), args...)
 	cmd.Env = env()
 	cmd.Stdin = strings.NewReader(password + "\n")
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -65,8 +69,15 @@ type consoleProc struct {
 
 func startConsole(t *testing.T, s stack, extra ...string) consoleProc {
 	t.Helper()
+	return startConsoleFor(t, s, nil, extra...)
+}
+
+// startConsoleFor is startConsole with alice a user of the namespaces
+// given (nil: of default).
+func startConsoleFor(t *testing.T, s stack, aliceNamespaces []string, extra ...string) consoleProc {
+	t.Helper()
 	users := filepath.Join(t.TempDir(), "users")
-	consoleUser(t, users, "alice", "operator", "alice's password")
+	consoleUser(t, users, "alice", "operator", "alice's password", aliceNamespaces...)
 	consoleUser(t, users, "victor", "viewer", "victor's password")
 	addr := freeAddr(t)
 	environ := append(append([]string{}, s.env...), "SAS_DATABASE_URL="+consoleLogin(t, s),
