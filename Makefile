@@ -76,7 +76,7 @@ fuzz:
 # service and pushes DEMO_ORDERS orders through; Ctrl-C stops everything.
 DEMO_ORDERS ?= 3000
 demo: build
-	./scripts/services.sh --prometheus sas
+	./scripts/services.sh --or-own --prometheus sas
 	bin/sasctl dev --orders $(DEMO_ORDERS) $(DEMO_FLAGS)
 
 # The long fault run: every component twice over, CHAOS_ORDERS orders while

@@ -3,7 +3,11 @@
 # the local stack: installs them from Debian packages if absent, starts them
 # if stopped, and creates the test database. Idempotent; safe to run often.
 #
-# Usage: scripts/services.sh [--prometheus] [--compose] [--chromium] [DATABASE ...]   (default: sas_test)
+# Usage: scripts/services.sh [--or-own] [--prometheus] [--compose] [--chromium] [DATABASE ...]   (default: sas_test)
+#   --or-own      as a user who is not root: install and start nothing, only
+#                 make the databases in a PostgreSQL that answers; sasctl dev
+#                 starts its own servers, as that user, where none answers
+#                 (make demo)
 #   --prometheus  also install Prometheus and promtool (Debian package) if absent
 #   --compose     also install docker-compose (Debian package), to validate deploy/
 #   --chromium    also install Chromium (Debian package), the console's browser tests
@@ -11,11 +15,13 @@
 # postgres://postgres@127.0.0.1:5432/postgres).
 set -euo pipefail
 
+or_own=0
 with_prometheus=0
 with_compose=0
 with_chromium=0
 while [ "$#" -gt 0 ]; do
 	case "$1" in
+	--or-own) or_own=1 ;;
 	--prometheus) with_prometheus=1 ;;
 	--compose) with_compose=1 ;;
 	--chromium) with_chromium=1 ;;
@@ -98,6 +104,10 @@ ensure_postgres() {
 		wait_for "PostgreSQL trust auth" 20 pg_admin -c 'SELECT 1'
 	fi
 	ensure_password_auth
+	ensure_databases "$@"
+}
+
+ensure_databases() {
 	local db
 	for db in "$@"; do
 		if [ "$(pg_admin -c "SELECT 1 FROM pg_database WHERE datname = '$db'")" != 1 ]; then
@@ -166,6 +176,13 @@ ensure_rabbitmq() {
 	fi
 }
 
+if [ "$or_own" -eq 1 ] && [ "$(id -u)" -ne 0 ]; then
+	log "not root: installing and starting nothing; sasctl dev starts its own PostgreSQL or RabbitMQ, as $(id -un), where none answers"
+	if pg_up && pg_admin -c 'SELECT 1' >/dev/null 2>&1; then
+		ensure_databases "$@"
+	fi
+	exit 0
+fi
 ensure_postgres "$@"
 ensure_rabbitmq
 if [ "$with_prometheus" -eq 1 ] && ! command -v prometheus >/dev/null 2>&1; then

@@ -32,8 +32,9 @@ import (
 const mildFaults = `{"*":{"error_rate":0.03,"rate_limit_rate":0.01,"apply_then_fail_rate":0.01,"latency_min_ms":1,"latency_max_ms":5}}`
 
 // dev runs the whole system on this machine, pushes orders through it with
-// live progress, and prints a summary. PostgreSQL and RabbitMQ must be up
-// (make demo starts them).
+// live progress, and prints a summary. It uses the PostgreSQL and
+// RabbitMQ the settings name; when those are on this machine and do not
+// answer, it starts its own as the current user (devServersUp).
 func (a *app) dev(ctx context.Context, args []string) (err error) {
 	fs := a.flags()
 	orders := fs.Int("orders", 3000, "orders to submit")
@@ -85,6 +86,18 @@ func (a *app) dev(ctx context.Context, args []string) (err error) {
 	}
 	if endpointsFile != "" {
 		env = append(env, "SAS_AGENT_ENDPOINTS_FILE="+endpointsFile)
+	}
+	// Servers of its own, as this user, when the ones named (on this
+	// machine) do not answer; stopped last, removed unless kept.
+	servers, err := devServersUp(ctx, a.cfg.DatabaseURL, a.cfg.AMQPURL, a.stderr)
+	if err != nil {
+		return err
+	}
+	if servers != nil {
+		defer func() { servers.Stop(*keep) }()
+		env = append(env, servers.Env()...)
+		a.cfg.DatabaseURL = cmp.Or(servers.DatabaseURL, a.cfg.DatabaseURL)
+		a.cfg.AMQPURL = cmp.Or(servers.AMQPURL, a.cfg.AMQPURL)
 	}
 	store, closeStore, err := a.migrateAndOpen(ctx)
 	if err != nil {

@@ -1,0 +1,39 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"strings"
+	"testing"
+)
+
+// TestDevStartsServersOnlyInPlaceOfLocalOnes: where the settings name a
+// server of another machine that does not answer, sasctl dev says so and
+// starts nothing; where both answer, it starts nothing either.
+func TestDevStartsServersOnlyInPlaceOfLocalOnes(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	up := l.Addr().String()
+	var log bytes.Buffer
+	// 192.0.2.1 (TEST-NET-1) answers nobody.
+	s, err := devServersUp(context.Background(), "postgres://u@192.0.2.1:5432/sas", "amqp://g:g@"+up+"/", &log)
+	if s != nil || err == nil || !strings.Contains(err.Error(), "PostgreSQL at 192.0.2.1:5432 (SAS_DATABASE_URL) does not answer; sasctl dev starts its own servers only in place of ones on this machine") {
+		t.Fatalf("a remote database down: %v %v", s, err)
+	}
+	s, err = devServersUp(context.Background(), "postgres://u@"+up+"/sas", "amqp://g:g@"+up+"/", &log)
+	if s != nil || err != nil || log.Len() != 0 {
+		t.Fatalf("both up: %v %v %q", s, err, log.String())
+	}
+	for _, tc := range []struct {
+		addr string
+		want bool
+	}{{"127.0.0.1:1", true}, {"localhost:1", true}, {"[::1]:1", true}, {"10.0.0.1:1", false}, {"db.example:1", false}} {
+		if got := loopback(tc.addr); got != tc.want {
+			t.Errorf("loopback(%s) = %v", tc.addr, got)
+		}
+	}
+}
