@@ -31,7 +31,7 @@ import (
 
 // TestPartitionsRouteByOrderID, with sasctl and a RabbitMQ node of its
 // own with the consistent-hash exchange plugin: sasctl partitions setup
-// declares a layout of three partitions over 256 buckets; 30,000 submits
+// declares a layout of three partitions over 256 buckets; 12,000 submits
 // published through its routing exchange, the order id as routing key,
 // each reach exactly the partition partition.Layout.Of names for its id
 // (the broker's hash and sas's agree), the partitions within 5 % of even
@@ -39,7 +39,7 @@ import (
 // still do; the Go client given the routing exchange publishes there as
 // well. Then three state stores, each its own PostgreSQL server with a
 // whole sas on it, and the broker restarted under them (its ring
-// renumbered): 3,000 orders each written and ended once in the store its
+// renumbered): 1,200 orders each written and ended once in the store its
 // id names, those the ring sent astray passed on by the submitters, and
 // none once sasctl partitions setup --renumber has bound the buckets in
 // order again; sasctl shows an order from its store and lists the newest
@@ -139,11 +139,11 @@ func TestPartitionsRouteByOrderID(t *testing.T) {
 		return counts
 	}
 
-	ids := submit(30000)
+	ids := submit(12000)
 	counts := drain(len(ids))
 	for i, c := range counts {
-		if c < 9500 || c > 10500 {
-			t.Errorf("partition %s took %d of 30,000 orders, not within 5 %% of 10,000 (%v)", l.Partitions[i].Name, c, counts)
+		if c < 3800 || c > 4200 {
+			t.Errorf("partition %s took %d of 12,000 orders, not within 5 %% of 4,000 (%v)", l.Partitions[i].Name, c, counts)
 		}
 	}
 	// χ² of the buckets' counts against an even spread: 255 degrees of
@@ -157,7 +157,7 @@ func TestPartitionsRouteByOrderID(t *testing.T) {
 	for _, c := range buckets {
 		chi2 += (c - expected) * (c - expected) / expected
 	}
-	t.Logf("30,000 orders: partitions %v, χ² of the 256 buckets %.1f", counts, chi2)
+	t.Logf("12,000 orders: partitions %v, χ² of the 256 buckets %.1f", counts, chi2)
 	if chi2 > 330.5 {
 		t.Errorf("χ² of the bucket counts %.1f over 255 degrees of freedom: not an even spread", chi2)
 	}
@@ -166,7 +166,7 @@ func TestPartitionsRouteByOrderID(t *testing.T) {
 	if out, errOut, code := sasctl(t, environ, "partitions", "setup"); code != 0 {
 		t.Fatalf("partitions setup again: exit %d\n%s%s", code, out, errOut)
 	}
-	drain(len(submit(3000)))
+	drain(len(submit(1000)))
 
 	// The Go client publishes there too, given the routing exchange.
 	cl, err := client.Connect(t.Context(), client.Config{URL: node.urls, QueuePrefix: "saschx.client.", SubmitExchange: l.Exchange})
@@ -191,7 +191,7 @@ func TestPartitionsRouteByOrderID(t *testing.T) {
 	// so most submits now reach a partition that does not own them; its
 	// submitter passes each to its owner.
 	node.restart(t, 1)
-	orders := submit(3000)
+	orders := submit(1200)
 	mine := make([][]string, len(pipes))
 	for _, id := range orders {
 		_, p := l.Of(id)
@@ -218,7 +218,7 @@ func TestPartitionsRouteByOrderID(t *testing.T) {
 	if forwarded == 0 {
 		t.Fatal("no submit was passed on by the submitters (sas_submitter_orders_total{outcome=\"forwarded\",partition=...}) after the ring was renumbered by the restart")
 	}
-	t.Logf("3,000 orders over three stores after the broker's restart: %d, %d, %d; %.0f passed on by a submitter to their partition",
+	t.Logf("1,200 orders over three stores after the broker's restart: %d, %d, %d; %.0f passed on by a submitter to their partition",
 		len(mine[0]), len(mine[1]), len(mine[2]), forwarded)
 
 	// Renumbered, the ring sends every submit to its own partition again:

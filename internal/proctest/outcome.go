@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"sas/internal/statestore"
+	"sas/internal/workflow"
 )
 
 // Outcome is what became of a case's order.
@@ -54,6 +55,16 @@ type StepEnd struct {
 	endID         int64
 }
 
+// Read reads what became of an order of any store (a case's, or one run
+// on a real stack, to compare the two): its status, its steps and its
+// children's, its compensations and its ending event.
+func Read(ctx context.Context, store *statestore.Store, reg *workflow.Registry, orderID string) (Outcome, error) {
+	out := Outcome{OrderID: orderID}
+	e := &Env{store: store, reg: reg}
+	err := e.read(ctx, orderID, &out)
+	return out, err
+}
+
 // read reads the order's steps, history and ending event, and its
 // children's steps, into out.
 func (e *Env) read(ctx context.Context, orderID string, out *Outcome) error {
@@ -74,15 +85,12 @@ func (e *Env) read(ctx context.Context, orderID string, out *Outcome) error {
 			out.Compensated = append(out.Compensated, c.Ref)
 		}
 	}
-	evs, err := e.store.StatusEvents(ctx, orderID)
+	ev, ended, err := e.store.EndingEvent(ctx, orderID)
 	if err != nil {
 		return err
 	}
-	for _, ev := range evs {
-		switch ev.Status {
-		case statestore.OrderCompleted, statestore.OrderFailed, statestore.OrderError:
-			out.Reason, out.Detail, out.Results = ev.Reason, ev.Detail, ev.Results
-		}
+	if ended {
+		out.Reason, out.Detail, out.Results = ev.Reason, ev.Detail, ev.Results
 	}
 	return nil
 }
@@ -374,4 +382,28 @@ func (o Outcome) Path() []string {
 		end += " (" + o.Reason + ": " + o.Detail + ")"
 	}
 	return append(lines, end+" after "+short(o.Took))
+}
+
+// Shape is the outcome without what a real run and a case's may differ
+// in (times, the services' own words): each step and how it ended (a
+// for_each's instances counted), the steps undone in order, and the
+// order's status with its ending reason. The steps are sorted: branches
+// that end at the same moment of a case may end in any order in a real
+// run.
+func (o Outcome) Shape() []string {
+	var lines []string
+	for _, s := range o.Steps {
+		line := s.Workflow + "." + s.Ref + ": " + s.State
+		if len(s.Instances) > 0 {
+			var parts []string
+			for st, n := range s.Instances {
+				parts = append(parts, fmt.Sprintf("%d %s", n, st))
+			}
+			slices.Sort(parts)
+			line += " (" + strings.Join(parts, ", ") + ")"
+		}
+		lines = append(lines, line)
+	}
+	slices.Sort(lines)
+	return append(lines, "compensated: "+list(o.Compensated), "order "+o.Status+" "+o.Reason)
 }

@@ -116,18 +116,19 @@ func (s *Store) NextDue(ctx context.Context) (at time.Time, ok bool, err error) 
 	return *next, true, nil
 }
 
-// StatusEvents are the status events of an order its relay has not
-// published yet, oldest first: in a schema no relay serves, all of them.
-func (s *Store) StatusEvents(ctx context.Context, orderID string) ([]messages.StatusEvent, error) {
-	rows, err := s.pool.Query(ctx, `SELECT body FROM outbox WHERE order_id = $1 AND message_type = 'status_event' ORDER BY id`, orderID)
-	if err != nil {
-		return nil, fmt.Errorf("read the status events of order %s: %w", orderID, classify(err))
+// EndingEvent is the status event that ends an order (completed, failed
+// or error), as the outbox had it (status_event_body, made again from the
+// order as it is now); ok false while the order runs.
+func (s *Store) EndingEvent(ctx context.Context, orderID string) (ev messages.StatusEvent, ok bool, err error) {
+	err = s.pool.QueryRow(ctx, `SELECT status_event_body(order_id, status, NULL) FROM orders
+WHERE order_id = $1 AND status IN ('completed', 'failed', 'error')`, orderID).Scan(&ev)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return messages.StatusEvent{}, false, nil
 	}
-	evs, err := pgx.CollectRows(rows, pgx.RowTo[messages.StatusEvent])
 	if err != nil {
-		return nil, fmt.Errorf("read the status events of order %s: %w", orderID, classify(err))
+		return messages.StatusEvent{}, false, fmt.Errorf("the ending event of order %s: %w", orderID, classify(err))
 	}
-	return evs, nil
+	return ev, true, nil
 }
 
 // OrderStatus is an order's status alone.
