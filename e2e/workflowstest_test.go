@@ -23,13 +23,13 @@ func TestSasctlTestsAWorkflowsFile(t *testing.T) {
 	}
 	junit := filepath.Join(t.TempDir(), "results.xml")
 	out, errOut, code := sasctl(t, environ, "workflows", "test", loan, "--coverage", "--junit", junit)
-	if code != 0 || !strings.Contains(out, "ok\t"+strings.TrimSuffix(loan, ".yaml")+".cases.yaml\t14 cases") ||
+	if code != 0 || !strings.Contains(out, "ok\t"+strings.TrimSuffix(loan, ".yaml")+".cases.yaml\t15 cases") ||
 		!strings.Contains(out, "--- PASS: a loan with a hundred parties notifies each") ||
 		!strings.Contains(out, "coverage of workflow loan: ") || !strings.Contains(out, "coverage of workflow kyc_check: ") {
 		t.Fatalf("exit %d\n%s%s", code, out, errOut)
 	}
 	xml, err := os.ReadFile(junit)
-	if err != nil || !strings.Contains(string(xml), `<testsuite name="`+strings.TrimSuffix(loan, ".yaml")+`.cases.yaml" tests="14" failures="0"`) {
+	if err != nil || !strings.Contains(string(xml), `<testsuite name="`+strings.TrimSuffix(loan, ".yaml")+`.cases.yaml" tests="15" failures="0"`) {
 		t.Fatalf("JUnit XML: %v\n%s", err, xml)
 	}
 
