@@ -89,7 +89,7 @@ func (a *app) dev(ctx context.Context, args []string) (err error) {
 	}
 	// Servers of its own, as this user, when the ones named (on this
 	// machine) do not answer; stopped last, removed unless kept.
-	servers, err := devServersUp(ctx, a.cfg.DatabaseURL, a.cfg.AMQPURL, a.stderr)
+	servers, err := devServersUp(ctx, a.cfg.DatabaseURL, a.cfg.AMQPURL, installedBins, a.stderr)
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -33,10 +34,20 @@ type devServers struct {
 	log                  io.Writer
 }
 
+// serverBins finds the servers' programs: PostgreSQL's folder of initdb
+// and postgres, rabbitmq-server and epmd ("": not installed).
+type serverBins func() (pgBin, rabbit, epmd string)
+
+// installedBins finds them on this machine.
+func installedBins() (pgBin, rabbit, epmd string) {
+	rabbit, epmd = rabbitBin()
+	return postgresBin(), rabbit, epmd
+}
+
 // devServersUp starts what is not up of the database and the broker a
-// dev run uses, when the settings name this machine; it says what it
-// did on log. A nil result: both were up.
-func devServersUp(ctx context.Context, dbURL, amqpURL string, log io.Writer) (_ *devServers, err error) {
+// dev run uses, when the settings name this machine, with the programs
+// bins finds; it says what it did on log. A nil result: both were up.
+func devServersUp(ctx context.Context, dbURL, amqpURL string, bins serverBins, log io.Writer) (_ *devServers, err error) {
 	dbAddr, err := urlAddr(dbURL, "5432")
 	if err != nil {
 		return nil, fmt.Errorf("SAS_DATABASE_URL: %w", err)
@@ -57,22 +68,19 @@ func devServersUp(ctx context.Context, dbURL, amqpURL string, log io.Writer) (_ 
 			return nil, fmt.Errorf("%s does not answer; sasctl dev starts its own servers only in place of ones on this machine", x.what)
 		}
 	}
-	var pgBin, rabbit, epmd string
+	pgBin, rabbit, epmd := bins()
 	var missing []string
-	if needPG {
-		if pgBin = postgresBin(); pgBin == "" {
-			missing = append(missing, "PostgreSQL (initdb and postgres: the Debian package postgresql)")
-		}
+	if needPG && pgBin == "" {
+		missing = append(missing, "PostgreSQL (initdb and postgres: the Debian package postgresql)")
 	}
 	if needMQ {
-		rabbit, epmd = rabbitBin()
 		if rabbit == "" || epmd == "" {
 			missing = append(missing, "RabbitMQ (rabbitmq-server and Erlang's epmd: the Debian package rabbitmq-server)")
 		}
 	}
 	if len(missing) > 0 {
-		return nil, fmt.Errorf("no server answers at %s and %s, and sasctl dev cannot start its own: it needs %v installed (or point SAS_DATABASE_URL and SAS_AMQP_URL at running servers; as root, make demo installs and starts them)",
-			dbAddr, mqAddr, missing)
+		return nil, fmt.Errorf("no server answers where SAS_DATABASE_URL or SAS_AMQP_URL point (%s, %s), and sasctl dev cannot start its own: install %s (or point those settings at running servers; as root, make demo installs and starts them)",
+			dbAddr, mqAddr, strings.Join(missing, " and "))
 	}
 	dir, err := os.MkdirTemp("", "sas-dev-servers-")
 	if err != nil {

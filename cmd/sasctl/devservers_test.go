@@ -20,13 +20,25 @@ func TestDevStartsServersOnlyInPlaceOfLocalOnes(t *testing.T) {
 	up := l.Addr().String()
 	var log bytes.Buffer
 	// 192.0.2.1 (TEST-NET-1) answers nobody.
-	s, err := devServersUp(context.Background(), "postgres://u@192.0.2.1:5432/sas", "amqp://g:g@"+up+"/", &log)
+	s, err := devServersUp(context.Background(), "postgres://u@192.0.2.1:5432/sas", "amqp://g:g@"+up+"/", installedBins, &log)
 	if s != nil || err == nil || !strings.Contains(err.Error(), "PostgreSQL at 192.0.2.1:5432 (SAS_DATABASE_URL) does not answer; sasctl dev starts its own servers only in place of ones on this machine") {
 		t.Fatalf("a remote database down: %v %v", s, err)
 	}
-	s, err = devServersUp(context.Background(), "postgres://u@"+up+"/sas", "amqp://g:g@"+up+"/", &log)
+	s, err = devServersUp(context.Background(), "postgres://u@"+up+"/sas", "amqp://g:g@"+up+"/", installedBins, &log)
 	if s != nil || err != nil || log.Len() != 0 {
 		t.Fatalf("both up: %v %v %q", s, err, log.String())
+	}
+	// Neither answers here, and neither is installed: it says what to
+	// install, and starts nothing.
+	none := func() (string, string, string) { return "", "", "" }
+	s, err = devServersUp(context.Background(), "postgres://u@127.0.0.1:1/sas", "amqp://g:g@127.0.0.1:1/", none, &log)
+	if s != nil || err == nil || !strings.Contains(err.Error(), "install PostgreSQL (initdb and postgres: the Debian package postgresql) and RabbitMQ (rabbitmq-server and Erlang's epmd: the Debian package rabbitmq-server)") {
+		t.Fatalf("neither installed: %v %v", s, err)
+	}
+	pgOnly := func() (string, string, string) { return "/usr/lib/postgresql/15/bin", "", "" }
+	if _, err = devServersUp(context.Background(), "postgres://u@"+up+"/sas", "amqp://g:g@127.0.0.1:1/", pgOnly, &log); err == nil ||
+		strings.Contains(err.Error(), "PostgreSQL (") || !strings.Contains(err.Error(), "install RabbitMQ") {
+		t.Fatalf("RabbitMQ not installed: %v", err)
 	}
 	for _, tc := range []struct {
 		addr string
