@@ -352,23 +352,27 @@ func list(s []string) string {
 	return "[" + strings.Join(s, ", ") + "]"
 }
 
+// line is the step and how it ended: WORKFLOW.REF: STATE, with a
+// for_each's instances counted by state.
+func (s StepEnd) line() string {
+	line := s.Workflow + "." + s.Ref + ": " + s.State
+	if len(s.Instances) > 0 {
+		var parts []string
+		for st, n := range s.Instances {
+			parts = append(parts, fmt.Sprintf("%d %s", n, st))
+		}
+		slices.Sort(parts)
+		line += " (" + strings.Join(parts, ", ") + ")"
+	}
+	return line
+}
+
 // Path is the outcome as lines: each step of the order's workflow with how
 // it ended, then the compensations and the ending event.
 func (o Outcome) Path() []string {
 	var lines []string
 	for _, s := range o.Steps {
-		line := s.Ref + ": " + s.State
-		if s.Workflow != "" {
-			line = s.Workflow + "." + line
-		}
-		if len(s.Instances) > 0 {
-			var parts []string
-			for st, n := range s.Instances {
-				parts = append(parts, fmt.Sprintf("%d %s", n, st))
-			}
-			slices.Sort(parts)
-			line += " (" + strings.Join(parts, ", ") + ")"
-		}
+		line := s.line()
 		if s.Why != "" {
 			line += " — " + s.Why
 		}
@@ -393,16 +397,7 @@ func (o Outcome) Path() []string {
 func (o Outcome) Shape() []string {
 	var lines []string
 	for _, s := range o.Steps {
-		line := s.Workflow + "." + s.Ref + ": " + s.State
-		if len(s.Instances) > 0 {
-			var parts []string
-			for st, n := range s.Instances {
-				parts = append(parts, fmt.Sprintf("%d %s", n, st))
-			}
-			slices.Sort(parts)
-			line += " (" + strings.Join(parts, ", ") + ")"
-		}
-		lines = append(lines, line)
+		lines = append(lines, s.line())
 	}
 	slices.Sort(lines)
 	return append(lines, "compensated: "+list(o.Compensated), "order "+o.Status+" "+o.Reason)
