@@ -18,9 +18,10 @@ import (
 // devUser is the unprivileged user TestDevRunsAsAnUnprivilegedUser makes.
 const devUser = "sas-e2e-dev"
 
-// TestDevRunsAsAnUnprivilegedUser: `sasctl dev`, run by a user who is not
-// root where no PostgreSQL and no RabbitMQ answer at the addresses it is
-// given, starts its own (a cluster of initdb's, a RabbitMQ node with its
+// TestDevRunsAsAnUnprivilegedUser: make demo's steps as a user who is not
+// root: scripts/services.sh --or-own installs and starts nothing and does
+// not fail; `sasctl dev`, where no PostgreSQL and no RabbitMQ answer at
+// the addresses it is given, starts its own (a cluster of initdb's, a RabbitMQ node with its
 // own port mapper) as that user, runs orders through the whole system,
 // and leaves nothing behind: no process of the user, no folder.
 func TestDevRunsAsAnUnprivilegedUser(t *testing.T) {
@@ -48,8 +49,21 @@ func TestDevRunsAsAnUnprivilegedUser(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	servicesScript, err := os.ReadFile("../scripts/services.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "services.sh"), servicesScript, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
+	}
+	// make demo's first step as the user: it installs and starts nothing
+	// (the machine's servers are root's to start) and does not fail.
+	out, err := exec.Command("su", devUser, "-s", "/bin/sh", "-c", "cd /tmp && "+dir+"/services.sh --or-own --prometheus sas").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "not root: installing and starting nothing") {
+		t.Fatalf("services.sh --or-own as %s: %v\n%s", devUser, err, out)
 	}
 	// Addresses where nothing listens.
 	closed := func() string {
@@ -69,7 +83,7 @@ func TestDevRunsAsAnUnprivilegedUser(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "su", devUser, "-s", "/bin/sh", "-c", script)
 	cmd.Env = env()
-	out, err := cmd.CombinedOutput()
+	out, err = cmd.CombinedOutput()
 	text := string(out)
 	if err != nil || !strings.Contains(text, "no PostgreSQL answers: starting one of its own") ||
 		!strings.Contains(text, "no RabbitMQ answers: starting a node of its own") ||
