@@ -72,13 +72,13 @@ func startConsole(t *testing.T, s stack, extra ...string) consoleProc {
 	return startConsoleFor(t, s, nil, extra...)
 }
 
-// startConsoleFor is startConsole with alice a user of the namespaces
-// given (nil: of default).
-func startConsoleFor(t *testing.T, s stack, aliceNamespaces []string, extra ...string) consoleProc {
+// startConsoleFor is startConsole with alice and victor users of the
+// namespaces given (nil: of default).
+func startConsoleFor(t *testing.T, s stack, namespaces []string, extra ...string) consoleProc {
 	t.Helper()
 	users := filepath.Join(t.TempDir(), "users")
-	consoleUser(t, users, "alice", "operator", "alice's password", aliceNamespaces...)
-	consoleUser(t, users, "victor", "viewer", "victor's password")
+	consoleUser(t, users, "alice", "operator", "alice's password", namespaces...)
+	consoleUser(t, users, "victor", "viewer", "victor's password", namespaces...)
 	addr := freeAddr(t)
 	environ := append(append([]string{}, s.env...), "SAS_DATABASE_URL="+consoleLogin(t, s),
 		"SAS_CONSOLE_ADDR="+addr, "SAS_CONSOLE_USERS_FILE="+users)

@@ -323,9 +323,9 @@ func TestConsoleShowsAndChangesLimits(t *testing.T) {
 		payloads[i] = fmt.Sprintf(`{"n":%d}`, i)
 	}
 	ids := submitMany(t, g.pipeline.submit, "throttled", payloads)
-	// alice is a user of every namespace: the Limits page is the whole
-	// deployment's, and once team-a exists (below) a user of default
-	// alone no longer sees it (as soon as the console reads the
+	// alice and victor are users of every namespace: the Limits page is
+	// the whole deployment's, and once team-a exists (below) a user of
+	// default alone no longer sees it (as soon as the console reads the
 	// namespaces again: a user of default made the test fail or pass by
 	// that timing).
 	c := startConsoleFor(t, g.stack, []string{"*"}, "SAS_WORKFLOWS_FILE="+g.file)
