@@ -47,8 +47,8 @@ func leaderOf(t *testing.T, p *pipeline) *proc {
 	return leader
 }
 
-// TestScheduleStartsOneOrderPerTick: a schedule every second runs for a
-// half minute (two minutes with SAS_SCHEDULE_TICKS=120) while the leading supervisor is killed with SIGKILL twice (a
+// TestScheduleStartsOneOrderPerTick: a schedule every second runs for
+// 18 s (two minutes with SAS_SCHEDULE_TICKS=120) while the leading supervisor is killed with SIGKILL twice (a
 // standby leads after the lease expires and catches the missed ticks
 // up). Every tick from the first to the last has exactly one order, with
 // the id derived from the tick, and there is no other; an operator's
@@ -59,9 +59,10 @@ func TestScheduleStartsOneOrderPerTick(t *testing.T) {
 	g := runFile(t, "schedules.yaml", schedulesFile, pipelineOpts{supervisors: 2, agents: 1, schedulers: 1})
 	p := g.pipeline
 	orders := func() int { return p.count(t, `SELECT count(*) FROM orders WHERE workflow = 'tick'`) }
-	// make test: 30 ticks in three parts (a part outlasts a killed
-	// leader's lease); SAS_SCHEDULE_TICKS=120 for two minutes.
-	part := scaleFromEnv(t, "SAS_SCHEDULE_TICKS", 30) / 3
+	// make test: 18 ticks in three parts (a part, 6 s, outlasts a
+	// killed leader's lease of 1 s six times); SAS_SCHEDULE_TICKS=120 for
+	// two minutes.
+	part := scaleFromEnv(t, "SAS_SCHEDULE_TICKS", 18) / 3
 	for range 2 {
 		// Let it tick a part's worth, then kill the leader (whichever
 		// leads then: on a loaded machine the lease may have changed hands).
