@@ -305,9 +305,15 @@ type rawAnswer struct {
 	} `yaml:"accept"`
 }
 
-var statuses = []string{"completed", "failed", "error", "received", "processing", "compensating"}
+// statuses are the order statuses a case may expect.
+func statuses() []string {
+	return []string{"completed", "failed", "error", "received", "processing", "compensating"}
+}
 
-var reasons = []string{messages.EndRefused, messages.EndTimedOut, messages.EndCancelled, messages.EndDeadline}
+// reasons are the ending event's reasons a case may expect.
+func reasons() []string {
+	return []string{messages.EndRefused, messages.EndTimedOut, messages.EndCancelled, messages.EndDeadline}
+}
 
 func (rc rawCase) build() (Case, []problem) {
 	var ps []problem
@@ -391,11 +397,11 @@ func (rc rawCase) build() (Case, []problem) {
 	e := rc.Expect
 	c.Expect = Expect{Status: e.Status, Ran: e.Ran, Skipped: e.Skipped, Failed: e.Failed, Compensated: e.Compensated,
 		Sequence: e.Sequence, Reason: e.Reason, Detail: e.Detail}
-	if e.Status != "" && !slices.Contains(statuses, e.Status) {
-		bad(rc.line, "case %q: expect.status %q is not one of %s", c.Name, e.Status, strings.Join(statuses, ", "))
+	if e.Status != "" && !slices.Contains(statuses(), e.Status) {
+		bad(rc.line, "case %q: expect.status %q is not one of %s", c.Name, e.Status, strings.Join(statuses(), ", "))
 	}
-	if e.Reason != "" && !slices.Contains(reasons, e.Reason) {
-		bad(rc.line, "case %q: expect.reason %q is not one of %s", c.Name, e.Reason, strings.Join(reasons, ", "))
+	if e.Reason != "" && !slices.Contains(reasons(), e.Reason) {
+		bad(rc.line, "case %q: expect.reason %q is not one of %s", c.Name, e.Reason, strings.Join(reasons(), ", "))
 	}
 	for which, text := range map[string]string{"took_at_least": e.TookAtLeast, "took_at_most": e.TookAtMost} {
 		if text == "" {
