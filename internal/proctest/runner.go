@@ -173,7 +173,6 @@ type run struct {
 	t0     time.Time
 	events []event
 	seq    int
-	calls  int
 	trace  []string
 }
 
@@ -381,7 +380,6 @@ func (r *run) send(now time.Time, reqs []messages.StepRequest) {
 // or complete_by less the safety margin; then the reply, a 202's
 // callback, or nothing.
 func (r *run) call(now time.Time, req messages.StepRequest) {
-	r.calls++
 	name := req.Name
 	if req.Index != nil {
 		name = fmt.Sprintf("%s[%d]", req.Name, *req.Index)
