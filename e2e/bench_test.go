@@ -192,8 +192,12 @@ func TestSasctlBench(t *testing.T) {
 		t.Errorf("at rest: %+v", i)
 	} else {
 		// A process at rest may not wake at all; RabbitMQ's always does.
+		// PostgreSQL and RabbitMQ are the machine's, busy with every
+		// other test at once: only sas's own processes are bounded (a
+		// loaded clean-clone run saw PostgreSQL at 51 % "at rest").
 		for _, p := range i.Processes {
-			if p.WakeUpsPerSecond < 0 || p.CPUPercent < 0 || p.CPUPercent > 50 ||
+			shared := strings.HasPrefix(p.Name, "postgres") || strings.HasPrefix(p.Name, "rabbitmq")
+			if p.WakeUpsPerSecond < 0 || p.CPUPercent < 0 || (!shared && p.CPUPercent > 50) ||
 				strings.HasPrefix(p.Name, "rabbitmq") && p.WakeUpsPerSecond <= 0 {
 				t.Errorf("at rest, process %+v", p)
 			}
