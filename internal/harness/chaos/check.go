@@ -193,13 +193,17 @@ func checkOrder(o *statestore.AuditOrder, heldChild bool, applied map[string]rem
 	default:
 		add(2, "order %s ended %s, not completed, failed or error", o.OrderID, o.Status)
 	}
-	// 2. Terminal states never change (without an operator).
+	// 2. Terminal states never change (without an operator), but for a
+	// sub-process that completed and is undone by its parent's undoing
+	// (saga atomicity, invariant 5: what the child did is the parent's).
 	ended := false
 	for _, t := range o.History {
 		if t.Step != nil {
 			continue
 		}
-		if ended && !strings.HasPrefix(t.Actor, "operator:") {
+		undoneByParent := o.ParentOrder != "" && t.From == statestore.OrderCompleted && t.To == statestore.OrderCompensating &&
+			t.Reason == "its parent order "+o.ParentOrder+" is undone"
+		if ended && !strings.HasPrefix(t.Actor, "operator:") && !undoneByParent {
 			add(2, "order %s left a terminal state: %s -> %s by %s", o.OrderID, t.From, t.To, t.Actor)
 		}
 		ended = t.To == statestore.OrderCompleted || t.To == statestore.OrderFailed || t.To == statestore.OrderError

@@ -496,3 +496,37 @@ func TestCheckLearnsTime(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckLetsAParentUndoItsCompletedChild: invariant 2 lets a
+// sub-process's order leave completed only for its parent's undoing
+// (its own reason names that parent); any other move out of a terminal
+// state, or one of an order with no parent, is a violation.
+func TestCheckLetsAParentUndoItsCompletedChild(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		parent, reason string
+		flagged        bool
+	}{
+		{"p", "its parent order p is undone", false},
+		{"", "its parent order p is undone", true},
+		{"p", "its parent order q is undone", true},
+		{"p", "a late reply", true},
+	} {
+		o := &statestore.AuditOrder{OrderID: "k", Status: statestore.OrderFailed, ParentOrder: tc.parent, History: []statestore.Transition{
+			{To: "received", Actor: "scheduler:a"},
+			{From: "received", To: "processing", Actor: "scheduler:a"},
+			{From: "processing", To: "completed", Actor: "scheduler:a"},
+			{From: "completed", To: "compensating", Actor: "scheduler:a", Reason: tc.reason},
+			{From: "compensating", To: "failed", Actor: "scheduler:a"},
+		}}
+		var got []string
+		checkOrder(o, false, map[string]remote.Entry{}, map[string]int{}, func(inv int, format string, args ...any) {
+			if inv == 2 {
+				got = append(got, fmt.Sprintf(format, args...))
+			}
+		})
+		if flagged := slices.ContainsFunc(got, func(v string) bool { return strings.Contains(v, "left a terminal state") }); flagged != tc.flagged {
+			t.Errorf("parent %q, reason %q: flagged %v, want %v (%v)", tc.parent, tc.reason, flagged, tc.flagged, got)
+		}
+	}
+}
