@@ -22,7 +22,7 @@ import (
 // TypeScript client (node), and told to a signed webhook whose receiver
 // checks the signature.
 func TestAProcessOfPythonServicesEndToEnd(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	ts := "clients/typescript"
 	if _, err := os.Stat(filepath.Join("..", ts, "node_modules")); err != nil {
 		runIn(t, ts, nil, "npm", "ci", "--no-audit", "--no-fund")
@@ -60,9 +60,21 @@ workflows:
 	if err := py.Start(); err != nil {
 		t.Fatal(err)
 	}
+	// Stopped by SIGINT, or killed if it does not stop (a process started
+	// in the background by a shell without job control ignores SIGINT).
+	exited := make(chan struct{})
+	go func() {
+		_ = py.Wait()
+		close(exited)
+	}()
 	t.Cleanup(func() {
 		_ = py.Process.Signal(os.Interrupt)
-		_ = py.Wait()
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Second):
+			_ = py.Process.Kill()
+			<-exited
+		}
 		logFile.Close()
 	})
 

@@ -43,20 +43,76 @@ workflows:
 // applied once, the invariant checker clean. The API's dry run says
 // why an order cannot move.
 func TestMigrationOfRunningOrdersUnderLoad(t *testing.T) {
-	t.Parallel()
+	parallelTiming(t)
 	g := runFile(t, "fixable.yaml", fixableV1, pipelineOpts{supervisors: 1, agents: 2, schedulers: 1})
 	p := g.pipeline
-	waiting := g.submit(t, "fixable", slices.Repeat([]string{`{}`}, 1000))
-	testenv.Eventually(t, 2*time.Minute, "the 1,000 orders waiting on their delay", func() bool {
-		return p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND name = 'charge' AND process_state = 'delayed'`,
-			waiting) >= 900
-	})
 	v2File := writeFile(t, "fixable-v2.yaml", fixableV2)
 	reg, err := workflow.Load(v2File)
 	if err != nil {
 		t.Fatal(err)
 	}
 	v2, _ := reg.Lookup("fixable")
+
+	// The console, with the fixed file: a running order of the first
+	// version offers the move, and makes it. Four orders are submitted at
+	// once, so that their delays run out together: one for the order's
+	// page, three for the workflow's. (First, so that their delays run
+	// out while the load below runs.)
+	four := g.submit(t, "fixable", slices.Repeat([]string{`{}`}, 4))
+	last, three := four[0], four[1:]
+	testenv.Eventually(t, 30*time.Second, "four more orders waiting on their delay", func() bool {
+		return p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND name = 'charge' AND process_state = 'delayed'`, four) == 4
+	})
+	con := startConsole(t, p.stack, "SAS_WORKFLOWS_FILE="+v2File)
+	alice := newWebClient(t, con.url)
+	if status := alice.login("alice", "alice's password"); status != http.StatusSeeOther {
+		t.Fatalf("login: %d", status)
+	}
+	status, page := alice.do("GET", "/orders/"+last, nil)
+	if status != http.StatusOK || !strings.Contains(page, `id="migrate"`) || !strings.Contains(page, v2.Version()) {
+		t.Fatalf("the order page offers no move: %d", status)
+	}
+	status, page = alice.do("GET", "/orders/"+last+"/migrate", nil)
+	if status != http.StatusOK || !strings.Contains(page, "adds [notify]") {
+		t.Fatalf("the move's confirmation: %d\n%s", status, page)
+	}
+	if status, _ := alice.do("POST", "/orders/"+last+"/migrate", url.Values{"csrf": {csrfOf(t, page)}}); status != http.StatusSeeOther {
+		t.Fatalf("the move: %d", status)
+	}
+	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = $1 AND workflow_version = $2`, last, v2.Version()); n != 1 {
+		t.Fatal("the console's move did not pin the order to the new version")
+	}
+
+	// The console moves a workflow's running orders at once: a dry run
+	// that counts them (the order above is on the new version already),
+	// then the move.
+	if _, page := alice.do("GET", "/workflows", nil); !strings.Contains(page, `href="/workflows/fixable/migrate"`) {
+		t.Fatal("the workflows page offers no move of running orders")
+	}
+	status, page = alice.do("GET", "/workflows/fixable/migrate", nil)
+	if status != http.StatusOK || !strings.Contains(page, "Move 3 running orders of fixable to version "+v2.Version()) {
+		t.Fatalf("the dry run of moving the workflow's orders: %d\n%s", status, page)
+	}
+	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND workflow_version = $2`, three, v2.Version()); n != 0 {
+		t.Fatalf("the console's dry run moved %d orders", n)
+	}
+	status, page = alice.do("POST", "/workflows/fixable/migrate", url.Values{"csrf": {csrfOf(t, page)}})
+	if status != http.StatusOK || !strings.Contains(page, "3 orders of fixable moved to version "+v2.Version()) {
+		t.Fatalf("the console's move of the workflow's orders: %d\n%s", status, page)
+	}
+	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND workflow_version = $2`, three, v2.Version()); n != 3 {
+		t.Fatalf("the console moved %d of 3 orders", n)
+	}
+	if status, _ := alice.do("GET", "/workflows/no_such_workflow/migrate", nil); status != http.StatusNotFound {
+		t.Fatalf("moving the orders of a workflow the file lacks: %d, want 404", status)
+	}
+
+	// sasctl, under load: 1,000 orders waiting on their delay.
+	waiting := g.submit(t, "fixable", slices.Repeat([]string{`{}`}, 1000))
+	testenv.Eventually(t, 2*time.Minute, "the 1,000 orders waiting on their delay", func() bool {
+		return p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND name = 'charge' AND process_state = 'delayed'`,
+			waiting) >= 900
+	})
 
 	// Load goes on meanwhile, on the first version.
 	var wg sync.WaitGroup
@@ -131,7 +187,7 @@ func TestMigrationOfRunningOrdersUnderLoad(t *testing.T) {
 		t.Fatalf("only %d of %d orders were still waiting on their 30 s delay when the migration ended, after %v: it tested too little",
 			len(stillWaiting), len(waiting), took.Round(time.Millisecond))
 	}
-	all := slices.Concat(waiting, more)
+	all := slices.Concat(four, waiting, more)
 	p.waitTerminal(t, all, 3*time.Minute)
 	if completed, _ := p.checkSaga(t, all); completed != len(all) {
 		t.Fatalf("%d of %d orders completed\n%s", completed, len(all), p.stuck(t, all))
@@ -146,62 +202,11 @@ func TestMigrationOfRunningOrdersUnderLoad(t *testing.T) {
 		})); n != len(moved) {
 		t.Fatalf("%d of the %d moved orders ran the step the fix adds", n, len(moved))
 	}
+	if n := p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND name = 'notify' AND process_state = 'processed'`, four); n != 4 {
+		t.Fatalf("%d of the 4 orders the console moved ran the step the fix adds", n)
+	}
 	if r := p.checkInvariants(t, all); !r.OK() {
 		t.Fatalf("invariants: %v", r.Violations)
-	}
-
-	// The console, with the fixed file: a running order of the first
-	// version offers the move, and makes it.
-	last := g.submit(t, "fixable", []string{`{}`})[0]
-	testenv.Eventually(t, 30*time.Second, "the last order waiting on its delay", func() bool {
-		return p.count(t, `SELECT count(*) FROM steps WHERE order_id = $1 AND name = 'charge' AND process_state = 'delayed'`, last) == 1
-	})
-	con := startConsole(t, p.stack, "SAS_WORKFLOWS_FILE="+v2File)
-	alice := newWebClient(t, con.url)
-	if status := alice.login("alice", "alice's password"); status != http.StatusSeeOther {
-		t.Fatalf("login: %d", status)
-	}
-	status, page := alice.do("GET", "/orders/"+last, nil)
-	if status != http.StatusOK || !strings.Contains(page, `id="migrate"`) || !strings.Contains(page, v2.Version()) {
-		t.Fatalf("the order page offers no move: %d", status)
-	}
-	status, page = alice.do("GET", "/orders/"+last+"/migrate", nil)
-	if status != http.StatusOK || !strings.Contains(page, "adds [notify]") {
-		t.Fatalf("the move's confirmation: %d\n%s", status, page)
-	}
-	if status, _ := alice.do("POST", "/orders/"+last+"/migrate", url.Values{"csrf": {csrfOf(t, page)}}); status != http.StatusSeeOther {
-		t.Fatalf("the move: %d", status)
-	}
-	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = $1 AND workflow_version = $2`, last, v2.Version()); n != 1 {
-		t.Fatal("the console's move did not pin the order to the new version")
-	}
-	p.waitTerminal(t, []string{last}, time.Minute)
-
-	// The console moves a workflow's running orders at once: a dry run
-	// that counts them, then the move.
-	three := g.submit(t, "fixable", slices.Repeat([]string{`{}`}, 3))
-	testenv.Eventually(t, 30*time.Second, "three more orders waiting on their delay", func() bool {
-		return p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND name = 'charge' AND process_state = 'delayed'`, three) == 3
-	})
-	if _, page := alice.do("GET", "/workflows", nil); !strings.Contains(page, `href="/workflows/fixable/migrate"`) {
-		t.Fatal("the workflows page offers no move of running orders")
-	}
-	status, page = alice.do("GET", "/workflows/fixable/migrate", nil)
-	if status != http.StatusOK || !strings.Contains(page, "Move 3 running orders of fixable to version "+v2.Version()) {
-		t.Fatalf("the dry run of moving the workflow's orders: %d\n%s", status, page)
-	}
-	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND workflow_version = $2`, three, v2.Version()); n != 0 {
-		t.Fatalf("the console's dry run moved %d orders", n)
-	}
-	status, page = alice.do("POST", "/workflows/fixable/migrate", url.Values{"csrf": {csrfOf(t, page)}})
-	if status != http.StatusOK || !strings.Contains(page, "3 orders of fixable moved to version "+v2.Version()) {
-		t.Fatalf("the console's move of the workflow's orders: %d\n%s", status, page)
-	}
-	if n := p.count(t, `SELECT count(*) FROM orders WHERE order_id = ANY($1::uuid[]) AND workflow_version = $2`, three, v2.Version()); n != 3 {
-		t.Fatalf("the console moved %d of 3 orders", n)
-	}
-	if status, _ := alice.do("GET", "/workflows/no_such_workflow/migrate", nil); status != http.StatusNotFound {
-		t.Fatalf("moving the orders of a workflow the file lacks: %d, want 404", status)
 	}
 
 	// The API's dry run of an ended order says why it stays.

@@ -21,15 +21,25 @@ import (
 // the submitter lays it out.
 func graphOrder(t *testing.T, file, name, payload, policy string) statestore.NewOrder {
 	t.Helper()
+	return graphOrders(t, file, name, payload, policy, 1)[0]
+}
+
+// graphOrders is n orders as graphOrder makes them, the file read once.
+func graphOrders(t *testing.T, file, name, payload, policy string, n int) []statestore.NewOrder {
+	t.Helper()
 	reg, err := workflow.Parse("graph.yaml", []byte(file))
 	if err != nil {
 		t.Fatal(err)
 	}
 	wf, _ := reg.Lookup(name)
-	id := messages.NewID()
-	h := sha256.Sum256([]byte(id))
-	return statestore.NewOrder{OrderID: id, Workflow: name, Payload: []byte(payload), PayloadHash: h[:], Steps: stepsOf(wf),
-		Actor: "test", FailurePolicy: policy}
+	out := make([]statestore.NewOrder, n)
+	for i := range out {
+		id := messages.NewID()
+		h := sha256.Sum256([]byte(id))
+		out[i] = statestore.NewOrder{OrderID: id, Workflow: name, Payload: []byte(payload), PayloadHash: h[:], Steps: stepsOf(wf),
+			Actor: "test", FailurePolicy: policy}
+	}
+	return out
 }
 
 const diamond = `

@@ -193,11 +193,8 @@ workflows:
     steps:
       - {action: a, agent: x, delay: 1h}
 `
-	batch := make([]statestore.NewOrder, 1000)
 	for range 20 {
-		for i := range batch {
-			batch[i] = graphOrder(t, file, "w", `{}`, statestore.PolicyCompensate)
-		}
+		batch := graphOrders(t, file, "w", `{}`, statestore.PolicyCompensate, 1000)
 		if _, errs := b.store.InsertOrders(ctx, batch); errors.Join(errs...) != nil {
 			t.Fatal(errors.Join(errs...))
 		}
