@@ -27,7 +27,7 @@ import (
 // at once with one key meet one in flight) and fails, naming the rules,
 // against a service that applies every call anew.
 func TestAgentCheckTellsAKeptContractFromABrokenOne(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	demo := startOn(t, "remote", env("SAS_REMOTE_FAULTS="+`{"*":{"latency_min_ms":200,"latency_max_ms":200}}`), "SAS_REMOTE_ADDR")
 	out, errOut, code := sasctl(t, env(), "agent", "check", "http://"+demo.ops, "--action", "open_account")
 	if code != 0 || strings.Count(out, "PASS") != 9 || strings.Contains(out, "FAIL") {
@@ -71,7 +71,7 @@ func TestAgentCheckTellsAKeptContractFromABrokenOne(t *testing.T) {
 // resubmitted after its cause was fixed is refused for ever) fails the
 // check's refusal rule, and only it.
 func TestAgentCheckFindsARememberedRefusal(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	demo := startOn(t, "remote", env("SAS_REMOTE_FAULTS={}"), "SAS_REMOTE_ADDR")
 	var mu sync.Mutex
 	refused := map[string]bool{}
@@ -108,7 +108,7 @@ func TestAgentCheckFindsARememberedRefusal(t *testing.T) {
 // inline, @FILE, or a bare file name, in agent check as in submit; what
 // is neither says so.
 func TestPayloadMeansTheSameEverywhere(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	demo := startOn(t, "remote", env("SAS_REMOTE_FAULTS={}"), "SAS_REMOTE_ADDR")
 	file := writeFile(t, "payload.json", `{"customer":"c","items":[{"sku":"S","qty":1}],"amount":1,"currency":"EUR"}`)
 	for _, payload := range []string{"@" + file, file, `{"plan":"team"}`} {
@@ -180,7 +180,7 @@ func asyncCheckService(t *testing.T, send func(ctx context.Context, token, name 
 // fails that rule, counted once (sas would refuse it, stale_token), and
 // with neither the callback rule cannot pass.
 func TestAgentCheckFollowsTheCallbackPath(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	ch := amqpChannel(t)
 	overQueue := func(queue string) func(ctx context.Context, token, name string) error {
 		return func(ctx context.Context, token, name string) error {

@@ -92,7 +92,7 @@ func lastEvaluation(t *testing.T, prom string) time.Time {
 // each rule's condition is caused once, as it would happen, and every
 // rule must reach firing.
 func TestEveryAlertRuleFires(t *testing.T) {
-	parallelLong(t)
+	t.Parallel()
 	raw, err := os.ReadFile("../deploy/prometheus/alerts.yml")
 	if err != nil {
 		t.Fatal(err)
@@ -330,7 +330,7 @@ func metricNames(expr string) []string {
 // at zero for the label values known at start; a rule over increase()
 // then sees the first event.
 func TestSeriesExistFromStart(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	p := newPipeline(t, pipelineOpts{supervisors: 1})
 	scraped := map[string]bool{}
 	series := map[string]bool{}

@@ -22,7 +22,7 @@ import (
 // TypeScript client (node), and told to a signed webhook whose receiver
 // checks the signature.
 func TestAProcessOfPythonServicesEndToEnd(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	ts := "clients/typescript"
 	if _, err := os.Stat(filepath.Join("..", ts, "node_modules")); err != nil {
 		runIn(t, ts, nil, "npm", "ci", "--no-audit", "--no-fund")

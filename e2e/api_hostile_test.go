@@ -17,7 +17,7 @@ import (
 // problem document (the catalogue's reason for a submit) and change
 // nothing; nothing is a 500.
 func TestAPIRefusesBadInputWithProblems(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	st := newStack(t)
 	api := startAPI(t, st, "")
 	app, ops := apiToken(t, st, "app", "submitter"), apiToken(t, st, "ops", "operator")
@@ -181,7 +181,7 @@ func TestAPIRefusesBadInputWithProblems(t *testing.T) {
 // a problem and Retry-After, and changes nothing; another token on the
 // same replica is not held back by it.
 func TestAPIRateLimitsEachToken(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	st := newStack(t)
 	api := startAPI(t, st, "", "SAS_API_RATE=2", "SAS_API_BURST=5")
 	greedy, other := apiToken(t, st, "greedy", "submitter"), apiToken(t, st, "other", "viewer")

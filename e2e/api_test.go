@@ -158,7 +158,7 @@ func submitBody(id, workflow, payload string) string {
 // order held for a bad payload is re-run with a corrected one, and its
 // history keeps both and who.
 func TestHTTPAPIServesApplications(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	g := runFile(t, "api.yaml", apiFile, pipelineOpts{schedulers: 1, agents: 1, faults: `{"charge":{"refuse_if":"bad"}}`})
 	// Traces on (to a collector that is not there): an order continues
 	// its caller's trace.
@@ -459,7 +459,7 @@ func followEvents(t *testing.T, api apiProc, token, id string) []string {
 // halfway and started again; every order is resubmitted exactly once,
 // and the job records each with its operator.
 func TestBulkResubmitSurvivesAKill(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	g := runFile(t, "api.yaml", apiFile, pipelineOpts{schedulers: 1, agents: 1, faults: `{"charge":{"refuse_if":"bad"}}`})
 	addr := freeAddr(t)
 	extra := []string{"SAS_WORKFLOWS_FILE=" + g.file, "SAS_API_BULK_LEASE=2s", "SAS_API_BULK_BATCH=20"}

@@ -142,7 +142,7 @@ func (d *apiDoc) check(method, path string, status int, contentType string, body
 // docs/api.openapi.yaml, and the document has no path or method the API
 // does not serve.
 func TestAPIDocumentNamesEveryRoute(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	d, err := loadAPIDoc()
 	if err != nil {
 		t.Fatal(err)

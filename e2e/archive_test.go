@@ -79,7 +79,7 @@ workflows:
 // nothing is deleted or lost and the supervisor says so; started again,
 // retention goes on, and every order reads back by sasctl and the API.
 func TestArchiveBeforeRetention(t *testing.T) {
-	parallelLong(t)
+	t.Parallel()
 	down := 15 * time.Second
 	if d, err := time.ParseDuration(os.Getenv("SAS_ARCHIVE_DOWN")); err == nil && d > 0 {
 		down = d

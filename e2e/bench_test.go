@@ -96,7 +96,7 @@ func (l benchLatency) ordered() bool {
 // wake-ups per order), what each process does at rest, and the queues'
 // depths over the window.
 func TestSasctlBench(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	s := newStack(t)
 	base := portBase(600)
 	report := filepath.Join(t.TempDir(), "bench.json")
@@ -219,7 +219,7 @@ func TestSasctlBench(t *testing.T) {
 // TestDebugAddrServesProfiler: SAS_DEBUG_ADDR serves Go's profiler on its
 // own address; the ops server never does.
 func TestDebugAddrServesProfiler(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	s := newStack(t)
 	debug := freeAddr(t)
 	a := start(t, "agent", append(append([]string{}, s.env...), "SAS_DEBUG_ADDR="+debug))
@@ -247,7 +247,7 @@ func TestDebugAddrServesProfiler(t *testing.T) {
 // queues would be counted as this run's work; sasctl bench stops before
 // starting anything unless told to purge them, and --purge empties them.
 func TestSasctlBenchRefusesLeftovers(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	s := newStack(t)
 	ch := amqpChannel(t)
 	if err := s.topo.Declare(ch); err != nil {
@@ -278,7 +278,7 @@ func TestSasctlBenchRefusesLeftovers(t *testing.T) {
 // build's sasctl and dropped after, and reports every run of each side
 // with the means and the ratio B/A of every figure.
 func TestSasctlBenchAB(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	s := newStack(t)
 	// Another build: the same binaries under another directory, so that
 	// A's migrations are run by A's sasctl.
@@ -354,7 +354,7 @@ func TestSasctlBenchAB(t *testing.T) {
 // agent runs, then starts them and reports the drain and every process's
 // peak memory.
 func TestSasctlBenchBacklog(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	s := newStack(t)
 	base := portBase(450)
 	report := filepath.Join(t.TempDir(), "backlog.json")
@@ -406,7 +406,7 @@ func TestSasctlBenchBacklog(t *testing.T) {
 // own rate on every kind too (--neighbour-kind-rate): the report times the
 // namespace's orders alone and says what the neighbour had.
 func TestSasctlBenchOverHTTP(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	s := newStack(t)
 	base := portBase(900)
 	report := filepath.Join(t.TempDir(), "bench.json")

@@ -25,7 +25,7 @@ import (
 // alerting, orders completing), and checks a user is refused what is
 // another's.
 func TestServicesRunAsLeastPrivilegeBrokerUsers(t *testing.T) {
-	parallelLong(t)
+	t.Parallel()
 	rabbitmqctl := tool(t, "rabbitmqctl")
 	s := newStack(t)
 	// Classic queues, as a single-node deployment (docker-compose) runs

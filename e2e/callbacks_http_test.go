@@ -31,7 +31,7 @@ import (
 // curl and Python examples of docs/YOUR-PROCESS.md run as written; sasctl
 // steps complete ends a step through the same door.
 func TestServicesCallBackOverHTTP(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	svc := &asyncService{tokens: map[string][]string{}, calls: make(chan string, 100)}
 	srv := httptest.NewServer(svc)
 	t.Cleanup(srv.Close)

@@ -68,7 +68,7 @@ func (s *asyncService) tokensOf(id string) []string {
 // does not run out between its claim and its call on a loaded machine;
 // a call again is answered with its own token all the same.)
 func TestServicesAnswerLaterByCallback(t *testing.T) {
-	parallelLong(t)
+	t.Parallel()
 	svc := &asyncService{tokens: map[string][]string{}, calls: make(chan string, 1000)}
 	srv := httptest.NewServer(svc)
 	t.Cleanup(srv.Close)

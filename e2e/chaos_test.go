@@ -44,7 +44,7 @@ func runChaos(t *testing.T, cfg chaos.Config) chaos.Report {
 // but broker and database restarts (they would disturb the tests running
 // beside it), on a fixed seed, and every invariant must hold.
 func TestChaosShortRun(t *testing.T) {
-	parallelLong(t)
+	t.Parallel()
 	rep := runChaos(t, chaosConfig(t, 42, 400))
 	if !rep.OK() {
 		t.Fatal("invariants broken under faults (report above)")
@@ -57,7 +57,7 @@ func TestChaosShortRun(t *testing.T) {
 // TestChaosCatchesBrokenBuilds: the checker fails runs of deliberately
 // broken builds (negative controls).
 func TestChaosCatchesBrokenBuilds(t *testing.T) {
-	t.Parallel() // its cases take the slots
+	t.Parallel()
 	for _, tc := range []struct {
 		broken    string
 		faults    []string
@@ -71,7 +71,7 @@ func TestChaosCatchesBrokenBuilds(t *testing.T) {
 		{"ack-before-commit", []string{chaos.FaultKill}, []string{"submitter"}, 1},
 	} {
 		t.Run(tc.broken, func(t *testing.T) {
-			parallelLong(t)
+			t.Parallel()
 			cfg := chaosConfig(t, 7, 300)
 			cfg.Faults, cfg.KillRoles, cfg.StopRoles = tc.faults, tc.roles, tc.roles
 			cfg.Env = []string{"SAS_BROKEN=" + tc.broken}
@@ -97,7 +97,7 @@ func TestChaosCatchesBrokenBuilds(t *testing.T) {
 // and across them: each order in exactly one store, the one its id
 // names.
 func TestChaosAcrossPartitions(t *testing.T) {
-	parallelLong(t)
+	t.Parallel()
 	cfg := chaosConfig(t, 54, 200)
 	cfg.Partitions = 2
 	rep := runChaos(t, cfg)

@@ -56,7 +56,7 @@ func childOf(parent string, step int, ref string) string {
 // (the demo service's ledger), and parent and child are linked both ways
 // in sasctl orders show.
 func TestSubProcessesEndWithTheirChildren(t *testing.T) {
-	parallelLong(t)
+	t.Parallel()
 	g := runFile(t, "children.yaml", childrenFile, pipelineOpts{supervisors: 1, agents: 2, schedulers: 2,
 		faults: `{"slow_check":{"latency_min_ms":5000,"latency_max_ms":5000}}`})
 	p := g.pipeline

@@ -64,7 +64,7 @@ func runIn(t *testing.T, dir string, env []string, name string, args ...string) 
 // step, signals, lists, and ends a 202 service's step by its token,
 // against a real stack whose service is the Python test's own.
 func TestPythonClientAgainstARealStack(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	service, apiURL, token := clientStack(t)
 	out := runIn(t, "clients/python", []string{"SAS_API_URL=" + apiURL, "SAS_API_TOKEN=" + token, "SAS_TEST_SERVICE_ADDR=" + service,
 		"PYTHONDONTWRITEBYTECODE=1"}, "python3", "-m", "unittest", "-v", "tests.test_client")
@@ -76,7 +76,7 @@ func TestPythonClientAgainstARealStack(t *testing.T) {
 // build, so the compiler holds it to the API's description) does the
 // same as the Python one, tested with node's test runner.
 func TestTypeScriptClientAgainstARealStack(t *testing.T) {
-	parallelLong(t)
+	t.Parallel()
 	dir := "clients/typescript"
 	if _, err := os.Stat(filepath.Join("..", dir, "node_modules")); err != nil {
 		runIn(t, dir, nil, "npm", "ci", "--no-audit", "--no-fund")

@@ -20,7 +20,7 @@ import (
 // a payload its schema refuses is refused and changes nothing; the
 // order's page shows the payload it had and who replaced it.
 func TestConsoleActsInBulkAndReruns(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	g := runFile(t, "api.yaml", apiFile, pipelineOpts{schedulers: 1, agents: 1, faults: `{"charge":{"refuse_if":"bad"}}`})
 	p := g.pipeline
 	startAPI(t, g.stack, "", "SAS_WORKFLOWS_FILE="+g.file, "SAS_API_BULK_BATCH=2")

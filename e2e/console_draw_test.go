@@ -36,7 +36,7 @@ func largeProcesses() string {
 // of 100 items as one box counting them, with one timeline row; both are
 // the README's screenshots (make console-screenshots).
 func TestConsoleDrawsLargeProcesses(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	g := runFile(t, "large.yaml", largeProcesses(), pipelineOpts{schedulers: 1, agents: 1})
 	var people []string
 	for i := range 100 {

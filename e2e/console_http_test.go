@@ -102,7 +102,7 @@ func (c *webClient) login(name, password string) int {
 // from another origin with the console's own Host is refused too (403).
 // With SAS_CONSOLE_PUBLIC_URL stated, only its host is answered.
 func TestConsoleAnswersOnlyForItsOwnOrigin(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	st := newStack(t)
 	local := startConsole(t, st)
 	stated := startConsole(t, st, "SAS_CONSOLE_PUBLIC_URL=http://console.test")
@@ -148,7 +148,7 @@ func TestConsoleAnswersOnlyForItsOwnOrigin(t *testing.T) {
 // the limit's 5 passwords are checked, the other 25 are refused (429)
 // without one; and then the right password waits too.
 func TestConsoleLoginLimitHoldsUnderConcurrency(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	st := newStack(t)
 	c := startConsole(t, st)
 	clients := make([]*webClient, 30)
@@ -189,7 +189,7 @@ func TestConsoleLoginLimitHoldsUnderConcurrency(t *testing.T) {
 // failed logins are rate-limited; a user removed from the file is logged
 // out; a read-only console refuses every action.
 func TestConsoleAccess(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	p := newPipeline(t, pipelineOpts{})
 	c := startConsole(t, p.stack, "SAS_CONSOLE_LOGIN_ATTEMPTS=3", "SAS_CONSOLE_LOGIN_WINDOW=1m")
 
@@ -273,7 +273,7 @@ func TestConsoleAccess(t *testing.T) {
 // TestConsoleReadOnly: with SAS_CONSOLE_READ_ONLY an operator sees no
 // action and every action is refused.
 func TestConsoleReadOnly(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	p := newPipeline(t, pipelineOpts{})
 	held := messages.NewID()
 	p.setFaults(t, `{"reserve_inventory":{"fail_orders":["`+held+`"]}}`)
@@ -309,7 +309,7 @@ func holdOrder(id string) []byte {
 // there is a 404 page; nothing gives a 500; what the request carried is
 // shown escaped.
 func TestConsoleRefusesBadInput(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	p := newPipeline(t, pipelineOpts{})
 	ids := p.submitOrders(t, 3)
 	p.waitTerminal(t, ids, time.Minute)
@@ -379,7 +379,7 @@ func TestConsoleRefusesBadInput(t *testing.T) {
 // dead letter from the console, each through its confirmation page, are
 // recorded with the console user.
 func TestConsoleActionsAreRecorded(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	p := newPipeline(t, pipelineOpts{})
 	held := messages.NewID()
 	p.setFaults(t, `{"reserve_inventory":{"fail_orders":["`+held+`"]}}`)
@@ -438,7 +438,7 @@ func TestConsoleActionsAreRecorded(t *testing.T) {
 // attempt's budget), and which steps it comes after, a join's as any N
 // of them.
 func TestConsoleWorkflowsSayWhatEachStepDoes(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	g := runFile(t, "loan.yaml", `
 workflows:
   - name: loan

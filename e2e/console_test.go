@@ -205,7 +205,7 @@ func post(t *testing.T, ctx context.Context, path, form string) int {
 }
 
 func TestConsoleInABrowser(t *testing.T) {
-	parallelLong(t)
+	t.Parallel()
 	// Traced, so that an order's page has a trace id to show.
 	_, st := tracedStack(t)
 	p := newPipeline(t, pipelineOpts{on: st, supervisors: 1, supervisorEnv: []string{"SAS_SUPERVISOR_OVERVIEW_INTERVAL=1s"}})
@@ -404,7 +404,7 @@ func TestConsoleInABrowser(t *testing.T) {
 // the form; the other site, a real server on another port, is never
 // asked for anything.
 func TestLoginNeverLeavesTheConsole(t *testing.T) {
-	parallelLong(t)
+	t.Parallel()
 	st := newStack(t)
 	c := startConsole(t, st)
 	var visits atomic.Int64

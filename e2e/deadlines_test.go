@@ -40,7 +40,7 @@ workflows:
 // own deadline given at submit bounds an order of a workflow without
 // one. The supervisor counts each, and orders show says what happened.
 func TestDeadlinesFenceUndoAndRace(t *testing.T) {
-	parallelLong(t)
+	t.Parallel()
 	g := runFile(t, "deadlines.yaml", deadlinesFile, pipelineOpts{supervisors: 1, agents: 1, schedulers: 1})
 	p := g.pipeline
 	p.setFaults(t, `{"charge":{"latency_min_ms":5000,"latency_max_ms":5000},"issue":{"latency_min_ms":1500,"latency_max_ms":2100},

@@ -71,7 +71,7 @@ func resolveCompose(t *testing.T, envFile string) map[string]composeService {
 // healthcheck with a start period, images are pinned to the versions the
 // tests use, and sasctl runs under the tools profile.
 func TestComposeFileIsValid(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	empty := filepath.Join(t.TempDir(), "empty.env")
 	if err := os.WriteFile(empty, nil, 0o600); err != nil {
 		t.Fatal(err)
@@ -237,7 +237,7 @@ func TestComposeFileIsValid(t *testing.T) {
 // packages only; the demo service and the chaos harness are another
 // target's.
 func TestImageCarriesOnlyTheServices(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	raw, err := os.ReadFile("../Dockerfile")
 	if err != nil {
 		t.Fatal(err)
@@ -275,7 +275,7 @@ func TestImageCarriesOnlyTheServices(t *testing.T) {
 // TestPrometheusConfigAndRules: promtool accepts the alert rules and the
 // compose deployment's Prometheus configuration.
 func TestPrometheusConfigAndRules(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	promtool := tool(t, "promtool")
 	if out, err := exec.Command(promtool, "check", "rules", "../deploy/prometheus/alerts.yml").CombinedOutput(); err != nil {
 		t.Fatalf("promtool check rules: %v\n%s", err, out)
@@ -298,7 +298,7 @@ func TestPrometheusConfigAndRules(t *testing.T) {
 // TestBrokerUsersScriptIsCurrent: the script compose runs to create the
 // broker users is what sasctl broker users prints for the sas. prefix.
 func TestBrokerUsersScriptIsCurrent(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	committed, err := os.ReadFile("../deploy/rabbitmq/users.sh")
 	if err != nil {
 		t.Fatal(err)
@@ -323,7 +323,7 @@ func TestBrokerUsersScriptIsCurrent(t *testing.T) {
 // routing, on a broker whose plugins include the consistent-hash
 // exchange.
 func TestComposeTakesAListOfPartitions(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	compose := tool(t, "docker-compose")
 	dir := t.TempDir()
 	layout := filepath.Join(dir, "partitions.yaml")

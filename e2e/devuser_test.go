@@ -25,7 +25,7 @@ const devUser = "sas-e2e-dev"
 // own port mapper) as that user, runs orders through the whole system,
 // and leaves nothing behind: no process of the user, no folder.
 func TestDevRunsAsAnUnprivilegedUser(t *testing.T) {
-	parallelLong(t)
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("making an unprivileged user needs root")
 	}

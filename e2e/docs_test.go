@@ -45,7 +45,7 @@ func envVarsUnder(t reflect.Type, prefix string) []envVar {
 // TestReadmeDocumentsEveryVariable keeps the README's configuration table
 // complete: every variable a service reads has a row with its default.
 func TestReadmeDocumentsEveryVariable(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	raw, err := os.ReadFile("../README.md")
 	if err != nil {
 		t.Fatal(err)
@@ -69,7 +69,7 @@ func TestReadmeDocumentsEveryVariable(t *testing.T) {
 // TestServicesRejectBadConfiguration: a setting that cannot be read stops
 // a service at once with exit status 2 and says which.
 func TestServicesRejectBadConfiguration(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	for _, name := range []string{"submitter", "scheduler", "agent", "remote", "supervisor", "console", "api"} {
 		// Tracing asked for over a protocol sas does not speak.
 		grpc := "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317\x00OTEL_EXPORTER_OTLP_PROTOCOL=grpc"
@@ -108,7 +108,7 @@ func TestServicesRejectBadConfiguration(t *testing.T) {
 // (and printed by every parser's error): every service and sasctl refuse
 // it at once, naming the setting, quoting no part of the password.
 func TestServicesRefuseURLsThatHideTheirPassword(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	for _, bad := range []string{
 		"SAS_AMQP_URL=amqp://sas:Top/Secret@127.0.0.1:5672/",
 		"SAS_AMQP_URL=amqp://sas:Top#Secret@127.0.0.1:5672/",

@@ -102,7 +102,7 @@ type hostileValue struct {
 // a value that is not UTF-8 or holds a NUL, a status and a time that are
 // none.
 func TestOneRuleAtEveryEntrance(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	file := writeFile(t, "entrances.yaml", entrancesFile)
 	st := newStackFor(t, []string{"mail"})
 	wfEnv := "SAS_WORKFLOWS_FILE=" + file

@@ -34,7 +34,7 @@ func readmeBlock(t *testing.T, lang, first string) string {
 // operator's token as make demo prints one (made as the compose file's
 // api-token job makes it), against real binaries; both see it complete.
 func TestHTTPExamplesRun(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	for _, tool := range []string{"curl", "python3", "bash"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			testenv.Unavailable(t, tool, err)

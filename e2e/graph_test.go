@@ -104,7 +104,7 @@ func (g graphRun) submit(t *testing.T, workflowName string, payloads []string) [
 // parcel is booked per package with its item, index and input; the review
 // runs only above the amount; every key is applied once.
 func TestGraphFulfilRunsBranchesAtOnceUnderFaults(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	g := newGraphRun(t, `{"*":{"error_rate":0.2,"latency_min_ms":5,"latency_max_ms":20}}`, 1)
 	var payloads []string
 	parcels := map[int]int{}
@@ -253,7 +253,7 @@ func TestGraphFulfilRunsBranchesAtOnceUnderFaults(t *testing.T) {
 // TestSasctlChecksAGraph: `sasctl workflows check` prints a graph level by
 // level, with its joins, and refuses a cycle at its line.
 func TestSasctlChecksAGraph(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	good := writeFile(t, "fulfil.yaml", fulfilFile)
 	out, errOut, code := sasctl(t, env(), "workflows", "check", good)
 	if code != 0 || !strings.Contains(out, "level 0: reserve_stock (undo release_stock), charge_card (undo refund_card)") ||
@@ -272,7 +272,7 @@ func TestSasctlChecksAGraph(t *testing.T) {
 // for good for a third of the orders: the stock reserved beside it is
 // released once, nothing after them ran, nothing else is undone.
 func TestGraphBranchFailingForGoodUndoesTheOtherBranch(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	var payloads []string
 	for range 60 {
 		payloads = append(payloads, `{"amount":500,"parcels":["a","b"]}`)
@@ -343,7 +343,7 @@ workflows:
 // completes with the refused branch spared, one with two is undone; the
 // join runs once two branches ended. sasctl and the console draw it.
 func TestGraphJoinOfAnyTwoSparesARefusedBranch(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	// The refused orders are named in the remote's faults as it starts:
 	// their ids are chosen first.
 	ids := make([]string, 36)
@@ -424,7 +424,7 @@ workflows:
 // is refused for good: the 49 others, booked meanwhile, are cancelled once
 // each, and the step before them is undone last.
 func TestGraphForEachItemFailingForGoodUndoesTheOthers(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	file := writeFile(t, "parcels.yaml", forEachFile)
 	st := newStackFor(t, []string{"shipping"})
 	wf := "SAS_WORKFLOWS_FILE=" + file
@@ -478,7 +478,7 @@ func TestGraphForEachItemFailingForGoodUndoesTheOthers(t *testing.T) {
 // the second order's stock step is chosen to run again: it runs with a
 // new idempotency key, the failed card step with it, then the join.
 func TestGraphHoldThenResubmitRunsTheRestOfTheGraph(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	file := writeFile(t, "fulfil.yaml", strings.Replace(fulfilFile,
 		"{action: charge_card, agent: payment, timeout: 20s,", "{action: charge_card, agent: payment, timeout: 1s, max_failures: 1,", 1))
 	reg, _ := workflow.Load(file)
@@ -541,7 +541,7 @@ func g0(t *testing.T, p *pipeline, workflowName, payload string) string {
 // TestGraphJoinsUnderTwoSchedulers: 1,000 orders whose two branches end
 // at once, their replies applied by two schedulers: every join runs once.
 func TestGraphJoinsUnderTwoSchedulers(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	g := newGraphRun(t, `{}`, 2)
 	payloads := make([]string, 1000)
 	for i := range payloads {
@@ -586,14 +586,14 @@ func docBlock(t *testing.T, lang, first string) string {
 // of docs/YOUR-PROCESS.md check as the document shows and run, with the
 // demo service, to completion.
 func TestYourProcessGraphExamplesRun(t *testing.T) {
-	t.Parallel() // its examples take the slots
+	t.Parallel()
 	examples := []struct{ file, workflow, payload string }{
 		{"tenant.yaml", "tenant", `{"tenant":"acme","plan":"enterprise"}`},
 		{"shipment.yaml", "shipment", `{"packages":["a","b","c","d","e","f","g"]}`},
 	}
 	for i, ex := range examples {
 		t.Run(ex.workflow, func(t *testing.T) {
-			parallel(t)
+			t.Parallel()
 			file := writeFile(t, ex.file, docBlock(t, "yaml", "# "+ex.file))
 			if ex.file == "tenant.yaml" {
 				console := docBlock(t, "console", "$ sasctl workflows check tenant.yaml\n")

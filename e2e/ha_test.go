@@ -147,7 +147,7 @@ func (c rabbitCluster) kill(t *testing.T, n int) {
 // completes, none is lost, no idempotency key takes effect twice, and the
 // time from the kill to orders completing again is measured.
 func TestBrokerClusterFailover(t *testing.T) {
-	parallelLong(t)
+	t.Parallel()
 	n := haOrders(600)
 	cl := startRabbitCluster(t)
 	dbURL, pool := testenv.Database(t)
@@ -294,7 +294,7 @@ func startPostgresServers(t *testing.T, mode, base, dir string) (string, string)
 // and the standby is promoted. Every order completes, none is lost, no
 // action takes effect twice.
 func TestDatabaseFailover(t *testing.T) {
-	parallelLong(t)
+	t.Parallel()
 	res, ids, _ := databaseFailover(t, "sync", "5440")
 	if !res.OK() || res.Completed != len(ids) {
 		t.Fatalf("%d of %d orders completed; %d invariants broken: %v", res.Completed, len(ids), len(res.Violations), res.Violations[:min(10, len(res.Violations))])
@@ -307,7 +307,7 @@ func TestDatabaseFailover(t *testing.T) {
 // confirmed submit missing from the store, and find nothing else broken
 // but what follows from it.
 func TestDatabaseFailoverAsync(t *testing.T) {
-	parallelLong(t)
+	t.Parallel()
 	res, ids, missing := databaseFailover(t, "async", "5450")
 	lost := 0
 	for _, v := range res.Violations {

@@ -26,7 +26,7 @@ import (
 // Every service becomes ready, orders complete, and the console lets
 // admin in with the Secret's console-admin.
 func TestHelmChartPodsRunAsRendered(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	helm := tool(t, "helm")
 	rabbitmqctl := tool(t, "rabbitmqctl")
 	if !strings.Contains(testenv.AMQPURL(), "127.0.0.1:5672") {

@@ -36,7 +36,7 @@ const (
 // only a component's own passwords, the alert rules and dashboard of the
 // compose deployment, KEDA scaling on the agent queues.
 func TestHelmChart(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	helm := tool(t, "helm")
 	kubeconform := tool(t, "kubeconform")
 	schemas := kubeSchemas(t)

@@ -45,7 +45,7 @@ type hostileCase struct {
 // in any encoding or any part of one, no reply is dead-lettered, and the
 // other host is never called.
 func TestHostileServiceEndsTheOrderWithTheTrueReason(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	var strayed atomic.Int64
 	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		strayed.Add(1)
@@ -259,7 +259,7 @@ func queueDepth(t *testing.T, ch *amqp.Channel, queue string) int {
 // a budget of a minute; a forged reply for an attempt that is not running
 // changes nothing.
 func TestRefusedReplyFailsItsStepAtOnce(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	file := writeFile(t, "custom.yaml", "workflows:\n  - name: custom\n    policy: hold\n    steps:\n      - {action: work, agent: custom, timeout: 60s}\n")
 	st := newStackFor(t, []string{"custom"})
 	wfEnv := "SAS_WORKFLOWS_FILE=" + file
@@ -301,7 +301,7 @@ func TestRefusedReplyFailsItsStepAtOnce(t *testing.T) {
 // dead-lettered invalid_payload with the reason and a rejected event to
 // its reply_to, and goes on writing the orders after it.
 func TestCostlySchemaRefusesThePayloadNotTheSubmitter(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	file := writeFile(t, "costly.yaml", badinput.CostlyWorkflow("custom"))
 	st := newStackFor(t, []string{"custom"})
 	sub := start(t, "submitter", append(append([]string{}, st.env...), "SAS_WORKFLOWS_FILE="+file))

@@ -55,7 +55,7 @@ workflows:
 // namespace start orders in it and signal its orders alone, however the
 // business keys of other namespaces' orders match.
 func TestInboundEventsStartAndSignalOrders(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	const secret = "e2e-inbound-secret-value"
 	g := runFile(t, "inbound.yaml", inboundFile, pipelineOpts{supervisors: 1, agents: 1, schedulers: 1})
 	p := g.pipeline

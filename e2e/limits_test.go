@@ -102,7 +102,7 @@ workflows:
 // once; raised at run time (sasctl limits set), the new rate holds within
 // 2 s, recorded with the operator.
 func TestLimitsHoldAcrossReplicas(t *testing.T) {
-	parallelTiming(t)
+	t.Parallel()
 	g := runFile(t, "limited.yaml", limitedFile, pipelineOpts{schedulers: 4, agents: 10, supervisors: 1,
 		faults: `{"*":{"latency_min_ms":20,"latency_max_ms":80}}`})
 	seconds := scaleFromEnv(t, "SAS_LIMITS_SECONDS", 20) // make limits-e2e: 60
@@ -179,7 +179,7 @@ workflows:
 // in make limits-e2e) submitted first, then 20 keys with 20 orders each, a kind at 100/s:
 // every order of a small key completes within 10 s of being written.
 func TestKeysAreServedFairly(t *testing.T) {
-	parallelTiming(t)
+	t.Parallel()
 	g := runFile(t, "fair.yaml", fairFile, pipelineOpts{schedulers: 2, agents: 2, supervisors: 1})
 	big := make([]string, scaleFromEnv(t, "SAS_FAIR_BACKLOG", 5000)) // make limits-e2e: 20,000
 	for i := range big {
@@ -247,7 +247,7 @@ workflows:
 // order completes with its action applied once. A service's 429 lowers
 // the kind's rate (not below its floor), seen in sasctl limits list.
 func TestThrottledStepsOutwaitTheirBudgetAndSurviveKills(t *testing.T) {
-	parallelTiming(t)
+	t.Parallel()
 	g := runFile(t, "throttled.yaml", throttledFile, pipelineOpts{schedulers: 2, agents: 2, supervisors: 1,
 		submitterEnv: []string{"SAS_STEP_TIMEOUT=2s"}})
 	payloads := make([]string, 400)
@@ -316,7 +316,7 @@ func TestThrottledStepsOutwaitTheirBudgetAndSurviveKills(t *testing.T) {
 // it; a bad rate is refused with a reason; a viewer can neither see the
 // button nor post the change.
 func TestConsoleShowsAndChangesLimits(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	g := runFile(t, "throttled.yaml", strings.Replace(throttledFile, "rate: 20/s", "rate: 2/s", 1), pipelineOpts{schedulers: 1, agents: 1})
 	payloads := make([]string, 60)
 	for i := range payloads {

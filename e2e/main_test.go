@@ -7,7 +7,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -32,109 +31,8 @@ import (
 // binDir holds the binaries TestMain built.
 var binDir string
 
-// slots shares the machine among the tests that run at once (TestMain):
-// parallel takes one, parallelTiming two, parallelLong one ahead of the
-// others. Waiting tests are let in in order (timing ones first, then
-// long ones, then the rest), each as soon as its slots are free; one
-// that waits for two lets the next ones in only while a test holding two
-// runs, whose end will free them (else it would wait for ever).
-var slots struct {
-	mu      sync.Mutex
-	n, free int
-	heavy   int // running tests that hold two slots
-	queue   []*slotWaiter
-}
-
-type slotWaiter struct {
-	n     int
-	rank  int
-	ready chan struct{}
-}
-
-// The ranks of waiting tests, first let in first.
-const (
-	rankTiming = iota
-	rankLong
-	rankOther
-)
-
-// TestMain runs one test more at once than the machine has cores (or
-// -parallel's count, when given): most tests wait on timers, leases and
-// services more than they compute, and two at once on two cores left a
-// third of the CPU idle. A test whose assertions are about time (a rate,
-// how late a timer fires, what ends before what) takes two slots, so
-// that it runs beside one other test at most. go test's own limit is
-// lifted above the number of tests, so that every test waits in slots'
-// queue from the start: the timing tests, then the longest, go first.
 func TestMain(m *testing.M) {
-	flag.Parse()
-	n := runtime.NumCPU() + 1
-	given := false
-	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
-	if given {
-		if v, err := strconv.Atoi(flag.Lookup("test.parallel").Value.String()); err == nil && v >= 1 {
-			n = v
-		}
-	}
-	_ = flag.Set("test.parallel", "1000")
-	slots.n, slots.free = n, n
 	os.Exit(buildAndRun(m))
-}
-
-// parallel runs t beside other tests (t.Parallel) in one of the
-// machine's slots.
-func parallel(t *testing.T) { takeSlots(t, 1, rankOther) }
-
-// parallelTiming is parallel for a test whose assertions are about time:
-// it takes two slots, and goes before the others.
-func parallelTiming(t *testing.T) { takeSlots(t, 2, rankTiming) }
-
-// parallelLong is parallel for one of the longest tests: it goes before
-// the others, so that it does not start last and keep the run waiting.
-func parallelLong(t *testing.T) { takeSlots(t, 1, rankLong) }
-
-func takeSlots(t *testing.T, n, rank int) {
-	t.Parallel()
-	slots.mu.Lock()
-	w := &slotWaiter{n: min(n, slots.n), rank: rank, ready: make(chan struct{})}
-	at := len(slots.queue)
-	for at > 0 && slots.queue[at-1].rank > rank {
-		at--
-	}
-	slots.queue = slices.Insert(slots.queue, at, w)
-	letIn()
-	slots.mu.Unlock()
-	<-w.ready
-	t.Cleanup(func() {
-		slots.mu.Lock()
-		slots.free += w.n
-		if w.n > 1 {
-			slots.heavy--
-		}
-		letIn()
-		slots.mu.Unlock()
-	})
-}
-
-// letIn lets in, in queue order, every waiting test whose slots are free.
-// slots.mu is held.
-func letIn() {
-	for i := 0; i < len(slots.queue) && slots.free > 0; {
-		w := slots.queue[i]
-		if w.n > slots.free {
-			if slots.heavy == 0 {
-				return
-			}
-			i++
-			continue
-		}
-		slots.free -= w.n
-		if w.n > 1 {
-			slots.heavy++
-		}
-		slots.queue = slices.Delete(slots.queue, i, i+1)
-		close(w.ready)
-	}
 }
 
 func buildAndRun(m *testing.M) int {
@@ -167,7 +65,8 @@ func buildAndRun(m *testing.M) int {
 	case "off":
 		race = false
 	}
-	args := []string{"build", "-race", "-tags", "failpoints", "-o", dir + "/", "./cmd/submitter", "./cmd/sasctl",
+	// -trimpath: a fresh clone reuses the build cache (see the Makefile).
+	args := []string{"build", "-trimpath", "-race", "-tags", "failpoints", "-o", dir + "/", "./cmd/submitter", "./cmd/sasctl",
 		"./cmd/scheduler", "./cmd/agent", "./cmd/remote", "./cmd/supervisor", "./cmd/console", "./cmd/api", "./internal/harness/idp"}
 	if !race {
 		args = slices.DeleteFunc(args, func(a string) bool { return a == "-race" })

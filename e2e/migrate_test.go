@@ -43,7 +43,7 @@ workflows:
 // applied once, the invariant checker clean. The API's dry run says
 // why an order cannot move.
 func TestMigrationOfRunningOrdersUnderLoad(t *testing.T) {
-	parallelTiming(t)
+	t.Parallel()
 	g := runFile(t, "fixable.yaml", fixableV1, pipelineOpts{supervisors: 1, agents: 2, schedulers: 1})
 	p := g.pipeline
 	v2File := writeFile(t, "fixable-v2.yaml", fixableV2)

@@ -66,7 +66,7 @@ func nsToken(t *testing.T, g graphRun, name, role string, namespaces ...string) 
 // deployment need a token of every namespace; a deployment that names
 // none is unchanged.
 func TestNamespacesIsolateOrdersOverTheAPI(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	g := runFile(t, "ns.yaml", nsFile, pipelineOpts{schedulers: 1, agents: 1})
 	api := startAPI(t, g.stack, "", "SAS_WORKFLOWS_FILE="+g.file)
 	// Before any namespace is added, a token of the default namespace
@@ -285,7 +285,7 @@ func TestNamespacesIsolateOrdersOverTheAPI(t *testing.T) {
 // while another namespace, and the default one, submit on; the refusals
 // are counted by namespace.
 func TestNamespaceQuotasOverTheAPI(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	g := runFile(t, "ns.yaml", nsFile, pipelineOpts{schedulers: 1, agents: 1})
 	api := startAPI(t, g.stack, "", "SAS_WORKFLOWS_FILE="+g.file)
 	if out, errOut, code := sasctl(t, g.stack.env, "namespaces", "add", "team-q", "team-free"); code != 0 {
@@ -451,7 +451,7 @@ func nsConsoleUser(t *testing.T, file, name, role, password string, namespaces .
 // limits) are refused to it. A user of every namespace switches between
 // them in a browser.
 func TestNamespacesIsolateTheConsole(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	s := newStack(t)
 	if out, errOut, code := sasctl(t, s.env, "namespaces", "add", "team-a", "team-b"); code != 0 {
 		t.Fatalf("namespaces add: %s %s", out, errOut)
@@ -687,7 +687,7 @@ func TestNamespacesIsolateTheConsole(t *testing.T) {
 // any other is dead-lettered with its reason. A user-id that is not the
 // publisher's own never reaches the queue.
 func TestSubmitsReachTheirNamespaceByBrokerLogin(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	s := newStack(t)
 	if out, errOut, code := sasctl(t, s.env, "namespaces", "add", "team-a", "team-b", "team-q"); code != 0 {
 		t.Fatalf("namespaces add: %s %s", out, errOut)
@@ -893,7 +893,7 @@ workflows:
 // namespace takes none of its own, nor does a namespace that does not
 // exist.
 func TestANamespaceAtItsLimitLeavesTheKindToOthers(t *testing.T) {
-	parallelTiming(t)
+	t.Parallel()
 	g := runFile(t, "nslimit.yaml", nsLimitFile, pipelineOpts{schedulers: 2, agents: 1,
 		faults: `{"charge":{"latency_min_ms":300,"latency_max_ms":300}}`})
 	api := startAPI(t, g.stack, "", "SAS_WORKFLOWS_FILE="+g.file)

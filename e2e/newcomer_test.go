@@ -56,7 +56,7 @@ workflows:
 // where it works, give each failed order's reason in the list, count only
 // the steps that need an operator, and show the overview's whole table.
 func TestANewcomersOwnProcess(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	var mailCalls atomic.Int64
 	services := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)

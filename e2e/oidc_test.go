@@ -163,7 +163,7 @@ func ssoSignIn(t *testing.T, c *webClient, idp idpProc, user, password string) (
 // none", an HMAC keyed with the public key, and people with no role,
 // each with a log line that holds no token.
 func TestSingleSignOnAtARealProvider(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	s := newStack(t)
 	consoleAddr := freeAddr(t)
 	idp := startIdP(t, consoleAddr, "3s")

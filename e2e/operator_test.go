@@ -42,7 +42,7 @@ func openAlerts(t *testing.T, environ []string, orderID string) []statestore.Ale
 // records the database login, whatever name the operator gives or the
 // environment claims.
 func TestAlertsAreReadWithoutTakingThem(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	p := newPipeline(t, pipelineOpts{})
 	// Two tails, started before the alert is raised.
 	type tailed struct {
@@ -145,7 +145,7 @@ func TestAlertsAreReadWithoutTakingThem(t *testing.T) {
 // the dead-letter queues without taking it; show prints one in full;
 // requeue sends them back to their queue; discard asks first.
 func TestDeadLettersCanBeReadRequeuedAndDiscarded(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	s := newStack(t)
 	sub := start(t, "submitter", s.env)
 	ch := amqpChannel(t)
@@ -208,7 +208,7 @@ func TestDeadLettersCanBeReadRequeuedAndDiscarded(t *testing.T) {
 // dead-letter queue (some may be in both); a second requeue finishes the
 // job.
 func TestRequeueSurvivesAKill(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	s := newStack(t)
 	ch := amqpChannel(t)
 	if err := s.topo.Declare(ch); err != nil {
@@ -318,7 +318,7 @@ func TestRequeueSurvivesAKill(t *testing.T) {
 // the URL, a wrong password stops sasctl at once, and what the login does
 // is recorded under its name.
 func TestOperatorLoginWithAnyPassword(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	p := newPipeline(t, pipelineOpts{})
 	ctx := t.Context()
 	login := "op_" + testenv.RandomSuffix(8)

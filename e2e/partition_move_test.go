@@ -33,7 +33,7 @@ import (
 // new orders are p4's and their old ones stay where they were (sasctl
 // finds both), and partitions moves and show say where each bucket is.
 func TestABucketMovesToANewPartitionUnderLoad(t *testing.T) {
-	parallelLong(t)
+	t.Parallel()
 	prefix := testenv.Prefix(t)
 	dir := t.TempDir()
 	file := filepath.Join(dir, "partitions.yaml")

@@ -47,7 +47,7 @@ import (
 // order again; sasctl shows an order from its store and lists the newest
 // of all three merged.
 func TestPartitionsRouteByOrderID(t *testing.T) {
-	parallelLong(t)
+	t.Parallel()
 	node := startRabbitNodes(t, "saschx", "5740", 1, "", "rabbitmq_consistent_hash_exchange")
 	dir := t.TempDir()
 	file := filepath.Join(dir, "partitions.yaml")

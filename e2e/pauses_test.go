@@ -37,7 +37,7 @@ workflows:
 // order completes, each action applied once, and the paused order's
 // deadline has moved on by the time it was paused.
 func TestPauseHoldsAcrossRestartsAndKills(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	g := runFile(t, "pauses.yaml", pausesFile, pipelineOpts{supervisors: 1, agents: 1, schedulers: 1})
 	p := g.pipeline
 	p.setFaults(t, `{"first":{"latency_min_ms":1500,"latency_max_ms":1500}}`)
@@ -164,7 +164,7 @@ func TestPauseHoldsAcrossRestartsAndKills(t *testing.T) {
 // may not act, and a name out of its rules, an unknown scope or a reason
 // too long or with a NUL is refused and changes nothing.
 func TestConsolePausesWorkflowsAndKinds(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	g := runFile(t, "pauses.yaml", pausesFile, pipelineOpts{supervisors: 1, agents: 1, schedulers: 1})
 	p := g.pipeline
 	c := startConsole(t, p.stack, "SAS_WORKFLOWS_FILE="+g.file)

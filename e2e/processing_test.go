@@ -298,7 +298,7 @@ func (p pipeline) checkOneEffectPerStep(t *testing.T, ids []string) (keys, reque
 }
 
 func TestThousandOrdersComplete(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	p := newPipeline(t, pipelineOpts{supervisors: 1, supervisorEnv: []string{"SAS_SUPERVISOR_ANALYZE_INTERVAL=200ms"}})
 	// The services tune Go's runtime unless told otherwise.
 	tuned := p.startAgent(t, "GOGC=150", "GOMAXPROCS=2")
@@ -346,7 +346,7 @@ func TestThousandOrdersComplete(t *testing.T) {
 }
 
 func TestTransientFaultsStillCompleteOnce(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	// 30% transient faults (5xx, 429, hangs) and 5% apply-then-fail.
 	p := newPipeline(t, pipelineOpts{
 		faults: `{"*":{"error_rate":0.2,"rate_limit_rate":0.05,"retry_after_s":1,"hang_rate":0.05,"hang_ms":300,"apply_then_fail_rate":0.05,"latency_max_ms":3}}`,
@@ -371,7 +371,7 @@ func TestTransientFaultsStillCompleteOnce(t *testing.T) {
 }
 
 func TestPermanentFaultEndsOrderFailedAndUndone(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	var ids, refused []string
 	for i := range 20 {
 		id := messages.NewID()
@@ -407,7 +407,7 @@ func TestPermanentFaultEndsOrderFailedAndUndone(t *testing.T) {
 }
 
 func TestLateReplyDoesNotCompleteStep(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	// The remote takes 3 s to reserve; a step has 1 s.
 	p := newPipeline(t, pipelineOpts{
 		faults:       `{"reserve_inventory":{"latency_min_ms":3000,"latency_max_ms":3000}}`,
@@ -483,7 +483,7 @@ func TestLateReplyDoesNotCompleteStep(t *testing.T) {
 // connections are cut while orders arrive (their notifications are lost to
 // it): when the connection is back it looks for work at once.
 func TestSchedulerWakesOnNotifications(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	p := newPipeline(t, pipelineOpts{withoutAgents: true})
 	viaProxy, proxy := testenv.Proxied(t, p.dbURL)
 	// Replace the pipeline's scheduler with one that never polls in time.
@@ -517,7 +517,7 @@ func TestSchedulerWakesOnNotifications(t *testing.T) {
 // share. When the listening one is killed, the other takes its lease over
 // and new orders wake it.
 func TestOneSchedulerListensForNewWork(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	p := newPipeline(t, pipelineOpts{schedulers: 2, schedulerEnv: []string{"SAS_SCHEDULER_POLL_INTERVAL=1h", "SAS_SCHEDULER_BATCH=5"}})
 	const woken = `sas_scheduler_wakeups_total{loop="claimer",source="notify"}`
 	var listener, other *proc
@@ -563,7 +563,7 @@ func TestOneSchedulerListensForNewWork(t *testing.T) {
 }
 
 func TestSchedulersAndAgentsShareWorkAndEventsArriveInOrder(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	p := newPipeline(t, pipelineOpts{schedulers: 2, agents: 3, faults: `{"*":{"latency_min_ms":1,"latency_max_ms":3}}`})
 	ch := amqpChannel(t)
 	statusQueue := p.topo.Prefix + "shop-status"
@@ -656,7 +656,7 @@ func checkEvents(t *testing.T, events []amqp.Delivery, ids []string) {
 // queue the usual AMQP way (an empty name, exclusive: RabbitMQ names it
 // amq.gen-…) gets every order's events there.
 func TestServerNamedReplyQueueGetsEvents(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	p := newPipeline(t, pipelineOpts{})
 	ch := amqpChannel(t)
 	q, err := ch.QueueDeclare("", false, true, true, false, nil)
@@ -687,7 +687,7 @@ func TestServerNamedReplyQueueGetsEvents(t *testing.T) {
 // scheduler claims only as many steps as the request queue may hold; the
 // rest stay pending with their whole budget and run once agents come.
 func TestSchedulerHoldsBackWhileAgentsAreAway(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	p := newPipeline(t, pipelineOpts{withoutAgents: true, schedulerEnv: []string{"SAS_SCHEDULER_MAX_QUEUED=10"}})
 	ids := p.submitOrders(t, 60, "--workflow", "single")
 	queue := p.topo.Queue(messages.RequestsQueue("inventory"))
@@ -732,7 +732,7 @@ func TestSchedulerHoldsBackWhileAgentsAreAway(t *testing.T) {
 // time and is reset, and the held order's reply is applied, or judged
 // late, once the rows are free.
 func TestStuckOrderHoldsUpNoOtherOrder(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	p := newPipeline(t, pipelineOpts{supervisors: 1,
 		faults:       `{"charge_payment":{"latency_min_ms":1000,"latency_max_ms":1000}}`,
 		submitterEnv: []string{"SAS_STEP_TIMEOUT=5s"}})
@@ -800,7 +800,7 @@ func TestStuckOrderHoldsUpNoOtherOrder(t *testing.T) {
 // scheduler; the orders whose request or reply was lost that way are
 // recovered by the supervisor like any lost message.
 func TestHandlerPanicIsDeadLettered(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	poisonSubmit, poisonRequest, poisonReply := messages.NewID(), messages.NewID(), messages.NewID()
 	p := newPipeline(t, pipelineOpts{supervisors: 1,
 		submitterEnv: []string{"SAS_FAILPOINTS=panic-on-message=" + poisonSubmit, "SAS_STEP_TIMEOUT=2s"},

@@ -152,7 +152,7 @@ func readDashboard(t *testing.T) dashboard {
 // dashboard and of the alert rules against a real Prometheus scraping a
 // running stack: none may fail, and the core panels must show data.
 func TestDashboardAndAlertQueries(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	p := newPipeline(t, pipelineOpts{supervisors: 1, faults: `{"*":{"error_rate":0.1,"latency_max_ms":3}}`})
 	procs := append([]*proc{p.remote, p.submitter}, p.schedulers...)
 	procs = append(append(procs, p.agents...), p.supervisors...)

@@ -114,7 +114,7 @@ func (p pipeline) checkSaga(t *testing.T, ids []string) (completed, failed int) 
 // every endpoint, undo endpoints included. Every order ends completed or
 // failed, and the ledger shows exactly the undo effects it should.
 func TestFiveHundredOrdersSucceedOrFailAsAWhole(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	var ids, refuseCharge, refuseShip []string
 	for i := range 500 {
 		id := messages.NewID()
@@ -169,7 +169,7 @@ func TestFiveHundredOrdersSucceedOrFailAsAWhole(t *testing.T) {
 // refused; the refund waits for it and then undoes it; the order fails
 // with every applied action undone once.
 func TestCancelInFlightOrder(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	p := newPipeline(t, pipelineOpts{supervisors: 1, faults: `{"charge_payment":{"latency_min_ms":3000,"latency_max_ms":3000}}`})
 	ch := amqpChannel(t)
 	statusQueue := p.topo.Prefix + "cancel-status"
@@ -214,7 +214,7 @@ func TestCancelInFlightOrder(t *testing.T) {
 // the order in error, with an alert; once the cause is fixed, an
 // operator's resubmit completes it, and nothing is undone.
 func TestHoldPolicyThenResubmit(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	id := messages.NewID()
 	p := newPipeline(t, pipelineOpts{supervisors: 1, faults: `{"charge_payment":{"fail_orders":["` + id + `"]}}`})
 	body := strings.Replace(badinput.ValidSubmitJSON(id), `"amount":1999`, `"amount":1999,"workflow":"order_hold"`, 1)
@@ -242,7 +242,7 @@ func TestHoldPolicyThenResubmit(t *testing.T) {
 // the order is compensated; but the refund endpoint is down, so the
 // refund's attempts run out: the order is held in error with an alert.
 func TestCompensationThatKeepsFailingNeedsAPerson(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	id := messages.NewID()
 	p := newPipeline(t, pipelineOpts{supervisors: 1,
 		faults:       `{"create_shipment":{"fail_orders":["` + id + `"]},"refund_payment":{"error_rate":1}}`,

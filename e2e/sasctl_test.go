@@ -31,7 +31,7 @@ import (
 )
 
 func TestSasctlMigrateConcurrently(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	dbURL, pool := testenv.EmptyDatabase(t)
 	environ := env("SAS_DATABASE_URL=" + dbURL)
 	var wg sync.WaitGroup
@@ -66,7 +66,7 @@ func TestSasctlMigrateConcurrently(t *testing.T) {
 }
 
 func TestSasctlSubmitShowListResubmit(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	s := newStack(t)
 	start(t, "submitter", s.env)
 
@@ -245,7 +245,7 @@ func portBase(offset int) int {
 // TestSasctlDev runs the local stack the way make demo does (without
 // Prometheus) and checks its summary and that it leaves nothing running.
 func TestSasctlDev(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	s := newStack(t)
 	base := portBase(0)
 	// The payment kind goes to a service of the test's own; the others to
@@ -325,7 +325,7 @@ func TestSasctlDev(t *testing.T) {
 // TestSasctlDBUsers: logins made by sasctl db users act with their role's
 // rights only.
 func TestSasctlDBUsers(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	s := newStack(t)
 	suffix := "_t" + testenv.RandomSuffix(8)
 	t.Cleanup(func() {
@@ -367,7 +367,7 @@ func TestSasctlDBUsers(t *testing.T) {
 // environment it reads, even with a configuration that does not parse;
 // --version says what was built.
 func TestSasctlHelpOnEveryCommand(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	broken := env("SAS_SHUTDOWN_TIMEOUT=soon", "SAS_AMQP_URL=amqp://sas:Top/Secret@h/")
 	out, _, code := sasctl(t, broken, "--help")
 	if code != 0 || !strings.Contains(out, "commands:") {
@@ -430,7 +430,7 @@ func TestSasctlHelpOnEveryCommand(t *testing.T) {
 // one line that names the setting, without waiting for what cannot
 // succeed.
 func TestSasctlErrorsNameTheSettingToFix(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	s := newStack(t)
 	empty, _ := testenv.EmptyDatabase(t)
 	u, err := url.Parse(s.dbURL)
@@ -470,7 +470,7 @@ func TestSasctlErrorsNameTheSettingToFix(t *testing.T) {
 // delete and asks; anything but yes deletes nothing; --yes skips the
 // question.
 func TestSasctlPurgeAsksFirst(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	s := newStack(t)
 	store := statestore.New(s.pool)
 	var ids []string
@@ -519,7 +519,7 @@ func TestSasctlPurgeAsksFirst(t *testing.T) {
 // start: with each child done well before its parent (the parent then
 // waits out a timer), it waits for the parents and reports them alone.
 func TestDevCountsTheRunsOwnOrders(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	file := writeFile(t, "loan.yaml", `
 workflows:
   - name: loan

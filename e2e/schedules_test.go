@@ -55,7 +55,7 @@ func leaderOf(t *testing.T, p *pipeline) *proc {
 // trigger starts one more, pause stops the ticks, and sasctl schedules
 // list shows it all.
 func TestScheduleStartsOneOrderPerTick(t *testing.T) {
-	parallelTiming(t)
+	t.Parallel()
 	g := runFile(t, "schedules.yaml", schedulesFile, pipelineOpts{supervisors: 2, agents: 1, schedulers: 1})
 	p := g.pipeline
 	orders := func() int { return p.count(t, `SELECT count(*) FROM orders WHERE workflow = 'tick'`) }

@@ -33,7 +33,7 @@ import (
 // the application's broker user, complete; that user may do nothing
 // else.
 func TestDeploymentSecretsMadeOnceAndUsedFromFiles(t *testing.T) {
-	parallelLong(t)
+	t.Parallel()
 	s := newStack(t)
 	// The broker runs as its own user and reads the definitions: a
 	// directory it can reach (t.TempDir is the test user's alone).

@@ -31,7 +31,7 @@ workflows:
 // event to the reply_to and a dead letter); and a signal by key racing a
 // second matching order reaches one order, or is refused, never both.
 func TestSignalsByBusinessKey(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	g := runFile(t, "bykey.yaml", byKeyFile, pipelineOpts{supervisors: 1, agents: 1, schedulers: 1})
 	p := g.pipeline
 	seven := g.submit(t, "loan_by_key", []string{`{"applicant": "7"}`})

@@ -47,7 +47,7 @@ workflows:
 // for and a payload the schema refuses are dead-lettered with their
 // reasons and told to their reply_to.
 func TestSignalsEndWaits(t *testing.T) {
-	parallelLong(t)
+	t.Parallel()
 	g := runFile(t, "signals.yaml", signalsFile, pipelineOpts{supervisors: 2, agents: 2, schedulers: 2,
 		faults: `{"score":{"latency_min_ms":150,"latency_max_ms":150},"slow_score":{"latency_min_ms":3000,"latency_max_ms":3000}}`})
 	p := g.pipeline
@@ -152,7 +152,7 @@ func TestSignalsEndWaits(t *testing.T) {
 // signal ended, and the order goes on. The console sends one too, from
 // the order page (Chromium).
 func TestSasctlSignalsAnOrder(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	p := runFile(t, "signals.yaml", signalsFile, pipelineOpts{supervisors: 1, agents: 1, schedulers: 1}).pipeline
 	id := g0(t, p, "approval", `{}`)
 	testenv.Eventually(t, 30*time.Second, "the wait to begin", func() bool {
@@ -213,7 +213,7 @@ func TestSasctlSignalsAnOrder(t *testing.T) {
 // a large loan waits for the manager's signal, sent with sasctl, and
 // completes with it as the wait's result; a small one skips the wait.
 func TestYourProcessApprovalExampleRuns(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	g := runFile(t, "loan.yaml", docBlock(t, "yaml", "# loan.yaml"), pipelineOpts{supervisors: 1})
 	p := g.pipeline
 	large := g0(t, p, "loan", `{"amount": 20000}`)

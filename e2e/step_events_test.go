@@ -20,7 +20,7 @@ import (
 // signalled, the wait processed and the order completed. A follower of statuses alone gets no step event, and with
 // nobody following steps no step event is written.
 func TestFollowersSeeEachStep(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	g := runFile(t, "api.yaml", apiFile, pipelineOpts{schedulers: 1, agents: 1})
 	api := startAPI(t, g.stack, "", "SAS_WORKFLOWS_FILE="+g.file)
 	app := apiToken(t, g.stack, "app", "submitter")

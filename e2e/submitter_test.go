@@ -60,7 +60,7 @@ func (s stack) count(t *testing.T, sql string, args ...any) int {
 }
 
 func TestSubmitterWritesOrdersAndDeadLettersBadInput(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	s := newStack(t)
 	sub := start(t, "submitter", s.env)
 
@@ -184,7 +184,7 @@ func TestSubmitterWritesOrdersAndDeadLettersBadInput(t *testing.T) {
 // connection several times while orders stream in: every confirmed order
 // lands exactly once.
 func TestSubmitterSurvivesConnectionLoss(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	s := newStack(t)
 	viaProxy, proxy := testenv.Proxied(t, testenv.AMQPURL())
 	subEnv := append(append([]string{}, s.env...), "SAS_AMQP_URL="+viaProxy, "SAS_SUBMITTER_PREFETCH=16")
@@ -238,7 +238,7 @@ func TestSubmitterSurvivesConnectionLoss(t *testing.T) {
 // cleanly; a new submitter writes every one of them once the database is
 // back. None is dead-lettered or lost.
 func TestSubmitterRidesOutDatabaseOutage(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	s := newStack(t)
 	viaProxy, proxy := testenv.Proxied(t, s.dbURL)
 	subEnv := append(append([]string{}, s.env...), "SAS_DATABASE_URL="+viaProxy, "SAS_SHUTDOWN_TIMEOUT=60s")
@@ -278,7 +278,7 @@ func TestSubmitterRidesOutDatabaseOutage(t *testing.T) {
 // (/readyz says what it waits for), trying again with backoff, one log
 // line per try, and never exiting; once the database answers, they work.
 func TestServicesStartWhileTheDatabaseIsDown(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	s := newStack(t)
 	viaProxy, proxy := testenv.Proxied(t, s.dbURL)
 	proxy.SetDown(true)

@@ -47,7 +47,7 @@ func supervisorResets(t *testing.T, p *pipeline, orderID string, step int) int {
 // remote call is in progress; the supervisor resets the step after its
 // complete_by; another agent completes it; the remote applied it once.
 func TestAgentKilledMidCallIsRecovered(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	p := newPipeline(t, pipelineOpts{withoutAgents: true, supervisors: 1,
 		faults:       `{"reserve_inventory":{"latency_min_ms":5000,"latency_max_ms":5000}}`,
 		submitterEnv: []string{"SAS_STEP_TIMEOUT=2s"}})
@@ -80,7 +80,7 @@ func TestAgentKilledMidCallIsRecovered(t *testing.T) {
 // failpoint) right after claiming steps, before sending any request; the
 // supervisor resets them and another scheduler sees them through.
 func TestSchedulerKilledAfterClaimIsRecovered(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	p := newPipeline(t, pipelineOpts{supervisors: 1,
 		schedulerEnv: []string{"SAS_FAILPOINTS=scheduler-after-claim"},
 		submitterEnv: []string{"SAS_STEP_TIMEOUT=2s"}})
@@ -108,7 +108,7 @@ func TestSchedulerKilledAfterClaimIsRecovered(t *testing.T) {
 // and completed by another agent; when the frozen agent resumes, whatever
 // it does changes nothing.
 func TestStoppedAgentsLateReplyChangesNothing(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	p := newPipeline(t, pipelineOpts{withoutAgents: true, supervisors: 1,
 		faults:       `{"reserve_inventory":{"latency_min_ms":1000,"latency_max_ms":1000}}`,
 		submitterEnv: []string{"SAS_STEP_TIMEOUT=2s"}})
@@ -164,7 +164,7 @@ func TestStoppedAgentsLateReplyChangesNothing(t *testing.T) {
 // order is held in error and an alert reaches the alerts queue; after the
 // fault is removed an operator's resubmit completes the order.
 func TestRemoteDownReachesThresholdThenResubmit(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	p := newPipeline(t, pipelineOpts{supervisors: 1,
 		faults:       `{"charge_payment":{"error_rate":1}}`,
 		submitterEnv: []string{"SAS_STEP_TIMEOUT=1s"}})
@@ -212,7 +212,7 @@ func TestRemoteDownReachesThresholdThenResubmit(t *testing.T) {
 // Interval (1.2 s here, plus scheduling slack), and the history never
 // counts one expiry twice.
 func TestSupervisorFailover(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	s := newStack(t)
 	p := &pipeline{stack: s}
 	env := []string{"SAS_SUPERVISOR_BACKOFF_BASE=20ms", "SAS_SUPERVISOR_BACKOFF_MAX=50ms"}
@@ -289,7 +289,7 @@ func TestSupervisorFailover(t *testing.T) {
 // ended (completed or failed) at least that long before, no step in
 // flight goes with it, and nothing else goes.
 func TestRetentionDeletesOnlyEndedOldOrders(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	s := newStack(t)
 	ctx := context.Background()
 	// The test's own record of what is deleted, written by triggers in

@@ -194,7 +194,7 @@ func (s stack) traceOf(t *testing.T, id string) string {
 // supervisor and the remote service; the logs and the latency histograms
 // point at the traces; sasctl shows an order's trace id.
 func TestEveryOrderIsOneTrace(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	rcv, st := tracedStack(t)
 	p := newPipeline(t, pipelineOpts{on: st, schedulers: 2, agents: 2, supervisors: 1,
 		faults:       `{"reserve_inventory":{"latency_min_ms":4000,"latency_max_ms":4000}}`,
@@ -378,7 +378,7 @@ func spanNames(spans []span) []string {
 // parent of the submit span); without one, or with a malformed one, the
 // order starts a trace of its own and is processed as usual.
 func TestSubmitContinuesTheApplicationsTrace(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	rcv, st := tracedStack(t)
 	p := newPipeline(t, pipelineOpts{on: st})
 	ch := amqpChannel(t)
@@ -444,7 +444,7 @@ func TestSubmitContinuesTheApplicationsTrace(t *testing.T) {
 // named and labelled with its index, under the same root, and the review
 // (its when false) is a skip.
 func TestGraphOrderTraceShowsBranchesAndInstances(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	file := writeFile(t, "fulfil.yaml", fulfilFile)
 	reg, err := workflow.Load(file)
 	if err != nil {

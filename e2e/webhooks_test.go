@@ -82,7 +82,7 @@ func (rv *webhookReceiver) taken() (map[string]map[string]any, map[string]int) {
 // listed dead with why, and once the endpoint is mended a replay
 // delivers it. The secret is never logged nor stored.
 func TestOrdersEndsAreToldToSignedWebhooks(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	const secret = "whsec-e2e-5b1c0e2f9a8d7c6b"
 	rv := &webhookReceiver{secret: secret, tries: map[string]int{}, got: map[string]map[string]any{}}
 	good := httptest.NewServer(rv)

@@ -77,7 +77,7 @@ func requestOf(t *testing.T, raw json.RawMessage) contract.Request {
 // and the undo of step 2 gets step 1's result and its own action's; every
 // key is applied once.
 func TestYourOwnProcessFromAFile(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	file := writeFile(t, "onboard.yaml", onboardFile)
 	reg, err := workflow.Load(file)
 	if err != nil {
@@ -209,7 +209,7 @@ workflows:
 // version they started with; the orders after the change run the new one;
 // both versions are listed.
 func TestChangedFileKeepsOrdersOnTheirVersion(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	newPath := writeFile(t, "new.yaml", flowFile(true))
 	oldPath := writeFile(t, "old.yaml", flowFile(false))
 	path := filepath.Join(t.TempDir(), "workflows.yaml")
@@ -282,7 +282,7 @@ func TestChangedFileKeepsOrdersOnTheirVersion(t *testing.T) {
 // exits 2 before it connects to anything, listing every problem at its
 // line; sasctl workflows check says the same and exits 1.
 func TestInvalidWorkflowsFileStopsEveryProcess(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	bad := writeFile(t, "bad.yaml", "workflows:\n  - name: w\n    policy: retry\n    steps:\n      - {action: a, agent: x, timout: 5s}\n")
 	for _, svc := range []string{"submitter", "scheduler", "agent"} {
 		cmd := exec.Command(filepath.Join(binDir, svc))
@@ -323,7 +323,7 @@ func (p pipeline) waitWritten(t *testing.T, ids []string) {
 // as any N of them), and says how long waits and timers last as the file
 // wrote it.
 func TestWorkflowsListDrawsGraphs(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	file := writeFile(t, "graphs.yaml", `
 workflows:
   - name: loan

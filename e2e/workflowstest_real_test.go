@@ -54,7 +54,7 @@ cases:
 // the case scripts found in the real run's. So the virtual clock and the
 // scripted agent cannot drift from the real ones unseen.
 func TestACaseEndsAsTheSameOrderOnARealStack(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	g := runFile(t, "trip.yaml", tripFile, pipelineOpts{schedulers: 1, agents: 1, supervisors: 1,
 		faults: `{"charge": {"refuse_if": "refuse_charge"}}`})
 	suite, err := proctest.Parse("trip.cases.yaml", []byte(tripCases), g.file)

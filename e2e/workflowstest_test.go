@@ -15,7 +15,7 @@ import (
 // with what it wanted and what it got, and the command exits 1. It runs
 // as a user would: the binary, a database URL and nothing else running.
 func TestSasctlTestsAWorkflowsFile(t *testing.T) {
-	parallel(t)
+	t.Parallel()
 	environ := env("SAS_DATABASE_URL=" + testenv.DatabaseURL())
 	loan, err := filepath.Abs("../examples/loan/loan.yaml")
 	if err != nil {
