@@ -212,7 +212,7 @@ func TestExampleProgramSubmitsAHundredOrders(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, "go", "run", "../examples/submit100").CombinedOutput()
+	out, err := exec.CommandContext(ctx, "go", "run", "-trimpath", "../examples/submit100").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "100 completed, 0 failed, 0 held in error, 0 not known") {
 		t.Fatalf("submit100: %v\n%s", err, out)
 	}
@@ -225,7 +225,7 @@ func TestAnotherModuleUsesTheClient(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "go", "run", ".")
+	cmd := exec.CommandContext(ctx, "go", "run", "-trimpath", ".")
 	cmd.Dir = "../examples/ownmodule"
 	out, err := cmd.CombinedOutput()
 	if err != nil || !regexp.MustCompile(`^order [0-9a-f-]{36} completed\n$`).Match(out) {

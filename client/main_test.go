@@ -80,7 +80,7 @@ func runWithStack(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	build := exec.Command("go", "build", "-o", dir+"/", "../cmd/submitter", "../cmd/scheduler", "../cmd/agent", "../cmd/supervisor", "../cmd/remote")
+	build := exec.Command("go", "build", "-trimpath", "-o", dir+"/", "../cmd/submitter", "../cmd/scheduler", "../cmd/agent", "../cmd/supervisor", "../cmd/remote")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "client tests: build:", err)
