@@ -83,14 +83,40 @@ func Database(t testing.TB) (string, *pgxpool.Pool) {
 	dbURL, pool := EmptyDatabase(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ms, err := statestore.LoadMigrations(migrations.FS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := statestore.Migrate(ctx, pool, ms); err != nil {
+	if err := migrate(ctx, dbURL); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	return dbURL, pool
+}
+
+// migrate applies the migrations to the schema dbURL names, on a
+// connection of its own whose commits do not wait for the WAL to reach
+// the disk (synchronous_commit off): each of the 50-odd migrations is a
+// transaction, and their flushes were about a quarter of a schema's
+// making. Nothing a test keeps is lost by it: the commits are seen by
+// every other session at once, and the WAL writer (or the next
+// synchronous commit of anyone) flushes them within a fraction of a
+// second; only a crash of the server within that time could forget the
+// last of them, and a test that crashes its server does so later.
+func migrate(ctx context.Context, dbURL string) error {
+	ms, err := statestore.LoadMigrations(migrations.FS)
+	if err != nil {
+		return err
+	}
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		return err
+	}
+	q := u.Query()
+	q.Set("synchronous_commit", "off")
+	u.RawQuery = q.Encode()
+	pool, err := statestore.Connect(ctx, u.String(), 1)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	_, err = statestore.Migrate(ctx, pool, ms)
+	return err
 }
 
 // catalogDeadRows is how many dead rows pg_attribute may hold before a
