@@ -127,7 +127,7 @@ func TestEveryAlertRuleFires(t *testing.T) {
 	})
 	healthySince := time.Now()
 	testenv.Eventually(t, 30*time.Second, "the rules evaluated a few times", func() bool {
-		return lastEvaluation(t, prom).After(healthySince.Add(3 * time.Second))
+		return lastEvaluation(t, prom).After(healthySince.Add(1500 * time.Millisecond))
 	})
 	if states := alertStates(t, prom); len(states) != 0 {
 		t.Fatalf("alerts on a healthy stack: %v", states)

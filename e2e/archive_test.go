@@ -75,12 +75,12 @@ workflows:
 // TestArchiveBeforeRetention, with real binaries and an S3-compatible
 // bucket on loopback: ended orders past retention are written to the
 // archive as their whole record and only then deleted; with the archive
-// stopped (15 s, 75 retention rounds; SAS_ARCHIVE_DOWN sets it), retention waits,
+// stopped (5 s, 25 retention rounds; SAS_ARCHIVE_DOWN sets it), retention waits,
 // nothing is deleted or lost and the supervisor says so; started again,
 // retention goes on, and every order reads back by sasctl and the API.
 func TestArchiveBeforeRetention(t *testing.T) {
 	t.Parallel()
-	down := 15 * time.Second
+	down := 5 * time.Second
 	if d, err := time.ParseDuration(os.Getenv("SAS_ARCHIVE_DOWN")); err == nil && d > 0 {
 		down = d
 	}

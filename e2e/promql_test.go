@@ -25,7 +25,7 @@ type prometheus struct {
 	dir  string
 }
 
-// startPrometheus runs a Prometheus scraping procs every second, with the
+// startPrometheus runs a Prometheus scraping procs twice a second, with the
 // alert rules loaded, and returns its address.
 func startPrometheus(t *testing.T, procs []*proc) string {
 	t.Helper()
@@ -39,9 +39,9 @@ func startPrometheusWith(t *testing.T, procs []*proc, rules string) *prometheus 
 	bin := tool(t, "prometheus")
 	pr := &prometheus{dir: t.TempDir()}
 	var b strings.Builder
-	fmt.Fprintf(&b, "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: [%q]\nscrape_configs:\n", rules)
+	fmt.Fprintf(&b, "global:\n  scrape_interval: 500ms\n  scrape_timeout: 500ms\n  evaluation_interval: 500ms\nrule_files: [%q]\nscrape_configs:\n", rules)
 	for _, job := range []string{"submitter", "scheduler", "agent", "supervisor", "remote"} {
-		fmt.Fprintf(&b, "  - job_name: sas-%s\n    file_sd_configs: [{files: [%q], refresh_interval: 1s}]\n", job, filepath.Join(pr.dir, job+".json"))
+		fmt.Fprintf(&b, "  - job_name: sas-%s\n    file_sd_configs: [{files: [%q], refresh_interval: 500ms}]\n", job, filepath.Join(pr.dir, job+".json"))
 	}
 	cfg := filepath.Join(pr.dir, "prometheus.yml")
 	if err := os.WriteFile(cfg, []byte(b.String()), 0o600); err != nil {
