@@ -98,12 +98,16 @@ func startRabbitNodes(t *testing.T, name, base string, n int, conf, plugins stri
 
 func (c rabbitCluster) node(n int) string { return fmt.Sprintf("%s%d@localhost", c.name, n) }
 
-// restart stops node n and starts it again, its data kept.
-func (c rabbitCluster) restart(t *testing.T, n int) {
+// restartApp stops RabbitMQ on node n and starts it again in the same
+// Erlang runtime: every connection is closed and every queue, exchange
+// and binding recovered from disk as at a restart of the node, without
+// the runtime's boot (about 10 s of the 15 a restart takes here).
+func (c rabbitCluster) restartApp(t *testing.T, n int) {
 	t.Helper()
-	script := filepath.Join("..", "scripts", "rabbit-cluster.sh")
-	if out, err := exec.Command(script, "restart", c.dir, c.base, c.name, strconv.Itoa(n)).CombinedOutput(); err != nil {
-		t.Fatalf("restart %s: %v\n%s", c.node(n), err, out)
+	for _, cmd := range []string{"stop_app", "start_app"} {
+		if out, err := exec.Command("rabbitmqctl", "-q", "-n", c.node(n), cmd).CombinedOutput(); err != nil {
+			t.Fatalf("%s %s: %v\n%s", cmd, c.node(n), err, out)
+		}
 	}
 }
 

@@ -40,9 +40,11 @@ import (
 // counts passing a χ² test; after setup runs again they still do; the
 // Go client given the routing exchange publishes there as
 // well. Then three state stores (schemas of the test database), each
-// with a whole sas on it, and the broker restarted under them (its ring
-// renumbered): 1,200 orders each written and ended once in the store its
-// id names, those the ring sent astray passed on by the submitters, and
+// with a whole sas on it, and RabbitMQ restarted under them (its
+// application, in the node's runtime: every connection cut, the ring
+// renumbered as it recovers its bindings): 1,200 orders each written
+// and ended once in the store its id names, those the ring sent astray
+// passed on by the submitters, and
 // none once sasctl partitions setup --renumber has bound the buckets in
 // order again; sasctl shows an order from its store and lists the newest
 // of all three merged.
@@ -194,11 +196,11 @@ func TestPartitionsRouteByOrderID(t *testing.T) {
 	// partition's prefix: every order is written in the store its id
 	// names, ends there once, and no other store holds it.
 	stacks, pipes := startPartitionsInSchemas(t, l, file, node.urls)
-	// The node restarts under them: RabbitMQ 3.10's plugin numbers the
+	// RabbitMQ restarts under them: RabbitMQ 3.10's plugin numbers the
 	// buckets afresh from its bindings, not in the order setup made them,
 	// so most submits now reach a partition that does not own them; its
 	// submitter passes each to its owner.
-	node.restart(t, 1)
+	node.restartApp(t, 1)
 	orders := submit(1200)
 	mine := make([][]string, len(pipes))
 	for _, id := range orders {
