@@ -743,7 +743,12 @@ func startPartitions(t *testing.T, l partition.Layout, file, urls string, base i
 		port := fmt.Sprint(base + 10*i)
 		dir, dbURL := startPostgresServers(t, "alone", port, filepath.Join(os.TempDir(), "sas-pg-"+name+"-"+port))
 		servers = append(servers, partitionServer{dir, port})
-		st, pipe := startPartition(t, p, file, urls, dbURL)
+		pool, err := pgxpool.New(t.Context(), dbURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		st, pipe := startPartition(t, p, file, urls, dbURL, pool)
 		stacks = append(stacks, st)
 		pipes = append(pipes, pipe)
 	}
@@ -758,17 +763,18 @@ func startPartitionsInSchemas(t *testing.T, l partition.Layout, file, urls strin
 	var stacks []stack
 	var pipes []*pipeline
 	for _, p := range l.Partitions {
-		dbURL, _ := testenv.EmptyDatabase(t)
-		st, pipe := startPartition(t, p, file, urls, dbURL)
+		dbURL, pool := testenv.EmptyDatabase(t)
+		st, pipe := startPartition(t, p, file, urls, dbURL, pool)
 		stacks = append(stacks, st)
 		pipes = append(pipes, pipe)
 	}
 	return stacks, pipes
 }
 
-// startPartition migrates the store at dbURL with sasctl and starts a
-// whole sas on it for partition p of the layout in file.
-func startPartition(t *testing.T, p partition.Partition, file, urls, dbURL string) (stack, *pipeline) {
+// startPartition migrates the store at dbURL (pool open on it) with
+// sasctl and starts a whole sas on it for partition p of the layout in
+// file.
+func startPartition(t *testing.T, p partition.Partition, file, urls, dbURL string, pool *pgxpool.Pool) (stack, *pipeline) {
 	t.Helper()
 	topo := scheduler.Topology(p.QueuePrefix, 10, broker.QueueClassic, workflow.Builtin().Agents())
 	topo.Inputs = append(topo.Inputs, submitter.Input)
@@ -778,11 +784,6 @@ func startPartition(t *testing.T, p partition.Partition, file, urls, dbURL strin
 	if out, errOut, code := sasctl(t, st.env, "migrate"); code != 0 {
 		t.Fatalf("migrate partition %s: exit %d: %s %s", p.Name, code, out, errOut)
 	}
-	pool, err := pgxpool.New(t.Context(), dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
 	st.pool = pool
 	pipe := newPipeline(t, pipelineOpts{on: &st, supervisors: 1})
 	return st, pipe

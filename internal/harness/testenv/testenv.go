@@ -103,20 +103,30 @@ func migrate(ctx context.Context, dbURL string) error {
 	if err != nil {
 		return err
 	}
-	u, err := url.Parse(dbURL)
+	asyncURL, err := withParam(dbURL, "synchronous_commit", "off")
 	if err != nil {
 		return err
 	}
-	q := u.Query()
-	q.Set("synchronous_commit", "off")
-	u.RawQuery = q.Encode()
-	pool, err := statestore.Connect(ctx, u.String(), 1)
+	pool, err := statestore.Connect(ctx, asyncURL, 1)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 	_, err = statestore.Migrate(ctx, pool, ms)
 	return err
+}
+
+// withParam is the database URL raw with the run-time parameter key set
+// to value (pgx sends the URL's unknown parameters to the server).
+func withParam(raw, key, value string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", err
+	}
+	q := u.Query()
+	q.Set(key, value)
+	u.RawQuery = q.Encode()
+	return u.String(), nil
 }
 
 // catalogDeadRows is how many dead rows pg_attribute may hold before a
@@ -167,14 +177,10 @@ func EmptyDatabase(t testing.TB) (string, *pgxpool.Pool) {
 		}
 		vacuumCatalogs(ctx, admin)
 	})
-	u, err := url.Parse(DatabaseURL())
+	dbURL, err := withParam(DatabaseURL(), "search_path", schema)
 	if err != nil {
 		t.Fatalf("parse database url: %v", err)
 	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	dbURL := u.String()
 
 	pool, err := statestore.Connect(ctx, dbURL, 20)
 	if err != nil {
