@@ -78,15 +78,17 @@ func slug(t testing.TB) string {
 // Database creates a schema of its own for the test, applies the
 // migrations to it, and returns a database URL whose search_path points at
 // it, with a pool open on that URL. The schema is dropped after the test.
+// The schema is made from the template's script (template.go) where
+// pg_dump can write one, else by the chain of migrations.
 func Database(t testing.TB) (string, *pgxpool.Pool) {
 	t.Helper()
-	dbURL, pool := EmptyDatabase(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	s := newSchema(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := migrate(ctx, dbURL); err != nil {
+	if err := makeSchema(ctx, s.admin, s.name, s.url); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
-	return dbURL, pool
+	return s.url, s.pool
 }
 
 // migrate applies the migrations to the schema dbURL names, on a
@@ -154,6 +156,20 @@ func vacuumCatalogs(ctx context.Context, admin *pgxpool.Pool) {
 // EmptyDatabase is Database without the migrations.
 func EmptyDatabase(t testing.TB) (string, *pgxpool.Pool) {
 	t.Helper()
+	s := newSchema(t)
+	return s.url, s.pool
+}
+
+// schema is a test's schema: its name, a URL whose search_path names it,
+// a pool on that URL, and a pool on the database itself (closed, as the
+// schema is dropped, after the test).
+type schema struct {
+	name, url   string
+	pool, admin *pgxpool.Pool
+}
+
+func newSchema(t testing.TB) schema {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	admin, err := pgxpool.New(ctx, DatabaseURL())
@@ -163,8 +179,8 @@ func EmptyDatabase(t testing.TB) (string, *pgxpool.Pool) {
 	if err != nil {
 		unavailable(t, "PostgreSQL at "+DatabaseURL(), err)
 	}
-	schema := "t_" + slug(t) + "_" + RandomSuffix(8)
-	if _, err := admin.Exec(ctx, `CREATE SCHEMA `+schema); err != nil {
+	name := "t_" + slug(t) + "_" + RandomSuffix(8)
+	if _, err := admin.Exec(ctx, `CREATE SCHEMA `+name); err != nil {
 		admin.Close()
 		t.Fatalf("create schema: %v", err)
 	}
@@ -172,12 +188,12 @@ func EmptyDatabase(t testing.TB) (string, *pgxpool.Pool) {
 		defer admin.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if _, err := admin.Exec(ctx, `DROP SCHEMA `+schema+` CASCADE`); err != nil {
-			t.Errorf("drop schema %s: %v", schema, err)
+		if _, err := admin.Exec(ctx, `DROP SCHEMA `+name+` CASCADE`); err != nil {
+			t.Errorf("drop schema %s: %v", name, err)
 		}
 		vacuumCatalogs(ctx, admin)
 	})
-	dbURL, err := withParam(DatabaseURL(), "search_path", schema)
+	dbURL, err := withParam(DatabaseURL(), "search_path", name)
 	if err != nil {
 		t.Fatalf("parse database url: %v", err)
 	}
@@ -187,7 +203,7 @@ func EmptyDatabase(t testing.TB) (string, *pgxpool.Pool) {
 		t.Fatalf("connect: %v", err)
 	}
 	t.Cleanup(pool.Close)
-	return dbURL, pool
+	return schema{name: name, url: dbURL, pool: pool, admin: admin}
 }
 
 // Reachable checks that the test database and broker answer (skipping the
