@@ -249,3 +249,93 @@ func TestSettlingPausesResumesWhatAResumeMissed(t *testing.T) {
 		t.Fatal("an ended order's pause stayed")
 	}
 }
+
+// TestSettlingPausesNeverSetsAsideWhatAResumeFreed: the leader's settling
+// sets aside the pending steps of paused orders; when a workflow's resume
+// frees an order while that settling is under way (its statement began
+// before the resume deleted the pause, and reaches the order's step after
+// the resume committed), the order's steps must not end set aside with
+// no pause left to free them: such an order would wait for ever, never
+// claimed. A transaction holding the step's row makes the settling wait
+// there, so the two meet in that order.
+func TestSettlingPausesNeverSetsAsideWhatAResumeFreed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	if _, err := b.store.PauseWorkflow(ctx, "pausable", "deploying", "ops"); err != nil {
+		t.Fatal(err)
+	}
+	o := graphOrder(t, pausable, "pausable", `{}`, statestore.PolicyCompensate)
+	insert(t, b, o) // written paused, its first step pending and not set aside yet
+
+	holder, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = holder.Rollback(ctx) }()
+	var holderPID int
+	if err := holder.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holderPID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Exec(ctx, `SELECT 1 FROM steps WHERE order_id = $1 AND process_state = 'pending' FOR UPDATE`, o.OrderID); err != nil {
+		t.Fatal(err)
+	}
+	blockedBy := func(pid int) int {
+		var waiter int
+		err := b.pool.QueryRow(ctx, `SELECT coalesce(min(pid), 0) FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid))`, pid).Scan(&waiter)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return waiter
+	}
+
+	settled := make(chan error, 1)
+	go func() {
+		_, err := b.store.SettlePauses(ctx, "sup")
+		settled <- err
+	}()
+	var settler int
+	testenv.Eventually(t, 30*time.Second, "the settling to wait for the held step", func() bool {
+		settler = blockedBy(holderPID)
+		return settler != 0
+	})
+	resumed := make(chan error, 1)
+	go func() {
+		_, err := b.store.ResumeWorkflow(ctx, "pausable", "ops")
+		resumed <- err
+	}()
+	// The resume either ends at once or waits behind the settling; the
+	// held step is let go only then.
+	var resumeErr error
+	resumeDone := false
+	testenv.Eventually(t, 30*time.Second, "the resume to end or to wait for the settling", func() bool {
+		select {
+		case resumeErr = <-resumed:
+			resumeDone = true
+			return true
+		default:
+			return blockedBy(settler) != 0
+		}
+	})
+	if err := holder.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-settled; err != nil {
+		t.Fatalf("settle: %v", err)
+	}
+	if !resumeDone {
+		resumeErr = <-resumed
+	}
+	if resumeErr != nil {
+		t.Fatalf("resume: %v", resumeErr)
+	}
+	if n := count(t, b, `SELECT count(*) FROM order_pauses WHERE order_id = $1`, o.OrderID); n != 0 {
+		t.Fatal("the order stayed paused after its workflow's resume")
+	}
+	if n := count(t, b, `SELECT count(*) FROM steps WHERE order_id = $1 AND available_at = '9999-12-31 00:00:00+00'`, o.OrderID); n != 0 {
+		t.Fatalf("%d steps of a resumed order were left set aside, never to be claimed", n)
+	}
+	if got := claimAll(t, b, o.OrderID); len(got) != 1 {
+		t.Fatalf("claimed %s of the resumed order, want its first step", names(got))
+	}
+}

@@ -33,9 +33,9 @@ func ReadWAL(ctx context.Context, pool *pgxpool.Pool) (WALReading, error) {
 	if err := pool.QueryRow(ctx, `SELECT to_regclass('pg_catalog.pg_stat_checkpointer') IS NOT NULL`).Scan(&newer); err != nil {
 		return r, fmt.Errorf("read WAL position: %w", err)
 	}
-	q := `SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint, checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter`
+	q := `SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint, checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter`
 	if newer {
-		q = `SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint, num_timed + num_requested FROM pg_stat_checkpointer`
+		q = `SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint, num_timed + num_requested FROM pg_stat_checkpointer`
 	}
 	if err := pool.QueryRow(ctx, q).Scan(&r.Bytes, &r.Checkpoints); err != nil {
 		return r, fmt.Errorf("read WAL position: %w", err)
