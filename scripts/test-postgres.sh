@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Starts, if it is not up, the PostgreSQL server of make test: a cluster
+# of its own (initdb) on this machine, on its own port, with room for the
+# connections of the end-to-end tests that run at once (each starts a
+# whole stack), and otherwise the settings of the machine's server
+# (autovacuum off, 128 MB shared buffers, fsync on). Prints the URL of its
+# test database on stdout; prints nothing, and says why on stderr, where
+# PostgreSQL's programs are not installed (the tests then use
+# SAS_TEST_DATABASE_URL's default, the machine's server). Idempotent.
+#
+# Environment: SAS_TEST_PG_DIR (default /tmp/sas-test-pg-$UID),
+# SAS_TEST_PG_PORT (default 55432), SAS_TEST_PG_MAX_CONNECTIONS (default
+# 300), SAS_TEST_PG_DATABASE (default sas_test).
+set -euo pipefail
+
+dir="${SAS_TEST_PG_DIR:-/tmp/sas-test-pg-$(id -u)}"
+port="${SAS_TEST_PG_PORT:-55432}"
+max_connections="${SAS_TEST_PG_MAX_CONNECTIONS:-300}"
+database="${SAS_TEST_PG_DATABASE:-sas_test}"
+
+log() { printf 'test-postgres: %s\n' "$*" >&2; }
+
+bin=""
+if command -v initdb >/dev/null 2>&1; then
+	bin="$(dirname "$(readlink -f "$(command -v initdb)")")"
+else
+	for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do
+		if [ -x "$d/initdb" ]; then
+			bin="$d"
+			break
+		fi
+	done
+fi
+if [ -z "$bin" ]; then
+	log "initdb is not installed; the tests use the server SAS_TEST_DATABASE_URL names (or the machine's)"
+	exit 0
+fi
+
+# PostgreSQL does not run as root: as root, the cluster is the postgres
+# user's.
+as_owner() {
+	if [ "$(id -u)" -eq 0 ]; then
+		runuser -u postgres -- "$@"
+	else
+		"$@"
+	fi
+}
+
+admin="postgres://postgres@127.0.0.1:$port/postgres?sslmode=disable"
+url="postgres://postgres@127.0.0.1:$port/$database?sslmode=disable"
+
+up() { "$bin/pg_isready" -q -h 127.0.0.1 -p "$port" -d postgres -U postgres; }
+
+if up; then
+	have="$(psql "$admin" -Atc 'SHOW max_connections' 2>/dev/null || echo 0)"
+	if [ "$have" -lt "$max_connections" ]; then
+		if [ ! -f "$dir/data/postmaster.pid" ]; then
+			log "port $port answers but is not the cluster in $dir; set SAS_TEST_PG_PORT"
+			exit 1
+		fi
+		log "restarting the test cluster for max_connections $max_connections (it has $have)"
+		as_owner "$bin/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null
+	fi
+fi
+
+if ! up; then
+	if [ ! -f "$dir/data/PG_VERSION" ]; then
+		log "making a cluster in $dir"
+		rm -rf "$dir"
+		mkdir -p "$dir"
+		if [ "$(id -u)" -eq 0 ]; then chown postgres: "$dir"; fi
+		as_owner "$bin/initdb" -D "$dir/data" -U postgres --auth=trust -E UTF8 --no-sync >/dev/null
+	fi
+	log "starting the test cluster on 127.0.0.1:$port"
+	as_owner "$bin/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 \
+		-o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=$max_connections -c autovacuum=off -c shared_buffers=128MB -c fsync=on" \
+		start >/dev/null
+fi
+
+if [ "$(psql "$admin" -Atc "SELECT count(*) FROM pg_database WHERE datname = '$database'")" = "0" ]; then
+	psql "$admin" -qc "CREATE DATABASE \"$database\"" >/dev/null
+fi
+echo "$url"
