@@ -34,6 +34,8 @@ admin_url="${SAS_PG_ADMIN_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 apt_updated=0
 
 log() { printf 'services: %s\n' "$*" >&2; }
+# shellcheck source=scripts/pg-lib.sh
+. "$(dirname "$0")/pg-lib.sh"
 
 need_root() {
 	if [ "$(id -u)" -ne 0 ]; then
@@ -116,25 +118,7 @@ ensure_databases() {
 			pg_admin -c "CREATE DATABASE \"$db\"" ||
 				[ "$(pg_admin -c "SELECT 1 FROM pg_database WHERE datname = '$db'")" = 1 ]
 		fi
-		compact_catalog "$db"
-	done
-}
-
-# compact_catalog rewrites a database's system catalogs when they have
-# grown past 20 MB. Every test and benchmark run makes and drops schemas;
-# with autovacuum off (as on the development machine) their dead rows stay
-# in pg_attribute, pg_class and the rest, and every schema made afterwards
-# pays for reading past them (sas_test here reached 165 MB of pg_attribute
-# for 10 schemas, and the e2e suite 870 s against 560 s a few hours
-# before). Takes a few seconds when due.
-compact_catalog() {
-	local url size t
-	url="${admin_url%/*}/$1"
-	size=$(psql "$url" -qAtX -c "SELECT pg_total_relation_size('pg_catalog.pg_attribute')") || return 0
-	[ "${size:-0}" -gt 20000000 ] || return 0
-	log "compacting the system catalogs of $1 (pg_attribute: $((size / 1000000)) MB)"
-	for t in pg_attribute pg_class pg_depend pg_proc pg_type pg_index pg_constraint pg_attrdef pg_trigger pg_namespace pg_description pg_init_privs; do
-		psql "$url" -qAtX -c "VACUUM FULL pg_catalog.$t" || return 0
+		compact_catalog "${admin_url%/*}/$db" "$db"
 	done
 }
 

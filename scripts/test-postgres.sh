@@ -3,7 +3,11 @@
 # of its own (initdb) on this machine, on its own port, with room for the
 # connections of the end-to-end tests that run at once (each starts a
 # whole stack), and otherwise the settings of the machine's server
-# (autovacuum off, 128 MB shared buffers, fsync on). Prints the URL of its
+# (autovacuum off, 128 MB shared buffers, fsync on) and what
+# scripts/services.sh does to it: loopback trusted but for members of
+# sas_password_auth, who give their password (the password tests), and
+# the system catalogs compacted when schemas made and dropped have grown
+# them past 20 MB. Prints the URL of its
 # test database on stdout; prints nothing, and says why on stderr, where
 # PostgreSQL's programs are not installed (the tests then use
 # SAS_TEST_DATABASE_URL's default, the machine's server). Idempotent.
@@ -19,6 +23,8 @@ max_connections="${SAS_TEST_PG_MAX_CONNECTIONS:-300}"
 database="${SAS_TEST_PG_DATABASE:-sas_test}"
 
 log() { printf 'test-postgres: %s\n' "$*" >&2; }
+# shellcheck source=scripts/pg-lib.sh
+. "$(dirname "$0")/pg-lib.sh"
 
 bin=""
 if command -v initdb >/dev/null 2>&1; then
@@ -51,8 +57,25 @@ url="postgres://postgres@127.0.0.1:$port/$database?sslmode=disable"
 
 up() { "$bin/pg_isready" -q -h 127.0.0.1 -p "$port" -d postgres -U postgres; }
 
+# trust_loopback writes the cluster's pg_hba.conf: loopback is trusted, as
+# on the development machines, but for the members of sas_password_auth.
+# It says whether it changed the file.
+trust_loopback() {
+	local hba="$dir/data/pg_hba.conf"
+	if [ ! -f "$hba" ] || grep -q '+sas_password_auth' "$hba"; then
+		return 1
+	fi
+	printf '%s\n' 'local all all trust' \
+		'host all +sas_password_auth 127.0.0.1/32 scram-sha-256' \
+		'host all all 127.0.0.1/32 trust' 'host all all ::1/128 trust' |
+		as_owner tee "$hba" >/dev/null
+}
+
 if up; then
-	have="$(psql "$admin" -Atc 'SHOW max_connections' 2>/dev/null || echo 0)"
+	if trust_loopback; then
+		as_owner "$bin/pg_ctl" -D "$dir/data" reload >/dev/null
+	fi
+	have="$(psql "$admin" -qAtX -c 'SHOW max_connections' 2>/dev/null || echo 0)"
 	if [ "$have" -lt "$max_connections" ]; then
 		if [ ! -f "$dir/data/postmaster.pid" ]; then
 			log "port $port answers but is not the cluster in $dir; set SAS_TEST_PG_PORT"
@@ -71,13 +94,17 @@ if ! up; then
 		if [ "$(id -u)" -eq 0 ]; then chown postgres: "$dir"; fi
 		as_owner "$bin/initdb" -D "$dir/data" -U postgres --auth=trust -E UTF8 --no-sync >/dev/null
 	fi
+	trust_loopback || true
 	log "starting the test cluster on 127.0.0.1:$port"
 	as_owner "$bin/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 \
 		-o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=$max_connections -c autovacuum=off -c shared_buffers=128MB -c fsync=on" \
 		start >/dev/null
 fi
 
-if [ "$(psql "$admin" -Atc "SELECT count(*) FROM pg_database WHERE datname = '$database'")" = "0" ]; then
-	psql "$admin" -qc "CREATE DATABASE \"$database\"" >/dev/null
+psql "$admin" -qAtX -v ON_ERROR_STOP=1 \
+	-c "DO \$\$ BEGIN CREATE ROLE sas_password_auth NOLOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END \$\$" >/dev/null
+if [ "$(psql "$admin" -qAtX -c "SELECT count(*) FROM pg_database WHERE datname = '$database'")" = "0" ]; then
+	psql "$admin" -qAtX -c "CREATE DATABASE \"$database\"" >/dev/null
 fi
+compact_catalog "$url" "$database"
 echo "$url"
