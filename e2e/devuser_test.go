@@ -49,12 +49,15 @@ func TestDevRunsAsAnUnprivilegedUser(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	servicesScript, err := os.ReadFile("../scripts/services.sh")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "services.sh"), servicesScript, 0o755); err != nil {
-		t.Fatal(err)
+	// services.sh with the functions it sources.
+	for _, name := range []string{"services.sh", "pg-lib.sh"} {
+		script, err := os.ReadFile(filepath.Join("..", "scripts", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), script, 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)

@@ -332,7 +332,7 @@ func TestOperatorLoginWithAnyPassword(t *testing.T) {
 	}
 	// Loopback logins are trusted here, except members of this role.
 	if _, err := p.pool.Exec(ctx, `GRANT sas_password_auth TO `+login); err != nil {
-		testenv.Unavailable(t, "the role sas_password_auth (scripts/services.sh makes it)", err)
+		testenv.Unavailable(t, "the role sas_password_auth (scripts/services.sh and scripts/test-postgres.sh make it)", err)
 	}
 	u, err := url.Parse(p.dbURL)
 	if err != nil {
@@ -344,7 +344,7 @@ func TestOperatorLoginWithAnyPassword(t *testing.T) {
 	}
 	if _, errOut, code := sasctl(t, withLogin("SAS_DATABASE_PASSWORD=not it"), "orders", "list"); code != 1 || !strings.Contains(errOut, "refused the login") {
 		if code == 0 {
-			testenv.Unavailable(t, "password authentication of sas_password_auth's members (scripts/services.sh adds it to pg_hba.conf)", fmt.Errorf("a wrong password was accepted"))
+			testenv.Unavailable(t, "password authentication of sas_password_auth's members (scripts/services.sh and scripts/test-postgres.sh add it to pg_hba.conf)", fmt.Errorf("a wrong password was accepted"))
 		}
 		t.Fatalf("a wrong password: exit %d: %s", code, errOut)
 	}
