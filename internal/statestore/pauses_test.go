@@ -339,3 +339,44 @@ func TestSettlingPausesNeverSetsAsideWhatAResumeFreed(t *testing.T) {
 		t.Fatalf("claimed %s of the resumed order, want its first step", names(got))
 	}
 }
+
+// TestSettlingLocksOnlyThePausesItSetsAsideFor: the leader settles pauses
+// at every sweep; a row lock is a write (of the row and the log), so the
+// settling locks the pause rows of orders with a step to set aside, not
+// those of every paused order, whose steps it set aside before.
+func TestSettlingLocksOnlyThePausesItSetsAsideFor(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	quiet, fresh := graphOrder(t, pausable, "pausable", `{}`, statestore.PolicyCompensate), graphOrder(t, pausable, "pausable", `{}`, statestore.PolicyCompensate)
+	insert(t, b, quiet)
+	if _, err := b.store.PauseOrder(ctx, quiet.OrderID, "", "ops"); err != nil {
+		t.Fatal(err)
+	}
+	insert(t, b, fresh)
+	// Paused as an order written while its workflow was: its first step
+	// pending, not set aside yet.
+	if _, err := b.pool.Exec(ctx, `INSERT INTO order_pauses (order_id, paused_by, scope) VALUES ($1, 'ops', 'order')`, fresh.OrderID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.SettlePauses(ctx, "sup"); err != nil {
+		t.Fatal(err)
+	}
+	locked := func(id string) bool {
+		var xmax string
+		if err := b.pool.QueryRow(ctx, `SELECT xmax::text FROM order_pauses WHERE order_id = $1`, id).Scan(&xmax); err != nil {
+			t.Fatal(err)
+		}
+		return xmax != "0"
+	}
+	if locked(quiet.OrderID) {
+		t.Fatal("settling locked the pause of an order with nothing to set aside")
+	}
+	if !locked(fresh.OrderID) {
+		t.Fatal("settling set aside an order's step without locking its pause")
+	}
+	if n := count(t, b, `SELECT count(*) FROM steps WHERE order_id = ANY($1) AND process_state = 'pending' AND available_at <> '9999-12-31 00:00:00+00'`,
+		[]string{quiet.OrderID, fresh.OrderID}); n != 0 {
+		t.Fatalf("%d pending steps of paused orders not set aside", n)
+	}
+}

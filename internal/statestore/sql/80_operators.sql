@@ -550,12 +550,17 @@ BEGIN
                  FOR UPDATE OF o SKIP LOCKED LOOP
             PERFORM order_unpause(r.order_id);
         END LOOP;
-        -- Each pause row is locked as it is read: a resume that deleted it
-        -- since this statement began must not find its order's steps set
-        -- aside after it looked (order_unpause frees only what it sees at
-        -- 9999-12-31), and one deleting it now waits for this to commit.
+        -- The pause rows of orders with a step to set aside are locked as
+        -- they are read: a resume that deleted one since this statement
+        -- began must not find its order's steps set aside after it looked
+        -- (order_unpause frees only what it sees at 9999-12-31), and one
+        -- deleting it now waits for this to commit. (Only those rows: a
+        -- row lock is a write, and most paused orders have nothing new.)
         UPDATE steps s SET available_at = '9999-12-31 00:00:00+00'
-        FROM (SELECT order_id FROM order_pauses FOR SHARE SKIP LOCKED) p
+        FROM (SELECT p.order_id FROM order_pauses p
+              WHERE EXISTS (SELECT 1 FROM steps n WHERE n.order_id = p.order_id AND n.process_state = 'pending'
+                                                    AND n.available_at <> '9999-12-31 00:00:00+00')
+              FOR SHARE OF p SKIP LOCKED) p
         WHERE s.order_id = p.order_id AND s.process_state = 'pending' AND s.available_at <> '9999-12-31 00:00:00+00';
     END IF;
     RETURN v_n;
