@@ -207,16 +207,26 @@ type run struct {
 	faults   map[string]int
 	crashes  []string
 	healing  sync.WaitGroup
-	store    *statestore.Store // the harness's own, for the pause and migrate faults
-	migrated int               // orders the migrate fault moved
-	watchers sync.WaitGroup    // one per started process: reports and restarts it
-	stopping atomic.Bool       // set once the run stops its processes: none is restarted
+	stores   []*statestore.Store // the harness's own, one a partition, for the pause and migrate faults
+	migrated int                 // orders the migrate fault moved
+	watchers sync.WaitGroup      // one per started process: reports and restarts it
+	stopping atomic.Bool         // set once the run stops its processes: none is restarted
 }
 
 func (r *run) intn(n int) int {
 	r.rngMu.Lock()
 	defer r.rngMu.Unlock()
 	return r.rng.IntN(n)
+}
+
+// someStore is the store of a partition picked at random (the one store
+// of a run without partitions): the pause and migrate faults strike
+// either partition, as the others strike either's processes.
+func (r *run) someStore() *statestore.Store {
+	if len(r.stores) == 1 {
+		return r.stores[0] // no draw: a seed's schedule stays what it was
+	}
+	return r.stores[r.intn(len(r.stores))]
 }
 
 func (r *run) count(kind string) {
@@ -294,7 +304,9 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) (Report, error) {
 		stages = append(stages, w)
 	}
 	w := stages[0]
-	r.store = w.store
+	for _, st := range stages {
+		r.stores = append(r.stores, st.store)
+	}
 	layout, err := r.partitionLayout(ctx, stages)
 	if err != nil {
 		return rep, err
@@ -973,11 +985,12 @@ func (r *run) migrate(ctx context.Context) (moved, left int, err error) {
 		return 0, 0, err
 	}
 	wf, _ := reg.Lookup(TimeWorkflow)
-	ids, err := r.store.RunningOrders(ctx, TimeWorkflow, wf.Version(), 50)
+	store := r.someStore()
+	ids, err := store.RunningOrders(ctx, TimeWorkflow, wf.Version(), 50)
 	if err != nil {
 		return 0, 0, err
 	}
-	verdicts, err := r.store.MigrateOrders(ctx, ids, wf, true, "chaos")
+	verdicts, err := store.MigrateOrders(ctx, ids, wf, true, "chaos")
 	if err != nil {
 		return 0, 0, err
 	}
@@ -1046,7 +1059,8 @@ func (r *run) injectFaults(ctx context.Context, enabled map[string]bool, publish
 		case FaultPause:
 			wf := []string{workflow.DefaultName, "single", GraphWorkflow, TimeWorkflow}[r.intn(4)]
 			d := time.Duration(200+r.intn(1800)) * time.Millisecond
-			if _, err := r.store.PauseWorkflow(ctx, wf, "chaos", "chaos"); err != nil {
+			store := r.someStore()
+			if _, err := store.PauseWorkflow(ctx, wf, "chaos", "chaos"); err != nil {
 				r.logger.Warn("pausing a workflow failed", "workflow", wf, "err", err)
 				continue
 			}
@@ -1057,7 +1071,7 @@ func (r *run) injectFaults(ctx context.Context, enabled map[string]bool, publish
 				case <-time.After(d):
 				}
 				for {
-					_, err := r.store.ResumeWorkflow(context.WithoutCancel(ctx), wf, "chaos")
+					_, err := store.ResumeWorkflow(context.WithoutCancel(ctx), wf, "chaos")
 					if err == nil || errors.Is(err, statestore.ErrInvalidState) {
 						return
 					}
