@@ -7,10 +7,10 @@
 # scripts/services.sh does to it: loopback trusted but for members of
 # sas_password_auth, who give their password (the password tests), and
 # the system catalogs compacted when schemas made and dropped have grown
-# them past 20 MB. Prints the URL of its
-# test database on stdout; prints nothing, and says why on stderr, where
-# PostgreSQL's programs are not installed (the tests then use
-# SAS_TEST_DATABASE_URL's default, the machine's server). Idempotent.
+# them past 20 MB. Prints the URL of its test database on stdout; prints
+# nothing, and says why on stderr, where PostgreSQL's programs are not
+# installed (the tests then use SAS_TEST_DATABASE_URL's default, the
+# machine's server). Idempotent; it removes nothing.
 #
 # Environment: SAS_TEST_PG_DIR (default /tmp/sas-test-pg-$UID),
 # SAS_TEST_PG_PORT (default 55432), SAS_TEST_PG_MAX_CONNECTIONS (default
@@ -88,8 +88,11 @@ fi
 
 if ! up; then
 	if [ ! -f "$dir/data/PG_VERSION" ]; then
+		if [ -e "$dir/data" ]; then
+			log "$dir/data is there but holds no cluster; remove it or set SAS_TEST_PG_DIR"
+			exit 1
+		fi
 		log "making a cluster in $dir"
-		rm -rf "$dir"
 		mkdir -p "$dir"
 		if [ "$(id -u)" -eq 0 ]; then chown postgres: "$dir"; fi
 		as_owner "$bin/initdb" -D "$dir/data" -U postgres --auth=trust -E UTF8 --no-sync >/dev/null
