@@ -11,18 +11,20 @@ import (
 // port while a killed service is down.
 func TestFreeAddrIsBelowEphemeralPorts(t *testing.T) {
 	from := ephemeralPortsFrom()
+	p := ports{dir: t.TempDir()}
+	defer p.release()
 	for range 20 {
-		addr, err := freeAddr()
+		addr, err := p.free()
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, p, err := net.SplitHostPort(addr)
+		_, port, err := net.SplitHostPort(addr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		port, err := strconv.Atoi(p)
-		if err != nil || port >= from || port < 1024 {
-			t.Fatalf("freeAddr gave %s; want a port under %d, the first ephemeral one", addr, from)
+		n, err := strconv.Atoi(port)
+		if err != nil || n >= from || n < 1024 {
+			t.Fatalf("free gave %s; want a port under %d, the first ephemeral one", addr, from)
 		}
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
@@ -30,4 +32,61 @@ func TestFreeAddrIsBelowEphemeralPorts(t *testing.T) {
 		}
 		ln.Close()
 	}
+}
+
+// TestRunsStartedTogetherPickDifferentPorts: two runs picking their
+// services' ports at the same moment (none bound yet) never pick the same
+// one; released, a run's ports may be picked again.
+func TestRunsStartedTogetherPickDifferentPorts(t *testing.T) {
+	dir := t.TempDir()
+	a, b := ports{dir: dir}, ports{dir: dir}
+	defer b.release()
+	seen := map[string]bool{}
+	for range 300 {
+		addr, err := a.free()
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[addr] = true
+	}
+	if len(a.held) != 300 {
+		t.Fatalf("a run holds %d of its 300 ports", len(a.held))
+	}
+	for range 300 {
+		addr, err := b.free()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[addr] {
+			t.Fatalf("two runs picked %s", addr)
+		}
+	}
+	a.release()
+	f, ok := holdPort(dir, mustPort(t, firstKey(seen)))
+	if !ok {
+		t.Fatal("a released port stayed held")
+	}
+	if f != nil {
+		f.Close()
+	}
+}
+
+func firstKey(m map[string]bool) string {
+	for k := range m {
+		return k
+	}
+	return ""
+}
+
+func mustPort(t *testing.T, addr string) int {
+	t.Helper()
+	_, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.Atoi(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"maps"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -208,6 +207,7 @@ type run struct {
 	crashes  []string
 	healing  sync.WaitGroup
 	stores   []*statestore.Store // the harness's own, one a partition, for the pause and migrate faults
+	ports    ports               // the services' ports, held for the run
 	migrated int                 // orders the migrate fault moved
 	watchers sync.WaitGroup      // one per started process: reports and restarts it
 	stopping atomic.Bool         // set once the run stops its processes: none is restarted
@@ -312,6 +312,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) (Report, error) {
 		return rep, err
 	}
 	ids := r.chooseOrders(&rep)
+	defer r.ports.release() // after the services stop (deferred below)
 	defer r.closeProxies()
 	defer r.stopServices()
 	if err := r.startServices(ctx, stages, layout); err != nil {
@@ -611,7 +612,7 @@ func (r *run) startServices(ctx context.Context, stages []*stage, layout *partit
 		for i := range n {
 			addr := ""
 			if cfg.PortBase == 0 {
-				if addr, err = freeAddr(); err != nil {
+				if addr, err = r.ports.free(); err != nil {
 					return err
 				}
 			} else {
@@ -1228,32 +1229,6 @@ func restart(ctx context.Context, kind string) error {
 		return waitFor("pg_isready", "-q", "-h", "127.0.0.1")
 	}
 	return nil
-}
-
-// freeAddr returns a loopback address whose port is free now. A service
-// killed by a fault starts again on the same address, so the port is
-// taken below the kernel's range of ephemeral ports: an outgoing
-// connection of any process here takes its local port from that range
-// and, taking a dead service's, would keep it from coming back.
-func freeAddr() (string, error) {
-	const lowest = 20000
-	if top := ephemeralPortsFrom(); top-lowest >= 1000 {
-		for range 100 {
-			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", lowest+rand.IntN(top-lowest)))
-			if err != nil {
-				continue
-			}
-			addr := ln.Addr().String()
-			ln.Close()
-			return addr, nil
-		}
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
 }
 
 // ephemeralPortsFrom is the first port of the kernel's ephemeral range
