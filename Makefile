@@ -28,7 +28,7 @@ TEST_TIMEOUT ?= 18m
 # connections of a PostgreSQL as installed ("too many clients"), so the
 # tests run against a cluster of make test's own with room for them
 # (scripts/test-postgres.sh; SAS_TEST_DATABASE_URL set by hand wins): at
-# three at once there, 402-435 s in clean-clone runs against 553 s at two
+# three at once there, 397-454 s in clean-clone runs against 553 s at two
 # on the machine's server in the same hour (2026-11-29; up to 90
 # connections seen). At four the timing tests fail for want of CPU.
 E2E := sas/e2e
