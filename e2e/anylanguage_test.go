@@ -23,11 +23,7 @@ import (
 // checks the signature.
 func TestAProcessOfPythonServicesEndToEnd(t *testing.T) {
 	t.Parallel()
-	ts := "clients/typescript"
-	if _, err := os.Stat(filepath.Join("..", ts, "node_modules")); err != nil {
-		runIn(t, ts, nil, "npm", "ci", "--no-audit", "--no-fund")
-	}
-	runIn(t, ts, nil, "npm", "run", "build")
+	ts := typeScriptClient(t)
 
 	const secret = "whsec-py-8c1f2e3d4b5a6978"
 	rv := &webhookReceiver{secret: secret, tries: map[string]int{}, got: map[string]map[string]any{}}

@@ -1,9 +1,12 @@
 package e2e
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"testing"
 )
 
@@ -45,18 +48,58 @@ func clientStack(t *testing.T) (service, apiURL, token string) {
 // and fails the test with its output if it fails.
 func runIn(t *testing.T, dir string, env []string, name string, args ...string) string {
 	t.Helper()
-	abs, err := filepath.Abs(filepath.Join("..", dir))
+	out, err := runInDir(t.Context(), dir, env, name, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.CommandContext(t.Context(), name, args...)
+	return out
+}
+
+// runInDir runs name with args in dir of the repository, with env added;
+// its error carries the command's output.
+func runInDir(ctx context.Context, dir string, env []string, name string, args ...string) (string, error) {
+	abs, err := filepath.Abs(filepath.Join("..", dir))
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir = abs
 	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("%s %v in %s: %v\n%s", name, args, dir, err, out)
+		return "", fmt.Errorf("%s %v in %s: %w\n%s", name, args, dir, err, out)
 	}
-	return string(out)
+	return string(out), nil
+}
+
+// typeScriptDir is the TypeScript client's folder in the repository.
+const typeScriptDir = "clients/typescript"
+
+// buildTypeScript installs the TypeScript client's tools when any is
+// missing and builds it, once for the whole test binary: the tests that
+// use it run in parallel, and two builds (or a build beside an install)
+// in one folder trip over each other's files.
+var buildTypeScript = sync.OnceValue(func() error {
+	for _, tool := range []string{"openapi-typescript", "tsc"} {
+		if _, err := os.Stat(filepath.Join("..", typeScriptDir, "node_modules", ".bin", tool)); err != nil {
+			if _, err := runInDir(context.Background(), typeScriptDir, nil, "npm", "ci", "--no-audit", "--no-fund"); err != nil {
+				return err
+			}
+			break
+		}
+	}
+	_, err := runInDir(context.Background(), typeScriptDir, nil, "npm", "run", "build")
+	return err
+})
+
+// typeScriptClient builds the TypeScript client (once) and returns its
+// folder, failing the test if it cannot be built.
+func typeScriptClient(t *testing.T) string {
+	t.Helper()
+	if err := buildTypeScript(); err != nil {
+		t.Fatal(err)
+	}
+	return typeScriptDir
 }
 
 // TestPythonClientAgainstARealStack: the Python client
@@ -77,11 +120,7 @@ func TestPythonClientAgainstARealStack(t *testing.T) {
 // same as the Python one, tested with node's test runner.
 func TestTypeScriptClientAgainstARealStack(t *testing.T) {
 	t.Parallel()
-	dir := "clients/typescript"
-	if _, err := os.Stat(filepath.Join("..", dir, "node_modules")); err != nil {
-		runIn(t, dir, nil, "npm", "ci", "--no-audit", "--no-fund")
-	}
-	runIn(t, dir, nil, "npm", "run", "build")
+	dir := typeScriptClient(t)
 	service, apiURL, token := clientStack(t)
 	out := runIn(t, dir, []string{"SAS_API_URL=" + apiURL, "SAS_API_TOKEN=" + token, "SAS_TEST_SERVICE_ADDR=" + service},
 		"node", "--test", "dist/test/")
