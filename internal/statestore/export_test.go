@@ -5,3 +5,19 @@ const (
 	ClaimKindsSQL     = claimKindsSQL
 	ApplyOKRepliesSQL = applyOKRepliesSQL
 )
+
+// HotStatements are the statements an order passes through at every
+// load, by name: the claims, the batched reply, and the submitter's
+// insert, plain and with every optional part (attributes, deadlines,
+// namespaces, a partition's fence).
+func HotStatements() map[string]string {
+	every := &insertArrays{attrOrder: []int32{1}, deadlineOrder: []int32{1}, namespaces: []string{DefaultNamespace}, buckets: []int32{0}}
+	return map[string]string{
+		"claim of kinds":         claimKindsSQL,
+		"claim of any kind":      claimAnySQL,
+		"claim of picked steps":  claimPickedSQL,
+		"batched reply":          applyOKRepliesSQL,
+		"insert":                 (&insertArrays{}).sql(),
+		"insert with every part": every.sql(),
+	}
+}

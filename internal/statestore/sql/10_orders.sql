@@ -27,13 +27,18 @@ $function$;
 -- for an order without a reply_to: always for one that ends an order; for
 -- a progress event (received, processing, compensating) unless the relay
 -- found lately that no queue is bound for it (status_routes, 0036).
+-- PL/pgSQL, whose plan a session keeps: the claim and the submitter's
+-- insert call it, and an SQL function with a subquery is not inlined but
+-- planned again at every execution of the statement that calls it.
 CREATE OR REPLACE FUNCTION status_heard(p_status text)
  RETURNS boolean
- LANGUAGE sql
+ LANGUAGE plpgsql
  STABLE
 AS $function$
-    SELECT p_status NOT IN ('received', 'processing', 'compensating')
-        OR NOT EXISTS (SELECT 1 FROM status_routes WHERE status = p_status AND unheard_until > now())
+BEGIN
+    RETURN p_status NOT IN ('received', 'processing', 'compensating')
+        OR NOT EXISTS (SELECT 1 FROM status_routes WHERE status = p_status AND unheard_until > now());
+END;
 $function$;
 
 -- status_event_body: the body of a status event, as the outbox publishes

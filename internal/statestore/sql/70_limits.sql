@@ -304,17 +304,21 @@ $function$;
 -- namespace and a unit separator (a tenant's key is never another's);
 -- with no key, those of a kind the namespace has limits on carry the
 -- namespace and a record separator, so that limited_pick serves them by
--- it; the others none, claimed as the default's are.
+-- it; the others none, claimed as the default's are. PL/pgSQL, whose
+-- plan a session keeps: the submitter's insert calls it (status_heard
+-- says why).
 CREATE OR REPLACE FUNCTION step_fair_key(p_ns text, p_agent text, p_key text)
  RETURNS text
- LANGUAGE sql
+ LANGUAGE plpgsql
  STABLE
 AS $function$
-    SELECT CASE WHEN p_agent = '' THEN NULL
+BEGIN
+    RETURN CASE WHEN p_agent = '' THEN NULL
                 WHEN p_ns IS NULL OR p_ns = 'default' THEN p_key
                 WHEN p_key IS NOT NULL THEN p_ns || E'\x1f' || p_key
                 WHEN EXISTS (SELECT 1 FROM namespace_limits nl WHERE nl.agent = p_agent AND nl.namespace = p_ns) THEN p_ns || E'\x1e'
-           END
+           END;
+END;
 $function$;
 
 -- fair_key_base: the concurrency key a fair_key of a step of namespace
