@@ -64,6 +64,8 @@ type ClaimedStep struct {
 //
 // A step of a paused order or agent kind (migration 0041) is passed over;
 // while nothing is paused, one look at each table (an InitPlan) says so.
+// Whether status events are heard is asked once a statement too, not once
+// a row (status_heard in a scalar subquery).
 //
 // An order's first step (step 1, never attempted: its order is received)
 // is picked only if its order's row can be locked at once too, since the
@@ -131,14 +133,14 @@ const claimRestSQL = `, claimed AS (
     INSERT INTO outbox (message_type, order_id, reply_to, body)
     SELECT 'status_event', order_id, reply_to, status_event_body(started.order_id, 'processing', NULL)
     FROM started
-    WHERE reply_to IS NOT NULL OR status_heard('processing')
+    WHERE reply_to IS NOT NULL OR (SELECT status_heard('processing'))
     RETURNING order_id
 )
 SELECT c.order_id::text, c.step, c.name, c.agent, c.attempt, c.failure_count, c.idempotency_key,
        c.complete_by, (extract(epoch FROM c.complete_by - clock_timestamp()) * 1000)::bigint, c.priority,
        coalesce(o.reply_to, ''), o.payload, ` + resultsSQL + `, a.result, c.kind, coalesce(a.idempotency_key, ''),
        coalesce(o.traceparent, ''), c.spec, c.item, c.item_index,
-       EXISTS (SELECT 1 FROM order_ev e WHERE e.order_id = c.order_id) OR status_heard('received')
+       EXISTS (SELECT 1 FROM order_ev e WHERE e.order_id = c.order_id) OR (SELECT status_heard('received'))
 FROM claimed c
 JOIN orders o ON o.order_id = c.order_id
 LEFT JOIN steps a ON a.order_id = c.order_id AND a.step = c.compensates

@@ -217,7 +217,7 @@ WITH o AS (
     INSERT INTO outbox (message_type, order_id, reply_to, body, correlation_id)
     SELECT 'status_event', order_id, NULLIF(reply_to, ''), status_event_body(order_id, 'received', NULL), NULLIF(correlation_id, '')
     FROM insd
-    WHERE coalesce(reply_to, '') <> '' OR status_heard('received')
+    WHERE coalesce(reply_to, '') <> '' OR (SELECT status_heard('received'))
 ), paused AS (
     -- An order of a paused workflow waits, paused with it (migration 0041).
     INSERT INTO order_pauses (order_id, paused_at, paused_by, reason, scope)
