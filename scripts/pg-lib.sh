@@ -1,6 +1,14 @@
 # Shell functions shared by scripts/services.sh and
 # scripts/test-postgres.sh; sourced, never run. The caller defines log.
 
+# Members of the role sas_password_auth give their password even on
+# loopback, where everyone else is trusted: the tests of logins whose
+# passwords hold any character use it to prove the password is checked.
+# password_role_sql makes the role if it is missing; password_hba_rule is
+# the pg_hba.conf line that asks them for it.
+password_role_sql='DO $$ BEGIN CREATE ROLE sas_password_auth NOLOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$'
+password_hba_rule='host all +sas_password_auth 127.0.0.1/32 scram-sha-256'
+
 # compact_catalog URL NAME rewrites the system catalogs of the database at
 # URL (called NAME in what it says) when they have grown past 20 MB. Every
 # test and benchmark run makes and drops schemas; with autovacuum off (as

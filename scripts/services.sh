@@ -122,11 +122,10 @@ ensure_databases() {
 	done
 }
 
-# Members of the role sas_password_auth must give their password even on
-# loopback, where everyone else is trusted: the tests of logins whose
-# passwords hold any character use it to prove the password is checked.
+# ensure_password_auth: members of sas_password_auth give their password
+# (pg-lib.sh).
 ensure_password_auth() {
-	pg_admin -c "DO \$\$ BEGIN CREATE ROLE sas_password_auth NOLOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END \$\$" >/dev/null
+	pg_admin -c "$password_role_sql" >/dev/null
 	local hba
 	hba=$(pg_admin -c 'SHOW hba_file')
 	if [ -r "$hba" ] && grep -q '+sas_password_auth' "$hba"; then
@@ -137,7 +136,7 @@ ensure_password_auth() {
 		return
 	fi
 	log "requiring passwords of members of sas_password_auth in $hba"
-	sed -i '1i host all +sas_password_auth 127.0.0.1/32 scram-sha-256' "$hba"
+	sed -i "1i $password_hba_rule" "$hba"
 	pg_admin -c 'SELECT pg_reload_conf()' >/dev/null
 }
 

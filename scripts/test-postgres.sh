@@ -66,7 +66,7 @@ trust_loopback() {
 		return 1
 	fi
 	printf '%s\n' 'local all all trust' \
-		'host all +sas_password_auth 127.0.0.1/32 scram-sha-256' \
+		"$password_hba_rule" \
 		'host all all 127.0.0.1/32 trust' 'host all all ::1/128 trust' |
 		as_owner tee "$hba" >/dev/null
 }
@@ -105,7 +105,7 @@ if ! up; then
 fi
 
 psql "$admin" -qAtX -v ON_ERROR_STOP=1 \
-	-c "DO \$\$ BEGIN CREATE ROLE sas_password_auth NOLOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END \$\$" >/dev/null
+	-c "$password_role_sql" >/dev/null
 if [ "$(psql "$admin" -qAtX -c "SELECT count(*) FROM pg_database WHERE datname = '$database'")" = "0" ]; then
 	psql "$admin" -qAtX -c "CREATE DATABASE \"$database\"" >/dev/null
 fi
