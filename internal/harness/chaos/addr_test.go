@@ -40,6 +40,7 @@ func TestFreeAddrIsBelowEphemeralPorts(t *testing.T) {
 func TestRunsStartedTogetherPickDifferentPorts(t *testing.T) {
 	dir := t.TempDir()
 	a, b := ports{dir: dir}, ports{dir: dir}
+	defer a.release() // again after the explicit release: nothing left to do then
 	defer b.release()
 	seen := map[string]bool{}
 	for range 300 {
