@@ -98,7 +98,7 @@ func (l benchLatency) ordered() bool {
 func TestSasctlBench(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	base := portBase(600)
+	base := portBase()
 	report := filepath.Join(t.TempDir(), "bench.json")
 	out, errOut, code := sasctl(t, s.env, "bench", "--bin", binDir, "--port-base", strconv.Itoa(base),
 		"--workflow", "order", "--rate", "30", "--warmup", "1s", "--duration", "4s", "--remote-latency-ms", "2", "--prefill", "2000", "--idle", "2s", "--json", report)
@@ -258,7 +258,7 @@ func TestSasctlBenchRefusesLeftovers(t *testing.T) {
 		q, err := ch.QueueDeclarePassive(s.submit, true, false, false, false, nil)
 		return err == nil && q.Messages == 1
 	})
-	base := portBase(300)
+	base := portBase()
 	args := []string{"bench", "--bin", binDir, "--port-base", strconv.Itoa(base), "--rate", "10", "--warmup", "0s", "--duration", "1s"}
 	_, errOut, code := sasctl(t, s.env, args...)
 	if code != 1 || !strings.Contains(errOut, s.submit+" holds 1 messages") || !strings.Contains(errOut, "--purge") {
@@ -286,7 +286,7 @@ func TestSasctlBenchAB(t *testing.T) {
 	if err := os.Symlink(binDir, other); err != nil {
 		t.Fatal(err)
 	}
-	base := portBase(900)
+	base := portBase()
 	report := filepath.Join(t.TempDir(), "ab.json")
 	out, errOut, code := sasctl(t, s.env, "bench", "--bin", binDir, "--against", other, "--rounds", "1", "--port-base", strconv.Itoa(base),
 		"--workflow", "single", "--rate", "20", "--warmup", "0s", "--duration", "3s", "--label", "ab", "--json", report)
@@ -356,7 +356,7 @@ func TestSasctlBenchAB(t *testing.T) {
 func TestSasctlBenchBacklog(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	base := portBase(450)
+	base := portBase()
 	report := filepath.Join(t.TempDir(), "backlog.json")
 	out, errOut, code := sasctl(t, s.env, "bench", "--bin", binDir, "--port-base", strconv.Itoa(base),
 		"--workflow", "single", "--backlog", "300", "--json", report)
@@ -408,7 +408,7 @@ func TestSasctlBenchBacklog(t *testing.T) {
 func TestSasctlBenchOverHTTP(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	base := portBase(900)
+	base := portBase()
 	report := filepath.Join(t.TempDir(), "bench.json")
 	out, errOut, code := sasctl(t, s.env, "bench", "--bin", binDir, "--port-base", strconv.Itoa(base), "--via", "http", "--await",
 		"--namespace", "team-b", "--neighbour-rate", "40", "--neighbour-quota", "4", "--neighbour-kind-rate", "8",

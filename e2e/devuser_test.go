@@ -79,19 +79,8 @@ func TestDevRunsAsAnUnprivilegedUser(t *testing.T) {
 	}
 	dbAddr, mqAddr := closed(), closed()
 	// The services listen from base+1 to base+6 (one scheduler, one
-	// agent): below the ephemeral ports, where the other tests' free
-	// addresses (port 0) and the servers' of its own come from.
-	base := 0
-	for try := range 50 {
-		b := 21000 + (int(time.Now().UnixNano()/1000)+try*97)%4000
-		if portsFree(b+1, b+6) {
-			base = b
-			break
-		}
-	}
-	if base == 0 {
-		t.Fatal("no six free ports in a row below 25000")
-	}
+	// agent), in a span of ports no other test was given.
+	base := portBase()
 	script := fmt.Sprintf("cd /tmp && exec env GORACE='halt_on_error=1 atexit_sleep_ms=0' SAS_DATABASE_URL='postgres://postgres@%s/sas?sslmode=disable' "+
 		"SAS_AMQP_URL='amqp://guest:guest@%s/' %s/sasctl dev --orders 10 --schedulers 1 --agents 1 --console-port 0 --api-port 0 --prometheus-port 0 --port-base %d",
 		dbAddr, mqAddr, dir, base)
@@ -122,17 +111,4 @@ func TestDevRunsAsAnUnprivilegedUser(t *testing.T) {
 			t.Fatalf("the folder %s is left behind: %v", f, err)
 		}
 	}
-}
-
-// portsFree reports whether every port from first to last on loopback
-// may be listened on now.
-func portsFree(first, last int) bool {
-	for port := first; port <= last; port++ {
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err != nil {
-			return false
-		}
-		_ = l.Close()
-	}
-	return true
 }

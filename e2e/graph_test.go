@@ -591,7 +591,7 @@ func TestYourProcessGraphExamplesRun(t *testing.T) {
 		{"tenant.yaml", "tenant", `{"tenant":"acme","plan":"enterprise"}`},
 		{"shipment.yaml", "shipment", `{"packages":["a","b","c","d","e","f","g"]}`},
 	}
-	for i, ex := range examples {
+	for _, ex := range examples {
 		t.Run(ex.workflow, func(t *testing.T) {
 			t.Parallel()
 			file := writeFile(t, ex.file, docBlock(t, "yaml", "# "+ex.file))
@@ -608,7 +608,7 @@ func TestYourProcessGraphExamplesRun(t *testing.T) {
 				t.Fatal(err)
 			}
 			s := newStackFor(t, reg.Agents())
-			base := portBase(100 * (i + 1))
+			base := portBase()
 			out, errOut, code := sasctl(t, s.env, "dev", "--workflows", file, "--workflow", ex.workflow, "--payload", ex.payload,
 				"--orders", "20", "--bin", binDir, "--prometheus-port", "0", "--port-base", fmt.Sprint(base), "--console-port", fmt.Sprint(base+7), "--api-port", "0")
 			if code != 0 || !strings.Contains(out, "orders completed         20") {

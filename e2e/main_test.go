@@ -164,7 +164,8 @@ func freeAddr(t *testing.T) string {
 	}
 }
 
-// handedOut are the addresses freeAddr gave this test binary's tests.
+// handedOut are the addresses freeAddr, and the spans of ports portBase,
+// gave this test binary's tests.
 var handedOut sync.Map
 
 // start runs a service binary with env and an ops server on a free port,

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -216,19 +217,25 @@ func writeTemp(t *testing.T, body string) string {
 	return f
 }
 
-// portBase picks the first port of a sasctl-run stack (its services
-// take the ports from there up): 20,000 to 31,990, below Linux's
-// ephemeral range (32768 and up), where outgoing connections and the other
-// tests' free ports come from. Tests that run at once pass different
-// offsets, so their picks start apart; a base with a port in use is
-// passed over.
-func portBase(offset int) int {
-	// A base whose ten ports are free now (a busy one, such as RabbitMQ's
-	// distribution port 25672, made a run fail to start).
-	for try := int64(0); ; try++ {
-		base := 20000 + 10*int((time.Now().UnixNano()+int64(offset)+try*7919)%1200)
+// portSpan is how many ports from its base a sasctl-run stack may take:
+// its services at +1 to +9, and the second and third replicas of a
+// scheduler or an agent ten and twenty above the first.
+const portSpan = 30
+
+// portBase picks the first port of a sasctl-run stack: 20,000 to 31,970,
+// below Linux's ephemeral range (32768 and up), where outgoing
+// connections and the other tests' free ports come from. Every port of
+// its span is free now (RabbitMQ's distribution port, 25672, once fell on
+// a second scheduler's, past the ten ports then checked), and no other
+// test of this binary was given a span that overlaps it.
+func portBase() int {
+	for try := 0; ; try++ {
+		base := 20000 + portSpan*rand.IntN((32000-20000)/portSpan)
+		if _, taken := handedOut.LoadOrStore(fmt.Sprintf("span:%d", base), true); taken {
+			continue
+		}
 		free := true
-		for port := base; port < base+10 && free; port++ {
+		for port := base; port < base+portSpan && free; port++ {
 			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 			if err != nil {
 				free = false
@@ -247,7 +254,7 @@ func portBase(offset int) int {
 func TestSasctlDev(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
-	base := portBase(0)
+	base := portBase()
 	// The payment kind goes to a service of the test's own; the others to
 	// the demo service.
 	var charged atomic.Int64
@@ -532,7 +539,7 @@ workflows:
       - {action: check_id, agent: risk}
 `)
 	s := newStackFor(t, []string{"risk"})
-	base := portBase(750)
+	base := portBase()
 	out, errOut, code := sasctl(t, s.env, "dev", "--workflows", file, "--workflow", "loan", "--payload", `{"applicant":"ann"}`,
 		"--orders", "5", "--bin", binDir, "--prometheus-port", "0", "--port-base", fmt.Sprint(base), "--console-port", fmt.Sprint(base+7), "--api-port", "0")
 	if code != 0 || !strings.Contains(out, "orders completed         5\n") || strings.Contains(out, "orders processing") {
