@@ -21,3 +21,13 @@ func HotStatements() map[string]string {
 		"insert with every part": every.sql(),
 	}
 }
+
+// GaugeStatements are the supervisor's periodic reads of the live work,
+// by name, with their arguments.
+func GaugeStatements() map[string][]any {
+	return map[string][]any{
+		"keys in use": {keysInUseSQL, 20},
+		"limits":      {listLimitsSQL},
+		"stats":       {statsSQL},
+	}
+}

@@ -262,9 +262,10 @@ type KindLimits struct {
 	Overdue    int     `json:"overdue"`
 }
 
-// ListLimits reads every kind with limits or with work, and their use.
-func (s *Store) ListLimits(ctx context.Context) ([]KindLimits, error) {
-	rows, err := s.pool.Query(ctx, `
+// listLimitsSQL reads every kind with limits, and its use: the pending
+// steps in the two halves the partial indexes hold them in, and those
+// processing, of the limited kinds only.
+const listLimitsSQL = `
 WITH use AS (
     SELECT agent,
            count(*) FILTER (WHERE process_state = 'processing') AS in_flight,
@@ -290,7 +291,11 @@ SELECT a.agent, a.file_max_in_flight, a.file_rate, a.file_burst, a.file_min_rate
        CASE WHEN a.lowered_until > clock_timestamp() THEN a.lowered_rate END, a.lowered_count,
        coalesce(u.in_flight, 0)::int, coalesce(u.waiting, 0)::int, coalesce(u.oldest, 0)::float8, coalesce(u.overdue, 0)::int
 FROM agent_limits a LEFT JOIN use u ON u.agent = a.agent
-ORDER BY a.agent`)
+ORDER BY a.agent`
+
+// ListLimits reads every kind with limits or with work, and their use.
+func (s *Store) ListLimits(ctx context.Context) ([]KindLimits, error) {
+	rows, err := s.pool.Query(ctx, listLimitsSQL)
 	if err != nil {
 		return nil, fmt.Errorf("read limits: %w", classify(err))
 	}
@@ -550,15 +555,24 @@ type KeyUse struct {
 	Waiting, InFlight     int
 }
 
+// keysInUseSQL reads the keys with the most steps waiting (then in
+// flight), at most $1 of them. The keyed steps are read in the two halves
+// the partial indexes hold them in (pending and processing, migration
+// 0032): one condition on both states matches neither index, and would
+// read the whole table, ended steps and all, at every look.
+const keysInUseSQL = `
+SELECT agent, coalesce(namespace, 'default'), fair_key_base(fair_key, namespace),
+       count(*) FILTER (WHERE process_state = 'pending')::int, count(*) FILTER (WHERE process_state = 'processing')::int
+FROM (SELECT agent, namespace, fair_key, process_state FROM steps WHERE process_state = 'pending' AND fair_key IS NOT NULL
+      UNION ALL
+      SELECT agent, namespace, fair_key, process_state FROM steps WHERE process_state = 'processing' AND fair_key IS NOT NULL) live
+WHERE namespace IS NULL OR fair_key <> namespace || E'\x1e'
+GROUP BY agent, namespace, fair_key ORDER BY 4 DESC, 5 DESC, 1, 2, 3 LIMIT $1`
+
 // KeysInUse reads the keys with the most steps waiting (then in flight),
 // at most limit of them.
 func (s *Store) KeysInUse(ctx context.Context, limit int) ([]KeyUse, error) {
-	rows, err := s.pool.Query(ctx, `
-SELECT agent, coalesce(namespace, 'default'), fair_key_base(fair_key, namespace),
-       count(*) FILTER (WHERE process_state = 'pending')::int, count(*) FILTER (WHERE process_state = 'processing')::int
-FROM steps WHERE process_state IN ('pending', 'processing') AND fair_key IS NOT NULL
-  AND (namespace IS NULL OR fair_key <> namespace || E'\x1e')
-GROUP BY agent, namespace, fair_key ORDER BY 4 DESC, 5 DESC, 1, 2, 3 LIMIT $1`, limit)
+	rows, err := s.pool.Query(ctx, keysInUseSQL, limit)
 	if err != nil {
 		return nil, fmt.Errorf("read keys in use: %w", classify(err))
 	}

@@ -14,6 +14,7 @@ import (
 
 	"sas/internal/harness/testenv"
 	"sas/internal/statestore"
+	"sas/internal/statestore/lab"
 )
 
 // explainVisits runs the prepared statement name (with args) in a
@@ -291,4 +292,40 @@ func waitDeadSteps(ctx context.Context, t *testing.T, pool *pgxpool.Pool, n int)
 		}
 		return dead >= n
 	})
+}
+
+// TestGaugesVisitOnlyTheLiveWork: the supervisor reads its gauges every
+// few seconds; each read must visit rows by the work in flight, not by
+// the table, which holds every ended order's steps until retention.
+func TestGaugesVisitOnlyTheLiveWork(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	if _, err := lab.Fill(ctx, b.pool, 4000, 0); err != nil {
+		t.Fatal(err)
+	}
+	const live = 100
+	orders := make([]statestore.NewOrder, live)
+	for i := range orders {
+		orders[i] = order(1, time.Hour, 3)
+	}
+	if _, errs := b.store.InsertOrders(ctx, orders); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	for name, q := range statestore.GaugeStatements() {
+		var out []byte
+		if err := b.pool.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+q[0].(string), q[1:]...).Scan(&out); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		var plan []struct {
+			Plan planNode `json:"Plan"`
+		}
+		if err := json.Unmarshal(out, &plan); err != nil {
+			t.Fatal(err)
+		}
+		// 24,000 ended steps and 4,000 orders beside 100 live orders.
+		if v := plan[0].Plan.visited(); v > 4*live+100 {
+			t.Errorf("%s visits %d rows for %d live orders: it reads what has ended", name, v, live)
+		}
+	}
 }
