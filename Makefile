@@ -39,7 +39,7 @@ E2E_PARALLEL ?= 3
 # phase 138 s; 123 s with these first).
 FIRST := sas/internal/statestore sas/client sas/internal/proctest
 
-.PHONY: bench-partitions bench-partition-outage all build services tools test bench-ab bench-dbos bench-backlog bench-churn bench-timers bench-steady lint fmt-check fuzz demo chaos bench clean console-screenshots bench-console ha timers api-e2e limits-e2e
+.PHONY: bench-partitions bench-partition-outage all build services tools test bench-ab bench-dbos bench-statements bench-backlog bench-churn bench-timers bench-steady lint fmt-check fuzz demo chaos bench clean console-screenshots bench-console ha timers api-e2e limits-e2e
 
 all: build
 
@@ -189,6 +189,25 @@ STEADY_ORDERS ?= 3000000
 bench-steady: build
 	./scripts/services.sh sas_bench
 	$(BENCH_RUN) --workflow single --prefill $(STEADY_ORDERS) --label single-max-steady --json bench-single-max-steady.json
+
+# Where PostgreSQL's time goes (docs/BENCHMARKS.md): STATEMENTS_WORKFLOW
+# at STATEMENTS_RATE orders/s (0: as fast as absorbed), on a PostgreSQL of
+# its own that counts statements (scripts/test-postgres.sh with
+# pg_stat_statements preloaded, tracking what functions and triggers run
+# too; the machine's settings otherwise; port 55434, left up for the next
+# run), and the STATEMENTS statements that took it the most time, per
+# completed order.
+STATEMENTS_WORKFLOW ?= order
+STATEMENTS_RATE ?= 0
+STATEMENTS ?= 25
+bench-statements: build
+	./scripts/services.sh
+	url=$$(SAS_TEST_PG_DIR=/tmp/sas-statements-pg-$$(id -u) SAS_TEST_PG_PORT=55434 SAS_TEST_PG_MAX_CONNECTIONS=100 SAS_TEST_PG_DATABASE=sas_bench \
+		SAS_TEST_PG_OPTIONS="-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all" ./scripts/test-postgres.sh) && \
+	test -n "$$url" && \
+	SAS_DATABASE_URL="$$url" SAS_QUEUE_PREFIX=bench. bin/sasctl bench --purge --warmup $(BENCH_WARMUP) --duration $(BENCH_DURATION) --drain 30s \
+		--workflow $(STATEMENTS_WORKFLOW) --rate $(STATEMENTS_RATE) --statements $(STATEMENTS) \
+		--label statements-$(STATEMENTS_WORKFLOW)-$(STATEMENTS_RATE) --json bench-statements.json
 
 # The console's browser test (headless Chromium) with its screenshots
 # written into docs/console/, the pictures the README shows.

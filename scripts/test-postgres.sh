@@ -14,13 +14,16 @@
 #
 # Environment: SAS_TEST_PG_DIR (default /tmp/sas-test-pg-$UID),
 # SAS_TEST_PG_PORT (default 55432), SAS_TEST_PG_MAX_CONNECTIONS (default
-# 300), SAS_TEST_PG_DATABASE (default sas_test).
+# 300), SAS_TEST_PG_DATABASE (default sas_test), SAS_TEST_PG_OPTIONS (more
+# of the server's settings when it starts, e.g. "-c
+# shared_preload_libraries=pg_stat_statements": make bench-statements).
 set -euo pipefail
 
 dir="${SAS_TEST_PG_DIR:-/tmp/sas-test-pg-$(id -u)}"
 port="${SAS_TEST_PG_PORT:-55432}"
 max_connections="${SAS_TEST_PG_MAX_CONNECTIONS:-300}"
 database="${SAS_TEST_PG_DATABASE:-sas_test}"
+options="${SAS_TEST_PG_OPTIONS:-}"
 
 log() { printf 'test-postgres: %s\n' "$*" >&2; }
 # shellcheck source=scripts/pg-lib.sh
@@ -100,7 +103,7 @@ if ! up; then
 	trust_loopback || true
 	log "starting the test cluster on 127.0.0.1:$port"
 	as_owner "$bin/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 \
-		-o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=$max_connections -c autovacuum=off -c shared_buffers=128MB -c fsync=on" \
+		-o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=$max_connections -c autovacuum=off -c shared_buffers=128MB -c fsync=on $options" \
 		start >/dev/null
 fi
 

@@ -56,6 +56,7 @@ func Main(ctx context.Context, a *Tool, args []string) error {
 	fs.IntVar(&o.pprofOffset, "pprof-offset", 0, "when not 0, every service serves Go's profiler on its port plus this offset (e.g. 1000: the submitter's on port-base+1001)")
 	fs.DurationVar(&o.idle, "idle", 0, "before the load, measure every process with none for this long: CPU and wake-ups per second of a system at rest")
 	fs.IntVar(&o.churn, "churn", 0, "warm up until this many orders have ended as well (claimed, answered, ended, never vacuumed): the store's history of dead rows behind the measured window")
+	fs.IntVar(&o.statements, "statements", 0, "report the N statements that took the database the most time in the window, per completed order (the server must load pg_stat_statements: make bench-statements starts one that does)")
 	fs.IntVar(&o.prefill, "prefill", 0, "before the run, fill the store with this many orders as they look once run (most completed, their steps and history), vacuumed and analyzed: a steady state of a store in use")
 	fs.BoolVar(&o.fresh, "fresh", true, "run on a new schema of the database, migrated by the run's own sasctl and dropped after, so that no earlier run's rows or dead tuples weigh on it (--fresh=false: the database as it is)")
 	against := fs.String("against", "", "A/B: the directory of another build's binaries (A); runs A and this run's binaries (B, --bin) alternately, --rounds times each, and prints both with the ratio B/A of every figure")
@@ -157,6 +158,7 @@ type benchOptions struct {
 	label                       string
 	purge, fresh                bool
 	prefill                     int // orders written before the run (lab.Fill)
+	statements                  int // the dearest statements reported (pg_stat_statements)
 	churn                       int // orders ended before the window opens
 	env                         []string
 	envB                        []string // with --against: B's own
@@ -319,7 +321,19 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 		cpu0, cpu1   cpuSnapshot
 		wal0, wal1   *lab.WALReading
 		sent0, sent1 int64 // orders the load generator had published
+		statements   []lab.Statement
 	}{}
+	// With --statements, pg_stat_statements counts from the window's
+	// start; countStatements is false once it cannot.
+	countStatements := o.statements > 0
+	resetStatements := func() {
+		if countStatements {
+			if err := lab.ResetStatements(ctx, pool); err != nil {
+				fmt.Fprintf(a.stderr, "the report will lack the statements: %v\n", err)
+				countStatements = false
+			}
+		}
+	}
 	readWAL := func() *lab.WALReading {
 		r, err := lab.ReadWAL(ctx, pool)
 		if err != nil {
@@ -340,6 +354,7 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 		}
 		window.cpu0, window.sent0 = takeCPU(ctx, st), gen.published.Load()
 		window.wal0 = readWAL()
+		resetStatements()
 		phase = "measuring"
 	}
 	for phase != "done" {
@@ -366,6 +381,7 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 				measureAt, endAt = now, now.Add(o.duration)
 				window.cpu0, window.sent0 = takeCPU(ctx, st), gen.published.Load()
 				window.wal0 = readWAL()
+				resetStatements()
 				phase = "measuring"
 			case phase == "measuring" && !now.Before(endAt):
 				if window.to, err = store.Now(ctx); err != nil {
@@ -374,6 +390,11 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 				window.cpu1, window.sent1 = takeCPU(ctx, st), gen.published.Load()
 				if window.wal0 != nil {
 					window.wal1 = readWAL()
+				}
+				if countStatements {
+					if window.statements, err = lab.ReadStatements(ctx, pool, o.statements); err != nil {
+						fmt.Fprintf(a.stderr, "the report will lack the statements: %v\n", err)
+					}
 				}
 				phase = "done"
 			}
@@ -423,6 +444,7 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 	rep.fill(timings, window.cpu0, window.cpu1, st, samples)
 	rep.fillDatabase(window.wal0, window.wal1, timings.Completions)
 	rep.fillLedger(window.wal0, window.wal1, window.cpu0, window.cpu1, window.sent1-window.sent0, timings.Completions)
+	rep.fillStatements(window.statements, timings.Completions)
 	rep.Idle = idle
 	if rig.filled != nil {
 		rep.Prefilled, rep.PrefilledSize = rig.filled.Orders, rig.filled.Size
@@ -912,6 +934,9 @@ type benchReport struct {
 	Ledger *ledger `json:"ledger,omitempty"`
 	// Idle is what each process did with no load, before it (--idle).
 	Idle *idleUse `json:"idle,omitempty"`
+	// Statements are the statements that took the database the most
+	// time in the window (--statements), dearest first.
+	Statements []statementUse `json:"statements,omitempty"`
 	// Prefilled orders were in the store before the run (--prefill),
 	// taking PrefilledSize on disk.
 	Prefilled     int    `json:"prefilled,omitempty"`
@@ -1059,6 +1084,60 @@ func (r *benchReport) fillDatabase(w0, w1 *lab.WALReading, completions int) {
 	}
 }
 
+// statementUse is one statement's share of the database's time in the
+// window (pg_stat_statements).
+type statementUse struct {
+	Query         string  `json:"query"`
+	Calls         int64   `json:"calls"`
+	CallsPerOrder float64 `json:"calls_per_order,omitempty"`
+	MSPerCall     float64 `json:"ms_per_call"`
+	MSPerOrder    float64 `json:"ms_per_order,omitempty"`
+	RowsPerCall   float64 `json:"rows_per_call"`
+	// Share is of the time of every statement a client sent (of those
+	// read); a statement a function or trigger ran (TopLevel false) is
+	// inside its caller's time too.
+	SharePercent float64 `json:"share_percent"`
+	TopLevel     bool    `json:"top_level"`
+}
+
+// fillStatements adds the dearest statements, per order completed in the
+// window.
+func (r *benchReport) fillStatements(stmts []lab.Statement, completions int) {
+	var top float64
+	for _, s := range stmts {
+		if s.TopLevel {
+			top += s.TotalMS
+		}
+	}
+	for _, s := range stmts {
+		u := statementUse{Query: s.Query, Calls: s.Calls, TopLevel: s.TopLevel}
+		if s.Calls > 0 {
+			u.MSPerCall, u.RowsPerCall = s.TotalMS/float64(s.Calls), float64(s.Rows)/float64(s.Calls)
+		}
+		if completions > 0 {
+			u.CallsPerOrder, u.MSPerOrder = float64(s.Calls)/float64(completions), s.TotalMS/float64(completions)
+		}
+		if top > 0 {
+			u.SharePercent = 100 * s.TotalMS / top
+		}
+		r.Statements = append(r.Statements, u)
+	}
+}
+
+// printStatements prints the dearest statements: what each costs an order.
+func printStatements(w io.Writer, stmts []statementUse) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "\nSTATEMENTS (pg_stat_statements, execution)\tcalls per order\tms per call\tms per order\tshare\tstatement")
+	for _, s := range stmts {
+		q := s.Query
+		if !s.TopLevel {
+			q = "(inside a function) " + q
+		}
+		fmt.Fprintf(tw, "\t%.2f\t%.3f\t%.3f\t%.1f%%\t%s\n", s.CallsPerOrder, s.MSPerCall, s.MSPerOrder, s.SharePercent, q)
+	}
+	_ = tw.Flush()
+}
+
 // trend fits a line to the depths and calls the queue growing when, over
 // the window, the line rises by more than 500 messages and by more than
 // half of the largest depth: a queue that fills and stays under a bound
@@ -1155,6 +1234,10 @@ func (r *benchReport) print(w io.Writer) {
 	if d := r.Database; d != nil {
 		fmt.Fprintf(tw, "\nDATABASE (whole cluster)\tWAL %.1f MiB, %.1f KiB per completed order; %d checkpoints in the window\n",
 			float64(d.WALBytes)/(1<<20), d.WALBytesPerOrder/1024, d.Checkpoints)
+	}
+	if len(r.Statements) > 0 {
+		_ = tw.Flush()
+		printStatements(w, r.Statements)
 	}
 	fmt.Fprintln(tw, "\nQUEUE (ready)\tmax\tlast\tslope/s\tverdict")
 	for _, q := range r.Queues {
