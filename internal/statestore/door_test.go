@@ -1,6 +1,8 @@
 package statestore_test
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -10,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"sas/internal/harness/testenv"
 	"sas/internal/statestore"
@@ -180,5 +183,132 @@ func TestAnOrdersMoveIsWrittenAfterItsSteps(t *testing.T) {
 		"1 processing>processed", "order processing>completed"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("history %q, want %q", got, want)
+	}
+}
+
+// TestTheDoorWritesAStatementOfManyMovesInLinearTime: a claim of 40 steps
+// and a batch of 40 replies that claims the next 40 move more rows than
+// the doors' small-statement insert is planned for; their history is the
+// same, move for move and in the same order, as that of an order run
+// alone, and the doors pair each row's old and new versions without
+// comparing every row with every other (their inserts' plans, read
+// through auto_explain, remove no more rows by a join filter than they
+// write: the nested loop planned for one row removed 40 × 39).
+func TestTheDoorWritesAStatementOfManyMovesInLinearTime(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	cfg, err := pgxpool.ParseConfig(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	var plans []string
+	cfg.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		if _, plan, ok := strings.Cut(n.Message, "plan:\n"); ok {
+			plans = append(plans, plan)
+		}
+	}
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, `LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0; SET auto_explain.log_analyze = on;
+			SET auto_explain.log_timing = off; SET auto_explain.log_nested_statements = on; SET auto_explain.log_format = json;
+			SET auto_explain.log_level = notice`)
+		return err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	store := statestore.New(pool)
+
+	// run claims the first steps of orders, answers them in one batch
+	// that claims the second steps, then answers those: each one
+	// statement for all the orders.
+	run := func(orders []statestore.NewOrder) {
+		t.Helper()
+		if _, errs := store.InsertOrders(ctx, orders); errs[0] != nil {
+			t.Fatal(errs[0])
+		}
+		claimed, err := store.ClaimKinds(ctx, "s1", map[string]int{"agent": len(orders)})
+		if err != nil || len(claimed) != len(orders) {
+			t.Fatalf("claim: %d of %d, %v", len(claimed), len(orders), err)
+		}
+		for range 2 {
+			replies := make([]statestore.Reply, len(claimed))
+			for i, c := range claimed {
+				replies[i] = statestore.Reply{OrderID: c.OrderID, Step: c.Step, Attempt: c.Attempt, OK: true, Actor: "s1"}
+			}
+			res, errs := store.ApplyRepliesClaiming(ctx, replies, []string{"agent"})
+			claimed = claimed[:0]
+			for i := range res {
+				if errs[i] != nil {
+					t.Fatal(errs[i])
+				}
+				if c := res[i].Claimed; c != nil {
+					claimed = append(claimed, *c)
+				}
+			}
+		}
+	}
+	history := func(id string) []string {
+		return texts(t, b, `SELECT coalesce(step::text, 'order') || ' ' || coalesce(from_state, '') || '>' || to_state || ' ' || reason
+			FROM transitions WHERE order_id = $1 ORDER BY id`, id)
+	}
+	alone := order(2, time.Minute, 3)
+	run([]statestore.NewOrder{alone})
+	want := history(alone.OrderID)
+	if len(want) < 9 || !strings.HasPrefix(want[len(want)-1], "order processing>completed") {
+		t.Fatalf("an order alone: history %q", want)
+	}
+	plans = nil
+	many := make([]statestore.NewOrder, 40)
+	for i := range many {
+		many[i] = order(2, time.Minute, 3)
+	}
+	run(many)
+	for _, o := range many {
+		if got := history(o.OrderID); !slices.Equal(got, want) {
+			t.Fatalf("order %s of 40: history %q, want %q (as alone)", o.OrderID, got, want)
+		}
+	}
+	type node struct {
+		Type    string `json:"Node Type"`
+		Rows    int    `json:"Actual Rows"`
+		Loops   int    `json:"Actual Loops"`
+		Removed int    `json:"Rows Removed by Join Filter"`
+		Plans   []node `json:"Plans"`
+	}
+	var removed func(n node) int
+	removed = func(n node) int {
+		r := n.Removed * max(n.Loops, 1)
+		for _, c := range n.Plans {
+			r += removed(c)
+		}
+		return r
+	}
+	inserts := 0
+	for _, p := range plans {
+		var e struct {
+			Query string `json:"Query Text"`
+			Plan  node   `json:"Plan"`
+		}
+		if err := json.Unmarshal([]byte(p), &e); err != nil {
+			t.Fatalf("%v: %s", err, p)
+		}
+		if !strings.HasPrefix(strings.TrimSpace(e.Query), "INSERT INTO transitions") || !strings.Contains(e.Query, "old_rows") {
+			continue
+		}
+		inserts++
+		written := 0
+		for _, c := range e.Plan.Plans {
+			written += c.Rows
+		}
+		if r := removed(e.Plan); r > written {
+			t.Errorf("a door's insert removed %d rows by a join filter to write %d:\n%s", r, written, p)
+		}
+	}
+	if inserts < 6 {
+		t.Fatalf("%d plans of the doors' inserts read, want the steps' and the orders' of three statements", inserts)
 	}
 }
