@@ -56,7 +56,7 @@ func Main(ctx context.Context, a *Tool, args []string) error {
 	fs.IntVar(&o.pprofOffset, "pprof-offset", 0, "when not 0, every service serves Go's profiler on its port plus this offset (e.g. 1000: the submitter's on port-base+1001)")
 	fs.DurationVar(&o.idle, "idle", 0, "before the load, measure every process with none for this long: CPU and wake-ups per second of a system at rest")
 	fs.IntVar(&o.churn, "churn", 0, "warm up until this many orders have ended as well (claimed, answered, ended, never vacuumed): the store's history of dead rows behind the measured window")
-	fs.IntVar(&o.statements, "statements", 0, "report the N statements that took the database the most time in the window, per completed order (the server must load pg_stat_statements: make bench-statements starts one that does)")
+	fs.IntVar(&o.statements, "statements", 0, "report the N statements that took the database the most time in the window, per completed order (the server must load pg_stat_statements: make bench-statements starts one that does; its counts for the database are reset when the window opens)")
 	fs.IntVar(&o.prefill, "prefill", 0, "before the run, fill the store with this many orders as they look once run (most completed, their steps and history), vacuumed and analyzed: a steady state of a store in use")
 	fs.BoolVar(&o.fresh, "fresh", true, "run on a new schema of the database, migrated by the run's own sasctl and dropped after, so that no earlier run's rows or dead tuples weigh on it (--fresh=false: the database as it is)")
 	against := fs.String("against", "", "A/B: the directory of another build's binaries (A); runs A and this run's binaries (B, --bin) alternately, --rounds times each, and prints both with the ratio B/A of every figure")
@@ -392,9 +392,11 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 					window.wal1 = readWAL()
 				}
 				if countStatements {
-					if window.statements, err = lab.ReadStatements(ctx, pool, o.statements); err != nil {
-						fmt.Fprintf(a.stderr, "the report will lack the statements: %v\n", err)
+					stmts, serr := lab.ReadStatements(ctx, pool, o.statements)
+					if serr != nil {
+						fmt.Fprintf(a.stderr, "the report will lack the statements: %v\n", serr)
 					}
+					window.statements = stmts
 				}
 				phase = "done"
 			}

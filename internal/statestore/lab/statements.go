@@ -42,7 +42,7 @@ func statementsSchema(ctx context.Context, pool *pgxpool.Pool) (string, error) {
 		return "", ErrNoStatements
 	}
 	var schema string
-	err := pool.QueryRow(ctx, `SELECT extnamespace::regnamespace::text FROM pg_extension WHERE extname = 'pg_stat_statements'`).Scan(&schema)
+	err := pool.QueryRow(ctx, `SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'pg_stat_statements'`).Scan(&schema)
 	if errors.Is(err, pgx.ErrNoRows) {
 		if _, err := pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements WITH SCHEMA public`); err != nil {
 			return "", fmt.Errorf("install pg_stat_statements (the database's owner or a superuser may): %w", err)
