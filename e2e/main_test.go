@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -145,23 +146,29 @@ func (p *proc) signal(t *testing.T, sig syscall.Signal) {
 	}
 }
 
-// freeAddr returns a loopback address with a port free right now.
+// freeAddr returns a loopback address whose port is free now and was
+// given to no other test of this binary. The port is from 10,000 to
+// 19,999: below Linux's ephemeral range (32768 and up), from which every
+// outgoing connection here takes its local port, and which once gave a
+// connection the port picked for a scheduler's ops server between the
+// pick and the scheduler's listen; and below portBase's spans. The
+// kernel's own pick (port 0) would come from that range.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	for {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+	for range 10000 {
+		addr := fmt.Sprintf("127.0.0.1:%d", 10000+rand.IntN(10000))
+		if _, taken := handedOut.LoadOrStore(addr, true); taken {
+			continue
+		}
+		ln, err := net.Listen("tcp", addr)
 		if err != nil {
-			t.Fatal(err)
+			continue // another process's
 		}
-		addr := ln.Addr().String()
 		ln.Close()
-		// The kernel may give a port just closed again to the next
-		// caller: a console's address and its ops server's once came
-		// out the same. Each address is handed out once per run.
-		if _, taken := handedOut.LoadOrStore(addr, true); !taken {
-			return addr
-		}
+		return addr
 	}
+	t.Fatal("no free port from 10000 to 19999")
+	return ""
 }
 
 // handedOut are the addresses freeAddr, and the spans of ports portBase,

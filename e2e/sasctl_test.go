@@ -224,7 +224,7 @@ const portSpan = 30
 
 // portBase picks the first port of a sasctl-run stack: 20,000 to 31,970,
 // below Linux's ephemeral range (32768 and up), where outgoing
-// connections and the other tests' free ports come from. Every port of
+// connections take their ports, and above freeAddr's. Every port of
 // its span is free now (RabbitMQ's distribution port, 25672, once fell on
 // a second scheduler's, past the ten ports then checked), and no other
 // test of this binary was given a span that overlaps it.
