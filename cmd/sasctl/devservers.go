@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/url"
 	"os"
@@ -360,13 +361,22 @@ func postgresCredential() (*syscall.Credential, error) {
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }
 
+// freePort returns a loopback port free now for a server of sasctl dev's
+// own, from 10,000 to 19,999: below Linux's ephemeral range (32768 and
+// up), from which every outgoing connection takes its local port, so that
+// none takes it between this pick and the server's listen (the kernel's
+// own pick, port 0, would come from that range).
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	for range 1000 {
+		port := 10000 + rand.IntN(10000)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue // another process's
+		}
+		l.Close()
+		return port, nil
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, errors.New("no free port from 10000 to 19999 on 127.0.0.1")
 }
 
 // waitFor calls try until it succeeds or within passes, at most twice a

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -47,5 +48,26 @@ func TestDevStartsServersOnlyInPlaceOfLocalOnes(t *testing.T) {
 		if got := loopback(tc.addr); got != tc.want {
 			t.Errorf("loopback(%s) = %v", tc.addr, got)
 		}
+	}
+}
+
+// TestDevServersPortsAreBelowTheEphemeralRange: the ports sasctl dev
+// gives servers of its own are free, and below the range outgoing
+// connections take theirs from (32768 and up on Linux), so that none can
+// take one before its server listens.
+func TestDevServersPortsAreBelowTheEphemeralRange(t *testing.T) {
+	for range 50 {
+		port, err := freePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if port < 10000 || port >= 20000 {
+			t.Fatalf("port %d, want one from 10000 to 19999", port)
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			t.Fatalf("port %d is not free: %v", port, err)
+		}
+		l.Close()
 	}
 }
