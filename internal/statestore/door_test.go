@@ -197,60 +197,8 @@ func TestAnOrdersMoveIsWrittenAfterItsSteps(t *testing.T) {
 func TestTheDoorWritesAStatementOfManyMovesInLinearTime(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ctx := ctxFor(t)
-	cfg, err := pgxpool.ParseConfig(b.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 1
-	var plans []string
-	cfg.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
-		if _, plan, ok := strings.Cut(n.Message, "plan:\n"); ok {
-			plans = append(plans, plan)
-		}
-	}
-	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-		_, err := c.Exec(ctx, `LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0; SET auto_explain.log_analyze = on;
-			SET auto_explain.log_timing = off; SET auto_explain.log_nested_statements = on; SET auto_explain.log_format = json;
-			SET auto_explain.log_level = notice`)
-		return err
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	store := statestore.New(pool)
-
-	// run claims the first steps of orders, answers them in one batch
-	// that claims the second steps, then answers those: each one
-	// statement for all the orders.
-	run := func(orders []statestore.NewOrder) {
-		t.Helper()
-		if _, errs := store.InsertOrders(ctx, orders); errs[0] != nil {
-			t.Fatal(errs[0])
-		}
-		claimed, err := store.ClaimKinds(ctx, "s1", map[string]int{"agent": len(orders)})
-		if err != nil || len(claimed) != len(orders) {
-			t.Fatalf("claim: %d of %d, %v", len(claimed), len(orders), err)
-		}
-		for range 2 {
-			replies := make([]statestore.Reply, len(claimed))
-			for i, c := range claimed {
-				replies[i] = statestore.Reply{OrderID: c.OrderID, Step: c.Step, Attempt: c.Attempt, OK: true, Actor: "s1"}
-			}
-			res, errs := store.ApplyRepliesClaiming(ctx, replies, []string{"agent"})
-			claimed = claimed[:0]
-			for i := range res {
-				if errs[i] != nil {
-					t.Fatal(errs[i])
-				}
-				if c := res[i].Claimed; c != nil {
-					claimed = append(claimed, *c)
-				}
-			}
-		}
-	}
+	store, plans := explaining(t, b)
+	run := func(orders []statestore.NewOrder) { runTwoSteps(t, store, orders) }
 	history := func(id string) []string {
 		return texts(t, b, `SELECT coalesce(step::text, 'order') || ' ' || coalesce(from_state, '') || '>' || to_state || ' ' || reason
 			FROM transitions WHERE order_id = $1 ORDER BY id`, id)
@@ -261,7 +209,7 @@ func TestTheDoorWritesAStatementOfManyMovesInLinearTime(t *testing.T) {
 	if len(want) < 9 || !strings.HasPrefix(want[len(want)-1], "order processing>completed") {
 		t.Fatalf("an order alone: history %q", want)
 	}
-	plans = nil
+	*plans = nil
 	many := make([]statestore.NewOrder, 40)
 	for i := range many {
 		many[i] = order(2, time.Minute, 3)
@@ -288,7 +236,7 @@ func TestTheDoorWritesAStatementOfManyMovesInLinearTime(t *testing.T) {
 		return r
 	}
 	inserts := 0
-	for _, p := range plans {
+	for _, p := range *plans {
 		var e struct {
 			Query string `json:"Query Text"`
 			Plan  node   `json:"Plan"`
@@ -310,5 +258,135 @@ func TestTheDoorWritesAStatementOfManyMovesInLinearTime(t *testing.T) {
 	}
 	if inserts < 6 {
 		t.Fatalf("%d plans of the doors' inserts read, want the steps' and the orders' of three statements", inserts)
+	}
+}
+
+// explaining is a store of one connection whose every statement, and
+// every statement of the functions and triggers it runs, has its plan
+// as executed (auto_explain, JSON, rows but no timings) added to plans.
+func explaining(t *testing.T, b bundle) (*statestore.Store, *[]string) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	plans := new([]string)
+	cfg.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		if _, plan, ok := strings.Cut(n.Message, "plan:\n"); ok {
+			*plans = append(*plans, plan)
+		}
+	}
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, `LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0; SET auto_explain.log_analyze = on;
+			SET auto_explain.log_timing = off; SET auto_explain.log_nested_statements = on; SET auto_explain.log_format = json;
+			SET auto_explain.log_level = notice`)
+		return err
+	}
+	pool, err := pgxpool.NewWithConfig(ctxFor(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return statestore.New(pool), plans
+}
+
+// runTwoSteps inserts orders of two steps, claims their first steps,
+// answers them in one batch that claims the second steps, then answers
+// those: each one statement for all the orders.
+func runTwoSteps(t *testing.T, store *statestore.Store, orders []statestore.NewOrder) {
+	t.Helper()
+	ctx := ctxFor(t)
+	if _, errs := store.InsertOrders(ctx, orders); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	claimed, err := store.ClaimKinds(ctx, "s1", map[string]int{"agent": len(orders)})
+	if err != nil || len(claimed) != len(orders) {
+		t.Fatalf("claim: %d of %d, %v", len(claimed), len(orders), err)
+	}
+	for range 2 {
+		replies := make([]statestore.Reply, len(claimed))
+		for i, c := range claimed {
+			replies[i] = statestore.Reply{OrderID: c.OrderID, Step: c.Step, Attempt: c.Attempt, OK: true, Actor: "s1"}
+		}
+		res, errs := store.ApplyRepliesClaiming(ctx, replies, []string{"agent"})
+		claimed = claimed[:0]
+		for i := range res {
+			if errs[i] != nil {
+				t.Fatal(errs[i])
+			}
+			if c := res[i].Claimed; c != nil {
+				claimed = append(claimed, *c)
+			}
+		}
+	}
+}
+
+// visitedIn is how many rows of relation a plan's nodes read: those they
+// returned and those their filters removed, at every loop.
+func (n planNode) visitedIn(relation string) int {
+	v := 0
+	if n.Relation == relation {
+		v = (n.Rows + n.RemovedFilter) * max(n.Loops, 1)
+	}
+	for _, c := range n.Plans {
+		v += c.visitedIn(relation)
+	}
+	return v
+}
+
+// TestAMoveReadsNoMoreWorkflowVersionsAsMoreAreStored: what an order's
+// moves read of workflow_versions does not grow with the versions stored.
+// The doors ask at each statement whether any version declares webhooks;
+// they read webhook_versions (migration 0053), not every definition: an
+// order run after 300 versions of a thirty-step workflow were stored reads
+// as many rows of workflow_versions as one run after three (before, each
+// door's question read all 303, out of line, at every statement).
+func TestAMoveReadsNoMoreWorkflowVersionsAsMoreAreStored(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	store, plans := explaining(t, b)
+	ctx := ctxFor(t)
+	stored := 0
+	storeVersions := func(n int) {
+		t.Helper()
+		vs := make([]statestore.WorkflowVersion, n)
+		for i := range vs {
+			stored++
+			steps := make([]string, 30)
+			for j := range steps {
+				steps[j] = fmt.Sprintf(`{"action": "step_%d_%016x", "agent": "agent_%d", "timeout": "30s", "retry": {"max": 3}}`, j, stored*100+j, j%5)
+			}
+			vs[i] = statestore.WorkflowVersion{Name: fmt.Sprintf("wf%d", stored%7), Version: fmt.Sprintf("%016x", stored),
+				Definition: []byte(`{"steps": [` + strings.Join(steps, ", ") + `]}`)}
+		}
+		if err := store.StoreWorkflowVersions(ctx, vs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reads := func() int {
+		t.Helper()
+		*plans = nil
+		runTwoSteps(t, store, []statestore.NewOrder{order(2, time.Minute, 3)})
+		v := 0
+		for _, p := range *plans {
+			var e struct {
+				Plan planNode `json:"Plan"`
+			}
+			if err := json.Unmarshal([]byte(p), &e); err != nil {
+				t.Fatalf("%v: %s", err, p)
+			}
+			v += e.Plan.visitedIn("workflow_versions")
+		}
+		if len(*plans) < 6 {
+			t.Fatalf("%d plans read, want at least the statements of an order's moves and their doors'", len(*plans))
+		}
+		return v
+	}
+	storeVersions(3)
+	few := reads()
+	storeVersions(300)
+	if many := reads(); many != few {
+		t.Fatalf("an order's moves read %d rows of workflow_versions with %d versions stored, %d with 3", many, stored, few)
 	}
 }

@@ -44,6 +44,7 @@ func explainVisits(t *testing.T, ctx context.Context, conn *pgx.Conn, name, args
 
 type planNode struct {
 	Type          string     `json:"Node Type"`
+	Relation      string     `json:"Relation Name"`
 	Rows          int        `json:"Actual Rows"`
 	Loops         int        `json:"Actual Loops"`
 	RemovedFilter int        `json:"Rows Removed by Filter"`

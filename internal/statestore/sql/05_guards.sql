@@ -230,14 +230,17 @@ BEGIN
     -- Webhooks told of step events (migration 0039): a delivery for each
     -- webhook of the order's workflow version whose events name it, and
     -- whose namespace is the order's (none: default; '*': every one).
-    IF EXISTS (SELECT 1 FROM workflow_versions v WHERE v.definition ? 'webhooks') THEN
+    -- The versions that declare webhooks are noted in webhook_versions
+    -- (0053): an install without them reads an empty table.
+    IF EXISTS (SELECT 1 FROM webhook_versions) THEN
         INSERT INTO webhook_deliveries (order_id, workflow, url, secret_env, event, body)
         SELECT n.order_id, ord.workflow, hook->>'url', hook->>'secret_env', 'step.' || (ev.body->>'event'), ev.body
         FROM new_rows n
         JOIN old_rows o ON o.order_id = n.order_id AND o.step = n.step
         JOIN step_moves d ON d.from_state = o.process_state AND d.to_state = n.process_state AND d.event IS NOT NULL
         JOIN orders ord ON ord.order_id = n.order_id
-        JOIN workflow_versions v ON v.name = ord.workflow AND v.version = ord.workflow_version AND v.definition ? 'webhooks'
+        JOIN webhook_versions w ON w.name = ord.workflow AND w.version = ord.workflow_version
+        JOIN workflow_versions v ON v.name = w.name AND v.version = w.version
         CROSS JOIN LATERAL (SELECT step_event_body(n, d.event) AS body) ev
         CROSS JOIN LATERAL jsonb_array_elements(v.definition->'webhooks') hook
         WHERE n.moves = o.moves + 1 AND hook->'events' ? ('step.' || (ev.body->>'event'))
@@ -280,17 +283,33 @@ BEGIN
     END IF;
     -- Webhooks (migration 0039): a delivery for each webhook of an
     -- ended order's workflow version told of that end, of the order's
-    -- namespace (none: default; '*': every one).
-    IF EXISTS (SELECT 1 FROM workflow_versions v WHERE v.definition ? 'webhooks') THEN
+    -- namespace (none: default; '*': every one), as in steps_moved.
+    IF EXISTS (SELECT 1 FROM webhook_versions) THEN
         INSERT INTO webhook_deliveries (order_id, workflow, url, secret_env, event, body)
         SELECT n.order_id, n.workflow, hook->>'url', hook->>'secret_env', n.status, status_event_body(n.order_id, n.status, NULL)
         FROM new_rows n
         JOIN old_rows o ON o.order_id = n.order_id
-        JOIN workflow_versions v ON v.name = n.workflow AND v.version = n.workflow_version AND v.definition ? 'webhooks'
+        JOIN webhook_versions w ON w.name = n.workflow AND w.version = n.workflow_version
+        JOIN workflow_versions v ON v.name = w.name AND v.version = w.version
         CROSS JOIN LATERAL jsonb_array_elements(v.definition->'webhooks') hook
         WHERE n.status <> o.status AND n.status IN ('completed', 'failed', 'error') AND hook->'events' ? n.status
           AND coalesce(hook->>'namespace', 'default') IN (n.namespace, '*');
     END IF;
+    RETURN NULL;
+END;
+$function$;
+
+-- workflow_versions_hooked: notes the versions just stored that declare
+-- webhooks in webhook_versions (migration 0053), which the doors read.
+CREATE OR REPLACE FUNCTION workflow_versions_hooked()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $function$
+BEGIN
+    INSERT INTO webhook_versions (name, version)
+    SELECT name, version FROM new_rows WHERE definition ? 'webhooks'
+    ON CONFLICT DO NOTHING;
     RETURN NULL;
 END;
 $function$;
