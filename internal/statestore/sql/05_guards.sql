@@ -177,8 +177,18 @@ CREATE OR REPLACE FUNCTION steps_moved()
  SECURITY DEFINER
 AS $function$
 DECLARE
+    v_few boolean;
+    v_step_events boolean;
+    v_webhooks boolean;
     v_events integer;
 BEGIN
+    -- What the door asks before it writes, in one statement: how many
+    -- rows moved, whether a listener asked for step events, whether any
+    -- workflow version declares webhooks.
+    SELECT (SELECT count(*) FROM new_rows) <= 16,
+           EXISTS (SELECT 1 FROM status_routes r WHERE r.status = 'step' AND r.unheard_until <= now()),
+           EXISTS (SELECT 1 FROM webhook_versions)
+      INTO v_few, v_step_events, v_webhooks;
     -- The join of new_rows and old_rows is planned once a session, for
     -- the rows of the first statement that ran it: a nested loop, the
     -- cheapest for the one or few rows most statements move, and
@@ -186,7 +196,7 @@ BEGIN
     -- (15 ms for 300 steps). A statement that moved more than 16 rows
     -- runs the same insert from a second place, whose plan is made for
     -- such a statement: the rows hashed.
-    IF (SELECT count(*) FROM new_rows) <= 16 THEN
+    IF v_few THEN
         INSERT INTO transitions (order_id, step, from_state, to_state, attempt, actor, reason)
         SELECT n.order_id, n.step, h.from_state, h.to_state, coalesce(h.attempt, n.attempt), n.moved_by, h.reason
         FROM new_rows n
@@ -215,7 +225,7 @@ BEGIN
           AND CASE WHEN d.from_state IS NOT NULL AND n.moves = o.moves + 1 THEN true
                    ELSE sas_refuse_move('step', o.process_state, n.process_state, n.moves = o.moves + 1) END;
     END IF;
-    IF EXISTS (SELECT 1 FROM status_routes r WHERE r.status = 'step' AND r.unheard_until <= now()) THEN
+    IF v_step_events THEN
         INSERT INTO outbox (message_type, order_id, body)
         SELECT 'step_event', n.order_id, step_event_body(n, d.event)
         FROM new_rows n
@@ -232,7 +242,7 @@ BEGIN
     -- whose namespace is the order's (none: default; '*': every one).
     -- The versions that declare webhooks are noted in webhook_versions
     -- (0053): an install without them reads an empty table.
-    IF EXISTS (SELECT 1 FROM webhook_versions) THEN
+    IF v_webhooks THEN
         INSERT INTO webhook_deliveries (order_id, workflow, url, secret_env, event, body)
         SELECT n.order_id, ord.workflow, hook->>'url', hook->>'secret_env', 'step.' || (ev.body->>'event'), ev.body
         FROM new_rows n
@@ -260,9 +270,15 @@ CREATE OR REPLACE FUNCTION orders_moved()
  LANGUAGE plpgsql
  SECURITY DEFINER
 AS $function$
+DECLARE
+    v_few boolean;
+    v_webhooks boolean;
 BEGIN
-    -- (Twice the same insert, as in steps_moved.)
-    IF (SELECT count(*) FROM new_rows) <= 16 THEN
+    -- (One statement that asks, and twice the same insert, as in
+    -- steps_moved.)
+    SELECT (SELECT count(*) FROM new_rows) <= 16, EXISTS (SELECT 1 FROM webhook_versions)
+      INTO v_few, v_webhooks;
+    IF v_few THEN
         INSERT INTO transitions (order_id, step, from_state, to_state, actor, reason)
         SELECT n.order_id, NULL, o.status, n.status, n.moved_by, n.moved_why
         FROM new_rows n
@@ -284,7 +300,7 @@ BEGIN
     -- Webhooks (migration 0039): a delivery for each webhook of an
     -- ended order's workflow version told of that end, of the order's
     -- namespace (none: default; '*': every one), as in steps_moved.
-    IF EXISTS (SELECT 1 FROM webhook_versions) THEN
+    IF v_webhooks THEN
         INSERT INTO webhook_deliveries (order_id, workflow, url, secret_env, event, body)
         SELECT n.order_id, n.workflow, hook->>'url', hook->>'secret_env', n.status, status_event_body(n.order_id, n.status, NULL)
         FROM new_rows n
