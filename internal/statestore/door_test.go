@@ -220,26 +220,11 @@ func TestTheDoorWritesAStatementOfManyMovesInLinearTime(t *testing.T) {
 			t.Fatalf("order %s of 40: history %q, want %q (as alone)", o.OrderID, got, want)
 		}
 	}
-	type node struct {
-		Type    string `json:"Node Type"`
-		Rows    int    `json:"Actual Rows"`
-		Loops   int    `json:"Actual Loops"`
-		Removed int    `json:"Rows Removed by Join Filter"`
-		Plans   []node `json:"Plans"`
-	}
-	var removed func(n node) int
-	removed = func(n node) int {
-		r := n.Removed * max(n.Loops, 1)
-		for _, c := range n.Plans {
-			r += removed(c)
-		}
-		return r
-	}
 	inserts := 0
 	for _, p := range *plans {
 		var e struct {
-			Query string `json:"Query Text"`
-			Plan  node   `json:"Plan"`
+			Query string   `json:"Query Text"`
+			Plan  planNode `json:"Plan"`
 		}
 		if err := json.Unmarshal([]byte(p), &e); err != nil {
 			t.Fatalf("%v: %s", err, p)
@@ -252,7 +237,7 @@ func TestTheDoorWritesAStatementOfManyMovesInLinearTime(t *testing.T) {
 		for _, c := range e.Plan.Plans {
 			written += c.Rows
 		}
-		if r := removed(e.Plan); r > written {
+		if r := e.Plan.removedByJoins(); r > written {
 			t.Errorf("a door's insert removed %d rows by a join filter to write %d:\n%s", r, written, p)
 		}
 	}
@@ -320,6 +305,16 @@ func runTwoSteps(t *testing.T, store *statestore.Store, orders []statestore.NewO
 			}
 		}
 	}
+}
+
+// removedByJoins is how many rows a plan's join filters removed, at
+// every loop.
+func (n planNode) removedByJoins() int {
+	r := n.RemovedJoin * max(n.Loops, 1)
+	for _, c := range n.Plans {
+		r += c.removedByJoins()
+	}
+	return r
 }
 
 // visitedIn is how many rows of relation a plan's nodes read: those they
