@@ -86,6 +86,10 @@ func runWithStack(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "client tests: build:", err)
 		return 1
 	}
+	// The build (minutes with a cold cache) does not count against the
+	// services' start.
+	ctx, cancelStart := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancelStart()
 	prefix := "test.client." + testenv.RandomSuffix(8) + "."
 	env := []string{"SAS_DATABASE_URL=" + dbURL, "SAS_AMQP_URL=" + testenv.AMQPURL(), "SAS_QUEUE_PREFIX=" + prefix,
 		"SAS_SUPERVISOR_INTERVAL=200ms", "SAS_SCHEDULER_POLL_INTERVAL=200ms"}
