@@ -102,7 +102,8 @@ workflows:
 // once; raised at run time (sasctl limits set), the new rate holds within
 // 2 s, recorded with the operator.
 func TestLimitsHoldAcrossReplicas(t *testing.T) {
-	t.Parallel()
+	// Not parallel: its bounds are of time and rate, which the other
+	// tests' stacks beside it on two cores would take (runs alone, first).
 	g := runFile(t, "limited.yaml", limitedFile, pipelineOpts{schedulers: 4, agents: 10, supervisors: 1,
 		faults: `{"*":{"latency_min_ms":20,"latency_max_ms":80}}`})
 	seconds := scaleFromEnv(t, "SAS_LIMITS_SECONDS", 20) // make limits-e2e: 60

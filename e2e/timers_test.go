@@ -43,7 +43,8 @@ workflows:
 // pending once, never before its due time and within a second of it
 // (p99) on the database clock, by the supervisor; every order completes.
 func TestTimersFireWithinASecondOfDue(t *testing.T) {
-	t.Parallel()
+	// Not parallel: its bounds are of time and rate, which the other
+	// tests' stacks beside it on two cores would take (runs alone, first).
 	g := runFile(t, "timers.yaml", timersFile, pipelineOpts{supervisors: 1, agents: 2, schedulers: 1})
 	p := g.pipeline
 	ids := g.submit(t, "cooling_off", slices.Repeat([]string{`{}`}, 1000))
@@ -121,7 +122,8 @@ workflows:
 // database's return, for one that fell due while it was down: on a
 // loaded machine the restart alone can take a second).
 func TestTimersFireOnTimeAcrossADatabaseRestart(t *testing.T) {
-	t.Parallel()
+	// Not parallel: its bounds are of time and rate, which the other
+	// tests' stacks beside it on two cores would take (runs alone, first).
 	n, spread := timerOrders()
 	dir, st := ownDatabaseStack(t, "async", "5460", []string{"clock"})
 	pool := st.pool
