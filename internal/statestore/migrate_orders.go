@@ -139,7 +139,7 @@ func planMigration(orderID, status string, cur []Step, next []NewStep) (rows []m
 // pinned to the new version; what the new version lets run becomes
 // pending. An order that cannot move is left as it is.
 func (s *Store) MigrateOrder(ctx context.Context, orderID string, wf workflow.Workflow, apply bool, claimed string) (MigrationVerdict, error) {
-	d, err := s.GetOrder(ctx, orderID)
+	d, err := s.getOrder(ctx, orderID, false)
 	if err != nil {
 		return MigrationVerdict{}, err
 	}

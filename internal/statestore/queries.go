@@ -260,6 +260,12 @@ func (s *Store) ListOrders(ctx context.Context, f ListFilter) ([]Order, error) {
 
 // GetOrder returns an order with its steps and history, or ErrNotFound.
 func (s *Store) GetOrder(ctx context.Context, orderID string) (OrderDetail, error) {
+	return s.getOrder(ctx, orderID, true)
+}
+
+// getOrder is GetOrder; without all, it reads the order and its steps
+// only (no history, family, deadline or pause), as a migration needs.
+func (s *Store) getOrder(ctx context.Context, orderID string, all bool) (OrderDetail, error) {
 	var d OrderDetail
 	// One repeatable-read snapshot so steps and history agree with the order.
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
@@ -287,7 +293,7 @@ func (s *Store) GetOrder(ctx context.Context, orderID string) (OrderDetail, erro
 				&st.LastAnswer, &st.Result, &st.UpdatedAt, &st.Needs, &st.NeedsAny, &st.ID, &st.Parent, &st.Index, &st.Item, &st.DueAt, &st.Wait, &st.Workflow)
 			return st, err
 		})
-		if err != nil {
+		if err != nil || !all {
 			return err
 		}
 		d.History, err = s.history(ctx, tx, orderID)
