@@ -16,6 +16,7 @@ import (
 	"sas/client"
 	"sas/internal/contract"
 	"sas/internal/harness/testenv"
+	"sas/internal/messages"
 )
 
 // asyncService is a service that answers build_export 202 Accepted and
@@ -75,7 +76,8 @@ func (s *asyncService) tokensOf(id string) []string {
 // result of its valid callback; a forged token is refused (invalid_token)
 // and told to its sender. (The timeout is long enough that an attempt
 // does not run out between its claim and its call on a loaded machine;
-// a call again is answered with its own token all the same.)
+// a call again is answered with its own token all the same. The
+// heartbeat orders are submitted once the others have been called.)
 func TestServicesAnswerLaterByCallback(t *testing.T) {
 	t.Parallel()
 	svc := &asyncService{tokens: map[string][]string{}, calls: make(chan string, 1000)}
@@ -98,18 +100,22 @@ func TestServicesAnswerLaterByCallback(t *testing.T) {
 	}
 	defer c.Close()
 
-	const orders = 300
-	start := time.Now()
-	ids := g.submit(t, "export", slices.Repeat([]string{`{}`}, orders))
+	// The heartbeat orders go in a second wave, once every order of the
+	// first has been called: claimed on a drained pipeline, their calls
+	// come early in their attempts even on a loaded machine.
+	const orders, heartbeats = 300, 40
 	heartbeat := map[string]bool{}
 	replayed := map[string]bool{}
-	for i, id := range ids {
-		switch {
-		case i < 40:
-			heartbeat[id] = true
-		case i < 60:
-			replayed[id] = true
+	wave1, wave2 := make([]string, orders-heartbeats), make([]string, heartbeats)
+	for i := range wave1 {
+		wave1[i] = messages.NewID()
+		if i < 20 {
+			replayed[wave1[i]] = true
 		}
+	}
+	for i := range wave2 {
+		wave2[i] = messages.NewID()
+		heartbeat[wave2[i]] = true
 	}
 	result := func(id string, attempt int) map[string]any {
 		return map[string]any{"file": "export-" + id, "attempt": attempt}
@@ -201,6 +207,18 @@ func TestServicesAnswerLaterByCallback(t *testing.T) {
 			}
 		}
 	})
+	start := time.Now()
+	g.submitIDs(t, "export", wave1, slices.Repeat([]string{`{}`}, len(wave1)))
+	testenv.Eventually(t, 2*time.Minute, "every order of the first wave to be called", func() bool {
+		for _, id := range wave1 {
+			if len(svc.tokensOf(id)) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	g.submitIDs(t, "export", wave2, slices.Repeat([]string{`{}`}, heartbeats))
+	ids := append(wave1, wave2...)
 	testenv.Eventually(t, 2*time.Minute, "every step to be called (the replayed ones twice)", func() bool {
 		for _, id := range ids {
 			if n := len(svc.tokensOf(id)); n == 0 || replayed[id] && n < 2 {

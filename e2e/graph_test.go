@@ -88,14 +88,21 @@ func runFile(t *testing.T, name, text string, o pipelineOpts) graphRun {
 
 func (g graphRun) submit(t *testing.T, workflowName string, payloads []string) []string {
 	t.Helper()
-	ch := amqpChannel(t)
-	var ids []string
-	for _, payload := range payloads {
-		id := messages.NewID()
-		ids = append(ids, id)
-		publish(t, ch, g.pipeline.submit, messages.ContentType, id, []byte(badinput.ValidSubmitV2JSON(id, workflowName, payload)))
+	ids := make([]string, len(payloads))
+	for i := range ids {
+		ids[i] = messages.NewID()
 	}
+	g.submitIDs(t, workflowName, ids, payloads)
 	return ids
+}
+
+// submitIDs submits one order per payload under the ids given.
+func (g graphRun) submitIDs(t *testing.T, workflowName string, ids, payloads []string) {
+	t.Helper()
+	ch := amqpChannel(t)
+	for i, payload := range payloads {
+		publish(t, ch, g.pipeline.submit, messages.ContentType, ids[i], []byte(badinput.ValidSubmitV2JSON(ids[i], workflowName, payload)))
+	}
 }
 
 // TestGraphFulfilRunsBranchesAtOnceUnderFaults: 300 orders of the fulfil
