@@ -99,3 +99,32 @@ func TestEveryRuleOfARowHolds(t *testing.T) {
 		t.Fatalf("the order's step changed: %d rows as inserted", n)
 	}
 }
+
+// TestFewRuleTextsAreReadAtEachWrite: PostgreSQL reads every CHECK
+// constraint of a table back from its stored node text, and prepares it,
+// at each statement that writes a row of the table. The rules of one
+// column of steps and orders are their columns' domains (read once a
+// session, checked where a statement assigns the column), so that little
+// text is left to read at each write: 4,150 and 1,194 characters, against
+// 12,809 and 7,992 when every rule was a CHECK constraint. Only the state
+// lists, whose columns triggers and partial indexes read, the step's
+// number (a column of the key) and the rules of several columns stay
+// CHECK constraints.
+func TestFewRuleTextsAreReadAtEachWrite(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, c := range []struct {
+		table string
+		most  int
+	}{{"steps", 5000}, {"orders", 1500}} {
+		if n := count(t, b, `SELECT coalesce(sum(length(conbin::text)), 0)::int FROM pg_constraint
+			WHERE contype = 'c' AND conrelid = $1::regclass`, c.table); n > c.most {
+			t.Errorf("the CHECK constraints of %s hold %d characters of node text, more than %d", c.table, n, c.most)
+		}
+		if n := count(t, b, `SELECT count(*) FROM pg_constraint WHERE contype = 'c' AND conrelid = $1::regclass
+			AND cardinality(conkey) = 1 AND conname NOT IN ('steps_process_state_check', 'steps_kind_check', 'steps_step_check', 'orders_status_check')`,
+			c.table); n != 0 {
+			t.Errorf("%s has %d CHECK constraints of one column: make them the column's domain's", c.table, n)
+		}
+	}
+}
