@@ -11,7 +11,9 @@
 -- array constant (a third of the text).
 --
 -- Each column first takes a domain without rules (no rewrite of the
--- table), then its domain takes the rule (a scan, as the CHECK's was).
+-- table), then its domain takes the rule NOT VALID: the rows have kept
+-- the same rule as a CHECK until this transaction, so no scan of the
+-- table is needed for them, and every value written after is checked.
 
 CREATE DOMAIN steps_name AS text;
 CREATE DOMAIN steps_agent AS text;
@@ -89,29 +91,29 @@ ALTER TABLE orders
     ALTER COLUMN payload TYPE orders_payload,
     ALTER COLUMN payload_hash TYPE orders_payload_hash;
 
-ALTER DOMAIN steps_name ADD CONSTRAINT steps_name_check CHECK (length(VALUE) BETWEEN 1 AND 100);
-ALTER DOMAIN steps_agent ADD CONSTRAINT steps_agent_check CHECK (length(VALUE) <= 100);
-ALTER DOMAIN steps_fair_key ADD CONSTRAINT steps_fair_key_check CHECK (length(VALUE) <= 320);
-ALTER DOMAIN steps_priority ADD CONSTRAINT steps_priority_check CHECK (VALUE BETWEEN 0 AND 9);
-ALTER DOMAIN steps_timeout ADD CONSTRAINT steps_timeout_check CHECK (VALUE > interval '0');
-ALTER DOMAIN steps_backoff_base ADD CONSTRAINT steps_backoff_base_check CHECK (VALUE > interval '0');
-ALTER DOMAIN steps_backoff_max ADD CONSTRAINT steps_backoff_max_check CHECK (VALUE > interval '0');
-ALTER DOMAIN steps_max_failures ADD CONSTRAINT steps_max_failures_check CHECK (VALUE >= 1);
-ALTER DOMAIN steps_failure_count ADD CONSTRAINT steps_failure_count_check CHECK (VALUE >= 0);
-ALTER DOMAIN steps_attempt ADD CONSTRAINT steps_attempt_check CHECK (VALUE >= 0);
-ALTER DOMAIN steps_unsent_attempts ADD CONSTRAINT steps_unsent_attempts_check CHECK (VALUE >= 0);
-ALTER DOMAIN steps_item_index ADD CONSTRAINT steps_item_index_check CHECK (VALUE >= 0);
-ALTER DOMAIN steps_fair_max ADD CONSTRAINT steps_fair_max_check CHECK (VALUE >= 1);
-ALTER DOMAIN steps_agent_call_us ADD CONSTRAINT steps_agent_call_us_check CHECK (VALUE >= 0);
+ALTER DOMAIN steps_name ADD CONSTRAINT steps_name_check CHECK (length(VALUE) BETWEEN 1 AND 100) NOT VALID;
+ALTER DOMAIN steps_agent ADD CONSTRAINT steps_agent_check CHECK (length(VALUE) <= 100) NOT VALID;
+ALTER DOMAIN steps_fair_key ADD CONSTRAINT steps_fair_key_check CHECK (length(VALUE) <= 320) NOT VALID;
+ALTER DOMAIN steps_priority ADD CONSTRAINT steps_priority_check CHECK (VALUE BETWEEN 0 AND 9) NOT VALID;
+ALTER DOMAIN steps_timeout ADD CONSTRAINT steps_timeout_check CHECK (VALUE > interval '0') NOT VALID;
+ALTER DOMAIN steps_backoff_base ADD CONSTRAINT steps_backoff_base_check CHECK (VALUE > interval '0') NOT VALID;
+ALTER DOMAIN steps_backoff_max ADD CONSTRAINT steps_backoff_max_check CHECK (VALUE > interval '0') NOT VALID;
+ALTER DOMAIN steps_max_failures ADD CONSTRAINT steps_max_failures_check CHECK (VALUE >= 1) NOT VALID;
+ALTER DOMAIN steps_failure_count ADD CONSTRAINT steps_failure_count_check CHECK (VALUE >= 0) NOT VALID;
+ALTER DOMAIN steps_attempt ADD CONSTRAINT steps_attempt_check CHECK (VALUE >= 0) NOT VALID;
+ALTER DOMAIN steps_unsent_attempts ADD CONSTRAINT steps_unsent_attempts_check CHECK (VALUE >= 0) NOT VALID;
+ALTER DOMAIN steps_item_index ADD CONSTRAINT steps_item_index_check CHECK (VALUE >= 0) NOT VALID;
+ALTER DOMAIN steps_fair_max ADD CONSTRAINT steps_fair_max_check CHECK (VALUE >= 1) NOT VALID;
+ALTER DOMAIN steps_agent_call_us ADD CONSTRAINT steps_agent_call_us_check CHECK (VALUE >= 0) NOT VALID;
 
-ALTER DOMAIN orders_reply_to ADD CONSTRAINT orders_reply_to_check CHECK (length(VALUE) BETWEEN 1 AND 255);
-ALTER DOMAIN orders_traceparent ADD CONSTRAINT orders_traceparent_check CHECK (length(VALUE) <= 128);
-ALTER DOMAIN orders_failure_policy ADD CONSTRAINT orders_failure_policy_check CHECK (VALUE IN ('compensate', 'hold'));
-ALTER DOMAIN orders_namespace ADD CONSTRAINT orders_namespace_check CHECK (VALUE ~ '^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$');
-ALTER DOMAIN orders_priority ADD CONSTRAINT orders_priority_check CHECK (VALUE BETWEEN 0 AND 9);
-ALTER DOMAIN orders_depth ADD CONSTRAINT orders_depth_check CHECK (VALUE BETWEEN 0 AND 5);
-ALTER DOMAIN orders_payload ADD CONSTRAINT orders_payload_is_object CHECK (jsonb_typeof(VALUE) = 'object');
-ALTER DOMAIN orders_payload_hash ADD CONSTRAINT orders_payload_hash_check CHECK (length(VALUE) = 32);
+ALTER DOMAIN orders_reply_to ADD CONSTRAINT orders_reply_to_check CHECK (length(VALUE) BETWEEN 1 AND 255) NOT VALID;
+ALTER DOMAIN orders_traceparent ADD CONSTRAINT orders_traceparent_check CHECK (length(VALUE) <= 128) NOT VALID;
+ALTER DOMAIN orders_failure_policy ADD CONSTRAINT orders_failure_policy_check CHECK (VALUE IN ('compensate', 'hold')) NOT VALID;
+ALTER DOMAIN orders_namespace ADD CONSTRAINT orders_namespace_check CHECK (VALUE ~ '^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$') NOT VALID;
+ALTER DOMAIN orders_priority ADD CONSTRAINT orders_priority_check CHECK (VALUE BETWEEN 0 AND 9) NOT VALID;
+ALTER DOMAIN orders_depth ADD CONSTRAINT orders_depth_check CHECK (VALUE BETWEEN 0 AND 5) NOT VALID;
+ALTER DOMAIN orders_payload ADD CONSTRAINT orders_payload_is_object CHECK (jsonb_typeof(VALUE) = 'object') NOT VALID;
+ALTER DOMAIN orders_payload_hash ADD CONSTRAINT orders_payload_hash_check CHECK (length(VALUE) = 32) NOT VALID;
 
 ALTER TABLE steps
     ADD CONSTRAINT steps_process_state_check CHECK (process_state = ANY (
