@@ -427,10 +427,11 @@ func TestSasctlBenchOverHTTP(t *testing.T) {
 	if err := json.Unmarshal(b, &r); err != nil {
 		t.Fatal(err)
 	}
-	// 20 a second for the window (3 s asked; on a loaded machine its end
-	// is read up to a tick late): the neighbour's orders (4 a second, and
-	// its burst of 4, at least 16 in it) are not among them.
-	if r.Via != "http" || r.Placed < 30 || float64(r.Placed) > 20*r.Window+6 || r.Window < 3 || r.Ended["completed"] != r.Placed || r.Unended != 0 {
+	// 20 a second for the window (3 s asked, measured: on a loaded machine
+	// its end is read up to a tick late, and it may read a hair under 3
+	// s): the neighbour's orders (4 a second, and its burst of 4, at least
+	// 16 in it) are not among them.
+	if r.Via != "http" || r.Placed < 30 || float64(r.Placed) > 20*r.Window+6 || r.Window < 2.9 || r.Ended["completed"] != r.Placed || r.Unended != 0 {
 		t.Fatalf("via %q: placed %d in %.2f s, ended %v, unended %d", r.Via, r.Placed, r.Window, r.Ended, r.Unended)
 	}
 	if n := r.Neighbour; r.Namespace != "team-b" || n == nil || n.Admitted < 4 || n.Refused < 3*n.Admitted || !strings.Contains(out, "against a quota of 4/s") ||
