@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"sas/internal/harness/testenv"
 	"sas/internal/messages"
 	"sas/internal/statestore"
 	"sas/internal/workflow"
@@ -479,5 +480,54 @@ func TestResubmitOfAProcessedStepRunsItAndTheStepsAfter(t *testing.T) {
 	run(t, b, o.OrderID, true)
 	if _, res := run(t, b, o.OrderID, true); res.OrderStatus != statestore.OrderCompleted {
 		t.Fatalf("order %q", res.OrderStatus)
+	}
+}
+
+// TestUndoingWaitsForAClaimInFlight: an order of a list is undone (as
+// its parent is) while a claim of its next action has not committed.
+// Undoing waits for that claim and keeps the action's compensation: the
+// claim's request goes out, so the action may be done, and must be
+// undone. (The compensation was cancelled as "never ran" when undoing
+// read the action's attempt before the claim committed: a fault run
+// found such an order done and never undone.)
+func TestUndoingWaitsForAClaimInFlight(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	o := sagaOrder(statestore.PolicyCompensate)
+	insert(t, b, o)
+	run(t, b, o.OrderID, true)
+	claim, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = claim.Rollback(ctx) }()
+	if _, err := claim.Exec(ctx, `UPDATE steps SET process_state = 'processing', attempt = attempt + 1, locked_by = 's',
+		complete_by = now() + interval '1 hour', moves = moves + 1, moved_by = 's', moved_why = 'claimed'
+		WHERE order_id = $1 AND step = 2 AND process_state = 'pending'`, o.OrderID); err != nil {
+		t.Fatal(err)
+	}
+	undone := make(chan error, 1)
+	go func() {
+		_, err := b.pool.Exec(ctx, `SELECT begin_compensation($1, NULL, 'test', 'its parent order is undone (undo-waits-for-claim)')`, o.OrderID)
+		undone <- err
+	}()
+	// Undoing waits for the claim's row.
+	testenv.Eventually(t, 10*time.Second, "undoing to wait for the claim", func() bool {
+		return count(t, b, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%undo-waits-for-claim%'`) == 1
+	})
+	if err := claim.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-undone; err != nil {
+		t.Fatal(err)
+	}
+	var action, compensation string
+	if err := b.pool.QueryRow(ctx, `SELECT a.process_state, c.process_state FROM steps a JOIN steps c ON c.order_id = a.order_id AND c.compensates = a.step
+		WHERE a.order_id = $1 AND a.step = 2`, o.OrderID).Scan(&action, &compensation); err != nil {
+		t.Fatal(err)
+	}
+	if action != statestore.StepCancelled || compensation == statestore.StepCancelled {
+		t.Fatalf("the action claimed in flight is %s and its compensation %s: want it cancelled and its compensation kept", action, compensation)
 	}
 }

@@ -31,15 +31,20 @@ BEGIN
         SELECT ga.order_status INTO v_status FROM graph_advance(p_order, p_actor) ga;
         RETURN coalesce(nullif(v_status, ''), 'compensating');
     END IF;
+    -- The actions first: this waits for a claim of one that has not
+    -- committed yet, so that the next statement, which reads the actions'
+    -- attempts without locking them, sees that claim (a compensation
+    -- cancelled as "never ran" while its action's request went out would
+    -- leave the action done and never undone).
+    UPDATE steps SET process_state = 'cancelled', locked_by = NULL, complete_by = NULL, updated_at = now(),
+                     moves = moves + 1, moved_by = p_actor, moved_why = p_reason
+    WHERE order_id = p_order AND kind = 'action' AND process_state IN ('waiting', 'pending', 'processing');
+
     UPDATE steps c SET process_state = 'cancelled', updated_at = now(),
                        moves = c.moves + 1, moved_by = p_actor, moved_why = 'its action never ran'
     FROM steps a
     WHERE c.order_id = p_order AND c.kind = 'compensation' AND c.process_state = 'waiting'
       AND a.order_id = c.order_id AND a.step = c.compensates AND a.attempt <= a.unsent_attempts;
-
-    UPDATE steps SET process_state = 'cancelled', locked_by = NULL, complete_by = NULL, updated_at = now(),
-                     moves = moves + 1, moved_by = p_actor, moved_why = p_reason
-    WHERE order_id = p_order AND kind = 'action' AND process_state IN ('waiting', 'pending', 'processing');
 
     SELECT min(step) INTO v_first FROM steps
     WHERE order_id = p_order AND kind = 'compensation' AND process_state = 'waiting';
