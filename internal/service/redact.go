@@ -9,9 +9,10 @@ import (
 
 // WithSecrets returns logger with red's secrets also removed from every
 // message and attribute: for secrets a service learns after its logger
-// was made (an agent's endpoint headers).
+// was made (an agent's endpoint headers). Its With, too, costs little
+// until it writes (lazyHandler).
 func WithSecrets(logger *slog.Logger, red *secrets.Redactor) *slog.Logger {
-	return slog.New(redactHandler{h: logger.Handler(), red: red})
+	return slog.New(lazy(redactHandler{h: logger.Handler(), red: red}))
 }
 
 type redactHandler struct {

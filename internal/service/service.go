@@ -141,19 +141,20 @@ func (c Common) Instance(role string) string {
 // NewLogger returns a JSON logger at level writing to w. Every line goes
 // through red (nil: through secrets.Scrub only), so no password reaches a
 // log whatever the text around it; durations are written as text
-// ("retry_in":"100ms"), not as nanoseconds.
+// ("retry_in":"100ms"), not as nanoseconds. A logger's With costs little
+// until it writes (lazyHandler).
 func NewLogger(w io.Writer, level string, red *secrets.Redactor) (*slog.Logger, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(strings.ToUpper(level))); err != nil {
 		return nil, fmt.Errorf("log level %q: want debug, info, warn or error", level)
 	}
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l, ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+	return slog.New(lazy(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l, ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
 		if a.Value.Kind() == slog.KindDuration {
 			a.Value = slog.StringValue(a.Value.Duration().String())
 			return a
 		}
 		return red.Attr(a)
-	}})), nil
+	}}))), nil
 }
 
 // NewRegistry returns a Prometheus registry with the Go and process
