@@ -436,6 +436,11 @@ func (a *agent) sendReply(ctx context.Context, reply messages.StepReply) error {
 		Headers:     a.tr.InjectAMQP(ctx, nil),
 		Body:        body,
 	}
+	if a.cfg.TransientSteps() {
+		// A reply a broker restart loses is sent again: its scheduler
+		// puts the step back to pending when its connection comes back.
+		msg.DeliveryMode = amqp.Transient
+	}
 	backoff := 50 * time.Millisecond
 	for {
 		err = a.pub.Publish(ctx, "", a.topo.Queue(messages.RepliesQueue), msg)

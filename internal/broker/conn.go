@@ -51,6 +51,10 @@ type Conn struct {
 	typeSettled    bool              // the first dial looked for queues of another type
 	redact         *secrets.Redactor // removes url's password from errors
 
+	// restored gets a value (if it has none) each time a dropped
+	// connection is replaced: see Restored.
+	restored chan struct{}
+
 	mu      sync.Mutex
 	conn    *amqp.Connection
 	ready   chan struct{} // closed while conn is usable
@@ -130,15 +134,16 @@ func SplitURLs(s string) []string {
 // declares topo again. name labels the connection in the broker's UI.
 func Open(ctx context.Context, url, name string, topo Topology, logger *slog.Logger, metrics *Metrics, opts ...Option) (*Conn, error) {
 	c := &Conn{
-		urls:    SplitURLs(url),
-		url:     url,
-		name:    name,
-		topo:    topo,
-		logger:  logger,
-		metrics: metrics,
-		ready:   make(chan struct{}),
-		stop:    make(chan struct{}),
-		stopped: make(chan struct{}),
+		urls:     SplitURLs(url),
+		url:      url,
+		name:     name,
+		topo:     topo,
+		logger:   logger,
+		metrics:  metrics,
+		ready:    make(chan struct{}),
+		stop:     make(chan struct{}),
+		stopped:  make(chan struct{}),
+		restored: make(chan struct{}, 1),
 	}
 	for _, opt := range opts {
 		if err := opt(c); err != nil {
@@ -285,6 +290,10 @@ func (c *Conn) watch(conn *amqp.Connection) {
 		c.logger.Info("broker connection restored")
 		c.setConn(next)
 		conn = next
+		select {
+		case c.restored <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -343,6 +352,11 @@ func (c *Conn) Connected() bool {
 
 // Topology is what this Conn declares on every connect.
 func (c *Conn) Topology() Topology { return c.topo }
+
+// Restored receives after a dropped connection was replaced by a new one
+// (several drops before it is read are one value): whatever a broker that
+// restarted lost, a reader may put back. For one reader.
+func (c *Conn) Restored() <-chan struct{} { return c.restored }
 
 // Close closes the connection and stops reconnecting. Safe to call twice.
 func (c *Conn) Close() error {

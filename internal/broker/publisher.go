@@ -134,8 +134,9 @@ drain:
 	return r, ok
 }
 
-// Publish sends msg to exchange with routing key, persistent and mandatory,
-// and waits until the broker confirms it. msg.MessageId must be set.
+// Publish sends msg to exchange with routing key, persistent (unless
+// msg.DeliveryMode is amqp.Transient) and mandatory, and waits until the
+// broker confirms it. msg.MessageId must be set.
 func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
 	pending, err := p.Start(ctx, exchange, key, msg)
 	if err != nil {
@@ -163,7 +164,12 @@ func (p *Publisher) Start(ctx context.Context, exchange, key string, msg amqp.Pu
 	if msg.MessageId == "" {
 		return nil, errors.New("publish: message id is required")
 	}
-	msg.DeliveryMode = amqp.Persistent
+	// Persistent, unless the caller asked for transient: step requests
+	// and replies on classic queues (SAS_STEP_MESSAGES), whose contents
+	// the state store holds.
+	if msg.DeliveryMode != amqp.Transient {
+		msg.DeliveryMode = amqp.Persistent
+	}
 	select {
 	case p.inflight <- struct{}{}:
 	case <-ctx.Done():

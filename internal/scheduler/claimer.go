@@ -59,6 +59,10 @@ type claimer struct {
 	metrics    *metrics
 	tr         *tracing.Tracing
 	tokens     steptoken.Key // mints each request's step token
+	// transient: requests go transient (SAS_STEP_MESSAGES), and the
+	// steps sent are put back to pending when the broker connection
+	// comes back (resendAfterDrops).
+	transient bool
 
 	mu    sync.Mutex            // guards known and managed: the replier reads them too
 	known map[string]queueDepth // the last reading of each kind's queue, and of the replies queue (repliesKey)
@@ -560,6 +564,9 @@ func (c *claimer) dispatch(steps []statestore.ClaimedStep, claimedAt time.Time) 
 			continue
 		}
 		msg.Headers = c.tr.InjectAMQP(sctx, msg.Headers)
+		if c.transient {
+			msg.DeliveryMode = amqp.Transient
+		}
 		pending[i], errs[i] = c.pub.Start(ctx, "", c.topo.Queue(messages.RequestsQueue(s.Agent)), msg)
 	}
 	for i, ans := range answers {

@@ -94,6 +94,7 @@ type metrics struct {
 	published      prometheus.Counter
 	publishFailed  prometheus.Counter
 	released       prometheus.Counter
+	resent         prometheus.Counter
 	wakeups        *prometheus.CounterVec
 	replies        *prometheus.CounterVec
 	stale          *prometheus.CounterVec
@@ -148,6 +149,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		released: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sas_scheduler_claims_released_total", Help: "Claimed steps handed back to pending because their request could not be sent.",
 		}),
+		resent: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sas_scheduler_steps_resent_total", Help: "Steps sent before the broker connection dropped, handed back to pending when it came back (transient step messages).",
+		}),
 		wakeups: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sas_scheduler_wakeups_total", Help: "Times a loop woke, by loop and source (notify, poll, reconnect).",
 		}, []string{"loop", "source"}),
@@ -201,7 +205,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Name: "sas_limit_lowered_total", Help: "Times a service's 429 lowered its agent kind's rate, by kind.",
 	}, []string{"kind"})
 	reg.MustRegister(m.limitHeld, m.limitWait, m.limitLowered)
-	reg.MustRegister(m.claimed, m.claimedByReply, m.throttled, m.repliesFull, m.claimDuration, m.claimSize, m.replyBatchSize, m.published, m.publishFailed, m.released, m.wakeups, m.replies,
+	reg.MustRegister(m.claimed, m.claimedByReply, m.throttled, m.repliesFull, m.claimDuration, m.claimSize, m.replyBatchSize, m.published, m.publishFailed, m.released, m.resent, m.wakeups, m.replies,
 		m.stale, m.ordersFinished, m.orderDuration, m.stepDuration, m.queueReady, m.dbRetries, m.outbox, m.unroutable, m.relayErrors, m.listening,
 		m.signals)
 	return m
@@ -358,7 +362,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		wake: w.pending, wakeRelay: func() { nudge(w.outbox) }, shareMore: w.shareMore, workCtx: workCtx, logger: logger, metrics: m,
 		known: map[string]queueDepth{}, tr: tr, tokens: tokens,
 		wakeSelf: func() { nudge(w.pending) }, graph: &graphSteps{store: store, exprs: workflow.NewExprs(1000), me: me, workflows: workflows},
-		keyed: workflows.KeyedKinds()}
+		keyed: workflows.KeyedKinds(), transient: cfg.TransientSteps()}
 	layout, err := cfg.Layout()
 	if err != nil {
 		return err
@@ -407,7 +411,12 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 			return err
 		}
 	}
-	logger.Info("scheduler started", "kinds", kinds, "workflows", workflows.Source, "batch", cfg.BatchSize, "poll_interval", cfg.PollInterval.String())
-	return sk.Run(ctx, cfg.ShutdownTimeout, sk.Deps.Ready(replies),
-		w.run, c.run, replies.Run, signals.Run, rl.run)
+	loops := []func(context.Context) error{w.run, c.run, replies.Run, signals.Run, rl.run}
+	if c.transient {
+		rs := &resender{store: store, me: me, restored: conn.Restored(), wakeClaimer: func() { nudge(w.pending) }, logger: logger, metrics: m}
+		loops = append(loops, rs.run)
+	}
+	logger.Info("scheduler started", "kinds", kinds, "workflows", workflows.Source, "batch", cfg.BatchSize, "poll_interval", cfg.PollInterval.String(),
+		"transient_steps", c.transient)
+	return sk.Run(ctx, cfg.ShutdownTimeout, sk.Deps.Ready(replies), loops...)
 }

@@ -56,6 +56,12 @@ type Common struct {
 	// (replicated across a cluster) or classic (one node's durable
 	// queues, cheaper; the single-node deployments' default).
 	QueueType string `envconfig:"QUEUE_TYPE" default:"quorum"`
+	// StepMessages is how step requests and replies go through classic
+	// queues: transient (in the broker's memory: the state store holds
+	// what they carry, and a scheduler whose connection dropped sends its
+	// steps again) or persistent (on the broker's disk before the confirm).
+	// A quorum queue keeps every message on disk, whatever this says.
+	StepMessages string `envconfig:"STEP_MESSAGES" default:"transient"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `envconfig:"LOG_LEVEL" default:"info"`
 	// InstanceID names this process in locked_by and the history; empty
@@ -69,6 +75,18 @@ type Common struct {
 	// Partitioned: a partitioned deployment's layout and this process's
 	// partition in it (SAS_PARTITIONS_FILE, SAS_PARTITION).
 	Partitioned
+}
+
+// SAS_STEP_MESSAGES' values.
+const (
+	StepsTransient  = "transient"
+	StepsPersistent = "persistent"
+)
+
+// TransientSteps reports whether step requests and replies are published
+// transient: on classic queues, unless SAS_STEP_MESSAGES says persistent.
+func (c Common) TransientSteps() bool {
+	return c.QueueType == broker.QueueClassic && c.StepMessages != StepsPersistent
 }
 
 // Check reports settings that cannot work, naming them: a database or
@@ -87,6 +105,10 @@ func (c Common) Check() error {
 	}
 	if err := broker.CheckQueueType(c.QueueType); err != nil {
 		return err
+	}
+	if c.StepMessages != "" && c.StepMessages != StepsTransient && c.StepMessages != StepsPersistent {
+		return fmt.Errorf("SAS_STEP_MESSAGES %q: want %s (kept in the broker's memory; the state store holds what they carry) or %s (on its disk)",
+			c.StepMessages, StepsTransient, StepsPersistent)
 	}
 	if c.DBLockTimeout < 0 {
 		return fmt.Errorf("SAS_DB_LOCK_TIMEOUT %v is negative", c.DBLockTimeout)

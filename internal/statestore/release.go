@@ -23,3 +23,24 @@ func (s *Store) ReleaseClaim(ctx context.Context, orderID string, step, attempt 
 	}
 	return tag.RowsAffected() == 1, nil
 }
+
+// ReleaseSent hands back to pending every step actor holds processing for
+// an agent (a request sent, no service holding it after a 202): what a
+// scheduler does when its broker connection came back, with step requests
+// and replies transient (docs/RELIABILITY.md), since a broker restart lost
+// those in flight. A request that was not lost gets its call made again,
+// under the same idempotency key, and its reply is fenced off as stale;
+// failure_count is not incremented. It reports how many steps it released.
+func (s *Store) ReleaseSent(ctx context.Context, actor, reason string) (int, error) {
+	tag, err := s.pool.Exec(ctx, `
+		UPDATE steps
+		SET process_state = 'pending', locked_by = NULL, complete_by = NULL,
+		    available_at = now(), updated_at = now(),
+		    moves = moves + 1, moved_by = $1, moved_why = 'released: ' || $2::text
+		WHERE process_state = 'processing' AND locked_by = $1 AND agent <> ''
+		  AND held_attempt IS DISTINCT FROM attempt`, actor, reason)
+	if err != nil {
+		return 0, fmt.Errorf("release the steps %s sent: %w", actor, err)
+	}
+	return int(tag.RowsAffected()), nil
+}
