@@ -61,7 +61,7 @@ type claimer struct {
 	tokens     steptoken.Key // mints each request's step token
 	// transient: requests go transient (SAS_STEP_MESSAGES), and the
 	// steps sent are put back to pending when the broker connection
-	// comes back (resendAfterDrops).
+	// comes back (resender).
 	transient bool
 
 	mu    sync.Mutex            // guards known and managed: the replier reads them too
