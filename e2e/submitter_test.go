@@ -37,14 +37,25 @@ func newStack(t *testing.T) stack {
 // newStackFor is newStack for the agent kinds of another workflows file.
 func newStackFor(t *testing.T, kinds []string) stack {
 	t.Helper()
+	return newStackOf(t, kinds, broker.QueueQuorum)
+}
+
+// newStackOf is newStackFor with queues of queueType (broker.QueueQuorum
+// or broker.QueueClassic), declared so and named to every service.
+func newStackOf(t *testing.T, kinds []string, queueType string) stack {
+	t.Helper()
 	dbURL, pool := testenv.Database(t)
-	topo := scheduler.Topology(testenv.Prefix(t), 10, broker.QueueQuorum, kinds)
+	topo := scheduler.Topology(testenv.Prefix(t), 10, queueType, kinds)
 	topo.Inputs = append(topo.Inputs, submitter.Input)
 	testenv.Broker(t, topo)
+	vars := []string{"SAS_DATABASE_URL=" + dbURL, "SAS_AMQP_URL=" + testenv.AMQPURL(),
+		"SAS_QUEUE_PREFIX=" + topo.Prefix, "SAS_LOG_LEVEL=debug"}
+	if queueType != broker.QueueQuorum {
+		vars = append(vars, "SAS_QUEUE_TYPE="+queueType)
+	}
 	return stack{
 		dbURL: dbURL, pool: pool, topo: topo,
-		env: env("SAS_DATABASE_URL="+dbURL, "SAS_AMQP_URL="+testenv.AMQPURL(),
-			"SAS_QUEUE_PREFIX="+topo.Prefix, "SAS_LOG_LEVEL=debug"),
+		env:    env(vars...),
 		submit: topo.Queue(submitter.Input),
 		dlq:    topo.DeadLetterQueue(submitter.Input),
 	}

@@ -13,8 +13,6 @@ import (
 	"sas/internal/broker"
 	"sas/internal/harness/testenv"
 	"sas/internal/messages"
-	"sas/internal/scheduler"
-	"sas/internal/submitter"
 	"sas/internal/workflow"
 )
 
@@ -31,14 +29,8 @@ func TestStepsABrokerLostAreSentAgain(t *testing.T) {
 	t.Parallel()
 	rabbitmqctl := tool(t, "rabbitmqctl")
 	const n = 20
-	dbURL, pool := testenv.Database(t)
-	topo := scheduler.Topology(testenv.Prefix(t), 10, broker.QueueClassic, workflow.Builtin().Agents())
-	topo.Inputs = append(topo.Inputs, submitter.Input)
-	testenv.Broker(t, topo)
-	st := stack{dbURL: dbURL, pool: pool, topo: topo,
-		env: env("SAS_DATABASE_URL="+dbURL, "SAS_AMQP_URL="+testenv.AMQPURL(), "SAS_QUEUE_PREFIX="+topo.Prefix,
-			"SAS_QUEUE_TYPE=classic", "SAS_LOG_LEVEL=debug"),
-		submit: topo.Queue(submitter.Input), dlq: topo.DeadLetterQueue(submitter.Input)}
+	st := newStackOf(t, workflow.Builtin().Agents(), broker.QueueClassic)
+	topo := st.topo
 	me := topo.Prefix + "scheduler"
 	p := newPipeline(t, pipelineOpts{on: &st, withoutAgents: true, schedulerEnv: []string{"SAS_INSTANCE_ID=" + me}})
 	t.Cleanup(func() {
