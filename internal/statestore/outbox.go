@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Outbox message types.
@@ -85,7 +86,9 @@ func (s *Store) RelayOutboxHeard(ctx context.Context, limit int, unheardFor time
 	return done, nil
 }
 
-// relayLockKey is the key of the relay's advisory lock: one a schema.
+// relayLockKey is the key of the relay's advisory lock: one a schema
+// (hear_status_events and hear_step_events, sql/10_orders.sql, wait for
+// it under the same key).
 const relayLockKey = `hashtextextended('sas.outbox.' || current_schema(), 0)`
 
 // relayLock tries the relay's lock (never waiting for it) and remembers
@@ -195,17 +198,13 @@ func rollback(ctx context.Context, conn *pgx.Conn) error {
 // unheard is heard again. It waits for the relay round in flight, if any:
 // that round's returns may be of publishes made before the binding, and
 // its marks must not outlive this; every later round publishes to the
-// bound queue, and hears no return.
+// bound queue, and hears no return. It also waits for the transactions
+// writing orders at the time (hear_status_events, sql/10_orders.sql): one
+// of them may have read a mark before it was cleared and write no event,
+// so a listener that reads an order once this returned sees what such a
+// transaction wrote.
 func (s *Store) HearStatusEvents(ctx context.Context) error {
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(`+relayLockKey+`)`)
-		if err != nil {
-			return err
-		}
-		_, err = tx.Exec(ctx, `UPDATE status_routes SET unheard_until = '-infinity' WHERE unheard_until > '-infinity' AND status <> 'step'`)
-		return err
-	})
-	if err != nil {
+	if err := hear(ctx, s.pool, `SELECT hear_status_events()`); err != nil {
 		return fmt.Errorf("hear status events: %w", err)
 	}
 	return nil
@@ -215,21 +214,28 @@ func (s *Store) HearStatusEvents(ctx context.Context) error {
 // on the status exchange): the door of steps writes them from now on
 // (they are written only once some listener has said so), until the
 // broker returns one, and again, as progress events are, once that mark
-// has passed. It waits for the relay round in flight, as HearStatusEvents.
+// has passed. It waits for the relay round in flight and for the
+// transactions writing steps at the time, as HearStatusEvents does for
+// orders.
 func (s *Store) HearStepEvents(ctx context.Context) error {
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(`+relayLockKey+`)`)
-		if err != nil {
-			return err
-		}
-		_, err = tx.Exec(ctx, `INSERT INTO status_routes (status, unheard_until) VALUES ('step', '-infinity')
-ON CONFLICT (status) DO UPDATE SET unheard_until = '-infinity' WHERE status_routes.unheard_until > '-infinity'`)
-		return err
-	})
-	if err != nil {
+	if err := hear(ctx, s.pool, `SELECT hear_step_events()`); err != nil {
 		return fmt.Errorf("hear step events: %w", err)
 	}
 	return nil
+}
+
+// hearLockTimeout bounds how long clearing a mark waits for the writers
+// in flight: a listener that gives up binds again.
+const hearLockTimeout = "10s"
+
+func hear(ctx context.Context, pool *pgxpool.Pool, call string) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, hearLockTimeout); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, call)
+		return err
+	})
 }
 
 // OutboxBacklog counts unpublished outbox messages.

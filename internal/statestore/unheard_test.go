@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"sas/internal/harness/testenv"
 	"sas/internal/messages"
 	"sas/internal/statestore"
 )
@@ -208,5 +209,69 @@ func TestStepEventsAreWrittenWhileHeard(t *testing.T) {
 	claimAll(t, b, again.OrderID)
 	if got := stepEventsOf(t, b, again.OrderID); !slices.Equal(got, []string{"score:claimed:processing"}) {
 		t.Fatalf("after hearing them again: %v", got)
+	}
+}
+
+// TestHearingWaitsForTheWritersInFlight: a listener clears a mark
+// (HearStepEvents, HearStatusEvents) and then reads the store, and must
+// see every move that wrote no event for want of it. A transaction that
+// moved a step (or an order) has read the mark and written no event; as
+// long as it is open, clearing the mark waits, and returns once it
+// committed.
+func TestHearingWaitsForTheWritersInFlight(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	o := graphOrder(t, loan, "loan", `{}`, statestore.PolicyCompensate)
+	insert(t, b, o)
+	for _, c := range []struct {
+		table, move string
+		hear        func(context.Context) error
+	}{
+		{"steps", `UPDATE steps SET process_state = 'error', moves = moves + 1, moved_by = 't', moved_why = 'a writer in flight'
+			WHERE order_id = $1 AND process_state = 'pending'`, b.store.HearStepEvents},
+		{"orders", `SELECT order_transition($1, 'processing', 0, 't', 'a writer in flight')`, b.store.HearStatusEvents},
+	} {
+		func() {
+			tx, err := b.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A failed check leaves no writer holding its locks.
+			defer func() { _ = tx.Rollback(ctx) }()
+			if tag, err := tx.Exec(ctx, c.move, o.OrderID); err != nil || tag.RowsAffected() == 0 {
+				t.Fatalf("%s: the writer's move: %v %v", c.table, tag, err)
+			}
+			if c.table == "steps" {
+				var events int
+				if err := tx.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE message_type = 'step_event'`).Scan(&events); err != nil || events != 0 {
+					t.Fatalf("the writer wrote %d step events (%v) before anyone heard them", events, err)
+				}
+			}
+			heard := make(chan error, 1)
+			go func() { heard <- c.hear(ctx) }()
+			testenv.Eventually(t, 10*time.Second, "clearing the mark to wait for the "+c.table+" writer", func() bool {
+				select {
+				case err := <-heard:
+					t.Fatalf("%s: the mark was cleared (%v) while a writer that read it was in flight", c.table, err)
+				default:
+				}
+				return count(t, b, `SELECT count(*) FROM pg_locks WHERE relation = $1::regclass AND NOT granted`, c.table) > 0
+			})
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-heard:
+				if err != nil {
+					t.Fatalf("%s: clearing the mark: %v", c.table, err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%s: clearing the mark did not end after the writer committed", c.table)
+			}
+		}()
+	}
+	if got := texts(t, b, `SELECT unheard_until::text FROM status_routes WHERE status = 'step'`); !slices.Equal(got, []string{"-infinity"}) {
+		t.Fatalf("the step mark after hearing: %v", got)
 	}
 }

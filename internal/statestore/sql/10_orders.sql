@@ -41,6 +41,44 @@ BEGIN
 END;
 $function$;
 
+-- hear_status_events and hear_step_events: a listener just bound a queue
+-- for every status event (the marks of progress statuses are cleared) or
+-- for step events (the 'step' mark is cleared, made if missing), as
+-- statestore.HearStatusEvents and HearStepEvents say. Each first waits for
+-- the relay round in flight (its returns may be of publishes made before
+-- the binding, and its marks must not outlive this), then, through a SHARE
+-- lock, for every transaction that is writing orders (statuses) or steps
+-- (step events): one of them may have read the mark before it was cleared,
+-- written no event, and commit after the listener, told this returned,
+-- read the store. The lock holds new writers back for as long as that
+-- wait, a few milliseconds once a binding; each of them then reads the
+-- mark cleared (a writer takes its table's lock before its statement's
+-- snapshot). The owner's rights: the callers may not lock those tables.
+CREATE OR REPLACE FUNCTION hear_status_events()
+ RETURNS void
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $function$
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('sas.outbox.' || current_schema(), 0));
+    LOCK TABLE orders IN SHARE MODE;
+    UPDATE status_routes SET unheard_until = '-infinity' WHERE unheard_until > '-infinity' AND status <> 'step';
+END;
+$function$;
+
+CREATE OR REPLACE FUNCTION hear_step_events()
+ RETURNS void
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+AS $function$
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('sas.outbox.' || current_schema(), 0));
+    LOCK TABLE steps IN SHARE MODE;
+    INSERT INTO status_routes (status, unheard_until) VALUES ('step', '-infinity')
+    ON CONFLICT (status) DO UPDATE SET unheard_until = '-infinity' WHERE status_routes.unheard_until > '-infinity';
+END;
+$function$;
+
 -- status_event_body: the body of a status event, as the outbox publishes
 -- it; an ended order's event comes from the five-argument form below.
 CREATE OR REPLACE FUNCTION status_event_body(p_order_id uuid, p_status text, p_step integer)
