@@ -86,9 +86,7 @@ func (s *Store) RelayOutboxHeard(ctx context.Context, limit int, unheardFor time
 	return done, nil
 }
 
-// relayLockKey is the key of the relay's advisory lock: one a schema
-// (hear_status_events and hear_step_events, sql/10_orders.sql, wait for
-// it under the same key).
+// relayLockKey is the key of the relay's advisory lock: one a schema.
 const relayLockKey = `hashtextextended('sas.outbox.' || current_schema(), 0)`
 
 // relayLock tries the relay's lock (never waiting for it) and remembers
@@ -198,13 +196,14 @@ func rollback(ctx context.Context, conn *pgx.Conn) error {
 // unheard is heard again. It waits for the relay round in flight, if any:
 // that round's returns may be of publishes made before the binding, and
 // its marks must not outlive this; every later round publishes to the
-// bound queue, and hears no return. It also waits for the transactions
-// writing orders at the time (hear_status_events, sql/10_orders.sql): one
-// of them may have read a mark before it was cleared and write no event,
-// so a listener that reads an order once this returned sees what such a
+// bound queue, and hears no return. It then waits for the transactions
+// writing orders at the time (await_writers, sql/10_orders.sql): one of
+// them may have read a mark before it was cleared and write no event, so
+// a listener that reads an order once this returned sees what such a
 // transaction wrote.
 func (s *Store) HearStatusEvents(ctx context.Context) error {
-	if err := hear(ctx, s.pool, `SELECT hear_status_events()`); err != nil {
+	if err := hear(ctx, s.pool, `UPDATE status_routes SET unheard_until = '-infinity' WHERE unheard_until > '-infinity' AND status <> 'step'`,
+		"orders"); err != nil {
 		return fmt.Errorf("hear status events: %w", err)
 	}
 	return nil
@@ -214,28 +213,43 @@ func (s *Store) HearStatusEvents(ctx context.Context) error {
 // on the status exchange): the door of steps writes them from now on
 // (they are written only once some listener has said so), until the
 // broker returns one, and again, as progress events are, once that mark
-// has passed. It waits for the relay round in flight and for the
+// has passed. It waits for the relay round in flight and then for the
 // transactions writing steps at the time, as HearStatusEvents does for
 // orders.
 func (s *Store) HearStepEvents(ctx context.Context) error {
-	if err := hear(ctx, s.pool, `SELECT hear_step_events()`); err != nil {
+	if err := hear(ctx, s.pool, `INSERT INTO status_routes (status, unheard_until) VALUES ('step', '-infinity')
+ON CONFLICT (status) DO UPDATE SET unheard_until = '-infinity' WHERE status_routes.unheard_until > '-infinity'`, "steps"); err != nil {
 		return fmt.Errorf("hear step events: %w", err)
 	}
 	return nil
 }
 
-// hearLockTimeout bounds how long clearing a mark waits for the writers
+// hearWritersWait bounds how long clearing a mark waits for the writers
 // in flight: a listener that gives up binds again.
-const hearLockTimeout = "10s"
+const hearWritersWait = 10 * time.Second
 
-func hear(ctx context.Context, pool *pgxpool.Pool, call string) error {
-	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, hearLockTimeout); err != nil {
+// hear clears a mark (clear), after the relay round in flight, then waits
+// for the transactions that were writing table when it was cleared.
+func hear(ctx context.Context, pool *pgxpool.Pool, clear, table string) error {
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(`+relayLockKey+`)`); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, call)
+		_, err := tx.Exec(ctx, clear)
 		return err
 	})
+	if err != nil {
+		return err
+	}
+	var gone bool
+	if err := pool.QueryRow(ctx, `SELECT await_writers($1::regclass, $2 * interval '1 millisecond')`, table,
+		hearWritersWait.Milliseconds()).Scan(&gone); err != nil {
+		return err
+	}
+	if !gone {
+		return fmt.Errorf("transactions writing %s were still open after %s", table, hearWritersWait)
+	}
+	return nil
 }
 
 // OutboxBacklog counts unpublished outbox messages.

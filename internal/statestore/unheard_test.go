@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"sas/internal/harness/testenv"
 	"sas/internal/messages"
 	"sas/internal/statestore"
@@ -216,21 +218,35 @@ func TestStepEventsAreWrittenWhileHeard(t *testing.T) {
 // (HearStepEvents, HearStatusEvents) and then reads the store, and must
 // see every move that wrote no event for want of it. A transaction that
 // moved a step (or an order) has read the mark and written no event; as
-// long as it is open, clearing the mark waits, and returns once it
-// committed.
+// long as it is open, clearing the mark waits (in await_writers, seen in
+// pg_stat_activity under this test's own application_name), and returns
+// once it committed. Other writers go on meanwhile.
 func TestHearingWaitsForTheWritersInFlight(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := ctxFor(t)
+	cfg, err := pgxpool.ParseConfig(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := "hear-" + testenv.RandomSuffix(8)
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	listener := statestore.New(pool)
 	o := graphOrder(t, loan, "loan", `{}`, statestore.PolicyCompensate)
 	insert(t, b, o)
+	other := order(1, time.Minute, 1)
 	for _, c := range []struct {
 		table, move string
 		hear        func(context.Context) error
 	}{
 		{"steps", `UPDATE steps SET process_state = 'error', moves = moves + 1, moved_by = 't', moved_why = 'a writer in flight'
-			WHERE order_id = $1 AND process_state = 'pending'`, b.store.HearStepEvents},
-		{"orders", `SELECT order_transition($1, 'processing', 0, 't', 'a writer in flight')`, b.store.HearStatusEvents},
+			WHERE order_id = $1 AND process_state = 'pending'`, listener.HearStepEvents},
+		{"orders", `SELECT order_transition($1, 'processing', 0, 't', 'a writer in flight')`, listener.HearStatusEvents},
 	} {
 		func() {
 			tx, err := b.pool.Begin(ctx)
@@ -256,8 +272,13 @@ func TestHearingWaitsForTheWritersInFlight(t *testing.T) {
 					t.Fatalf("%s: the mark was cleared (%v) while a writer that read it was in flight", c.table, err)
 				default:
 				}
-				return count(t, b, `SELECT count(*) FROM pg_locks WHERE relation = $1::regclass AND NOT granted`, c.table) > 0
+				return count(t, b, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'active'
+					AND query LIKE '%await_writers%'`, app) > 0
 			})
+			// Writers that come meanwhile are not held back.
+			if c.table == "orders" {
+				insert(t, b, other)
+			}
 			if err := tx.Commit(ctx); err != nil {
 				t.Fatal(err)
 			}

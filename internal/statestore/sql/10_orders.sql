@@ -41,41 +41,34 @@ BEGIN
 END;
 $function$;
 
--- hear_status_events and hear_step_events: a listener just bound a queue
--- for every status event (the marks of progress statuses are cleared) or
--- for step events (the 'step' mark is cleared, made if missing), as
--- statestore.HearStatusEvents and HearStepEvents say. Each first waits for
--- the relay round in flight (its returns may be of publishes made before
--- the binding, and its marks must not outlive this), then, through a SHARE
--- lock, for every transaction that is writing orders (statuses) or steps
--- (step events): one of them may have read the mark before it was cleared,
--- written no event, and commit after the listener, told this returned,
--- read the store. The lock holds new writers back for as long as that
--- wait, a few milliseconds once a binding; each of them then reads the
--- mark cleared (a writer takes its table's lock before its statement's
--- snapshot). The owner's rights: the callers may not lock those tables.
-CREATE OR REPLACE FUNCTION hear_status_events()
- RETURNS void
+-- await_writers: waits until every transaction that held a write lock on
+-- p_table when it was called has ended, for p_timeout at most (false:
+-- some were still open then). statestore.HearStatusEvents and
+-- HearStepEvents call it on orders and steps once they cleared a mark: a
+-- writer open then may have read the mark before it was cleared, written
+-- no event, and commit after a listener read the store; a writer takes
+-- its table's lock before its statement's snapshot, so every later one
+-- reads the mark cleared. It reads pg_locks, and so neither holds writers
+-- back nor waits for a vacuum, as a lock on the table would.
+CREATE OR REPLACE FUNCTION await_writers(p_table regclass, p_timeout interval)
+ RETURNS boolean
  LANGUAGE plpgsql
- SECURITY DEFINER
 AS $function$
+DECLARE
+    v_writers text[];
+    v_until timestamptz := clock_timestamp() + p_timeout;
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtextextended('sas.outbox.' || current_schema(), 0));
-    LOCK TABLE orders IN SHARE MODE;
-    UPDATE status_routes SET unheard_until = '-infinity' WHERE unheard_until > '-infinity' AND status <> 'step';
-END;
-$function$;
-
-CREATE OR REPLACE FUNCTION hear_step_events()
- RETURNS void
- LANGUAGE plpgsql
- SECURITY DEFINER
-AS $function$
-BEGIN
-    PERFORM pg_advisory_xact_lock(hashtextextended('sas.outbox.' || current_schema(), 0));
-    LOCK TABLE steps IN SHARE MODE;
-    INSERT INTO status_routes (status, unheard_until) VALUES ('step', '-infinity')
-    ON CONFLICT (status) DO UPDATE SET unheard_until = '-infinity' WHERE status_routes.unheard_until > '-infinity';
+    SELECT coalesce(array_agg(DISTINCT l.virtualtransaction), '{}') INTO v_writers
+    FROM pg_locks l
+    WHERE l.locktype = 'relation' AND l.relation = p_table AND l.mode = 'RowExclusiveLock' AND l.granted
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) AND l.pid <> pg_backend_pid();
+    WHILE EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'virtualxid' AND l.virtualxid = ANY (v_writers)) LOOP
+        IF clock_timestamp() > v_until THEN
+            RETURN false;
+        END IF;
+        PERFORM pg_sleep(0.002);
+    END LOOP;
+    RETURN true;
 END;
 $function$;
 

@@ -113,23 +113,3 @@ BEGIN
     END IF;
 END
 $$;
-
--- hear_status_events and hear_step_events lock orders and steps against
--- writers for a moment: the listeners' roles call them (the API for both;
--- a scheduler for step events when SAS_SCHEDULER_STEP_EVENTS asks), no other.
-DO $$
-DECLARE
-    v_role text;
-BEGIN
-    REVOKE ALL ON FUNCTION hear_status_events() FROM PUBLIC;
-    REVOKE ALL ON FUNCTION hear_step_events() FROM PUBLIC;
-    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'sas_api') THEN
-        GRANT EXECUTE ON FUNCTION hear_status_events() TO sas_api;
-    END IF;
-    FOREACH v_role IN ARRAY ARRAY['sas_api', 'sas_scheduler'] LOOP
-        IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = v_role) THEN
-            EXECUTE format('GRANT EXECUTE ON FUNCTION hear_step_events() TO %I', v_role);
-        END IF;
-    END LOOP;
-END
-$$;
