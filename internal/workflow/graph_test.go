@@ -121,8 +121,9 @@ func TestGraphRowsNeedsAndCompensationOrder(t *testing.T) {
 // checkForEachInTime is CheckForEach on payload, asked again when it
 // returned nil: a check that outran the submit's budget of time
 // (SubmitExprTime) leaves the lists to run time and says nil, which a
-// loaded machine running the race detector (make test) met once. A
-// refusal is deterministic within the budget: it comes at one try of five.
+// loaded machine running the race detector (make test) met once. Within
+// the budget the answer is always the same: five tries give the check
+// five chances to finish in time.
 func checkForEachInTime(wf workflow.Workflow, payload string) error {
 	var err error
 	for range 5 {
