@@ -160,12 +160,27 @@ func do(t *testing.T, ctx context.Context, what string, steps ...chromedp.Action
 // value runs an action that reads something from the page.
 func value[T any](t *testing.T, ctx context.Context, what string, a chromedp.Action[T]) T {
 	t.Helper()
-	v, err := chromedp.Run(ctx, a)
-	if err != nil {
-		t.Fatalf("%s: %v", what, err)
+	deadline := time.Now().Add(staleNodeWait)
+	for {
+		v, err := chromedp.Run(ctx, a)
+		switch {
+		case err == nil:
+			return v
+		case strings.Contains(err.Error(), "No node with given id") && time.Now().Before(deadline):
+			// The element was found in a document the browser has since
+			// replaced (a page that loaded while the query ran, which a
+			// loaded machine made once): read it again, from the page
+			// now shown.
+			time.Sleep(50 * time.Millisecond)
+		default:
+			t.Fatalf("%s: %v", what, err)
+		}
 	}
-	return v
 }
+
+// staleNodeWait is how long value reads again an element whose node the
+// browser replaced.
+const staleNodeWait = 10 * time.Second
 
 func text(t *testing.T, ctx context.Context, sel string) string {
 	t.Helper()
