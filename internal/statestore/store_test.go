@@ -39,6 +39,29 @@ func ctxFor(t *testing.T) context.Context {
 	return ctx
 }
 
+// storeNamed is a store on a pool of its own whose sessions carry an
+// application_name of their own (prefix and a random suffix, returned),
+// for a test to find them in pg_stat_activity; tracer, if not nil, sees
+// its queries.
+func storeNamed(t *testing.T, b bundle, prefix string, tracer pgx.QueryTracer) (*statestore.Store, string) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tracer != nil {
+		cfg.ConnConfig.Tracer = tracer
+	}
+	app := prefix + testenv.RandomSuffix(8)
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	pool, err := pgxpool.NewWithConfig(ctxFor(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return statestore.New(pool), app
+}
+
 // order returns a new order of n steps with the given step timeout.
 func order(n int, timeout time.Duration, maxFailures int) statestore.NewOrder {
 	id := messages.NewID()
@@ -1306,20 +1329,8 @@ func TestRelayRoundIsTwoRoundTrips(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := ctxFor(t)
-	cfg, err := pgxpool.ParseConfig(b.url)
-	if err != nil {
-		t.Fatal(err)
-	}
 	trips := &roundTrips{}
-	cfg.ConnConfig.Tracer = trips
-	app := "relay-test-" + testenv.RandomSuffix(8)
-	cfg.ConnConfig.RuntimeParams["application_name"] = app
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	store := statestore.New(pool)
+	store, app := storeNamed(t, b, "relay-test-", trips)
 	all := func(_ context.Context, msgs []statestore.OutboxMessage) (int, error) { return len(msgs), nil }
 	round := func(publish func(context.Context, []statestore.OutboxMessage) (int, error)) (n int, rt int64, err error) {
 		t.Helper()

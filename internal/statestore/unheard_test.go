@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"sas/internal/harness/testenv"
 	"sas/internal/messages"
 	"sas/internal/statestore"
@@ -225,18 +223,7 @@ func TestHearingWaitsForTheWritersInFlight(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := ctxFor(t)
-	cfg, err := pgxpool.ParseConfig(b.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	app := "hear-" + testenv.RandomSuffix(8)
-	cfg.ConnConfig.RuntimeParams["application_name"] = app
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	listener := statestore.New(pool)
+	listener, app := storeNamed(t, b, "hear-", nil)
 	o := graphOrder(t, loan, "loan", `{}`, statestore.PolicyCompensate)
 	insert(t, b, o)
 	other := order(1, time.Minute, 1)
