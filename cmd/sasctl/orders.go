@@ -651,8 +651,8 @@ func runsAfter(s statestore.Step) string {
 	}
 	what := "step "
 	switch {
-	case s.NeedsAny > 0:
-		what = fmt.Sprintf("any %d of steps ", s.NeedsAny)
+	case s.Quorum() != "":
+		what = s.Quorum() + " of steps "
 	case len(s.Needs) > 1:
 		what = "join of steps "
 	}

@@ -250,8 +250,8 @@ func printGraph(w io.Writer, wf workflow.Workflow) {
 			p := st.Ref()
 			var notes []string
 			switch {
-			case st.NeedsAny > 0:
-				notes = append(notes, fmt.Sprintf("joins any %d of %s", st.NeedsAny, strings.Join(st.Needs, " + ")))
+			case st.Quorum() != "":
+				notes = append(notes, "joins "+st.Quorum()+" of "+strings.Join(st.Needs, " + "))
 			case len(st.Needs) > 1:
 				notes = append(notes, "joins "+strings.Join(st.Needs, " + "))
 			case len(st.Needs) == 1:

@@ -23,14 +23,14 @@ const (
 
 // gnode is one box before layout.
 type gnode struct {
-	key   string
-	label string
-	sub   string   // under the label: a state, a kind, "×N"
-	class string   // the box's class: st-STATE, or kind-KIND
-	after []string // the keys of the boxes it comes after
-	any   int      // for an N-of-M join: N
-	href  string
-	undo  bool // a compensation: its arrow comes from the action it undoes
+	key     string
+	label   string
+	sub     string   // under the label: a state, a kind, "×N"
+	class   string   // the box's class: st-STATE, or kind-KIND
+	after   []string // the keys of the boxes it comes after
+	partial bool     // a join that runs before all of its needs end (an N-of-M join)
+	href    string
+	undo    bool // a compensation: its arrow comes from the action it undoes
 }
 
 type svgNode struct {
@@ -104,7 +104,7 @@ func layoutGraph(nodes []gnode) *graphSVG {
 			switch {
 			case n.undo:
 				class = "edge undo"
-			case n.any > 0:
+			case n.partial:
 				class = "edge join-any"
 			}
 			g.Edges = append(g.Edges, svgEdge{D: fmt.Sprintf("M%s %s C%s %s, %s %s, %s %s", f1(x0), f1(y0), f1(mid), f1(y0), f1(mid), f1(y1), f1(x1-4), f1(y1)),
@@ -144,14 +144,14 @@ func orderGraph(d statestore.OrderDetail, shown map[int]string) *graphSVG {
 			continue
 		}
 		key := strconv.Itoa(st.Step)
-		n := gnode{key: key, label: fmt.Sprintf("%d. %s", st.Step, cmp.Or(st.ID, st.Name)), any: st.NeedsAny, href: "#step-" + key}
+		n := gnode{key: key, label: fmt.Sprintf("%d. %s", st.Step, cmp.Or(st.ID, st.Name)), partial: st.Quorum() != "", href: "#step-" + key}
 		state := cmp.Or(shown[st.Step], st.ProcessState)
 		n.class, n.sub = "st-"+state, state+" · "+st.Sort()
 		if c, ok := instances[st.Step]; ok {
 			n.sub = fmt.Sprintf("%s · ×%d, %d done", state, c, done[st.Step])
 		}
-		if st.NeedsAny > 0 {
-			n.sub = fmt.Sprintf("%s · any %d of %d", state, st.NeedsAny, len(st.Needs))
+		if q := st.Quorum(); q != "" {
+			n.sub = fmt.Sprintf("%s · %s of %d", state, q, len(st.Needs))
 		}
 		if child, ok := children[st.Step]; ok {
 			n.href = "/orders/" + child
@@ -192,7 +192,7 @@ func orderGraph(d statestore.OrderDetail, shown map[int]string) *graphSVG {
 func workflowGraph(wf workflow.Workflow) *graphSVG {
 	var nodes []gnode
 	for i, st := range wf.Steps {
-		n := gnode{key: st.Ref(), label: fmt.Sprintf("%d. %s", i+1, st.Ref()), class: "kind-" + st.Kind(), any: st.NeedsAny}
+		n := gnode{key: st.Ref(), label: fmt.Sprintf("%d. %s", i+1, st.Ref()), class: "kind-" + st.Kind(), partial: st.Quorum() != ""}
 		n.sub = st.Kind()
 		switch st.Kind() {
 		case "action":
@@ -207,8 +207,8 @@ func workflowGraph(wf workflow.Workflow) *graphSVG {
 		if st.ForEach != "" {
 			n.sub += " · for each"
 		}
-		if st.NeedsAny > 0 {
-			n.sub += fmt.Sprintf(" · any %d of %d", st.NeedsAny, len(st.Needs))
+		if q := st.Quorum(); q != "" {
+			n.sub += fmt.Sprintf(" · %s of %d", q, len(st.Needs))
 		}
 		if wf.Graph {
 			n.after = slices.Clone(st.Needs)

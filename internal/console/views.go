@@ -195,8 +195,8 @@ type graphNode struct {
 	Step      int
 	Name      string
 	State     string
-	After     []int // the steps it needs; more than one: a join
-	Any       int   // for an N-of-M join, how many of After must end well
+	After     []int  // the steps it needs; more than one: a join
+	Quorum    string // for a join that runs before all of After end, how many: "any 2"
 	Instances []graphNode
 	Index     int
 }
@@ -242,7 +242,7 @@ func graphLevels(steps []statestore.Step, shown map[int]string) [][]graphNode {
 		for len(levels) <= d {
 			levels = append(levels, nil)
 		}
-		levels[d] = append(levels[d], graphNode{Step: st.Step, Name: cmp.Or(st.ID, st.Name), State: state(st), After: st.Needs, Any: st.NeedsAny})
+		levels[d] = append(levels[d], graphNode{Step: st.Step, Name: cmp.Or(st.ID, st.Name), State: state(st), After: st.Needs, Quorum: st.Quorum()})
 	}
 	for d := range levels {
 		for i := range levels[d] {

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"sas/internal/workflow"
 )
 
 // AuditOrder is everything the store knows of one order, for invariant
@@ -36,12 +38,12 @@ type AuditStep struct {
 	IdempotencyKey string
 	// In a graph: the steps it needs, the for_each step an instance is
 	// of (0: none), and whether it is a for_each step itself (it calls
-	// no service; its instances do); NeedsAny, for an N-of-M join, how
-	// many of its needs must end well.
-	Needs    []int
-	NeedsAny int
-	Parent   int
-	ForEach  bool
+	// no service; its instances do); Join, the rule by which it waits
+	// for its needs.
+	Needs []int
+	workflow.Join
+	Parent  int
+	ForEach bool
 	// InSystem: sas performs the step itself (a wait, a timer alone, a
 	// sub-process and its undo): it calls no service.
 	InSystem bool
@@ -89,7 +91,7 @@ func (s *Store) ReadAudit(ctx context.Context) (Audit, error) {
 			return err
 		}
 		rows, err = tx.Query(ctx, `SELECT order_id::text, step, name, kind, coalesce(compensates, 0), process_state, attempt,
-			failure_count, max_failures, idempotency_key, needs, coalesce((spec->>'needs_any')::int, 0), coalesce(parent, 0),
+			failure_count, max_failures, idempotency_key, needs, coalesce(spec, '{}'), coalesce(parent, 0),
 			coalesce(spec ? 'for_each', false), agent = '', due_at, coalesce(spec ? 'wait', false), coalesce(spec ? 'workflow', false),
 			(SELECT count(*) FROM signals g WHERE g.order_id = steps.order_id AND g.step = steps.step), unsent_attempts
 			FROM steps ORDER BY order_id, step`)
@@ -100,7 +102,7 @@ func (s *Store) ReadAudit(ctx context.Context) (Audit, error) {
 			var id string
 			var st AuditStep
 			if err := rows.Scan(&id, &st.Step, &st.Name, &st.Kind, &st.Compensates, &st.ProcessState, &st.Attempt,
-				&st.FailureCount, &st.MaxFailures, &st.IdempotencyKey, &st.Needs, &st.NeedsAny, &st.Parent, &st.ForEach,
+				&st.FailureCount, &st.MaxFailures, &st.IdempotencyKey, &st.Needs, &st.Join, &st.Parent, &st.ForEach,
 				&st.InSystem, &st.DueAt, &st.Wait, &st.Child, &st.Signals, &st.UnsentAttempts); err != nil {
 				rows.Close()
 				return err

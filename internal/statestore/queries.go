@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"sas/internal/workflow"
 )
 
 // Order is an order row.
@@ -63,13 +65,14 @@ type Step struct {
 	// the step's id where its action is used twice; Parent, Index and
 	// Item, for an instance of a for_each step (or its compensation),
 	// that step, the instance's position and element of the list;
-	// NeedsAny, for an N-of-M join, how many of Needs must end well.
-	Needs    []int           `json:"needs,omitempty"`
-	NeedsAny int             `json:"needs_any,omitempty"`
-	ID       string          `json:"id,omitempty"`
-	Parent   int             `json:"parent,omitempty"`
-	Index    *int            `json:"index,omitempty"`
-	Item     json.RawMessage `json:"item,omitempty"`
+	// Join, the rule by which it waits for its needs (read from its
+	// spec as a whole: a join's keys are the workflow package's).
+	Needs []int `json:"needs,omitempty"`
+	workflow.Join
+	ID     string          `json:"id,omitempty"`
+	Parent int             `json:"parent,omitempty"`
+	Index  *int            `json:"index,omitempty"`
+	Item   json.RawMessage `json:"item,omitempty"`
 	// DueAt is, for a delayed step, when it may run, and for one
 	// awaiting a signal, when its wait times out (database clock).
 	DueAt *time.Time `json:"due_at,omitempty"`
@@ -279,7 +282,7 @@ func (s *Store) getOrder(ctx context.Context, orderID string, all bool) (OrderDe
 		}
 		rows, err := tx.Query(ctx, `SELECT step, name, kind, coalesce(compensates, 0), agent, process_state, coalesce(locked_by, ''), complete_by,
 			failure_count, max_failures, attempt, idempotency_key, available_at, coalesce(last_error, ''), coalesce(last_answer, ''),
-			result, updated_at, needs, coalesce((spec->>'needs_any')::int, 0), coalesce(spec->>'id', ''), coalesce(parent, 0), item_index, item,
+			result, updated_at, needs, coalesce(spec, '{}'), coalesce(spec->>'id', ''), coalesce(parent, 0), item_index, item,
 			CASE WHEN process_state IN ('delayed', 'awaiting') AND NOT coalesce(spec ? 'workflow', false) THEN due_at END,
 			coalesce(spec->'wait'->>'signal', ''), coalesce(spec->>'workflow', '')
 			FROM steps WHERE order_id = $1 ORDER BY step`, orderID)
@@ -290,7 +293,7 @@ func (s *Store) getOrder(ctx context.Context, orderID string, all bool) (OrderDe
 			var st Step
 			err := row.Scan(&st.Step, &st.Name, &st.Kind, &st.Compensates, &st.Agent, &st.ProcessState, &st.LockedBy, &st.CompleteBy,
 				&st.FailureCount, &st.MaxFailures, &st.Attempt, &st.IdempotencyKey, &st.AvailableAt, &st.LastError,
-				&st.LastAnswer, &st.Result, &st.UpdatedAt, &st.Needs, &st.NeedsAny, &st.ID, &st.Parent, &st.Index, &st.Item, &st.DueAt, &st.Wait, &st.Workflow)
+				&st.LastAnswer, &st.Result, &st.UpdatedAt, &st.Needs, &st.Join, &st.ID, &st.Parent, &st.Index, &st.Item, &st.DueAt, &st.Wait, &st.Workflow)
 			return st, err
 		})
 		if err != nil || !all {

@@ -13,11 +13,17 @@ import (
 	"sas/internal/workflow"
 )
 
-// jsonFields are the JSON names of a struct type's fields.
+// jsonFields are the JSON names of a struct type's fields, an embedded
+// struct's (workflow.Join) as encoding/json promotes them.
 func jsonFields(t reflect.Type) []string {
 	var out []string
 	for i := range t.NumField() {
-		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		f := t.Field(i)
+		if f.Anonymous && f.Type.Kind() == reflect.Struct && f.Tag.Get("json") == "" {
+			out = append(out, jsonFields(f.Type)...)
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
 		if name != "" && name != "-" {
 			out = append(out, name)
 		}

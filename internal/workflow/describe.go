@@ -62,8 +62,8 @@ func (st Step) After() string {
 	if len(st.Needs) == 0 {
 		return ""
 	}
-	if st.NeedsAny > 0 {
-		return "any " + strconv.Itoa(st.NeedsAny) + " of " + strings.Join(st.Needs, ", ")
+	if q := st.Quorum(); q != "" {
+		return q + " of " + strings.Join(st.Needs, ", ")
 	}
 	return strings.Join(st.Needs, ", ")
 }

@@ -24,7 +24,7 @@ func (p *parser) graph(wf *Workflow, lines []stepLines) {
 	isGraph := false
 	for i, st := range wf.Steps {
 		ln := lines[i]
-		if st.ID != "" || st.When != "" || st.ForEach != "" || st.Input != "" || st.Delay > 0 || st.Wait != nil || st.InSystem() || st.NeedsAny > 0 || (ln.needsGiven && !defaultNeeds(wf.Steps, i)) {
+		if st.ID != "" || st.When != "" || st.ForEach != "" || st.Input != "" || st.Delay > 0 || st.Wait != nil || st.InSystem() || st.Quorum() != "" || (ln.needsGiven && !defaultNeeds(wf.Steps, i)) {
 			isGraph = true
 		}
 		if st.ForEach == "" && (st.MaxParallel > 0 || st.MaxItems > 0) {
@@ -76,9 +76,8 @@ func (p *parser) graph(wf *Workflow, lines []stepLines) {
 			resolved = append(resolved, r)
 		}
 		st.Needs = resolved
-		if st.NeedsAny > 0 && st.NeedsAny >= len(resolved) && len(resolved) == len(st.Needs) {
-			p.problem(max(ln.needs, ln.item), "needs {any: %d, of: %d steps}: any must be fewer than the steps it names (any of them may fail while the rest go on); to need every one write \"needs: [%s]\"",
-				st.NeedsAny, len(resolved), strings.Join(resolved, ", "))
+		if msg := st.Join.problem(resolved); msg != "" && len(resolved) == len(st.Needs) {
+			p.problem(max(ln.needs, ln.item), "%s", msg)
 		}
 		if st.Input != "" {
 			use := UseInput
@@ -128,10 +127,7 @@ func (p *parser) graph(wf *Workflow, lines []stepLines) {
 		// A skipped step counts as ended; a step that can never be
 		// reached is one after a step that never exists (for an N-of-M
 		// join, after more of them than it can spare).
-		spare := 0
-		if st.NeedsAny > 0 {
-			spare = len(st.Needs) - st.NeedsAny
-		}
+		spare := st.Spare(len(st.Needs))
 		for _, n := range st.Needs {
 			if never[n] {
 				if spare--; spare >= 0 {
@@ -410,9 +406,9 @@ type StepSpec struct {
 	Input       string `json:"input,omitempty"`
 	MaxParallel int    `json:"max_parallel,omitempty"`
 	MaxItems    int    `json:"max_items,omitempty"`
-	// NeedsAny makes the step an N-of-M join (the state store reads it:
-	// the step runs once that many of its needs ended well).
-	NeedsAny int `json:"needs_any,omitempty"`
+	// Join is the rule by which the step waits for its needs (the state
+	// store reads it when they end).
+	Join
 	// DelayMS is the step's delay in milliseconds (the state store reads
 	// it when the step's needs end).
 	DelayMS int64 `json:"delay_ms,omitempty"`
@@ -447,7 +443,7 @@ func (r Row) Spec() []byte {
 		return b
 	}
 	sp.ID, sp.When, sp.ForEach, sp.Input, sp.MaxParallel, sp.MaxItems = r.ID, r.When, r.ForEach, r.Input, r.MaxParallel, r.MaxItems
-	sp.DelayMS, sp.NeedsAny = r.Delay.Milliseconds(), r.NeedsAny
+	sp.DelayMS, sp.Join = r.Delay.Milliseconds(), r.Join
 	if r.Wait != nil {
 		sp.Wait = &SpecWait{Signal: r.Wait.Signal, TimeoutMS: r.Wait.Timeout.Milliseconds(), OnTimeout: r.Wait.OnTimeout, Schema: r.Wait.Schema}
 	}

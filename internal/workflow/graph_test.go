@@ -441,7 +441,7 @@ workflows:
 	}
 	wf, _ := r.Lookup("quorum")
 	rows := wf.Rows()
-	if !wf.Graph || wf.Steps[3].NeedsAny != 2 || !slices.Equal(rows[3].Needs, []int{1, 2, 3}) {
+	if !wf.Graph || wf.Steps[3].Any != 2 || !slices.Equal(rows[3].Needs, []int{1, 2, 3}) {
 		t.Fatalf("graph %v, the join %+v (row needs %v)", wf.Graph, wf.Steps[3], rows[3].Needs)
 	}
 	if got := string(rows[3].Spec()); got != `{"needs_any":2}` {

@@ -539,7 +539,7 @@ func (p *parser) step(n *yaml.Node, parent *Step) (Step, stepLines) {
 			ln.needs, ln.needsGiven = v.Line, true
 			st.Needs = []string{}
 			if v.Kind == yaml.MappingNode {
-				v = p.needsAny(v, &st.NeedsAny)
+				v = p.join(v, &st.Join)
 			}
 			if v.Kind != yaml.SequenceNode {
 				p.problem(v.Line, "needs must be a list of the steps (by action or id) this one runs after; write for example \"needs: [reserve_stock]\", \"needs: []\" to start at once, or \"needs: {any: 2, of: [a, b, c]}\" to run once any two of three have ended")
@@ -664,35 +664,6 @@ func (p *parser) count(v *yaml.Node, what string, lo, hi int, dst *int) {
 		return
 	}
 	*dst = n
-}
-
-// needsAny reads needs written as {any: N, of: [steps]}: the step runs
-// once any N of them have ended well. It returns the list (of), and a
-// node that is no list when there is none.
-func (p *parser) needsAny(v *yaml.Node, dst *int) *yaml.Node {
-	of := &yaml.Node{Kind: yaml.ScalarNode, Line: v.Line}
-	anyGiven := false
-	for k := 0; k+1 < len(v.Content); k += 2 {
-		key, val := v.Content[k], deref(v.Content[k+1])
-		switch key.Value {
-		case "any":
-			anyGiven = true
-			n, err := strconv.Atoi(val.Value)
-			if val.Kind != yaml.ScalarNode || err != nil || n < 1 || n > MaxItemsCap {
-				p.problem(val.Line, "needs' any %q is not a whole number from 1 to %d; write for example \"needs: {any: 2, of: [a, b, c]}\"", val.Value, MaxItemsCap)
-				continue
-			}
-			*dst = n
-		case "of":
-			of = val
-		default:
-			p.problem(key.Line, "needs has no key %q; write \"needs: {any: 2, of: [a, b, c]}\"", key.Value)
-		}
-	}
-	if !anyGiven {
-		p.problem(v.Line, "needs as a mapping says how many of its steps must end: write \"needs: {any: 2, of: [a, b, c]}\"")
-	}
-	return of
 }
 
 // expr reads a CEL expression and compiles it for its use (nil: a

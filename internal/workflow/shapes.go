@@ -249,7 +249,7 @@ func (r Row) Shape() string {
 func shapeFields() []string { return []string{"Compensation", "Workflow", "Wait", "ForEach", "Agent"} }
 
 func commonFields() []string {
-	return []string{"Name", "Timeout", "MaxFailures", "BackoffBase", "BackoffMax", "ID", "Needs", "NeedsAny", "When",
+	return []string{"Name", "Timeout", "MaxFailures", "BackoffBase", "BackoffMax", "ID", "Needs", "Join", "When",
 		"MaxParallel", "MaxItems", "Input", "Delay", "MaxDuration"}
 }
 

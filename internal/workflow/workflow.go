@@ -48,11 +48,9 @@ type Step struct {
 	// may be claimed. In a graph every step's needs are spelled out
 	// (none: at the order's start); in a list they are nil.
 	Needs []string `json:"needs,omitempty"`
-	// NeedsAny, when set, makes the step an N-of-M join: it runs once
-	// any NeedsAny of its Needs have ended well (processed or skipped);
-	// a need that fails for good fails the order only when the rest can
-	// no longer reach NeedsAny (graph.go).
-	NeedsAny int `json:"needs_any,omitempty"`
+	// Join is the rule by which it waits for them (join.go): every one,
+	// or, for an N-of-M join, any Join.Any of them.
+	Join
 	// When, a CEL expression over payload and results, is a bool: false
 	// skips the step.
 	When string `json:"when,omitempty"`

@@ -331,15 +331,15 @@ func checkGraph(o *statestore.AuditOrder, add func(int, string, ...any)) {
 		if st.Parent > 0 && st.Kind == statestore.KindAction {
 			needs = []int{st.Parent} // an instance runs once its step expanded
 		}
-		if st.NeedsAny > 0 {
+		if q := st.Quorum(); q != "" {
 			before := 0
 			for _, n := range needs {
 				if e, ok := ended[n]; ok && e < c {
 					before++
 				}
 			}
-			if before < st.NeedsAny {
-				add(10, "order %s step %d (%s), a join of any %d, was claimed when %d of its needs had ended", o.OrderID, st.Step, st.Name, st.NeedsAny, before)
+			if before < st.Required(len(needs)) {
+				add(10, "order %s step %d (%s), a join of %s, was claimed when %d of its needs had ended", o.OrderID, st.Step, st.Name, q, before)
 			}
 			continue
 		}
@@ -357,7 +357,7 @@ func checkGraph(o *statestore.AuditOrder, add func(int, string, ...any)) {
 				spared[*t.Step] = true
 			}
 		}
-		joins := slices.ContainsFunc(o.Steps, func(s statestore.AuditStep) bool { return s.NeedsAny > 0 })
+		joins := slices.ContainsFunc(o.Steps, func(s statestore.AuditStep) bool { return s.Quorum() != "" })
 		for _, st := range o.Steps {
 			if st.Kind == statestore.KindAction && st.ProcessState != statestore.StepProcessed && st.ProcessState != statestore.StepSkipped &&
 				(st.ProcessState != statestore.StepCancelled || !spared[st.Step] || !joins) {

@@ -308,7 +308,7 @@ func TestCheckLearnsTheNOfMJoin(t *testing.T) {
 	t.Parallel()
 	anyOne := func() (History, statestore.Audit, []remote.Entry) {
 		h, a, l := graphWorld()
-		a.Orders[0].Steps[2].NeedsAny = 1
+		a.Orders[0].Steps[2].Any = 1
 		return h, a, l
 	}
 	// b's end (history row 9) after the join's claim (row 11).
@@ -341,7 +341,7 @@ func TestCheckLearnsTheNOfMJoin(t *testing.T) {
 		}},
 		{"a spared branch where no join is of any N", "step 2 (b) is cancelled", func(a *statestore.Audit) {
 			spare(&a.Orders[0], "failed for good; a join can do without it")
-			a.Orders[0].Steps[2].NeedsAny = 0
+			a.Orders[0].Steps[2].Any = 0
 		}},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
