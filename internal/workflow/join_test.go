@@ -2,6 +2,11 @@ package workflow_test
 
 import (
 	"encoding/json"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
 
 	"sas/internal/workflow"
@@ -45,5 +50,54 @@ func TestJoinRules(t *testing.T) {
 		if err := json.Unmarshal([]byte(c.spec), &back); err != nil || back.Join != c.join {
 			t.Errorf("spec %s read back as %+v (%v), want %+v", c.spec, back.Join, err, c.join)
 		}
+	}
+}
+
+// TestOnlyTheJoinReadsItsRule: no production file but join.go reads a
+// join's fields (Join.Any, not a method called Any) or names its key
+// (needs_any, in Go or a template): the rest ask its methods, so a join of
+// another kind is written in join.go and the store's SQL alone.
+func TestOnlyTheJoinReadsItsRule(t *testing.T) {
+	t.Parallel()
+	root := filepath.Join("..", "..")
+	// In a template a method is called without parentheses (.File.Any):
+	// there only the key is looked for.
+	field, key := regexp.MustCompile(`\.Any\b[^(]|needs_any`), regexp.MustCompile(`needs_any`)
+	seen := 0
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			switch d.Name() {
+			case ".git", "node_modules", "e2e", "bench", "bin", "testdata":
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if strings.HasSuffix(path, "_test.go") || (!strings.HasSuffix(path, ".go") && !strings.HasSuffix(path, ".html")) {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		seen++
+		for i, line := range strings.Split(string(b), "\n") {
+			re := field
+			if strings.HasSuffix(path, ".html") {
+				re = key
+			}
+			if re.MatchString(line) && !strings.HasPrefix(strings.TrimSpace(line), "//") && filepath.Base(path) != "join.go" {
+				t.Errorf("%s:%d reads a join's rule by hand (ask workflow.Join's methods): %s", path, i+1, strings.TrimSpace(line))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seen < 100 {
+		t.Fatalf("only %d files read: the walk no longer sees the module", seen)
 	}
 }
