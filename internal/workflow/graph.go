@@ -76,7 +76,7 @@ func (p *parser) graph(wf *Workflow, lines []stepLines) {
 			resolved = append(resolved, r)
 		}
 		st.Needs = resolved
-		if msg := st.Join.problem(resolved); msg != "" && len(resolved) == len(st.Needs) {
+		if msg := st.Join.problem(resolved); msg != "" {
 			p.problem(max(ln.needs, ln.item), "%s", msg)
 		}
 		if st.Input != "" {
