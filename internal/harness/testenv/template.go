@@ -45,28 +45,27 @@ UPDATE SCHEMA.step_token_key SET key = replace(gen_random_uuid()::text || gen_ra
 `
 
 // makeSchema migrates the empty schema name, which dbURL's search_path
-// names, from the template's script, or by the chain where there is none.
-func makeSchema(ctx context.Context, admin *pgxpool.Pool, name, dbURL string) error {
-	script, template, err := templateScript(ctx, admin)
+// names, from the template's script, or by the chain where there is none,
+// on a session of pool (the test's own).
+func makeSchema(ctx context.Context, pool *pgxpool.Pool, name, dbURL string) error {
+	script, template, err := templateScript(ctx, pool)
 	if err != nil {
 		return err
 	}
 	if script == "" {
 		return migrate(ctx, dbURL)
 	}
-	// Its commits need not wait for the WAL's flush (see migrate).
-	asyncURL, err := withParam(dbURL, "synchronous_commit", "off")
-	if err != nil {
-		return err
-	}
-	conn, err := pgx.Connect(ctx, asyncURL)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
 	// No arguments: the simple protocol runs the script's statements as
-	// one transaction.
-	if _, err := conn.Exec(ctx, strings.ReplaceAll(script, template, name)+strings.ReplaceAll(madeAtRandom, "SCHEMA", name)); err != nil {
+	// one transaction, whose commit need not wait for the WAL's flush
+	// (see migrate). The script sets the session's search_path, and more,
+	// for itself (pg_dump writes them); the session goes back to the
+	// pool as it came (RESET ALL: the connection's own settings, the
+	// schema's search_path among them), its commit still not waiting.
+	_, err = pool.Exec(ctx, `SELECT set_config('synchronous_commit', 'off', true);`+
+		strings.ReplaceAll(script, template, name)+
+		strings.ReplaceAll(madeAtRandom, "SCHEMA", name)+
+		`RESET ALL; SELECT set_config('synchronous_commit', 'off', true);`)
+	if err != nil {
 		return fmt.Errorf("make the schema from the template's script: %w", err)
 	}
 	return nil
@@ -139,6 +138,12 @@ func templateScript(ctx context.Context, admin *pgxpool.Pool) (script, template 
 
 type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// session runs statements: a pool or a connection.
+type session interface {
+	querier
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
 // storedScript reads the script kept under digest: found is false when

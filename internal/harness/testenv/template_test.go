@@ -27,37 +27,37 @@ func TestATemplatedSchemaIsTheChains(t *testing.T) {
 		t.Fatalf("migrate by the chain: %v", err)
 	}
 	templated := newSchema(t)
-	script, _, err := templateScript(ctx, templated.admin)
+	script, _, err := templateScript(ctx, templated.pool)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if script == "" {
 		var whyNot string
 		digest, _ := chainDigest()
-		_ = templated.admin.QueryRow(ctx, `SELECT why_not FROM `+templatesSchema+`.scripts WHERE digest = $1`, digest).Scan(&whyNot)
+		_ = templated.pool.QueryRow(ctx, `SELECT why_not FROM `+templatesSchema+`.scripts WHERE digest = $1`, digest).Scan(&whyNot)
 		msg := "no template script, tests migrate by the chain: " + whyNot
 		if os.Getenv("CI") == "true" {
 			t.Fatal(msg)
 		}
 		t.Skip(msg)
 	}
-	if err := makeSchema(ctx, templated.admin, templated.name, templated.url); err != nil {
+	if err := makeSchema(ctx, templated.pool, templated.name, templated.url); err != nil {
 		t.Fatal(err)
 	}
 
 	var chainKey, templatedKey string
-	if err := chain.admin.QueryRow(ctx, `SELECT key FROM `+chain.name+`.step_token_key`).Scan(&chainKey); err != nil {
+	if err := chain.pool.QueryRow(ctx, `SELECT key FROM `+chain.name+`.step_token_key`).Scan(&chainKey); err != nil {
 		t.Fatal(err)
 	}
-	if err := templated.admin.QueryRow(ctx, `SELECT key FROM `+templated.name+`.step_token_key`).Scan(&templatedKey); err != nil {
+	if err := templated.pool.QueryRow(ctx, `SELECT key FROM `+templated.name+`.step_token_key`).Scan(&templatedKey); err != nil {
 		t.Fatal(err)
 	}
 	if templatedKey == chainKey || strings.Contains(script, templatedKey) {
 		t.Errorf("the templated schema's step token key %q is another schema's: each schema makes its own", templatedKey)
 	}
 
-	want := describeSchema(ctx, t, chain.admin, chain.name)
-	got := describeSchema(ctx, t, templated.admin, templated.name)
+	want := describeSchema(ctx, t, chain.pool, chain.name)
+	got := describeSchema(ctx, t, templated.pool, templated.name)
 	if len(want) < 200 {
 		t.Fatalf("the chain's schema is described in %d lines; the description reads too little", len(want))
 	}

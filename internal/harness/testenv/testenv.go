@@ -85,7 +85,7 @@ func Database(t testing.TB) (string, *pgxpool.Pool) {
 	s := newSchema(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := makeSchema(ctx, s.admin, s.name, s.url); err != nil {
+	if err := makeSchema(ctx, s.pool, s.name, s.url); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	return s.url, s.pool
@@ -143,7 +143,7 @@ const catalogDeadRows = 50000
 // past them: a whole run left 700,000 in pg_attribute, and its later tests
 // ran ever slower. Best effort: a failure leaves the catalogs as they
 // were.
-func vacuumCatalogs(ctx context.Context, admin *pgxpool.Pool) {
+func vacuumCatalogs(ctx context.Context, admin session) {
 	var due bool
 	if err := admin.QueryRow(ctx, `SELECT coalesce(n_dead_tup, 0) >= $1 AND coalesce(greatest(last_vacuum, last_autovacuum), '-infinity') < now() - interval '1 minute'
 		FROM pg_stat_sys_tables WHERE relid = 'pg_catalog.pg_attribute'::regclass`, catalogDeadRows).Scan(&due); err != nil || !due {
@@ -161,49 +161,62 @@ func EmptyDatabase(t testing.TB) (string, *pgxpool.Pool) {
 }
 
 // schema is a test's schema: its name, a URL whose search_path names it,
-// a pool on that URL, and a pool on the database itself (closed, as the
-// schema is dropped, after the test).
+// and a pool on that URL. The pool makes the schema, and drops it after
+// the test: each session the server starts costs it about 30 ms of CPU on
+// the development machine (a fork and a backend's start), and a pool of
+// the database's own, besides, cost two more for every test.
 type schema struct {
-	name, url   string
-	pool, admin *pgxpool.Pool
+	name, url string
+	pool      *pgxpool.Pool
 }
 
 func newSchema(t testing.TB) schema {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	admin, err := pgxpool.New(ctx, DatabaseURL())
-	if err == nil {
-		err = admin.Ping(ctx)
-	}
-	if err != nil {
-		unavailable(t, "PostgreSQL at "+DatabaseURL(), err)
-	}
 	name := "t_" + slug(t) + "_" + RandomSuffix(8)
-	if _, err := admin.Exec(ctx, `CREATE SCHEMA `+name); err != nil {
-		admin.Close()
-		t.Fatalf("create schema: %v", err)
-	}
-	t.Cleanup(func() {
-		defer admin.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if _, err := admin.Exec(ctx, `DROP SCHEMA `+name+` CASCADE`); err != nil {
-			t.Errorf("drop schema %s: %v", name, err)
-		}
-		vacuumCatalogs(ctx, admin)
-	})
 	dbURL, err := withParam(DatabaseURL(), "search_path", name)
 	if err != nil {
 		t.Fatalf("parse database url: %v", err)
 	}
-
 	pool, err := statestore.Connect(ctx, dbURL, 20)
 	if err != nil {
-		t.Fatalf("connect: %v", err)
+		unavailable(t, "PostgreSQL at "+DatabaseURL(), err)
 	}
-	t.Cleanup(pool.Close)
-	return schema{name: name, url: dbURL, pool: pool, admin: admin}
+	if _, err := pool.Exec(ctx, `CREATE SCHEMA `+name); err != nil {
+		pool.Close()
+		t.Fatalf("create schema: %v", err)
+	}
+	t.Cleanup(func() {
+		defer pool.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := dropSchema(ctx, pool, name); err != nil {
+			t.Errorf("drop schema %s: %v", name, err)
+		}
+	})
+	return schema{name: name, url: dbURL, pool: pool}
+}
+
+// dropSchema drops the schema name through the test's pool, or, where the
+// test closed it or left its sessions unable to (another role set), on a
+// connection of its own; then vacuums the catalogs when they are due.
+func dropSchema(ctx context.Context, pool *pgxpool.Pool, name string) error {
+	drop := `DROP SCHEMA ` + name + ` CASCADE`
+	if _, err := pool.Exec(ctx, drop); err == nil {
+		vacuumCatalogs(ctx, pool)
+		return nil
+	}
+	conn, err := pgx.Connect(ctx, DatabaseURL())
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, drop); err != nil {
+		return err
+	}
+	vacuumCatalogs(ctx, conn)
+	return nil
 }
 
 // Reachable checks that the test database and broker answer (skipping the
