@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -86,25 +87,69 @@ func startConsoleFor(t *testing.T, s stack, namespaces []string, extra ...string
 	return consoleProc{proc: p, url: "http://" + addr, users: users}
 }
 
-// browser starts headless Chromium (Debian's chromium, which
-// scripts/services.sh --chromium installs).
+// browser gives the test a tab of the test binary's one headless Chromium
+// (Debian's chromium, which scripts/services.sh --chromium installs), in a
+// browser context of its own: cookies, storage and cache the test's alone,
+// as in a browser of its own. Chromium costs this machine about 4 s of CPU
+// to start (perf stat, --dump-dom about:blank); the suite's browser tests
+// each started one.
 func browser(t *testing.T) context.Context {
 	t.Helper()
-	path, err := exec.LookPath("chromium")
+	root, err := chromium.start()
 	if err != nil {
 		testenv.Unavailable(t, "Chromium (scripts/services.sh --chromium installs it)", err)
 	}
-	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(path), chromedp.NoSandbox,
-		chromedp.Flag("disable-dev-shm-usage", true), chromedp.WindowSize(1360, 1000))
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	ctx, cancel := chromedp.NewContext(actx)
-	t.Cleanup(func() { cancel(); cancelAlloc() })
+	ctx, cancel := chromedp.NewContext(root, chromedp.WithNewBrowserContext())
+	t.Cleanup(cancel)
 	ctx, cancelTimeout := context.WithTimeout(ctx, 4*time.Minute)
 	t.Cleanup(cancelTimeout)
 	if err := chromedp.Do(ctx); err != nil {
 		testenv.Unavailable(t, "Chromium", err)
 	}
 	return ctx
+}
+
+// sharedChromium is the test binary's one Chromium, started by the first
+// test that asks for a browser and stopped when the tests are done.
+type sharedChromium struct {
+	mu     sync.Mutex
+	ctx    context.Context // the browser's first tab: tests open theirs from it
+	err    error
+	cancel []context.CancelFunc
+}
+
+// start starts Chromium, once; its first tab's context or why it could not.
+func (c *sharedChromium) start() (context.Context, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ctx != nil || c.err != nil {
+		return c.ctx, c.err
+	}
+	path, err := exec.LookPath("chromium")
+	if err != nil {
+		c.err = err
+		return nil, err
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(path), chromedp.NoSandbox,
+		chromedp.Flag("disable-dev-shm-usage", true), chromedp.WindowSize(1360, 1000))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(actx)
+	c.cancel = []context.CancelFunc{cancel, cancelAlloc}
+	if err := chromedp.Do(ctx); err != nil {
+		c.err = err
+		return nil, err
+	}
+	c.ctx = ctx
+	return ctx, nil
+}
+
+// stop closes Chromium, if it was started, and waits for it to exit.
+func (c *sharedChromium) stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, cancel := range c.cancel {
+		cancel()
+	}
 }
 
 // screenshots saves full-page screenshots into SAS_CONSOLE_SCREENSHOTS

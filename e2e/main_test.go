@@ -32,6 +32,9 @@ import (
 // binDir holds the binaries TestMain built.
 var binDir string
 
+// chromium is the tests' one browser (browser).
+var chromium sharedChromium
+
 func TestMain(m *testing.M) {
 	os.Exit(buildAndRun(m))
 }
@@ -80,6 +83,7 @@ func buildAndRun(m *testing.M) int {
 		return 1
 	}
 	binDir = dir
+	defer chromium.stop()
 	return m.Run()
 }
 
