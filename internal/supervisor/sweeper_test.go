@@ -121,7 +121,10 @@ func TestTimersFireAsSoonAsTheStoreIsBack(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, "a lease renewal to fail", func() bool {
 		return strings.Contains(logs.String(), "lease renewal failed")
 	})
-	id, _ := startingIn(t, pool, direct, 200*time.Millisecond)
+	// Far enough ahead that the insert comes before it on a loaded
+	// machine: an order inserted after its start_at starts at once, with
+	// no timer to fall due (it took more than 200 ms under make test).
+	id, _ := startingIn(t, pool, direct, time.Second)
 	testenv.Eventually(t, 10*time.Second, "the timer to fall due", func() bool {
 		d, ok, err := direct.NextTimer(ctx)
 		return err == nil && ok && d <= 0
