@@ -203,19 +203,19 @@ func newSchema(t testing.TB) schema {
 // connection of its own; then vacuums the catalogs when they are due.
 func dropSchema(ctx context.Context, pool *pgxpool.Pool, name string) error {
 	drop := `DROP SCHEMA ` + name + ` CASCADE`
-	if _, err := pool.Exec(ctx, drop); err == nil {
-		vacuumCatalogs(ctx, pool)
-		return nil
+	var on session = pool
+	if _, err := pool.Exec(ctx, drop); err != nil {
+		conn, err := pgx.Connect(ctx, DatabaseURL())
+		if err != nil {
+			return err
+		}
+		defer conn.Close(context.WithoutCancel(ctx))
+		if _, err := conn.Exec(ctx, drop); err != nil {
+			return err
+		}
+		on = conn
 	}
-	conn, err := pgx.Connect(ctx, DatabaseURL())
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, drop); err != nil {
-		return err
-	}
-	vacuumCatalogs(ctx, conn)
+	vacuumCatalogs(ctx, on)
 	return nil
 }
 
