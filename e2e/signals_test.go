@@ -39,7 +39,8 @@ workflows:
 
 // TestSignalsEndWaits: 1,000 orders wait for a signal after a first
 // step; 900 are signalled through the signals queue, half before their
-// wait began (their first step takes 3 s), 50 of them twice; the other
+// wait began (their workflow is paused until every one of those signals
+// is kept), 50 of them twice; the other
 // 100 (a workflow whose wait times out after 5 s) never are. A scheduler and the leading supervisor
 // are killed with SIGKILL midway. Every signalled order completes once,
 // with the signal's payload as the wait's result; the 100 time out, are
@@ -49,14 +50,22 @@ workflows:
 func TestSignalsEndWaits(t *testing.T) {
 	t.Parallel()
 	g := runFile(t, "signals.yaml", signalsFile, pipelineOpts{supervisors: 2, agents: 2, schedulers: 2,
-		faults: `{"score":{"latency_min_ms":150,"latency_max_ms":150},"slow_score":{"latency_min_ms":3000,"latency_max_ms":3000}}`})
+		faults: `{"score":{"latency_min_ms":150,"latency_max_ms":150},"slow_score":{"latency_min_ms":150,"latency_max_ms":150}}`})
 	p := g.pipeline
-	// ids[:450] are signalled once their waits began, ids[450:900] before
-	// (their first step takes 3 s); the last 100, of approval_short, are
-	// not signalled and time out. The early ones are submitted and
-	// signalled first, so that their signals do not queue behind the
-	// other 550 orders (in a slow hour, with every binary race-built, 64
-	// of them were once applied after their waits began).
+	// ids[:450] are signalled once their waits began, ids[450:900] before:
+	// their workflow is paused until each of their signals is kept (a
+	// first step of 3 s once let a loaded machine apply 230 of them only
+	// after their waits began). The last 100, of approval_short, are not
+	// signalled and time out.
+	ctl := func(args ...string) string {
+		t.Helper()
+		out, errOut, code := sasctl(t, p.env, args...)
+		if code != 0 {
+			t.Fatalf("sasctl %v: exit %d\n%s%s", args, code, out, errOut)
+		}
+		return out
+	}
+	ctl("workflows", "pause", "approval_early", "--reason", "signals first", "--as", "e2e")
 	early := g.submit(t, "approval_early", slices.Repeat([]string{`{}`}, 450))
 	ch := amqpChannel(t)
 	queue := p.topo.Queue(messages.SignalsQueue)
@@ -75,6 +84,13 @@ func TestSignalsEndWaits(t *testing.T) {
 	for i, id := range early {
 		send(id, "early-"+id, "approved", payload(450+i), "")
 	}
+	testenv.Eventually(t, 3*time.Minute, "the early signals kept", func() bool {
+		return p.count(t, `SELECT count(*) FROM signals WHERE order_id = ANY($1::uuid[])`, early) == len(early)
+	})
+	if n := p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND spec ? 'wait' AND process_state IN ('awaiting', 'processed')`, early); n != 0 {
+		t.Fatalf("%d waits of a paused workflow's orders began", n)
+	}
+	ctl("workflows", "resume", "approval_early", "--as", "e2e")
 	ids := g.submit(t, "approval", slices.Repeat([]string{`{}`}, 450))
 	ids = append(ids, early...)
 	ids = append(ids, g.submit(t, "approval_short", slices.Repeat([]string{`{}`}, 100))...)
@@ -119,11 +135,8 @@ func TestSignalsEndWaits(t *testing.T) {
 	}
 	kept := p.count(t, `SELECT count(*) FROM transitions WHERE order_id = ANY($1::uuid[]) AND reason LIKE '%had come before the wait began'`, ids)
 	t.Logf("%d signals came before their wait began", kept)
-	// Half are sent before, but a loaded machine may apply some only
-	// after their 3 s step ended (386 of 450 once): a quarter is enough
-	// to mean it.
-	if kept < 225 {
-		t.Fatalf("only %d signals came before their wait began; the test means about half of them", kept)
+	if kept != len(early) {
+		t.Fatalf("%d signals came before their wait began, want %d", kept, len(early))
 	}
 	if rightResults != 900 || signalRows != 900 || applied != 900 {
 		t.Fatalf("%d waits ended with their manager's payload, %d signals kept, %d wait ends in the history; want 900 each",
