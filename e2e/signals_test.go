@@ -26,7 +26,7 @@ workflows:
   - name: approval_early
     policy: compensate
     steps:
-      - {action: slow_score, agent: risk, timeout: 20s, compensation: {action: unscore}}
+      - {action: score, agent: risk, timeout: 20s, compensation: {action: unscore}}
       - {id: approved, wait: {signal: approved, timeout: 5m, schema: {type: object, required: [by]}}}
       - {action: open_account, agent: core, timeout: 20s, needs: [approved]}
   - name: approval_short
@@ -50,7 +50,7 @@ workflows:
 func TestSignalsEndWaits(t *testing.T) {
 	t.Parallel()
 	g := runFile(t, "signals.yaml", signalsFile, pipelineOpts{supervisors: 2, agents: 2, schedulers: 2,
-		faults: `{"score":{"latency_min_ms":150,"latency_max_ms":150},"slow_score":{"latency_min_ms":150,"latency_max_ms":150}}`})
+		faults: `{"score":{"latency_min_ms":150,"latency_max_ms":150}}`})
 	p := g.pipeline
 	// ids[:450] are signalled once their waits began, ids[450:900] before:
 	// their workflow is paused until each of their signals is kept (a
