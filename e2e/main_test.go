@@ -342,6 +342,17 @@ func sasctl(t *testing.T, environ []string, args ...string) (string, string, int
 	return out.String(), errOut.String(), code
 }
 
+// sasctlOK runs the tool as sasctl does and returns its stdout, failing
+// the test when it exits other than 0.
+func sasctlOK(t *testing.T, environ []string, args ...string) string {
+	t.Helper()
+	out, errOut, code := sasctl(t, environ, args...)
+	if code != 0 {
+		t.Fatalf("sasctl %v: exit %d\n%s%s", args, code, out, errOut)
+	}
+	return out
+}
+
 // flat is text with every run of white space made one space: what sasctl
 // prints wraps long lines.
 func flat(text string) string { return strings.Join(strings.Fields(text), " ") }

@@ -49,11 +49,7 @@ func TestPauseHoldsAcrossRestartsAndKills(t *testing.T) {
 	})
 	ctl := func(args ...string) string {
 		t.Helper()
-		out, errOut, code := sasctl(t, p.env, args...)
-		if code != 0 {
-			t.Fatalf("sasctl %v: exit %d\n%s%s", args, code, out, errOut)
-		}
-		return out
+		return sasctlOK(t, p.env, args...)
 	}
 	if out := ctl("workflows", "pause", "paced", "--reason", "incident 7", "--as", "ann"); !strings.Contains(out, "paused with 10 running orders") {
 		rows, _ := p.pool.Query(t.Context(), `SELECT o.workflow, o.status, o.namespace, (SELECT count(*) FROM order_pauses x WHERE x.order_id = o.order_id), (SELECT string_agg(workflow, ',') FROM workflow_pauses) FROM orders o WHERE order_id = ANY($1::uuid[])`, paced)

@@ -59,11 +59,7 @@ func TestSignalsEndWaits(t *testing.T) {
 	// signalled and time out.
 	ctl := func(args ...string) string {
 		t.Helper()
-		out, errOut, code := sasctl(t, p.env, args...)
-		if code != 0 {
-			t.Fatalf("sasctl %v: exit %d\n%s%s", args, code, out, errOut)
-		}
-		return out
+		return sasctlOK(t, p.env, args...)
 	}
 	ctl("workflows", "pause", "approval_early", "--reason", "signals first", "--as", "e2e")
 	early := g.submit(t, "approval_early", slices.Repeat([]string{`{}`}, 450))
