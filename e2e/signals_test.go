@@ -40,8 +40,8 @@ workflows:
 // TestSignalsEndWaits: 1,000 orders wait for a signal after a first
 // step; 900 are signalled through the signals queue, half before their
 // wait began (their workflow is paused until every one of those signals
-// is kept), 50 of them twice; the other
-// 100 (a workflow whose wait times out after 5 s) never are. A scheduler and the leading supervisor
+// is kept), 50 of them twice; the other 100 (a workflow whose wait
+// times out after 5 s) never are. A scheduler and the leading supervisor
 // are killed with SIGKILL midway. Every signalled order completes once,
 // with the signal's payload as the wait's result; the 100 time out, are
 // undone and fail; signals for an unknown order, a name no step waits
@@ -57,11 +57,7 @@ func TestSignalsEndWaits(t *testing.T) {
 	// first step of 3 s once let a loaded machine apply 230 of them only
 	// after their waits began). The last 100, of approval_short, are not
 	// signalled and time out.
-	ctl := func(args ...string) string {
-		t.Helper()
-		return sasctlOK(t, p.env, args...)
-	}
-	ctl("workflows", "pause", "approval_early", "--reason", "signals first", "--as", "e2e")
+	sasctlOK(t, p.env, "workflows", "pause", "approval_early", "--reason", "signals first", "--as", "e2e")
 	early := g.submit(t, "approval_early", slices.Repeat([]string{`{}`}, 450))
 	ch := amqpChannel(t)
 	queue := p.topo.Queue(messages.SignalsQueue)
@@ -86,7 +82,7 @@ func TestSignalsEndWaits(t *testing.T) {
 	if n := p.count(t, `SELECT count(*) FROM steps WHERE order_id = ANY($1::uuid[]) AND spec ? 'wait' AND process_state IN ('awaiting', 'processed')`, early); n != 0 {
 		t.Fatalf("%d waits of a paused workflow's orders began", n)
 	}
-	ctl("workflows", "resume", "approval_early", "--as", "e2e")
+	sasctlOK(t, p.env, "workflows", "resume", "approval_early", "--as", "e2e")
 	ids := g.submit(t, "approval", slices.Repeat([]string{`{}`}, 450))
 	ids = append(ids, early...)
 	ids = append(ids, g.submit(t, "approval_short", slices.Repeat([]string{`{}`}, 100))...)
