@@ -17,9 +17,10 @@ type settlement struct {
 	requeue bool // nack with requeue; otherwise ack
 }
 
-// Acks wait up to ackLinger for more to group with, unless half the
-// prefetch window is waiting; an ack behind a delivery still in a
-// worker's hands waits up to ackHold for it to be settled.
+// An ack waits for more to group with until ackLinger has passed since the
+// frame before it, unless half the prefetch window is waiting; an ack
+// behind a delivery still in a worker's hands waits up to ackHold for it
+// to be settled.
 const (
 	ackLinger = 2 * time.Millisecond
 	ackHold   = 5 * time.Millisecond
@@ -33,24 +34,32 @@ const (
 // acknowledged one by one and about 30 µs in groups of 16
 // (docs/BENCHMARKS.md).
 //
-// Acks are sent when the oldest has waited ackLinger or half the prefetch
-// window waits. An ack behind a delivery that is still being handled
-// waits at most ackHold, then goes alone: a slow handler never holds back
-// the others' acks, which would fill the prefetch window and stop the
-// deliveries. A nack goes at once, alone. A multiple ack never covers a delivery that
-// is not yet settled, and its tag is always one not yet acknowledged.
+// Acks are sent once ackLinger has passed since the last frame, or when
+// half the prefetch window waits: under load a frame every ackLinger
+// covers what settled meanwhile, and an ack that comes alone, longer than
+// ackLinger after the frame before it, goes at once. A linger at low load
+// would group nothing (the next delivery is further off than that) and
+// cost the process a wake-up of its own for every ack.
+//
+// An ack behind a delivery that is still being handled waits at most
+// ackHold, then goes alone: a slow handler never holds back the others'
+// acks, which would fill the prefetch window and stop the deliveries. A
+// nack goes at once, alone. A multiple ack never covers a delivery that is
+// not yet settled, and its tag is always one not yet acknowledged.
 type acker struct {
 	ch    acknowledger
 	group int    // this many waiting acks are sent without lingering
 	next  uint64 // the lowest tag not yet passed by the grouped acks
 	// Settled tags at or above next: when the ack arrived for an ack not
 	// yet sent, the zero time for a delivery already settled alone.
-	held  map[uint64]time.Time
-	now   func() time.Time
-	frame func()      // counts every frame sent
-	fail  func(error) // reports a failed send (the channel is gone)
-	wake  <-chan time.Time
-	timer *time.Timer
+	held map[uint64]time.Time
+	// sentAt is when the last frame went (the zero time before any).
+	sentAt time.Time
+	now    func() time.Time
+	frame  func()      // counts every frame sent
+	fail   func(error) // reports a failed send (the channel is gone)
+	wake   <-chan time.Time
+	timer  *time.Timer
 }
 
 func newAcker(ch acknowledger, prefetch int, frame func(), fail func(error)) *acker {
@@ -106,25 +115,20 @@ func (a *acker) add(s settlement) {
 	a.held[s.tag] = a.now()
 }
 
-// flush, once the oldest waiting ack has waited ackLinger or enough are
-// waiting (or when final), acknowledges the settled run from next with
+// flush, once ackLinger has passed since the last frame or enough acks
+// are waiting (or when final), acknowledges the settled run from next with
 // one frame and sends alone every ack that has waited ackHold (all of
 // them when final); then it arms the timer for the next one due.
 func (a *acker) flush(final bool) {
 	now := a.now()
-	var oldest time.Time
 	waiting := 0
 	for _, at := range a.held {
-		if at.IsZero() {
-			continue
-		}
-		waiting++
-		if oldest.IsZero() || at.Before(oldest) {
-			oldest = at
+		if !at.IsZero() {
+			waiting++
 		}
 	}
-	if !final && waiting > 0 && waiting < a.group && now.Sub(oldest) < ackLinger {
-		a.arm(ackLinger - now.Sub(oldest))
+	if since := now.Sub(a.sentAt); !final && waiting > 0 && waiting < a.group && since < ackLinger {
+		a.arm(ackLinger - since)
 		return
 	}
 	var last uint64
@@ -174,6 +178,7 @@ func (a *acker) arm(wait time.Duration) {
 
 func (a *acker) send(f func() error) {
 	a.frame()
+	a.sentAt = a.now()
 	if err := f(); err != nil {
 		a.fail(err)
 	}

@@ -129,3 +129,42 @@ func TestAckerNeverAcksPastAnUnsettledDelivery(t *testing.T) {
 		t.Fatalf("settled %v by %v", settled, r.sent())
 	}
 }
+
+func TestAckerSendsALoneAckAtOnce(t *testing.T) {
+	t.Parallel()
+	r := &recorder{}
+	clock := time.Unix(0, 0)
+	a := newAcker(r, 64, func() {}, func(err error) { t.Error(err) })
+	a.now = func() time.Time { return clock }
+	// A delivery that comes alone (low load): acked at once, no linger.
+	a.add(settlement{tag: 1})
+	a.flush(false)
+	if got := r.sent(); !slices.Equal(got, []string{"ack 1 true"}) {
+		t.Fatalf("a lone ack: frames %v, want it sent at once", got)
+	}
+	if a.wake != nil {
+		t.Fatal("a lone ack sent at once left a timer armed")
+	}
+	// Two more within ackLinger of that frame wait to go together.
+	clock = clock.Add(ackLinger / 4)
+	a.add(settlement{tag: 2})
+	a.flush(false)
+	clock = clock.Add(ackLinger / 4)
+	a.add(settlement{tag: 3})
+	a.flush(false)
+	if got := r.sent(); len(got) != 1 || a.wake == nil {
+		t.Fatalf("acks within ackLinger of the last frame: frames %v (timer armed %v), want them held", got, a.wake != nil)
+	}
+	clock = clock.Add(ackLinger / 2)
+	a.flush(false)
+	if got := r.sent(); !slices.Equal(got, []string{"ack 1 true", "ack 3 true"}) {
+		t.Fatalf("ackLinger after the last frame: frames %v, want one frame for 2 and 3", got)
+	}
+	// Long after, the next lone ack goes at once again.
+	clock = clock.Add(time.Second)
+	a.add(settlement{tag: 4})
+	a.flush(false)
+	if got := r.sent(); len(got) != 3 || got[2] != "ack 4 true" {
+		t.Fatalf("a lone ack a second later: frames %v", got)
+	}
+}
