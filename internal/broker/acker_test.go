@@ -105,17 +105,24 @@ func TestAckerGroupsAcks(t *testing.T) {
 	}
 }
 
-func TestAckerNeverAcksPastAnUnsettledDelivery(t *testing.T) {
-	t.Parallel()
+// clockedAcker is an acker for a prefetch of 64 whose clock moves only
+// when the test moves it, and the recorder of its frames.
+func clockedAcker(t *testing.T) (*acker, *recorder, *time.Time) {
 	r := &recorder{}
 	clock := time.Unix(0, 0)
 	a := newAcker(r, 64, func() {}, func(err error) { t.Error(err) })
 	a.now = func() time.Time { return clock }
+	return a, r, &clock
+}
+
+func TestAckerNeverAcksPastAnUnsettledDelivery(t *testing.T) {
+	t.Parallel()
+	a, r, clock := clockedAcker(t)
 	// Settlements in a scrambled order, flushed after each.
 	order := []uint64{3, 1, 2, 7, 5, 4, 9, 6, 8, 10}
 	for i, tag := range order {
 		a.add(settlement{tag: tag, requeue: tag == 4})
-		clock = clock.Add(ackLinger)
+		*clock = clock.Add(ackLinger)
 		a.flush(false)
 		settled := settledBy(t, r.sent(), 10)
 		for x := range settled {
@@ -132,10 +139,7 @@ func TestAckerNeverAcksPastAnUnsettledDelivery(t *testing.T) {
 
 func TestAckerSendsALoneAckAtOnce(t *testing.T) {
 	t.Parallel()
-	r := &recorder{}
-	clock := time.Unix(0, 0)
-	a := newAcker(r, 64, func() {}, func(err error) { t.Error(err) })
-	a.now = func() time.Time { return clock }
+	a, r, clock := clockedAcker(t)
 	// A delivery that comes alone (low load): acked at once, no linger.
 	a.add(settlement{tag: 1})
 	a.flush(false)
@@ -146,22 +150,22 @@ func TestAckerSendsALoneAckAtOnce(t *testing.T) {
 		t.Fatal("a lone ack sent at once left a timer armed")
 	}
 	// Two more within ackLinger of that frame wait to go together.
-	clock = clock.Add(ackLinger / 4)
+	*clock = clock.Add(ackLinger / 4)
 	a.add(settlement{tag: 2})
 	a.flush(false)
-	clock = clock.Add(ackLinger / 4)
+	*clock = clock.Add(ackLinger / 4)
 	a.add(settlement{tag: 3})
 	a.flush(false)
 	if got := r.sent(); len(got) != 1 || a.wake == nil {
 		t.Fatalf("acks within ackLinger of the last frame: frames %v (timer armed %v), want them held", got, a.wake != nil)
 	}
-	clock = clock.Add(ackLinger / 2)
+	*clock = clock.Add(ackLinger / 2)
 	a.flush(false)
 	if got := r.sent(); !slices.Equal(got, []string{"ack 1 true", "ack 3 true"}) {
 		t.Fatalf("ackLinger after the last frame: frames %v, want one frame for 2 and 3", got)
 	}
 	// Long after, the next lone ack goes at once again.
-	clock = clock.Add(time.Second)
+	*clock = clock.Add(time.Second)
 	a.add(settlement{tag: 4})
 	a.flush(false)
 	if got := r.sent(); len(got) != 3 || got[2] != "ack 4 true" {
