@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -53,6 +54,11 @@ type benchJSON struct {
 		Refused  int     `json:"refused"`
 		KindRate float64 `json:"kind_rate"`
 	} `json:"neighbour"`
+	Machine struct {
+		CPUs               int     `json:"cpus"`
+		CalibrationMS      float64 `json:"calibration_ms"`
+		CalibrationAfterMS float64 `json:"calibration_after_ms"`
+	} `json:"machine"`
 	MachineBusy   float64 `json:"machine_cpu_busy_percent"`
 	MachineSteal  float64 `json:"machine_cpu_steal_percent"`
 	CPUMSPerOrder float64 `json:"cpu_ms_per_completed_order"`
@@ -118,6 +124,12 @@ func TestSasctlBench(t *testing.T) {
 	var r benchJSON
 	if err := json.Unmarshal(b, &r); err != nil {
 		t.Fatalf("report is not JSON: %v\n%s", err, b)
+	}
+	// The machine's speed before the run and after, timed on one core:
+	// the same figures in the table and the JSON.
+	if m := r.Machine; m.CPUs < 1 || m.CalibrationMS <= 0 || m.CalibrationAfterMS <= 0 ||
+		!strings.Contains(out, fmt.Sprintf("the fixed work of a calibration in %.0f ms on one core before the run, %.0f after", m.CalibrationMS, m.CalibrationAfterMS)) {
+		t.Errorf("machine %+v:\n%s", m, out)
 	}
 	// The store held 2,000 orders before the run, none counted as its own.
 	if r.Prefilled != 2000 || !strings.Contains(out, "prefilled with 2000 orders") {
@@ -329,7 +341,13 @@ func TestSasctlBenchAB(t *testing.T) {
 			t.Errorf("completed/s: %+v", f)
 		}
 	}
-	for _, want := range []string{"completed/s", "latency p99 ms", "CPU ms per order (all)", "  PostgreSQL", "WAL KiB per order"} {
+	for _, f := range ab.Figures {
+		around := func(r benchJSON) float64 { return (r.Machine.CalibrationMS + r.Machine.CalibrationAfterMS) / 2 }
+		if f.Name == "calibration ms" && (len(f.A) != 1 || f.A[0] != around(ab.A[0]) || f.A[0] <= 0 || f.B[0] != around(ab.B[0]) || f.B[0] <= 0) {
+			t.Errorf("the machine's calibration before each side: %+v", f)
+		}
+	}
+	for _, want := range []string{"completed/s", "latency p99 ms", "CPU ms per order (all)", "  PostgreSQL", "WAL KiB per order", "calibration ms"} {
 		if !figures[want] {
 			t.Errorf("no figure %q in %v", want, figures)
 		}

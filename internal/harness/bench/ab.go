@@ -191,6 +191,12 @@ func abFigures() []struct {
 		{"  RabbitMQ", proc("rabbitmq (all processes)")},
 		{"  sas services", services},
 		{"machine busy %", func(r *benchReport) float64 { return r.MachineBusy }},
+		// The machine's own speed around each run (the mean of before
+		// and after): a B/A far from 1 says the machine changed between
+		// the sides, not only the code.
+		{"calibration ms", func(r *benchReport) float64 {
+			return (r.Machine.CalibrationMS + r.Machine.CalibrationAfterMS) / 2
+		}},
 		{"WAL KiB per order", func(r *benchReport) float64 {
 			if r.Database == nil {
 				return 0

@@ -160,6 +160,21 @@ func memTotal() string {
 	return ""
 }
 
+// cpuModel is the machine's CPU as /proc/cpuinfo names it, "" where it
+// does not.
+func cpuModel() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
 // contextSwitches is how often pid's threads have left the CPU, voluntarily
 // (to wait: a sleep, a lock, a read with nothing to read) or not: with few
 // threads preempted, how often the process woke. Threads that have ended

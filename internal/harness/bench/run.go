@@ -209,6 +209,8 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 		apiPort = o.portBase + 9
 		serviceEnv = append(serviceEnv, "SAS_API_RATE=1000000", "SAS_API_BURST=1000000")
 	}
+	// The machine's speed now, before anything of the run is on it.
+	calibration := calibrate()
 	st, err := localstack.Start(ctx, localstack.Options{BinDir: o.binDir, Schedulers: o.schedulers, Agents: o.agents,
 		Faults: faults, PortBase: o.portBase, Env: serviceEnv, DebugOffset: o.pprofOffset, APIPort: apiPort})
 	if err != nil {
@@ -418,6 +420,9 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+	// And after: the machine's speed may change within minutes (a shared
+	// host), and a run between two figures far apart straddled a change.
+	calibrationAfter := calibrate()
 	timings, err := lab.ReadTimings(ctx, pool, window.from, window.to, o.namespace)
 	if err != nil {
 		return nil, err
@@ -425,6 +430,8 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 	rep := newBenchReport(o.label, o.wf, o.rate, o.inflight, o.warmup, window.to.Sub(window.from), o.schedulers, o.agents, o.latency, o.env)
 	rep.Published, rep.PublishFailures = gen.published.Load(), gen.failed.Load()
 	rep.Churned = o.churn
+	rep.Machine.CalibrationMS = float64(calibration.Microseconds()) / 1000
+	rep.Machine.CalibrationAfterMS = float64(calibrationAfter.Microseconds()) / 1000
 	if rep.Postgres, err = postgresSettings(ctx, pool); err != nil {
 		fmt.Fprintf(a.stderr, "the report will lack the database's settings: %v\n", err)
 	}
@@ -895,8 +902,15 @@ type benchReport struct {
 	Env             []string `json:"env,omitempty"`
 	Machine         struct {
 		CPUs      int    `json:"cpus"`
+		CPUModel  string `json:"cpu_model,omitempty"`
 		GoVersion string `json:"go_version"`
 		MemTotal  string `json:"mem_total"`
+		// CalibrationMS is how long the fixed work of calibrate.go took
+		// on one core before the services started (best of three):
+		// lower is a faster machine. CalibrationAfterMS is the same
+		// after the load ended.
+		CalibrationMS      float64 `json:"calibration_ms,omitempty"`
+		CalibrationAfterMS float64 `json:"calibration_after_ms,omitempty"`
 	} `json:"machine"`
 
 	Published       int64 `json:"published"`
@@ -1019,6 +1033,7 @@ func newBenchReport(label, wf string, rate float64, inflight int, warmup, window
 	r.Machine.CPUs = runtime.NumCPU()
 	r.Machine.GoVersion = runtime.Version()
 	r.Machine.MemTotal = memTotal()
+	r.Machine.CPUModel = cpuModel()
 	return r
 }
 
@@ -1203,6 +1218,14 @@ func (r *benchReport) print(w io.Writer) {
 			kv = append(kv, k+"="+r.Postgres[k])
 		}
 		fmt.Fprintf(tw, "postgres\t%s\n", strings.Join(kv, " "))
+	}
+	if m := r.Machine; m.CalibrationMS > 0 {
+		model := ""
+		if m.CPUModel != "" {
+			model = " (" + m.CPUModel + ")"
+		}
+		fmt.Fprintf(tw, "machine\t%d CPUs%s; the fixed work of a calibration in %.0f ms on one core before the run, %.0f after (lower is faster)\n",
+			m.CPUs, model, m.CalibrationMS, m.CalibrationAfterMS)
 	}
 	fmt.Fprintln(tw, "\nLATENCY (ms)\tn\tp50\tp95\tp99\tmax\tmean")
 	row := func(name string, l latencyMS) {
