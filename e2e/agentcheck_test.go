@@ -124,10 +124,7 @@ func TestPayloadMeansTheSameEverywhere(t *testing.T) {
 	start(t, "submitter", s.env)
 	inline, _ := os.ReadFile(file)
 	for _, payload := range []string{"@" + file, string(inline)} {
-		out, errOut, code := sasctl(t, s.env, "submit", "--count", "1", "--workflow", "single", "--payload", payload, "--print-ids")
-		if code != 0 {
-			t.Fatalf("submit --payload %s: exit %d\n%s%s", payload, code, out, errOut)
-		}
+		out := sasctlOK(t, s.env, "submit", "--count", "1", "--workflow", "single", "--payload", payload, "--print-ids")
 		id := strings.TrimSpace(out)
 		testenv.Eventually(t, 30*time.Second, "the order written", func() bool {
 			return s.count(t, `SELECT count(*) FROM orders WHERE order_id = $1 AND payload->>'customer' = 'c'`, id) == 1

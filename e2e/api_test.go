@@ -77,10 +77,7 @@ func startAPI(t *testing.T, s stack, addr string, extra ...string) apiProc {
 // apiToken makes a token with sasctl and returns it.
 func apiToken(t *testing.T, s stack, name, role string) string {
 	t.Helper()
-	out, errOut, code := sasctl(t, s.env, "api", "token", "create", "--name", name, "--role", role)
-	if code != 0 {
-		t.Fatalf("api token create: exit %d: %s", code, errOut)
-	}
+	out := sasctlOK(t, s.env, "api", "token", "create", "--name", name, "--role", role)
 	return strings.TrimSpace(out)
 }
 

@@ -125,10 +125,7 @@ func TestArchiveBeforeRetention(t *testing.T) {
 	// Every order reads back, whole.
 	env := append(slices.Clone(p.env), archiveEnv...)
 	for _, id := range slices.Concat(first, second) {
-		out, errOut, code := sasctl(t, env, "orders", "show", "--archived", "--json", id)
-		if code != 0 {
-			t.Fatalf("orders show --archived %s: exit %d %s", id, code, errOut)
-		}
+		out := sasctlOK(t, env, "orders", "show", "--archived", "--json", id)
 		var d statestore.ArchivedOrder
 		if err := json.Unmarshal([]byte(out), &d); err != nil {
 			t.Fatalf("the archived record of %s: %v\n%s", id, err, out)

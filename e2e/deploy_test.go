@@ -303,10 +303,7 @@ func TestBrokerUsersScriptIsCurrent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, errOut, code := sasctl(t, env("SAS_QUEUE_PREFIX=sas."), "broker", "users")
-	if code != 0 {
-		t.Fatalf("sasctl broker users: %s", errOut)
-	}
+	out := sasctlOK(t, env("SAS_QUEUE_PREFIX=sas."), "broker", "users")
 	if out != string(committed) {
 		t.Fatalf("deploy/rabbitmq/users.sh is out of date; regenerate it with\n  SAS_QUEUE_PREFIX=sas. bin/sasctl broker users > deploy/rabbitmq/users.sh")
 	}

@@ -138,10 +138,7 @@ agents:
 	}
 
 	// Orders through.
-	ids, errOut, code := sasctl(t, s.env, "submit", "--count", "20", "--workflow", "order", "--print-ids")
-	if code != 0 {
-		t.Fatalf("submit: %s", errOut)
-	}
+	ids := sasctlOK(t, s.env, "submit", "--count", "20", "--workflow", "order", "--print-ids")
 	testenv.Eventually(t, 2*time.Minute, "20 orders completed", func() bool {
 		return s.count(t, `SELECT count(*) FROM orders WHERE status = 'completed' AND order_id = ANY($1::uuid[])`, strings.Fields(ids)) == 20
 	})

@@ -137,10 +137,7 @@ func TestLimitsHoldAcrossReplicas(t *testing.T) {
 	}
 
 	// Raised at run time: 150/s from within 2 s of the command.
-	out, errOut, code := sasctl(t, g.env, "limits", "set", "payment", "--rate", "150/s", "--burst", "15", "--max-in-flight", "100", "--as", "ops-test")
-	if code != 0 {
-		t.Fatalf("sasctl limits set: exit %d\n%s\n%s", code, out, errOut)
-	}
+	sasctlOK(t, g.env, "limits", "set", "payment", "--rate", "150/s", "--burst", "15", "--max-in-flight", "100", "--as", "ops-test")
 	raised := time.Now()
 	testenv.Eventually(t, 30*time.Second, "3 s of calls after the raise", func() bool { return time.Since(raised) > 4*time.Second+500*time.Millisecond })
 	after := callsIn(g.traffic(t)["charge"].Arrivals, raised.Add(2*time.Second), raised.Add(4*time.Second))
@@ -151,7 +148,7 @@ func TestLimitsHoldAcrossReplicas(t *testing.T) {
 	if n := g.count(t, `SELECT count(*) FROM operator_actions WHERE action = 'limits set' AND target = 'payment' AND claimed_by = 'ops-test'`); n != 1 {
 		t.Fatalf("%d operator actions record the change", n)
 	}
-	out, _, _ = sasctl(t, g.env, "limits", "list")
+	out, _, _ := sasctl(t, g.env, "limits", "list")
 	if !strings.Contains(out, "rate=150/s") || !strings.Contains(out, "ops-test") {
 		t.Fatalf("sasctl limits list after the raise:\n%s", out)
 	}

@@ -51,10 +51,7 @@ func nsToken(t *testing.T, g graphRun, name, role string, namespaces ...string) 
 	for _, ns := range namespaces {
 		args = append(args, "--namespace", ns)
 	}
-	out, errOut, code := sasctl(t, g.stack.env, args...)
-	if code != 0 {
-		t.Fatalf("api token create: exit %d: %s", code, errOut)
-	}
+	out := sasctlOK(t, g.stack.env, args...)
 	return strings.TrimSpace(out)
 }
 

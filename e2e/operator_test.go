@@ -26,10 +26,7 @@ import (
 // openAlerts returns the open alerts of an order, through sasctl.
 func openAlerts(t *testing.T, environ []string, orderID string) []statestore.Alert {
 	t.Helper()
-	out, errOut, code := sasctl(t, environ, "alerts", "list", "--open", "--order", orderID, "--json")
-	if code != 0 {
-		t.Fatalf("alerts list: exit %d: %s", code, errOut)
-	}
+	out := sasctlOK(t, environ, "alerts", "list", "--open", "--order", orderID, "--json")
 	var alerts []statestore.Alert
 	if err := json.Unmarshal([]byte(out), &alerts); err != nil {
 		t.Fatalf("alerts list --json: %v\n%s", err, out)

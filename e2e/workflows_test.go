@@ -338,10 +338,7 @@ workflows:
       - {action: check_id, agent: kyc}
       - {action: check_address, agent: kyc}
 `)
-	out, errOut, code := sasctl(t, env(), "workflows", "list", "--file", file)
-	if code != 0 {
-		t.Fatalf("workflows list: exit %d: %s", code, errOut)
-	}
+	out := sasctlOK(t, env(), "workflows", "list", "--file", file)
 	for _, want := range []string{"check_id@kyc → check_address@kyc", "approval@signal:approved(10m) ← score", "cooling_off@timer(90s) ← approval",
 		"kyc@workflow:checks", "open@core ← any 2 of cooling_off, kyc, score"} {
 		if !strings.Contains(out, want) {
