@@ -54,40 +54,46 @@ func TestChaosShortRun(t *testing.T) {
 	}
 }
 
-// TestChaosCatchesBrokenBuilds: the checker fails runs of deliberately
-// broken builds (negative controls).
-func TestChaosCatchesBrokenBuilds(t *testing.T) {
+// The checker fails runs of deliberately broken builds (negative
+// controls). Each control is a test of its own: subtests that call
+// t.Parallel start only after every other test of the package has been
+// let go (go test resumes them after their parent's body), so two 50 s
+// controls as subtests ran last, side by side, in a suite otherwise
+// done.
+
+// TestChaosCatchesUnfencedReplies: without the fence, replies a frozen
+// scheduler held are applied after the step was reset and claimed again.
+func TestChaosCatchesUnfencedReplies(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct {
-		broken    string
-		faults    []string
-		roles     []string
-		invariant int
-	}{
-		// Without the fence, replies a frozen scheduler held are applied
-		// after the step was reset and claimed again.
-		{"unfenced-replies", []string{chaos.FaultStop}, []string{"scheduler"}, 4},
-		// A submitter that acks before it commits loses orders when killed.
-		{"ack-before-commit", []string{chaos.FaultKill}, []string{"submitter"}, 1},
-	} {
-		t.Run(tc.broken, func(t *testing.T) {
-			t.Parallel()
-			cfg := chaosConfig(t, 7, 300)
-			cfg.Faults, cfg.KillRoles, cfg.StopRoles = tc.faults, tc.roles, tc.roles
-			cfg.Env = []string{"SAS_BROKEN=" + tc.broken}
-			cfg.HealTimeout = 30 * time.Second
-			rep := runChaos(t, cfg)
-			if rep.OK() {
-				t.Fatalf("the checker passed a build with %s", tc.broken)
-			}
-			for _, v := range rep.Result.Violations {
-				if v.Invariant == tc.invariant {
-					return
-				}
-			}
-			t.Fatalf("no violation of invariant %d with %s: %v", tc.invariant, tc.broken, rep.Result.Violations)
-		})
+	catchesBrokenBuild(t, "unfenced-replies", chaos.FaultStop, "scheduler", 4)
+}
+
+// TestChaosCatchesAckBeforeCommit: a submitter that acks before it
+// commits loses orders when killed.
+func TestChaosCatchesAckBeforeCommit(t *testing.T) {
+	t.Parallel()
+	catchesBrokenBuild(t, "ack-before-commit", chaos.FaultKill, "submitter", 1)
+}
+
+// catchesBrokenBuild runs the build broken as named, with one fault
+// striking one role, and wants the checker to fail the run on the
+// invariant given.
+func catchesBrokenBuild(t *testing.T, broken, fault, role string, invariant int) {
+	t.Helper()
+	cfg := chaosConfig(t, 7, 300)
+	cfg.Faults, cfg.KillRoles, cfg.StopRoles = []string{fault}, []string{role}, []string{role}
+	cfg.Env = []string{"SAS_BROKEN=" + broken}
+	cfg.HealTimeout = 30 * time.Second
+	rep := runChaos(t, cfg)
+	if rep.OK() {
+		t.Fatalf("the checker passed a build with %s", broken)
 	}
+	for _, v := range rep.Result.Violations {
+		if v.Invariant == invariant {
+			return
+		}
+	}
+	t.Fatalf("no violation of invariant %d with %s: %v", invariant, broken, rep.Result.Violations)
 }
 
 // TestChaosAcrossPartitions is the short fault run across two
