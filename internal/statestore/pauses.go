@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"sas/internal/workflow"
 )
@@ -38,7 +39,9 @@ type Pause struct {
 // that does not run ErrInvalidState. It returns Paused or AlreadyPaused.
 func (s *Store) PauseOrder(ctx context.Context, orderID, reason, claimed string) (string, error) {
 	var outcome string
-	if err := s.pool.QueryRow(ctx, `SELECT pause_order($1, $2, $3)`, orderID, reason, claimed).Scan(&outcome); err != nil {
+	if err := againOnLock(ctx, func() error {
+		return s.pool.QueryRow(ctx, `SELECT pause_order($1, $2, $3)`, orderID, reason, claimed).Scan(&outcome)
+	}); err != nil {
 		return "", fmt.Errorf("pause: %w", operatorError(err))
 	}
 	return outcome, nil
@@ -49,7 +52,9 @@ func (s *Store) PauseOrder(ctx context.Context, orderID, reason, claimed string)
 // by the time it was paused. It returns Resumed or NotPaused.
 func (s *Store) ResumeOrder(ctx context.Context, orderID, claimed string) (string, error) {
 	var outcome string
-	if err := s.pool.QueryRow(ctx, `SELECT resume_order($1, $2)`, orderID, claimed).Scan(&outcome); err != nil {
+	if err := againOnLock(ctx, func() error {
+		return s.pool.QueryRow(ctx, `SELECT resume_order($1, $2)`, orderID, claimed).Scan(&outcome)
+	}); err != nil {
 		return "", fmt.Errorf("resume: %w", operatorError(err))
 	}
 	return outcome, nil
@@ -63,7 +68,9 @@ func (s *Store) PauseWorkflow(ctx context.Context, name, reason, claimed string)
 		return 0, fmt.Errorf("pause workflow: %v: %w", err, ErrInvalidData)
 	}
 	var n int
-	if err := s.pool.QueryRow(ctx, `SELECT pause_workflow($1, $2, $3)`, name, reason, claimed).Scan(&n); err != nil {
+	if err := againOnLock(ctx, func() error {
+		return s.pool.QueryRow(ctx, `SELECT pause_workflow($1, $2, $3)`, name, reason, claimed).Scan(&n)
+	}); err != nil {
 		return 0, fmt.Errorf("pause workflow: %w", operatorError(err))
 	}
 	return n, nil
@@ -74,7 +81,9 @@ func (s *Store) PauseWorkflow(ctx context.Context, name, reason, claimed string)
 // and ErrInvalidState when the workflow was not paused.
 func (s *Store) ResumeWorkflow(ctx context.Context, workflow, claimed string) (int, error) {
 	var n int
-	if err := s.pool.QueryRow(ctx, `SELECT resume_workflow($1, $2)`, workflow, claimed).Scan(&n); err != nil {
+	if err := againOnLock(ctx, func() error {
+		return s.pool.QueryRow(ctx, `SELECT resume_workflow($1, $2)`, workflow, claimed).Scan(&n)
+	}); err != nil {
 		return 0, fmt.Errorf("resume workflow: %w", operatorError(err))
 	}
 	if n < 0 {
@@ -90,7 +99,9 @@ func (s *Store) PauseKind(ctx context.Context, kind, reason, claimed string) (st
 		return "", fmt.Errorf("pause kind: %v: %w", err, ErrInvalidData)
 	}
 	var outcome string
-	if err := s.pool.QueryRow(ctx, `SELECT pause_kind($1, $2, $3)`, kind, reason, claimed).Scan(&outcome); err != nil {
+	if err := againOnLock(ctx, func() error {
+		return s.pool.QueryRow(ctx, `SELECT pause_kind($1, $2, $3)`, kind, reason, claimed).Scan(&outcome)
+	}); err != nil {
 		return "", fmt.Errorf("pause kind: %w", operatorError(err))
 	}
 	return outcome, nil
@@ -99,7 +110,9 @@ func (s *Store) PauseKind(ctx context.Context, kind, reason, claimed string) (st
 // ResumeKind resumes a paused agent kind. It returns Resumed or NotPaused.
 func (s *Store) ResumeKind(ctx context.Context, kind, claimed string) (string, error) {
 	var outcome string
-	if err := s.pool.QueryRow(ctx, `SELECT resume_kind($1, $2)`, kind, claimed).Scan(&outcome); err != nil {
+	if err := againOnLock(ctx, func() error {
+		return s.pool.QueryRow(ctx, `SELECT resume_kind($1, $2)`, kind, claimed).Scan(&outcome)
+	}); err != nil {
 		return "", fmt.Errorf("resume kind: %w", operatorError(err))
 	}
 	return outcome, nil
@@ -188,4 +201,31 @@ func pauseOf(ctx context.Context, q querier, orderID string) (*Pause, error) {
 		return nil, err
 	}
 	return &p, nil
+}
+
+// againOnLock runs an operator's statement, and again (at most three
+// times more, 50, 100 and 200 ms apart) while PostgreSQL gives it up for a
+// row another transaction holds (lock_timeout: SQLSTATE 55P03) or picks it
+// as a deadlock's victim (40P01): the statement rolled back whole, and the
+// holder is most often a claim or a batch of replies that locks the same
+// orders' steps and rows for milliseconds (a workflow's pause and resume
+// lock every order of it, one after another). An operator is then told
+// to try again only for a lock held for seconds.
+func againOnLock(ctx context.Context, f func() error) error {
+	wait := 50 * time.Millisecond
+	for try := 1; ; try++ {
+		err := f()
+		var pgErr *pgconn.PgError
+		if try == 4 || !errors.As(err, &pgErr) || (pgErr.Code != "55P03" && pgErr.Code != "40P01") {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		wait *= 2
+	}
 }

@@ -380,3 +380,51 @@ func TestSettlingLocksOnlyThePausesItSetsAsideFor(t *testing.T) {
 		t.Fatalf("%d pending steps of paused orders not set aside", n)
 	}
 }
+
+// TestAWorkflowsResumeWaitsOutABriefLock: a workflow's resume that meets
+// an order held by another transaction for longer than the lock timeout
+// (a claim, a batch of replies) tries again and resumes it once the
+// holder ends, rather than giving the operator a lock timeout; held for
+// longer than its tries, it gives the lock timeout up as it was.
+func TestAWorkflowsResumeWaitsOutABriefLock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	store := storeWith(t, b, 200*time.Millisecond)
+	wfName := "held-" + time.Now().Format("150405.000000")
+	file := `
+workflows:
+  - name: ` + wfName + `
+    steps:
+      - {action: a, agent: x}
+`
+	o := graphOrder(t, file, wfName, `{}`, statestore.PolicyCompensate)
+	insert(t, b, o)
+	if n, err := store.PauseWorkflow(ctx, wfName, "a fix", "ops"); err != nil || n != 1 {
+		t.Fatalf("pause workflow: %d %v", n, err)
+	}
+	h := holdOrder(t, b, o.OrderID)
+	released := make(chan struct{})
+	go func() {
+		defer close(released)
+		time.Sleep(450 * time.Millisecond) // two lock timeouts: the first try gives up
+		h.release()
+	}()
+	n, err := store.ResumeWorkflow(ctx, wfName, "ops")
+	<-released
+	if err != nil || n != 1 {
+		t.Fatalf("resume workflow behind a lock held for 450 ms: %d %v, want the order resumed", n, err)
+	}
+
+	if _, err := store.PauseWorkflow(ctx, wfName, "again", "ops"); err != nil {
+		t.Fatal(err)
+	}
+	h = holdOrder(t, b, o.OrderID)
+	if _, err := store.ResumeWorkflow(ctx, wfName, "ops"); !statestore.IsLockTimeout(err) {
+		t.Fatalf("resume workflow behind a lock held throughout: %v, want a lock timeout", err)
+	}
+	h.release()
+	if n, err := store.ResumeWorkflow(ctx, wfName, "ops"); err != nil || n != 1 {
+		t.Fatalf("resume workflow once the lock is gone: %d %v", n, err)
+	}
+}
