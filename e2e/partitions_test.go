@@ -513,7 +513,7 @@ func checkAPIAcrossPartitions(t *testing.T, l partition.Layout, stacks []stack, 
 		}
 	}
 	if code, _, body := api.call(t, apiCall{method: "POST", path: "/api/v1/workflows/order/resume", token: token}); code != 200 {
-		t.Fatalf("resume a workflow across partitions: %d %s", code, body)
+		t.Fatalf("resume a workflow across partitions: %d %s\napi's log:\n%s", code, body, api.tail())
 	}
 
 	// The merged list: every order of the three, newest first, each once,
