@@ -216,7 +216,8 @@ func againOnLock(ctx context.Context, f func() error) error {
 	for try := 1; ; try++ {
 		err := f()
 		var pgErr *pgconn.PgError
-		if try == 4 || !errors.As(err, &pgErr) || (pgErr.Code != "55P03" && pgErr.Code != "40P01") {
+		deadlocked := errors.As(err, &pgErr) && pgErr.Code == "40P01"
+		if try == 4 || !IsLockTimeout(err) && !deadlocked {
 			return err
 		}
 		t := time.NewTimer(wait)
