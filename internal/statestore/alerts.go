@@ -133,26 +133,28 @@ func (s *Store) LastAlertID(ctx context.Context) (int64, error) {
 func (s *Store) AckAlert(ctx context.Context, id int64, claimed string, namespaces []string) (Alert, bool, error) {
 	var already bool
 	var a Alert
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if namespaces != nil {
-			var ours bool
-			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1`+alertsFrom+`WHERE a.id = $1 AND o.namespace = ANY($2))`, id, namespaces).
-				Scan(&ours); err != nil {
+	err := againOnLock(ctx, func() error {
+		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			if namespaces != nil {
+				var ours bool
+				if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1`+alertsFrom+`WHERE a.id = $1 AND o.namespace = ANY($2))`, id, namespaces).
+					Scan(&ours); err != nil {
+					return err
+				}
+				if !ours {
+					return pgx.ErrNoRows
+				}
+			}
+			var ackedAt time.Time
+			var by, as *string
+			if err := tx.QueryRow(ctx, `SELECT acked_at, acked_by, acked_as, already FROM ack_alert($1, $2)`, id, claimed).
+				Scan(&ackedAt, &by, &as, &already); err != nil {
 				return err
 			}
-			if !ours {
-				return pgx.ErrNoRows
-			}
-		}
-		var ackedAt time.Time
-		var by, as *string
-		if err := tx.QueryRow(ctx, `SELECT acked_at, acked_by, acked_as, already FROM ack_alert($1, $2)`, id, claimed).
-			Scan(&ackedAt, &by, &as, &already); err != nil {
+			var err error
+			a, err = scanAlert(tx.QueryRow(ctx, `SELECT `+alertColumns+alertsFrom+`WHERE a.id = $1`, id))
 			return err
-		}
-		var err error
-		a, err = scanAlert(tx.QueryRow(ctx, `SELECT `+alertColumns+alertsFrom+`WHERE a.id = $1`, id))
-		return err
+		})
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return a, false, fmt.Errorf("alert %d: %w", id, ErrNotFound)

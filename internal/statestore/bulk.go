@@ -286,6 +286,11 @@ func (s *Store) RunBulkBatch(ctx context.Context, job BulkJob, holder, claimed s
 }
 
 func (s *Store) bulkOne(ctx context.Context, job BulkJob, orderID, holder, claimed string) error {
+	return againOnLock(ctx, func() error { return s.bulkOneTry(ctx, job, orderID, holder, claimed) })
+}
+
+// bulkOneTry is bulkOne's one transaction.
+func (s *Store) bulkOneTry(ctx context.Context, job BulkJob, orderID, holder, claimed string) error {
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var state, lockedBy string
 		if err := tx.QueryRow(ctx, `SELECT state, coalesce(locked_by, '') FROM bulk_jobs WHERE id = $1 AND locked_until > now() FOR UPDATE`,

@@ -118,9 +118,11 @@ func (s *Store) Callback(ctx context.Context, c Callback) (CallbackOutcome, erro
 	}
 	// The fault suite's negative control turns the fence off.
 	fenced := !failpoint.Broken("unfenced-replies")
-	err := s.pool.QueryRow(ctx, `SELECT outcome, order_id::text, step, attempt, complete_by, order_status, detail
+	err := againOnLock(ctx, func() error {
+		return s.pool.QueryRow(ctx, `SELECT outcome, order_id::text, step, attempt, complete_by, order_status, detail
 FROM step_callback($1, $2, $3, $4, $5, $6, $7, $8)`, c.Token, c.Name, c.SignalID, result, c.Error, c.Actor, fenced, c.Notify).
-		Scan(&out.Outcome, &orderID, &step, &attempt, &completeBy, &out.OrderStatus, &out.Detail)
+			Scan(&out.Outcome, &orderID, &step, &attempt, &completeBy, &out.OrderStatus, &out.Detail)
+	})
 	if err != nil {
 		return CallbackOutcome{}, fmt.Errorf("callback %s: %w", c.Name, classify(err))
 	}

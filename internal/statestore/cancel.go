@@ -17,7 +17,9 @@ import (
 // does.
 func (s *Store) CancelOrder(ctx context.Context, orderID, claimed string) (string, error) {
 	var status string
-	if err := s.pool.QueryRow(ctx, `SELECT operator_cancel($1, $2)`, orderID, claimed).Scan(&status); err != nil {
+	if err := againOnLock(ctx, func() error {
+		return s.pool.QueryRow(ctx, `SELECT operator_cancel($1, $2)`, orderID, claimed).Scan(&status)
+	}); err != nil {
 		return "", fmt.Errorf("cancel: %w", operatorError(err))
 	}
 	return status, nil

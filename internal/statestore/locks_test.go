@@ -3,6 +3,7 @@ package statestore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"sas/internal/harness/testenv"
 	"sas/internal/statestore"
+	"sas/internal/steptoken"
 )
 
 // held is an order's rows held by another connection.
@@ -23,6 +25,14 @@ type held struct {
 // connection, as a stuck transaction would, until released.
 func holdOrder(t *testing.T, b bundle, orderID string) held {
 	t.Helper()
+	return holdRows(t, b, orderID, `SELECT 1 FROM orders WHERE order_id = $1 FOR UPDATE`,
+		`SELECT 1 FROM steps WHERE order_id = $1 FOR UPDATE`)
+}
+
+// holdRows locks the rows each of locks (a statement of one argument,
+// arg) locks, from another connection, until released.
+func holdRows(t *testing.T, b bundle, arg any, locks ...string) held {
+	t.Helper()
 	ctx := ctxFor(t)
 	conn, err := pgx.Connect(ctx, b.url)
 	if err != nil {
@@ -32,11 +42,10 @@ func holdOrder(t *testing.T, b bundle, orderID string) held {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM orders WHERE order_id = $1 FOR UPDATE`, orderID); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM steps WHERE order_id = $1 FOR UPDATE`, orderID); err != nil {
-		t.Fatal(err)
+	for _, lock := range locks {
+		if _, err := tx.Exec(ctx, lock, arg); err != nil {
+			t.Fatal(err)
+		}
 	}
 	var pid uint32
 	if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
@@ -234,4 +243,157 @@ func waitBlocked(t *testing.T, b bundle, h held, waited time.Duration) {
 			h.pid, waited.Seconds()).Scan(&n)
 		return n > 0
 	})
+}
+
+// TestOperatorActionsWaitOutABriefLock: every action an operator or a
+// caller takes on one order through the store (cancel, resubmit, re-run,
+// move to another version, a signal, a callback, an alert's
+// acknowledgement, a bulk job's turn at an order) waits out a lock held
+// longer than the store's lock timeout, as a claim or a batch of replies
+// holds one for milliseconds, instead of giving up with it; each then
+// did what it was asked.
+func TestOperatorActionsWaitOutABriefLock(t *testing.T) {
+	t.Parallel()
+	inError := func(t *testing.T, b bundle) string {
+		o := sagaOrder(statestore.PolicyHold)
+		insert(t, b, o)
+		run(t, b, o.OrderID, true)
+		if _, res := run(t, b, o.OrderID, false); res.OrderStatus != statestore.OrderError {
+			t.Fatalf("the order is %s, want error", res.OrderStatus)
+		}
+		return o.OrderID
+	}
+	cases := []struct {
+		name string
+		// prepare makes the order (or the alert) the action is for, and
+		// returns the action on a store with a short lock timeout and
+		// what holds the rows it needs.
+		prepare func(t *testing.T, b bundle) (act func(ctx context.Context, s *statestore.Store) error, hold func() held)
+	}{
+		{"cancel", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
+			o := sagaOrder(statestore.PolicyCompensate)
+			insert(t, b, o)
+			run(t, b, o.OrderID, true)
+			return func(ctx context.Context, s *statestore.Store) error {
+				status, err := s.CancelOrder(ctx, o.OrderID, "ops")
+				if err == nil && status != statestore.OrderCompensating {
+					return fmt.Errorf("cancelled into %s, want compensating", status)
+				}
+				return err
+			}, func() held { return holdOrder(t, b, o.OrderID) }
+		}},
+		{"resubmit", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
+			id := inError(t, b)
+			return func(ctx context.Context, s *statestore.Store) error {
+				steps, err := s.Resubmit(ctx, id, 0, "ops")
+				if err == nil && len(steps) != 1 {
+					return fmt.Errorf("reset %v, want the failed step", steps)
+				}
+				return err
+			}, func() held { return holdOrder(t, b, id) }
+		}},
+		{"rerun", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
+			id := inError(t, b)
+			return func(ctx context.Context, s *statestore.Store) error {
+				steps, err := s.Rerun(ctx, id, 0, []byte(`{"customer":"c","amount":99}`), nil, "ops")
+				if err == nil && len(steps) != 1 {
+					return fmt.Errorf("reset %v, want the failed step", steps)
+				}
+				return err
+			}, func() held { return holdOrder(t, b, id) }
+		}},
+		{"migrate", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
+			v1, v2 := lookup(t, versions), lookup(t, fixed)
+			o := graphOrder(t, versions, "fixme", `{}`, statestore.PolicyCompensate)
+			o.WorkflowVersion = v1.Version()
+			if err := b.store.StoreWorkflowVersions(ctxFor(t), []statestore.WorkflowVersion{{Name: "fixme", Version: v1.Version(), Definition: v1.Definition(), CreatedBy: "t"}}); err != nil {
+				t.Fatal(err)
+			}
+			insert(t, b, o)
+			reply(t, b, claimAll(t, b, o.OrderID)["reserve"], true, `{}`)
+			return func(ctx context.Context, s *statestore.Store) error {
+				v, err := s.MigrateOrder(ctx, o.OrderID, v2, true, "ops")
+				if err == nil && !v.Moved {
+					return fmt.Errorf("not moved: %s", v.Why)
+				}
+				return err
+			}, func() held { return holdOrder(t, b, o.OrderID) }
+		}},
+		{"signal", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
+			o := graphOrder(t, loan, "loan", `{}`, statestore.PolicyCompensate)
+			insert(t, b, o)
+			reply(t, b, claimAll(t, b, o.OrderID)["score"], true, `{"value": 550}`)
+			return func(ctx context.Context, s *statestore.Store) error {
+				out, err := s.ApplySignal(ctx, statestore.Signal{OrderID: o.OrderID, ID: "s1", Name: "approved", Payload: []byte(`{"by": "ann"}`), Actor: "t"})
+				if err == nil && out.Outcome != statestore.SignalApplied {
+					return fmt.Errorf("the signal: %+v", out)
+				}
+				return err
+			}, func() held { return holdOrder(t, b, o.OrderID) }
+		}},
+		{"callback", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
+			o := graphOrder(t, accepting, "slow", `{}`, statestore.PolicyCompensate)
+			insert(t, b, o)
+			c := claimAll(t, b, o.OrderID)["a"]
+			tok := tokenKey(t, b).Mint(steptoken.Ref{OrderID: o.OrderID, Step: c.Step, Attempt: c.Attempt})
+			return func(ctx context.Context, s *statestore.Store) error {
+				out, err := s.Callback(ctx, statestore.Callback{Token: tok, Name: "complete", SignalID: "cb-1", Result: []byte(`{}`), Actor: "t"})
+				if err == nil && out.Outcome != statestore.SignalApplied {
+					return fmt.Errorf("the callback: %+v", out)
+				}
+				return err
+			}, func() held { return holdOrder(t, b, o.OrderID) }
+		}},
+		{"acknowledge", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
+			id := inError(t, b)
+			alert := int64(count(t, b, `SELECT id FROM alerts WHERE order_id = $1`, id))
+			return func(ctx context.Context, s *statestore.Store) error {
+				a, already, err := s.AckAlert(ctx, alert, "ops", nil)
+				if err == nil && (already || a.AckedAt == nil) {
+					return fmt.Errorf("acknowledged %+v, already %v", a, already)
+				}
+				return err
+			}, func() held { return holdRows(t, b, alert, `SELECT 1 FROM alerts WHERE id = $1 FOR UPDATE`) }
+		}},
+		{"bulk", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
+			o := sagaOrder(statestore.PolicyCompensate)
+			insert(t, b, o)
+			run(t, b, o.OrderID, true)
+			ctx := ctxFor(t)
+			if _, err := b.store.CreateBulkJob(ctx, statestore.BulkCancel, statestore.OrderQuery{}, []byte(`{}`), "api:ops", 10); err != nil {
+				t.Fatal(err)
+			}
+			job, ok, err := b.store.TakeBulkJob(ctx, "h", time.Minute)
+			if err != nil || !ok {
+				t.Fatalf("take the job: %v %v", ok, err)
+			}
+			return func(ctx context.Context, s *statestore.Store) error {
+				n, err := s.RunBulkBatch(ctx, job, "h", "bulk", 10)
+				if err == nil && n != 1 {
+					return fmt.Errorf("acted on %d orders, want 1", n)
+				}
+				return err
+			}, func() held { return holdOrder(t, b, o.OrderID) }
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			store := storeWith(t, b, 200*time.Millisecond)
+			act, hold := c.prepare(t, b)
+			h := hold()
+			released := make(chan struct{})
+			go func() {
+				defer close(released)
+				time.Sleep(450 * time.Millisecond) // two lock timeouts: the first try gives up
+				h.release()
+			}()
+			err := act(ctxFor(t), store)
+			<-released
+			if err != nil {
+				t.Fatalf("%s behind a lock held for 450 ms: %v, want it done", c.name, err)
+			}
+		})
+	}
 }

@@ -162,8 +162,10 @@ func (s *Store) MigrateOrder(ctx context.Context, orderID string, wf workflow.Wo
 		return v, err
 	}
 	var why string
-	err = s.pool.QueryRow(ctx, `SELECT order_migrate($1, $2, $3, $4, $5, $6, $7)`, orderID, v.From, v.To, string(wf.Definition()), string(plan),
-		strings.Join(v.Added, ", "), claimed).Scan(&why)
+	err = againOnLock(ctx, func() error {
+		return s.pool.QueryRow(ctx, `SELECT order_migrate($1, $2, $3, $4, $5, $6, $7)`, orderID, v.From, v.To, string(wf.Definition()), string(plan),
+			strings.Join(v.Added, ", "), claimed).Scan(&why)
+	})
 	if err == nil && why != "" {
 		v.CanMove, v.Why = false, why
 	}

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"sas/internal/workflow"
 )
@@ -201,32 +200,4 @@ func pauseOf(ctx context.Context, q querier, orderID string) (*Pause, error) {
 		return nil, err
 	}
 	return &p, nil
-}
-
-// againOnLock runs an operator's statement, and again (at most three
-// times more, 50, 100 and 200 ms apart) while PostgreSQL gives it up for a
-// row another transaction holds (lock_timeout: SQLSTATE 55P03) or picks it
-// as a deadlock's victim (40P01): the statement rolled back whole, and the
-// holder is most often a claim or a batch of replies that locks the same
-// orders' steps and rows for milliseconds (a workflow's pause and resume
-// lock every order of it, one after another). An operator is then told
-// to try again only for a lock held for seconds.
-func againOnLock(ctx context.Context, f func() error) error {
-	wait := 50 * time.Millisecond
-	for try := 1; ; try++ {
-		err := f()
-		var pgErr *pgconn.PgError
-		deadlocked := errors.As(err, &pgErr) && pgErr.Code == "40P01"
-		if try == 4 || !IsLockTimeout(err) && !deadlocked {
-			return err
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return err
-		case <-t.C:
-		}
-		wait *= 2
-	}
 }

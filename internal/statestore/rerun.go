@@ -22,41 +22,44 @@ import (
 // same order.
 func (s *Store) Rerun(ctx context.Context, orderID string, step int, payload []byte, attrs []Attribute, claimed string) ([]int, error) {
 	var reset []int
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var status string
-		err := tx.QueryRow(ctx, `SELECT status FROM orders WHERE order_id = $1 FOR UPDATE`, orderID).Scan(&status)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return &refusal{"order " + orderID + " not found", ErrNotFound}
-		}
-		if err != nil {
-			return err
-		}
-		if status != OrderError {
-			return &refusal{fmt.Sprintf("order %s is %s, only an order in error can be re-run", orderID, status), ErrInvalidState}
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO order_payloads (order_id, payload, replaced_by)
+	err := againOnLock(ctx, func() error {
+		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			reset = nil
+			var status string
+			err := tx.QueryRow(ctx, `SELECT status FROM orders WHERE order_id = $1 FOR UPDATE`, orderID).Scan(&status)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return &refusal{"order " + orderID + " not found", ErrNotFound}
+			}
+			if err != nil {
+				return err
+			}
+			if status != OrderError {
+				return &refusal{fmt.Sprintf("order %s is %s, only an order in error can be re-run", orderID, status), ErrInvalidState}
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO order_payloads (order_id, payload, replaced_by)
 			SELECT order_id, payload, $2 FROM orders WHERE order_id = $1`, orderID, claimed); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `UPDATE orders SET payload = $2, updated_at = now() WHERE order_id = $1`, orderID, string(payload)); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `UPDATE steps SET idempotency_key = regexp_replace(idempotency_key, '/rerun-[0-9]+$', '') || '/rerun-' || attempt
+				return err
+			}
+			if _, err := tx.Exec(ctx, `UPDATE orders SET payload = $2, updated_at = now() WHERE order_id = $1`, orderID, string(payload)); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `UPDATE steps SET idempotency_key = regexp_replace(idempotency_key, '/rerun-[0-9]+$', '') || '/rerun-' || attempt
 			WHERE order_id = $1 AND process_state = 'error'`, orderID); err != nil {
+				return err
+			}
+			if err := replaceAttributes(ctx, tx, orderID, attrs); err != nil {
+				return err
+			}
+			rows, err := tx.Query(ctx, `SELECT operator_resubmit($1, $2, $3)`, orderID, step, claimed)
+			if err != nil {
+				return err
+			}
+			steps, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+			for _, n := range steps {
+				reset = append(reset, int(n))
+			}
 			return err
-		}
-		if err := replaceAttributes(ctx, tx, orderID, attrs); err != nil {
-			return err
-		}
-		rows, err := tx.Query(ctx, `SELECT operator_resubmit($1, $2, $3)`, orderID, step, claimed)
-		if err != nil {
-			return err
-		}
-		steps, err := pgx.CollectRows(rows, pgx.RowTo[int32])
-		for _, n := range steps {
-			reset = append(reset, int(n))
-		}
-		return err
+		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("re-run: %w", classify(operatorError(err)))

@@ -20,11 +20,15 @@ import (
 // see operator_resubmit in sql/80_operators.sql) and claimed, the name the
 // operator gave, as a separate label.
 func (s *Store) Resubmit(ctx context.Context, orderID string, step int, claimed string) ([]int, error) {
-	rows, err := s.pool.Query(ctx, `SELECT operator_resubmit($1, $2, $3)`, orderID, step, claimed)
-	if err != nil {
-		return nil, fmt.Errorf("resubmit: %w", operatorError(err))
-	}
-	reset, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	var reset []int32
+	err := againOnLock(ctx, func() error {
+		rows, err := s.pool.Query(ctx, `SELECT operator_resubmit($1, $2, $3)`, orderID, step, claimed)
+		if err != nil {
+			return err
+		}
+		reset, err = pgx.CollectRows(rows, pgx.RowTo[int32])
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("resubmit: %w", operatorError(err))
 	}

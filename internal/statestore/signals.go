@@ -79,9 +79,11 @@ func (s *Store) ApplySignal(ctx context.Context, sig Signal) (SignalOutcome, err
 	if refused.Outcome != "" {
 		return refused, nil
 	}
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		return tx.QueryRow(ctx, `SELECT outcome, step, order_status, detail FROM order_signal($1, $2, $3, $4, $5)`,
-			sig.OrderID, sig.ID, sig.Name, payload, sig.Actor).Scan(&out.Outcome, &out.Step, &out.OrderStatus, &out.Detail)
+	err = againOnLock(ctx, func() error {
+		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			return tx.QueryRow(ctx, `SELECT outcome, step, order_status, detail FROM order_signal($1, $2, $3, $4, $5)`,
+				sig.OrderID, sig.ID, sig.Name, payload, sig.Actor).Scan(&out.Outcome, &out.Step, &out.OrderStatus, &out.Detail)
+		})
 	})
 	if err != nil {
 		return SignalOutcome{}, fmt.Errorf("signal %s for order %s: %w", sig.Name, sig.OrderID, classify(err))

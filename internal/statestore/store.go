@@ -263,6 +263,37 @@ func IsLockTimeout(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
 
+// againOnLock runs an operator's or a caller's action, and again (at
+// most three times more, 50, 100 and 200 ms apart) while PostgreSQL gives
+// it up for a row another transaction holds (lock_timeout: SQLSTATE
+// 55P03) or picks it as a deadlock's victim (40P01). f must be one
+// statement or one transaction, which rolled back whole: nothing of a try
+// that failed stays. The holder is most often a claim or a batch of
+// replies that locks the same orders' steps and rows for milliseconds (a
+// workflow's pause and resume lock every order of it, one after another;
+// a cancel locks the order, then its steps, where a reply locks the step,
+// then its order). The one who asked is then told to try again only for a
+// lock held for seconds.
+func againOnLock(ctx context.Context, f func() error) error {
+	wait := 50 * time.Millisecond
+	for try := 1; ; try++ {
+		err := f()
+		var pgErr *pgconn.PgError
+		deadlocked := errors.As(err, &pgErr) && pgErr.Code == "40P01"
+		if try == 4 || !IsLockTimeout(err) && !deadlocked {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		wait *= 2
+	}
+}
+
 // IsMissingSchema reports whether err is a statement naming a table or
 // function that does not exist: the database has not been migrated.
 func IsMissingSchema(err error) bool {
