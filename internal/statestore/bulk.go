@@ -224,8 +224,13 @@ func (s *Store) BulkJobOrders(ctx context.Context, id int64, after string, limit
 // StopBulkJob stops a running job: no order is acted on after the one in
 // progress. A job that ended already is returned as it is.
 func (s *Store) StopBulkJob(ctx context.Context, id int64, by string) (BulkJob, error) {
-	if _, err := s.pool.Exec(ctx, `UPDATE bulk_jobs SET state = 'stopped', stopped_by = $2, updated_at = now()
-		WHERE id = $1 AND state = 'running'`, id, by); err != nil {
+	// The job's row is held by its turn at an order, a transaction that
+	// may wait for that order's rows.
+	if err := againOnLock(ctx, func() error {
+		_, err := s.pool.Exec(ctx, `UPDATE bulk_jobs SET state = 'stopped', stopped_by = $2, updated_at = now()
+		WHERE id = $1 AND state = 'running'`, id, by)
+		return err
+	}); err != nil {
 		return BulkJob{}, fmt.Errorf("stop bulk job %d: %w", id, classify(err))
 	}
 	return s.BulkJobOf(ctx, id)

@@ -386,37 +386,39 @@ func (s *Store) SetLimits(ctx context.Context, kind string, c LimitChange, claim
 	}
 	detail := c.String()
 	var refused error
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO agent_limits (agent) VALUES ($1) ON CONFLICT DO NOTHING`, kind); err != nil {
-			return err
-		}
-		var now Limits
-		var maxIn, burst *int32
-		if err := tx.QueryRow(ctx, `
+	err := againOnLock(ctx, func() error {
+		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO agent_limits (agent) VALUES ($1) ON CONFLICT DO NOTHING`, kind); err != nil {
+				return err
+			}
+			var now Limits
+			var maxIn, burst *int32
+			if err := tx.QueryRow(ctx, `
 SELECT CASE WHEN set_by IS NULL THEN file_max_in_flight ELSE set_max_in_flight END,
        CASE WHEN set_by IS NULL THEN file_rate ELSE set_rate END,
        CASE WHEN set_by IS NULL THEN file_burst ELSE set_burst END,
        CASE WHEN set_by IS NULL THEN file_min_rate ELSE set_min_rate END
 FROM agent_limits WHERE agent = $1 FOR UPDATE`, kind).Scan(&maxIn, &now.Rate, &burst, &now.MinRate); err != nil {
-			return err
-		}
-		now.MaxInFlight, now.Burst = intp(maxIn), intp(burst)
-		next := c.apply(now)
-		if err := next.Rule().Check(); err != nil {
-			refused = fmt.Errorf("the limits of agent %s: %v: %w", kind, err, ErrInvalidData)
-			return refused
-		}
-		_, err := tx.Exec(ctx, `
+				return err
+			}
+			now.MaxInFlight, now.Burst = intp(maxIn), intp(burst)
+			next := c.apply(now)
+			if err := next.Rule().Check(); err != nil {
+				refused = fmt.Errorf("the limits of agent %s: %v: %w", kind, err, ErrInvalidData)
+				return refused
+			}
+			_, err := tx.Exec(ctx, `
 UPDATE agent_limits a SET set_max_in_flight = $2, set_rate = $3, set_burst = $4, set_min_rate = $5,
     set_by = 'operator:' || session_user || coalesce(' as ' || NULLIF($6, ''), ''),
     set_at = clock_timestamp(), updated_at = clock_timestamp(), in_flight_bound = NULL,
     lowered_rate = NULL, lowered_until = NULL
 WHERE a.agent = $1`, kind, int32p(next.MaxInFlight), next.Rate, int32p(next.Burst), next.MinRate, claimed)
-		if err != nil {
+			if err != nil {
+				return err
+			}
+			_, err = tx.Exec(ctx, `SELECT record_operator_action('limits set', $1, $2, $3)`, kind, detail, claimed)
 			return err
-		}
-		_, err = tx.Exec(ctx, `SELECT record_operator_action('limits set', $1, $2, $3)`, kind, detail, claimed)
-		return err
+		})
 	})
 	if refused != nil {
 		return KindLimits{}, refused
@@ -488,18 +490,20 @@ func (s *Store) ResetLimits(ctx context.Context, kind, claimed string) (KindLimi
 	if err := workflow.CheckKind(kind); err != nil {
 		return KindLimits{}, fmt.Errorf("reset limits: %v: %w", err, ErrInvalidData)
 	}
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `UPDATE agent_limits SET set_max_in_flight = NULL, set_rate = NULL, set_burst = NULL, set_min_rate = NULL,
-			set_by = NULL, set_at = NULL, updated_at = clock_timestamp(), in_flight_bound = NULL,
-			lowered_rate = NULL, lowered_until = NULL WHERE agent = $1`, kind)
-		if err != nil {
+	err := againOnLock(ctx, func() error {
+		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			tag, err := tx.Exec(ctx, `UPDATE agent_limits SET set_max_in_flight = NULL, set_rate = NULL, set_burst = NULL, set_min_rate = NULL,
+				set_by = NULL, set_at = NULL, updated_at = clock_timestamp(), in_flight_bound = NULL,
+				lowered_rate = NULL, lowered_until = NULL WHERE agent = $1`, kind)
+			if err != nil {
+				return err
+			}
+			if tag.RowsAffected() == 0 {
+				return ErrNoLimits
+			}
+			_, err = tx.Exec(ctx, `SELECT record_operator_action('limits reset', $1, '', $2)`, kind, claimed)
 			return err
-		}
-		if tag.RowsAffected() == 0 {
-			return ErrNoLimits
-		}
-		_, err = tx.Exec(ctx, `SELECT record_operator_action('limits reset', $1, '', $2)`, kind, claimed)
-		return err
+		})
 	})
 	if err != nil {
 		return KindLimits{}, fmt.Errorf("reset limits of %s: %w", kind, classify(err))

@@ -12,6 +12,7 @@ import (
 	"sas/internal/harness/testenv"
 	"sas/internal/statestore"
 	"sas/internal/steptoken"
+	"sas/internal/workflow"
 )
 
 // held is an order's rows held by another connection.
@@ -246,12 +247,14 @@ func waitBlocked(t *testing.T, b bundle, h held, waited time.Duration) {
 }
 
 // TestOperatorActionsWaitOutABriefLock: every action an operator or a
-// caller takes on one order through the store (cancel, resubmit, re-run,
-// move to another version, a signal, a callback, an alert's
-// acknowledgement, a bulk job's turn at an order) waits out a lock held
-// longer than the store's lock timeout, as a claim or a batch of replies
-// holds one for milliseconds, instead of giving up with it; each then
-// did what it was asked.
+// caller takes through the store on rows the hot path or the supervisor
+// locks (on an order: cancel, resubmit, re-run, a move to another
+// version, a signal, a callback, an alert's acknowledgement, a bulk job's
+// turn at it, its stop; an agent kind's limits set or reset, a namespace's, its
+// quotas; a schedule paused or triggered) waits out a lock held longer
+// than the store's lock timeout, as a claim or a batch of replies holds
+// one for milliseconds, instead of giving up with it; each then did what
+// it was asked.
 func TestOperatorActionsWaitOutABriefLock(t *testing.T) {
 	t.Parallel()
 	inError := func(t *testing.T, b bundle) string {
@@ -375,6 +378,97 @@ func TestOperatorActionsWaitOutABriefLock(t *testing.T) {
 				return err
 			}, func() held { return holdOrder(t, b, o.OrderID) }
 		}},
+		{"bulk stop", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
+			job, err := b.store.CreateBulkJob(ctxFor(t), statestore.BulkCancel, statestore.OrderQuery{}, []byte(`{}`), "api:ops", 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return func(ctx context.Context, s *statestore.Store) error {
+					j, err := s.StopBulkJob(ctx, job.ID, "api:ops")
+					if err == nil && j.State != statestore.BulkStopped {
+						return fmt.Errorf("the job is %s, want stopped", j.State)
+					}
+					return err
+				}, func() held {
+					return holdRows(t, b, job.ID, `SELECT 1 FROM bulk_jobs WHERE id = $1 FOR UPDATE`)
+				}
+		}},
+		{"limits set", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
+			if _, err := b.store.SetLimits(ctxFor(t), "pay", statestore.LimitChange{Rate: ptr(5.0)}, "ann"); err != nil {
+				t.Fatal(err)
+			}
+			return func(ctx context.Context, s *statestore.Store) error {
+				_, err := s.SetLimits(ctx, "pay", statestore.LimitChange{Rate: ptr(8.0)}, "ann")
+				return err
+			}, func() held { return holdRows(t, b, "pay", `SELECT 1 FROM agent_limits WHERE agent = $1 FOR UPDATE`) }
+		}},
+		{"limits reset", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
+			if _, err := b.store.SetLimits(ctxFor(t), "pay", statestore.LimitChange{Rate: ptr(5.0)}, "ann"); err != nil {
+				t.Fatal(err)
+			}
+			return func(ctx context.Context, s *statestore.Store) error {
+					_, err := s.ResetLimits(ctx, "pay", "ann")
+					return err
+				}, func() held {
+					return holdRows(t, b, "pay", `SELECT 1 FROM agent_limits WHERE agent = $1 FOR UPDATE`)
+				}
+		}},
+		{"namespace limits set", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
+			ctx := ctxFor(t)
+			if _, err := b.store.AddNamespace(ctx, "team-a", "test"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.store.SetNamespaceLimits(ctx, "team-a", "pay", statestore.LimitChange{Rate: ptr(5.0)}, "ann"); err != nil {
+				t.Fatal(err)
+			}
+			return func(ctx context.Context, s *statestore.Store) error {
+					_, err := s.SetNamespaceLimits(ctx, "team-a", "pay", statestore.LimitChange{Rate: ptr(8.0)}, "ann")
+					return err
+				}, func() held {
+					return holdRows(t, b, "pay", `SELECT 1 FROM namespace_limits WHERE agent = $1 FOR UPDATE`)
+				}
+		}},
+		{"namespace limits reset", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
+			ctx := ctxFor(t)
+			if _, err := b.store.AddNamespace(ctx, "team-a", "test"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.store.SetNamespaceLimits(ctx, "team-a", "pay", statestore.LimitChange{Rate: ptr(5.0)}, "ann"); err != nil {
+				t.Fatal(err)
+			}
+			return func(ctx context.Context, s *statestore.Store) error {
+					return s.ResetNamespaceLimits(ctx, "team-a", "pay", "ann")
+				}, func() held {
+					return holdRows(t, b, "pay", `SELECT 1 FROM namespace_limits WHERE agent = $1 FOR UPDATE`)
+				}
+		}},
+		{"namespace quotas", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
+			if _, err := b.store.AddNamespace(ctxFor(t), "team-a", "test"); err != nil {
+				t.Fatal(err)
+			}
+			return func(ctx context.Context, s *statestore.Store) error {
+					return s.SetNamespaceQuotas(ctx, "team-a", statestore.Quotas{MaxInFlight: ptr(10)}, "ann")
+				}, func() held {
+					return holdRows(t, b, "team-a", `SELECT 1 FROM namespaces WHERE name = $1 FOR UPDATE`)
+				}
+		}},
+		{"schedule pause", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
+			oneSchedule(t, b)
+			return func(ctx context.Context, s *statestore.Store) error {
+					return s.PauseSchedule(ctx, "often", true, time.Time{}, "ann")
+				}, func() held {
+					return holdRows(t, b, "often", `SELECT 1 FROM schedules WHERE name = $1 FOR UPDATE`)
+				}
+		}},
+		{"schedule trigger", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
+			oneSchedule(t, b)
+			return func(ctx context.Context, s *statestore.Store) error {
+					_, err := s.TriggerSchedule(ctx, "often", "ann")
+					return err
+				}, func() held {
+					return holdRows(t, b, "often", `SELECT 1 FROM schedules WHERE name = $1 FOR UPDATE`)
+				}
+		}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -395,5 +489,94 @@ func TestOperatorActionsWaitOutABriefLock(t *testing.T) {
 				t.Fatalf("%s behind a lock held for 450 ms: %v, want it done", c.name, err)
 			}
 		})
+	}
+}
+
+// oneSchedule stores the schedule "often" of workflow "tick".
+func oneSchedule(t *testing.T, b bundle) {
+	t.Helper()
+	reg, err := workflow.Parse("s.yaml", []byte(`
+workflows:
+  - name: tick
+    steps:
+      - {action: a, agent: x}
+schedules:
+  - {name: often, cron: "@every 1h", workflow: tick}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := reg.Schedules()[0]
+	if err := b.store.SyncSchedules(ctxFor(t), []statestore.ScheduleDef{{Name: sc.Name, Workflow: sc.Workflow, Cron: sc.Cron, Timezone: sc.Timezone,
+		Payload: sc.Payload, Overlap: sc.Overlap, CatchUp: sc.CatchUp, Version: sc.Version(), FirstTick: time.Now().Add(time.Hour)}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestAnActionADeadlockPicksIsTriedAgain: a cancel locks the order, then
+// its steps, where a reply locks a step, then its order; when the two
+// meet, PostgreSQL rolls one back as a deadlock's victim. The cancel,
+// picked (it waited first, and the other side looks for deadlocks only
+// after 10 s), is tried again once the other ends, and cancels.
+func TestAnActionADeadlockPicksIsTriedAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxFor(t)
+	o := sagaOrder(statestore.PolicyCompensate)
+	insert(t, b, o)
+	run(t, b, o.OrderID, true)
+	store := storeWith(t, b, 0)
+
+	conn, err := pgx.Connect(ctx, b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `SET LOCAL deadlock_timeout = '10s'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM steps WHERE order_id = $1 FOR UPDATE`, o.OrderID); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		status string
+		err    error
+	}
+	done := make(chan result, 1)
+	go func() {
+		status, err := store.CancelOrder(ctx, o.OrderID, "ops")
+		done <- result{status, err}
+	}()
+	// The cancel holds the order and waits for the steps.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var waiting int
+		if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%operator_cancel%'`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the cancel never waited for the steps")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The cycle closes; the cancel is its victim, so this lock is granted.
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM orders WHERE order_id = $1 FOR UPDATE`, o.OrderID); err != nil {
+		t.Fatalf("the other side of the deadlock: %v", err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || r.status != statestore.OrderCompensating {
+		t.Fatalf("cancel picked by a deadlock: %q %v, want it tried again and compensating", r.status, r.err)
 	}
 }

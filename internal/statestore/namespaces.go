@@ -100,9 +100,14 @@ func (s *Store) SetNamespaceQuotas(ctx context.Context, name string, q Quotas, b
 	if q.MaxSubmitBurst != nil && q.MaxSubmitRate == nil {
 		return fmt.Errorf("a submit burst needs a submit rate: %w", ErrInvalidData)
 	}
-	tag, err := s.pool.Exec(ctx, `UPDATE namespaces SET max_in_flight = $2, max_submit_rate = $3, max_submit_burst = $4,
+	var tag pgconn.CommandTag
+	err := againOnLock(ctx, func() error {
+		var err error
+		tag, err = s.pool.Exec(ctx, `UPDATE namespaces SET max_in_flight = $2, max_submit_rate = $3, max_submit_burst = $4,
 		max_payload_bytes = $5, rate_tokens = NULL, rate_at = NULL, in_flight_bound = NULL, quotas_by = $6, quotas_at = now() WHERE name = $1`,
-		name, q.MaxInFlight, q.MaxSubmitRate, q.MaxSubmitBurst, q.MaxPayloadBytes, by)
+			name, q.MaxInFlight, q.MaxSubmitRate, q.MaxSubmitBurst, q.MaxPayloadBytes, by)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("set the quotas of namespace %q: %w", name, classify(err))
 	}

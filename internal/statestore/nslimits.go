@@ -84,27 +84,29 @@ func (s *Store) SetNamespaceLimits(ctx context.Context, ns, kind string, c Limit
 			"(a service's 429 lowers the kind's rate, every namespace's share with it): %w", kind, ns, ErrInvalidData)
 	}
 	var refused error
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var now Limits
-		var maxIn, burst *int32
-		// Two operators at once: the last one's limits stand, each whole.
-		err := tx.QueryRow(ctx, `
+	err := againOnLock(ctx, func() error {
+		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			var now Limits
+			var maxIn, burst *int32
+			// Two operators at once: the last one's limits stand, each whole.
+			err := tx.QueryRow(ctx, `
 SELECT CASE WHEN set_by IS NULL THEN file_max_in_flight ELSE set_max_in_flight END,
        CASE WHEN set_by IS NULL THEN file_rate ELSE set_rate END,
        CASE WHEN set_by IS NULL THEN file_burst ELSE set_burst END
 FROM namespace_limits WHERE agent = $1 AND namespace = $2`, kind, ns).Scan(&maxIn, &now.Rate, &burst)
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return err
+			}
+			now.MaxInFlight, now.Burst = intp(maxIn), intp(burst)
+			next := c.apply(now)
+			if err := next.Rule().Check(); err != nil {
+				refused = fmt.Errorf("the limits of agent %s in namespace %s: %v: %w", kind, ns, err, ErrInvalidData)
+				return refused
+			}
+			_, err = tx.Exec(ctx, `SELECT namespace_limits_set($1, $2, $3, $4, $5, $6, $7)`,
+				ns, kind, int32p(next.MaxInFlight), next.Rate, int32p(next.Burst), c.String(), claimed)
 			return err
-		}
-		now.MaxInFlight, now.Burst = intp(maxIn), intp(burst)
-		next := c.apply(now)
-		if err := next.Rule().Check(); err != nil {
-			refused = fmt.Errorf("the limits of agent %s in namespace %s: %v: %w", kind, ns, err, ErrInvalidData)
-			return refused
-		}
-		_, err = tx.Exec(ctx, `SELECT namespace_limits_set($1, $2, $3, $4, $5, $6, $7)`,
-			ns, kind, int32p(next.MaxInFlight), next.Rate, int32p(next.Burst), c.String(), claimed)
-		return err
+		})
 	})
 	if refused != nil {
 		return NamespaceLimits{}, refused
@@ -121,7 +123,9 @@ FROM namespace_limits WHERE agent = $1 AND namespace = $2`, kind, ns).Scan(&maxI
 // operator had set any.
 func (s *Store) ResetNamespaceLimits(ctx context.Context, ns, kind, claimed string) error {
 	var had bool
-	if err := s.pool.QueryRow(ctx, `SELECT namespace_limits_reset($1, $2, $3)`, ns, kind, claimed).Scan(&had); err != nil {
+	if err := againOnLock(ctx, func() error {
+		return s.pool.QueryRow(ctx, `SELECT namespace_limits_reset($1, $2, $3)`, ns, kind, claimed).Scan(&had)
+	}); err != nil {
 		return fmt.Errorf("reset limits of %s in namespace %s: %w", kind, ns, classify(err))
 	}
 	if !had {

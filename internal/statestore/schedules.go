@@ -232,20 +232,22 @@ func (s *Store) PauseSchedule(ctx context.Context, name string, pause bool, next
 	if pause {
 		action = "schedule pause"
 	}
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `UPDATE schedules SET paused = $2,
-			paused_by = CASE WHEN $2 THEN 'operator:' || session_user || coalesce(' as ' || NULLIF($4, ''), '') END,
-			next_tick = CASE WHEN $2 THEN next_tick ELSE $3 END, updated_at = now() WHERE name = $1`, name, pause, nextTick, claimed)
-		if err != nil {
-			return err
-		}
-		if tag.RowsAffected() == 0 {
-			return ErrNoSchedule
-		}
-		if _, err := tx.Exec(ctx, `SELECT record_operator_action($1, $2, '', $3)`, action, name, claimed); err != nil {
-			return err
-		}
-		return notifyTimers(ctx, tx) // a resumed schedule may tick before the timer loop looks again
+	err := againOnLock(ctx, func() error {
+		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			tag, err := tx.Exec(ctx, `UPDATE schedules SET paused = $2,
+				paused_by = CASE WHEN $2 THEN 'operator:' || session_user || coalesce(' as ' || NULLIF($4, ''), '') END,
+				next_tick = CASE WHEN $2 THEN next_tick ELSE $3 END, updated_at = now() WHERE name = $1`, name, pause, nextTick, claimed)
+			if err != nil {
+				return err
+			}
+			if tag.RowsAffected() == 0 {
+				return ErrNoSchedule
+			}
+			if _, err := tx.Exec(ctx, `SELECT record_operator_action($1, $2, '', $3)`, action, name, claimed); err != nil {
+				return err
+			}
+			return notifyTimers(ctx, tx) // a resumed schedule may tick before the timer loop looks again
+		})
 	})
 	if errors.Is(err, ErrNoSchedule) {
 		return fmt.Errorf("schedule %s: %w", name, ErrNoSchedule)
@@ -262,20 +264,22 @@ func (s *Store) PauseSchedule(ctx context.Context, name string, pause bool, next
 // database clock, which names the order.
 func (s *Store) TriggerSchedule(ctx context.Context, name, claimed string) (time.Time, error) {
 	var at time.Time
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		err := tx.QueryRow(ctx, `UPDATE schedules SET trigger_at = coalesce(trigger_at, clock_timestamp()),
-			trigger_by = coalesce(trigger_by, 'operator:' || session_user || coalesce(' as ' || NULLIF($2, ''), '')), updated_at = now()
-			WHERE name = $1 AND in_file RETURNING trigger_at`, name, claimed).Scan(&at)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return ErrNoSchedule
-		}
-		if err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `SELECT record_operator_action('schedule trigger', $1, '', $2)`, name, claimed); err != nil {
-			return err
-		}
-		return notifyTimers(ctx, tx) // due now
+	err := againOnLock(ctx, func() error {
+		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			err := tx.QueryRow(ctx, `UPDATE schedules SET trigger_at = coalesce(trigger_at, clock_timestamp()),
+				trigger_by = coalesce(trigger_by, 'operator:' || session_user || coalesce(' as ' || NULLIF($2, ''), '')), updated_at = now()
+				WHERE name = $1 AND in_file RETURNING trigger_at`, name, claimed).Scan(&at)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return ErrNoSchedule
+			}
+			if err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `SELECT record_operator_action('schedule trigger', $1, '', $2)`, name, claimed); err != nil {
+				return err
+			}
+			return notifyTimers(ctx, tx) // due now
+		})
 	})
 	if errors.Is(err, ErrNoSchedule) {
 		return time.Time{}, fmt.Errorf("schedule %s (in the workflows file): %w", name, ErrNoSchedule)
