@@ -246,6 +246,54 @@ func waitBlocked(t *testing.T, b bundle, h held, waited time.Duration) {
 	})
 }
 
+// lockedAction is an action of TestOperatorActionsWaitOutABriefLock, on
+// a store with a short lock timeout.
+type lockedAction = func(ctx context.Context, s *statestore.Store) error
+
+// runningOrder is an order of the built-in "order" workflow whose first
+// step has ended and whose second is pending.
+func runningOrder(t *testing.T, b bundle) string {
+	t.Helper()
+	o := sagaOrder(statestore.PolicyCompensate)
+	insert(t, b, o)
+	run(t, b, o.OrderID, true)
+	return o.OrderID
+}
+
+// orderInError is an order held in error (policy hold) by its second
+// step's failure, with an operator alert.
+func orderInError(t *testing.T, b bundle) string {
+	t.Helper()
+	o := sagaOrder(statestore.PolicyHold)
+	insert(t, b, o)
+	run(t, b, o.OrderID, true)
+	if _, res := run(t, b, o.OrderID, false); res.OrderStatus != statestore.OrderError {
+		t.Fatalf("the order is %s, want error", res.OrderStatus)
+	}
+	return o.OrderID
+}
+
+// limitedKind sets the agent kind "pay"'s rate as an operator.
+func limitedKind(t *testing.T, b bundle) {
+	t.Helper()
+	if _, err := b.store.SetLimits(ctxFor(t), "pay", statestore.LimitChange{Rate: ptr(5.0)}, "ann"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// limitedInNamespace adds the namespace "team-a" and sets its own rate on
+// the kind "pay" as an operator.
+func limitedInNamespace(t *testing.T, b bundle) {
+	t.Helper()
+	ctx := ctxFor(t)
+	if _, err := b.store.AddNamespace(ctx, "team-a", "test"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.SetNamespaceLimits(ctx, "team-a", "pay", statestore.LimitChange{Rate: ptr(5.0)}, "ann"); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestOperatorActionsWaitOutABriefLock: every action an operator or a
 // caller takes through the store on rows the hot path or the supervisor
 // locks (on an order: cancel, resubmit, re-run, a move to another
@@ -257,36 +305,25 @@ func waitBlocked(t *testing.T, b bundle, h held, waited time.Duration) {
 // it was asked.
 func TestOperatorActionsWaitOutABriefLock(t *testing.T) {
 	t.Parallel()
-	inError := func(t *testing.T, b bundle) string {
-		o := sagaOrder(statestore.PolicyHold)
-		insert(t, b, o)
-		run(t, b, o.OrderID, true)
-		if _, res := run(t, b, o.OrderID, false); res.OrderStatus != statestore.OrderError {
-			t.Fatalf("the order is %s, want error", res.OrderStatus)
-		}
-		return o.OrderID
-	}
 	cases := []struct {
 		name string
 		// prepare makes the order (or the alert) the action is for, and
 		// returns the action on a store with a short lock timeout and
 		// what holds the rows it needs.
-		prepare func(t *testing.T, b bundle) (act func(ctx context.Context, s *statestore.Store) error, hold func() held)
+		prepare func(t *testing.T, b bundle) (act lockedAction, hold func() held)
 	}{
-		{"cancel", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
-			o := sagaOrder(statestore.PolicyCompensate)
-			insert(t, b, o)
-			run(t, b, o.OrderID, true)
+		{"cancel", func(t *testing.T, b bundle) (lockedAction, func() held) {
+			id := runningOrder(t, b)
 			return func(ctx context.Context, s *statestore.Store) error {
-				status, err := s.CancelOrder(ctx, o.OrderID, "ops")
+				status, err := s.CancelOrder(ctx, id, "ops")
 				if err == nil && status != statestore.OrderCompensating {
 					return fmt.Errorf("cancelled into %s, want compensating", status)
 				}
 				return err
-			}, func() held { return holdOrder(t, b, o.OrderID) }
+			}, func() held { return holdOrder(t, b, id) }
 		}},
-		{"resubmit", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
-			id := inError(t, b)
+		{"resubmit", func(t *testing.T, b bundle) (lockedAction, func() held) {
+			id := orderInError(t, b)
 			return func(ctx context.Context, s *statestore.Store) error {
 				steps, err := s.Resubmit(ctx, id, 0, "ops")
 				if err == nil && len(steps) != 1 {
@@ -295,8 +332,8 @@ func TestOperatorActionsWaitOutABriefLock(t *testing.T) {
 				return err
 			}, func() held { return holdOrder(t, b, id) }
 		}},
-		{"rerun", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
-			id := inError(t, b)
+		{"rerun", func(t *testing.T, b bundle) (lockedAction, func() held) {
+			id := orderInError(t, b)
 			return func(ctx context.Context, s *statestore.Store) error {
 				steps, err := s.Rerun(ctx, id, 0, []byte(`{"customer":"c","amount":99}`), nil, "ops")
 				if err == nil && len(steps) != 1 {
@@ -305,7 +342,7 @@ func TestOperatorActionsWaitOutABriefLock(t *testing.T) {
 				return err
 			}, func() held { return holdOrder(t, b, id) }
 		}},
-		{"migrate", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
+		{"migrate", func(t *testing.T, b bundle) (lockedAction, func() held) {
 			v1, v2 := lookup(t, versions), lookup(t, fixed)
 			o := graphOrder(t, versions, "fixme", `{}`, statestore.PolicyCompensate)
 			o.WorkflowVersion = v1.Version()
@@ -322,7 +359,7 @@ func TestOperatorActionsWaitOutABriefLock(t *testing.T) {
 				return err
 			}, func() held { return holdOrder(t, b, o.OrderID) }
 		}},
-		{"signal", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
+		{"signal", func(t *testing.T, b bundle) (lockedAction, func() held) {
 			o := graphOrder(t, loan, "loan", `{}`, statestore.PolicyCompensate)
 			insert(t, b, o)
 			reply(t, b, claimAll(t, b, o.OrderID)["score"], true, `{"value": 550}`)
@@ -334,7 +371,7 @@ func TestOperatorActionsWaitOutABriefLock(t *testing.T) {
 				return err
 			}, func() held { return holdOrder(t, b, o.OrderID) }
 		}},
-		{"callback", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
+		{"callback", func(t *testing.T, b bundle) (lockedAction, func() held) {
 			o := graphOrder(t, accepting, "slow", `{}`, statestore.PolicyCompensate)
 			insert(t, b, o)
 			c := claimAll(t, b, o.OrderID)["a"]
@@ -347,8 +384,8 @@ func TestOperatorActionsWaitOutABriefLock(t *testing.T) {
 				return err
 			}, func() held { return holdOrder(t, b, o.OrderID) }
 		}},
-		{"acknowledge", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
-			id := inError(t, b)
+		{"acknowledge", func(t *testing.T, b bundle) (lockedAction, func() held) {
+			id := orderInError(t, b)
 			alert := int64(count(t, b, `SELECT id FROM alerts WHERE order_id = $1`, id))
 			return func(ctx context.Context, s *statestore.Store) error {
 				a, already, err := s.AckAlert(ctx, alert, "ops", nil)
@@ -358,10 +395,8 @@ func TestOperatorActionsWaitOutABriefLock(t *testing.T) {
 				return err
 			}, func() held { return holdRows(t, b, alert, `SELECT 1 FROM alerts WHERE id = $1 FOR UPDATE`) }
 		}},
-		{"bulk", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
-			o := sagaOrder(statestore.PolicyCompensate)
-			insert(t, b, o)
-			run(t, b, o.OrderID, true)
+		{"bulk", func(t *testing.T, b bundle) (lockedAction, func() held) {
+			id := runningOrder(t, b)
 			ctx := ctxFor(t)
 			if _, err := b.store.CreateBulkJob(ctx, statestore.BulkCancel, statestore.OrderQuery{}, []byte(`{}`), "api:ops", 10); err != nil {
 				t.Fatal(err)
@@ -376,9 +411,9 @@ func TestOperatorActionsWaitOutABriefLock(t *testing.T) {
 					return fmt.Errorf("acted on %d orders, want 1", n)
 				}
 				return err
-			}, func() held { return holdOrder(t, b, o.OrderID) }
+			}, func() held { return holdOrder(t, b, id) }
 		}},
-		{"bulk stop", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
+		{"bulk stop", func(t *testing.T, b bundle) (lockedAction, func() held) {
 			job, err := b.store.CreateBulkJob(ctxFor(t), statestore.BulkCancel, statestore.OrderQuery{}, []byte(`{}`), "api:ops", 10)
 			if err != nil {
 				t.Fatal(err)
@@ -393,19 +428,15 @@ func TestOperatorActionsWaitOutABriefLock(t *testing.T) {
 					return holdRows(t, b, job.ID, `SELECT 1 FROM bulk_jobs WHERE id = $1 FOR UPDATE`)
 				}
 		}},
-		{"limits set", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
-			if _, err := b.store.SetLimits(ctxFor(t), "pay", statestore.LimitChange{Rate: ptr(5.0)}, "ann"); err != nil {
-				t.Fatal(err)
-			}
+		{"limits set", func(t *testing.T, b bundle) (lockedAction, func() held) {
+			limitedKind(t, b)
 			return func(ctx context.Context, s *statestore.Store) error {
 				_, err := s.SetLimits(ctx, "pay", statestore.LimitChange{Rate: ptr(8.0)}, "ann")
 				return err
 			}, func() held { return holdRows(t, b, "pay", `SELECT 1 FROM agent_limits WHERE agent = $1 FOR UPDATE`) }
 		}},
-		{"limits reset", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
-			if _, err := b.store.SetLimits(ctxFor(t), "pay", statestore.LimitChange{Rate: ptr(5.0)}, "ann"); err != nil {
-				t.Fatal(err)
-			}
+		{"limits reset", func(t *testing.T, b bundle) (lockedAction, func() held) {
+			limitedKind(t, b)
 			return func(ctx context.Context, s *statestore.Store) error {
 					_, err := s.ResetLimits(ctx, "pay", "ann")
 					return err
@@ -413,14 +444,8 @@ func TestOperatorActionsWaitOutABriefLock(t *testing.T) {
 					return holdRows(t, b, "pay", `SELECT 1 FROM agent_limits WHERE agent = $1 FOR UPDATE`)
 				}
 		}},
-		{"namespace limits set", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
-			ctx := ctxFor(t)
-			if _, err := b.store.AddNamespace(ctx, "team-a", "test"); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := b.store.SetNamespaceLimits(ctx, "team-a", "pay", statestore.LimitChange{Rate: ptr(5.0)}, "ann"); err != nil {
-				t.Fatal(err)
-			}
+		{"namespace limits set", func(t *testing.T, b bundle) (lockedAction, func() held) {
+			limitedInNamespace(t, b)
 			return func(ctx context.Context, s *statestore.Store) error {
 					_, err := s.SetNamespaceLimits(ctx, "team-a", "pay", statestore.LimitChange{Rate: ptr(8.0)}, "ann")
 					return err
@@ -428,21 +453,15 @@ func TestOperatorActionsWaitOutABriefLock(t *testing.T) {
 					return holdRows(t, b, "pay", `SELECT 1 FROM namespace_limits WHERE agent = $1 FOR UPDATE`)
 				}
 		}},
-		{"namespace limits reset", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
-			ctx := ctxFor(t)
-			if _, err := b.store.AddNamespace(ctx, "team-a", "test"); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := b.store.SetNamespaceLimits(ctx, "team-a", "pay", statestore.LimitChange{Rate: ptr(5.0)}, "ann"); err != nil {
-				t.Fatal(err)
-			}
+		{"namespace limits reset", func(t *testing.T, b bundle) (lockedAction, func() held) {
+			limitedInNamespace(t, b)
 			return func(ctx context.Context, s *statestore.Store) error {
 					return s.ResetNamespaceLimits(ctx, "team-a", "pay", "ann")
 				}, func() held {
 					return holdRows(t, b, "pay", `SELECT 1 FROM namespace_limits WHERE agent = $1 FOR UPDATE`)
 				}
 		}},
-		{"namespace quotas", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
+		{"namespace quotas", func(t *testing.T, b bundle) (lockedAction, func() held) {
 			if _, err := b.store.AddNamespace(ctxFor(t), "team-a", "test"); err != nil {
 				t.Fatal(err)
 			}
@@ -452,7 +471,7 @@ func TestOperatorActionsWaitOutABriefLock(t *testing.T) {
 					return holdRows(t, b, "team-a", `SELECT 1 FROM namespaces WHERE name = $1 FOR UPDATE`)
 				}
 		}},
-		{"schedule pause", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
+		{"schedule pause", func(t *testing.T, b bundle) (lockedAction, func() held) {
 			oneSchedule(t, b)
 			return func(ctx context.Context, s *statestore.Store) error {
 					return s.PauseSchedule(ctx, "often", true, time.Time{}, "ann")
@@ -460,7 +479,7 @@ func TestOperatorActionsWaitOutABriefLock(t *testing.T) {
 					return holdRows(t, b, "often", `SELECT 1 FROM schedules WHERE name = $1 FOR UPDATE`)
 				}
 		}},
-		{"schedule trigger", func(t *testing.T, b bundle) (func(context.Context, *statestore.Store) error, func() held) {
+		{"schedule trigger", func(t *testing.T, b bundle) (lockedAction, func() held) {
 			oneSchedule(t, b)
 			return func(ctx context.Context, s *statestore.Store) error {
 					_, err := s.TriggerSchedule(ctx, "often", "ann")
@@ -522,9 +541,7 @@ func TestAnActionADeadlockPicksIsTriedAgain(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := ctxFor(t)
-	o := sagaOrder(statestore.PolicyCompensate)
-	insert(t, b, o)
-	run(t, b, o.OrderID, true)
+	id := runningOrder(t, b)
 	store := storeWith(t, b, 0)
 
 	conn, err := pgx.Connect(ctx, b.url)
@@ -540,7 +557,7 @@ func TestAnActionADeadlockPicksIsTriedAgain(t *testing.T) {
 	if _, err := tx.Exec(ctx, `SET LOCAL deadlock_timeout = '10s'`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM steps WHERE order_id = $1 FOR UPDATE`, o.OrderID); err != nil {
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM steps WHERE order_id = $1 FOR UPDATE`, id); err != nil {
 		t.Fatal(err)
 	}
 	type result struct {
@@ -549,7 +566,7 @@ func TestAnActionADeadlockPicksIsTriedAgain(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		status, err := store.CancelOrder(ctx, o.OrderID, "ops")
+		status, err := store.CancelOrder(ctx, id, "ops")
 		done <- result{status, err}
 	}()
 	// The cancel holds the order and waits for the steps.
@@ -569,7 +586,7 @@ func TestAnActionADeadlockPicksIsTriedAgain(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	// The cycle closes; the cancel is its victim, so this lock is granted.
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM orders WHERE order_id = $1 FOR UPDATE`, o.OrderID); err != nil {
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM orders WHERE order_id = $1 FOR UPDATE`, id); err != nil {
 		t.Fatalf("the other side of the deadlock: %v", err)
 	}
 	if err := tx.Rollback(ctx); err != nil {
