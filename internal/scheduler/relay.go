@@ -33,15 +33,41 @@ type relay struct {
 	// 0 writes every event.
 	unheardFor time.Duration
 	wake       <-chan struct{}
-	logger     *slog.Logger
-	metrics    *metrics
-	tr         *tracing.Tracing
+	// held brings the status events this scheduler's replies held for
+	// it (statestore.ApplyRepliesPublishing): the relay publishes them
+	// and forgets them, with no round of its own.
+	held    chan statestore.OutboxMessage
+	logger  *slog.Logger
+	metrics *metrics
+	tr      *tracing.Tracing
 }
 
 // outboxStore is what the relay needs of the store.
 type outboxStore interface {
 	RelayOutboxHeard(ctx context.Context, limit int, unheardFor time.Duration,
 		publish func(context.Context, []statestore.OutboxMessage) (int, []string, error)) (int, error)
+	ForgetPublished(ctx context.Context, ids []int64) (bool, error)
+}
+
+// heldFor is how long a reply holds the status event of the order it
+// ended for its scheduler to publish: past it, a relay takes the event
+// (its scheduler stopped, or could not publish it). It bounds how late
+// such an event goes out, and it must outlast a publish's confirm.
+const heldFor = 10 * time.Second
+
+// heldQueue is how many held events may wait for the relay; a replier
+// that finds it full waits.
+const heldQueue = 1024
+
+// hand gives the relay an event held for it to publish; false if ctx
+// ended first (the event is then a relay's once its hold has passed).
+func (r *relay) hand(ctx context.Context, m statestore.OutboxMessage) bool {
+	select {
+	case r.held <- m:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // busyRecheck is how soon a relay that found another one at work looks
@@ -63,19 +89,29 @@ func (r *relay) run(ctx context.Context) error {
 	idle := r.poll
 	poll := time.NewTimer(idle)
 	defer poll.Stop()
+	var recheck <-chan time.Time
+	look := true // whether to look at the outbox before waiting again
 	for {
-		var recheck <-chan time.Time
-		busy, found := r.drain(ctx)
-		if busy {
-			recheck = time.After(busyRecheck)
+		if look {
+			recheck = nil
+			busy, found := r.drain(ctx)
+			if busy {
+				recheck = time.After(busyRecheck)
+			}
+			if found {
+				idle = r.poll
+			}
+			poll.Reset(idle)
 		}
-		if found {
-			idle = r.poll
-		}
-		poll.Reset(idle)
+		look = true
 		select {
 		case <-ctx.Done():
 			return nil
+		case m := <-r.held:
+			// Held events need no look at the outbox, unless forgetting
+			// them found messages that waited behind them.
+			r.metrics.wakeups.WithLabelValues("relay", "held").Inc()
+			look = r.publishHeld(ctx, m)
 		case <-r.wake:
 			r.metrics.wakeups.WithLabelValues("relay", "notify").Inc()
 			idle = r.poll
@@ -86,6 +122,49 @@ func (r *relay) run(ctx context.Context) error {
 			r.metrics.wakeups.WithLabelValues("relay", "busy").Inc()
 		}
 	}
+}
+
+// publishHeld publishes first and the other held events waiting, then
+// forgets those the broker confirmed; it reports whether the outbox has
+// messages for a relay round (written after a held event, they waited for
+// it). An event not confirmed stays held until its hold passes, and is then
+// a relay's.
+func (r *relay) publishHeld(ctx context.Context, first statestore.OutboxMessage) bool {
+	msgs := []statestore.OutboxMessage{first}
+collect:
+	for len(msgs) < r.batch {
+		select {
+		case m := <-r.held:
+			msgs = append(msgs, m)
+		default:
+			break collect
+		}
+	}
+	n, _, err := r.publish(ctx, msgs)
+	if err != nil {
+		if ctx.Err() != nil {
+			return false
+		}
+		r.metrics.relayErrors.Inc()
+		r.logger.Warn("publishing held status events failed; a relay takes them once their hold passes",
+			"err", err, "published", n, "held_for", heldFor.String())
+	}
+	if n == 0 {
+		return false
+	}
+	ids := make([]int64, n)
+	for i, m := range msgs[:n] {
+		ids[i] = m.ID
+	}
+	more, err := r.store.ForgetPublished(ctx, ids)
+	if err != nil {
+		if ctx.Err() == nil {
+			r.metrics.relayErrors.Inc()
+			r.logger.Warn("forgetting published status events failed; a relay publishes them again once their hold passes", "err", err)
+		}
+		return false
+	}
+	return more
 }
 
 // drain relays until the outbox is empty; it reports whether another

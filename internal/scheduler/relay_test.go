@@ -9,11 +9,13 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"sas/internal/broker"
 	"sas/internal/harness/testenv"
 	"sas/internal/messages"
 	"sas/internal/statestore"
+	"sas/internal/tracing"
 )
 
 // roundsStore is an outboxStore that records when each relay round came
@@ -22,6 +24,25 @@ type roundsStore struct {
 	mu     sync.Mutex
 	rounds []time.Time
 	work   map[int]int // round index: messages relayed
+	// forgotten is each ForgetPublished's ids; more what it answers.
+	forgotten [][]int64
+	more      bool
+}
+
+func (s *roundsStore) ForgetPublished(_ context.Context, ids []int64) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.forgotten = append(s.forgotten, ids)
+	return s.more, nil
+}
+
+func (s *roundsStore) state() (rounds int, forgotten []int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, ids := range s.forgotten {
+		forgotten = append(forgotten, ids...)
+	}
+	return len(s.rounds), forgotten
 }
 
 func (s *roundsStore) RelayOutboxHeard(context.Context, int, time.Duration,
@@ -109,4 +130,94 @@ func TestStepEventsGoToTheStatusExchangeByEvent(t *testing.T) {
 	if _, err := r.targets(statestore.OutboxMessage{Type: statestore.OutboxStepEvent, Body: []byte(`{"schema_version":1}`)}); err == nil {
 		t.Fatal("a step event that does not decode was given targets")
 	}
+}
+
+// Status events a reply held for this scheduler are published by its
+// relay and then forgotten, with no relay round of their own (no read of
+// the outbox); a round follows only when forgetting them says messages
+// waited behind them.
+func TestHeldEventsArePublishedWithoutARound(t *testing.T) {
+	t.Parallel()
+	topo := broker.Topology{Prefix: testenv.Prefix(t), DeliveryLimit: 10}
+	testenv.Broker(t, topo)
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx, cancel := context.WithCancel(context.Background())
+	conn, err := broker.Open(ctx, testenv.AMQPURL(), "relay-held-test", topo, logger, broker.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	ac, err := amqp.Dial(testenv.AMQPURL())
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	ch, err := ac.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err == nil {
+		err = ch.QueueBind(q.Name, messages.StatusCompleted, topo.StatusExchange(), false, nil)
+	}
+	var deliveries <-chan amqp.Delivery
+	if err == nil {
+		deliveries, err = ch.Consume(q.Name, "", true, true, false, false, nil)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	store := &roundsStore{work: map[int]int{}}
+	wake := make(chan struct{}, 1)
+	r := &relay{store: store, pub: broker.NewPublisher(conn, broker.NewMetrics(prometheus.NewRegistry())), topo: topo, batch: 100,
+		poll: time.Hour, wake: wake, held: make(chan statestore.OutboxMessage, heldQueue), logger: logger,
+		metrics: newMetrics(prometheus.NewRegistry()), tr: tracing.Off()}
+	done := make(chan error, 1)
+	go func() { done <- r.run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+		ac.Close()
+		conn.Close()
+	}()
+	testenv.Eventually(t, 10*time.Second, "the relay's first look", func() bool { n, _ := store.state(); return n == 1 })
+
+	event := func(id int64) statestore.OutboxMessage {
+		order := messages.NewID()
+		return statestore.OutboxMessage{ID: id, MessageID: messages.NewID(), Type: statestore.OutboxStatusEvent, OrderID: order,
+			Body: []byte(`{"schema_version":1,"order_id":"` + order + `","status":"completed","at":"2026-12-01T10:00:00Z"}`)}
+	}
+	heard := func(want statestore.OutboxMessage) {
+		t.Helper()
+		select {
+		case d := <-deliveries:
+			if d.MessageId != want.MessageID || string(d.Body) != string(want.Body) {
+				t.Fatalf("delivered %s %s, want %s %s", d.MessageId, d.Body, want.MessageID, want.Body)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("held event %d never published", want.ID)
+		}
+	}
+	first, second := event(7), event(8)
+	if !r.hand(ctx, first) || !r.hand(ctx, second) {
+		t.Fatal("the relay took no held event")
+	}
+	heard(first)
+	heard(second)
+	testenv.Eventually(t, 10*time.Second, "both events forgotten", func() bool { _, f := store.state(); return len(f) == 2 })
+	if rounds, forgotten := store.state(); rounds != 1 || forgotten[0] != 7 || forgotten[1] != 8 {
+		t.Fatalf("after publishing held events: %d relay rounds, forgotten %v; want still 1 round, 7 and 8 forgotten", rounds, forgotten)
+	}
+
+	// Messages waited behind a held event: a round follows its forget.
+	store.mu.Lock()
+	store.more = true
+	store.mu.Unlock()
+	third := event(9)
+	r.hand(ctx, third)
+	heard(third)
+	testenv.Eventually(t, 10*time.Second, "a relay round after a forget that found more", func() bool { n, _ := store.state(); return n == 2 })
 }

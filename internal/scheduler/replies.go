@@ -42,6 +42,9 @@ type replier struct {
 	// wakeClaimer and wakeRelay nudge this scheduler's claimer (a step
 	// became pending) and relay (status events were written).
 	wakeClaimer, wakeRelay func()
+	// publishHeld hands the relay a status event held for it to publish
+	// (statestore.ApplyRepliesPublishing); false if it could not.
+	publishHeld func(context.Context, statestore.OutboxMessage) bool
 	// dispatch sends the requests of steps claimed with a reply, as the
 	// claimer sends those it claims.
 	dispatch func([]statestore.ClaimedStep, time.Time)
@@ -115,7 +118,15 @@ func (r *replier) handle(ctx context.Context, _ broker.Message, rep messages.Ste
 	if (res.NextStep > 0 && res.Claimed == nil) || res.OrderStatus == statestore.OrderCompensating {
 		r.wakeClaimer()
 	}
-	if res.OrderStatus != "" {
+	switch {
+	case res.Event != nil:
+		// The order's end was held for this scheduler to tell: its
+		// relay publishes it, with no round of its own. If that cannot
+		// be, a relay takes it once its hold has passed.
+		if !r.publishHeld(r.workCtx, *res.Event) {
+			log.Info("status event left to a relay once its hold passes", "order_status", res.OrderStatus)
+		}
+	case res.OrderStatus != "":
 		r.wakeRelay()
 	}
 	if res.Claimed != nil {

@@ -246,7 +246,7 @@ func (m *metrics) initSeries(workflows *workflow.Registry, kinds []string) {
 	for _, target := range []string{"status_exchange", "reply_to", "alerts"} {
 		m.unroutable.WithLabelValues(target)
 	}
-	for loop, sources := range map[string][]string{"claimer": {"notify", "poll", "throttled"}, "relay": {"notify", "poll", "busy"}} {
+	for loop, sources := range map[string][]string{"claimer": {"notify", "poll", "throttled"}, "relay": {"notify", "poll", "busy", "held"}} {
 		for _, source := range sources {
 			m.wakeups.WithLabelValues(loop, source)
 		}
@@ -379,9 +379,11 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	// scheduler's own claimer and relay are nudged for.
 	// A reply's next step is claimed with it when its kind's queue has
 	// room for a whole batch more; the replier sends its request.
+	rl := &relay{store: store, pub: pub, topo: topo, batch: cfg.RelayBatch, poll: cfg.PollInterval, unheardFor: cfg.SkipUnheardEvents,
+		wake: w.outbox, held: make(chan statestore.OutboxMessage, heldQueue), logger: logger, metrics: m, tr: tr}
 	applies := batch.New(cfg.ReplyBatch, cfg.ReplyBatchLinger, func(ctx context.Context, rs []statestore.Reply) ([]statestore.ApplyResult, []error) {
 		m.replyBatchSize.Observe(float64(len(rs)))
-		results, errs := store.ApplyRepliesClaiming(ctx, rs, c.openKinds(cfg.ReplyBatch))
+		results, errs := store.ApplyRepliesPublishing(ctx, rs, c.openKinds(cfg.ReplyBatch), heldFor)
 		for _, res := range results {
 			if res.Claimed != nil {
 				c.countSent(res.Claimed.Agent)
@@ -391,7 +393,8 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	})
 	sk.Go(func(ctx context.Context) { applies.Run(ctx, cfg.ReplyWriters) })
 	r := &replier{store: store, applies: applies, me: me, workCtx: workCtx, logger: logger, metrics: m,
-		wakeClaimer: func() { nudge(w.pending) }, wakeRelay: func() { nudge(w.outbox) }, dispatch: c.dispatch, tr: tr}
+		wakeClaimer: func() { nudge(w.pending) }, wakeRelay: func() { nudge(w.outbox) }, dispatch: c.dispatch, tr: tr,
+		publishHeld: rl.hand}
 	replies := broker.NewConsumer(conn, pub,
 		broker.ConsumerConfig{Input: messages.RepliesQueue, Prefetch: cfg.ReplyPrefetch, Workers: cfg.ReplyWorkers, Reasons: messages.Reasons()},
 		r.handler(), logger, bm)
@@ -403,8 +406,6 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 			statestore.SignalUnknownOrder, statestore.SignalOrderEnded, statestore.SignalNoSuchWait, statestore.SignalWaitEnded,
 			statestore.SignalInvalidPayload, ReasonInvalidToken, ReasonStaleToken, intake.ReasonNamespaceRefused, intake.ReasonUnknownNamespace)},
 		sg.handler(), logger, bm)
-	rl := &relay{store: store, pub: pub, topo: topo, batch: cfg.RelayBatch, poll: cfg.PollInterval, unheardFor: cfg.SkipUnheardEvents,
-		wake: w.outbox, logger: logger, metrics: m, tr: tr}
 
 	if cfg.StepEvents {
 		if err := service.RetryDB(ctx, logger, "turning step events on", func() error { return store.HearStepEvents(ctx) }); err != nil {

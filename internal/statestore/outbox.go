@@ -38,6 +38,10 @@ type OutboxMessage struct {
 // ErrRelayBusy: another process is relaying the outbox right now.
 var ErrRelayBusy = errors.New("another relay holds the outbox")
 
+// ErrRelayHeld: the outbox's first message is held by its writer, who is
+// publishing it (ApplyRepliesPublishing); nothing was relayed.
+var ErrRelayHeld = fmt.Errorf("%w: its first message is held by its writer", ErrRelayBusy)
+
 // RelayOutbox takes up to limit unpublished outbox messages in id order,
 // hands them to publish, and deletes the first n that publish reports
 // done (an operator alert's record is its row in alerts). It returns n.
@@ -78,7 +82,10 @@ func (s *Store) RelayOutboxHeard(ctx context.Context, limit int, unheardFor time
 	defer conn.Release()
 	done, publishErr, err := relay(ctx, conn.Conn(), s.traces, limit, unheardFor, publish)
 	if err != nil {
-		return 0, fmt.Errorf("relay outbox: %w", err)
+		if !errors.Is(err, ErrRelayHeld) {
+			done = 0
+		}
+		return done, fmt.Errorf("relay outbox: %w", err)
 	}
 	if publishErr != nil {
 		return done, fmt.Errorf("relay outbox: publish: %w", publishErr)
@@ -106,15 +113,21 @@ SELECT set_config('sas.relay_locked', pg_try_advisory_xact_lock(` + relayLockKey
 // statement sees what was committed when it began, and one that began
 // before it got the lock would miss the deletes of the relay that held it
 // until then, and take its messages again.
+//
+// Each message says whether its writer still holds it (outbox.held_until,
+// migration 0055: ApplyRepliesPublishing): the relay takes only the
+// messages before the first one held, so that no event overtakes one its
+// writer is publishing.
 const relayRead = `
-SELECT id, message_id::text, message_type, order_id::text, coalesce(reply_to, ''), body, coalesce(correlation_id, '')
+SELECT id, message_id::text, message_type, order_id::text, coalesce(reply_to, ''), body, coalesce(correlation_id, ''),
+       coalesce(held_until > now(), false)
 FROM outbox WHERE current_setting('sas.relay_locked') = 'true' ORDER BY id LIMIT $1`
 
 // relayReadTraced is relayRead with each message's order's traceparent,
 // for a process that traces: one primary-key lookup in orders a message.
 const relayReadTraced = `
 SELECT m.id, m.message_id::text, m.message_type, m.order_id::text, coalesce(m.reply_to, ''), m.body, coalesce(m.correlation_id, ''),
-       coalesce(o.traceparent, '')
+       coalesce(m.held_until > now(), false), coalesce(o.traceparent, '')
 FROM (SELECT * FROM outbox WHERE current_setting('sas.relay_locked') = 'true' ORDER BY id LIMIT $1) m
 LEFT JOIN orders o ON o.order_id = m.order_id
 ORDER BY m.id`
@@ -132,6 +145,7 @@ func relay(ctx context.Context, conn *pgx.Conn, traced bool, limit int, unheardF
 	var (
 		locked bool
 		msgs   []OutboxMessage
+		held   = -1 // the index of the first message held, if any
 	)
 	take.Queue(relayLock).QueryRow(func(row pgx.Row) error { return row.Scan(&locked, nil, nil) })
 	read := relayRead
@@ -139,17 +153,23 @@ func relay(ctx context.Context, conn *pgx.Conn, traced bool, limit int, unheardF
 		read = relayReadTraced
 	}
 	take.Queue(read, limit).Query(func(rows pgx.Rows) error {
-		var err error
-		msgs, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (OutboxMessage, error) {
+		defer rows.Close()
+		for rows.Next() {
 			var m OutboxMessage
-			dst := []any{&m.ID, &m.MessageID, &m.Type, &m.OrderID, &m.ReplyTo, &m.Body, &m.CorrelationID}
+			var isHeld bool
+			dst := []any{&m.ID, &m.MessageID, &m.Type, &m.OrderID, &m.ReplyTo, &m.Body, &m.CorrelationID, &isHeld}
 			if traced {
 				dst = append(dst, &m.Traceparent)
 			}
-			err := row.Scan(dst...)
-			return m, err
-		})
-		return err
+			if err := rows.Scan(dst...); err != nil {
+				return err
+			}
+			if isHeld && held < 0 {
+				held = len(msgs)
+			}
+			msgs = append(msgs, m)
+		}
+		return rows.Err()
 	})
 	if err := conn.SendBatch(ctx, take).Close(); err != nil {
 		return 0, nil, err
@@ -159,6 +179,17 @@ func relay(ctx context.Context, conn *pgx.Conn, traced bool, limit int, unheardF
 			return 0, nil, err
 		}
 		return 0, nil, ErrRelayBusy
+	}
+	if held >= 0 {
+		// What comes from the first held message on waits for its writer
+		// (or for its hold to pass): another relay round, soon.
+		msgs = msgs[:held]
+		if len(msgs) == 0 {
+			if err := rollback(ctx, conn); err != nil {
+				return 0, nil, err
+			}
+			return 0, nil, ErrRelayHeld
+		}
 	}
 	if len(msgs) == 0 {
 		return 0, nil, rollback(ctx, conn)
@@ -182,6 +213,9 @@ func relay(ctx context.Context, conn *pgx.Conn, traced bool, limit int, unheardF
 	end.Queue(`COMMIT`)
 	if err := conn.SendBatch(ctx, end).Close(); err != nil {
 		return 0, publishErr, err
+	}
+	if held >= 0 && publishErr == nil {
+		return n, nil, ErrRelayHeld
 	}
 	return n, publishErr, nil
 }
@@ -250,6 +284,31 @@ func hear(ctx context.Context, pool *pgxpool.Pool, clear, table string) error {
 		return fmt.Errorf("transactions writing %s were still open after %s", table, hearWritersWait)
 	}
 	return nil
+}
+
+// forgetPublished deletes the held messages $1 their writer published;
+// the commit does not wait for its WAL to reach disk (a delete lost in a
+// crash publishes the message again once its hold has passed, under the
+// same message_id, as a relay's lost delete does). It says whether the
+// outbox still holds a message that is not held among its first three (a
+// relay's to take; two writers forgetting at once each see the other's
+// held message first, and the one after it too).
+const forgetPublished = `
+WITH gone AS (DELETE FROM outbox WHERE id = ANY($1) AND held_until IS NOT NULL)
+SELECT set_config('synchronous_commit', 'off', true) IS NOT NULL
+       AND EXISTS (SELECT 1 FROM (SELECT held_until FROM outbox WHERE id <> ALL($1) ORDER BY id LIMIT 3) m
+                   WHERE m.held_until IS NULL OR m.held_until <= now())`
+
+// ForgetPublished deletes the messages ids, held for their writer
+// (ApplyRepliesPublishing), once it published them, and reports whether
+// the outbox holds messages a relay should take now (the writer wakes
+// one): those written after a held message waited for it.
+func (s *Store) ForgetPublished(ctx context.Context, ids []int64) (bool, error) {
+	var more bool
+	if err := s.pool.QueryRow(ctx, forgetPublished, ids).Scan(&more); err != nil {
+		return false, fmt.Errorf("forget published outbox messages: %w", err)
+	}
+	return more, nil
 }
 
 // OutboxBacklog counts unpublished outbox messages.

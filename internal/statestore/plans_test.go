@@ -98,7 +98,7 @@ func TestHotStatementsVisitRowsByTheirWork(t *testing.T) {
 	for _, stmt := range []string{
 		`SET plan_cache_mode = force_generic_plan`,
 		`PREPARE claim(text, int, text[], int[]) AS ` + statestore.ClaimKindsSQL,
-		`PREPARE reply(uuid[], int[], int[], jsonb[], timestamptz[], timestamptz[], bigint[], text, boolean, text[]) AS ` + statestore.ApplyOKRepliesSQL,
+		`PREPARE reply(uuid[], int[], int[], jsonb[], timestamptz[], timestamptz[], bigint[], text, boolean, text[], bigint) AS ` + statestore.ApplyOKRepliesSQL,
 	} {
 		if _, err := conn.Exec(ctx, stmt); err != nil {
 			t.Fatal(err)
@@ -109,7 +109,7 @@ func TestHotStatementsVisitRowsByTheirWork(t *testing.T) {
 	}()
 	// Their generic plans are made now, for empty tables.
 	explainVisits(t, ctx, conn.Conn(), "claim", `'s', 1, '{k}', '{1}'`)
-	explainVisits(t, ctx, conn.Conn(), "reply", `'{}', '{}', '{}', '{}', '{}', '{}', '{}', 's', true, '{}'`)
+	explainVisits(t, ctx, conn.Conn(), "reply", `'{}', '{}', '{}', '{}', '{}', '{}', '{}', 's', true, '{}', 10000`)
 	const batch = 50
 	perStep := map[int][2]float64{}
 	for _, backlog := range []int{200, 6000} {
@@ -143,7 +143,7 @@ func TestHotStatementsVisitRowsByTheirWork(t *testing.T) {
 		for i := range nulls {
 			nulls[i] = "NULL"
 		}
-		reply, applied := explainVisits(t, ctx, conn.Conn(), "reply", fmt.Sprintf(`%s, %s, %s, %s, %s, %s, %s, 's', true, '{}'`, arr(ids), arr(nums), arr(attempts), arr(nulls), arr(nulls), arr(nulls), arr(nulls)))
+		reply, applied := explainVisits(t, ctx, conn.Conn(), "reply", fmt.Sprintf(`%s, %s, %s, %s, %s, %s, %s, 's', true, '{}', 10000`, arr(ids), arr(nums), arr(attempts), arr(nulls), arr(nulls), arr(nulls), arr(nulls)))
 		if applied != batch {
 			t.Fatalf("with %d pending: applied %d replies, want %d", backlog, applied, batch)
 		}

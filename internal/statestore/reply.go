@@ -57,6 +57,10 @@ type ApplyResult struct {
 	// reply's actor (ApplyRepliesClaiming): its request is the caller's to
 	// send, as after a claim. NextStep is then its number too.
 	Claimed *ClaimedStep
+	// Event is, when the reply ended the order and the statement held
+	// its status event for the caller (ApplyRepliesPublishing), that
+	// event: the caller's to publish and then forget (ForgetPublished).
+	Event *OutboxMessage
 }
 
 // Kinds of stale reply, few and fixed (they label a metric).
@@ -146,9 +150,11 @@ func (s *Store) applyReplyFunc(ctx context.Context, r Reply) (ApplyResult, error
 // parallel arrays, at most one per order (and for a list's steps only: a
 // graph's go through apply_reply); $8 is the actor, $9 the fence
 // (always true but in the fault suite's negative control), $10 the agent
-// kinds whose next steps are claimed for $8 in the same statement. It
-// returns a row for each reply applied, by 1-based index, with the step
-// it claimed, if any.
+// kinds whose next steps are claimed for $8 in the same statement, $11
+// how many milliseconds an ended order's status event is held for $8 to
+// publish (0: not held, the relay's). It returns a row for each reply
+// applied, by 1-based index, with the step it claimed and the event it
+// held, if any.
 const applyOKRepliesSQL = `
 WITH r AS (
     SELECT * FROM unnest($1::uuid[], $2::int[], $3::int[], $4::jsonb[], $5::timestamptz[], $6::timestamptz[], $7::bigint[])
@@ -173,13 +179,13 @@ WITH r AS (
     -- reply through apply_reply, which locks first).
     SELECT sas_refuse_late_apply(coalesce(bool_or(late), false)) AS ok FROM cur
 ), ord AS (
-    SELECT o.order_id, o.status, o.reply_to, o.created_at, o.namespace FROM orders o
+    SELECT o.order_id, o.status, o.reply_to, o.created_at, o.namespace, o.traceparent FROM orders o
     WHERE o.order_id IN (SELECT order_id FROM cur)
     FOR UPDATE
 ), dec AS (
     -- What comes next for each order: order_next decides, as it does for
     -- one reply (step_processed).
-    SELECT cur.order_id, cur.step, cur.kind, ord.reply_to, ord.created_at, ord.status, ord.namespace,
+    SELECT cur.order_id, cur.step, cur.kind, ord.reply_to, ord.created_at, ord.status, ord.namespace, ord.traceparent,
            -- a paused order's next step, or any while a kind is paused,
            -- becomes pending, for a claim to pass over or take
            (SELECT NOT EXISTS (SELECT 1 FROM kind_pauses))
@@ -220,8 +226,15 @@ WITH r AS (
                         moved_why = CASE WHEN e.to_status = 'completed' THEN 'last step processed' ELSE 'every compensation processed' END
     FROM ended e WHERE o.order_id = e.order_id
 ), ord_ev AS (
-    INSERT INTO outbox (message_type, order_id, reply_to, body)
-    SELECT 'status_event', order_id, reply_to, status_event_body(order_id, to_status, NULL, new_result, undone_step) FROM ended
+    -- Held for $11 ms, for the caller to publish at once, when the
+    -- outbox held nothing as the statement began (no event of any order
+    -- waits before it): see ApplyRepliesPublishing.
+    INSERT INTO outbox (message_type, order_id, reply_to, body, held_until)
+    SELECT 'status_event', order_id, reply_to, status_event_body(order_id, to_status, NULL, new_result, undone_step),
+           CASE WHEN $11 > 0 AND (SELECT id FROM outbox ORDER BY id LIMIT 1) IS NULL
+                THEN clock_timestamp() + $11 * interval '1 millisecond' END
+    FROM ended
+    RETURNING id, message_id, order_id, reply_to, body, held_until IS NOT NULL AS held
 )
 SELECT cur.idx::int, cur.name, cur.took::float8, coalesce(nxt.step, 0), coalesce(e.to_status, ''),
        coalesce(extract(epoch FROM clock_timestamp() - e.created_at), 0)::float8,
@@ -235,9 +248,12 @@ SELECT cur.idx::int, cur.name, cur.took::float8, coalesce(nxt.step, 0), coalesce
                             WHERE p.order_id = nxt.order_id AND p.step < nxt.step AND p.kind = 'action' AND p.result IS NOT NULL),
                            '{}'::jsonb) || g.new_result, '{}'::jsonb)
        END,
-       a.result, coalesce(nxt.kind, ''), coalesce(a.idempotency_key, ''), coalesce(o.traceparent, ''), coalesce(e.namespace, '')
+       a.result, coalesce(nxt.kind, ''), coalesce(a.idempotency_key, ''), coalesce(o.traceparent, ''), coalesce(e.namespace, ''),
+       -- the order's status event, when held for the caller to publish
+       coalesce(ev.id, 0), coalesce(ev.message_id::text, ''), coalesce(ev.reply_to, ''), ev.body, coalesce(g.traceparent, '')
 FROM cur CROSS JOIN in_time LEFT JOIN nxt ON nxt.order_id = cur.order_id LEFT JOIN ended e ON e.order_id = cur.order_id
 LEFT JOIN dec g ON g.order_id = cur.order_id
+LEFT JOIN ord_ev ev ON ev.order_id = cur.order_id AND ev.held
 LEFT JOIN orders o ON o.order_id = nxt.order_id AND nxt.process_state = 'processing'
 LEFT JOIN steps a ON a.order_id = nxt.order_id AND a.step = nxt.compensates AND nxt.process_state = 'processing'`
 
@@ -259,6 +275,22 @@ func (s *Store) ApplyReplies(ctx context.Context, rs []Reply) ([]ApplyResult, []
 // returns it in the result's Claimed: one statement and one row version
 // fewer than the step becoming pending and then claimed.
 func (s *Store) ApplyRepliesClaiming(ctx context.Context, rs []Reply, claimFor []string) ([]ApplyResult, []error) {
+	return s.applyReplies(ctx, rs, claimFor, 0)
+}
+
+// ApplyRepliesPublishing applies replies as ApplyRepliesClaiming does and,
+// when the outbox held nothing as the batch's statement began, holds the
+// status event of each order it ended for hold: a relay publishes
+// nothing from that event on until the hold ends, and the caller publishes
+// it (the result's Event) and forgets it (ForgetPublished). An order's
+// end is then told without a relay's round of two transactions, and its
+// events still go out in the order they were written. A held event its
+// caller never forgot is the relay's once the hold has passed.
+func (s *Store) ApplyRepliesPublishing(ctx context.Context, rs []Reply, claimFor []string, hold time.Duration) ([]ApplyResult, []error) {
+	return s.applyReplies(ctx, rs, claimFor, max(hold.Milliseconds(), 1))
+}
+
+func (s *Store) applyReplies(ctx context.Context, rs []Reply, claimFor []string, holdMS int64) ([]ApplyResult, []error) {
 	if claimFor == nil {
 		claimFor = []string{}
 	}
@@ -300,7 +332,7 @@ func (s *Store) ApplyRepliesClaiming(ctx context.Context, rs []Reply, claimFor [
 		b := &pgx.Batch{}
 		b.Queue(`SELECT ` + genericPlansExpr)
 		b.Queue(applyOKRepliesSQL, ids, steps, attempts, resultsJSON, started, sent, calls, actor,
-			!failpoint.Broken("unfenced-replies"), claimFor)
+			!failpoint.Broken("unfenced-replies"), claimFor, holdMS)
 		br := s.pool.SendBatch(ctx, b)
 		_, err := br.Exec()
 		var rows pgx.Rows
@@ -317,9 +349,11 @@ func (s *Store) ApplyRepliesClaiming(ctx context.Context, rs []Reply, claimFor [
 				var completeBy *time.Time
 				var budgetMS int64
 				var prio int16
+				var ev OutboxMessage
 				if err = rows.Scan(&idx, &res.StepName, &took, &res.NextStep, &res.OrderStatus, &orderTook,
 					&claimed, &c.Name, &c.Agent, &c.Attempt, &c.FailureCount, &c.IdempotencyKey, &completeBy,
-					&budgetMS, &prio, &c.ReplyTo, &c.Payload, &c.Results, &c.UndoneResult, &c.Kind, &c.Undoes, &c.Traceparent, &res.OrderNamespace); err != nil {
+					&budgetMS, &prio, &c.ReplyTo, &c.Payload, &c.Results, &c.UndoneResult, &c.Kind, &c.Undoes, &c.Traceparent, &res.OrderNamespace,
+					&ev.ID, &ev.MessageID, &ev.ReplyTo, &ev.Body, &ev.Traceparent); err != nil {
 					break
 				}
 				if idx < 1 || idx > len(batched) {
@@ -330,6 +364,10 @@ func (s *Store) ApplyRepliesClaiming(ctx context.Context, rs []Reply, claimFor [
 					c.OrderID, c.Step, c.CompleteBy = ids[idx-1], res.NextStep, *completeBy
 					c.setBudgetPriority(budgetMS, prio)
 					res.Claimed = &c
+				}
+				if ev.ID != 0 {
+					ev.Type, ev.OrderID = OutboxStatusEvent, ids[idx-1]
+					res.Event = &ev
 				}
 				res.StepState = StepProcessed
 				res.StepTook = time.Duration(took * float64(time.Second))
