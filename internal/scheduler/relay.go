@@ -51,9 +51,12 @@ type outboxStore interface {
 
 // heldFor is how long a reply holds the status event of the order it
 // ended for its scheduler to publish: past it, a relay takes the event
-// (its scheduler stopped, or could not publish it). It bounds how late
-// such an event goes out, and it must outlast a publish's confirm.
-const heldFor = 10 * time.Second
+// (its scheduler stopped, or could not publish it). A relay takes nothing
+// after a held event either, so this is also how long a scheduler that
+// died between its reply's commit and the publish holds up every event
+// and alert behind it. It should outlast a publish's confirm; one that
+// does not is published twice, under the same message_id.
+const heldFor = 3 * time.Second
 
 // heldQueue is how many held events may wait for the relay; a replier
 // that finds it full waits.
