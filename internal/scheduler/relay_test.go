@@ -54,6 +54,19 @@ func (s *roundsStore) RelayOutboxHeard(context.Context, int, time.Duration,
 	return n, nil
 }
 
+// running runs r until the returned stop is called, which waits for it.
+func running(t *testing.T, r *relay) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.run(ctx) }()
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}
+}
+
 func (s *roundsStore) gaps() []time.Duration {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -74,15 +87,7 @@ func TestRelayAtRestLooksLessOften(t *testing.T) {
 	wake := make(chan struct{}, 1)
 	r := &relay{store: store, batch: 100, poll: poll, wake: wake, logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		metrics: newMetrics(prometheus.NewRegistry())}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	defer running(t, r)()
 	// Rounds 0-6 find nothing: the waits grow to the longest.
 	testenv.Eventually(t, 30*time.Second, "seven empty rounds", func() bool { return len(store.gaps()) >= 6 })
 	g := store.gaps()
@@ -173,13 +178,10 @@ func TestHeldEventsArePublishedWithoutARound(t *testing.T) {
 	r := &relay{store: store, pub: broker.NewPublisher(conn, broker.NewMetrics(prometheus.NewRegistry())), topo: topo, batch: 100,
 		poll: time.Hour, wake: wake, held: make(chan statestore.OutboxMessage, heldQueue), logger: logger,
 		metrics: newMetrics(prometheus.NewRegistry()), tr: tracing.Off()}
-	done := make(chan error, 1)
-	go func() { done <- r.run(ctx) }()
+	stop := running(t, r)
 	defer func() {
+		stop()
 		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
 		ac.Close()
 		conn.Close()
 	}()
