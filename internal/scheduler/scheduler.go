@@ -153,7 +153,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "sas_scheduler_steps_resent_total", Help: "Steps sent before the broker connection dropped, handed back to pending when it came back (transient step messages).",
 		}),
 		wakeups: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sas_scheduler_wakeups_total", Help: "Times a loop woke, by loop and source (notify, poll, reconnect).",
+			Name: "sas_scheduler_wakeups_total", Help: "Times a loop woke, by loop (claimer, relay, resend) and source (notify, poll, throttled, busy, held, reconnect).",
 		}, []string{"loop", "source"}),
 		replies: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sas_scheduler_replies_total", Help: "Agent replies handled, by result (processed, error, stale, rejected, abandoned: a service's last answer kept, accepted: a 202 held the step open, throttled: a service's 429).",
