@@ -36,7 +36,15 @@ type relay struct {
 	// held brings the status events this scheduler's replies held for
 	// it (statestore.ApplyRepliesPublishing): the relay publishes them
 	// and forgets them, with no round of its own.
-	held    chan statestore.OutboxMessage
+	held chan statestore.OutboxMessage
+	// handersDone is closed once nothing hands held events any more (the
+	// replies' consumer has finished the deliveries in hand): a relay
+	// that was told to stop publishes what it is handed until then, while
+	// work lasts. Nil: it publishes what waits, and stops.
+	handersDone <-chan struct{}
+	// work ends when the shutdown's time is up: held events are work in
+	// hand, published under it.
+	work    context.Context
 	logger  *slog.Logger
 	metrics *metrics
 	tr      *tracing.Tracing
@@ -109,12 +117,13 @@ func (r *relay) run(ctx context.Context) error {
 		look = true
 		select {
 		case <-ctx.Done():
+			r.finish()
 			return nil
 		case m := <-r.held:
 			// Held events need no look at the outbox, unless forgetting
 			// them found messages that waited behind them.
 			r.metrics.wakeups.WithLabelValues("relay", "held").Inc()
-			look = r.publishHeld(ctx, m)
+			look = r.publishHeld(r.work, m)
 		case <-r.wake:
 			r.metrics.wakeups.WithLabelValues("relay", "notify").Inc()
 			idle = r.poll
@@ -123,6 +132,41 @@ func (r *relay) run(ctx context.Context) error {
 			idle = min(2*idle, relayIdleLongest*r.poll)
 		case <-recheck:
 			r.metrics.wakeups.WithLabelValues("relay", "busy").Inc()
+		}
+	}
+}
+
+// finish publishes the events held for this relay that the replies in
+// hand as the scheduler stops still hand it, so that a scheduler taken
+// down does not leave its last orders' ends to wait out their hold for
+// another relay; then, if messages waited behind them, it relays those.
+func (r *relay) finish() {
+	work := r.work
+	more := false
+	publish := func(m statestore.OutboxMessage) {
+		r.metrics.wakeups.WithLabelValues("relay", "held").Inc()
+		more = r.publishHeld(work, m) || more
+	}
+	handing := r.handersDone
+	for handing != nil {
+		select {
+		case m := <-r.held:
+			publish(m)
+		case <-handing:
+			handing = nil
+		case <-work.Done():
+			return
+		}
+	}
+	for {
+		select {
+		case m := <-r.held:
+			publish(m)
+		default:
+			if more {
+				r.drain(work)
+			}
+			return
 		}
 	}
 }

@@ -137,26 +137,22 @@ func TestStepEventsGoToTheStatusExchangeByEvent(t *testing.T) {
 	}
 }
 
-// Status events a reply held for this scheduler are published by its
-// relay and then forgotten, with no relay round of their own (no read of
-// the outbox); a round follows only when forgetting them says messages
-// waited behind them.
-func TestHeldEventsArePublishedWithoutARound(t *testing.T) {
-	t.Parallel()
-	topo := broker.Topology{Prefix: testenv.Prefix(t), DeliveryLimit: 10}
-	testenv.Broker(t, topo)
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	ctx, cancel := context.WithCancel(context.Background())
-	conn, err := broker.Open(ctx, testenv.AMQPURL(), "relay-held-test", topo, logger, broker.NewMetrics(prometheus.NewRegistry()))
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
+// heldEvent is an order's completed event as a reply holds it.
+func heldEvent(id int64) statestore.OutboxMessage {
+	order := messages.NewID()
+	return statestore.OutboxMessage{ID: id, MessageID: messages.NewID(), Type: statestore.OutboxStatusEvent, OrderID: order,
+		Body: []byte(`{"schema_version":1,"order_id":"` + order + `","status":"completed","at":"2026-12-01T10:00:00Z"}`)}
+}
+
+// statusListener is a queue bound to topo's status exchange for completed
+// events, and its deliveries; it goes when the test ends.
+func statusListener(t *testing.T, topo broker.Topology) <-chan amqp.Delivery {
+	t.Helper()
 	ac, err := amqp.Dial(testenv.AMQPURL())
 	if err != nil {
-		cancel()
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { ac.Close() })
 	ch, err := ac.Channel()
 	if err != nil {
 		t.Fatal(err)
@@ -172,26 +168,39 @@ func TestHeldEventsArePublishedWithoutARound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return deliveries
+}
+
+// Status events a reply held for this scheduler are published by its
+// relay and then forgotten, with no relay round of their own (no read of
+// the outbox); a round follows only when forgetting them says messages
+// waited behind them.
+func TestHeldEventsArePublishedWithoutARound(t *testing.T) {
+	t.Parallel()
+	topo := broker.Topology{Prefix: testenv.Prefix(t), DeliveryLimit: 10}
+	testenv.Broker(t, topo)
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx, cancel := context.WithCancel(context.Background())
+	conn, err := broker.Open(ctx, testenv.AMQPURL(), "relay-held-test", topo, logger, broker.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	deliveries := statusListener(t, topo)
 
 	store := &roundsStore{work: map[int]int{}}
 	wake := make(chan struct{}, 1)
 	r := &relay{store: store, pub: broker.NewPublisher(conn, broker.NewMetrics(prometheus.NewRegistry())), topo: topo, batch: 100,
-		poll: time.Hour, wake: wake, held: make(chan statestore.OutboxMessage, heldQueue), logger: logger,
+		poll: time.Hour, wake: wake, held: make(chan statestore.OutboxMessage, heldQueue), work: ctx, logger: logger,
 		metrics: newMetrics(prometheus.NewRegistry()), tr: tracing.Off()}
 	stop := running(t, r)
 	defer func() {
 		stop()
 		cancel()
-		ac.Close()
 		conn.Close()
 	}()
 	testenv.Eventually(t, 10*time.Second, "the relay's first look", func() bool { n, _ := store.state(); return n == 1 })
 
-	event := func(id int64) statestore.OutboxMessage {
-		order := messages.NewID()
-		return statestore.OutboxMessage{ID: id, MessageID: messages.NewID(), Type: statestore.OutboxStatusEvent, OrderID: order,
-			Body: []byte(`{"schema_version":1,"order_id":"` + order + `","status":"completed","at":"2026-12-01T10:00:00Z"}`)}
-	}
 	heard := func(want statestore.OutboxMessage) {
 		t.Helper()
 		select {
@@ -203,7 +212,7 @@ func TestHeldEventsArePublishedWithoutARound(t *testing.T) {
 			t.Fatalf("held event %d never published", want.ID)
 		}
 	}
-	first, second := event(7), event(8)
+	first, second := heldEvent(7), heldEvent(8)
 	if !r.hand(ctx, first) || !r.hand(ctx, second) {
 		t.Fatal("the relay took no held event")
 	}
@@ -218,8 +227,64 @@ func TestHeldEventsArePublishedWithoutARound(t *testing.T) {
 	store.mu.Lock()
 	store.more = true
 	store.mu.Unlock()
-	third := event(9)
+	third := heldEvent(9)
 	r.hand(ctx, third)
 	heard(third)
 	testenv.Eventually(t, 10*time.Second, "a relay round after a forget that found more", func() bool { n, _ := store.state(); return n == 2 })
+}
+
+// A relay told to stop publishes the events the replies still in hand
+// hand it, until they are done, and relays what waited behind them; it
+// leaves none to wait out its hold for another scheduler's relay.
+func TestAStoppingRelayPublishesTheEndsStillHanded(t *testing.T) {
+	t.Parallel()
+	topo := broker.Topology{Prefix: testenv.Prefix(t), DeliveryLimit: 10}
+	testenv.Broker(t, topo)
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	conn, err := broker.Open(ctx, testenv.AMQPURL(), "relay-stop-test", topo, logger, broker.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	deliveries := statusListener(t, topo)
+
+	store := &roundsStore{work: map[int]int{}, more: true}
+	handers := make(chan struct{})
+	r := &relay{store: store, pub: broker.NewPublisher(conn, broker.NewMetrics(prometheus.NewRegistry())), topo: topo, batch: 100,
+		poll: time.Hour, wake: make(chan struct{}, 1), held: make(chan statestore.OutboxMessage, heldQueue), handersDone: handers, work: ctx,
+		logger: logger, metrics: newMetrics(prometheus.NewRegistry()), tr: tracing.Off()}
+	// Told to stop before it began: it looks at no outbox, and waits for
+	// what the replies in hand hand it.
+	relayCtx, stopRelay := context.WithCancel(ctx)
+	stopRelay()
+	done := make(chan error, 1)
+	go func() { done <- r.run(relayCtx) }()
+	for i, late := range []statestore.OutboxMessage{heldEvent(11), heldEvent(12)} {
+		if !r.hand(ctx, late) {
+			t.Fatal("the stopping relay took no held event")
+		}
+		select {
+		case d := <-deliveries:
+			if d.MessageId != late.MessageID {
+				t.Fatalf("delivered %s, want %s", d.MessageId, late.MessageID)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("event %d handed to a stopping relay was not published", late.ID)
+		}
+		testenv.Eventually(t, 10*time.Second, "the event forgotten", func() bool { _, f := store.state(); return len(f) == i+1 })
+	}
+	close(handers)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the relay did not stop once its handers were done")
+	}
+	if rounds, forgotten := store.state(); len(forgotten) != 2 || forgotten[0] != 11 || forgotten[1] != 12 || rounds != 1 {
+		t.Fatalf("after stopping: %d relay rounds, forgotten %v; want 11 and 12 forgotten and one round for what waited behind them", rounds, forgotten)
+	}
 }

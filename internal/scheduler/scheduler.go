@@ -379,8 +379,10 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	// scheduler's own claimer and relay are nudged for.
 	// A reply's next step is claimed with it when its kind's queue has
 	// room for a whole batch more; the replier sends its request.
+	repliesDone := make(chan struct{})
 	rl := &relay{store: store, pub: pub, topo: topo, batch: cfg.RelayBatch, poll: cfg.PollInterval, unheardFor: cfg.SkipUnheardEvents,
-		wake: w.outbox, held: make(chan statestore.OutboxMessage, heldQueue), logger: logger, metrics: m, tr: tr}
+		wake: w.outbox, held: make(chan statestore.OutboxMessage, heldQueue), handersDone: repliesDone, work: workCtx,
+		logger: logger, metrics: m, tr: tr}
 	applies := batch.New(cfg.ReplyBatch, cfg.ReplyBatchLinger, func(ctx context.Context, rs []statestore.Reply) ([]statestore.ApplyResult, []error) {
 		m.replyBatchSize.Observe(float64(len(rs)))
 		results, errs := store.ApplyRepliesPublishing(ctx, rs, c.openKinds(cfg.ReplyBatch), heldFor)
@@ -412,7 +414,13 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 			return err
 		}
 	}
-	loops := []func(context.Context) error{w.run, c.run, replies.Run, signals.Run, rl.run}
+	// The relay publishes the ends the replies in hand hold as the
+	// scheduler stops: it is told when the replies' consumer is done.
+	runReplies := func(ctx context.Context) error {
+		defer close(repliesDone)
+		return replies.Run(ctx)
+	}
+	loops := []func(context.Context) error{w.run, c.run, runReplies, signals.Run, rl.run}
 	if c.transient {
 		rs := &resender{store: store, me: me, restored: conn.Restored(), wakeClaimer: func() { nudge(w.pending) }, logger: logger, metrics: m}
 		loops = append(loops, rs.run)
