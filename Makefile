@@ -256,7 +256,7 @@ api-e2e: services build
 
 # The limits' end-to-end tests at the issue's sizes: a kind at 50/s
 # measured over LIMITS_SECONDS by the service, and a key with a backlog of
-# FAIR_BACKLOG orders before 20 small keys (make test runs 20 s and 5,000).
+# FAIR_BACKLOG orders before 20 small keys (make test runs 10 s and 5,000).
 LIMITS_SECONDS ?= 60
 FAIR_BACKLOG ?= 20000
 limits-e2e: services build
