@@ -171,34 +171,37 @@ func statusListener(t *testing.T, topo broker.Topology) <-chan amqp.Delivery {
 	return deliveries
 }
 
+// relayOnABroker is a relay over store that publishes to a broker
+// topology of the test's own, its held events under a context that ends
+// with the test, and a queue bound for completed events.
+func relayOnABroker(t *testing.T, store outboxStore, handers <-chan struct{}) (*relay, <-chan amqp.Delivery) {
+	t.Helper()
+	topo := broker.Topology{Prefix: testenv.Prefix(t), DeliveryLimit: 10}
+	testenv.Broker(t, topo)
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	conn, err := broker.Open(ctx, testenv.AMQPURL(), "relay-test", topo, logger, broker.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	r := &relay{store: store, pub: broker.NewPublisher(conn, broker.NewMetrics(prometheus.NewRegistry())), topo: topo, batch: 100,
+		poll: time.Hour, wake: make(chan struct{}, 1), held: make(chan statestore.OutboxMessage, heldQueue), handersDone: handers, work: ctx,
+		logger: logger, metrics: newMetrics(prometheus.NewRegistry()), tr: tracing.Off()}
+	return r, statusListener(t, topo)
+}
+
 // Status events a reply held for this scheduler are published by its
 // relay and then forgotten, with no relay round of their own (no read of
 // the outbox); a round follows only when forgetting them says messages
 // waited behind them.
 func TestHeldEventsArePublishedWithoutARound(t *testing.T) {
 	t.Parallel()
-	topo := broker.Topology{Prefix: testenv.Prefix(t), DeliveryLimit: 10}
-	testenv.Broker(t, topo)
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	ctx, cancel := context.WithCancel(context.Background())
-	conn, err := broker.Open(ctx, testenv.AMQPURL(), "relay-held-test", topo, logger, broker.NewMetrics(prometheus.NewRegistry()))
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	deliveries := statusListener(t, topo)
-
 	store := &roundsStore{work: map[int]int{}}
-	wake := make(chan struct{}, 1)
-	r := &relay{store: store, pub: broker.NewPublisher(conn, broker.NewMetrics(prometheus.NewRegistry())), topo: topo, batch: 100,
-		poll: time.Hour, wake: wake, held: make(chan statestore.OutboxMessage, heldQueue), work: ctx, logger: logger,
-		metrics: newMetrics(prometheus.NewRegistry()), tr: tracing.Off()}
-	stop := running(t, r)
-	defer func() {
-		stop()
-		cancel()
-		conn.Close()
-	}()
+	r, deliveries := relayOnABroker(t, store, nil)
+	ctx := r.work
+	defer running(t, r)()
 	testenv.Eventually(t, 10*time.Second, "the relay's first look", func() bool { n, _ := store.state(); return n == 1 })
 
 	heard := func(want statestore.OutboxMessage) {
@@ -238,23 +241,10 @@ func TestHeldEventsArePublishedWithoutARound(t *testing.T) {
 // leaves none to wait out its hold for another scheduler's relay.
 func TestAStoppingRelayPublishesTheEndsStillHanded(t *testing.T) {
 	t.Parallel()
-	topo := broker.Topology{Prefix: testenv.Prefix(t), DeliveryLimit: 10}
-	testenv.Broker(t, topo)
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	conn, err := broker.Open(ctx, testenv.AMQPURL(), "relay-stop-test", topo, logger, broker.NewMetrics(prometheus.NewRegistry()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	deliveries := statusListener(t, topo)
-
 	store := &roundsStore{work: map[int]int{}, more: true}
 	handers := make(chan struct{})
-	r := &relay{store: store, pub: broker.NewPublisher(conn, broker.NewMetrics(prometheus.NewRegistry())), topo: topo, batch: 100,
-		poll: time.Hour, wake: make(chan struct{}, 1), held: make(chan statestore.OutboxMessage, heldQueue), handersDone: handers, work: ctx,
-		logger: logger, metrics: newMetrics(prometheus.NewRegistry()), tr: tracing.Off()}
+	r, deliveries := relayOnABroker(t, store, handers)
+	ctx := r.work
 	// Told to stop before it began: it looks at no outbox, and waits for
 	// what the replies in hand hand it.
 	relayCtx, stopRelay := context.WithCancel(ctx)
