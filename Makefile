@@ -31,12 +31,15 @@ TEST_TIMEOUT ?= 25m
 # (scripts/test-postgres.sh; SAS_TEST_DATABASE_URL set by hand wins): at
 # three at once there, 397-454 s in clean-clone runs against 553 s at two
 # on the machine's server in the same hour (2026-11-29; up to 90
-# connections seen). At four the timing tests fail for want of CPU. The
+# connections seen). At four the timing tests failed for want of CPU. The
 # three whose bounds are tightest (timers after a database restart,
 # timers within a second, rates across replicas) are not parallel: they
-# run before the rest (about 100 s one after another), having failed
-# beside two other stacks in a slow hour; the two of timers run side by
-# side (TestTimers), which their bounds keep tenfold (about 75 s).
+# run before the rest (60 s one after another on a fast host, about 100
+# on a slow one), having failed beside two other stacks in a slow hour;
+# the two of timers run side by side (TestTimers), which their bounds
+# keep tenfold (39-75 s). With them first, four at once passed on a fast
+# host (339 s against 377 at three, 2026-12-01); three keeps room for
+# the parallel tests' own bounds on a slow one.
 E2E := sas/e2e
 E2E_PARALLEL ?= 3
 # The longest packages start first: go test starts them in the order
