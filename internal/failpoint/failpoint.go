@@ -8,8 +8,13 @@
 // SAS_BROKEN names a switch (to prove the fault checker catches it).
 package failpoint
 
+import "context"
+
 // Inject is a no-op in normal builds.
 func Inject(name string) {}
+
+// StopHere is a no-op in normal builds.
+func StopHere(ctx context.Context, name string) {}
 
 // Panic is a no-op in normal builds.
 func Panic(name, key string) {}

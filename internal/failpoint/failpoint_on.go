@@ -3,10 +3,12 @@
 package failpoint
 
 import (
+	"context"
 	"os"
 	"slices"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // Inject kills the process with SIGKILL if name is listed in
@@ -17,6 +19,22 @@ func Inject(name string) {
 		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {} // the signal is on its way
 	}
+}
+
+// StopHere stops the process as an operator would, with SIGTERM to
+// itself, if SAS_FAILPOINTS lists name: once, then the name is taken off
+// the list. It returns when the stop has ended ctx (a consumer's, which
+// the stop ends first) and gone on for 100 ms, so that the work in hand
+// at this point finishes while the process is stopping around it.
+func StopHere(ctx context.Context, name string) {
+	listed := strings.Split(os.Getenv("SAS_FAILPOINTS"), ",")
+	if !slices.Contains(listed, name) {
+		return
+	}
+	_ = os.Setenv("SAS_FAILPOINTS", strings.Join(slices.DeleteFunc(listed, func(n string) bool { return n == name }), ","))
+	_ = syscall.Kill(os.Getpid(), syscall.SIGTERM)
+	<-ctx.Done()
+	time.Sleep(100 * time.Millisecond)
 }
 
 // Panic panics if SAS_FAILPOINTS lists name=key, e.g.

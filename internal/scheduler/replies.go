@@ -123,6 +123,7 @@ func (r *replier) handle(ctx context.Context, _ broker.Message, rep messages.Ste
 		// The order's end was held for this scheduler to tell: its
 		// relay publishes it, with no round of its own. If that cannot
 		// be, a relay takes it once its hold has passed.
+		failpoint.StopHere(ctx, "scheduler-stop-before-telling-end")
 		if !r.publishHeld(r.workCtx, *res.Event) {
 			log.Info("status event left to a relay once its hold passes", "order_status", res.OrderStatus)
 		}
