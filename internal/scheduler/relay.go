@@ -141,11 +141,10 @@ func (r *relay) run(ctx context.Context) error {
 // down does not leave its last orders' ends to wait out their hold for
 // another relay; then, if messages waited behind them, it relays those.
 func (r *relay) finish() {
-	work := r.work
 	more := false
 	publish := func(m statestore.OutboxMessage) {
 		r.metrics.wakeups.WithLabelValues("relay", "held").Inc()
-		more = r.publishHeld(work, m) || more
+		more = r.publishHeld(r.work, m) || more
 	}
 	handing := r.handersDone
 	for handing != nil {
@@ -154,7 +153,7 @@ func (r *relay) finish() {
 			publish(m)
 		case <-handing:
 			handing = nil
-		case <-work.Done():
+		case <-r.work.Done():
 			return
 		}
 	}
@@ -164,7 +163,7 @@ func (r *relay) finish() {
 			publish(m)
 		default:
 			if more {
-				r.drain(work)
+				r.drain(r.work)
 			}
 			return
 		}
