@@ -140,12 +140,13 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		}
 		srv.setBroker(conn)
 	})
-	ops.SetReady(func(ctx context.Context) error { return store.Ping(ctx) })
-
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("SAS_CONSOLE_ADDR: listen on %s: %w", cfg.Addr, err)
 	}
+	// Ready only once the pages' address is bound: a check that passed
+	// before would send the first request to a closed port.
+	ops.SetReady(func(ctx context.Context) error { return store.Ping(ctx) })
 	hs := &http.Server{Handler: srv.routes(), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
 		WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 	var wg sync.WaitGroup
