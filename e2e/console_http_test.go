@@ -270,6 +270,18 @@ func TestConsoleAccess(t *testing.T) {
 	})
 }
 
+// TestConsoleIsReadyOnceItListens: a console slow to bind its pages'
+// address (a failpoint waits a second before the listen) does not say it
+// is ready before it has: the first request once /readyz said so is
+// answered.
+func TestConsoleIsReadyOnceItListens(t *testing.T) {
+	t.Parallel()
+	c := startConsole(t, newStack(t), "SAS_FAILPOINTS=console-slow-to-listen")
+	if status, _ := newWebClient(t, c.url).do("GET", "/login", nil); status != http.StatusOK {
+		t.Fatalf("GET /login once the console was ready: %d, want 200", status)
+	}
+}
+
 // TestConsoleReadOnly: with SAS_CONSOLE_READ_ONLY an operator sees no
 // action and every action is refused.
 func TestConsoleReadOnly(t *testing.T) {

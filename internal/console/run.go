@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"sas/internal/broker"
+	"sas/internal/failpoint"
 	"sas/internal/oidcauth"
 	"sas/internal/service"
 	"sas/internal/statestore"
@@ -140,6 +141,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		}
 		srv.setBroker(conn)
 	})
+	failpoint.Delay("console-slow-to-listen")
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("SAS_CONSOLE_ADDR: listen on %s: %w", cfg.Addr, err)

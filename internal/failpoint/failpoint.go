@@ -16,6 +16,9 @@ func Inject(name string) {}
 // StopHere is a no-op in normal builds.
 func StopHere(ctx context.Context, name string) {}
 
+// Delay is a no-op in normal builds.
+func Delay(name string) {}
+
 // Panic is a no-op in normal builds.
 func Panic(name, key string) {}
 

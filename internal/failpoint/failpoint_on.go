@@ -37,6 +37,15 @@ func StopHere(ctx context.Context, name string) {
 	time.Sleep(100 * time.Millisecond)
 }
 
+// Delay waits a second if SAS_FAILPOINTS lists name: a step that is
+// slow where it is usually quick, so that what must wait for it can be
+// seen to.
+func Delay(name string) {
+	if slices.Contains(strings.Split(os.Getenv("SAS_FAILPOINTS"), ","), name) {
+		time.Sleep(time.Second)
+	}
+}
+
 // Panic panics if SAS_FAILPOINTS lists name=key, e.g.
 // panic-on-message=<message id>: a handler that meets that one message
 // panics, as a bug would.
