@@ -15,7 +15,7 @@ import (
 // SAS_FAILPOINTS: no deferred function runs, nothing is flushed, as in a
 // crash.
 func Inject(name string) {
-	if slices.Contains(strings.Split(os.Getenv("SAS_FAILPOINTS"), ","), name) {
+	if listed(name) {
 		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {} // the signal is on its way
 	}
@@ -27,11 +27,11 @@ func Inject(name string) {
 // the stop ends first) and gone on for 100 ms, so that the work in hand
 // at this point finishes while the process is stopping around it.
 func StopHere(ctx context.Context, name string) {
-	listed := strings.Split(os.Getenv("SAS_FAILPOINTS"), ",")
-	if !slices.Contains(listed, name) {
+	if !listed(name) {
 		return
 	}
-	_ = os.Setenv("SAS_FAILPOINTS", strings.Join(slices.DeleteFunc(listed, func(n string) bool { return n == name }), ","))
+	rest := slices.DeleteFunc(strings.Split(os.Getenv("SAS_FAILPOINTS"), ","), func(n string) bool { return n == name })
+	_ = os.Setenv("SAS_FAILPOINTS", strings.Join(rest, ","))
 	_ = syscall.Kill(os.Getpid(), syscall.SIGTERM)
 	<-ctx.Done()
 	time.Sleep(100 * time.Millisecond)
@@ -41,7 +41,7 @@ func StopHere(ctx context.Context, name string) {
 // slow where it is usually quick, so that what must wait for it can be
 // seen to.
 func Delay(name string) {
-	if slices.Contains(strings.Split(os.Getenv("SAS_FAILPOINTS"), ","), name) {
+	if listed(name) {
 		time.Sleep(time.Second)
 	}
 }
@@ -50,7 +50,7 @@ func Delay(name string) {
 // panic-on-message=<message id>: a handler that meets that one message
 // panics, as a bug would.
 func Panic(name, key string) {
-	if key != "" && slices.Contains(strings.Split(os.Getenv("SAS_FAILPOINTS"), ","), name+"="+key) {
+	if key != "" && listed(name+"="+key) {
 		panic("failpoint " + name + " for " + key)
 	}
 }
@@ -58,4 +58,9 @@ func Panic(name, key string) {
 // Broken reports whether name is listed in SAS_BROKEN.
 func Broken(name string) bool {
 	return slices.Contains(strings.Split(os.Getenv("SAS_BROKEN"), ","), name)
+}
+
+// listed reports whether SAS_FAILPOINTS (comma-separated) names point.
+func listed(point string) bool {
+	return slices.Contains(strings.Split(os.Getenv("SAS_FAILPOINTS"), ","), point)
 }
