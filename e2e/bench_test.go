@@ -196,8 +196,13 @@ func TestSasctlBench(t *testing.T) {
 		}
 	}
 	// The schedulers publish three requests per order, the agents three
-	// replies, the submitter none of either.
-	if per["scheduler"] < 2.5 || per["agent"] < 2.5 || per["agent"] > 4 {
+	// replies, the submitter none of either. Messages and completed
+	// orders are both counted in the 4 s window, so the orders in flight
+	// at its edges skew the quotient by their share: a loaded two-core
+	// machine (three stacks at once, latency near a second) read 2.47
+	// replies an order, so the lower bound is 2 (one message an order
+	// would still fail it).
+	if per["scheduler"] < 2 || per["agent"] < 2 || per["agent"] > 4 {
 		t.Errorf("published per order by service %v", per)
 	}
 	if i := r.Idle; i == nil || i.Seconds < 1.5 || len(i.Processes) != len(r.Processes) {
