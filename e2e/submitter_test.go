@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 
 	"sas/internal/broker"
 	"sas/internal/harness/badinput"
+	"sas/internal/harness/netproxy"
 	"sas/internal/harness/testenv"
 	"sas/internal/messages"
 	"sas/internal/scheduler"
@@ -336,4 +338,76 @@ func TestServicesStartWhileTheDatabaseIsDown(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, "the supervisor to lead", func() bool {
 		return waiting[2].metric(t, "sas_supervisor_leader") == 1
 	})
+}
+
+// TestServicesStartThroughALostConnection: a database connection lost
+// at any statement a service runs as it starts (after its database first
+// answered, before it serves: the schema check, the workflow versions,
+// the step token key, the file's limits, step events, the schedules),
+// or a broker connection lost while it declares its queues, delays the
+// service, which says what it retries; it never stops it.
+func TestServicesStartThroughALostConnection(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	users := filepath.Join(t.TempDir(), "users")
+	consoleUser(t, users, "alice", "operator", "alice's password")
+	services := []struct {
+		name   string
+		db     string   // its login; "": none
+		cuts   []string // a fragment of each statement it runs as it starts
+		broker bool     // it declares queues and exchanges as it starts
+		extra  []string
+	}{
+		{"scheduler", s.dbURL, []string{"FROM step_token_key", "INSERT INTO agent_limits", "namespace_limits_sync(", "INSERT INTO status_routes"},
+			true, []string{"SAS_SCHEDULER_STEP_EVENTS=true"}},
+		{"submitter", s.dbURL, []string{"INSERT INTO workflow_versions"}, true, nil},
+		{"supervisor", s.dbURL, []string{"SELECT now()", "UPDATE schedules SET in_file"}, false, nil},
+		{"api", apiLogin(t, s), []string{"FROM orders LIMIT 0", "INSERT INTO workflow_versions"}, true, []string{"SAS_API_ADDR=" + freeAddr(t)}},
+		{"console", consoleLogin(t, s), []string{"FROM orders LIMIT 0"}, false,
+			[]string{"SAS_CONSOLE_ADDR=" + freeAddr(t), "SAS_CONSOLE_USERS_FILE=" + users}},
+		{"agent", "", nil, true, []string{"SAS_REMOTE_URL=http://" + freeAddr(t)}},
+	}
+	type started struct {
+		p       *proc
+		proxies []*netproxy.Proxy
+		cuts    int
+	}
+	var all []started
+	for _, sv := range services {
+		env := append(append([]string{}, s.env...), sv.extra...)
+		st := started{cuts: len(sv.cuts)}
+		if sv.db != "" {
+			viaProxy, proxy := testenv.Proxied(t, sv.db)
+			for _, f := range sv.cuts {
+				proxy.CutOn(f)
+			}
+			env, st.proxies = append(env, "SAS_DATABASE_URL="+viaProxy), append(st.proxies, proxy)
+		}
+		if sv.broker {
+			viaProxy, proxy := testenv.Proxied(t, testenv.AMQPURL())
+			proxy.CutOn(s.topo.DeadLetterExchange()) // the first exchange it declares
+			env, st.proxies = append(env, "SAS_AMQP_URL="+viaProxy), append(st.proxies, proxy)
+			st.cuts++
+		}
+		st.p = launch(t, sv.name, env, "SAS_METRICS_ADDR")
+		all = append(all, st)
+	}
+	for _, st := range all {
+		testenv.Eventually(t, time.Minute, st.p.name+" to start through its lost connections", func() bool {
+			if st.p.exited() {
+				t.Fatalf("%s exited as a connection was lost: %v\n%s", st.p.name, st.p.err, st.p.tail())
+			}
+			cuts := 0
+			for _, p := range st.proxies {
+				cuts += p.Cuts()
+			}
+			return cuts == st.cuts && ready(st.p)
+		})
+		if len(st.proxies) > 0 && st.p.name != "agent" {
+			want := st.proxies[0].Cuts()
+			if n := strings.Count(st.p.logText(), "failed, retrying"); n < want {
+				t.Errorf("%s said it retried %d times for %d lost database connections:\n%s", st.p.name, n, want, st.p.tail())
+			}
+		}
+	}
 }

@@ -41,7 +41,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	}
 	defer sk.Close()
 	store := sk.Deps.Store
-	if err := store.CheckSchema(ctx); err != nil {
+	if err := service.RetryDB(ctx, logger, "checking the schema", func() error { return store.CheckSchema(ctx) }); err != nil {
 		return err
 	}
 	if err := intake.StoreVersions(ctx, store, workflows, me, logger); err != nil {

@@ -259,7 +259,14 @@ func (c *Conn) dial() (*amqp.Connection, error) {
 		c.typeSettled = true
 	}
 	if err := c.topo.Declare(ch); err != nil {
+		// A connection lost during the declarations is dialled again; a
+		// declaration the broker refused on a connection still open (a
+		// queue of other arguments, a permission) is the topology's.
+		lost := conn.IsClosed()
 		conn.Close()
+		if lost {
+			return nil, fmt.Errorf("declare topology: the connection was lost: %w", err)
+		}
 		return nil, &topologyError{err}
 	}
 	return conn, nil

@@ -100,7 +100,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	}
 	defer sk.Close()
 	store, ops := sk.Deps.Store, sk.Ops
-	if err := store.CheckSchema(ctx); err != nil {
+	if err := service.RetryDB(ctx, logger, "checking the schema", func() error { return store.CheckSchema(ctx) }); err != nil {
 		return err
 	}
 	srv, err := newServer(cfg, store, users, reg, logger)

@@ -272,7 +272,7 @@ func storeLimits(ctx context.Context, store *statestore.Store, workflows *workfl
 	for kind, l := range workflows.Limits() {
 		file[kind] = statestore.LimitsOf(l.Share(partitions))
 	}
-	if err := store.SyncLimits(ctx, kinds, file); err != nil {
+	if err := service.RetryDB(ctx, logger, "storing the file's limits", func() error { return store.SyncLimits(ctx, kinds, file) }); err != nil {
 		return err
 	}
 	for _, kind := range kinds {
@@ -287,8 +287,11 @@ func storeLimits(ctx context.Context, store *statestore.Store, workflows *workfl
 			scoped[kind][ns] = statestore.LimitsOf(l.Share(partitions))
 		}
 	}
-	missing, err := store.SyncNamespaceLimits(ctx, kinds, scoped)
-	if err != nil {
+	var missing []string
+	if err := service.RetryDB(ctx, logger, "storing the file's namespace limits", func() (err error) {
+		missing, err = store.SyncNamespaceLimits(ctx, kinds, scoped)
+		return err
+	}); err != nil {
 		return err
 	}
 	for _, kind := range kinds {

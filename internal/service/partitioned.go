@@ -92,7 +92,7 @@ func OpenPartitions(ctx context.Context, l *partition.Layout, db statestore.Opti
 			closeAll()
 			return partition.Stores{}, nil, fmt.Errorf("partition %s: %w", p.Name, err)
 		}
-		if err := store.CheckSchema(ctx); err != nil {
+		if err := RetryDB(ctx, logger, "checking partition "+p.Name+"'s schema", func() error { return store.CheckSchema(ctx) }); err != nil {
 			closeStore()
 			closeAll()
 			return partition.Stores{}, nil, fmt.Errorf("partition %s: %w", p.Name, err)
@@ -101,7 +101,7 @@ func OpenPartitions(ctx context.Context, l *partition.Layout, db statestore.Opti
 		closers = append(closers, closeStore)
 	}
 	out := partition.NewStores(l, parts)
-	if err := out.Follow(ctx); err != nil {
+	if err := RetryDB(ctx, logger, "reading the buckets moved", func() error { return out.Follow(ctx) }); err != nil {
 		closeAll()
 		return partition.Stores{}, nil, err
 	}

@@ -37,13 +37,22 @@ func Retry(stop context.Context, fn func() error, isPermanent func(error) bool, 
 
 // RetryDB runs fn, a read or write a service makes as it starts, until
 // it succeeds, retrying with Retry's backoff after an error the database
-// may get over (a connection cut or refused) and returning one that
-// retrying cannot fix (statestore.ErrInvalidData) or the one in hand when
-// stop is done: a database that blinks while a service starts delays it
-// rather than stopping it.
+// may get over (statestore.Retryable: a connection cut or refused, a
+// server shutting down) and returning one that retrying cannot fix (a
+// refused value, a missing table) or the one in hand when stop is done:
+// a database that blinks while a service starts delays it rather than
+// stopping it. Every statement a service runs between reaching its
+// database and serving goes through it.
+//
+// An error returned because stop is done holds stop's error too, so that
+// a SIGTERM while a service starts is a clean stop (Main).
 func RetryDB(stop context.Context, logger *slog.Logger, what string, fn func() error) error {
-	return Retry(stop, fn, func(err error) bool { return errors.Is(err, statestore.ErrInvalidData) },
+	err := Retry(stop, fn, func(err error) bool { return !statestore.Retryable(err) },
 		func(err error, wait time.Duration) {
 			logger.Warn(what+" failed, retrying", "err", err, "retry_in", wait)
 		})
+	if err != nil && stop.Err() != nil && statestore.Retryable(err) {
+		return errors.Join(err, stop.Err())
+	}
+	return err
 }

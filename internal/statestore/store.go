@@ -256,6 +256,32 @@ func IsAuthFailure(err error) bool {
 	return errors.As(err, &pgErr) && (pgErr.Code == "28P01" || pgErr.Code == "28000")
 }
 
+// Retryable reports whether the same statement may succeed if tried
+// again: the connection was lost, refused or timed out, or the server
+// gave up on it for a while (SQLSTATE classes 08 connection, 40
+// rollback, 53 resources, 55 object in use, 57 operator intervention such
+// as a shutdown or a cancelled query, 58 system error, and 25006, a
+// standby that is not yet promoted). A value the database refused
+// (ErrInvalidData), a refused login and any other error the server
+// answered (a missing table, a bug in a statement) are not: trying them
+// again gives the same answer.
+func Retryable(err error) bool {
+	if err == nil || errors.Is(err, ErrInvalidData) || IsAuthFailure(err) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return true
+	}
+	if len(pgErr.Code) == 5 {
+		switch pgErr.Code[:2] {
+		case "08", "40", "53", "55", "57", "58":
+			return true
+		}
+	}
+	return pgErr.Code == "25006"
+}
+
 // IsLockTimeout reports whether err is a statement giving up on a row
 // lock after Options.LockTimeout.
 func IsLockTimeout(err error) bool {

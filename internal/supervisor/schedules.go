@@ -2,7 +2,6 @@ package supervisor
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -23,7 +22,7 @@ func (s *sweeper) syncSchedules(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return service.Retry(ctx, func() error {
+	return service.RetryDB(ctx, s.logger, "storing the schedules", func() error {
 		now, err := s.store.Now(ctx)
 		if err != nil {
 			return err
@@ -39,10 +38,7 @@ func (s *sweeper) syncSchedules(ctx context.Context) error {
 			s.metrics.scheduleTicks.WithLabelValues(sc.Name, "skipped")
 		}
 		return s.store.SyncSchedules(ctx, defs)
-	}, func(err error) bool { return errors.Is(err, statestore.ErrInvalidData) },
-		func(err error, wait time.Duration) {
-			s.logger.Warn("storing the schedules failed, retrying", "err", err, "retry_in", wait)
-		})
+	})
 }
 
 // catchUpGrace is how late a tick may be handled and still count as on

@@ -354,7 +354,7 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 		return err
 	}
 	s := &sweeper{store: store, cfg: cfg, me: me, logger: logger, metrics: m, tr: tr, workflows: workflows, archive: arch}
-	if err := s.syncSchedules(startCtx); err != nil {
+	if err := s.syncSchedules(ctx); err != nil {
 		return err
 	}
 	archived := "none"

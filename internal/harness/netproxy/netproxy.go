@@ -4,6 +4,7 @@
 package netproxy
 
 import (
+	"bytes"
 	"net"
 	"sync"
 	"time"
@@ -18,6 +19,8 @@ type Proxy struct {
 	conns   map[net.Conn]struct{}
 	down    bool
 	latency time.Duration
+	armed   [][]byte // CutOn's fragments not yet met
+	cut     int      // how many of them were met
 	wg      sync.WaitGroup
 }
 
@@ -77,6 +80,38 @@ func (p *Proxy) SetLatency(d time.Duration) {
 	p.mu.Unlock()
 }
 
+// CutOn arms one cut: the first chunk a client sends through the proxy
+// that holds fragment (a statement's text, say) closes that connection
+// before the chunk reaches the target, as a network fault in the middle
+// of that statement would. Each call arms one cut; Cuts counts those
+// made.
+func (p *Proxy) CutOn(fragment string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.armed = append(p.armed, []byte(fragment))
+}
+
+// Cuts is how many of CutOn's cuts were made.
+func (p *Proxy) Cuts() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cut
+}
+
+// cutHere reports whether chunk meets an armed cut, disarming it.
+func (p *Proxy) cutHere(chunk []byte) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, f := range p.armed {
+		if bytes.Contains(chunk, f) {
+			p.armed = append(p.armed[:i], p.armed[i+1:]...)
+			p.cut++
+			return true
+		}
+	}
+	return false
+}
+
 func (p *Proxy) delay() time.Duration {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -124,19 +159,23 @@ func (p *Proxy) accept() {
 			server.Close()
 			continue
 		}
-		p.wg.Go(func() { p.pipe(server, client) })
-		p.wg.Go(func() { p.pipe(client, server) })
+		p.wg.Go(func() { p.pipe(server, client, true) })
+		p.wg.Go(func() { p.pipe(client, server, false) })
 	}
 }
 
 // pipe copies until either side closes (or is cut), then closes both.
-func (p *Proxy) pipe(dst, src net.Conn) {
+// Upstream is the client's side, which CutOn's cuts watch.
+func (p *Proxy) pipe(dst, src net.Conn, upstream bool) {
 	defer dst.Close()
 	defer src.Close()
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
+			if upstream && p.cutHere(buf[:n]) {
+				return
+			}
 			if d := p.delay(); d > 0 {
 				time.Sleep(d)
 			}
