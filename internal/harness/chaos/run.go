@@ -111,9 +111,13 @@ type Report struct {
 	// they ran (they were undone).
 	WithDeadline, DeadlinePassed int
 	// Migrated are the orders the migrate fault moved to another version.
-	Migrated      int
-	Faults        map[string]int
-	Crashes       []string // processes that died without being killed
+	Migrated int
+	Faults   map[string]int
+	Crashes  []string // processes that died without being killed
+	// CrashLogs is the end of each crashed process's log, in Crashes'
+	// order: the report says why, where the log folder may be gone (a
+	// CI machine's temporary files).
+	CrashLogs     []string
 	HealedToQuiet time.Duration
 	DeadLettered  map[string]int // by reason
 	StaleReplies  float64        // counted by the schedulers alive at the end
@@ -149,6 +153,9 @@ func (r Report) Print(w io.Writer) {
 	fmt.Fprintf(w, "  from faults healed to every order ended: %v\n", r.HealedToQuiet.Round(time.Millisecond))
 	fmt.Fprintf(w, "  dead-lettered: %v\n", r.DeadLettered)
 	fmt.Fprintf(w, "  unexpected crashes: %d %v\n", len(r.Crashes), r.Crashes)
+	for i, l := range r.CrashLogs {
+		fmt.Fprintf(w, "    the log of %s ends:\n      %s\n", r.Crashes[i], strings.ReplaceAll(l, "\n", "\n      "))
+	}
 	lost := 0
 	dup := 0
 	for _, v := range r.Result.Violations {
@@ -202,15 +209,16 @@ type run struct {
 	remote     *slot
 	baseFaults string
 
-	mu       sync.Mutex
-	faults   map[string]int
-	crashes  []string
-	healing  sync.WaitGroup
-	stores   []*statestore.Store // the harness's own, one a partition, for the pause and migrate faults
-	ports    ports               // the services' ports, held for the run
-	migrated int                 // orders the migrate fault moved
-	watchers sync.WaitGroup      // one per started process: reports and restarts it
-	stopping atomic.Bool         // set once the run stops its processes: none is restarted
+	mu        sync.Mutex
+	faults    map[string]int
+	crashes   []string
+	crashLogs []string
+	healing   sync.WaitGroup
+	stores    []*statestore.Store // the harness's own, one a partition, for the pause and migrate faults
+	ports     ports               // the services' ports, held for the run
+	migrated  int                 // orders the migrate fault moved
+	watchers  sync.WaitGroup      // one per started process: reports and restarts it
+	stopping  atomic.Bool         // set once the run stops its processes: none is restarted
 }
 
 func (r *run) intn(n int) int {
@@ -234,6 +242,10 @@ func (r *run) count(kind string) {
 	r.faults[kind]++
 	r.mu.Unlock()
 }
+
+// crashLogTail is how much of a crashed process's log the report keeps:
+// its last few lines.
+const crashLogTail = 2048
 
 // start starts s's process (with a failpoint, or none) and watches it: a
 // process that dies without being killed is a crash, unless it died at its
@@ -269,6 +281,7 @@ func (r *run) start(s *slot, failpoint string) error {
 		} else {
 			r.mu.Lock()
 			r.crashes = append(r.crashes, fmt.Sprintf("%s: %v", s.name, p.Err()))
+			r.crashLogs = append(r.crashLogs, p.LogTail(crashLogTail))
 			r.mu.Unlock()
 			r.logger.Error("process crashed", "name", s.name, "err", p.Err())
 		}
@@ -842,7 +855,7 @@ func (r *run) gather(ctx context.Context, stages []*stage, layout *partition.Lay
 		rep.Result.Violations = append(rep.Result.Violations, across...)
 	}
 	r.mu.Lock()
-	rep.Faults, rep.Crashes = r.faults, r.crashes
+	rep.Faults, rep.Crashes, rep.CrashLogs = r.faults, r.crashes, r.crashLogs
 	rep.Migrated = r.migrated
 	r.mu.Unlock()
 	return nil
