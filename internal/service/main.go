@@ -60,7 +60,8 @@ func tuneRuntime() {
 // Checked is a configuration that can report settings that cannot work.
 type Checked interface{ Check() error }
 
-// Main is the body of a service's main: it tunes Go's runtime
+// Main is the body of a service's main: it gives its threads their timer
+// slack (applyTimerSlack, which may execute the binary again), tunes Go's runtime
 // (tuneRuntime), reads every password given as a file (secrets.PasswordFiles),
 // reads the configuration from SAS_ variables and checks it
 // (Checked), makes a JSON logger that keeps every secret of the
@@ -70,6 +71,11 @@ type Checked interface{ Check() error }
 // while the service still waits for its database or broker is a clean
 // stop.
 func Main[C Leveled](name string, run func(context.Context, C, *slog.Logger) error) int {
+	slackNote, err := applyTimerSlack()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: configuration: %v\n", name, err)
+		return 2
+	}
 	tuneRuntime()
 	if err := secrets.LoadPasswordFiles(); err != nil {
 		fmt.Fprintf(os.Stderr, "%s: configuration: %s\n", name, secrets.Scrub(err.Error()))
@@ -104,6 +110,9 @@ func Main[C Leveled](name string, run func(context.Context, C, *slog.Logger) err
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: configuration: %v\n", name, err)
 		return 2
+	}
+	if slackNote != "" {
+		logger.Info(slackNote)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
