@@ -4,6 +4,7 @@ package service_test
 
 import (
 	"bufio"
+	"cmp"
 	"errors"
 	"os"
 	"os/exec"
@@ -40,7 +41,7 @@ func TestEveryThreadOfAServiceHasItsTimerSlack(t *testing.T) {
 		{"SAS_TIMER_SLACK=250us", 250_000},
 		{"SAS_TIMER_SLACK=0", inherited},
 	} {
-		t.Run(cmpOr(tc.env, "default"), func(t *testing.T) {
+		t.Run(cmp.Or(tc.env, "default"), func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^$")
 			cmd.Env = append(os.Environ(), "SAS_SERVICE_TEST_MAIN=serve", "SAS_TIMER_SLACK=", tc.env)
 			out, err := cmd.StdoutPipe()
@@ -130,11 +131,4 @@ func TestABadTimerSlackIsAConfigurationError(t *testing.T) {
 			t.Errorf("SAS_TIMER_SLACK=%s: the error does not name the setting: %s", v, out)
 		}
 	}
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
