@@ -23,7 +23,8 @@ import (
 // as it starts, a service sets its own thread's and executes itself again
 // (applyTimerSlack), so that every thread of the new image, the monitor
 // first, inherits it. SAS_TIMER_SLACK sets it; 0 leaves the runtime's
-// threads at the kernel's default (50 µs) and executes nothing.
+// threads with the slack the process inherited (the kernel's default is
+// 50 µs) and executes nothing.
 const (
 	defaultTimerSlack = time.Millisecond
 	maxTimerSlack     = 50 * time.Millisecond
@@ -38,28 +39,16 @@ func timerSlack(getenv func(string) string) (time.Duration, error) {
 	if v == "" {
 		return defaultTimerSlack, nil
 	}
-	d, err := time.ParseDuration(v)
-	if v == "0" {
-		d, err = 0, nil
-	}
+	d, err := time.ParseDuration(v) // "0" parses too
 	if err != nil || d < 0 || d > maxTimerSlack {
-		return 0, fmt.Errorf("SAS_TIMER_SLACK %q: want a duration from 0 (the kernel's default) to %v, e.g. 1ms", v, maxTimerSlack)
+		return 0, fmt.Errorf("SAS_TIMER_SLACK %q: want a duration from 0 (keep the inherited slack) to %v, e.g. 1ms", v, maxTimerSlack)
 	}
 	return d, nil
 }
 
-// slackPlan is what applyTimerSlack does, given the slack wanted, the
-// calling thread's and whether this image is already the one it executed.
-type slackPlan int
-
-const (
-	slackKeep slackPlan = iota // nothing to do
-	slackExec                  // set this thread's, execute again
-)
-
-func planTimerSlack(want, current time.Duration, executed bool) slackPlan {
-	if want == 0 || current >= want || executed {
-		return slackKeep
-	}
-	return slackExec
+// mustExec reports whether applyTimerSlack sets the calling thread's
+// slack and executes the binary again, given the slack wanted, the
+// thread's and whether this image is already the one it executed.
+func mustExec(want, current time.Duration, executed bool) bool {
+	return want > 0 && current < want && !executed
 }

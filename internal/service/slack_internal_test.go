@@ -32,16 +32,16 @@ func TestTimerSlackExecutesOnceAndOnlyWhenItHelps(t *testing.T) {
 	for _, tc := range []struct {
 		want, current time.Duration
 		executed      bool
-		plan          slackPlan
+		exec          bool
 	}{
-		{ms, 50 * time.Microsecond, false, slackExec},
-		{ms, 50 * time.Microsecond, true, slackKeep}, // never twice
-		{ms, ms, false, slackKeep},                   // inherited already
-		{ms, 2 * ms, false, slackKeep},               // more than asked: kept
-		{0, 50 * time.Microsecond, false, slackKeep}, // off
+		{ms, 50 * time.Microsecond, false, true},
+		{ms, 50 * time.Microsecond, true, false}, // never twice
+		{ms, ms, false, false},                   // inherited already
+		{ms, 2 * ms, false, false},               // more than asked: kept
+		{0, 50 * time.Microsecond, false, false}, // off
 	} {
-		if got := planTimerSlack(tc.want, tc.current, tc.executed); got != tc.plan {
-			t.Errorf("want %v, current %v, executed %v: plan %v, want %v", tc.want, tc.current, tc.executed, got, tc.plan)
+		if got := mustExec(tc.want, tc.current, tc.executed); got != tc.exec {
+			t.Errorf("want %v, current %v, executed %v: execute %v, want %v", tc.want, tc.current, tc.executed, got, tc.exec)
 		}
 	}
 }

@@ -33,7 +33,7 @@ func applyTimerSlack() (note string, err error) {
 		return fmt.Sprintf("timer slack left as it is: %v", err), nil
 	}
 	current := time.Duration(cur)
-	if planTimerSlack(want, current, executed) == slackKeep {
+	if !mustExec(want, current, executed) {
 		if executed && current < want {
 			return fmt.Sprintf("timer slack %v, not the %v asked for", current, want), nil
 		}
