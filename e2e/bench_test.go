@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"sas/internal/broker"
 	"sas/internal/harness/testenv"
 	"sas/internal/messages"
 )
@@ -59,11 +60,16 @@ type benchJSON struct {
 		CalibrationMS      float64 `json:"calibration_ms"`
 		CalibrationAfterMS float64 `json:"calibration_after_ms"`
 	} `json:"machine"`
-	MachineBusy   float64 `json:"machine_cpu_busy_percent"`
-	MachineSteal  float64 `json:"machine_cpu_steal_percent"`
-	CPUMSPerOrder float64 `json:"cpu_ms_per_completed_order"`
-	Window        float64 `json:"window_s"`
-	Database      *struct {
+	MachineBusy   float64           `json:"machine_cpu_busy_percent"`
+	MachineSteal  float64           `json:"machine_cpu_steal_percent"`
+	CPUMSPerOrder float64           `json:"cpu_ms_per_completed_order"`
+	Window        float64           `json:"window_s"`
+	Postgres      map[string]string `json:"postgres"`
+	Broker        *struct {
+		Server    string `json:"server"`
+		QueueType string `json:"queue_type"`
+	} `json:"broker"`
+	Database *struct {
 		WALBytes         int64   `json:"wal_bytes"`
 		WALBytesPerOrder float64 `json:"wal_bytes_per_completed_order"`
 		Checkpoints      int64   `json:"checkpoints"`
@@ -106,7 +112,12 @@ func TestSasctlBench(t *testing.T) {
 	s := newStack(t)
 	base := portBase()
 	report := filepath.Join(t.TempDir(), "bench.json")
-	out, errOut, code := sasctl(t, s.env, "bench", "--bin", binDir, "--port-base", strconv.Itoa(base),
+	// The stack's queues exist as quorum queues; asked for classic ones,
+	// the run keeps them and says what they are, not what was asked.
+	if err := s.topo.Declare(amqpChannel(t)); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := sasctl(t, append(slices.Clone(s.env), "SAS_QUEUE_TYPE=classic"), "bench", "--bin", binDir, "--port-base", strconv.Itoa(base),
 		"--workflow", "order", "--rate", "30", "--warmup", "1s", "--duration", "4s", "--remote-latency-ms", "2", "--prefill", "2000", "--idle", "2s", "--json", report)
 	if code != 0 {
 		t.Fatalf("sasctl bench: exit %d\n%s\n%s", code, out, errOut)
@@ -130,6 +141,16 @@ func TestSasctlBench(t *testing.T) {
 	if m := r.Machine; m.CPUs < 1 || m.CalibrationMS <= 0 || m.CalibrationAfterMS <= 0 ||
 		!strings.Contains(out, fmt.Sprintf("the fixed work of a calibration in %.0f ms on one core before the run, %.0f after", m.CalibrationMS, m.CalibrationAfterMS)) {
 		t.Errorf("machine %+v:\n%s", m, out)
+	}
+	// What the figures depend on: the database's settings and the
+	// broker's queues, in the table and the JSON.
+	if v := r.Postgres["server_version"]; v == "" || r.Postgres["autovacuum"] == "" ||
+		!strings.Contains(out, "server_version="+v+" autovacuum="+r.Postgres["autovacuum"]) {
+		t.Errorf("postgres settings %v:\n%s", r.Postgres, out)
+	}
+	if b := r.Broker; b == nil || !strings.HasPrefix(b.Server, "RabbitMQ ") || b.QueueType != broker.QueueQuorum ||
+		!strings.Contains(out, fmt.Sprintf("server=%q queue_type=quorum", b.Server)) {
+		t.Errorf("broker %+v:\n%s", b, out)
 	}
 	// The store held 2,000 orders before the run, none counted as its own.
 	if r.Prefilled != 2000 || !strings.Contains(out, "prefilled with 2000 orders") {

@@ -357,8 +357,23 @@ func (c *Conn) Connected() bool {
 	return c.conn != nil && !c.conn.IsClosed()
 }
 
-// Topology is what this Conn declares on every connect.
+// Topology is what this Conn declares on every connect: the queues' type
+// is the one they exist as, when it differs from the one asked for.
 func (c *Conn) Topology() Topology { return c.topo }
+
+// Server names the broker of the current connection as its handshake
+// did ("RabbitMQ 3.10.7"), or "" while there is none.
+func (c *Conn) Server() string {
+	c.mu.Lock()
+	conn := c.conn
+	c.mu.Unlock()
+	if conn == nil {
+		return ""
+	}
+	product, _ := conn.Properties["product"].(string)
+	version, _ := conn.Properties["version"].(string)
+	return strings.TrimSpace(product + " " + version)
+}
 
 // Restored receives after a dropped connection was replaced by a new one
 // (several drops before it is read are one value): whatever a broker that

@@ -435,6 +435,7 @@ func (a *Tool) runBench(ctx context.Context, o benchOptions) (*benchReport, erro
 	if rep.Postgres, err = postgresSettings(ctx, pool); err != nil {
 		fmt.Fprintf(a.stderr, "the report will lack the database's settings: %v\n", err)
 	}
+	rep.Broker = newBrokerReport(conn)
 	if o.via == "http" {
 		rep.Via = "http"
 	}
@@ -963,7 +964,27 @@ type benchReport struct {
 	// Postgres is what the run's PostgreSQL was, by setting: its version,
 	// and what its figures depend on.
 	Postgres map[string]string `json:"postgres,omitempty"`
-	Queues   []queueDepths     `json:"queues"`
+	// Broker is what the run's RabbitMQ was.
+	Broker *brokerReport `json:"broker,omitempty"`
+	Queues []queueDepths `json:"queues"`
+}
+
+// brokerReport is the broker a run ran against: its figures depend on the
+// queues' type most (a quorum queue writes each message to its Raft log).
+type brokerReport struct {
+	Server string `json:"server"`
+	// QueueType is the type the run's queues are (they keep the type
+	// they were made with, whatever SAS_QUEUE_TYPE says now).
+	QueueType string `json:"queue_type"`
+}
+
+// newBrokerReport describes the broker of conn.
+func newBrokerReport(conn *broker.Conn) *brokerReport {
+	t := conn.Topology().QueueType
+	if t == "" {
+		t = broker.QueueQuorum
+	}
+	return &brokerReport{Server: conn.Server(), QueueType: t}
 }
 
 // databaseUse is what the database cluster wrote over the window.
@@ -1218,6 +1239,9 @@ func (r *benchReport) print(w io.Writer) {
 			kv = append(kv, k+"="+r.Postgres[k])
 		}
 		fmt.Fprintf(tw, "postgres\t%s\n", strings.Join(kv, " "))
+	}
+	if b := r.Broker; b != nil {
+		fmt.Fprintf(tw, "broker\tserver=%q queue_type=%s\n", b.Server, b.QueueType)
 	}
 	if m := r.Machine; m.CalibrationMS > 0 {
 		model := ""
