@@ -31,7 +31,10 @@ TEST_TIMEOUT ?= 25m
 # (scripts/test-postgres.sh; SAS_TEST_DATABASE_URL set by hand wins): at
 # three at once there, 397-454 s in clean-clone runs against 553 s at two
 # on the machine's server in the same hour (2026-11-29; up to 90
-# connections seen). At four the timing tests failed for want of CPU. The
+# connections seen). That cluster runs with fsync off: on a slow host the
+# package is bound by the CPU (91 % busy, PostgreSQL a third of it), and
+# the flushes took 8 % of it (700 s against 764-765 at three at once on
+# 2026-12-01 evening); four at once was no faster there (764 s). At four the timing tests failed for want of CPU. The
 # three whose bounds are tightest (timers after a database restart,
 # timers within a second, rates across replicas) are not parallel: they
 # run before the rest (60 s one after another on a fast host, about 100
@@ -211,7 +214,7 @@ STATEMENTS_RATE ?= 0
 STATEMENTS ?= 25
 bench-statements: build
 	./scripts/services.sh
-	url=$$(SAS_TEST_PG_DIR=/tmp/sas-statements-pg-$$(id -u) SAS_TEST_PG_PORT=55434 SAS_TEST_PG_MAX_CONNECTIONS=100 SAS_TEST_PG_DATABASE=sas_bench \
+	url=$$(SAS_TEST_PG_DIR=/tmp/sas-statements-pg-$$(id -u) SAS_TEST_PG_PORT=55434 SAS_TEST_PG_MAX_CONNECTIONS=100 SAS_TEST_PG_DATABASE=sas_bench SAS_TEST_PG_FSYNC=on \
 		SAS_TEST_PG_OPTIONS="-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all" ./scripts/test-postgres.sh) && \
 	test -n "$$url" && \
 	SAS_DATABASE_URL="$$url" SAS_QUEUE_PREFIX=bench. bin/sasctl bench --purge --warmup $(BENCH_WARMUP) --duration $(BENCH_DURATION) --drain 30s \

@@ -3,8 +3,13 @@
 # of its own (initdb) on this machine, on its own port, with room for the
 # connections of the end-to-end tests that run at once (each starts a
 # whole stack), and otherwise the settings of the machine's server
-# (autovacuum off, 128 MB shared buffers, fsync on) and what
-# scripts/services.sh does to it: loopback trusted but for members of
+# (autovacuum off, 128 MB shared buffers) but fsync, off: every commit is
+# still written to the kernel before it is acknowledged, so a process or
+# a server killed keeps it as the tests expect; only the machine's own
+# crash could lose it, and no test plays that (the tests that crash a
+# PostgreSQL start their own). The suite is bound by the machine's CPU,
+# and the flushes cost it 8 % (e2e 700 s against 765, 2026-12-01). And
+# what scripts/services.sh does to it: loopback trusted but for members of
 # sas_password_auth, who give their password (the password tests), and
 # the system catalogs compacted when schemas made and dropped have grown
 # them past 20 MB. Prints the URL of its test database on stdout; prints
@@ -14,7 +19,8 @@
 #
 # Environment: SAS_TEST_PG_DIR (default /tmp/sas-test-pg-$UID),
 # SAS_TEST_PG_PORT (default 55432), SAS_TEST_PG_MAX_CONNECTIONS (default
-# 300), SAS_TEST_PG_DATABASE (default sas_test), SAS_TEST_PG_OPTIONS (more
+# 300), SAS_TEST_PG_DATABASE (default sas_test), SAS_TEST_PG_FSYNC (default
+# off; on for a benchmark: make bench-statements), SAS_TEST_PG_OPTIONS (more
 # of the server's settings when it starts, e.g. "-c
 # shared_preload_libraries=pg_stat_statements": make bench-statements).
 set -euo pipefail
@@ -24,6 +30,12 @@ port="${SAS_TEST_PG_PORT:-55432}"
 max_connections="${SAS_TEST_PG_MAX_CONNECTIONS:-300}"
 database="${SAS_TEST_PG_DATABASE:-sas_test}"
 options="${SAS_TEST_PG_OPTIONS:-}"
+fsync="${SAS_TEST_PG_FSYNC:-off}"
+case "$fsync" in on | off) ;; *)
+	echo "test-postgres: SAS_TEST_PG_FSYNC must be on or off" >&2
+	exit 2
+	;;
+esac
 
 log() { printf 'test-postgres: %s\n' "$*" >&2; }
 # shellcheck source=scripts/pg-lib.sh
@@ -79,12 +91,13 @@ if up; then
 		as_owner "$bin/pg_ctl" -D "$dir/data" reload >/dev/null
 	fi
 	have="$(psql "$admin" -qAtX -c 'SHOW max_connections' 2>/dev/null || echo 0)"
-	if [ "$have" -lt "$max_connections" ]; then
+	has_fsync="$(psql "$admin" -qAtX -c 'SHOW fsync' 2>/dev/null || echo unknown)"
+	if [ "$have" -lt "$max_connections" ] || [ "$has_fsync" != "$fsync" ]; then
 		if [ ! -f "$dir/data/postmaster.pid" ]; then
 			log "port $port answers but is not the cluster in $dir; set SAS_TEST_PG_PORT"
 			exit 1
 		fi
-		log "restarting the test cluster for max_connections $max_connections (it has $have)"
+		log "restarting the test cluster for max_connections $max_connections and fsync $fsync (it has $have and $has_fsync)"
 		as_owner "$bin/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null
 	fi
 fi
@@ -103,7 +116,7 @@ if ! up; then
 	trust_loopback || true
 	log "starting the test cluster on 127.0.0.1:$port"
 	as_owner "$bin/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 \
-		-o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=$max_connections -c autovacuum=off -c shared_buffers=128MB -c fsync=on $options" \
+		-o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=$max_connections -c autovacuum=off -c shared_buffers=128MB -c fsync=$fsync $options" \
 		start >/dev/null
 fi
 
