@@ -22,7 +22,7 @@ TEST_TIMEOUT ?= 25m
 # The e2e suite runs after every other package, alone: its timing tests
 # (timers within a second, rates within 10 %) fail when the store's own
 # suite and the browser tests run beside them on two cores. The others
-# build and run as many at once as there are cores. Its tests run
+# build and run one more at once than there are cores (UNIT_P). Its tests run
 # E2E_PARALLEL at once. Many of them wait on purpose (delays, ticks,
 # heartbeats, a restart) and at two at once the machine stands a quarter
 # idle through the package. Three stacks side by side outgrow the 100
@@ -33,8 +33,10 @@ TEST_TIMEOUT ?= 25m
 # on the machine's server in the same hour (2026-11-29; up to 90
 # connections seen). That cluster runs with fsync off: on a slow host the
 # package is bound by the CPU (91 % busy, PostgreSQL a third of it), and
-# the flushes took 8 % of it (700 s against 764-765 at three at once on
-# 2026-12-01 evening); four at once was no faster there (764 s). At four the timing tests failed for want of CPU. The
+# without the flushes it took 700 s alone and 758 inside a clean-clone
+# run against 764-765 with them, at three at once (2026-12-01 evening);
+# four at once was no faster there (764 s). At four the timing tests
+# failed for want of CPU on a fast host before. The
 # three whose bounds are tightest (timers after a database restart,
 # timers within a second, rates across replicas) are not parallel: they
 # run before the rest (60 s one after another on a fast host, about 100

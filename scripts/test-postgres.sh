@@ -8,7 +8,8 @@
 # a server killed keeps it as the tests expect; only the machine's own
 # crash could lose it, and no test plays that (the tests that crash a
 # PostgreSQL start their own). The suite is bound by the machine's CPU,
-# and the flushes cost it 8 % (e2e 700 s against 765, 2026-12-01). And
+# and the flushes cost it about 8 % (e2e 700-758 s against 764-765,
+# 2026-12-01). And
 # what scripts/services.sh does to it: loopback trusted but for members of
 # sas_password_auth, who give their password (the password tests), and
 # the system catalogs compacted when schemas made and dropped have grown
@@ -20,7 +21,8 @@
 # Environment: SAS_TEST_PG_DIR (default /tmp/sas-test-pg-$UID),
 # SAS_TEST_PG_PORT (default 55432), SAS_TEST_PG_MAX_CONNECTIONS (default
 # 300), SAS_TEST_PG_DATABASE (default sas_test), SAS_TEST_PG_FSYNC (default
-# off; on for a benchmark: make bench-statements), SAS_TEST_PG_OPTIONS (more
+# off; on for a benchmark: make bench-statements; set fsync here, not in
+# the options, or each run restarts the cluster), SAS_TEST_PG_OPTIONS (more
 # of the server's settings when it starts, e.g. "-c
 # shared_preload_libraries=pg_stat_statements": make bench-statements).
 set -euo pipefail
