@@ -8,7 +8,7 @@
 # a server killed keeps it as the tests expect; only the machine's own
 # crash could lose it, and no test plays that (the tests that crash a
 # PostgreSQL start their own). The suite is bound by the machine's CPU,
-# and the flushes cost it about 8 % (e2e 700-758 s against 764-765,
+# and the flushes cost it up to 8 % (e2e 700-771 s against 764-765,
 # 2026-12-01). And
 # what scripts/services.sh does to it: loopback trusted but for members of
 # sas_password_auth, who give their password (the password tests), and
