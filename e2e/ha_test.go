@@ -338,7 +338,7 @@ func TestDatabaseFailoverAsync(t *testing.T) {
 // them are not in the store.
 func databaseFailover(t *testing.T, mode, base string) (chaos.Result, []string, int) {
 	t.Helper()
-	n := haOrders(600)
+	n := haOrders(300)
 	dir, st := ownDatabaseStack(t, mode, base, workflow.Builtin().Agents())
 	script := filepath.Join("..", "scripts", "pg-standby.sh")
 	pool := st.pool

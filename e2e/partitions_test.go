@@ -42,7 +42,7 @@ import (
 // well. Then three state stores (schemas of the test database), each
 // with a whole sas on it, and RabbitMQ restarted under them (its
 // application, in the node's runtime: every connection cut, the ring
-// renumbered as it recovers its bindings): 1,200 orders each written
+// renumbered as it recovers its bindings): 600 orders each written
 // and ended once in the store its id names, those the ring sent astray
 // passed on by the submitters, and
 // none once sasctl partitions setup --renumber has bound the buckets in
@@ -178,7 +178,7 @@ func TestPartitionsRouteByOrderID(t *testing.T) {
 	if out, errOut, code := sasctl(t, environ, "partitions", "setup"); code != 0 {
 		t.Fatalf("partitions setup again: exit %d\n%s%s", code, out, errOut)
 	}
-	drain(len(submit(1000)))
+	drain(len(submit(300)))
 
 	// The Go client publishes there too, given the routing exchange.
 	cl, err := client.Connect(t.Context(), client.Config{URL: node.urls, QueuePrefix: "saschx.client.", SubmitExchange: l.Exchange})
@@ -202,7 +202,7 @@ func TestPartitionsRouteByOrderID(t *testing.T) {
 	// so most submits now reach a partition that does not own them; its
 	// submitter passes each to its owner.
 	node.restartApp(t, 1)
-	orders := submit(1200)
+	orders := submit(600)
 	mine := make([][]string, len(pipes))
 	for _, id := range orders {
 		_, p := l.Of(id)
@@ -229,7 +229,7 @@ func TestPartitionsRouteByOrderID(t *testing.T) {
 	if forwarded == 0 {
 		t.Fatal("no submit was passed on by the submitters (sas_submitter_orders_total{outcome=\"forwarded\",partition=...}) after the ring was renumbered by the restart")
 	}
-	t.Logf("1,200 orders over three stores after the broker's restart: %d, %d, %d; %.0f passed on by a submitter to their partition",
+	t.Logf("600 orders over three stores after the broker's restart: %d, %d, %d; %.0f passed on by a submitter to their partition",
 		len(mine[0]), len(mine[1]), len(mine[2]), forwarded)
 
 	// Renumbered, the ring sends every submit to its own partition again:
@@ -237,7 +237,7 @@ func TestPartitionsRouteByOrderID(t *testing.T) {
 	if out, errOut, code := sasctl(t, environ, "partitions", "setup", "--renumber"); code != 0 || !strings.Contains(out, "renumbered the 256 buckets") {
 		t.Fatalf("partitions setup --renumber: exit %d\n%s%s", code, out, errOut)
 	}
-	again := submit(600)
+	again := submit(300)
 	for i, pp := range pipes {
 		var its []string
 		for _, id := range again {
@@ -252,7 +252,7 @@ func TestPartitionsRouteByOrderID(t *testing.T) {
 		after += pp.submitter.metric(t, `sas_submitter_orders_total{outcome="forwarded",partition="`+l.Partitions[i].Name+`"}`)
 	}
 	if after != forwarded {
-		t.Fatalf("%.0f of 600 submits passed on after the ring was renumbered, want none", after-forwarded)
+		t.Fatalf("%.0f of 300 submits passed on after the ring was renumbered, want none", after-forwarded)
 	}
 
 	// sasctl reads across them: an order from its own store, and the
