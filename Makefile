@@ -16,8 +16,10 @@ FUZZTIME ?= 30s
 # The suite takes 9-10 minutes in a usual hour on the development
 # machine; in a slow one (2026-11-27 morning: DBOS's own benchmark 42 %
 # slower than three hours before) its e2e package alone took 14.5, and
-# 15.7 on 2026-11-29 evening (the whole run 19.5). The timeout stops a
-# hung test, not a slow hour.
+# 15.7 on 2026-11-29 evening (the whole run 19.5); on an AMD EPYC host
+# of 2 vCPUs whose system calls take a microsecond each, clean-clone
+# runs took 15.5-17.6 minutes (2026-12-01/02; its e2e package 12.6-13.7).
+# The timeout stops a hung test, not a slow hour.
 TEST_TIMEOUT ?= 25m
 # The e2e suite runs after every other package, alone: its timing tests
 # (timers within a second, rates within 10 %) fail when the store's own
