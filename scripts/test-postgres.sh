@@ -9,8 +9,8 @@
 # crash could lose it, and no test plays that (the tests that crash a
 # PostgreSQL start their own). The suite is bound by the machine's CPU,
 # and the flushes cost it up to 8 % (e2e 700-771 s against 764-765,
-# 2026-12-01). And
-# what scripts/services.sh does to it: loopback trusted but for members of
+# 2026-12-01). It also gets what scripts/services.sh does to the
+# machine's server: loopback trusted but for members of
 # sas_password_auth, who give their password (the password tests), and
 # the system catalogs compacted when schemas made and dropped have grown
 # them past 20 MB. Prints the URL of its test database on stdout; prints
